@@ -1,0 +1,433 @@
+/* The bus: configuration to transport, topic registry (liburcu lock-free hash
+ * table, read under RCU on the publish path), publish, flush, stats, close. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bus_int.h"
+#include "conf_int.h"
+#include "err.h"
+#include "registry.h"
+
+#define KB_MAX_TOPIC_BYTES 200
+
+/* Topic names: 1..200 bytes of [A-Za-z0-9._-], not starting or ending with a
+ * dot and without "..": valid as a Redis key part and as NATS subject tokens. */
+static int check_topic(const char *topic, const char *what)
+{
+    if (topic == NULL) {
+        kb__errf(NULL, 0, "%s: topic is NULL", what);
+        return KB_EINVAL;
+    }
+    size_t len = strlen(topic);
+    if (len == 0 || len > KB_MAX_TOPIC_BYTES) {
+        kb__errf(NULL, 0, "%s: topic length %zu not in 1..%d", what, len, KB_MAX_TOPIC_BYTES);
+        return KB_EINVAL;
+    }
+    for (size_t i = 0; i < len; i++) {
+        char ch = topic[i];
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                 ch == '_' || ch == '-' || ch == '.';
+        if (!ok) {
+            kb__errf(NULL, 0, "%s: topic \"%s\" has '%c' (0x%02x) at %zu; allowed: letters, "
+                     "digits, '.', '_', '-'", what, topic, ch >= 32 && ch < 127 ? ch : '?',
+                     (unsigned char)ch, i);
+            return KB_EINVAL;
+        }
+    }
+    if (topic[0] == '.' || topic[len - 1] == '.' || strstr(topic, "..") != NULL) {
+        kb__errf(NULL, 0, "%s: topic \"%s\" has an empty dot-separated part", what, topic);
+        return KB_EINVAL;
+    }
+    return KB_OK;
+}
+
+static int match_topic(struct cds_lfht_node *node, const void *key)
+{
+    return strcmp(caa_container_of(node, struct kb_topic, node)->name, key) == 0;
+}
+
+/* Caller holds the RCU read lock. */
+static struct kb_topic *lookup(kb_bus *b, const char *name)
+{
+    struct cds_lfht_iter it;
+    cds_lfht_lookup(b->topics, kb_fnv1a32(name, strlen(name)), match_topic, name, &it);
+    struct cds_lfht_node *node = cds_lfht_iter_get_node(&it);
+    if (node == NULL)
+        return NULL;
+    struct kb_topic *topic = caa_container_of(node, struct kb_topic, node);
+    KB_TSAN_ACQUIRE(topic);   /* published by cds_lfht_add_unique */
+    return topic;
+}
+
+kb_sink *kb_bus_sink(kb_bus *b, const char *topic)
+{
+    if (b == NULL || topic == NULL)
+        return NULL;
+    rcu_read_lock();
+    struct kb_topic *t = lookup(b, topic);
+    rcu_read_unlock();
+    return (kb_sink *)t;   /* topics live until kb_close */
+}
+
+void kb_log(kb_bus *b, int level, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (b != NULL && b->log != NULL)
+        b->log(level, msg, b->log_opaque);
+    else if (level <= 4)
+        fprintf(stderr, "keybus: %s\n", msg);
+}
+
+static uint32_t online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (uint32_t)n : 1;
+}
+
+kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen)
+{
+    if (c == NULL) {
+        kb__errf(errstr, errlen, "kb_open: conf is NULL");
+        return NULL;
+    }
+    if (kb_conf_apply_env(c, errstr, errlen) != KB_OK)
+        return NULL;
+    if (kb_conf_int(c, "retry.max_backoff_ms") < kb_conf_int(c, "retry.backoff_ms")) {
+        kb__errf(errstr, errlen, "retry.max_backoff_ms (%lld) is below retry.backoff_ms (%lld)",
+                 (long long)kb_conf_int(c, "retry.max_backoff_ms"),
+                 (long long)kb_conf_int(c, "retry.backoff_ms"));
+        return NULL;
+    }
+    const char *url = kb_conf_str(c, "transport");
+    const char *sep = strstr(url, "://");
+    const kb_transport_ops *ops = sep ? kb__transport_find(url, (size_t)(sep - url)) : NULL;
+    if (ops == NULL) {
+        kb__errf(errstr, errlen, "transport: unknown URL scheme in \"%.*s\"",
+                 (int)(sep ? sep - url : 32), url);
+        return NULL;
+    }
+
+    kb_bus *b = calloc(1, sizeof *b);
+    if (b == NULL) {
+        kb__errf(errstr, errlen, "kb_open: out of memory");
+        return NULL;
+    }
+    b->conf = c;
+    b->ops = ops;
+    kb__conf_log(c, &b->log, &b->log_opaque);
+    b->max_key = (uint32_t)kb_conf_int(c, "limits.max_key_bytes");
+    b->max_payload = (uint32_t)kb_conf_int(c, "limits.max_payload_bytes");
+    b->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
+    b->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
+    pthread_mutex_init(&b->subscribe_lock, NULL);
+
+    b->topics = cds_lfht_new(16, 16, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, NULL);
+    uint32_t threads = (uint32_t)kb_conf_int(c, "pool.threads");
+    if (b->topics != NULL)
+        b->sched = kb__sched_new(threads ? threads : online_cpus(), errstr, errlen);
+    if (b->topics == NULL || b->sched == NULL) {
+        if (b->topics == NULL)
+            kb__errf(errstr, errlen, "kb_open: out of memory for the topic table");
+        goto fail;
+    }
+    if (ops->open(&b->t, b, c, errstr, errlen) != KB_OK)
+        goto fail;
+    return b;
+
+fail:
+    kb__sched_destroy(b->sched);
+    if (b->topics != NULL)
+        cds_lfht_destroy(b->topics, NULL);
+    pthread_mutex_destroy(&b->subscribe_lock);
+    free(b);
+    return NULL;   /* the caller keeps the conf */
+}
+
+int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque)
+{
+    if (b == NULL || fn == NULL) {
+        kb__errf(NULL, 0, "kb_subscribe: %s is NULL", b == NULL ? "bus" : "handler");
+        return KB_EINVAL;
+    }
+    int rc = check_topic(topic, "kb_subscribe");
+    if (rc != KB_OK)
+        return rc;
+    if (atomic_load_explicit(&b->closing, memory_order_acquire)) {
+        kb__errf(NULL, 0, "kb_subscribe: bus is closing");
+        return KB_ECLOSED;
+    }
+
+    pthread_mutex_lock(&b->subscribe_lock);
+    rcu_read_lock();
+    struct kb_topic *existing = lookup(b, topic);
+    rcu_read_unlock();
+    if (existing != NULL) {
+        pthread_mutex_unlock(&b->subscribe_lock);
+        kb__errf(NULL, 0, "kb_subscribe: topic \"%s\" already has a handler", topic);
+        return KB_EINVAL;
+    }
+
+    struct kb_topic *t = calloc(1, sizeof *t);
+    char *name = strdup(topic);
+    kb_pool_options o;
+    kb_pool_options_init(&o);
+    o.lanes = (uint32_t)kb_conf_int(b->conf, "pool.workers");
+    o.capacity = (uint32_t)kb_conf_int(b->conf, "pool.queue_capacity");
+    o.max_attempts = 0;   /* kb__topic_handle decides: it adds the broker's count */
+    o.backoff_ms = (uint32_t)kb_conf_int(b->conf, "retry.backoff_ms");
+    o.max_backoff_ms = (uint32_t)kb_conf_int(b->conf, "retry.max_backoff_ms");
+    o.single_producer = (b->ops->flags & KB_TRANSPORT_F_SINGLE_FEEDER) != 0;
+    o.salt = kb_fnv1a32(topic, strlen(topic));
+    o.handle = kb__topic_handle;
+    o.finish = kb__topic_finish;
+    o.opaque = t;
+    char why[256] = "out of memory";
+    kb_pool *pool = t && name ? kb__pool_new_on(b->sched, &o, why, sizeof why) : NULL;
+    if (pool == NULL) {
+        pthread_mutex_unlock(&b->subscribe_lock);
+        free(t);
+        free(name);
+        kb__errf(NULL, 0, "kb_subscribe %s: %s", topic, why);
+        return KB_ENOMEM;
+    }
+    t->name = name;
+    t->bus = b;
+    t->pool = pool;
+    t->fn = fn;
+    t->opaque = opaque;
+    cds_lfht_node_init(&t->node);
+    KB_TSAN_RELEASE(t);
+    rcu_read_lock();
+    cds_lfht_add(b->topics, kb_fnv1a32(name, strlen(name)), &t->node);
+    rcu_read_unlock();
+
+    rc = b->ops->subscribe(b->t, name, (kb_sink *)t);
+    if (rc != KB_OK) {
+        rcu_read_lock();
+        cds_lfht_del(b->topics, &t->node);
+        rcu_read_unlock();
+        synchronize_rcu();   /* no publisher still sees it */
+        kb_pool_shutdown(pool);
+        kb__pool_drain(pool, INT64_MAX);
+        kb__pool_free(pool);
+        free(name);
+        free(t);
+    }
+    pthread_mutex_unlock(&b->subscribe_lock);
+    return rc;
+}
+
+int kb_publish(kb_bus *b, const char *topic, const void *key, size_t key_len,
+               const void *payload, size_t payload_len)
+{
+    if (b == NULL) {
+        kb__errf(NULL, 0, "kb_publish: bus is NULL");
+        return KB_EINVAL;
+    }
+    int rc = check_topic(topic, "kb_publish");
+    if (rc != KB_OK)
+        return rc;
+    if (key == NULL || key_len == 0) {
+        kb__errf(NULL, 0, "kb_publish %s: key is %s", topic, key == NULL ? "NULL" : "empty");
+        return KB_EINVAL;
+    }
+    if (key_len > b->max_key) {
+        kb__errf(NULL, 0, "kb_publish %s: key of %zu bytes exceeds limits.max_key_bytes (%u)",
+                 topic, key_len, b->max_key);
+        return KB_ETOOBIG;
+    }
+    if (payload == NULL && payload_len > 0) {
+        kb__errf(NULL, 0, "kb_publish %s: payload is NULL but payload_len is %zu", topic,
+                 payload_len);
+        return KB_EINVAL;
+    }
+    if (payload_len > b->max_payload) {
+        kb__errf(NULL, 0,
+                 "kb_publish %s: payload of %zu bytes exceeds limits.max_payload_bytes (%u)",
+                 topic, payload_len, b->max_payload);
+        return KB_ETOOBIG;
+    }
+    kb_msg m = {key, key_len, payload, payload_len, kb_fnv1a32(key, key_len)};
+    /* The read section is what kb_close waits out (synchronize_rcu) after it
+     * sets `closing`: no publisher can still be inside once that returns. */
+    rcu_read_lock();
+    if (atomic_load_explicit(&b->closing, memory_order_seq_cst)) {
+        rcu_read_unlock();
+        kb__errf(NULL, 0, "kb_publish %s: bus is closing", topic);
+        return KB_ECLOSED;
+    }
+    rc = b->ops->publish(b->t, topic, &m);
+    rcu_read_unlock();
+    return rc;
+}
+
+static int flush_pools(kb_bus *b, int timeout_ms)
+{
+    int64_t deadline = kb__deadline_ns(timeout_ms);
+    int rc = KB_OK;
+    struct cds_lfht_iter it;
+    struct kb_topic *t;
+    rcu_read_lock();
+    cds_lfht_for_each_entry(b->topics, &it, t, node) {
+        int64_t left_ms = deadline == INT64_MAX ? -1 : (deadline - kb__now_ns()) / 1000000;
+        if (deadline != INT64_MAX && left_ms < 0)
+            left_ms = 0;
+        if (kb_pool_flush(t->pool, (int)left_ms) != KB_OK)
+            rc = KB_ETIMEDOUT;
+    }
+    rcu_read_unlock();
+    return rc;
+}
+
+int kb_flush(kb_bus *b, int timeout_ms)
+{
+    if (b == NULL) {
+        kb__errf(NULL, 0, "kb_flush: bus is NULL");
+        return KB_EINVAL;
+    }
+    int rc = b->ops->flush != NULL ? b->ops->flush(b->t, timeout_ms) : flush_pools(b, timeout_ms);
+    if (rc == KB_ETIMEDOUT)
+        kb__errf(NULL, 0, "kb_flush: %d ms deadline passed", timeout_ms);
+    return rc;
+}
+
+int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out)
+{
+    if (b == NULL || out == NULL) {
+        kb__errf(NULL, 0, "kb_stats: %s is NULL", b == NULL ? "bus" : "out");
+        return KB_EINVAL;
+    }
+    int rc = check_topic(topic, "kb_stats");
+    if (rc != KB_OK)
+        return rc;
+    memset(out, 0, sizeof *out);
+    struct kb_topic *t = (struct kb_topic *)kb_bus_sink(b, topic);
+    if (t != NULL) {
+        kb_pool_stats ps;
+        kb_pool_stats_get(t->pool, &ps);
+        out->received = ps.submitted;
+        out->handled = ps.handled;
+        out->retried = ps.retried;
+        out->dead_lettered = ps.dead;
+        out->rejected = ps.rejected;
+        out->depth = ps.depth;
+        out->max_depth = ps.max_depth;
+        out->lanes = ps.lanes;
+        out->lanes_allocated = ps.lanes_allocated;
+        out->dead_letters_lost =
+            atomic_load_explicit(&t->dead_letter_failures, memory_order_relaxed);
+    }
+    rc = b->ops->stats != NULL ? b->ops->stats(b->t, topic, out) : KB_ENOTFOUND;
+    if (t != NULL && rc == KB_ENOTFOUND)
+        rc = KB_OK;
+    if (rc == KB_ENOTFOUND)
+        kb__errf(NULL, 0, "kb_stats: topic \"%s\" unknown here", topic);
+    return rc;
+}
+
+int kb_partition_stats_get(kb_bus *b, const char *topic, uint32_t partition,
+                           kb_partition_stats *out)
+{
+    if (b == NULL || out == NULL || check_topic(topic, "kb_partition_stats_get") != KB_OK)
+        return KB_EINVAL;
+    memset(out, 0, sizeof *out);
+    if (b->ops->partition_stats == NULL) {
+        kb__errf(NULL, 0, "%s:// has no partitions", b->ops->scheme);
+        return KB_ENOTFOUND;
+    }
+    return b->ops->partition_stats(b->t, topic, partition, out);
+}
+
+int kb_dead_letters(kb_bus *b, const char *topic, const char *after_id, size_t max,
+                    kb_dead_letter_fn fn, void *opaque)
+{
+    if (b == NULL || fn == NULL || check_topic(topic, "kb_dead_letters") != KB_OK)
+        return KB_EINVAL;
+    if (b->ops->dead_letters == NULL) {
+        kb__errf(NULL, 0, "%s:// keeps no dead-letter store; subscribe to \"%s.dlq\"",
+                 b->ops->scheme, topic);
+        return KB_ENOTFOUND;
+    }
+    return b->ops->dead_letters(b->t, topic, after_id, max, fn, opaque);
+}
+
+int kb_dead_letter_replay(kb_bus *b, const char *topic, const char *id)
+{
+    if (b == NULL || id == NULL || check_topic(topic, "kb_dead_letter_replay") != KB_OK)
+        return KB_EINVAL;
+    if (b->ops->dead_letter_replay == NULL) {
+        kb__errf(NULL, 0, "%s:// keeps no dead-letter store", b->ops->scheme);
+        return KB_ENOTFOUND;
+    }
+    return b->ops->dead_letter_replay(b->t, topic, id);
+}
+
+int kb_close(kb_bus *b, int timeout_ms)
+{
+    if (b == NULL)
+        return KB_EINVAL;
+    int64_t deadline = kb__deadline_ns(timeout_ms);
+    struct cds_lfht_iter it;
+    struct kb_topic *t;
+
+    /* 1. No new publishes; wake publishers and feeders blocked on full lanes. */
+    atomic_store_explicit(&b->closing, 1, memory_order_seq_cst);
+    pthread_mutex_lock(&b->subscribe_lock);   /* no subscribe in flight */
+    pthread_mutex_unlock(&b->subscribe_lock);
+    rcu_read_lock();
+    cds_lfht_for_each_entry(b->topics, &it, t, node)
+        kb_pool_shutdown(t->pool);
+    rcu_read_unlock();
+    /* 2. Every thread that was inside kb_publish has left. */
+    synchronize_rcu();
+    /* 3. Brokers stop reading; what they delivered stays queued. */
+    if (b->ops->stop != NULL)
+        b->ops->stop(b->t);
+    /* 4. Handle what is queued, up to the deadline. */
+    int rc = KB_OK;
+    rcu_read_lock();
+    cds_lfht_for_each_entry(b->topics, &it, t, node)
+        if (kb__pool_drain(t->pool, deadline) != KB_OK)
+            rc = KB_ETIMEDOUT;
+    rcu_read_unlock();
+    /* 5. Stop executors, give back what was not handled (brokers leave it
+     *    unacked), close the transport, free. Nothing else runs now. */
+    kb__sched_destroy(b->sched);
+    size_t n = 0, cap = 16;
+    struct kb_topic **all = malloc(cap * sizeof *all);
+    rcu_read_lock();
+    cds_lfht_for_each_entry(b->topics, &it, t, node) {
+        if (n == cap) {
+            struct kb_topic **more = all ? realloc(all, 2 * cap * sizeof *all) : NULL;
+            if (more == NULL)
+                break;   /* out of memory: leak the rest rather than crash */
+            all = more;
+            cap *= 2;
+        }
+        if (all != NULL)
+            all[n++] = t;
+    }
+    for (size_t i = 0; i < n; i++)
+        cds_lfht_del(b->topics, &all[i]->node);
+    rcu_read_unlock();
+    for (size_t i = 0; i < n; i++)
+        kb__pool_free(all[i]->pool);
+    b->ops->close(b->t);
+    for (size_t i = 0; i < n; i++) {
+        free(all[i]->name);
+        free(all[i]);
+    }
+    free(all);
+    cds_lfht_destroy(b->topics, NULL);
+    kb_conf_destroy(b->conf);
+    pthread_mutex_destroy(&b->subscribe_lock);
+    free(b);
+    return rc;
+}

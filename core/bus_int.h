@@ -1,0 +1,50 @@
+/* Internal structures of the bus: the topic registry and what a topic holds. */
+#ifndef KB_CORE_BUS_INT_H
+#define KB_CORE_BUS_INT_H
+
+#ifndef _LGPL_SOURCE
+#define _LGPL_SOURCE
+#endif
+#include <pthread.h>
+#include <urcu-bp.h>
+#include <urcu/rculfhash.h>
+
+#include <keybus/pool.h>
+#include <keybus/transport.h>
+
+#include "pool_int.h"
+
+/* A subscribed topic; transports see it as a kb_sink. Lives until kb_close. */
+struct kb_topic {
+    struct cds_lfht_node node;
+    char *name;
+    kb_bus *bus;
+    kb_pool *pool;
+    kb_handler_fn fn;
+    void *opaque;
+    _Atomic uint64_t dead_letter_failures;   /* dead letters nobody stored */
+};
+
+struct kb_bus {
+    kb_conf *conf;
+    const kb_transport_ops *ops;
+    kb_transport *t;
+    kb_sched *sched;
+    struct cds_lfht *topics;
+    pthread_mutex_t subscribe_lock;    /* topic creation is rare: serialise it */
+    _Atomic uint32_t closing;
+    kb_log_fn log;
+    void *log_opaque;
+    /* hot-path copies of configuration */
+    uint32_t max_key, max_payload, max_attempts;
+    int enqueue_timeout_ms;
+};
+
+/* Copy a delivery into a record and enqueue it on the topic's lane. */
+int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, int timeout_ms);
+
+/* Pool callbacks that run the application's handler and settle with the transport. */
+int kb__topic_handle(void *item, uint32_t attempt, void *opaque);
+void kb__topic_finish(void *item, int outcome, uint32_t attempts, void *opaque);
+
+#endif /* KB_CORE_BUS_INT_H */

@@ -1,0 +1,372 @@
+/* kb_conf: values checked against the property tables on every set. */
+#include <ctype.h>
+#include <errno.h>
+#include <ini.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <keybus/transport.h>
+
+#include "conf_int.h"
+#include "err.h"
+#include "registry.h"
+
+struct conf_entry {
+    const kb_prop *prop;
+    char *value;
+    int64_t number;            /* parsed value of KB_PROP_INT keys */
+};
+
+struct kb_conf {
+    size_t n;
+    struct conf_entry *e;
+    kb_log_fn log;
+    void *log_opaque;
+};
+
+static struct conf_entry *find(const kb_conf *c, const char *key)
+{
+    for (size_t i = 0; i < c->n; i++)
+        if (strcmp(c->e[i].prop->name, key) == 0)
+            return &c->e[i];
+    return NULL;
+}
+
+static int parse_int(const kb_prop *p, const char *value, int64_t *out, char *errstr, size_t errlen)
+{
+    const char *s = value;
+    while (isspace((unsigned char)*s))
+        s++;
+    if (*s == '\0') {
+        kb__errf(errstr, errlen, "%s: empty value, expected an integer in %" PRId64 "..%" PRId64,
+                 p->name, p->min, p->max);
+        return KB_EINVAL;
+    }
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    while (isspace((unsigned char)*end))
+        end++;
+    if (end == s || *end != '\0') {
+        kb__errf(errstr, errlen, "%s: \"%s\" is not an integer", p->name, value);
+        return KB_EINVAL;
+    }
+    if (errno == ERANGE) {
+        kb__errf(errstr, errlen, "%s: \"%s\" overflows; allowed %" PRId64 "..%" PRId64, p->name,
+                 value, p->min, p->max);
+        return KB_EINVAL;
+    }
+    if (v < p->min || v > p->max) {
+        const char *why = v < 0 ? "negative" : v == 0 ? "zero" : "out of range";
+        kb__errf(errstr, errlen, "%s: %lld is %s; allowed %" PRId64 "..%" PRId64, p->name, v, why,
+                 p->min, p->max);
+        return KB_EINVAL;
+    }
+    *out = v;
+    return KB_OK;
+}
+
+static int check_text(const kb_prop *p, const char *value, char *errstr, size_t errlen)
+{
+    size_t len = strlen(value);
+    if (p->type != KB_PROP_TEXT && len == 0) {
+        kb__errf(errstr, errlen, "%s: empty value", p->name);
+        return KB_EINVAL;
+    }
+    if ((int64_t)len > p->max) {
+        kb__errf(errstr, errlen, "%s: value of %zu bytes is longer than %" PRId64, p->name, len,
+                 p->max);
+        return KB_EINVAL;
+    }
+    if (p->type == KB_PROP_TEXT)
+        return KB_OK;
+    for (size_t i = 0; i < len; i++) {
+        if (isspace((unsigned char)value[i]) || iscntrl((unsigned char)value[i])) {
+            kb__errf(errstr, errlen, "%s: whitespace or control character at offset %zu", p->name,
+                     i);
+            return KB_EINVAL;
+        }
+    }
+    if (p->type == KB_PROP_URL) {
+        const char *sep = strstr(value, "://");
+        if (sep == NULL || sep == value) {
+            kb__errf(errstr, errlen, "%s: \"%s\" is not a URL (expected scheme://...)", p->name,
+                     value);
+            return KB_EINVAL;
+        }
+        size_t slen = (size_t)(sep - value);
+        if (kb__transport_find(value, slen) == NULL) {
+            char known[128];
+            kb__transport_schemes(known, sizeof known);
+            kb__errf(errstr, errlen, "%s: unknown URL scheme \"%.*s\" (known: %s)", p->name,
+                     (int)(slen < 31 ? slen : 31), value, known);
+            return KB_ENOTFOUND;
+        }
+    }
+    return KB_OK;
+}
+
+static int store(struct conf_entry *e, const char *value, char *errstr, size_t errlen)
+{
+    int64_t number = 0;
+    int rc = e->prop->type == KB_PROP_INT ? parse_int(e->prop, value, &number, errstr, errlen)
+                                          : check_text(e->prop, value, errstr, errlen);
+    if (rc != KB_OK)
+        return rc;
+    char *copy = strdup(value);
+    if (copy == NULL) {
+        kb__errf(errstr, errlen, "%s: out of memory", e->prop->name);
+        return KB_ENOMEM;
+    }
+    free(e->value);
+    e->value = copy;
+    e->number = number;
+    return KB_OK;
+}
+
+static void default_consumer(char *buf, size_t len)
+{
+    char host[64] = "host";
+    if (gethostname(host, sizeof host) != 0)
+        strcpy(host, "host");
+    host[sizeof host - 1] = '\0';
+    for (char *h = host; *h; h++)
+        if (isspace((unsigned char)*h))
+            *h = '-';
+    snprintf(buf, len, "%s-%ld", host, (long)getpid());
+}
+
+kb_conf *kb_conf_new(void)
+{
+    kb_conf *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    size_t n = 0;
+    for (const kb_prop *const *t = kb__prop_tables; *t; t++)
+        for (const kb_prop *p = *t; p->name; p++)
+            n++;
+    c->e = calloc(n, sizeof *c->e);
+    if (c->e == NULL) {
+        free(c);
+        return NULL;
+    }
+    for (const kb_prop *const *t = kb__prop_tables; *t; t++) {
+        for (const kb_prop *p = *t; p->name; p++) {
+            struct conf_entry *e = &c->e[c->n++];
+            char consumer[128];
+            const char *def = p->def;
+            if (def == NULL) {
+                default_consumer(consumer, sizeof consumer);
+                def = consumer;
+            }
+            e->prop = p;
+            if (store(e, def, NULL, 0) != KB_OK) {
+                kb_conf_destroy(c);
+                return NULL;
+            }
+        }
+    }
+    return c;
+}
+
+int kb_conf_set(kb_conf *c, const char *key, const char *value, char *errstr, size_t errlen)
+{
+    if (c == NULL || key == NULL || value == NULL) {
+        kb__errf(errstr, errlen, "kb_conf_set: %s is NULL",
+                 c == NULL ? "conf" : key == NULL ? "key" : "value");
+        return KB_EINVAL;
+    }
+    struct conf_entry *e = find(c, key);
+    if (e == NULL) {
+        kb__errf(errstr, errlen, "unknown configuration key \"%s\"", key);
+        return KB_ENOTFOUND;
+    }
+    return store(e, value, errstr, errlen);
+}
+
+int kb_conf_get(const kb_conf *c, const char *key, char *buf, size_t buflen)
+{
+    if (c == NULL || key == NULL || buf == NULL || buflen == 0)
+        return KB_EINVAL;
+    const struct conf_entry *e = find(c, key);
+    if (e == NULL)
+        return KB_ENOTFOUND;
+    snprintf(buf, buflen, "%s", e->value);
+    return KB_OK;
+}
+
+int64_t kb_conf_int(const kb_conf *c, const char *key)
+{
+    const struct conf_entry *e = find(c, key);
+    return e != NULL ? e->number : 0;
+}
+
+const char *kb_conf_str(const kb_conf *c, const char *key)
+{
+    const struct conf_entry *e = find(c, key);
+    return e != NULL ? e->value : "";
+}
+
+struct ini_state {
+    kb_conf *c;
+    const char *path;
+    int rc;
+    char *errstr;
+    size_t errlen;
+};
+
+static int on_ini_pair(void *user, const char *section, const char *name, const char *value)
+{
+    struct ini_state *st = user;
+    if (st->rc != KB_OK)
+        return 1;   /* keep the first error */
+    char key[256];
+    if (section != NULL && section[0] != '\0')
+        snprintf(key, sizeof key, "%s.%s", section, name);
+    else
+        snprintf(key, sizeof key, "%s", name);
+    char why[256];
+    int rc = kb_conf_set(st->c, key, value, why, sizeof why);
+    if (rc != KB_OK) {
+        st->rc = rc;
+        kb__errf(st->errstr, st->errlen, "%s: %s", st->path, why);
+        return 0;
+    }
+    return 1;
+}
+
+int kb_conf_load(kb_conf *c, const char *path, char *errstr, size_t errlen)
+{
+    if (c == NULL || path == NULL) {
+        kb__errf(errstr, errlen, "kb_conf_load: %s is NULL", c == NULL ? "conf" : "path");
+        return KB_EINVAL;
+    }
+    struct ini_state st = {c, path, KB_OK, errstr, errlen};
+    int line = ini_parse(path, on_ini_pair, &st);
+    if (line < 0) {
+        kb__errf(errstr, errlen, "%s: cannot read: %s", path, strerror(errno));
+        return KB_EINVAL;
+    }
+    if (st.rc != KB_OK) {
+        char first[256];
+        snprintf(first, sizeof first, "%s", errstr != NULL ? errstr : "");
+        kb__errf(errstr, errlen, "%s (line %d)", first, line);
+        return st.rc;
+    }
+    if (line > 0) {
+        kb__errf(errstr, errlen, "%s:%d: not a `key = value` line or [section]", path, line);
+        return KB_EINVAL;
+    }
+    return KB_OK;
+}
+
+static void env_name(const char *key, char *buf, size_t len)
+{
+    size_t o = (size_t)snprintf(buf, len, "KEYBUS_");
+    for (const char *k = key; *k && o + 1 < len; k++)
+        buf[o++] = *k == '.' ? '_' : (char)toupper((unsigned char)*k);
+    buf[o] = '\0';
+}
+
+int kb_conf_apply_env(kb_conf *c, char *errstr, size_t errlen)
+{
+    if (c == NULL) {
+        kb__errf(errstr, errlen, "kb_conf_apply_env: conf is NULL");
+        return KB_EINVAL;
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        char name[160];
+        env_name(c->e[i].prop->name, name, sizeof name);
+        const char *value = getenv(name);
+        if (value == NULL)
+            continue;
+        char why[256];
+        int rc = store(&c->e[i], value, why, sizeof why);
+        if (rc != KB_OK) {
+            kb__errf(errstr, errlen, "environment %s: %s", name, why);
+            return rc;
+        }
+    }
+    return KB_OK;
+}
+
+void kb_conf_set_log(kb_conf *c, kb_log_fn fn, void *opaque)
+{
+    if (c == NULL)
+        return;
+    c->log = fn;
+    c->log_opaque = opaque;
+}
+
+void kb__conf_log(const kb_conf *c, kb_log_fn *fn, void **opaque)
+{
+    *fn = c->log;
+    *opaque = c->log_opaque;
+}
+
+kb_conf *kb_conf_dup(const kb_conf *c)
+{
+    if (c == NULL)
+        return NULL;
+    kb_conf *d = kb_conf_new();
+    if (d == NULL)
+        return NULL;
+    for (size_t i = 0; i < c->n; i++) {
+        if (store(&d->e[i], c->e[i].value, NULL, 0) != KB_OK) {
+            kb_conf_destroy(d);
+            return NULL;
+        }
+    }
+    d->log = c->log;
+    d->log_opaque = c->log_opaque;
+    return d;
+}
+
+void kb_conf_destroy(kb_conf *c)
+{
+    if (c == NULL)
+        return;
+    for (size_t i = 0; i < c->n; i++)
+        free(c->e[i].value);
+    free(c->e);
+    free(c);
+}
+
+static const char *type_name(kb_prop_type t)
+{
+    switch (t) {
+    case KB_PROP_INT: return "integer";
+    case KB_PROP_URL: return "URL";
+    case KB_PROP_TEXT: return "text";
+    case KB_PROP_STR: break;
+    }
+    return "name";
+}
+
+void kb__conf_write_markdown(FILE *out)
+{
+    fprintf(out, "# keybus configuration\n\n"
+                 "Generated by `keybus conf-doc` from the property tables in `core/conf_props.c`\n"
+                 "and `transports/*/`; do not edit by hand (a test compares it).\n\n"
+                 "Set keys with `kb_conf_set()`, in an INI file read by `kb_conf_load()`\n"
+                 "(`[pool]` then `workers = 64` sets `pool.workers`), or with environment\n"
+                 "variables `KEYBUS_<KEY>` (dots as underscores, upper case), which `kb_open()`\n"
+                 "applies last so they override both.\n\n"
+                 "| key | type | default | range | environment | meaning |\n"
+                 "|---|---|---|---|---|---|\n");
+    for (const kb_prop *const *t = kb__prop_tables; *t; t++) {
+        for (const kb_prop *p = *t; p->name; p++) {
+            char env[160], range[64];
+            env_name(p->name, env, sizeof env);
+            if (p->type == KB_PROP_INT)
+                snprintf(range, sizeof range, "%" PRId64 " .. %" PRId64, p->min, p->max);
+            else
+                snprintf(range, sizeof range, "up to %" PRId64 " bytes", p->max);
+            fprintf(out, "| `%s` | %s | %s%s%s | %s | `%s` | %s |\n", p->name, type_name(p->type),
+                    p->def ? "`" : "", p->def ? (p->def[0] ? p->def : "(empty)") : "computed",
+                    p->def ? "`" : "", range, env, p->doc);
+        }
+    }
+}

@@ -1,0 +1,37 @@
+/* The configuration property tables: one row per key drives validation,
+ * defaults, KEYBUS_* environment overrides and docs/CONFIGURATION.md. */
+#ifndef KB_CORE_CONF_INT_H
+#define KB_CORE_CONF_INT_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include <keybus/keybus.h>
+
+typedef enum {
+    KB_PROP_INT,      /* decimal integer within [min, max] */
+    KB_PROP_STR,      /* non-empty text without whitespace, at most `max` bytes */
+    KB_PROP_URL,      /* scheme://...; the scheme must name a registered transport */
+    KB_PROP_TEXT,     /* any text, possibly empty, at most `max` bytes (paths) */
+} kb_prop_type;
+
+typedef struct kb_prop {
+    const char  *name;
+    kb_prop_type type;
+    const char  *def;         /* NULL: computed at kb_conf_new (see doc) */
+    int64_t      min, max;
+    const char  *doc;
+} kb_prop;
+
+/* Tables end with a row whose name is NULL. */
+extern const kb_prop kb__core_props[];
+/* Every table: core first, then one per built-in transport; NULL-terminated. */
+extern const kb_prop *const kb__prop_tables[];
+
+/* Write the Markdown reference of every key. */
+void kb__conf_write_markdown(FILE *out);
+
+/* The log callback chosen for the bus. */
+void kb__conf_log(const kb_conf *c, kb_log_fn *fn, void **opaque);
+
+#endif /* KB_CORE_CONF_INT_H */

@@ -1,0 +1,39 @@
+/* Core configuration keys (design §4). Transports add their own tables. */
+#include "conf_int.h"
+
+#define MS_HOUR 3600000
+#define MS_DAY 86400000
+
+const kb_prop kb__core_props[] = {
+    {"transport", KB_PROP_URL, "mem://", 0, 4096,
+     "Transport URL; the scheme picks the transport: `mem://`, "
+     "`redis://[user:pass@]host:port[/db]`, `nats://[user:pass@]host:port`."},
+    {"pool.workers", KB_PROP_INT, "1024", 1, 1 << 20,
+     "Lanes per topic. An aggregate always maps to lane `fnv1a32(key) % pool.workers`."},
+    {"pool.threads", KB_PROP_INT, "0", 0, 1024,
+     "Executor threads per bus, shared by all topics; 0 = number of online CPUs."},
+    {"pool.queue_capacity", KB_PROP_INT, "1000", 1, 1 << 24,
+     "Events per lane (the ring is rounded up to a power of two)."},
+    {"pool.enqueue_timeout_ms", KB_PROP_INT, "200", 0, MS_HOUR,
+     "How long `kb_publish` waits on a full lane before `KB_EFULL`; 0 = not at all."},
+    {"retry.max_attempts", KB_PROP_INT, "5", 1, 1000000,
+     "Deliveries of one event before it is dead-lettered."},
+    {"retry.backoff_ms", KB_PROP_INT, "10", 0, MS_HOUR,
+     "Delay before the first retry; doubles per attempt, with jitter. Only the "
+     "event's lane waits."},
+    {"retry.max_backoff_ms", KB_PROP_INT, "5000", 0, MS_DAY,
+     "Cap on the retry delay; must be at least `retry.backoff_ms`."},
+    {"limits.max_key_bytes", KB_PROP_INT, "1024", 1, 65535,
+     "Longest aggregate ID accepted; longer keys get `KB_ETOOBIG`."},
+    {"limits.max_payload_bytes", KB_PROP_INT, "1048576", 0, 1 << 30,
+     "Largest payload accepted; larger ones get `KB_ETOOBIG`."},
+    {"partitions", KB_PROP_INT, "8", 1, 4096,
+     "Broker partitions per topic (Redis streams or JetStream subjects); "
+     "partition = `fnv1a32(key) % partitions`. Must match what the broker stores."},
+    {"group", KB_PROP_STR, "keybus", 1, 128,
+     "Consumer group (Redis) or durable-name prefix (NATS)."},
+    {"consumer", KB_PROP_STR, NULL, 1, 128,
+     "This process's consumer name; default `<hostname>-<pid>`. Keep it stable "
+     "across restarts to pick up your own pending entries first."},
+    {NULL, KB_PROP_INT, NULL, 0, 0, NULL},
+};

@@ -1,0 +1,39 @@
+#include "err.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#include <keybus/keybus.h>
+
+static _Thread_local char last_error[256];
+
+const char *kb_strerror(int code)
+{
+    switch (code) {
+    case KB_OK: return "success";
+    case KB_EINVAL: return "invalid argument";
+    case KB_EFULL: return "lane full: enqueue timed out";
+    case KB_ECLOSED: return "bus closing or closed";
+    case KB_ETRANSPORT: return "transport error";
+    case KB_ENOMEM: return "out of memory";
+    case KB_ETOOBIG: return "key or payload too big";
+    case KB_ENOTFOUND: return "not found";
+    case KB_ETIMEDOUT: return "timed out";
+    default: return "unknown error";
+    }
+}
+
+const char *kb_last_error(void)
+{
+    return last_error;
+}
+
+void kb__errf(char *errstr, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    if (errstr != NULL && errlen > 0 && errstr != last_error)
+        snprintf(errstr, errlen, "%s", last_error);
+}

@@ -1,0 +1,279 @@
+/* Executor threads: each owns a set of lanes for life, runs the lanes that
+ * producers marked ready, delays lanes whose head item asked for a retry, and
+ * parks when there is nothing to do. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool_int.h"
+#include "ring.h"
+
+/* Items handled per lane visit before the lane goes to the back of the ready
+ * queue: bounds how long one hot key can hold its executor. */
+#define LANE_BATCH 64
+/* Polls of the ready queue before parking; a futex wake costs far more. */
+#define IDLE_SPINS 4000
+
+static struct kb_lane *ready_pop(struct kb_executor *ex)
+{
+    struct cds_wfcq_node *node = __cds_wfcq_dequeue_blocking(&ex->head, &ex->tail);
+    if (node == NULL)
+        return NULL;
+    struct kb_lane *lane = caa_container_of(node, struct kb_lane, ready_node);
+    KB_TSAN_ACQUIRE(lane);
+    return lane;
+}
+
+static void ready_push(struct kb_executor *ex, struct kb_lane *lane)
+{
+    KB_TSAN_RELEASE(lane);
+    cds_wfcq_node_init(&lane->ready_node);
+    cds_wfcq_enqueue(&ex->head, &ex->tail, &lane->ready_node);
+}
+
+void kb__lane_schedule(struct kb_lane *lane)
+{
+    ready_push(lane->ex, lane);
+    kb__signal_notify(&lane->ex->wake);
+}
+
+/* ---- delayed lanes: a binary min-heap on due_ns, private to the executor ---- */
+
+static bool heap_push(struct kb_executor *ex, struct kb_lane *lane)
+{
+    if (ex->heap_len == ex->heap_cap) {
+        size_t cap = ex->heap_cap ? ex->heap_cap * 2 : 16;
+        struct kb_lane **h = realloc(ex->heap, cap * sizeof *h);
+        if (h == NULL)
+            return false;
+        ex->heap = h;
+        ex->heap_cap = cap;
+    }
+    size_t i = ex->heap_len++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (ex->heap[parent]->due_ns <= lane->due_ns)
+            break;
+        ex->heap[i] = ex->heap[parent];
+        i = parent;
+    }
+    ex->heap[i] = lane;
+    return true;
+}
+
+static struct kb_lane *heap_pop(struct kb_executor *ex)
+{
+    struct kb_lane *top = ex->heap[0];
+    struct kb_lane *last = ex->heap[--ex->heap_len];
+    size_t i = 0, n = ex->heap_len;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && ex->heap[c + 1]->due_ns < ex->heap[c]->due_ns)
+            c++;
+        if (last->due_ns <= ex->heap[c]->due_ns)
+            break;
+        ex->heap[i] = ex->heap[c];
+        i = c;
+    }
+    if (n > 0)
+        ex->heap[i] = last;
+    return top;
+}
+
+static uint64_t next_random(struct kb_executor *ex)
+{
+    /* xorshift64*: jitter only needs to decorrelate retries */
+    uint64_t x = ex->rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    ex->rng = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+/* retry.backoff_ms * 2^(attempt-1), capped, then "equal jitter": half fixed,
+ * half random, so retries of many lanes do not fire in lockstep. */
+static int64_t retry_delay_ns(struct kb_executor *ex, const kb_pool_options *o, uint32_t attempt)
+{
+    uint64_t ms = o->backoff_ms;
+    uint32_t shift = attempt > 1 ? attempt - 1 : 0;
+    if (shift > 32)
+        shift = 32;
+    ms = ms << shift;
+    if (ms > o->max_backoff_ms || (o->backoff_ms != 0 && ms >> shift != o->backoff_ms))
+        ms = o->max_backoff_ms;
+    int64_t ns = (int64_t)ms * 1000000LL;
+    int64_t half = ns / 2;
+    return half + (half > 0 ? (int64_t)(next_random(ex) % (uint64_t)(half + 1)) : 0) + 1;
+}
+
+static void finish(kb_pool *p, struct kb_lane *lane, void *item, int outcome, uint32_t attempts)
+{
+    lane->held = NULL;
+    if (p->o.finish != NULL)
+        p->o.finish(item, outcome, attempts, p->o.opaque);
+    /* release: flush readers that see `done` also see the finish side effects */
+    atomic_fetch_add_explicit(&lane->done, 1, memory_order_release);
+}
+
+/* Handle the lane's head item. false: it was delayed for a retry and stays held. */
+static bool handle_item(struct kb_executor *ex, struct kb_lane *lane, void *item)
+{
+    kb_pool *p = lane->pool;
+    uint32_t attempt = lane->attempt;
+    int r = p->o.handle(item, attempt, p->o.opaque);
+    if (r == KB_HANDLED) {
+        kb__counter_bump(&lane->handled);
+        finish(p, lane, item, KB_HANDLED, attempt);
+        return true;
+    }
+    if (r != KB_DEAD && (p->o.max_attempts == 0 || attempt < p->o.max_attempts)) {
+        kb__counter_bump(&lane->retried);
+        lane->held = item;
+        lane->attempt = attempt + 1;
+        lane->due_ns = kb__now_ns() + retry_delay_ns(ex, &p->o, attempt);
+        if (heap_push(ex, lane))
+            return false;
+        /* No memory to delay the lane: retry at once rather than lose order. */
+        return handle_item(ex, lane, item);
+    }
+    kb__counter_bump(&lane->dead);
+    finish(p, lane, item, KB_DEAD, attempt);
+    return true;
+}
+
+static void lane_visit(struct kb_executor *ex, struct kb_lane *lane)
+{
+    bool delayed = false;
+    unsigned n = 0;
+
+    if (lane->held != NULL) {
+        delayed = !handle_item(ex, lane, lane->held);
+        n++;
+    }
+    while (!delayed && n < LANE_BATCH) {
+        void *item = kb__ring_pop(&lane->ring, lane->buf);
+        if (item == NULL)
+            break;
+        kb__counter_bump(&lane->taken);
+        lane->attempt = 1;
+        delayed = !handle_item(ex, lane, item);
+        n++;
+    }
+
+    if (!delayed) {
+        if (n == LANE_BATCH) {
+            ready_push(ex, lane);           /* more may wait: back of the queue */
+        } else {
+            atomic_store_explicit(&lane->scheduled, 0, memory_order_relaxed);
+            /* Dekker with kb_pool_submit: it pushes then reads `scheduled`; we
+             * clear `scheduled` then read the ring. One of us sees the other. */
+            atomic_thread_fence(memory_order_seq_cst);
+            uint32_t idle = 0;
+            if (ck_ring_size(&lane->ring) > 0 &&
+                atomic_compare_exchange_strong(&lane->scheduled, &idle, 1))
+                ready_push(ex, lane);
+        }
+    }
+    /* Slots were freed and items finished: wake blocked producers and flushers. */
+    atomic_thread_fence(memory_order_seq_cst);
+    kb__signal_poke(&lane->space);
+    kb__signal_poke(&ex->sched->progress);
+}
+
+static void run_due_lanes(struct kb_executor *ex)
+{
+    int64_t now = kb__now_ns();
+    /* Only the lanes due now: a lane re-delayed here waits for the next round. */
+    for (size_t budget = ex->heap_len; budget > 0 && ex->heap_len > 0; budget--) {
+        if (ex->heap[0]->due_ns > now)
+            break;
+        lane_visit(ex, heap_pop(ex));
+    }
+}
+
+static int has_work(void *arg)
+{
+    struct kb_executor *ex = arg;
+    return !cds_wfcq_empty(&ex->head, &ex->tail) ||
+           atomic_load_explicit(&ex->sched->stop, memory_order_acquire);
+}
+
+static void idle(struct kb_executor *ex)
+{
+    for (int i = 0; i < IDLE_SPINS; i++) {
+        if (has_work(ex))
+            return;
+        ck_pr_stall();
+    }
+    int64_t deadline = ex->heap_len > 0 ? ex->heap[0]->due_ns : INT64_MAX;
+    kb__signal_wait(&ex->wake, has_work, ex, deadline);
+}
+
+static void *executor_main(void *arg)
+{
+    struct kb_executor *ex = arg;
+    while (!atomic_load_explicit(&ex->sched->stop, memory_order_acquire)) {
+        if (ex->heap_len > 0)
+            run_due_lanes(ex);
+        struct kb_lane *lane = ready_pop(ex);
+        if (lane != NULL) {
+            lane_visit(ex, lane);
+            continue;
+        }
+        if (ex->heap_len > 0 && ex->heap[0]->due_ns <= kb__now_ns())
+            continue;
+        idle(ex);
+    }
+    return NULL;
+}
+
+kb_sched *kb__sched_new(uint32_t threads, char *errstr, size_t errlen)
+{
+    kb_sched *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        snprintf(errstr, errlen, "out of memory creating %u executors", threads);
+        return NULL;
+    }
+    s->ex = aligned_alloc(KB_CACHELINE, sizeof(struct kb_executor) * threads);
+    if (s->ex == NULL) {
+        free(s);
+        snprintf(errstr, errlen, "out of memory creating %u executors", threads);
+        return NULL;
+    }
+    memset(s->ex, 0, sizeof(struct kb_executor) * threads);
+    for (uint32_t i = 0; i < threads; i++) {
+        struct kb_executor *ex = &s->ex[i];
+        __cds_wfcq_init(&ex->head, &ex->tail);
+        ex->sched = s;
+        ex->index = i;
+        ex->rng = 0x9E3779B97F4A7C15ULL * (i + 1) ^ (uint64_t)kb__now_ns();
+        int rc = pthread_create(&ex->thread, NULL, executor_main, ex);
+        if (rc != 0) {
+            s->n = i;
+            kb__sched_destroy(s);
+            snprintf(errstr, errlen, "cannot start executor thread %u: %s", i, strerror(rc));
+            return NULL;
+        }
+        s->n = i + 1;
+    }
+    return s;
+}
+
+void kb__sched_destroy(kb_sched *s)
+{
+    if (s == NULL)
+        return;
+    atomic_store_explicit(&s->stop, 1, memory_order_release);
+    for (uint32_t i = 0; i < s->n; i++)
+        kb__signal_notify(&s->ex[i].wake);
+    for (uint32_t i = 0; i < s->n; i++) {
+        pthread_join(s->ex[i].thread, NULL);
+        free(s->ex[i].heap);
+    }
+    free(s->ex);
+    free(s);
+}

@@ -1,0 +1,393 @@
+/* The keyed pool: lanes allocated on first use, routing, timed backpressure,
+ * flush, statistics and teardown. Executors live in executor.c. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pool_int.h"
+#include "ring.h"
+
+/* Tries of a full lane before parking on it. */
+#define FULL_SPINS 128
+
+uint32_t kb_fnv1a32(const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 16777619u;
+    }
+    return h;
+}
+
+/* murmur3's finaliser: lane numbers that share low bits (the lanes of one broker
+ * partition) still spread over every executor. */
+static uint32_t mix32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x85ebca6bu;
+    x ^= x >> 13;
+    x *= 0xc2b2ae35u;
+    x ^= x >> 16;
+    return x;
+}
+
+void kb_pool_options_init(kb_pool_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->lanes = 1024;
+    o->threads = 0;
+    o->capacity = 1000;
+    o->max_attempts = 5;
+    o->backoff_ms = 10;
+    o->max_backoff_ms = 5000;
+}
+
+static uint32_t online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (uint32_t)n : 1;
+}
+
+#define KB_MAX_LANES (1u << 20)
+#define KB_MAX_CAPACITY (1u << 24)
+#define KB_MAX_THREADS 1024u
+
+static int check_options(const kb_pool_options *o, char *errstr, size_t errlen)
+{
+    if (o->handle == NULL) {
+        snprintf(errstr, errlen, "pool: handle callback is NULL");
+        return KB_EINVAL;
+    }
+    if (o->lanes == 0 || o->lanes > KB_MAX_LANES) {
+        snprintf(errstr, errlen, "pool: lanes %u out of range 1..%u", o->lanes, KB_MAX_LANES);
+        return KB_EINVAL;
+    }
+    if (o->capacity == 0 || o->capacity > KB_MAX_CAPACITY) {
+        snprintf(errstr, errlen, "pool: capacity %u out of range 1..%u", o->capacity,
+                 KB_MAX_CAPACITY);
+        return KB_EINVAL;
+    }
+    if (o->threads > KB_MAX_THREADS) {
+        snprintf(errstr, errlen, "pool: threads %u out of range 0..%u", o->threads,
+                 KB_MAX_THREADS);
+        return KB_EINVAL;
+    }
+    if (o->max_backoff_ms < o->backoff_ms) {
+        snprintf(errstr, errlen, "pool: max_backoff_ms %u is below backoff_ms %u",
+                 o->max_backoff_ms, o->backoff_ms);
+        return KB_EINVAL;
+    }
+    return KB_OK;
+}
+
+kb_pool *kb__pool_new_on(kb_sched *s, const kb_pool_options *o, char *errstr, size_t errlen)
+{
+    if (check_options(o, errstr, errlen) != KB_OK)
+        return NULL;
+    kb_pool *p = calloc(1, sizeof *p);
+    if (p != NULL)
+        p->lanes = calloc(o->lanes, sizeof *p->lanes);
+    if (p == NULL || p->lanes == NULL) {
+        free(p);
+        snprintf(errstr, errlen, "pool: out of memory for %u lanes", o->lanes);
+        return NULL;
+    }
+    p->o = *o;
+    /* ck_ring keeps one slot empty: the ring must be larger than capacity. */
+    p->ring_size = 2;
+    while (p->ring_size <= o->capacity)
+        p->ring_size <<= 1;
+    p->sched = s;
+    return p;
+}
+
+kb_pool *kb_pool_new(const kb_pool_options *o, char *errstr, size_t errlen)
+{
+    if (o == NULL) {
+        snprintf(errstr, errlen, "pool: options are NULL");
+        return NULL;
+    }
+    if (check_options(o, errstr, errlen) != KB_OK)
+        return NULL;
+    kb_sched *s = kb__sched_new(o->threads ? o->threads : online_cpus(), errstr, errlen);
+    if (s == NULL)
+        return NULL;
+    kb_pool *p = kb__pool_new_on(s, o, errstr, errlen);
+    if (p == NULL) {
+        kb__sched_destroy(s);
+        return NULL;
+    }
+    p->own_sched = true;
+    return p;
+}
+
+static struct kb_lane *lane_create(kb_pool *p, uint32_t idx)
+{
+    size_t head = (sizeof(struct kb_lane) + KB_CACHELINE - 1) & ~(size_t)(KB_CACHELINE - 1);
+    struct kb_lane *lane = aligned_alloc(KB_CACHELINE, head + p->ring_size * sizeof(ck_ring_buffer_t));
+    if (lane == NULL)
+        return NULL;
+    memset(lane, 0, head);
+    lane->buf = (ck_ring_buffer_t *)((char *)lane + head);
+    ck_ring_init(&lane->ring, p->ring_size);
+    lane->pool = p;
+    lane->index = idx;
+    lane->ex = &p->sched->ex[mix32(idx ^ p->o.salt) % p->sched->n];
+    struct kb_lane *expected = NULL;
+    if (!atomic_compare_exchange_strong_explicit(&p->lanes[idx], &expected, lane,
+                                                 memory_order_acq_rel, memory_order_acquire)) {
+        free(lane);                 /* another producer created it first */
+        return expected;
+    }
+    atomic_fetch_add_explicit(&p->lanes_allocated, 1, memory_order_relaxed);
+    return lane;
+}
+
+static inline struct kb_lane *lane_get(kb_pool *p, uint32_t idx)
+{
+    struct kb_lane *lane = atomic_load_explicit(&p->lanes[idx], memory_order_acquire);
+    return lane != NULL ? lane : lane_create(p, idx);
+}
+
+static inline struct kb_lane *lane_peek(const kb_pool *p, uint32_t idx)
+{
+    return atomic_load_explicit(&((kb_pool *)p)->lanes[idx], memory_order_acquire);
+}
+
+struct space_wait {
+    kb_pool *p;
+    struct kb_lane *lane;
+    void *item;
+    unsigned int depth;
+};
+
+/* 1: pushed, 2: pool closed, 0: still full. */
+static int try_push(void *arg)
+{
+    struct space_wait *w = arg;
+    if (atomic_load_explicit(&w->p->closed, memory_order_acquire))
+        return 2;
+    return kb__ring_push(&w->lane->ring, w->lane->buf, w->item, w->p->o.single_producer,
+                         &w->depth) ? 1 : 0;
+}
+
+/* The lane was full: spin briefly, then park until an executor frees a slot,
+ * the pool closes or the timeout passes. */
+static int wait_for_space(struct space_wait *w, int timeout_ms)
+{
+    for (int i = 0; i < FULL_SPINS; i++) {
+        ck_pr_stall();
+        int r = try_push(w);
+        if (r != 0)
+            return r == 1 ? KB_OK : KB_ECLOSED;
+    }
+    if (timeout_ms == 0)
+        return KB_EFULL;
+    int r = kb__signal_wait(&w->lane->space, try_push, w, kb__deadline_ns(timeout_ms));
+    return r == 1 ? KB_OK : r == 2 ? KB_ECLOSED : KB_EFULL;
+}
+
+static void note_depth(struct kb_lane *lane, uint32_t depth)
+{
+    uint32_t seen = atomic_load_explicit(&lane->max_depth, memory_order_relaxed);
+    while (depth > seen &&
+           !atomic_compare_exchange_weak_explicit(&lane->max_depth, &seen, depth,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+int kb_pool_submit_hash(kb_pool *p, uint32_t hash, void *item, int timeout_ms)
+{
+    if (p == NULL || item == NULL)
+        return KB_EINVAL;
+    if (atomic_load_explicit(&p->closed, memory_order_acquire))
+        return KB_ECLOSED;
+    struct kb_lane *lane = lane_get(p, hash % p->o.lanes);
+    if (lane == NULL)
+        return KB_ENOMEM;
+
+    struct space_wait w = {.p = p, .lane = lane, .item = item};
+    if (!kb__ring_push(&lane->ring, lane->buf, item, p->o.single_producer, &w.depth)) {
+        int rc = wait_for_space(&w, timeout_ms);
+        if (rc != KB_OK) {
+            if (rc == KB_EFULL)
+                atomic_fetch_add_explicit(&p->rejected, 1, memory_order_relaxed);
+            return rc;
+        }
+    }
+    note_depth(lane, w.depth + 1);
+
+    /* Dekker with lane_visit: our push must be visible before we read
+     * `scheduled`, else an executor that just went idle on this lane and we
+     * could both miss the item. */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&lane->scheduled, memory_order_relaxed) == 0) {
+        uint32_t idle = 0;
+        if (atomic_compare_exchange_strong(&lane->scheduled, &idle, 1))
+            kb__lane_schedule(lane);
+    }
+    return KB_OK;
+}
+
+int kb_pool_submit(kb_pool *p, const void *key, size_t key_len, void *item, int timeout_ms)
+{
+    if (key == NULL || key_len == 0)
+        return KB_EINVAL;
+    return kb_pool_submit_hash(p, kb_fnv1a32(key, key_len), item, timeout_ms);
+}
+
+uint32_t kb_pool_lane_of(const kb_pool *p, const void *key, size_t key_len)
+{
+    return kb_fnv1a32(key, key_len) % p->o.lanes;
+}
+
+uint32_t kb_pool_executor_of(const kb_pool *p, uint32_t lane)
+{
+    return mix32(lane ^ p->o.salt) % p->sched->n;
+}
+
+/* ---- waiting for work to finish ---- */
+
+struct flush_target {
+    const kb_pool *p;
+    uint32_t *enqueued;     /* per lane; NULL: "everything", i.e. drain */
+};
+
+static int lanes_caught_up(void *arg)
+{
+    struct flush_target *t = arg;
+    const kb_pool *p = t->p;
+    for (uint32_t i = 0; i < p->o.lanes; i++) {
+        struct kb_lane *lane = lane_peek(p, i);
+        if (lane == NULL)
+            continue;
+        uint32_t target = t->enqueued ? t->enqueued[i] : kb__ring_enqueued(&lane->ring);
+        uint32_t done = atomic_load_explicit(&lane->done, memory_order_acquire);
+        if ((int32_t)(done - target) < 0)
+            return 0;
+    }
+    return 1;
+}
+
+int kb_pool_flush(kb_pool *p, int timeout_ms)
+{
+    if (p == NULL)
+        return KB_EINVAL;
+    uint32_t *enqueued = malloc(sizeof(uint32_t) * p->o.lanes);
+    if (enqueued == NULL)
+        return KB_ENOMEM;
+    for (uint32_t i = 0; i < p->o.lanes; i++) {
+        struct kb_lane *lane = lane_peek(p, i);
+        enqueued[i] = lane ? kb__ring_enqueued(&lane->ring) : 0;
+    }
+    struct flush_target t = {.p = p, .enqueued = enqueued};
+    int ok = kb__signal_wait(&p->sched->progress, lanes_caught_up, &t, kb__deadline_ns(timeout_ms));
+    free(enqueued);
+    return ok ? KB_OK : KB_ETIMEDOUT;
+}
+
+int kb__pool_drain(kb_pool *p, int64_t deadline_ns)
+{
+    struct flush_target t = {.p = p, .enqueued = NULL};
+    return kb__signal_wait(&p->sched->progress, lanes_caught_up, &t, deadline_ns) ? KB_OK
+                                                                                 : KB_ETIMEDOUT;
+}
+
+void kb_pool_shutdown(kb_pool *p)
+{
+    if (p == NULL)
+        return;
+    atomic_store_explicit(&p->closed, 1, memory_order_seq_cst);
+    atomic_thread_fence(memory_order_seq_cst);
+    for (uint32_t i = 0; i < p->o.lanes; i++) {
+        struct kb_lane *lane = lane_peek(p, i);
+        if (lane != NULL)
+            kb__signal_poke(&lane->space);
+    }
+}
+
+void kb__pool_free(kb_pool *p)
+{
+    for (uint32_t i = 0; i < p->o.lanes; i++) {
+        struct kb_lane *lane = lane_peek(p, i);
+        if (lane == NULL)
+            continue;
+        void *item;
+        if (lane->held != NULL && p->o.finish != NULL)
+            p->o.finish(lane->held, KB_ECLOSED, lane->attempt - 1, p->o.opaque);
+        while ((item = kb__ring_pop(&lane->ring, lane->buf)) != NULL)
+            if (p->o.finish != NULL)
+                p->o.finish(item, KB_ECLOSED, 0, p->o.opaque);
+        free(lane);
+    }
+    free(p->lanes);
+    free(p);
+}
+
+int kb_pool_destroy(kb_pool *p, int timeout_ms)
+{
+    if (p == NULL)
+        return KB_EINVAL;
+    kb_pool_shutdown(p);
+    int rc = kb__pool_drain(p, kb__deadline_ns(timeout_ms));
+    kb__sched_destroy(p->own_sched ? p->sched : NULL);
+    kb__pool_free(p);
+    return rc;
+}
+
+/* ---- statistics ---- */
+
+static void read_lane(const struct kb_lane *lane, kb_lane_stats *out)
+{
+    struct kb_lane *l = (struct kb_lane *)lane;
+    uint32_t depth = ck_ring_size(&l->ring);
+    out->handled = atomic_load_explicit(&l->handled, memory_order_relaxed);
+    out->retried = atomic_load_explicit(&l->retried, memory_order_relaxed);
+    out->dead = atomic_load_explicit(&l->dead, memory_order_relaxed);
+    out->submitted = atomic_load_explicit(&l->taken, memory_order_relaxed) + depth;
+    out->depth = depth;
+    out->max_depth = atomic_load_explicit(&l->max_depth, memory_order_relaxed);
+    out->executor = l->ex->index;
+    out->allocated = 1;
+}
+
+int kb_pool_lane_stats(const kb_pool *p, uint32_t lane, kb_lane_stats *out)
+{
+    if (p == NULL || out == NULL || lane >= p->o.lanes)
+        return KB_EINVAL;
+    memset(out, 0, sizeof *out);
+    struct kb_lane *l = lane_peek(p, lane);
+    if (l != NULL)
+        read_lane(l, out);
+    else
+        out->executor = kb_pool_executor_of(p, lane);
+    return KB_OK;
+}
+
+void kb_pool_stats_get(const kb_pool *p, kb_pool_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    out->lanes = p->o.lanes;
+    out->threads = p->sched->n;
+    out->capacity = p->ring_size - 1;
+    out->rejected = atomic_load_explicit(&((kb_pool *)p)->rejected, memory_order_relaxed);
+    for (uint32_t i = 0; i < p->o.lanes; i++) {
+        struct kb_lane *l = lane_peek(p, i);
+        if (l == NULL)
+            continue;
+        kb_lane_stats ls;
+        read_lane(l, &ls);
+        out->lanes_allocated++;
+        out->submitted += ls.submitted;
+        out->handled += ls.handled;
+        out->retried += ls.retried;
+        out->dead += ls.dead;
+        out->depth += ls.depth;
+        if (ls.max_depth > out->max_depth)
+            out->max_depth = ls.max_depth;
+    }
+}

@@ -1,0 +1,95 @@
+/* Internal structures of the keyed pool and its executors. */
+#ifndef KB_CORE_POOL_INT_H
+#define KB_CORE_POOL_INT_H
+
+#ifndef _LGPL_SOURCE
+#define _LGPL_SOURCE   /* inline liburcu queue operations */
+#endif
+#include <ck_ring.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <urcu/wfcqueue.h>
+
+#include <keybus/pool.h>
+
+#include "sync.h"
+
+typedef struct kb_sched kb_sched;
+struct kb_executor;
+
+/* One lane: a bounded ring of item pointers drained by exactly one executor.
+ * Allocated (with its ring) the first time a key routes to it. */
+struct kb_lane {
+    ck_ring_t ring;                    /* ck pads consumer and producer counters apart */
+    ck_ring_buffer_t *buf;
+    kb_pool *pool;
+    struct kb_executor *ex;
+    uint32_t index;
+
+    /* Written by producers and the executor. */
+    _Alignas(KB_CACHELINE) _Atomic uint32_t scheduled;  /* in a ready queue, running or delayed */
+    _Atomic uint32_t max_depth;
+    kb_signal space;                   /* producers waiting on a full ring */
+
+    /* Written by the executor only (read by stats and flush). */
+    _Alignas(KB_CACHELINE) struct cds_wfcq_node ready_node;
+    _Atomic uint32_t done;             /* items finished, wraps like the ring counters */
+    _Atomic uint64_t taken, handled, retried, dead;
+    void    *held;                     /* item waiting for its retry */
+    uint32_t attempt;                  /* attempt number of the item at the head */
+    int64_t  due_ns;                   /* when a delayed lane may run again */
+};
+
+struct kb_executor {
+    struct __cds_wfcq_head head;       /* consumer end: this executor only */
+    kb_sched *sched;
+    uint32_t index;
+    pthread_t thread;
+    struct kb_lane **heap;             /* delayed lanes, min-heap on due_ns */
+    size_t heap_len, heap_cap;
+    uint64_t rng;                      /* retry jitter */
+
+    _Alignas(KB_CACHELINE) struct cds_wfcq_tail tail;  /* producers exchange here */
+    _Alignas(KB_CACHELINE) kb_signal wake;              /* parked while idle */
+};
+
+struct kb_sched {
+    uint32_t n;
+    struct kb_executor *ex;
+    _Atomic uint32_t stop;
+    kb_signal progress;                /* items finished: flush and drain wait on it */
+};
+
+struct kb_pool {
+    kb_pool_options o;
+    uint32_t ring_size;                /* power of two > capacity */
+    kb_sched *sched;
+    bool own_sched;
+    _Atomic uint32_t closed;
+    _Atomic uint32_t lanes_allocated;
+    _Atomic uint64_t rejected;
+    _Atomic(struct kb_lane *) *lanes;
+};
+
+/* Executors (executor.c). */
+kb_sched *kb__sched_new(uint32_t threads, char *errstr, size_t errlen);
+/* Stop and join every executor, then free. Work still queued stays queued. */
+void kb__sched_destroy(kb_sched *s);
+/* Put a lane that just became non-empty on its executor's ready queue. */
+void kb__lane_schedule(struct kb_lane *lane);
+
+/* Pools on a shared scheduler (pool.c). */
+kb_pool *kb__pool_new_on(kb_sched *s, const kb_pool_options *o, char *errstr, size_t errlen);
+/* Wait until nothing is queued or running, up to the deadline. */
+int kb__pool_drain(kb_pool *p, int64_t deadline_ns);
+/* Free a pool whose scheduler is stopped; leftovers finish with KB_ECLOSED. */
+void kb__pool_free(kb_pool *p);
+
+static inline void kb__counter_bump(_Atomic uint64_t *c)
+{
+    /* single writer: a plain load and store, no locked instruction */
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+}
+
+#endif /* KB_CORE_POOL_INT_H */

@@ -1,0 +1,42 @@
+/* Event records: one allocation holding an event's key, payload and transport
+ * ID, recycled through per-thread caches so the hot path does not allocate for
+ * events up to a few hundred bytes. */
+#ifndef KB_CORE_REC_H
+#define KB_CORE_REC_H
+
+#include <ck_stack.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct kb_topic;
+
+typedef struct kb_rec {
+    ck_stack_entry_t link;        /* free-list link while recycled */
+    struct kb_topic *topic;
+    void       *cookie;           /* transport's delivery handle */
+    const char *dead_reason;      /* static text, set when the handler gives up */
+    uint32_t    key_len;
+    uint32_t    payload_len;
+    uint32_t    partition;
+    uint32_t    first_attempt;    /* broker's delivery count when it arrived */
+    uint16_t    id_len;
+    uint8_t     size_class;       /* index of the free list, or KB_REC_EXACT */
+    char        data[];           /* key, payload, id, NUL */
+} kb_rec;
+
+#define KB_REC_EXACT 0xff
+
+static inline const char *kb__rec_key(const kb_rec *r) { return r->data; }
+static inline const char *kb__rec_payload(const kb_rec *r) { return r->data + r->key_len; }
+static inline const char *kb__rec_id(const kb_rec *r)
+{
+    return r->data + r->key_len + r->payload_len;
+}
+
+/* A record with room for `data_len` bytes; NULL on out of memory. Thread: any. */
+kb_rec *kb__rec_alloc(size_t data_len);
+
+/* Return a record for reuse. Thread: any. */
+void kb__rec_free(kb_rec *r);
+
+#endif /* KB_CORE_REC_H */

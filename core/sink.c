@@ -1,0 +1,129 @@
+/* Between transports and pools: deliveries become records on a lane, and a
+ * handled record becomes an ack, a dead letter or a release. */
+#include <string.h>
+
+#include "bus_int.h"
+#include "err.h"
+#include "rec.h"
+
+#define KB_MAX_ID_BYTES 255
+
+int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, int timeout_ms)
+{
+    const char *id = d->id != NULL ? d->id : "";
+    size_t id_len = strlen(id);
+    if (id_len > KB_MAX_ID_BYTES) {
+        kb__errf(NULL, 0, "delivery ID of %zu bytes is longer than %d", id_len, KB_MAX_ID_BYTES);
+        return KB_EINVAL;
+    }
+    kb_rec *r = kb__rec_alloc(d->key_len + d->payload_len + id_len + 1);
+    if (r == NULL) {
+        kb__errf(NULL, 0, "out of memory for an event of %zu bytes", d->key_len + d->payload_len);
+        return KB_ENOMEM;
+    }
+    r->topic = topic;
+    r->cookie = d->cookie;
+    r->dead_reason = NULL;
+    r->key_len = (uint32_t)d->key_len;
+    r->payload_len = (uint32_t)d->payload_len;
+    r->partition = d->partition;
+    r->first_attempt = d->attempt ? d->attempt : 1;
+    r->id_len = (uint16_t)id_len;
+    memcpy(r->data, d->key, d->key_len);
+    if (d->payload_len > 0)
+        memcpy(r->data + d->key_len, d->payload, d->payload_len);
+    memcpy(r->data + d->key_len + d->payload_len, id, id_len + 1);
+
+    int rc = kb_pool_submit_hash(topic->pool, hash, r, timeout_ms);
+    if (rc != KB_OK) {
+        kb__rec_free(r);
+        if (rc == KB_EFULL)
+            kb__errf(NULL, 0, "topic %s: lane %u full for %d ms", topic->name,
+                     hash % topic->pool->o.lanes, timeout_ms);
+        else if (rc == KB_ECLOSED)
+            kb__errf(NULL, 0, "topic %s: bus is closing", topic->name);
+    }
+    return rc;
+}
+
+int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms)
+{
+    if (s == NULL || d == NULL || d->key == NULL || d->key_len == 0 ||
+        (d->payload == NULL && d->payload_len > 0)) {
+        kb__errf(NULL, 0, "kb_sink_deliver: %s", s == NULL ? "sink is NULL"
+                                                 : d == NULL ? "delivery is NULL"
+                                                 : d->key == NULL || d->key_len == 0
+                                                     ? "key is NULL or empty"
+                                                     : "payload is NULL with a length");
+        return KB_EINVAL;
+    }
+    struct kb_topic *topic = (struct kb_topic *)s;
+    return kb__sink_put(topic, d, kb_fnv1a32(d->key, d->key_len), timeout_ms);
+}
+
+static void delivery_of(const kb_rec *r, uint32_t attempt, kb_delivery *d)
+{
+    d->topic = r->topic->name;
+    d->key = kb__rec_key(r);
+    d->key_len = r->key_len;
+    d->payload = kb__rec_payload(r);
+    d->payload_len = r->payload_len;
+    d->partition = r->partition;
+    d->attempt = attempt;
+    d->id = kb__rec_id(r);
+    d->cookie = r->cookie;
+}
+
+int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
+{
+    kb_rec *r = item;
+    struct kb_topic *topic = opaque;
+    uint32_t total = r->first_attempt + attempt - 1;
+    kb_event ev = {
+        .topic = topic->name,
+        .key = kb__rec_key(r),
+        .key_len = r->key_len,
+        .payload = kb__rec_payload(r),
+        .payload_len = r->payload_len,
+        .attempt = total,
+        .id = kb__rec_id(r),
+    };
+    int result = topic->fn(&ev, topic->opaque);
+    if (result == KB_HANDLED)
+        return KB_HANDLED;
+    if (result == KB_DEAD) {
+        r->dead_reason = "handler returned KB_DEAD";
+        return KB_DEAD;
+    }
+    if (total >= topic->bus->max_attempts) {
+        r->dead_reason = "retry.max_attempts reached";
+        return KB_DEAD;
+    }
+    return KB_RETRY;
+}
+
+void kb__topic_finish(void *item, int outcome, uint32_t attempts, void *opaque)
+{
+    kb_rec *r = item;
+    struct kb_topic *topic = opaque;
+    kb_bus *b = topic->bus;
+    kb_delivery d;
+    delivery_of(r, attempts ? r->first_attempt + attempts - 1 : r->first_attempt, &d);
+    if (outcome == KB_HANDLED) {
+        int rc = b->ops->ack(b->t, &d);
+        if (rc != KB_OK)
+            kb_log(b, 4, "topic %s: ack of %s failed: %s", topic->name, d.id, kb_strerror(rc));
+    } else if (outcome == KB_DEAD) {
+        const char *reason = r->dead_reason ? r->dead_reason : "dead-lettered";
+        int rc = b->ops->dead_letter(b->t, &d, reason);
+        if (rc != KB_OK) {
+            atomic_fetch_add_explicit(&topic->dead_letter_failures, 1, memory_order_relaxed);
+            kb_log(b, 4, "topic %s: dead letter for key \"%.*s\" (%s, %u attempts) not stored: %s",
+                   topic->name, (int)(d.key_len > 64 ? 64 : d.key_len), (const char *)d.key,
+                   reason, d.attempt, kb_last_error()[0] ? kb_last_error() : kb_strerror(rc));
+        }
+    } else if (b->ops->release != NULL) {
+        b->ops->release(b->t, &d);
+    }
+    kb__rec_free(r);
+}

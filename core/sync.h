@@ -1,0 +1,80 @@
+/* Small synchronisation helpers shared by the core: monotonic time, futex
+ * parking, and the ThreadSanitizer annotations that describe the happens-before
+ * edges concurrencykit and liburcu create with inline assembly TSan cannot see. */
+#ifndef KB_CORE_SYNC_H
+#define KB_CORE_SYNC_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+#if defined(__SANITIZE_THREAD__)
+#define KB_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define KB_TSAN 1
+#endif
+#endif
+
+#ifdef KB_TSAN
+#include <sanitizer/tsan_interface.h>
+#define KB_TSAN_RELEASE(addr) __tsan_release((void *)(addr))
+#define KB_TSAN_ACQUIRE(addr) __tsan_acquire((void *)(addr))
+#else
+#define KB_TSAN_RELEASE(addr) ((void)0)
+#define KB_TSAN_ACQUIRE(addr) ((void)0)
+#endif
+
+#define KB_CACHELINE 64
+
+static inline int64_t kb__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);   /* vDSO: no syscall */
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Deadline `timeout_ms` from now; INT64_MAX for a negative timeout (none). */
+static inline int64_t kb__deadline_ns(int timeout_ms)
+{
+    return timeout_ms < 0 ? INT64_MAX : kb__now_ns() + (int64_t)timeout_ms * 1000000LL;
+}
+
+/* Block while *word == expected, until woken or `deadline_ns` (INT64_MAX: no
+ * deadline) passes. Spurious returns are allowed; callers re-check. */
+void kb__park_wait(_Atomic uint32_t *word, uint32_t expected, int64_t deadline_ns);
+
+/* Wake up to `n` threads blocked on word (INT32_MAX: all). */
+void kb__park_wake(_Atomic uint32_t *word, int n);
+
+/* A futex-backed "something changed" signal for slow-path waiters (flush,
+ * drain, full lanes): waiters register, so the fast path only pays a load. */
+typedef struct kb_signal {
+    _Atomic uint32_t seq;
+    _Atomic uint32_t waiters;
+} kb_signal;
+
+/* Wake the waiters, if any. The caller has already issued a seq_cst fence
+ * after publishing its change (several pokes may share one fence). */
+static inline void kb__signal_poke(kb_signal *s)
+{
+    if (atomic_load_explicit(&s->waiters, memory_order_relaxed) != 0) {
+        atomic_fetch_add_explicit(&s->seq, 1, memory_order_release);
+        kb__park_wake(&s->seq, INT32_MAX);
+    }
+}
+
+/* Call after publishing the change the waiters look for. */
+static inline void kb__signal_notify(kb_signal *s)
+{
+    /* Dekker pairing with kb__signal_wait: the change must be visible before we
+     * read `waiters`, or a waiter that registered just now could sleep on it. */
+    atomic_thread_fence(memory_order_seq_cst);
+    kb__signal_poke(s);
+}
+
+/* Wait until ready(arg) is true or the deadline passes; returns ready's last
+ * value. `ready` is re-evaluated after every notify. */
+int kb__signal_wait(kb_signal *s, int (*ready)(void *arg), void *arg, int64_t deadline_ns);
+
+#endif /* KB_CORE_SYNC_H */

@@ -1,0 +1,221 @@
+/*
+ * keybus: an in-process keyed worker pool used as an event bus, with pluggable
+ * transports (mem://, redis://, nats://).
+ *
+ * Conventions for every function below:
+ *   - Returns KB_OK (0) or a negative KB_E* code; kb_strerror() names it.
+ *   - Calls that take `char *errstr, size_t errlen` write a NUL-terminated
+ *     message naming the problem on failure (errstr may be NULL).
+ *   - "Thread: any" means the call may be made from any thread at any time,
+ *     concurrently with any other "any" call on the same object.
+ */
+#ifndef KEYBUS_KEYBUS_H
+#define KEYBUS_KEYBUS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KB_EXPORT __attribute__((visibility("default")))
+#else
+#define KB_EXPORT
+#endif
+
+#define KB_VERSION_STRING "0.1.0"
+
+typedef struct kb_conf kb_conf;
+typedef struct kb_bus kb_bus;
+
+enum {                      /* every call returns KB_OK or a negative code */
+    KB_OK = 0,
+    KB_EINVAL = -1,         /* bad argument: NULL/empty key or topic, bad config value */
+    KB_EFULL = -2,          /* lane stayed full for the whole enqueue timeout */
+    KB_ECLOSED = -3,        /* bus closing or closed */
+    KB_ETRANSPORT = -4,     /* broker unreachable or protocol error */
+    KB_ENOMEM = -5,
+    KB_ETOOBIG = -6,        /* key or payload over its configured limit */
+    KB_ENOTFOUND = -7,      /* unknown config key, unknown URL scheme, no subscriber (mem) */
+    KB_ETIMEDOUT = -8,      /* flush/close deadline passed */
+};
+
+/* Static string for a KB_* code ("unknown error" otherwise). Thread: any. */
+KB_EXPORT const char *kb_strerror(int code);
+
+/* Text naming the problem of this thread's last failed keybus call, for calls
+ * that take no errstr (kb_publish, kb_subscribe, ...). Valid until this thread's
+ * next failing call. Thread: any (thread-local). */
+KB_EXPORT const char *kb_last_error(void);
+
+/* ---------------------------------------------------------------------------
+ * Configuration: librdkafka-style key/value pairs, validated on set against one
+ * property table (see docs/CONFIGURATION.md). A kb_conf is not thread-safe:
+ * one thread builds it, then hands it to kb_open.
+ * ------------------------------------------------------------------------- */
+
+/* New configuration holding every default. Caller owns it: kb_conf_destroy, or
+ * pass it to kb_open (which takes it on success). NULL on out of memory. */
+KB_EXPORT kb_conf *kb_conf_new(void);
+
+/* Validate and store one value (the string is copied).
+ * KB_ENOTFOUND for an unknown key or URL scheme, KB_EINVAL for a bad value. */
+KB_EXPORT int kb_conf_set(kb_conf *c, const char *key, const char *value, char *errstr,
+                          size_t errlen);
+
+/* Current value of `key` as text, copied into buf (truncated to buflen-1).
+ * KB_ENOTFOUND for an unknown key. */
+KB_EXPORT int kb_conf_get(const kb_conf *c, const char *key, char *buf, size_t buflen);
+
+/* Read an INI file: top-level `key = value` lines and `[section]` blocks whose
+ * keys become `section.key`. Stops at the first bad line; errstr names the file,
+ * the line and the key. */
+KB_EXPORT int kb_conf_load(kb_conf *c, const char *path, char *errstr, size_t errlen);
+
+/* Apply KEYBUS_<KEY> environment variables (dots as underscores, upper case),
+ * e.g. KEYBUS_TRANSPORT, KEYBUS_POOL_WORKERS. kb_open calls this itself, so the
+ * environment overrides both the file and kb_conf_set. */
+KB_EXPORT int kb_conf_apply_env(kb_conf *c, char *errstr, size_t errlen);
+
+/* Log sink for what the bus reports out of band (dropped dead letters,
+ * reconnects). level: 3 error, 4 warning, 6 info, 7 debug. `msg` is valid only
+ * during the call. The callback runs on internal threads: it must be
+ * thread-safe. Default: lines on stderr for levels <= 4. */
+typedef void (*kb_log_fn)(int level, const char *msg, void *opaque);
+KB_EXPORT void kb_conf_set_log(kb_conf *c, kb_log_fn fn, void *opaque);
+
+/* Copy of a configuration, or NULL on out of memory. */
+KB_EXPORT kb_conf *kb_conf_dup(const kb_conf *c);
+
+KB_EXPORT void kb_conf_destroy(kb_conf *c);
+
+/* ---------------------------------------------------------------------------
+ * The bus.
+ * ------------------------------------------------------------------------- */
+
+/* Open a bus: apply the environment, connect the transport, start executors.
+ * Takes ownership of `c` on success only; on failure the caller still owns it
+ * and errstr says why (KB_ETRANSPORT-class failures name the URL, never a
+ * password). Thread: any. */
+KB_EXPORT kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen);
+
+/* Stop intake (later kb_publish returns KB_ECLOSED; publishers blocked on a
+ * full lane wake with KB_ECLOSED), wait for threads inside kb_publish to leave,
+ * handle what is queued until `timeout_ms` (< 0: no deadline), ack what was
+ * handled, leave the rest unacked on brokers, stop threads, free everything.
+ * Returns KB_ETIMEDOUT when the deadline cut the drain short. Call once, from
+ * a thread that is not a handler; `b` is invalid afterwards. */
+KB_EXPORT int kb_close(kb_bus *b, int timeout_ms);
+
+typedef struct kb_event {
+    const char *topic;
+    const void *key;      size_t key_len;       /* aggregate ID, bytes */
+    const void *payload;  size_t payload_len;
+    uint32_t    attempt;                        /* 1 on first delivery */
+    const char *id;                             /* transport message ID ("" for mem) */
+} kb_event;                                     /* valid only during the handler call */
+
+enum { KB_HANDLED = 0, KB_RETRY = 1, KB_DEAD = 2 };   /* handler results */
+
+/* Runs on an executor thread; never concurrently with another call for the same
+ * lane (so never twice at once for one key). Any other result means KB_RETRY.
+ * A handler may call kb_publish but not kb_close. */
+typedef int (*kb_handler_fn)(const kb_event *ev, void *opaque);
+
+/* Route `topic` to `fn`: creates the topic's pool (pool.workers lanes) and, on a
+ * broker, starts consuming. One handler per topic: KB_EINVAL if already
+ * subscribed. `opaque` is passed through and stays the caller's. Thread: any. */
+KB_EXPORT int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque);
+
+/* Copy key and payload and hand them to the transport. mem:// enqueues into the
+ * topic's lane, waiting up to pool.enqueue_timeout_ms when it is full
+ * (KB_EFULL); KB_ENOTFOUND when nobody subscribed. Brokers pipeline the write
+ * and return without waiting for a round trip. Empty payloads are allowed
+ * (payload may be NULL only when payload_len is 0). Thread: any. */
+KB_EXPORT int kb_publish(kb_bus *b, const char *topic, const void *key, size_t key_len,
+                         const void *payload, size_t payload_len);
+
+/* mem: wait until everything published before the call is handled (or
+ * dead-lettered); brokers: until every publish so far is accepted by the
+ * server. KB_ETIMEDOUT at the deadline (< 0: none). Thread: any but a handler. */
+KB_EXPORT int kb_flush(kb_bus *b, int timeout_ms);
+
+/* ---------------------------------------------------------------------------
+ * Statistics.
+ * ------------------------------------------------------------------------- */
+
+typedef struct kb_topic_stats {
+    /* this process's pool for the topic (zero when not subscribed here) */
+    uint64_t received;        /* events that entered the pool */
+    uint64_t handled;         /* handler returned KB_HANDLED */
+    uint64_t retried;         /* handler asked for a retry */
+    uint64_t dead_lettered;   /* gave up: KB_DEAD or retry.max_attempts */
+    uint64_t rejected;        /* enqueues refused with KB_EFULL */
+    uint64_t depth;           /* events queued now, over all lanes */
+    uint64_t max_depth;       /* deepest any lane has been */
+    uint32_t lanes;           /* pool.workers */
+    uint32_t lanes_allocated; /* lanes that hold a ring (allocated on first use) */
+    uint64_t dead_letters_lost;  /* dead letters nobody stored (mem: no "<topic>.dlq"
+                                    subscriber, or it was full); each one is logged */
+    /* publishing side and broker (filled by the transport) */
+    uint64_t published;       /* kb_publish calls accepted in this process */
+    uint32_t partitions;      /* broker partitions (0 on mem://) */
+    uint32_t partitions_owned;/* partitions this process consumes now */
+    uint64_t broker_length;   /* entries stored over all partitions */
+    uint64_t broker_pending;  /* delivered but not acked, over all partitions */
+    uint64_t broker_lag;      /* not yet delivered to the group */
+    uint64_t dlq_length;      /* entries in the dead-letter stream/subject */
+} kb_topic_stats;
+
+/* Fill *out for `topic`. KB_ENOTFOUND when neither the pool nor the transport
+ * knows the topic. Broker figures cost a round trip. Thread: any. */
+KB_EXPORT int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out);
+
+typedef struct kb_partition_stats {
+    uint32_t partition;
+    uint64_t length;          /* entries stored */
+    uint64_t pending;         /* delivered, not acked */
+    uint64_t lag;             /* not yet delivered */
+    uint64_t redelivered;     /* NATS: redelivered count; Redis: 0 */
+    uint32_t consumers;       /* consumers known to the group */
+    char     owner[128];      /* lease holder ("" when none) */
+} kb_partition_stats;
+
+/* Broker view of one partition. KB_ENOTFOUND on mem:// or for a partition out
+ * of range. Costs round trips. Thread: any. */
+KB_EXPORT int kb_partition_stats_get(kb_bus *b, const char *topic, uint32_t partition,
+                                     kb_partition_stats *out);
+
+/* ---------------------------------------------------------------------------
+ * Dead letters on brokers.
+ * ------------------------------------------------------------------------- */
+
+typedef struct kb_dead_letter {
+    const char *id;           /* dead-letter entry ID */
+    const void *key;      size_t key_len;
+    const void *payload;  size_t payload_len;
+    uint32_t    partition;
+    const char *original_id;
+    uint32_t    attempts;
+    const char *reason;
+} kb_dead_letter;             /* valid only during the callback */
+
+typedef int (*kb_dead_letter_fn)(const kb_dead_letter *dl, void *opaque); /* non-zero stops */
+
+/* Walk up to `max` dead letters of `topic`, oldest first, starting after
+ * `after_id` (NULL or "" for the start). KB_ENOTFOUND on mem:// (its dead
+ * letters go to "<topic>.dlq"). Thread: any. */
+KB_EXPORT int kb_dead_letters(kb_bus *b, const char *topic, const char *after_id, size_t max,
+                              kb_dead_letter_fn fn, void *opaque);
+
+/* Publish dead letter `id` back to its partition (attempt reset to 1) and remove
+ * it from the dead-letter store. Thread: any. */
+KB_EXPORT int kb_dead_letter_replay(kb_bus *b, const char *topic, const char *id);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KEYBUS_KEYBUS_H */

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages keybus needs, only those missing.
+# Used by both README commands and by .ci/run, so the list lives here only.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libck-dev liburcu-dev libhiredis-dev libnats-dev libinih-dev
+  libcmocka-dev libbenchmark-dev
+  redis-server nats-server
+  clang libclang-rt-dev
+  gnuplot-nox
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "keybus: installing ${missing[*]}" >&2
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# redis-server and nats-server packages may start system services; the tests run their
+# own servers on free ports, so the system ones are left alone.

@@ -1,0 +1,8 @@
+execute_process(COMMAND ${KEYBUS} conf-doc OUTPUT_VARIABLE generated RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "keybus conf-doc failed: ${rc}")
+endif()
+file(READ ${DOC} committed)
+if(NOT generated STREQUAL committed)
+  message(FATAL_ERROR "docs/CONFIGURATION.md is stale: run `build/keybus conf-doc > docs/CONFIGURATION.md`")
+endif()

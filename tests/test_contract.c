@@ -1,0 +1,294 @@
+/* The transport contract: cases every transport must pass, run once per
+ * transport: `test_contract mem|redis|nats`. Broker runs start a real server
+ * through the harness in tests/support. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <keybus/keybus.h>
+
+#include "support/server.h"
+#include "support/tracker.h"
+
+static const char *kind = "mem";
+static kb_test_server server;
+static char url[160] = "mem://";
+
+static kb_bus *open_bus(const char *extra_key, const char *extra_value)
+{
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "pool.queue_capacity", "64", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "retry.backoff_ms", "1", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "retry.max_backoff_ms", "4", err, sizeof err), KB_OK);
+    if (extra_key != NULL)
+        assert_int_equal(kb_conf_set(c, extra_key, extra_value, err, sizeof err), KB_OK);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open(%s): %s", url, err);
+    return b;
+}
+
+static void unique_topic(char *buf, size_t len, const char *name)
+{
+    static int seq;
+    snprintf(buf, len, "contract.%s.%d.%d", name, (int)getpid(), ++seq);
+}
+
+/* Wait until the tracker has seen `n` distinct events, or 30 s. */
+static void wait_seen(kb_tracker *t, uint64_t n)
+{
+    for (int i = 0; i < 3000 && kb_tracker_distinct(t) < n; i++)
+        usleep(10000);
+}
+
+struct producer {
+    kb_bus *b;
+    const char *topic;
+    uint32_t first_key, keys, per_key;
+};
+
+static void *produce(void *arg)
+{
+    struct producer *p = arg;
+    for (uint32_t s = 1; s <= p->per_key; s++)
+        for (uint32_t k = p->first_key; k < p->first_key + p->keys; k++)
+            assert_int_equal(kb_tracker_publish(p->b, p->topic, k, s, 16), KB_OK);
+    return NULL;
+}
+
+/* Many producers, many keys: every event handled once, in order per key. */
+static void order_and_no_loss(void **state)
+{
+    (void)state;
+    kb_bus *b = open_bus(NULL, NULL);
+    char topic[96];
+    unique_topic(topic, sizeof topic, "order");
+    kb_tracker t;
+    kb_tracker_init(&t, 200);
+    assert_int_equal(kb_subscribe(b, topic, kb_tracker_handler, &t), KB_OK);
+
+    pthread_t th[4];
+    struct producer p[4];
+    for (int i = 0; i < 4; i++) {
+        p[i] = (struct producer){b, topic, (uint32_t)i * 50, 50, 50};
+        pthread_create(&th[i], NULL, produce, &p[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    wait_seen(&t, 200 * 50);
+    assert_int_equal(kb_close(b, 30000), KB_OK);
+
+    assert_int_equal(kb_tracker_distinct(&t), 200 * 50);
+    assert_int_equal(t.order_violations, 0);
+    assert_int_equal(t.duplicates, 0);
+    assert_int_equal(t.concurrent, 0);
+    kb_tracker_destroy(&t);
+}
+
+struct retry_state {
+    kb_tracker t;
+    _Atomic uint32_t retries_asked;
+    _Atomic uint32_t second_attempts;
+};
+
+/* Every third event fails on its first attempt: it is handled again before any
+ * later event of its key, and its attempt number says 2. */
+static int retry_handler(const kb_event *ev, void *opaque)
+{
+    struct retry_state *rs = opaque;
+    uint32_t key, seq;
+    kb_tracker_decode(ev, &key, &seq);
+    if (seq % 3 == 0 && ev->attempt == 1) {
+        rs->retries_asked++;
+        return KB_RETRY;
+    }
+    if (seq % 3 == 0 && ev->attempt == 2)
+        rs->second_attempts++;
+    return kb_tracker_handler(ev, &rs->t);
+}
+
+static void ordered_retry(void **state)
+{
+    (void)state;
+    kb_bus *b = open_bus(NULL, NULL);
+    char topic[96];
+    unique_topic(topic, sizeof topic, "retry");
+    struct retry_state rs = {0};
+    kb_tracker_init(&rs.t, 20);
+    assert_int_equal(kb_subscribe(b, topic, retry_handler, &rs), KB_OK);
+    struct producer p = {b, topic, 0, 20, 30};
+    produce(&p);
+    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    wait_seen(&rs.t, 20 * 30);
+    assert_int_equal(kb_close(b, 30000), KB_OK);
+
+    assert_int_equal(kb_tracker_distinct(&rs.t), 20 * 30);
+    assert_int_equal(rs.t.order_violations, 0);
+    assert_int_equal(rs.t.duplicates, 0);
+    assert_int_equal(rs.retries_asked, 20 * 10);
+    assert_int_equal(rs.second_attempts, 20 * 10);
+    kb_tracker_destroy(&rs.t);
+}
+
+struct dead_state {
+    _Atomic uint32_t handled, dead_seen;
+};
+
+static int poison_handler(const kb_event *ev, void *opaque)
+{
+    struct dead_state *ds = opaque;
+    if (ev->payload_len >= 6 && memcmp(ev->payload, "poison", 6) == 0)
+        return KB_DEAD;
+    if (ev->payload_len >= 5 && memcmp(ev->payload, "flaky", 5) == 0)
+        return KB_RETRY;   /* until retry.max_attempts */
+    ds->handled++;
+    return KB_HANDLED;
+}
+
+static int dlq_handler(const kb_event *ev, void *opaque)
+{
+    struct dead_state *ds = opaque;
+    (void)ev;
+    ds->dead_seen++;
+    return KB_HANDLED;
+}
+
+static int count_dead_letter(const kb_dead_letter *dl, void *opaque)
+{
+    struct dead_state *ds = opaque;
+    assert_non_null(dl->reason);
+    assert_true(dl->attempts >= 1);
+    ds->dead_seen++;
+    return 0;
+}
+
+/* KB_DEAD dead-letters at once; KB_RETRY until retry.max_attempts, then dead. */
+static void dead_letters(void **state)
+{
+    (void)state;
+    kb_bus *b = open_bus("retry.max_attempts", "3");
+    char topic[96], dlq[128];
+    unique_topic(topic, sizeof topic, "dead");
+    snprintf(dlq, sizeof dlq, "%s.dlq", topic);
+    struct dead_state ds = {0}, dl = {0};
+    assert_int_equal(kb_subscribe(b, topic, poison_handler, &ds), KB_OK);
+    bool mem = strcmp(kind, "mem") == 0;
+    if (mem)
+        assert_int_equal(kb_subscribe(b, dlq, dlq_handler, &dl), KB_OK);
+    assert_int_equal(kb_publish(b, topic, "k1", 2, "poison", 6), KB_OK);
+    assert_int_equal(kb_publish(b, topic, "k2", 2, "flaky", 5), KB_OK);
+    assert_int_equal(kb_publish(b, topic, "k1", 2, "fine", 4), KB_OK);
+    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    kb_topic_stats st = {0};
+    for (int i = 0; i < 3000; i++) {
+        assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+        if (st.dead_lettered == 2 && ds.handled == 1)
+            break;
+        usleep(10000);
+    }
+    assert_int_equal(st.dead_lettered, 2);
+    assert_int_equal(ds.handled, 1);
+    if (mem) {
+        assert_int_equal(kb_flush(b, 30000), KB_OK);
+        assert_int_equal(dl.dead_seen, 2);
+    } else {
+        assert_int_equal(kb_dead_letters(b, topic, NULL, 100, count_dead_letter, &dl), KB_OK);
+        assert_int_equal(dl.dead_seen, 2);
+    }
+    assert_int_equal(kb_close(b, 30000), KB_OK);
+}
+
+/* Keys are bytes (NUL allowed); an empty payload is an event too. */
+struct bytes_state {
+    _Atomic int seen_nul_key, seen_empty;
+};
+
+static int bytes_handler(const kb_event *ev, void *opaque)
+{
+    struct bytes_state *bs = opaque;
+    if (ev->key_len == 3 && memcmp(ev->key, "a\0b", 3) == 0 && ev->payload_len == 2)
+        bs->seen_nul_key++;
+    if (ev->key_len == 1 && ev->payload_len == 0)
+        bs->seen_empty++;
+    return KB_HANDLED;
+}
+
+static void binary_keys_and_empty_payloads(void **state)
+{
+    (void)state;
+    kb_bus *b = open_bus(NULL, NULL);
+    char topic[96];
+    unique_topic(topic, sizeof topic, "bytes");
+    struct bytes_state bs = {0};
+    assert_int_equal(kb_subscribe(b, topic, bytes_handler, &bs), KB_OK);
+    assert_int_equal(kb_publish(b, topic, "a\0b", 3, "\0\1", 2), KB_OK);
+    assert_int_equal(kb_publish(b, topic, "z", 1, NULL, 0), KB_OK);
+    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    for (int i = 0; i < 3000 && (bs.seen_nul_key < 1 || bs.seen_empty < 1); i++)
+        usleep(10000);
+    assert_int_equal(kb_close(b, 30000), KB_OK);
+    assert_int_equal(bs.seen_nul_key, 1);
+    assert_int_equal(bs.seen_empty, 1);
+}
+
+/* After kb_close starts, publishing is refused; stats survive until then. */
+static void stats_and_close(void **state)
+{
+    (void)state;
+    kb_bus *b = open_bus(NULL, NULL);
+    char topic[96];
+    unique_topic(topic, sizeof topic, "stats");
+    kb_tracker t;
+    kb_tracker_init(&t, 10);
+    assert_int_equal(kb_subscribe(b, topic, kb_tracker_handler, &t), KB_OK);
+    struct producer p = {b, topic, 0, 10, 10};
+    produce(&p);
+    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    wait_seen(&t, 100);
+    kb_topic_stats st;
+    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    assert_int_equal(st.published, 100);
+    assert_int_equal(st.handled, 100);
+    assert_int_equal(st.lanes, 1024);
+    assert_true(st.lanes_allocated >= 1 && st.lanes_allocated <= 10);
+    assert_int_equal(kb_close(b, 30000), KB_OK);
+    assert_int_equal(kb_tracker_distinct(&t), 100);
+    kb_tracker_destroy(&t);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        kind = argv[1];
+    if (strcmp(kind, "mem") != 0) {
+        if (kb_test_server_start(&server, kind, NULL) != 0) {
+            fprintf(stderr, "cannot start %s server\n", kind);
+            return 1;
+        }
+        snprintf(url, sizeof url, "%s", server.url);
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(order_and_no_loss),
+        cmocka_unit_test(ordered_retry),
+        cmocka_unit_test(dead_letters),
+        cmocka_unit_test(binary_keys_and_empty_payloads),
+        cmocka_unit_test(stats_and_close),
+    };
+    char group[64];
+    snprintf(group, sizeof group, "contract/%s", kind);
+    int failed = _cmocka_run_group_tests(group, tests, sizeof tests / sizeof tests[0], NULL, NULL);
+    if (server.pid > 0)
+        kb_test_server_stop(&server);
+    return failed;
+}
