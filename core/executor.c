@@ -154,7 +154,9 @@ static void lane_visit(struct kb_executor *ex, struct kb_lane *lane)
         delayed = !handle_item(ex, lane, lane->held);
         n++;
     }
-    while (!delayed && n < LANE_BATCH) {
+    /* `stop` is checked per item so a deadline in kb_close cuts a long batch short. */
+    while (!delayed && n < LANE_BATCH &&
+           !atomic_load_explicit(&ex->sched->stop, memory_order_relaxed)) {
         void *item = kb__ring_pop(&lane->ring, lane->buf);
         if (item == NULL)
             break;
@@ -168,7 +170,7 @@ static void lane_visit(struct kb_executor *ex, struct kb_lane *lane)
         if (n == LANE_BATCH) {
             ready_push(ex, lane);           /* more may wait: back of the queue */
         } else {
-            atomic_store_explicit(&lane->scheduled, 0, memory_order_relaxed);
+            atomic_store_explicit(&lane->scheduled, 0, memory_order_release);
             /* Dekker with kb_pool_submit: it pushes then reads `scheduled`; we
              * clear `scheduled` then read the ring. One of us sees the other. */
             atomic_thread_fence(memory_order_seq_cst);

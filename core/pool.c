@@ -128,7 +128,10 @@ kb_pool *kb_pool_new(const kb_pool_options *o, char *errstr, size_t errlen)
 static struct kb_lane *lane_create(kb_pool *p, uint32_t idx)
 {
     size_t head = (sizeof(struct kb_lane) + KB_CACHELINE - 1) & ~(size_t)(KB_CACHELINE - 1);
-    struct kb_lane *lane = aligned_alloc(KB_CACHELINE, head + p->ring_size * sizeof(ck_ring_buffer_t));
+    size_t bytes = head + p->ring_size * sizeof(ck_ring_buffer_t);
+    /* C11 wants the size to be a multiple of the alignment */
+    bytes = (bytes + KB_CACHELINE - 1) & ~(size_t)(KB_CACHELINE - 1);
+    struct kb_lane *lane = aligned_alloc(KB_CACHELINE, bytes);
     if (lane == NULL)
         return NULL;
     memset(lane, 0, head);

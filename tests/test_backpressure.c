@@ -1,1 +1,178 @@
-int main(void){return 0;}
+/* Timed backpressure: a full lane makes submit/publish wait, then fail with
+ * KB_EFULL after about the timeout; nothing accepted is lost. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <string.h>
+
+#include <keybus/pool.h>
+
+#include "support/gate.h"
+
+struct gated {
+    kb_gate gate;
+    _Atomic int handled;
+};
+
+static int gated_handle(void *item, uint32_t attempt, void *opaque)
+{
+    struct gated *g = opaque;
+    (void)item, (void)attempt;
+    kb_gate_pass(&g->gate);
+    g->handled++;
+    return KB_HANDLED;
+}
+
+static kb_pool *one_lane_pool(struct gated *g, uint32_t capacity)
+{
+    kb_pool_options o;
+    kb_pool_options_init(&o);
+    o.lanes = 1;
+    o.threads = 1;
+    o.capacity = capacity;
+    o.handle = gated_handle;
+    o.opaque = g;
+    char err[128];
+    kb_pool *p = kb_pool_new(&o, err, sizeof err);
+    assert_non_null(p);
+    return p;
+}
+
+static void full_lane_times_out_with_efull(void **state)
+{
+    (void)state;
+    struct gated g = {0};
+    kb_pool *p = one_lane_pool(&g, 4);   /* ring of 8: 7 slots */
+    static int items[16];
+    /* One item is taken by the executor and blocks at the gate; 7 fill the ring. */
+    assert_int_equal(kb_pool_submit(p, "k", 1, &items[0], 0), KB_OK);
+    kb_gate_wait_for_waiter(&g.gate);
+    for (int i = 1; i <= 7; i++)
+        assert_int_equal(kb_pool_submit(p, "k", 1, &items[i], 0), KB_OK);
+
+    double t0 = kb_test_now_ms();
+    assert_int_equal(kb_pool_submit(p, "k", 1, &items[8], 150), KB_EFULL);
+    double waited = kb_test_now_ms() - t0;
+    assert_true(waited >= 140.0);
+    assert_true(waited < 2000.0);
+    /* Zero timeout: refused at once. */
+    t0 = kb_test_now_ms();
+    assert_int_equal(kb_pool_submit(p, "k", 1, &items[9], 0), KB_EFULL);
+    assert_true(kb_test_now_ms() - t0 < 100.0);
+
+    kb_pool_stats st;
+    kb_pool_stats_get(p, &st);
+    assert_int_equal(st.rejected, 2);
+    assert_int_equal(st.depth, 7);
+    assert_int_equal(st.max_depth, 7);
+
+    g.gate.open = 1;
+    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    assert_int_equal(g.handled, 8);   /* every accepted item, none of the refused */
+    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+}
+
+struct blocked_submit {
+    kb_pool *p;
+    int rc;
+    double waited_ms;
+};
+
+static void *submit_blocking(void *arg)
+{
+    struct blocked_submit *b = arg;
+    static int item;
+    double t0 = kb_test_now_ms();
+    b->rc = kb_pool_submit(b->p, "k", 1, &item, 10000);
+    b->waited_ms = kb_test_now_ms() - t0;
+    return NULL;
+}
+
+/* A waiting producer is woken as soon as the executor frees a slot. */
+static void waiting_producer_gets_space(void **state)
+{
+    (void)state;
+    struct gated g = {0};
+    kb_pool *p = one_lane_pool(&g, 1);   /* ring of 2: one slot */
+    static int items[2];
+    assert_int_equal(kb_pool_submit(p, "k", 1, &items[0], 0), KB_OK);
+    kb_gate_wait_for_waiter(&g.gate);
+    assert_int_equal(kb_pool_submit(p, "k", 1, &items[1], 0), KB_OK);
+
+    struct blocked_submit b = {p, -100, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, submit_blocking, &b);
+    struct timespec nap = {0, 100 * 1000000L};
+    nanosleep(&nap, NULL);
+    g.gate.open = 1;
+    pthread_join(th, NULL);
+    assert_int_equal(b.rc, KB_OK);
+    assert_true(b.waited_ms >= 90.0);
+    assert_true(b.waited_ms < 5000.0);
+    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    assert_int_equal(g.handled, 3);
+    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+}
+
+/* The same through the bus: pool.enqueue_timeout_ms and an errstr. */
+struct bus_gated {
+    kb_gate gate;
+    _Atomic int handled;
+};
+
+static int bus_handler(const kb_event *ev, void *opaque)
+{
+    struct bus_gated *g = opaque;
+    (void)ev;
+    kb_gate_pass(&g->gate);
+    g->handled++;
+    return KB_HANDLED;
+}
+
+static void publish_returns_efull_after_timeout(void **state)
+{
+    (void)state;
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    assert_int_equal(kb_conf_set(c, "pool.queue_capacity", "2", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "pool.enqueue_timeout_ms", "100", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "pool.threads", "1", err, sizeof err), KB_OK);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    assert_non_null(b);
+    struct bus_gated g = {0};
+    assert_int_equal(kb_subscribe(b, "orders.events", bus_handler, &g), KB_OK);
+    assert_int_equal(kb_publish(b, "orders.events", "order-1", 7, "e0", 2), KB_OK);
+    kb_gate_wait_for_waiter(&g.gate);
+    int accepted = 1;
+    while (kb_publish(b, "orders.events", "order-1", 7, "eN", 2) == KB_OK)
+        accepted++;
+    assert_int_equal(accepted, 1 + 3);   /* ring of 4 holds 3 */
+
+    double t0 = kb_test_now_ms();
+    assert_int_equal(kb_publish(b, "orders.events", "order-1", 7, "late", 4), KB_EFULL);
+    double waited = kb_test_now_ms() - t0;
+    assert_true(waited >= 95.0);
+    assert_true(waited < 2000.0);
+    assert_non_null(strstr(kb_last_error(), "full"));
+
+    kb_topic_stats st;
+    assert_int_equal(kb_stats(b, "orders.events", &st), KB_OK);
+    assert_int_equal(st.rejected, 2);
+    g.gate.open = 1;
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    assert_int_equal(g.handled, accepted);
+    assert_int_equal(kb_close(b, 1000), KB_OK);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(full_lane_times_out_with_efull),
+        cmocka_unit_test(waiting_producer_gets_space),
+        cmocka_unit_test(publish_returns_efull_after_timeout),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

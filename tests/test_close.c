@@ -1,1 +1,191 @@
-int main(void){return 0;}
+/* kb_close: stop intake, wake blocked publishers with KB_ECLOSED, drain to the
+ * deadline, and an idle bus that burns no CPU. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <keybus/keybus.h>
+
+#include "support/gate.h"
+
+struct slow {
+    kb_gate gate;
+    _Atomic int handled;
+    int sleep_us;
+};
+
+static int slow_handler(const kb_event *ev, void *opaque)
+{
+    struct slow *s = opaque;
+    (void)ev;
+    kb_gate_pass(&s->gate);
+    if (s->sleep_us > 0)
+        usleep((useconds_t)s->sleep_us);
+    s->handled++;
+    return KB_HANDLED;
+}
+
+static kb_bus *open_bus(const char *capacity, const char *timeout_ms)
+{
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    assert_int_equal(kb_conf_set(c, "pool.queue_capacity", capacity, err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "pool.enqueue_timeout_ms", timeout_ms, err, sizeof err), KB_OK);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    assert_non_null(b);
+    return b;
+}
+
+struct publisher {
+    kb_bus *b;
+    int rc;
+    double returned_at;
+};
+
+static void *publish_into_full_lane(void *arg)
+{
+    struct publisher *p = arg;
+    p->rc = kb_publish(p->b, "t", "k", 1, "late", 4);
+    p->returned_at = kb_test_now_ms();
+    return NULL;
+}
+
+struct closer {
+    kb_bus *b;
+    int timeout_ms, rc;
+};
+
+static void *close_bus(void *arg)
+{
+    struct closer *c = arg;
+    c->rc = kb_close(c->b, c->timeout_ms);
+    return NULL;
+}
+
+static void blocked_publisher_wakes_with_eclosed(void **state)
+{
+    (void)state;
+    kb_bus *b = open_bus("1", "60000");
+    struct slow s = {0};
+    assert_int_equal(kb_subscribe(b, "t", slow_handler, &s), KB_OK);
+    assert_int_equal(kb_publish(b, "t", "k", 1, "a", 1), KB_OK);
+    kb_gate_wait_for_waiter(&s.gate);
+    assert_int_equal(kb_publish(b, "t", "k", 1, "b", 1), KB_OK);   /* fills the lane */
+
+    struct publisher p = {b, -100, 0};
+    pthread_t pub, clo;
+    pthread_create(&pub, NULL, publish_into_full_lane, &p);
+    usleep(50000);
+    double t0 = kb_test_now_ms();
+    struct closer c = {b, 5000, -100};
+    pthread_create(&clo, NULL, close_bus, &c);
+    pthread_join(pub, NULL);
+    assert_int_equal(p.rc, KB_ECLOSED);
+    assert_true(p.returned_at - t0 < 1000.0);   /* not the 60 s enqueue timeout */
+    s.gate.open = 1;
+    pthread_join(clo, NULL);
+    assert_int_equal(c.rc, KB_OK);
+    assert_int_equal(s.handled, 2);              /* both accepted events drained */
+}
+
+static void close_drains_everything_queued(void **state)
+{
+    (void)state;
+    kb_bus *b = open_bus("1000", "200");
+    struct slow s = {.sleep_us = 20};
+    s.gate.open = 1;
+    assert_int_equal(kb_subscribe(b, "t", slow_handler, &s), KB_OK);
+    for (int i = 0; i < 2000; i++) {
+        char key[16];
+        int len = snprintf(key, sizeof key, "k%d", i % 50);
+        assert_int_equal(kb_publish(b, "t", key, (size_t)len, "x", 1), KB_OK);
+    }
+    assert_int_equal(kb_close(b, -1), KB_OK);
+    assert_int_equal(s.handled, 2000);
+}
+
+static void close_stops_at_the_deadline(void **state)
+{
+    (void)state;
+    kb_bus *b = open_bus("1000", "200");
+    struct slow s = {.sleep_us = 20000};   /* 20 ms per event, one key: 2 s of work */
+    s.gate.open = 1;
+    assert_int_equal(kb_subscribe(b, "t", slow_handler, &s), KB_OK);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(kb_publish(b, "t", "k", 1, "x", 1), KB_OK);
+    double t0 = kb_test_now_ms();
+    assert_int_equal(kb_close(b, 150), KB_ETIMEDOUT);
+    double took = kb_test_now_ms() - t0;
+    assert_true(took >= 140.0);
+    assert_true(took < 1000.0);   /* deadline plus the event in flight */
+    assert_true(s.handled >= 3);
+    assert_true(s.handled < 100);
+}
+
+static int nop_handler(const kb_event *ev, void *opaque)
+{
+    (void)ev, (void)opaque;
+    return KB_HANDLED;
+}
+
+static double cpu_ms(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
+}
+
+/* Executors park when idle: no busy spinning. */
+static void idle_bus_uses_no_cpu(void **state)
+{
+    (void)state;
+    kb_bus *b = open_bus("1000", "200");
+    assert_int_equal(kb_subscribe(b, "t", nop_handler, NULL), KB_OK);
+    assert_int_equal(kb_publish(b, "t", "k", 1, "x", 1), KB_OK);
+    assert_int_equal(kb_flush(b, 1000), KB_OK);
+    usleep(100000);
+    double c0 = cpu_ms(), t0 = kb_test_now_ms();
+    usleep(500000);
+    double used = cpu_ms() - c0, wall = kb_test_now_ms() - t0;
+    assert_true(used < wall * 0.05);   /* under 5% of one core */
+    assert_int_equal(kb_close(b, 1000), KB_OK);
+}
+
+static void publish_after_close_started_is_refused(void **state)
+{
+    (void)state;
+    kb_bus *b = open_bus("1", "60000");
+    struct slow s = {0};
+    assert_int_equal(kb_subscribe(b, "t", slow_handler, &s), KB_OK);
+    assert_int_equal(kb_publish(b, "t", "k", 1, "a", 1), KB_OK);
+    kb_gate_wait_for_waiter(&s.gate);
+    struct closer c = {b, 5000, -100};
+    pthread_t clo;
+    pthread_create(&clo, NULL, close_bus, &c);
+    usleep(50000);   /* close is now waiting for the blocked handler */
+    assert_int_equal(kb_publish(b, "t", "k2", 2, "b", 1), KB_ECLOSED);
+    assert_int_equal(kb_subscribe(b, "t2", nop_handler, NULL), KB_ECLOSED);
+    s.gate.open = 1;
+    pthread_join(clo, NULL);
+    assert_int_equal(c.rc, KB_OK);
+    assert_int_equal(s.handled, 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(blocked_publisher_wakes_with_eclosed),
+        cmocka_unit_test(close_drains_everything_queued),
+        cmocka_unit_test(close_stops_at_the_deadline),
+        cmocka_unit_test(idle_bus_uses_no_cpu),
+        cmocka_unit_test(publish_after_close_started_is_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,1 +1,42 @@
-int main(){return 0;}
+// The public headers compile as C++, and a program written only from them works.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+extern "C" {
+#include <cmocka.h>   // cmocka 1.1 has no C++ guards
+}
+
+#include <atomic>
+#include <cstring>
+
+#include <keybus/keybus.h>
+#include <keybus/pool.h>
+#include <keybus/transport.h>
+
+static std::atomic<int> seen{0};
+
+static void publish_and_handle_from_cxx(void **)
+{
+    char err[256];
+    kb_conf *c = kb_conf_new();
+    assert_int_equal(kb_conf_set(c, "pool.threads", "1", err, sizeof err), KB_OK);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    assert_non_null(b);
+    auto handler = [](const kb_event *ev, void *) -> int {
+        if (ev->key_len == 9 && std::memcmp(ev->key, "order-123", 9) == 0)
+            seen++;
+        return KB_HANDLED;
+    };
+    assert_int_equal(kb_subscribe(b, "orders.events", handler, nullptr), KB_OK);
+    assert_int_equal(kb_publish(b, "orders.events", "order-123", 9, "{}", 2), KB_OK);
+    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    assert_int_equal(seen.load(), 1);
+    assert_int_equal(kb_close(b, 1000), KB_OK);
+    assert_int_equal(kb_fnv1a32("a", 1), 0xe40c292cu);
+}
+
+int main()
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(publish_and_handle_from_cxx)};
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}

@@ -1,0 +1,35 @@
+#include <keybus/keybus.h>
+#include <stdio.h>
+#include <string.h>
+
+static int on_order(const kb_event *ev, void *opaque)
+{
+    int *last = opaque;   /* events of one aggregate arrive in order */
+    int seq = ((const char *)ev->payload)[0] - '0';
+    if (seq == *last + 1)
+        *last = seq;
+    return KB_HANDLED;
+}
+
+int main(void)
+{
+    char err[256];
+    kb_conf *conf = kb_conf_new();
+    if (kb_conf_set(conf, "pool.workers", "1024", err, sizeof err) != KB_OK) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    kb_bus *bus = kb_open(conf, err, sizeof err);   /* mem:// unless KEYBUS_TRANSPORT says otherwise */
+    if (bus == NULL) {
+        fprintf(stderr, "kb_open: %s\n", err);
+        kb_conf_destroy(conf);
+        return 1;
+    }
+    int last = 0;
+    kb_subscribe(bus, "orders.events", on_order, &last);
+    for (char seq = '1'; seq <= '3'; seq++)
+        kb_publish(bus, "orders.events", "order-123", strlen("order-123"), &seq, 1);
+    kb_flush(bus, 1000);
+    printf("handled %d events of order-123 in order\n", last);
+    return kb_close(bus, 1000) == KB_OK ? 0 : 1;
+}
