@@ -13,6 +13,12 @@
 
 #define KB_MAX_TOPIC_BYTES 200
 
+static inline int topic_char(unsigned char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           ch == '_' || ch == '-' || ch == '.';
+}
+
 /* Topic names: 1..200 bytes of [A-Za-z0-9._-], not starting or ending with a
  * dot and without "..": valid as a Redis key part and as NATS subject tokens. */
 static int check_topic(const char *topic, const char *what)
@@ -27,13 +33,10 @@ static int check_topic(const char *topic, const char *what)
         return KB_EINVAL;
     }
     for (size_t i = 0; i < len; i++) {
-        char ch = topic[i];
-        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-                 ch == '_' || ch == '-' || ch == '.';
-        if (!ok) {
+        unsigned char ch = (unsigned char)topic[i];
+        if (!topic_char(ch)) {
             kb__errf(NULL, 0, "%s: topic \"%s\" has '%c' (0x%02x) at %zu; allowed: letters, "
-                     "digits, '.', '_', '-'", what, topic, ch >= 32 && ch < 127 ? ch : '?',
-                     (unsigned char)ch, i);
+                     "digits, '.', '_', '-'", what, topic, ch >= 32 && ch < 127 ? ch : '?', ch, i);
             return KB_EINVAL;
         }
     }

@@ -12,29 +12,51 @@
 /* Items handled per lane visit before the lane goes to the back of the ready
  * queue: bounds how long one hot key can hold its executor. */
 #define LANE_BATCH 64
+/* Empty visits before a lane leaves the ready queue. */
+#define LANE_LINGER_VISITS 2
 /* Polls of the ready queue before parking; a futex wake costs far more. */
 #define IDLE_SPINS 4000
 
-static struct kb_lane *ready_pop(struct kb_executor *ex)
+/* Lanes producers made ready arrive on the wait-free queue; the executor moves
+ * them to its private run list, where re-queueing a lane costs no atomics. */
+static void run_list_push(struct kb_executor *ex, struct kb_lane *lane)
 {
-    struct cds_wfcq_node *node = __cds_wfcq_dequeue_blocking(&ex->head, &ex->tail);
-    if (node == NULL)
-        return NULL;
-    struct kb_lane *lane = caa_container_of(node, struct kb_lane, ready_node);
-    KB_TSAN_ACQUIRE(lane);
+    lane->run_next = NULL;
+    if (ex->run_tail != NULL)
+        ex->run_tail->run_next = lane;
+    else
+        ex->run_head = lane;
+    ex->run_tail = lane;
+}
+
+static struct kb_lane *run_list_pop(struct kb_executor *ex)
+{
+    struct kb_lane *lane = ex->run_head;
+    if (lane != NULL) {
+        ex->run_head = lane->run_next;
+        if (ex->run_head == NULL)
+            ex->run_tail = NULL;
+    }
     return lane;
 }
 
-static void ready_push(struct kb_executor *ex, struct kb_lane *lane)
+static void collect_ready(struct kb_executor *ex)
 {
-    KB_TSAN_RELEASE(lane);
-    cds_wfcq_node_init(&lane->ready_node);
-    cds_wfcq_enqueue(&ex->head, &ex->tail, &lane->ready_node);
+    struct cds_wfcq_node *node;
+    if (cds_wfcq_empty(&ex->head, &ex->tail))
+        return;
+    while ((node = __cds_wfcq_dequeue_blocking(&ex->head, &ex->tail)) != NULL) {
+        struct kb_lane *lane = caa_container_of(node, struct kb_lane, ready_node);
+        KB_TSAN_ACQUIRE(lane);
+        run_list_push(ex, lane);
+    }
 }
 
 void kb__lane_schedule(struct kb_lane *lane)
 {
-    ready_push(lane->ex, lane);
+    KB_TSAN_RELEASE(lane);
+    cds_wfcq_node_init(&lane->ready_node);
+    cds_wfcq_enqueue(&lane->ex->head, &lane->ex->tail, &lane->ready_node);
     kb__signal_notify(&lane->ex->wake);
 }
 
@@ -112,14 +134,16 @@ static int64_t retry_delay_ns(struct kb_executor *ex, const kb_pool_options *o, 
 
 static void finish(kb_pool *p, struct kb_lane *lane, void *item, int outcome, uint32_t attempts)
 {
-    lane->held = NULL;
     if (p->o.finish != NULL)
         p->o.finish(item, outcome, attempts, p->o.opaque);
-    /* release: flush readers that see `done` also see the finish side effects */
-    atomic_fetch_add_explicit(&lane->done, 1, memory_order_release);
+    /* Single writer, so no locked add. Release: flush readers that see `done`
+     * also see the finish side effects. */
+    atomic_store_explicit(&lane->done, atomic_load_explicit(&lane->done, memory_order_relaxed) + 1,
+                          memory_order_release);
 }
 
-/* Handle the lane's head item. false: it was delayed for a retry and stays held. */
+/* Handle the lane's head item. false: it was delayed for a retry and stays at
+ * the head. */
 static bool handle_item(struct kb_executor *ex, struct kb_lane *lane, void *item)
 {
     kb_pool *p = lane->pool;
@@ -132,7 +156,6 @@ static bool handle_item(struct kb_executor *ex, struct kb_lane *lane, void *item
     }
     if (r != KB_DEAD && (p->o.max_attempts == 0 || attempt < p->o.max_attempts)) {
         kb__counter_bump(&lane->retried);
-        lane->held = item;
         lane->attempt = attempt + 1;
         lane->due_ns = kb__now_ns() + retry_delay_ns(ex, &p->o, attempt);
         if (heap_push(ex, lane))
@@ -145,30 +168,57 @@ static bool handle_item(struct kb_executor *ex, struct kb_lane *lane, void *item
     return true;
 }
 
+/* Pop up to KB_LANE_LOOKAHEAD items and start loading them: the records were
+ * written on another core, and the miss would otherwise stall each handler. */
+static void refill(struct kb_lane *lane)
+{
+    uint8_t n = 0;
+    void *item;
+    while (n < KB_LANE_LOOKAHEAD && (item = kb__ring_pop(&lane->ring, lane->buf)) != NULL) {
+        __builtin_prefetch(item);
+        __builtin_prefetch((char *)item + KB_CACHELINE);
+        lane->ahead[n++] = item;
+    }
+    lane->ahead_head = 0;
+    lane->ahead_len = n;
+    if (n > 0)
+        atomic_store_explicit(&lane->taken,
+                              atomic_load_explicit(&lane->taken, memory_order_relaxed) + n,
+                              memory_order_relaxed);
+}
+
 static void lane_visit(struct kb_executor *ex, struct kb_lane *lane)
 {
     bool delayed = false;
     unsigned n = 0;
 
-    if (lane->held != NULL) {
-        delayed = !handle_item(ex, lane, lane->held);
-        n++;
-    }
-    /* `stop` is checked per item so a deadline in kb_close cuts a long batch short. */
-    while (!delayed && n < LANE_BATCH &&
-           !atomic_load_explicit(&ex->sched->stop, memory_order_relaxed)) {
-        void *item = kb__ring_pop(&lane->ring, lane->buf);
-        if (item == NULL)
+    for (;;) {
+        if (lane->ahead_len == 0) {
+            /* `stop` is checked between batches so a deadline in kb_close cuts a
+             * long run short. */
+            if (n >= LANE_BATCH || atomic_load_explicit(&ex->sched->stop, memory_order_relaxed))
+                break;
+            refill(lane);
+            if (lane->ahead_len == 0)
+                break;
+        }
+        if (!handle_item(ex, lane, lane->ahead[lane->ahead_head])) {
+            delayed = true;
             break;
-        kb__counter_bump(&lane->taken);
+        }
+        lane->ahead_head++;
+        lane->ahead_len--;
         lane->attempt = 1;
-        delayed = !handle_item(ex, lane, item);
         n++;
     }
 
+    /* A lane that had work stays scheduled for one more round: under a steady
+     * stream its next event is usually there by then, and the producer skips
+     * the scheduling handshake (a CAS, a queue push and a fence) entirely. */
+    lane->idle_visits = n > 0 ? 0 : lane->idle_visits + 1;
     if (!delayed) {
-        if (n == LANE_BATCH) {
-            ready_push(ex, lane);           /* more may wait: back of the queue */
+        if (lane->ahead_len > 0 || lane->idle_visits < LANE_LINGER_VISITS) {
+            run_list_push(ex, lane);        /* back of the run list */
         } else {
             atomic_store_explicit(&lane->scheduled, 0, memory_order_release);
             /* Dekker with kb_pool_submit: it pushes then reads `scheduled`; we
@@ -177,13 +227,17 @@ static void lane_visit(struct kb_executor *ex, struct kb_lane *lane)
             uint32_t idle = 0;
             if (ck_ring_size(&lane->ring) > 0 &&
                 atomic_compare_exchange_strong(&lane->scheduled, &idle, 1))
-                ready_push(ex, lane);
+                run_list_push(ex, lane);
         }
     }
-    /* Slots were freed and items finished: wake blocked producers and flushers. */
+    /* Wake blocked producers once the lane is half empty, not per freed slot:
+     * each wake costs a futex call on both sides, so let them refill in bulk.
+     * Wake flushers when a lane goes idle, and now and then on busy lanes. */
     atomic_thread_fence(memory_order_seq_cst);
-    kb__signal_poke(&lane->space);
-    kb__signal_poke(&ex->sched->progress);
+    if (ck_ring_size(&lane->ring) <= ck_ring_capacity(&lane->ring) / 2)
+        kb__signal_poke(&lane->space);
+    if (!atomic_load_explicit(&lane->scheduled, memory_order_relaxed) || (++ex->visits & 63) == 0)
+        kb__signal_poke(&ex->sched->progress);
 }
 
 static void run_due_lanes(struct kb_executor *ex)
@@ -218,10 +272,14 @@ static void idle(struct kb_executor *ex)
 static void *executor_main(void *arg)
 {
     struct kb_executor *ex = arg;
+    char name[16];
+    snprintf(name, sizeof name, "kb-exec-%u", ex->index);
+    pthread_setname_np(pthread_self(), name);   /* visible in top, perf, gdb */
     while (!atomic_load_explicit(&ex->sched->stop, memory_order_acquire)) {
         if (ex->heap_len > 0)
             run_due_lanes(ex);
-        struct kb_lane *lane = ready_pop(ex);
+        collect_ready(ex);
+        struct kb_lane *lane = run_list_pop(ex);
         if (lane != NULL) {
             lane_visit(ex, lane);
             continue;

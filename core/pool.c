@@ -9,8 +9,10 @@
 #include "pool_int.h"
 #include "ring.h"
 
-/* Tries of a full lane before parking on it. */
-#define FULL_SPINS 128
+/* A full lane is retried for about this long before the producer parks on it:
+ * an executor frees half a lane within microseconds, a futex round trip costs
+ * more than that. */
+#define FULL_SPIN_NS 50000
 
 uint32_t kb_fnv1a32(const void *data, size_t len)
 {
@@ -139,6 +141,7 @@ static struct kb_lane *lane_create(kb_pool *p, uint32_t idx)
     ck_ring_init(&lane->ring, p->ring_size);
     lane->pool = p;
     lane->index = idx;
+    lane->attempt = 1;
     lane->ex = &p->sched->ex[mix32(idx ^ p->o.salt) % p->sched->n];
     struct kb_lane *expected = NULL;
     if (!atomic_compare_exchange_strong_explicit(&p->lanes[idx], &expected, lane,
@@ -182,12 +185,15 @@ static int try_push(void *arg)
  * the pool closes or the timeout passes. */
 static int wait_for_space(struct space_wait *w, int timeout_ms)
 {
-    for (int i = 0; i < FULL_SPINS; i++) {
-        ck_pr_stall();
-        int r = try_push(w);
-        if (r != 0)
-            return r == 1 ? KB_OK : KB_ECLOSED;
-    }
+    int64_t spin_until = kb__now_ns() + (timeout_ms == 0 ? 0 : FULL_SPIN_NS);
+    do {
+        for (int i = 0; i < 64; i++) {
+            ck_pr_stall();
+            int r = try_push(w);
+            if (r != 0)
+                return r == 1 ? KB_OK : KB_ECLOSED;
+        }
+    } while (kb__now_ns() < spin_until);
     if (timeout_ms == 0)
         return KB_EFULL;
     int r = kb__signal_wait(&w->lane->space, try_push, w, kb__deadline_ns(timeout_ms));
@@ -320,8 +326,9 @@ void kb__pool_free(kb_pool *p)
         if (lane == NULL)
             continue;
         void *item;
-        if (lane->held != NULL && p->o.finish != NULL)
-            p->o.finish(lane->held, KB_ECLOSED, lane->attempt - 1, p->o.opaque);
+        for (uint8_t a = 0; a < lane->ahead_len && p->o.finish != NULL; a++)
+            p->o.finish(lane->ahead[lane->ahead_head + a], KB_ECLOSED,
+                        a == 0 ? lane->attempt - 1 : 0, p->o.opaque);
         while ((item = kb__ring_pop(&lane->ring, lane->buf)) != NULL)
             if (p->o.finish != NULL)
                 p->o.finish(item, KB_ECLOSED, 0, p->o.opaque);

@@ -17,6 +17,8 @@
 typedef struct kb_sched kb_sched;
 struct kb_executor;
 
+#define KB_LANE_LOOKAHEAD 8
+
 /* One lane: a bounded ring of item pointers drained by exactly one executor.
  * Allocated (with its ring) the first time a key routes to it. */
 struct kb_lane {
@@ -33,10 +35,16 @@ struct kb_lane {
 
     /* Written by the executor only (read by stats and flush). */
     _Alignas(KB_CACHELINE) struct cds_wfcq_node ready_node;
+    struct kb_lane *run_next;          /* executor's private run list */
     _Atomic uint32_t done;             /* items finished, wraps like the ring counters */
     _Atomic uint64_t taken, handled, retried, dead;
-    void    *held;                     /* item waiting for its retry */
-    uint32_t attempt;                  /* attempt number of the item at the head */
+    /* Items taken off the ring but not finished, in order: the executor pops a
+     * few at once and prefetches them, and a head item waiting for its retry
+     * stays here with everything popped behind it. */
+    void    *ahead[KB_LANE_LOOKAHEAD];
+    uint8_t  ahead_head, ahead_len;
+    uint8_t  idle_visits;              /* consecutive visits that found nothing */
+    uint32_t attempt;                  /* attempt number of ahead[ahead_head] */
     int64_t  due_ns;                   /* when a delayed lane may run again */
 };
 
@@ -45,9 +53,11 @@ struct kb_executor {
     kb_sched *sched;
     uint32_t index;
     pthread_t thread;
+    struct kb_lane *run_head, *run_tail;  /* lanes to visit, in order */
     struct kb_lane **heap;             /* delayed lanes, min-heap on due_ns */
     size_t heap_len, heap_cap;
     uint64_t rng;                      /* retry jitter */
+    uint32_t visits;                   /* lane visits, to pace progress wake-ups */
 
     _Alignas(KB_CACHELINE) struct cds_wfcq_tail tail;  /* producers exchange here */
     _Alignas(KB_CACHELINE) kb_signal wake;              /* parked while idle */

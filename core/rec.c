@@ -12,10 +12,12 @@ static const size_t class_bytes[] = {256, 2048};
 #define N_CLASSES (sizeof class_bytes / sizeof class_bytes[0])
 
 /* A thread keeps up to this many freed records per class before handing them
- * to the shared list; the shared list keeps at most GLOBAL_MAX so a burst does
- * not pin its peak memory forever. */
+ * to the shared list. The shared list keeps up to 64 MiB per class: enough for
+ * every record full lanes can hold in a busy process (recycling beats a
+ * cross-thread malloc/free per event), while a larger burst does not pin its
+ * peak memory forever. */
 #define LOCAL_MAX 512
-#define GLOBAL_MAX 16384
+#define GLOBAL_BYTES (64u << 20)
 
 struct local_cache {
     ck_stack_entry_t *head;
@@ -28,8 +30,11 @@ struct local_cache {
 static ck_stack_t shared[N_CLASSES];
 static _Atomic uint32_t shared_count[N_CLASSES];  /* approximate: bounds retention */
 
-static _Thread_local struct local_cache local[N_CLASSES];
-static _Thread_local int local_registered;
+/* initial-exec: a plain %fs-relative access instead of a __tls_get_addr call
+ * per event (the library is linked at start-up, not dlopen'ed mid-run). */
+#define KB_TLS _Thread_local __attribute__((tls_model("initial-exec")))
+static KB_TLS struct local_cache local[N_CLASSES];
+static KB_TLS int local_registered;
 static pthread_key_t exit_key;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 
@@ -39,7 +44,8 @@ static void spill_local(unsigned cls)
     while (lc->head != NULL) {
         ck_stack_entry_t *e = lc->head;
         lc->head = e->next;
-        if (atomic_load_explicit(&shared_count[cls], memory_order_relaxed) >= GLOBAL_MAX) {
+        if (atomic_load_explicit(&shared_count[cls], memory_order_relaxed) >=
+            GLOBAL_BYTES / class_bytes[cls]) {
             free(e);   /* link is the first member: e is the record */
             continue;
         }
@@ -90,6 +96,8 @@ kb_rec *kb__rec_alloc(size_t data_len)
         if (lc->head != NULL) {
             r = (kb_rec *)lc->head;
             lc->head = lc->head->next;
+            /* the next record was last written on another core: start loading it */
+            __builtin_prefetch(lc->head, 1);
             if (lc->count > 0)
                 lc->count--;
         } else {

@@ -9,7 +9,7 @@ packages=(
   libcmocka-dev libbenchmark-dev
   redis-server nats-server
   clang libclang-rt-dev
-  gnuplot-nox
+  gnuplot-nox jq
 )
 
 missing=()

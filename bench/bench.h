@@ -1,0 +1,129 @@
+/* keybus-bench internals: the plan of a run (scenario.c), the receiving side
+ * that checks order, loss and duplicates and measures latency (collect.c), the
+ * runners (run_bus.c, baseline_*.c) and the report (report.c). */
+#ifndef KB_BENCH_H
+#define KB_BENCH_H
+
+#include <ck_pr.h>
+#include <sched.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "hist.h"
+
+#define KB_BENCH_KEY_MAX 32
+
+typedef enum { KB_SC_SINGLE, KB_SC_MULTI, KB_SC_MIXED } kb_scenario;
+
+/* What one run publishes. Aggregate a gets events/aggregates events (the first
+ * events%aggregates one more), numbered 0.. in publish order; producer p
+ * publishes the aggregates with a % producers == p, so each aggregate has one
+ * publisher and a defined order. */
+typedef struct kb_plan {
+    kb_scenario scenario;
+    uint64_t events;
+    uint32_t aggregates;
+    uint32_t producers;
+    uint32_t payload_bytes;     /* at least the 24-byte header below */
+    uint32_t handler_us;        /* busy-wait per handled event */
+    uint64_t rate;              /* offered events/s over all producers; 0 = as fast as possible */
+    const char *label;          /* for progress lines */
+} kb_plan;
+
+/* Start of every payload. t_ns is CLOCK_MONOTONIC at publish or, under --rate,
+ * the scheduled send time (so a producer falling behind shows up as latency
+ * instead of being hidden: no coordinated omission). */
+typedef struct kb_bench_hdr {
+    uint32_t agg;
+    uint32_t reserved;
+    uint64_t seq;
+    uint64_t t_ns;
+} kb_bench_hdr;
+
+typedef struct kb_result {
+    const char *scenario;
+    const char *kind;           /* origin, large, sweep-events, sweep-threads, custom */
+    char transport[160];        /* URL without password, or baseline:ring / baseline:mutex */
+    uint64_t events;
+    uint32_t aggregates, producers, threads, payload_bytes, handler_us;
+    uint64_t rate;
+    double seconds, events_per_s;
+    uint64_t handled, order_violations, lost, duplicates, corrupt;
+    uint64_t publish_retries;   /* publishes that met a full lane and were retried */
+    int error;                  /* a publish or setup failed: the run is invalid */
+    uint64_t rss_bytes;         /* peak RSS during the run */
+    double origin_events_per_s;
+    double ratio_ring, ratio_mutex;   /* 0: not measured in this run */
+    kb_hist hist;               /* publish-to-handle latency, ns */
+} kb_result;
+
+/* How the bus runner opens keybus. */
+typedef struct kb_bus_opts {
+    const char *transport;      /* NULL: from the config file, env or default */
+    const char *config;         /* INI file for kb_conf_load, or NULL */
+    uint32_t threads;           /* pool.threads; 0 = library default (online CPUs) */
+} kb_bus_opts;
+
+static inline uint64_t kb_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline void kb_spin_until(uint64_t deadline_ns)
+{
+    while (kb_now_ns() < deadline_ns)
+        ck_pr_stall();
+}
+
+/* Spin waits that yield after a while: on a busy 2-core machine a spinner can
+ * share a core with the thread it waits for, and a pure spin then burns whole
+ * time slices. */
+static inline void kb_backoff(unsigned *spins)
+{
+    if (++*spins < 1024)
+        ck_pr_stall();
+    else
+        sched_yield();
+}
+
+/* scenario.c */
+const char *kb_scenario_name(kb_scenario s);
+double kb_scenario_origin_eps(kb_scenario s);
+uint64_t kb_plan_count(const kb_plan *p, uint32_t agg);
+/* The aggregate's key: "order-N"; mixed alternates order-/user-/product- keys. */
+size_t kb_plan_key(const kb_plan *p, uint32_t agg, char out[KB_BENCH_KEY_MAX]);
+
+/* Publish one event; KB_EFULL is retried, any other error stops the producer. */
+typedef int (*kb_publish_fn)(void *ctx, const void *key, size_t key_len, const void *payload,
+                             size_t len);
+/* Run the plan's producers against `fn`, then wait until everything is handled
+ * (or nothing moved for 10 s). Prints progress on stderr after 2 s. Between
+ * kb_collect_begin and kb_collect_end. */
+void kb_drive(const kb_plan *p, kb_publish_fn fn, void *ctx, kb_result *r);
+
+/* collect.c: every runner's handler calls kb_collect_event. */
+int kb_collect_begin(const kb_plan *p);
+void kb_collect_event(const void *payload, size_t len);
+uint64_t kb_collect_handled(void);
+uint64_t kb_collect_start_ns(void);
+void kb_collect_mark_start(void);
+void kb_collect_end(const kb_plan *p, kb_result *r);
+/* The plan's figures in *r (kb_collect_end does it; for runs that fail before). */
+void kb_result_plan(kb_result *r, const kb_plan *p);
+
+/* Runners: fill *r (kind and ratios are the caller's). */
+void kb_run_bus(const kb_plan *p, const kb_bus_opts *o, kb_result *r);
+void kb_run_ring(const kb_plan *p, kb_result *r);
+void kb_run_mutex(const kb_plan *p, uint32_t threads, kb_result *r);
+
+/* report.c */
+void kb_report_header(FILE *out);
+void kb_report_row(FILE *out, const kb_result *r);
+void kb_report_json(FILE *out, const kb_result *r);
+void kb_report_cdf(FILE *out, const kb_result *r);
+
+#endif

@@ -1,0 +1,256 @@
+/* keybus-bench: the origin's ordering and throughput scenarios on any
+ * transport, with in-process baselines measured in the same run. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <keybus/keybus.h>
+
+#include "bench.h"
+
+static const char usage[] =
+    "usage: keybus-bench [options]\n"
+    "  --transport URL       mem:// (default), redis://host:port, nats://host:port\n"
+    "  --config FILE         keybus INI configuration (KEYBUS_* env still overrides)\n"
+    "  --scenario S          single | multi | mixed | all (default all)\n"
+    "  --events N            events per run (default: the origin's sizes, plus --large-events)\n"
+    "  --aggregates N        aggregates for multi and mixed (default 100 and 3; single is 1)\n"
+    "  --large-events N      also run each scenario at N events when --events is not given\n"
+    "                        (default 1M; 0 = origin sizes only)\n"
+    "  --payload-bytes N     bytes per event, at least 24 (default 64)\n"
+    "  --producers N         publishing threads (default 1)\n"
+    "  --threads N           pool.threads, also the mutex baseline's workers (default: CPUs)\n"
+    "  --handler-us N        busy-wait per handled event (default 0)\n"
+    "  --rate N              offered load in events/s, for latency (default: flat out)\n"
+    "  --sweep events|threads  multi scenario over 10k..--sweep-max events, or 1..2*CPUs threads\n"
+    "  --sweep-max N         largest events sweep point (default 10M)\n"
+    "  --json FILE           append JSON lines ('-': stdout, the table goes to stderr)\n"
+    "  --cdf FILE            append latency CDF blocks for gnuplot\n"
+    "  --no-baselines        skip baseline:ring and baseline:mutex (--baselines: on, default)\n"
+    "Numbers take k/M suffixes. Exit 1 when a run lost, duplicated or reordered events or failed.\n";
+
+struct cli {
+    kb_bus_opts bus;
+    int scenarios;              /* bit per kb_scenario */
+    uint64_t events, large_events, sweep_max, rate;
+    uint32_t aggregates, payload_bytes, producers, handler_us;
+    int baselines;
+    const char *sweep, *json_path, *cdf_path;
+    FILE *table, *json, *cdf;
+    int failed;
+};
+
+static int parse_num(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*end == 'k' || *end == 'K')
+        v *= 1e3, end++;
+    else if (*end == 'M' || *end == 'm')
+        v *= 1e6, end++;
+    if (errno || end == s || *end != '\0' || v < 0 || v > 1e15)
+        return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+static void emit(struct cli *c, kb_result *r)
+{
+    kb_report_row(c->table, r);
+    if (c->json)
+        kb_report_json(c->json, r);
+    if (c->cdf)
+        kb_report_cdf(c->cdf, r);
+    if (r->error || r->order_violations || r->lost || r->duplicates || r->corrupt)
+        c->failed = 1;
+}
+
+/* One point: the baselines, then keybus with its ratios to them. */
+static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t aggs, uint32_t threads,
+                      const char *kind)
+{
+    char label[96];
+    snprintf(label, sizeof label, "%s/%s/%llu", kb_scenario_name(s), kind,
+             (unsigned long long)events);
+    kb_plan p = {.scenario = s, .events = events, .aggregates = aggs < events ? aggs : (uint32_t)events,
+                 .producers = c->producers, .payload_bytes = c->payload_bytes,
+                 .handler_us = c->handler_us, .rate = c->rate, .label = label};
+    kb_result *r = calloc(3, sizeof *r);
+    if (r == NULL) {
+        c->failed = 1;
+        return;
+    }
+    kb_bus_opts bus = c->bus;
+    bus.threads = threads;
+    uint32_t workers = threads ? threads : (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
+    r[0].kind = r[1].kind = r[2].kind = kind;
+    if (c->baselines) {
+        kb_run_ring(&p, &r[0]);
+        emit(c, &r[0]);
+        kb_run_mutex(&p, workers, &r[1]);
+        emit(c, &r[1]);
+    }
+    kb_run_bus(&p, &bus, &r[2]);
+    r[2].ratio_ring = r[0].events_per_s > 0 ? r[2].events_per_s / r[0].events_per_s : 0;
+    r[2].ratio_mutex = r[1].events_per_s > 0 ? r[2].events_per_s / r[1].events_per_s : 0;
+    emit(c, &r[2]);
+    free(r);
+}
+
+static uint64_t default_events(kb_scenario s)
+{
+    static const uint64_t n[] = {10000, 50000, 60};   /* the origin's table */
+    return n[s];
+}
+
+static uint32_t default_aggs(const struct cli *c, kb_scenario s)
+{
+    static const uint32_t n[] = {1, 100, 3};
+    return s == KB_SC_SINGLE || c->aggregates == 0 ? n[s] : c->aggregates;
+}
+
+static void run_all(struct cli *c)
+{
+    uint32_t cpus = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
+    if (c->sweep && strcmp(c->sweep, "events") == 0) {
+        kb_scenario s = c->scenarios == (1 << KB_SC_SINGLE) ? KB_SC_SINGLE
+                        : c->scenarios == (1 << KB_SC_MIXED) ? KB_SC_MIXED : KB_SC_MULTI;
+        for (uint64_t n = 10000; n <= c->sweep_max; n *= 10)
+            run_point(c, s, n, default_aggs(c, s), c->bus.threads, "sweep-events");
+        return;
+    }
+    if (c->sweep) {   /* threads */
+        kb_scenario s = c->scenarios == (1 << KB_SC_SINGLE) ? KB_SC_SINGLE : KB_SC_MULTI;
+        for (uint32_t t = 1; t <= 2 * cpus; t++)
+            run_point(c, s, c->events ? c->events : 1000000, default_aggs(c, s), t, "sweep-threads");
+        return;
+    }
+    for (int s = KB_SC_SINGLE; s <= KB_SC_MIXED; s++) {
+        if (!(c->scenarios & (1 << s)))
+            continue;
+        if (c->events) {
+            run_point(c, s, c->events, default_aggs(c, s), c->bus.threads,
+                      c->rate ? "fixed-rate" : "custom");
+            continue;
+        }
+        run_point(c, s, default_events(s), default_aggs(c, s), c->bus.threads, "origin");
+        if (c->large_events)
+            run_point(c, s, c->large_events, default_aggs(c, s), c->bus.threads, "large");
+    }
+}
+
+static FILE *open_out(const char *path, FILE *dash)
+{
+    if (path == NULL)
+        return NULL;
+    if (strcmp(path, "-") == 0)
+        return dash;
+    FILE *f = fopen(path, "a");
+    if (f == NULL) {
+        fprintf(stderr, "keybus-bench: %s: %s\n", path, strerror(errno));
+        exit(2);
+    }
+    return f;
+}
+
+int main(int argc, char **argv)
+{
+    struct cli c = {.scenarios = 7, .large_events = 1000000, .sweep_max = 10000000,
+                    .payload_bytes = 64, .producers = 1, .baselines = 1};
+    enum { O_TRANSPORT = 256, O_CONFIG, O_SCENARIO, O_EVENTS, O_AGGS, O_LARGE, O_PAYLOAD,
+           O_PRODUCERS, O_THREADS, O_HANDLER, O_RATE, O_SWEEP, O_SWEEP_MAX, O_JSON, O_CDF,
+           O_BASE, O_NOBASE, O_HELP };
+    static const struct option opts[] = {
+        {"transport", 1, 0, O_TRANSPORT}, {"config", 1, 0, O_CONFIG},
+        {"scenario", 1, 0, O_SCENARIO},   {"events", 1, 0, O_EVENTS},
+        {"aggregates", 1, 0, O_AGGS},     {"large-events", 1, 0, O_LARGE},
+        {"payload-bytes", 1, 0, O_PAYLOAD}, {"producers", 1, 0, O_PRODUCERS},
+        {"threads", 1, 0, O_THREADS},     {"handler-us", 1, 0, O_HANDLER},
+        {"rate", 1, 0, O_RATE},           {"sweep", 1, 0, O_SWEEP},
+        {"sweep-max", 1, 0, O_SWEEP_MAX}, {"json", 1, 0, O_JSON},
+        {"cdf", 1, 0, O_CDF},             {"baselines", 0, 0, O_BASE},
+        {"no-baselines", 0, 0, O_NOBASE}, {"help", 0, 0, O_HELP},
+        {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        uint64_t v = 0;
+        int numeric = o == O_EVENTS || o == O_AGGS || o == O_LARGE || o == O_PAYLOAD ||
+                      o == O_PRODUCERS || o == O_THREADS || o == O_HANDLER || o == O_RATE ||
+                      o == O_SWEEP_MAX;
+        if (numeric && (parse_num(optarg, &v) != 0 || (v == 0 && (o == O_EVENTS || o == O_AGGS)) ||
+                        (o != O_EVENTS && o != O_LARGE && o != O_RATE &&
+                                                        o != O_SWEEP_MAX && v > UINT32_MAX))) {
+            fprintf(stderr, "keybus-bench: bad number '%s'\n%s", optarg, usage);
+            return 2;
+        }
+        switch (o) {
+        case O_TRANSPORT: c.bus.transport = optarg; break;
+        case O_CONFIG: c.bus.config = optarg; break;
+        case O_SCENARIO:
+            if (strcmp(optarg, "all") == 0)
+                c.scenarios = 7;
+            else if (strcmp(optarg, "single") == 0)
+                c.scenarios = 1 << KB_SC_SINGLE;
+            else if (strcmp(optarg, "multi") == 0)
+                c.scenarios = 1 << KB_SC_MULTI;
+            else if (strcmp(optarg, "mixed") == 0)
+                c.scenarios = 1 << KB_SC_MIXED;
+            else {
+                fprintf(stderr, "keybus-bench: unknown scenario '%s'\n%s", optarg, usage);
+                return 2;
+            }
+            break;
+        case O_EVENTS: c.events = v; break;
+        case O_AGGS: c.aggregates = (uint32_t)v; break;
+        case O_LARGE: c.large_events = v; break;
+        case O_PAYLOAD: c.payload_bytes = (uint32_t)v; break;
+        case O_PRODUCERS: c.producers = (uint32_t)v; break;
+        case O_THREADS: c.bus.threads = (uint32_t)v; break;
+        case O_HANDLER: c.handler_us = (uint32_t)v; break;
+        case O_RATE: c.rate = v; break;
+        case O_SWEEP: c.sweep = optarg; break;
+        case O_SWEEP_MAX: c.sweep_max = v; break;
+        case O_JSON: c.json_path = optarg; break;
+        case O_CDF: c.cdf_path = optarg; break;
+        case O_BASE: c.baselines = 1; break;
+        case O_NOBASE: c.baselines = 0; break;
+        case 'h': case O_HELP: fputs(usage, stdout); return 0;
+        default: fputs(usage, stderr); return 2;
+        }
+    }
+    if (optind < argc || c.payload_bytes < sizeof(kb_bench_hdr) || c.producers == 0 ||
+        (c.sweep && strcmp(c.sweep, "events") != 0 && strcmp(c.sweep, "threads") != 0)) {
+        fprintf(stderr, "keybus-bench: bad arguments (payload >= %zu bytes, producers >= 1, "
+                "--sweep events|threads)\n%s", sizeof(kb_bench_hdr), usage);
+        return 2;
+    }
+    c.table = c.json_path && strcmp(c.json_path, "-") == 0 ? stderr : stdout;
+    c.json = open_out(c.json_path, stdout);
+    c.cdf = open_out(c.cdf_path, stdout);
+
+    char cpu[128] = "unknown";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "model name : %127[^\n]", cpu) == 1)
+            break;
+    if (f)
+        fclose(f);
+    fprintf(c.table, "# keybus %s, %ld CPUs (%s), payload %u B, %u producer(s), handler %u us%s\n",
+            KB_VERSION_STRING, sysconf(_SC_NPROCESSORS_ONLN), cpu, c.payload_bytes, c.producers,
+            c.handler_us, c.rate ? ", fixed rate" : "");
+    kb_report_header(c.table);
+    run_all(&c);
+    if (c.json && c.json != stdout)
+        fclose(c.json);
+    if (c.cdf && c.cdf != stdout)
+        fclose(c.cdf);
+    fprintf(c.table, "# %s\n", c.failed ? "FAILED: a run lost, duplicated or reordered events, or "
+                                          "could not run (see above)"
+                                        : "every run: no order violation, loss or duplicate");
+    return c.failed ? 1 : 0;
+}
