@@ -26,6 +26,7 @@ struct kb_topic {
 };
 
 struct kb_bus {
+    uint64_t serial;                   /* unique per kb_open in this process */
     kb_conf *conf;
     const kb_transport_ops *ops;
     kb_transport *t;

@@ -2,6 +2,7 @@
  * producers marked ready, delays lanes whose head item asked for a retry, and
  * parks when there is nothing to do. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,8 @@
 #define LANE_BATCH 64
 /* Empty visits before a lane leaves the ready queue. */
 #define LANE_LINGER_VISITS 2
+/* Pause instructions after a visit that found its lane empty. */
+#define EMPTY_VISIT_PAUSES 16
 /* Polls of the ready queue before parking; a futex wake costs far more. */
 #define IDLE_SPINS 4000
 
@@ -150,8 +153,8 @@ static bool handle_item(struct kb_executor *ex, struct kb_lane *lane, void *item
     uint32_t attempt = lane->attempt;
     int r = p->o.handle(item, attempt, p->o.opaque);
     if (r == KB_HANDLED) {
+        finish(p, lane, item, KB_HANDLED, attempt);   /* counted once settled */
         kb__counter_bump(&lane->handled);
-        finish(p, lane, item, KB_HANDLED, attempt);
         return true;
     }
     if (r != KB_DEAD && (p->o.max_attempts == 0 || attempt < p->o.max_attempts)) {
@@ -163,8 +166,8 @@ static bool handle_item(struct kb_executor *ex, struct kb_lane *lane, void *item
         /* No memory to delay the lane: retry at once rather than lose order. */
         return handle_item(ex, lane, item);
     }
-    kb__counter_bump(&lane->dead);
     finish(p, lane, item, KB_DEAD, attempt);
+    kb__counter_bump(&lane->dead);
     return true;
 }
 
@@ -187,7 +190,8 @@ static void refill(struct kb_lane *lane)
                               memory_order_relaxed);
 }
 
-static void lane_visit(struct kb_executor *ex, struct kb_lane *lane)
+/* Returns the number of items handled. */
+static unsigned lane_visit(struct kb_executor *ex, struct kb_lane *lane)
 {
     bool delayed = false;
     unsigned n = 0;
@@ -223,7 +227,7 @@ static void lane_visit(struct kb_executor *ex, struct kb_lane *lane)
             atomic_store_explicit(&lane->scheduled, 0, memory_order_release);
             /* Dekker with kb_pool_submit: it pushes then reads `scheduled`; we
              * clear `scheduled` then read the ring. One of us sees the other. */
-            atomic_thread_fence(memory_order_seq_cst);
+            kb__fence();
             uint32_t idle = 0;
             if (ck_ring_size(&lane->ring) > 0 &&
                 atomic_compare_exchange_strong(&lane->scheduled, &idle, 1))
@@ -233,11 +237,12 @@ static void lane_visit(struct kb_executor *ex, struct kb_lane *lane)
     /* Wake blocked producers once the lane is half empty, not per freed slot:
      * each wake costs a futex call on both sides, so let them refill in bulk.
      * Wake flushers when a lane goes idle, and now and then on busy lanes. */
-    atomic_thread_fence(memory_order_seq_cst);
+    kb__fence();
     if (ck_ring_size(&lane->ring) <= ck_ring_capacity(&lane->ring) / 2)
         kb__signal_poke(&lane->space);
     if (!atomic_load_explicit(&lane->scheduled, memory_order_relaxed) || (++ex->visits & 63) == 0)
         kb__signal_poke(&ex->sched->progress);
+    return n;
 }
 
 static void run_due_lanes(struct kb_executor *ex)
@@ -263,7 +268,13 @@ static void idle(struct kb_executor *ex)
     for (int i = 0; i < IDLE_SPINS; i++) {
         if (has_work(ex))
             return;
-        ck_pr_stall();
+        /* Yield now and then: a thread we just woke (a producer waiting for
+         * space) may have been queued on this CPU, and a pure spin would keep
+         * it off until the next scheduler tick — milliseconds. */
+        if ((i & 63) == 63)
+            sched_yield();
+        else
+            ck_pr_stall();
     }
     int64_t deadline = ex->heap_len > 0 ? ex->heap[0]->due_ns : INT64_MAX;
     kb__signal_wait(&ex->wake, has_work, ex, deadline);
@@ -281,7 +292,12 @@ static void *executor_main(void *arg)
         collect_ready(ex);
         struct kb_lane *lane = run_list_pop(ex);
         if (lane != NULL) {
-            lane_visit(ex, lane);
+            /* An empty visit read the producers' ring counters; re-reading them
+             * at once would pull the line away from a producer between every
+             * two of its writes. A short pause lets events accumulate. */
+            if (lane_visit(ex, lane) == 0)
+                for (int i = 0; i < EMPTY_VISIT_PAUSES; i++)
+                    ck_pr_stall();
             continue;
         }
         if (ex->heap_len > 0 && ex->heap[0]->due_ns <= kb__now_ns())

@@ -1,6 +1,7 @@
 /* The keyed pool: lanes allocated on first use, routing, timed backpressure,
  * flush, statistics and teardown. Executors live in executor.c. */
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,6 +194,7 @@ static int wait_for_space(struct space_wait *w, int timeout_ms)
             if (r != 0)
                 return r == 1 ? KB_OK : KB_ECLOSED;
         }
+        sched_yield();   /* let the executor run if it was queued on this CPU */
     } while (kb__now_ns() < spin_until);
     if (timeout_ms == 0)
         return KB_EFULL;
@@ -233,7 +235,7 @@ int kb_pool_submit_hash(kb_pool *p, uint32_t hash, void *item, int timeout_ms)
     /* Dekker with lane_visit: our push must be visible before we read
      * `scheduled`, else an executor that just went idle on this lane and we
      * could both miss the item. */
-    atomic_thread_fence(memory_order_seq_cst);
+    kb__fence();
     if (atomic_load_explicit(&lane->scheduled, memory_order_relaxed) == 0) {
         uint32_t idle = 0;
         if (atomic_compare_exchange_strong(&lane->scheduled, &idle, 1))
@@ -311,7 +313,7 @@ void kb_pool_shutdown(kb_pool *p)
     if (p == NULL)
         return;
     atomic_store_explicit(&p->closed, 1, memory_order_seq_cst);
-    atomic_thread_fence(memory_order_seq_cst);
+    kb__fence();
     for (uint32_t i = 0; i < p->o.lanes; i++) {
         struct kb_lane *lane = lane_peek(p, i);
         if (lane != NULL)

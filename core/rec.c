@@ -1,66 +1,96 @@
 #include "rec.h"
 
+#include <ck_stack.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
 #include "sync.h"
 
-/* Two size classes cover "a few hundred bytes" and small documents; anything
- * larger costs exactly one malloc. */
-static const size_t class_bytes[] = {256, 2048};
+/* Records are recycled in magazines (Bonwick's design): each thread holds one
+ * magazine per size class, an array of free records, and trades whole
+ * magazines with other threads through lock-free stacks. A record crosses
+ * threads (producer writes it, executor frees it), so per-record handoff would
+ * cost a shared-memory operation per event; a magazine costs one per 256, and
+ * an array lets the producer prefetch the records it is about to fill. */
+
+static const size_t class_bytes[] = {128, 512, 2048};
 #define N_CLASSES (sizeof class_bytes / sizeof class_bytes[0])
+#define MAG_SIZE 256
+#define PREFETCH_AHEAD 4
+/* Full magazines kept in the shared stack, per class: up to 64 MiB of records,
+ * enough for every record full lanes can hold in a busy process, while a larger
+ * burst does not pin its peak memory forever. */
+#define SHARED_BYTES (64u << 20)
 
-/* A thread keeps up to this many freed records per class before handing them
- * to the shared list. The shared list keeps up to 64 MiB per class: enough for
- * every record full lanes can hold in a busy process (recycling beats a
- * cross-thread malloc/free per event), while a larger burst does not pin its
- * peak memory forever. */
-#define LOCAL_MAX 512
-#define GLOBAL_BYTES (64u << 20)
-
-struct local_cache {
-    ck_stack_entry_t *head;
-    uint32_t count;
+struct magazine {
+    ck_stack_entry_t link;          /* first: the stack entry is the magazine */
+    uint32_t n;
+    kb_rec *r[MAG_SIZE];
 };
 
-/* Freed records migrate from executor threads to producer threads: executors
- * push onto the shared stack, producers take the whole stack at once. Both ck
- * operations are ABA-safe (push is a CAS on the head, batch pop an exchange). */
-static ck_stack_t shared[N_CLASSES];
-static _Atomic uint32_t shared_count[N_CLASSES];  /* approximate: bounds retention */
+struct class_state {
+    /* Generation-counted stacks: magazines are reused, so pops must be ABA-safe.
+     * Their double-width CAS needs 16-byte alignment. */
+    _Alignas(16) ck_stack_t full;
+    _Alignas(16) ck_stack_t empty;
+    _Atomic uint32_t full_count;
+};
+
+static struct class_state shared[N_CLASSES];
 
 /* initial-exec: a plain %fs-relative access instead of a __tls_get_addr call
  * per event (the library is linked at start-up, not dlopen'ed mid-run). */
 #define KB_TLS _Thread_local __attribute__((tls_model("initial-exec")))
-static KB_TLS struct local_cache local[N_CLASSES];
-static KB_TLS int local_registered;
+static KB_TLS struct magazine *loaded[N_CLASSES];
+static KB_TLS int registered;
 static pthread_key_t exit_key;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 
-static void spill_local(unsigned cls)
+static struct magazine *pop(ck_stack_t *s)
 {
-    struct local_cache *lc = &local[cls];
-    while (lc->head != NULL) {
-        ck_stack_entry_t *e = lc->head;
-        lc->head = e->next;
-        if (atomic_load_explicit(&shared_count[cls], memory_order_relaxed) >=
-            GLOBAL_BYTES / class_bytes[cls]) {
-            free(e);   /* link is the first member: e is the record */
-            continue;
+    ck_stack_entry_t *e = ck_stack_pop_mpmc(s);
+    if (e != NULL)
+        KB_TSAN_ACQUIRE(e);
+    return (struct magazine *)e;
+}
+
+static void push(ck_stack_t *s, struct magazine *m)
+{
+    KB_TSAN_RELEASE(&m->link);
+    ck_stack_push_mpmc(s, &m->link);
+}
+
+static void free_records(struct magazine *m)
+{
+    while (m->n > 0)
+        free(m->r[--m->n]);
+}
+
+/* Hand a full magazine to the other threads; an empty one back for reuse. */
+static void give_back(unsigned cls, struct magazine *m)
+{
+    struct class_state *cs = &shared[cls];
+    if (m->n > 0) {
+        uint32_t cap = (uint32_t)(SHARED_BYTES / (class_bytes[cls] * MAG_SIZE));
+        if (atomic_fetch_add_explicit(&cs->full_count, 1, memory_order_relaxed) < cap) {
+            push(&cs->full, m);
+            return;
         }
-        KB_TSAN_RELEASE(&shared[cls]);
-        ck_stack_push_upmc(&shared[cls], e);
-        atomic_fetch_add_explicit(&shared_count[cls], 1, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&cs->full_count, 1, memory_order_relaxed);
+        free_records(m);
     }
-    lc->count = 0;
+    push(&cs->empty, m);
 }
 
 static void on_thread_exit(void *unused)
 {
     (void)unused;
-    for (unsigned cls = 0; cls < N_CLASSES; cls++)
-        spill_local(cls);
+    for (unsigned cls = 0; cls < N_CLASSES; cls++) {
+        if (loaded[cls] != NULL)
+            give_back(cls, loaded[cls]);
+        loaded[cls] = NULL;
+    }
 }
 
 static void make_exit_key(void)
@@ -68,49 +98,69 @@ static void make_exit_key(void)
     pthread_key_create(&exit_key, on_thread_exit);
 }
 
-static void register_thread(void)
+/* Install `m` as this thread's magazine of class `cls`. */
+static void load(unsigned cls, struct magazine *m)
 {
-    /* A thread that exits hands its cache back instead of leaking it. */
-    pthread_once(&exit_once, make_exit_key);
-    pthread_setspecific(exit_key, &local_registered);
-    local_registered = 1;
+    if (!registered) {
+        /* A thread that exits hands its magazines back instead of leaking them. */
+        pthread_once(&exit_once, make_exit_key);
+        pthread_setspecific(exit_key, &registered);
+        registered = 1;
+    }
+    loaded[cls] = m;
+}
+
+static struct magazine *empty_magazine(unsigned cls)
+{
+    struct magazine *m = pop(&shared[cls].empty);
+    if (m == NULL) {
+        m = malloc(sizeof *m);
+        if (m == NULL)
+            return NULL;
+    }
+    m->n = 0;
+    return m;
 }
 
 kb_rec *kb__rec_alloc(size_t data_len)
 {
     size_t need = sizeof(kb_rec) + data_len;
-    for (unsigned cls = 0; cls < N_CLASSES; cls++) {
-        if (need > class_bytes[cls])
-            continue;
-        struct local_cache *lc = &local[cls];
-        if (lc->head == NULL) {
-            if (!local_registered)
-                register_thread();
-            lc->head = ck_stack_batch_pop_upmc(&shared[cls]);
-            KB_TSAN_ACQUIRE(&shared[cls]);
-            /* Count unknown without walking the chain: treat it as taken. */
-            if (lc->head != NULL)
-                atomic_store_explicit(&shared_count[cls], 0, memory_order_relaxed);
-        }
-        kb_rec *r;
-        if (lc->head != NULL) {
-            r = (kb_rec *)lc->head;
-            lc->head = lc->head->next;
-            /* the next record was last written on another core: start loading it */
-            __builtin_prefetch(lc->head, 1);
-            if (lc->count > 0)
-                lc->count--;
-        } else {
-            r = malloc(class_bytes[cls]);
-            if (r == NULL)
-                return NULL;
-        }
-        r->size_class = (uint8_t)cls;
+    unsigned cls = 0;
+    while (cls < N_CLASSES && need > class_bytes[cls])
+        cls++;
+    if (cls == N_CLASSES) {
+        kb_rec *r = malloc(need);
+        if (r != NULL)
+            r->size_class = KB_REC_EXACT;
         return r;
     }
-    kb_rec *r = malloc(need);
-    if (r != NULL)
-        r->size_class = KB_REC_EXACT;
+
+    struct magazine *m = loaded[cls];
+    if (m == NULL || m->n == 0) {
+        struct magazine *full = pop(&shared[cls].full);
+        if (full != NULL) {
+            atomic_fetch_sub_explicit(&shared[cls].full_count, 1, memory_order_relaxed);
+            if (m != NULL)
+                push(&shared[cls].empty, m);
+            load(cls, m = full);
+        } else if (m == NULL && (m = empty_magazine(cls)) != NULL) {
+            load(cls, m);
+        }
+    }
+    kb_rec *r;
+    if (m != NULL && m->n > 0) {
+        r = m->r[--m->n];
+        /* These records were last written on another core: start the
+         * ownership transfer a few events before we fill them. */
+        if (m->n >= PREFETCH_AHEAD)
+            __builtin_prefetch(m->r[m->n - PREFETCH_AHEAD], 1);
+    } else {
+        /* Cache-line aligned so a small event touches as few lines as possible. */
+        r = aligned_alloc(KB_CACHELINE, class_bytes[cls]);
+        if (r == NULL)
+            return NULL;
+    }
+    r->size_class = (uint8_t)cls;
     return r;
 }
 
@@ -123,11 +173,16 @@ void kb__rec_free(kb_rec *r)
         return;
     }
     unsigned cls = r->size_class;
-    struct local_cache *lc = &local[cls];
-    if (!local_registered)
-        register_thread();
-    r->link.next = lc->head;
-    lc->head = &r->link;
-    if (++lc->count >= LOCAL_MAX)
-        spill_local(cls);
+    struct magazine *m = loaded[cls];
+    if (m == NULL || m->n == MAG_SIZE) {
+        struct magazine *fresh = empty_magazine(cls);
+        if (fresh == NULL) {
+            free(r);
+            return;
+        }
+        if (m != NULL)
+            give_back(cls, m);
+        load(cls, m = fresh);
+    }
+    m->r[m->n++] = r;
 }

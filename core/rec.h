@@ -1,17 +1,15 @@
 /* Event records: one allocation holding an event's key, payload and transport
- * ID, recycled through per-thread caches so the hot path does not allocate for
- * events up to a few hundred bytes. */
+ * ID, recycled through per-thread magazines so the hot path does not allocate
+ * for events up to a few hundred bytes. */
 #ifndef KB_CORE_REC_H
 #define KB_CORE_REC_H
 
-#include <ck_stack.h>
 #include <stddef.h>
 #include <stdint.h>
 
 struct kb_topic;
 
 typedef struct kb_rec {
-    ck_stack_entry_t link;        /* free-list link while recycled */
     struct kb_topic *topic;
     void       *cookie;           /* transport's delivery handle */
     const char *dead_reason;      /* static text, set when the handler gives up */
@@ -20,7 +18,7 @@ typedef struct kb_rec {
     uint32_t    partition;
     uint32_t    first_attempt;    /* broker's delivery count when it arrived */
     uint16_t    id_len;
-    uint8_t     size_class;       /* index of the free list, or KB_REC_EXACT */
+    uint8_t     size_class;       /* magazine class, or KB_REC_EXACT */
     char        data[];           /* key, payload, id, NUL */
 } kb_rec;
 

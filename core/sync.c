@@ -6,6 +6,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#ifdef KB_TSAN
+_Atomic uint32_t kb__fence_word;
+#endif
+
 void kb__park_wait(_Atomic uint32_t *word, uint32_t expected, int64_t deadline_ns)
 {
     struct timespec ts, *tsp = NULL;

@@ -27,6 +27,22 @@
 
 #define KB_CACHELINE 64
 
+/* Full (store-load) fence for the Dekker pairs between producers and
+ * executors. GCC refuses atomic_thread_fence under -fsanitize=thread, so TSan
+ * builds use a locked read-modify-write, which is a full barrier on x86. */
+#ifdef KB_TSAN
+extern _Atomic uint32_t kb__fence_word;
+static inline void kb__fence(void)
+{
+    atomic_fetch_add_explicit(&kb__fence_word, 0, memory_order_seq_cst);
+}
+#else
+static inline void kb__fence(void)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+}
+#endif
+
 static inline int64_t kb__now_ns(void)
 {
     struct timespec ts;
@@ -69,7 +85,7 @@ static inline void kb__signal_notify(kb_signal *s)
 {
     /* Dekker pairing with kb__signal_wait: the change must be visible before we
      * read `waiters`, or a waiter that registered just now could sleep on it. */
-    atomic_thread_fence(memory_order_seq_cst);
+    kb__fence();
     kb__signal_poke(s);
 }
 

@@ -11,6 +11,7 @@
 extern const kb_transport_ops kb__mem_ops;
 #ifdef KB_WITH_REDIS
 extern const kb_transport_ops kb__redis_ops;
+extern const kb_transport_ops kb__rediss_ops;   /* refuses: no TLS in hiredis 0.14 */
 extern const kb_prop kb__redis_props[];
 #endif
 #ifdef KB_WITH_NATS
@@ -33,6 +34,7 @@ static const kb_transport_ops *const builtin[] = {
     &kb__mem_ops,
 #ifdef KB_WITH_REDIS
     &kb__redis_ops,
+    &kb__rediss_ops,
 #endif
 #ifdef KB_WITH_NATS
     &kb__nats_ops,

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -69,6 +70,8 @@ static int spawn(kb_test_server *s)
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        /* die with the test: an orphaned server would hold ctest's pipes open */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (chdir(s->dir) != 0)
             _exit(126);
         execvp(argv[0], (char *const *)argv);

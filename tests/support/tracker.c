@@ -55,7 +55,7 @@ int kb_tracker_handler(const kb_event *ev, void *opaque)
     if (atomic_fetch_add(&t->busy[key], 1) != 0)
         t->concurrent++;
     if (seq == t->last[key] + 1)
-        t->last[key] = seq;
+        __atomic_store_n(&t->last[key], seq, __ATOMIC_RELAXED);   /* read by kb_tracker_distinct */
     else if (seq <= t->last[key])
         t->duplicates++;
     else

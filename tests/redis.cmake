@@ -1,0 +1,12 @@
+# Redis transport tests: each starts its own redis-server through tests/support.
+kb_test(test_contract TESTNAME contract_redis ARGS redis LABELS redis)
+kb_test(test_redis_basic TIMEOUT 120 LABELS redis)
+target_link_libraries(test_redis_basic PRIVATE PkgConfig::HIREDIS)
+
+# Multi-process fault tests run this consumer as a child process.
+add_executable(redis_consumer_proc redis_consumer_proc.c)
+target_link_libraries(redis_consumer_proc PRIVATE kb_test_support)
+kb_test(test_redis_faults TIMEOUT 150 LABELS redis)
+target_compile_definitions(test_redis_faults PRIVATE
+  KB_CONSUMER_PROC="$<TARGET_FILE:redis_consumer_proc>")
+add_dependencies(test_redis_faults redis_consumer_proc)

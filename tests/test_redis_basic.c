@@ -1,0 +1,519 @@
+/* Redis transport, one process: URLs and AUTH, interop with plain XADD,
+ * malformed entries, partition-count metadata, flush errors, DLQ replay,
+ * stats, a group lost on the server, MAXLEN trimming. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+#include <keybus/keybus.h>
+#include <keybus/pool.h>
+
+#include "support/server.h"
+#include "support/tracker.h"
+
+static kb_test_server server;
+
+static kb_conf *conf_for(const char *url)
+{
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "retry.backoff_ms", "1", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "retry.max_backoff_ms", "4", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "redis.lease_ttl_ms", "2000", err, sizeof err), KB_OK);
+    return c;
+}
+
+static kb_bus *open_with(const char *k1, const char *v1, const char *k2, const char *v2)
+{
+    kb_conf *c = conf_for(server.url);
+    char err[256];
+    if (k1 != NULL)
+        assert_int_equal(kb_conf_set(c, k1, v1, err, sizeof err), KB_OK);
+    if (k2 != NULL)
+        assert_int_equal(kb_conf_set(c, k2, v2, err, sizeof err), KB_OK);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    return b;
+}
+
+static redisContext *raw(void)
+{
+    redisContext *c = redisConnect("127.0.0.1", server.port);
+    assert_non_null(c);
+    assert_int_equal(c->err, 0);
+    return c;
+}
+
+static long long raw_int(redisContext *c, const char *fmt, const char *arg)
+{
+    redisReply *r = redisCommand(c, fmt, arg);
+    assert_non_null(r);
+    long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    freeReplyObject(r);
+    return v;
+}
+
+static void unique_topic(char *buf, size_t len, const char *name)
+{
+    static int seq;
+    snprintf(buf, len, "rb.%s.%d.%d", name, (int)getpid(), ++seq);
+}
+
+static void wait_for(_Atomic uint64_t *v, uint64_t n)
+{
+    for (int i = 0; i < 1000 && atomic_load(v) < n; i++)
+        usleep(10000);
+}
+
+/* ---- kb_open failures ---- */
+
+static void open_fails(const char *url, const char *must, const char *must_not)
+{
+    kb_conf *c = kb_conf_new();
+    char err[256] = "";
+    int rc = kb_conf_set(c, "transport", url, err, sizeof err);
+    kb_bus *b = NULL;
+    if (rc == KB_OK)
+        b = kb_open(c, err, sizeof err);
+    assert_null(b);
+    if (rc == KB_OK)
+        assert_int_equal(kb_last_error()[0] != '\0', 1);
+    if (strstr(err, must) == NULL)
+        fail_msg("errstr \"%s\" lacks \"%s\"", err, must);
+    if (must_not != NULL && strstr(err, must_not) != NULL)
+        fail_msg("errstr \"%s\" leaks \"%s\"", err, must_not);
+    kb_conf_destroy(c);
+}
+
+static void bad_urls_and_unreachable(void **state)
+{
+    (void)state;
+    int port = kb_test_free_port();
+    char url[128], where[64];
+    snprintf(url, sizeof url, "redis://bob:s3cr3t@127.0.0.1:%d", port);
+    snprintf(where, sizeof where, "127.0.0.1:%d", port);
+    open_fails(url, where, "s3cr3t");
+    open_fails("redis://127.0.0.1:99999", "port", NULL);
+    open_fails("redis://:pw@", "no host", "pw");
+    open_fails("rediss://127.0.0.1:6379", "TLS", NULL);
+    open_fails("redis://127.0.0.1:6379/notadb", "database", NULL);
+}
+
+static void auth_required(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    const char *extra[] = {"--requirepass", "pa55word", NULL};
+    assert_int_equal(kb_test_server_start(&s, "redis", extra), 0);
+    char url[200], err[256];
+    snprintf(url, sizeof url, "redis://:wrong-pa55@127.0.0.1:%d", s.port);
+    open_fails(url, "AUTH", "wrong-pa55");
+    snprintf(url, sizeof url, "redis://:pa55word@127.0.0.1:%d/2", s.port);
+    kb_conf *c = conf_for(url);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open with the right password: %s", err);
+    assert_int_equal(kb_publish(b, "auth.t", "k", 1, "v", 1), KB_OK);
+    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    /* it went to database 2 */
+    redisContext *rc = redisConnect("127.0.0.1", s.port);
+    freeReplyObject(redisCommand(rc, "AUTH pa55word"));
+    freeReplyObject(redisCommand(rc, "SELECT 2"));
+    char key[64];
+    snprintf(key, sizeof key, "kb:{auth.t}:p:%u", kb_fnv1a32("k", 1) % 8);
+    assert_int_equal(raw_int(rc, "XLEN %s", key), 1);
+    redisFree(rc);
+    kb_test_server_stop(&s);
+}
+
+/* ---- interop and malformed entries ---- */
+
+struct seen {
+    kb_tracker t;
+    _Atomic uint64_t n;
+};
+
+static int seen_handler(const kb_event *ev, void *opaque)
+{
+    struct seen *s = opaque;
+    kb_tracker_handler(ev, &s->t);
+    atomic_fetch_add(&s->n, 1);
+    return KB_HANDLED;
+}
+
+static void xadd_tracked(redisContext *c, const char *topic, uint32_t key, uint32_t seq)
+{
+    char k[32], stream[160];
+    int klen = snprintf(k, sizeof k, "agg-%u", key);
+    unsigned char payload[8];
+    memcpy(payload, &key, 4);
+    memcpy(payload + 4, &seq, 4);
+    snprintf(stream, sizeof stream, "kb:{%s}:p:%u", topic, kb_fnv1a32(k, (size_t)klen) % 8);
+    redisReply *r = redisCommand(c, "XADD %s * k %b d %b", stream, k, (size_t)klen, payload,
+                                 sizeof payload);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    freeReplyObject(r);
+}
+
+struct dl_list {
+    int n, malformed;
+    char last_id[64];
+};
+
+static int list_dl(const kb_dead_letter *dl, void *opaque)
+{
+    struct dl_list *l = opaque;
+    l->n++;
+    if (strncmp(dl->reason, "malformed", 9) == 0)
+        l->malformed++;
+    assert_true(dl->original_id[0] != '\0');
+    snprintf(l->last_id, sizeof l->last_id, "%s", dl->id);
+    return 0;
+}
+
+static void interop_plain_xadd_and_malformed(void **state)
+{
+    (void)state;
+    char topic[96];
+    unique_topic(topic, sizeof topic, "interop");
+    redisContext *c = raw();
+    /* written before any keybus process exists, like redis-cli would */
+    for (uint32_t s = 1; s <= 20; s++)
+        for (uint32_t k = 0; k < 5; k++)
+            xadd_tracked(c, topic, k, s);
+    char p0[160];
+    snprintf(p0, sizeof p0, "kb:{%s}:p:0", topic);
+    freeReplyObject(redisCommand(c, "XADD %s * d only-payload", p0));
+    freeReplyObject(redisCommand(c, "XADD %s * k only-key", p0));
+    freeReplyObject(redisCommand(c, "XADD %s * x y", p0));
+
+    kb_bus *b = open_with(NULL, NULL, NULL, NULL);
+    struct seen s = {0};
+    kb_tracker_init(&s.t, 10);
+    assert_int_equal(kb_subscribe(b, topic, seen_handler, &s), KB_OK);
+    for (uint32_t seq = 21; seq <= 40; seq++)   /* and while consuming */
+        for (uint32_t k = 0; k < 5; k++)
+            xadd_tracked(c, topic, k, seq);
+    wait_for(&s.n, 200);
+    kb_topic_stats st;
+    for (int i = 0; i < 500; i++) {
+        assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+        if (st.dlq_length == 3 && st.broker_pending == 0)
+            break;
+        usleep(10000);
+    }
+    assert_int_equal(kb_tracker_distinct(&s.t), 200);
+    assert_int_equal(s.t.order_violations, 0);
+    assert_int_equal(s.t.duplicates, 0);
+    assert_int_equal(st.dlq_length, 3);
+    assert_int_equal(st.broker_pending, 0);   /* malformed ones were acked too */
+    assert_int_equal(st.broker_length, 203);
+    assert_int_equal(st.broker_lag, 0);
+    struct dl_list l = {0};
+    assert_int_equal(kb_dead_letters(b, topic, NULL, 100, list_dl, &l), KB_OK);
+    assert_int_equal(l.n, 3);
+    assert_int_equal(l.malformed, 3);
+    /* not replayable: no key */
+    assert_int_equal(kb_dead_letter_replay(b, topic, l.last_id), KB_EINVAL);
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_tracker_destroy(&s.t);
+    redisFree(c);
+}
+
+/* Entries left pending by a consumer that died: swept first, with attempt =
+ * broker deliveries; one delivered too often goes to the DLQ unhandled. */
+struct attempts {
+    _Atomic uint32_t attempt_of_a, calls;
+};
+
+static int attempts_handler(const kb_event *ev, void *opaque)
+{
+    struct attempts *at = opaque;
+    atomic_fetch_add(&at->calls, 1);
+    if (ev->payload_len == 1 && memcmp(ev->payload, "a", 1) == 0)
+        atomic_store(&at->attempt_of_a, ev->attempt);
+    return KB_HANDLED;
+}
+
+static int find_crash_loop(const kb_dead_letter *dl, void *opaque)
+{
+    int *found = opaque;
+    if (strstr(dl->reason, "without an ack") != NULL && dl->payload_len == 1 &&
+        memcmp(dl->payload, "b", 1) == 0)
+        (*found)++;
+    return 0;
+}
+
+static void pending_of_dead_consumer(void **state)
+{
+    (void)state;
+    char topic[96], stream[160];
+    unique_topic(topic, sizeof topic, "pending");
+    snprintf(stream, sizeof stream, "kb:{%s}:p:0", topic);
+    redisContext *c = raw();
+    freeReplyObject(redisCommand(c, "XGROUP CREATE %s keybus 0 MKSTREAM", stream));
+    redisReply *a = redisCommand(c, "XADD %s * k key-a d a", stream);
+    redisReply *b = redisCommand(c, "XADD %s * k key-b d b", stream);
+    /* a consumer "ghost" read both and died */
+    freeReplyObject(redisCommand(c, "XREADGROUP GROUP keybus ghost COUNT 10 STREAMS %s >", stream));
+    freeReplyObject(redisCommand(c, "XCLAIM %s keybus ghost 0 %s RETRYCOUNT 9", stream, b->str));
+    freeReplyObject(a);
+    freeReplyObject(b);
+
+    kb_bus *bus = open_with("partitions", "1", "retry.max_attempts", "5");
+    struct attempts at = {0, 0};
+    assert_int_equal(kb_subscribe(bus, topic, attempts_handler, &at), KB_OK);
+    for (int i = 0; i < 500 && at.attempt_of_a == 0; i++)
+        usleep(10000);
+    int found = 0;
+    assert_int_equal(kb_dead_letters(bus, topic, NULL, 10, find_crash_loop, &found), KB_OK);
+    assert_int_equal(at.attempt_of_a, 2);   /* second broker delivery */
+    assert_int_equal(at.calls, 1);          /* "b" never reached the handler */
+    assert_int_equal(found, 1);
+    assert_int_equal(kb_close(bus, 5000), KB_OK);
+    redisFree(c);
+}
+
+/* ---- metadata ---- */
+
+static int never(const kb_event *ev, void *opaque)
+{
+    (void)ev, (void)opaque;
+    return KB_HANDLED;
+}
+
+static void partition_count_mismatch(void **state)
+{
+    (void)state;
+    char topic[96];
+    unique_topic(topic, sizeof topic, "meta");
+    kb_bus *b = open_with(NULL, NULL, NULL, NULL);
+    assert_int_equal(kb_publish(b, topic, "k", 1, "v", 1), KB_OK);
+    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+
+    b = open_with("partitions", "4", NULL, NULL);
+    assert_int_equal(kb_subscribe(b, topic, never, NULL), KB_EINVAL);
+    assert_non_null(strstr(kb_last_error(), "partitions=8"));
+    assert_int_equal(kb_publish(b, topic, "k", 1, "v", 1), KB_EINVAL);
+    assert_non_null(strstr(kb_last_error(), "partitions=4"));
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+}
+
+/* ---- flush reports server errors ---- */
+
+static void flush_reports_refused_publishes(void **state)
+{
+    (void)state;
+    char topic[96], key[160];
+    unique_topic(topic, sizeof topic, "flush");
+    redisContext *c = raw();
+    snprintf(key, sizeof key, "kb:{%s}:p:%u", topic, kb_fnv1a32("k", 1) % 8);
+    freeReplyObject(redisCommand(c, "SET %s not-a-stream", key));
+    kb_bus *b = open_with(NULL, NULL, NULL, NULL);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(kb_publish(b, topic, "k", 1, "v", 1), KB_OK);   /* no round trip */
+    assert_int_equal(kb_flush(b, 5000), KB_ETRANSPORT);
+    assert_non_null(strstr(kb_last_error(), "WRONGTYPE"));
+    assert_int_equal(kb_flush(b, 5000), KB_OK);   /* reported once */
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    redisFree(c);
+}
+
+/* ---- dead letters: store, list, replay ---- */
+
+struct poison {
+    _Atomic uint64_t handled, poisoned;
+    _Atomic uint32_t last_attempt;
+    _Atomic int cure;
+};
+
+static int poison_handler(const kb_event *ev, void *opaque)
+{
+    struct poison *p = opaque;
+    if (!atomic_load(&p->cure) && ev->payload_len == 6 && memcmp(ev->payload, "poison", 6) == 0) {
+        atomic_fetch_add(&p->poisoned, 1);
+        return KB_RETRY;
+    }
+    atomic_store(&p->last_attempt, ev->attempt);
+    atomic_fetch_add(&p->handled, 1);
+    return KB_HANDLED;
+}
+
+static void dead_letter_and_replay(void **state)
+{
+    (void)state;
+    char topic[96];
+    unique_topic(topic, sizeof topic, "replay");
+    kb_bus *b = open_with("retry.max_attempts", "3", NULL, NULL);
+    struct poison p = {0};
+    assert_int_equal(kb_subscribe(b, topic, poison_handler, &p), KB_OK);
+    assert_int_equal(kb_publish(b, topic, "key-1", 5, "poison", 6), KB_OK);
+    assert_int_equal(kb_publish(b, topic, "key-1", 5, "fine", 4), KB_OK);
+    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    wait_for(&p.handled, 1);
+    struct dl_list l = {0};
+    assert_int_equal(kb_dead_letters(b, topic, NULL, 100, list_dl, &l), KB_OK);
+    assert_int_equal(l.n, 1);
+    assert_int_equal(p.poisoned, 3);
+    atomic_store(&p.cure, 1);
+    assert_int_equal(kb_dead_letter_replay(b, topic, l.last_id), KB_OK);
+    wait_for(&p.handled, 2);
+    assert_int_equal(p.handled, 2);
+    assert_int_equal(p.last_attempt, 1);
+    struct dl_list after = {0};
+    assert_int_equal(kb_dead_letters(b, topic, NULL, 100, list_dl, &after), KB_OK);
+    assert_int_equal(after.n, 0);
+    assert_int_equal(kb_dead_letter_replay(b, topic, l.last_id), KB_ENOTFOUND);
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+}
+
+/* ---- stats ---- */
+
+static void stats_and_owner(void **state)
+{
+    (void)state;
+    char topic[96];
+    unique_topic(topic, sizeof topic, "stats");
+    kb_bus *b = open_with("consumer", "stats-consumer", NULL, NULL);
+    struct seen s = {0};
+    kb_tracker_init(&s.t, 10);
+    assert_int_equal(kb_subscribe(b, topic, seen_handler, &s), KB_OK);
+    for (uint32_t seq = 1; seq <= 10; seq++)
+        for (uint32_t k = 0; k < 10; k++)
+            assert_int_equal(kb_tracker_publish(b, topic, k, seq, 16), KB_OK);
+    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    wait_for(&s.n, 100);
+    kb_topic_stats st;
+    for (int i = 0; i < 500; i++) {
+        assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+        if (st.broker_pending == 0 && st.partitions_owned == 8)
+            break;
+        usleep(10000);
+    }
+    assert_int_equal(st.published, 100);
+    assert_int_equal(st.partitions, 8);
+    assert_int_equal(st.partitions_owned, 8);
+    assert_int_equal(st.broker_length, 100);
+    assert_int_equal(st.broker_pending, 0);
+    assert_int_equal(st.broker_lag, 0);
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < 8; i++) {
+        kb_partition_stats ps;
+        assert_int_equal(kb_partition_stats_get(b, topic, i, &ps), KB_OK);
+        assert_string_equal(ps.owner, "stats-consumer");
+        assert_int_equal(ps.consumers, 1);
+        sum += ps.length;
+    }
+    assert_int_equal(sum, 100);
+    kb_partition_stats ps;
+    assert_int_equal(kb_partition_stats_get(b, topic, 8, &ps), KB_ENOTFOUND);
+    assert_int_equal(kb_stats(b, "rb.never.used", &st), KB_ENOTFOUND);
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_tracker_destroy(&s.t);
+}
+
+/* ---- the server forgets the group (FLUSHALL): recreated from 0 ---- */
+
+static void group_lost_on_server(void **state)
+{
+    (void)state;
+    char topic[96];
+    unique_topic(topic, sizeof topic, "nogroup");
+    kb_bus *b = open_with(NULL, NULL, NULL, NULL);
+    struct seen s = {0};
+    kb_tracker_init(&s.t, 4);
+    assert_int_equal(kb_subscribe(b, topic, seen_handler, &s), KB_OK);
+    for (uint32_t k = 0; k < 4; k++)
+        assert_int_equal(kb_tracker_publish(b, topic, k, 1, 8), KB_OK);
+    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    wait_for(&s.n, 4);
+    redisContext *c = raw();
+    freeReplyObject(redisCommand(c, "FLUSHALL"));
+    /* new entries land in fresh streams: the group is recreated from 0 */
+    for (uint32_t k = 0; k < 4; k++)
+        xadd_tracked(c, topic, k, 2);
+    wait_for(&s.n, 8);
+    assert_int_equal(kb_tracker_distinct(&s.t), 8);
+    assert_int_equal(s.t.order_violations, 0);
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_tracker_destroy(&s.t);
+    redisFree(c);
+}
+
+/* redis.fenced_reads=0: plain XREADGROUP, same results on a healthy process. */
+static void plain_reads(void **state)
+{
+    (void)state;
+    char topic[96];
+    unique_topic(topic, sizeof topic, "plain");
+    kb_bus *b = open_with("redis.fenced_reads", "0", NULL, NULL);
+    struct seen s = {0};
+    kb_tracker_init(&s.t, 10);
+    assert_int_equal(kb_subscribe(b, topic, seen_handler, &s), KB_OK);
+    for (uint32_t seq = 1; seq <= 50; seq++) {
+        for (uint32_t k = 0; k < 10; k++)
+            assert_int_equal(kb_tracker_publish(b, topic, k, seq, 16), KB_OK);
+        if (seq == 25)
+            usleep(300000);   /* idle in between: the wait on "$" must wake up */
+    }
+    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    wait_for(&s.n, 500);
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    assert_int_equal(kb_tracker_distinct(&s.t), 500);
+    assert_int_equal(s.t.order_violations, 0);
+    assert_int_equal(s.t.duplicates, 0);
+    kb_tracker_destroy(&s.t);
+}
+
+static void maxlen_trims(void **state)
+{
+    (void)state;
+    char topic[96], key[160];
+    unique_topic(topic, sizeof topic, "maxlen");
+    kb_bus *b = open_with("redis.maxlen", "100", "partitions", "1");
+    for (int i = 0; i < 5000; i++)
+        assert_int_equal(kb_publish(b, topic, "k", 1, "v", 1), KB_OK);
+    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    redisContext *c = raw();
+    snprintf(key, sizeof key, "kb:{%s}:p:0", topic);
+    long long len = raw_int(c, "XLEN %s", key);
+    assert_true(len >= 100 && len < 1000);
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    redisFree(c);
+}
+
+int main(void)
+{
+    if (kb_test_server_start(&server, "redis", NULL) != 0) {
+        fprintf(stderr, "cannot start redis-server\n");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(bad_urls_and_unreachable),
+        cmocka_unit_test(auth_required),
+        cmocka_unit_test(interop_plain_xadd_and_malformed),
+        cmocka_unit_test(pending_of_dead_consumer),
+        cmocka_unit_test(partition_count_mismatch),
+        cmocka_unit_test(flush_reports_refused_publishes),
+        cmocka_unit_test(dead_letter_and_replay),
+        cmocka_unit_test(stats_and_owner),
+        cmocka_unit_test(group_lost_on_server),
+        cmocka_unit_test(plain_reads),
+        cmocka_unit_test(maxlen_trims),
+    };
+    int failed = cmocka_run_group_tests_name("redis_basic", tests, NULL, NULL);
+    kb_test_server_stop(&server);
+    return failed;
+}

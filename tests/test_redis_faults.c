@@ -1,0 +1,353 @@
+/* Redis transport under faults; each case ends with nothing lost and no
+ * per-key order violation (duplicates are counted and allowed):
+ *   - kill -9 of one of two consumer processes mid-stream;
+ *   - a consumer SIGSTOPped past its lease TTL, then resumed;
+ *   - redis-server killed and restarted mid-stream (AOF, appendfsync always);
+ *   - server down when kb_open runs, up later (kb_open fails; the app retries). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <keybus/keybus.h>
+
+#include "support/server.h"
+#include "support/tracker.h"
+
+#define TTL_MS 1000
+#define TTL_ARG "1000"
+#define KEYS 40
+#define PER_KEY 150
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static kb_bus *open_url(const char *url, char *err, size_t errlen)
+{
+    kb_conf *c = kb_conf_new();
+    assert_int_equal(kb_conf_set(c, "transport", url, err, errlen), KB_OK);
+    assert_int_equal(kb_conf_set(c, "redis.lease_ttl_ms", TTL_ARG, err, errlen), KB_OK);
+    assert_int_equal(kb_conf_set(c, "redis.reconnect_max_ms", "200", err, errlen), KB_OK);
+    assert_int_equal(kb_conf_set(c, "redis.connect_timeout_ms", "500", err, errlen), KB_OK);
+    assert_int_equal(kb_conf_set(c, "redis.read_timeout_ms", "1000", err, errlen), KB_OK);
+    assert_int_equal(kb_conf_set(c, "consumer", "fault-test", err, errlen), KB_OK);
+    kb_bus *b = kb_open(c, err, errlen);
+    if (b == NULL)
+        kb_conf_destroy(c);
+    return b;
+}
+
+/* Publish seq first..last for every key; a batch whose publish or flush fails
+ * is published again (at least once: duplicates, never gaps). */
+static void publish_range(kb_bus *b, const char *topic, uint32_t first, uint32_t last, int pause_ms)
+{
+    for (uint32_t s = first; s <= last; s++) {
+        for (int tries = 0;; tries++) {
+            assert_true(tries < 200);
+            int rc = KB_OK;
+            for (uint32_t k = 0; k < KEYS && rc == KB_OK; k++)
+                rc = kb_tracker_publish(b, topic, k, s, 16);
+            if (rc == KB_OK)
+                rc = kb_flush(b, 2000);
+            if (rc == KB_OK)
+                break;
+            usleep(100000);
+        }
+        if (pause_ms > 0)
+            usleep((useconds_t)pause_ms * 1000);
+    }
+}
+
+/* ---- log of handled events, shared by the consumer processes ---- */
+
+struct verdict {
+    uint64_t distinct, duplicates, violations;
+};
+
+static struct verdict check_log(const char *path)
+{
+    struct verdict v = {0, 0, 0};
+    uint32_t last[KEYS] = {0};
+    FILE *f = fopen(path, "r");
+    unsigned k, s, line = 0;
+    while (f != NULL && fscanf(f, "%u %u", &k, &s) == 2) {
+        line++;
+        if (k < KEYS && s == last[k] + 1)
+            last[k] = s;
+        else if (k < KEYS && s <= last[k])
+            v.duplicates++;
+        else if (v.violations++ < 3 && getenv("KB_TEST_VERBOSE") != NULL)
+            fprintf(stderr, "  line %u: key %u seq %u after %u\n", line, k, s,
+                    k < KEYS ? last[k] : 0);
+    }
+    if (f != NULL)
+        fclose(f);
+    for (int i = 0; i < KEYS; i++)
+        v.distinct += last[i];
+    return v;
+}
+
+static struct verdict wait_log(const char *path, uint64_t n)
+{
+    struct verdict v = check_log(path);
+    for (int i = 0; i < 3000 && v.distinct < n && v.violations == 0; i++) {
+        usleep(10000);
+        v = check_log(path);
+    }
+    return v;
+}
+
+static pid_t spawn_consumer(const char *url, const char *topic, const char *name, const char *log)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl(KB_CONSUMER_PROC, KB_CONSUMER_PROC, url, topic, name, log, TTL_ARG, "300",
+              (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Owners of the 8 partitions: how many each of a and b hold. */
+static void owners(kb_bus *b, const char *topic, int *a, int *bb)
+{
+    *a = *bb = 0;
+    for (uint32_t i = 0; i < 8; i++) {
+        kb_partition_stats ps;
+        if (kb_partition_stats_get(b, topic, i, &ps) != KB_OK)
+            continue;
+        *a += strcmp(ps.owner, "cons-a") == 0;
+        *bb += strcmp(ps.owner, "cons-b") == 0;
+    }
+}
+
+/* Two consumer processes sharing the topic, both owning partitions. */
+struct pair {
+    kb_test_server server;
+    kb_bus *producer;
+    char topic[64], log[300];
+    pid_t a, b;
+};
+
+static void pair_start(struct pair *p, const char *name)
+{
+    assert_int_equal(kb_test_server_start(&p->server, "redis", NULL), 0);
+    snprintf(p->topic, sizeof p->topic, "fault.%s.%d", name, (int)getpid());
+    snprintf(p->log, sizeof p->log, "%s/handled.log", p->server.dir);
+    char err[256];
+    p->producer = open_url(p->server.url, err, sizeof err);
+    if (p->producer == NULL)
+        fail_msg("kb_open: %s", err);
+    p->a = spawn_consumer(p->server.url, p->topic, "cons-a", p->log);
+    p->b = spawn_consumer(p->server.url, p->topic, "cons-b", p->log);
+    int na = 0, nb = 0;
+    for (int i = 0; i < 1000 && (na == 0 || nb == 0 || na + nb < 8); i++) {
+        usleep(10000);
+        owners(p->producer, p->topic, &na, &nb);
+    }
+    if (na == 0 || nb == 0 || na + nb != 8)
+        fail_msg("partitions not shared: cons-a %d, cons-b %d", na, nb);
+}
+
+static struct pair cur;        /* the running case's processes, for teardown */
+static kb_test_server srv;
+
+/* A failed assertion must not leave servers or consumers running (they would
+ * also hold ctest's output pipes open until its timeout). */
+static int teardown(void **state)
+{
+    (void)state;
+    pid_t *pids[] = {&cur.a, &cur.b};
+    for (int i = 0; i < 2; i++)
+        if (*pids[i] > 0) {
+            kill(*pids[i], SIGKILL);
+            waitpid(*pids[i], NULL, 0);
+            *pids[i] = 0;
+        }
+    if (cur.producer != NULL)
+        kb_close(cur.producer, 1000);
+    cur.producer = NULL;
+    kb_test_server_stop(&cur.server);
+    kb_test_server_stop(&srv);
+    return 0;
+}
+
+static void pair_stop(struct pair *p, struct verdict *v)
+{
+    *v = wait_log(p->log, (uint64_t)KEYS * PER_KEY);
+    kb_topic_stats st;
+    assert_int_equal(kb_stats(p->producer, p->topic, &st), KB_OK);
+    fprintf(stderr, "  dead letters %llu, pending %llu\n", (unsigned long long)st.dlq_length,
+            (unsigned long long)st.broker_pending);
+    for (int i = 0; i < 2; i++) {
+        pid_t pid = i == 0 ? p->a : p->b;
+        if (pid > 0) {
+            kill(pid, SIGTERM);
+            int status;
+            waitpid(pid, &status, 0);
+        }
+    }
+    p->a = p->b = 0;
+    assert_int_equal(kb_close(p->producer, 5000), KB_OK);
+    p->producer = NULL;
+    kb_test_server_stop(&p->server);
+    fprintf(stderr, "  distinct %llu, duplicates %llu, order violations %llu\n",
+            (unsigned long long)v->distinct, (unsigned long long)v->duplicates,
+            (unsigned long long)v->violations);
+}
+
+static void kill9_consumer_failover(void **state)
+{
+    (void)state;
+    pair_start(&cur, "kill9");
+    publish_range(cur.producer, cur.topic, 1, PER_KEY / 2, 2);
+    /* mid-stream: consumers are busy (300 us per event) */
+    kill(cur.a, SIGKILL);
+    waitpid(cur.a, NULL, 0);
+    cur.a = 0;
+    int64_t killed = now_ms();
+    int na = 8, nb = 0;
+    while (nb < 8 && now_ms() - killed < TTL_MS + 3000) {
+        usleep(20000);
+        owners(cur.producer, cur.topic, &na, &nb);
+    }
+    int64_t took = now_ms() - killed;
+    fprintf(stderr, "  cons-b owned all partitions %lld ms after kill -9 (TTL %d ms)\n",
+            (long long)took, TTL_MS);
+    assert_int_equal(nb, 8);
+    assert_true(took <= TTL_MS + 1000);
+    publish_range(cur.producer, cur.topic, PER_KEY / 2 + 1, PER_KEY, 0);
+    struct verdict v;
+    pair_stop(&cur, &v);
+    assert_int_equal(v.violations, 0);
+    assert_int_equal(v.distinct, (uint64_t)KEYS * PER_KEY);
+}
+
+static void sigstop_past_lease(void **state)
+{
+    (void)state;
+    pair_start(&cur, "sigstop");
+    publish_range(cur.producer, cur.topic, 1, PER_KEY / 3, 2);
+    kill(cur.a, SIGSTOP);
+    int64_t stopped = now_ms();
+    publish_range(cur.producer, cur.topic, PER_KEY / 3 + 1, 2 * PER_KEY / 3, 0);
+    int na = 8, nb = 0;
+    while (nb < 8 && now_ms() - stopped < TTL_MS + 3000) {
+        usleep(20000);
+        owners(cur.producer, cur.topic, &na, &nb);
+    }
+    assert_int_equal(nb, 8);   /* cons-b took over from the paused process */
+    usleep(TTL_MS * 1000);
+    kill(cur.a, SIGCONT);        /* it finds its leases gone: no acks, no deliveries */
+    publish_range(cur.producer, cur.topic, 2 * PER_KEY / 3 + 1, PER_KEY, 2);
+    /* and it gets its share back through a clean hand-over */
+    for (int i = 0; i < 1000 && (na == 0 || na + nb != 8); i++) {
+        usleep(10000);
+        owners(cur.producer, cur.topic, &na, &nb);
+    }
+    assert_true(na > 0 && na + nb == 8);
+    struct verdict v;
+    pair_stop(&cur, &v);
+    assert_int_equal(v.violations, 0);
+    assert_int_equal(v.distinct, (uint64_t)KEYS * PER_KEY);
+}
+
+/* ---- server faults, one process ---- */
+
+static int slow_tracker(const kb_event *ev, void *opaque)
+{
+    usleep(50);
+    return kb_tracker_handler(ev, opaque);
+}
+
+static void wait_tracker(kb_tracker *t, uint64_t n)
+{
+    for (int i = 0; i < 3000 && kb_tracker_distinct(t) < n; i++)
+        usleep(10000);
+}
+
+static void server_killed_and_restarted(void **state)
+{
+    (void)state;
+    const char *extra[] = {"--appendonly", "yes", "--appendfsync", "always", NULL};
+    assert_int_equal(kb_test_server_start(&srv, "redis", extra), 0);
+    char err[256], topic[64];
+    snprintf(topic, sizeof topic, "fault.restart.%d", (int)getpid());
+    kb_bus *b = open_url(srv.url, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    kb_tracker t;
+    kb_tracker_init(&t, KEYS);
+    assert_int_equal(kb_subscribe(b, topic, slow_tracker, &t), KB_OK);
+    publish_range(b, topic, 1, PER_KEY / 2, 1);
+    kb_test_server_signal(&srv, SIGKILL);
+    usleep(300000);
+    assert_int_equal(kb_test_server_restart(&srv), 0);
+    publish_range(b, topic, PER_KEY / 2 + 1, PER_KEY, 1);
+    wait_tracker(&t, (uint64_t)KEYS * PER_KEY);
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    fprintf(stderr, "  distinct %llu, duplicates %llu, order violations %llu\n",
+            (unsigned long long)kb_tracker_distinct(&t), (unsigned long long)t.duplicates,
+            (unsigned long long)t.order_violations);
+    assert_int_equal(kb_tracker_distinct(&t), (uint64_t)KEYS * PER_KEY);
+    assert_int_equal(t.order_violations, 0);
+    assert_int_equal(t.concurrent, 0);
+    kb_tracker_destroy(&t);
+    kb_test_server_stop(&srv);
+}
+
+static void server_down_at_start(void **state)
+{
+    (void)state;
+    assert_int_equal(kb_test_server_start(&srv, "redis", NULL), 0);
+    kb_test_server_signal(&srv, SIGKILL);   /* keeps its port and dir */
+    char err[256], where[32], topic[64];
+    snprintf(where, sizeof where, "127.0.0.1:%d", srv.port);
+    snprintf(topic, sizeof topic, "fault.down.%d", (int)getpid());
+    kb_bus *b = open_url(srv.url, err, sizeof err);
+    assert_null(b);
+    assert_non_null(strstr(err, where));
+    assert_int_equal(kb_test_server_restart(&srv), 0);
+    /* the documented way: kb_open fails fast, the application retries */
+    for (int i = 0; i < 50 && b == NULL; i++) {
+        b = open_url(srv.url, err, sizeof err);
+        if (b == NULL)
+            usleep(100000);
+    }
+    assert_non_null(b);
+    kb_tracker t;
+    kb_tracker_init(&t, KEYS);
+    assert_int_equal(kb_subscribe(b, topic, kb_tracker_handler, &t), KB_OK);
+    publish_range(b, topic, 1, 10, 0);
+    wait_tracker(&t, (uint64_t)KEYS * 10);
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    assert_int_equal(kb_tracker_distinct(&t), (uint64_t)KEYS * 10);
+    assert_int_equal(t.order_violations, 0);
+    kb_tracker_destroy(&t);
+    kb_test_server_stop(&srv);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(kill9_consumer_failover, teardown),
+        cmocka_unit_test_teardown(sigstop_past_lease, teardown),
+        cmocka_unit_test_teardown(server_killed_and_restarted, teardown),
+        cmocka_unit_test_teardown(server_down_at_start, teardown),
+    };
+    return cmocka_run_group_tests_name("redis_faults", tests, NULL, NULL);
+}

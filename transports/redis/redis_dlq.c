@@ -1,0 +1,297 @@
+/* Dead letters: queued for the keeper, stored with a fenced XADD+XACK into
+ * kb:{topic}:dlq, listed and replayed to their partition. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <keybus/pool.h>
+
+#include "../../core/err.h"
+#include "../../core/sync.h"
+#include "redis_int.h"
+
+/* The original fields, plus these, in every dead-letter entry. */
+#define F_PART "partition"
+#define F_ID "orig_id"
+#define F_ATTEMPTS "attempts"
+#define F_REASON "reason"
+
+/* Stored only while our lease holds, and the entry is acked in the same step. */
+static const char DEAD_LUA[] =
+    "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
+    "redis.call('xadd',KEYS[3],'*',unpack(ARGV,4)) "
+    "return redis.call('xack',KEYS[2],ARGV[2],ARGV[3])";
+
+void kb__redis_job_push(kb_redis_part *p, const char *id, char *dead)
+{
+    pthread_mutex_lock(&p->lock);
+    if (p->jobs.n == p->jobs.cap) {
+        size_t cap = p->jobs.cap ? p->jobs.cap * 2 : 256;
+        kb_redis_job *v = realloc(p->jobs.v, cap * sizeof *v);
+        if (v == NULL) {
+            pthread_mutex_unlock(&p->lock);
+            free(dead);   /* unacked: redelivered after a failover or restart */
+            return;
+        }
+        p->jobs.v = v;
+        p->jobs.cap = cap;
+    }
+    kb_redis_job *j = &p->jobs.v[p->jobs.n++];
+    snprintf(j->id, sizeof j->id, "%s", id);
+    j->dead = dead;
+    j->again = false;
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* Packed fields: uint32 count of strings, then per string uint32 length + bytes. */
+typedef struct packer {
+    char *buf;
+    size_t len, cap;
+    uint32_t count;
+    bool oom;
+} packer;
+
+static void put(packer *pk, const void *s, size_t n)
+{
+    if (pk->oom)
+        return;
+    if (pk->len + 4 + n > pk->cap) {
+        size_t cap = (pk->len + 4 + n) * 2 + 64;
+        char *b = realloc(pk->buf, cap);
+        if (b == NULL) {
+            pk->oom = true;
+            return;
+        }
+        pk->buf = b;
+        pk->cap = cap;
+    }
+    uint32_t l = (uint32_t)n;
+    memcpy(pk->buf + pk->len, &l, 4);
+    if (n > 0)
+        memcpy(pk->buf + pk->len + 4, s, n);
+    pk->len += 4 + n;
+    pk->count++;
+}
+
+static void put_str(packer *pk, const char *s)
+{
+    put(pk, s, strlen(s));
+}
+
+static char *finish(packer *pk, uint32_t partition, const char *id, uint32_t attempts,
+                    const char *reason)
+{
+    char num[2][16];
+    snprintf(num[0], sizeof num[0], "%u", partition);
+    snprintf(num[1], sizeof num[1], "%u", attempts);
+    put_str(pk, F_PART), put_str(pk, num[0]);
+    put_str(pk, F_ID), put_str(pk, id);
+    put_str(pk, F_ATTEMPTS), put_str(pk, num[1]);
+    put_str(pk, F_REASON), put_str(pk, reason);
+    char *out = pk->oom ? NULL : malloc(pk->len + 4);
+    if (out != NULL) {
+        memcpy(out, &pk->count, 4);
+        memcpy(out + 4, pk->buf, pk->len);
+    }
+    free(pk->buf);
+    return out;
+}
+
+char *kb__redis_dead_pack(const void *key, size_t key_len, const void *payload, size_t payload_len,
+                          uint32_t partition, const char *id, uint32_t attempts, const char *reason)
+{
+    packer pk = {0};
+    put_str(&pk, "k"), put(&pk, key, key_len);
+    put_str(&pk, "d"), put(&pk, payload, payload_len);
+    return finish(&pk, partition, id, attempts, reason);
+}
+
+char *kb__redis_dead_pack_raw(const redisReply *fields, uint32_t partition, const char *id,
+                              uint32_t attempts, const char *reason)
+{
+    packer pk = {0};
+    for (size_t i = 0; fields != NULL && fields->type == REDIS_REPLY_ARRAY &&
+                       i + 1 < fields->elements; i += 2) {
+        const redisReply *f = fields->element[i], *v = fields->element[i + 1];
+        if (f->type == REDIS_REPLY_STRING && v->type == REDIS_REPLY_STRING)
+            put(&pk, f->str, f->len), put(&pk, v->str, v->len);
+    }
+    return finish(&pk, partition, id, attempts, reason);
+}
+
+int kb__redis_dead_append(redisContext *c, struct kb_transport *t, kb_redis_topic *rt,
+                          kb_redis_part *p, const kb_redis_job *j)
+{
+    uint32_t n;
+    memcpy(&n, j->dead, 4);
+    size_t argc = 9 + n;
+    const char **argv = malloc(argc * sizeof *argv);
+    size_t *lens = malloc(argc * sizeof *lens);
+    if (argv == NULL || lens == NULL) {
+        free(argv);
+        free(lens);
+        return 0;   /* dropped: the entry stays pending and comes back */
+    }
+    const char *head[] = {"EVAL", DEAD_LUA, "3", p->lease, p->stream, rt->dlq, t->token,
+                          t->group, j->id};
+    for (size_t i = 0; i < 9; i++)
+        argv[i] = head[i], lens[i] = strlen(head[i]);
+    const char *at = j->dead + 4;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t l;
+        memcpy(&l, at, 4);
+        argv[9 + i] = at + 4;
+        lens[9 + i] = l;
+        at += 4 + l;
+    }
+    redisAppendCommandArgv(c, (int)argc, argv, lens);
+    free(argv);
+    free(lens);
+    return 1;
+}
+
+/* ---- listing and replay (application threads, control connection) ---- */
+
+static const redisReply *field(const redisReply *fields, const char *name)
+{
+    for (size_t i = 0; fields->type == REDIS_REPLY_ARRAY && i + 1 < fields->elements; i += 2) {
+        const redisReply *f = fields->element[i], *v = fields->element[i + 1];
+        if (f->type == REDIS_REPLY_STRING && v->type == REDIS_REPLY_STRING &&
+            strcmp(f->str, name) == 0)
+            return v;
+    }
+    return NULL;
+}
+
+static redisReply *ctl_cmd(struct kb_transport *t, int argc, const char **argv)
+{
+    pthread_mutex_lock(&t->ctl_lock);
+    redisReply *r = kb__redis_cmd(&t->ctl, argc, argv, NULL);
+    pthread_mutex_unlock(&t->ctl_lock);
+    if (r == NULL)
+        kb__errf(NULL, 0, "redis: %s is unreachable", t->where);
+    else if (r->type == REDIS_REPLY_ERROR)
+        kb__errf(NULL, 0, "redis %s: %s", argv[0], r->str);
+    return r;
+}
+
+int kb__redis_dead_letters(kb_transport *t, const char *topic, const char *after_id, size_t max,
+                           kb_dead_letter_fn fn, void *opaque)
+{
+    /* read your own dead letters: wait (bounded) for the keeper to store them */
+    for (int i = 0; i < 500 && atomic_load(&t->dead_queued) > 0; i++) {
+        kb__redis_keeper_wake(t);
+        struct timespec nap = {0, 10 * 1000000L};
+        nanosleep(&nap, NULL);
+    }
+    char dlq[300], start[KB_REDIS_ID_MAX + 1], count[24];
+    snprintf(dlq, sizeof dlq, "kb:{%s}:dlq", topic);
+    if (after_id != NULL && after_id[0] != '\0')
+        snprintf(start, sizeof start, "(%s", after_id);
+    else
+        snprintf(start, sizeof start, "-");
+    size_t seen = 0;
+    while (seen < max) {
+        size_t page = max - seen < 1000 ? max - seen : 1000;
+        snprintf(count, sizeof count, "%zu", page);
+        const char *argv[] = {"XRANGE", dlq, start, "+", "COUNT", count};
+        redisReply *r = ctl_cmd(t, 6, argv);
+        if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
+            freeReplyObject(r);
+            return KB_ETRANSPORT;
+        }
+        bool stop = r->elements < page;
+        for (size_t i = 0; !stop || i < r->elements; i++) {
+            if (i >= r->elements)
+                break;
+            const redisReply *e = r->element[i];
+            if (e->type != REDIS_REPLY_ARRAY || e->elements < 2)
+                continue;
+            const redisReply *f = e->element[1];
+            const redisReply *k = field(f, "k"), *d = field(f, "d"), *p = field(f, F_PART),
+                             *oid = field(f, F_ID), *n = field(f, F_ATTEMPTS),
+                             *why = field(f, F_REASON);
+            kb_dead_letter dl = {
+                .id = e->element[0]->str,
+                .key = k ? k->str : "", .key_len = k ? k->len : 0,
+                .payload = d ? d->str : "", .payload_len = d ? d->len : 0,
+                .partition = p ? (uint32_t)strtoul(p->str, NULL, 10) : 0,
+                .original_id = oid ? oid->str : "",
+                .attempts = n ? (uint32_t)strtoul(n->str, NULL, 10) : 0,
+                .reason = why ? why->str : "",
+            };
+            seen++;
+            snprintf(start, sizeof start, "(%s", dl.id);
+            if (fn(&dl, opaque) != 0) {
+                freeReplyObject(r);
+                return KB_OK;
+            }
+        }
+        freeReplyObject(r);
+        if (stop)
+            break;
+    }
+    return KB_OK;
+}
+
+int kb__redis_dead_letter_replay(kb_transport *t, const char *topic, const char *id)
+{
+    char dlq[300], stream[300];
+    snprintf(dlq, sizeof dlq, "kb:{%s}:dlq", topic);
+    const char *range[] = {"XRANGE", dlq, id, id};
+    redisReply *r = ctl_cmd(t, 4, range);
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
+        freeReplyObject(r);
+        return KB_ETRANSPORT;
+    }
+    if (r->elements == 0 || r->element[0]->type != REDIS_REPLY_ARRAY ||
+        r->element[0]->elements < 2) {
+        freeReplyObject(r);
+        kb__errf(NULL, 0, "redis: no dead letter %s in %s", id, dlq);
+        return KB_ENOTFOUND;
+    }
+    const redisReply *f = r->element[0]->element[1];
+    const redisReply *k = field(f, "k"), *d = field(f, "d");
+    if (k == NULL || k->len == 0 || d == NULL) {
+        freeReplyObject(r);
+        kb__errf(NULL, 0, "redis: dead letter %s in %s has no key or payload; not replayable",
+                 id, dlq);
+        return KB_EINVAL;
+    }
+    snprintf(stream, sizeof stream, "kb:{%s}:p:%u", topic,
+             kb_fnv1a32(k->str, k->len) % t->partitions);
+    /* One transaction: the entry is back in its partition and gone from the DLQ. */
+    pthread_mutex_lock(&t->ctl_lock);
+    redisContext *c = kb__redis_conn_get(&t->ctl, NULL, 0);
+    int rc = KB_ETRANSPORT;
+    if (c != NULL) {
+        const char *xadd[] = {"XADD", stream, "*", "k", k->str, "d", d->str, "a", "1"};
+        size_t lens[] = {4, strlen(stream), 1, 1, k->len, 1, d->len, 1, 1};
+        redisAppendCommand(c, "MULTI");
+        redisAppendCommandArgv(c, 9, xadd, lens);
+        redisAppendCommand(c, "XDEL %s %s", dlq, id);
+        redisAppendCommand(c, "EXEC");
+        rc = KB_OK;
+        for (int i = 0; i < 4; i++) {
+            redisReply *x = NULL;
+            if (redisGetReply(c, (void **)&x) != REDIS_OK) {
+                kb__errf(NULL, 0, "redis: replay of %s: %s", id, c->errstr);
+                kb__redis_conn_fail(&t->ctl, c->errstr);
+                rc = KB_ETRANSPORT;
+                break;
+            }
+            if (i == 3 && x->type != REDIS_REPLY_ARRAY) {
+                kb__errf(NULL, 0, "redis: replay of %s failed: %s", id,
+                         x->type == REDIS_REPLY_ERROR ? x->str : "transaction aborted");
+                rc = KB_ETRANSPORT;
+            }
+            freeReplyObject(x);
+        }
+    } else {
+        kb__errf(NULL, 0, "redis: %s is unreachable", t->where);
+    }
+    pthread_mutex_unlock(&t->ctl_lock);
+    freeReplyObject(r);
+    return rc;
+}

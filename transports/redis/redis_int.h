@@ -1,0 +1,193 @@
+/* Redis Streams transport: shared state of its files.
+ *
+ * Threads and connections (a blocking read never shares a connection):
+ *   - publishers: one pipelined connection under pub_lock (redis.c);
+ *   - one consumer thread per subscribed topic, own connection (redis_consume.c);
+ *   - one keeper thread: heartbeats, leases, batched fenced XACKs, dead letters
+ *     (redis_lease.c, redis_dlq.c);
+ *   - application calls that need an answer (subscribe, stats, DLQ listing):
+ *     the control connection under ctl_lock. */
+#ifndef KB_REDIS_INT_H
+#define KB_REDIS_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <hiredis/hiredis.h>
+
+#include <keybus/transport.h>
+
+#define KB_REDIS_ID_MAX 48      /* "ms-seq" of two 64-bit numbers, NUL included */
+
+/* Where to connect; the password never reaches a log line or an errstr. */
+typedef struct kb_redis_addr {
+    char host[256];
+    int port;
+    char user[128];
+    char pass[256];
+    int db;
+} kb_redis_addr;
+
+/* One connection with reconnect backoff. Not thread-safe: its owner locks. */
+typedef struct kb_redis_conn {
+    const struct kb_transport *t;
+    const char *name;             /* "publish", "consumer", ... for log lines */
+    redisContext *c;              /* NULL while down */
+    int failures;                 /* consecutive failed connects */
+    int64_t next_try_ns;          /* backoff: no connect before this */
+    bool was_down;                /* log "reconnected" once it is back */
+} kb_redis_conn;
+
+/* An ack or a dead letter waiting for the keeper. */
+typedef struct kb_redis_job {
+    char id[KB_REDIS_ID_MAX];
+    char *dead;                   /* NULL: ack. Else malloc'd dead-letter fields (see dlq) */
+    bool again;                   /* keeper: the server refused it for now (LOADING...) */
+} kb_redis_job;
+
+typedef struct kb_redis_jobs {
+    kb_redis_job *v;
+    size_t n, cap;
+} kb_redis_jobs;
+
+enum { KB_PART_FREE, KB_PART_OWNED, KB_PART_DRAINING };
+
+/* A partition of a subscribed topic, as this process sees it. */
+typedef struct kb_redis_part {
+    _Atomic int state;            /* KB_PART_* (keeper writes) */
+    _Atomic int64_t deadline_ns;  /* lease valid locally until then (monotonic) */
+    _Atomic uint32_t epoch;       /* bumped on each acquisition: consumer re-sweeps */
+    _Atomic int64_t inflight;     /* delivered, not yet acked / dead / released */
+    int64_t renewed_ns;           /* keeper only: last successful renew */
+    pthread_mutex_t lock;         /* guards jobs */
+    kb_redis_jobs jobs;
+    kb_redis_jobs sending;        /* keeper only: taken from jobs, not yet confirmed */
+    char stream[300];             /* kb:{topic}:p:N */
+    char lease[300];              /* kb:{topic}:lease:N */
+} kb_redis_part;
+
+/* A subscribed topic. Linked into t->topics (push-only until close). */
+typedef struct kb_redis_topic {
+    struct kb_redis_topic *next;
+    struct kb_transport *t;
+    char *name;
+    kb_sink *sink;
+    uint32_t nparts;
+    kb_redis_part *parts;
+    char dlq[300];                /* kb:{topic}:dlq */
+    char members[300];            /* kb:{topic}:members */
+    pthread_t thread;
+    kb_redis_conn conn;           /* the consumer's own */
+} kb_redis_topic;
+
+/* A topic published to: metadata checked once, count of accepted publishes. */
+typedef struct kb_redis_pubtopic {
+    struct kb_redis_pubtopic *next;
+    char *name;
+    int meta_rc;                  /* KB_OK or why publishing is refused */
+    _Atomic uint64_t published;
+} kb_redis_pubtopic;
+
+struct kb_transport {
+    kb_bus *bus;
+    kb_redis_addr addr;
+    char where[300];              /* "host:port" for messages */
+    /* configuration */
+    uint32_t partitions;
+    char group[129];
+    char consumer[129];
+    char token[160];              /* lease value: consumer + '#' + per-process nonce */
+    int connect_timeout_ms, read_timeout_ms, block_ms, batch;
+    int64_t maxlen;
+    int lease_ttl_ms;
+    bool fenced_reads;            /* reads run in a lease-checking script (redis.fenced_reads) */
+    int backoff_min_ms, backoff_max_ms;
+    uint32_t max_attempts;
+
+    /* publishing */
+    pthread_mutex_t pub_lock;
+    kb_redis_conn pub;
+    uint64_t pub_inflight;        /* sent or buffered, reply not read */
+    uint64_t pub_failed;          /* failed since the last flush */
+    char pub_error[512];
+    kb_redis_pubtopic *pubtopics;
+    _Atomic bool pub_dirty;       /* buffered bytes the keeper should send */
+
+    /* control */
+    pthread_mutex_t ctl_lock;
+    kb_redis_conn ctl;
+
+    /* subscribed topics and the keeper */
+    _Atomic(kb_redis_topic *) topics;
+    pthread_mutex_t keeper_lock;
+    pthread_cond_t keeper_cond;
+    _Atomic uint64_t jobs_queued; /* acks / dead letters waiting for the keeper */
+    _Atomic uint64_t dead_queued; /* dead letters not yet stored or dropped */
+    _Atomic uint64_t fenced;      /* acks / dead letters refused: lease lost */
+    _Atomic bool consumers_stop, keeper_stop;
+    _Atomic bool duties_now;      /* a new topic: take its leases without waiting a tick */
+    bool keeper_started;
+    pthread_t keeper;
+    kb_redis_conn kc;
+    bool jobs_unsent;             /* keeper only: `sending` left over after a failure */
+};
+
+/* redis_conn.c */
+int kb__redis_parse_url(const char *url, kb_redis_addr *a, char *errstr, size_t errlen);
+void kb__redis_conn_init(kb_redis_conn *k, const struct kb_transport *t, const char *name);
+/* Connected context, or NULL (errstr says why) while down or backing off. */
+redisContext *kb__redis_conn_get(kb_redis_conn *k, char *errstr, size_t errlen);
+/* Connect now, ignoring the backoff (kb_open, after a wait). */
+redisContext *kb__redis_conn_force(kb_redis_conn *k, char *errstr, size_t errlen);
+/* Drop a broken context; the next get reconnects after a backoff. */
+void kb__redis_conn_fail(kb_redis_conn *k, const char *why);
+void kb__redis_conn_close(kb_redis_conn *k);
+/* Sleep up to ms, waking early when *stop becomes true. */
+void kb__redis_nap(_Atomic bool *stop, int ms);
+/* Blocking command on a connection; NULL reply drops the connection. */
+redisReply *kb__redis_cmd(kb_redis_conn *k, int argc, const char **argv, const size_t *lens);
+int64_t kb__redis_wall_ms(void);
+
+/* redis.c */
+int kb__redis_check_meta(struct kb_transport *t, const char *topic);
+void kb__redis_pub_pump(struct kb_transport *t, bool wait_all, int64_t deadline_ns);
+void kb__redis_keeper_wake(struct kb_transport *t);
+
+/* redis_consume.c */
+void *kb__redis_consume_main(void *arg);
+/* XGROUP CREATE ... 0 MKSTREAM on every partition (BUSYGROUP is fine). */
+int kb__redis_create_groups(kb_redis_conn *k, kb_redis_topic *rt, char *errstr, size_t errlen);
+
+/* redis_lease.c */
+void *kb__redis_keeper_main(void *arg);
+/* May the consumer hand an entry of this partition to the pool now? */
+bool kb__redis_part_live(const kb_redis_part *p);
+/* Compare stream IDs "ms-seq" numerically. */
+int kb__redis_id_cmp(const char *a, const char *b);
+
+/* redis_dlq.c */
+void kb__redis_job_push(kb_redis_part *p, const char *id, char *dead);
+/* Fields of a dead letter packed for the keeper (see redis_dlq.c). */
+char *kb__redis_dead_pack(const void *key, size_t key_len, const void *payload, size_t payload_len,
+                          uint32_t partition, const char *id, uint32_t attempts, const char *reason);
+/* Same for an entry as read (`fields`: the field/value array, or NULL). */
+char *kb__redis_dead_pack_raw(const redisReply *fields, uint32_t partition, const char *id,
+                              uint32_t attempts, const char *reason);
+/* Append the fenced XADD+XACK script for one dead letter; returns commands appended. */
+int kb__redis_dead_append(redisContext *c, struct kb_transport *t, kb_redis_topic *rt,
+                          kb_redis_part *p, const kb_redis_job *j);
+int kb__redis_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason);
+int kb__redis_dead_letters(kb_transport *t, const char *topic, const char *after_id, size_t max,
+                           kb_dead_letter_fn fn, void *opaque);
+int kb__redis_dead_letter_replay(kb_transport *t, const char *topic, const char *id);
+
+/* redis_stats.c */
+int kb__redis_stats(kb_transport *t, const char *topic, kb_topic_stats *out);
+int kb__redis_partition_stats(kb_transport *t, const char *topic, uint32_t partition,
+                              kb_partition_stats *out);
+
+kb_redis_topic *kb__redis_topic_find(struct kb_transport *t, const char *name);
+
+#endif /* KB_REDIS_INT_H */

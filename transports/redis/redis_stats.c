@@ -1,0 +1,148 @@
+/* Broker figures: XLEN, XINFO GROUPS (pending, lag, consumers) per partition,
+ * the DLQ length and the lease holder. Each call costs one pipelined round trip. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../core/err.h"
+#include "redis_int.h"
+
+typedef struct group_info {
+    uint64_t pending, lag, consumers;
+} group_info;
+
+static const redisReply *map_get(const redisReply *m, const char *name)
+{
+    for (size_t i = 0; m->type == REDIS_REPLY_ARRAY && i + 1 < m->elements; i += 2)
+        if (m->element[i]->type == REDIS_REPLY_STRING && strcmp(m->element[i]->str, name) == 0)
+            return m->element[i + 1];
+    return NULL;
+}
+
+static uint64_t int_of(const redisReply *r)
+{
+    return r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer > 0 ? (uint64_t)r->integer : 0;
+}
+
+/* Our group's row of an XINFO GROUPS reply (an error reply: no stream yet). */
+static group_info group_of(const struct kb_transport *t, const redisReply *groups, uint64_t length)
+{
+    group_info g = {0, 0, 0};
+    for (size_t i = 0; groups->type == REDIS_REPLY_ARRAY && i < groups->elements; i++) {
+        const redisReply *row = groups->element[i], *name = map_get(row, "name");
+        if (name == NULL || name->type != REDIS_REPLY_STRING || strcmp(name->str, t->group) != 0)
+            continue;
+        g.pending = int_of(map_get(row, "pending"));
+        g.consumers = int_of(map_get(row, "consumers"));
+        const redisReply *lag = map_get(row, "lag"), *read = map_get(row, "entries-read");
+        if (lag != NULL && lag->type == REDIS_REPLY_INTEGER)
+            g.lag = int_of(lag);
+        else if (read != NULL && read->type == REDIS_REPLY_INTEGER)   /* lag unknown after deletions */
+            g.lag = length > int_of(read) ? length - int_of(read) : 0;
+        else
+            g.lag = length;
+    }
+    return g;
+}
+
+/* Run `n` appended commands on the control connection; replies in r[]. */
+static int ctl_run(struct kb_transport *t, redisContext *c, redisReply **r, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (redisGetReply(c, (void **)&r[i]) != REDIS_OK) {
+            kb__errf(NULL, 0, "redis: stats from %s: %s", t->where, c->errstr);
+            kb__redis_conn_fail(&t->ctl, c->errstr);
+            for (size_t j = 0; j < i; j++)
+                freeReplyObject(r[j]);
+            return KB_ETRANSPORT;
+        }
+    return KB_OK;
+}
+
+int kb__redis_stats(kb_transport *t, const char *topic, kb_topic_stats *out)
+{
+    pthread_mutex_lock(&t->pub_lock);
+    for (kb_redis_pubtopic *pt = t->pubtopics; pt != NULL; pt = pt->next)
+        if (strcmp(pt->name, topic) == 0)
+            out->published = atomic_load_explicit(&pt->published, memory_order_relaxed);
+    pthread_mutex_unlock(&t->pub_lock);
+    kb_redis_topic *rt = kb__redis_topic_find(t, topic);
+    out->partitions = t->partitions;
+    for (uint32_t i = 0; rt != NULL && i < rt->nparts; i++)
+        out->partitions_owned += kb__redis_part_live(&rt->parts[i]);
+
+    size_t n = 2 + 2 * (size_t)t->partitions;
+    redisReply **r = calloc(n, sizeof *r);
+    if (r == NULL)
+        return KB_ENOMEM;
+    pthread_mutex_lock(&t->ctl_lock);
+    redisContext *c = kb__redis_conn_get(&t->ctl, NULL, 0);
+    int rc = KB_ETRANSPORT;
+    if (c != NULL) {
+        redisAppendCommand(c, "EXISTS kb:{%s}:meta", topic);
+        redisAppendCommand(c, "XLEN kb:{%s}:dlq", topic);
+        for (uint32_t i = 0; i < t->partitions; i++) {
+            redisAppendCommand(c, "XLEN kb:{%s}:p:%u", topic, i);
+            redisAppendCommand(c, "XINFO GROUPS kb:{%s}:p:%u", topic, i);
+        }
+        rc = ctl_run(t, c, r, n);
+    }
+    pthread_mutex_unlock(&t->ctl_lock);
+    if (rc == KB_OK) {
+        if (int_of(r[0]) == 0 && rt == NULL && out->published == 0) {
+            kb__errf(NULL, 0, "redis: topic %s unknown on %s", topic, t->where);
+            rc = KB_ENOTFOUND;
+        }
+        out->dlq_length = int_of(r[1]);
+        for (uint32_t i = 0; i < t->partitions; i++) {
+            uint64_t len = int_of(r[2 + 2 * i]);
+            group_info g = group_of(t, r[3 + 2 * i], len);
+            out->broker_length += len;
+            out->broker_pending += g.pending;
+            out->broker_lag += g.lag;
+        }
+        for (size_t i = 0; i < n; i++)
+            freeReplyObject(r[i]);
+    }
+    free(r);
+    return rc;
+}
+
+int kb__redis_partition_stats(kb_transport *t, const char *topic, uint32_t partition,
+                              kb_partition_stats *out)
+{
+    if (partition >= t->partitions) {
+        kb__errf(NULL, 0, "redis: partition %u out of range (partitions=%u)", partition,
+                 t->partitions);
+        return KB_ENOTFOUND;
+    }
+    out->partition = partition;
+    redisReply *r[3] = {NULL, NULL, NULL};
+    pthread_mutex_lock(&t->ctl_lock);
+    redisContext *c = kb__redis_conn_get(&t->ctl, NULL, 0);
+    int rc = KB_ETRANSPORT;
+    if (c != NULL) {
+        redisAppendCommand(c, "XLEN kb:{%s}:p:%u", topic, partition);
+        redisAppendCommand(c, "XINFO GROUPS kb:{%s}:p:%u", topic, partition);
+        redisAppendCommand(c, "GET kb:{%s}:lease:%u", topic, partition);
+        rc = ctl_run(t, c, r, 3);
+    }
+    pthread_mutex_unlock(&t->ctl_lock);
+    if (rc != KB_OK)
+        return rc;
+    out->length = int_of(r[0]);
+    group_info g = group_of(t, r[1], out->length);
+    out->pending = g.pending;
+    out->lag = g.lag;
+    out->consumers = (uint32_t)g.consumers;
+    if (r[2]->type == REDIS_REPLY_STRING) {
+        size_t len = strcspn(r[2]->str, "#");   /* token = consumer#nonce */
+        if (len >= sizeof out->owner)
+            len = sizeof out->owner - 1;
+        memcpy(out->owner, r[2]->str, len);
+        out->owner[len] = '\0';
+    }
+    for (int i = 0; i < 3; i++)
+        freeReplyObject(r[i]);
+    return KB_OK;
+}

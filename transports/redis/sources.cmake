@@ -1,0 +1,10 @@
+# Redis Streams transport (hiredis); included by the top CMakeLists when
+# KEYBUS_WITH_REDIS=ON.
+list(APPEND KB_SOURCES
+  transports/redis/redis.c transports/redis/redis_conf.c transports/redis/redis_conn.c
+  transports/redis/redis_consume.c transports/redis/redis_dlq.c
+  transports/redis/redis_lease.c transports/redis/redis_stats.c)
+pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
+list(APPEND KB_PRIVATE_LIBS PkgConfig::HIREDIS)
+list(APPEND KB_DEFINITIONS KB_WITH_REDIS)
+string(APPEND KB_PC_REQUIRES " hiredis")
