@@ -152,6 +152,10 @@ static bool handle_item(struct kb_executor *ex, struct kb_lane *lane, void *item
     kb_pool *p = lane->pool;
     uint32_t attempt = lane->attempt;
     int r = p->o.handle(item, attempt, p->o.opaque);
+    if (r == KB_POOL_SKIP) {
+        finish(p, lane, item, KB_ECLOSED, attempt);
+        return true;
+    }
     if (r == KB_HANDLED) {
         finish(p, lane, item, KB_HANDLED, attempt);   /* counted once settled */
         kb__counter_bump(&lane->handled);

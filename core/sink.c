@@ -79,6 +79,13 @@ int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
     kb_rec *r = item;
     struct kb_topic *topic = opaque;
     uint32_t total = r->first_attempt + attempt - 1;
+    const kb_transport_ops *ops = topic->bus->ops;
+    if (ops->still_owned != NULL) {
+        kb_delivery d;
+        delivery_of(r, total, &d);
+        if (!ops->still_owned(topic->bus->t, &d))
+            return KB_POOL_SKIP;   /* released unacked: the new owner handles it */
+    }
     kb_event ev = {
         .topic = topic->name,
         .key = kb__rec_key(r),

@@ -185,6 +185,26 @@ static void kb_dead_is_immediate(void **state)
     assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
 }
 
+/* KB_POOL_SKIP gives the item back unhandled (a lost broker lease). */
+static void skip_releases_without_counting(void **state)
+{
+    (void)state;
+    struct script s = {.fail_seq = 1, .fail_times = 100, .result_on_fail = KB_POOL_SKIP};
+    kb_pool *p = script_pool(&s, 5, 1000, 1000);
+    struct item items[] = {{'A', 1}, {'A', 2}};
+    submit_all(p, items, 2);
+    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    assert_int_equal(s.n, 2);
+    assert_int_equal(s.finished[0].outcome, KB_ECLOSED);
+    assert_int_equal(s.finished[1].outcome, KB_HANDLED);
+    kb_pool_stats st;
+    kb_pool_stats_get(p, &st);
+    assert_int_equal(st.handled, 1);
+    assert_int_equal(st.dead, 0);
+    assert_int_equal(st.retried, 0);
+    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+}
+
 /* Through the bus: retry.max_attempts counts deliveries; the handler sees them. */
 struct bus_script {
     _Atomic int calls;
@@ -283,6 +303,7 @@ int main(void)
         cmocka_unit_test(delayed_lane_does_not_stall_others),
         cmocka_unit_test(exhausted_retries_end_dead),
         cmocka_unit_test(kb_dead_is_immediate),
+        cmocka_unit_test(skip_releases_without_counting),
         cmocka_unit_test(bus_dead_letters_after_max_attempts),
         cmocka_unit_test(unstored_dead_letter_is_counted_and_logged),
     };

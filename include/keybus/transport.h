@@ -71,6 +71,10 @@ typedef struct kb_transport_ops {
     int  (*dead_letters)(kb_transport *t, const char *topic, const char *after_id, size_t max,
                          kb_dead_letter_fn fn, void *opaque);
     int  (*dead_letter_replay)(kb_transport *t, const char *topic, const char *id);
+    /* Optional: called on the executor just before the handler; 0 means this
+     * process no longer owns the delivery (lease lost), so it is released
+     * unhandled instead. Must be cheap: it runs once per event. */
+    int  (*still_owned)(kb_transport *t, const kb_delivery *d);
     /* Stop consuming: no kb_sink_deliver after it returns. Acks still flow. */
     void (*stop)(kb_transport *t);
     /* Send what is buffered (acks included), disconnect, free. */
