@@ -116,12 +116,6 @@ void kb_log(kb_bus *b, int level, const char *fmt, ...)
         fprintf(stderr, "keybus: %s\n", msg);
 }
 
-static uint32_t online_cpus(void)
-{
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (uint32_t)n : 1;
-}
-
 kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen)
 {
     if (c == NULL) {
@@ -163,7 +157,7 @@ kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen)
     b->topics = cds_lfht_new(16, 16, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, NULL);
     uint32_t threads = (uint32_t)kb_conf_int(c, "pool.threads");
     if (b->topics != NULL)
-        b->sched = kb__sched_new(threads ? threads : online_cpus(), errstr, errlen);
+        b->sched = kb__sched_new(threads ? threads : kb__online_cpus(), errstr, errlen);
     if (b->topics == NULL || b->sched == NULL) {
         if (b->topics == NULL)
             kb__errf(errstr, errlen, "kb_open: out of memory for the topic table");

@@ -49,7 +49,7 @@ void kb_pool_options_init(kb_pool_options *o)
     o->max_backoff_ms = 5000;
 }
 
-static uint32_t online_cpus(void)
+uint32_t kb__online_cpus(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (uint32_t)n : 1;
@@ -116,7 +116,7 @@ kb_pool *kb_pool_new(const kb_pool_options *o, char *errstr, size_t errlen)
     }
     if (check_options(o, errstr, errlen) != KB_OK)
         return NULL;
-    kb_sched *s = kb__sched_new(o->threads ? o->threads : online_cpus(), errstr, errlen);
+    kb_sched *s = kb__sched_new(o->threads ? o->threads : kb__online_cpus(), errstr, errlen);
     if (s == NULL)
         return NULL;
     kb_pool *p = kb__pool_new_on(s, o, errstr, errlen);

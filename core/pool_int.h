@@ -89,6 +89,7 @@ void kb__sched_destroy(kb_sched *s);
 void kb__lane_schedule(struct kb_lane *lane);
 
 /* Pools on a shared scheduler (pool.c). */
+uint32_t kb__online_cpus(void);   /* the default executor count */
 kb_pool *kb__pool_new_on(kb_sched *s, const kb_pool_options *o, char *errstr, size_t errlen);
 /* Wait until nothing is queued or running, up to the deadline. */
 int kb__pool_drain(kb_pool *p, int64_t deadline_ns);
