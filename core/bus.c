@@ -349,6 +349,7 @@ int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out)
         out->max_depth = ps.max_depth;
         out->lanes = ps.lanes;
         out->lanes_allocated = ps.lanes_allocated;
+        out->lane_memory_bytes = ps.memory_bytes;
         out->dead_letters_lost =
             atomic_load_explicit(&t->dead_letter_failures, memory_order_relaxed);
     }

@@ -128,13 +128,22 @@ kb_pool *kb_pool_new(const kb_pool_options *o, char *errstr, size_t errlen)
     return p;
 }
 
+static size_t round_to_line(size_t n)
+{
+    return (n + KB_CACHELINE - 1) & ~(size_t)(KB_CACHELINE - 1);
+}
+
+/* One allocation per lane: the lane, then its ring's slots. */
+static size_t lane_bytes(const kb_pool *p)
+{
+    return round_to_line(round_to_line(sizeof(struct kb_lane)) +
+                         p->ring_size * sizeof(ck_ring_buffer_t));
+}
+
 static struct kb_lane *lane_create(kb_pool *p, uint32_t idx)
 {
-    size_t head = (sizeof(struct kb_lane) + KB_CACHELINE - 1) & ~(size_t)(KB_CACHELINE - 1);
-    size_t bytes = head + p->ring_size * sizeof(ck_ring_buffer_t);
-    /* C11 wants the size to be a multiple of the alignment */
-    bytes = (bytes + KB_CACHELINE - 1) & ~(size_t)(KB_CACHELINE - 1);
-    struct kb_lane *lane = aligned_alloc(KB_CACHELINE, bytes);
+    size_t head = round_to_line(sizeof(struct kb_lane));
+    struct kb_lane *lane = aligned_alloc(KB_CACHELINE, lane_bytes(p));
     if (lane == NULL)
         return NULL;
     memset(lane, 0, head);
@@ -402,4 +411,6 @@ void kb_pool_stats_get(const kb_pool *p, kb_pool_stats *out)
         if (ls.max_depth > out->max_depth)
             out->max_depth = ls.max_depth;
     }
+    out->memory_bytes = sizeof *p + p->o.lanes * sizeof *p->lanes +
+                        (uint64_t)out->lanes_allocated * lane_bytes(p);
 }

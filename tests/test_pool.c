@@ -157,6 +157,7 @@ static void lanes_allocated_lazily(void **state)
     kb_pool_stats_get(p, &st);
     assert_int_equal(st.lanes, 1024);
     assert_int_equal(st.lanes_allocated, 0);
+    assert_true(st.memory_bytes <= 16 * 1024);   /* an idle topic: the lane table */
 
     static int dummy;
     int distinct_lanes[1024] = {0};
@@ -172,6 +173,8 @@ static void lanes_allocated_lazily(void **state)
     assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
     kb_pool_stats_get(p, &st);
     assert_int_equal(st.lanes_allocated, expect);
+    /* design: a topic whose events touched 100 aggregates holds about 1 MiB */
+    assert_true(st.memory_bytes <= 1024 * 1024);
     assert_int_equal(count, 100);
     kb_lane_stats ls;
     assert_int_equal(kb_pool_lane_stats(p, kb_pool_lane_of(p, "order-000", 9), &ls), KB_OK);

@@ -157,6 +157,7 @@ typedef struct kb_topic_stats {
     uint64_t max_depth;       /* deepest any lane has been */
     uint32_t lanes;           /* pool.workers */
     uint32_t lanes_allocated; /* lanes that hold a ring (allocated on first use) */
+    uint64_t lane_memory_bytes;  /* lane table plus allocated lanes and rings */
     uint64_t dead_letters_lost;  /* dead letters nobody stored (mem: no "<topic>.dlq"
                                     subscriber, or it was full); each one is logged */
     /* publishing side and broker (filled by the transport) */

@@ -103,6 +103,7 @@ typedef struct kb_pool_stats {
     uint32_t lanes_allocated;
     uint32_t threads;
     uint32_t capacity;        /* usable slots per lane */
+    uint64_t memory_bytes;    /* lane table plus allocated lanes and their rings */
 } kb_pool_stats;
 
 /* Snapshot of the counters (each read atomically, not all at one instant).
