@@ -1,0 +1,226 @@
+/* NATS faults, each ending with 0 lost and 0 per-key order violations
+ * (duplicates are counted and allowed): nats-server killed and restarted
+ * mid-stream on file storage; server down at start and up later; kill -9 of
+ * one of two consumer processes. Usage: test_nats_faults PATH_TO_HELPER */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <keybus/keybus.h>
+
+#include "support/server.h"
+#include "support/tracker.h"
+
+static const char *helper;
+
+static kb_bus *open_bus(const char *url, const char *k1, const char *v1)
+{
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "nats.publish_timeout_ms", "1000", err, sizeof err), KB_OK);
+    if (k1 != NULL)
+        assert_int_equal(kb_conf_set(c, k1, v1, err, sizeof err), KB_OK);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    return b;
+}
+
+static void publish_ok(kb_bus *b, const char *topic, uint32_t key, uint32_t seq)
+{
+    int rc;
+    for (int i = 0; (rc = kb_tracker_publish(b, topic, key, seq, 16)) == KB_EFULL && i < 1000; i++)
+        usleep(10000);
+    assert_int_equal(rc, KB_OK);
+}
+
+static void wait_distinct(kb_tracker *t, uint64_t n, int seconds)
+{
+    for (int i = 0; i < seconds * 100 && kb_tracker_distinct(t) < n; i++)
+        usleep(10000);
+}
+
+#define KEYS 20
+#define PER_KEY 150
+
+/* kill -9 of the server while publishing and consuming; restart on the same
+ * port and store. Publishes in flight are resent (same Nats-Msg-Id). */
+static void server_restart_mid_stream(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    kb_bus *b = open_bus(s.url, NULL, NULL);
+    kb_tracker t;
+    kb_tracker_init(&t, KEYS);
+    assert_int_equal(kb_subscribe(b, "fault.restart", kb_tracker_handler, &t), KB_OK);
+    for (uint32_t seq = 1; seq <= PER_KEY; seq++) {
+        if (seq == PER_KEY / 2) {
+            kb_test_server_signal(&s, SIGKILL);
+            usleep(300000);
+            assert_int_equal(kb_test_server_restart(&s), 0);
+        }
+        for (uint32_t k = 0; k < KEYS; k++)
+            publish_ok(b, "fault.restart", k, seq);
+        usleep(2000);
+    }
+    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    wait_distinct(&t, KEYS * PER_KEY, 30);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    print_message("restart: %llu distinct, %llu duplicates\n",
+                  (unsigned long long)kb_tracker_distinct(&t), (unsigned long long)t.duplicates);
+    assert_int_equal(kb_tracker_distinct(&t), KEYS * PER_KEY);
+    assert_int_equal(t.order_violations, 0);
+    assert_int_equal(t.concurrent, 0);
+    kb_tracker_destroy(&t);
+    kb_test_server_stop(&s);
+}
+
+struct opener {
+    const char *url;
+    kb_bus *b;
+};
+
+static void *open_later(void *arg)
+{
+    struct opener *o = arg;
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    kb_conf_set(c, "transport", o->url, err, sizeof err);
+    kb_conf_set(c, "nats.connect_wait_ms", "20000", err, sizeof err);
+    o->b = kb_open(c, err, sizeof err);
+    if (o->b == NULL)
+        kb_conf_destroy(c);
+    return NULL;
+}
+
+/* The server is down when the bus opens: with nats.connect_wait_ms the open
+ * waits for it; nothing published afterwards is lost. */
+static void server_down_at_start(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    kb_test_server_signal(&s, SIGKILL);   /* keep its port and dir, not its process */
+    struct opener o = {s.url, NULL};
+    pthread_t th;
+    pthread_create(&th, NULL, open_later, &o);
+    usleep(800000);
+    assert_int_equal(kb_test_server_restart(&s), 0);
+    pthread_join(th, NULL);
+    assert_non_null(o.b);
+    kb_tracker t;
+    kb_tracker_init(&t, KEYS);
+    assert_int_equal(kb_subscribe(o.b, "fault.late", kb_tracker_handler, &t), KB_OK);
+    for (uint32_t seq = 1; seq <= 50; seq++)
+        for (uint32_t k = 0; k < KEYS; k++)
+            publish_ok(o.b, "fault.late", k, seq);
+    assert_int_equal(kb_flush(o.b, 20000), KB_OK);
+    wait_distinct(&t, KEYS * 50, 20);
+    assert_int_equal(kb_close(o.b, 10000), KB_OK);
+    assert_int_equal(kb_tracker_distinct(&t), KEYS * 50);
+    assert_int_equal(t.order_violations, 0);
+    kb_tracker_destroy(&t);
+    kb_test_server_stop(&s);
+}
+
+static pid_t spawn(const char *url, const char *log, const char *name)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(helper, helper, url, "fault.kill", log, name, "1500", (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Replay the shared log: per key, a sequence is new (last + 1), a duplicate
+ * (<= last) or a violation (a gap). Returns the distinct count. */
+static uint64_t check_log(const char *path, uint64_t *dups, uint64_t *violations,
+                          uint64_t *by_a)
+{
+    uint32_t last[KEYS] = {0};
+    uint64_t distinct = 0;
+    *dups = *violations = *by_a = 0;
+    FILE *f = fopen(path, "r");
+    unsigned k, seq;
+    char who[32];
+    while (f != NULL && fscanf(f, "%u %u %31s", &k, &seq, who) == 3) {
+        *by_a += strcmp(who, "proc-a") == 0;
+        if (k >= KEYS)
+            (*violations)++;
+        else if (seq == last[k] + 1) {
+            last[k] = seq;
+            distinct++;
+        } else if (seq <= last[k])
+            (*dups)++;
+        else
+            (*violations)++;
+    }
+    if (f != NULL)
+        fclose(f);
+    return distinct;
+}
+
+/* Two consumer processes share the topic; one is killed with SIGKILL; the
+ * other takes its partitions over when the leases expire. */
+static void kill_one_of_two_consumers(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    char log[300];
+    snprintf(log, sizeof log, "%s/handled.log", s.dir);
+    kb_bus *b = open_bus(s.url, NULL, NULL);
+    pid_t a = spawn(s.url, log, "proc-a"), c = spawn(s.url, log, "proc-b");
+    for (uint32_t seq = 1; seq <= PER_KEY; seq++) {
+        for (uint32_t k = 0; k < KEYS; k++)
+            publish_ok(b, "fault.kill", k, seq);
+        if (seq == 10)
+            usleep(1500000);   /* both own partitions now */
+        if (seq == PER_KEY / 2) {   /* with events in flight */
+            kill(a, SIGKILL);
+            waitpid(a, NULL, 0);
+        }
+        usleep(5000);
+    }
+    assert_int_equal(kb_flush(b, 20000), KB_OK);
+    uint64_t dups = 0, violations = 0, distinct = 0, by_a = 0;
+    for (int i = 0; i < 3000 && (distinct = check_log(log, &dups, &violations, &by_a)) < KEYS * PER_KEY;
+         i++)
+        usleep(10000);
+    kill(c, SIGTERM);
+    int status = 0;
+    waitpid(c, &status, 0);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    print_message("kill -9: %llu distinct, %llu duplicates, %llu handled by the killed one\n",
+                  (unsigned long long)distinct, (unsigned long long)dups, (unsigned long long)by_a);
+    assert_true(by_a > 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(distinct, KEYS * PER_KEY);
+    assert_int_equal(violations, 0);
+    kb_test_server_stop(&s);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return 2;
+    helper = argv[1];
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(server_restart_mid_stream),
+        cmocka_unit_test(server_down_at_start),
+        cmocka_unit_test(kill_one_of_two_consumers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,144 @@
+/* The completion frontier: handlers finish out of order across keys, so each
+ * claim keeps its deliveries in stream order and one AckAll for the last
+ * entry of the finished prefix acks them all — no round trip per event. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nats_int.h"
+
+kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev)
+{
+    kb_nats_claim *c = calloc(1, sizeof *c);
+    uint32_t cap = 16;
+    while (cap < (uint64_t)t->max_ack_pending)
+        cap *= 2;
+    if (c == NULL || (c->ring = calloc(cap, sizeof *c->ring)) == NULL) {
+        free(c);
+        return NULL;
+    }
+    c->cap = cap;
+    c->part = p;
+    c->rev = rev;
+    snprintf(c->consumer, sizeof c->consumer, "%s_%u_%llu", t->group, p->n,
+             (unsigned long long)rev);
+    snprintf(c->next_subj, sizeof c->next_subj, "$JS.API.CONSUMER.MSG.NEXT.%s.%s",
+             p->topic->stream, c->consumer);
+    c->next = atomic_load(&p->claims);
+    atomic_store_explicit(&p->claims, c, memory_order_release);
+    return c;
+}
+
+void kb__nats_claim_reset(kb_transport *t, kb_nats_claim *c)
+{
+    atomic_store(&c->fenced, 1);
+    kb__nats_lease_kick(t);
+}
+
+void kb__nats_settle(kb_nats_entry *e, bool done)
+{
+    kb_nats_claim *c = e->claim;
+    if (done)
+        atomic_store_explicit(&e->done, 1, memory_order_release);
+    atomic_fetch_add_explicit(&c->settled, 1, memory_order_acq_rel);
+}
+
+int kb__nats_ack(kb_transport *t, const kb_delivery *d)
+{
+    (void)t;
+    if (d->cookie != NULL)
+        kb__nats_settle(d->cookie, true);
+    return KB_OK;
+}
+
+void kb__nats_release(kb_transport *t, const kb_delivery *d)
+{
+    (void)t;
+    if (d->cookie != NULL)
+        kb__nats_settle(d->cookie, false);   /* stays unacked: redelivered elsewhere */
+}
+
+static void free_ring(kb_nats_claim *c)
+{
+    uint64_t head = atomic_load(&c->head), tail = atomic_load(&c->tail);
+    for (uint64_t i = head; i < tail; i++)
+        natsMsg_Destroy(c->ring[i & (c->cap - 1)].msg);
+    free(c->ring);
+    c->ring = NULL;
+    atomic_store(&c->freed, 1);
+}
+
+/* Ack what is finished. Acking handled events is right even for a fenced
+ * claim: the consumer is this claim's own, and fencing only stops feeding. */
+static void ack_claim(kb_transport *t, kb_nats_claim *c, int64_t now)
+{
+    if (atomic_load(&c->freed))
+        return;
+    uint64_t h = atomic_load(&c->head);
+    uint64_t tl = atomic_load_explicit(&c->tail, memory_order_acquire);
+    natsMsg *last = NULL;
+    uint64_t last_seq = 0;
+    while (h < tl) {
+        kb_nats_entry *e = &c->ring[h & (c->cap - 1)];
+        if (!atomic_load_explicit(&e->done, memory_order_acquire))
+            break;
+        natsMsg_Destroy(last);
+        last = e->msg;
+        last_seq = e->sseq;
+        e->msg = NULL;
+        h++;
+    }
+    if (last != NULL) {
+        natsConnection_PublishString(t->nc, natsMsg_GetReply(last), "+ACK");
+        natsMsg_Destroy(last);
+        atomic_store(&c->acked_to, last_seq);
+        atomic_store_explicit(&c->head, h, memory_order_release);
+    }
+    /* A long handler holds the frontier: keep its message from redelivery. */
+    int64_t third = t->ack_wait_ms * 1000000 / 3;
+    if (h < tl && !atomic_load(&c->fenced)) {
+        kb_nats_entry *e = &c->ring[h & (c->cap - 1)];
+        if (now - e->since_ns > third && now - c->last_wpi_ns > third) {
+            natsConnection_PublishString(t->nc, natsMsg_GetReply(e->msg), "+WPI");
+            c->last_wpi_ns = now;
+        }
+    }
+    /* feeder_left first: after it, the tail no longer moves. */
+    if (atomic_load(&c->fenced) && atomic_load(&c->feeder_left) &&
+        atomic_load(&c->settled) == atomic_load(&c->tail))
+        free_ring(c);
+}
+
+void kb__nats_ack_pass(kb_transport *t)
+{
+    int64_t now = kb__nats_now_ns();
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
+        if (!atomic_load(&tp->subscribed))
+            continue;
+        for (uint32_t i = 0; i < t->partitions; i++)
+            for (kb_nats_claim *c = atomic_load(&tp->parts[i].claims); c; c = c->next)
+                ack_claim(t, c, now);
+    }
+}
+
+void *kb__nats_acker(void *arg)
+{
+    kb_transport *t = arg;
+    while (!atomic_load(&t->closing)) {
+        kb__nats_ack_pass(t);
+        kb__nats_resend(t);
+        kb__nats_sleep_ms(t->ack_interval_ms);
+    }
+    nats_ReleaseThreadMemory();
+    return NULL;
+}
+
+void kb__nats_claim_free_all(kb_nats_part *p)
+{
+    for (kb_nats_claim *c = atomic_load(&p->claims), *next; c; c = next) {
+        next = c->next;
+        if (!atomic_load(&c->freed))
+            free_ring(c);
+        free(c);
+    }
+}

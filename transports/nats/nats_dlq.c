@@ -1,0 +1,160 @@
+/* Dead letters live on kb.<topic>.dlq in the topic's own stream (one stream
+ * may not overlap another's subjects), with headers naming where they came
+ * from. Their ID is their stream sequence; listing uses direct gets. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../core/err.h"
+#include "nats_int.h"
+
+int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, natsMsg *orig, const void *key,
+                         size_t key_len, uint32_t partition, uint64_t sseq, uint32_t attempts,
+                         const char *reason)
+{
+    natsMsg *m = NULL;
+    char num[32], id[2 * KB_NATS_NAME];
+    natsStatus s = natsMsg_Create(&m, tp->dlq_subject, NULL, natsMsg_GetData(orig),
+                                  natsMsg_GetDataLength(orig));
+    if (s == NATS_OK && key_len > 0 && kb__nats_set_key(m, key, key_len) != KB_OK)
+        s = NATS_NO_MEMORY;
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Kb-Orig-Subject", natsMsg_GetSubject(orig));
+    snprintf(num, sizeof num, "%llu", (unsigned long long)sseq);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Kb-Orig-Seq", num);
+    snprintf(num, sizeof num, "%u", partition);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Kb-Partition", num);
+    snprintf(num, sizeof num, "%u", attempts);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Kb-Attempts", num);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Kb-Reason", reason);
+    /* A redelivered event dead-lettered again is stored once. */
+    snprintf(id, sizeof id, "dlq-%s-%llu", tp->stream, (unsigned long long)sseq);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Nats-Msg-Id", id);
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.MaxWait = t->publish_timeout_ms;
+    jsPubAck *pa = NULL;
+    jsErrCode jerr = 0;
+    if (s == NATS_OK)
+        s = js_PublishMsg(&pa, t->js, m, &po, &jerr);
+    jsPubAck_Destroy(pa);
+    natsMsg_Destroy(m);
+    return s == NATS_OK ? KB_OK : kb__nats_errf(tp->dlq_subject, s, jerr);
+}
+
+int kb__nats_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason)
+{
+    kb_nats_entry *e = d->cookie;
+    kb_nats_topic *tp = kb__nats_topic(t, d->topic, false);
+    if (e == NULL || tp == NULL) {
+        kb__errf(NULL, 0, "nats: dead letter of %s without its message", d->topic);
+        return KB_EINVAL;
+    }
+    uint64_t sseq = e->sseq;
+    int rc = kb__nats_dlq_publish(t, tp, e->msg, d->key, d->key_len, d->partition, sseq,
+                                  d->attempt, reason);
+    kb__nats_settle(e, rc == KB_OK);   /* `e` may be reused from here on */
+    if (rc != KB_OK)
+        kb__nats_claim_reset(t, e->claim);
+    return rc;
+}
+
+static const char *hdr(natsMsg *m, const char *name)
+{
+    const char *v = NULL;
+    return natsMsgHeader_Get(m, name, &v) == NATS_OK && v ? v : "";
+}
+
+int kb__nats_dead_letters(kb_transport *t, const char *topic, const char *after_id, size_t max,
+                          kb_dead_letter_fn fn, void *opaque)
+{
+    kb_nats_topic *tp = kb__nats_topic(t, topic, true);
+    if (tp == NULL)
+        return KB_ETRANSPORT;
+    uint64_t seq = after_id && after_id[0] ? strtoull(after_id, NULL, 10) + 1 : 1;
+    char *key = malloc(65536);
+    if (key == NULL)
+        return KB_ENOMEM;
+    int rc = KB_OK;
+    for (size_t n = 0; n < max; n++) {
+        jsDirectGetMsgOptions o;
+        jsDirectGetMsgOptions_Init(&o);
+        o.Sequence = seq;
+        o.NextBySubject = tp->dlq_subject;
+        natsMsg *m = NULL;
+        natsStatus s = js_DirectGetMsg(&m, t->js, tp->stream, NULL, &o);
+        if (s == NATS_NOT_FOUND)
+            break;
+        if (s != NATS_OK) {
+            rc = kb__nats_errf("listing dead letters", s, 0);
+            break;
+        }
+        uint64_t at = strtoull(hdr(m, "Nats-Sequence"), NULL, 10);
+        const char *why = NULL;
+        int klen = kb__nats_get_key(m, key, 65536, &why);
+        char id[24];
+        snprintf(id, sizeof id, "%llu", (unsigned long long)at);
+        kb_dead_letter dl = {
+            .id = id,
+            .key = key, .key_len = klen > 0 ? (size_t)klen : 0,
+            .payload = natsMsg_GetData(m) ? natsMsg_GetData(m) : "",
+            .payload_len = (size_t)natsMsg_GetDataLength(m),
+            .partition = (uint32_t)strtoul(hdr(m, "Kb-Partition"), NULL, 10),
+            .original_id = hdr(m, "Kb-Orig-Seq"),
+            .attempts = (uint32_t)strtoul(hdr(m, "Kb-Attempts"), NULL, 10),
+            .reason = hdr(m, "Kb-Reason"),
+        };
+        int stop = fn(&dl, opaque);
+        natsMsg_Destroy(m);
+        if (stop || at == 0)
+            break;
+        seq = at + 1;
+    }
+    free(key);
+    return rc;
+}
+
+int kb__nats_dead_letter_replay(kb_transport *t, const char *topic, const char *id)
+{
+    kb_nats_topic *tp = kb__nats_topic(t, topic, true);
+    if (tp == NULL)
+        return KB_ETRANSPORT;
+    char *end = NULL;
+    uint64_t seq = strtoull(id, &end, 10);
+    if (seq == 0 || end == id || *end != '\0') {
+        kb__errf(NULL, 0, "nats: dead letter ID \"%s\" is not a stream sequence", id);
+        return KB_EINVAL;
+    }
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetMsg(&m, t->js, tp->stream, seq, NULL, &jerr);
+    if (s != NATS_OK || strcmp(natsMsg_GetSubject(m), tp->dlq_subject) != 0) {
+        natsMsg_Destroy(m);
+        kb__errf(NULL, 0, "nats: no dead letter %s in %s", id, tp->stream);
+        return KB_ENOTFOUND;
+    }
+    char *key = malloc(65536);
+    const char *why = "out of memory";
+    int klen = key ? kb__nats_get_key(m, key, 65536, &why) : -1;
+    if (klen <= 0) {
+        natsMsg_Destroy(m);
+        free(key);
+        kb__errf(NULL, 0, "nats: dead letter %s cannot be replayed: %s", id, why);
+        return KB_EINVAL;
+    }
+    kb_msg msg = {key, (size_t)klen, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),
+                  kb_fnv1a32(key, (size_t)klen)};
+    int rc = kb__nats_publish(t, topic, &msg);
+    if (rc == KB_OK)
+        rc = kb__nats_flush(t, (int)t->publish_timeout_ms);
+    if (rc == KB_OK && (s = js_DeleteMsg(t->js, tp->stream, seq, NULL, &jerr)) != NATS_OK)
+        rc = kb__nats_errf("removing the replayed dead letter", s, jerr);
+    natsMsg_Destroy(m);
+    free(key);
+    return rc;
+}

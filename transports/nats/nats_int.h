@@ -1,0 +1,198 @@
+/* Internal state of the NATS JetStream transport, shared by its files. */
+#ifndef KB_TRANSPORTS_NATS_INT_H
+#define KB_TRANSPORTS_NATS_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <nats/nats.h>
+
+#include <keybus/pool.h>
+#include <keybus/transport.h>
+
+#define KB_NATS_NAME 256           /* stream, consumer and subject buffers */
+#define KB_NATS_KEY_HDR "Kb-Key"          /* the key as text (printable ASCII) */
+#define KB_NATS_KEY_B64_HDR "Kb-Bin-Key"  /* the key as base64 (any bytes). Not
+                                           * "Kb-Key-B64": nats.c 3.4.1 answered a
+                                           * Kb-Key lookup with that header's value */
+
+/* One delivered message waiting for its handler. The natsMsg keeps the
+ * $JS.ACK reply subject that AckAll needs. */
+typedef struct kb_nats_entry {
+    natsMsg *msg;
+    struct kb_nats_claim *claim;
+    uint64_t sseq;
+    int64_t since_ns;              /* delivered at, for in-progress acks */
+    _Atomic uint32_t done;         /* handled or dead-lettered: may be acked */
+} kb_nats_entry;
+
+/* One ownership period of one partition: its own consumer, named after the
+ * lease revision, so acks from an earlier owner never reach it. */
+typedef struct kb_nats_claim {
+    struct kb_nats_part *part;
+    uint64_t rev;                  /* lease revision when acquired */
+    char consumer[160];
+    char next_subj[2 * KB_NATS_NAME];  /* $JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer> */
+    /* completion frontier: entries in delivery (= stream) order */
+    kb_nats_entry *ring;
+    uint32_t cap;
+    _Atomic uint64_t head;         /* acker: first entry not yet acked */
+    _Atomic uint64_t tail;         /* feeder: next free slot */
+    _Atomic uint64_t settled;      /* entries the bus is finished with */
+    _Atomic int fenced;            /* lease lost or reset: no acks, no deliveries */
+    _Atomic int feeder_left;       /* the feeder will not touch it again */
+    _Atomic int freed;             /* ring freed by the acker */
+    _Atomic uint64_t acked_to;     /* stream sequence of the last AckAll sent */
+    int64_t last_wpi_ns;           /* acker: last in-progress ack */
+    /* feeder only */
+    uint64_t delivered_hi;         /* highest stream sequence handed to the sink */
+    bool pull_open;
+    int pull_left;
+    uint32_t pull_serial;
+    int64_t pull_deadline_ns;
+    struct kb_nats_claim *next;    /* older claims of the partition */
+} kb_nats_claim;
+
+struct kb_nats_topic;
+
+typedef struct kb_nats_part {
+    struct kb_nats_topic *topic;
+    uint32_t n;
+    char subject[KB_NATS_NAME];    /* kb.<topic>.<n> */
+    char lease_key[2 * KB_NATS_NAME];
+    _Atomic(kb_nats_claim *) claim;   /* current claim, NULL when not owned */
+    _Atomic(kb_nats_claim *) claims;  /* every claim, newest first (freed at close) */
+    uint64_t lease_rev;            /* lease thread only */
+    int64_t lease_until_ns;        /* local lease expiry */
+    bool releasing;
+} kb_nats_part;
+
+typedef struct kb_nats_topic {
+    struct kb_nats_topic *next;
+    char *name;
+    char stream[KB_NATS_NAME];
+    char dlq_subject[KB_NATS_NAME];
+    _Atomic uint64_t published;
+    /* consuming side: set by subscribe */
+    kb_sink *sink;
+    kb_nats_part *parts;
+    natsSubscription *inbox_sub;
+    char inbox[128];
+    pthread_t feeder;
+    bool feeder_started;
+    _Atomic int subscribed;        /* parts, sink and inbox are set */
+} kb_nats_topic;
+
+/* A publish that must be sent again, in order. */
+typedef struct kb_nats_resend {
+    natsMsg *msg;
+    struct kb_nats_resend *next;
+} kb_nats_resend;
+
+struct kb_transport {
+    kb_bus *bus;
+    natsConnection *nc;
+    jsCtx *js;
+    kvStore *kv;
+    char url_safe[512];            /* URL without credentials, for messages */
+    char id[128];                  /* this process's consumer name */
+    char group[128];               /* group, valid in consumer names */
+    char bus_id[24];               /* prefix of Nats-Msg-Id */
+    char bucket[72];               /* lease KV bucket */
+    _Atomic uint64_t msg_seq;
+    /* configuration */
+    uint32_t partitions;
+    jsStorageType storage;
+    int64_t ack_wait_ms, lease_ttl_ms, publish_timeout_ms;
+    int64_t max_ack_pending, fetch_batch, fetch_expires_ms, ack_interval_ms;
+    int64_t dup_window_ms, reconnect_wait_ms, reconnect_max_ms;
+    int enqueue_timeout_ms;
+    /* topics: append-only list, read without a lock */
+    _Atomic(kb_nats_topic *) topics;
+    pthread_mutex_t topics_lock;
+    /* publish recovery: while `gated`, publishes queue here in order */
+    pthread_rwlock_t pub_lock;
+    pthread_mutex_t resend_lock;
+    kb_nats_resend *resend_head, *resend_tail;
+    _Atomic uint64_t resend_len;
+    _Atomic int gated;
+    _Atomic uint64_t pub_rejected;     /* not yet reported by flush */
+    char pub_error[256];               /* last rejection, under resend_lock */
+    /* threads */
+    _Atomic int stopping;              /* ops->stop: feeders end */
+    _Atomic int closing;               /* ops->close: everything ends */
+    _Atomic int nc_closed;             /* nats.c ran our closed callback: no more callbacks */
+    _Atomic int published_async;       /* js_PublishAsyncGetPendingList crashes before the
+                                          first async publish in nats.c 3.4.1 (NULL map) */
+    pthread_mutex_t lease_mu;          /* wakes the lease thread early */
+    pthread_cond_t lease_cv;
+    bool lease_kick;
+    pthread_t acker, leaser;
+    bool acker_started, leaser_started;
+};
+
+/* nats.c */
+kb_nats_topic *kb__nats_topic(kb_transport *t, const char *topic, bool create);
+int kb__nats_errf(const char *what, natsStatus s, jsErrCode jerr);
+int64_t kb__nats_now_ns(void);
+void kb__nats_sleep_ms(int64_t ms);
+
+/* nats_msg.c: keys in headers, ack subjects */
+int kb__nats_set_key(natsMsg *m, const void *key, size_t len);
+/* Key of a message into buf (cap bytes); length, or -1 with *why set. */
+int kb__nats_get_key(natsMsg *m, char *buf, size_t cap, const char **why);
+/* Fields of a $JS.ACK reply subject. */
+typedef struct kb_nats_meta {
+    char consumer[160];
+    uint64_t delivered, sseq;
+} kb_nats_meta;
+int kb__nats_parse_ack(const char *reply, kb_nats_meta *out);
+natsMsg *kb__nats_msg_clone(natsMsg *m);
+
+/* nats_publish.c */
+int kb__nats_publish(kb_transport *t, const char *topic, const kb_msg *m);
+int kb__nats_flush(kb_transport *t, int timeout_ms);
+void kb__nats_pub_err(jsCtx *js, jsPubAckErr *pae, void *closure);
+void kb__nats_disconnected(natsConnection *nc, void *closure);
+void kb__nats_resend(kb_transport *t);
+void kb__nats_resend_free(kb_transport *t);
+
+/* nats_consume.c */
+int kb__nats_subscribe(kb_transport *t, const char *topic, kb_sink *sink);
+void kb__nats_stop(kb_transport *t);
+
+/* nats_ack.c: completion frontier */
+int kb__nats_ack(kb_transport *t, const kb_delivery *d);
+void kb__nats_release(kb_transport *t, const kb_delivery *d);
+void kb__nats_settle(kb_nats_entry *e, bool done);
+void *kb__nats_acker(void *arg);
+void kb__nats_ack_pass(kb_transport *t);
+kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev);
+/* Stop feeding a claim; the lease thread starts a fresh one if it still
+ * holds the lease. */
+void kb__nats_claim_reset(kb_transport *t, kb_nats_claim *c);
+void kb__nats_claim_free_all(kb_nats_part *p);
+
+/* nats_lease.c */
+int kb__nats_lease_open(kb_transport *t, char *errstr, size_t errlen);
+void *kb__nats_leaser(void *arg);
+void kb__nats_lease_release_all(kb_transport *t);
+void kb__nats_lease_kick(kb_transport *t);
+
+/* nats_dlq.c */
+int kb__nats_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason);
+int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, natsMsg *orig, const void *key,
+                         size_t key_len, uint32_t partition, uint64_t sseq, uint32_t attempts,
+                         const char *reason);
+int kb__nats_dead_letters(kb_transport *t, const char *topic, const char *after_id, size_t max,
+                          kb_dead_letter_fn fn, void *opaque);
+int kb__nats_dead_letter_replay(kb_transport *t, const char *topic, const char *id);
+
+/* nats_stats.c */
+int kb__nats_stats(kb_transport *t, const char *topic, kb_topic_stats *out);
+int kb__nats_partition_stats(kb_transport *t, const char *topic, uint32_t partition,
+                             kb_partition_stats *out);
+
+#endif /* KB_TRANSPORTS_NATS_INT_H */

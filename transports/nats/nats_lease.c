@@ -1,0 +1,331 @@
+/* Partition ownership among processes: members heartbeat a key per topic in
+ * a JetStream KV bucket whose TTL is the lease TTL; each partition goes to the
+ * member that ranks first by rendezvous hashing. A lease is a KV key created
+ * with kvStore_Create and renewed with kvStore_Update on its last revision, so
+ * a process that lost it learns so on its next renewal (fencing). Every
+ * acquisition gets its own consumer, started at the previous consumer's ack
+ * floor: redelivered events come first, in stream order. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../core/err.h"
+#include "nats_int.h"
+
+int kb__nats_lease_open(kb_transport *t, char *errstr, size_t errlen)
+{
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = t->bucket;
+    kc.History = 1;
+    kc.TTL = t->lease_ttl_ms * 1000000;   /* nanoseconds */
+    kc.StorageType = js_FileStorage;   /* leases survive a server restart */
+    natsStatus s = js_CreateKeyValue(&t->kv, t->js, &kc);
+    const char *why = s != NATS_OK ? nats_GetLastError(NULL) : NULL;
+    char text[256];
+    snprintf(text, sizeof text, "%s", why ? why : "");
+    if (s != NATS_OK)   /* it exists (possibly with another TTL): use it */
+        s = js_KeyValue(&t->kv, t->js, t->bucket);
+    if (s != NATS_OK) {
+        kb__errf(errstr, errlen, "nats %s: lease bucket %s: %s %s", t->url_safe, t->bucket,
+                 natsStatus_GetText(s), text);
+        return KB_ETRANSPORT;
+    }
+    return KB_OK;
+}
+
+void kb__nats_lease_kick(kb_transport *t)
+{
+    pthread_mutex_lock(&t->lease_mu);
+    t->lease_kick = true;
+    pthread_cond_signal(&t->lease_cv);
+    pthread_mutex_unlock(&t->lease_mu);
+}
+
+static void member_prefix(kb_transport *t, kb_nats_topic *tp, char *buf, size_t len)
+{
+    snprintf(buf, len, "m.%s.%s.", tp->stream, t->group);
+}
+
+/* KV keys allow [-/_=.a-zA-Z0-9]: anything else in the consumer name becomes '_'. */
+static void member_key(kb_transport *t, kb_nats_topic *tp, char *buf, size_t len)
+{
+    member_prefix(t, tp, buf, len);
+    size_t o = strlen(buf);
+    for (const char *p = t->id; *p && o + 1 < len; p++) {
+        char ch = *p;
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                 ch == '-' || ch == '_' || ch == '=';
+        buf[o++] = ok ? ch : '_';
+    }
+    buf[o] = '\0';
+}
+
+typedef struct members {
+    char **ids;
+    int n;
+    char *mine;
+} members;
+
+static void members_load(kb_transport *t, kb_nats_topic *tp, members *ms)
+{
+    char pre[2 * KB_NATS_NAME], mine[2 * KB_NATS_NAME];
+    member_prefix(t, tp, pre, sizeof pre);
+    member_key(t, tp, mine, sizeof mine);
+    if (kvStore_PutString(NULL, t->kv, mine, t->id) != NATS_OK)
+        kb_log(t->bus, 4, "nats %s: membership heartbeat failed", t->url_safe);
+    ms->n = 0;
+    ms->ids = NULL;
+    ms->mine = strdup(mine + strlen(pre));
+    kvKeysList keys = {0};
+    if (kvStore_Keys(&keys, t->kv, NULL) == NATS_OK) {
+        ms->ids = calloc((size_t)keys.Count + 1, sizeof *ms->ids);
+        for (int i = 0; ms->ids != NULL && i < keys.Count; i++)
+            if (strncmp(keys.Keys[i], pre, strlen(pre)) == 0)
+                ms->ids[ms->n++] = strdup(keys.Keys[i] + strlen(pre));
+        kvKeysList_Destroy(&keys);
+    }
+}
+
+static void members_free(members *ms)
+{
+    for (int i = 0; i < ms->n; i++)
+        free(ms->ids[i]);
+    free(ms->ids);
+    free(ms->mine);
+}
+
+static uint32_t mix(uint32_t h)   /* murmur3 finaliser: FNV alone ranks badly */
+{
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    return h ^ (h >> 16);
+}
+
+static uint32_t score(const char *member, const kb_nats_part *p)
+{
+    return mix(mix(kb_fnv1a32(member, strlen(member))) ^
+               kb_fnv1a32(p->lease_key, strlen(p->lease_key)));
+}
+
+/* Rendezvous hashing: the live member with the highest score takes it. When
+ * the member list is unknown (KV trouble), keep what we have. */
+static bool wanted(const members *ms, const kb_nats_part *p, bool have)
+{
+    if (ms->mine == NULL || ms->n == 0)
+        return have;
+    const char *best = NULL;
+    uint32_t best_score = 0;
+    for (int i = 0; i < ms->n; i++) {
+        uint32_t sc = score(ms->ids[i], p);
+        if (best == NULL || sc > best_score || (sc == best_score && strcmp(ms->ids[i], best) < 0)) {
+            best = ms->ids[i];
+            best_score = sc;
+        }
+    }
+    return best != NULL && strcmp(best, ms->mine) == 0;
+}
+
+/* A fresh consumer for a new claim, starting after the highest ack floor of
+ * the partition's earlier consumers (which are deleted). */
+static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev)
+{
+    kb_nats_topic *tp = p->topic;
+    char prefix[160];
+    snprintf(prefix, sizeof prefix, "%s_%u_", t->group, p->n);
+    uint64_t floor = 0;
+    bool seen = false;
+    jsConsumerInfoList *list = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_Consumers(&list, t->js, tp->stream, NULL, &jerr);
+    if (s != NATS_OK && s != NATS_NOT_FOUND) {
+        kb_log(t->bus, 4, "nats %s: listing consumers of %s: %s", t->url_safe, tp->stream,
+               natsStatus_GetText(s));
+        return NULL;
+    }
+    for (int i = 0; list != NULL && i < list->Count; i++) {
+        jsConsumerInfo *ci = list->List[i];
+        if (strncmp(ci->Name, prefix, strlen(prefix)) != 0)
+            continue;
+        if (!seen || ci->AckFloor.Stream > floor)
+            floor = ci->AckFloor.Stream;
+        seen = true;
+    }
+    kb_nats_claim *c = kb__nats_claim_new(t, p, rev);
+    if (c == NULL) {
+        jsConsumerInfoList_Destroy(list);
+        return NULL;
+    }
+    jsConsumerConfig cc;
+    jsConsumerConfig_Init(&cc);
+    cc.Durable = c->consumer;
+    cc.AckPolicy = js_AckAll;   /* one ack covers the finished prefix */
+    cc.AckWait = t->ack_wait_ms * 1000000;
+    cc.MaxAckPending = t->max_ack_pending;
+    cc.MaxDeliver = -1;         /* retries are the bus's; the server never gives up */
+    cc.FilterSubject = p->subject;
+    cc.DeliverPolicy = floor > 0 ? js_DeliverByStartSequence : js_DeliverAll;
+    cc.OptStartSeq = floor > 0 ? floor + 1 : 0;
+    jsConsumerInfo *ci = NULL;
+    s = js_AddConsumer(&ci, t->js, tp->stream, &cc, NULL, &jerr);
+    jsConsumerInfo_Destroy(ci);
+    if (s != NATS_OK) {
+        kb_log(t->bus, 4, "nats %s: consumer %s: %s (error %d)", t->url_safe, c->consumer,
+               natsStatus_GetText(s), (int)jerr);
+        atomic_store(&c->fenced, 1);
+        atomic_store(&c->feeder_left, 1);
+        jsConsumerInfoList_Destroy(list);
+        return NULL;
+    }
+    for (int i = 0; list != NULL && i < list->Count; i++)
+        if (strncmp(list->List[i]->Name, prefix, strlen(prefix)) == 0 &&
+            strcmp(list->List[i]->Name, c->consumer) != 0)
+            js_DeleteConsumer(t->js, tp->stream, list->List[i]->Name, NULL, NULL);
+    jsConsumerInfoList_Destroy(list);
+    return c;
+}
+
+static void drop(kb_nats_part *p)
+{
+    kb_nats_claim *c = atomic_load(&p->claim);
+    if (c != NULL)
+        atomic_store(&c->fenced, 1);
+    atomic_store(&p->claim, NULL);
+}
+
+static bool acquire(kb_transport *t, kb_nats_part *p)
+{
+    uint64_t rev = 0;
+    natsStatus s = kvStore_CreateString(&rev, t->kv, p->lease_key, t->id);
+    if (s != NATS_OK) {
+        /* Ours from before (a restart of this consumer name or a lost
+         * renewal answer): take it back on its revision. */
+        kvEntry *e = NULL;
+        if (kvStore_Get(&e, t->kv, p->lease_key) != NATS_OK)
+            return false;   /* gone meanwhile: next round */
+        bool mine = strcmp(kvEntry_ValueString(e), t->id) == 0;
+        uint64_t last = kvEntry_Revision(e);
+        kvEntry_Destroy(e);
+        if (!mine || kvStore_UpdateString(&rev, t->kv, p->lease_key, t->id, last) != NATS_OK)
+            return false;
+    }
+    p->lease_rev = rev;
+    p->lease_until_ns = kb__nats_now_ns() + t->lease_ttl_ms * 1000000;
+    return true;
+}
+
+static void renew(kb_transport *t, kb_nats_part *p, int64_t started)
+{
+    uint64_t rev = 0;
+    natsStatus s = kvStore_UpdateString(&rev, t->kv, p->lease_key, t->id, p->lease_rev);
+    if (s == NATS_OK) {
+        p->lease_rev = rev;
+        p->lease_until_ns = started + t->lease_ttl_ms * 1000000;
+        return;
+    }
+    /* NATS_ERR is a wrong revision: someone else holds it now. Otherwise the
+     * server is unreachable and the lease runs out locally. */
+    int64_t margin = t->lease_ttl_ms * 1000000 / 6;
+    if (s == NATS_ERR || kb__nats_now_ns() > p->lease_until_ns - margin) {
+        kb_log(t->bus, 4, "nats %s: lease of %s lost (%s)", t->url_safe, p->subject,
+               natsStatus_GetText(s));
+        drop(p);
+        p->lease_rev = 0;
+        p->releasing = false;
+    }
+}
+
+/* Hand a partition over without duplicates: stop feeding, let the handlers
+ * finish and the frontier be acked, then delete the lease. */
+static void release_step(kb_transport *t, kb_nats_part *p)
+{
+    kb_nats_claim *c = atomic_load(&p->claims);
+    if (c != NULL && !atomic_load(&c->freed))
+        return;
+    kvStore_Delete(t->kv, p->lease_key);
+    p->lease_rev = 0;
+    p->releasing = false;
+}
+
+static void part_step(kb_transport *t, kb_nats_part *p, const members *ms, int64_t started)
+{
+    kb_nats_claim *c = atomic_load(&p->claim);
+    bool have = p->lease_rev != 0;
+    bool want = wanted(ms, p, have);
+    if (have) {
+        renew(t, p, started);
+        have = p->lease_rev != 0;
+    }
+    if (have && p->releasing) {
+        release_step(t, p);
+        return;
+    }
+    if (have && !want) {
+        drop(p);
+        p->releasing = true;
+        return;
+    }
+    if (!have && want && !atomic_load(&t->stopping))
+        have = acquire(t, p);
+    c = atomic_load(&p->claim);
+    if (have && (c == NULL || atomic_load(&c->fenced)) && !atomic_load(&t->stopping)) {
+        kb_nats_claim *nc = open_claim(t, p, p->lease_rev);
+        drop(p);
+        if (nc != NULL)
+            atomic_store(&p->claim, nc);
+    }
+}
+
+static void pass(kb_transport *t)
+{
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
+        if (!atomic_load(&tp->subscribed))
+            continue;
+        int64_t started = kb__nats_now_ns();
+        members ms;
+        members_load(t, tp, &ms);
+        for (uint32_t i = 0; i < t->partitions; i++)
+            part_step(t, &tp->parts[i], &ms, started);
+        members_free(&ms);
+    }
+}
+
+void *kb__nats_leaser(void *arg)
+{
+    kb_transport *t = arg;
+    while (!atomic_load(&t->closing)) {
+        pass(t);
+        pthread_mutex_lock(&t->lease_mu);
+        if (!t->lease_kick && !atomic_load(&t->closing)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            int64_t ns = ts.tv_nsec + (t->lease_ttl_ms / 3) * 1000000;
+            ts.tv_sec += (time_t)(ns / 1000000000);
+            ts.tv_nsec = (long)(ns % 1000000000);
+            pthread_cond_timedwait(&t->lease_cv, &t->lease_mu, &ts);
+        }
+        t->lease_kick = false;
+        pthread_mutex_unlock(&t->lease_mu);
+    }
+    nats_ReleaseThreadMemory();
+    return NULL;
+}
+
+void kb__nats_lease_release_all(kb_transport *t)
+{
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
+        if (!atomic_load(&tp->subscribed))
+            continue;
+        char mine[2 * KB_NATS_NAME];
+        member_key(t, tp, mine, sizeof mine);
+        kvStore_Delete(t->kv, mine);
+        for (uint32_t i = 0; i < t->partitions; i++)
+            if (tp->parts[i].lease_rev != 0) {
+                kvStore_Delete(t->kv, tp->parts[i].lease_key);
+                tp->parts[i].lease_rev = 0;
+            }
+    }
+}

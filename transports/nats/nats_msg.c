@@ -1,0 +1,151 @@
+/* Message plumbing: the aggregate ID travels in a header (never in the
+ * subject), and the $JS.ACK reply subject carries the delivery metadata. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nats_int.h"
+
+static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static int b64_val(char c)
+{
+    const char *p = c ? strchr(b64, c) : NULL;
+    return p ? (int)(p - b64) : -1;
+}
+
+/* Printable ASCII without spaces survives a header unchanged and stays
+ * readable for other clients; anything else is base64. */
+static bool plain_text(const unsigned char *k, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (k[i] <= 0x20 || k[i] >= 0x7f)
+            return false;
+    return true;
+}
+
+int kb__nats_set_key(natsMsg *m, const void *key, size_t len)
+{
+    const unsigned char *k = key;
+    char buf[4 * 1024 / 3 + 8], *out = buf;
+    size_t need = 4 * ((len + 2) / 3) + 1;
+    if (plain_text(k, len) && len < sizeof buf) {
+        memcpy(buf, k, len);
+        buf[len] = '\0';
+        return natsMsgHeader_Set(m, KB_NATS_KEY_HDR, buf) == NATS_OK ? KB_OK : KB_ENOMEM;
+    }
+    if (need > sizeof buf && (out = malloc(need)) == NULL)
+        return KB_ENOMEM;
+    size_t o = 0;
+    for (size_t i = 0; i < len; i += 3) {
+        uint32_t v = (uint32_t)k[i] << 16;
+        if (i + 1 < len)
+            v |= (uint32_t)k[i + 1] << 8;
+        if (i + 2 < len)
+            v |= k[i + 2];
+        out[o++] = b64[(v >> 18) & 63];
+        out[o++] = b64[(v >> 12) & 63];
+        out[o++] = i + 1 < len ? b64[(v >> 6) & 63] : '=';
+        out[o++] = i + 2 < len ? b64[v & 63] : '=';
+    }
+    out[o] = '\0';
+    natsStatus s = natsMsgHeader_Set(m, KB_NATS_KEY_B64_HDR, out);
+    if (out != buf)
+        free(out);
+    return s == NATS_OK ? KB_OK : KB_ENOMEM;
+}
+
+int kb__nats_get_key(natsMsg *m, char *buf, size_t cap, const char **why)
+{
+    const char *v = NULL;
+    if (natsMsgHeader_Get(m, KB_NATS_KEY_HDR, &v) == NATS_OK && v != NULL) {
+        size_t len = strlen(v);
+        if (len == 0 || len > cap) {
+            *why = len ? "Kb-Key header too long" : "empty Kb-Key header";
+            return -1;
+        }
+        memcpy(buf, v, len);
+        return (int)len;
+    }
+    if (natsMsgHeader_Get(m, KB_NATS_KEY_B64_HDR, &v) != NATS_OK || v == NULL) {
+        *why = "no Kb-Key header: not written by keybus";
+        return -1;
+    }
+    size_t o = 0, n = strlen(v);
+    if (n == 0 || n % 4 != 0) {
+        *why = "malformed Kb-Bin-Key header";
+        return -1;
+    }
+    for (size_t i = 0; i < n; i += 4) {
+        int a = b64_val(v[i]), b = b64_val(v[i + 1]);
+        int c = v[i + 2] == '=' ? 0 : b64_val(v[i + 2]);
+        int d = v[i + 3] == '=' ? 0 : b64_val(v[i + 3]);
+        if (a < 0 || b < 0 || c < 0 || d < 0 || (v[i + 2] == '=' && v[i + 3] != '=')) {
+            *why = "malformed Kb-Bin-Key header";
+            return -1;
+        }
+        uint32_t x = (uint32_t)a << 18 | (uint32_t)b << 12 | (uint32_t)c << 6 | (uint32_t)d;
+        size_t bytes = v[i + 2] == '=' ? 1 : v[i + 3] == '=' ? 2 : 3;
+        if (o + bytes > cap) {
+            *why = "Kb-Bin-Key header too long";
+            return -1;
+        }
+        buf[o++] = (char)(x >> 16);
+        if (bytes > 1)
+            buf[o++] = (char)(x >> 8);
+        if (bytes > 2)
+            buf[o++] = (char)x;
+    }
+    if (o == 0) {
+        *why = "empty key";
+        return -1;
+    }
+    return (int)o;
+}
+
+/* $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending> (v1), or
+ * $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>... (v2). */
+int kb__nats_parse_ack(const char *reply, kb_nats_meta *out)
+{
+    if (reply == NULL || strncmp(reply, "$JS.ACK.", 8) != 0)
+        return -1;
+    const char *tok[16];
+    size_t len[16];
+    int n = 0;
+    for (const char *p = reply + 8; *p && n < 16;) {
+        const char *dot = strchr(p, '.');
+        tok[n] = p;
+        len[n] = dot ? (size_t)(dot - p) : strlen(p);
+        n++;
+        if (dot == NULL)
+            break;
+        p = dot + 1;
+    }
+    int c = n == 7 ? 1 : n >= 9 ? 3 : -1;
+    if (c < 0 || len[c] >= sizeof out->consumer)
+        return -1;
+    memcpy(out->consumer, tok[c], len[c]);
+    out->consumer[len[c]] = '\0';
+    out->delivered = strtoull(tok[c + 1], NULL, 10);
+    out->sseq = strtoull(tok[c + 2], NULL, 10);
+    return out->sseq ? 0 : -1;
+}
+
+/* A copy of a publish (subject, keybus headers, body) we may send again. */
+natsMsg *kb__nats_msg_clone(natsMsg *m)
+{
+    natsMsg *c = NULL;
+    if (natsMsg_Create(&c, natsMsg_GetSubject(m), NULL, natsMsg_GetData(m),
+                       natsMsg_GetDataLength(m)) != NATS_OK)
+        return NULL;
+    const char *hdrs[] = {KB_NATS_KEY_HDR, KB_NATS_KEY_B64_HDR, "Nats-Msg-Id"};
+    for (size_t i = 0; i < sizeof hdrs / sizeof *hdrs; i++) {
+        const char *v = NULL;
+        if (natsMsgHeader_Get(m, hdrs[i], &v) == NATS_OK && v != NULL &&
+            natsMsgHeader_Set(c, hdrs[i], v) != NATS_OK) {
+            natsMsg_Destroy(c);
+            return NULL;
+        }
+    }
+    return c;
+}

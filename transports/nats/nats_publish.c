@@ -1,0 +1,230 @@
+/* Publishing: asynchronous JetStream publishes with a Nats-Msg-Id each, a
+ * bounded number in flight, and in-order resends after a broken connection. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../core/err.h"
+#include "nats_int.h"
+
+static uint64_t msg_seq(natsMsg *m)
+{
+    const char *id = NULL, *dash;
+    if (natsMsgHeader_Get(m, "Nats-Msg-Id", &id) != NATS_OK || id == NULL ||
+        (dash = strrchr(id, '-')) == NULL)
+        return 0;
+    return strtoull(dash + 1, NULL, 10);
+}
+
+static int by_seq(const void *a, const void *b)
+{
+    uint64_t x = msg_seq(*(natsMsg *const *)a), y = msg_seq(*(natsMsg *const *)b);
+    return x < y ? -1 : x > y;
+}
+
+/* Caller holds resend_lock. */
+static void push(kb_transport *t, natsMsg *m, bool front)
+{
+    kb_nats_resend *r = malloc(sizeof *r);
+    if (r == NULL) {
+        atomic_fetch_add(&t->pub_rejected, 1);
+        snprintf(t->pub_error, sizeof t->pub_error, "out of memory queueing a resend");
+        natsMsg_Destroy(m);
+        return;
+    }
+    r->msg = m;
+    r->next = NULL;
+    if (front) {
+        r->next = t->resend_head;
+        t->resend_head = r;
+        if (t->resend_tail == NULL)
+            t->resend_tail = r;
+    } else {
+        if (t->resend_tail)
+            t->resend_tail->next = r;
+        else
+            t->resend_head = r;
+        t->resend_tail = r;
+    }
+    atomic_fetch_add(&t->resend_len, 1);
+}
+
+int kb__nats_publish(kb_transport *t, const char *topic, const kb_msg *m)
+{
+    kb_nats_topic *tp = kb__nats_topic(t, topic, true);
+    if (tp == NULL)
+        return KB_ETRANSPORT;
+    char subj[KB_NATS_NAME], id[64];
+    snprintf(subj, sizeof subj, "kb.%s.%u", topic, m->hash % t->partitions);
+    snprintf(id, sizeof id, "%s-%llu", t->bus_id,
+             (unsigned long long)atomic_fetch_add(&t->msg_seq, 1) + 1);
+    natsMsg *msg = NULL;
+    if (natsMsg_Create(&msg, subj, NULL, m->payload_len ? m->payload : NULL,
+                       (int)m->payload_len) != NATS_OK ||
+        kb__nats_set_key(msg, m->key, m->key_len) != KB_OK ||
+        natsMsgHeader_Set(msg, "Nats-Msg-Id", id) != NATS_OK) {
+        natsMsg_Destroy(msg);
+        kb__errf(NULL, 0, "nats: out of memory for a publish");
+        return KB_ENOMEM;
+    }
+    /* While the connection recovers, keep order: queue behind the resends. */
+    int64_t until = kb__nats_now_ns() + (int64_t)t->enqueue_timeout_ms * 1000000;
+    while (atomic_load(&t->gated) && atomic_load(&t->resend_len) >= (uint64_t)t->max_ack_pending * 16) {
+        if (kb__nats_now_ns() >= until) {
+            natsMsg_Destroy(msg);
+            kb__errf(NULL, 0, "nats %s: reconnecting, %llu publishes queued", t->url_safe,
+                     (unsigned long long)atomic_load(&t->resend_len));
+            return KB_EFULL;
+        }
+        kb__nats_sleep_ms(1);
+    }
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.MaxWait = t->publish_timeout_ms;
+    natsStatus s = NATS_OK;
+    pthread_rwlock_rdlock(&t->pub_lock);
+    if (atomic_load(&t->gated)) {
+        pthread_mutex_lock(&t->resend_lock);
+        push(t, msg, false);
+        pthread_mutex_unlock(&t->resend_lock);
+        msg = NULL;
+    } else {
+        atomic_store(&t->published_async, 1);
+        s = js_PublishMsgAsync(t->js, &msg, &po);
+    }
+    pthread_rwlock_unlock(&t->pub_lock);
+    natsMsg_Destroy(msg);   /* NULL when the library or the queue took it */
+    if (s == NATS_TIMEOUT) {
+        kb__errf(NULL, 0, "nats: nats.publish_max_pending publishes in flight for %d ms",
+                 t->enqueue_timeout_ms);
+        return KB_EFULL;
+    }
+    if (s != NATS_OK)
+        return kb__nats_errf("publish", s, 0);
+    atomic_fetch_add_explicit(&tp->published, 1, memory_order_relaxed);
+    return KB_OK;
+}
+
+/* A publish ack that failed: transport trouble is sent again (the Msg-Id makes
+ * it idempotent); a rejection by the server is counted for kb_flush to report. */
+void kb__nats_pub_err(jsCtx *js, jsPubAckErr *pae, void *closure)
+{
+    (void)js;
+    kb_transport *t = closure;
+    pthread_mutex_lock(&t->resend_lock);
+    if (pae->ErrCode == 0 && pae->Err != NATS_INVALID_ARG) {
+        natsMsg *c = kb__nats_msg_clone(pae->Msg);
+        if (c != NULL) {
+            push(t, c, false);
+            atomic_store(&t->gated, 1);
+        } else {
+            atomic_fetch_add(&t->pub_rejected, 1);
+            snprintf(t->pub_error, sizeof t->pub_error, "out of memory copying a resend");
+        }
+    } else {
+        atomic_fetch_add(&t->pub_rejected, 1);
+        snprintf(t->pub_error, sizeof t->pub_error, "%s: %s (jetstream error %d)",
+                 natsMsg_GetSubject(pae->Msg), pae->ErrText ? pae->ErrText : natsStatus_GetText(pae->Err),
+                 (int)pae->ErrCode);
+        kb_log(t->bus, 3, "nats %s: publish rejected: %s", t->url_safe, t->pub_error);
+    }
+    pthread_mutex_unlock(&t->resend_lock);
+}
+
+/* The connection broke: take back every publish not yet acked (in publish
+ * order) and queue new ones behind them until they are resent. */
+void kb__nats_disconnected(natsConnection *nc, void *closure)
+{
+    (void)nc;
+    kb_transport *t = closure;
+    if (atomic_load(&t->closing))
+        return;   /* our own natsConnection_Close */
+    kb_log(t->bus, 4, "nats %s: disconnected, reconnecting", t->url_safe);
+    pthread_rwlock_wrlock(&t->pub_lock);
+    natsMsgList l = {0};
+    if (t->js != NULL && atomic_load(&t->published_async) &&
+        js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK) {
+        qsort(l.Msgs, (size_t)l.Count, sizeof *l.Msgs, by_seq);
+        pthread_mutex_lock(&t->resend_lock);
+        for (int i = l.Count - 1; i >= 0; i--) {
+            push(t, l.Msgs[i], true);
+            l.Msgs[i] = NULL;
+        }
+        pthread_mutex_unlock(&t->resend_lock);
+        natsMsgList_Destroy(&l);
+    }
+    atomic_store(&t->gated, 1);
+    pthread_rwlock_unlock(&t->pub_lock);
+}
+
+/* Send the queued publishes again, in order, once connected. Acker thread. */
+void kb__nats_resend(kb_transport *t)
+{
+    if (!atomic_load(&t->gated) || natsConnection_Status(t->nc) != NATS_CONN_STATUS_CONNECTED)
+        return;
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.MaxWait = t->publish_timeout_ms;
+    pthread_rwlock_wrlock(&t->pub_lock);
+    pthread_mutex_lock(&t->resend_lock);
+    for (int n = 0; n < 4096 && t->resend_head != NULL; n++) {
+        kb_nats_resend *r = t->resend_head;
+        natsStatus s = js_PublishMsgAsync(t->js, &r->msg, &po);
+        if (s != NATS_OK)
+            break;   /* stalled or disconnected: next tick */
+        t->resend_head = r->next;
+        if (t->resend_head == NULL)
+            t->resend_tail = NULL;
+        atomic_fetch_sub(&t->resend_len, 1);
+        free(r);
+    }
+    if (t->resend_head == NULL)
+        atomic_store(&t->gated, 0);
+    pthread_mutex_unlock(&t->resend_lock);
+    pthread_rwlock_unlock(&t->pub_lock);
+}
+
+void kb__nats_resend_free(kb_transport *t)
+{
+    uint64_t lost = 0;
+    for (kb_nats_resend *r = t->resend_head, *next; r; r = next) {
+        next = r->next;
+        natsMsg_Destroy(r->msg);
+        free(r);
+        lost++;
+    }
+    t->resend_head = t->resend_tail = NULL;
+    if (lost)
+        kb_log(t->bus, 3, "nats %s: %llu publishes never acked by the server at close",
+               t->url_safe, (unsigned long long)lost);
+}
+
+int kb__nats_flush(kb_transport *t, int timeout_ms)
+{
+    int64_t deadline = timeout_ms < 0 ? INT64_MAX : kb__nats_now_ns() + (int64_t)timeout_ms * 1000000;
+    for (;;) {
+        int64_t left = deadline == INT64_MAX ? 60000 : (deadline - kb__nats_now_ns()) / 1000000;
+        jsPubOptions po;
+        jsPubOptions_Init(&po);
+        po.MaxWait = left > 1 ? left : 1;
+        natsStatus s = js_PublishAsyncComplete(t->js, &po);
+        if (s == NATS_OK && !atomic_load(&t->gated) && atomic_load(&t->resend_len) == 0)
+            break;
+        if (kb__nats_now_ns() >= deadline) {
+            kb__errf(NULL, 0, "nats %s: publishes not acked within %d ms", t->url_safe, timeout_ms);
+            return KB_ETIMEDOUT;
+        }
+        if (atomic_load(&t->closing))
+            kb__nats_resend(t);   /* the acker has stopped */
+        kb__nats_sleep_ms(1);
+    }
+    uint64_t rejected = atomic_exchange(&t->pub_rejected, 0);
+    if (rejected) {
+        pthread_mutex_lock(&t->resend_lock);
+        kb__errf(NULL, 0, "nats %s: %llu publishes rejected; last: %s", t->url_safe,
+                 (unsigned long long)rejected, t->pub_error);
+        pthread_mutex_unlock(&t->resend_lock);
+        return KB_ETRANSPORT;
+    }
+    return KB_OK;
+}

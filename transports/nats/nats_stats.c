@@ -1,0 +1,115 @@
+/* Broker figures: per-subject counts from the stream, pending and lag from
+ * the partitions' consumers, the owner from the lease bucket. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../core/err.h"
+#include "nats_int.h"
+
+/* Messages per subject of the topic's stream; dlq into *dlq, partition `only`
+ * (or all partitions when only < 0) into *len. */
+static int subject_counts(kb_transport *t, kb_nats_topic *tp, long only, uint64_t *len,
+                          uint64_t *dlq)
+{
+    char filter[KB_NATS_NAME];
+    snprintf(filter, sizeof filter, "kb.%s.*", tp->name);
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Stream.Info.SubjectsFilter = filter;
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetStreamInfo(&si, t->js, tp->stream, &o, &jerr);
+    if (s != NATS_OK)
+        return kb__nats_errf(tp->stream, s, jerr);
+    *len = *dlq = 0;
+    size_t pre = strlen(filter) - 1;
+    for (int i = 0; si->State.Subjects != NULL && i < si->State.Subjects->Count; i++) {
+        const jsStreamStateSubject *ss = &si->State.Subjects->List[i];
+        if (strcmp(ss->Subject, tp->dlq_subject) == 0) {
+            *dlq = ss->Msgs;
+            continue;
+        }
+        char *end = NULL;
+        long n = strtol(ss->Subject + pre, &end, 10);
+        if (end != ss->Subject + pre && *end == '\0' && (only < 0 || n == only))
+            *len += ss->Msgs;
+    }
+    jsStreamInfo_Destroy(si);
+    return KB_OK;
+}
+
+static bool is_partition_consumer(kb_transport *t, const jsConsumerInfo *ci, long only)
+{
+    size_t gl = strlen(t->group);
+    unsigned n = 0;
+    return strncmp(ci->Name, t->group, gl) == 0 && sscanf(ci->Name + gl, "_%u_", &n) == 1 &&
+           (only < 0 || (long)n == only);
+}
+
+int kb__nats_stats(kb_transport *t, const char *topic, kb_topic_stats *out)
+{
+    kb_nats_topic *tp = kb__nats_topic(t, topic, false);
+    if (tp == NULL)
+        return KB_ENOTFOUND;
+    out->published = atomic_load(&tp->published);
+    out->partitions = t->partitions;
+    if (atomic_load(&tp->subscribed))
+        for (uint32_t i = 0; i < t->partitions; i++) {
+            kb_nats_claim *c = atomic_load(&tp->parts[i].claim);
+            out->partitions_owned += c != NULL && !atomic_load(&c->fenced);
+        }
+    int rc = subject_counts(t, tp, -1, &out->broker_length, &out->dlq_length);
+    if (rc != KB_OK)
+        return rc;
+    jsConsumerInfoList *list = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_Consumers(&list, t->js, tp->stream, NULL, &jerr);
+    if (s != NATS_OK && s != NATS_NOT_FOUND)
+        return kb__nats_errf("consumers", s, jerr);
+    for (int i = 0; list != NULL && i < list->Count; i++)
+        if (is_partition_consumer(t, list->List[i], -1)) {
+            out->broker_pending += (uint64_t)list->List[i]->NumAckPending;
+            out->broker_lag += list->List[i]->NumPending;
+        }
+    jsConsumerInfoList_Destroy(list);
+    return KB_OK;
+}
+
+int kb__nats_partition_stats(kb_transport *t, const char *topic, uint32_t partition,
+                             kb_partition_stats *out)
+{
+    kb_nats_topic *tp = kb__nats_topic(t, topic, false);
+    if (tp == NULL || partition >= t->partitions) {
+        kb__errf(NULL, 0, "nats: no partition %u of %s here", partition, topic);
+        return KB_ENOTFOUND;
+    }
+    out->partition = partition;
+    uint64_t dlq = 0;
+    int rc = subject_counts(t, tp, (long)partition, &out->length, &dlq);
+    if (rc != KB_OK)
+        return rc;
+    jsConsumerInfoList *list = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_Consumers(&list, t->js, tp->stream, NULL, &jerr);
+    if (s != NATS_OK && s != NATS_NOT_FOUND)
+        return kb__nats_errf("consumers", s, jerr);
+    for (int i = 0; list != NULL && i < list->Count; i++) {
+        const jsConsumerInfo *ci = list->List[i];
+        if (!is_partition_consumer(t, ci, (long)partition))
+            continue;
+        out->consumers++;
+        out->pending += (uint64_t)ci->NumAckPending;
+        out->lag += ci->NumPending;
+        out->redelivered += (uint64_t)ci->NumRedelivered;
+    }
+    jsConsumerInfoList_Destroy(list);
+    char key[2 * KB_NATS_NAME];
+    snprintf(key, sizeof key, "l.%s.%s.%u", tp->stream, t->group, partition);
+    kvEntry *e = NULL;
+    if (kvStore_Get(&e, t->kv, key) == NATS_OK) {
+        snprintf(out->owner, sizeof out->owner, "%s", kvEntry_ValueString(e));
+        kvEntry_Destroy(e);
+    }
+    return KB_OK;
+}

@@ -1,0 +1,9 @@
+# NATS JetStream transport (nats.c); included by the top CMakeLists.txt.
+list(APPEND KB_SOURCES
+  transports/nats/nats.c transports/nats/nats_conf.c transports/nats/nats_msg.c
+  transports/nats/nats_publish.c transports/nats/nats_consume.c transports/nats/nats_ack.c
+  transports/nats/nats_lease.c transports/nats/nats_dlq.c transports/nats/nats_stats.c)
+pkg_check_modules(NATS REQUIRED IMPORTED_TARGET libnats)
+list(APPEND KB_PRIVATE_LIBS PkgConfig::NATS)
+list(APPEND KB_DEFINITIONS KB_WITH_NATS)
+string(APPEND KB_PC_REQUIRES " libnats")
