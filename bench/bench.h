@@ -119,6 +119,8 @@ void kb_result_plan(kb_result *r, const kb_plan *p);
 void kb_run_bus(const kb_plan *p, const kb_bus_opts *o, kb_result *r);
 void kb_run_ring(const kb_plan *p, kb_result *r);
 void kb_run_mutex(const kb_plan *p, uint32_t threads, kb_result *r);
+/* baseline_redis.c (built with the Redis transport): plain hiredis against `url`. */
+void kb_run_redis_raw(const kb_plan *p, const char *url, kb_result *r);
 
 /* report.c */
 void kb_report_header(FILE *out);

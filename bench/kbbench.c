@@ -29,7 +29,8 @@ static const char usage[] =
     "  --sweep-max N         largest events sweep point (default 10M)\n"
     "  --json FILE           append JSON lines ('-': stdout, the table goes to stderr)\n"
     "  --cdf FILE            append latency CDF blocks for gnuplot\n"
-    "  --no-baselines        skip baseline:ring and baseline:mutex (--baselines: on, default)\n"
+    "  --no-baselines        skip baseline:ring and baseline:mutex (--baselines: on, default),\n"
+    "                        and baseline:redis-raw (run with redis:// transports)\n"
     "Numbers take k/M suffixes. Exit 1 when a run lost, duplicated or reordered events or failed.\n";
 
 struct cli {
@@ -79,7 +80,7 @@ static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t ag
     kb_plan p = {.scenario = s, .events = events, .aggregates = aggs < events ? aggs : (uint32_t)events,
                  .producers = c->producers, .payload_bytes = c->payload_bytes,
                  .handler_us = c->handler_us, .rate = c->rate, .label = label};
-    kb_result *r = calloc(3, sizeof *r);
+    kb_result *r = calloc(4, sizeof *r);
     if (r == NULL) {
         c->failed = 1;
         return;
@@ -87,17 +88,27 @@ static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t ag
     kb_bus_opts bus = c->bus;
     bus.threads = threads;
     uint32_t workers = threads ? threads : (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
-    r[0].kind = r[1].kind = r[2].kind = kind;
+    r[0].kind = r[1].kind = r[2].kind = r[3].kind = kind;
     if (c->baselines) {
         kb_run_ring(&p, &r[0]);
         emit(c, &r[0]);
         kb_run_mutex(&p, workers, &r[1]);
         emit(c, &r[1]);
     }
+#ifdef KB_BENCH_REDIS
+    /* baseline:redis-raw: plain hiredis on the same server (redis:// runs only) */
+    if (c->baselines && bus.transport && strncmp(bus.transport, "redis://", 8) == 0) {
+        kb_run_redis_raw(&p, bus.transport, &r[3]);
+        emit(c, &r[3]);
+    }
+#endif
     kb_run_bus(&p, &bus, &r[2]);
     r[2].ratio_ring = r[0].events_per_s > 0 ? r[2].events_per_s / r[0].events_per_s : 0;
     r[2].ratio_mutex = r[1].events_per_s > 0 ? r[2].events_per_s / r[1].events_per_s : 0;
     emit(c, &r[2]);
+    if (r[3].events_per_s > 0)   /* the JSON has both rows; run-all.sh computes the same */
+        fprintf(c->table, "# %s vs baseline:redis-raw: %.2f\n", label,
+                r[2].events_per_s / r[3].events_per_s);
     free(r);
 }
 

@@ -41,14 +41,84 @@ run latency --scenario multi --events 1000000 --rate 1000000 --cdf "$res/cdf.dat
 echo "run-all.sh: keybus-gbench" >&2
 timeout 240 "$gbench" --benchmark_min_time=0.2 --benchmark_color=false >"$res/gbench.txt" 2>&1 || status=1
 
+# --- Redis Streams: only when redis-server exists; own server, stopped by PID --
+RJ=$res/redis.jsonl
+redis_note="not run: redis-server not found"
+redis_mp=""
+if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 &&
+   cmake --build "$build" -j"$(nproc)" --target redis_consumer_proc >/dev/null 2>&1; then
+    rdir=$(mktemp -d /tmp/kb-bench-redis.XXXXXX)
+    rport=""
+    for try in 1 2 3 4 5 6 7 8; do   # a free loopback port: nothing answers there yet
+        p=$(( 20000 + ($$ * 31 + try * 7919) % 40000 ))
+        redis-cli -p $p ping >/dev/null 2>&1 && continue
+        redis-server --port $p --bind 127.0.0.1 --save "" --appendonly no --dir "$rdir" \
+            --daemonize yes --pidfile "$rdir/redis.pid" --logfile "$rdir/redis.log" >/dev/null 2>&1 || continue
+        for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+            redis-cli -p $p ping >/dev/null 2>&1 && break
+            sleep 0.1
+        done
+        if redis-cli -p $p ping >/dev/null 2>&1 && [ -s "$rdir/redis.pid" ]; then rport=$p; break; fi
+    done
+    stop_redis() {
+        [ -s "$rdir/redis.pid" ] && kill "$(cat "$rdir/redis.pid")" 2>/dev/null
+        sleep 0.3
+        rm -rf "$rdir"
+    }
+    if [ -n "$rport" ]; then
+        trap stop_redis EXIT INT TERM
+        rurl=redis://127.0.0.1:$rport
+        redis_note="redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), loopback, no persistence"
+        echo "run-all.sh: keybus-bench --transport $rurl --scenario all" >&2
+        timeout 200 "$bench" --transport "$rurl" --scenario all --json "$RJ" >"$res/redis-scenarios.txt" || {
+            echo "run-all.sh: redis scenarios failed, see $res/redis-scenarios.txt" >&2
+            status=1
+        }
+        redis-cli -p "$rport" flushall >/dev/null
+        # 1M events (100 keys x 10k), one producer process, two consumer processes
+        # (tests/redis_consumer_proc: 8 partitions shared by lease, each handled
+        # event appended as a line to one O_APPEND log), order checked on the log.
+        cons=$build/tests/redis_consumer_proc
+        topic=kbbench.mp.$$
+        log=$rdir/handled.log
+        "$cons" "$rurl" "$topic" mp-a "$log" 10000 0 & pa=$!
+        "$cons" "$rurl" "$topic" mp-b "$log" 10000 0 & pb=$!
+        owners=0
+        for i in $(seq 100); do   # both processes hold leases
+            owners=$(for n in 0 1 2 3 4 5 6 7; do redis-cli -p "$rport" get "kb:{$topic}:lease:$n"; done |
+                     cut -d'#' -f1 | grep -c . | tr -d ' ')
+            [ "$owners" = 8 ] && [ "$(for n in 0 1 2 3 4 5 6 7; do redis-cli -p "$rport" get "kb:{$topic}:lease:$n"; done | cut -d'#' -f1 | sort -u | grep -c .)" = 2 ] && break
+            sleep 0.1
+        done
+        t0=$(date +%s.%N)
+        timeout 120 "$cons" --produce "$rurl" "$topic" 100 10000 || status=1
+        tp=$(date +%s.%N)
+        n=0
+        for i in $(seq 1200); do
+            n=$(wc -l <"$log" 2>/dev/null || echo 0)
+            [ "$n" -ge 1000000 ] && break
+            sleep 0.1
+        done
+        t1=$(date +%s.%N)
+        kill -TERM $pa $pb 2>/dev/null
+        wait $pa $pb 2>/dev/null || true
+        check=$(awk '{ k = $1; s = $2; if (s == last[k] + 1) last[k] = s; else if (s <= last[k]) dup++; else bad++; by[$3]++ }
+                     END { for (k in last) d += last[k]; printf "%d %d %d %d %d", d, bad, dup, by["mp-a"], by["mp-b"] }' "$log")
+        redis_mp=$(echo "$t0 $tp $t1 $check" | awk '{ printf "| 1,000,000 | 2 | %.2f | %.0f | %.0f | %d/%d/%d | %d / %d |", $3 - $1, 1e6 / ($2 - $1), $4 / ($3 - $1), $4, $5, $6, $7, $8 }')
+        [ "$(echo "$check" | cut -d' ' -f1-3)" = "1000000 0 0" ] || status=1
+    fi
+    stop_redis
+    trap - EXIT INT TERM
+fi
+
 "$src/bench/plot.sh" "$res" "$img"
 
 # --- docs/benchmarks.md -------------------------------------------------------
 J=$res/results.jsonl
-table() {   # jq filter selecting rows
+table() {   # jq filter selecting rows [, JSON lines file]
     echo "| scenario | kind | transport | events | aggs | thr | seconds | events/s | p50 µs | p99 µs | p99.9 µs | peak RSS MiB | order/lost/dup | × origin | × ring | × mutex |"
     echo "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|--:|--:|--:|"
-    jq -r "select($1) | \"| \(.scenario) | \(.kind) | \(.transport) | \(.events) | \(.aggregates) | \(.threads) | \(.seconds * 10000 | round / 10000) | \(.events_per_s | round) | \(.p50_us * 100 | round / 100) | \(.p99_us * 100 | round / 100) | \(.p999_us * 100 | round / 100) | \(.rss_bytes / 104857.6 | round / 10) | \(.order_violations)/\(.lost)/\(.duplicates) | \(.ratio_origin * 10 | round / 10) | \(if .ratio_ring then (.ratio_ring * 100 | round / 100) else \"\" end) | \(if .ratio_mutex then (.ratio_mutex * 100 | round / 100) else \"\" end) |\"" "$J"
+    jq -r "select($1) | \"| \(.scenario) | \(.kind) | \(.transport) | \(.events) | \(.aggregates) | \(.threads) | \(.seconds * 10000 | round / 10000) | \(.events_per_s | round) | \(.p50_us * 100 | round / 100) | \(.p99_us * 100 | round / 100) | \(.p999_us * 100 | round / 100) | \(.rss_bytes / 104857.6 | round / 10) | \(.order_violations)/\(.lost)/\(.duplicates) | \(.ratio_origin * 10 | round / 10) | \(if .ratio_ring then (.ratio_ring * 100 | round / 100) else \"\" end) | \(if .ratio_mutex then (.ratio_mutex * 100 | round / 100) else \"\" end) |\"" "${2:-$J}"
 }
 pick() {   # jq filter -> one value
     jq -rs "map(select($1)) | .[0] | $2 // \"n/a\"" "$J"
@@ -152,6 +222,41 @@ $(table '.kind == "sweep-threads"')
 $(table '.kind == "fixed-rate"')
 
 ![latency CDF](img/latency_cdf.png)
+
+## Redis Streams
+
+$redis_note. Same binary and scenarios against a \`redis-server\` this script starts on a free
+loopback port (\`--save "" --appendonly no\`, its own temp dir) and stops by PID afterwards:
+
+\`\`\`sh
+redis-server --port P --bind 127.0.0.1 --save "" --dir /tmp/x
+keybus-bench --transport redis://127.0.0.1:P --scenario all
+\`\`\`
+
+\`baseline:redis-raw\` (bench/baseline_redis.c) is plain hiredis on the same server in the same
+run: one thread pipelines \`XADD stream * k <key> d <payload>\` (the fields keybus writes) into
+a single stream, a second thread on its own connection loops \`XREADGROUP COUNT 2048 BLOCK 100\`
+and acks each batch with one \`XACK\` pipelined ahead of the next read; entries go through the
+same order/loss/duplicate checker. keybus uses the defaults: 8 partitions, \`redis.batch\` 256
+per partition, validated (fenced) reads, fenced acks. Issue target: keybus end-to-end ≥ 80%
+of \`baseline:redis-raw\`.
+
+$(if [ -s "$RJ" ]; then table 'true' "$RJ"; fi)
+
+| scenario | kind | events | baseline:redis-raw events/s | keybus redis:// events/s | keybus / raw |
+|---|---|--:|--:|--:|--:|
+$(if [ -s "$RJ" ]; then jq -rs 'group_by([.scenario, .kind])[] | (map(select(.transport == "baseline:redis-raw"))[0]) as $r | (map(select(.transport | startswith("redis://")))[0]) as $k | select($r and $k) | "| \($k.scenario) | \($k.kind) | \($k.events) | \($r.events_per_s | round) | \($k.events_per_s | round) | \(($k.events_per_s / $r.events_per_s * 100) | round)% |"' "$RJ"; fi)
+
+Multi-process run: one producer process publishes 1,000,000 events (100 keys × 10,000, 64-byte
+payloads, \`kb_publish\` + \`kb_flush\`) while two consumer processes share the topic's 8
+partitions by lease (\`tests/redis_consumer_proc\`, handler delay 0, each handled event written
+as a line to one \`O_APPEND\` log — a \`write(2)\` per event). Throughput is events over the
+time from the first publish until the log holds 1M lines (polled every 0.1 s); order, loss and
+duplicates are checked on the log's global order.
+
+| events | consumer processes | seconds | publish events/s | end-to-end events/s | distinct/order violations/dup | handled by a / b |
+|---|--:|--:|--:|--:|:-:|:-:|
+${redis_mp:-| not run | | | | | | |}
 
 ## Micro-benchmarks (google-benchmark)
 

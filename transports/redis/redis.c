@@ -297,10 +297,21 @@ static int redis_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
 
 /* ---- settling deliveries (executor threads) ---- */
 
+/* A delivery's cookie is the lease epoch it was read under (see deliver() in
+ * redis_consume.c); its topic is found by name (push-only list, few entries). */
+static kb_redis_part *delivery_part(kb_transport *t, const kb_delivery *d)
+{
+    kb_redis_topic *rt = kb__redis_topic_find(t, d->topic);
+    return rt != NULL && d->partition < rt->nparts ? &rt->parts[d->partition] : NULL;
+}
+
 static void settle(kb_transport *t, const kb_delivery *d, char *dead)
 {
-    kb_redis_topic *rt = d->cookie;
-    kb_redis_part *p = &rt->parts[d->partition];
+    kb_redis_part *p = delivery_part(t, d);
+    if (p == NULL) {
+        free(dead);
+        return;
+    }
     kb__redis_job_push(p, d->id, dead);
     /* after the push: the keeper releases a lease only once inflight is 0 and
      * then finds every job of the partition queued */
@@ -320,8 +331,9 @@ int kb__redis_dead_letter(kb_transport *t, const kb_delivery *d, const char *rea
     char *dead = kb__redis_dead_pack(d->key, d->key_len, d->payload, d->payload_len,
                                      d->partition, d->id, d->attempt, reason);
     if (dead == NULL) {
-        kb_redis_topic *rt = d->cookie;
-        atomic_fetch_sub(&rt->parts[d->partition].inflight, 1);
+        kb_redis_part *p = delivery_part(t, d);
+        if (p != NULL)
+            atomic_fetch_sub(&p->inflight, 1);
         kb__errf(NULL, 0, "redis: out of memory for a dead letter");
         return KB_ENOMEM;   /* left unacked: redelivered later */
     }
@@ -332,9 +344,27 @@ int kb__redis_dead_letter(kb_transport *t, const kb_delivery *d, const char *rea
 
 static void redis_release(kb_transport *t, const kb_delivery *d)
 {
-    (void)t;
-    kb_redis_topic *rt = d->cookie;
-    atomic_fetch_sub(&rt->parts[d->partition].inflight, 1);   /* stays pending on the broker */
+    kb_redis_part *p = delivery_part(t, d);
+    if (p != NULL)
+        atomic_fetch_sub(&p->inflight, 1);   /* stays pending on the broker */
+}
+
+/* Executor, just before the handler: is the lease the entry was read under
+ * still ours? Local only (no round trip): the partition is not free, its local
+ * deadline (TTL minus a fifth, see redis_lease.c) is ahead, and it was not lost
+ * and taken again since the read (the epoch in the cookie). */
+static int redis_still_owned(kb_transport *t, const kb_delivery *d)
+{
+    kb_redis_part *p = delivery_part(t, d);
+    if (p == NULL)
+        return 0;
+    if (atomic_load(&p->state) == KB_PART_FREE ||
+        atomic_load(&p->epoch) != (uint32_t)(uintptr_t)d->cookie ||
+        kb__now_ns() >= atomic_load(&p->deadline_ns)) {
+        atomic_fetch_add_explicit(&t->unowned, 1, memory_order_relaxed);
+        return 0;
+    }
+    return 1;
 }
 
 /* ---- life cycle ---- */
@@ -474,22 +504,15 @@ const kb_transport_ops kb__redis_ops = {
     .partition_stats = kb__redis_partition_stats,
     .dead_letters = kb__redis_dead_letters,
     .dead_letter_replay = kb__redis_dead_letter_replay,
+    .still_owned = redis_still_owned,
     .stop = redis_stop,
     .close = redis_close,
 };
 
-/* rediss:// is registered only to refuse it with a reason (open fails). */
+/* rediss:// is registered only so kb_open can refuse it with a reason
+ * (redis_open fails for it before anything else is used). */
 const kb_transport_ops kb__rediss_ops = {
     .abi_version = KB_TRANSPORT_ABI,
     .scheme = "rediss",
-    .flags = KB_TRANSPORT_F_SINGLE_FEEDER,
     .open = redis_open,
-    .publish = redis_publish,
-    .subscribe = redis_subscribe,
-    .ack = redis_ack,
-    .dead_letter = kb__redis_dead_letter,
-    .release = redis_release,
-    .flush = redis_flush,
-    .stop = redis_stop,
-    .close = redis_close,
 };

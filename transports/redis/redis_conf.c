@@ -17,10 +17,11 @@ const kb_prop kb__redis_props[] = {
      "Redis: partition lease and membership TTL; renewed 4 times per TTL. A dead "
      "process's partitions move after about this long."},
     {"redis.fenced_reads", KB_PROP_INT, "1", 0, 1,
-     "Redis: 1 = each read checks the partition lease on the server (a Lua script), so a "
-     "process paused past its lease cannot take entries the next owner should get; 0 = plain "
-     "`XREADGROUP`, about 1.6x faster, fenced only by the local lease deadline (a pause "
-     "between that check and the read can strand entries and reorder their keys)."},
+     "Redis: 1 = each read is validated on the server in the same pipeline (`GET` of the "
+     "lease, `XPENDING`; entries read after the lease was lost are swept again), so a process "
+     "paused past its lease cannot take entries the next owner should get; 0 = plain "
+     "`XREADGROUP`, fenced only by the local lease deadline (a pause between that check and "
+     "the read can strand entries and reorder their keys)."},
     {"redis.reconnect_min_ms", KB_PROP_INT, "50", 1, 60000,
      "Redis: first reconnect delay; doubles per failure, with jitter."},
     {"redis.reconnect_max_ms", KB_PROP_INT, "5000", 1, 600000,

@@ -110,7 +110,7 @@ static int deliver(kb_redis_topic *rt, uint32_t part, const redisReply *e, uint3
     }
     kb_delivery dl = {.topic = rt->name, .key = k->str, .key_len = k->len, .payload = d->str,
                       .payload_len = d->len, .partition = part, .attempt = attempt, .id = id,
-                      .cookie = rt};
+                      .cookie = (void *)(uintptr_t)epoch};   /* checked by still_owned */
     int rc = kb_sink_deliver(rt->sink, &dl, -1);   /* blocks while the lane is full */
     if (rc == KB_OK)
         return DELIVERED;
@@ -128,14 +128,6 @@ static const char SWEEP_LUA[] =
     "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
     "return {redis.call('xpending',KEYS[2],ARGV[2],ARGV[4],'+',ARGV[5]),"
     "redis.call('xautoclaim',KEYS[2],ARGV[2],ARGV[3],0,ARGV[4],'COUNT',ARGV[5])}";
-/* New entries, or (none) the stream's last ID to wait on with XREAD BLOCK. */
-static const char READ_LUA[] =
-    "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
-    "local r=redis.call('xreadgroup','GROUP',ARGV[2],ARGV[3],'COUNT',ARGV[4],'STREAMS',KEYS[2],'>') "
-    "if r then return r end "
-    "local last=redis.call('xrevrange',KEYS[2],'+','-','COUNT',1)[1] "
-    "if last then return last[1] end return '0-0'";
-
 static bool group_gone(const char *err)
 {
     return strstr(err, "NOGROUP") != NULL || strstr(err, "UNBLOCKED") != NULL;
@@ -212,130 +204,262 @@ static int sweep(kb_redis_topic *rt, uint32_t part, uint32_t epoch)
     return rc;
 }
 
-/* Nothing new anywhere: wait (XREAD BLOCK, which moves no entry into any PEL)
- * until one of the streams grows past the tail the fenced read saw. */
-static void wait_new(kb_redis_topic *rt, const char **keys, const char **tails, size_t n)
+/* A read in flight: what was asked, under which epochs. */
+typedef struct rround {
+    uint32_t *parts;     /* partitions read */
+    uint32_t *epochs;    /* their epochs when the read was sent */
+    bool *ok;            /* validated: deliver this partition's entries */
+    size_t n;
+    bool pending;        /* sent, replies not read */
+} rround;
+
+/* Scratch of the consumer thread, allocated once. */
+typedef struct reader {
+    uint32_t *seen;      /* seen[i]: epoch of partition i whose sweep is done; 0 = sweep needed */
+    rround r[2];          /* the read being handled and the one sent ahead of it */
+    const char **argv;
+} reader;
+
+/* Another consumer has entries pending in this partition: `x` is the summary
+ * form of XPENDING ([count, min, max, [[consumer, count]...]]). */
+static bool foreign_pending(const struct kb_transport *t, const redisReply *x)
 {
-    const char **argv = malloc((6 + 2 * n) * sizeof *argv);
-    if (argv == NULL)
-        return;
-    char block[16];
-    snprintf(block, sizeof block, "%d", rt->t->block_ms);
-    const char *head[] = {"XREAD", "COUNT", "1", "BLOCK", block, "STREAMS"};
-    memcpy(argv, head, sizeof head);
-    memcpy(argv + 6, keys, n * sizeof *argv);
-    memcpy(argv + 6 + n, tails, n * sizeof *argv);
-    freeReplyObject(kb__redis_cmd(&rt->conn, (int)(6 + 2 * n), argv, NULL));
-    free(argv);
+    if (x->type != REDIS_REPLY_ARRAY || x->elements < 4 || x->element[3]->type != REDIS_REPLY_ARRAY)
+        return false;
+    const redisReply *cs = x->element[3];
+    for (size_t i = 0; i < cs->elements; i++) {
+        const redisReply *c = cs->element[i];
+        if (c->type == REDIS_REPLY_ARRAY && c->elements >= 2 &&
+            c->element[0]->type == REDIS_REPLY_STRING && strcmp(c->element[0]->str, t->consumer) != 0)
+            return true;
+    }
+    return false;
 }
 
-/* One fenced read of every live, swept partition (pipelined); CLOSING ends
- * the thread. */
-static int read_new(kb_redis_topic *rt, const uint32_t *seen)
+/* Send one read rround: a single XREADGROUP ... BLOCK over every live, swept
+ * partition, followed in the same pipeline (validated reads, the default
+ * redis.fenced_reads = 1) by GET of each lease and the XPENDING summary of each
+ * partition. The server runs a pipeline in order, so:
+ *   - GET after the read still holding our token means the lease was ours when
+ *     the read ran (a token is this process's alone; losing and retaking it in
+ *     between bumps the local epoch, which deliver() checks). Otherwise the
+ *     entries are not delivered: they stay in our PEL for the next owner.
+ *   - a read by a process that had lost the lease (paused past the TTL) leaves
+ *     entries in *its* PEL after this owner's sweep. XPENDING shows them (no
+ *     other consumer may have pending entries in a partition we swept), and
+ *     before delivering anything newer this process sweeps again: XAUTOCLAIM
+ *     moves them here and they are handled first, in ID order.
+ * Every delivered entry thus passes a server-side lease check, with no Lua
+ * conversion of entries. False: nothing to read (no live partition) or the
+ * connection failed. */
+static bool send_round(kb_redis_topic *rt, reader *rd, rround *ro)
 {
     struct kb_transport *t = rt->t;
-    redisContext *c = kb__redis_conn_get(&rt->conn, NULL, 0);
-    uint32_t *parts = malloc(rt->nparts * sizeof *parts);
-    const char **keys = malloc(rt->nparts * sizeof *keys);
-    const char **tails = malloc(rt->nparts * sizeof *tails);
-    redisReply **r = calloc(rt->nparts, sizeof *r);
-    size_t n = 0, got = 0, idle = 0;
-    int rc = DELIVERED;
-    char count[16];
-    snprintf(count, sizeof count, "%d", t->batch);
-    for (uint32_t i = 0; c != NULL && parts && keys && tails && r && i < rt->nparts; i++) {
+    redisContext *c = rt->conn.c;
+    ro->n = 0;
+    ro->pending = false;
+    for (uint32_t i = 0; c != NULL && i < rt->nparts; i++) {
         kb_redis_part *p = &rt->parts[i];
-        if (seen[i] == 0 || seen[i] != atomic_load(&p->epoch) || !kb__redis_part_live(p))
+        uint32_t e = atomic_load(&p->epoch);
+        if (rd->seen[i] == 0 || rd->seen[i] != e || !kb__redis_part_live(p))
             continue;
-        const char *fenced[] = {"EVAL", READ_LUA, "2", p->lease, p->stream, t->token, t->group,
-                                t->consumer, count};
-        const char *plain[] = {"XREADGROUP", "GROUP", t->group, t->consumer, "COUNT", count,
-                               "STREAMS", p->stream, ">"};
-        redisAppendCommandArgv(c, 9, t->fenced_reads ? fenced : plain, NULL);
-        parts[n++] = i;
+        ro->epochs[ro->n] = e;
+        ro->parts[ro->n++] = i;
     }
-    for (; got < n; got++)
-        if (redisGetReply(c, (void **)&r[got]) != REDIS_OK) {
+    if (ro->n == 0)
+        return false;
+    char count[16], block[16];
+    snprintf(count, sizeof count, "%d", t->batch);
+    snprintf(block, sizeof block, "%d", t->block_ms);
+    const char **argv = rd->argv;
+    size_t argc = 0, n = ro->n;
+    argv[argc++] = "XREADGROUP";
+    argv[argc++] = "GROUP";
+    argv[argc++] = t->group;
+    argv[argc++] = t->consumer;
+    argv[argc++] = "COUNT";
+    argv[argc++] = count;
+    argv[argc++] = "BLOCK";
+    argv[argc++] = block;
+    argv[argc++] = "STREAMS";
+    for (size_t j = 0; j < n; j++)
+        argv[argc++] = rt->parts[ro->parts[j]].stream;
+    for (size_t j = 0; j < n; j++)
+        argv[argc++] = ">";
+    redisAppendCommandArgv(c, (int)argc, argv, NULL);
+    if (t->fenced_reads) {
+        for (size_t j = 0; j < n; j++) {
+            const char *get[] = {"GET", rt->parts[ro->parts[j]].lease};
+            redisAppendCommandArgv(c, 2, get, NULL);
+        }
+        for (size_t j = 0; j < n; j++) {
+            const char *pend[] = {"XPENDING", rt->parts[ro->parts[j]].stream, t->group};
+            redisAppendCommandArgv(c, 3, pend, NULL);
+        }
+    }
+    /* on the wire now: the server prepares it while we deliver the previous one */
+    for (int done = 0; !done;)
+        if (redisBufferWrite(c, &done) != REDIS_OK) {
             kb__redis_conn_fail(&rt->conn, c->errstr);
-            rc = PART_GONE;
-            break;
+            return false;
         }
-    for (size_t j = 0; j < got; j++) {
-        uint32_t part = parts[j];
-        const redisReply *x = r[j];
-        if (x->type == REDIS_REPLY_STRING || x->type == REDIS_REPLY_NIL) {
-            /* nothing new: x is the tail (plain reads: unknown, wait for newer than now) */
-            keys[idle] = rt->parts[part].stream;
-            tails[idle++] = x->type == REDIS_REPLY_STRING ? x->str : "$";
-        } else if (x->type == REDIS_REPLY_ERROR) {
-            if (group_gone(x->str)) {
-                /* the server lost its data (restart without AOF, FLUSHALL): start over from 0 */
-                kb_log(t->bus, 4, "redis: group %s missing on %s; recreating from 0", t->group,
-                       rt->name);
-                kb__redis_create_groups(&rt->conn, rt, NULL, 0);
-            } else {
-                kb_log(t->bus, 4, "redis: reading %s: %s", rt->parts[part].stream, x->str);
-                kb__redis_nap(&t->consumers_stop, 100);
-            }
-            rc = rc == DELIVERED ? PART_GONE : rc;
-        } else if (x->type == REDIS_REPLY_ARRAY && rc != CLOSING) {
-            /* [[stream, [entry...]]], read under the epoch the sweep finished in */
-            for (size_t s = 0; rc != CLOSING && s < x->elements; s++) {
-                const redisReply *sr = x->element[s];
-                if (sr->type != REDIS_REPLY_ARRAY || sr->elements < 2)
-                    continue;
-                const redisReply *ents = sr->element[1];
-                for (size_t i = 0; i < ents->elements; i++) {
-                    int d = deliver(rt, part, ents->element[i], 1, seen[part]);
-                    if (d == CLOSING)
-                        rc = CLOSING;
-                    if (d != DELIVERED)
-                        break;   /* the rest stays in our PEL for the next owner */
-                }
+    ro->pending = true;
+    return true;
+}
+
+/* Read a rround's replies and deliver its entries. With `ahead`, the next rround
+ * is sent first when this one brought entries and needs no sweep, so the
+ * server reads while this thread delivers (each rround is validated on its
+ * own). CLOSING ends the thread. */
+static int recv_round(kb_redis_topic *rt, reader *rd, rround *ro, rround *ahead)
+{
+    struct kb_transport *t = rt->t;
+    redisContext *c = rt->conn.c;
+    size_t n = ro->n, want = 1 + (t->fenced_reads ? 2 * n : 0);
+    ro->pending = false;
+    if (c == NULL)
+        return PART_GONE;
+    redisReply *x = NULL;
+    if (redisGetReply(c, (void **)&x) != REDIS_OK) {
+        kb__redis_conn_fail(&rt->conn, c->errstr);
+        return PART_GONE;
+    }
+    bool clean = true;   /* every check passed: nothing to sweep, nothing refused */
+    for (size_t j = 0; j < n; j++)
+        ro->ok[j] = true;
+    for (size_t k = 1; k < want; k++) {
+        redisReply *y = NULL;
+        if (redisGetReply(c, (void **)&y) != REDIS_OK) {
+            kb__redis_conn_fail(&rt->conn, c->errstr);
+            freeReplyObject(x);
+            return PART_GONE;   /* nothing delivered: the next sweep finds the entries */
+        }
+        size_t j = (k - 1) % n;
+        uint32_t part = ro->parts[j];
+        if (k <= n) {
+            if (y->type != REDIS_REPLY_STRING || strcmp(y->str, t->token) != 0)
+                ro->ok[j] = false;   /* lost on the server; the keeper will notice */
+        } else if (foreign_pending(t, y)) {
+            ro->ok[j] = false;
+            rd->seen[part] = 0;      /* sweep again before anything newer */
+            if (atomic_fetch_add(&t->stray, 1) == 0)
+                kb_log(t->bus, 4, "redis: %s has entries pending for another consumer (a read "
+                       "after its lease was lost); sweeping it again", rt->parts[part].stream);
+        } else if (y->type == REDIS_REPLY_ERROR) {
+            ro->ok[j] = false;
+        }
+        clean &= ro->ok[j];
+        freeReplyObject(y);
+    }
+    int rc = DELIVERED;
+    if (x->type == REDIS_REPLY_ERROR) {
+        if (group_gone(x->str)) {
+            /* the server lost its data (restart without AOF, FLUSHALL): start over from 0 */
+            kb_log(t->bus, 4, "redis: group %s missing on %s; recreating from 0", t->group,
+                   rt->name);
+            kb__redis_create_groups(&rt->conn, rt, NULL, 0);
+        } else {
+            kb_log(t->bus, 4, "redis: reading %s: %s", rt->name, x->str);
+            kb__redis_nap(&t->consumers_stop, 100);
+        }
+        rc = PART_GONE;
+    } else if (x->type == REDIS_REPLY_ARRAY) {
+        if (ahead != NULL && clean)
+            send_round(rt, rd, ahead);
+        /* [[stream, [entry...]]...], only streams with new entries */
+        for (size_t s = 0; rc != CLOSING && s < x->elements; s++) {
+            const redisReply *sr = x->element[s];
+            if (sr->type != REDIS_REPLY_ARRAY || sr->elements < 2 ||
+                sr->element[0]->type != REDIS_REPLY_STRING ||
+                sr->element[1]->type != REDIS_REPLY_ARRAY)
+                continue;
+            size_t j = 0;
+            while (j < n && strcmp(rt->parts[ro->parts[j]].stream, sr->element[0]->str) != 0)
+                j++;
+            if (j == n || !ro->ok[j])
+                continue;   /* the rest stays in our PEL for the next owner or sweep */
+            const redisReply *ents = sr->element[1];
+            for (size_t i = 0; i < ents->elements; i++) {
+                int d = deliver(rt, ro->parts[j], ents->element[i], 1, ro->epochs[j]);
+                if (d == CLOSING)
+                    rc = CLOSING;
+                if (d != DELIVERED)
+                    break;
             }
         }
     }
-    if (rc == DELIVERED && n == 0)
-        kb__redis_nap(&t->consumers_stop, 20);
-    else if (rc == DELIVERED && idle == n)
-        wait_new(rt, keys, tails, idle);
-    for (size_t j = 0; j < got; j++)
-        freeReplyObject(r[j]);
-    free(r);
-    free(tails);
-    free(keys);
-    free(parts);
+    freeReplyObject(x);
     return rc;
+}
+
+static bool sweep_due(const kb_redis_topic *rt, const uint32_t *seen)
+{
+    for (uint32_t i = 0; i < rt->nparts; i++)
+        if (seen[i] != atomic_load(&rt->parts[i].epoch) && kb__redis_part_live(&rt->parts[i]))
+            return true;
+    return false;
 }
 
 void *kb__redis_consume_main(void *arg)
 {
     kb_redis_topic *rt = arg;
     struct kb_transport *t = rt->t;
-    /* seen[i]: epoch of partition i whose sweep is done; 0 = sweep needed */
-    uint32_t *seen = calloc(rt->nparts, sizeof *seen);
-    while (seen != NULL && !atomic_load(&t->consumers_stop)) {
+    size_t np = rt->nparts;
+    reader rd = {.seen = calloc(np, sizeof *rd.seen), .argv = calloc(9 + 2 * np, sizeof *rd.argv)};
+    bool ready = rd.seen && rd.argv;
+    for (int k = 0; k < 2; k++) {
+        rd.r[k].parts = calloc(np, sizeof *rd.r[k].parts);
+        rd.r[k].epochs = calloc(np, sizeof *rd.r[k].epochs);
+        rd.r[k].ok = calloc(np, sizeof *rd.r[k].ok);
+        ready &= rd.r[k].parts && rd.r[k].epochs && rd.r[k].ok;
+    }
+    if (!ready)
+        kb_log(t->bus, 3, "redis: out of memory starting the consumer of %s", rt->name);
+    uint32_t *seen = rd.seen;
+    rround *cur = &rd.r[0], *next = &rd.r[1];
+    while (ready && !atomic_load(&t->consumers_stop)) {
         if (kb__redis_conn_get(&rt->conn, NULL, 0) == NULL) {
-            memset(seen, 0, rt->nparts * sizeof *seen);   /* replies may have been lost */
+            memset(seen, 0, np * sizeof *seen);   /* replies may have been lost */
+            cur->pending = next->pending = false;
             kb__redis_nap(&t->consumers_stop, 50);
             continue;
         }
         int rc = DELIVERED;
-        for (uint32_t i = 0; rc != CLOSING && i < rt->nparts; i++) {
-            uint32_t e = atomic_load(&rt->parts[i].epoch);
-            if (seen[i] == e || !kb__redis_part_live(&rt->parts[i]))
-                continue;
-            rc = sweep(rt, i, e);
-            if (rc == DELIVERED)
-                seen[i] = e;
+        if (sweep_due(rt, seen)) {
+            /* the connection must be quiet: finish the read in flight first */
+            if (cur->pending)
+                rc = recv_round(rt, &rd, cur, NULL);
+            for (uint32_t i = 0; rc != CLOSING && rt->conn.c != NULL && i < rt->nparts; i++) {
+                uint32_t e = atomic_load(&rt->parts[i].epoch);
+                if (seen[i] == e || !kb__redis_part_live(&rt->parts[i]))
+                    continue;
+                rc = sweep(rt, i, e);
+                if (rc == DELIVERED)
+                    seen[i] = e;
+            }
         }
-        if (rc != CLOSING)
-            rc = read_new(rt, seen);
+        if (rc != CLOSING && rt->conn.c != NULL && !cur->pending && !send_round(rt, &rd, cur)) {
+            if (rt->conn.c != NULL)
+                kb__redis_nap(&t->consumers_stop, 20);   /* nothing owned yet */
+        } else if (rc != CLOSING && rt->conn.c != NULL) {
+            rc = recv_round(rt, &rd, cur, next);
+            rround *done = cur;
+            cur = next;
+            next = done;
+        }
         if (rc == CLOSING)
             break;
-        if (rt->conn.c == NULL)
-            memset(seen, 0, rt->nparts * sizeof *seen);
+        if (rt->conn.c == NULL) {
+            memset(seen, 0, np * sizeof *seen);
+            cur->pending = next->pending = false;
+        }
     }
-    free(seen);
+    for (int k = 0; k < 2; k++) {
+        free(rd.r[k].ok);
+        free(rd.r[k].epochs);
+        free(rd.r[k].parts);
+    }
+    free(rd.argv);
+    free(rd.seen);
     return NULL;
 }

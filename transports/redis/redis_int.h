@@ -126,6 +126,8 @@ struct kb_transport {
     _Atomic uint64_t jobs_queued; /* acks / dead letters waiting for the keeper */
     _Atomic uint64_t dead_queued; /* dead letters not yet stored or dropped */
     _Atomic uint64_t fenced;      /* acks / dead letters refused: lease lost */
+    _Atomic uint64_t unowned;     /* deliveries released by still_owned: lease lost */
+    _Atomic uint64_t stray;       /* reads that found another consumer's entries: re-swept */
     _Atomic bool consumers_stop, keeper_stop;
     _Atomic bool duties_now;      /* a new topic: take its leases without waiting a tick */
     bool keeper_started;
