@@ -121,6 +121,8 @@ void kb_run_ring(const kb_plan *p, kb_result *r);
 void kb_run_mutex(const kb_plan *p, uint32_t threads, kb_result *r);
 /* baseline_redis.c (built with the Redis transport): plain hiredis against `url`. */
 void kb_run_redis_raw(const kb_plan *p, const char *url, kb_result *r);
+/* baseline_nats.c (built with the NATS transport): plain nats.c against `url`. */
+void kb_run_nats_raw(const kb_plan *p, const char *url, kb_result *r);
 
 /* report.c */
 void kb_report_header(FILE *out);

@@ -30,7 +30,7 @@ static const char usage[] =
     "  --json FILE           append JSON lines ('-': stdout, the table goes to stderr)\n"
     "  --cdf FILE            append latency CDF blocks for gnuplot\n"
     "  --no-baselines        skip baseline:ring and baseline:mutex (--baselines: on, default),\n"
-    "                        and baseline:redis-raw (run with redis:// transports)\n"
+    "                        and baseline:redis-raw / baseline:nats-raw (with redis:// or nats://)\n"
     "Numbers take k/M suffixes. Exit 1 when a run lost, duplicated or reordered events or failed.\n";
 
 struct cli {
@@ -102,12 +102,19 @@ static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t ag
         emit(c, &r[3]);
     }
 #endif
+#ifdef KB_BENCH_NATS
+    /* baseline:nats-raw: plain nats.c on the same server (nats:// runs only) */
+    if (c->baselines && bus.transport && strncmp(bus.transport, "nats://", 7) == 0) {
+        kb_run_nats_raw(&p, bus.transport, &r[3]);
+        emit(c, &r[3]);
+    }
+#endif
     kb_run_bus(&p, &bus, &r[2]);
     r[2].ratio_ring = r[0].events_per_s > 0 ? r[2].events_per_s / r[0].events_per_s : 0;
     r[2].ratio_mutex = r[1].events_per_s > 0 ? r[2].events_per_s / r[1].events_per_s : 0;
     emit(c, &r[2]);
     if (r[3].events_per_s > 0)   /* the JSON has both rows; run-all.sh computes the same */
-        fprintf(c->table, "# %s vs baseline:redis-raw: %.2f\n", label,
+        fprintf(c->table, "# %s vs %s: %.2f\n", label, r[3].transport,
                 r[2].events_per_s / r[3].events_per_s);
     free(r);
 }

@@ -111,6 +111,36 @@ if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>
     trap - EXIT INT TERM
 fi
 
+# --- NATS JetStream: only when nats-server exists; own server, stopped by PID --
+NJ=$res/nats.jsonl
+nats_note="not run: nats-server not found"
+if command -v nats-server >/dev/null 2>&1; then
+    ndir=$(mktemp -d /tmp/kb-bench-nats.XXXXXX)
+    nport=$(( 20000 + ($$ * 37 + 4242) % 40000 ))
+    nats-server -js -a 127.0.0.1 -p "$nport" -sd "$ndir" -l "$ndir/nats.log" &
+    npid=$!
+    stop_nats() {
+        kill "$npid" 2>/dev/null
+        wait "$npid" 2>/dev/null
+        rm -rf "$ndir"
+    }
+    trap stop_nats EXIT INT TERM
+    for i in $(seq 1 50); do
+        grep -q "Server is ready" "$ndir/nats.log" 2>/dev/null && break
+        sleep 0.1
+    done
+    nats_note="nats-server $(nats-server --version | sed 's/.*v//'), loopback, file storage"
+    nurl=nats://127.0.0.1:$nport
+    echo "run-all.sh: keybus-bench --transport $nurl --scenario all --large-events 200000" >&2
+    timeout 240 "$bench" --transport "$nurl" --scenario all --large-events 200000 --json "$NJ" \
+        >"$res/nats-scenarios.txt" || {
+        echo "run-all.sh: nats scenarios failed, see $res/nats-scenarios.txt" >&2
+        status=1
+    }
+    stop_nats
+    trap - EXIT INT TERM
+fi
+
 "$src/bench/plot.sh" "$res" "$img"
 
 # --- docs/benchmarks.md -------------------------------------------------------
@@ -257,6 +287,29 @@ duplicates are checked on the log's global order.
 | events | consumer processes | seconds | publish events/s | end-to-end events/s | distinct/order violations/dup | handled by a / b |
 |---|--:|--:|--:|--:|:-:|:-:|
 ${redis_mp:-| not run | | | | | | |}
+
+## NATS JetStream
+
+$nats_note. Same binary and scenarios (large runs at 200,000 events to stay bounded) against a
+\`nats-server -js\` this script starts on a free loopback port with its own store dir and stops by PID:
+
+\`\`\`sh
+nats-server -js -a 127.0.0.1 -p P -sd /tmp/x
+keybus-bench --transport nats://127.0.0.1:P --scenario all --large-events 200000
+\`\`\`
+
+\`baseline:nats-raw\` (bench/baseline_nats.c) is plain nats.c on the same server in the same run:
+one thread async-publishes to one subject of a file-storage stream (key in a header, 16,384 in
+flight), a pull consumer acks every message; entries go through the same checker. keybus uses
+the defaults: 8 partitions, one durable pull consumer per partition, acks by per-partition
+completion frontier (AckAll). Issue targets: multi-aggregate ≥ 100% of \`baseline:nats-raw\`;
+single aggregate ≥ 20× the origin's 4,695 events/s.
+
+$(if [ -s "$NJ" ]; then table 'true' "$NJ"; fi)
+
+| scenario | kind | events | baseline:nats-raw events/s | keybus nats:// events/s | keybus / raw | × origin |
+|---|---|--:|--:|--:|--:|--:|
+$(if [ -s "$NJ" ]; then jq -rs 'group_by([.scenario, .kind])[] | (map(select(.transport == "baseline:nats-raw"))[0]) as $r | (map(select(.transport | startswith("nats://")))[0]) as $k | select($r and $k) | "| \($k.scenario) | \($k.kind) | \($k.events) | \($r.events_per_s | round) | \($k.events_per_s | round) | \(($k.events_per_s / $r.events_per_s * 100) | round)% | \($k.ratio_origin * 10 | round / 10) |"' "$NJ"; fi)
 
 ## Micro-benchmarks (google-benchmark)
 

@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +16,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <nats/nats.h>
+
 #include <keybus/keybus.h>
+#include <keybus/pool.h>
 
 #include "support/server.h"
 #include "support/tracker.h"
@@ -212,6 +216,72 @@ static void kill_one_of_two_consumers(void **state)
     kb_test_server_stop(&s);
 }
 
+static _Atomic uint64_t slow_calls;
+
+static int slow_handler(const kb_event *ev, void *opaque)
+{
+    usleep(10000);
+    atomic_fetch_add(&slow_calls, 1);
+    return kb_tracker_handler(ev, opaque);
+}
+
+/* still_owned: a process whose lease is taken away stops handling the events
+ * already queued in its lanes (they are released unacked) instead of draining
+ * them. Another client overwrites the lease; while it holds it, nothing more
+ * is handled here; once it expires the partition comes back, from the ack
+ * floor, and every event is handled in order. */
+static void lost_lease_releases_queued(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    kb_bus *b = open_bus(s.url, "nats.lease_ttl_ms", "1500");
+    const char *topic = "fault.fence";
+    kb_tracker t;
+    kb_tracker_init(&t, 1);
+    atomic_store(&slow_calls, 0);
+    assert_int_equal(kb_subscribe(b, topic, slow_handler, &t), KB_OK);
+    for (uint32_t seq = 1; seq <= PER_KEY; seq++)
+        publish_ok(b, topic, 0, seq);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    for (int i = 0; i < 500 && atomic_load(&slow_calls) < 5; i++)
+        usleep(10000);
+    assert_true(atomic_load(&slow_calls) >= 5);
+
+    /* The lease key: l.<stream>.<group>.<partition>, stream KB_<topic>_<fnv hex>. */
+    char key[256];
+    snprintf(key, sizeof key, "l.KB_fault_fence_%08x.keybus.%u",
+             kb_fnv1a32(topic, strlen(topic)), kb_fnv1a32("agg-0", 5) % 8);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    kvStore *kv = NULL;
+    assert_int_equal(natsConnection_ConnectTo(&nc, s.url), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    assert_int_equal(js_KeyValue(&kv, js, "keybus_leases"), NATS_OK);
+    assert_int_equal(kvStore_PutString(NULL, kv, key, "thief"), NATS_OK);
+    uint64_t at_theft = atomic_load(&slow_calls);
+    usleep(700000);   /* the next renewal (every TTL/3) fails: fenced */
+    uint64_t fenced_at = atomic_load(&slow_calls);
+    usleep(500000);   /* the thief's lease lives until 1.5 s after the theft */
+    uint64_t later = atomic_load(&slow_calls);
+    printf("lost lease: %llu handled at the theft, %llu when fenced, %llu 0.5 s later\n",
+           (unsigned long long)at_theft, (unsigned long long)fenced_at,
+           (unsigned long long)later);
+    assert_true(fenced_at < PER_KEY);
+    assert_int_equal(later, fenced_at);   /* queued events released, not handled */
+
+    wait_distinct(&t, PER_KEY, 30);   /* the lease comes back after the thief's expires */
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    assert_int_equal(kb_tracker_distinct(&t), PER_KEY);
+    assert_int_equal(t.order_violations, 0);
+    assert_int_equal(t.concurrent, 0);
+    kb_tracker_destroy(&t);
+    kvStore_Destroy(kv);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    kb_test_server_stop(&s);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -221,6 +291,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(server_restart_mid_stream),
         cmocka_unit_test(server_down_at_start),
         cmocka_unit_test(kill_one_of_two_consumers),
+        cmocka_unit_test(lost_lease_releases_queued),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -84,9 +84,13 @@ kb_nats_topic *kb__nats_topic(kb_transport *t, const char *topic, bool create)
         tp->name = strdup(topic);
         stream_name(tp->stream, sizeof tp->stream, topic);
         snprintf(tp->dlq_subject, sizeof tp->dlq_subject, "kb.%s.dlq", topic);
-        if (tp->name == NULL || ensure_stream(t, tp) != KB_OK) {
-            if (tp->name == NULL)
+        tp->subjects = calloc(t->partitions, sizeof *tp->subjects);
+        for (uint32_t i = 0; tp->subjects != NULL && i < t->partitions; i++)
+            snprintf(tp->subjects[i], sizeof tp->subjects[i], "kb.%s.%u", topic, i);
+        if (tp->name == NULL || tp->subjects == NULL || ensure_stream(t, tp) != KB_OK) {
+            if (tp->name == NULL || tp->subjects == NULL)
                 kb__errf(NULL, 0, "nats: out of memory");
+            free(tp->subjects);
             free(tp->name);
             free(tp);
             tp = NULL;
@@ -342,7 +346,11 @@ static void nats_close(kb_transport *t)
         natsSubscription_Destroy(tp->inbox_sub);
         for (uint32_t i = 0; tp->parts != NULL && i < t->partitions; i++)
             kb__nats_claim_free_all(&tp->parts[i]);
+        if (atomic_load(&tp->unowned))
+            kb_log(t->bus, 5, "nats %s: %s: %llu queued events released unhandled after a lost lease",
+                   t->url_safe, tp->name, (unsigned long long)atomic_load(&tp->unowned));
         free(tp->parts);
+        free(tp->subjects);
         free(tp->name);
         free(tp);
     }
@@ -373,6 +381,7 @@ const kb_transport_ops kb__nats_ops = {
     .ack = kb__nats_ack,
     .dead_letter = kb__nats_dead_letter,
     .release = kb__nats_release,
+    .still_owned = kb__nats_still_owned,
     .flush = kb__nats_flush,
     .stats = kb__nats_stats,
     .partition_stats = kb__nats_partition_stats,

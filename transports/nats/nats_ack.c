@@ -51,6 +51,23 @@ int kb__nats_ack(kb_transport *t, const kb_delivery *d)
     return KB_OK;
 }
 
+/* Executor, before each handler: is the claim that delivered this still the
+ * partition's current, unfenced one? One or two atomic loads, no round trip.
+ * The entry is alive: its ring is freed only once every entry is settled. */
+int kb__nats_still_owned(kb_transport *t, const kb_delivery *d)
+{
+    (void)t;
+    const kb_nats_entry *e = d->cookie;
+    if (e == NULL)
+        return 1;
+    kb_nats_claim *c = e->claim;
+    if (atomic_load_explicit(&c->fenced, memory_order_acquire)) {
+        atomic_fetch_add_explicit(&c->part->topic->unowned, 1, memory_order_relaxed);
+        return 0;
+    }
+    return 1;
+}
+
 void kb__nats_release(kb_transport *t, const kb_delivery *d)
 {
     (void)t;

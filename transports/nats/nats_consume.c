@@ -17,22 +17,25 @@ typedef struct feeder {
     size_t key_cap;
 } feeder;
 
+/* Keep up to two pull requests of nats.fetch_batch open per partition: the
+ * next one is sent when the open ones have less than a batch left, so the
+ * server never waits for a round trip between batches. */
 static void pull(feeder *f, kb_nats_claim *c, int64_t now)
 {
     kb_transport *t = f->t;
     uint64_t used = atomic_load(&c->tail) - atomic_load(&c->head);
-    int64_t room = (int64_t)c->cap - (int64_t)used;
+    int64_t room = (int64_t)c->cap - (int64_t)used - (c->pull_open ? c->pull_left : 0);
     int batch = (int)(room < t->fetch_batch ? room : t->fetch_batch);
-    if (batch <= 0)
-        return;   /* the frontier is full: wait for acks */
+    if (batch <= 0 || (c->pull_open && batch < t->fetch_batch / 2))
+        return;   /* the frontier is full: wait for acks (no dribble of small requests) */
     char body[96], reply[256];
     snprintf(body, sizeof body, "{\"batch\":%d,\"expires\":%lld}", batch,
              (long long)t->fetch_expires_ms * 1000000);
     snprintf(reply, sizeof reply, "%s.%u.%u", f->tp->inbox, c->part->n, ++c->pull_serial);
     if (natsConnection_PublishRequestString(t->nc, c->next_subj, reply, body) != NATS_OK)
         return;
+    c->pull_left = (c->pull_open ? c->pull_left : 0) + batch;
     c->pull_open = true;
-    c->pull_left = batch;
     /* The server ends the request; this only covers a lost one (reconnect). */
     c->pull_deadline_ns = now + (t->fetch_expires_ms + 2000) * 1000000;
 }
@@ -44,8 +47,10 @@ static void status_msg(feeder *f, natsMsg *m)
     size_t il = strlen(f->tp->inbox);
     unsigned n = 0, serial = 0;
     if (strncmp(subj, f->tp->inbox, il) == 0 && sscanf(subj + il, ".%u.%u", &n, &serial) == 2 &&
-        n < f->t->partitions && f->cur[n] != NULL && f->cur[n]->pull_serial == serial)
-        f->cur[n]->pull_open = false;
+        n < f->t->partitions && f->cur[n] != NULL && f->cur[n]->pull_serial == serial) {
+        f->cur[n]->pull_open = false;   /* the newest request ended: so did the older */
+        f->cur[n]->pull_left = 0;
+    }
 }
 
 static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta *meta,
@@ -104,18 +109,22 @@ static void data_msg(feeder *f, natsMsg *m, const kb_nats_meta *meta, unsigned n
         dead_on_arrival(f, e, m, meta, f->key, (size_t)klen, buf);
         return;
     }
-    char id[24];
-    snprintf(id, sizeof id, "%llu", (unsigned long long)meta->sseq);
+    char id[24], *ip = id + sizeof id;
+    *--ip = '\0';
+    uint64_t v = meta->sseq;
+    do
+        *--ip = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
     kb_delivery d = {.topic = f->tp->name, .key = f->key, .key_len = (size_t)klen,
                      .payload = natsMsg_GetData(m), .payload_len = (size_t)natsMsg_GetDataLength(m),
-                     .partition = n, .attempt = (uint32_t)meta->delivered, .id = id, .cookie = e};
+                     .partition = n, .attempt = (uint32_t)meta->delivered, .id = ip, .cookie = e};
     if (d.payload == NULL)
         d.payload = "";
     int rc = kb_sink_deliver(f->tp->sink, &d, -1);   /* waits while the lane is full */
     if (rc != KB_OK) {
         kb__nats_settle(e, false);
         if (rc != KB_ECLOSED)
-            kb_log(t->bus, 3, "nats: delivery of %s on %s failed: %s", id, natsMsg_GetSubject(m),
+            kb_log(t->bus, 3, "nats: delivery of %s on %s failed: %s", ip, natsMsg_GetSubject(m),
                    kb_strerror(rc));
     }
 }
@@ -155,7 +164,10 @@ static void *feed(void *arg)
             if (atomic_load(&c->fenced)) {
                 atomic_store(&c->feeder_left, 1);
                 f->cur[i] = NULL;
-            } else if (!c->pull_open || now > c->pull_deadline_ns) {
+            } else if (!c->pull_open || c->pull_left < t->fetch_batch ||
+                       now > c->pull_deadline_ns) {
+                if (c->pull_open && now > c->pull_deadline_ns)
+                    c->pull_open = false;   /* lost in a reconnect */
                 pull(f, c, now);
             }
         }

@@ -74,7 +74,9 @@ typedef struct kb_nats_topic {
     char *name;
     char stream[KB_NATS_NAME];
     char dlq_subject[KB_NATS_NAME];
+    char (*subjects)[KB_NATS_NAME];  /* kb.<topic>.N, for publishing */
     _Atomic uint64_t published;
+    _Atomic uint64_t unowned;      /* deliveries released by still_owned: lease lost */
     /* consuming side: set by subscribe */
     kb_sink *sink;
     kb_nats_part *parts;
@@ -166,6 +168,7 @@ void kb__nats_stop(kb_transport *t);
 /* nats_ack.c: completion frontier */
 int kb__nats_ack(kb_transport *t, const kb_delivery *d);
 void kb__nats_release(kb_transport *t, const kb_delivery *d);
+int kb__nats_still_owned(kb_transport *t, const kb_delivery *d);
 void kb__nats_settle(kb_nats_entry *e, bool done);
 void *kb__nats_acker(void *arg);
 void kb__nats_ack_pass(kb_transport *t);

@@ -54,12 +54,21 @@ int kb__nats_publish(kb_transport *t, const char *topic, const kb_msg *m)
     kb_nats_topic *tp = kb__nats_topic(t, topic, true);
     if (tp == NULL)
         return KB_ETRANSPORT;
-    char subj[KB_NATS_NAME], id[64];
-    snprintf(subj, sizeof subj, "kb.%s.%u", topic, m->hash % t->partitions);
-    snprintf(id, sizeof id, "%s-%llu", t->bus_id,
-             (unsigned long long)atomic_fetch_add(&t->msg_seq, 1) + 1);
+    /* Nats-Msg-Id: <bus id>-<counter>, without snprintf (once per event) */
+    char id[64];
+    size_t bl = strlen(t->bus_id);
+    memcpy(id, t->bus_id, bl);
+    id[bl] = '-';
+    char digits[24], *d = digits + sizeof digits;
+    uint64_t v = atomic_fetch_add_explicit(&t->msg_seq, 1, memory_order_relaxed) + 1;
+    do
+        *--d = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    memcpy(id + bl + 1, d, (size_t)(digits + sizeof digits - d));
+    id[bl + 1 + (size_t)(digits + sizeof digits - d)] = '\0';
     natsMsg *msg = NULL;
-    if (natsMsg_Create(&msg, subj, NULL, m->payload_len ? m->payload : NULL,
+    if (natsMsg_Create(&msg, tp->subjects[m->hash % t->partitions], NULL,
+                       m->payload_len ? m->payload : NULL,
                        (int)m->payload_len) != NATS_OK ||
         kb__nats_set_key(msg, m->key, m->key_len) != KB_OK ||
         natsMsgHeader_Set(msg, "Nats-Msg-Id", id) != NATS_OK) {
