@@ -47,6 +47,16 @@ static bool is_partition_consumer(kb_transport *t, const jsConsumerInfo *ci, lon
            (only < 0 || (long)n == only);
 }
 
+/* Every consumer of the topic's stream (NULL list when there is none). */
+static int list_consumers(kb_transport *t, kb_nats_topic *tp, jsConsumerInfoList **list)
+{
+    jsErrCode jerr = 0;
+    natsStatus s = js_Consumers(list, t->js, tp->stream, NULL, &jerr);
+    if (s != NATS_OK && s != NATS_NOT_FOUND)
+        return kb__nats_errf("consumers", s, jerr);
+    return KB_OK;
+}
+
 int kb__nats_stats(kb_transport *t, const char *topic, kb_topic_stats *out)
 {
     kb_nats_topic *tp = kb__nats_topic(t, topic, false);
@@ -63,10 +73,9 @@ int kb__nats_stats(kb_transport *t, const char *topic, kb_topic_stats *out)
     if (rc != KB_OK)
         return rc;
     jsConsumerInfoList *list = NULL;
-    jsErrCode jerr = 0;
-    natsStatus s = js_Consumers(&list, t->js, tp->stream, NULL, &jerr);
-    if (s != NATS_OK && s != NATS_NOT_FOUND)
-        return kb__nats_errf("consumers", s, jerr);
+    rc = list_consumers(t, tp, &list);
+    if (rc != KB_OK)
+        return rc;
     for (int i = 0; list != NULL && i < list->Count; i++)
         if (is_partition_consumer(t, list->List[i], -1)) {
             out->broker_pending += (uint64_t)list->List[i]->NumAckPending;
@@ -90,10 +99,9 @@ int kb__nats_partition_stats(kb_transport *t, const char *topic, uint32_t partit
     if (rc != KB_OK)
         return rc;
     jsConsumerInfoList *list = NULL;
-    jsErrCode jerr = 0;
-    natsStatus s = js_Consumers(&list, t->js, tp->stream, NULL, &jerr);
-    if (s != NATS_OK && s != NATS_NOT_FOUND)
-        return kb__nats_errf("consumers", s, jerr);
+    rc = list_consumers(t, tp, &list);
+    if (rc != KB_OK)
+        return rc;
     for (int i = 0; list != NULL && i < list->Count; i++) {
         const jsConsumerInfo *ci = list->List[i];
         if (!is_partition_consumer(t, ci, (long)partition))
