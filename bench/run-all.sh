@@ -120,8 +120,8 @@ if command -v nats-server >/dev/null 2>&1; then
     nats-server -js -a 127.0.0.1 -p "$nport" -sd "$ndir" -l "$ndir/nats.log" &
     npid=$!
     stop_nats() {
-        kill "$npid" 2>/dev/null
-        wait "$npid" 2>/dev/null
+        kill "$npid" 2>/dev/null || true
+        wait "$npid" 2>/dev/null || true   # the server exits by SIGTERM
         rm -rf "$ndir"
     }
     trap stop_nats EXIT INT TERM

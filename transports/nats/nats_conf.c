@@ -23,7 +23,7 @@ const kb_prop kb__nats_props[] = {
      "process's partitions move after at most this long."},
     {"nats.lease_bucket", KB_PROP_STR, "keybus_leases", 1, 64,
      "JetStream KV bucket holding partition leases and members."},
-    {"nats.publish_max_pending", KB_PROP_INT, "4096", 1, 1 << 20,
+    {"nats.publish_max_pending", KB_PROP_INT, "16384", 1, 1 << 20,
      "Asynchronous publishes in flight; `kb_publish` waits up to "
      "`pool.enqueue_timeout_ms` for room, then `KB_EFULL`."},
     {"nats.publish_timeout_ms", KB_PROP_INT, "5000", 100, MS_HOUR,
