@@ -141,18 +141,26 @@ static int count_handle(void *it, uint32_t attempt, void *opaque)
     return KB_HANDLED;
 }
 
+/* One executor, default lanes; the handler counts into *count. */
+static kb_pool *counting_pool(_Atomic uint64_t *count)
+{
+    kb_pool_options o;
+    kb_pool_options_init(&o);
+    o.threads = 1;
+    o.handle = count_handle;
+    o.opaque = count;
+    char err[128];
+    kb_pool *p = kb_pool_new(&o, err, sizeof err);
+    assert_non_null(p);
+    return p;
+}
+
 /* Rings are allocated when a key first routes to a lane. */
 static void lanes_allocated_lazily(void **state)
 {
     (void)state;
     _Atomic uint64_t count = 0;
-    kb_pool_options o;
-    kb_pool_options_init(&o);
-    o.threads = 1;
-    o.handle = count_handle;
-    o.opaque = &count;
-    char err[128];
-    kb_pool *p = kb_pool_new(&o, err, sizeof err);
+    kb_pool *p = counting_pool(&count);
     kb_pool_stats st;
     kb_pool_stats_get(p, &st);
     assert_int_equal(st.lanes, 1024);
@@ -212,13 +220,7 @@ static void bad_submit_arguments(void **state)
 {
     (void)state;
     _Atomic uint64_t count = 0;
-    kb_pool_options o;
-    kb_pool_options_init(&o);
-    o.threads = 1;
-    o.handle = count_handle;
-    o.opaque = &count;
-    char err[128];
-    kb_pool *p = kb_pool_new(&o, err, sizeof err);
+    kb_pool *p = counting_pool(&count);
     static int item;
     assert_int_equal(kb_pool_submit(p, NULL, 1, &item, 0), KB_EINVAL);
     assert_int_equal(kb_pool_submit(p, "k", 0, &item, 0), KB_EINVAL);
