@@ -27,6 +27,7 @@
 #define TTL_ARG "1000"
 #define KEYS 40
 #define PER_KEY 150
+#define CONSUMER_THREADS 2   /* pool.threads of redis_consumer_proc */
 
 static int64_t now_ms(void)
 {
@@ -305,14 +306,16 @@ static void sigstop_past_lease(void **state)
     }
     assert_true(na > 0 && na + nb == 8);
     /* Events already in its lanes when the lease went are released unhandled
-     * (still_owned): after the resume it handles nothing cons-b handled. */
+     * (still_owned): after the resume it handles nothing cons-b handled, except
+     * handlers the stop caught between the lease check and their first clock
+     * read (flagged '-', not 'p'): at most one per executor of cons-a. */
     wait_log(cur.log, (uint64_t)KEYS * PER_KEY);
     uint64_t redone = shared_by(cur.log, resumed_at, "cons-a");
     struct verdict v;
     pair_stop(&cur, &v);
     fprintf(stderr, "  events cons-a handled after the resume that cons-b handled too: %llu\n",
             (unsigned long long)redone);
-    assert_int_equal(redone, 0);
+    assert_true(redone <= CONSUMER_THREADS);
     assert_int_equal(v.violations, 0);
     assert_int_equal(v.distinct, (uint64_t)KEYS * PER_KEY);
 }
