@@ -27,6 +27,21 @@ static int publish(void *opaque, const void *key, size_t key_len, const void *pa
     return kb_publish(c->bus, c->topic, key, key_len, payload, len);
 }
 
+/* The origin's consumers were running before it published: wait (up to 10 s)
+ * until this process owns every broker partition, so the clock measures the
+ * bus, not lease acquisition at start-up. */
+static void wait_ready(kb_bus *bus, const char *topic)
+{
+    kb_topic_stats st;
+    for (int i = 0; i < 1000; i++) {
+        if (kb_stats(bus, topic, &st) != KB_OK || st.partitions_owned >= st.partitions)
+            return;
+        usleep(10000);
+    }
+    fprintf(stderr, "keybus-bench: %s: %u of %u partitions owned after 10 s; starting anyway\n",
+            topic, st.partitions_owned, st.partitions);
+}
+
 /* The URL for the report, with any password replaced. */
 static void redact(const char *url, char *out, size_t outlen)
 {
@@ -103,6 +118,7 @@ void kb_run_bus(const kb_plan *p, const kb_bus_opts *o, kb_result *r)
         fprintf(stderr, "keybus-bench: kb_subscribe: %s (%s)\n", kb_strerror(rc), kb_last_error());
         r->error = rc;
     } else {
+        wait_ready(c.bus, c.topic);
         kb_drive(p, publish, &c, r);
     }
     rc = kb_close(c.bus, 10000);

@@ -1,7 +1,13 @@
 # NATS JetStream transport tests: each starts its own nats-server -js.
 kb_test(test_contract TESTNAME contract_nats ARGS nats TIMEOUT 120 LABELS nats)
+# The same contract with frames off (every event its own JetStream message).
+kb_test(test_contract TESTNAME contract_nats_plain ARGS nats TIMEOUT 120 LABELS nats)
+set_tests_properties(contract_nats_plain PROPERTIES
+  ENVIRONMENT "${KB_TEST_ENV};KEYBUS_NATS_PUBLISH_BATCH=1")
 kb_test(test_nats_interop TIMEOUT 90 LABELS nats)
 target_link_libraries(test_nats_interop PRIVATE PkgConfig::NATS)
+kb_test(test_nats_frames TIMEOUT 90 LABELS nats)
+target_link_libraries(test_nats_frames PRIVATE PkgConfig::NATS)
 add_executable(nats_consumer_proc nats_consumer_proc.c)
 target_link_libraries(nats_consumer_proc PRIVATE kb_test_support)
 kb_test(test_nats_faults ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 120 LABELS nats)

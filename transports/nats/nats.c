@@ -87,9 +87,11 @@ kb_nats_topic *kb__nats_topic(kb_transport *t, const char *topic, bool create)
         tp->subjects = calloc(t->partitions, sizeof *tp->subjects);
         for (uint32_t i = 0; tp->subjects != NULL && i < t->partitions; i++)
             snprintf(tp->subjects[i], sizeof tp->subjects[i], "kb.%s.%u", topic, i);
-        if (tp->name == NULL || tp->subjects == NULL || ensure_stream(t, tp) != KB_OK) {
-            if (tp->name == NULL || tp->subjects == NULL)
+        bool mem = tp->name == NULL || tp->subjects == NULL || kb__nats_batch_init(t, tp) != KB_OK;
+        if (mem || ensure_stream(t, tp) != KB_OK) {
+            if (mem)
                 kb__errf(NULL, 0, "nats: out of memory");
+            kb__nats_batch_free(t, tp);
             free(tp->subjects);
             free(tp->name);
             free(tp);
@@ -181,6 +183,8 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->reconnect_wait_ms = kb_conf_int(c, "nats.reconnect_wait_ms");
     t->reconnect_max_ms = kb_conf_int(c, "nats.reconnect_max_wait_ms");
     t->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
+    t->batch_events = (uint32_t)kb_conf_int(c, "nats.publish_batch");
+    t->linger_ns = kb_conf_int(c, "nats.publish_linger_us") * 1000;
     snprintf(t->id, sizeof t->id, "%s", kb_conf_str(c, "consumer"));
     snprintf(t->group, sizeof t->group, "%s", kb_conf_str(c, "group"));
     snprintf(t->bucket, sizeof t->bucket, "%s", kb_conf_str(c, "nats.lease_bucket"));
@@ -258,6 +262,10 @@ static int connect_server(kb_transport *t, const kb_conf *c, char *errstr, size_
                  natsStatus_GetText(s));
         return KB_ETRANSPORT;
     }
+    /* Frames stay well below the largest message the server accepts. */
+    int64_t maxp = natsConnection_GetMaxPayload(t->nc);
+    t->max_payload = maxp > 2 * KB_NATS_HDR_ROOM ? (size_t)maxp : 1024 * 1024;
+    t->batch_bytes = t->max_payload / 4 < 256 * 1024 ? t->max_payload / 4 : 256 * 1024;
     jsOptions jo;
     jsOptions_Init(&jo);
     jo.PublishAsync.MaxPending = kb_conf_int(c, "nats.publish_max_pending");
@@ -350,6 +358,7 @@ static void nats_close(kb_transport *t)
             kb_log(t->bus, 5, "nats %s: %s: %llu queued events released unhandled after a lost lease",
                    t->url_safe, tp->name, (unsigned long long)atomic_load(&tp->unowned));
         free(tp->parts);
+        kb__nats_batch_free(t, tp);
         free(tp->subjects);
         free(tp->name);
         free(tp);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "nats_int.h"
 
@@ -35,10 +36,16 @@ void kb__nats_claim_reset(kb_transport *t, kb_nats_claim *c)
     kb__nats_lease_kick(t);
 }
 
+/* One event of the entry is finished with; the last one settles the entry,
+ * done only when none was released unhandled. */
 void kb__nats_settle(kb_nats_entry *e, bool done)
 {
     kb_nats_claim *c = e->claim;
-    if (done)
+    if (!done)
+        atomic_store_explicit(&e->released, 1, memory_order_relaxed);
+    if (atomic_fetch_sub_explicit(&e->pending, 1, memory_order_acq_rel) != 1)
+        return;
+    if (!atomic_load_explicit(&e->released, memory_order_relaxed))
         atomic_store_explicit(&e->done, 1, memory_order_release);
     atomic_fetch_add_explicit(&c->settled, 1, memory_order_acq_rel);
 }
@@ -141,10 +148,17 @@ void kb__nats_ack_pass(kb_transport *t)
 void *kb__nats_acker(void *arg)
 {
     kb_transport *t = arg;
+    /* Frames wait at most a linger (plus this tick) before they go out. */
+    int64_t tick_ns = t->ack_interval_ms * 1000000;
+    if (t->batch_events > 1 && t->linger_ns < tick_ns)
+        tick_ns = t->linger_ns > 100000 ? t->linger_ns : 100000;
+    struct timespec tick = {(time_t)(tick_ns / 1000000000), (long)(tick_ns % 1000000000)};
     while (!atomic_load(&t->closing)) {
         kb__nats_ack_pass(t);
         kb__nats_resend(t);
-        kb__nats_sleep_ms(t->ack_interval_ms);
+        if (t->batch_events > 1)
+            kb__nats_batch_send_due(t, false);
+        nanosleep(&tick, NULL);
     }
     nats_ReleaseThreadMemory();
     return NULL;

@@ -26,6 +26,15 @@ const kb_prop kb__nats_props[] = {
     {"nats.publish_max_pending", KB_PROP_INT, "16384", 1, 1 << 20,
      "Asynchronous publishes in flight; `kb_publish` waits up to "
      "`pool.enqueue_timeout_ms` for room, then `KB_EFULL`."},
+    {"nats.publish_batch", KB_PROP_INT, "64", 1, 4096,
+     "Events of one partition packed into one JetStream message (a frame), which "
+     "divides the server's per-message work among them; 1 sends each event as its "
+     "own message. A lone event always goes out as a plain message. See "
+     "docs/transports-nats.md."},
+    {"nats.publish_linger_us", KB_PROP_INT, "1000", 0, 1000000,
+     "How long a frame that is not full may wait for more events. The first event "
+     "after a quiet spell of this long is sent at once, so sparse traffic is not "
+     "delayed."},
     {"nats.publish_timeout_ms", KB_PROP_INT, "5000", 100, MS_HOUR,
      "Wait for one publish ack before the publish is sent again (same Nats-Msg-Id)."},
     {"nats.dup_window_ms", KB_PROP_INT, "120000", 1000, 24 * MS_HOUR,

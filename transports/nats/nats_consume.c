@@ -53,16 +53,59 @@ static void status_msg(feeder *f, natsMsg *m)
     }
 }
 
-static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta *meta,
-                            const void *key, size_t key_len, const char *why)
+/* The delivery ID: the stream sequence, ".<i>" for the i-th event of a frame. */
+static const char *delivery_id(char *buf, size_t len, uint64_t sseq, uint32_t i, bool framed)
 {
-    kb_log(f->t->bus, 4, "nats %s: message %llu on %s goes to the dead letters: %s",
-           f->t->url_safe, (unsigned long long)meta->sseq, natsMsg_GetSubject(m), why);
-    int rc = kb__nats_dlq_publish(f->t, f->tp, m, key, key_len, e->claim->part->n, meta->sseq,
+    if (framed)
+        snprintf(buf, len, "%llu.%u", (unsigned long long)sseq, i);
+    else
+        snprintf(buf, len, "%llu", (unsigned long long)sseq);
+    return buf;
+}
+
+/* An event (or the whole message, when unreadable) goes to the dead letters
+ * without reaching a handler. */
+static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta *meta,
+                            const char *id, const kb_nats_event *ev, const char *why)
+{
+    kb_log(f->t->bus, 4, "nats %s: message %s on %s goes to the dead letters: %s",
+           f->t->url_safe, id, natsMsg_GetSubject(m), why);
+    const char *body = natsMsg_GetData(m);
+    kb_nats_event whole = {NULL, body ? body : "", 0, (size_t)natsMsg_GetDataLength(m)};
+    if (ev == NULL)
+        ev = &whole;
+    kb_nats_claim *c = e->claim;
+    int rc = kb__nats_dlq_publish(f->t, f->tp, natsMsg_GetSubject(m), id, ev->key, ev->key_len,
+                                  ev->payload, ev->payload_len, c->part->n,
                                   (uint32_t)meta->delivered, why);
     kb__nats_settle(e, rc == KB_OK);
     if (rc != KB_OK)
-        kb__nats_claim_reset(f->t, e->claim);   /* redelivered to a fresh claim */
+        kb__nats_claim_reset(f->t, c);   /* redelivered to a fresh claim */
+}
+
+/* Hand one event to the sink; false when the bus refused it (closing). */
+static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta *meta,
+                    unsigned n, const char *id, const kb_nats_event *ev)
+{
+    kb_transport *t = f->t;
+    uint32_t home = kb_fnv1a32(ev->key, ev->key_len) % t->partitions;
+    if (home != n) {
+        char why[96];
+        snprintf(why, sizeof why, "key belongs to partition %u, not %u", home, n);
+        dead_on_arrival(f, e, m, meta, id, ev, why);
+        return true;
+    }
+    kb_delivery d = {.topic = f->tp->name, .key = ev->key, .key_len = ev->key_len,
+                     .payload = ev->payload ? ev->payload : "", .payload_len = ev->payload_len,
+                     .partition = n, .attempt = (uint32_t)meta->delivered, .id = id, .cookie = e};
+    int rc = kb_sink_deliver(f->tp->sink, &d, -1);   /* waits while the lane is full */
+    if (rc == KB_OK)
+        return true;
+    kb__nats_settle(e, false);
+    if (rc != KB_ECLOSED)
+        kb_log(t->bus, 3, "nats: delivery of %s on %s failed: %s", id, natsMsg_GetSubject(m),
+               kb_strerror(rc));
+    return false;
 }
 
 static void data_msg(feeder *f, natsMsg *m, const kb_nats_meta *meta, unsigned n)
@@ -86,6 +129,21 @@ static void data_msg(feeder *f, natsMsg *m, const kb_nats_meta *meta, unsigned n
         }
         kb__nats_sleep_ms(1);
     }
+    /* Read the message before it is in the ring: once there, its events may
+     * settle (and the acker destroy it) while we still look at it. */
+    const char *count = NULL, *why = NULL;
+    kb_nats_frame frame = {NULL, NULL, 1};
+    kb_nats_event one = {NULL, NULL, 0, 0};
+    bool framed = natsMsgHeader_Get(m, KB_NATS_BATCH_HDR, &count) == NATS_OK && count != NULL;
+    int bad;
+    if (framed) {
+        bad = kb__nats_frame_open(m, count, &frame, &why);
+    } else {
+        int klen = kb__nats_get_key(m, f->key, f->key_cap, &why);
+        bad = klen < 0;
+        one = (kb_nats_event){f->key, natsMsg_GetData(m), klen < 0 ? 0 : (size_t)klen,
+                              (size_t)natsMsg_GetDataLength(m)};
+    }
     c->delivered_hi = meta->sseq;
     uint64_t slot = atomic_load(&c->tail);
     kb_nats_entry *e = &c->ring[slot & (c->cap - 1)];
@@ -93,39 +151,29 @@ static void data_msg(feeder *f, natsMsg *m, const kb_nats_meta *meta, unsigned n
     e->claim = c;
     e->sseq = meta->sseq;
     e->since_ns = kb__nats_now_ns();
+    uint32_t events = bad ? 1 : frame.left;
+    atomic_store(&e->pending, events);
+    atomic_store(&e->released, 0);
     atomic_store(&e->done, 0);
     atomic_store_explicit(&c->tail, slot + 1, memory_order_release);
 
-    const char *why = NULL;
-    int klen = kb__nats_get_key(m, f->key, f->key_cap, &why);
-    if (klen < 0) {
-        dead_on_arrival(f, e, m, meta, NULL, 0, why);
+    /* From here on `m` lives until the last of its events settles: the
+     * pending count keeps the acker from destroying it before. */
+    char id[48];
+    if (bad) {
+        dead_on_arrival(f, e, m, meta, delivery_id(id, sizeof id, meta->sseq, 0, false), NULL,
+                        why);
         return;
     }
-    uint32_t home = kb_fnv1a32(f->key, (size_t)klen) % t->partitions;
-    if (home != n) {
-        char buf[96];
-        snprintf(buf, sizeof buf, "key belongs to partition %u, not %u", home, n);
-        dead_on_arrival(f, e, m, meta, f->key, (size_t)klen, buf);
-        return;
-    }
-    char id[24], *ip = id + sizeof id;
-    *--ip = '\0';
-    uint64_t v = meta->sseq;
-    do
-        *--ip = (char)('0' + v % 10);
-    while ((v /= 10) != 0);
-    kb_delivery d = {.topic = f->tp->name, .key = f->key, .key_len = (size_t)klen,
-                     .payload = natsMsg_GetData(m), .payload_len = (size_t)natsMsg_GetDataLength(m),
-                     .partition = n, .attempt = (uint32_t)meta->delivered, .id = ip, .cookie = e};
-    if (d.payload == NULL)
-        d.payload = "";
-    int rc = kb_sink_deliver(f->tp->sink, &d, -1);   /* waits while the lane is full */
-    if (rc != KB_OK) {
-        kb__nats_settle(e, false);
-        if (rc != KB_ECLOSED)
-            kb_log(t->bus, 3, "nats: delivery of %s on %s failed: %s", ip, natsMsg_GetSubject(m),
-                   kb_strerror(rc));
+    for (uint32_t i = 1; i <= events; i++) {
+        kb_nats_event ev = one;
+        if (framed)
+            kb__nats_frame_next(&frame, &ev);
+        if (!deliver(f, e, m, meta, n, delivery_id(id, sizeof id, meta->sseq, i, framed), &ev)) {
+            for (uint32_t rest = i + 1; rest <= events; rest++)
+                kb__nats_settle(e, false);   /* never delivered: released with it */
+            return;
+        }
     }
 }
 

@@ -8,21 +8,30 @@
 #include "../../core/err.h"
 #include "nats_int.h"
 
-int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, natsMsg *orig, const void *key,
-                         size_t key_len, uint32_t partition, uint64_t sseq, uint32_t attempts,
+int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const char *orig_subject,
+                         const char *orig_id, const void *key, size_t key_len, const void *payload,
+                         size_t payload_len, uint32_t partition, uint32_t attempts,
                          const char *reason)
 {
     natsMsg *m = NULL;
     char num[32], id[2 * KB_NATS_NAME];
-    natsStatus s = natsMsg_Create(&m, tp->dlq_subject, NULL, natsMsg_GetData(orig),
-                                  natsMsg_GetDataLength(orig));
+    /* Another client's message close to max_payload cannot carry our headers
+     * too: store the dead letter without its body (the original stays in the
+     * stream at its sequence) rather than have it refused and redelivered for
+     * ever, holding up its partition. */
+    bool omit = payload_len + 2 * key_len + strlen(reason) + KB_NATS_HDR_ROOM > t->max_payload;
+    natsStatus s = natsMsg_Create(&m, tp->dlq_subject, NULL,
+                                  payload_len && !omit ? payload : NULL,
+                                  omit ? 0 : (int)payload_len);
+    snprintf(num, sizeof num, "%zu", payload_len);
+    if (s == NATS_OK && omit)
+        s = natsMsgHeader_Set(m, KB_NATS_OMITTED_HDR, num);
     if (s == NATS_OK && key_len > 0 && kb__nats_set_key(m, key, key_len) != KB_OK)
         s = NATS_NO_MEMORY;
     if (s == NATS_OK)
-        s = natsMsgHeader_Set(m, "Kb-Orig-Subject", natsMsg_GetSubject(orig));
-    snprintf(num, sizeof num, "%llu", (unsigned long long)sseq);
+        s = natsMsgHeader_Set(m, "Kb-Orig-Subject", orig_subject);
     if (s == NATS_OK)
-        s = natsMsgHeader_Set(m, "Kb-Orig-Seq", num);
+        s = natsMsgHeader_Set(m, "Kb-Orig-Id", orig_id);
     snprintf(num, sizeof num, "%u", partition);
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, "Kb-Partition", num);
@@ -32,7 +41,7 @@ int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, natsMsg *orig, cons
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, "Kb-Reason", reason);
     /* A redelivered event dead-lettered again is stored once. */
-    snprintf(id, sizeof id, "dlq-%s-%llu", tp->stream, (unsigned long long)sseq);
+    snprintf(id, sizeof id, "dlq-%s-%s", tp->stream, orig_id);
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, "Nats-Msg-Id", id);
     jsPubOptions po;
@@ -55,12 +64,12 @@ int kb__nats_dead_letter(kb_transport *t, const kb_delivery *d, const char *reas
         kb__errf(NULL, 0, "nats: dead letter of %s without its message", d->topic);
         return KB_EINVAL;
     }
-    uint64_t sseq = e->sseq;
-    int rc = kb__nats_dlq_publish(t, tp, e->msg, d->key, d->key_len, d->partition, sseq,
-                                  d->attempt, reason);
+    int rc = kb__nats_dlq_publish(t, tp, natsMsg_GetSubject(e->msg), d->id, d->key, d->key_len,
+                                  d->payload, d->payload_len, d->partition, d->attempt, reason);
+    kb_nats_claim *c = e->claim;
     kb__nats_settle(e, rc == KB_OK);   /* `e` may be reused from here on */
     if (rc != KB_OK)
-        kb__nats_claim_reset(t, e->claim);
+        kb__nats_claim_reset(t, c);
     return rc;
 }
 
@@ -105,7 +114,7 @@ int kb__nats_dead_letters(kb_transport *t, const char *topic, const char *after_
             .payload = natsMsg_GetData(m) ? natsMsg_GetData(m) : "",
             .payload_len = (size_t)natsMsg_GetDataLength(m),
             .partition = (uint32_t)strtoul(hdr(m, "Kb-Partition"), NULL, 10),
-            .original_id = hdr(m, "Kb-Orig-Seq"),
+            .original_id = hdr(m, "Kb-Orig-Id"),
             .attempts = (uint32_t)strtoul(hdr(m, "Kb-Attempts"), NULL, 10),
             .reason = hdr(m, "Kb-Reason"),
         };
@@ -141,6 +150,11 @@ int kb__nats_dead_letter_replay(kb_transport *t, const char *topic, const char *
     char *key = malloc(65536);
     const char *why = "out of memory";
     int klen = key ? kb__nats_get_key(m, key, 65536, &why) : -1;
+    const char *omitted = NULL;
+    if (klen > 0 && natsMsgHeader_Get(m, KB_NATS_OMITTED_HDR, &omitted) == NATS_OK) {
+        klen = -1;
+        why = "its body was too large to keep with the dead letter (see Kb-Orig-Id)";
+    }
     if (klen <= 0) {
         natsMsg_Destroy(m);
         free(key);

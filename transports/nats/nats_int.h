@@ -17,15 +17,21 @@
 #define KB_NATS_KEY_B64_HDR "Kb-Bin-Key"  /* the key as base64 (any bytes). Not
                                            * "Kb-Key-B64": nats.c 3.4.1 answered a
                                            * Kb-Key lookup with that header's value */
+#define KB_NATS_BATCH_HDR "Kb-Batch"      /* a frame of this many events of one partition */
+#define KB_NATS_OMITTED_HDR "Kb-Body-Omitted"  /* dead letter stored without its body (size) */
+#define KB_NATS_BATCH_MAX 4096            /* events per frame, nats.publish_batch's limit */
+#define KB_NATS_HDR_ROOM 1024             /* headers of a message, within max_payload */
 
-/* One delivered message waiting for its handler. The natsMsg keeps the
- * $JS.ACK reply subject that AckAll needs. */
+/* One delivered message (one event, or a frame of several) waiting for its
+ * handlers. The natsMsg keeps the $JS.ACK reply subject that AckAll needs. */
 typedef struct kb_nats_entry {
     natsMsg *msg;
     struct kb_nats_claim *claim;
     uint64_t sseq;
     int64_t since_ns;              /* delivered at, for in-progress acks */
-    _Atomic uint32_t done;         /* handled or dead-lettered: may be acked */
+    _Atomic uint32_t pending;      /* its events the bus is not finished with */
+    _Atomic uint32_t released;     /* one of them was released unhandled */
+    _Atomic uint32_t done;         /* every event handled or dead-lettered: may be acked */
 } kb_nats_entry;
 
 /* One ownership period of one partition: its own consumer, named after the
@@ -55,6 +61,16 @@ typedef struct kb_nats_claim {
     struct kb_nats_claim *next;    /* older claims of the partition */
 } kb_nats_claim;
 
+/* Events of one partition waiting to go out as one message (a frame). */
+typedef struct kb_nats_batch {
+    pthread_mutex_t mu;            /* serialises the partition's publishes */
+    char *buf;                     /* frame body: see nats_batch.c */
+    size_t len, cap;
+    uint32_t count;
+    int64_t first_ns;              /* when the oldest buffered event came */
+    int64_t last_send_ns;
+} kb_nats_batch;
+
 struct kb_nats_topic;
 
 typedef struct kb_nats_part {
@@ -75,6 +91,7 @@ typedef struct kb_nats_topic {
     char stream[KB_NATS_NAME];
     char dlq_subject[KB_NATS_NAME];
     char (*subjects)[KB_NATS_NAME];  /* kb.<topic>.N, for publishing */
+    kb_nats_batch *batches;        /* per partition */
     _Atomic uint64_t published;
     _Atomic uint64_t unowned;      /* deliveries released by still_owned: lease lost */
     /* consuming side: set by subscribe */
@@ -110,6 +127,10 @@ struct kb_transport {
     int64_t ack_wait_ms, lease_ttl_ms, publish_timeout_ms;
     int64_t max_ack_pending, fetch_batch, fetch_expires_ms, ack_interval_ms;
     int64_t dup_window_ms, reconnect_wait_ms, reconnect_max_ms;
+    uint32_t batch_events;         /* nats.publish_batch */
+    size_t batch_bytes;            /* frame body limit, below max_payload */
+    size_t max_payload;            /* the server's, from its INFO */
+    int64_t linger_ns;             /* nats.publish_linger_us */
     int enqueue_timeout_ms;
     /* topics: append-only list, read without a lock */
     _Atomic(kb_nats_topic *) topics;
@@ -155,11 +176,34 @@ natsMsg *kb__nats_msg_clone(natsMsg *m);
 
 /* nats_publish.c */
 int kb__nats_publish(kb_transport *t, const char *topic, const kb_msg *m);
+/* A message for subject with a fresh Nats-Msg-Id, the key in its header
+ * unless key is NULL. */
+int kb__nats_msg_event(kb_transport *t, const char *subject, const void *key, size_t key_len,
+                       const void *body, size_t body_len, natsMsg **out);
+/* Publish asynchronously (or queue behind resends); takes msg in every case. */
+int kb__nats_send(kb_transport *t, natsMsg *msg);
 int kb__nats_flush(kb_transport *t, int timeout_ms);
 void kb__nats_pub_err(jsCtx *js, jsPubAckErr *pae, void *closure);
 void kb__nats_disconnected(natsConnection *nc, void *closure);
 void kb__nats_resend(kb_transport *t);
 void kb__nats_resend_free(kb_transport *t);
+
+/* nats_batch.c: frames of several events of one partition */
+typedef struct kb_nats_event {
+    const char *key, *payload;
+    size_t key_len, payload_len;
+} kb_nats_event;
+typedef struct kb_nats_frame {
+    const char *p, *end;
+    uint32_t left;                 /* events not yet read */
+} kb_nats_frame;
+/* Check a frame whose Kb-Batch header is `count`; -1 with *why when malformed. */
+int kb__nats_frame_open(natsMsg *m, const char *count, kb_nats_frame *f, const char **why);
+bool kb__nats_frame_next(kb_nats_frame *f, kb_nats_event *ev);
+int kb__nats_batch_init(kb_transport *t, kb_nats_topic *tp);
+void kb__nats_batch_free(kb_transport *t, kb_nats_topic *tp);
+int kb__nats_batch_add(kb_transport *t, kb_nats_topic *tp, const kb_msg *m);
+int kb__nats_batch_send_due(kb_transport *t, bool all);
 
 /* nats_consume.c */
 int kb__nats_subscribe(kb_transport *t, const char *topic, kb_sink *sink);
@@ -186,8 +230,11 @@ void kb__nats_lease_kick(kb_transport *t);
 
 /* nats_dlq.c */
 int kb__nats_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason);
-int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, natsMsg *orig, const void *key,
-                         size_t key_len, uint32_t partition, uint64_t sseq, uint32_t attempts,
+/* One event (or an unreadable message) to the dead letters; orig_id is the
+ * delivery ID: the stream sequence, ".<n>" for the n-th event of a frame. */
+int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const char *orig_subject,
+                         const char *orig_id, const void *key, size_t key_len, const void *payload,
+                         size_t payload_len, uint32_t partition, uint32_t attempts,
                          const char *reason);
 int kb__nats_dead_letters(kb_transport *t, const char *topic, const char *after_id, size_t max,
                           kb_dead_letter_fn fn, void *opaque);

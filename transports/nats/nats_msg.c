@@ -138,7 +138,7 @@ natsMsg *kb__nats_msg_clone(natsMsg *m)
     if (natsMsg_Create(&c, natsMsg_GetSubject(m), NULL, natsMsg_GetData(m),
                        natsMsg_GetDataLength(m)) != NATS_OK)
         return NULL;
-    const char *hdrs[] = {KB_NATS_KEY_HDR, KB_NATS_KEY_B64_HDR, "Nats-Msg-Id"};
+    const char *hdrs[] = {KB_NATS_KEY_HDR, KB_NATS_KEY_B64_HDR, KB_NATS_BATCH_HDR, "Nats-Msg-Id"};
     for (size_t i = 0; i < sizeof hdrs / sizeof *hdrs; i++) {
         const char *v = NULL;
         if (natsMsgHeader_Get(m, hdrs[i], &v) == NATS_OK && v != NULL &&

@@ -49,12 +49,10 @@ static void push(kb_transport *t, natsMsg *m, bool front)
     atomic_fetch_add(&t->resend_len, 1);
 }
 
-int kb__nats_publish(kb_transport *t, const char *topic, const kb_msg *m)
+int kb__nats_msg_event(kb_transport *t, const char *subject, const void *key, size_t key_len,
+                       const void *body, size_t body_len, natsMsg **out)
 {
-    kb_nats_topic *tp = kb__nats_topic(t, topic, true);
-    if (tp == NULL)
-        return KB_ETRANSPORT;
-    /* Nats-Msg-Id: <bus id>-<counter>, without snprintf (once per event) */
+    /* Nats-Msg-Id: <bus id>-<counter>, without snprintf (once per message) */
     char id[64];
     size_t bl = strlen(t->bus_id);
     memcpy(id, t->bus_id, bl);
@@ -67,15 +65,19 @@ int kb__nats_publish(kb_transport *t, const char *topic, const kb_msg *m)
     memcpy(id + bl + 1, d, (size_t)(digits + sizeof digits - d));
     id[bl + 1 + (size_t)(digits + sizeof digits - d)] = '\0';
     natsMsg *msg = NULL;
-    if (natsMsg_Create(&msg, tp->subjects[m->hash % t->partitions], NULL,
-                       m->payload_len ? m->payload : NULL,
-                       (int)m->payload_len) != NATS_OK ||
-        kb__nats_set_key(msg, m->key, m->key_len) != KB_OK ||
+    if (natsMsg_Create(&msg, subject, NULL, body_len ? body : NULL, (int)body_len) != NATS_OK ||
+        (key != NULL && kb__nats_set_key(msg, key, key_len) != KB_OK) ||
         natsMsgHeader_Set(msg, "Nats-Msg-Id", id) != NATS_OK) {
         natsMsg_Destroy(msg);
         kb__errf(NULL, 0, "nats: out of memory for a publish");
         return KB_ENOMEM;
     }
+    *out = msg;
+    return KB_OK;
+}
+
+int kb__nats_send(kb_transport *t, natsMsg *msg)
+{
     /* While the connection recovers, keep order: queue behind the resends. */
     int64_t until = kb__nats_now_ns() + (int64_t)t->enqueue_timeout_ms * 1000000;
     while (atomic_load(&t->gated) && atomic_load(&t->resend_len) >= (uint64_t)t->max_ack_pending * 16) {
@@ -110,8 +112,35 @@ int kb__nats_publish(kb_transport *t, const char *topic, const kb_msg *m)
     }
     if (s != NATS_OK)
         return kb__nats_errf("publish", s, 0);
-    atomic_fetch_add_explicit(&tp->published, 1, memory_order_relaxed);
     return KB_OK;
+}
+
+int kb__nats_publish(kb_transport *t, const char *topic, const kb_msg *m)
+{
+    kb_nats_topic *tp = kb__nats_topic(t, topic, true);
+    if (tp == NULL)
+        return KB_ETRANSPORT;
+    /* Checked here: a frame holding it could never be sent. (A plain message
+     * may carry the key base64-encoded in a header: count it twice.) */
+    if (8 + 2 * m->key_len + m->payload_len + KB_NATS_HDR_ROOM > t->max_payload) {
+        kb__errf(NULL, 0, "nats %s: an event of %zu bytes (key and payload) exceeds the server's "
+                 "max_payload of %zu bytes", t->url_safe, m->key_len + m->payload_len,
+                 t->max_payload);
+        return KB_EINVAL;
+    }
+    int rc;
+    if (t->batch_events > 1) {
+        rc = kb__nats_batch_add(t, tp, m);
+    } else {
+        natsMsg *msg = NULL;
+        rc = kb__nats_msg_event(t, tp->subjects[m->hash % t->partitions], m->key, m->key_len,
+                                m->payload, m->payload_len, &msg);
+        if (rc == KB_OK)
+            rc = kb__nats_send(t, msg);
+    }
+    if (rc == KB_OK)
+        atomic_fetch_add_explicit(&tp->published, 1, memory_order_relaxed);
+    return rc;
 }
 
 /* A publish ack that failed: transport trouble is sent again (the Msg-Id makes
@@ -212,12 +241,14 @@ int kb__nats_flush(kb_transport *t, int timeout_ms)
 {
     int64_t deadline = timeout_ms < 0 ? INT64_MAX : kb__nats_now_ns() + (int64_t)timeout_ms * 1000000;
     for (;;) {
+        int sent = kb__nats_batch_send_due(t, true);
         int64_t left = deadline == INT64_MAX ? 60000 : (deadline - kb__nats_now_ns()) / 1000000;
         jsPubOptions po;
         jsPubOptions_Init(&po);
         po.MaxWait = left > 1 ? left : 1;
         natsStatus s = js_PublishAsyncComplete(t->js, &po);
-        if (s == NATS_OK && !atomic_load(&t->gated) && atomic_load(&t->resend_len) == 0)
+        if (sent == KB_OK && s == NATS_OK && !atomic_load(&t->gated) &&
+            atomic_load(&t->resend_len) == 0)
             break;
         if (kb__nats_now_ns() >= deadline) {
             kb__errf(NULL, 0, "nats %s: publishes not acked within %d ms", t->url_safe, timeout_ms);

@@ -1,0 +1,682 @@
+/* NATS frames (nats.publish_batch) against a real nats-server -js: a burst
+ * goes out as few frames and keeps per-key order; a lone event after a quiet
+ * spell is a plain message any client can read; frames written by hand by a
+ * plain nats.c client are consumed (delivery IDs "<seq>.<i>"); malformed and
+ * misrouted frames go to the dead letters; an event over the server's
+ * max_payload is refused at kb_publish. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <nats/nats.h>
+
+#include <keybus/keybus.h>
+#include <keybus/pool.h>
+
+#include "support/server.h"
+#include "support/tracker.h"
+
+#define PARTITIONS 8
+
+static kb_test_server server;
+
+/* A bus on the file's server; `kv` is NULL or NULL-terminated key/value pairs. */
+static kb_bus *open_bus(const char *const *kv)
+{
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    assert_int_equal(kb_conf_set(c, "transport", server.url, err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "retry.backoff_ms", "1", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "retry.max_backoff_ms", "2", err, sizeof err), KB_OK);
+    for (size_t i = 0; kv != NULL && kv[i] != NULL; i += 2)
+        if (kb_conf_set(c, kv[i], kv[i + 1], err, sizeof err) != KB_OK)
+            fail_msg("kb_conf_set %s: %s", kv[i], err);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    return b;
+}
+
+static uint32_t home_of(const char *key)
+{
+    return kb_fnv1a32(key, strlen(key)) % PARTITIONS;
+}
+
+/* A key other than `base`-N whose home partition differs from `not_home`. */
+static void key_elsewhere(char *out, size_t len, const char *base, uint32_t not_home)
+{
+    for (int i = 0; i < 1000; i++) {
+        snprintf(out, len, "%s-%d", base, i);
+        if (home_of(out) != not_home)
+            return;
+    }
+    fail_msg("no key of another partition");
+}
+
+/* ---- plain nats.c client helpers ---------------------------------------- */
+
+typedef struct client {
+    natsConnection *nc;
+    jsCtx *js;
+} client;
+
+static void client_open(client *c)
+{
+    assert_int_equal(natsConnection_ConnectTo(&c->nc, server.url), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&c->js, c->nc, NULL), NATS_OK);
+}
+
+static void client_close(client *c)
+{
+    jsCtx_Destroy(c->js);
+    natsConnection_Destroy(c->nc);
+}
+
+/* A frame body under construction. */
+typedef struct frame {
+    char buf[4096];
+    size_t len;
+} frame;
+
+static void put_u32(char *p, uint32_t v)
+{
+    p[0] = (char)(v & 0xff);
+    p[1] = (char)((v >> 8) & 0xff);
+    p[2] = (char)((v >> 16) & 0xff);
+    p[3] = (char)((v >> 24) & 0xff);
+}
+
+static void frame_add(frame *f, const char *key, const char *payload)
+{
+    size_t kl = strlen(key), pl = strlen(payload);
+    assert_true(f->len + 8 + kl + pl <= sizeof f->buf);
+    put_u32(f->buf + f->len, (uint32_t)kl);
+    memcpy(f->buf + f->len + 4, key, kl);
+    put_u32(f->buf + f->len + 4 + kl, (uint32_t)pl);
+    memcpy(f->buf + f->len + 8 + kl, payload, pl);
+    f->len += 8 + kl + pl;
+}
+
+/* Publish synchronously on kb.<topic>.<part> with a Kb-Batch header (when
+ * `batch` is not NULL) or a Kb-Key header (when `key` is not NULL); returns
+ * the stream sequence. */
+static uint64_t publish_raw(client *c, const char *topic, uint32_t part, const char *batch,
+                            const char *key, const char *body, size_t len)
+{
+    char subj[128];
+    snprintf(subj, sizeof subj, "kb.%s.%u", topic, part);
+    natsMsg *m = NULL;
+    assert_int_equal(natsMsg_Create(&m, subj, NULL, body, (int)len), NATS_OK);
+    if (batch != NULL)
+        assert_int_equal(natsMsgHeader_Set(m, "Kb-Batch", batch), NATS_OK);
+    if (key != NULL)
+        assert_int_equal(natsMsgHeader_Set(m, "Kb-Key", key), NATS_OK);
+    jsPubAck *pa = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_PublishMsg(&pa, c->js, m, NULL, &jerr);
+    if (s != NATS_OK)
+        fail_msg("js_PublishMsg on %s: %s (jetstream error %d)", subj, natsStatus_GetText(s),
+                 (int)jerr);
+    uint64_t seq = pa->Sequence;
+    jsPubAck_Destroy(pa);
+    natsMsg_Destroy(m);
+    assert_true(seq > 0);
+    return seq;
+}
+
+/* ---- what handlers saw ---------------------------------------------------- */
+
+#define REC_MAX 64
+
+static struct recorder {
+    pthread_mutex_t mu;
+    int n;
+    char key[REC_MAX][48];
+    char payload[REC_MAX][48];   /* first bytes, NUL-terminated */
+    size_t payload_len[REC_MAX];
+    char id[REC_MAX][48];
+    uint32_t attempt[REC_MAX];
+    int big_intact;              /* payloads over 1 KiB whose pattern checked out */
+} rec = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void rec_reset(void)
+{
+    pthread_mutex_lock(&rec.mu);
+    rec.n = 0;
+    rec.big_intact = 0;
+    pthread_mutex_unlock(&rec.mu);
+}
+
+static int rec_count(void)
+{
+    pthread_mutex_lock(&rec.mu);
+    int n = rec.n;
+    pthread_mutex_unlock(&rec.mu);
+    return n;
+}
+
+/* Big payloads carry byte i = (unsigned char)(i * 7 + 3). */
+static int pattern_ok(const unsigned char *p, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (p[i] != (unsigned char)(i * 7 + 3))
+            return 0;
+    return 1;
+}
+
+static int record(const kb_event *ev, void *opaque)
+{
+    (void)opaque;
+    pthread_mutex_lock(&rec.mu);
+    if (rec.n < REC_MAX) {
+        int i = rec.n;
+        size_t kl = ev->key_len < sizeof rec.key[0] - 1 ? ev->key_len : sizeof rec.key[0] - 1;
+        memcpy(rec.key[i], ev->key, kl);
+        rec.key[i][kl] = '\0';
+        size_t pl = ev->payload_len < sizeof rec.payload[0] - 1 ? ev->payload_len
+                                                                : sizeof rec.payload[0] - 1;
+        memcpy(rec.payload[i], ev->payload, pl);
+        rec.payload[i][pl] = '\0';
+        rec.payload_len[i] = ev->payload_len;
+        snprintf(rec.id[i], sizeof rec.id[0], "%s", ev->id ? ev->id : "(null)");
+        rec.attempt[i] = ev->attempt;
+        if (ev->payload_len > 1024 && pattern_ok(ev->payload, ev->payload_len))
+            rec.big_intact++;
+    }
+    rec.n++;
+    pthread_mutex_unlock(&rec.mu);
+    return KB_HANDLED;
+}
+
+static void wait_recorded(int n)
+{
+    for (int i = 0; i < 1000 && rec_count() < n; i++)
+        usleep(10000);
+}
+
+/* ---- dead letters --------------------------------------------------------- */
+
+#define DL_MAX 16
+
+struct dl_seen {
+    int n;
+    char original_id[DL_MAX][48];
+    char reason[DL_MAX][160];
+    char key[DL_MAX][48];
+    char payload[DL_MAX][64];
+    size_t payload_len[DL_MAX];
+    uint32_t partition[DL_MAX];
+};
+
+static int collect(const kb_dead_letter *dl, void *opaque)
+{
+    struct dl_seen *s = opaque;
+    if (s->n < DL_MAX) {
+        int i = s->n;
+        snprintf(s->original_id[i], sizeof s->original_id[0], "%s", dl->original_id);
+        snprintf(s->reason[i], sizeof s->reason[0], "%s", dl->reason);
+        size_t kl = dl->key_len < sizeof s->key[0] - 1 ? dl->key_len : sizeof s->key[0] - 1;
+        memcpy(s->key[i], dl->key, kl);
+        s->key[i][kl] = '\0';
+        size_t pl = dl->payload_len < sizeof s->payload[0] ? dl->payload_len
+                                                           : sizeof s->payload[0];
+        memcpy(s->payload[i], dl->payload, pl);
+        s->payload_len[i] = dl->payload_len;
+        s->partition[i] = dl->partition;
+    }
+    s->n++;
+    return 0;
+}
+
+static int dl_find(const struct dl_seen *s, const char *original_id)
+{
+    for (int i = 0; i < s->n && i < DL_MAX; i++)
+        if (strcmp(s->original_id[i], original_id) == 0)
+            return i;
+    return -1;
+}
+
+/* ---- 1 -------------------------------------------------------------------- */
+
+static _Atomic uint64_t framed_ids, plain_ids, bad_ids;
+
+static int track_ids(const kb_event *ev, void *opaque)
+{
+    /* "<seq>" for a plain message, "<seq>.<i>" (i from 1) inside a frame */
+    char *end = NULL;
+    unsigned long long seq = ev->id ? strtoull(ev->id, &end, 10) : 0;
+    if (seq == 0 || end == ev->id)
+        bad_ids++;
+    else if (*end == '\0')
+        plain_ids++;
+    else if (*end == '.' && end[1] >= '1' && end[1] <= '9')
+        framed_ids++;
+    else
+        bad_ids++;
+    return kb_tracker_handler(ev, opaque);
+}
+
+#define BURST_KEYS 4
+#define BURST_PER_KEY 500
+
+/* A burst over 4 keys is packed into frames: far fewer stream messages than
+ * events, and every key still sees its events in order, none missing. */
+static void frames_keep_order_and_cut_messages(void **state)
+{
+    (void)state;
+    const char *topic = "frames.burst";
+    kb_bus *b = open_bus(NULL);
+    kb_tracker t;
+    kb_tracker_init(&t, BURST_KEYS);
+    framed_ids = plain_ids = bad_ids = 0;
+    assert_int_equal(kb_subscribe(b, topic, track_ids, &t), KB_OK);
+    for (uint32_t seq = 1; seq <= BURST_PER_KEY; seq++)
+        for (uint32_t k = 0; k < BURST_KEYS; k++)
+            assert_int_equal(kb_tracker_publish(b, topic, k, seq, 16), KB_OK);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    for (int i = 0; i < 1000 && kb_tracker_distinct(&t) < BURST_KEYS * BURST_PER_KEY; i++)
+        usleep(10000);
+    assert_int_equal(kb_tracker_distinct(&t), BURST_KEYS * BURST_PER_KEY);
+    assert_int_equal(t.order_violations, 0);
+    assert_int_equal(t.concurrent, 0);
+    assert_int_equal(bad_ids, 0);
+    assert_true(framed_ids > 0);
+
+    kb_topic_stats st;
+    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    assert_int_equal(st.partitions, PARTITIONS);
+    assert_int_equal(st.published, BURST_KEYS * BURST_PER_KEY);
+    assert_int_equal(st.dlq_length, 0);
+    uint64_t messages = 0;
+    for (uint32_t p = 0; p < PARTITIONS; p++) {
+        kb_partition_stats ps;
+        assert_int_equal(kb_partition_stats_get(b, topic, p, &ps), KB_OK);
+        messages += ps.length;
+    }
+    print_message("2000 events in %llu stream messages (%llu framed, %llu plain deliveries)\n",
+                  (unsigned long long)messages, (unsigned long long)framed_ids,
+                  (unsigned long long)plain_ids);
+    assert_true(messages > 0);
+    assert_true(messages < 500);
+    assert_int_equal(st.broker_length, messages);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    /* nothing handled twice (no redelivery on a quiet run) */
+    assert_int_equal(t.duplicates, 0);
+    kb_tracker_destroy(&t);
+}
+
+/* ---- 2 -------------------------------------------------------------------- */
+
+static natsMsg *next_msg(natsSubscription *sub, int64_t timeout_ms)
+{
+    natsMsg *m = NULL;
+    natsStatus s = natsSubscription_NextMsg(&m, sub, timeout_ms);
+    return s == NATS_OK ? m : NULL;
+}
+
+static const char *header(natsMsg *m, const char *name)
+{
+    const char *v = NULL;
+    return natsMsgHeader_Get(m, name, &v) == NATS_OK ? v : NULL;
+}
+
+static void assert_plain(natsMsg *m, const char *subj, const char *key_hdr, const char *key,
+                         const char *payload)
+{
+    assert_non_null(m);
+    assert_string_equal(natsMsg_GetSubject(m), subj);
+    assert_null(header(m, "Kb-Batch"));
+    const char *k = header(m, key_hdr);
+    assert_non_null(k);
+    assert_string_equal(k, key);
+    assert_non_null(header(m, "Nats-Msg-Id"));
+    assert_int_equal(natsMsg_GetDataLength(m), (int)strlen(payload));
+    assert_memory_equal(natsMsg_GetData(m), payload, strlen(payload));
+}
+
+/* The first event after a quiet spell (longer than the linger) goes out at
+ * once as a plain message: Kb-Key (or Kb-Bin-Key) header, body = payload.
+ * Events close behind it wait in a frame. The linger is 200 ms here, so "at
+ * once" is told apart from "after the linger" without tight timing. */
+static void sparse_event_is_plain(void **state)
+{
+    (void)state;
+    const char *topic = "frames.sparse";
+    const char *const kv[] = {"nats.publish_linger_us", "200000", NULL};
+    kb_bus *b = open_bus(kv);
+    client c;
+    client_open(&c);
+    natsSubscription *sub = NULL;
+    assert_int_equal(natsConnection_SubscribeSync(&sub, c.nc, "kb.frames.sparse.*"), NATS_OK);
+    assert_int_equal(natsConnection_Flush(c.nc), NATS_OK);   /* the server knows the interest */
+
+    const char *key = "sparse-key";
+    char subj[64];
+    snprintf(subj, sizeof subj, "kb.%s.%u", topic, home_of(key));
+
+    /* A: first event ever on the partition, plain at once; B and C follow
+     * within the linger and leave together as a frame of 2 on kb_flush. */
+    assert_int_equal(kb_publish(b, topic, key, strlen(key), "A", 1), KB_OK);
+    assert_int_equal(kb_publish(b, topic, key, strlen(key), "B-b", 3), KB_OK);
+    assert_int_equal(kb_publish(b, topic, key, strlen(key), "C-cc", 4), KB_OK);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    natsMsg *m = next_msg(sub, 10000);
+    assert_plain(m, subj, "Kb-Key", key, "A");
+    natsMsg_Destroy(m);
+    m = next_msg(sub, 10000);
+    assert_non_null(m);
+    assert_string_equal(natsMsg_GetSubject(m), subj);
+    assert_null(header(m, "Kb-Key"));
+    const char *count = header(m, "Kb-Batch");
+    assert_non_null(count);
+    assert_string_equal(count, "2");
+    assert_non_null(header(m, "Nats-Msg-Id"));
+    frame want = {.len = 0};
+    frame_add(&want, key, "B-b");
+    frame_add(&want, key, "C-cc");
+    assert_int_equal(natsMsg_GetDataLength(m), (int)want.len);
+    assert_memory_equal(natsMsg_GetData(m), want.buf, want.len);
+    natsMsg_Destroy(m);
+
+    /* D after 300 ms of quiet: on the wire well before the 200 ms linger
+     * would have sent it, a plain message; kb_flush then sends nothing more. */
+    usleep(300000);
+    assert_int_equal(kb_publish(b, topic, key, strlen(key), "payload-D", 9), KB_OK);
+    m = next_msg(sub, 150);
+    assert_plain(m, subj, "Kb-Key", key, "payload-D");
+    natsMsg_Destroy(m);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    m = next_msg(sub, 100);
+    assert_null(m);
+
+    /* A key that is not printable text travels base64-encoded in Kb-Bin-Key. */
+    usleep(300000);
+    const char bin[] = {0x01, 0x02};
+    snprintf(subj, sizeof subj, "kb.%s.%u", topic, kb_fnv1a32(bin, 2) % PARTITIONS);
+    assert_int_equal(kb_publish(b, topic, bin, 2, "E", 1), KB_OK);
+    m = next_msg(sub, 150);
+    assert_plain(m, subj, "Kb-Bin-Key", "AQI=", "E");
+    assert_null(header(m, "Kb-Key"));
+    natsMsg_Destroy(m);
+
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    natsSubscription_Destroy(sub);
+    client_close(&c);
+}
+
+/* ---- 3 -------------------------------------------------------------------- */
+
+/* A frame written by a plain nats.c client is consumed: its 3 events reach
+ * the handler in order, with IDs "<seq>.1" .. "<seq>.3". */
+static void plain_client_frame_consumed_in_order(void **state)
+{
+    (void)state;
+    const char *topic = "frames.hand";
+    rec_reset();
+    kb_bus *b = open_bus(NULL);
+    assert_int_equal(kb_subscribe(b, topic, record, NULL), KB_OK);   /* creates the stream */
+    client c;
+    client_open(&c);
+    const char *key = "hand-key";
+    frame f = {.len = 0};
+    frame_add(&f, key, "first");
+    frame_add(&f, key, "second");
+    frame_add(&f, key, "third");
+    uint64_t seq = publish_raw(&c, topic, home_of(key), "3", NULL, f.buf, f.len);
+    wait_recorded(3);
+    usleep(50000);   /* a fourth (duplicate) delivery would show up here */
+    assert_int_equal(rec_count(), 3);
+    const char *want[] = {"first", "second", "third"};
+    for (int i = 0; i < 3; i++) {
+        char id[48];
+        snprintf(id, sizeof id, "%llu.%d", (unsigned long long)seq, i + 1);
+        assert_string_equal(rec.payload[i], want[i]);
+        assert_int_equal(rec.payload_len[i], strlen(want[i]));
+        assert_string_equal(rec.key[i], key);
+        assert_string_equal(rec.id[i], id);
+        assert_int_equal(rec.attempt[i], 1);
+    }
+    kb_topic_stats st;
+    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    assert_int_equal(st.dlq_length, 0);
+    assert_int_equal(st.handled, 3);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    client_close(&c);
+}
+
+/* ---- 4 -------------------------------------------------------------------- */
+
+/* Frames that cannot be read go to the dead letters whole ("malformed
+ * Kb-Batch"); in a readable frame, an event whose key belongs to another
+ * partition goes alone ("key belongs to partition"), its neighbours are
+ * handled, and the partition keeps going. */
+static void malformed_frames_dead_letter(void **state)
+{
+    (void)state;
+    const char *topic = "frames.bad";
+    rec_reset();
+    kb_bus *b = open_bus(NULL);
+    assert_int_equal(kb_subscribe(b, topic, record, NULL), KB_OK);
+    client c;
+    client_open(&c);
+    const char *key = "bad-key";
+    uint32_t home = home_of(key);
+    char other[48];
+    key_elsewhere(other, sizeof other, "stray", home);
+
+    enum { N_MALFORMED = 6 };
+    uint64_t malformed[N_MALFORMED];
+    frame one = {.len = 0}, two = {.len = 0};
+    frame_add(&one, key, "bad-1");
+    frame_add(&two, key, "bad-a");
+    frame_add(&two, key, "bad-b");
+    /* Kb-Batch below 2 */
+    malformed[0] = publish_raw(&c, topic, home, "1", NULL, one.buf, one.len);
+    /* Kb-Batch not a number */
+    malformed[1] = publish_raw(&c, topic, home, "abc", NULL, two.buf, two.len);
+    /* count 3, 2 events in the body */
+    malformed[2] = publish_raw(&c, topic, home, "3", NULL, two.buf, two.len);
+    /* count 2, the second payload length runs past the end */
+    frame trunc = two;
+    trunc.len -= 2;
+    malformed[3] = publish_raw(&c, topic, home, "2", NULL, trunc.buf, trunc.len);
+    /* count 2, bytes left over after the 2 events */
+    frame extra = two;
+    memcpy(extra.buf + extra.len, "xyz", 3);
+    extra.len += 3;
+    malformed[4] = publish_raw(&c, topic, home, "2", NULL, extra.buf, extra.len);
+    /* count 2, an event with an empty key */
+    frame nokey = one;
+    put_u32(nokey.buf + nokey.len, 0);
+    put_u32(nokey.buf + nokey.len + 4, 5);
+    memcpy(nokey.buf + nokey.len + 8, "bad-e", 5);
+    nokey.len += 13;
+    malformed[5] = publish_raw(&c, topic, home, "2", NULL, nokey.buf, nokey.len);
+
+    /* a valid frame whose event 2 belongs to another partition */
+    frame mixed = {.len = 0};
+    frame_add(&mixed, key, "good-1");
+    frame_add(&mixed, other, "misrouted");
+    frame_add(&mixed, key, "good-3");
+    uint64_t mixed_seq = publish_raw(&c, topic, home, "3", NULL, mixed.buf, mixed.len);
+    /* and a plain message after all of it */
+    uint64_t after_seq = publish_raw(&c, topic, home, NULL, key, "after", 5);
+
+    kb_topic_stats st = {0};
+    for (int i = 0; i < 1000; i++) {
+        assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+        if (st.dlq_length >= N_MALFORMED + 1 && rec_count() >= 3)
+            break;
+        usleep(10000);
+    }
+    usleep(50000);
+    assert_int_equal(st.dlq_length, N_MALFORMED + 1);
+
+    /* handled: the readable events only, in partition order */
+    assert_int_equal(rec_count(), 3);
+    char id[48];
+    assert_string_equal(rec.payload[0], "good-1");
+    snprintf(id, sizeof id, "%llu.1", (unsigned long long)mixed_seq);
+    assert_string_equal(rec.id[0], id);
+    assert_string_equal(rec.payload[1], "good-3");
+    snprintf(id, sizeof id, "%llu.3", (unsigned long long)mixed_seq);
+    assert_string_equal(rec.id[1], id);
+    assert_string_equal(rec.payload[2], "after");
+    snprintf(id, sizeof id, "%llu", (unsigned long long)after_seq);
+    assert_string_equal(rec.id[2], id);
+    for (int i = 0; i < 3; i++)
+        assert_string_equal(rec.key[i], key);
+
+    struct dl_seen seen = {0};
+    assert_int_equal(kb_dead_letters(b, topic, NULL, 100, collect, &seen), KB_OK);
+    assert_int_equal(seen.n, N_MALFORMED + 1);
+    for (int j = 0; j < N_MALFORMED; j++) {
+        snprintf(id, sizeof id, "%llu", (unsigned long long)malformed[j]);
+        int i = dl_find(&seen, id);
+        if (i < 0)
+            fail_msg("malformed frame %d (seq %s) not in the dead letters", j, id);
+        if (strstr(seen.reason[i], "malformed Kb-Batch") == NULL)
+            fail_msg("malformed frame %d: reason \"%s\"", j, seen.reason[i]);
+        assert_int_equal(seen.partition[i], home);
+        assert_int_equal(seen.key[i][0], '\0');   /* no key: the whole message */
+    }
+    /* the whole body is kept (here the "abc" frame's) */
+    snprintf(id, sizeof id, "%llu", (unsigned long long)malformed[1]);
+    int abc = dl_find(&seen, id);
+    assert_true(abc >= 0);
+    assert_int_equal(seen.payload_len[abc], two.len);
+    assert_memory_equal(seen.payload[abc], two.buf, two.len);
+
+    snprintf(id, sizeof id, "%llu.2", (unsigned long long)mixed_seq);
+    int mis = dl_find(&seen, id);
+    if (mis < 0)
+        fail_msg("misrouted event %s not in the dead letters", id);
+    if (strstr(seen.reason[mis], "belongs to partition") == NULL)
+        fail_msg("misrouted event: reason \"%s\"", seen.reason[mis]);
+    assert_string_equal(seen.key[mis], other);
+    assert_int_equal(seen.payload_len[mis], 9);
+    assert_memory_equal(seen.payload[mis], "misrouted", 9);
+    assert_int_equal(seen.partition[mis], home);
+
+    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    assert_int_equal(st.handled, 3);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    client_close(&c);
+}
+
+/* ---- 5 -------------------------------------------------------------------- */
+
+/* An event that cannot fit the server's max_payload (1 MiB by default) is
+ * refused by kb_publish with KB_EINVAL naming max_payload, also when it is
+ * within limits.max_payload_bytes; a large event that fits (bigger than a
+ * frame's byte budget) and small ones around it are handled, in order. */
+static void oversized_event_rejected(void **state)
+{
+    (void)state;
+    const char *topic = "frames.big";
+    rec_reset();
+    /* limits.max_payload_bytes (1 MiB by default) would refuse first with
+     * KB_ETOOBIG: raise it so the transport's check is the one tested. */
+    const char *const kv[] = {"limits.max_payload_bytes", "8388608", NULL};
+    kb_bus *b = open_bus(kv);
+    assert_int_equal(kb_subscribe(b, topic, record, NULL), KB_OK);
+    const char *key = "big-key";
+    size_t huge = 2u << 20, big = 512u << 10;
+    unsigned char *p = malloc(huge);
+    assert_non_null(p);
+    for (size_t i = 0; i < huge; i++)
+        p[i] = (unsigned char)(i * 7 + 3);
+
+    assert_int_equal(kb_publish(b, topic, key, strlen(key), p, huge), KB_EINVAL);
+    assert_non_null(strstr(kb_last_error(), "max_payload"));
+    /* just under the server's limit, but no room left for the headers */
+    assert_int_equal(kb_publish(b, topic, key, strlen(key), p, (1u << 20) - 64), KB_EINVAL);
+    assert_non_null(strstr(kb_last_error(), "max_payload"));
+
+    assert_int_equal(kb_publish(b, topic, key, strlen(key), "small-1", 7), KB_OK);
+    assert_int_equal(kb_publish(b, topic, key, strlen(key), p, big), KB_OK);
+    assert_int_equal(kb_publish(b, topic, key, strlen(key), "small-2", 7), KB_OK);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    free(p);
+    wait_recorded(3);
+    usleep(50000);
+    assert_int_equal(rec_count(), 3);
+    assert_string_equal(rec.payload[0], "small-1");
+    assert_int_equal(rec.payload_len[1], big);
+    assert_int_equal(rec.big_intact, 1);
+    assert_string_equal(rec.payload[2], "small-2");
+
+    kb_topic_stats st;
+    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    assert_int_equal(st.published, 3);
+    assert_int_equal(st.dlq_length, 0);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+}
+
+/* Another client's unreadable message close to max_payload: the dead letter
+ * cannot hold its body and our headers, so it is stored without the body
+ * (Kb-Body-Omitted) instead of being refused and redelivered for ever; the
+ * partition goes on, and such a dead letter is not replayable. */
+static void huge_foreign_message_does_not_block(void **state)
+{
+    (void)state;
+    const char *topic = "frames.hugebad";
+    rec_reset();
+    kb_bus *b = open_bus(NULL);
+    assert_int_equal(kb_subscribe(b, topic, record, NULL), KB_OK);
+    client c;
+    client_open(&c);
+    const char *key = "huge-key";
+    uint32_t home = home_of(key);
+    size_t len = (size_t)natsConnection_GetMaxPayload(c.nc) - 60;
+    char *body = calloc(1, len);
+    assert_non_null(body);
+    uint64_t bad_seq = publish_raw(&c, topic, home, "abc", NULL, body, len);
+    free(body);
+    publish_raw(&c, topic, home, NULL, key, "after", 5);
+    wait_recorded(1);
+    assert_int_equal(rec_count(), 1);
+    assert_string_equal(rec.payload[0], "after");
+    kb_topic_stats st = {0};
+    for (int i = 0; i < 500 && st.dlq_length < 1; i++) {
+        assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+        usleep(10000);
+    }
+    assert_int_equal(st.dlq_length, 1);
+    struct dl_seen seen = {0};
+    assert_int_equal(kb_dead_letters(b, topic, NULL, 10, collect, &seen), KB_OK);
+    assert_int_equal(seen.n, 1);
+    char id[32];
+    snprintf(id, sizeof id, "%llu", (unsigned long long)bad_seq);
+    assert_string_equal(seen.original_id[0], id);
+    assert_int_equal(seen.payload_len[0], 0);
+    assert_non_null(strstr(seen.reason[0], "malformed Kb-Batch"));
+    client_close(&c);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+}
+
+int main(void)
+{
+    if (kb_test_server_start(&server, "nats", NULL) != 0)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(frames_keep_order_and_cut_messages),
+        cmocka_unit_test(sparse_event_is_plain),
+        cmocka_unit_test(plain_client_frame_consumed_in_order),
+        cmocka_unit_test(malformed_frames_dead_letter),
+        cmocka_unit_test(oversized_event_rejected),
+        cmocka_unit_test(huge_foreign_message_does_not_block),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    kb_test_server_stop(&server);
+    nats_Close();
+    return failed;
+}
