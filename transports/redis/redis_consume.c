@@ -218,7 +218,22 @@ typedef struct reader {
     uint32_t *seen;      /* seen[i]: epoch of partition i whose sweep is done; 0 = sweep needed */
     rround r[2];          /* the read being handled and the one sent ahead of it */
     const char **argv;
+    int count;            /* XREADGROUP COUNT now: redis.batch .. READ_COUNT_GROWTH times it */
 } reader;
+
+/* A hot partition (one aggregate, say) fills every read: let its reads grow
+ * so the per-read cost (a round trip, the lease and XPENDING checks of every
+ * partition) is spread over more entries, and shrink them back when reads
+ * come back well short, so lanes of quiet topics are not flooded. */
+#define READ_COUNT_GROWTH 8
+
+static void adapt_count(reader *rd, int batch, size_t most)
+{
+    if (most >= (size_t)rd->count && rd->count < batch * READ_COUNT_GROWTH)
+        rd->count *= 2;
+    else if (most < (size_t)rd->count / 4 && rd->count > batch)
+        rd->count /= 2;
+}
 
 /* Another consumer has entries pending in this partition: `x` is the summary
  * form of XPENDING ([count, min, max, [[consumer, count]...]]). */
@@ -269,7 +284,7 @@ static bool send_round(kb_redis_topic *rt, reader *rd, rround *ro)
     if (ro->n == 0)
         return false;
     char count[16], block[16];
-    snprintf(count, sizeof count, "%d", t->batch);
+    snprintf(count, sizeof count, "%d", rd->count);
     snprintf(block, sizeof block, "%d", t->block_ms);
     const char **argv = rd->argv;
     size_t argc = 0, n = ro->n;
@@ -367,6 +382,12 @@ static int recv_round(kb_redis_topic *rt, reader *rd, rround *ro, rround *ahead)
         if (ahead != NULL && clean)
             send_round(rt, rd, ahead);
         /* [[stream, [entry...]]...], only streams with new entries */
+        size_t most = 0;
+        for (size_t s = 0; s < x->elements; s++)
+            if (x->element[s]->type == REDIS_REPLY_ARRAY && x->element[s]->elements >= 2 &&
+                x->element[s]->element[1]->elements > most)
+                most = x->element[s]->element[1]->elements;
+        adapt_count(rd, t->batch, most);
         for (size_t s = 0; rc != CLOSING && s < x->elements; s++) {
             const redisReply *sr = x->element[s];
             if (sr->type != REDIS_REPLY_ARRAY || sr->elements < 2 ||
@@ -405,7 +426,8 @@ void *kb__redis_consume_main(void *arg)
     kb_redis_topic *rt = arg;
     struct kb_transport *t = rt->t;
     size_t np = rt->nparts;
-    reader rd = {.seen = calloc(np, sizeof *rd.seen), .argv = calloc(9 + 2 * np, sizeof *rd.argv)};
+    reader rd = {.seen = calloc(np, sizeof *rd.seen), .argv = calloc(9 + 2 * np, sizeof *rd.argv),
+                 .count = t->batch};
     bool ready = rd.seen && rd.argv;
     for (int k = 0; k < 2; k++) {
         rd.r[k].parts = calloc(np, sizeof *rd.r[k].parts);
