@@ -9,7 +9,8 @@ const kb_prop kb__redis_props[] = {
     {"redis.block_ms", KB_PROP_INT, "100", 1, 60000,
      "Redis: `XREADGROUP BLOCK` time; bounds how fast a consumer notices new leases and close."},
     {"redis.batch", KB_PROP_INT, "256", 1, 100000,
-     "Redis: `COUNT` per `XREADGROUP` and per recovery (`XPENDING`/`XAUTOCLAIM`) page."},
+     "Redis: starting `COUNT` per `XREADGROUP` (it grows up to 8x while reads come back "
+     "full) and `COUNT` per recovery (`XPENDING`/`XAUTOCLAIM`) page."},
     {"redis.maxlen", KB_PROP_INT, "0", 0, INT64_MAX,
      "Redis: trim each partition stream with `MAXLEN ~ n` on publish; 0 = no trimming. "
      "Trimming may delete entries nobody acked yet."},
