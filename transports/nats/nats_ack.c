@@ -150,7 +150,7 @@ void *kb__nats_acker(void *arg)
     kb_transport *t = arg;
     /* Frames wait at most a linger (plus this tick) before they go out. */
     int64_t tick_ns = t->ack_interval_ms * 1000000;
-    if (t->batch_events > 1 && t->linger_ns < tick_ns)
+    if (t->batch_events > 1 && t->linger_ns > 0 && t->linger_ns < tick_ns)
         tick_ns = t->linger_ns > 100000 ? t->linger_ns : 100000;
     struct timespec tick = {(time_t)(tick_ns / 1000000000), (long)(tick_ns % 1000000000)};
     while (!atomic_load(&t->closing)) {

@@ -53,16 +53,6 @@ static void status_msg(feeder *f, natsMsg *m)
     }
 }
 
-/* The delivery ID: the stream sequence, ".<i>" for the i-th event of a frame. */
-static const char *delivery_id(char *buf, size_t len, uint64_t sseq, uint32_t i, bool framed)
-{
-    if (framed)
-        snprintf(buf, len, "%llu.%u", (unsigned long long)sseq, i);
-    else
-        snprintf(buf, len, "%llu", (unsigned long long)sseq);
-    return buf;
-}
-
 /* An event (or the whole message, when unreadable) goes to the dead letters
  * without reaching a handler. */
 static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta *meta,
@@ -158,18 +148,22 @@ static void data_msg(feeder *f, natsMsg *m, const kb_nats_meta *meta, unsigned n
     atomic_store_explicit(&c->tail, slot + 1, memory_order_release);
 
     /* From here on `m` lives until the last of its events settles: the
-     * pending count keeps the acker from destroying it before. */
+     * pending count keeps the acker from destroying it before. The delivery
+     * ID is the stream sequence, ".<i>" for the i-th event of a frame. */
     char id[48];
+    size_t base = kb__nats_put_u64(id, meta->sseq);
     if (bad) {
-        dead_on_arrival(f, e, m, meta, delivery_id(id, sizeof id, meta->sseq, 0, false), NULL,
-                        why);
+        dead_on_arrival(f, e, m, meta, id, NULL, why);
         return;
     }
     for (uint32_t i = 1; i <= events; i++) {
         kb_nats_event ev = one;
-        if (framed)
+        if (framed) {
             kb__nats_frame_next(&frame, &ev);
-        if (!deliver(f, e, m, meta, n, delivery_id(id, sizeof id, meta->sseq, i, framed), &ev)) {
+            id[base] = '.';
+            kb__nats_put_u64(id + base + 1, i);
+        }
+        if (!deliver(f, e, m, meta, n, id, &ev)) {
             for (uint32_t rest = i + 1; rest <= events; rest++)
                 kb__nats_settle(e, false);   /* never delivered: released with it */
             return;

@@ -163,6 +163,9 @@ int64_t kb__nats_now_ns(void);
 void kb__nats_sleep_ms(int64_t ms);
 
 /* nats_msg.c: keys in headers, ack subjects */
+/* v in decimal at out (room for 21 bytes), NUL-terminated; returns its length.
+ * No snprintf: it runs per message and per event. */
+size_t kb__nats_put_u64(char *out, uint64_t v);
 int kb__nats_set_key(natsMsg *m, const void *key, size_t len);
 /* Key of a message into buf (cap bytes); length, or -1 with *why set. */
 int kb__nats_get_key(natsMsg *m, char *buf, size_t cap, const char **why);

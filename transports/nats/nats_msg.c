@@ -24,6 +24,18 @@ static bool plain_text(const unsigned char *k, size_t len)
     return true;
 }
 
+size_t kb__nats_put_u64(char *out, uint64_t v)
+{
+    char digits[20], *d = digits + sizeof digits;
+    do
+        *--d = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    size_t n = (size_t)(digits + sizeof digits - d);
+    memcpy(out, d, n);
+    out[n] = '\0';
+    return n;
+}
+
 int kb__nats_set_key(natsMsg *m, const void *key, size_t len)
 {
     const unsigned char *k = key;

@@ -52,18 +52,13 @@ static void push(kb_transport *t, natsMsg *m, bool front)
 int kb__nats_msg_event(kb_transport *t, const char *subject, const void *key, size_t key_len,
                        const void *body, size_t body_len, natsMsg **out)
 {
-    /* Nats-Msg-Id: <bus id>-<counter>, without snprintf (once per message) */
+    /* Nats-Msg-Id: <bus id>-<counter> */
     char id[64];
     size_t bl = strlen(t->bus_id);
     memcpy(id, t->bus_id, bl);
     id[bl] = '-';
-    char digits[24], *d = digits + sizeof digits;
-    uint64_t v = atomic_fetch_add_explicit(&t->msg_seq, 1, memory_order_relaxed) + 1;
-    do
-        *--d = (char)('0' + v % 10);
-    while ((v /= 10) != 0);
-    memcpy(id + bl + 1, d, (size_t)(digits + sizeof digits - d));
-    id[bl + 1 + (size_t)(digits + sizeof digits - d)] = '\0';
+    kb__nats_put_u64(id + bl + 1,
+                     atomic_fetch_add_explicit(&t->msg_seq, 1, memory_order_relaxed) + 1);
     natsMsg *msg = NULL;
     if (natsMsg_Create(&msg, subject, NULL, body_len ? body : NULL, (int)body_len) != NATS_OK ||
         (key != NULL && kb__nats_set_key(msg, key, key_len) != KB_OK) ||
