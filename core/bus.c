@@ -447,7 +447,9 @@ int kb_close(kb_bus *b, int timeout_ms)
     rcu_read_unlock();
     for (size_t i = 0; i < n; i++)
         kb__pool_free(all[i]->pool);
-    b->ops->close(b->t);
+    int closed = b->ops->close(b->t);
+    if (closed != KB_OK && rc == KB_OK)
+        rc = closed;
     for (size_t i = 0; i < n; i++) {
         free(all[i]->name);
         free(all[i]);

@@ -105,8 +105,10 @@ KB_EXPORT kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen);
  * full lane wake with KB_ECLOSED), wait for threads inside kb_publish to leave,
  * handle what is queued until `timeout_ms` (< 0: no deadline), ack what was
  * handled, leave the rest unacked on brokers, stop threads, free everything.
- * Returns KB_ETIMEDOUT when the deadline cut the drain short. Call once, from
- * a thread that is not a handler; `b` is invalid afterwards. */
+ * Returns KB_ETIMEDOUT when the deadline cut the drain short, or the
+ * transport's error (KB_ETRANSPORT, text in kb_last_error) when events that
+ * kb_publish accepted could not be sent to the broker. Call once, from a
+ * thread that is not a handler; `b` is invalid afterwards. */
 KB_EXPORT int kb_close(kb_bus *b, int timeout_ms);
 
 typedef struct kb_event {
@@ -136,6 +138,14 @@ KB_EXPORT int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void 
  * (payload may be NULL only when payload_len is 0). Thread: any. */
 KB_EXPORT int kb_publish(kb_bus *b, const char *topic, const void *key, size_t key_len,
                          const void *payload, size_t payload_len);
+
+/* One event to publish (kb_publish_batch; transports receive it too). key and
+ * payload are borrowed for the call only. */
+typedef struct kb_msg {
+    const void *key;      size_t key_len;
+    const void *payload;  size_t payload_len;
+    uint32_t    hash;     /* kb_fnv1a32(key), computed by keybus: callers leave it 0 */
+} kb_msg;
 
 /* mem: wait until everything published before the call is handled (or
  * dead-lettered); brokers: until every publish so far is accepted by the

@@ -23,13 +23,6 @@ extern "C" {
 typedef struct kb_transport kb_transport;  /* the transport's own state */
 typedef struct kb_sink kb_sink;            /* a topic subscribed in this process */
 
-/* A message being published; key and payload are borrowed for the call only. */
-typedef struct kb_msg {
-    const void *key;      size_t key_len;
-    const void *payload;  size_t payload_len;
-    uint32_t    hash;     /* kb_fnv1a32(key): partition = hash % partitions */
-} kb_msg;
-
 /* A message handed to a sink, and handed back in ack/dead_letter/release. */
 typedef struct kb_delivery {
     const char *topic;
@@ -77,8 +70,10 @@ typedef struct kb_transport_ops {
     int  (*still_owned)(kb_transport *t, const kb_delivery *d);
     /* Stop consuming: no kb_sink_deliver after it returns. Acks still flow. */
     void (*stop)(kb_transport *t);
-    /* Send what is buffered (acks included), disconnect, free. */
-    void (*close)(kb_transport *t);
+    /* Send what is buffered (acks included), disconnect, free everything.
+     * KB_OK, or an error (its text through kb_last_error) when events that
+     * publish accepted could not be sent; kb_close then returns it. */
+    int  (*close)(kb_transport *t);
 } kb_transport_ops;
 
 /* Make a transport available by its scheme (built-ins are registered already).

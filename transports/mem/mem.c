@@ -83,9 +83,10 @@ static int mem_stats(kb_transport *t, const char *topic, kb_topic_stats *out)
     return out->lanes ? KB_OK : KB_ENOTFOUND;
 }
 
-static void mem_close(kb_transport *t)
+static int mem_close(kb_transport *t)
 {
     free(t);
+    return KB_OK;
 }
 
 const kb_transport_ops kb__mem_ops = {

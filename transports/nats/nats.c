@@ -294,7 +294,7 @@ static int connect_server(kb_transport *t, const kb_conf *c, char *errstr, size_
     return KB_OK;
 }
 
-static void nats_close(kb_transport *t);
+static int nats_close(kb_transport *t);
 
 static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *errstr,
                      size_t errlen)
@@ -334,7 +334,7 @@ static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *er
     return KB_OK;
 }
 
-static void nats_close(kb_transport *t)
+static int nats_close(kb_transport *t)
 {
     kb__nats_stop(t);
     atomic_store(&t->closing, 1);
@@ -378,6 +378,7 @@ static void nats_close(kb_transport *t)
     pthread_mutex_destroy(&t->resend_lock);
     pthread_mutex_destroy(&t->topics_lock);
     free(t);
+    return KB_OK;
 }
 
 const kb_transport_ops kb__nats_ops = {

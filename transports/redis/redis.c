@@ -403,7 +403,7 @@ static void transport_free(kb_transport *t)
     free(t);
 }
 
-static void redis_close(kb_transport *t)
+static int redis_close(kb_transport *t)
 {
     redis_stop(t);
     /* The keeper sends the last acks and dead letters, then hands leases back
@@ -419,6 +419,7 @@ static void redis_close(kb_transport *t)
                (unsigned long long)t->pub_inflight, (unsigned long long)t->pub_failed);
     pthread_mutex_unlock(&t->pub_lock);
     transport_free(t);
+    return KB_OK;
 }
 
 static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *errstr,
