@@ -46,7 +46,7 @@ void kb_run_mutex(const kb_plan *p, uint32_t threads, kb_result *r)
     if (pool == NULL) {
         r->error = KB_ENOMEM;
     } else {
-        kb_drive(p, publish, pool, r);
+        kb_drive(p, publish, NULL, pool, r);
         kb_mpool_destroy(pool);
     }
     kb_collect_end(p, r);

@@ -217,7 +217,7 @@ void kb_run_nats_raw(const kb_plan *plan, const char *url, kb_result *r)
     if (setup(c, url) != 0 || pthread_create(&consumer, NULL, consume, c) != 0) {
         r->error = KB_ETRANSPORT;
     } else {
-        kb_drive(&p, publish, c, r);
+        kb_drive(&p, publish, NULL, c, r);
         atomic_store(&c->stop, 1);
         pthread_join(consumer, NULL);
         if (atomic_load(&c->pub_error) || c->sub_error)

@@ -100,7 +100,7 @@ void kb_run_ring(const kb_plan *plan, kb_result *r)
     if (pthread_create(&consumer, NULL, consume, c) != 0) {
         r->error = KB_ENOMEM;
     } else {
-        kb_drive(&p, publish, c, r);
+        kb_drive(&p, publish, NULL, c, r);
         atomic_store(&c->stop, 1);
         pthread_join(consumer, NULL);
     }

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <time.h>
 
+#include <keybus/keybus.h>
+
 #include "hist.h"
 
 #define KB_BENCH_KEY_MAX 32
@@ -29,6 +31,7 @@ typedef struct kb_plan {
     uint32_t payload_bytes;     /* at least the 24-byte header below */
     uint32_t handler_us;        /* busy-wait per handled event */
     uint64_t rate;              /* offered events/s over all producers; 0 = as fast as possible */
+    uint32_t batch;             /* events per kb_publish_batch call; 0/1 = one publish each */
     const char *label;          /* for progress lines */
 } kb_plan;
 
@@ -56,6 +59,10 @@ typedef struct kb_result {
     uint64_t rss_bytes;         /* peak RSS during the run */
     double origin_events_per_s;
     double ratio_ring, ratio_mutex;   /* 0: not measured in this run */
+    double ratio_raw;           /* over baseline:redis-raw / nats-raw; 0: not measured */
+    double idle_cpu_pct;        /* CPU over a quiet second after the run; < 0: not measured */
+    uint32_t batch;             /* the plan's batch (1: single publishes) */
+    char idle[16];              /* pool.idle of a bus run ("" for baselines) */
     kb_hist hist;               /* publish-to-handle latency, ns */
 } kb_result;
 
@@ -63,7 +70,9 @@ typedef struct kb_result {
 typedef struct kb_bus_opts {
     const char *transport;      /* NULL: from the config file, env or default */
     const char *config;         /* INI file for kb_conf_load, or NULL */
-    uint32_t threads;           /* pool.threads; 0 = library default (online CPUs) */
+    uint32_t threads;           /* pool.threads; 0 = library default */
+    const char *idle;           /* pool.idle, or NULL for the configured one */
+    int idle_cpu;               /* measure CPU over a quiet second after the run */
 } kb_bus_opts;
 
 static inline uint64_t kb_now_ns(void)
@@ -100,10 +109,15 @@ size_t kb_plan_key(const kb_plan *p, uint32_t agg, char out[KB_BENCH_KEY_MAX]);
 /* Publish one event; KB_EFULL is retried, any other error stops the producer. */
 typedef int (*kb_publish_fn)(void *ctx, const void *key, size_t key_len, const void *payload,
                              size_t len);
-/* Run the plan's producers against `fn`, then wait until everything is handled
- * (or nothing moved for 10 s). Prints progress on stderr after 2 s. Between
- * kb_collect_begin and kb_collect_end. */
-void kb_drive(const kb_plan *p, kb_publish_fn fn, void *ctx, kb_result *r);
+/* Publish msgs[0..n) as kb_publish_batch does: *accepted is the prefix taken;
+ * KB_EFULL makes the producer resend the rest. */
+typedef int (*kb_publish_batch_fn)(void *ctx, const kb_msg *msgs, size_t n, size_t *accepted);
+/* Run the plan's producers against `fn` (or `batch_fn`, when not NULL and the
+ * plan batches), then wait until everything is handled (or nothing moved for
+ * 10 s). Prints progress on stderr after 2 s. Between kb_collect_begin and
+ * kb_collect_end. */
+void kb_drive(const kb_plan *p, kb_publish_fn fn, kb_publish_batch_fn batch_fn, void *ctx,
+              kb_result *r);
 
 /* collect.c: every runner's handler calls kb_collect_event. */
 int kb_collect_begin(const kb_plan *p);

@@ -166,6 +166,7 @@ void kb_result_plan(kb_result *r, const kb_plan *p)
     r->payload_bytes = p->payload_bytes;
     r->handler_us = p->handler_us;
     r->rate = p->rate;
+    r->batch = p->batch > 1 ? p->batch : 1;
     r->scenario = kb_scenario_name(p->scenario);
     r->origin_events_per_s = kb_scenario_origin_eps(p->scenario);
 }

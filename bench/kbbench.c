@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <keybus/keybus.h>
+#include <keybus/pool.h>
 
 #include "bench.h"
 
@@ -25,6 +26,10 @@ static const char usage[] =
     "  --threads N           pool.threads, also the mutex baseline's workers (default: CPUs)\n"
     "  --handler-us N        busy-wait per handled event (default 0)\n"
     "  --rate N              offered load in events/s, for latency (default: flat out)\n"
+    "  --batch N             publish through kb_publish_batch, N events per call (default 1:\n"
+    "                        kb_publish_to per event; baselines always publish one by one)\n"
+    "  --idle S              pool.idle: adaptive | spin | yield | block (default: configured)\n"
+    "  --idle-cpu            after each keybus run, measure CPU over a quiet second\n"
     "  --sweep events|threads  multi scenario over 10k..--sweep-max events, or 1..2*CPUs threads\n"
     "  --sweep-max N         largest events sweep point (default 10M)\n"
     "  --json FILE           append JSON lines ('-': stdout, the table goes to stderr)\n"
@@ -37,7 +42,7 @@ struct cli {
     kb_bus_opts bus;
     int scenarios;              /* bit per kb_scenario */
     uint64_t events, large_events, sweep_max, rate;
-    uint32_t aggregates, payload_bytes, producers, handler_us;
+    uint32_t aggregates, payload_bytes, producers, handler_us, batch;
     int baselines;
     const char *sweep, *json_path, *cdf_path;
     FILE *table, *json, *cdf;
@@ -79,7 +84,8 @@ static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t ag
              (unsigned long long)events);
     kb_plan p = {.scenario = s, .events = events, .aggregates = aggs < events ? aggs : (uint32_t)events,
                  .producers = c->producers, .payload_bytes = c->payload_bytes,
-                 .handler_us = c->handler_us, .rate = c->rate, .label = label};
+                 .handler_us = c->handler_us, .rate = c->rate, .batch = c->batch,
+                 .label = label};
     kb_result *r = calloc(4, sizeof *r);
     if (r == NULL) {
         c->failed = 1;
@@ -87,8 +93,13 @@ static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t ag
     }
     kb_bus_opts bus = c->bus;
     bus.threads = threads;
-    uint32_t workers = threads ? threads : (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
-    r[0].kind = r[1].kind = r[2].kind = r[3].kind = kind;
+    /* the mutex pool gets as many workers as keybus gets executors */
+    kb_idle idle = bus.idle && strcmp(bus.idle, "block") == 0 ? KB_IDLE_BLOCK : KB_IDLE_ADAPTIVE;
+    uint32_t workers = threads ? threads : kb_pool_default_threads(idle);
+    for (int i = 0; i < 4; i++) {
+        r[i].kind = kind;
+        r[i].idle_cpu_pct = -1;
+    }
     if (c->baselines) {
         kb_run_ring(&p, &r[0]);
         emit(c, &r[0]);
@@ -112,10 +123,11 @@ static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t ag
     kb_run_bus(&p, &bus, &r[2]);
     r[2].ratio_ring = r[0].events_per_s > 0 ? r[2].events_per_s / r[0].events_per_s : 0;
     r[2].ratio_mutex = r[1].events_per_s > 0 ? r[2].events_per_s / r[1].events_per_s : 0;
+    r[2].ratio_raw = r[3].events_per_s > 0 ? r[2].events_per_s / r[3].events_per_s : 0;
     emit(c, &r[2]);
-    if (r[3].events_per_s > 0)   /* the JSON has both rows; run-all.sh computes the same */
-        fprintf(c->table, "# %s vs %s: %.2f\n", label, r[3].transport,
-                r[2].events_per_s / r[3].events_per_s);
+    if (r[2].idle_cpu_pct >= 0)
+        fprintf(c->table, "# %s idle=%s: %.2f%% CPU over a quiet second after the run\n", label,
+                r[2].idle, r[2].idle_cpu_pct);
     free(r);
 }
 
@@ -181,7 +193,7 @@ int main(int argc, char **argv)
                     .payload_bytes = 64, .producers = 1, .baselines = 1};
     enum { O_TRANSPORT = 256, O_CONFIG, O_SCENARIO, O_EVENTS, O_AGGS, O_LARGE, O_PAYLOAD,
            O_PRODUCERS, O_THREADS, O_HANDLER, O_RATE, O_SWEEP, O_SWEEP_MAX, O_JSON, O_CDF,
-           O_BASE, O_NOBASE, O_HELP };
+           O_BASE, O_NOBASE, O_HELP, O_BATCH, O_IDLE, O_IDLE_CPU };
     static const struct option opts[] = {
         {"transport", 1, 0, O_TRANSPORT}, {"config", 1, 0, O_CONFIG},
         {"scenario", 1, 0, O_SCENARIO},   {"events", 1, 0, O_EVENTS},
@@ -192,13 +204,15 @@ int main(int argc, char **argv)
         {"sweep-max", 1, 0, O_SWEEP_MAX}, {"json", 1, 0, O_JSON},
         {"cdf", 1, 0, O_CDF},             {"baselines", 0, 0, O_BASE},
         {"no-baselines", 0, 0, O_NOBASE}, {"help", 0, 0, O_HELP},
+        {"batch", 1, 0, O_BATCH},         {"idle", 1, 0, O_IDLE},
+        {"idle-cpu", 0, 0, O_IDLE_CPU},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         uint64_t v = 0;
         int numeric = o == O_EVENTS || o == O_AGGS || o == O_LARGE || o == O_PAYLOAD ||
                       o == O_PRODUCERS || o == O_THREADS || o == O_HANDLER || o == O_RATE ||
-                      o == O_SWEEP_MAX;
+                      o == O_SWEEP_MAX || o == O_BATCH;
         if (numeric && (parse_num(optarg, &v) != 0 || (v == 0 && (o == O_EVENTS || o == O_AGGS)) ||
                         (o != O_EVENTS && o != O_LARGE && o != O_RATE &&
                                                         o != O_SWEEP_MAX && v > UINT32_MAX))) {
@@ -236,6 +250,16 @@ int main(int argc, char **argv)
         case O_CDF: c.cdf_path = optarg; break;
         case O_BASE: c.baselines = 1; break;
         case O_NOBASE: c.baselines = 0; break;
+        case O_BATCH: c.batch = (uint32_t)v; break;
+        case O_IDLE:
+            if (strcmp(optarg, "adaptive") && strcmp(optarg, "spin") && strcmp(optarg, "yield") &&
+                strcmp(optarg, "block")) {
+                fprintf(stderr, "keybus-bench: unknown idle strategy '%s'\n%s", optarg, usage);
+                return 2;
+            }
+            c.bus.idle = optarg;
+            break;
+        case O_IDLE_CPU: c.bus.idle_cpu = 1; break;
         case 'h': case O_HELP: fputs(usage, stdout); return 0;
         default: fputs(usage, stderr); return 2;
         }
@@ -258,9 +282,11 @@ int main(int argc, char **argv)
             break;
     if (f)
         fclose(f);
-    fprintf(c.table, "# keybus %s, %ld CPUs (%s), payload %u B, %u producer(s), handler %u us%s\n",
+    fprintf(c.table, "# keybus %s, %ld CPUs (%s), payload %u B, %u producer(s), handler %u us%s, "
+            "batch %u, idle %s\n",
             KB_VERSION_STRING, sysconf(_SC_NPROCESSORS_ONLN), cpu, c.payload_bytes, c.producers,
-            c.handler_us, c.rate ? ", fixed rate" : "");
+            c.handler_us, c.rate ? ", fixed rate" : "", c.batch > 1 ? c.batch : 1,
+            c.bus.idle ? c.bus.idle : "(configured)");
     kb_report_header(c.table);
     run_all(&c);
     if (c.json && c.json != stdout)

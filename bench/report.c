@@ -5,10 +5,11 @@
 
 void kb_report_header(FILE *out)
 {
-    fprintf(out, "%-8s %-13s %-16s %10s %6s %3s %3s %9s %12s %8s %8s %8s %7s %14s %9s %7s %7s\n",
-            "scenario", "kind", "transport", "events", "aggs", "prd", "thr", "seconds",
+    fprintf(out, "%-8s %-13s %-28s %10s %6s %3s %3s %5s %9s %12s %8s %8s %8s %7s %14s %9s %7s %7s "
+                 "%7s\n",
+            "scenario", "kind", "transport", "events", "aggs", "prd", "thr", "batch", "seconds",
             "events/s", "p50_us", "p99_us", "p999_us", "rss_MB", "order/lost/dup", "x_origin",
-            "x_ring", "x_mutex");
+            "x_ring", "x_mutex", "x_raw");
 }
 
 static void ratio(FILE *out, double r)
@@ -25,14 +26,16 @@ void kb_report_row(FILE *out, const kb_result *r)
     snprintf(checks, sizeof checks, "%llu/%llu/%llu%s", (unsigned long long)r->order_violations,
              (unsigned long long)r->lost, (unsigned long long)r->duplicates,
              r->error ? " ERR" : r->corrupt ? " BAD" : "");
-    fprintf(out, "%-8s %-13s %-16.16s %10llu %6u %3u %3u %9.4f %12.0f %8.2f %8.2f %8.2f %7.1f %14s %9.1f",
+    fprintf(out, "%-8s %-13s %-28.28s %10llu %6u %3u %3u %5u %9.4f %12.0f %8.2f %8.2f %8.2f %7.1f "
+                 "%14s %9.1f",
             r->scenario, r->kind, r->transport, (unsigned long long)r->events, r->aggregates,
-            r->producers, r->threads, r->seconds, r->events_per_s,
+            r->producers, r->threads, r->batch, r->seconds, r->events_per_s,
             kb_hist_quantile(&r->hist, 0.5) / 1e3, kb_hist_quantile(&r->hist, 0.99) / 1e3,
             kb_hist_quantile(&r->hist, 0.999) / 1e3, r->rss_bytes / 1048576.0, checks,
             r->events_per_s / r->origin_events_per_s);
     ratio(out, r->ratio_ring);
     ratio(out, r->ratio_mutex);
+    ratio(out, r->ratio_raw);
     fputc('\n', out);
     fflush(out);
 }
@@ -80,6 +83,13 @@ void kb_report_json(FILE *out, const kb_result *r)
             r->events_per_s / r->origin_events_per_s);
     json_ratio(out, "ratio_ring", r->ratio_ring);
     json_ratio(out, "ratio_mutex", r->ratio_mutex);
+    json_ratio(out, "ratio_raw", r->ratio_raw);
+    fprintf(out, ",\"batch\":%u,\"idle\":", r->batch);
+    json_str(out, r->idle);
+    if (r->idle_cpu_pct >= 0)
+        fprintf(out, ",\"idle_cpu_pct\":%.3f", r->idle_cpu_pct);
+    else
+        fputs(",\"idle_cpu_pct\":null", out);
     fputs("}\n", out);
     fflush(out);
 }

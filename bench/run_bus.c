@@ -3,15 +3,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <keybus/keybus.h>
+#include <keybus/pool.h>
 
 #include "bench.h"
 
 struct bus_ctx {
     kb_bus *bus;
-    char topic[64];
+    kb_topic *topic;
+    char name[64];
 };
 
 static int handle(const kb_event *ev, void *opaque)
@@ -24,7 +28,34 @@ static int handle(const kb_event *ev, void *opaque)
 static int publish(void *opaque, const void *key, size_t key_len, const void *payload, size_t len)
 {
     struct bus_ctx *c = opaque;
-    return kb_publish(c->bus, c->topic, key, key_len, payload, len);
+    return kb_publish_to(c->topic, key, key_len, payload, len);
+}
+
+static int publish_batch(void *opaque, const kb_msg *msgs, size_t n, size_t *accepted)
+{
+    struct bus_ctx *c = opaque;
+    return kb_publish_batch(c->topic, msgs, n, accepted);
+}
+
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+/* What the bus burns while nothing happens: process CPU over a quiet second
+ * (only the bus's threads run; this one sleeps). */
+static double idle_cpu_pct(void)
+{
+    double before = cpu_seconds();
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    nanosleep(&(struct timespec){1, 0}, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double wall = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    return 100.0 * (cpu_seconds() - before) / wall;
 }
 
 /* The origin's consumers were running before it published: wait (up to 10 s)
@@ -71,6 +102,8 @@ static kb_conf *make_conf(const kb_bus_opts *o, kb_result *r)
         snprintf(buf, sizeof buf, "%u", o->threads);
         rc = kb_conf_set(c, "pool.threads", buf, err, sizeof err);
     }
+    if (rc == KB_OK && o->idle)
+        rc = kb_conf_set(c, "pool.idle", o->idle, err, sizeof err);
     if (rc == KB_OK)   /* kb_open applies it too; done here to report the effective values */
         rc = kb_conf_apply_env(c, err, sizeof err);
     if (rc != KB_OK) {
@@ -82,10 +115,12 @@ static kb_conf *make_conf(const kb_bus_opts *o, kb_result *r)
     }
     kb_conf_get(c, "transport", buf, sizeof buf);
     redact(buf, r->transport, sizeof r->transport);
+    kb_conf_get(c, "pool.idle", r->idle, sizeof r->idle);
     kb_conf_get(c, "pool.threads", buf, sizeof buf);
     r->threads = (uint32_t)strtoul(buf, NULL, 10);
-    if (r->threads == 0)
-        r->threads = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
+    if (r->threads == 0)   /* only `block` changes the automatic count */
+        r->threads = kb_pool_default_threads(strcmp(r->idle, "block") == 0 ? KB_IDLE_BLOCK
+                                                                           : KB_IDLE_ADAPTIVE);
     return c;
 }
 
@@ -111,15 +146,19 @@ void kb_run_bus(const kb_plan *p, const kb_bus_opts *o, kb_result *r)
         return;
     }
     /* A fresh topic per run: broker streams keep what earlier runs left. */
-    snprintf(c.topic, sizeof c.topic, "kbbench.%s.%ld.%u", kb_scenario_name(p->scenario),
+    snprintf(c.name, sizeof c.name, "kbbench.%s.%ld.%u", kb_scenario_name(p->scenario),
              (long)getpid(), run_no++);
-    int rc = kb_subscribe(c.bus, c.topic, handle, NULL);
+    int rc = kb_subscribe(c.bus, c.name, handle, NULL);
+    if (rc == KB_OK && (c.topic = kb_topic_get(c.bus, c.name, err, sizeof err)) == NULL)
+        rc = KB_ENOMEM;
     if (rc != KB_OK) {
         fprintf(stderr, "keybus-bench: kb_subscribe: %s (%s)\n", kb_strerror(rc), kb_last_error());
         r->error = rc;
     } else {
-        wait_ready(c.bus, c.topic);
-        kb_drive(p, publish, &c, r);
+        wait_ready(c.bus, c.name);
+        kb_drive(p, publish, publish_batch, &c, r);
+        if (o->idle_cpu)
+            r->idle_cpu_pct = idle_cpu_pct();
     }
     rc = kb_close(c.bus, 10000);
     if (rc != KB_OK)

@@ -42,6 +42,7 @@ struct producer {
     const kb_plan *plan;
     uint32_t index, active;     /* this producer, producers that own an aggregate */
     kb_publish_fn fn;
+    kb_publish_batch_fn batch_fn;
     void *ctx;
     pthread_t thread;
     uint64_t retries;
@@ -60,10 +61,42 @@ static uint64_t xorshift(uint64_t *s)
     return *s;
 }
 
+static void producer_fail(struct producer *pr, int rc)
+{
+    pr->error = rc;
+    snprintf(pr->errmsg, sizeof pr->errmsg, "publish: %s (%s)", kb_strerror(rc), kb_last_error());
+}
+
+/* Events gathered for one kb_publish_batch call, payloads copied. */
+struct batch {
+    uint32_t size, n;
+    kb_msg *msgs;
+    unsigned char *slab;        /* size payloads */
+};
+
+/* Send what the batch holds, resending the rest after KB_EFULL. */
+static int send_batch(struct producer *pr, struct batch *b)
+{
+    size_t off = 0;
+    int rc = KB_OK;
+    while (off < b->n) {
+        size_t taken = 0;
+        rc = pr->batch_fn(pr->ctx, b->msgs + off, b->n - off, &taken);
+        off += taken;
+        if (rc == KB_EFULL)
+            pr->retries++;
+        else if (rc != KB_OK)
+            break;
+    }
+    b->n = 0;
+    return rc;
+}
+
 static void *produce(void *arg)
 {
     struct producer *pr = arg;
     const kb_plan *p = pr->plan;
+    struct batch b = {.size = pr->batch_fn != NULL && p->batch > 1 ? p->batch : 0};
     uint32_t mine = 0;
     for (uint32_t a = pr->index; a < p->aggregates; a += p->producers)
         mine++;
@@ -71,7 +104,11 @@ static void *produce(void *arg)
     char (*keys)[KB_BENCH_KEY_MAX] = malloc(sizeof *keys * (mine ? mine : 1));
     size_t *key_len = malloc(sizeof *key_len * (mine ? mine : 1));
     unsigned char *payload = malloc(p->payload_bytes);
-    if (!aggs || !keys || !key_len || !payload) {
+    if (b.size > 0) {
+        b.msgs = malloc(sizeof *b.msgs * b.size);
+        b.slab = malloc((size_t)p->payload_bytes * b.size);
+    }
+    if (!aggs || !keys || !key_len || !payload || (b.size > 0 && (!b.msgs || !b.slab))) {
         pr->error = KB_ENOMEM;
         snprintf(pr->errmsg, sizeof pr->errmsg, "producer: out of memory");
         goto out;
@@ -112,19 +149,32 @@ static void *produce(void *arg)
                 h.t_ns = kb_now_ns();
             }
             memcpy(payload, &h, sizeof h);
-            int rc;
-            while ((rc = pr->fn(pr->ctx, keys[slot], key_len[slot], payload, p->payload_bytes)) ==
-                   KB_EFULL)
-                pr->retries++;
+            int rc = KB_OK;
+            if (b.size > 0) {
+                unsigned char *copy = b.slab + (size_t)b.n * p->payload_bytes;
+                memcpy(copy, payload, p->payload_bytes);
+                b.msgs[b.n++] = (kb_msg){keys[slot], key_len[slot], copy, p->payload_bytes, 0};
+                if (b.n == b.size)
+                    rc = send_batch(pr, &b);
+            } else {
+                while ((rc = pr->fn(pr->ctx, keys[slot], key_len[slot], payload,
+                                    p->payload_bytes)) == KB_EFULL)
+                    pr->retries++;
+            }
             if (rc != KB_OK) {
-                pr->error = rc;
-                snprintf(pr->errmsg, sizeof pr->errmsg, "publish: %s (%s)", kb_strerror(rc),
-                         kb_last_error());
+                producer_fail(pr, rc);
                 break;
             }
         }
     }
+    if (b.n > 0 && !pr->error) {
+        int rc = send_batch(pr, &b);
+        if (rc != KB_OK)
+            producer_fail(pr, rc);
+    }
 out:
+    free(b.msgs);
+    free(b.slab);
     free(aggs);
     free(keys);
     free(key_len);
@@ -144,7 +194,8 @@ static void progress(const kb_plan *p, uint64_t start, uint64_t *next_report)
             (unsigned long long)p->events);
 }
 
-void kb_drive(const kb_plan *p, kb_publish_fn fn, void *ctx, kb_result *r)
+void kb_drive(const kb_plan *p, kb_publish_fn fn, kb_publish_batch_fn batch_fn, void *ctx,
+              kb_result *r)
 {
     struct producer *prs = calloc(p->producers, sizeof *prs);
     if (prs == NULL) {
@@ -156,7 +207,8 @@ void kb_drive(const kb_plan *p, kb_publish_fn fn, void *ctx, kb_result *r)
     atomic_store(&producers_done, 0);
     uint32_t started = 0;
     for (uint32_t i = 0; i < p->producers; i++) {
-        prs[i] = (struct producer){.plan = p, .index = i, .active = active, .fn = fn, .ctx = ctx};
+        prs[i] = (struct producer){.plan = p, .index = i, .active = active, .fn = fn,
+                                   .batch_fn = batch_fn, .ctx = ctx};
         if (pthread_create(&prs[i].thread, NULL, produce, &prs[i]) != 0) {
             r->error = KB_ENOMEM;
             break;

@@ -8,6 +8,8 @@
 #include "bus_int.h"
 #include "conf_int.h"
 #include "err.h"
+#include "idle.h"
+#include "rec.h"
 #include "registry.h"
 
 #define KB_MAX_TOPIC_BYTES 200
@@ -20,30 +22,35 @@ static inline int topic_char(unsigned char ch)
 
 /* Topic names: 1..200 bytes of [A-Za-z0-9._-], not starting or ending with a
  * dot and without "..": valid as a Redis key part and as NATS subject tokens. */
-static int check_topic(const char *topic, const char *what)
+static int check_topic_err(const char *topic, const char *what, char *errstr, size_t errlen)
 {
     if (topic == NULL) {
-        kb__errf(NULL, 0, "%s: topic is NULL", what);
+        kb__errf(errstr, errlen, "%s: topic is NULL", what);
         return KB_EINVAL;
     }
     size_t len = strlen(topic);
     if (len == 0 || len > KB_MAX_TOPIC_BYTES) {
-        kb__errf(NULL, 0, "%s: topic length %zu not in 1..%d", what, len, KB_MAX_TOPIC_BYTES);
+        kb__errf(errstr, errlen, "%s: topic length %zu not in 1..%d", what, len, KB_MAX_TOPIC_BYTES);
         return KB_EINVAL;
     }
     for (size_t i = 0; i < len; i++) {
         unsigned char ch = (unsigned char)topic[i];
         if (!topic_char(ch)) {
-            kb__errf(NULL, 0, "%s: topic \"%s\" has '%c' (0x%02x) at %zu; allowed: letters, "
+            kb__errf(errstr, errlen, "%s: topic \"%s\" has '%c' (0x%02x) at %zu; allowed: letters, "
                      "digits, '.', '_', '-'", what, topic, ch >= 32 && ch < 127 ? ch : '?', ch, i);
             return KB_EINVAL;
         }
     }
     if (topic[0] == '.' || topic[len - 1] == '.' || strstr(topic, "..") != NULL) {
-        kb__errf(NULL, 0, "%s: topic \"%s\" has an empty dot-separated part", what, topic);
+        kb__errf(errstr, errlen, "%s: topic \"%s\" has an empty dot-separated part", what, topic);
         return KB_EINVAL;
     }
     return KB_OK;
+}
+
+static int check_topic(const char *topic, const char *what)
+{
+    return check_topic_err(topic, what, NULL, 0);
 }
 
 static int match_topic(struct cds_lfht_node *node, const void *key)
@@ -84,22 +91,72 @@ static struct kb_topic *cached_topic(const kb_bus *b, const char *name)
     return NULL;
 }
 
+/* The topic named `name`, or NULL; topics live until kb_close. */
+static struct kb_topic *find_topic(kb_bus *b, const char *name)
+{
+    struct kb_topic *t = cached_topic(b, name);
+    if (t != NULL)
+        return t;
+    rcu_read_lock();
+    t = lookup(b, name);
+    rcu_read_unlock();
+    if (t != NULL) {
+        last_topic.bus_serial = b->serial;
+        last_topic.name = name;
+        last_topic.topic = t;
+    }
+    return t;
+}
+
 kb_sink *kb_bus_sink(kb_bus *b, const char *topic)
 {
     if (b == NULL || topic == NULL)
         return NULL;
-    struct kb_topic *t = cached_topic(b, topic);
-    if (t != NULL)
-        return (kb_sink *)t;
+    struct kb_topic *t = find_topic(b, topic);
+    return t != NULL && kb__topic_pool(t) != NULL ? (kb_sink *)t : NULL;
+}
+
+/* The topic named `name`, created when missing. Caller holds subscribe_lock
+ * and checked the name. NULL on out of memory or a closing bus. */
+static struct kb_topic *topic_add(kb_bus *b, const char *name)
+{
     rcu_read_lock();
-    t = lookup(b, topic);
+    struct kb_topic *t = lookup(b, name);
     rcu_read_unlock();
-    if (t != NULL) {
-        last_topic.bus_serial = b->serial;
-        last_topic.name = topic;
-        last_topic.topic = t;
+    if (t != NULL || atomic_load_explicit(&b->closing, memory_order_acquire))
+        return t;
+    t = calloc(1, sizeof *t);
+    if (t == NULL || (t->name = strdup(name)) == NULL) {
+        free(t);
+        return NULL;
     }
-    return (kb_sink *)t;   /* topics live until kb_close */
+    t->bus = b;
+    cds_lfht_node_init(&t->node);
+    KB_TSAN_RELEASE(t);
+    rcu_read_lock();
+    cds_lfht_add(b->topics, kb_fnv1a32(name, strlen(name)), &t->node);
+    rcu_read_unlock();
+    return t;
+}
+
+kb_topic *kb_topic_get(kb_bus *b, const char *topic, char *errstr, size_t errlen)
+{
+    if (b == NULL) {
+        kb__errf(errstr, errlen, "kb_topic_get: bus is NULL");
+        return NULL;
+    }
+    if (check_topic_err(topic, "kb_topic_get", errstr, errlen) != KB_OK)
+        return NULL;
+    struct kb_topic *t = find_topic(b, topic);
+    if (t != NULL)
+        return t;
+    pthread_mutex_lock(&b->subscribe_lock);
+    t = topic_add(b, topic);
+    pthread_mutex_unlock(&b->subscribe_lock);
+    if (t == NULL)
+        kb__errf(errstr, errlen, "kb_topic_get %s: %s", topic,
+                 atomic_load(&b->closing) ? "bus is closing" : "out of memory");
+    return t;
 }
 
 void kb_log(kb_bus *b, int level, const char *fmt, ...)
@@ -115,12 +172,29 @@ void kb_log(kb_bus *b, int level, const char *fmt, ...)
         fprintf(stderr, "keybus: %s\n", msg);
 }
 
+static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen);
+
 kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen)
 {
     if (c == NULL) {
         kb__errf(errstr, errlen, "kb_open: conf is NULL");
         return NULL;
     }
+    /* Taken first, so a second kb_open of the same conf fails even while
+     * this one is still connecting. */
+    if (!kb__conf_take(c)) {
+        kb__errf(errstr, errlen, "kb_open: this kb_conf already belongs to an open bus "
+                 "(kb_conf_dup gives a copy for another one)");
+        return NULL;
+    }
+    kb_bus *b = bus_open(c, errstr, errlen);
+    if (b == NULL)
+        kb__conf_give_back(c);
+    return b;
+}
+
+static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
+{
     if (kb_conf_apply_env(c, errstr, errlen) != KB_OK)
         return NULL;
     if (kb_conf_int(c, "retry.max_backoff_ms") < kb_conf_int(c, "retry.backoff_ms")) {
@@ -151,12 +225,14 @@ kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen)
     b->max_payload = (uint32_t)kb_conf_int(c, "limits.max_payload_bytes");
     b->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
     b->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
+    b->idle = (kb_idle)kb__idle_parse(kb_conf_str(c, "pool.idle"));
     pthread_mutex_init(&b->subscribe_lock, NULL);
 
     b->topics = cds_lfht_new(16, 16, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, NULL);
     uint32_t threads = (uint32_t)kb_conf_int(c, "pool.threads");
     if (b->topics != NULL)
-        b->sched = kb__sched_new(threads ? threads : kb__online_cpus(), errstr, errlen);
+        b->sched = kb__sched_new(threads ? threads : kb_pool_default_threads(b->idle), b->idle,
+                                 errstr, errlen);
     if (b->topics == NULL || b->sched == NULL) {
         if (b->topics == NULL)
             kb__errf(errstr, errlen, "kb_open: out of memory for the topic table");
@@ -190,17 +266,19 @@ int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque)
     }
 
     pthread_mutex_lock(&b->subscribe_lock);
-    rcu_read_lock();
-    struct kb_topic *existing = lookup(b, topic);
-    rcu_read_unlock();
-    if (existing != NULL) {
+    struct kb_topic *t = topic_add(b, topic);
+    if (t == NULL || kb__topic_pool(t) != NULL) {
         pthread_mutex_unlock(&b->subscribe_lock);
-        kb__errf(NULL, 0, "kb_subscribe: topic \"%s\" already has a handler", topic);
-        return KB_EINVAL;
+        if (t == NULL)
+            kb__errf(NULL, 0, "kb_subscribe %s: %s", topic,
+                     atomic_load(&b->closing) ? "bus is closing" : "out of memory");
+        else
+            kb__errf(NULL, 0, "kb_subscribe: topic \"%s\" already has a handler", topic);
+        return t == NULL && atomic_load(&b->closing) ? KB_ECLOSED
+               : t == NULL                           ? KB_ENOMEM
+                                                     : KB_EINVAL;
     }
 
-    struct kb_topic *t = calloc(1, sizeof *t);
-    char *name = strdup(topic);
     kb_pool_options o;
     kb_pool_options_init(&o);
     o.lanes = (uint32_t)kb_conf_int(b->conf, "pool.workers");
@@ -210,43 +288,147 @@ int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque)
     o.max_backoff_ms = (uint32_t)kb_conf_int(b->conf, "retry.max_backoff_ms");
     o.single_producer = (b->ops->flags & KB_TRANSPORT_F_SINGLE_FEEDER) != 0;
     o.salt = kb_fnv1a32(topic, strlen(topic));
+    o.idle = b->idle;
     o.handle = kb__topic_handle;
     o.finish = kb__topic_finish;
     o.opaque = t;
-    char why[256] = "out of memory";
-    kb_pool *pool = t && name ? kb__pool_new_on(b->sched, &o, why, sizeof why) : NULL;
+    char why[256];
+    kb_pool *pool = kb__pool_new_on(b->sched, &o, why, sizeof why);
     if (pool == NULL) {
         pthread_mutex_unlock(&b->subscribe_lock);
-        free(t);
-        free(name);
         kb__errf(NULL, 0, "kb_subscribe %s: %s", topic, why);
         return KB_ENOMEM;
     }
-    t->name = name;
-    t->bus = b;
-    t->pool = pool;
     t->fn = fn;
     t->opaque = opaque;
-    cds_lfht_node_init(&t->node);
-    KB_TSAN_RELEASE(t);
-    rcu_read_lock();
-    cds_lfht_add(b->topics, kb_fnv1a32(name, strlen(name)), &t->node);
-    rcu_read_unlock();
+    /* Publishers that see the pool also see the handler. */
+    atomic_store_explicit(&t->pool, pool, memory_order_release);
 
-    rc = b->ops->subscribe(b->t, name, (kb_sink *)t);
+    rc = b->ops->subscribe(b->t, t->name, (kb_sink *)t);
     if (rc != KB_OK) {
-        rcu_read_lock();
-        cds_lfht_del(b->topics, &t->node);
-        rcu_read_unlock();
-        synchronize_rcu();   /* no publisher still sees it */
+        atomic_store_explicit(&t->pool, NULL, memory_order_release);
+        synchronize_rcu();   /* no publisher still holds the pool */
         kb_pool_shutdown(pool);
         kb__pool_drain(pool, INT64_MAX);
         kb__pool_free(pool);
-        free(name);
-        free(t);
     }
     pthread_mutex_unlock(&b->subscribe_lock);
     return rc;
+}
+
+/* Key and payload against the bus's limits; the error names `topic`. */
+static int check_msg(const kb_bus *b, const char *topic, const kb_msg *m)
+{
+    if (m->key == NULL || m->key_len == 0) {
+        kb__errf(NULL, 0, "kb_publish %s: key is %s", topic, m->key == NULL ? "NULL" : "empty");
+        return KB_EINVAL;
+    }
+    if (m->key_len > b->max_key) {
+        kb__errf(NULL, 0, "kb_publish %s: key of %zu bytes exceeds limits.max_key_bytes (%u)",
+                 topic, m->key_len, b->max_key);
+        return KB_ETOOBIG;
+    }
+    if (m->payload == NULL && m->payload_len > 0) {
+        kb__errf(NULL, 0, "kb_publish %s: payload is NULL but payload_len is %zu", topic,
+                 m->payload_len);
+        return KB_EINVAL;
+    }
+    if (m->payload_len > b->max_payload) {
+        kb__errf(NULL, 0,
+                 "kb_publish %s: payload of %zu bytes exceeds limits.max_payload_bytes (%u)",
+                 topic, m->payload_len, b->max_payload);
+        return KB_ETOOBIG;
+    }
+    return KB_OK;
+}
+
+/* Events a local publish copies and enqueues at once. */
+#define LOCAL_CHUNK 64
+
+/* mem://: records straight into the topic's pool, no transport call. */
+static int publish_local(struct kb_topic *t, const kb_msg *msgs, size_t n, size_t *done)
+{
+    kb_bus *b = t->bus;
+    kb_pool *pool = kb__topic_pool(t);
+    if (pool == NULL) {
+        kb__errf(NULL, 0, "kb_publish: no subscriber for topic \"%s\" on %s://", t->name,
+                 b->ops->scheme);
+        return KB_ENOTFOUND;
+    }
+    void *recs[LOCAL_CHUNK];
+    uint32_t hashes[LOCAL_CHUNK];
+    int rc = KB_OK;
+    while (*done < n && rc == KB_OK) {
+        size_t k = 0, want = n - *done < LOCAL_CHUNK ? n - *done : LOCAL_CHUNK;
+        for (; k < want; k++) {
+            const kb_msg *m = &msgs[*done + k];
+            if ((rc = check_msg(b, t->name, m)) != KB_OK)
+                break;
+            hashes[k] = kb_fnv1a32(m->key, m->key_len);
+            if ((recs[k] = kb__rec_of_msg(t, m)) == NULL) {
+                rc = KB_ENOMEM;
+                kb__errf(NULL, 0, "kb_publish %s: out of memory for an event of %zu bytes",
+                         t->name, m->key_len + m->payload_len);
+                break;
+            }
+        }
+        size_t took = 0;
+        int sub = kb_pool_submit_batch(pool, hashes, recs, k, b->enqueue_timeout_ms, &took);
+        for (size_t i = took; i < k; i++)
+            kb__rec_free(recs[i]);
+        *done += took;
+        if (sub != KB_OK) {
+            rc = sub;
+            if (sub == KB_EFULL)
+                kb__errf(NULL, 0, "kb_publish %s: lane %u full for %d ms", t->name,
+                         hashes[took] % pool->o.lanes, b->enqueue_timeout_ms);
+            else
+                kb__errf(NULL, 0, "kb_publish %s: bus is closing", t->name);
+        }
+    }
+    return rc;
+}
+
+int kb_publish_batch(kb_topic *t, const kb_msg *msgs, size_t n, size_t *accepted)
+{
+    size_t done = 0;
+    int rc = KB_OK;
+    if (t == NULL || (msgs == NULL && n > 0)) {
+        kb__errf(NULL, 0, "kb_publish_batch: %s is NULL", t == NULL ? "topic" : "msgs");
+        rc = KB_EINVAL;
+        goto out;
+    }
+    kb_bus *b = t->bus;
+    /* The read section is what kb_close waits out (synchronize_rcu) after it
+     * sets `closing`: no publisher can still be inside once that returns. */
+    rcu_read_lock();
+    if (atomic_load_explicit(&b->closing, memory_order_seq_cst)) {
+        kb__errf(NULL, 0, "kb_publish %s: bus is closing", t->name);
+        rc = KB_ECLOSED;
+    } else if (b->ops->flags & KB_TRANSPORT_F_LOCAL) {
+        rc = publish_local(t, msgs, n, &done);
+    } else {
+        for (; done < n; done++) {
+            kb_msg m = msgs[done];
+            if ((rc = check_msg(b, t->name, &m)) != KB_OK)
+                break;
+            m.hash = kb_fnv1a32(m.key, m.key_len);
+            if ((rc = b->ops->publish(b->t, t->name, &m)) != KB_OK)
+                break;
+        }
+    }
+    rcu_read_unlock();
+out:
+    if (accepted != NULL)
+        *accepted = done;
+    return rc;
+}
+
+int kb_publish_to(kb_topic *t, const void *key, size_t key_len, const void *payload,
+                  size_t payload_len)
+{
+    kb_msg m = {key, key_len, payload, payload_len, 0};
+    return kb_publish_batch(t, &m, 1, NULL);
 }
 
 int kb_publish(kb_bus *b, const char *topic, const void *key, size_t key_len,
@@ -256,43 +438,21 @@ int kb_publish(kb_bus *b, const char *topic, const void *key, size_t key_len,
         kb__errf(NULL, 0, "kb_publish: bus is NULL");
         return KB_EINVAL;
     }
-    /* a topic subscribed here was validated by kb_subscribe */
-    int rc = topic != NULL && cached_topic(b, topic) != NULL ? KB_OK
-                                                           : check_topic(topic, "kb_publish");
-    if (rc != KB_OK)
-        return rc;
-    if (key == NULL || key_len == 0) {
-        kb__errf(NULL, 0, "kb_publish %s: key is %s", topic, key == NULL ? "NULL" : "empty");
-        return KB_EINVAL;
+    /* a topic known here was validated when it was created */
+    struct kb_topic *t = topic != NULL ? find_topic(b, topic) : NULL;
+    if (t == NULL) {
+        int rc = check_topic(topic, "kb_publish");
+        if (rc != KB_OK)
+            return rc;
+        if (b->ops->flags & KB_TRANSPORT_F_LOCAL) {
+            kb__errf(NULL, 0, "kb_publish: no subscriber for topic \"%s\" on %s://", topic,
+                     b->ops->scheme);
+            return KB_ENOTFOUND;
+        }
+        if ((t = kb_topic_get(b, topic, NULL, 0)) == NULL)
+            return atomic_load(&b->closing) ? KB_ECLOSED : KB_ENOMEM;
     }
-    if (key_len > b->max_key) {
-        kb__errf(NULL, 0, "kb_publish %s: key of %zu bytes exceeds limits.max_key_bytes (%u)",
-                 topic, key_len, b->max_key);
-        return KB_ETOOBIG;
-    }
-    if (payload == NULL && payload_len > 0) {
-        kb__errf(NULL, 0, "kb_publish %s: payload is NULL but payload_len is %zu", topic,
-                 payload_len);
-        return KB_EINVAL;
-    }
-    if (payload_len > b->max_payload) {
-        kb__errf(NULL, 0,
-                 "kb_publish %s: payload of %zu bytes exceeds limits.max_payload_bytes (%u)",
-                 topic, payload_len, b->max_payload);
-        return KB_ETOOBIG;
-    }
-    kb_msg m = {key, key_len, payload, payload_len, kb_fnv1a32(key, key_len)};
-    /* The read section is what kb_close waits out (synchronize_rcu) after it
-     * sets `closing`: no publisher can still be inside once that returns. */
-    rcu_read_lock();
-    if (atomic_load_explicit(&b->closing, memory_order_seq_cst)) {
-        rcu_read_unlock();
-        kb__errf(NULL, 0, "kb_publish %s: bus is closing", topic);
-        return KB_ECLOSED;
-    }
-    rc = b->ops->publish(b->t, topic, &m);
-    rcu_read_unlock();
-    return rc;
+    return kb_publish_to(t, key, key_len, payload, payload_len);
 }
 
 static int flush_pools(kb_bus *b, int timeout_ms)
@@ -303,10 +463,11 @@ static int flush_pools(kb_bus *b, int timeout_ms)
     struct kb_topic *t;
     rcu_read_lock();
     cds_lfht_for_each_entry(b->topics, &it, t, node) {
+        kb_pool *pool = kb__topic_pool(t);
         int64_t left_ms = deadline == INT64_MAX ? -1 : (deadline - kb__now_ns()) / 1000000;
         if (deadline != INT64_MAX && left_ms < 0)
             left_ms = 0;
-        if (kb_pool_flush(t->pool, (int)left_ms) != KB_OK)
+        if (pool != NULL && kb_pool_flush(pool, (int)left_ms) != KB_OK)
             rc = KB_ETIMEDOUT;
     }
     rcu_read_unlock();
@@ -317,6 +478,11 @@ int kb_flush(kb_bus *b, int timeout_ms)
 {
     if (b == NULL) {
         kb__errf(NULL, 0, "kb_flush: bus is NULL");
+        return KB_EINVAL;
+    }
+    if (kb__on_executor) {
+        /* It would wait for the lane this handler holds up. */
+        kb__errf(NULL, 0, "kb_flush: called from a handler; it would wait for its own lane");
         return KB_EINVAL;
     }
     int rc = b->ops->flush != NULL ? b->ops->flush(b->t, timeout_ms) : flush_pools(b, timeout_ms);
@@ -335,10 +501,11 @@ int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out)
     if (rc != KB_OK)
         return rc;
     memset(out, 0, sizeof *out);
-    struct kb_topic *t = (struct kb_topic *)kb_bus_sink(b, topic);
-    if (t != NULL) {
+    struct kb_topic *t = find_topic(b, topic);
+    kb_pool *pool = t != NULL ? kb__topic_pool(t) : NULL;
+    if (pool != NULL) {
         kb_pool_stats ps;
-        kb_pool_stats_get(t->pool, &ps);
+        kb_pool_stats_get(pool, &ps);
         out->received = ps.submitted;
         out->handled = ps.handled;
         out->retried = ps.retried;
@@ -353,7 +520,7 @@ int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out)
             atomic_load_explicit(&t->dead_letter_failures, memory_order_relaxed);
     }
     rc = b->ops->stats != NULL ? b->ops->stats(b->t, topic, out) : KB_ENOTFOUND;
-    if (t != NULL && rc == KB_ENOTFOUND)
+    if (pool != NULL && rc == KB_ENOTFOUND)
         rc = KB_OK;
     if (rc == KB_ENOTFOUND)
         kb__errf(NULL, 0, "kb_stats: topic \"%s\" unknown here", topic);
@@ -399,8 +566,15 @@ int kb_dead_letter_replay(kb_bus *b, const char *topic, const char *id)
 
 int kb_close(kb_bus *b, int timeout_ms)
 {
-    if (b == NULL)
+    if (b == NULL) {
+        kb__errf(NULL, 0, "kb_close: bus is NULL");
         return KB_EINVAL;
+    }
+    if (kb__on_executor) {
+        /* The executors it would stop include the one running this handler. */
+        kb__errf(NULL, 0, "kb_close: called from a handler; close the bus from another thread");
+        return KB_EINVAL;
+    }
     int64_t deadline = kb__deadline_ns(timeout_ms);
     struct cds_lfht_iter it;
     struct kb_topic *t;
@@ -411,7 +585,8 @@ int kb_close(kb_bus *b, int timeout_ms)
     pthread_mutex_unlock(&b->subscribe_lock);
     rcu_read_lock();
     cds_lfht_for_each_entry(b->topics, &it, t, node)
-        kb_pool_shutdown(t->pool);
+        if (kb__topic_pool(t) != NULL)
+            kb_pool_shutdown(kb__topic_pool(t));
     rcu_read_unlock();
     /* 2. Every thread that was inside kb_publish has left. */
     synchronize_rcu();
@@ -422,7 +597,7 @@ int kb_close(kb_bus *b, int timeout_ms)
     int rc = KB_OK;
     rcu_read_lock();
     cds_lfht_for_each_entry(b->topics, &it, t, node)
-        if (kb__pool_drain(t->pool, deadline) != KB_OK)
+        if (kb__topic_pool(t) != NULL && kb__pool_drain(kb__topic_pool(t), deadline) != KB_OK)
             rc = KB_ETIMEDOUT;
     rcu_read_unlock();
     /* 5. Stop executors, give back what was not handled (brokers leave it
@@ -446,7 +621,8 @@ int kb_close(kb_bus *b, int timeout_ms)
         cds_lfht_del(b->topics, &all[i]->node);
     rcu_read_unlock();
     for (size_t i = 0; i < n; i++)
-        kb__pool_free(all[i]->pool);
+        if (kb__topic_pool(all[i]) != NULL)
+            kb__pool_free(kb__topic_pool(all[i]));
     int closed = b->ops->close(b->t);
     if (closed != KB_OK && rc == KB_OK)
         rc = closed;
@@ -456,7 +632,7 @@ int kb_close(kb_bus *b, int timeout_ms)
     }
     free(all);
     cds_lfht_destroy(b->topics, NULL);
-    kb_conf_destroy(b->conf);
+    kb__conf_free(b->conf);
     pthread_mutex_destroy(&b->subscribe_lock);
     free(b);
     return rc;

@@ -14,13 +14,14 @@
 
 #include "pool_int.h"
 
-/* A subscribed topic; transports see it as a kb_sink. Lives until kb_close. */
+/* A topic of this bus (the public kb_topic handle); once subscribed,
+ * transports see it as a kb_sink. Lives until kb_close. */
 struct kb_topic {
     struct cds_lfht_node node;
     char *name;
     kb_bus *bus;
-    kb_pool *pool;
-    kb_handler_fn fn;
+    _Atomic(kb_pool *) pool;           /* set by kb_subscribe; NULL: no handler here */
+    kb_handler_fn fn;                  /* written before pool is published */
     void *opaque;
     _Atomic uint64_t dead_letter_failures;   /* dead letters nobody stored */
 };
@@ -39,7 +40,16 @@ struct kb_bus {
     /* hot-path copies of configuration */
     uint32_t max_key, max_payload, max_attempts;
     int enqueue_timeout_ms;
+    kb_idle idle;
 };
+
+static inline kb_pool *kb__topic_pool(struct kb_topic *t)
+{
+    return atomic_load_explicit(&t->pool, memory_order_acquire);
+}
+
+/* A record holding a copy of m, for a local publish (rec.h frees it). */
+struct kb_rec *kb__rec_of_msg(struct kb_topic *topic, const kb_msg *m);
 
 /* Copy a delivery into a record and enqueue it on the topic's lane. */
 int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, int timeout_ms);

@@ -1,6 +1,7 @@
 /* kb_conf: values checked against the property tables on every set. */
 #include <ctype.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <ini.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@ struct conf_entry {
 struct kb_conf {
     size_t n;
     struct conf_entry *e;
+    _Atomic bool taken;        /* owned by an open bus */
     kb_log_fn log;
     void *log_opaque;
 };
@@ -82,6 +84,16 @@ static int check_text(const kb_prop *p, const char *value, char *errstr, size_t 
     }
     if (p->type == KB_PROP_TEXT)
         return KB_OK;
+    if (p->type == KB_PROP_ENUM) {
+        for (const char *c = p->choices; *c;) {
+            size_t n = strcspn(c, "|");
+            if (n == len && strncmp(c, value, n) == 0)
+                return KB_OK;
+            c += n + (c[n] == '|');
+        }
+        kb__errf(errstr, errlen, "%s: \"%s\" is not one of %s", p->name, value, p->choices);
+        return KB_EINVAL;
+    }
     for (size_t i = 0; i < len; i++) {
         if (isspace((unsigned char)value[i]) || iscntrl((unsigned char)value[i])) {
             kb__errf(errstr, errlen, "%s: whitespace or control character at offset %zu", p->name,
@@ -182,6 +194,11 @@ int kb_conf_set(kb_conf *c, const char *key, const char *value, char *errstr, si
     if (e == NULL) {
         kb__errf(errstr, errlen, "unknown configuration key \"%s\"", key);
         return KB_ENOTFOUND;
+    }
+    if (atomic_load_explicit(&c->taken, memory_order_acquire)) {
+        kb__errf(errstr, errlen, "%s: this kb_conf belongs to an open bus and cannot change",
+                 key);
+        return KB_EINVAL;
     }
     return store(e, value, errstr, errlen);
 }
@@ -324,10 +341,26 @@ kb_conf *kb_conf_dup(const kb_conf *c)
     return d;
 }
 
+bool kb__conf_take(kb_conf *c)
+{
+    bool free_ = false;
+    return atomic_compare_exchange_strong(&c->taken, &free_, true);
+}
+
+void kb__conf_give_back(kb_conf *c)
+{
+    atomic_store(&c->taken, false);
+}
+
 void kb_conf_destroy(kb_conf *c)
 {
-    if (c == NULL)
-        return;
+    if (c == NULL || atomic_load(&c->taken))
+        return;   /* an open bus owns it: kb_close frees it */
+    kb__conf_free(c);
+}
+
+void kb__conf_free(kb_conf *c)
+{
     for (size_t i = 0; i < c->n; i++)
         free(c->e[i].value);
     free(c->e);
@@ -340,6 +373,7 @@ static const char *type_name(kb_prop_type t)
     case KB_PROP_INT: return "integer";
     case KB_PROP_URL: return "URL";
     case KB_PROP_TEXT: return "text";
+    case KB_PROP_ENUM: return "one of";
     case KB_PROP_STR: break;
     }
     return "name";
@@ -362,6 +396,8 @@ void kb__conf_write_markdown(FILE *out)
             env_name(p->name, env, sizeof env);
             if (p->type == KB_PROP_INT)
                 snprintf(range, sizeof range, "%" PRId64 " .. %" PRId64, p->min, p->max);
+            else if (p->type == KB_PROP_ENUM)
+                snprintf(range, sizeof range, "%s", p->choices);
             else
                 snprintf(range, sizeof range, "up to %" PRId64 " bytes", p->max);
             fprintf(out, "| `%s` | %s | %s%s%s | %s | `%s` | %s |\n", p->name, type_name(p->type),

@@ -3,6 +3,7 @@
 #ifndef KB_CORE_CONF_INT_H
 #define KB_CORE_CONF_INT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -13,6 +14,7 @@ typedef enum {
     KB_PROP_STR,      /* non-empty text without whitespace, at most `max` bytes */
     KB_PROP_URL,      /* scheme://...; the scheme must name a registered transport */
     KB_PROP_TEXT,     /* any text, possibly empty, at most `max` bytes (paths) */
+    KB_PROP_ENUM,     /* one of the '|'-separated words in `choices` */
 } kb_prop_type;
 
 typedef struct kb_prop {
@@ -21,6 +23,7 @@ typedef struct kb_prop {
     const char  *def;         /* NULL: computed at kb_conf_new (see doc) */
     int64_t      min, max;
     const char  *doc;
+    const char  *choices;     /* KB_PROP_ENUM: "a|b|c" */
 } kb_prop;
 
 /* Tables end with a row whose name is NULL. */
@@ -30,6 +33,13 @@ extern const kb_prop *const kb__prop_tables[];
 
 /* Write the Markdown reference of every key. */
 void kb__conf_write_markdown(FILE *out);
+
+/* A bus takes the conf in kb_open: false when another bus has it already.
+ * While taken, kb_conf_set refuses changes and kb_conf_destroy leaves it to
+ * kb_close, which calls kb__conf_free. */
+bool kb__conf_take(kb_conf *c);
+void kb__conf_give_back(kb_conf *c);   /* kb_open failed: the caller's again */
+void kb__conf_free(kb_conf *c);
 
 /* The log callback chosen for the bus. */
 void kb__conf_log(const kb_conf *c, kb_log_fn *fn, void **opaque);

@@ -11,7 +11,13 @@ const kb_prop kb__core_props[] = {
     {"pool.workers", KB_PROP_INT, "1024", 1, 1 << 20,
      "Lanes per topic. An aggregate always maps to lane `fnv1a32(key) % pool.workers`."},
     {"pool.threads", KB_PROP_INT, "0", 0, 1024,
-     "Executor threads per bus, shared by all topics; 0 = number of online CPUs."},
+     "Executor threads per bus, shared by all topics; 0 = automatic: the online CPUs, "
+     "less one for the publisher unless `pool.idle` is `block` (at least 1)."},
+    {"pool.idle", KB_PROP_ENUM, "adaptive", 0, 32,
+     "What executors do when their lanes are empty and publishers do on a full lane: "
+     "`spin` (busy-poll), `yield` (`sched_yield` loop), `block` (futex at once) or "
+     "`adaptive` (spin ~50 µs, yield ~2 ms, then block). Trade-offs in docs/benchmarks.md.",
+     "adaptive|spin|yield|block"},
     {"pool.queue_capacity", KB_PROP_INT, "1000", 1, 1 << 24,
      "Events per lane (the ring is rounded up to a power of two)."},
     {"pool.enqueue_timeout_ms", KB_PROP_INT, "200", 0, MS_HOUR,

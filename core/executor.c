@@ -2,11 +2,11 @@
  * producers marked ready, delays lanes whose head item asked for a retry, and
  * parks when there is nothing to do. */
 #include <errno.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "idle.h"
 #include "pool_int.h"
 #include "ring.h"
 
@@ -17,8 +17,6 @@
 #define LANE_LINGER_VISITS 2
 /* Pause instructions after a visit that found its lane empty. */
 #define EMPTY_VISIT_PAUSES 16
-/* Polls of the ready queue before parking; a futex wake costs far more. */
-#define IDLE_SPINS 4000
 
 /* Lanes producers made ready arrive on the wait-free queue; the executor moves
  * them to its private run list, where re-queueing a lane costs no atomics. */
@@ -55,12 +53,11 @@ static void collect_ready(struct kb_executor *ex)
     }
 }
 
-void kb__lane_schedule(struct kb_lane *lane)
+void kb__lane_ready(struct kb_lane *lane)
 {
     KB_TSAN_RELEASE(lane);
     cds_wfcq_node_init(&lane->ready_node);
     cds_wfcq_enqueue(&lane->ex->head, &lane->ex->tail, &lane->ready_node);
-    kb__signal_notify(&lane->ex->wake);
 }
 
 /* ---- delayed lanes: a binary min-heap on due_ns, private to the executor ---- */
@@ -201,10 +198,12 @@ static unsigned lane_visit(struct kb_executor *ex, struct kb_lane *lane)
     unsigned n = 0;
 
     for (;;) {
+        /* `stop` is checked per item so a deadline in kb_close cuts a run of
+         * slow handlers short after the one in hand. */
+        if (atomic_load_explicit(&ex->sched->stop, memory_order_relaxed))
+            break;
         if (lane->ahead_len == 0) {
-            /* `stop` is checked between batches so a deadline in kb_close cuts a
-             * long run short. */
-            if (n >= LANE_BATCH || atomic_load_explicit(&ex->sched->stop, memory_order_relaxed))
+            if (n >= LANE_BATCH)
                 break;
             refill(lane);
             if (lane->ahead_len == 0)
@@ -267,26 +266,29 @@ static int has_work(void *arg)
            atomic_load_explicit(&ex->sched->stop, memory_order_acquire);
 }
 
+/* Nothing ready: wait by the bus's strategy for a producer to schedule a
+ * lane, the next delayed lane to come due, or stop. */
 static void idle(struct kb_executor *ex)
 {
-    for (int i = 0; i < IDLE_SPINS; i++) {
-        if (has_work(ex))
+    kb_backoff bo;
+    kb__backoff_init(&bo, ex->sched->idle);
+    int64_t now = kb__now_ns();
+    for (;;) {
+        if (has_work(ex) || (ex->heap_len > 0 && ex->heap[0]->due_ns <= now))
             return;
-        /* Yield now and then: a thread we just woke (a producer waiting for
-         * space) may have been queued on this CPU, and a pure spin would keep
-         * it off until the next scheduler tick — milliseconds. */
-        if ((i & 63) == 63)
-            sched_yield();
-        else
-            ck_pr_stall();
+        if (kb__backoff_step(&bo, &now))
+            break;
     }
     int64_t deadline = ex->heap_len > 0 ? ex->heap[0]->due_ns : INT64_MAX;
     kb__signal_wait(&ex->wake, has_work, ex, deadline);
 }
 
+_Thread_local int kb__on_executor;
+
 static void *executor_main(void *arg)
 {
     struct kb_executor *ex = arg;
+    kb__on_executor = 1;
     char name[16];
     snprintf(name, sizeof name, "kb-exec-%u", ex->index);
     pthread_setname_np(pthread_self(), name);   /* visible in top, perf, gdb */
@@ -311,13 +313,14 @@ static void *executor_main(void *arg)
     return NULL;
 }
 
-kb_sched *kb__sched_new(uint32_t threads, char *errstr, size_t errlen)
+kb_sched *kb__sched_new(uint32_t threads, kb_idle idle, char *errstr, size_t errlen)
 {
     kb_sched *s = calloc(1, sizeof *s);
     if (s == NULL) {
         snprintf(errstr, errlen, "out of memory creating %u executors", threads);
         return NULL;
     }
+    s->idle = idle;
     s->ex = aligned_alloc(KB_CACHELINE, sizeof(struct kb_executor) * threads);
     if (s->ex == NULL) {
         free(s);

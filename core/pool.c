@@ -7,13 +7,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "idle.h"
 #include "pool_int.h"
 #include "ring.h"
 
-/* A full lane is retried for about this long before the producer parks on it:
- * an executor frees half a lane within microseconds, a futex round trip costs
- * more than that. */
-#define FULL_SPIN_NS 50000
+/* Lanes one submit call remembers for scheduling at its end; more flush early. */
+#define TOUCHED_MAX 32
 
 uint32_t kb_fnv1a32(const void *data, size_t len)
 {
@@ -47,12 +46,22 @@ void kb_pool_options_init(kb_pool_options *o)
     o->max_attempts = 5;
     o->backoff_ms = 10;
     o->max_backoff_ms = 5000;
+    o->idle = KB_IDLE_ADAPTIVE;
 }
 
 uint32_t kb__online_cpus(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (uint32_t)n : 1;
+}
+
+uint32_t kb_pool_default_threads(kb_idle idle)
+{
+    /* Three spinning threads on two CPUs take turns in scheduler slices
+     * (milliseconds), and a lane waits with its executor: leave the
+     * publisher a CPU. */
+    uint32_t cpus = kb__online_cpus();
+    return idle == KB_IDLE_BLOCK || cpus == 1 ? cpus : cpus - 1;
 }
 
 #define KB_MAX_LANES (1u << 20)
@@ -77,6 +86,10 @@ static int check_options(const kb_pool_options *o, char *errstr, size_t errlen)
     if (o->threads > KB_MAX_THREADS) {
         snprintf(errstr, errlen, "pool: threads %u out of range 0..%u", o->threads,
                  KB_MAX_THREADS);
+        return KB_EINVAL;
+    }
+    if ((unsigned)o->idle > KB_IDLE_BLOCK) {
+        snprintf(errstr, errlen, "pool: idle strategy %d unknown", (int)o->idle);
         return KB_EINVAL;
     }
     if (o->max_backoff_ms < o->backoff_ms) {
@@ -116,7 +129,8 @@ kb_pool *kb_pool_new(const kb_pool_options *o, char *errstr, size_t errlen)
     }
     if (check_options(o, errstr, errlen) != KB_OK)
         return NULL;
-    kb_sched *s = kb__sched_new(o->threads ? o->threads : kb__online_cpus(), errstr, errlen);
+    kb_sched *s = kb__sched_new(o->threads ? o->threads : kb_pool_default_threads(o->idle),
+                                o->idle, errstr, errlen);
     if (s == NULL)
         return NULL;
     kb_pool *p = kb__pool_new_on(s, o, errstr, errlen);
@@ -187,27 +201,38 @@ static int try_push(void *arg)
     struct space_wait *w = arg;
     if (atomic_load_explicit(&w->p->closed, memory_order_acquire))
         return 2;
-    return kb__ring_push(&w->lane->ring, w->lane->buf, w->item, w->p->o.single_producer,
-                         &w->depth) ? 1 : 0;
+    return kb__ring_push_n(&w->lane->ring, w->lane->buf, &w->item, 1, w->p->o.single_producer,
+                           &w->depth);
 }
 
-/* The lane was full: spin briefly, then park until an executor frees a slot,
- * the pool closes or the timeout passes. */
+/* The lane was full: wait by the pool's strategy until an executor frees a
+ * slot, the pool closes or the timeout passes. While the executor keeps
+ * taking items the producer keeps spinning: parking it there would cost a
+ * futex round trip per refill, and the wake-up tends to pull it onto the
+ * executor's CPU. */
 static int wait_for_space(struct space_wait *w, int timeout_ms)
 {
-    int64_t spin_until = kb__now_ns() + (timeout_ms == 0 ? 0 : FULL_SPIN_NS);
-    do {
-        for (int i = 0; i < 64; i++) {
-            ck_pr_stall();
-            int r = try_push(w);
-            if (r != 0)
-                return r == 1 ? KB_OK : KB_ECLOSED;
-        }
-        sched_yield();   /* let the executor run if it was queued on this CPU */
-    } while (kb__now_ns() < spin_until);
     if (timeout_ms == 0)
         return KB_EFULL;
-    int r = kb__signal_wait(&w->lane->space, try_push, w, kb__deadline_ns(timeout_ms));
+    int64_t deadline = kb__deadline_ns(timeout_ms), now = kb__now_ns();
+    unsigned int taken = ck_pr_load_uint(&w->lane->ring.c_head);
+    kb_backoff bo;
+    kb__backoff_init(&bo, w->p->o.idle);
+    for (;;) {
+        int r = try_push(w);
+        if (r != 0)
+            return r == 1 ? KB_OK : KB_ECLOSED;
+        if (kb__backoff_step(&bo, &now))
+            break;
+        if (now >= deadline)
+            return KB_EFULL;
+        unsigned int c = ck_pr_load_uint(&w->lane->ring.c_head);
+        if (c != taken) {
+            taken = c;
+            kb__backoff_reset(&bo);
+        }
+    }
+    int r = kb__signal_wait(&w->lane->space, try_push, w, deadline);
     return r == 1 ? KB_OK : r == 2 ? KB_ECLOSED : KB_EFULL;
 }
 
@@ -220,37 +245,118 @@ static void note_depth(struct kb_lane *lane, uint32_t depth)
         ;
 }
 
+/* Lanes a submit call pushed to; scheduled together when it ends. */
+struct touched {
+    unsigned n;
+    struct kb_lane *lane[TOUCHED_MAX];
+};
+
+/* Put the touched lanes that went idle on their executors' ready queues and
+ * wake each of those executors once. */
+static void schedule_touched(struct touched *t)
+{
+    struct kb_executor *woken[TOUCHED_MAX];
+    unsigned n_woken = 0;
+    /* Dekker with lane_visit: our pushes must be visible before we read
+     * `scheduled`, else an executor that just went idle on a lane and we
+     * could both miss the item. One fence covers every lane of the call. */
+    kb__fence();
+    for (unsigned i = 0; i < t->n; i++) {
+        struct kb_lane *lane = t->lane[i];
+        uint32_t idle = 0;
+        if (atomic_load_explicit(&lane->scheduled, memory_order_relaxed) != 0 ||
+            !atomic_compare_exchange_strong(&lane->scheduled, &idle, 1))
+            continue;
+        kb__lane_ready(lane);
+        unsigned k = 0;
+        while (k < n_woken && woken[k] != lane->ex)
+            k++;
+        if (k == n_woken)
+            woken[n_woken++] = lane->ex;
+    }
+    if (n_woken > 0) {
+        kb__fence();   /* the ready-queue entries before the parked check */
+        for (unsigned k = 0; k < n_woken; k++)
+            kb__signal_poke(&woken[k]->wake);
+    }
+    t->n = 0;
+}
+
+static void touch(struct touched *t, struct kb_lane *lane)
+{
+    for (unsigned i = t->n; i > 0; i--)
+        if (t->lane[i - 1] == lane)
+            return;
+    if (t->n == TOUCHED_MAX)
+        schedule_touched(t);
+    t->lane[t->n++] = lane;
+}
+
+/* Items submitted at once; longer runs of one lane are split. */
+#define RUN_MAX 64
+
+int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items, size_t n,
+                         int timeout_ms, size_t *accepted)
+{
+    size_t done = 0;
+    int rc = KB_OK;
+    if (p == NULL || (n > 0 && (hashes == NULL || items == NULL))) {
+        rc = KB_EINVAL;
+        goto out;
+    }
+    if (atomic_load_explicit(&p->closed, memory_order_acquire)) {
+        rc = KB_ECLOSED;
+        goto out;
+    }
+    struct touched t;
+    t.n = 0;
+    while (done < n) {
+        if (items[done] == NULL) {
+            rc = KB_EINVAL;
+            break;
+        }
+        uint32_t idx = hashes[done] % p->o.lanes;
+        unsigned run = 1;
+        while (run < RUN_MAX && done + run < n && items[done + run] != NULL &&
+               hashes[done + run] % p->o.lanes == idx)
+            run++;
+        struct kb_lane *lane = lane_get(p, idx);
+        if (lane == NULL) {
+            rc = KB_ENOMEM;
+            break;
+        }
+        unsigned int depth = 0;
+        unsigned int k = kb__ring_push_n(&lane->ring, lane->buf, items + done, run,
+                                         p->o.single_producer, &depth);
+        if (k == 0) {
+            schedule_touched(&t);   /* what we pushed must drain while we wait */
+            struct space_wait w = {.p = p, .lane = lane, .item = items[done]};
+            int waited = wait_for_space(&w, timeout_ms);
+            if (waited != KB_OK) {
+                if (waited == KB_EFULL)
+                    atomic_fetch_add_explicit(&p->rejected, 1, memory_order_relaxed);
+                rc = waited;
+                break;
+            }
+            k = 1;
+            depth = w.depth;
+        }
+        note_depth(lane, depth + k);
+        touch(&t, lane);
+        done += k;
+    }
+    schedule_touched(&t);
+out:
+    if (accepted != NULL)
+        *accepted = done;
+    return rc;
+}
+
 int kb_pool_submit_hash(kb_pool *p, uint32_t hash, void *item, int timeout_ms)
 {
-    if (p == NULL || item == NULL)
+    if (item == NULL)
         return KB_EINVAL;
-    if (atomic_load_explicit(&p->closed, memory_order_acquire))
-        return KB_ECLOSED;
-    struct kb_lane *lane = lane_get(p, hash % p->o.lanes);
-    if (lane == NULL)
-        return KB_ENOMEM;
-
-    struct space_wait w = {.p = p, .lane = lane, .item = item};
-    if (!kb__ring_push(&lane->ring, lane->buf, item, p->o.single_producer, &w.depth)) {
-        int rc = wait_for_space(&w, timeout_ms);
-        if (rc != KB_OK) {
-            if (rc == KB_EFULL)
-                atomic_fetch_add_explicit(&p->rejected, 1, memory_order_relaxed);
-            return rc;
-        }
-    }
-    note_depth(lane, w.depth + 1);
-
-    /* Dekker with lane_visit: our push must be visible before we read
-     * `scheduled`, else an executor that just went idle on this lane and we
-     * could both miss the item. */
-    kb__fence();
-    if (atomic_load_explicit(&lane->scheduled, memory_order_relaxed) == 0) {
-        uint32_t idle = 0;
-        if (atomic_compare_exchange_strong(&lane->scheduled, &idle, 1))
-            kb__lane_schedule(lane);
-    }
-    return KB_OK;
+    return kb_pool_submit_batch(p, &hash, &item, 1, timeout_ms, NULL);
 }
 
 int kb_pool_submit(kb_pool *p, const void *key, size_t key_len, void *item, int timeout_ms)

@@ -65,6 +65,7 @@ struct kb_executor {
 
 struct kb_sched {
     uint32_t n;
+    kb_idle idle;
     struct kb_executor *ex;
     _Atomic uint32_t stop;
     kb_signal progress;                /* items finished: flush and drain wait on it */
@@ -82,11 +83,13 @@ struct kb_pool {
 };
 
 /* Executors (executor.c). */
-kb_sched *kb__sched_new(uint32_t threads, char *errstr, size_t errlen);
+extern _Thread_local int kb__on_executor;   /* 1 on executor threads: inside handlers */
+kb_sched *kb__sched_new(uint32_t threads, kb_idle idle, char *errstr, size_t errlen);
 /* Stop and join every executor, then free. Work still queued stays queued. */
 void kb__sched_destroy(kb_sched *s);
-/* Put a lane that just became non-empty on its executor's ready queue. */
-void kb__lane_schedule(struct kb_lane *lane);
+/* Put a lane that just became non-empty on its executor's ready queue; the
+ * caller then wakes the executor (a fence and kb__signal_poke of its `wake`). */
+void kb__lane_ready(struct kb_lane *lane);
 
 /* Pools on a shared scheduler (pool.c). */
 uint32_t kb__online_cpus(void);   /* the default executor count */

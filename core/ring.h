@@ -1,6 +1,6 @@
 /* Thin wrappers over ck_ring: the lane's ring holds item pointers. The
- * single-producer operations are used when one thread feeds the pool (a broker
- * consumer loop), the multi-producer enqueue when application threads do. */
+ * single-producer form is used when one thread feeds the pool (a broker
+ * consumer loop), the multi-producer form when application threads do. */
 #ifndef KB_CORE_RING_H
 #define KB_CORE_RING_H
 
@@ -9,16 +9,59 @@
 
 #include "sync.h"
 
-/* Enqueue `item`; *depth receives the number of items queued before it.
- * Thread: any producer (single_producer: one at a time). */
-static inline bool kb__ring_push(ck_ring_t *ring, ck_ring_buffer_t *buf, void *item,
-                                 bool single_producer, unsigned int *depth)
+/* Enqueue up to n items with one reservation (ck_ring 0.7 has no batch
+ * enqueue; this follows its _ck_ring_enqueue_mp over ck_ring's own fields): a
+ * single CAS — or none with one producer — and one p_tail store for the run,
+ * where n single enqueues would pay n of each. Returns how many were
+ * enqueued, a prefix of items (0: full); *depth receives the items queued
+ * before them. Thread: any producer (single_producer: one at a time). */
+static inline unsigned int kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *buf,
+                                           void *const *items, unsigned int n,
+                                           bool single_producer, unsigned int *depth)
 {
-    /* ck publishes the slot with its own fences; tell TSan the item's contents
-     * were written before the handoff. */
-    KB_TSAN_RELEASE(item);
-    return single_producer ? ck_ring_enqueue_spsc_size(ring, buf, item, depth)
-                           : ck_ring_enqueue_mpsc_size(ring, buf, item, depth);
+    const unsigned int mask = ring->mask;
+    unsigned int head, take;
+    if (single_producer) {
+        /* ck's single-producer operations keep only p_tail. */
+        head = ring->p_tail;
+        unsigned int used = head - ck_pr_load_uint(&ring->c_head);
+        if (used >= mask)
+            return 0;
+        take = mask - used < n ? mask - used : n;
+        *depth = used;
+    } else {
+        head = ck_pr_load_uint(&ring->p_head);
+        for (;;) {
+            ck_pr_fence_load();   /* c_head no older than the p_head snapshot */
+            unsigned int used = head - ck_pr_load_uint(&ring->c_head);
+            if (used >= mask) {
+                /* Full, or a stale p_head: re-read it ordered after c_head. */
+                ck_pr_fence_load();
+                unsigned int again = ck_pr_load_uint(&ring->p_head);
+                if (again == head)
+                    return 0;
+                head = again;
+                continue;
+            }
+            take = mask - used < n ? mask - used : n;
+            *depth = used;
+            if (ck_pr_cas_uint_value(&ring->p_head, head, head + take, &head))
+                break;
+        }
+    }
+    for (unsigned int i = 0; i < take; i++) {
+        /* ck publishes the slot with its own fences; tell TSan the item's
+         * contents were written before the handoff. */
+        KB_TSAN_RELEASE(items[i]);
+        buf[(head + i) & mask].value = items[i];
+    }
+    /* Producers that reserved earlier slots commit first: p_tail is always
+     * the end of the written prefix. */
+    while (ck_pr_load_uint(&ring->p_tail) != head)
+        ck_pr_stall();
+    ck_pr_fence_store();
+    ck_pr_store_uint(&ring->p_tail, head + take);
+    return take;
 }
 
 /* Dequeue one item or NULL. Thread: the lane's executor only. */

@@ -8,6 +8,38 @@
 
 #define KB_MAX_ID_BYTES 255
 
+/* One record holding key, payload and ID; NULL (with the error set) on out
+ * of memory. */
+static kb_rec *rec_new(struct kb_topic *topic, const void *key, size_t key_len,
+                       const void *payload, size_t payload_len, const char *id, size_t id_len)
+{
+    kb_rec *r = kb__rec_alloc(key_len + payload_len + id_len + 1);
+    if (r == NULL) {
+        kb__errf(NULL, 0, "topic %s: out of memory for an event of %zu bytes", topic->name,
+                 key_len + payload_len);
+        return NULL;
+    }
+    r->topic = topic;
+    r->cookie = NULL;
+    r->dead_reason = NULL;
+    r->key_len = (uint32_t)key_len;
+    r->payload_len = (uint32_t)payload_len;
+    r->partition = 0;
+    r->first_attempt = 1;
+    r->id_len = (uint16_t)id_len;
+    memcpy(r->data, key, key_len);
+    if (payload_len > 0)
+        memcpy(r->data + key_len, payload, payload_len);
+    memcpy(r->data + key_len + payload_len, id, id_len);
+    r->data[key_len + payload_len + id_len] = '\0';
+    return r;
+}
+
+kb_rec *kb__rec_of_msg(struct kb_topic *topic, const kb_msg *m)
+{
+    return rec_new(topic, m->key, m->key_len, m->payload, m->payload_len, "", 0);
+}
+
 int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, int timeout_ms)
 {
     const char *id = d->id != NULL ? d->id : "";
@@ -16,30 +48,24 @@ int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, in
         kb__errf(NULL, 0, "delivery ID of %zu bytes is longer than %d", id_len, KB_MAX_ID_BYTES);
         return KB_EINVAL;
     }
-    kb_rec *r = kb__rec_alloc(d->key_len + d->payload_len + id_len + 1);
-    if (r == NULL) {
-        kb__errf(NULL, 0, "out of memory for an event of %zu bytes", d->key_len + d->payload_len);
-        return KB_ENOMEM;
+    kb_pool *pool = kb__topic_pool(topic);
+    if (pool == NULL) {
+        kb__errf(NULL, 0, "topic %s: nobody subscribed here", topic->name);
+        return KB_ENOTFOUND;
     }
-    r->topic = topic;
+    kb_rec *r = rec_new(topic, d->key, d->key_len, d->payload, d->payload_len, id, id_len);
+    if (r == NULL)
+        return KB_ENOMEM;
     r->cookie = d->cookie;
-    r->dead_reason = NULL;
-    r->key_len = (uint32_t)d->key_len;
-    r->payload_len = (uint32_t)d->payload_len;
     r->partition = d->partition;
     r->first_attempt = d->attempt ? d->attempt : 1;
-    r->id_len = (uint16_t)id_len;
-    memcpy(r->data, d->key, d->key_len);
-    if (d->payload_len > 0)
-        memcpy(r->data + d->key_len, d->payload, d->payload_len);
-    memcpy(r->data + d->key_len + d->payload_len, id, id_len + 1);
 
-    int rc = kb_pool_submit_hash(topic->pool, hash, r, timeout_ms);
+    int rc = kb_pool_submit_hash(pool, hash, r, timeout_ms);
     if (rc != KB_OK) {
         kb__rec_free(r);
         if (rc == KB_EFULL)
             kb__errf(NULL, 0, "topic %s: lane %u full for %d ms", topic->name,
-                     hash % topic->pool->o.lanes, timeout_ms);
+                     hash % pool->o.lanes, timeout_ms);
         else if (rc == KB_ECLOSED)
             kb__errf(NULL, 0, "topic %s: bus is closing", topic->name);
     }
@@ -114,10 +140,14 @@ void kb__topic_finish(void *item, int outcome, uint32_t attempts, void *opaque)
     kb_rec *r = item;
     struct kb_topic *topic = opaque;
     kb_bus *b = topic->bus;
+    if (outcome == KB_HANDLED && b->ops->ack == NULL) {
+        kb__rec_free(r);   /* nothing to settle (mem://) */
+        return;
+    }
     kb_delivery d;
     delivery_of(r, attempts ? r->first_attempt + attempts - 1 : r->first_attempt, &d);
     if (outcome == KB_HANDLED) {
-        int rc = b->ops->ack(b->t, &d);
+        int rc = b->ops->ack != NULL ? b->ops->ack(b->t, &d) : KB_OK;
         if (rc != KB_OK)
             kb_log(b, 4, "topic %s: ack of %s failed: %s", topic->name, d.id, kb_strerror(rc));
     } else if (outcome == KB_DEAD) {

@@ -117,6 +117,49 @@ static void waiting_producer_gets_space(void **state)
     assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
 }
 
+/* A batch that meets a full lane takes an exact prefix: nothing after the
+ * item that did not fit, even on lanes with room. */
+static void batch_takes_an_exact_prefix(void **state)
+{
+    (void)state;
+    struct gated g = {0};
+    kb_pool_options o;
+    kb_pool_options_init(&o);
+    o.lanes = 2;
+    o.threads = 1;
+    o.capacity = 1;   /* ring of 2: one slot per lane */
+    o.handle = gated_handle;
+    o.opaque = &g;
+    char err[128];
+    kb_pool *p = kb_pool_new(&o, err, sizeof err);
+    assert_non_null(p);
+    static int items[8];
+    /* lane 0 (hash 0): its first item holds the only executor at the gate */
+    assert_int_equal(kb_pool_submit_hash(p, 0, &items[0], 0), KB_OK);
+    kb_gate_wait_for_waiter(&g.gate);
+
+    /* lane 1 takes one item, the second does not fit: the lane-0 items behind
+     * it must stay out although lane 0 has room */
+    uint32_t hashes[5] = {1, 1, 0, 0, 1};
+    void *batch[5] = {&items[1], &items[2], &items[3], &items[4], &items[5]};
+    size_t taken = 99;
+    assert_int_equal(kb_pool_submit_batch(p, hashes, batch, 5, 0, &taken), KB_EFULL);
+    assert_int_equal(taken, 1);
+    kb_pool_stats st;
+    kb_pool_stats_get(p, &st);
+    assert_int_equal(st.submitted, 2);
+    assert_int_equal(st.rejected, 1);
+
+    /* the rest, resent, goes through once the lanes drain */
+    g.gate.open = 1;
+    assert_int_equal(kb_pool_submit_batch(p, hashes + taken, batch + taken, 5 - taken, 5000,
+                                          &taken), KB_OK);
+    assert_int_equal(taken, 4);
+    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    assert_int_equal(g.handled, 6);
+    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+}
+
 /* The same through the bus: pool.enqueue_timeout_ms and an errstr. */
 struct bus_gated {
     kb_gate gate;
@@ -158,9 +201,18 @@ static void publish_returns_efull_after_timeout(void **state)
     assert_true(waited < 2000.0);
     assert_non_null(strstr(kb_last_error(), "full"));
 
+    /* A batch through the handle stops at the same place, with the same text. */
+    kb_topic *t = kb_topic_get(b, "orders.events", err, sizeof err);
+    assert_non_null(t);
+    kb_msg msgs[2] = {{"order-1", 7, "b1", 2, 0}, {"order-2", 7, "b2", 2, 0}};
+    size_t taken = 99;
+    assert_int_equal(kb_publish_batch(t, msgs, 2, &taken), KB_EFULL);
+    assert_int_equal(taken, 0);
+    assert_non_null(strstr(kb_last_error(), "full"));
+
     kb_topic_stats st;
     assert_int_equal(kb_stats(b, "orders.events", &st), KB_OK);
-    assert_int_equal(st.rejected, 2);
+    assert_int_equal(st.rejected, 3);
     g.gate.open = 1;
     assert_int_equal(kb_flush(b, 10000), KB_OK);
     assert_int_equal(g.handled, accepted);
@@ -173,6 +225,7 @@ int main(void)
         cmocka_unit_test(full_lane_times_out_with_efull),
         cmocka_unit_test(waiting_producer_gets_space),
         cmocka_unit_test(publish_returns_efull_after_timeout),
+        cmocka_unit_test(batch_takes_an_exact_prefix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -179,6 +179,56 @@ static void open_checks_cross_key_rules(void **state)
     assert_int_equal(kb_close(b, 1000), KB_OK);
 }
 
+/* pool.idle takes the four strategy names and nothing else. */
+static void idle_strategy_is_one_of_four(void **state)
+{
+    (void)state;
+    kb_conf *c = kb_conf_new();
+    char err[256] = "";
+    assert_value(c, "pool.idle", "adaptive");
+    const char *ok[] = {"spin", "yield", "block", "adaptive"};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(kb_conf_set(c, "pool.idle", ok[i], err, sizeof err), KB_OK);
+        assert_value(c, "pool.idle", ok[i]);
+    }
+    const char *bad[] = {"sleep", "Spin", "spin ", "", "adaptive|spin"};
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(kb_conf_set(c, "pool.idle", bad[i], err, sizeof err), KB_EINVAL);
+        assert_non_null(strstr(err, "pool.idle"));
+    }
+    assert_value(c, "pool.idle", "adaptive");
+    kb_conf_destroy(c);
+}
+
+static int nop_handler(const kb_event *ev, void *opaque)
+{
+    (void)ev, (void)opaque;
+    return KB_HANDLED;
+}
+
+/* A conf belongs to one bus: a second kb_open of it and changes while the
+ * bus runs are refused (they would double-free it or change a live bus). */
+static void a_conf_belongs_to_one_open_bus(void **state)
+{
+    (void)state;
+    kb_conf *c = kb_conf_new();
+    char err[256] = "";
+    assert_int_equal(kb_conf_set(c, "pool.workers", "16", err, sizeof err), KB_OK);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    assert_non_null(b);
+    assert_null(kb_open(c, err, sizeof err));
+    assert_non_null(strstr(err, "already belongs"));
+    assert_int_equal(kb_conf_set(c, "pool.workers", "7", err, sizeof err), KB_EINVAL);
+    assert_non_null(strstr(err, "open bus"));
+    assert_value(c, "pool.workers", "16");
+    kb_conf_destroy(c);   /* a no-op while the bus owns it */
+    assert_int_equal(kb_subscribe(b, "t", nop_handler, NULL), KB_OK);
+    kb_topic_stats st;
+    assert_int_equal(kb_stats(b, "t", &st), KB_OK);
+    assert_int_equal(st.lanes, 16);
+    assert_int_equal(kb_close(b, 1000), KB_OK);   /* frees the conf once */
+}
+
 static void errors_have_names(void **state)
 {
     (void)state;
@@ -198,6 +248,8 @@ int main(void)
         cmocka_unit_test(environment_overrides),
         cmocka_unit_test(open_checks_cross_key_rules),
         cmocka_unit_test(errors_have_names),
+        cmocka_unit_test(idle_strategy_is_one_of_four),
+        cmocka_unit_test(a_conf_belongs_to_one_open_bus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

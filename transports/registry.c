@@ -81,8 +81,9 @@ void kb__transport_schemes(char *buf, size_t len)
 int kb_transport_register(const kb_transport_ops *ops)
 {
     if (ops == NULL || ops->abi_version != KB_TRANSPORT_ABI || ops->scheme == NULL ||
-        ops->scheme[0] == '\0' || ops->open == NULL || ops->publish == NULL ||
-        ops->subscribe == NULL || ops->ack == NULL || ops->dead_letter == NULL ||
+        ops->scheme[0] == '\0' || ops->open == NULL ||
+        (ops->publish == NULL && !(ops->flags & KB_TRANSPORT_F_LOCAL)) ||
+        ops->subscribe == NULL || ops->dead_letter == NULL ||
         ops->close == NULL)
         return KB_EINVAL;
     pthread_mutex_lock(&register_lock);

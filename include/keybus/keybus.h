@@ -29,6 +29,7 @@ extern "C" {
 
 typedef struct kb_conf kb_conf;
 typedef struct kb_bus kb_bus;
+typedef struct kb_topic kb_topic;
 
 enum {                      /* every call returns KB_OK or a negative code */
     KB_OK = 0,
@@ -139,6 +140,19 @@ KB_EXPORT int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void 
 KB_EXPORT int kb_publish(kb_bus *b, const char *topic, const void *key, size_t key_len,
                          const void *payload, size_t payload_len);
 
+/* The handle of `topic` on this bus, for publishing without a name lookup
+ * per event (librdkafka's rd_kafka_topic_t). The same name gives the same
+ * pointer; it stays valid until kb_close, which frees it — the caller never
+ * does. A handle can be taken before anyone subscribes: on mem:// publishing
+ * through it returns KB_ENOTFOUND until a handler is subscribed. NULL on a
+ * bad name, a closing bus or out of memory (errstr says which). Thread: any. */
+KB_EXPORT kb_topic *kb_topic_get(kb_bus *b, const char *topic, char *errstr, size_t errlen);
+
+/* kb_publish through a handle: the same checks, copies and results, without
+ * the topic lookup. Thread: any (handles are shared freely between threads). */
+KB_EXPORT int kb_publish_to(kb_topic *t, const void *key, size_t key_len, const void *payload,
+                            size_t payload_len);
+
 /* One event to publish (kb_publish_batch; transports receive it too). key and
  * payload are borrowed for the call only. */
 typedef struct kb_msg {
@@ -146,6 +160,17 @@ typedef struct kb_msg {
     const void *payload;  size_t payload_len;
     uint32_t    hash;     /* kb_fnv1a32(key), computed by keybus: callers leave it 0 */
 } kb_msg;
+
+/* Publish msgs[0..n) in order, as n kb_publish_to calls would, but cheaper:
+ * on mem:// consecutive events of one lane are pushed together and each lane
+ * is scheduled, and its executor woken, at most once per call; brokers
+ * pipeline the writes (Redis) or pack them into frames (NATS). Per-key order
+ * holds within and across batches. Stops at the first event that fails
+ * (a bad key, KB_ETOOBIG, or a lane still full after pool.enqueue_timeout_ms)
+ * and returns its error; *accepted (may be NULL) receives how many were taken,
+ * always a prefix, so msgs[*accepted..n) can be sent again without loss or
+ * reordering. The array and what it points to stay the caller's. Thread: any. */
+KB_EXPORT int kb_publish_batch(kb_topic *t, const kb_msg *msgs, size_t n, size_t *accepted);
 
 /* mem: wait until everything published before the call is handled (or
  * dead-lettered); brokers: until every publish so far is accepted by the

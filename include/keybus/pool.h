@@ -34,15 +34,26 @@ typedef int (*kb_pool_handle_fn)(void *item, uint32_t attempt, void *opaque);
  * caller here. Runs on an executor thread, or in kb_pool_destroy. */
 typedef void (*kb_pool_finish_fn)(void *item, int outcome, uint32_t attempts, void *opaque);
 
+/* What executors do when their lanes are empty, and what a producer does on a
+ * full lane (after the LMAX Disruptor's wait strategies). docs/benchmarks.md
+ * has the measured trade-off. */
+typedef enum kb_idle {
+    KB_IDLE_ADAPTIVE = 0,   /* spin ~50 us, then yield for ~2 ms, then block (default) */
+    KB_IDLE_SPIN = 1,       /* busy-poll: lowest latency, burns a CPU per idle executor */
+    KB_IDLE_YIELD = 2,      /* sched_yield loop: gives the CPU to runnable threads, still 100% */
+    KB_IDLE_BLOCK = 3,      /* block on a futex at once: no idle CPU, a wake-up per burst */
+} kb_idle;
+
 typedef struct kb_pool_options {
     uint32_t lanes;               /* default 1024 */
-    uint32_t threads;             /* executor threads; 0 = online CPUs (default) */
+    uint32_t threads;             /* executor threads; 0 = automatic (kb_pool_default_threads) */
     uint32_t capacity;            /* items per lane, default 1000 (ring rounded up to 2^n) */
     uint32_t max_attempts;        /* handler calls before KB_DEAD; 0 = retry forever; default 5 */
     uint32_t backoff_ms;          /* first retry delay, doubled each attempt, default 10 */
     uint32_t max_backoff_ms;      /* cap on the retry delay, default 5000 */
     int      single_producer;     /* 1: only one thread at a time calls submit (SPSC rings) */
     uint32_t salt;                /* mixed into the lane -> executor choice */
+    kb_idle  idle;                /* default KB_IDLE_ADAPTIVE */
     kb_pool_handle_fn handle;     /* required */
     kb_pool_finish_fn finish;     /* optional */
     void    *opaque;              /* passed to handle and finish */
@@ -50,6 +61,12 @@ typedef struct kb_pool_options {
 
 /* Fill *o with the defaults above (handle/finish NULL). Thread: any. */
 KB_EXPORT void kb_pool_options_init(kb_pool_options *o);
+
+/* Executors used for threads = 0: the online CPUs, less one for the
+ * publishing thread when executors spin (every strategy but KB_IDLE_BLOCK),
+ * so spinning executors and a producer do not share a CPU; at least 1.
+ * Thread: any. */
+KB_EXPORT uint32_t kb_pool_default_threads(kb_idle idle);
 
 /* Create a pool and start its executors. Lane rings are allocated on first use.
  * KB_EINVAL-class problems are written to errstr; returns NULL on failure.
@@ -66,6 +83,17 @@ KB_EXPORT int kb_pool_submit(kb_pool *p, const void *key, size_t key_len, void *
 
 /* As kb_pool_submit with the key's kb_fnv1a32 already computed. */
 KB_EXPORT int kb_pool_submit_hash(kb_pool *p, uint32_t hash, void *item, int timeout_ms);
+
+/* Submit items[0..n) (hashes[i] = kb_fnv1a32 of item i's key), in order.
+ * Consecutive items of one lane are pushed together and each lane is
+ * scheduled, and each executor woken, at most once per call. On a full lane
+ * it waits like kb_pool_submit; *accepted (not NULL) receives how many items
+ * were taken, always a prefix: items[*accepted..n) stay the caller's and can
+ * be submitted again without loss or reordering. Returns KB_OK when all n
+ * were taken, else the error that stopped at item *accepted. Thread: as
+ * kb_pool_submit. */
+KB_EXPORT int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items,
+                                   size_t n, int timeout_ms, size_t *accepted);
 
 /* Wait until every item submitted before the call is finished. KB_ETIMEDOUT at
  * the deadline (< 0: none). Thread: any but an executor. */

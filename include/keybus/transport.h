@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define KB_TRANSPORT_ABI 1
+#define KB_TRANSPORT_ABI 2
 
 typedef struct kb_transport kb_transport;  /* the transport's own state */
 typedef struct kb_sink kb_sink;            /* a topic subscribed in this process */
@@ -38,6 +38,10 @@ enum {
     /* Exactly one thread per topic calls kb_sink_deliver, so lanes use the
      * single-producer ring operations. */
     KB_TRANSPORT_F_SINGLE_FEEDER = 1u << 0,
+    /* In-process delivery (mem://): the bus enqueues published events into
+     * this process's pools itself, without calling publish — the one fast
+     * path the core keeps for a transport. publish and ack may be NULL. */
+    KB_TRANSPORT_F_LOCAL = 1u << 1,
 };
 
 typedef struct kb_transport_ops {
@@ -46,10 +50,13 @@ typedef struct kb_transport_ops {
     unsigned    flags;        /* KB_TRANSPORT_F_* */
 
     int  (*open)(kb_transport **t, kb_bus *bus, const kb_conf *c, char *errstr, size_t errlen);
-    /* Copy what it needs; must not wait for a broker round trip. */
+    /* Copy what it needs; must not wait for a broker round trip. m->hash is
+     * set. kb_publish_batch calls it once per event, in order, and stops at
+     * the first error. NULL only with KB_TRANSPORT_F_LOCAL. */
     int  (*publish)(kb_transport *t, const char *topic, const kb_msg *m);
     /* Start feeding `sink`; the sink lives until close. */
     int  (*subscribe)(kb_transport *t, const char *topic, kb_sink *sink);
+    /* Settle a handled delivery. NULL: nothing to acknowledge. */
     int  (*ack)(kb_transport *t, const kb_delivery *d);
     int  (*dead_letter)(kb_transport *t, const kb_delivery *d, const char *reason);
     /* Optional: the bus gives up on an unhandled delivery at close; leave it

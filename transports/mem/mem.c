@@ -1,5 +1,6 @@
-/* mem://, the embedded default: publish goes straight to the topic's pool in
- * this process; dead letters go to "<topic>.dlq" when something subscribed it. */
+/* mem://, the embedded default: the bus enqueues publishes straight into the
+ * topic's pool in this process (KB_TRANSPORT_F_LOCAL), so this file only opens,
+ * and sends dead letters to "<topic>.dlq" when something subscribed it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,29 +31,9 @@ static int mem_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *err
     return KB_OK;
 }
 
-static int mem_publish(kb_transport *t, const char *topic, const kb_msg *m)
-{
-    /* Inside kb_publish's RCU read section: the topic cannot go away. */
-    struct kb_topic *sink = (struct kb_topic *)kb_bus_sink(t->bus, topic);
-    if (sink == NULL) {
-        kb__errf(NULL, 0, "kb_publish: no subscriber for topic \"%s\" on mem://", topic);
-        return KB_ENOTFOUND;
-    }
-    kb_delivery d = {.topic = topic, .key = m->key, .key_len = m->key_len,
-                     .payload = m->payload, .payload_len = m->payload_len,
-                     .attempt = 1, .id = ""};
-    return kb__sink_put(sink, &d, m->hash, t->enqueue_timeout_ms);
-}
-
 static int mem_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
 {
     (void)t, (void)topic, (void)sink;   /* the bus registry is the routing table */
-    return KB_OK;
-}
-
-static int mem_ack(kb_transport *t, const kb_delivery *d)
-{
-    (void)t, (void)d;   /* nothing to acknowledge in memory */
     return KB_OK;
 }
 
@@ -92,11 +73,9 @@ static int mem_close(kb_transport *t)
 const kb_transport_ops kb__mem_ops = {
     .abi_version = KB_TRANSPORT_ABI,
     .scheme = "mem",
-    .flags = 0,
+    .flags = KB_TRANSPORT_F_LOCAL,   /* the bus enqueues publishes itself */
     .open = mem_open,
-    .publish = mem_publish,
     .subscribe = mem_subscribe,
-    .ack = mem_ack,
     .dead_letter = mem_dead_letter,
     .stats = mem_stats,
     .close = mem_close,

@@ -1,0 +1,46 @@
+/* Wait strategies (pool.idle): how a thread with nothing to do waits — an
+ * executor whose lanes are empty, a producer facing a full lane. Each wait
+ * goes through phases, spin then yield then block, and the strategy picks
+ * which phases exist. Blocking itself is the caller's (a kb_signal), since
+ * only it knows what to wait on. */
+#ifndef KB_CORE_IDLE_H
+#define KB_CORE_IDLE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <keybus/pool.h>
+
+/* Adaptive phases: spinning covers a burst's gaps at a few µs of wake-up
+ * latency; yielding then lets a thread that shares our CPU run; after that
+ * the wait is long enough that a futex wake (~12 µs) no longer matters. */
+#define KB_IDLE_SPIN_NS 50000
+#define KB_IDLE_YIELD_NS 2000000
+
+typedef struct kb_backoff {
+    kb_idle idle;
+    uint32_t steps;
+    int64_t phase_start_ns;   /* 0: not read yet */
+} kb_backoff;
+
+static inline void kb__backoff_init(kb_backoff *w, kb_idle idle)
+{
+    w->idle = idle;
+    w->steps = 0;
+    w->phase_start_ns = 0;
+}
+
+/* The awaited thing moved (a consumer made progress): start spinning again. */
+static inline void kb__backoff_reset(kb_backoff *w)
+{
+    w->phase_start_ns = 0;
+}
+
+/* One step of waiting: a pause or a yield. true: stop spinning and block now.
+ * `now_ns` is refreshed every 64 steps (for the caller's deadline checks too). */
+bool kb__backoff_step(kb_backoff *w, int64_t *now_ns);
+
+/* Parse "spin" | "yield" | "block" | "adaptive"; -1 when unknown. */
+int kb__idle_parse(const char *s);
+
+#endif /* KB_CORE_IDLE_H */
