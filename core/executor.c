@@ -176,12 +176,10 @@ static bool handle_item(struct kb_executor *ex, struct kb_lane *lane, void *item
  * written on another core, and the miss would otherwise stall each handler. */
 static void refill(struct kb_lane *lane)
 {
-    uint8_t n = 0;
-    void *item;
-    while (n < KB_LANE_LOOKAHEAD && (item = kb__ring_pop(&lane->ring, lane->buf)) != NULL) {
-        __builtin_prefetch(item);
-        __builtin_prefetch((char *)item + KB_CACHELINE);
-        lane->ahead[n++] = item;
+    uint8_t n = (uint8_t)kb__ring_pop_n(&lane->ring, lane->buf, lane->ahead, KB_LANE_LOOKAHEAD);
+    for (uint8_t i = 0; i < n; i++) {
+        __builtin_prefetch(lane->ahead[i]);
+        __builtin_prefetch((char *)lane->ahead[i] + KB_CACHELINE);
     }
     lane->ahead_head = 0;
     lane->ahead_len = n;

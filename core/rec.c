@@ -152,8 +152,12 @@ kb_rec *kb__rec_alloc(size_t data_len)
         r = m->r[--m->n];
         /* These records were last written on another core: start the
          * ownership transfer a few events before we fill them. */
-        if (m->n >= PREFETCH_AHEAD)
-            __builtin_prefetch(m->r[m->n - PREFETCH_AHEAD], 1);
+        if (m->n >= PREFETCH_AHEAD) {
+            char *next = (char *)m->r[m->n - PREFETCH_AHEAD];
+            __builtin_prefetch(next, 1);
+            if (class_bytes[cls] > KB_CACHELINE)
+                __builtin_prefetch(next + KB_CACHELINE, 1);
+        }
     } else {
         /* Cache-line aligned so a small event touches as few lines as possible. */
         r = aligned_alloc(KB_CACHELINE, class_bytes[cls]);

@@ -23,7 +23,7 @@ static inline unsigned int kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *bu
     unsigned int head, take;
     if (single_producer) {
         /* ck's single-producer operations keep only p_tail. */
-        head = ring->p_tail;
+        head = ck_pr_load_uint(&ring->p_tail);
         unsigned int used = head - ck_pr_load_uint(&ring->c_head);
         if (used >= mask)
             return 0;
@@ -50,10 +50,11 @@ static inline unsigned int kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *bu
         }
     }
     for (unsigned int i = 0; i < take; i++) {
-        /* ck publishes the slot with its own fences; tell TSan the item's
-         * contents were written before the handoff. */
+        /* Slots and counters go through ck_pr like ck's own operations, with
+         * the fences below; tell TSan the item's contents were written before
+         * the handoff. */
         KB_TSAN_RELEASE(items[i]);
-        buf[(head + i) & mask].value = items[i];
+        ck_pr_store_ptr(&buf[(head + i) & mask].value, items[i]);
     }
     /* Producers that reserved earlier slots commit first: p_tail is always
      * the end of the written prefix. */
@@ -64,14 +65,35 @@ static inline unsigned int kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *bu
     return take;
 }
 
+/* Dequeue up to n items into items[], oldest first; returns how many. One
+ * read of the producers' counter and one store of ours for the whole run,
+ * where n ck_ring_dequeue_spsc calls would move those cache lines n times
+ * (ck_ring 0.7 has no batch dequeue; this is its _ck_ring_dequeue_sc over
+ * n slots). Thread: the lane's executor only. */
+static inline unsigned int kb__ring_pop_n(ck_ring_t *ring, ck_ring_buffer_t *buf, void **items,
+                                          unsigned int n)
+{
+    unsigned int head = ring->c_head;
+    unsigned int ready = ck_pr_load_uint(&ring->p_tail) - head;
+    if (ready == 0)
+        return 0;
+    if (ready > n)
+        ready = n;
+    ck_pr_fence_load();   /* the slots no older than our p_tail snapshot */
+    for (unsigned int i = 0; i < ready; i++) {
+        items[i] = ck_pr_load_ptr(&buf[(head + i) & ring->mask].value);
+        KB_TSAN_ACQUIRE(items[i]);
+    }
+    ck_pr_fence_store();  /* slots read before producers may reuse them */
+    ck_pr_store_uint(&ring->c_head, head + ready);
+    return ready;
+}
+
 /* Dequeue one item or NULL. Thread: the lane's executor only. */
 static inline void *kb__ring_pop(ck_ring_t *ring, ck_ring_buffer_t *buf)
 {
     void *item;
-    if (!ck_ring_dequeue_spsc(ring, buf, &item))
-        return NULL;
-    KB_TSAN_ACQUIRE(item);
-    return item;
+    return kb__ring_pop_n(ring, buf, &item, 1) ? item : NULL;
 }
 
 /* Items enqueued so far (free-running, wraps at 2^32): ck_ring's committed
