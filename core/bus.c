@@ -491,6 +491,23 @@ int kb_flush(kb_bus *b, int timeout_ms)
     return rc;
 }
 
+int kb_drain(kb_bus *b, int timeout_ms)
+{
+    if (b == NULL) {
+        kb__errf(NULL, 0, "kb_drain: bus is NULL");
+        return KB_EINVAL;
+    }
+    if (kb__on_executor) {
+        kb__errf(NULL, 0, "kb_drain: called from a handler; it would wait for its own lane");
+        return KB_EINVAL;
+    }
+    int rc = b->ops->drain != NULL ? b->ops->drain(b->t, timeout_ms) : flush_pools(b, timeout_ms);
+    if (rc == KB_ETIMEDOUT)
+        kb__errf(NULL, 0, "kb_drain: %d ms deadline passed before every event was handled",
+                 timeout_ms);
+    return rc;
+}
+
 int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out)
 {
     if (b == NULL || out == NULL) {

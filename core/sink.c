@@ -1,5 +1,8 @@
 /* Between transports and pools: deliveries become records on a lane, and a
  * handled record becomes an ack, a dead letter or a release. */
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "bus_int.h"
@@ -100,6 +103,14 @@ static void delivery_of(const kb_rec *r, uint32_t attempt, kb_delivery *d)
     d->cookie = r->cookie;
 }
 
+/* The handler call running on this thread, for kb_event_set_reason. */
+struct handler_call {
+    const kb_event *ev;
+    bool has_reason;
+    char reason[256];
+};
+static _Thread_local struct handler_call current_call;
+
 int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
 {
     kb_rec *r = item;
@@ -121,18 +132,37 @@ int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
         .attempt = total,
         .id = kb__rec_id(r),
     };
+    struct handler_call *call = &current_call;
+    call->ev = &ev;
+    call->has_reason = false;
     int result = topic->fn(&ev, topic->opaque);
+    call->ev = NULL;
     if (result == KB_HANDLED)
         return KB_HANDLED;
-    if (result == KB_DEAD) {
-        r->dead_reason = "handler returned KB_DEAD";
-        return KB_DEAD;
+    bool dead = result == KB_DEAD;
+    if (!dead && total < topic->bus->max_attempts)
+        return KB_RETRY;
+    /* kb__topic_finish runs next on this thread, while the text is still there */
+    r->dead_reason = call->has_reason ? call->reason
+                     : dead           ? "handler returned KB_DEAD"
+                                      : "retry.max_attempts reached";
+    return KB_DEAD;
+}
+
+int kb_event_set_reason(const kb_event *ev, const char *fmt, ...)
+{
+    struct handler_call *call = &current_call;
+    if (ev == NULL || fmt == NULL || call->ev != ev) {
+        kb__errf(NULL, 0, "kb_event_set_reason: %s", ev == NULL || fmt == NULL
+                 ? "event or format is NULL" : "not the event this thread's handler is running for");
+        return KB_EINVAL;
     }
-    if (total >= topic->bus->max_attempts) {
-        r->dead_reason = "retry.max_attempts reached";
-        return KB_DEAD;
-    }
-    return KB_RETRY;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(call->reason, sizeof call->reason, fmt, ap);
+    va_end(ap);
+    call->has_reason = true;
+    return KB_OK;
 }
 
 void kb__topic_finish(void *item, int outcome, uint32_t attempts, void *opaque)

@@ -29,7 +29,7 @@ int main(void)
     kb_subscribe(bus, "orders.events", on_order, &last);
     for (char seq = '1'; seq <= '3'; seq++)
         kb_publish(bus, "orders.events", "order-123", strlen("order-123"), &seq, 1);
-    kb_flush(bus, 1000);
+    kb_drain(bus, 10000);   /* handled, on every transport (kb_flush: stored) */
     printf("handled %d events of order-123 in order\n", last);
-    return kb_close(bus, 1000) == KB_OK ? 0 : 1;
+    return kb_close(bus, 5000) == KB_OK ? 0 : 1;
 }

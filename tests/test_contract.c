@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <keybus/keybus.h>
@@ -184,74 +185,118 @@ static void ordered_retry(void **state)
 }
 
 struct dead_state {
-    _Atomic uint32_t handled, dead_seen;
+    _Atomic uint32_t handled;
+    _Atomic int flaky_ok;        /* set before the replay: the flaky event now passes */
 };
 
 static int poison_handler(const kb_event *ev, void *opaque)
 {
     struct dead_state *ds = opaque;
-    if (ev->payload_len >= 6 && memcmp(ev->payload, "poison", 6) == 0)
+    if (ev->payload_len == 6 && memcmp(ev->payload, "poison", 6) == 0) {
+        kb_event_set_reason(ev, "poison pill %d", 7);
         return KB_DEAD;
-    if (ev->payload_len >= 5 && memcmp(ev->payload, "flaky", 5) == 0)
+    }
+    if (ev->payload_len == 5 && memcmp(ev->payload, "flaky", 5) == 0 && !ds->flaky_ok) {
+        kb_event_set_reason(ev, "flaky: attempt %u", ev->attempt);
         return KB_RETRY;   /* until retry.max_attempts */
+    }
     ds->handled++;
     return KB_HANDLED;
 }
 
-static int dlq_handler(const kb_event *ev, void *opaque)
-{
-    struct dead_state *ds = opaque;
-    (void)ev;
-    ds->dead_seen++;
-    return KB_HANDLED;
-}
+#define MAX_SEEN 8
 
-static int count_dead_letter(const kb_dead_letter *dl, void *opaque)
+/* Dead letters as kb_dead_letters hands them over, copied for the asserts. */
+struct seen_dead {
+    int n;
+    struct {
+        char id[64], key[16], payload[16], reason[64];
+        uint32_t attempts;
+        int64_t time_ms;
+    } e[MAX_SEEN];
+};
+
+static int collect_dead_letter(const kb_dead_letter *dl, void *opaque)
 {
-    struct dead_state *ds = opaque;
-    assert_non_null(dl->reason);
-    assert_true(dl->attempts >= 1);
-    ds->dead_seen++;
+    struct seen_dead *sd = opaque;
+    if (sd->n == MAX_SEEN)
+        return 1;
+    snprintf(sd->e[sd->n].id, sizeof sd->e[0].id, "%s", dl->id);
+    snprintf(sd->e[sd->n].key, sizeof sd->e[0].key, "%.*s", (int)dl->key_len,
+             (const char *)dl->key);
+    snprintf(sd->e[sd->n].payload, sizeof sd->e[0].payload, "%.*s", (int)dl->payload_len,
+             (const char *)dl->payload);
+    snprintf(sd->e[sd->n].reason, sizeof sd->e[0].reason, "%s", dl->reason ? dl->reason : "");
+    sd->e[sd->n].attempts = dl->attempts;
+    sd->e[sd->n].time_ms = dl->time_ms;
+    sd->n++;
     return 0;
 }
 
-/* KB_DEAD dead-letters at once; KB_RETRY until retry.max_attempts, then dead. */
+static int64_t unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* KB_DEAD dead-letters at once; KB_RETRY until retry.max_attempts, then dead.
+ * Every transport keeps them with the handler's reason, the attempts and the
+ * time, lists them oldest first and replays one back to its topic. */
 static void dead_letters(void **state)
 {
     (void)state;
     kb_bus *b = open_bus("retry.max_attempts", "3");
-    char topic[96], dlq[128];
+    char topic[96];
     unique_topic(topic, sizeof topic, "dead");
-    snprintf(dlq, sizeof dlq, "%s.dlq", topic);
-    struct dead_state ds = {0}, dl = {0};
+    struct dead_state ds = {0};
     assert_int_equal(kb_subscribe(b, topic, poison_handler, &ds), KB_OK);
-    bool mem = strcmp(kind, "mem") == 0;
-    if (mem)
-        assert_int_equal(kb_subscribe(b, dlq, dlq_handler, &dl), KB_OK);
+    int64_t before = unix_ms();
     assert_int_equal(kb_publish(b, topic, "k1", 2, "poison", 6), KB_OK);
     assert_int_equal(kb_publish(b, topic, "k2", 2, "flaky", 5), KB_OK);
     assert_int_equal(kb_publish(b, topic, "k1", 2, "fine", 4), KB_OK);
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    int64_t after = unix_ms();
     kb_topic_stats st = {0};
-    for (int i = 0; i < 3000; i++) {
-        assert_int_equal(kb_stats(b, topic, &st), KB_OK);
-        if (st.dead_lettered == 2 && ds.handled == 1)
-            break;
-        usleep(10000);
-    }
+    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
     assert_int_equal(st.dead_lettered, 2);
+    assert_int_equal(st.dead_letters_lost, 0);
     assert_int_equal(ds.handled, 1);
-    if (mem) {
-        assert_int_equal(kb_flush(b, 30000), KB_OK);
-        assert_int_equal(dl.dead_seen, 2);
-    } else {
-        assert_int_equal(kb_dead_letters(b, topic, NULL, 100, count_dead_letter, &dl), KB_OK);
-        assert_int_equal(dl.dead_seen, 2);
+
+    struct seen_dead sd = {0};
+    assert_int_equal(kb_dead_letters(b, topic, NULL, 100, collect_dead_letter, &sd), KB_OK);
+    assert_int_equal(sd.n, 2);
+    int poison = strcmp(sd.e[0].key, "k1") == 0 ? 0 : 1, flaky = 1 - poison;
+    assert_string_equal(sd.e[poison].key, "k1");
+    assert_string_equal(sd.e[poison].payload, "poison");
+    assert_string_equal(sd.e[poison].reason, "poison pill 7");
+    assert_int_equal(sd.e[poison].attempts, 1);
+    assert_string_equal(sd.e[flaky].key, "k2");
+    assert_string_equal(sd.e[flaky].reason, "flaky: attempt 3");
+    assert_int_equal(sd.e[flaky].attempts, 3);
+    for (int i = 0; i < 2; i++) {   /* wall-clock stamps, a second of slack each way */
+        assert_true(sd.e[i].time_ms >= before - 1000);
+        assert_true(sd.e[i].time_ms <= after + 1000);
     }
+    /* walking after the first one gives the second */
+    struct seen_dead rest = {0};
+    assert_int_equal(kb_dead_letters(b, topic, sd.e[0].id, 100, collect_dead_letter, &rest), KB_OK);
+    assert_int_equal(rest.n, 1);
+    assert_string_equal(rest.e[0].id, sd.e[1].id);
+
+    /* replayed, the flaky event now passes and leaves the store */
+    ds.flaky_ok = 1;
+    assert_int_equal(kb_dead_letter_replay(b, topic, sd.e[flaky].id), KB_OK);
+    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    assert_int_equal(ds.handled, 2);
+    struct seen_dead left = {0};
+    assert_int_equal(kb_dead_letters(b, topic, NULL, 100, collect_dead_letter, &left), KB_OK);
+    assert_int_equal(left.n, 1);
+    assert_string_equal(left.e[0].key, "k1");
+    assert_int_equal(kb_dead_letter_replay(b, topic, sd.e[flaky].id), KB_ENOTFOUND);
     assert_int_equal(kb_close(b, 30000), KB_OK);
 }
 
-/* Keys are bytes (NUL allowed); an empty payload is an event too. */
 struct bytes_state {
     _Atomic int seen_nul_key, seen_empty;
 };

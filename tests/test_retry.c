@@ -219,11 +219,11 @@ static int always_retry(const kb_event *ev, void *opaque)
     return KB_RETRY;
 }
 
-static int count_dead(const kb_event *ev, void *opaque)
+static int count_dead(const kb_dead_letter *dl, void *opaque)
 {
-    (void)ev;
-    (*(_Atomic int *)opaque)++;
-    return KB_HANDLED;
+    (void)dl;
+    (*(int *)opaque)++;
+    return 0;
 }
 
 static void bus_dead_letters_after_max_attempts(void **state)
@@ -236,14 +236,13 @@ static void bus_dead_letters_after_max_attempts(void **state)
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
     struct bus_script s = {0};
-    _Atomic int dead = 0;
+    int dead = 0;
     assert_int_equal(kb_subscribe(b, "jobs", always_retry, &s), KB_OK);
-    assert_int_equal(kb_subscribe(b, "jobs.dlq", count_dead, &dead), KB_OK);
     assert_int_equal(kb_publish(b, "jobs", "job-1", 5, "x", 1), KB_OK);
     assert_int_equal(kb_flush(b, 10000), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);   /* the dead letter's own lane */
     assert_int_equal(s.calls, 4);
     assert_int_equal(s.last_attempt, 4);
+    assert_int_equal(kb_dead_letters(b, "jobs", NULL, 10, count_dead, &dead), KB_OK);
     assert_int_equal(dead, 1);
     kb_topic_stats st;
     assert_int_equal(kb_stats(b, "jobs", &st), KB_OK);
@@ -273,7 +272,7 @@ static int dead_at_once(const kb_event *ev, void *opaque)
     return KB_DEAD;
 }
 
-/* mem:// without a "<topic>.dlq" subscriber: counted and logged, never silent. */
+/* mem:// with no room for dead letters: counted and logged, never silent. */
 static void unstored_dead_letter_is_counted_and_logged(void **state)
 {
     (void)state;
@@ -281,6 +280,7 @@ static void unstored_dead_letter_is_counted_and_logged(void **state)
     struct logged l = {0};
     kb_conf_set_log(c, capture_log, &l);
     char err[256];
+    assert_int_equal(kb_conf_set(c, "mem.dlq_capacity", "0", err, sizeof err), KB_OK);
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
     assert_int_equal(kb_subscribe(b, "jobs", dead_at_once, NULL), KB_OK);
@@ -291,8 +291,40 @@ static void unstored_dead_letter_is_counted_and_logged(void **state)
     assert_int_equal(st.dead_lettered, 1);
     assert_int_equal(st.dead_letters_lost, 1);
     assert_int_equal(l.warnings, 1);
-    assert_non_null(strstr(l.last, "jobs.dlq"));
+    assert_non_null(strstr(l.last, "mem.dlq_capacity"));
     assert_non_null(strstr(l.last, "job-9"));
+    assert_int_equal(kb_close(b, 1000), KB_OK);
+}
+
+/* A full mem:// store drops its oldest dead letter, counted and logged; where
+ * dead letters go never depends on the topic's length. */
+static void full_store_drops_the_oldest(void **state)
+{
+    (void)state;
+    kb_conf *c = kb_conf_new();
+    struct logged l = {0};
+    kb_conf_set_log(c, capture_log, &l);
+    char err[256], topic[201];
+    memset(topic, 't', 200);   /* the longest topic name */
+    topic[200] = '\0';
+    assert_int_equal(kb_conf_set(c, "mem.dlq_capacity", "2", err, sizeof err), KB_OK);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    assert_non_null(b);
+    assert_int_equal(kb_subscribe(b, topic, dead_at_once, NULL), KB_OK);
+    for (char k = '1'; k <= '3'; k++)
+        assert_int_equal(kb_publish(b, topic, &k, 1, "x", 1), KB_OK);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_topic_stats st;
+    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    assert_int_equal(st.dead_lettered, 3);
+    assert_int_equal(st.dlq_length, 2);
+    assert_int_equal(st.dead_letters_lost, 1);
+    assert_int_equal(l.warnings, 1);
+    assert_non_null(strstr(l.last, "dropped the oldest"));
+    int dead = 0;
+    assert_int_equal(kb_dead_letters(b, topic, NULL, 10, count_dead, &dead), KB_OK);
+    assert_int_equal(dead, 2);
+    assert_int_equal(kb_dead_letters(b, topic, "x1", 10, count_dead, &dead), KB_EINVAL);
     assert_int_equal(kb_close(b, 1000), KB_OK);
 }
 
@@ -306,6 +338,7 @@ int main(void)
         cmocka_unit_test(skip_releases_without_counting),
         cmocka_unit_test(bus_dead_letters_after_max_attempts),
         cmocka_unit_test(unstored_dead_letter_is_counted_and_logged),
+        cmocka_unit_test(full_store_drops_the_oldest),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
 #include "../core/registry.h"
 
 extern const kb_transport_ops kb__mem_ops;
+extern const kb_prop kb__mem_props[];
 #ifdef KB_WITH_REDIS
 extern const kb_transport_ops kb__redis_ops;
 extern const kb_transport_ops kb__rediss_ops;   /* refuses: no TLS in hiredis 0.14 */
@@ -21,6 +22,7 @@ extern const kb_prop kb__nats_props[];
 
 const kb_prop *const kb__prop_tables[] = {
     kb__core_props,
+    kb__mem_props,
 #ifdef KB_WITH_REDIS
     kb__redis_props,
 #endif

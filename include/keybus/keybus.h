@@ -124,8 +124,20 @@ enum { KB_HANDLED = 0, KB_RETRY = 1, KB_DEAD = 2 };   /* handler results */
 
 /* Runs on an executor thread; never concurrently with another call for the same
  * lane (so never twice at once for one key). Any other result means KB_RETRY.
- * A handler may call kb_publish but not kb_close. */
+ * A handler may call kb_publish but not kb_close, kb_flush or kb_drain (they
+ * return KB_EINVAL there: they would wait for the handler itself). */
 typedef int (*kb_handler_fn)(const kb_event *ev, void *opaque);
+
+/* Why this event is being given up on, for its dead letter (kb_dead_letter's
+ * reason): call it in the handler, then return KB_DEAD, or KB_RETRY on the
+ * last attempt. printf format; the text is copied (up to 255 bytes). A later
+ * call replaces it. KB_EINVAL unless `ev` is the event this thread's handler
+ * is running for. Thread: the handler's, during the call. */
+KB_EXPORT int kb_event_set_reason(const kb_event *ev, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 
 /* Route `topic` to `fn`: creates the topic's pool (pool.workers lanes) and, on a
  * broker, starts consuming. One handler per topic: KB_EINVAL if already
@@ -174,8 +186,20 @@ KB_EXPORT int kb_publish_batch(kb_topic *t, const kb_msg *msgs, size_t n, size_t
 
 /* mem: wait until everything published before the call is handled (or
  * dead-lettered); brokers: until every publish so far is accepted by the
- * server. KB_ETIMEDOUT at the deadline (< 0: none). Thread: any but a handler. */
+ * server (durable; nothing about handling). KB_ETIMEDOUT at the deadline
+ * (< 0: none). KB_EINVAL from a handler. Thread: any but a handler. */
 KB_EXPORT int kb_flush(kb_bus *b, int timeout_ms);
+
+/* Wait until every event this process published before the call has been
+ * handled or dead-lettered by the topic's consumers, wherever they run — the
+ * same meaning on every transport. mem: this process's lanes; brokers: the
+ * consumer group has acknowledged, per partition, everything up to this
+ * process's last published entry (so it also waits for consumers in other
+ * processes, and for a consumer to exist). Use kb_flush to know events are
+ * safely stored, kb_drain to know they were processed (tests, batch jobs,
+ * a clean hand-over before exit). KB_ETIMEDOUT at the deadline (< 0: none);
+ * KB_EINVAL from a handler. Thread: any but a handler. */
+KB_EXPORT int kb_drain(kb_bus *b, int timeout_ms);
 
 /* ---------------------------------------------------------------------------
  * Statistics.
@@ -225,7 +249,8 @@ KB_EXPORT int kb_partition_stats_get(kb_bus *b, const char *topic, uint32_t part
                                      kb_partition_stats *out);
 
 /* ---------------------------------------------------------------------------
- * Dead letters on brokers.
+ * Dead letters: kept by every transport (mem://: a bounded store per topic,
+ * mem.dlq_capacity; brokers: a dead-letter stream or subject).
  * ------------------------------------------------------------------------- */
 
 typedef struct kb_dead_letter {
@@ -235,14 +260,15 @@ typedef struct kb_dead_letter {
     uint32_t    partition;
     const char *original_id;
     uint32_t    attempts;
-    const char *reason;
+    const char *reason;       /* kb_event_set_reason's text, or why keybus gave up */
+    int64_t     time_ms;      /* when it was dead-lettered, Unix time in ms (0: unknown) */
 } kb_dead_letter;             /* valid only during the callback */
 
 typedef int (*kb_dead_letter_fn)(const kb_dead_letter *dl, void *opaque); /* non-zero stops */
 
 /* Walk up to `max` dead letters of `topic`, oldest first, starting after
- * `after_id` (NULL or "" for the start). KB_ENOTFOUND on mem:// (its dead
- * letters go to "<topic>.dlq"). Thread: any. */
+ * `after_id` (NULL or "" for the start); a topic without dead letters walks
+ * none. The callback may replay the entry it is given. Thread: any. */
 KB_EXPORT int kb_dead_letters(kb_bus *b, const char *topic, const char *after_id, size_t max,
                               kb_dead_letter_fn fn, void *opaque);
 

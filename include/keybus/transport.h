@@ -63,6 +63,11 @@ typedef struct kb_transport_ops {
      * unacked so another consumer gets it, and free the cookie. */
     void (*release)(kb_transport *t, const kb_delivery *d);
     int  (*flush)(kb_transport *t, int timeout_ms);
+    /* Optional (NULL: kb_drain waits for this process's pools, as on mem://):
+     * send what is buffered, then wait until the consumer group has settled
+     * (acked or dead-lettered) every event this process published before the
+     * call; KB_ETIMEDOUT at the deadline (< 0: none). */
+    int  (*drain)(kb_transport *t, int timeout_ms);
     /* Fill the publishing/broker fields of *out; KB_ENOTFOUND if unknown. */
     int  (*stats)(kb_transport *t, const char *topic, kb_topic_stats *out);
     /* Optional hooks (NULL: KB_ENOTFOUND). */

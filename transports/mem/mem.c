@@ -1,23 +1,65 @@
 /* mem://, the embedded default: the bus enqueues publishes straight into the
- * topic's pool in this process (KB_TRANSPORT_F_LOCAL), so this file only opens,
- * and sends dead letters to "<topic>.dlq" when something subscribed it. */
+ * topic's pool in this process (KB_TRANSPORT_F_LOCAL), so this transport only
+ * keeps the dead letters: a bounded store per topic, listed and replayed
+ * through kb_dead_letters / kb_dead_letter_replay as on the brokers. */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#include "../../core/bus_int.h"
+#include <keybus/transport.h>
+
+#include "../../core/conf_int.h"
 #include "../../core/err.h"
+
+const kb_prop kb__mem_props[] = {
+    {"mem.dlq_capacity", KB_PROP_INT, "10000", 0, 1 << 24,
+     "Dead letters mem:// keeps per topic for `kb_dead_letters` and "
+     "`kb_dead_letter_replay`; when full the oldest is dropped, counted in "
+     "`dead_letters_lost` and logged. 0 keeps none."},
+    {NULL, KB_PROP_INT, NULL, 0, 0, NULL},
+};
+
+/* One dead letter. Walkers hold a reference while their callback runs, so an
+ * entry replayed or dropped meanwhile is unlinked at once and freed by the
+ * last reference. */
+struct dead {
+    struct dead *next;
+    uint64_t id;
+    unsigned refs;
+    int unlinked, replaying;
+    uint32_t attempts;
+    int64_t time_ms;
+    size_t key_len, payload_len;
+    char id_text[24];
+    char *reason;
+    char data[];                 /* key, then payload */
+};
+
+/* The dead letters of one topic, oldest first. */
+struct dlq {
+    struct dlq *next;
+    char *topic;
+    struct dead *head, *tail;
+    size_t n;
+    uint64_t last_id, dropped;
+};
 
 struct kb_transport {
     kb_bus *bus;
-    int enqueue_timeout_ms;
+    size_t capacity;
+    pthread_mutex_t lock;        /* the stores; dead letters are rare */
+    struct dlq *dlqs;
 };
 
 static int mem_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *errstr, size_t errlen)
 {
-    const char *url = kb_conf_str(c, "transport");
-    if (strcmp(url, "mem://") != 0) {
-        kb__errf(errstr, errlen, "transport: mem:// takes no host or options, got \"%s\"", url);
+    if (strcmp(kb_conf_str(c, "transport"), "mem://") != 0) {
+        /* never echo the URL: it may hold a password */
+        kb__errf(errstr, errlen, "transport: mem:// takes no host, user or options");
         return KB_EINVAL;
     }
     kb_transport *t = calloc(1, sizeof *t);
@@ -26,7 +68,8 @@ static int mem_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *err
         return KB_ENOMEM;
     }
     t->bus = bus;
-    t->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
+    t->capacity = (size_t)kb_conf_int(c, "mem.dlq_capacity");
+    pthread_mutex_init(&t->lock, NULL);
     *out = t;
     return KB_OK;
 }
@@ -37,35 +80,223 @@ static int mem_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
     return KB_OK;
 }
 
+/* Caller holds t->lock. create: make the store when missing (NULL: no memory). */
+static struct dlq *dlq_of(kb_transport *t, const char *topic, int create)
+{
+    for (struct dlq *q = t->dlqs; q != NULL; q = q->next)
+        if (strcmp(q->topic, topic) == 0)
+            return q;
+    if (!create)
+        return NULL;
+    struct dlq *q = calloc(1, sizeof *q);
+    if (q == NULL || (q->topic = strdup(topic)) == NULL) {
+        free(q);
+        return NULL;
+    }
+    q->next = t->dlqs;
+    t->dlqs = q;
+    return q;
+}
+
+static void dead_free(struct dead *e)
+{
+    free(e->reason);
+    free(e);
+}
+
+/* Take e out of q; it is freed now or by its last walker. Caller holds the lock. */
+static void unlink_dead(struct dlq *q, struct dead *e)
+{
+    struct dead **pp = &q->head, *prev = NULL;
+    while (*pp != e) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    *pp = e->next;
+    if (q->tail == e)
+        q->tail = prev;
+    q->n--;
+    e->unlinked = 1;
+    if (e->refs == 0)
+        dead_free(e);
+}
+
+static int64_t unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 static int mem_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason)
 {
-    char dlq[256];
-    snprintf(dlq, sizeof dlq, "%s.dlq", d->topic);
-    struct kb_topic *sink = (struct kb_topic *)kb_bus_sink(t->bus, dlq);
-    if (sink == NULL) {
-        kb__errf(NULL, 0, "no subscriber for \"%s\"", dlq);
+    if (t->capacity == 0) {
+        kb__errf(NULL, 0, "mem.dlq_capacity is 0");
         return KB_ENOTFOUND;
     }
-    (void)reason;
-    kb_delivery copy = *d;
-    copy.attempt = 1;
-    copy.cookie = NULL;
-    /* An executor must not wait on another lane (it may be its own): try once. */
-    int rc = kb__sink_put(sink, &copy, kb_fnv1a32(d->key, d->key_len), 0);
+    struct dead *e = malloc(sizeof *e + d->key_len + d->payload_len);
+    if (e != NULL && (e->reason = strdup(reason)) == NULL) {
+        free(e);
+        e = NULL;
+    }
+    if (e == NULL) {
+        kb__errf(NULL, 0, "out of memory for a dead letter of %zu bytes",
+                 d->key_len + d->payload_len);
+        return KB_ENOMEM;
+    }
+    e->next = NULL;
+    e->refs = 0;
+    e->unlinked = e->replaying = 0;
+    e->attempts = d->attempt;
+    e->time_ms = unix_ms();
+    e->key_len = d->key_len;
+    e->payload_len = d->payload_len;
+    memcpy(e->data, d->key, d->key_len);
+    if (d->payload_len > 0)
+        memcpy(e->data + d->key_len, d->payload, d->payload_len);
+
+    pthread_mutex_lock(&t->lock);
+    struct dlq *q = dlq_of(t, d->topic, 1);
+    if (q == NULL) {
+        pthread_mutex_unlock(&t->lock);
+        dead_free(e);
+        kb__errf(NULL, 0, "out of memory for the dead-letter store");
+        return KB_ENOMEM;
+    }
+    e->id = ++q->last_id;
+    snprintf(e->id_text, sizeof e->id_text, "%" PRIu64, e->id);
+    uint64_t dropped_id = 0;
+    if (q->n == t->capacity) {
+        dropped_id = q->head->id;
+        unlink_dead(q, q->head);
+        q->dropped++;
+    }
+    if (q->tail != NULL)
+        q->tail->next = e;
+    else
+        q->head = e;
+    q->tail = e;
+    q->n++;
+    pthread_mutex_unlock(&t->lock);
+    if (dropped_id != 0)
+        kb_log(t->bus, 4, "mem: topic %s: dead-letter store full (mem.dlq_capacity %zu): "
+               "dropped the oldest, %" PRIu64, d->topic, t->capacity, dropped_id);
+    return KB_OK;
+}
+
+/* "" or NULL: 0; otherwise a decimal dead-letter ID. */
+static int parse_id(const char *s, uint64_t *out)
+{
+    if (s == NULL || *s == '\0') {
+        *out = 0;
+        return KB_OK;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (s[0] < '0' || s[0] > '9' || *end != '\0' || errno == ERANGE) {
+        kb__errf(NULL, 0, "mem: dead-letter ID \"%.32s\" is not a decimal number", s);
+        return KB_EINVAL;
+    }
+    *out = v;
+    return KB_OK;
+}
+
+static int mem_dead_letters(kb_transport *t, const char *topic, const char *after_id, size_t max,
+                            kb_dead_letter_fn fn, void *opaque)
+{
+    uint64_t after;
+    int rc = parse_id(after_id, &after);
     if (rc != KB_OK)
-        kb__errf(NULL, 0, "\"%s\" refused it: %s", dlq, kb_strerror(rc));
+        return rc;
+    pthread_mutex_lock(&t->lock);
+    struct dlq *q = dlq_of(t, topic, 0);
+    struct dead *e = q != NULL ? q->head : NULL;
+    for (size_t seen = 0; seen < max; seen++) {
+        while (e != NULL && e->id <= after)
+            e = e->next;
+        if (e == NULL)
+            break;
+        e->refs++;
+        pthread_mutex_unlock(&t->lock);
+        kb_dead_letter dl = {
+            .id = e->id_text, .key = e->data, .key_len = e->key_len,
+            .payload = e->data + e->key_len, .payload_len = e->payload_len,
+            .partition = 0, .original_id = "", .attempts = e->attempts,
+            .reason = e->reason, .time_ms = e->time_ms,
+        };
+        int stop = fn(&dl, opaque);   /* may replay this very entry */
+        pthread_mutex_lock(&t->lock);
+        after = e->id;
+        struct dead *next = e->unlinked ? q->head : e->next;   /* rescan: IDs only grow */
+        if (--e->refs == 0 && e->unlinked)
+            dead_free(e);
+        e = next;
+        if (stop)
+            break;
+    }
+    pthread_mutex_unlock(&t->lock);
+    return KB_OK;
+}
+
+static int mem_dead_letter_replay(kb_transport *t, const char *topic, const char *id)
+{
+    uint64_t want;
+    int rc = parse_id(id, &want);
+    if (rc != KB_OK)
+        return rc;
+    pthread_mutex_lock(&t->lock);
+    struct dlq *q = dlq_of(t, topic, 0);
+    struct dead *e = q != NULL ? q->head : NULL;
+    while (e != NULL && e->id != want)
+        e = e->next;
+    if (e == NULL || e->replaying) {
+        pthread_mutex_unlock(&t->lock);
+        kb__errf(NULL, 0, "mem: topic %s has no dead letter %.32s%s", topic, id,
+                 e != NULL ? " (a replay of it is under way)" : "");
+        return KB_ENOTFOUND;
+    }
+    e->replaying = 1;
+    e->refs++;
+    pthread_mutex_unlock(&t->lock);
+    /* back through the bus: the topic's lane, attempt 1 */
+    rc = kb_publish(t->bus, topic, e->data, e->key_len, e->data + e->key_len, e->payload_len);
+    pthread_mutex_lock(&t->lock);
+    e->replaying = 0;
+    e->refs--;
+    if (rc == KB_OK && !e->unlinked)
+        unlink_dead(q, e);
+    else if (e->refs == 0 && e->unlinked)
+        dead_free(e);
+    pthread_mutex_unlock(&t->lock);
     return rc;
 }
 
 static int mem_stats(kb_transport *t, const char *topic, kb_topic_stats *out)
 {
-    (void)t, (void)topic;
     out->published = out->received;   /* a publish is an enqueue */
-    return out->lanes ? KB_OK : KB_ENOTFOUND;
+    pthread_mutex_lock(&t->lock);
+    struct dlq *q = dlq_of(t, topic, 0);
+    if (q != NULL) {
+        out->dlq_length = q->n;
+        out->dead_letters_lost += q->dropped;
+    }
+    pthread_mutex_unlock(&t->lock);
+    return out->lanes || q != NULL ? KB_OK : KB_ENOTFOUND;
 }
 
 static int mem_close(kb_transport *t)
 {
+    for (struct dlq *q = t->dlqs, *next; q != NULL; q = next) {
+        next = q->next;
+        for (struct dead *e = q->head, *en; e != NULL; e = en) {
+            en = e->next;
+            dead_free(e);
+        }
+        free(q->topic);
+        free(q);
+    }
+    pthread_mutex_destroy(&t->lock);
     free(t);
     return KB_OK;
 }
@@ -78,5 +309,7 @@ const kb_transport_ops kb__mem_ops = {
     .subscribe = mem_subscribe,
     .dead_letter = mem_dead_letter,
     .stats = mem_stats,
+    .dead_letters = mem_dead_letters,
+    .dead_letter_replay = mem_dead_letter_replay,
     .close = mem_close,
 };

@@ -1,0 +1,65 @@
+/* The README's example (examples/hello.c) prints the same on every
+ * transport: `test_examples mem|redis|nats` runs it as a child process with
+ * KEYBUS_TRANSPORT pointing at a real server the harness started. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "support/server.h"
+
+static const char *kind = "mem";
+static char url[160] = "mem://";
+
+/* Run the example; its stdout in out, its exit status returned. */
+static int run_example(char *out, size_t outlen)
+{
+    setenv("KEYBUS_TRANSPORT", url, 1);
+    FILE *p = popen(KB_EXAMPLE_HELLO, "r");
+    unsetenv("KEYBUS_TRANSPORT");
+    if (p == NULL)
+        return -1;
+    size_t n = fread(out, 1, outlen - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void hello_prints_the_same_everywhere(void **state)
+{
+    (void)state;
+    char out[512];
+    for (int run = 0; run < 2; run++) {   /* the second run finds the first's stream */
+        int rc = run_example(out, sizeof out);
+        if (rc != 0 || strcmp(out, "handled 3 events of order-123 in order\n") != 0)
+            fail_msg("%s run %d: exit %d, output \"%s\"", url, run + 1, rc, out);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    static kb_test_server server;
+    if (argc > 1)
+        kind = argv[1];
+    if (strcmp(kind, "mem") != 0) {
+        if (kb_test_server_start(&server, kind, NULL) != 0) {
+            fprintf(stderr, "cannot start %s server\n", kind);
+            return 1;
+        }
+        snprintf(url, sizeof url, "%s", server.url);
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(hello_prints_the_same_everywhere),
+    };
+    char group[64];
+    snprintf(group, sizeof group, "examples/%s", kind);
+    int failed = _cmocka_run_group_tests(group, tests, 1, NULL, NULL);
+    if (server.pid > 0)
+        kb_test_server_stop(&server);
+    return failed;
+}
