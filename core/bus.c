@@ -193,9 +193,16 @@ kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen)
     return b;
 }
 
+static void report_unknown_env(const char *name, const char *nearest, void *arg)
+{
+    kb_log(arg, 4, "environment %s names no configuration key (nearest: %s); ignored", name,
+           nearest);
+}
+
 static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
 {
-    if (kb_conf_apply_env(c, errstr, errlen) != KB_OK)
+    bool env = strcmp(kb_conf_str(c, "conf.env"), "true") == 0;
+    if (env && kb_conf_apply_env(c, errstr, errlen) != KB_OK)
         return NULL;
     if (kb_conf_int(c, "retry.max_backoff_ms") < kb_conf_int(c, "retry.backoff_ms")) {
         kb__errf(errstr, errlen, "retry.max_backoff_ms (%lld) is below retry.backoff_ms (%lld)",
@@ -221,6 +228,8 @@ static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
     b->ops = ops;
     b->serial = atomic_fetch_add_explicit(&bus_serials, 1, memory_order_relaxed) + 1;
     kb__conf_log(c, &b->log, &b->log_opaque);
+    if (env)
+        kb__conf_unknown_env(c, report_unknown_env, b);
     b->max_key = (uint32_t)kb_conf_int(c, "limits.max_key_bytes");
     b->max_payload = (uint32_t)kb_conf_int(c, "limits.max_payload_bytes");
     b->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");

@@ -14,10 +14,15 @@
 #include "err.h"
 #include "registry.h"
 
+/* Where a value came from; a later store from a lower source is ignored:
+ * defaults < INI file < KEYBUS_* environment < code (kb_conf_set, -X). */
+enum source { FROM_DEFAULT, FROM_FILE, FROM_ENV, FROM_CODE };
+
 struct conf_entry {
     const kb_prop *prop;
     char *value;
     int64_t number;            /* parsed value of KB_PROP_INT keys */
+    enum source source;
 };
 
 struct kb_conf {
@@ -120,12 +125,14 @@ static int check_text(const kb_prop *p, const char *value, char *errstr, size_t 
     return KB_OK;
 }
 
-static int store(struct conf_entry *e, const char *value, char *errstr, size_t errlen)
+/* Validate, then keep the value unless a higher source set the key already. */
+static int store(struct conf_entry *e, const char *value, enum source source, char *errstr,
+                 size_t errlen)
 {
     int64_t number = 0;
     int rc = e->prop->type == KB_PROP_INT ? parse_int(e->prop, value, &number, errstr, errlen)
                                           : check_text(e->prop, value, errstr, errlen);
-    if (rc != KB_OK)
+    if (rc != KB_OK || source < e->source)
         return rc;
     char *copy = strdup(value);
     if (copy == NULL) {
@@ -135,6 +142,7 @@ static int store(struct conf_entry *e, const char *value, char *errstr, size_t e
     free(e->value);
     e->value = copy;
     e->number = number;
+    e->source = source;
     return KB_OK;
 }
 
@@ -149,6 +157,9 @@ static void default_consumer(char *buf, size_t len)
             *h = '-';
     snprintf(buf, len, "%s-%ld", host, (long)getpid());
 }
+
+static int conf_store(kb_conf *c, const char *key, const char *value, enum source source,
+                      char *errstr, size_t errlen);
 
 kb_conf *kb_conf_new(void)
 {
@@ -174,7 +185,7 @@ kb_conf *kb_conf_new(void)
                 def = consumer;
             }
             e->prop = p;
-            if (store(e, def, NULL, 0) != KB_OK) {
+            if (store(e, def, FROM_DEFAULT, NULL, 0) != KB_OK) {
                 kb_conf_destroy(c);
                 return NULL;
             }
@@ -184,6 +195,12 @@ kb_conf *kb_conf_new(void)
 }
 
 int kb_conf_set(kb_conf *c, const char *key, const char *value, char *errstr, size_t errlen)
+{
+    return conf_store(c, key, value, FROM_CODE, errstr, errlen);
+}
+
+static int conf_store(kb_conf *c, const char *key, const char *value, enum source source,
+                      char *errstr, size_t errlen)
 {
     if (c == NULL || key == NULL || value == NULL) {
         kb__errf(errstr, errlen, "kb_conf_set: %s is NULL",
@@ -200,7 +217,7 @@ int kb_conf_set(kb_conf *c, const char *key, const char *value, char *errstr, si
                  key);
         return KB_EINVAL;
     }
-    return store(e, value, errstr, errlen);
+    return store(e, value, source, errstr, errlen);
 }
 
 int kb_conf_get(const kb_conf *c, const char *key, char *buf, size_t buflen)
@@ -245,7 +262,7 @@ static int on_ini_pair(void *user, const char *section, const char *name, const 
     else
         snprintf(key, sizeof key, "%s", name);
     char why[256];
-    int rc = kb_conf_set(st->c, key, value, why, sizeof why);
+    int rc = conf_store(st->c, key, value, FROM_FILE, why, sizeof why);
     if (rc != KB_OK) {
         st->rc = rc;
         kb__errf(st->errstr, st->errlen, "%s: %s", st->path, why);
@@ -300,13 +317,62 @@ int kb_conf_apply_env(kb_conf *c, char *errstr, size_t errlen)
         if (value == NULL)
             continue;
         char why[256];
-        int rc = store(&c->e[i], value, why, sizeof why);
+        int rc = store(&c->e[i], value, FROM_ENV, why, sizeof why);
         if (rc != KB_OK) {
             kb__errf(errstr, errlen, "environment %s: %s", name, why);
             return rc;
         }
     }
     return KB_OK;
+}
+
+/* Edit distance, for "did you mean": names are short. */
+static size_t distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b), row[160];
+    if (lb >= sizeof row / sizeof row[0])
+        return SIZE_MAX;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+void kb__conf_unknown_env(const kb_conf *c, void (*report)(const char *name, const char *nearest,
+                                                            void *arg), void *arg)
+{
+    extern char **environ;
+    for (char **ev = environ; ev != NULL && *ev != NULL; ev++) {
+        const char *eq = strchr(*ev, '=');
+        if (strncmp(*ev, "KEYBUS_", 7) != 0 || eq == NULL || (size_t)(eq - *ev) >= 160)
+            continue;
+        char name[160], known[160], nearest[160] = "";
+        snprintf(name, sizeof name, "%.*s", (int)(eq - *ev), *ev);
+        size_t best = SIZE_MAX;
+        for (size_t i = 0; i < c->n && best != 0; i++) {
+            env_name(c->e[i].prop->name, known, sizeof known);
+            size_t d = distance(name, known);
+            if (d < best) {
+                best = d;
+                snprintf(nearest, sizeof nearest, "%s", known);
+            }
+        }
+        if (best != 0)
+            report(name, nearest, arg);
+    }
 }
 
 void kb_conf_set_log(kb_conf *c, kb_log_fn fn, void *opaque)
@@ -331,7 +397,7 @@ kb_conf *kb_conf_dup(const kb_conf *c)
     if (d == NULL)
         return NULL;
     for (size_t i = 0; i < c->n; i++) {
-        if (store(&d->e[i], c->e[i].value, NULL, 0) != KB_OK) {
+        if (store(&d->e[i], c->e[i].value, c->e[i].source, NULL, 0) != KB_OK) {
             kb_conf_destroy(d);
             return NULL;
         }
@@ -387,7 +453,12 @@ void kb__conf_write_markdown(FILE *out)
                  "Set keys with `kb_conf_set()`, in an INI file read by `kb_conf_load()`\n"
                  "(`[pool]` then `workers = 64` sets `pool.workers`), or with environment\n"
                  "variables `KEYBUS_<KEY>` (dots as underscores, upper case), which `kb_open()`\n"
-                 "applies last so they override both.\n\n"
+                 "applies. When several set a key, the most specific wins, whatever the order of\n"
+                 "the calls: defaults < INI file < `KEYBUS_*` environment < values set in code\n"
+                 "(`kb_conf_set()`, the CLI's `-X`). `conf.env = false` turns the environment\n"
+                 "off. Every `KEYBUS_*` value is validated even when code overrides it, and a\n"
+                 "`KEYBUS_*` name that is no key is reported through the log callback with the\n"
+                 "nearest key.\n\n"
                  "| key | type | default | range | environment | meaning |\n"
                  "|---|---|---|---|---|---|\n");
     for (const kb_prop *const *t = kb__prop_tables; *t; t++) {

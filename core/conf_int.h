@@ -41,6 +41,12 @@ bool kb__conf_take(kb_conf *c);
 void kb__conf_give_back(kb_conf *c);   /* kb_open failed: the caller's again */
 void kb__conf_free(kb_conf *c);
 
+/* Call report() for every KEYBUS_* environment variable that names no key,
+ * with the nearest key's variable. */
+void kb__conf_unknown_env(const kb_conf *c,
+                          void (*report)(const char *name, const char *nearest, void *arg),
+                          void *arg);
+
 /* The log callback chosen for the bus. */
 void kb__conf_log(const kb_conf *c, kb_log_fn *fn, void **opaque);
 

@@ -5,6 +5,8 @@
 #define MS_DAY 86400000
 
 const kb_prop kb__core_props[] = {
+    {"conf.env", KB_PROP_ENUM, "true", 0, 8,
+     "`false`: `kb_open` ignores `KEYBUS_*` environment variables.", "true|false"},
     {"transport", KB_PROP_URL, "mem://", 0, 4096,
      "Transport URL; the scheme picks the transport: `mem://`, "
      "`redis://[user:pass@]host:port[/db]`, `nats://[user:pass@]host:port`."},

@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 
 san="${KEYBUS_SANITIZE:-}"
+unset KEYBUS_SANITIZE   # a build switch, not a keybus configuration key for the tests
 dir="build${san:+-$san}"
 jobs="$(nproc)"
 cmake -S . -B "$dir" -DKEYBUS_WERROR=ON -DKEYBUS_SANITIZE="$san" \

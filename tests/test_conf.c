@@ -135,27 +135,76 @@ static void ini_files_load_sections_as_prefixes(void **state)
     kb_conf_destroy(c);
 }
 
-static void environment_overrides(void **state)
+struct logged {
+    int warnings;
+    char last[512];
+};
+
+static void capture_log(int level, const char *msg, void *opaque)
+{
+    struct logged *l = opaque;
+    if (level <= 4 && strstr(msg, "KEYBUS_") != NULL) {
+        snprintf(l->last, sizeof l->last, "%s", msg);
+        l->warnings++;
+    }
+}
+
+/* defaults < file < environment < code, whatever the order of the calls. */
+static void environment_overrides_the_file_not_the_code(void **state)
 {
     (void)state;
+    char path[] = "/tmp/keybus-conf-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    write_file(path, "[pool]\nworkers = 16\nthreads = 3\n[retry]\nmax_attempts = 2\n");
     kb_conf *c = kb_conf_new();
     char err[256] = "";
     assert_int_equal(kb_conf_set(c, "pool.workers", "32", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_load(c, path, err, sizeof err), KB_OK);   /* after the code */
+    assert_value(c, "pool.workers", "32");        /* code beats the file */
+    assert_value(c, "pool.threads", "3");
     setenv("KEYBUS_POOL_WORKERS", "128", 1);
     setenv("KEYBUS_RETRY_MAX_ATTEMPTS", "7", 1);
     assert_int_equal(kb_conf_apply_env(c, err, sizeof err), KB_OK);
-    assert_value(c, "pool.workers", "128");
-    assert_value(c, "retry.max_attempts", "7");
+    assert_value(c, "pool.workers", "32");        /* code beats the environment */
+    assert_value(c, "retry.max_attempts", "7");   /* the environment beats the file */
+    assert_int_equal(kb_conf_load(c, path, err, sizeof err), KB_OK);
+    assert_value(c, "retry.max_attempts", "7");   /* a later file does not undo it */
 
+    /* a bad value is refused even for a key the code set */
     setenv("KEYBUS_POOL_WORKERS", "lots", 1);
     assert_int_equal(kb_conf_apply_env(c, err, sizeof err), KB_EINVAL);
     assert_non_null(strstr(err, "KEYBUS_POOL_WORKERS"));
-    /* kb_open applies the environment too, and refuses it the same way. */
+    /* kb_open applies the environment too, and refuses it the same way... */
     assert_null(kb_open(c, err, sizeof err));
     assert_non_null(strstr(err, "KEYBUS_POOL_WORKERS"));
+    /* ...unless conf.env is false */
+    assert_int_equal(kb_conf_set(c, "conf.env", "false", err, sizeof err), KB_OK);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    assert_non_null(b);
+    assert_int_equal(kb_close(b, 1000), KB_OK);
     unsetenv("KEYBUS_POOL_WORKERS");
     unsetenv("KEYBUS_RETRY_MAX_ATTEMPTS");
-    kb_conf_destroy(c);
+    unlink(path);
+}
+
+/* A misspelt KEYBUS_* name is reported with the key it was meant to be. */
+static void unknown_environment_names_are_reported(void **state)
+{
+    (void)state;
+    kb_conf *c = kb_conf_new();
+    struct logged l = {0};
+    kb_conf_set_log(c, capture_log, &l);
+    setenv("KEYBUS_POOL_WORKRES", "8", 1);
+    char err[256] = "";
+    kb_bus *b = kb_open(c, err, sizeof err);
+    unsetenv("KEYBUS_POOL_WORKRES");
+    assert_non_null(b);
+    assert_int_equal(l.warnings, 1);
+    assert_non_null(strstr(l.last, "KEYBUS_POOL_WORKRES"));
+    assert_non_null(strstr(l.last, "KEYBUS_POOL_WORKERS"));
+    assert_int_equal(kb_close(b, 1000), KB_OK);
 }
 
 static void open_checks_cross_key_rules(void **state)
@@ -245,7 +294,8 @@ int main(void)
         cmocka_unit_test(defaults_match_the_design),
         cmocka_unit_test(bad_values_are_refused_and_named),
         cmocka_unit_test(ini_files_load_sections_as_prefixes),
-        cmocka_unit_test(environment_overrides),
+        cmocka_unit_test(environment_overrides_the_file_not_the_code),
+        cmocka_unit_test(unknown_environment_names_are_reported),
         cmocka_unit_test(open_checks_cross_key_rules),
         cmocka_unit_test(errors_have_names),
         cmocka_unit_test(idle_strategy_is_one_of_four),
