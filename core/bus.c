@@ -8,6 +8,7 @@
 #include "bus_int.h"
 #include "conf_int.h"
 #include "err.h"
+#include "headers.h"
 #include "idle.h"
 #include "rec.h"
 #include "registry.h"
@@ -233,6 +234,8 @@ static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
     b->max_key = (uint32_t)kb_conf_int(c, "limits.max_key_bytes");
     b->max_payload = (uint32_t)kb_conf_int(c, "limits.max_payload_bytes");
     b->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
+    b->max_headers = (uint32_t)kb_conf_int(c, "limits.max_headers");
+    b->max_header_bytes = (uint32_t)kb_conf_int(c, "limits.max_header_bytes");
     b->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
     b->idle = (kb_idle)kb__idle_parse(kb_conf_str(c, "pool.idle"));
     pthread_mutex_init(&b->subscribe_lock, NULL);
@@ -348,7 +351,15 @@ static int check_msg(const kb_bus *b, const char *topic, const kb_msg *m)
                  topic, m->payload_len, b->max_payload);
         return KB_ETOOBIG;
     }
-    return KB_OK;
+    if (m->n_headers == 0)
+        return KB_OK;
+    if (!(b->ops->flags & (KB_TRANSPORT_F_LOCAL | KB_TRANSPORT_F_HEADERS))) {
+        kb__errf(NULL, 0, "kb_publish %s: %s:// does not carry headers", topic, b->ops->scheme);
+        return KB_EINVAL;
+    }
+    char what[240];
+    snprintf(what, sizeof what, "kb_publish %s", topic);
+    return kb__headers_check(m->headers, m->n_headers, b->max_headers, b->max_header_bytes, what);
 }
 
 /* Events a local publish copies and enqueues at once. */
@@ -431,6 +442,11 @@ out:
     if (accepted != NULL)
         *accepted = done;
     return rc;
+}
+
+int kb_publish_ex(kb_topic *t, const kb_msg *m)
+{
+    return kb_publish_batch(t, m, 1, NULL);
 }
 
 int kb_publish_to(kb_topic *t, const void *key, size_t key_len, const void *payload,

@@ -38,7 +38,7 @@ struct kb_bus {
     kb_log_fn log;
     void *log_opaque;
     /* hot-path copies of configuration */
-    uint32_t max_key, max_payload, max_attempts;
+    uint32_t max_key, max_payload, max_attempts, max_headers, max_header_bytes;
     int enqueue_timeout_ms;
     kb_idle idle;
 };

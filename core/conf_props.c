@@ -35,6 +35,10 @@ const kb_prop kb__core_props[] = {
      "Longest aggregate ID accepted; longer keys get `KB_ETOOBIG`."},
     {"limits.max_payload_bytes", KB_PROP_INT, "1048576", 0, 1 << 30,
      "Largest payload accepted; larger ones get `KB_ETOOBIG`."},
+    {"limits.max_headers", KB_PROP_INT, "16", 0, 64,
+     "Headers per event (`kb_msg.headers`); more get `KB_ETOOBIG`."},
+    {"limits.max_header_bytes", KB_PROP_INT, "4096", 0, 65536,
+     "Bytes of header names and values together per event; more get `KB_ETOOBIG`."},
     {"partitions", KB_PROP_INT, "8", 1, 4096,
      "Broker partitions per topic (Redis streams or JetStream subjects); "
      "partition = `fnv1a32(key) % partitions`. Must match what the broker stores."},

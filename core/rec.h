@@ -19,7 +19,8 @@ typedef struct kb_rec {
     uint32_t    first_attempt;    /* broker's delivery count when it arrived */
     uint16_t    id_len;
     uint8_t     size_class;       /* magazine class, or KB_REC_EXACT */
-    char        data[];           /* key, payload, id, NUL */
+    uint8_t     n_headers;        /* their block follows the ID's NUL (headers.h) */
+    char        data[];           /* key, payload, id, NUL, headers */
 } kb_rec;
 
 #define KB_REC_EXACT 0xff
@@ -29,6 +30,10 @@ static inline const char *kb__rec_payload(const kb_rec *r) { return r->data + r-
 static inline const char *kb__rec_id(const kb_rec *r)
 {
     return r->data + r->key_len + r->payload_len;
+}
+static inline const char *kb__rec_headers(const kb_rec *r)
+{
+    return kb__rec_id(r) + r->id_len + 1;
 }
 
 /* A record with room for `data_len` bytes; NULL on out of memory. Thread: any. */

@@ -7,16 +7,19 @@
 
 #include "bus_int.h"
 #include "err.h"
+#include "headers.h"
 #include "rec.h"
 
 #define KB_MAX_ID_BYTES 255
 
-/* One record holding key, payload and ID; NULL (with the error set) on out
- * of memory. */
+/* One record holding key, payload, ID and headers (checked); NULL (with the
+ * error set) on out of memory. */
 static kb_rec *rec_new(struct kb_topic *topic, const void *key, size_t key_len,
-                       const void *payload, size_t payload_len, const char *id, size_t id_len)
+                       const void *payload, size_t payload_len, const char *id, size_t id_len,
+                       const kb_header *headers, size_t n_headers)
 {
-    kb_rec *r = kb__rec_alloc(key_len + payload_len + id_len + 1);
+    size_t headers_size = n_headers ? kb__headers_size(headers, n_headers) : 0;
+    kb_rec *r = kb__rec_alloc(key_len + payload_len + id_len + 1 + headers_size);
     if (r == NULL) {
         kb__errf(NULL, 0, "topic %s: out of memory for an event of %zu bytes", topic->name,
                  key_len + payload_len);
@@ -30,17 +33,21 @@ static kb_rec *rec_new(struct kb_topic *topic, const void *key, size_t key_len,
     r->partition = 0;
     r->first_attempt = 1;
     r->id_len = (uint16_t)id_len;
+    r->n_headers = (uint8_t)n_headers;
     memcpy(r->data, key, key_len);
     if (payload_len > 0)
         memcpy(r->data + key_len, payload, payload_len);
     memcpy(r->data + key_len + payload_len, id, id_len);
     r->data[key_len + payload_len + id_len] = '\0';
+    if (n_headers > 0)
+        kb__headers_write(r->data + key_len + payload_len + id_len + 1, headers, n_headers);
     return r;
 }
 
 kb_rec *kb__rec_of_msg(struct kb_topic *topic, const kb_msg *m)
 {
-    return rec_new(topic, m->key, m->key_len, m->payload, m->payload_len, "", 0);
+    return rec_new(topic, m->key, m->key_len, m->payload, m->payload_len, "", 0, m->headers,
+                   m->n_headers);
 }
 
 int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, int timeout_ms)
@@ -56,14 +63,18 @@ int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, in
         kb__errf(NULL, 0, "topic %s: nobody subscribed here", topic->name);
         return KB_ENOTFOUND;
     }
-    kb_rec *r = rec_new(topic, d->key, d->key_len, d->payload, d->payload_len, id, id_len);
+    int rc = kb__headers_check(d->headers, d->n_headers, KB_MAX_HEADERS, 65536, "delivery");
+    if (rc != KB_OK)
+        return rc;
+    kb_rec *r = rec_new(topic, d->key, d->key_len, d->payload, d->payload_len, id, id_len,
+                        d->headers, d->n_headers);
     if (r == NULL)
         return KB_ENOMEM;
     r->cookie = d->cookie;
     r->partition = d->partition;
     r->first_attempt = d->attempt ? d->attempt : 1;
 
-    int rc = kb_pool_submit_hash(pool, hash, r, timeout_ms);
+    rc = kb_pool_submit_hash(pool, hash, r, timeout_ms);
     if (rc != KB_OK) {
         kb__rec_free(r);
         if (rc == KB_EFULL)
@@ -90,7 +101,9 @@ int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms)
     return kb__sink_put(topic, d, kb_fnv1a32(d->key, d->key_len), timeout_ms);
 }
 
-static void delivery_of(const kb_rec *r, uint32_t attempt, kb_delivery *d)
+/* The delivery a record came from; `headers` (KB_MAX_HEADERS entries) is
+ * filled when not NULL, else the delivery carries none. */
+static void delivery_of(const kb_rec *r, uint32_t attempt, kb_delivery *d, kb_header *headers)
 {
     d->topic = r->topic->name;
     d->key = kb__rec_key(r);
@@ -101,6 +114,10 @@ static void delivery_of(const kb_rec *r, uint32_t attempt, kb_delivery *d)
     d->attempt = attempt;
     d->id = kb__rec_id(r);
     d->cookie = r->cookie;
+    d->headers = headers;
+    d->n_headers = headers != NULL ? r->n_headers : 0;
+    if (headers != NULL && r->n_headers > 0)
+        kb__headers_read(kb__rec_headers(r), r->n_headers, headers);
 }
 
 /* The handler call running on this thread, for kb_event_set_reason. */
@@ -119,10 +136,13 @@ int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
     const kb_transport_ops *ops = topic->bus->ops;
     if (ops->still_owned != NULL) {
         kb_delivery d;
-        delivery_of(r, total, &d);
+        delivery_of(r, total, &d, NULL);
         if (!ops->still_owned(topic->bus->t, &d))
             return KB_POOL_SKIP;   /* released unacked: the new owner handles it */
     }
+    kb_header headers[KB_MAX_HEADERS];
+    if (r->n_headers > 0)
+        kb__headers_read(kb__rec_headers(r), r->n_headers, headers);
     kb_event ev = {
         .topic = topic->name,
         .key = kb__rec_key(r),
@@ -131,6 +151,8 @@ int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
         .payload_len = r->payload_len,
         .attempt = total,
         .id = kb__rec_id(r),
+        .headers = r->n_headers > 0 ? headers : NULL,
+        .n_headers = r->n_headers,
     };
     struct handler_call *call = &current_call;
     call->ev = &ev;
@@ -175,7 +197,9 @@ void kb__topic_finish(void *item, int outcome, uint32_t attempts, void *opaque)
         return;
     }
     kb_delivery d;
-    delivery_of(r, attempts ? r->first_attempt + attempts - 1 : r->first_attempt, &d);
+    kb_header headers[KB_MAX_HEADERS];   /* a dead letter keeps them */
+    delivery_of(r, attempts ? r->first_attempt + attempts - 1 : r->first_attempt, &d,
+                outcome == KB_DEAD ? headers : NULL);
     if (outcome == KB_HANDLED) {
         int rc = b->ops->ack != NULL ? b->ops->ack(b->t, &d) : KB_OK;
         if (rc != KB_OK)

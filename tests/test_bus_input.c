@@ -79,6 +79,47 @@ static void bad_publish_arguments(void **state)
     assert_int_equal(kb_close(b, 1000), KB_OK);
 }
 
+/* Headers are checked against the limits and the rules every broker can carry. */
+static void bad_headers(void **state)
+{
+    (void)state;
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    assert_int_equal(kb_conf_set(c, "limits.max_headers", "2", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "limits.max_header_bytes", "20", err, sizeof err), KB_OK);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    assert_non_null(b);
+    handled = 0;
+    assert_int_equal(kb_subscribe(b, "t", count, NULL), KB_OK);
+    kb_topic *t = kb_topic_get(b, "t", err, sizeof err);
+    kb_header h[3] = {{"a", "1", 1}, {"b", "2", 1}, {"c", "3", 1}};
+    kb_msg m = {"k", 1, "p", 1, 0, h, 3};
+    expect(kb_publish_ex(t, &m), KB_ETOOBIG, "limits.max_headers");
+    m.n_headers = 1;
+    m.headers = NULL;
+    expect(kb_publish_ex(t, &m), KB_EINVAL, "headers is NULL");
+    m.headers = h;
+    h[0].name = "bad name";
+    expect(kb_publish_ex(t, &m), KB_EINVAL, "0x20");
+    h[0].name = "Kb-Key";
+    expect(kb_publish_ex(t, &m), KB_EINVAL, "reserved");
+    h[0].name = "nats-msg-id";
+    expect(kb_publish_ex(t, &m), KB_EINVAL, "reserved");
+    h[0].name = "";
+    expect(kb_publish_ex(t, &m), KB_EINVAL, "empty");
+    h[0] = (kb_header){"a", "x\ny", 3};
+    expect(kb_publish_ex(t, &m), KB_EINVAL, "LF");
+    h[0] = (kb_header){"a", "01234567890123456789", 20};
+    expect(kb_publish_ex(t, &m), KB_ETOOBIG, "limits.max_header_bytes");
+    h[0] = (kb_header){"a", "0123456789012345678", 19};   /* 1 + 19 bytes: at the limit */
+    assert_int_equal(kb_publish_ex(t, &m), KB_OK);
+    expect(kb_publish_ex(NULL, &m), KB_EINVAL, "topic");
+    expect(kb_publish_ex(t, NULL), KB_EINVAL, "msgs");
+    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    assert_int_equal(handled, 1);
+    assert_int_equal(kb_close(b, 1000), KB_OK);
+}
+
 static void bad_subscribe_and_stats_arguments(void **state)
 {
     (void)state;
@@ -121,6 +162,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bad_publish_arguments),
         cmocka_unit_test(bad_subscribe_and_stats_arguments),
+        cmocka_unit_test(bad_headers),
         cmocka_unit_test(bad_transport_urls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -233,6 +233,12 @@ static int collect_dead_letter(const kb_dead_letter *dl, void *opaque)
     return 0;
 }
 
+static int dead_letter_id(const kb_dead_letter *dl, void *opaque)
+{
+    snprintf(opaque, 64, "%s", dl->id);
+    return 1;
+}
+
 static int64_t unix_ms(void)
 {
     struct timespec ts;
@@ -327,6 +333,73 @@ static void binary_keys_and_empty_payloads(void **state)
     assert_int_equal(kb_close(b, 30000), KB_OK);
     assert_int_equal(bs.seen_nul_key, 1);
     assert_int_equal(bs.seen_empty, 1);
+}
+
+/* Headers travel with their event: to the handler in order, through a retry,
+ * into the dead letter and back out with the replay. */
+struct header_state {
+    _Atomic int calls;
+    int bad;                     /* handler saw headers other than sent */
+    _Atomic int replayed_ok;
+};
+
+static const kb_header sent[3] = {
+    {"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", 55},
+    {"ce-type", "com.example.order.created", 25},
+    {"empty", "", 0},
+};
+
+static int headers_handler(const kb_event *ev, void *opaque)
+{
+    struct header_state *hs = opaque;
+    int call = ++hs->calls;
+    int same = ev->n_headers == 3;
+    for (size_t i = 0; same && i < 3; i++)
+        same = strcmp(ev->headers[i].name, sent[i].name) == 0 &&
+               ev->headers[i].value_len == sent[i].value_len &&
+               memcmp(ev->headers[i].value, sent[i].value, sent[i].value_len) == 0;
+    if (!same)
+        hs->bad++;
+    if (call == 1)
+        return KB_RETRY;         /* attempt 2 must carry them too */
+    if (call == 2)
+        return KB_DEAD;
+    hs->replayed_ok++;
+    return KB_HANDLED;
+}
+
+static int dead_letter_headers(const kb_dead_letter *dl, void *opaque)
+{
+    int *same = opaque;
+    *same = dl->n_headers == 3 && strcmp(dl->headers[0].name, "traceparent") == 0 &&
+            dl->headers[0].value_len == 55 && dl->headers[2].value_len == 0;
+    return 1;
+}
+
+static void headers_travel_with_events(void **state)
+{
+    (void)state;
+    kb_bus *b = open_bus(NULL, NULL);
+    char topic[96], err[256];
+    unique_topic(topic, sizeof topic, "headers");
+    struct header_state hs = {0};
+    assert_int_equal(kb_subscribe(b, topic, headers_handler, &hs), KB_OK);
+    kb_topic *t = kb_topic_get(b, topic, err, sizeof err);
+    assert_non_null(t);
+    kb_msg m = {"order-7", 7, "created", 7, 0, sent, 3};
+    assert_int_equal(kb_publish_ex(t, &m), KB_OK);
+    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    assert_int_equal(hs.calls, 2);
+    int same = 0;
+    char id[64] = "";
+    assert_int_equal(kb_dead_letters(b, topic, NULL, 1, dead_letter_headers, &same), KB_OK);
+    assert_int_equal(same, 1);
+    assert_int_equal(kb_dead_letters(b, topic, NULL, 1, dead_letter_id, id), KB_OK);
+    assert_int_equal(kb_dead_letter_replay(b, topic, id), KB_OK);
+    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    assert_int_equal(hs.replayed_ok, 1);
+    assert_int_equal(hs.bad, 0);
+    assert_int_equal(kb_close(b, 30000), KB_OK);
 }
 
 /* Topic handles and batches: one handle per name, taken before anyone
@@ -430,6 +503,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(binary_keys_and_empty_payloads),
         cmocka_unit_test(stats_and_close),
         cmocka_unit_test(batches_through_a_topic_handle),
+        cmocka_unit_test(headers_travel_with_events),
     };
     char group[64];
     snprintf(group, sizeof group, "contract/%s", kind);

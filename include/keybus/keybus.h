@@ -112,12 +112,23 @@ KB_EXPORT kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen);
  * thread that is not a handler; `b` is invalid afterwards. */
 KB_EXPORT int kb_close(kb_bus *b, int timeout_ms);
 
+/* Metadata carried beside the payload (Kafka headers, CloudEvents attributes,
+ * W3C traceparent): up to limits.max_headers per event, names and values
+ * together at most limits.max_header_bytes. Kept through retries, dead
+ * letters and replay; on brokers readable by other clients (docs/headers.md). */
+typedef struct kb_header {
+    const char *name;     /* 1..64 bytes of [A-Za-z0-9._-], not starting with
+                             "Kb-" or "Nats-" (any case): those are keybus's and NATS's */
+    const void *value;    size_t value_len;     /* bytes other than NUL, CR and LF */
+} kb_header;
+
 typedef struct kb_event {
     const char *topic;
     const void *key;      size_t key_len;       /* aggregate ID, bytes */
     const void *payload;  size_t payload_len;
     uint32_t    attempt;                        /* 1 on first delivery */
     const char *id;                             /* transport message ID ("" for mem) */
+    const kb_header *headers; size_t n_headers; /* in publish order */
 } kb_event;                                     /* valid only during the handler call */
 
 enum { KB_HANDLED = 0, KB_RETRY = 1, KB_DEAD = 2 };   /* handler results */
@@ -171,7 +182,14 @@ typedef struct kb_msg {
     const void *key;      size_t key_len;
     const void *payload;  size_t payload_len;
     uint32_t    hash;     /* kb_fnv1a32(key), computed by keybus: callers leave it 0 */
+    const kb_header *headers; size_t n_headers; /* optional (NULL, 0) */
 } kb_msg;
+
+/* kb_publish_to for one event with headers: the same checks and results, and
+ * KB_ETOOBIG / KB_EINVAL for headers over limits.max_headers or
+ * limits.max_header_bytes, or with a bad name or value. Copies everything.
+ * Thread: any. */
+KB_EXPORT int kb_publish_ex(kb_topic *t, const kb_msg *m);
 
 /* Publish msgs[0..n) in order, as n kb_publish_to calls would, but cheaper:
  * on mem:// consecutive events of one lane are pushed together and each lane
@@ -262,6 +280,7 @@ typedef struct kb_dead_letter {
     uint32_t    attempts;
     const char *reason;       /* kb_event_set_reason's text, or why keybus gave up */
     int64_t     time_ms;      /* when it was dead-lettered, Unix time in ms (0: unknown) */
+    const kb_header *headers; size_t n_headers;
 } kb_dead_letter;             /* valid only during the callback */
 
 typedef int (*kb_dead_letter_fn)(const kb_dead_letter *dl, void *opaque); /* non-zero stops */

@@ -32,6 +32,7 @@ typedef struct kb_delivery {
     uint32_t    attempt;  /* deliveries so far, this one included (1 = first) */
     const char *id;       /* broker message ID ("" when none) */
     void       *cookie;   /* the transport's own; the bus only carries it */
+    const kb_header *headers; size_t n_headers;   /* borrowed, like key and payload */
 } kb_delivery;
 
 enum {
@@ -42,6 +43,9 @@ enum {
      * this process's pools itself, without calling publish — the one fast
      * path the core keeps for a transport. publish and ack may be NULL. */
     KB_TRANSPORT_F_LOCAL = 1u << 1,
+    /* publish carries kb_msg headers to the broker and deliveries bring them
+     * back; without it the bus refuses events with headers (KB_EINVAL). */
+    KB_TRANSPORT_F_HEADERS = 1u << 2,
 };
 
 typedef struct kb_transport_ops {

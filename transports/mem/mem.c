@@ -14,6 +14,7 @@
 
 #include "../../core/conf_int.h"
 #include "../../core/err.h"
+#include "../../core/headers.h"
 
 const kb_prop kb__mem_props[] = {
     {"mem.dlq_capacity", KB_PROP_INT, "10000", 0, 1 << 24,
@@ -33,10 +34,10 @@ struct dead {
     int unlinked, replaying;
     uint32_t attempts;
     int64_t time_ms;
-    size_t key_len, payload_len;
+    size_t key_len, payload_len, n_headers;
     char id_text[24];
     char *reason;
-    char data[];                 /* key, then payload */
+    char data[];                 /* key, payload, then the headers' block */
 };
 
 /* The dead letters of one topic, oldest first. */
@@ -134,7 +135,8 @@ static int mem_dead_letter(kb_transport *t, const kb_delivery *d, const char *re
         kb__errf(NULL, 0, "mem.dlq_capacity is 0");
         return KB_ENOTFOUND;
     }
-    struct dead *e = malloc(sizeof *e + d->key_len + d->payload_len);
+    size_t headers_size = kb__headers_size(d->headers, d->n_headers);
+    struct dead *e = malloc(sizeof *e + d->key_len + d->payload_len + headers_size);
     if (e != NULL && (e->reason = strdup(reason)) == NULL) {
         free(e);
         e = NULL;
@@ -151,9 +153,11 @@ static int mem_dead_letter(kb_transport *t, const kb_delivery *d, const char *re
     e->time_ms = unix_ms();
     e->key_len = d->key_len;
     e->payload_len = d->payload_len;
+    e->n_headers = d->n_headers;
     memcpy(e->data, d->key, d->key_len);
     if (d->payload_len > 0)
         memcpy(e->data + d->key_len, d->payload, d->payload_len);
+    kb__headers_write(e->data + d->key_len + d->payload_len, d->headers, d->n_headers);
 
     pthread_mutex_lock(&t->lock);
     struct dlq *q = dlq_of(t, d->topic, 1);
@@ -219,11 +223,14 @@ static int mem_dead_letters(kb_transport *t, const char *topic, const char *afte
             break;
         e->refs++;
         pthread_mutex_unlock(&t->lock);
+        kb_header headers[KB_MAX_HEADERS];
+        kb__headers_read(e->data + e->key_len + e->payload_len, e->n_headers, headers);
         kb_dead_letter dl = {
             .id = e->id_text, .key = e->data, .key_len = e->key_len,
             .payload = e->data + e->key_len, .payload_len = e->payload_len,
             .partition = 0, .original_id = "", .attempts = e->attempts,
             .reason = e->reason, .time_ms = e->time_ms,
+            .headers = headers, .n_headers = e->n_headers,
         };
         int stop = fn(&dl, opaque);   /* may replay this very entry */
         pthread_mutex_lock(&t->lock);
@@ -259,8 +266,13 @@ static int mem_dead_letter_replay(kb_transport *t, const char *topic, const char
     e->replaying = 1;
     e->refs++;
     pthread_mutex_unlock(&t->lock);
-    /* back through the bus: the topic's lane, attempt 1 */
-    rc = kb_publish(t->bus, topic, e->data, e->key_len, e->data + e->key_len, e->payload_len);
+    /* back through the bus: the topic's lane, attempt 1, the same headers */
+    kb_header headers[KB_MAX_HEADERS];
+    kb__headers_read(e->data + e->key_len + e->payload_len, e->n_headers, headers);
+    kb_msg m = {e->data, e->key_len, e->data + e->key_len, e->payload_len, 0, headers,
+                e->n_headers};
+    kb_topic *handle = kb_topic_get(t->bus, topic, NULL, 0);
+    rc = handle != NULL ? kb_publish_ex(handle, &m) : KB_ENOMEM;
     pthread_mutex_lock(&t->lock);
     e->replaying = 0;
     e->refs--;
