@@ -30,6 +30,8 @@ static const char usage[] =
     "                        kb_publish_to per event; baselines always publish one by one)\n"
     "  --idle S              pool.idle: adaptive | spin | yield | block (default: configured)\n"
     "  --idle-cpu            after each keybus run, measure CPU over a quiet second\n"
+    "  --repeat N            run every point N times, baselines included (default 1): quote the\n"
+    "                        median of the same-run ratios\n"
     "  --sweep events|threads  multi scenario over 10k..--sweep-max events, or 1..2*CPUs threads\n"
     "  --sweep-max N         largest events sweep point (default 10M)\n"
     "  --json FILE           append JSON lines ('-': stdout, the table goes to stderr)\n"
@@ -42,7 +44,7 @@ struct cli {
     kb_bus_opts bus;
     int scenarios;              /* bit per kb_scenario */
     uint64_t events, large_events, sweep_max, rate;
-    uint32_t aggregates, payload_bytes, producers, handler_us, batch;
+    uint32_t aggregates, payload_bytes, producers, handler_us, batch, repeat;
     int baselines;
     const char *sweep, *json_path, *cdf_path;
     FILE *table, *json, *cdf;
@@ -75,9 +77,20 @@ static void emit(struct cli *c, kb_result *r)
         c->failed = 1;
 }
 
-/* One point: the baselines, then keybus with its ratios to them. */
+static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t aggs,
+                     uint32_t threads, const char *kind);
+
+/* One point, --repeat times. */
 static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t aggs, uint32_t threads,
                       const char *kind)
+{
+    for (uint32_t i = 0; i < c->repeat; i++)
+        run_once(c, s, events, aggs, threads, kind);
+}
+
+/* The baselines, then keybus with its ratios to them. */
+static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t aggs,
+                     uint32_t threads, const char *kind)
 {
     char label[96];
     snprintf(label, sizeof label, "%s/%s/%llu", kb_scenario_name(s), kind,
@@ -102,14 +115,17 @@ static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t ag
     }
     if (c->baselines) {
         kb_run_ring(&p, &r[0]);
+        r[0].batch = 1;   /* baselines publish one by one */
         emit(c, &r[0]);
         kb_run_mutex(&p, workers, &r[1]);
+        r[1].batch = 1;   /* baselines publish one by one */
         emit(c, &r[1]);
     }
 #ifdef KB_BENCH_REDIS
     /* baseline:redis-raw: plain hiredis on the same server (redis:// runs only) */
     if (c->baselines && bus.transport && strncmp(bus.transport, "redis://", 8) == 0) {
         kb_run_redis_raw(&p, bus.transport, &r[3]);
+        r[3].batch = 1;   /* baselines publish one by one */
         emit(c, &r[3]);
     }
 #endif
@@ -117,6 +133,7 @@ static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t ag
     /* baseline:nats-raw: plain nats.c on the same server (nats:// runs only) */
     if (c->baselines && bus.transport && strncmp(bus.transport, "nats://", 7) == 0) {
         kb_run_nats_raw(&p, bus.transport, &r[3]);
+        r[3].batch = 1;   /* baselines publish one by one */
         emit(c, &r[3]);
     }
 #endif
@@ -190,10 +207,10 @@ static FILE *open_out(const char *path, FILE *dash)
 int main(int argc, char **argv)
 {
     struct cli c = {.scenarios = 7, .large_events = 1000000, .sweep_max = 10000000,
-                    .payload_bytes = 64, .producers = 1, .baselines = 1};
+                    .payload_bytes = 64, .producers = 1, .baselines = 1, .repeat = 1};
     enum { O_TRANSPORT = 256, O_CONFIG, O_SCENARIO, O_EVENTS, O_AGGS, O_LARGE, O_PAYLOAD,
            O_PRODUCERS, O_THREADS, O_HANDLER, O_RATE, O_SWEEP, O_SWEEP_MAX, O_JSON, O_CDF,
-           O_BASE, O_NOBASE, O_HELP, O_BATCH, O_IDLE, O_IDLE_CPU };
+           O_BASE, O_NOBASE, O_HELP, O_BATCH, O_IDLE, O_IDLE_CPU, O_REPEAT };
     static const struct option opts[] = {
         {"transport", 1, 0, O_TRANSPORT}, {"config", 1, 0, O_CONFIG},
         {"scenario", 1, 0, O_SCENARIO},   {"events", 1, 0, O_EVENTS},
@@ -205,14 +222,14 @@ int main(int argc, char **argv)
         {"cdf", 1, 0, O_CDF},             {"baselines", 0, 0, O_BASE},
         {"no-baselines", 0, 0, O_NOBASE}, {"help", 0, 0, O_HELP},
         {"batch", 1, 0, O_BATCH},         {"idle", 1, 0, O_IDLE},
-        {"idle-cpu", 0, 0, O_IDLE_CPU},
+        {"idle-cpu", 0, 0, O_IDLE_CPU},   {"repeat", 1, 0, O_REPEAT},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         uint64_t v = 0;
         int numeric = o == O_EVENTS || o == O_AGGS || o == O_LARGE || o == O_PAYLOAD ||
                       o == O_PRODUCERS || o == O_THREADS || o == O_HANDLER || o == O_RATE ||
-                      o == O_SWEEP_MAX || o == O_BATCH;
+                      o == O_SWEEP_MAX || o == O_BATCH || o == O_REPEAT;
         if (numeric && (parse_num(optarg, &v) != 0 || (v == 0 && (o == O_EVENTS || o == O_AGGS)) ||
                         (o != O_EVENTS && o != O_LARGE && o != O_RATE &&
                                                         o != O_SWEEP_MAX && v > UINT32_MAX))) {
@@ -260,6 +277,7 @@ int main(int argc, char **argv)
             c.bus.idle = optarg;
             break;
         case O_IDLE_CPU: c.bus.idle_cpu = 1; break;
+        case O_REPEAT: c.repeat = v ? (uint32_t)v : 1; break;
         case 'h': case O_HELP: fputs(usage, stdout); return 0;
         default: fputs(usage, stderr); return 2;
         }
