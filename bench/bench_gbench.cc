@@ -197,7 +197,7 @@ void BM_publish_to(benchmark::State &state)
         while (kb_publish_to(topic, k.data(), k.size(), payload.data(), payload.size()) == KB_EFULL)
             ;
     };
-    for (size_t i = 0; i < 200000; i++)   // records and magazines reach their steady state
+    for (size_t i = 0; i < 1000000; i++)   // lanes fill up: records and magazines reach steady state
         publish(i);
     kb_flush(bus, -1);
     uint64_t allocs0 = g_allocs.load(), bytes0 = g_alloc_bytes.load();

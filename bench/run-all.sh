@@ -282,7 +282,7 @@ through \`kb_publish_batch\`, 64 events per call (the baselines always publish o
 
 "Memory flat" allows 10% plus the collector's duplicate bitmap (one bit per event: 1.2 MiB at
 10M), which the RSS includes. Allocations per publish count every \`malloc\`-family call of
-the process (executors included) over the timed loop, after 200,000 publishes of warm-up, through a
+the process (executors included) over the timed loop, after 1,000,000 publishes of warm-up (enough to fill the lanes), through a
 malloc hook in \`keybus-gbench\`.
 
 On this VM the latency tail is other threads taking the CPU, not the bus: with one producer and
