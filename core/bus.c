@@ -76,7 +76,7 @@ static struct kb_topic *lookup(kb_bus *b, const char *name)
  * topics, usually through the same string, so a pointer compare and a strcmp
  * replace validation, hashing and the table lookup. Keyed by the bus's serial
  * number, not its address, so a closed bus is never mistaken for a new one. */
-static _Thread_local __attribute__((tls_model("initial-exec"))) struct {
+static _Thread_local struct {
     uint64_t bus_serial;
     const char *name;
     struct kb_topic *topic;
@@ -160,7 +160,7 @@ kb_topic *kb_topic_get(kb_bus *b, const char *topic, char *errstr, size_t errlen
     return t;
 }
 
-void kb_log(kb_bus *b, int level, const char *fmt, ...)
+void kb_log(kb_bus *b, kb_log_level level, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
@@ -169,7 +169,7 @@ void kb_log(kb_bus *b, int level, const char *fmt, ...)
     va_end(ap);
     if (b != NULL && b->log != NULL)
         b->log(level, msg, b->log_opaque);
-    else if (level <= 4)
+    else if (level <= KB_LOG_WARNING)
         fprintf(stderr, "keybus: %s\n", msg);
 }
 
@@ -196,7 +196,7 @@ kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen)
 
 static void report_unknown_env(const char *name, const char *nearest, void *arg)
 {
-    kb_log(arg, 4, "environment %s names no configuration key (nearest: %s); ignored", name,
+    kb_log(arg, KB_LOG_WARNING, "environment %s names no configuration key (nearest: %s); ignored", name,
            nearest);
 }
 
@@ -399,9 +399,14 @@ static int publish_local(struct kb_topic *t, const kb_msg *msgs, size_t n, size_
         *done += took;
         if (sub != KB_OK) {
             rc = sub;
-            if (sub == KB_EFULL)
-                kb__errf(NULL, 0, "kb_publish %s: lane %u full for %d ms", t->name,
-                         hashes[took] % pool->o.lanes, b->enqueue_timeout_ms);
+            uint32_t lane = hashes[took] % pool->o.lanes;
+            if (sub == KB_EFULL && kb__on_executor == &pool->sched->ex[kb_pool_executor_of(pool, lane)])
+                kb__errf(NULL, 0, "kb_publish %s: lane %u full, and it belongs to this handler's "
+                         "own executor, which cannot drain it while the handler waits", t->name,
+                         lane);
+            else if (sub == KB_EFULL)
+                kb__errf(NULL, 0, "kb_publish %s: lane %u full for %d ms", t->name, lane,
+                         b->enqueue_timeout_ms);
             else
                 kb__errf(NULL, 0, "kb_publish %s: bus is closing", t->name);
         }

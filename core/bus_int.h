@@ -24,6 +24,7 @@ struct kb_topic {
     kb_handler_fn fn;                  /* written before pool is published */
     void *opaque;
     _Atomic uint64_t dead_letter_failures;   /* dead letters nobody stored */
+    _Atomic uint32_t feeding;          /* debug builds: a feeder is in kb_sink_deliver */
 };
 
 struct kb_bus {

@@ -28,6 +28,11 @@ const char *kb_last_error(void)
     return last_error;
 }
 
+void kb__err_clear(void)
+{
+    last_error[0] = '\0';
+}
+
 void kb__errf(char *errstr, size_t errlen, const char *fmt, ...)
 {
     va_list ap;

@@ -281,12 +281,12 @@ static void idle(struct kb_executor *ex)
     kb__signal_wait(&ex->wake, has_work, ex, deadline);
 }
 
-_Thread_local int kb__on_executor;
+_Thread_local struct kb_executor *kb__on_executor;
 
 static void *executor_main(void *arg)
 {
     struct kb_executor *ex = arg;
-    kb__on_executor = 1;
+    kb__on_executor = ex;
     char name[16];
     snprintf(name, sizeof name, "kb-exec-%u", ex->index);
     pthread_setname_np(pthread_self(), name);   /* visible in top, perf, gdb */

@@ -328,6 +328,12 @@ int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items,
         unsigned int depth = 0;
         unsigned int k = kb__ring_push_n(&lane->ring, lane->buf, items + done, run,
                                          p->o.single_producer, &depth);
+        if (k == 0 && lane->ex == kb__on_executor) {
+            /* A handler's own executor cannot drain the lane while it waits. */
+            atomic_fetch_add_explicit(&p->rejected, 1, memory_order_relaxed);
+            rc = KB_EFULL;
+            break;
+        }
         if (k == 0) {
             schedule_touched(&t);   /* what we pushed must drain while we wait */
             struct space_wait w = {.p = p, .lane = lane, .item = items[done]};

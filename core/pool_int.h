@@ -19,6 +19,10 @@ struct kb_executor;
 
 #define KB_LANE_LOOKAHEAD 8
 
+/* The bus's own handle result: give the item back unhandled, as
+ * finish(KB_ECLOSED) — a broker partition whose lease was lost. */
+enum { KB_POOL_SKIP = 3 };
+
 /* One lane: a bounded ring of item pointers drained by exactly one executor.
  * Allocated (with its ring) the first time a key routes to it. */
 struct kb_lane {
@@ -83,7 +87,8 @@ struct kb_pool {
 };
 
 /* Executors (executor.c). */
-extern _Thread_local int kb__on_executor;   /* 1 on executor threads: inside handlers */
+/* The executor this thread is (NULL on other threads): handlers run here. */
+extern _Thread_local struct kb_executor *kb__on_executor;
 kb_sched *kb__sched_new(uint32_t threads, kb_idle idle, char *errstr, size_t errlen);
 /* Stop and join every executor, then free. Work still queued stays queued. */
 void kb__sched_destroy(kb_sched *s);

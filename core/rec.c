@@ -39,11 +39,12 @@ struct class_state {
 
 static struct class_state shared[N_CLASSES];
 
-/* initial-exec: a plain %fs-relative access instead of a __tls_get_addr call
- * per event (the library is linked at start-up, not dlopen'ed mid-run). */
-#define KB_TLS _Thread_local __attribute__((tls_model("initial-exec")))
-static KB_TLS struct magazine *loaded[N_CLASSES];
-static KB_TLS int registered;
+/* The default TLS model, so the library can be dlopen'ed into any process
+ * (initial-exec needs static TLS room a running process may have used up);
+ * the build uses TLS descriptors (-mtls-dialect=gnu2) where the compiler has
+ * them, which keeps a dynamic TLS access to a few instructions. */
+static _Thread_local struct magazine *loaded[N_CLASSES];
+static _Thread_local int registered;
 static pthread_key_t exit_key;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bus_int.h"
@@ -98,7 +99,22 @@ int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms)
         return KB_EINVAL;
     }
     struct kb_topic *topic = (struct kb_topic *)s;
+#ifndef NDEBUG
+    /* Debug builds hold transports to KB_TRANSPORT_F_SINGLE_FEEDER: its lanes
+     * use the single-producer ring, which two feeders at once would corrupt. */
+    bool single = topic->bus->ops->flags & KB_TRANSPORT_F_SINGLE_FEEDER;
+    if (single && atomic_exchange(&topic->feeding, 1) != 0) {
+        fprintf(stderr, "keybus: topic %s fed by two threads at once, though %s:// declares "
+                "KB_TRANSPORT_F_SINGLE_FEEDER\n", topic->name, topic->bus->ops->scheme);
+        abort();
+    }
+    int rc = kb__sink_put(topic, d, kb_fnv1a32(d->key, d->key_len), timeout_ms);
+    if (single)
+        atomic_store(&topic->feeding, 0);
+    return rc;
+#else
     return kb__sink_put(topic, d, kb_fnv1a32(d->key, d->key_len), timeout_ms);
+#endif
 }
 
 /* The delivery a record came from; `headers` (KB_MAX_HEADERS entries) is
@@ -203,13 +219,14 @@ void kb__topic_finish(void *item, int outcome, uint32_t attempts, void *opaque)
     if (outcome == KB_HANDLED) {
         int rc = b->ops->ack != NULL ? b->ops->ack(b->t, &d) : KB_OK;
         if (rc != KB_OK)
-            kb_log(b, 4, "topic %s: ack of %s failed: %s", topic->name, d.id, kb_strerror(rc));
+            kb_log(b, KB_LOG_WARNING, "topic %s: ack of %s failed: %s", topic->name, d.id, kb_strerror(rc));
     } else if (outcome == KB_DEAD) {
         const char *reason = r->dead_reason ? r->dead_reason : "dead-lettered";
+        kb__err_clear();
         int rc = b->ops->dead_letter(b->t, &d, reason);
         if (rc != KB_OK) {
             atomic_fetch_add_explicit(&topic->dead_letter_failures, 1, memory_order_relaxed);
-            kb_log(b, 4, "topic %s: dead letter for key \"%.*s\" (%s, %u attempts) not stored: %s",
+            kb_log(b, KB_LOG_WARNING, "topic %s: dead letter for key \"%.*s\" (%s, %u attempts) not stored: %s",
                    topic->name, (int)(d.key_len > 64 ? 64 : d.key_len), (const char *)d.key,
                    reason, d.attempt, kb_last_error()[0] ? kb_last_error() : kb_strerror(rc));
         }

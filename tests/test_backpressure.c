@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <keybus/pool.h>
@@ -219,6 +220,49 @@ static void publish_returns_efull_after_timeout(void **state)
     assert_int_equal(kb_close(b, 1000), KB_OK);
 }
 
+/* A handler publishing into a full lane of its own executor gets KB_EFULL at
+ * once (the lane cannot drain while it waits), not after the timeout. */
+struct self_publisher {
+    kb_bus *b;
+    _Atomic int calls;
+    int rcs[2];
+    char err[200];
+};
+
+static int publish_to_self(const kb_event *ev, void *opaque)
+{
+    struct self_publisher *sp = opaque;
+    (void)ev;
+    if (sp->calls++ == 0) {
+        sp->rcs[0] = kb_publish(sp->b, "self", "k", 1, "again", 5);   /* the one free slot */
+        sp->rcs[1] = kb_publish(sp->b, "self", "k", 1, "again", 5);   /* full */
+        snprintf(sp->err, sizeof sp->err, "%s", kb_last_error());
+    }
+    return KB_HANDLED;
+}
+
+static void handler_into_its_own_full_lane_is_refused_at_once(void **state)
+{
+    (void)state;
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    assert_int_equal(kb_conf_set(c, "pool.threads", "1", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "pool.workers", "1", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "pool.queue_capacity", "1", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "pool.enqueue_timeout_ms", "600000", err, sizeof err), KB_OK);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    assert_non_null(b);
+    struct self_publisher sp = {.b = b, .rcs = {1, 1}};
+    assert_int_equal(kb_subscribe(b, "self", publish_to_self, &sp), KB_OK);
+    assert_int_equal(kb_publish(b, "self", "k", 1, "first", 5), KB_OK);
+    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    assert_int_equal(sp.rcs[0], KB_OK);
+    assert_int_equal(sp.rcs[1], KB_EFULL);
+    assert_non_null(strstr(sp.err, "own executor"));
+    assert_int_equal(sp.calls, 2);   /* the first and the one that fitted */
+    assert_int_equal(kb_close(b, 1000), KB_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -226,6 +270,7 @@ int main(void)
         cmocka_unit_test(waiting_producer_gets_space),
         cmocka_unit_test(publish_returns_efull_after_timeout),
         cmocka_unit_test(batch_takes_an_exact_prefix),
+        cmocka_unit_test(handler_into_its_own_full_lane_is_refused_at_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,8 @@
 
 #include <keybus/pool.h>
 
+#include "core/pool_int.h"   /* KB_POOL_SKIP, the bus's own result */
+
 #include "support/gate.h"
 
 #define MAX_CALLS 64

@@ -80,10 +80,19 @@ KB_EXPORT int kb_conf_load(kb_conf *c, const char *path, char *errstr, size_t er
  * environment overrides both the file and kb_conf_set. */
 KB_EXPORT int kb_conf_apply_env(kb_conf *c, char *errstr, size_t errlen);
 
-/* Log sink for what the bus reports out of band (dropped dead letters,
- * reconnects). level: 3 error, 4 warning, 6 info, 7 debug. `msg` is valid only
- * during the call. The callback runs on internal threads: it must be
- * thread-safe. Default: lines on stderr for levels <= 4. */
+/* Severity of a log line (syslog's numbers). */
+typedef enum kb_log_level {
+    KB_LOG_ERROR = 3,
+    KB_LOG_WARNING = 4,
+    KB_LOG_NOTICE = 5,
+    KB_LOG_INFO = 6,
+    KB_LOG_DEBUG = 7,
+} kb_log_level;
+
+/* Log sink for what the bus reports out of band (lost dead letters,
+ * reconnects, unknown KEYBUS_* names). `msg` is valid only during the call.
+ * The callback runs on internal threads: it must be thread-safe. Default:
+ * lines on stderr for KB_LOG_WARNING and worse. */
 typedef void (*kb_log_fn)(int level, const char *msg, void *opaque);
 KB_EXPORT void kb_conf_set_log(kb_conf *c, kb_log_fn fn, void *opaque);
 
@@ -157,8 +166,10 @@ KB_EXPORT int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void 
 
 /* Copy key and payload and hand them to the transport. mem:// enqueues into the
  * topic's lane, waiting up to pool.enqueue_timeout_ms when it is full
- * (KB_EFULL); KB_ENOTFOUND when nobody subscribed. Brokers pipeline the write
- * and return without waiting for a round trip. Empty payloads are allowed
+ * (KB_EFULL); KB_ENOTFOUND when nobody subscribed. From a handler, a full
+ * lane of the handler's own executor gives KB_EFULL at once: it cannot drain
+ * while its executor waits. Brokers pipeline the write and return without
+ * waiting for a round trip. Empty payloads are allowed
  * (payload may be NULL only when payload_len is 0). Thread: any. */
 KB_EXPORT int kb_publish(kb_bus *b, const char *topic, const void *key, size_t key_len,
                          const void *payload, size_t payload_len);

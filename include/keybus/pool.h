@@ -18,12 +18,8 @@ extern "C" {
 
 typedef struct kb_pool kb_pool;
 
-/* Handler result: give the item back unhandled, as finish(KB_ECLOSED) — for
- * an item the caller no longer owns (a broker partition whose lease was lost). */
-enum { KB_POOL_SKIP = 3 };
-
-/* Handle one item: return KB_HANDLED, KB_RETRY, KB_DEAD or KB_POOL_SKIP
- * (anything else counts as KB_RETRY). `attempt` is 1 on the first call for this
+/* Handle one item: return KB_HANDLED, KB_RETRY or KB_DEAD (anything else
+ * counts as KB_RETRY). `attempt` is 1 on the first call for this
  * item. Runs on the lane's executor thread; never concurrently with another
  * call for that lane. */
 typedef int (*kb_pool_handle_fn)(void *item, uint32_t attempt, void *opaque);

@@ -108,7 +108,7 @@ KB_EXPORT int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms);
 KB_EXPORT kb_sink *kb_bus_sink(kb_bus *b, const char *topic);
 
 /* Report through the bus's log callback (printf format). Thread: any. */
-KB_EXPORT void kb_log(kb_bus *b, int level, const char *fmt, ...)
+KB_EXPORT void kb_log(kb_bus *b, kb_log_level level, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif

@@ -183,7 +183,7 @@ static int mem_dead_letter(kb_transport *t, const kb_delivery *d, const char *re
     q->n++;
     pthread_mutex_unlock(&t->lock);
     if (dropped_id != 0)
-        kb_log(t->bus, 4, "mem: topic %s: dead-letter store full (mem.dlq_capacity %zu): "
+        kb_log(t->bus, KB_LOG_WARNING, "mem: topic %s: dead-letter store full (mem.dlq_capacity %zu): "
                "dropped the oldest, %" PRIu64, d->topic, t->capacity, dropped_id);
     return KB_OK;
 }
