@@ -202,7 +202,7 @@ static int try_push(void *arg)
     if (atomic_load_explicit(&w->p->closed, memory_order_acquire))
         return 2;
     return kb__ring_push_n(&w->lane->ring, w->lane->buf, &w->item, 1, w->p->o.single_producer,
-                           &w->depth);
+                           &w->depth, &w->lane->consumed_seen);
 }
 
 /* The lane was full: wait by the pool's strategy until an executor frees a
@@ -327,7 +327,7 @@ int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items,
         }
         unsigned int depth = 0;
         unsigned int k = kb__ring_push_n(&lane->ring, lane->buf, items + done, run,
-                                         p->o.single_producer, &depth);
+                                         p->o.single_producer, &depth, &lane->consumed_seen);
         if (k == 0 && lane->ex == kb__on_executor) {
             /* A handler's own executor cannot drain the lane while it waits. */
             atomic_fetch_add_explicit(&p->rejected, 1, memory_order_relaxed);

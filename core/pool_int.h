@@ -17,7 +17,7 @@
 typedef struct kb_sched kb_sched;
 struct kb_executor;
 
-#define KB_LANE_LOOKAHEAD 8
+#define KB_LANE_LOOKAHEAD 16
 
 /* The bus's own handle result: give the item back unhandled, as
  * finish(KB_ECLOSED) — a broker partition whose lease was lost. */
@@ -35,6 +35,7 @@ struct kb_lane {
     /* Written by producers and the executor. */
     _Alignas(KB_CACHELINE) _Atomic uint32_t scheduled;  /* in a ready queue, running or delayed */
     _Atomic uint32_t max_depth;
+    _Atomic unsigned int consumed_seen;  /* the ring's c_head as producers last read it */
     kb_signal space;                   /* producers waiting on a full ring */
 
     /* Written by the executor only (read by stats and flush). */

@@ -9,6 +9,21 @@
 
 #include "sync.h"
 
+/* The consumer's position as producers last read it, refreshed only when the
+ * ring looks too full for n more: c_head sits on the executor's cache line, and
+ * reading it on every push would pull that line back and forth per event.
+ * c_head only grows, so an old value only underestimates the room. */
+static inline unsigned int kb__ring_consumed(const ck_ring_t *ring, _Atomic unsigned int *c_seen,
+                                             unsigned int head, unsigned int n)
+{
+    unsigned int seen = atomic_load_explicit(c_seen, memory_order_relaxed);
+    if (head - seen + n <= ring->mask)
+        return seen;
+    seen = ck_pr_load_uint(&ring->c_head);
+    atomic_store_explicit(c_seen, seen, memory_order_relaxed);
+    return seen;
+}
+
 /* Enqueue up to n items with one reservation (ck_ring 0.7 has no batch
  * enqueue; this follows its _ck_ring_enqueue_mp over ck_ring's own fields): a
  * single CAS — or none with one producer — and one p_tail store for the run,
@@ -17,14 +32,15 @@
  * before them. Thread: any producer (single_producer: one at a time). */
 static inline unsigned int kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *buf,
                                            void *const *items, unsigned int n,
-                                           bool single_producer, unsigned int *depth)
+                                           bool single_producer, unsigned int *depth,
+                                           _Atomic unsigned int *c_seen)
 {
     const unsigned int mask = ring->mask;
     unsigned int head, take;
     if (single_producer) {
         /* ck's single-producer operations keep only p_tail. */
         head = ck_pr_load_uint(&ring->p_tail);
-        unsigned int used = head - ck_pr_load_uint(&ring->c_head);
+        unsigned int used = head - kb__ring_consumed(ring, c_seen, head, n);
         if (used >= mask)
             return 0;
         take = mask - used < n ? mask - used : n;
@@ -33,7 +49,7 @@ static inline unsigned int kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *bu
         head = ck_pr_load_uint(&ring->p_head);
         for (;;) {
             ck_pr_fence_load();   /* c_head no older than the p_head snapshot */
-            unsigned int used = head - ck_pr_load_uint(&ring->c_head);
+            unsigned int used = head - kb__ring_consumed(ring, c_seen, head, n);
             if (used >= mask) {
                 /* Full, or a stale p_head: re-read it ordered after c_head. */
                 ck_pr_fence_load();
