@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <keybus/pool.h>
+
 #include "../../core/err.h"
 #include "../../core/sync.h"
 #include "redis_int.h"
@@ -92,6 +94,16 @@ static int deliver(kb_redis_topic *rt, uint32_t part, const redisReply *e, uint3
         dead_now(rt, part, id, fields,
                  attempt, k == NULL || k->len == 0 ? "malformed: no key field \"k\""
                                                    : "malformed: no payload field \"d\"");
+        return DELIVERED;
+    }
+    uint32_t home = kb_fnv1a32(k->str, k->len) % rt->nparts;
+    if (home != part) {
+        /* XADDed by another client into the wrong stream: handling it here would
+         * race the key's real partition, perhaps owned by another process */
+        atomic_fetch_sub(&p->inflight, 1);
+        char why[96];
+        snprintf(why, sizeof why, "partition is another one: the key hashes to partition %u", home);
+        dead_now(rt, part, id, fields, attempt, why);
         return DELIVERED;
     }
     if (a != NULL) {
