@@ -77,10 +77,16 @@ int kb__redis_check_meta(struct kb_transport *t, const char *topic)
 
 static void pub_fail(struct kb_transport *t, const char *why)
 {
-    t->pub_failed += t->pub_inflight;
-    snprintf(t->pub_error, sizeof t->pub_error, "connection to %s lost with %llu publishes "
-             "unconfirmed: %s", t->where, (unsigned long long)t->pub_inflight, why);
+    if (t->pub_inflight > 0) {
+        char cause[600];
+        kb__redis_limit_explain(t, t->pub_big, cause, sizeof cause);
+        t->pub_failed += t->pub_inflight;
+        snprintf(t->pub_error, sizeof t->pub_error, "%sconnection to %s lost with %llu "
+                 "publishes unconfirmed: %s", cause, t->where,
+                 (unsigned long long)t->pub_inflight, why);
+    }
     t->pub_inflight = 0;
+    t->pub_big = 0;
     kb__redis_conn_fail(&t->pub, why);
 }
 
@@ -107,11 +113,23 @@ void kb__redis_pub_pump(struct kb_transport *t, bool wait_all, int64_t deadline_
         if (reply != NULL) {
             redisReply *r = reply;
             if (r->type == REDIS_REPLY_ERROR) {
+                /* "Protocol error: invalid bulk length" may arrive before the close */
+                char cause[600] = "";
+                bool dropped = strstr(r->str, "Protocol error") != NULL;
+                if (dropped)
+                    kb__redis_limit_explain(t, t->pub_big, cause, sizeof cause);
                 t->pub_failed++;
-                snprintf(t->pub_error, sizeof t->pub_error, "XADD refused: %s", r->str);
+                snprintf(t->pub_error, sizeof t->pub_error, "%sXADD refused: %s", cause, r->str);
+                if (dropped) {   /* the server closes the connection after it */
+                    t->pub_inflight--;
+                    freeReplyObject(r);
+                    pub_fail(t, "closed by the server after a protocol error");
+                    return;
+                }
             }
             freeReplyObject(r);
-            t->pub_inflight--;
+            if (--t->pub_inflight == 0)
+                t->pub_big = 0;
             continue;
         }
         int wait_ms = 0;
@@ -192,6 +210,8 @@ static int redis_publish(kb_transport *t, const char *topic, const kb_msg *m)
         rc = KB_ENOMEM;
     } else if (pt->meta_rc != KB_OK) {
         rc = pt->meta_rc == 1 ? KB_ETRANSPORT : pt->meta_rc;
+    } else if ((rc = kb__redis_limit_check(t, topic, m)) != KB_OK) {
+        /* the server would drop the connection, and every publish in flight on it */
     } else if ((c = kb__redis_conn_get(&t->pub, NULL, 0)) == NULL) {
         rc = KB_ETRANSPORT;
     } else if (redisAppendCommandArgv(c, n, argv, lens) != REDIS_OK) {
@@ -199,6 +219,9 @@ static int redis_publish(kb_transport *t, const char *topic, const kb_msg *m)
         rc = KB_ENOMEM;
     } else {
         t->pub_inflight++;
+        size_t big = m->key_len > m->payload_len ? m->key_len : m->payload_len;
+        if (big > t->pub_big)
+            t->pub_big = big;
         atomic_fetch_add_explicit(&pt->published, 1, memory_order_relaxed);
         if (sdslen(c->obuf) >= PUB_WRITE_BYTES || t->pub_inflight > PUB_MAX_INFLIGHT)
             kb__redis_pub_pump(t, false, kb__deadline_ns(t->read_timeout_ms));
@@ -414,12 +437,20 @@ static int redis_close(kb_transport *t)
         pthread_join(t->keeper, NULL);
     pthread_mutex_lock(&t->pub_lock);
     kb__redis_pub_pump(t, true, kb__deadline_ns(t->read_timeout_ms));
-    if (t->pub_inflight > 0 || t->pub_failed > 0)
-        kb_log(t->bus, 4, "redis: closing with %llu publishes unconfirmed and %llu failed",
-               (unsigned long long)t->pub_inflight, (unsigned long long)t->pub_failed);
+    int rc = KB_OK;
+    if (t->pub_inflight > 0 || t->pub_failed > 0) {
+        /* accepted by kb_publish, not stored, not reported by a kb_flush yet */
+        kb__errf(NULL, 0, "redis: %llu published events never sent to %s (%llu unconfirmed at "
+                 "close, %llu failed since the last kb_flush%s%s)",
+                 (unsigned long long)(t->pub_inflight + t->pub_failed), t->where,
+                 (unsigned long long)t->pub_inflight, (unsigned long long)t->pub_failed,
+                 t->pub_failed > 0 ? ": " : "", t->pub_failed > 0 ? t->pub_error : "");
+        kb_log(t->bus, 3, "%s", kb_last_error());
+        rc = KB_ETRANSPORT;
+    }
     pthread_mutex_unlock(&t->pub_lock);
     transport_free(t);
-    return KB_OK;
+    return rc;
 }
 
 static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *errstr,
@@ -480,6 +511,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
         transport_free(t);
         return KB_ETRANSPORT;
     }
+    kb__redis_limit_read(t);
     if (pthread_create(&t->keeper, NULL, kb__redis_keeper_main, t) != 0) {
         kb__errf(errstr, errlen, "redis: cannot start the keeper thread");
         transport_free(t);

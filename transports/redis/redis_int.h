@@ -20,6 +20,7 @@
 #include <keybus/transport.h>
 
 #define KB_REDIS_ID_MAX 48      /* "ms-seq" of two 64-bit numbers, NUL included */
+#define KB_REDIS_BULK_DEFAULT (512 * 1024 * 1024)   /* Redis's default proto-max-bulk-len */
 
 /* Where to connect; the password never reaches a log line or an errstr. */
 typedef struct kb_redis_addr {
@@ -111,9 +112,12 @@ struct kb_transport {
     kb_redis_conn pub;
     uint64_t pub_inflight;        /* sent or buffered, reply not read */
     uint64_t pub_failed;          /* failed since the last flush */
-    char pub_error[512];
+    char pub_error[1024];
     kb_redis_pubtopic *pubtopics;
     _Atomic bool pub_dirty;       /* buffered bytes the keeper should send */
+    size_t pub_big;               /* largest key or payload among unconfirmed publishes */
+    int64_t bulk_max;             /* server's proto-max-bulk-len (redis_limit.c) */
+    bool bulk_known;              /* read from the server, not assumed */
 
     /* control */
     pthread_mutex_t ctl_lock;
@@ -156,6 +160,11 @@ int64_t kb__redis_wall_ms(void);
 int kb__redis_check_meta(struct kb_transport *t, const char *topic);
 void kb__redis_pub_pump(struct kb_transport *t, bool wait_all, int64_t deadline_ns);
 void kb__redis_keeper_wake(struct kb_transport *t);
+
+/* redis_limit.c: the server's proto-max-bulk-len (bulk_max, under pub_lock) */
+void kb__redis_limit_read(struct kb_transport *t);
+int kb__redis_limit_check(struct kb_transport *t, const char *topic, const kb_msg *m);
+void kb__redis_limit_explain(struct kb_transport *t, size_t big, char *out, size_t len);
 
 /* redis_consume.c */
 void *kb__redis_consume_main(void *arg);
