@@ -267,7 +267,6 @@ static void topic_free(kb_redis_topic *rt)
         free(rt->parts[i].sending.v);
         pthread_mutex_destroy(&rt->parts[i].lock);
     }
-    kb__redis_conn_close(&rt->conn);
     free(rt->parts);
     free(rt->name);
     free(rt);
@@ -292,11 +291,12 @@ static int redis_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
     snprintf(rt->dlq, sizeof rt->dlq, "kb:{%s}:dlq", topic);
     snprintf(rt->members, sizeof rt->members, "kb:{%s}:members", topic);
     for (uint32_t i = 0; i < rt->nparts; i++) {
+        rt->parts[i].rt = rt;
+        rt->parts[i].index = i;
         pthread_mutex_init(&rt->parts[i].lock, NULL);
         snprintf(rt->parts[i].stream, sizeof rt->parts[i].stream, "kb:{%s}:p:%u", topic, i);
         snprintf(rt->parts[i].lease, sizeof rt->parts[i].lease, "kb:{%s}:lease:%u", topic, i);
     }
-    kb__redis_conn_init(&rt->conn, t, "consumer");
     char err[300];
     pthread_mutex_lock(&t->ctl_lock);
     rc = kb__redis_create_groups(&t->ctl, rt, err, sizeof err);
@@ -306,10 +306,20 @@ static int redis_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
         kb__errf(NULL, 0, "kb_subscribe %s: %s", topic, err);
         return KB_ETRANSPORT;
     }
-    if (pthread_create(&rt->thread, NULL, kb__redis_consume_main, rt) != 0) {
-        topic_free(rt);
-        kb__errf(NULL, 0, "kb_subscribe %s: cannot start the consumer thread", topic);
-        return KB_ENOMEM;
+    if (!t->reader_started) {
+        /* The first topic starts the bus's reader; its connection is made
+         * here so that a failure (EMFILE, say) is this call's error. */
+        if (kb__redis_conn_force(&t->rconn, err, sizeof err) == NULL) {
+            topic_free(rt);
+            kb__errf(NULL, 0, "kb_subscribe %s: the consumer cannot start: %s", topic, err);
+            return KB_ETRANSPORT;
+        }
+        if (pthread_create(&t->reader, NULL, kb__redis_consume_main, t) != 0) {
+            topic_free(rt);
+            kb__errf(NULL, 0, "kb_subscribe %s: cannot start the consumer thread", topic);
+            return KB_ETRANSPORT;
+        }
+        t->reader_started = true;
     }
     rt->next = atomic_load(&t->topics);
     atomic_store(&t->topics, rt);   /* subscribes are serialised by the bus */
@@ -396,8 +406,8 @@ static void redis_stop(kb_transport *t)
 {
     if (atomic_exchange(&t->consumers_stop, true))
         return;
-    for (kb_redis_topic *rt = atomic_load(&t->topics); rt != NULL; rt = rt->next)
-        pthread_join(rt->thread, NULL);
+    if (t->reader_started)
+        pthread_join(t->reader, NULL);
 }
 
 static void transport_free(kb_transport *t)
@@ -418,6 +428,7 @@ static void transport_free(kb_transport *t)
     kb__redis_conn_close(&t->pub);
     kb__redis_conn_close(&t->ctl);
     kb__redis_conn_close(&t->kc);
+    kb__redis_conn_close(&t->rconn);
     pthread_mutex_destroy(&t->pub_lock);
     pthread_mutex_destroy(&t->ctl_lock);
     pthread_mutex_destroy(&t->keeper_lock);
@@ -473,6 +484,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     kb__redis_conn_init(&t->pub, t, "publish");
     kb__redis_conn_init(&t->ctl, t, "control");
     kb__redis_conn_init(&t->kc, t, "keeper");
+    kb__redis_conn_init(&t->rconn, t, "consumer");
     if (kb__redis_parse_url(kb_conf_str(c, "transport"), &t->addr, errstr, errlen) != KB_OK) {
         transport_free(t);
         return KB_ETRANSPORT;

@@ -2,7 +2,8 @@
  *
  * Threads and connections (a blocking read never shares a connection):
  *   - publishers: one pipelined connection under pub_lock (redis.c);
- *   - one consumer thread per subscribed topic, own connection (redis_consume.c);
+ *   - one reader thread and connection for every subscribed topic: one
+ *     XREADGROUP reads all owned partitions of all topics (redis_consume.c);
  *   - one keeper thread: heartbeats, leases, batched fenced XACKs, dead letters
  *     (redis_lease.c, redis_dlq.c);
  *   - application calls that need an answer (subscribe, stats, DLQ listing):
@@ -61,6 +62,9 @@ typedef struct kb_redis_part {
     _Atomic int64_t deadline_ns;  /* lease valid locally until then (monotonic) */
     _Atomic uint32_t epoch;       /* bumped on each acquisition: consumer re-sweeps */
     _Atomic int64_t inflight;     /* delivered, not yet acked / dead / released */
+    uint32_t swept;               /* reader only: epoch whose sweep is done; 0 = sweep due */
+    uint32_t index;               /* N */
+    struct kb_redis_topic *rt;
     int64_t renewed_ns;           /* keeper only: last successful renew */
     pthread_mutex_t lock;         /* guards jobs */
     kb_redis_jobs jobs;
@@ -79,8 +83,6 @@ typedef struct kb_redis_topic {
     kb_redis_part *parts;
     char dlq[300];                /* kb:{topic}:dlq */
     char members[300];            /* kb:{topic}:members */
-    pthread_t thread;
-    kb_redis_conn conn;           /* the consumer's own */
 } kb_redis_topic;
 
 /* A topic published to: metadata checked once, count of accepted publishes. */
@@ -123,8 +125,11 @@ struct kb_transport {
     pthread_mutex_t ctl_lock;
     kb_redis_conn ctl;
 
-    /* subscribed topics and the keeper */
+    /* subscribed topics, their reader, and the keeper */
     _Atomic(kb_redis_topic *) topics;
+    pthread_t reader;
+    bool reader_started;
+    kb_redis_conn rconn;          /* the reader's own: blocking reads */
     pthread_mutex_t keeper_lock;
     pthread_cond_t keeper_cond;
     _Atomic uint64_t jobs_queued; /* acks / dead letters waiting for the keeper */
@@ -167,7 +172,7 @@ int kb__redis_limit_check(struct kb_transport *t, const char *topic, const kb_ms
 void kb__redis_limit_explain(struct kb_transport *t, size_t big, char *out, size_t len);
 
 /* redis_consume.c */
-void *kb__redis_consume_main(void *arg);
+void *kb__redis_consume_main(void *arg);   /* arg: the transport */
 /* XGROUP CREATE ... 0 MKSTREAM on every partition (BUSYGROUP is fine). */
 int kb__redis_create_groups(kb_redis_conn *k, kb_redis_topic *rt, char *errstr, size_t errlen);
 

@@ -1,0 +1,207 @@
+/* Redis transport with many topics on one bus, under a low fd limit: threads
+ * and connections do not grow with topics, a consumer that cannot start fails
+ * kb_subscribe, every event is handled in per-key order, and kb_close leaves
+ * no thread or descriptor behind. Counts, not wall-clock; the time and the
+ * memory per idle topic are printed for docs/transports-redis.md. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <keybus/keybus.h>
+
+#include "support/server.h"
+
+#define TOPICS 1000
+#define EVENTS 10        /* per topic */
+#define KEYS 2           /* per topic; events alternate between them */
+#define FD_LIMIT 256
+
+static kb_test_server server;
+
+static int entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+static int threads(void) { return entries("/proc/self/task"); }
+static int fds(void) { return entries("/proc/self/fd"); }
+
+static long rss_kib(void)
+{
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f != NULL && fscanf(f, "%ld %ld", &pages, &resident) != 2)
+        resident = 0;
+    if (f != NULL)
+        fclose(f);
+    return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* One topic's record, written by executors, read by the main thread after. */
+struct topic_rec {
+    _Atomic uint32_t handled;
+    _Atomic uint32_t last[KEYS];   /* last sequence number seen per key */
+    _Atomic uint32_t out_of_order;
+};
+
+static _Atomic uint64_t handled_total;
+
+static int handler(const kb_event *ev, void *opaque)
+{
+    struct topic_rec *r = opaque;
+    uint32_t key = ((const char *)ev->key)[1] - '0', seq;
+    memcpy(&seq, ev->payload, sizeof seq);
+    if (key >= KEYS || seq != atomic_load(&r->last[key]) + 1)
+        atomic_fetch_add(&r->out_of_order, 1);
+    else
+        atomic_store(&r->last[key], seq);
+    atomic_fetch_add(&r->handled, 1);
+    atomic_fetch_add(&handled_total, 1);
+    return KB_HANDLED;
+}
+
+static kb_bus *open_bus(void)
+{
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    assert_int_equal(kb_conf_set(c, "transport", server.url, err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "pool.threads", "2", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "redis.reconnect_max_ms", "100", err, sizeof err), KB_OK);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    return b;
+}
+
+static void wait_handled(uint64_t n)
+{
+    for (int i = 0; i < 6000 && atomic_load(&handled_total) < n; i++)
+        usleep(10000);
+}
+
+static void topic_name(char *buf, size_t len, int i)
+{
+    snprintf(buf, len, "many.%d.%d", (int)getpid(), i);
+}
+
+static void publish_all(kb_bus *b, int from, int to)
+{
+    char topic[64];
+    for (uint32_t seq = 1; seq <= EVENTS / KEYS; seq++)
+        for (int i = from; i < to; i++)
+            for (int k = 0; k < KEYS; k++) {
+                char key[3] = {'k', (char)('0' + k), '\0'};
+                topic_name(topic, sizeof topic, i);
+                assert_int_equal(kb_publish(b, topic, key, 2, &seq, sizeof seq), KB_OK);
+            }
+    assert_int_equal(kb_flush(b, 30000), KB_OK);
+}
+
+static void many_topics_one_reader(void **state)
+{
+    (void)state;
+    /* warm up: libraries' own globals (liburcu's threads...) exist from here */
+    kb_bus *b = open_bus();
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    int threads0 = threads(), fds0 = fds();
+
+    struct rlimit rl;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    struct rlimit low = {FD_LIMIT, rl.rlim_max};
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+
+    struct topic_rec *rec = calloc(TOPICS, sizeof *rec);
+    assert_non_null(rec);
+    b = open_bus();
+    char topic[64];
+
+    /* no descriptor left for the consumer's connection: kb_subscribe says so */
+    int spare[FD_LIMIT], nspare = 0;
+    while (nspare < FD_LIMIT && (spare[nspare] = dup(0)) >= 0)
+        nspare++;
+    topic_name(topic, sizeof topic, 0);
+    int rc = kb_subscribe(b, topic, handler, &rec[0]);
+    char why[512];
+    snprintf(why, sizeof why, "%s", kb_last_error());
+    while (nspare > 0)
+        close(spare[--nspare]);
+    assert_int_equal(rc, KB_ETRANSPORT);
+    if (strstr(why, "consumer cannot start") == NULL)
+        fail_msg("kb_subscribe errstr \"%s\" does not say the consumer cannot start", why);
+
+    /* one topic: the bus's reader thread and connection exist from here */
+    assert_int_equal(kb_subscribe(b, topic, handler, &rec[0]), KB_OK);
+    publish_all(b, 0, 1);
+    wait_handled(EVENTS);
+    assert_int_equal(atomic_load(&handled_total), EVENTS);
+    int threads1 = threads(), fds1 = fds();
+
+    long rss_before = rss_kib();
+    for (int i = 1; i < TOPICS; i++) {
+        topic_name(topic, sizeof topic, i);
+        assert_int_equal(kb_subscribe(b, topic, handler, &rec[i]), KB_OK);
+    }
+    long rss_idle = rss_kib();
+    double t0 = now_s();
+    publish_all(b, 1, TOPICS);
+    wait_handled((uint64_t)TOPICS * EVENTS);
+    double took = now_s() - t0;
+    int threads_n = threads(), fds_n = fds();
+    rc = kb_close(b, 10000);
+    int threads_closed = threads(), fds_closed = fds();
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    fprintf(stderr, "redis, %d topics x %d events: handled in %.2f s; threads %d -> %d (bus: "
+            "%d), fds %d -> %d (bus: %d); RSS of %d idle topics %ld KiB (%.1f KiB each)\n",
+            TOPICS, EVENTS, took, threads1, threads_n, threads1 - threads0, fds1, fds_n,
+            fds1 - fds0, TOPICS - 1, rss_idle - rss_before,
+            (double)(rss_idle - rss_before) / (TOPICS - 1));
+
+    assert_int_equal(rc, KB_OK);
+    assert_int_equal(atomic_load(&handled_total), (uint64_t)TOPICS * EVENTS);
+    for (int i = 0; i < TOPICS; i++) {
+        assert_int_equal(atomic_load(&rec[i].handled), EVENTS);
+        assert_int_equal(atomic_load(&rec[i].out_of_order), 0);
+    }
+    assert_int_equal(threads_n, threads1);   /* not one more thread per topic */
+    assert_int_equal(fds_n, fds1);           /* nor a connection */
+    assert_int_equal(threads_closed, threads0);
+    assert_int_equal(fds_closed, fds0);
+    free(rec);
+}
+
+int main(void)
+{
+    if (kb_test_server_start(&server, "redis", NULL) != 0) {
+        fprintf(stderr, "cannot start redis-server\n");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(many_topics_one_reader),
+    };
+    int failed = cmocka_run_group_tests_name("redis_topics", tests, NULL, NULL);
+    kb_test_server_stop(&server);
+    return failed;
+}
