@@ -2,7 +2,8 @@
  * and connections do not grow with topics, a consumer that cannot start fails
  * kb_subscribe, every event is handled in per-key order, and kb_close leaves
  * no thread or descriptor behind. Counts, not wall-clock; the time and the
- * memory per idle topic are printed for docs/transports-redis.md. */
+ * memory per idle topic are printed for docs/transports-redis.md. And the
+ * topics share one reader: a topic whose lanes are full must not stop it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -83,17 +84,25 @@ static int handler(const kb_event *ev, void *opaque)
     return KB_HANDLED;
 }
 
-static kb_bus *open_bus(void)
+/* Extra settings: NULL-terminated key, value pairs. */
+static kb_bus *open_bus_with(const char *const *kv)
 {
     kb_conf *c = kb_conf_new();
     char err[256];
     assert_int_equal(kb_conf_set(c, "transport", server.url, err, sizeof err), KB_OK);
     assert_int_equal(kb_conf_set(c, "pool.threads", "2", err, sizeof err), KB_OK);
     assert_int_equal(kb_conf_set(c, "redis.reconnect_max_ms", "100", err, sizeof err), KB_OK);
+    for (int i = 0; kv != NULL && kv[i] != NULL; i += 2)
+        assert_int_equal(kb_conf_set(c, kv[i], kv[i + 1], err, sizeof err), KB_OK);
     kb_bus *b = kb_open(c, err, sizeof err);
     if (b == NULL)
         fail_msg("kb_open: %s", err);
     return b;
+}
+
+static kb_bus *open_bus(void)
+{
+    return open_bus_with(NULL);
 }
 
 static void wait_handled(uint64_t n)
@@ -192,6 +201,61 @@ static void many_topics_one_reader(void **state)
     free(rec);
 }
 
+/* ---- a topic with full lanes does not stop the reader ---- */
+
+static _Atomic int slow_retried;        /* the slow topic's first event came back */
+static _Atomic uint32_t fast_before;    /* fast events handled before that */
+
+static int slow_handler(const kb_event *ev, void *opaque)
+{
+    uint32_t seq;
+    memcpy(&seq, ev->payload, sizeof seq);
+    if (seq == 1 && ev->attempt == 1)
+        return KB_RETRY;   /* its lane is delayed (5 s) and fills up behind it */
+    if (seq == 1)
+        atomic_store(&slow_retried, 1);
+    return handler(ev, opaque);
+}
+
+static int fast_handler(const kb_event *ev, void *opaque)
+{
+    if (!atomic_load(&slow_retried))
+        atomic_fetch_add(&fast_before, 1);
+    return handler(ev, opaque);
+}
+
+static void full_topic_does_not_stop_others(void **state)
+{
+    (void)state;
+    const char *kv[] = {"pool.queue_capacity", "1", "pool.workers", "1", "retry.backoff_ms",
+                        "5000", "retry.max_backoff_ms", "5000", NULL};
+    kb_bus *b = open_bus_with(kv);
+    struct topic_rec slow = {0}, fast = {0};
+    atomic_store(&handled_total, 0);
+    assert_int_equal(kb_subscribe(b, "hol.slow", slow_handler, &slow), KB_OK);
+    assert_int_equal(kb_subscribe(b, "hol.fast", fast_handler, &fast), KB_OK);
+    for (uint32_t seq = 1; seq <= 20; seq++)
+        assert_int_equal(kb_publish(b, "hol.slow", "k0", 2, &seq, sizeof seq), KB_OK);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    /* the reader has read them all, so it holds some its lane has no room for */
+    kb_topic_stats st = {0};
+    for (int i = 0; i < 3000 && st.broker_pending < 20; i++) {
+        assert_int_equal(kb_stats(b, "hol.slow", &st), KB_OK);
+        usleep(1000);
+    }
+    assert_int_equal(st.broker_pending, 20);
+    for (uint32_t seq = 1; seq <= 5; seq++)
+        assert_int_equal(kb_publish(b, "hol.fast", "k1", 2, &seq, sizeof seq), KB_OK);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    wait_handled(25);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    assert_int_equal(atomic_load(&fast.handled), 5);
+    assert_int_equal(atomic_load(&fast_before), 5);   /* none waited for the slow lane */
+    assert_int_equal(atomic_load(&slow.handled), 20);
+    assert_int_equal(atomic_load(&slow.out_of_order), 0);
+    assert_int_equal(atomic_load(&fast.out_of_order), 0);
+}
+
 int main(void)
 {
     if (kb_test_server_start(&server, "redis", NULL) != 0) {
@@ -200,6 +264,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(many_topics_one_reader),
+        cmocka_unit_test(full_topic_does_not_stop_others),
     };
     int failed = cmocka_run_group_tests_name("redis_topics", tests, NULL, NULL);
     kb_test_server_stop(&server);

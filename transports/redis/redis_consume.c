@@ -12,7 +12,7 @@
 #include "../../core/sync.h"
 #include "redis_int.h"
 
-enum { DELIVERED, PART_GONE, CLOSING };
+enum { DELIVERED, PART_GONE, CLOSING, LANE_FULL };
 
 int kb__redis_create_groups(kb_redis_conn *k, kb_redis_topic *rt, char *errstr, size_t errlen)
 {
@@ -75,7 +75,7 @@ static void dead_now(kb_redis_topic *rt, uint32_t part, const char *id, const re
  * `epoch`: the lease the entry was read under (a lease lost and taken again
  * since then needs a new sweep first). */
 static int deliver(kb_redis_topic *rt, uint32_t part, const redisReply *e, uint32_t attempt,
-                   uint32_t epoch)
+                   uint32_t epoch, int timeout_ms)
 {
     struct kb_transport *t = rt->t;
     kb_redis_part *p = &rt->parts[part];
@@ -124,12 +124,14 @@ static int deliver(kb_redis_topic *rt, uint32_t part, const redisReply *e, uint3
     kb_delivery dl = {.topic = rt->name, .key = k->str, .key_len = k->len, .payload = d->str,
                       .payload_len = d->len, .partition = part, .attempt = attempt, .id = id,
                       .cookie = (void *)(uintptr_t)epoch};   /* checked by still_owned */
-    int rc = kb_sink_deliver(rt->sink, &dl, -1);   /* blocks while the lane is full */
+    int rc = kb_sink_deliver(rt->sink, &dl, timeout_ms);
     if (rc == KB_OK)
         return DELIVERED;
     atomic_fetch_sub(&p->inflight, 1);
     if (rc == KB_ECLOSED)
         return CLOSING;
+    if (rc == KB_EFULL)
+        return LANE_FULL;
     dead_now(rt, part, id, fields, attempt, "refused by the pool");
     return DELIVERED;
 }
@@ -198,7 +200,8 @@ static int sweep(kb_redis_topic *rt, uint32_t part, uint32_t epoch)
                     break;
                 }
             }
-            rc = deliver(rt, part, e, before + 1, epoch);
+            /* blocks while the lane is full: a sweep follows a takeover only */
+            rc = deliver(rt, part, e, before + 1, epoch, -1);
             claimed++;
         }
         if (ac->elements >= 3 && ac->element[2]->type == REDIS_REPLY_ARRAY)
@@ -217,6 +220,84 @@ static int sweep(kb_redis_topic *rt, uint32_t part, uint32_t epoch)
     return rc;
 }
 
+/* Entries of one partition a read returned whose lane was full: they wait,
+ * in order, while the reader goes on with other partitions and topics, so one
+ * slow topic does not stop the others. The reply they live in is shared by
+ * every partition of the read and freed with its last waiting entry. */
+typedef struct held {
+    redisReply *reply;
+    int refs;
+} held;
+
+typedef struct kb_redis_wait {
+    struct kb_redis_wait *next;
+    held *h;
+    const redisReply *ents;
+    size_t next_ent;
+    uint32_t epoch;
+} kb_redis_wait;
+
+static void held_unref(held *h)
+{
+    if (--h->refs == 0) {
+        freeReplyObject(h->reply);
+        free(h);
+    }
+}
+
+/* Queue ents[from..] behind what already waits; false when out of memory
+ * (the caller stops delivering the partition: the next sweep finds them). */
+static bool wait_push(kb_redis_part *p, held *h, const redisReply *ents, size_t from, uint32_t epoch)
+{
+    kb_redis_wait *w = malloc(sizeof *w);
+    if (w == NULL)
+        return false;
+    *w = (kb_redis_wait){NULL, h, ents, from, epoch};
+    h->refs++;
+    kb_redis_wait **tail = &p->waiting;
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    *tail = w;
+    return true;
+}
+
+/* Forget what waits (the entries stay in our PEL: a sweep or the next owner
+ * delivers them); before every sweep of the partition. */
+static void wait_drop(kb_redis_part *p)
+{
+    while (p->waiting != NULL) {
+        kb_redis_wait *w = p->waiting;
+        p->waiting = w->next;
+        held_unref(w->h);
+        free(w);
+    }
+}
+
+/* Deliver what waits in p, up to a lane that is still full. The first full
+ * lane may be waited for up to timeout_ms. */
+static int wait_deliver(kb_redis_part *p, int timeout_ms)
+{
+    while (p->waiting != NULL) {
+        kb_redis_wait *w = p->waiting;
+        while (w->next_ent < w->ents->elements) {
+            int rc = deliver(p->rt, p->index, w->ents->element[w->next_ent], 1, w->epoch,
+                             timeout_ms);
+            if (rc == LANE_FULL)
+                return LANE_FULL;
+            if (rc != DELIVERED) {
+                wait_drop(p);   /* lease gone: the next owner sweeps them */
+                return rc;
+            }
+            w->next_ent++;
+            timeout_ms = 0;
+        }
+        p->waiting = w->next;
+        held_unref(w->h);
+        free(w);
+    }
+    return DELIVERED;
+}
+
 /* A read in flight: what was asked, under which epochs. */
 typedef struct rround {
     kb_redis_part **parts;   /* partitions read, in request order */
@@ -233,6 +314,7 @@ typedef struct reader {
     size_t argv_cap;
     size_t *hit;             /* indexes into a rround of the streams a read returned */
     int count;               /* XREADGROUP COUNT now: redis.batch .. READ_COUNT_GROWTH times it */
+    size_t stuck;            /* partitions whose entries wait for lane space */
 } reader;
 
 /* A hot partition (one aggregate, say) fills every read: let its reads grow
@@ -313,7 +395,7 @@ static bool send_round(struct kb_transport *t, reader *rd, rround *ro)
         for (uint32_t i = 0; i < rt->nparts; i++) {
             kb_redis_part *p = &rt->parts[i];
             uint32_t e = atomic_load(&p->epoch);
-            if (p->swept == 0 || p->swept != e || !kb__redis_part_live(p))
+            if (p->swept == 0 || p->swept != e || !kb__redis_part_live(p) || p->waiting != NULL)
                 continue;
             if (!reserve(rd, ro->n + 1))
                 return false;
@@ -324,7 +406,8 @@ static bool send_round(struct kb_transport *t, reader *rd, rround *ro)
         return false;
     char count[16], block[16];
     snprintf(count, sizeof count, "%d", rd->count);
-    snprintf(block, sizeof block, "%d", t->block_ms);
+    /* entries waiting for lane space are retried after the read: not too late */
+    snprintf(block, sizeof block, "%d", rd->stuck > 0 && t->block_ms > 10 ? 10 : t->block_ms);
     const char **argv = rd->argv;
     size_t argc = 0, n = ro->n;
     argv[argc++] = "XREADGROUP";
@@ -474,6 +557,7 @@ static int recv_round(struct kb_transport *t, reader *rd, rround *ro, rround *ah
             send_round(t, rd, ahead);
         adapt_count(rd, t->batch, most);
         size_t h = 0;
+        held *hd = NULL;   /* x, once entries of it wait for lane space */
         for (size_t s = 0; rc != CLOSING && s < x->elements; s++) {
             const redisReply *sr = x->element[s];
             if (sr->type != REDIS_REPLY_ARRAY || sr->elements < 2 ||
@@ -487,17 +571,49 @@ static int recv_round(struct kb_transport *t, reader *rd, rround *ro, rround *ah
                 continue;   /* the rest stays in our PEL for the next owner or sweep */
             kb_redis_part *p = ro->parts[k];
             const redisReply *ents = sr->element[1];
-            for (size_t i = 0; i < ents->elements; i++) {
-                int d = deliver(p->rt, p->index, ents->element[i], 1, ro->epochs[k]);
-                if (d == CLOSING)
-                    rc = CLOSING;
-                if (d != DELIVERED)
-                    break;
+            size_t i = 0;
+            int d = DELIVERED;
+            if (p->waiting == NULL)   /* else these go behind what waits */
+                while (i < ents->elements &&
+                       (d = deliver(p->rt, p->index, ents->element[i], 1, ro->epochs[k], 0)) ==
+                           DELIVERED)
+                    i++;
+            if (d == CLOSING)
+                rc = CLOSING;
+            if ((d == LANE_FULL || p->waiting != NULL) && i < ents->elements) {
+                if (hd == NULL && (hd = calloc(1, sizeof *hd)) != NULL)
+                    *hd = (held){x, 1};
+                if (hd == NULL || !wait_push(p, hd, ents, i, ro->epochs[k])) {
+                    wait_drop(p);   /* out of memory: swept again, from our PEL */
+                    p->swept = 0;
+                }
             }
+        }
+        if (hd != NULL) {
+            held_unref(hd);
+            return rc;
         }
     }
     freeReplyObject(x);
     return rc;
+}
+
+/* Deliver what waits for lane space, partition by partition. `stuck`: how
+ * many partitions still wait. The first that does may be waited for up to
+ * timeout_ms (the reader has nothing else to do). */
+static int drain_waiting(struct kb_transport *t, size_t *stuck, int timeout_ms)
+{
+    *stuck = 0;
+    for (kb_redis_topic *rt = atomic_load(&t->topics); rt != NULL; rt = rt->next)
+        for (uint32_t i = 0; i < rt->nparts; i++) {
+            if (rt->parts[i].waiting == NULL)
+                continue;
+            int rc = wait_deliver(&rt->parts[i], *stuck == 0 ? timeout_ms : 0);
+            if (rc == CLOSING)
+                return CLOSING;
+            *stuck += rt->parts[i].waiting != NULL;
+        }
+    return DELIVERED;
 }
 
 static bool sweep_due(struct kb_transport *t)
@@ -520,6 +636,7 @@ static int sweep_taken(struct kb_transport *t)
             uint32_t e = atomic_load(&p->epoch);
             if (p->swept == e || !kb__redis_part_live(p))
                 continue;
+            wait_drop(p);   /* the sweep delivers them again, in order */
             rc = sweep(rt, i, e);
             if (rc == DELIVERED)
                 p->swept = e;
@@ -531,9 +648,12 @@ static int sweep_taken(struct kb_transport *t)
 static void forget_sweeps(struct kb_transport *t, reader *rd)
 {
     for (kb_redis_topic *rt = atomic_load(&t->topics); rt != NULL; rt = rt->next)
-        for (uint32_t i = 0; i < rt->nparts; i++)
+        for (uint32_t i = 0; i < rt->nparts; i++) {
+            wait_drop(&rt->parts[i]);
             rt->parts[i].swept = 0;
+        }
     rd->r[0].pending = rd->r[1].pending = false;
+    rd->stuck = 0;
 }
 
 void *kb__redis_consume_main(void *arg)
@@ -555,8 +675,12 @@ void *kb__redis_consume_main(void *arg)
             if (rc != CLOSING)
                 rc = sweep_taken(t);
         }
+        if (rc != CLOSING)
+            rc = drain_waiting(t, &rd.stuck, 0);
         if (rc != CLOSING && t->rconn.c != NULL && !cur->pending && !send_round(t, &rd, cur)) {
-            if (t->rconn.c != NULL)
+            if (t->rconn.c != NULL && rd.stuck > 0)
+                rc = drain_waiting(t, &rd.stuck, 20);    /* only full lanes: wait for room */
+            else if (t->rconn.c != NULL)
                 kb__redis_nap(&t->consumers_stop, 20);   /* nothing owned yet */
         } else if (rc != CLOSING && t->rconn.c != NULL) {
             rc = recv_round(t, &rd, cur, next);
@@ -569,6 +693,7 @@ void *kb__redis_consume_main(void *arg)
         if (t->rconn.c == NULL)
             forget_sweeps(t, &rd);
     }
+    forget_sweeps(t, &rd);   /* frees what still waits */
     for (int k = 0; k < 2; k++) {
         free(rd.r[k].ok);
         free(rd.r[k].epochs);

@@ -63,6 +63,7 @@ typedef struct kb_redis_part {
     _Atomic uint32_t epoch;       /* bumped on each acquisition: consumer re-sweeps */
     _Atomic int64_t inflight;     /* delivered, not yet acked / dead / released */
     uint32_t swept;               /* reader only: epoch whose sweep is done; 0 = sweep due */
+    struct kb_redis_wait *waiting; /* reader only: entries read, their lane full (consume.c) */
     uint32_t index;               /* N */
     struct kb_redis_topic *rt;
     int64_t renewed_ns;           /* keeper only: last successful renew */
