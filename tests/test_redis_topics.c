@@ -169,22 +169,26 @@ static void many_topics_one_reader(void **state)
     int threads1 = threads(), fds1 = fds();
 
     long rss_before = rss_kib();
+    double t_sub = now_s();
     for (int i = 1; i < TOPICS; i++) {
         topic_name(topic, sizeof topic, i);
         assert_int_equal(kb_subscribe(b, topic, handler, &rec[i]), KB_OK);
     }
     long rss_idle = rss_kib();
     double t0 = now_s();
+    t_sub = t0 - t_sub;
     publish_all(b, 1, TOPICS);
     wait_handled((uint64_t)TOPICS * EVENTS);
     double took = now_s() - t0;
     int threads_n = threads(), fds_n = fds();
+    double t_close = now_s();
     rc = kb_close(b, 10000);
+    t_close = now_s() - t_close;
     int threads_closed = threads(), fds_closed = fds();
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
-    fprintf(stderr, "redis, %d topics x %d events: handled in %.2f s; threads %d -> %d (bus: "
-            "%d), fds %d -> %d (bus: %d); RSS of %d idle topics %ld KiB (%.1f KiB each)\n",
-            TOPICS, EVENTS, took, threads1, threads_n, threads1 - threads0, fds1, fds_n,
+    fprintf(stderr, "redis, %d topics x %d events: subscribed in %.2f s, handled in %.2f s, closed in %.2f s; "
+            "threads %d -> %d (bus: %d), fds %d -> %d (bus: %d); RSS of %d idle topics %ld KiB "
+            "(%.1f KiB each)\n", TOPICS, EVENTS, t_sub, took, t_close, threads1, threads_n, threads1 - threads0, fds1, fds_n,
             fds1 - fds0, TOPICS - 1, rss_idle - rss_before,
             (double)(rss_idle - rss_before) / (TOPICS - 1));
 

@@ -321,6 +321,7 @@ static int redis_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
         }
         t->reader_started = true;
     }
+    atomic_store(&rt->fresh, true);
     rt->next = atomic_load(&t->topics);
     atomic_store(&t->topics, rt);   /* subscribes are serialised by the bus */
     atomic_store(&t->duties_now, true);

@@ -84,6 +84,7 @@ typedef struct kb_redis_topic {
     kb_redis_part *parts;
     char dlq[300];                /* kb:{topic}:dlq */
     char members[300];            /* kb:{topic}:members */
+    _Atomic bool fresh;           /* subscribed since the keeper's last pass */
 } kb_redis_topic;
 
 /* A topic published to: metadata checked once, count of accepted publishes. */
@@ -139,7 +140,7 @@ struct kb_transport {
     _Atomic uint64_t unowned;     /* deliveries released by still_owned: lease lost */
     _Atomic uint64_t stray;       /* reads that found another consumer's entries: re-swept */
     _Atomic bool consumers_stop, keeper_stop;
-    _Atomic bool duties_now;      /* a new topic: take its leases without waiting a tick */
+    _Atomic bool duties_now;      /* new topics: take their leases without waiting a tick */
     bool keeper_started;
     pthread_t keeper;
     kb_redis_conn kc;

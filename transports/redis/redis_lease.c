@@ -325,14 +325,13 @@ static void lease_topic(struct kb_transport *t, redisContext *c, kb_redis_topic 
         freeReplyObject(r[i]);
 }
 
-static void release(struct kb_transport *t, kb_redis_topic *rt, uint32_t part, bool all)
+static void release(struct kb_transport *t, kb_redis_topic *rt, uint32_t part)
 {
     kb_redis_part *p = &rt->parts[part];
-    int st = atomic_load(&p->state);
-    if (st == KB_PART_FREE || (!all && (st != KB_PART_DRAINING || atomic_load(&p->inflight) != 0)))
+    if (atomic_load(&p->state) != KB_PART_DRAINING || atomic_load(&p->inflight) != 0)
         return;
-    /* inflight is 0 (or we are closing): every ack of the partition is queued;
-     * send them before the next owner can claim the entries */
+    /* inflight is 0: every ack of the partition is queued; send them before
+     * the next owner can claim the entries */
     flush_jobs(t);
     const char *argv[] = {"EVAL", RELEASE_LUA, "1", p->lease, t->token};
     redisReply *r = kb__redis_cmd(&t->kc, 5, argv, NULL);
@@ -378,15 +377,19 @@ static void prune(struct kb_transport *t, kb_redis_topic *rt, const char *only)
     free(argv);
 }
 
-static void duties(struct kb_transport *t, bool prune_now)
+/* Every topic on the tick; between ticks only those just subscribed, so N
+ * subscribes cost N lease rounds, not N * topics. */
+static void duties(struct kb_transport *t, bool all, bool prune_now)
 {
     for (kb_redis_topic *rt = atomic_load(&t->topics); rt != NULL; rt = rt->next) {
+        if (!atomic_exchange(&rt->fresh, false) && !all)
+            continue;
         redisContext *c = kb__redis_conn_get(&t->kc, NULL, 0);
         if (c == NULL)
             return;
         lease_topic(t, c, rt);
         for (uint32_t i = 0; i < rt->nparts; i++)
-            release(t, rt, i, false);
+            release(t, rt, i);
         if (prune_now)
             prune(t, rt, "");
     }
@@ -401,11 +404,26 @@ static void goodbye(struct kb_transport *t)
         struct timespec nap = {0, 100 * 1000000L};   /* a reconnect may be due */
         nanosleep(&nap, NULL);
     }
+    /* Hand every lease back and leave: one pipeline per topic. */
     for (kb_redis_topic *rt = atomic_load(&t->topics); rt != NULL; rt = rt->next) {
+        redisContext *c = kb__redis_conn_get(&t->kc, NULL, 0);
+        if (c == NULL)
+            return;   /* the leases expire after their TTL */
+        int n = 0;
+        for (uint32_t i = 0; i < rt->nparts; i++, n++)
+            redisAppendCommand(c, "EVAL %s 1 %s %s", RELEASE_LUA, rt->parts[i].lease, t->token);
+        redisAppendCommand(c, "ZREM %s %s", rt->members, t->consumer);
+        for (int got = 0; got <= n; got++) {
+            redisReply *r = NULL;
+            if (redisGetReply(c, (void **)&r) != REDIS_OK) {
+                kb__redis_conn_fail(&t->kc, c->errstr);
+                return;
+            }
+            freeReplyObject(r);
+        }
         for (uint32_t i = 0; i < rt->nparts; i++)
-            release(t, rt, i, true);
-        const char *argv[] = {"ZREM", rt->members, t->consumer};
-        freeReplyObject(kb__redis_cmd(&t->kc, 3, argv, NULL));
+            atomic_store(&rt->parts[i].state, KB_PART_FREE);
+        kb_log(t->bus, 6, "redis: %s handed back the partitions of %s", t->consumer, rt->name);
         prune(t, rt, t->consumer);   /* everything acked: leave the group too */
     }
 }
@@ -427,9 +445,12 @@ void *kb__redis_keeper_main(void *arg)
         if (atomic_load(&t->jobs_queued) > 0 || t->jobs_unsent)
             flush_jobs(t);
         int64_t now = kb__now_ns();
-        if (now >= next_duty || atomic_exchange(&t->duties_now, false)) {
-            duties(t, ++rounds % 4 == 0);   /* consumers that left: once per TTL or so */
+        bool fresh = atomic_exchange(&t->duties_now, false);
+        if (now >= next_duty) {
+            duties(t, true, ++rounds % 4 == 0);   /* consumers that left: once per TTL or so */
             next_duty = now + tick;
+        } else if (fresh) {
+            duties(t, false, false);
         }
         pthread_mutex_lock(&t->keeper_lock);
         if (!atomic_load(&t->keeper_stop) && atomic_load(&t->jobs_queued) == 0 &&
