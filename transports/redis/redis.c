@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <hiredis/sds.h>
+#include <keybus/pool.h>
 
 #include "../../core/err.h"
 #include "../../core/sync.h"
@@ -16,9 +17,14 @@
 #define PUB_WRITE_BYTES (64 * 1024)   /* publishers write once this much is buffered */
 #define PUB_MAX_INFLIGHT 100000       /* then they wait for replies: bounded memory */
 
+static _Atomic(kb_redis_topic *) *bucket(struct kb_transport *t, const char *name)
+{
+    return &t->by_name[kb_fnv1a32(name, strlen(name)) % KB_REDIS_TOPIC_BUCKETS];
+}
+
 kb_redis_topic *kb__redis_topic_find(struct kb_transport *t, const char *name)
 {
-    for (kb_redis_topic *rt = atomic_load(&t->topics); rt != NULL; rt = rt->next)
+    for (kb_redis_topic *rt = atomic_load(bucket(t, name)); rt != NULL; rt = rt->same_bucket)
         if (strcmp(rt->name, name) == 0)
             return rt;
     return NULL;
@@ -322,8 +328,11 @@ static int redis_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
         t->reader_started = true;
     }
     atomic_store(&rt->fresh, true);
+    /* subscribes are serialised by the bus: no other writer */
+    rt->same_bucket = atomic_load(bucket(t, topic));
+    atomic_store(bucket(t, topic), rt);
     rt->next = atomic_load(&t->topics);
-    atomic_store(&t->topics, rt);   /* subscribes are serialised by the bus */
+    atomic_store(&t->topics, rt);
     atomic_store(&t->duties_now, true);
     kb__redis_keeper_wake(t);       /* take leases now rather than at the next tick */
     return KB_OK;
@@ -332,7 +341,7 @@ static int redis_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
 /* ---- settling deliveries (executor threads) ---- */
 
 /* A delivery's cookie is the lease epoch it was read under (see deliver() in
- * redis_consume.c); its topic is found by name (push-only list, few entries). */
+ * redis_consume.c); its topic is found by name (hash chains, push-only). */
 static kb_redis_part *delivery_part(kb_transport *t, const kb_delivery *d)
 {
     kb_redis_topic *rt = kb__redis_topic_find(t, d->topic);

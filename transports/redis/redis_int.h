@@ -21,6 +21,7 @@
 #include <keybus/transport.h>
 
 #define KB_REDIS_ID_MAX 48      /* "ms-seq" of two 64-bit numbers, NUL included */
+#define KB_REDIS_TOPIC_BUCKETS 1024   /* topic lookup by name: a chain per fnv1a32 % this */
 #define KB_REDIS_BULK_DEFAULT (512 * 1024 * 1024)   /* Redis's default proto-max-bulk-len */
 
 /* Where to connect; the password never reaches a log line or an errstr. */
@@ -74,9 +75,11 @@ typedef struct kb_redis_part {
     char lease[300];              /* kb:{topic}:lease:N */
 } kb_redis_part;
 
-/* A subscribed topic. Linked into t->topics (push-only until close). */
+/* A subscribed topic. Linked into t->topics and into its bucket of
+ * t->by_name (both push-only until close). */
 typedef struct kb_redis_topic {
     struct kb_redis_topic *next;
+    struct kb_redis_topic *same_bucket;
     struct kb_transport *t;
     char *name;
     kb_sink *sink;
@@ -129,6 +132,7 @@ struct kb_transport {
 
     /* subscribed topics, their reader, and the keeper */
     _Atomic(kb_redis_topic *) topics;
+    _Atomic(kb_redis_topic *) by_name[KB_REDIS_TOPIC_BUCKETS];   /* every ack looks one up */
     pthread_t reader;
     bool reader_started;
     kb_redis_conn rconn;          /* the reader's own: blocking reads */
