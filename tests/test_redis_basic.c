@@ -119,6 +119,8 @@ static void auth_required(void **state)
     char url[200], err[256];
     snprintf(url, sizeof url, "redis://:wrong-pa55@127.0.0.1:%d", s.port);
     open_fails(url, "AUTH", "wrong-pa55");
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", s.port);
+    open_fails(url, "PING refused: NOAUTH", NULL);
     snprintf(url, sizeof url, "redis://:pa55word@127.0.0.1:%d/2", s.port);
     kb_conf *c = conf_for(url);
     kb_bus *b = kb_open(c, err, sizeof err);

@@ -143,9 +143,12 @@ static const char *handshake(redisContext *c, const kb_redis_addr *a, char *buf,
                               (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "LOADING", 7) == 0));
     if (!pong) {   /* LOADING after a restart is Redis too: commands retry then */
         bool silent = r == NULL && c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
-        snprintf(buf, len, "not a Redis server? PING %s: %s",
-                 silent ? "got no answer within redis.read_timeout_ms" : "failed",
-                 r == NULL ? c->errstr : r->type == REDIS_REPLY_ERROR ? r->str : "not PONG");
+        if (r != NULL && r->type == REDIS_REPLY_ERROR)   /* Redis, but not for us: NOAUTH... */
+            snprintf(buf, len, "PING refused: %s", r->str);
+        else
+            snprintf(buf, len, "not a Redis server? PING %s: %s",
+                     silent ? "got no answer within redis.read_timeout_ms" : "failed",
+                     r == NULL ? c->errstr : "the answer is not PONG");
         freeReplyObject(r);
         return buf;
     }
