@@ -13,3 +13,4 @@ add_dependencies(test_redis_faults redis_consumer_proc)
 
 # Many topics on one bus under a low fd limit (threads and fds counted).
 kb_test(test_redis_topics TIMEOUT 120 LABELS redis)
+target_link_libraries(test_redis_topics PRIVATE PkgConfig::HIREDIS)

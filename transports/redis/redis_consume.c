@@ -136,94 +136,11 @@ static int deliver(kb_redis_topic *rt, uint32_t part, const redisReply *e, uint3
     return DELIVERED;
 }
 
-/* Reads are fenced on the server: a process that lost its lease (paused, say)
- * must not move entries into its PEL after the new owner swept it, or those
- * entries would sit there, skipped, while later ones of their keys are handled. */
-static const char SWEEP_LUA[] =
-    "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
-    "return {redis.call('xpending',KEYS[2],ARGV[2],ARGV[4],'+',ARGV[5]),"
-    "redis.call('xautoclaim',KEYS[2],ARGV[2],ARGV[3],0,ARGV[4],'COUNT',ARGV[5])}";
-static bool group_gone(const char *err)
-{
-    return strstr(err, "NOGROUP") != NULL || strstr(err, "UNBLOCKED") != NULL;
-}
-
-/* On taking a partition: its whole PEL (ours from before a restart and the
- * previous owner's), oldest first, before anything new, so per-key order holds
- * across failover. XPENDING in the same script gives the delivery counts. */
-static int sweep(kb_redis_topic *rt, uint32_t part, uint32_t epoch)
-{
-    struct kb_transport *t = rt->t;
-    kb_redis_part *p = &rt->parts[part];
-    char cursor[KB_REDIS_ID_MAX] = "0-0", count[16];
-    snprintf(count, sizeof count, "%d", t->batch);
-    uint64_t claimed = 0, deleted = 0;
-    int rc = DELIVERED;
-    while (rc == DELIVERED) {
-        const char *argv[] = {"EVAL", SWEEP_LUA, "2", p->lease, p->stream, t->token, t->group,
-                              t->consumer, cursor, count};
-        redisReply *r = kb__redis_cmd(&t->rconn, 10, argv, NULL);
-        if (r == NULL)
-            return PART_GONE;
-        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-            r->element[0]->type != REDIS_REPLY_ARRAY ||
-            r->element[1]->type != REDIS_REPLY_ARRAY || r->element[1]->elements < 2) {
-            if (r->type == REDIS_REPLY_ERROR && group_gone(r->str))
-                kb__redis_create_groups(&t->rconn, rt, NULL, 0);
-            else if (r->type == REDIS_REPLY_ERROR)
-                kb_log(t->bus, 4, "redis: recovery of %s: %s", p->stream, r->str);
-            /* -1: the lease is gone on the server; the keeper will notice */
-            freeReplyObject(r);
-            kb__redis_nap(&t->consumers_stop, 100);   /* e.g. LOADING after a restart */
-            return PART_GONE;
-        }
-        const redisReply *pend = r->element[0], *ac = r->element[1];
-        const redisReply *ents = ac->element[1];
-        size_t pi = 0;
-        for (size_t i = 0; rc == DELIVERED && ents->type == REDIS_REPLY_ARRAY &&
-                           i < ents->elements; i++) {
-            const redisReply *e = ents->element[i];
-            if (e->type != REDIS_REPLY_ARRAY || e->elements < 1)
-                continue;
-            /* both lists are in ID order: walk them together */
-            uint32_t before = 1;
-            while (pi < pend->elements) {
-                const redisReply *pe = pend->element[pi];
-                int cmp = pe->type == REDIS_REPLY_ARRAY && pe->elements >= 4
-                              ? kb__redis_id_cmp(pe->element[0]->str, e->element[0]->str)
-                              : -1;
-                if (cmp > 0)
-                    break;
-                pi++;
-                if (cmp == 0) {
-                    before = (uint32_t)pe->element[3]->integer;
-                    break;
-                }
-            }
-            /* blocks while the lane is full: a sweep follows a takeover only */
-            rc = deliver(rt, part, e, before + 1, epoch, -1);
-            claimed++;
-        }
-        if (ac->elements >= 3 && ac->element[2]->type == REDIS_REPLY_ARRAY)
-            deleted += ac->element[2]->elements;
-        bool last = ac->element[0]->type != REDIS_REPLY_STRING ||
-                    strcmp(ac->element[0]->str, "0-0") == 0;
-        if (!last)
-            snprintf(cursor, sizeof cursor, "%s", ac->element[0]->str);
-        freeReplyObject(r);
-        if (last)
-            break;
-    }
-    if (rc == DELIVERED && (claimed > 0 || deleted > 0))
-        kb_log(t->bus, 6, "redis: took %s: %llu pending entries redelivered, %llu deleted "
-               "while pending", p->stream, (unsigned long long)claimed, (unsigned long long)deleted);
-    return rc;
-}
-
-/* Entries of one partition a read returned whose lane was full: they wait,
- * in order, while the reader goes on with other partitions and topics, so one
- * slow topic does not stop the others. The reply they live in is shared by
- * every partition of the read and freed with its last waiting entry. */
+/* Entries of one partition a read or a sweep returned whose lane was full:
+ * they wait, in order, while the reader goes on with other partitions and
+ * topics, so one slow topic does not stop the others. The reply they live in
+ * is shared by every partition of the read and freed with its last waiting
+ * entry. */
 typedef struct held {
     redisReply *reply;
     int refs;
@@ -235,6 +152,7 @@ typedef struct kb_redis_wait {
     const redisReply *ents;
     size_t next_ent;
     uint32_t epoch;
+    uint32_t *attempts;   /* a sweep's: per entry of ents; NULL: a read's (1) */
 } kb_redis_wait;
 
 static void held_unref(held *h)
@@ -247,12 +165,13 @@ static void held_unref(held *h)
 
 /* Queue ents[from..] behind what already waits; false when out of memory
  * (the caller stops delivering the partition: the next sweep finds them). */
-static bool wait_push(kb_redis_part *p, held *h, const redisReply *ents, size_t from, uint32_t epoch)
+static bool wait_push(kb_redis_part *p, held *h, const redisReply *ents, size_t from, uint32_t epoch,
+                      uint32_t *attempts)
 {
     kb_redis_wait *w = malloc(sizeof *w);
     if (w == NULL)
         return false;
-    *w = (kb_redis_wait){NULL, h, ents, from, epoch};
+    *w = (kb_redis_wait){NULL, h, ents, from, epoch, attempts};
     h->refs++;
     kb_redis_wait **tail = &p->waiting;
     while (*tail != NULL)
@@ -269,6 +188,7 @@ static void wait_drop(kb_redis_part *p)
         kb_redis_wait *w = p->waiting;
         p->waiting = w->next;
         held_unref(w->h);
+        free(w->attempts);
         free(w);
     }
 }
@@ -280,12 +200,14 @@ static int wait_deliver(kb_redis_part *p, int timeout_ms)
     while (p->waiting != NULL) {
         kb_redis_wait *w = p->waiting;
         while (w->next_ent < w->ents->elements) {
-            int rc = deliver(p->rt, p->index, w->ents->element[w->next_ent], 1, w->epoch,
+            int rc = deliver(p->rt, p->index, w->ents->element[w->next_ent],
+                             w->attempts != NULL ? w->attempts[w->next_ent] : 1, w->epoch,
                              timeout_ms);
             if (rc == LANE_FULL)
                 return LANE_FULL;
             if (rc != DELIVERED) {
                 wait_drop(p);   /* lease gone: the next owner sweeps them */
+                p->sweeping = 0;
                 return rc;
             }
             w->next_ent++;
@@ -293,9 +215,146 @@ static int wait_deliver(kb_redis_part *p, int timeout_ms)
         }
         p->waiting = w->next;
         held_unref(w->h);
+        free(w->attempts);
         free(w);
     }
     return DELIVERED;
+}
+
+/* Reads are fenced on the server: a process that lost its lease (paused, say)
+ * must not move entries into its PEL after the new owner swept it, or those
+ * entries would sit there, skipped, while later ones of their keys are handled. */
+static const char SWEEP_LUA[] =
+    "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
+    "return {redis.call('xpending',KEYS[2],ARGV[2],ARGV[4],'+',ARGV[5]),"
+    "redis.call('xautoclaim',KEYS[2],ARGV[2],ARGV[3],0,ARGV[4],'COUNT',ARGV[5])}";
+static bool group_gone(const char *err)
+{
+    return strstr(err, "NOGROUP") != NULL || strstr(err, "UNBLOCKED") != NULL;
+}
+
+/* Deliveries so far of entry `id`: `pend` is the XPENDING list, in ID order
+ * like the entries, walked along with them from *pi. */
+static uint32_t deliveries(const redisReply *pend, size_t *pi, const char *id)
+{
+    while (*pi < pend->elements) {
+        const redisReply *pe = pend->element[*pi];
+        int cmp = pe->type == REDIS_REPLY_ARRAY && pe->elements >= 4
+                      ? kb__redis_id_cmp(pe->element[0]->str, id)
+                      : -1;
+        if (cmp > 0)
+            break;
+        (*pi)++;
+        if (cmp == 0)
+            return (uint32_t)pe->element[3]->integer;
+    }
+    return 1;
+}
+
+static const char *entry_id(const redisReply *e)
+{
+    return e->type == REDIS_REPLY_ARRAY && e->elements >= 1 &&
+                   e->element[0]->type == REDIS_REPLY_STRING
+               ? e->element[0]->str
+               : NULL;
+}
+
+/* A sweep page's entries from `from` on wait for lane space, with their
+ * attempts; the page's reply `r` is theirs now. False when out of memory. */
+static bool sweep_wait(kb_redis_part *p, redisReply *r, const redisReply *ents, size_t from,
+                       uint32_t first, const redisReply *pend, size_t pi, uint32_t epoch)
+{
+    uint32_t *att = malloc(ents->elements * sizeof *att);
+    held *h = malloc(sizeof *h);
+    if (att == NULL || h == NULL) {
+        free(att);
+        free(h);
+        freeReplyObject(r);
+        return false;
+    }
+    att[from] = first;
+    for (size_t i = from + 1; i < ents->elements; i++) {
+        const char *id = entry_id(ents->element[i]);
+        att[i] = id != NULL ? deliveries(pend, &pi, id) + 1 : 1;
+    }
+    *h = (held){r, 0};
+    if (!wait_push(p, h, ents, from, epoch, att)) {
+        free(att);
+        free(h);
+        freeReplyObject(r);
+        return false;
+    }
+    return true;
+}
+
+/* On taking a partition: its whole PEL (ours from before a restart and the
+ * previous owner's), oldest first, before anything new, so per-key order holds
+ * across failover. XPENDING in the same script gives the delivery counts.
+ * A full lane pauses it (LANE_FULL): the page's rest waits like a read's,
+ * and the sweep goes on from p->sweep_cursor once it is delivered. */
+static int sweep(kb_redis_topic *rt, uint32_t part, uint32_t epoch)
+{
+    struct kb_transport *t = rt->t;
+    kb_redis_part *p = &rt->parts[part];
+    if (p->sweeping != epoch) {
+        p->sweeping = epoch;
+        snprintf(p->sweep_cursor, sizeof p->sweep_cursor, "0-0");
+    }
+    char count[16];
+    snprintf(count, sizeof count, "%d", t->batch);
+    uint64_t claimed = 0, deleted = 0;
+    int rc = DELIVERED;
+    while (rc == DELIVERED && p->sweep_cursor[0] != '\0') {
+        const char *argv[] = {"EVAL", SWEEP_LUA, "2", p->lease, p->stream, t->token, t->group,
+                              t->consumer, p->sweep_cursor, count};
+        redisReply *r = kb__redis_cmd(&t->rconn, 10, argv, NULL);
+        if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[0]->type != REDIS_REPLY_ARRAY ||
+            r->element[1]->type != REDIS_REPLY_ARRAY || r->element[1]->elements < 2) {
+            p->sweeping = 0;   /* start over next time */
+            if (r == NULL)
+                return PART_GONE;
+            if (r->type == REDIS_REPLY_ERROR && group_gone(r->str))
+                kb__redis_create_groups(&t->rconn, rt, NULL, 0);
+            else if (r->type == REDIS_REPLY_ERROR)
+                kb_log(t->bus, 4, "redis: recovery of %s: %s", p->stream, r->str);
+            /* -1: the lease is gone on the server; the keeper will notice */
+            freeReplyObject(r);
+            kb__redis_nap(&t->consumers_stop, 100);   /* e.g. LOADING after a restart */
+            return PART_GONE;
+        }
+        const redisReply *pend = r->element[0], *ac = r->element[1];
+        const redisReply *ents = ac->element[1];
+        if (ac->elements >= 3 && ac->element[2]->type == REDIS_REPLY_ARRAY)
+            deleted += ac->element[2]->elements;
+        bool last = ac->element[0]->type != REDIS_REPLY_STRING ||
+                    strcmp(ac->element[0]->str, "0-0") == 0;
+        snprintf(p->sweep_cursor, sizeof p->sweep_cursor, "%s", last ? "" : ac->element[0]->str);
+        size_t pi = 0;
+        for (size_t i = 0; rc == DELIVERED && ents->type == REDIS_REPLY_ARRAY &&
+                           i < ents->elements; i++) {
+            const char *id = entry_id(ents->element[i]);
+            if (id == NULL)
+                continue;
+            uint32_t before = deliveries(pend, &pi, id);
+            rc = deliver(rt, part, ents->element[i], before + 1, epoch, 0);
+            claimed += rc == DELIVERED;
+            if (rc == LANE_FULL) {
+                if (!sweep_wait(p, r, ents, i, before + 1, pend, pi, epoch)) {
+                    p->sweeping = 0;   /* out of memory: from the start next time */
+                    return PART_GONE;
+                }
+                r = NULL;
+            }
+        }
+        freeReplyObject(r);
+    }
+    if (rc != LANE_FULL)
+        p->sweeping = 0;   /* done, or to be started over */
+    if (rc == DELIVERED && (claimed > 0 || deleted > 0))
+        kb_log(t->bus, 6, "redis: took %s: %llu pending entries redelivered, %llu deleted "
+               "while pending", p->stream, (unsigned long long)claimed, (unsigned long long)deleted);
+    return rc;
 }
 
 /* A read in flight: what was asked, under which epochs. */
@@ -583,7 +642,7 @@ static int recv_round(struct kb_transport *t, reader *rd, rround *ro, rround *ah
             if ((d == LANE_FULL || p->waiting != NULL) && i < ents->elements) {
                 if (hd == NULL && (hd = calloc(1, sizeof *hd)) != NULL)
                     *hd = (held){x, 1};
-                if (hd == NULL || !wait_push(p, hd, ents, i, ro->epochs[k])) {
+                if (hd == NULL || !wait_push(p, hd, ents, i, ro->epochs[k], NULL)) {
                     wait_drop(p);   /* out of memory: swept again, from our PEL */
                     p->swept = 0;
                 }
@@ -636,7 +695,10 @@ static int sweep_taken(struct kb_transport *t)
             uint32_t e = atomic_load(&p->epoch);
             if (p->swept == e || !kb__redis_part_live(p))
                 continue;
-            wait_drop(p);   /* the sweep delivers them again, in order */
+            if (p->sweeping != e)
+                wait_drop(p);   /* a new sweep delivers them again, in order */
+            else if (p->waiting != NULL)
+                continue;       /* this sweep's entries wait for lane space first */
             rc = sweep(rt, i, e);
             if (rc == DELIVERED)
                 p->swept = e;
@@ -651,6 +713,7 @@ static void forget_sweeps(struct kb_transport *t, reader *rd)
         for (uint32_t i = 0; i < rt->nparts; i++) {
             wait_drop(&rt->parts[i]);
             rt->parts[i].swept = 0;
+            rt->parts[i].sweeping = 0;
         }
     rd->r[0].pending = rd->r[1].pending = false;
     rd->stuck = 0;

@@ -65,6 +65,8 @@ typedef struct kb_redis_part {
     _Atomic int64_t inflight;     /* delivered, not yet acked / dead / released */
     uint32_t swept;               /* reader only: epoch whose sweep is done; 0 = sweep due */
     struct kb_redis_wait *waiting; /* reader only: entries read, their lane full (consume.c) */
+    uint32_t sweeping;            /* reader only: epoch of a sweep paused on a full lane */
+    char sweep_cursor[KB_REDIS_ID_MAX];   /* where that sweep goes on; "" = its last page */
     uint32_t index;               /* N */
     struct kb_redis_topic *rt;
     int64_t renewed_ns;           /* keeper only: last successful renew */
