@@ -1,6 +1,7 @@
-/* Redis transport, one process: URLs and AUTH, interop with plain XADD,
- * malformed entries, partition-count metadata, flush errors, DLQ replay,
- * stats, a group lost on the server, MAXLEN trimming. */
+/* Redis transport, one process: URLs and AUTH, something else on the port,
+ * interop with plain XADD, malformed and misplaced entries, partition-count
+ * metadata, flush errors, the server's argument size limit, DLQ replay,
+ * stats, consumers that left, a group lost on the server, MAXLEN trimming. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +9,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -117,6 +119,8 @@ static void auth_required(void **state)
     char url[200], err[256];
     snprintf(url, sizeof url, "redis://:wrong-pa55@127.0.0.1:%d", s.port);
     open_fails(url, "AUTH", "wrong-pa55");
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", s.port);
+    open_fails(url, "PING refused: NOAUTH", NULL);
     snprintf(url, sizeof url, "redis://:pa55word@127.0.0.1:%d/2", s.port);
     kb_conf *c = conf_for(url);
     kb_bus *b = kb_open(c, err, sizeof err);
@@ -134,6 +138,30 @@ static void auth_required(void **state)
     assert_int_equal(raw_int(rc, "XLEN %s", key), 1);
     redisFree(rc);
     kb_test_server_stop(&s);
+}
+
+/* Something that is not Redis on the port: kb_open fails there, not later. */
+static void not_redis_on_the_port(void **state)
+{
+    (void)state;
+    const char *greetings[] = {"HTTP/1.1 400 Bad Request\r\n\r\n", NULL};
+    const char *musts[] = {"Protocol error", "no answer"};
+    for (int i = 0; i < 2; i++) {
+        pid_t pid;
+        int port = kb_test_fake_start(greetings[i], &pid);
+        assert_true(port > 0);
+        char url[64], err[256] = "";
+        snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+        kb_conf *c = conf_for(url);
+        assert_int_equal(kb_conf_set(c, "redis.read_timeout_ms", "300", err, sizeof err), KB_OK);
+        kb_bus *b = kb_open(c, err, sizeof err);
+        kb_test_fake_stop(pid);
+        assert_null(b);
+        assert_int_equal(kb_last_error()[0] != '\0', 1);
+        if (strstr(err, "not a Redis server? PING") == NULL || strstr(err, musts[i]) == NULL)
+            fail_msg("errstr \"%s\" lacks the PING failure (%s)", err, musts[i]);
+        kb_conf_destroy(c);
+    }
 }
 
 /* ---- interop and malformed entries ---- */
@@ -227,6 +255,54 @@ static void interop_plain_xadd_and_malformed(void **state)
     /* not replayable: no key */
     assert_int_equal(kb_dead_letter_replay(b, topic, l.last_id), KB_EINVAL);
     assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_tracker_destroy(&s.t);
+    redisFree(c);
+}
+
+static int count_misplaced(const kb_dead_letter *dl, void *opaque)
+{
+    int *n = opaque;
+    if (strstr(dl->reason, "partition is another one") != NULL && dl->key_len == 5 &&
+        memcmp(dl->key, "agg-3", 5) == 0)
+        (*n)++;
+    return 0;
+}
+
+/* A plain XADD into a partition the key does not hash to: dead-lettered, not
+ * handled (the key's own partition may be another process's). */
+static void misplaced_entry_dead_lettered(void **state)
+{
+    (void)state;
+    char topic[96], wrong[160];
+    unique_topic(topic, sizeof topic, "misplaced");
+    uint32_t home = kb_fnv1a32("agg-3", 5) % 8;
+    snprintf(wrong, sizeof wrong, "kb:{%s}:p:%u", topic, (home + 1) % 8);
+    redisContext *c = raw();
+    redisReply *r = redisCommand(c, "XADD %s * k agg-3 d misplaced", wrong);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    freeReplyObject(r);
+    for (uint32_t seq = 1; seq <= 5; seq++)
+        xadd_tracked(c, topic, 3, seq);
+    kb_bus *b = open_with(NULL, NULL, NULL, NULL);
+    struct seen s = {0};
+    kb_tracker_init(&s.t, 4);
+    assert_int_equal(kb_subscribe(b, topic, seen_handler, &s), KB_OK);
+    wait_for(&s.n, 5);
+    kb_topic_stats st;
+    for (int i = 0; i < 500; i++) {
+        assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+        if (st.dlq_length == 1 && st.broker_pending == 0)
+            break;
+        usleep(10000);
+    }
+    int misplaced = 0;
+    assert_int_equal(kb_dead_letters(b, topic, NULL, 10, count_misplaced, &misplaced), KB_OK);
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    assert_int_equal(misplaced, 1);
+    assert_int_equal(st.dlq_length, 1);
+    assert_int_equal(st.broker_pending, 0);   /* acked with its dead letter */
+    assert_int_equal(s.n, 5);                 /* the handler saw only the right ones */
+    assert_int_equal(s.t.order_violations, 0);
     kb_tracker_destroy(&s.t);
     redisFree(c);
 }
@@ -331,6 +407,103 @@ static void flush_reports_refused_publishes(void **state)
     redisFree(c);
 }
 
+/* ---- the server's limit on one argument (proto-max-bulk-len) ---- */
+
+static char captured[1024];
+static pthread_mutex_t captured_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void capture_debug(int level, const char *msg, void *opaque)
+{
+    (void)opaque;
+    pthread_mutex_lock(&captured_lock);
+    if (level == 7 && strstr(msg, "proto-max-bulk-len") != NULL)
+        snprintf(captured, sizeof captured, "%s", msg);
+    pthread_mutex_unlock(&captured_lock);
+}
+
+static kb_bus *open_big(const char *url)
+{
+    kb_conf *c = conf_for(url);
+    char err[256];
+    assert_int_equal(kb_conf_set(c, "limits.max_payload_bytes", "4194304", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "redis.reconnect_min_ms", "1", err, sizeof err), KB_OK);
+    kb_conf_set_log(c, capture_debug, NULL);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    return b;
+}
+
+static void must_say(const char *what, const char *text)
+{
+    if (strstr(kb_last_error(), text) == NULL)
+        fail_msg("%s: \"%s\" lacks \"%s\"", what, kb_last_error(), text);
+}
+
+/* Publish until the publishing connection is back after a drop. */
+static int publish_when_up(kb_bus *b, const char *topic, const void *v, size_t len)
+{
+    int rc = KB_ETRANSPORT;
+    for (int i = 0; i < 500 && rc == KB_ETRANSPORT; i++)
+        if ((rc = kb_publish(b, topic, "k", 1, v, len)) == KB_ETRANSPORT)
+            usleep(10000);
+    return rc;
+}
+
+static void bulk_limit(void **state)
+{
+    (void)state;
+    size_t mib = 1024 * 1024;
+    char *big = calloc(1, 2 * mib);
+    assert_non_null(big);
+    /* known at open: refused at publish, the largest that fits goes through */
+    kb_test_server s;
+    const char *known[] = {"--proto-max-bulk-len", "1mb", NULL};
+    assert_int_equal(kb_test_server_start(&s, "redis", known), 0);
+    kb_bus *b = open_big(s.url);
+    struct seen seen = {0};
+    assert_int_equal(kb_subscribe(b, "bulk", seen_handler, &seen), KB_OK);
+    assert_int_equal(kb_publish(b, "bulk", "k", 1, big, mib + 1), KB_ETOOBIG);
+    must_say("refused publish", "proto-max-bulk-len (1048576 bytes");
+    assert_int_equal(kb_publish(b, "bulk", "k", 1, big, mib), KB_OK);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    wait_for(&seen.n, 1);
+    assert_int_equal(seen.n, 1);
+
+    /* lowered after open: the dropped connection is explained, then refused */
+    redisContext *rc = redisConnect("127.0.0.1", s.port);
+    freeReplyObject(redisCommand(rc, "CONFIG SET proto-max-bulk-len 2mb"));
+    assert_int_equal(kb_publish(b, "bulk", "k", 1, big, mib + 1), KB_ETOOBIG);   /* read at open */
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    b = open_big(s.url);
+    assert_int_equal(kb_publish(b, "bulk", "k", 1, big, mib + 1), KB_OK);
+    freeReplyObject(redisCommand(rc, "CONFIG SET proto-max-bulk-len 1mb"));
+    assert_int_equal(kb_publish(b, "bulk", "k", 1, big, 2 * mib), KB_OK);
+    assert_int_equal(kb_flush(b, 10000), KB_ETRANSPORT);
+    must_say("flush after an oversized entry", "over its proto-max-bulk-len (1048576 bytes)");
+    assert_int_equal(publish_when_up(b, "bulk", big, 2 * mib), KB_ETOOBIG);
+    assert_int_equal(publish_when_up(b, "bulk", "v", 1), KB_OK);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    redisFree(rc);
+    kb_test_server_stop(&s);
+
+    /* CONFIG refused: said at debug level; an event accepted and never stored
+     * makes kb_close fail, naming the likely cause */
+    const char *hidden[] = {"--proto-max-bulk-len", "1mb", "--rename-command", "CONFIG", "", NULL};
+    assert_int_equal(kb_test_server_start(&s, "redis", hidden), 0);
+    b = open_big(s.url);
+    pthread_mutex_lock(&captured_lock);
+    assert_non_null(strstr(captured, "CONFIG GET proto-max-bulk-len"));
+    pthread_mutex_unlock(&captured_lock);
+    assert_int_equal(kb_publish(b, "bulk", "k", 1, big, 2 * mib), KB_OK);
+    assert_int_equal(kb_close(b, 5000), KB_ETRANSPORT);
+    must_say("close", "1 published events never sent");
+    must_say("close", "probably over its proto-max-bulk-len");
+    kb_test_server_stop(&s);
+    free(big);
+}
+
 /* ---- dead letters: store, list, replay ---- */
 
 struct poison {
@@ -424,6 +597,52 @@ static void stats_and_owner(void **state)
     kb_tracker_destroy(&s.t);
 }
 
+/* ---- consumers that left are removed from the group ---- */
+
+static long long group_consumers(redisContext *c, const char *stream, const char *name)
+{
+    redisReply *r = redisCommand(c, "XINFO CONSUMERS %s keybus", stream);
+    assert_non_null(r);
+    long long n = 0;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+        if (name == NULL || strcmp(r->element[i]->element[1]->str, name) == 0)
+            n++;
+    freeReplyObject(r);
+    return n;
+}
+
+static void consumers_that_left_removed(void **state)
+{
+    (void)state;
+    char topic[96], stream[160];
+    unique_topic(topic, sizeof topic, "left");
+    snprintf(stream, sizeof stream, "kb:{%s}:p:0", topic);
+    redisContext *c = raw();
+    freeReplyObject(redisCommand(c, "XGROUP CREATE %s keybus 0 MKSTREAM", stream));
+    freeReplyObject(redisCommand(c, "XADD %s * k key-a d a", stream));
+    /* "ghost" read it and died: its entry is swept, then the ghost removed */
+    freeReplyObject(redisCommand(c, "XREADGROUP GROUP keybus ghost COUNT 10 STREAMS %s >", stream));
+    assert_int_equal(group_consumers(c, stream, "ghost"), 1);
+
+    kb_bus *b = open_with("partitions", "1", "consumer", "left-1");
+    struct seen s = {0};
+    kb_tracker_init(&s.t, 1);
+    assert_int_equal(kb_subscribe(b, topic, seen_handler, &s), KB_OK);
+    assert_int_equal(kb_publish(b, topic, "key-b", 5, "b", 1), KB_OK);
+    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    wait_for(&s.n, 2);
+    for (int i = 0; i < 1000 && group_consumers(c, stream, "ghost") > 0; i++)
+        usleep(10000);   /* pruned once per lease TTL (2 s here) */
+    assert_int_equal(s.n, 2);
+    assert_int_equal(group_consumers(c, stream, "ghost"), 0);
+    assert_int_equal(group_consumers(c, stream, "left-1"), 1);
+    /* a clean close with everything acked leaves the group too */
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    assert_int_equal(group_consumers(c, stream, NULL), 0);
+    kb_tracker_destroy(&s.t);
+    redisFree(c);
+}
+
 /* ---- the server forgets the group (FLUSHALL): recreated from 0 ---- */
 
 static void group_lost_on_server(void **state)
@@ -503,12 +722,16 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bad_urls_and_unreachable),
         cmocka_unit_test(auth_required),
+        cmocka_unit_test(not_redis_on_the_port),
         cmocka_unit_test(interop_plain_xadd_and_malformed),
+        cmocka_unit_test(misplaced_entry_dead_lettered),
         cmocka_unit_test(pending_of_dead_consumer),
         cmocka_unit_test(partition_count_mismatch),
         cmocka_unit_test(flush_reports_refused_publishes),
+        cmocka_unit_test(bulk_limit),
         cmocka_unit_test(dead_letter_and_replay),
         cmocka_unit_test(stats_and_owner),
+        cmocka_unit_test(consumers_that_left_removed),
         cmocka_unit_test(group_lost_on_server),
         cmocka_unit_test(plain_reads),
         cmocka_unit_test(maxlen_trims),

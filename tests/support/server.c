@@ -145,3 +145,39 @@ void kb_test_server_stop(kb_test_server *s)
         s->dir[0] = '\0';
     }
 }
+
+int kb_test_fake_start(const char *greeting, pid_t *pid)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 64) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    *pid = fork();
+    if (*pid < 0) {
+        close(fd);
+        return -1;
+    }
+    if (*pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        for (;;) {   /* accepted sockets stay open until the process dies */
+            int c = accept(fd, NULL, NULL);
+            if (c >= 0 && greeting != NULL && write(c, greeting, strlen(greeting)) < 0)
+                close(c);
+        }
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+void kb_test_fake_stop(pid_t pid)
+{
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+}

@@ -34,4 +34,12 @@ void kb_test_server_stop(kb_test_server *s);
 /* Wait until something accepts connections on 127.0.0.1:port (0) or timeout (-1). */
 int kb_test_wait_port(int port, int timeout_ms);
 
+/* Something else on a port: a forked listener on a free loopback port that
+ * accepts every connection, writes `greeting` (NULL: nothing) and keeps it
+ * open. Returns the port (and *pid), or -1. */
+int kb_test_fake_start(const char *greeting, pid_t *pid);
+
+/* Stop a fake listener (SIGKILL) and reap it. */
+void kb_test_fake_stop(pid_t pid);
+
 #endif /* KB_TEST_SERVER_H */

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <hiredis/sds.h>
+#include <keybus/pool.h>
 
 #include "../../core/err.h"
 #include "../../core/sync.h"
@@ -16,9 +17,14 @@
 #define PUB_WRITE_BYTES (64 * 1024)   /* publishers write once this much is buffered */
 #define PUB_MAX_INFLIGHT 100000       /* then they wait for replies: bounded memory */
 
+static _Atomic(kb_redis_topic *) *bucket(struct kb_transport *t, const char *name)
+{
+    return &t->by_name[kb_fnv1a32(name, strlen(name)) % KB_REDIS_TOPIC_BUCKETS];
+}
+
 kb_redis_topic *kb__redis_topic_find(struct kb_transport *t, const char *name)
 {
-    for (kb_redis_topic *rt = atomic_load(&t->topics); rt != NULL; rt = rt->next)
+    for (kb_redis_topic *rt = atomic_load(bucket(t, name)); rt != NULL; rt = rt->same_bucket)
         if (strcmp(rt->name, name) == 0)
             return rt;
     return NULL;
@@ -77,10 +83,16 @@ int kb__redis_check_meta(struct kb_transport *t, const char *topic)
 
 static void pub_fail(struct kb_transport *t, const char *why)
 {
-    t->pub_failed += t->pub_inflight;
-    snprintf(t->pub_error, sizeof t->pub_error, "connection to %s lost with %llu publishes "
-             "unconfirmed: %s", t->where, (unsigned long long)t->pub_inflight, why);
+    if (t->pub_inflight > 0) {
+        char cause[600];
+        kb__redis_limit_explain(t, t->pub_big, cause, sizeof cause);
+        t->pub_failed += t->pub_inflight;
+        snprintf(t->pub_error, sizeof t->pub_error, "%sconnection to %s lost with %llu "
+                 "publishes unconfirmed: %s", cause, t->where,
+                 (unsigned long long)t->pub_inflight, why);
+    }
     t->pub_inflight = 0;
+    t->pub_big = 0;
     kb__redis_conn_fail(&t->pub, why);
 }
 
@@ -107,11 +119,23 @@ void kb__redis_pub_pump(struct kb_transport *t, bool wait_all, int64_t deadline_
         if (reply != NULL) {
             redisReply *r = reply;
             if (r->type == REDIS_REPLY_ERROR) {
+                /* "Protocol error: invalid bulk length" may arrive before the close */
+                char cause[600] = "";
+                bool dropped = strstr(r->str, "Protocol error") != NULL;
+                if (dropped)
+                    kb__redis_limit_explain(t, t->pub_big, cause, sizeof cause);
                 t->pub_failed++;
-                snprintf(t->pub_error, sizeof t->pub_error, "XADD refused: %s", r->str);
+                snprintf(t->pub_error, sizeof t->pub_error, "%sXADD refused: %s", cause, r->str);
+                if (dropped) {   /* the server closes the connection after it */
+                    t->pub_inflight--;
+                    freeReplyObject(r);
+                    pub_fail(t, "closed by the server after a protocol error");
+                    return;
+                }
             }
             freeReplyObject(r);
-            t->pub_inflight--;
+            if (--t->pub_inflight == 0)
+                t->pub_big = 0;
             continue;
         }
         int wait_ms = 0;
@@ -192,6 +216,8 @@ static int redis_publish(kb_transport *t, const char *topic, const kb_msg *m)
         rc = KB_ENOMEM;
     } else if (pt->meta_rc != KB_OK) {
         rc = pt->meta_rc == 1 ? KB_ETRANSPORT : pt->meta_rc;
+    } else if ((rc = kb__redis_limit_check(t, topic, m)) != KB_OK) {
+        /* the server would drop the connection, and every publish in flight on it */
     } else if ((c = kb__redis_conn_get(&t->pub, NULL, 0)) == NULL) {
         rc = KB_ETRANSPORT;
     } else if (redisAppendCommandArgv(c, n, argv, lens) != REDIS_OK) {
@@ -199,6 +225,9 @@ static int redis_publish(kb_transport *t, const char *topic, const kb_msg *m)
         rc = KB_ENOMEM;
     } else {
         t->pub_inflight++;
+        size_t big = m->key_len > m->payload_len ? m->key_len : m->payload_len;
+        if (big > t->pub_big)
+            t->pub_big = big;
         atomic_fetch_add_explicit(&pt->published, 1, memory_order_relaxed);
         if (sdslen(c->obuf) >= PUB_WRITE_BYTES || t->pub_inflight > PUB_MAX_INFLIGHT)
             kb__redis_pub_pump(t, false, kb__deadline_ns(t->read_timeout_ms));
@@ -244,7 +273,6 @@ static void topic_free(kb_redis_topic *rt)
         free(rt->parts[i].sending.v);
         pthread_mutex_destroy(&rt->parts[i].lock);
     }
-    kb__redis_conn_close(&rt->conn);
     free(rt->parts);
     free(rt->name);
     free(rt);
@@ -269,11 +297,12 @@ static int redis_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
     snprintf(rt->dlq, sizeof rt->dlq, "kb:{%s}:dlq", topic);
     snprintf(rt->members, sizeof rt->members, "kb:{%s}:members", topic);
     for (uint32_t i = 0; i < rt->nparts; i++) {
+        rt->parts[i].rt = rt;
+        rt->parts[i].index = i;
         pthread_mutex_init(&rt->parts[i].lock, NULL);
         snprintf(rt->parts[i].stream, sizeof rt->parts[i].stream, "kb:{%s}:p:%u", topic, i);
         snprintf(rt->parts[i].lease, sizeof rt->parts[i].lease, "kb:{%s}:lease:%u", topic, i);
     }
-    kb__redis_conn_init(&rt->conn, t, "consumer");
     char err[300];
     pthread_mutex_lock(&t->ctl_lock);
     rc = kb__redis_create_groups(&t->ctl, rt, err, sizeof err);
@@ -283,13 +312,27 @@ static int redis_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
         kb__errf(NULL, 0, "kb_subscribe %s: %s", topic, err);
         return KB_ETRANSPORT;
     }
-    if (pthread_create(&rt->thread, NULL, kb__redis_consume_main, rt) != 0) {
-        topic_free(rt);
-        kb__errf(NULL, 0, "kb_subscribe %s: cannot start the consumer thread", topic);
-        return KB_ENOMEM;
+    if (!t->reader_started) {
+        /* The first topic starts the bus's reader; its connection is made
+         * here so that a failure (EMFILE, say) is this call's error. */
+        if (kb__redis_conn_force(&t->rconn, err, sizeof err) == NULL) {
+            topic_free(rt);
+            kb__errf(NULL, 0, "kb_subscribe %s: the consumer cannot start: %s", topic, err);
+            return KB_ETRANSPORT;
+        }
+        if (pthread_create(&t->reader, NULL, kb__redis_consume_main, t) != 0) {
+            topic_free(rt);
+            kb__errf(NULL, 0, "kb_subscribe %s: cannot start the consumer thread", topic);
+            return KB_ETRANSPORT;
+        }
+        t->reader_started = true;
     }
+    atomic_store(&rt->fresh, true);
+    /* subscribes are serialised by the bus: no other writer */
+    rt->same_bucket = atomic_load(bucket(t, topic));
+    atomic_store(bucket(t, topic), rt);
     rt->next = atomic_load(&t->topics);
-    atomic_store(&t->topics, rt);   /* subscribes are serialised by the bus */
+    atomic_store(&t->topics, rt);
     atomic_store(&t->duties_now, true);
     kb__redis_keeper_wake(t);       /* take leases now rather than at the next tick */
     return KB_OK;
@@ -298,7 +341,7 @@ static int redis_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
 /* ---- settling deliveries (executor threads) ---- */
 
 /* A delivery's cookie is the lease epoch it was read under (see deliver() in
- * redis_consume.c); its topic is found by name (push-only list, few entries). */
+ * redis_consume.c); its topic is found by name (hash chains, push-only). */
 static kb_redis_part *delivery_part(kb_transport *t, const kb_delivery *d)
 {
     kb_redis_topic *rt = kb__redis_topic_find(t, d->topic);
@@ -373,8 +416,8 @@ static void redis_stop(kb_transport *t)
 {
     if (atomic_exchange(&t->consumers_stop, true))
         return;
-    for (kb_redis_topic *rt = atomic_load(&t->topics); rt != NULL; rt = rt->next)
-        pthread_join(rt->thread, NULL);
+    if (t->reader_started)
+        pthread_join(t->reader, NULL);
 }
 
 static void transport_free(kb_transport *t)
@@ -395,6 +438,7 @@ static void transport_free(kb_transport *t)
     kb__redis_conn_close(&t->pub);
     kb__redis_conn_close(&t->ctl);
     kb__redis_conn_close(&t->kc);
+    kb__redis_conn_close(&t->rconn);
     pthread_mutex_destroy(&t->pub_lock);
     pthread_mutex_destroy(&t->ctl_lock);
     pthread_mutex_destroy(&t->keeper_lock);
@@ -414,12 +458,20 @@ static int redis_close(kb_transport *t)
         pthread_join(t->keeper, NULL);
     pthread_mutex_lock(&t->pub_lock);
     kb__redis_pub_pump(t, true, kb__deadline_ns(t->read_timeout_ms));
-    if (t->pub_inflight > 0 || t->pub_failed > 0)
-        kb_log(t->bus, 4, "redis: closing with %llu publishes unconfirmed and %llu failed",
-               (unsigned long long)t->pub_inflight, (unsigned long long)t->pub_failed);
+    int rc = KB_OK;
+    if (t->pub_inflight > 0 || t->pub_failed > 0) {
+        /* accepted by kb_publish, not stored, not reported by a kb_flush yet */
+        kb__errf(NULL, 0, "redis: %llu published events never sent to %s (%llu unconfirmed at "
+                 "close, %llu failed since the last kb_flush%s%s)",
+                 (unsigned long long)(t->pub_inflight + t->pub_failed), t->where,
+                 (unsigned long long)t->pub_inflight, (unsigned long long)t->pub_failed,
+                 t->pub_failed > 0 ? ": " : "", t->pub_failed > 0 ? t->pub_error : "");
+        kb_log(t->bus, 3, "%s", kb_last_error());
+        rc = KB_ETRANSPORT;
+    }
     pthread_mutex_unlock(&t->pub_lock);
     transport_free(t);
-    return KB_OK;
+    return rc;
 }
 
 static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *errstr,
@@ -442,6 +494,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     kb__redis_conn_init(&t->pub, t, "publish");
     kb__redis_conn_init(&t->ctl, t, "control");
     kb__redis_conn_init(&t->kc, t, "keeper");
+    kb__redis_conn_init(&t->rconn, t, "consumer");
     if (kb__redis_parse_url(kb_conf_str(c, "transport"), &t->addr, errstr, errlen) != KB_OK) {
         transport_free(t);
         return KB_ETRANSPORT;
@@ -480,6 +533,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
         transport_free(t);
         return KB_ETRANSPORT;
     }
+    kb__redis_limit_read(t);
     if (pthread_create(&t->keeper, NULL, kb__redis_keeper_main, t) != 0) {
         kb__errf(errstr, errlen, "redis: cannot start the keeper thread");
         transport_free(t);

@@ -18,8 +18,9 @@ const kb_prop kb__redis_props[] = {
      "Redis: partition lease and membership TTL; renewed 4 times per TTL. A dead "
      "process's partitions move after about this long."},
     {"redis.fenced_reads", KB_PROP_INT, "1", 0, 1,
-     "Redis: 1 = each read is validated on the server in the same pipeline (`GET` of the "
-     "lease, `XPENDING`; entries read after the lease was lost are swept again), so a process "
+     "Redis: 1 = each read is validated on the server before its entries are delivered "
+     "(`GET` of the lease and `XPENDING` of each partition it returned entries of; entries "
+     "read after the lease was lost are swept again), so a process "
      "paused past its lease cannot take entries the next owner should get; 0 = plain "
      "`XREADGROUP`, fenced only by the local lease deadline (a pause between that check and "
      "the read can strand entries and reorder their keys)."},

@@ -136,6 +136,23 @@ static const char *handshake(redisContext *c, const kb_redis_addr *a, char *buf,
         }
         freeReplyObject(r);
     }
+    /* Something that is not Redis may listen here: find out now, not at the
+     * first real command. */
+    r = redisCommand(c, "PING");
+    bool pong = r != NULL && ((r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0) ||
+                              (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "LOADING", 7) == 0));
+    if (!pong) {   /* LOADING after a restart is Redis too: commands retry then */
+        bool silent = r == NULL && c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+        if (r != NULL && r->type == REDIS_REPLY_ERROR)   /* Redis, but not for us: NOAUTH... */
+            snprintf(buf, len, "PING refused: %s", r->str);
+        else
+            snprintf(buf, len, "not a Redis server? PING %s: %s",
+                     silent ? "got no answer within redis.read_timeout_ms" : "failed",
+                     r == NULL ? c->errstr : "the answer is not PONG");
+        freeReplyObject(r);
+        return buf;
+    }
+    freeReplyObject(r);
     if (a->db != 0) {
         r = redisCommand(c, "SELECT %d", a->db);
         if (r == NULL || r->type == REDIS_REPLY_ERROR) {

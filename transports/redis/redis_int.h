@@ -2,7 +2,8 @@
  *
  * Threads and connections (a blocking read never shares a connection):
  *   - publishers: one pipelined connection under pub_lock (redis.c);
- *   - one consumer thread per subscribed topic, own connection (redis_consume.c);
+ *   - one reader thread and connection for every subscribed topic: one
+ *     XREADGROUP reads all owned partitions of all topics (redis_consume.c);
  *   - one keeper thread: heartbeats, leases, batched fenced XACKs, dead letters
  *     (redis_lease.c, redis_dlq.c);
  *   - application calls that need an answer (subscribe, stats, DLQ listing):
@@ -20,6 +21,8 @@
 #include <keybus/transport.h>
 
 #define KB_REDIS_ID_MAX 48      /* "ms-seq" of two 64-bit numbers, NUL included */
+#define KB_REDIS_TOPIC_BUCKETS 1024   /* topic lookup by name: a chain per fnv1a32 % this */
+#define KB_REDIS_BULK_DEFAULT (512 * 1024 * 1024)   /* Redis's default proto-max-bulk-len */
 
 /* Where to connect; the password never reaches a log line or an errstr. */
 typedef struct kb_redis_addr {
@@ -60,6 +63,12 @@ typedef struct kb_redis_part {
     _Atomic int64_t deadline_ns;  /* lease valid locally until then (monotonic) */
     _Atomic uint32_t epoch;       /* bumped on each acquisition: consumer re-sweeps */
     _Atomic int64_t inflight;     /* delivered, not yet acked / dead / released */
+    uint32_t swept;               /* reader only: epoch whose sweep is done; 0 = sweep due */
+    struct kb_redis_wait *waiting; /* reader only: entries read, their lane full (consume.c) */
+    uint32_t sweeping;            /* reader only: epoch of a sweep paused on a full lane */
+    char sweep_cursor[KB_REDIS_ID_MAX];   /* where that sweep goes on; "" = its last page */
+    uint32_t index;               /* N */
+    struct kb_redis_topic *rt;
     int64_t renewed_ns;           /* keeper only: last successful renew */
     pthread_mutex_t lock;         /* guards jobs */
     kb_redis_jobs jobs;
@@ -68,9 +77,11 @@ typedef struct kb_redis_part {
     char lease[300];              /* kb:{topic}:lease:N */
 } kb_redis_part;
 
-/* A subscribed topic. Linked into t->topics (push-only until close). */
+/* A subscribed topic. Linked into t->topics and into its bucket of
+ * t->by_name (both push-only until close). */
 typedef struct kb_redis_topic {
     struct kb_redis_topic *next;
+    struct kb_redis_topic *same_bucket;
     struct kb_transport *t;
     char *name;
     kb_sink *sink;
@@ -78,8 +89,7 @@ typedef struct kb_redis_topic {
     kb_redis_part *parts;
     char dlq[300];                /* kb:{topic}:dlq */
     char members[300];            /* kb:{topic}:members */
-    pthread_t thread;
-    kb_redis_conn conn;           /* the consumer's own */
+    _Atomic bool fresh;           /* subscribed since the keeper's last pass */
 } kb_redis_topic;
 
 /* A topic published to: metadata checked once, count of accepted publishes. */
@@ -111,16 +121,23 @@ struct kb_transport {
     kb_redis_conn pub;
     uint64_t pub_inflight;        /* sent or buffered, reply not read */
     uint64_t pub_failed;          /* failed since the last flush */
-    char pub_error[512];
+    char pub_error[1024];
     kb_redis_pubtopic *pubtopics;
     _Atomic bool pub_dirty;       /* buffered bytes the keeper should send */
+    size_t pub_big;               /* largest key or payload among unconfirmed publishes */
+    int64_t bulk_max;             /* server's proto-max-bulk-len (redis_limit.c) */
+    bool bulk_known;              /* read from the server, not assumed */
 
     /* control */
     pthread_mutex_t ctl_lock;
     kb_redis_conn ctl;
 
-    /* subscribed topics and the keeper */
+    /* subscribed topics, their reader, and the keeper */
     _Atomic(kb_redis_topic *) topics;
+    _Atomic(kb_redis_topic *) by_name[KB_REDIS_TOPIC_BUCKETS];   /* every ack looks one up */
+    pthread_t reader;
+    bool reader_started;
+    kb_redis_conn rconn;          /* the reader's own: blocking reads */
     pthread_mutex_t keeper_lock;
     pthread_cond_t keeper_cond;
     _Atomic uint64_t jobs_queued; /* acks / dead letters waiting for the keeper */
@@ -129,7 +146,7 @@ struct kb_transport {
     _Atomic uint64_t unowned;     /* deliveries released by still_owned: lease lost */
     _Atomic uint64_t stray;       /* reads that found another consumer's entries: re-swept */
     _Atomic bool consumers_stop, keeper_stop;
-    _Atomic bool duties_now;      /* a new topic: take its leases without waiting a tick */
+    _Atomic bool duties_now;      /* new topics: take their leases without waiting a tick */
     bool keeper_started;
     pthread_t keeper;
     kb_redis_conn kc;
@@ -157,8 +174,13 @@ int kb__redis_check_meta(struct kb_transport *t, const char *topic);
 void kb__redis_pub_pump(struct kb_transport *t, bool wait_all, int64_t deadline_ns);
 void kb__redis_keeper_wake(struct kb_transport *t);
 
+/* redis_limit.c: the server's proto-max-bulk-len (bulk_max, under pub_lock) */
+void kb__redis_limit_read(struct kb_transport *t);
+int kb__redis_limit_check(struct kb_transport *t, const char *topic, const kb_msg *m);
+void kb__redis_limit_explain(struct kb_transport *t, size_t big, char *out, size_t len);
+
 /* redis_consume.c */
-void *kb__redis_consume_main(void *arg);
+void *kb__redis_consume_main(void *arg);   /* arg: the transport */
 /* XGROUP CREATE ... 0 MKSTREAM on every partition (BUSYGROUP is fine). */
 int kb__redis_create_groups(kb_redis_conn *k, kb_redis_topic *rt, char *errstr, size_t errlen);
 

@@ -23,6 +23,24 @@ static const char RENEW_LUA[] =
 static const char RELEASE_LUA[] =
     "if redis.call('get',KEYS[1])==ARGV[1] then return redis.call('del',KEYS[1]) end return 0";
 
+/* Consumers that left: no pending entry, no lease, no heartbeat within a TTL,
+ * idle at least ARGV[3] ms (ARGV[4]: only this name, or ""). Checked and
+ * deleted in one script, so no entry can become pending in between and be
+ * dropped with its consumer. KEYS: members, then the streams, then the leases. */
+static const char PRUNE_LUA[] =
+    "local n=(#KEYS-1)/2 local held={} "
+    "for i=1,n do local v=redis.call('get',KEYS[n+1+i]) "
+    "if v then held[string.match(v,'^(.*)#') or v]=true end end "
+    "local gone=0 "
+    "for i=1,n do local cs=redis.pcall('xinfo','consumers',KEYS[1+i],ARGV[1]) "
+    "if not cs.err then for _,c in ipairs(cs) do local f={} "
+    "for j=1,#c,2 do f[c[j]]=c[j+1] end "
+    "if f.pending==0 and f.idle>=tonumber(ARGV[3]) and not held[f.name] and "
+    "(ARGV[4]=='' or ARGV[4]==f.name) then local s=redis.call('zscore',KEYS[1],f.name) "
+    "if not s or tonumber(s)<=tonumber(ARGV[2]) then "
+    "redis.call('xgroup','delconsumer',KEYS[1+i],ARGV[1],f.name) gone=gone+1 end end "
+    "end end end return gone";
+
 int kb__redis_id_cmp(const char *a, const char *b)
 {
     char *e;
@@ -307,14 +325,13 @@ static void lease_topic(struct kb_transport *t, redisContext *c, kb_redis_topic 
         freeReplyObject(r[i]);
 }
 
-static void release(struct kb_transport *t, kb_redis_topic *rt, uint32_t part, bool all)
+static void release(struct kb_transport *t, kb_redis_topic *rt, uint32_t part)
 {
     kb_redis_part *p = &rt->parts[part];
-    int st = atomic_load(&p->state);
-    if (st == KB_PART_FREE || (!all && (st != KB_PART_DRAINING || atomic_load(&p->inflight) != 0)))
+    if (atomic_load(&p->state) != KB_PART_DRAINING || atomic_load(&p->inflight) != 0)
         return;
-    /* inflight is 0 (or we are closing): every ack of the partition is queued;
-     * send them before the next owner can claim the entries */
+    /* inflight is 0: every ack of the partition is queued; send them before
+     * the next owner can claim the entries */
     flush_jobs(t);
     const char *argv[] = {"EVAL", RELEASE_LUA, "1", p->lease, t->token};
     redisReply *r = kb__redis_cmd(&t->kc, 5, argv, NULL);
@@ -325,15 +342,56 @@ static void release(struct kb_transport *t, kb_redis_topic *rt, uint32_t part, b
     }
 }
 
-static void duties(struct kb_transport *t)
+/* XGROUP DELCONSUMER for the topic's consumers that left (see PRUNE_LUA), so
+ * names like <host>-<pid> do not pile up in XINFO CONSUMERS. */
+static void prune(struct kb_transport *t, kb_redis_topic *rt, const char *only)
+{
+    size_t n = rt->nparts, argc = 0;
+    const char **argv = malloc((8 + 2 * n) * sizeof *argv);
+    if (argv == NULL)
+        return;   /* next time */
+    char keys[16], dead_before[24], idle[16];
+    snprintf(keys, sizeof keys, "%zu", 1 + 2 * n);
+    snprintf(dead_before, sizeof dead_before, "%lld",
+             (long long)(kb__redis_wall_ms() - t->lease_ttl_ms));
+    snprintf(idle, sizeof idle, "%d", only[0] != '\0' ? 0 : t->lease_ttl_ms);
+    argv[argc++] = "EVAL";
+    argv[argc++] = PRUNE_LUA;
+    argv[argc++] = keys;
+    argv[argc++] = rt->members;
+    for (size_t i = 0; i < n; i++)
+        argv[argc++] = rt->parts[i].stream;
+    for (size_t i = 0; i < n; i++)
+        argv[argc++] = rt->parts[i].lease;
+    argv[argc++] = t->group;
+    argv[argc++] = dead_before;
+    argv[argc++] = idle;
+    argv[argc++] = only;
+    redisReply *r = kb__redis_cmd(&t->kc, (int)argc, argv, NULL);
+    if (r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer > 0)
+        kb_log(t->bus, 6, "redis: removed %lld idle consumers that left %s from group %s",
+               r->integer, rt->name, t->group);
+    else if (r != NULL && r->type == REDIS_REPLY_ERROR)
+        kb_log(t->bus, 4, "redis: removing consumers that left %s: %s", rt->name, r->str);
+    freeReplyObject(r);
+    free(argv);
+}
+
+/* Every topic on the tick; between ticks only those just subscribed, so N
+ * subscribes cost N lease rounds, not N * topics. */
+static void duties(struct kb_transport *t, bool all, bool prune_now)
 {
     for (kb_redis_topic *rt = atomic_load(&t->topics); rt != NULL; rt = rt->next) {
+        if (!atomic_exchange(&rt->fresh, false) && !all)
+            continue;
         redisContext *c = kb__redis_conn_get(&t->kc, NULL, 0);
         if (c == NULL)
             return;
         lease_topic(t, c, rt);
         for (uint32_t i = 0; i < rt->nparts; i++)
-            release(t, rt, i, false);
+            release(t, rt, i);
+        if (prune_now)
+            prune(t, rt, "");
     }
 }
 
@@ -346,11 +404,27 @@ static void goodbye(struct kb_transport *t)
         struct timespec nap = {0, 100 * 1000000L};   /* a reconnect may be due */
         nanosleep(&nap, NULL);
     }
+    /* Hand every lease back and leave: one pipeline per topic. */
     for (kb_redis_topic *rt = atomic_load(&t->topics); rt != NULL; rt = rt->next) {
+        redisContext *c = kb__redis_conn_get(&t->kc, NULL, 0);
+        if (c == NULL)
+            return;   /* the leases expire after their TTL */
+        int n = 0;
+        for (uint32_t i = 0; i < rt->nparts; i++, n++)
+            redisAppendCommand(c, "EVAL %s 1 %s %s", RELEASE_LUA, rt->parts[i].lease, t->token);
+        redisAppendCommand(c, "ZREM %s %s", rt->members, t->consumer);
+        for (int got = 0; got <= n; got++) {
+            redisReply *r = NULL;
+            if (redisGetReply(c, (void **)&r) != REDIS_OK) {
+                kb__redis_conn_fail(&t->kc, c->errstr);
+                return;
+            }
+            freeReplyObject(r);
+        }
         for (uint32_t i = 0; i < rt->nparts; i++)
-            release(t, rt, i, true);
-        const char *argv[] = {"ZREM", rt->members, t->consumer};
-        freeReplyObject(kb__redis_cmd(&t->kc, 3, argv, NULL));
+            atomic_store(&rt->parts[i].state, KB_PART_FREE);
+        kb_log(t->bus, 6, "redis: %s handed back the partitions of %s", t->consumer, rt->name);
+        prune(t, rt, t->consumer);   /* everything acked: leave the group too */
     }
 }
 
@@ -361,6 +435,7 @@ void *kb__redis_keeper_main(void *arg)
     if (tick > 1000000000)
         tick = 1000000000;
     int64_t next_duty = 0;
+    unsigned rounds = 0;
     while (!atomic_load(&t->keeper_stop)) {
         if (atomic_load_explicit(&t->pub_dirty, memory_order_relaxed)) {
             pthread_mutex_lock(&t->pub_lock);
@@ -370,9 +445,12 @@ void *kb__redis_keeper_main(void *arg)
         if (atomic_load(&t->jobs_queued) > 0 || t->jobs_unsent)
             flush_jobs(t);
         int64_t now = kb__now_ns();
-        if (now >= next_duty || atomic_exchange(&t->duties_now, false)) {
-            duties(t);
+        bool fresh = atomic_exchange(&t->duties_now, false);
+        if (now >= next_duty) {
+            duties(t, true, ++rounds % 4 == 0);   /* consumers that left: once per TTL or so */
             next_duty = now + tick;
+        } else if (fresh) {
+            duties(t, false, false);
         }
         pthread_mutex_lock(&t->keeper_lock);
         if (!atomic_load(&t->keeper_stop) && atomic_load(&t->jobs_queued) == 0 &&

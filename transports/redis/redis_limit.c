@@ -1,0 +1,91 @@
+/* The server's size limit on one command argument (proto-max-bulk-len): read
+ * at kb_open, checked at publish, and named when the server drops the
+ * publishing connection over an argument it will not take. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../core/err.h"
+#include "redis_int.h"
+
+/* Redis refuses to lower proto-max-bulk-len below this: smaller arguments can
+ * never be why a connection was dropped. */
+#define BULK_FLOOR (1024 * 1024)
+
+/* CONFIG GET proto-max-bulk-len on the control connection (caller holds
+ * ctl_lock): the limit, or 0 when CONFIG is refused (ACL, renamed command)
+ * or the server is unreachable; `why` then says which. */
+static int64_t ask_bulk_max(struct kb_transport *t, char *why, size_t len)
+{
+    const char *argv[] = {"CONFIG", "GET", "proto-max-bulk-len"};
+    redisReply *r = kb__redis_cmd(&t->ctl, 3, argv, NULL);
+    int64_t v = 0;
+    if (r == NULL)
+        snprintf(why, len, "%s unreachable", t->where);
+    else if (r->type == REDIS_REPLY_ERROR)
+        snprintf(why, len, "%s", r->str);
+    else if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+             r->element[1]->type != REDIS_REPLY_STRING)
+        snprintf(why, len, "unexpected reply");
+    else
+        v = strtoll(r->element[1]->str, NULL, 10);
+    freeReplyObject(r);
+    return v;
+}
+
+/* At kb_open, before any other thread runs. */
+void kb__redis_limit_read(struct kb_transport *t)
+{
+    char why[400];
+    pthread_mutex_lock(&t->ctl_lock);
+    int64_t v = ask_bulk_max(t, why, sizeof why);
+    pthread_mutex_unlock(&t->ctl_lock);
+    if (v > 0) {
+        t->bulk_max = v;
+        t->bulk_known = true;
+        return;
+    }
+    t->bulk_max = KB_REDIS_BULK_DEFAULT;
+    t->bulk_known = false;
+    kb_log(t->bus, 7, "redis: CONFIG GET proto-max-bulk-len on %s refused (%s); assuming the "
+           "server default of %d bytes per key or payload", t->where, why, KB_REDIS_BULK_DEFAULT);
+}
+
+/* Caller holds pub_lock. */
+int kb__redis_limit_check(struct kb_transport *t, const char *topic, const kb_msg *m)
+{
+    int64_t max = t->bulk_max;
+    size_t big = m->key_len > m->payload_len ? m->key_len : m->payload_len;
+    if ((int64_t)big <= max)
+        return KB_OK;
+    kb__errf(NULL, 0, "kb_publish %s: %s of %zu bytes exceeds the Redis server's "
+             "proto-max-bulk-len (%lld bytes%s on %s)", topic,
+             m->key_len > m->payload_len ? "key" : "payload", big, (long long)max,
+             t->bulk_known ? "" : ", assumed: CONFIG GET refused", t->where);
+    return KB_ETOOBIG;
+}
+
+/* The publishing connection broke with an argument of `big` bytes unconfirmed
+ * (caller holds pub_lock; lock order pub_lock -> ctl_lock). Redis answers an
+ * argument over its limit with "Protocol error: invalid bulk length" and closes
+ * at once, so the client mostly sees only a reset: say what the cause was. */
+void kb__redis_limit_explain(struct kb_transport *t, size_t big, char *out, size_t len)
+{
+    out[0] = '\0';
+    if (big <= BULK_FLOOR)
+        return;
+    char why[400];
+    pthread_mutex_lock(&t->ctl_lock);
+    int64_t v = ask_bulk_max(t, why, sizeof why);
+    pthread_mutex_unlock(&t->ctl_lock);
+    if (v > 0) {
+        t->bulk_max = v;   /* it may have changed since kb_open */
+        t->bulk_known = true;
+        if ((int64_t)big > v)
+            snprintf(out, len, "the server closed the connection after a %zu-byte argument, "
+                     "over its proto-max-bulk-len (%lld bytes); ", big, (long long)v);
+    } else {
+        snprintf(out, len, "the server closed the connection after a %zu-byte argument, "
+                 "probably over its proto-max-bulk-len (CONFIG GET refused: %s); ", big, why);
+    }
+}
