@@ -67,7 +67,7 @@ static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_na
     kb_nats_claim *c = e->claim;
     int rc = kb__nats_dlq_publish(f->t, f->tp, natsMsg_GetSubject(m), id, ev->key, ev->key_len,
                                   ev->payload, ev->payload_len, c->part->n,
-                                  (uint32_t)meta->delivered, why);
+                                  kb__nats_attempt(c, meta->sseq, meta->delivered), why);
     kb__nats_settle(e, rc == KB_OK);
     if (rc != KB_OK)
         kb__nats_claim_reset(f->t, c);   /* redelivered to a fresh claim */
@@ -87,7 +87,7 @@ static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta 
     }
     kb_delivery d = {.topic = f->tp->name, .key = ev->key, .key_len = ev->key_len,
                      .payload = ev->payload ? ev->payload : "", .payload_len = ev->payload_len,
-                     .partition = n, .attempt = (uint32_t)meta->delivered, .id = id, .cookie = e};
+                     .partition = n, .attempt = kb__nats_attempt(e->claim, meta->sseq, meta->delivered), .id = id, .cookie = e};
     int rc = kb_sink_deliver(f->tp->sink, &d, -1);   /* waits while the lane is full */
     if (rc == KB_OK)
         return true;

@@ -21,6 +21,7 @@
 #define KB_NATS_OMITTED_HDR "Kb-Body-Omitted"  /* dead letter stored without its body (size) */
 #define KB_NATS_BATCH_MAX 4096            /* events per frame, nats.publish_batch's limit */
 #define KB_NATS_HDR_ROOM 1024             /* headers of a message, within max_payload */
+#define KB_NATS_MARKS 16                  /* earlier deliveries remembered per claim */
 
 /* One delivered message (one event, or a frame of several) waiting for its
  * handlers. The natsMsg keeps the $JS.ACK reply subject that AckAll needs. */
@@ -52,6 +53,8 @@ typedef struct kb_nats_claim {
     _Atomic int freed;             /* ring freed by the acker */
     _Atomic uint64_t acked_to;     /* stream sequence of the last AckAll sent */
     int64_t last_wpi_ns;           /* acker: last in-progress ack */
+    uint64_t marks[KB_NATS_MARKS]; /* highest sequences earlier consumers delivered */
+    uint32_t nmarks;
     /* feeder only */
     uint64_t delivered_hi;         /* highest stream sequence handed to the sink */
     bool pull_open;
@@ -224,6 +227,9 @@ kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev
  * holds the lease. */
 void kb__nats_claim_reset(kb_transport *t, kb_nats_claim *c);
 void kb__nats_claim_free_all(kb_nats_part *p);
+/* Deliveries of stream sequence sseq so far: this consumer's count plus one
+ * per earlier consumer of the partition that delivered it. */
+uint32_t kb__nats_attempt(const kb_nats_claim *c, uint64_t sseq, uint64_t delivered);
 
 /* nats_lease.c */
 int kb__nats_lease_open(kb_transport *t, char *errstr, size_t errlen);

@@ -129,15 +129,63 @@ static bool wanted(const members *ms, const kb_nats_part *p, bool have)
     return best != NULL && strcmp(best, ms->mine) == 0;
 }
 
-/* A fresh consumer for a new claim, starting after the highest ack floor of
- * the partition's earlier consumers (which are deleted). */
+/* Where an earlier consumer of the partition stopped. A consumer that has
+ * acked nothing yet reports AckFloor.Stream 0 even though it started at
+ * OptStartSeq (nats-server 2.9), so its floor is OptStartSeq - 1. Trusting the
+ * reported 0 was the replay storm of issue 19: with a stable consumer name a
+ * restarted process takes its leases back at once, so an incarnation killed
+ * before its first ack left only such a consumer behind (the older ones were
+ * deleted), and the next one started the partition again at sequence 1. */
+static uint64_t floor_of(const jsConsumerInfo *ci)
+{
+    uint64_t start = ci->Config != NULL && ci->Config->DeliverPolicy == js_DeliverByStartSequence &&
+                             ci->Config->OptStartSeq > 0
+                         ? ci->Config->OptStartSeq - 1
+                         : 0;
+    return ci->AckFloor.Stream > start ? ci->AckFloor.Stream : start;
+}
+
+/* Deliveries by earlier consumers, so a redelivery carries its true attempt
+ * count although each claim has a fresh consumer (whose own count starts at 1):
+ * each mark is the highest sequence one earlier consumer delivered; an event
+ * was delivered before once per mark at or above it. The marks travel in the
+ * consumer's Description ("kb-seen m1 m2 ..."), across processes. */
+static void marks_add(kb_nats_claim *c, uint64_t mark, uint64_t floor)
+{
+    if (mark > floor && c->nmarks < KB_NATS_MARKS)
+        c->marks[c->nmarks++] = mark;
+}
+
+static void marks_inherit(kb_nats_claim *c, const jsConsumerInfo *ci, uint64_t floor)
+{
+    const char *d = ci->Config != NULL ? ci->Config->Description : NULL;
+    if (d != NULL && strncmp(d, "kb-seen", 7) == 0)
+        for (char *p = (char *)d + 7, *end; *p; p = end) {
+            uint64_t m = strtoull(p, &end, 10);
+            if (end == p)
+                break;
+            marks_add(c, m, floor);
+        }
+    marks_add(c, ci->Delivered.Stream, floor);
+}
+
+static void marks_describe(const kb_nats_claim *c, char *buf, size_t len)
+{
+    size_t o = (size_t)snprintf(buf, len, "kb-seen");
+    for (uint32_t i = 0; i < c->nmarks && o + 22 < len; i++) {
+        buf[o++] = ' ';
+        o += kb__nats_put_u64(buf + o, c->marks[i]);
+    }
+}
+
+/* A fresh consumer for a new claim, starting after the highest floor of the
+ * partition's earlier consumers (which are deleted). */
 static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev)
 {
     kb_nats_topic *tp = p->topic;
     char prefix[160];
     snprintf(prefix, sizeof prefix, "%s_%u_", t->group, p->n);
     uint64_t floor = 0;
-    bool seen = false;
     jsConsumerInfoList *list = NULL;
     jsErrCode jerr = 0;
     natsStatus s = js_Consumers(&list, t->js, tp->stream, NULL, &jerr);
@@ -146,22 +194,24 @@ static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev)
                natsStatus_GetText(s));
         return NULL;
     }
-    for (int i = 0; list != NULL && i < list->Count; i++) {
-        jsConsumerInfo *ci = list->List[i];
-        if (strncmp(ci->Name, prefix, strlen(prefix)) != 0)
-            continue;
-        if (!seen || ci->AckFloor.Stream > floor)
-            floor = ci->AckFloor.Stream;
-        seen = true;
-    }
+    for (int i = 0; list != NULL && i < list->Count; i++)
+        if (strncmp(list->List[i]->Name, prefix, strlen(prefix)) == 0 &&
+            floor_of(list->List[i]) > floor)
+            floor = floor_of(list->List[i]);
     kb_nats_claim *c = kb__nats_claim_new(t, p, rev);
     if (c == NULL) {
         jsConsumerInfoList_Destroy(list);
         return NULL;
     }
+    for (int i = 0; list != NULL && i < list->Count; i++)
+        if (strncmp(list->List[i]->Name, prefix, strlen(prefix)) == 0)
+            marks_inherit(c, list->List[i], floor);
+    char desc[32 + 22 * KB_NATS_MARKS];
+    marks_describe(c, desc, sizeof desc);
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);
     cc.Durable = c->consumer;
+    cc.Description = desc;
     cc.AckPolicy = js_AckAll;   /* one ack covers the finished prefix */
     cc.AckWait = t->ack_wait_ms * 1000000;
     cc.MaxAckPending = t->max_ack_pending;
