@@ -663,6 +663,93 @@ static void huge_foreign_message_does_not_block(void **state)
     assert_int_equal(kb_close(b, 10000), KB_OK);
 }
 
+static _Atomic int poison_calls;
+
+/* Keys over 1 KiB are poison: dead-lettered at once. */
+static int poison_or_record(const kb_event *ev, void *opaque)
+{
+    if (ev->key_len > 1024) {
+        atomic_fetch_add(&poison_calls, 1);
+        return KB_DEAD;
+    }
+    return record(ev, opaque);
+}
+
+/* A key of `home` partition: base-N. */
+static void key_in(char *out, size_t len, const char *base, uint32_t home)
+{
+    for (int i = 0; i < 1000; i++) {
+        snprintf(out, len, "%s-%d", base, i);
+        if (home_of(out) == home)
+            return;
+    }
+    fail_msg("no key of partition %u", home);
+}
+
+/* A frame mixing good events and a poison one whose dead letter cannot be
+ * stored (a 60,000-byte binary key: as a Kb-Bin-Key header it is over the
+ * server's 64 KiB header limit). The poison reaches its handler once, the good
+ * events once each, the lost dead letter is counted, and the partition goes on
+ * (it used to come back for ever, attempt 1 each time). */
+#define POISON_KEY 60000
+static void poison_frame_does_not_loop(void **state)
+{
+    (void)state;
+    const char *topic = "frames.poison";
+    rec_reset();
+    atomic_store(&poison_calls, 0);
+    const char *const kv[] = {"limits.max_key_bytes", "65535", "retry.max_attempts", "3", NULL};
+    kb_bus *b = open_bus(kv);
+    assert_int_equal(kb_subscribe(b, topic, poison_or_record, NULL), KB_OK);
+    char *poison = malloc(POISON_KEY);
+    assert_non_null(poison);
+    for (size_t i = 0; i < POISON_KEY; i++)
+        poison[i] = (char)(1 + i % 200);   /* not printable: base64 in a header */
+    uint32_t home = kb_fnv1a32(poison, POISON_KEY) % PARTITIONS;
+    char good_a[32], good_b[32];
+    key_in(good_a, sizeof good_a, "good-a", home);
+    key_in(good_b, sizeof good_b, "good-b", home);
+    size_t cap = 3 * 8 + POISON_KEY + 64, len = 0;
+    char *body = malloc(cap);
+    assert_non_null(body);
+    const char *keys[] = {good_a, poison, good_b}, *payloads[] = {"one", "poison", "two"};
+    for (int i = 0; i < 3; i++) {
+        size_t kl = i == 1 ? POISON_KEY : strlen(keys[i]), pl = strlen(payloads[i]);
+        put_u32(body + len, (uint32_t)kl);
+        memcpy(body + len + 4, keys[i], kl);
+        put_u32(body + len + 4 + kl, (uint32_t)pl);
+        memcpy(body + len + 8 + kl, payloads[i], pl);
+        len += 8 + kl + pl;
+    }
+    client c;
+    client_open(&c);
+    publish_raw(&c, topic, home, "3", NULL, body, len);
+    publish_raw(&c, topic, home, NULL, good_a, "after", 5);
+    free(body);
+    free(poison);
+    wait_recorded(3);
+    kb_partition_stats ps = {0};
+    for (int i = 0; i < 1000; i++) {   /* until the partition is acked */
+        assert_int_equal(kb_partition_stats_get(b, topic, home, &ps), KB_OK);
+        if (ps.pending == 0 && ps.lag == 0)
+            break;
+        usleep(10000);
+    }
+    assert_int_equal(ps.pending, 0);
+    assert_int_equal(ps.lag, 0);
+    kb_topic_stats st;
+    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    assert_int_equal(atomic_load(&poison_calls), 1);
+    assert_int_equal(rec_count(), 3);
+    assert_string_equal(rec.payload[0], "one");
+    assert_string_equal(rec.payload[1], "two");
+    assert_string_equal(rec.payload[2], "after");
+    assert_int_equal(st.dead_letters_lost, 1);
+    assert_int_equal(st.dlq_length, 0);
+    client_close(&c);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+}
+
 int main(void)
 {
     if (kb_test_server_start(&server, "nats", NULL) != 0)
@@ -674,6 +761,7 @@ int main(void)
         cmocka_unit_test(malformed_frames_dead_letter),
         cmocka_unit_test(oversized_event_rejected),
         cmocka_unit_test(huge_foreign_message_does_not_block),
+        cmocka_unit_test(poison_frame_does_not_loop),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     kb_test_server_stop(&server);

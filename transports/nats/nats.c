@@ -183,6 +183,7 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->reconnect_wait_ms = kb_conf_int(c, "nats.reconnect_wait_ms");
     t->reconnect_max_ms = kb_conf_int(c, "nats.reconnect_max_wait_ms");
     t->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
+    t->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
     t->batch_events = (uint32_t)kb_conf_int(c, "nats.publish_batch");
     t->linger_ns = kb_conf_int(c, "nats.publish_linger_us") * 1000;
     snprintf(t->id, sizeof t->id, "%s", kb_conf_str(c, "consumer"));

@@ -68,9 +68,10 @@ static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_na
     int rc = kb__nats_dlq_publish(f->t, f->tp, natsMsg_GetSubject(m), id, ev->key, ev->key_len,
                                   ev->payload, ev->payload_len, c->part->n,
                                   kb__nats_attempt(c, meta->sseq, meta->delivered), why);
-    kb__nats_settle(e, rc == KB_OK);
-    if (rc != KB_OK)
-        kb__nats_claim_reset(f->t, c);   /* redelivered to a fresh claim */
+    if (rc != KB_OK && rc != KB_ETIMEDOUT)
+        kb_log(f->t->bus, 3, "nats %s: dead letter of %s on %s lost: %s", f->t->url_safe, id,
+               natsMsg_GetSubject(m), kb_last_error());
+    kb__nats_dlq_settle(f->t, e, rc);
 }
 
 /* Hand one event to the sink; false when the bus refused it (closing). */
@@ -85,9 +86,14 @@ static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta 
         dead_on_arrival(f, e, m, meta, id, ev, why);
         return true;
     }
+    uint32_t attempt = kb__nats_attempt(e->claim, meta->sseq, meta->delivered);
+    if (attempt > t->max_attempts) {   /* handled max_attempts times already */
+        dead_on_arrival(f, e, m, meta, id, ev, "retry.max_attempts reached (redelivered)");
+        return true;
+    }
     kb_delivery d = {.topic = f->tp->name, .key = ev->key, .key_len = ev->key_len,
                      .payload = ev->payload ? ev->payload : "", .payload_len = ev->payload_len,
-                     .partition = n, .attempt = kb__nats_attempt(e->claim, meta->sseq, meta->delivered), .id = id, .cookie = e};
+                     .partition = n, .attempt = attempt, .id = id, .cookie = e};
     int rc = kb_sink_deliver(f->tp->sink, &d, -1);   /* waits while the lane is full */
     if (rc == KB_OK)
         return true;

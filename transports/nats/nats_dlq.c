@@ -53,7 +53,22 @@ int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const char *orig_su
         s = js_PublishMsg(&pa, t->js, m, &po, &jerr);
     jsPubAck_Destroy(pa);
     natsMsg_Destroy(m);
-    return s == NATS_OK ? KB_OK : kb__nats_errf(tp->dlq_subject, s, jerr);
+    if (s == NATS_OK)
+        return KB_OK;
+    int rc = kb__nats_errf(tp->dlq_subject, s, jerr);
+    /* No answer may be followed by one; a refusal (header over 64 KiB, a
+     * JetStream error) is final. */
+    bool unanswered = jerr == 0 && (s == NATS_TIMEOUT || s == NATS_CONNECTION_CLOSED ||
+                                    s == NATS_CONNECTION_DISCONNECTED || s == NATS_NO_RESPONDERS);
+    return unanswered ? KB_ETIMEDOUT : rc == KB_ETIMEDOUT ? KB_ETRANSPORT : rc;
+}
+
+void kb__nats_dlq_settle(kb_transport *t, kb_nats_entry *e, int rc)
+{
+    kb_nats_claim *c = e->claim;
+    kb__nats_settle(e, rc != KB_ETIMEDOUT);   /* `e` may be reused from here on */
+    if (rc == KB_ETIMEDOUT)
+        kb__nats_claim_reset(t, c);
 }
 
 int kb__nats_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason)
@@ -66,11 +81,8 @@ int kb__nats_dead_letter(kb_transport *t, const kb_delivery *d, const char *reas
     }
     int rc = kb__nats_dlq_publish(t, tp, natsMsg_GetSubject(e->msg), d->id, d->key, d->key_len,
                                   d->payload, d->payload_len, d->partition, d->attempt, reason);
-    kb_nats_claim *c = e->claim;
-    kb__nats_settle(e, rc == KB_OK);   /* `e` may be reused from here on */
-    if (rc != KB_OK)
-        kb__nats_claim_reset(t, c);
-    return rc;
+    kb__nats_dlq_settle(t, e, rc);
+    return rc;   /* an error: the bus counts the dead letter as lost */
 }
 
 static const char *hdr(natsMsg *m, const char *name)

@@ -135,6 +135,7 @@ struct kb_transport {
     size_t max_payload;            /* the server's, from its INFO */
     int64_t linger_ns;             /* nats.publish_linger_us */
     int enqueue_timeout_ms;
+    uint32_t max_attempts;         /* retry.max_attempts */
     /* topics: append-only list, read without a lock */
     _Atomic(kb_nats_topic *) topics;
     pthread_mutex_t topics_lock;
@@ -239,8 +240,15 @@ void kb__nats_lease_kick(kb_transport *t);
 
 /* nats_dlq.c */
 int kb__nats_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason);
+/* Settle an event after its dead letter was tried (rc from dlq_publish). A
+ * dead letter the server refused is lost, and the partition moves on: a retry
+ * would be refused again and hold the partition for ever (a poison frame).
+ * KB_ETIMEDOUT (no answer): the claim is reset and the event comes again,
+ * with its attempt count, straight to the dead letters. */
+void kb__nats_dlq_settle(kb_transport *t, kb_nats_entry *e, int rc);
 /* One event (or an unreadable message) to the dead letters; orig_id is the
- * delivery ID: the stream sequence, ".<n>" for the n-th event of a frame. */
+ * delivery ID: the stream sequence, ".<n>" for the n-th event of a frame.
+ * KB_ETIMEDOUT when the server did not answer, another error when it refused. */
 int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const char *orig_subject,
                          const char *orig_id, const void *key, size_t key_len, const void *payload,
                          size_t payload_len, uint32_t partition, uint32_t attempts,
