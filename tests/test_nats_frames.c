@@ -750,6 +750,34 @@ static void poison_frame_does_not_loop(void **state)
     assert_int_equal(kb_close(b, 10000), KB_OK);
 }
 
+/* A group the broker cannot take in a consumer name or a KV key is refused by
+ * kb_open, naming the allowed set (it used to open, then consume nothing); an
+ * allowed one with every kind of character consumes. */
+static void group_names(void **state)
+{
+    (void)state;
+    const char *bad[] = {"a{b", "a:b", "a@b", "a#b", "a/b", "a.b"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        kb_conf *c = kb_conf_new();
+        char err[256] = "";
+        assert_int_equal(kb_conf_set(c, "transport", server.url, err, sizeof err), KB_OK);
+        assert_int_equal(kb_conf_set(c, "group", bad[i], err, sizeof err), KB_OK);
+        kb_bus *b = kb_open(c, err, sizeof err);
+        assert_null(b);
+        assert_non_null(strstr(err, bad[i]));
+        assert_non_null(strstr(err, "letters, digits, '-', '_' and '='"));
+        kb_conf_destroy(c);
+    }
+    rec_reset();
+    const char *const kv[] = {"group", "Team-7_a=b", NULL};
+    kb_bus *b = open_bus(kv);
+    assert_int_equal(kb_subscribe(b, "frames.group", record, NULL), KB_OK);
+    assert_int_equal(kb_publish(b, "frames.group", "k", 1, "v", 1), KB_OK);
+    wait_recorded(1);
+    assert_int_equal(rec_count(), 1);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+}
+
 int main(void)
 {
     if (kb_test_server_start(&server, "nats", NULL) != 0)
@@ -762,6 +790,7 @@ int main(void)
         cmocka_unit_test(oversized_event_rejected),
         cmocka_unit_test(huge_foreign_message_does_not_block),
         cmocka_unit_test(poison_frame_does_not_loop),
+        cmocka_unit_test(group_names),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     kb_test_server_stop(&server);

@@ -153,11 +153,16 @@ static void on_reconnected(natsConnection *nc, void *closure)
     kb_log(t->bus, 6, "nats %s: reconnected", t->url_safe);
 }
 
-static void sanitize(char *s)
+/* The group names consumers and KV keys (l.<stream>.<group>.<N>): refused
+ * unless both can take it as is. (Mapping other bytes to '_' would let two
+ * groups share leases and consumers.) */
+static bool group_ok(const char *g)
 {
-    for (; *s; s++)
-        if (*s == '.' || *s == '*' || *s == '>' || *s == ' ')
-            *s = '_';
+    for (; *g; g++)
+        if (!((*g >= 'a' && *g <= 'z') || (*g >= 'A' && *g <= 'Z') || (*g >= '0' && *g <= '9') ||
+              *g == '-' || *g == '_' || *g == '='))
+            return false;
+    return true;
 }
 
 static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t errlen)
@@ -189,7 +194,11 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     snprintf(t->id, sizeof t->id, "%s", kb_conf_str(c, "consumer"));
     snprintf(t->group, sizeof t->group, "%s", kb_conf_str(c, "group"));
     snprintf(t->bucket, sizeof t->bucket, "%s", kb_conf_str(c, "nats.lease_bucket"));
-    sanitize(t->group);
+    if (!group_ok(t->group)) {
+        kb__errf(errstr, errlen, "group \"%s\": nats:// allows only letters, digits, '-', '_' "
+                 "and '=' (it names JetStream consumers and KV keys)", t->group);
+        return KB_EINVAL;
+    }
     unsigned char rnd[8] = {0};
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
         memcpy(rnd, &t, sizeof t < sizeof rnd ? sizeof t : sizeof rnd);

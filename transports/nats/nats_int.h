@@ -40,7 +40,7 @@ typedef struct kb_nats_entry {
 typedef struct kb_nats_claim {
     struct kb_nats_part *part;
     uint64_t rev;                  /* lease revision when acquired */
-    char consumer[160];
+    char consumer[176];
     char next_subj[2 * KB_NATS_NAME];  /* $JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer> */
     /* completion frontier: entries in delivery (= stream) order */
     kb_nats_entry *ring;
@@ -120,7 +120,7 @@ struct kb_transport {
     kvStore *kv;
     char url_safe[512];            /* URL without credentials, for messages */
     char id[128];                  /* this process's consumer name */
-    char group[128];               /* group, valid in consumer names */
+    char group[129];               /* group (letters, digits, - _ =) */
     char bus_id[24];               /* prefix of Nats-Msg-Id */
     char bucket[72];               /* lease KV bucket */
     _Atomic uint64_t msg_seq;
@@ -175,7 +175,7 @@ int kb__nats_set_key(natsMsg *m, const void *key, size_t len);
 int kb__nats_get_key(natsMsg *m, char *buf, size_t cap, const char **why);
 /* Fields of a $JS.ACK reply subject. */
 typedef struct kb_nats_meta {
-    char consumer[160];
+    char consumer[176];
     uint64_t delivered, sseq;
 } kb_nats_meta;
 int kb__nats_parse_ack(const char *reply, kb_nats_meta *out);
