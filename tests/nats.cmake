@@ -14,3 +14,4 @@ kb_test(test_nats_faults ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 120 LABE
 target_link_libraries(test_nats_faults PRIVATE PkgConfig::NATS)
 kb_test(test_nats_restart ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 180 LABELS nats)
 target_link_libraries(test_nats_restart PRIVATE PkgConfig::NATS)
+kb_test(test_nats_limits TIMEOUT 90 LABELS nats)

@@ -575,7 +575,7 @@ static void malformed_frames_dead_letter(void **state)
 /* ---- 5 -------------------------------------------------------------------- */
 
 /* An event that cannot fit the server's max_payload (1 MiB by default) is
- * refused by kb_publish with KB_EINVAL naming max_payload, also when it is
+ * refused by kb_publish with KB_ETOOBIG naming max_payload, also when it is
  * within limits.max_payload_bytes; a large event that fits (bigger than a
  * frame's byte budget) and small ones around it are handled, in order. */
 static void oversized_event_rejected(void **state)
@@ -595,10 +595,10 @@ static void oversized_event_rejected(void **state)
     for (size_t i = 0; i < huge; i++)
         p[i] = (unsigned char)(i * 7 + 3);
 
-    assert_int_equal(kb_publish(b, topic, key, strlen(key), p, huge), KB_EINVAL);
+    assert_int_equal(kb_publish(b, topic, key, strlen(key), p, huge), KB_ETOOBIG);
     assert_non_null(strstr(kb_last_error(), "max_payload"));
     /* just under the server's limit, but no room left for the headers */
-    assert_int_equal(kb_publish(b, topic, key, strlen(key), p, (1u << 20) - 64), KB_EINVAL);
+    assert_int_equal(kb_publish(b, topic, key, strlen(key), p, (1u << 20) - 64), KB_ETOOBIG);
     assert_non_null(strstr(kb_last_error(), "max_payload"));
 
     assert_int_equal(kb_publish(b, topic, key, strlen(key), "small-1", 7), KB_OK);

@@ -34,4 +34,8 @@ void kb_test_server_stop(kb_test_server *s);
 /* Wait until something accepts connections on 127.0.0.1:port (0) or timeout (-1). */
 int kb_test_wait_port(int port, int timeout_ms);
 
+/* Like kb_test_server_start, with `conf` (the server's own configuration
+ * syntax) in server.conf of its dir, passed as its config file. */
+int kb_test_server_start_conf(kb_test_server *s, const char *kind, const char *conf);
+
 #endif /* KB_TEST_SERVER_H */

@@ -146,11 +146,22 @@ static void on_closed(natsConnection *nc, void *closure)
     atomic_store(&((kb_transport *)closure)->nc_closed, 1);
 }
 
+/* The server's max_payload, from its INFO; frames stay well below it. It can
+ * differ after a reconnect (another server, a new configuration). */
+static void read_limits(kb_transport *t, natsConnection *nc)
+{
+    int64_t maxp = natsConnection_GetMaxPayload(nc);
+    size_t m = maxp > 0 ? (size_t)maxp : 1024 * 1024;
+    atomic_store(&t->max_payload, m);
+    atomic_store(&t->batch_bytes, m / 4 < 256 * 1024 ? m / 4 : 256 * 1024);
+}
+
 static void on_reconnected(natsConnection *nc, void *closure)
 {
-    (void)nc;
     kb_transport *t = closure;
-    kb_log(t->bus, 6, "nats %s: reconnected", t->url_safe);
+    read_limits(t, nc);
+    kb_log(t->bus, 6, "nats %s: reconnected (max_payload %zu)", t->url_safe,
+           atomic_load(&t->max_payload));
 }
 
 /* The group names consumers and KV keys (l.<stream>.<group>.<N>): refused
@@ -272,10 +283,7 @@ static int connect_server(kb_transport *t, const kb_conf *c, char *errstr, size_
                  natsStatus_GetText(s));
         return KB_ETRANSPORT;
     }
-    /* Frames stay well below the largest message the server accepts. */
-    int64_t maxp = natsConnection_GetMaxPayload(t->nc);
-    t->max_payload = maxp > 2 * KB_NATS_HDR_ROOM ? (size_t)maxp : 1024 * 1024;
-    t->batch_bytes = t->max_payload / 4 < 256 * 1024 ? t->max_payload / 4 : 256 * 1024;
+    read_limits(t, t->nc);
     jsOptions jo;
     jsOptions_Init(&jo);
     jo.PublishAsync.MaxPending = kb_conf_int(c, "nats.publish_max_pending");
@@ -353,12 +361,16 @@ static int nats_close(kb_transport *t)
         pthread_join(t->leaser, NULL);
     if (t->acker_started)
         pthread_join(t->acker, NULL);
+    int rc = KB_OK;
+    char why[512] = "";
     if (t->js != NULL) {
         kb__nats_ack_pass(t);            /* the last frontier acks */
         natsConnection_FlushTimeout(t->nc, 2000);
         kb__nats_lease_release_all(t);   /* after the acks: the next owner starts there */
-        kb__nats_flush(t, 5000);
+        if ((rc = kb__nats_flush(t, 5000)) != KB_OK)
+            snprintf(why, sizeof why, "%s", kb_last_error());
     }
+    uint64_t unsent = kb__nats_resend_free(t);
     for (kb_nats_topic *tp = atomic_load(&t->topics), *next; tp; tp = next) {
         next = tp->next;
         natsSubscription_Destroy(tp->inbox_sub);
@@ -368,12 +380,11 @@ static int nats_close(kb_transport *t)
             kb_log(t->bus, 5, "nats %s: %s: %llu queued events released unhandled after a lost lease",
                    t->url_safe, tp->name, (unsigned long long)atomic_load(&tp->unowned));
         free(tp->parts);
-        kb__nats_batch_free(t, tp);
+        unsent += kb__nats_batch_free(t, tp);
         free(tp->subjects);
         free(tp->name);
         free(tp);
     }
-    kb__nats_resend_free(t);
     kvStore_Destroy(t->kv);
     jsCtx_Destroy(t->js);
     if (t->nc != NULL) {
@@ -388,7 +399,14 @@ static int nats_close(kb_transport *t)
     pthread_mutex_destroy(&t->resend_lock);
     pthread_mutex_destroy(&t->topics_lock);
     free(t);
-    return KB_OK;
+    if (unsent > 0) {
+        kb__errf(NULL, 0, "nats: %llu published events never sent (%s)", (unsigned long long)unsent,
+                 why[0] ? why : "server unreachable at close");
+        return KB_ETRANSPORT;
+    }
+    if (rc != KB_OK)   /* rejected by the server: kb_flush's report */
+        kb__errf(NULL, 0, "%s", why);
+    return rc;
 }
 
 const kb_transport_ops kb__nats_ops = {

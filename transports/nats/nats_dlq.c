@@ -14,12 +14,15 @@ int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const char *orig_su
                          const char *reason)
 {
     natsMsg *m = NULL;
-    char num[32], id[2 * KB_NATS_NAME];
+    char num[32], id[2 * KB_NATS_NAME], why[257];
+    snprintf(why, sizeof why, "%s", reason);   /* within KB_NATS_DLQ_ROOM */
     /* Another client's message close to max_payload cannot carry our headers
      * too: store the dead letter without its body (the original stays in the
      * stream at its sequence) rather than have it refused and redelivered for
      * ever, holding up its partition. */
-    bool omit = payload_len + 2 * key_len + strlen(reason) + KB_NATS_HDR_ROOM > t->max_payload;
+    bool omit = payload_len + KB_NATS_HDR_BASE + KB_NATS_DLQ_ROOM +
+                    (key_len ? kb__nats_key_hdr_len(key, key_len) : 0) >
+                atomic_load(&t->max_payload);
     natsStatus s = natsMsg_Create(&m, tp->dlq_subject, NULL,
                                   payload_len && !omit ? payload : NULL,
                                   omit ? 0 : (int)payload_len);
@@ -39,7 +42,7 @@ int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const char *orig_su
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, "Kb-Attempts", num);
     if (s == NATS_OK)
-        s = natsMsgHeader_Set(m, "Kb-Reason", reason);
+        s = natsMsgHeader_Set(m, "Kb-Reason", why);
     /* A redelivered event dead-lettered again is stored once. */
     snprintf(id, sizeof id, "dlq-%s-%s", tp->stream, orig_id);
     if (s == NATS_OK)

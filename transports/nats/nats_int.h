@@ -20,7 +20,12 @@
 #define KB_NATS_BATCH_HDR "Kb-Batch"      /* a frame of this many events of one partition */
 #define KB_NATS_OMITTED_HDR "Kb-Body-Omitted"  /* dead letter stored without its body (size) */
 #define KB_NATS_BATCH_MAX 4096            /* events per frame, nats.publish_batch's limit */
-#define KB_NATS_HDR_ROOM 1024             /* headers of a message, within max_payload */
+/* Header bytes, all within the server's max_payload (docs/transports-nats.md,
+ * "Limits"). nats.c writes "NATS/1.0\r\n", "Name: value\r\n" per header, "\r\n". */
+#define KB_NATS_HDR_BASE 64    /* status line, Nats-Msg-Id (<16 hex>-<u64>), end */
+#define KB_NATS_FRAME_HDR 16   /* Kb-Batch: <n> */
+#define KB_NATS_DLQ_ROOM 1024  /* dead-letter headers besides the key (reason cut to 256) */
+#define KB_NATS_HDR_MAX 65535  /* JetStream refuses larger headers (error 10097) */
 #define KB_NATS_MARKS 16                  /* earlier deliveries remembered per claim */
 
 /* One delivered message (one event, or a frame of several) waiting for its
@@ -131,8 +136,8 @@ struct kb_transport {
     int64_t max_ack_pending, fetch_batch, fetch_expires_ms, ack_interval_ms;
     int64_t dup_window_ms, reconnect_wait_ms, reconnect_max_ms;
     uint32_t batch_events;         /* nats.publish_batch */
-    size_t batch_bytes;            /* frame body limit, below max_payload */
-    size_t max_payload;            /* the server's, from its INFO */
+    _Atomic size_t batch_bytes;    /* frame body limit, below max_payload */
+    _Atomic size_t max_payload;    /* the server's, from its INFO (again on reconnect) */
     int64_t linger_ns;             /* nats.publish_linger_us */
     int enqueue_timeout_ms;
     uint32_t max_attempts;         /* retry.max_attempts */
@@ -171,6 +176,8 @@ void kb__nats_sleep_ms(int64_t ms);
  * No snprintf: it runs per message and per event. */
 size_t kb__nats_put_u64(char *out, uint64_t v);
 int kb__nats_set_key(natsMsg *m, const void *key, size_t len);
+/* Bytes of the header line kb__nats_set_key writes for this key. */
+size_t kb__nats_key_hdr_len(const void *key, size_t len);
 /* Key of a message into buf (cap bytes); length, or -1 with *why set. */
 int kb__nats_get_key(natsMsg *m, char *buf, size_t cap, const char **why);
 /* Fields of a $JS.ACK reply subject. */
@@ -193,7 +200,9 @@ int kb__nats_flush(kb_transport *t, int timeout_ms);
 void kb__nats_pub_err(jsCtx *js, jsPubAckErr *pae, void *closure);
 void kb__nats_disconnected(natsConnection *nc, void *closure);
 void kb__nats_resend(kb_transport *t);
-void kb__nats_resend_free(kb_transport *t);
+/* Events never sent: queued for a resend, or published and not acked (taken
+ * back from nats.c). Frees them; close only. */
+uint64_t kb__nats_resend_free(kb_transport *t);
 
 /* nats_batch.c: frames of several events of one partition */
 typedef struct kb_nats_event {
@@ -208,7 +217,10 @@ typedef struct kb_nats_frame {
 int kb__nats_frame_open(natsMsg *m, const char *count, kb_nats_frame *f, const char **why);
 bool kb__nats_frame_next(kb_nats_frame *f, kb_nats_event *ev);
 int kb__nats_batch_init(kb_transport *t, kb_nats_topic *tp);
-void kb__nats_batch_free(kb_transport *t, kb_nats_topic *tp);
+/* Frees the topic's frames; returns the events still buffered in them. */
+uint64_t kb__nats_batch_free(kb_transport *t, kb_nats_topic *tp);
+/* Events in a message: its Kb-Batch count, or 1. */
+uint32_t kb__nats_events_in(natsMsg *m);
 int kb__nats_batch_add(kb_transport *t, kb_nats_topic *tp, const kb_msg *m);
 int kb__nats_batch_send_due(kb_transport *t, bool all);
 
