@@ -2,6 +2,9 @@
  * Layout and choices: docs/transports-nats.md. */
 #include <stdio.h>
 #include <stdlib.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -160,6 +163,7 @@ static void on_reconnected(natsConnection *nc, void *closure)
 {
     kb_transport *t = closure;
     read_limits(t, nc);
+    atomic_fetch_add(&t->reconnects, 1);
     kb_log(t->bus, 6, "nats %s: reconnected (max_payload %zu)", t->url_safe,
            atomic_load(&t->max_payload));
 }
@@ -324,6 +328,7 @@ static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *er
     }
     t->bus = bus;
     pthread_mutex_init(&t->topics_lock, NULL);
+    pthread_mutex_init(&t->sub_lock, NULL);
     pthread_mutex_init(&t->resend_lock, NULL);
     pthread_rwlock_init(&t->pub_lock, NULL);
     pthread_mutex_init(&t->lease_mu, NULL);
@@ -370,10 +375,10 @@ static int nats_close(kb_transport *t)
         if ((rc = kb__nats_flush(t, 5000)) != KB_OK)
             snprintf(why, sizeof why, "%s", kb_last_error());
     }
+    natsSubscription_Destroy(t->inbox_sub);
     uint64_t unsent = kb__nats_resend_free(t);
     for (kb_nats_topic *tp = atomic_load(&t->topics), *next; tp; tp = next) {
         next = tp->next;
-        natsSubscription_Destroy(tp->inbox_sub);
         for (uint32_t i = 0; tp->parts != NULL && i < t->partitions; i++)
             kb__nats_claim_free_all(&tp->parts[i]);
         if (atomic_load(&tp->unowned))
@@ -398,7 +403,11 @@ static int nats_close(kb_transport *t)
     pthread_rwlock_destroy(&t->pub_lock);
     pthread_mutex_destroy(&t->resend_lock);
     pthread_mutex_destroy(&t->topics_lock);
+    pthread_mutex_destroy(&t->sub_lock);
     free(t);
+#if defined(__GLIBC__)
+    malloc_trim(0);   /* claims' rings and topics: give the pages back */
+#endif
     if (unsent > 0) {
         kb__errf(NULL, 0, "nats: %llu published events never sent (%s)", (unsigned long long)unsent,
                  why[0] ? why : "server unreachable at close");
@@ -412,7 +421,7 @@ static int nats_close(kb_transport *t)
 const kb_transport_ops kb__nats_ops = {
     .abi_version = KB_TRANSPORT_ABI,
     .scheme = "nats",
-    .flags = KB_TRANSPORT_F_SINGLE_FEEDER,   /* one feeder thread per topic */
+    .flags = KB_TRANSPORT_F_SINGLE_FEEDER,   /* one feeder thread per bus */
     .open = nats_open,
     .publish = kb__nats_publish,
     .subscribe = kb__nats_subscribe,

@@ -129,6 +129,7 @@ static int send_locked(kb_transport *t, kb_nats_topic *tp, uint32_t n, kb_nats_b
         b->len = 0;
         b->count = 0;
         b->last_send_ns = now;
+        atomic_fetch_sub_explicit(&tp->frames_open, 1, memory_order_relaxed);
     }
     return rc;
 }
@@ -176,8 +177,10 @@ int kb__nats_batch_add(kb_transport *t, kb_nats_topic *tp, const kb_msg *m)
     if (rc == KB_OK)
         rc = append(b, m);
     if (rc == KB_OK) {
-        if (b->count == 1)
+        if (b->count == 1) {
             b->first_ns = now;
+            atomic_fetch_add_explicit(&tp->frames_open, 1, memory_order_relaxed);
+        }
         if (b->count >= t->batch_events || b->len >= budget ||
             now - b->last_send_ns >= t->linger_ns)
             send_locked(t, tp, n, b, now);   /* failed: stays buffered for the acker */
@@ -193,7 +196,9 @@ int kb__nats_batch_send_due(kb_transport *t, bool all)
     int rc = KB_OK;
     int64_t now = kb__nats_now_ns();
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
-        for (uint32_t i = 0; tp->batches != NULL && i < t->partitions; i++) {
+        for (uint32_t i = 0; atomic_load_explicit(&tp->frames_open, memory_order_relaxed) > 0 &&
+                             tp->batches != NULL && i < t->partitions;
+             i++) {
             kb_nats_batch *b = &tp->batches[i];
             pthread_mutex_lock(&b->mu);
             if (b->count > 0 && (all || now - b->first_ns >= t->linger_ns)) {

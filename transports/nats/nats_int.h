@@ -63,8 +63,10 @@ typedef struct kb_nats_claim {
     /* feeder only */
     uint64_t delivered_hi;         /* highest stream sequence handed to the sink */
     bool pull_open;
+    bool pull_got;                 /* a message came since the newest request */
     int pull_left;
     uint32_t pull_serial;
+    int64_t pull_expires_ms;       /* grows while the partition is idle */
     int64_t pull_deadline_ns;
     struct kb_nats_claim *next;    /* older claims of the partition */
 } kb_nats_claim;
@@ -91,6 +93,8 @@ typedef struct kb_nats_part {
     uint64_t lease_rev;            /* lease thread only */
     int64_t lease_until_ns;        /* local lease expiry */
     bool releasing;
+    bool wanted;                   /* lease thread: ranked first here */
+    kb_nats_claim *feeding;        /* feeder only: the claim it works on */
 } kb_nats_part;
 
 typedef struct kb_nats_topic {
@@ -102,14 +106,12 @@ typedef struct kb_nats_topic {
     kb_nats_batch *batches;        /* per partition */
     _Atomic uint64_t published;
     _Atomic uint64_t unowned;      /* deliveries released by still_owned: lease lost */
+    _Atomic uint32_t frames_open;  /* partitions with buffered events */
     /* consuming side: set by subscribe */
     kb_sink *sink;
     kb_nats_part *parts;
-    natsSubscription *inbox_sub;
-    char inbox[128];
-    pthread_t feeder;
-    bool feeder_started;
-    _Atomic int subscribed;        /* parts, sink and inbox are set */
+    uint32_t sub_id;               /* in the bus's pull reply subjects */
+    _Atomic int subscribed;        /* parts and sink are set */
 } kb_nats_topic;
 
 /* A publish that must be sent again, in order. */
@@ -163,6 +165,14 @@ struct kb_transport {
     bool lease_kick;
     pthread_t acker, leaser;
     bool acker_started, leaser_started;
+    /* consuming: one feeder thread and one inbox subscription per bus */
+    natsSubscription *inbox_sub;
+    char inbox[128];
+    pthread_t feeder;
+    bool feeder_started;
+    pthread_mutex_t sub_lock;          /* serialises subscribe */
+    _Atomic uint32_t nsubs;            /* topics subscribed (sub_id < nsubs) */
+    _Atomic uint32_t reconnects;       /* pull requests open before one are lost */
 };
 
 /* nats.c */
