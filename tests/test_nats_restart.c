@@ -4,7 +4,8 @@
  * of the stream), and every event handled again carries an attempt > 1.
  * Usage: test_nats_restart PATH_TO_nats_consumer_proc. KB_TEST_RESTART_PATTERN=issue
  * runs issue 19's pattern (2,000 events/s for 30 s, 20 restarts) and prints the
- * figures docs/transports-nats.md quotes. */
+ * figures docs/transports-nats.md quotes; KB_TEST_RESTART_NAMES=unique gives each
+ * incarnation its own consumer name (the default host-pid behaviour). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -47,11 +48,16 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+static bool unique_names;
+
 static pid_t spawn(const char *url, const char *log)
 {
+    static int incarnation;
+    char name[32];
+    snprintf(name, sizeof name, unique_names ? "c-%d" : "fixed-c", ++incarnation);
     pid_t pid = fork();
     if (pid == 0) {
-        execl(helper, helper, url, TOPIC, log, "fixed-c", "10000", (char *)NULL);
+        execl(helper, helper, url, TOPIC, log, name, "10000", (char *)NULL);
         _exit(127);
     }
     return pid;
@@ -250,6 +256,8 @@ int main(int argc, char **argv)
         ticks = 3000;
         busy_restarts = 20;
     }
+    const char *names = getenv("KB_TEST_RESTART_NAMES");
+    unique_names = names != NULL && strcmp(names, "unique") == 0;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(stable_name_restarts),
     };

@@ -35,7 +35,7 @@ void kb_test_server_stop(kb_test_server *s);
 int kb_test_wait_port(int port, int timeout_ms);
 
 /* Like kb_test_server_start, with `conf` (the server's own configuration
- * syntax) in server.conf of its dir, passed as its config file. */
+ * syntax) in server.conf of its dir, passed as `-c server.conf` (nats-server). */
 int kb_test_server_start_conf(kb_test_server *s, const char *kind, const char *conf);
 
 #endif /* KB_TEST_SERVER_H */

@@ -11,7 +11,7 @@
 #include "../../core/err.h"
 #include "nats_int.h"
 
-#define KB_NATS_IDLE_EXPIRES_MS 30000   /* pull expiry of a quiet partition, at most */
+#define KB_NATS_IDLE_EXPIRES_MS 10000   /* pull expiry of a quiet partition, at most */
 #define KB_NATS_SCAN_NS 20000000        /* every partition's pulls checked this often */
 
 typedef struct feeder {
@@ -27,7 +27,7 @@ typedef struct feeder {
 /* Keep up to two pull requests of nats.fetch_batch open per partition: the
  * next one is sent when the open ones have less than a batch left, so the
  * server never waits for a round trip between batches. A request that ends
- * with nothing doubles the next one's expiry (up to 30 s), so idle topics
+ * with nothing doubles the next one's expiry (up to 10 s), so idle topics
  * cost the server little; messages still come as soon as they are stored. */
 static void pull(feeder *f, kb_nats_claim *c, int64_t now)
 {
@@ -108,8 +108,8 @@ static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_na
     if (ev == NULL)
         ev = &whole;
     kb_nats_claim *c = e->claim;
-    int rc = kb__nats_dlq_publish(f->t, c->part->topic, natsMsg_GetSubject(m), id, ev->key, ev->key_len,
-                                  ev->payload, ev->payload_len, c->part->n,
+    int rc = kb__nats_dlq_publish(f->t, c->part->topic, natsMsg_GetSubject(m), id, ev->key,
+                                  ev->key_len, ev->payload, ev->payload_len, c->part->n,
                                   kb__nats_attempt(c, meta->sseq, meta->delivered), why);
     if (rc != KB_OK && rc != KB_ETIMEDOUT)
         kb_log(f->t->bus, 3, "nats %s: dead letter of %s on %s lost: %s", f->t->url_safe, id,
