@@ -157,9 +157,9 @@ static uint64_t check_log(const char *path, uint64_t *dups, uint64_t *violations
     uint64_t distinct = 0;
     *dups = *violations = *by_a = 0;
     FILE *f = fopen(path, "r");
-    unsigned k, seq;
+    unsigned k, seq, attempt;
     char who[32];
-    while (f != NULL && fscanf(f, "%u %u %31s", &k, &seq, who) == 3) {
+    while (f != NULL && fscanf(f, "%u %u %31s %u", &k, &seq, who, &attempt) == 4) {
         *by_a += strcmp(who, "proc-a") == 0;
         if (k >= KEYS)
             (*violations)++;

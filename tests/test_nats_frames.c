@@ -575,7 +575,7 @@ static void malformed_frames_dead_letter(void **state)
 /* ---- 5 -------------------------------------------------------------------- */
 
 /* An event that cannot fit the server's max_payload (1 MiB by default) is
- * refused by kb_publish with KB_EINVAL naming max_payload, also when it is
+ * refused by kb_publish with KB_ETOOBIG naming max_payload, also when it is
  * within limits.max_payload_bytes; a large event that fits (bigger than a
  * frame's byte budget) and small ones around it are handled, in order. */
 static void oversized_event_rejected(void **state)
@@ -595,10 +595,10 @@ static void oversized_event_rejected(void **state)
     for (size_t i = 0; i < huge; i++)
         p[i] = (unsigned char)(i * 7 + 3);
 
-    assert_int_equal(kb_publish(b, topic, key, strlen(key), p, huge), KB_EINVAL);
+    assert_int_equal(kb_publish(b, topic, key, strlen(key), p, huge), KB_ETOOBIG);
     assert_non_null(strstr(kb_last_error(), "max_payload"));
     /* just under the server's limit, but no room left for the headers */
-    assert_int_equal(kb_publish(b, topic, key, strlen(key), p, (1u << 20) - 64), KB_EINVAL);
+    assert_int_equal(kb_publish(b, topic, key, strlen(key), p, (1u << 20) - 64), KB_ETOOBIG);
     assert_non_null(strstr(kb_last_error(), "max_payload"));
 
     assert_int_equal(kb_publish(b, topic, key, strlen(key), "small-1", 7), KB_OK);
@@ -663,6 +663,128 @@ static void huge_foreign_message_does_not_block(void **state)
     assert_int_equal(kb_close(b, 10000), KB_OK);
 }
 
+static _Atomic int poison_calls;
+
+/* Keys over 1 KiB are poison: dead-lettered at once. */
+static int poison_or_record(const kb_event *ev, void *opaque)
+{
+    if (ev->key_len > 1024) {
+        atomic_fetch_add(&poison_calls, 1);
+        return KB_DEAD;
+    }
+    return record(ev, opaque);
+}
+
+/* A key of `home` partition: base-N. */
+static void key_in(char *out, size_t len, const char *base, uint32_t home)
+{
+    for (int i = 0; i < 1000; i++) {
+        snprintf(out, len, "%s-%d", base, i);
+        if (home_of(out) == home)
+            return;
+    }
+    fail_msg("no key of partition %u", home);
+}
+
+/* A frame mixing good events and a poison one whose dead letter cannot be
+ * stored (a 60,000-byte binary key: as a Kb-Bin-Key header it is over the
+ * server's 64 KiB header limit). The poison reaches its handler once, the good
+ * events once each, the lost dead letter is counted, and the partition goes on
+ * (it used to come back for ever, attempt 1 each time). */
+#define POISON_KEY 60000
+static void poison_frame_does_not_loop(void **state)
+{
+    (void)state;
+    const char *topic = "frames.poison";
+    rec_reset();
+    atomic_store(&poison_calls, 0);
+    const char *const kv[] = {"limits.max_key_bytes", "65535", "retry.max_attempts", "3", NULL};
+    kb_bus *b = open_bus(kv);
+    assert_int_equal(kb_subscribe(b, topic, poison_or_record, NULL), KB_OK);
+    char *poison = malloc(POISON_KEY);
+    assert_non_null(poison);
+    for (size_t i = 0; i < POISON_KEY; i++)
+        poison[i] = (char)(1 + i % 200);   /* not printable: base64 in a header */
+    uint32_t home = kb_fnv1a32(poison, POISON_KEY) % PARTITIONS;
+    char good_a[32], good_b[32];
+    key_in(good_a, sizeof good_a, "good-a", home);
+    key_in(good_b, sizeof good_b, "good-b", home);
+    size_t cap = 3 * 8 + POISON_KEY + 64, len = 0;
+    char *body = malloc(cap);
+    assert_non_null(body);
+    const char *keys[] = {good_a, poison, good_b}, *payloads[] = {"one", "poison", "two"};
+    for (int i = 0; i < 3; i++) {
+        size_t kl = i == 1 ? POISON_KEY : strlen(keys[i]), pl = strlen(payloads[i]);
+        put_u32(body + len, (uint32_t)kl);
+        memcpy(body + len + 4, keys[i], kl);
+        put_u32(body + len + 4 + kl, (uint32_t)pl);
+        memcpy(body + len + 8 + kl, payloads[i], pl);
+        len += 8 + kl + pl;
+    }
+    client c;
+    client_open(&c);
+    publish_raw(&c, topic, home, "3", NULL, body, len);
+    publish_raw(&c, topic, home, NULL, good_a, "after", 5);
+    free(body);
+    free(poison);
+    wait_recorded(3);
+    kb_partition_stats ps = {0};
+    for (int i = 0; i < 1000; i++) {   /* until the partition is acked */
+        assert_int_equal(kb_partition_stats_get(b, topic, home, &ps), KB_OK);
+        if (ps.pending == 0 && ps.lag == 0)
+            break;
+        usleep(10000);
+    }
+    assert_int_equal(ps.pending, 0);
+    assert_int_equal(ps.lag, 0);
+    kb_topic_stats st;
+    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    assert_int_equal(atomic_load(&poison_calls), 1);
+    assert_int_equal(rec_count(), 3);
+    char order[3][48];   /* good-a's events in order, then good-b's */
+    int o = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < 3; i++)
+            if (strcmp(rec.key[i], pass == 0 ? good_a : good_b) == 0)
+                snprintf(order[o++], sizeof order[0], "%s", rec.payload[i]);
+    assert_int_equal(o, 3);
+    assert_string_equal(order[0], "one");
+    assert_string_equal(order[1], "after");
+    assert_string_equal(order[2], "two");
+    assert_int_equal(st.dead_letters_lost, 1);
+    assert_int_equal(st.dlq_length, 0);
+    client_close(&c);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+}
+
+/* A group the broker cannot take in a consumer name or a KV key is refused by
+ * kb_open, naming the allowed set (it used to open, then consume nothing); an
+ * allowed one with every kind of character consumes. */
+static void group_names(void **state)
+{
+    (void)state;
+    const char *bad[] = {"a{b", "a:b", "a@b", "a#b", "a/b", "a.b"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        kb_conf *c = kb_conf_new();
+        char err[256] = "";
+        assert_int_equal(kb_conf_set(c, "transport", server.url, err, sizeof err), KB_OK);
+        assert_int_equal(kb_conf_set(c, "group", bad[i], err, sizeof err), KB_OK);
+        kb_bus *b = kb_open(c, err, sizeof err);
+        assert_null(b);
+        assert_non_null(strstr(err, bad[i]));
+        assert_non_null(strstr(err, "letters, digits, '-', '_' and '='"));
+        kb_conf_destroy(c);
+    }
+    rec_reset();
+    const char *const kv[] = {"group", "Team-7_a=b", NULL};
+    kb_bus *b = open_bus(kv);
+    assert_int_equal(kb_subscribe(b, "frames.group", record, NULL), KB_OK);
+    assert_int_equal(kb_publish(b, "frames.group", "k", 1, "v", 1), KB_OK);
+    wait_recorded(1);
+    assert_int_equal(rec_count(), 1);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+}
+
 int main(void)
 {
     if (kb_test_server_start(&server, "nats", NULL) != 0)
@@ -674,6 +796,8 @@ int main(void)
         cmocka_unit_test(malformed_frames_dead_letter),
         cmocka_unit_test(oversized_event_rejected),
         cmocka_unit_test(huge_foreign_message_does_not_block),
+        cmocka_unit_test(poison_frame_does_not_loop),
+        cmocka_unit_test(group_names),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     kb_test_server_stop(&server);

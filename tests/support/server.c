@@ -181,3 +181,20 @@ void kb_test_fake_stop(pid_t pid)
         waitpid(pid, NULL, 0);
     }
 }
+
+int kb_test_server_start_conf(kb_test_server *s, const char *kind, const char *conf)
+{
+    /* Started once for a dir and a port, then again with the file. */
+    if (kb_test_server_start(s, kind, NULL) != 0)
+        return -1;
+    kb_test_server_signal(s, SIGTERM);
+    char path[300];
+    snprintf(path, sizeof path, "%s/server.conf", s->dir);
+    FILE *f = fopen(path, "w");
+    if (f == NULL || fputs(conf, f) < 0 || fclose(f) != 0)
+        return -1;
+    s->extra[0] = "-c";
+    s->extra[1] = "server.conf";
+    s->extra[2] = NULL;
+    return kb_test_server_restart(s);
+}

@@ -42,4 +42,8 @@ int kb_test_fake_start(const char *greeting, pid_t *pid);
 /* Stop a fake listener (SIGKILL) and reap it. */
 void kb_test_fake_stop(pid_t pid);
 
+/* Like kb_test_server_start, with `conf` (the server's own configuration
+ * syntax) in server.conf of its dir, passed as `-c server.conf` (nats-server). */
+int kb_test_server_start_conf(kb_test_server *s, const char *kind, const char *conf);
+
 #endif /* KB_TEST_SERVER_H */

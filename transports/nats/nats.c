@@ -2,6 +2,9 @@
  * Layout and choices: docs/transports-nats.md. */
 #include <stdio.h>
 #include <stdlib.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -146,18 +149,35 @@ static void on_closed(natsConnection *nc, void *closure)
     atomic_store(&((kb_transport *)closure)->nc_closed, 1);
 }
 
-static void on_reconnected(natsConnection *nc, void *closure)
+/* The server's max_payload, from its INFO; frames stay well below it. It can
+ * differ after a reconnect (another server, a new configuration). */
+static void read_limits(kb_transport *t, natsConnection *nc)
 {
-    (void)nc;
-    kb_transport *t = closure;
-    kb_log(t->bus, 6, "nats %s: reconnected", t->url_safe);
+    int64_t maxp = natsConnection_GetMaxPayload(nc);
+    size_t m = maxp > 0 ? (size_t)maxp : 1024 * 1024;
+    atomic_store(&t->max_payload, m);
+    atomic_store(&t->batch_bytes, m / 4 < 256 * 1024 ? m / 4 : 256 * 1024);
 }
 
-static void sanitize(char *s)
+static void on_reconnected(natsConnection *nc, void *closure)
 {
-    for (; *s; s++)
-        if (*s == '.' || *s == '*' || *s == '>' || *s == ' ')
-            *s = '_';
+    kb_transport *t = closure;
+    read_limits(t, nc);
+    atomic_fetch_add(&t->reconnects, 1);
+    kb_log(t->bus, 6, "nats %s: reconnected (max_payload %zu)", t->url_safe,
+           atomic_load(&t->max_payload));
+}
+
+/* The group names consumers and KV keys (l.<stream>.<group>.<N>): refused
+ * unless both can take it as is. (Mapping other bytes to '_' would let two
+ * groups share leases and consumers.) */
+static bool group_ok(const char *g)
+{
+    for (; *g; g++)
+        if (!((*g >= 'a' && *g <= 'z') || (*g >= 'A' && *g <= 'Z') || (*g >= '0' && *g <= '9') ||
+              *g == '-' || *g == '_' || *g == '='))
+            return false;
+    return true;
 }
 
 static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t errlen)
@@ -183,12 +203,17 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->reconnect_wait_ms = kb_conf_int(c, "nats.reconnect_wait_ms");
     t->reconnect_max_ms = kb_conf_int(c, "nats.reconnect_max_wait_ms");
     t->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
+    t->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
     t->batch_events = (uint32_t)kb_conf_int(c, "nats.publish_batch");
     t->linger_ns = kb_conf_int(c, "nats.publish_linger_us") * 1000;
     snprintf(t->id, sizeof t->id, "%s", kb_conf_str(c, "consumer"));
     snprintf(t->group, sizeof t->group, "%s", kb_conf_str(c, "group"));
     snprintf(t->bucket, sizeof t->bucket, "%s", kb_conf_str(c, "nats.lease_bucket"));
-    sanitize(t->group);
+    if (!group_ok(t->group)) {
+        kb__errf(errstr, errlen, "group \"%s\": nats:// allows only letters, digits, '-', '_' "
+                 "and '=' (it names JetStream consumers and KV keys)", t->group);
+        return KB_EINVAL;
+    }
     unsigned char rnd[8] = {0};
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
         memcpy(rnd, &t, sizeof t < sizeof rnd ? sizeof t : sizeof rnd);
@@ -262,10 +287,7 @@ static int connect_server(kb_transport *t, const kb_conf *c, char *errstr, size_
                  natsStatus_GetText(s));
         return KB_ETRANSPORT;
     }
-    /* Frames stay well below the largest message the server accepts. */
-    int64_t maxp = natsConnection_GetMaxPayload(t->nc);
-    t->max_payload = maxp > 2 * KB_NATS_HDR_ROOM ? (size_t)maxp : 1024 * 1024;
-    t->batch_bytes = t->max_payload / 4 < 256 * 1024 ? t->max_payload / 4 : 256 * 1024;
+    read_limits(t, t->nc);
     jsOptions jo;
     jsOptions_Init(&jo);
     jo.PublishAsync.MaxPending = kb_conf_int(c, "nats.publish_max_pending");
@@ -306,6 +328,7 @@ static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *er
     }
     t->bus = bus;
     pthread_mutex_init(&t->topics_lock, NULL);
+    pthread_mutex_init(&t->sub_lock, NULL);
     pthread_mutex_init(&t->resend_lock, NULL);
     pthread_rwlock_init(&t->pub_lock, NULL);
     pthread_mutex_init(&t->lease_mu, NULL);
@@ -343,27 +366,30 @@ static int nats_close(kb_transport *t)
         pthread_join(t->leaser, NULL);
     if (t->acker_started)
         pthread_join(t->acker, NULL);
+    int rc = KB_OK;
+    char why[512] = "";
     if (t->js != NULL) {
         kb__nats_ack_pass(t);            /* the last frontier acks */
         natsConnection_FlushTimeout(t->nc, 2000);
         kb__nats_lease_release_all(t);   /* after the acks: the next owner starts there */
-        kb__nats_flush(t, 5000);
+        if ((rc = kb__nats_flush(t, 5000)) != KB_OK)
+            snprintf(why, sizeof why, "%s", kb_last_error());
     }
+    natsSubscription_Destroy(t->inbox_sub);
+    uint64_t unsent = kb__nats_resend_free(t);
     for (kb_nats_topic *tp = atomic_load(&t->topics), *next; tp; tp = next) {
         next = tp->next;
-        natsSubscription_Destroy(tp->inbox_sub);
         for (uint32_t i = 0; tp->parts != NULL && i < t->partitions; i++)
             kb__nats_claim_free_all(&tp->parts[i]);
         if (atomic_load(&tp->unowned))
             kb_log(t->bus, 5, "nats %s: %s: %llu queued events released unhandled after a lost lease",
                    t->url_safe, tp->name, (unsigned long long)atomic_load(&tp->unowned));
         free(tp->parts);
-        kb__nats_batch_free(t, tp);
+        unsent += kb__nats_batch_free(t, tp);
         free(tp->subjects);
         free(tp->name);
         free(tp);
     }
-    kb__nats_resend_free(t);
     kvStore_Destroy(t->kv);
     jsCtx_Destroy(t->js);
     if (t->nc != NULL) {
@@ -377,14 +403,25 @@ static int nats_close(kb_transport *t)
     pthread_rwlock_destroy(&t->pub_lock);
     pthread_mutex_destroy(&t->resend_lock);
     pthread_mutex_destroy(&t->topics_lock);
+    pthread_mutex_destroy(&t->sub_lock);
     free(t);
-    return KB_OK;
+#if defined(__GLIBC__)
+    malloc_trim(0);   /* claims' rings and topics: give the pages back */
+#endif
+    if (unsent > 0) {
+        kb__errf(NULL, 0, "nats: %llu published events never sent (%s)", (unsigned long long)unsent,
+                 why[0] ? why : "server unreachable at close");
+        return KB_ETRANSPORT;
+    }
+    if (rc != KB_OK)   /* rejected by the server: kb_flush's report */
+        kb__errf(NULL, 0, "%s", why);
+    return rc;
 }
 
 const kb_transport_ops kb__nats_ops = {
     .abi_version = KB_TRANSPORT_ABI,
     .scheme = "nats",
-    .flags = KB_TRANSPORT_F_SINGLE_FEEDER,   /* one feeder thread per topic */
+    .flags = KB_TRANSPORT_F_SINGLE_FEEDER,   /* one feeder thread per bus */
     .open = nats_open,
     .publish = kb__nats_publish,
     .subscribe = kb__nats_subscribe,

@@ -30,6 +30,14 @@ kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev
     return c;
 }
 
+uint32_t kb__nats_attempt(const kb_nats_claim *c, uint64_t sseq, uint64_t delivered)
+{
+    uint64_t n = delivered;
+    for (uint32_t i = 0; i < c->nmarks; i++)
+        n += c->marks[i] >= sseq;
+    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
 void kb__nats_claim_reset(kb_transport *t, kb_nats_claim *c)
 {
     atomic_store(&c->fenced, 1);

@@ -76,21 +76,28 @@ int kb__nats_batch_init(kb_transport *t, kb_nats_topic *tp)
     return KB_OK;
 }
 
-void kb__nats_batch_free(kb_transport *t, kb_nats_topic *tp)
+uint64_t kb__nats_batch_free(kb_transport *t, kb_nats_topic *tp)
 {
     if (tp->batches == NULL)
-        return;
+        return 0;
     uint64_t lost = 0;
     for (uint32_t i = 0; i < t->partitions; i++) {
         lost += tp->batches[i].count;
         free(tp->batches[i].buf);
         pthread_mutex_destroy(&tp->batches[i].mu);
     }
-    if (lost)
-        kb_log(t->bus, 3, "nats %s: %s: %llu published events never sent (server unreachable at close)",
-               t->url_safe, tp->name, (unsigned long long)lost);
     free(tp->batches);
     tp->batches = NULL;
+    return lost;
+}
+
+uint32_t kb__nats_events_in(natsMsg *m)
+{
+    const char *count = NULL;
+    if (natsMsgHeader_Get(m, KB_NATS_BATCH_HDR, &count) != NATS_OK || count == NULL)
+        return 1;
+    unsigned long n = strtoul(count, NULL, 10);
+    return n > 0 && n <= KB_NATS_BATCH_MAX ? (uint32_t)n : 1;
 }
 
 /* Send what partition n has buffered; caller holds b->mu. On failure the
@@ -122,6 +129,7 @@ static int send_locked(kb_transport *t, kb_nats_topic *tp, uint32_t n, kb_nats_b
         b->len = 0;
         b->count = 0;
         b->last_send_ns = now;
+        atomic_fetch_sub_explicit(&tp->frames_open, 1, memory_order_relaxed);
     }
     return rc;
 }
@@ -163,14 +171,17 @@ int kb__nats_batch_add(kb_transport *t, kb_nats_topic *tp, const kb_msg *m)
     int64_t now = kb__nats_now_ns();
     int rc = KB_OK;
     pthread_mutex_lock(&b->mu);
-    if (b->count > 0 && (b->count >= t->batch_events || b->len + need > t->batch_bytes))
+    size_t budget = atomic_load_explicit(&t->batch_bytes, memory_order_relaxed);
+    if (b->count > 0 && (b->count >= t->batch_events || b->len + need > budget))
         rc = send_locked(t, tp, n, b, now);   /* failed: this event is not taken */
     if (rc == KB_OK)
         rc = append(b, m);
     if (rc == KB_OK) {
-        if (b->count == 1)
+        if (b->count == 1) {
             b->first_ns = now;
-        if (b->count >= t->batch_events || b->len >= t->batch_bytes ||
+            atomic_fetch_add_explicit(&tp->frames_open, 1, memory_order_relaxed);
+        }
+        if (b->count >= t->batch_events || b->len >= budget ||
             now - b->last_send_ns >= t->linger_ns)
             send_locked(t, tp, n, b, now);   /* failed: stays buffered for the acker */
     }
@@ -185,7 +196,9 @@ int kb__nats_batch_send_due(kb_transport *t, bool all)
     int rc = KB_OK;
     int64_t now = kb__nats_now_ns();
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
-        for (uint32_t i = 0; tp->batches != NULL && i < t->partitions; i++) {
+        for (uint32_t i = 0; atomic_load_explicit(&tp->frames_open, memory_order_relaxed) > 0 &&
+                             tp->batches != NULL && i < t->partitions;
+             i++) {
             kb_nats_batch *b = &tp->batches[i];
             pthread_mutex_lock(&b->mu);
             if (b->count > 0 && (all || now - b->first_ns >= t->linger_ns)) {

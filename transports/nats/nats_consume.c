@@ -1,7 +1,9 @@
-/* Consuming: one feeder thread per topic issues its own pull requests (one
- * open request per owned partition, explicit batch and server-side expiry)
- * and hands messages to the sink in stream order. nats.c's Fetch is not used:
- * see docs/transports-nats.md for its 3.4.1 bugs. */
+/* Consuming: one feeder thread per bus issues its own pull requests (up to
+ * two open per owned partition, explicit batch and server-side expiry) for
+ * every subscribed topic, reads their replies on one inbox subscription, and
+ * hands messages to the sinks in stream order. Threads and subscriptions do
+ * not grow with the number of topics. nats.c's Fetch is not used: see
+ * docs/transports-nats.md for its 3.4.1 bugs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,17 +11,24 @@
 #include "../../core/err.h"
 #include "nats_int.h"
 
+#define KB_NATS_IDLE_EXPIRES_MS 10000   /* pull expiry of a quiet partition, at most */
+#define KB_NATS_SCAN_NS 20000000        /* every partition's pulls checked this often */
+
 typedef struct feeder {
     kb_transport *t;
-    kb_nats_topic *tp;
-    kb_nats_claim **cur;     /* the claim this feeder works on, per partition */
+    /* subscribed topics by the hash of their name (open addressing) */
+    kb_nats_topic **by_name;
+    uint32_t slots, known;
+    kb_nats_topic **by_id;
     char *key;               /* decoded key buffer */
     size_t key_cap;
 } feeder;
 
 /* Keep up to two pull requests of nats.fetch_batch open per partition: the
  * next one is sent when the open ones have less than a batch left, so the
- * server never waits for a round trip between batches. */
+ * server never waits for a round trip between batches. A request that ends
+ * with nothing doubles the next one's expiry (up to 10 s), so idle topics
+ * cost the server little; messages still come as soon as they are stored. */
 static void pull(feeder *f, kb_nats_claim *c, int64_t now)
 {
     kb_transport *t = f->t;
@@ -28,29 +37,63 @@ static void pull(feeder *f, kb_nats_claim *c, int64_t now)
     int batch = (int)(room < t->fetch_batch ? room : t->fetch_batch);
     if (batch <= 0 || (c->pull_open && batch < t->fetch_batch / 2))
         return;   /* the frontier is full: wait for acks (no dribble of small requests) */
+    if (c->pull_expires_ms == 0)
+        c->pull_expires_ms = t->fetch_expires_ms;
     char body[96], reply[256];
     snprintf(body, sizeof body, "{\"batch\":%d,\"expires\":%lld}", batch,
-             (long long)t->fetch_expires_ms * 1000000);
-    snprintf(reply, sizeof reply, "%s.%u.%u", f->tp->inbox, c->part->n, ++c->pull_serial);
+             (long long)c->pull_expires_ms * 1000000);
+    snprintf(reply, sizeof reply, "%s.%u.%u.%u", t->inbox, c->part->topic->sub_id, c->part->n,
+             ++c->pull_serial);
     if (natsConnection_PublishRequestString(t->nc, c->next_subj, reply, body) != NATS_OK)
         return;
     c->pull_left = (c->pull_open ? c->pull_left : 0) + batch;
     c->pull_open = true;
-    /* The server ends the request; this only covers a lost one (reconnect). */
-    c->pull_deadline_ns = now + (t->fetch_expires_ms + 2000) * 1000000;
+    c->pull_got = false;
+    /* The server ends the request; this only covers a lost one. */
+    c->pull_deadline_ns = now + (c->pull_expires_ms + 2000) * 1000000;
+}
+
+/* Follow the partition's current claim and keep its pulls going. */
+static void tend(feeder *f, kb_nats_part *p, int64_t now)
+{
+    kb_transport *t = f->t;
+    kb_nats_claim *c = atomic_load(&p->claim);
+    if (c != p->feeding && p->feeding != NULL)
+        atomic_store(&p->feeding->feeder_left, 1);
+    p->feeding = c;
+    if (c == NULL)
+        return;
+    if (atomic_load(&c->fenced)) {
+        atomic_store(&c->feeder_left, 1);
+        p->feeding = NULL;
+    } else if (!c->pull_open || c->pull_left < t->fetch_batch || now > c->pull_deadline_ns) {
+        if (c->pull_open && now > c->pull_deadline_ns)
+            c->pull_open = false;   /* lost */
+        pull(f, c, now);
+    }
 }
 
 /* A status reply (408 expired, 404 nothing, 409 ...) closes its request. */
 static void status_msg(feeder *f, natsMsg *m)
 {
     const char *subj = natsMsg_GetSubject(m);
-    size_t il = strlen(f->tp->inbox);
-    unsigned n = 0, serial = 0;
-    if (strncmp(subj, f->tp->inbox, il) == 0 && sscanf(subj + il, ".%u.%u", &n, &serial) == 2 &&
-        n < f->t->partitions && f->cur[n] != NULL && f->cur[n]->pull_serial == serial) {
-        f->cur[n]->pull_open = false;   /* the newest request ended: so did the older */
-        f->cur[n]->pull_left = 0;
+    size_t il = strlen(f->t->inbox);
+    unsigned id = 0, n = 0, serial = 0;
+    if (strncmp(subj, f->t->inbox, il) != 0 ||
+        sscanf(subj + il, ".%u.%u.%u", &id, &n, &serial) != 3 || id >= f->known ||
+        n >= f->t->partitions)
+        return;
+    kb_nats_claim *c = f->by_id[id]->parts[n].feeding;
+    if (c == NULL || c->pull_serial != serial)
+        return;
+    c->pull_open = false;   /* the newest request ended: so did the older */
+    c->pull_left = 0;
+    if (!c->pull_got) {
+        c->pull_expires_ms *= 2;
+        if (c->pull_expires_ms > KB_NATS_IDLE_EXPIRES_MS)
+            c->pull_expires_ms = KB_NATS_IDLE_EXPIRES_MS;
     }
+    tend(f, c->part, kb__nats_now_ns());
 }
 
 /* An event (or the whole message, when unreadable) goes to the dead letters
@@ -65,12 +108,13 @@ static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_na
     if (ev == NULL)
         ev = &whole;
     kb_nats_claim *c = e->claim;
-    int rc = kb__nats_dlq_publish(f->t, f->tp, natsMsg_GetSubject(m), id, ev->key, ev->key_len,
-                                  ev->payload, ev->payload_len, c->part->n,
-                                  (uint32_t)meta->delivered, why);
-    kb__nats_settle(e, rc == KB_OK);
-    if (rc != KB_OK)
-        kb__nats_claim_reset(f->t, c);   /* redelivered to a fresh claim */
+    int rc = kb__nats_dlq_publish(f->t, c->part->topic, natsMsg_GetSubject(m), id, ev->key,
+                                  ev->key_len, ev->payload, ev->payload_len, c->part->n,
+                                  kb__nats_attempt(c, meta->sseq, meta->delivered), why);
+    if (rc != KB_OK && rc != KB_ETIMEDOUT)
+        kb_log(f->t->bus, 3, "nats %s: dead letter of %s on %s lost: %s", f->t->url_safe, id,
+               natsMsg_GetSubject(m), kb_last_error());
+    kb__nats_dlq_settle(f->t, e, rc);
 }
 
 /* Hand one event to the sink; false when the bus refused it (closing). */
@@ -85,10 +129,16 @@ static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta 
         dead_on_arrival(f, e, m, meta, id, ev, why);
         return true;
     }
-    kb_delivery d = {.topic = f->tp->name, .key = ev->key, .key_len = ev->key_len,
+    uint32_t attempt = kb__nats_attempt(e->claim, meta->sseq, meta->delivered);
+    if (attempt > t->max_attempts) {   /* handled max_attempts times already */
+        dead_on_arrival(f, e, m, meta, id, ev, "retry.max_attempts reached (redelivered)");
+        return true;
+    }
+    kb_nats_topic *tp = e->claim->part->topic;
+    kb_delivery d = {.topic = tp->name, .key = ev->key, .key_len = ev->key_len,
                      .payload = ev->payload ? ev->payload : "", .payload_len = ev->payload_len,
-                     .partition = n, .attempt = (uint32_t)meta->delivered, .id = id, .cookie = e};
-    int rc = kb_sink_deliver(f->tp->sink, &d, -1);   /* waits while the lane is full */
+                     .partition = n, .attempt = attempt, .id = id, .cookie = e};
+    int rc = kb_sink_deliver(tp->sink, &d, -1);   /* waits while the lane is full */
     if (rc == KB_OK)
         return true;
     kb__nats_settle(e, false);
@@ -98,14 +148,17 @@ static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta 
     return false;
 }
 
-static void data_msg(feeder *f, natsMsg *m, const kb_nats_meta *meta, unsigned n)
+static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta,
+                     unsigned n)
 {
     kb_transport *t = f->t;
-    kb_nats_claim *c = f->cur[n];
+    kb_nats_claim *c = tp->parts[n].feeding;
     if (c == NULL || strcmp(c->consumer, meta->consumer) != 0) {
         natsMsg_Destroy(m);   /* an earlier claim's consumer: not ours any more */
         return;
     }
+    c->pull_got = true;
+    c->pull_expires_ms = t->fetch_expires_ms;
     if (c->pull_left > 0 && --c->pull_left == 0)
         c->pull_open = false;
     if (meta->sseq <= c->delivered_hi) {
@@ -171,6 +224,50 @@ static void data_msg(feeder *f, natsMsg *m, const kb_nats_meta *meta, unsigned n
     }
 }
 
+/* The subscribed topic named `name` (len bytes), or NULL. */
+static kb_nats_topic *topic_of(feeder *f, const char *name, size_t len)
+{
+    if (f->slots == 0)
+        return NULL;
+    for (uint32_t i = kb_fnv1a32(name, len) & (f->slots - 1);; i = (i + 1) & (f->slots - 1)) {
+        kb_nats_topic *tp = f->by_name[i];
+        if (tp == NULL || (strncmp(tp->name, name, len) == 0 && tp->name[len] == '\0'))
+            return tp;
+    }
+}
+
+/* Index the topics subscribed since the last look; false when out of memory
+ * (the new ones wait for the next look). */
+static bool learn(feeder *f, uint32_t nsubs)
+{
+    uint32_t slots = 16;
+    while (slots < 2 * nsubs)
+        slots *= 2;
+    kb_nats_topic **by_name = calloc(slots, sizeof *by_name);
+    kb_nats_topic **by_id = calloc(nsubs, sizeof *by_id);
+    if (by_name == NULL || by_id == NULL) {
+        free(by_name);
+        free(by_id);
+        return false;
+    }
+    for (kb_nats_topic *tp = atomic_load(&f->t->topics); tp; tp = tp->next) {
+        if (!atomic_load(&tp->subscribed) || tp->sub_id >= nsubs)
+            continue;
+        by_id[tp->sub_id] = tp;
+        uint32_t i = kb_fnv1a32(tp->name, strlen(tp->name)) & (slots - 1);
+        while (by_name[i] != NULL)
+            i = (i + 1) & (slots - 1);
+        by_name[i] = tp;
+    }
+    free(f->by_name);
+    free(f->by_id);
+    f->by_name = by_name;
+    f->by_id = by_id;
+    f->slots = slots;
+    f->known = nsubs;
+    return true;
+}
+
 static void handle(feeder *f, natsMsg *m)
 {
     kb_nats_meta meta;
@@ -180,51 +277,101 @@ static void handle(feeder *f, natsMsg *m)
         natsMsg_Destroy(m);
         return;
     }
+    /* kb.<topic>.<n> */
     const char *subj = natsMsg_GetSubject(m), *dot = strrchr(subj, '.');
     char *end = NULL;
     unsigned long n = dot ? strtoul(dot + 1, &end, 10) : 0;
-    if (dot == NULL || end == dot + 1 || *end != '\0' || n >= f->t->partitions) {
+    kb_nats_topic *tp = dot != NULL && dot > subj + 3 && strncmp(subj, "kb.", 3) == 0
+                            ? topic_of(f, subj + 3, (size_t)(dot - subj - 3))
+                            : NULL;
+    if (tp == NULL || end == dot + 1 || *end != '\0' || n >= f->t->partitions) {
         natsMsg_Destroy(m);
         return;
     }
-    data_msg(f, m, &meta, (unsigned)n);
+    data_msg(f, tp, m, &meta, (unsigned)n);
+    tend(f, &tp->parts[n], kb__nats_now_ns());
 }
 
 static void *feed(void *arg)
 {
     feeder *f = arg;
     kb_transport *t = f->t;
+    int64_t next_scan = 0;
+    uint32_t reconnects = atomic_load(&t->reconnects);
     while (!atomic_load(&t->stopping)) {
+        uint32_t nsubs = atomic_load(&t->nsubs);
+        if (nsubs != f->known)
+            learn(f, nsubs);
         int64_t now = kb__nats_now_ns();
-        for (uint32_t i = 0; i < t->partitions; i++) {
-            kb_nats_claim *c = atomic_load(&f->tp->parts[i].claim);
-            if (c != f->cur[i] && f->cur[i] != NULL)
-                atomic_store(&f->cur[i]->feeder_left, 1);
-            f->cur[i] = c;
-            if (c == NULL)
-                continue;
-            if (atomic_load(&c->fenced)) {
-                atomic_store(&c->feeder_left, 1);
-                f->cur[i] = NULL;
-            } else if (!c->pull_open || c->pull_left < t->fetch_batch ||
-                       now > c->pull_deadline_ns) {
-                if (c->pull_open && now > c->pull_deadline_ns)
-                    c->pull_open = false;   /* lost in a reconnect */
-                pull(f, c, now);
-            }
+        uint32_t rc = atomic_load(&t->reconnects);
+        if (now >= next_scan || rc != reconnects) {
+            for (uint32_t id = 0; id < f->known; id++)
+                for (uint32_t i = 0; i < t->partitions; i++) {
+                    kb_nats_claim *c = f->by_id[id]->parts[i].feeding;
+                    if (c != NULL && rc != reconnects)
+                        c->pull_open = false;   /* requests do not survive a reconnect */
+                    tend(f, &f->by_id[id]->parts[i], now);
+                }
+            reconnects = rc;
+            next_scan = now + KB_NATS_SCAN_NS;
         }
         natsMsg *m = NULL;
-        if (natsSubscription_NextMsg(&m, f->tp->inbox_sub, 20) == NATS_OK)
+        if (natsSubscription_NextMsg(&m, t->inbox_sub, 20) == NATS_OK)
             handle(f, m);
     }
-    for (uint32_t i = 0; i < t->partitions; i++)
-        if (f->cur[i] != NULL)
-            atomic_store(&f->cur[i]->feeder_left, 1);
-    free(f->cur);
+    for (uint32_t id = 0; id < f->known; id++)
+        for (uint32_t i = 0; i < t->partitions; i++)
+            if (f->by_id[id]->parts[i].feeding != NULL)
+                atomic_store(&f->by_id[id]->parts[i].feeding->feeder_left, 1);
+    free(f->by_name);
+    free(f->by_id);
     free(f->key);
     free(f);
     nats_ReleaseThreadMemory();
     return NULL;
+}
+
+/* The bus's inbox subscription and feeder thread, at the first subscribe. */
+static int start_feeder(kb_transport *t)
+{
+    if (t->feeder_started)
+        return KB_OK;
+    feeder *f = calloc(1, sizeof *f);
+    natsInbox *inbox = NULL;
+    if (f == NULL || (f->key = malloc(65536)) == NULL || natsInbox_Create(&inbox) != NATS_OK) {
+        if (f != NULL)
+            free(f->key);
+        free(f);
+        kb__errf(NULL, 0, "nats: out of memory starting the consumer");
+        return KB_ETRANSPORT;
+    }
+    f->t = t;
+    f->key_cap = 65536;
+    snprintf(t->inbox, sizeof t->inbox, "%s", inbox);
+    natsInbox_Destroy(inbox);
+    char all[160];
+    snprintf(all, sizeof all, "%s.>", t->inbox);
+    natsStatus s = natsConnection_SubscribeSync(&t->inbox_sub, t->nc, all);
+    if (s == NATS_OK)   /* bounded by the open pull requests, not by the library */
+        s = natsSubscription_SetPendingLimits(t->inbox_sub, -1, -1);
+    if (s != NATS_OK) {
+        natsSubscription_Destroy(t->inbox_sub);
+        t->inbox_sub = NULL;
+        free(f->key);
+        free(f);
+        int rc = kb__nats_errf("subscribing the pull inbox", s, 0);
+        return rc == KB_ENOMEM ? rc : KB_ETRANSPORT;
+    }
+    if (pthread_create(&t->feeder, NULL, feed, f) != 0) {
+        natsSubscription_Destroy(t->inbox_sub);
+        t->inbox_sub = NULL;
+        free(f->key);
+        free(f);
+        kb__errf(NULL, 0, "nats: cannot start the feeder thread");
+        return KB_ETRANSPORT;
+    }
+    t->feeder_started = true;
+    return KB_OK;
 }
 
 int kb__nats_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
@@ -232,25 +379,23 @@ int kb__nats_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
     kb_nats_topic *tp = kb__nats_topic(t, topic, true);
     if (tp == NULL)
         return KB_ETRANSPORT;
+    pthread_mutex_lock(&t->sub_lock);
+    int rc = KB_OK;
     if (atomic_load(&tp->subscribed)) {
         kb__errf(NULL, 0, "nats: topic %s already consumed", topic);
-        return KB_EINVAL;
+        rc = KB_EINVAL;
+    } else if ((tp->parts = calloc(t->partitions, sizeof *tp->parts)) == NULL) {
+        kb__errf(NULL, 0, "nats: out of memory subscribing %s", topic);
+        rc = KB_ENOMEM;
+    } else {
+        rc = start_feeder(t);
     }
-    feeder *f = calloc(1, sizeof *f);
-    tp->parts = calloc(t->partitions, sizeof *tp->parts);
-    natsInbox *inbox = NULL;
-    if (f == NULL || tp->parts == NULL || natsInbox_Create(&inbox) != NATS_OK)
-        goto nomem;
-    f->t = t;
-    f->tp = tp;
-    f->key_cap = 65536;
-    f->key = malloc(f->key_cap);
-    f->cur = calloc(t->partitions, sizeof *f->cur);
-    if (f->key == NULL || f->cur == NULL)
-        goto nomem;
-    snprintf(tp->inbox, sizeof tp->inbox, "%s", inbox);
-    natsInbox_Destroy(inbox);
-    inbox = NULL;
+    if (rc != KB_OK) {
+        free(tp->parts);
+        tp->parts = NULL;
+        pthread_mutex_unlock(&t->sub_lock);
+        return rc;
+    }
     for (uint32_t i = 0; i < t->partitions; i++) {
         kb_nats_part *p = &tp->parts[i];
         p->topic = tp;
@@ -258,48 +403,20 @@ int kb__nats_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
         snprintf(p->subject, sizeof p->subject, "kb.%s.%u", topic, i);
         snprintf(p->lease_key, sizeof p->lease_key, "l.%s.%s.%u", tp->stream, t->group, i);
     }
-    char all[160];
-    snprintf(all, sizeof all, "%s.>", tp->inbox);
-    natsStatus s = natsConnection_SubscribeSync(&tp->inbox_sub, t->nc, all);
-    if (s == NATS_OK)   /* bounded by the open pull requests, not by the library */
-        s = natsSubscription_SetPendingLimits(tp->inbox_sub, -1, -1);
-    if (s != NATS_OK) {
-        free(f->key);
-        free(f->cur);
-        free(f);
-        return kb__nats_errf("subscribe", s, 0);
-    }
     tp->sink = sink;
+    tp->sub_id = atomic_load(&t->nsubs);
     atomic_store(&tp->subscribed, 1);
-    if (pthread_create(&tp->feeder, NULL, feed, f) != 0) {
-        atomic_store(&tp->subscribed, 0);
-        kb__errf(NULL, 0, "nats: cannot start the feeder of %s", topic);
-        free(f->key);
-        free(f->cur);
-        free(f);
-        return KB_ENOMEM;
-    }
-    tp->feeder_started = true;
+    atomic_store(&t->nsubs, tp->sub_id + 1);   /* after: the feeder indexes it */
+    pthread_mutex_unlock(&t->sub_lock);
     kb__nats_lease_kick(t);
     return KB_OK;
-
-nomem:
-    natsInbox_Destroy(inbox);
-    if (f != NULL) {
-        free(f->key);
-        free(f->cur);
-    }
-    free(f);
-    kb__errf(NULL, 0, "nats: out of memory subscribing %s", topic);
-    return KB_ENOMEM;
 }
 
 void kb__nats_stop(kb_transport *t)
 {
     atomic_store(&t->stopping, 1);
-    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
-        if (tp->feeder_started) {
-            pthread_join(tp->feeder, NULL);
-            tp->feeder_started = false;
-        }
+    if (t->feeder_started) {
+        pthread_join(t->feeder, NULL);
+        t->feeder_started = false;
+    }
 }

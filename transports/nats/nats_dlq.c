@@ -14,12 +14,15 @@ int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const char *orig_su
                          const char *reason)
 {
     natsMsg *m = NULL;
-    char num[32], id[2 * KB_NATS_NAME];
+    char num[32], id[2 * KB_NATS_NAME], why[257];
+    snprintf(why, sizeof why, "%s", reason);   /* within KB_NATS_DLQ_ROOM */
     /* Another client's message close to max_payload cannot carry our headers
      * too: store the dead letter without its body (the original stays in the
      * stream at its sequence) rather than have it refused and redelivered for
      * ever, holding up its partition. */
-    bool omit = payload_len + 2 * key_len + strlen(reason) + KB_NATS_HDR_ROOM > t->max_payload;
+    bool omit = payload_len + KB_NATS_HDR_BASE + KB_NATS_DLQ_ROOM +
+                    (key_len ? kb__nats_key_hdr_len(key, key_len) : 0) >
+                atomic_load(&t->max_payload);
     natsStatus s = natsMsg_Create(&m, tp->dlq_subject, NULL,
                                   payload_len && !omit ? payload : NULL,
                                   omit ? 0 : (int)payload_len);
@@ -39,7 +42,7 @@ int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const char *orig_su
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, "Kb-Attempts", num);
     if (s == NATS_OK)
-        s = natsMsgHeader_Set(m, "Kb-Reason", reason);
+        s = natsMsgHeader_Set(m, "Kb-Reason", why);
     /* A redelivered event dead-lettered again is stored once. */
     snprintf(id, sizeof id, "dlq-%s-%s", tp->stream, orig_id);
     if (s == NATS_OK)
@@ -53,7 +56,22 @@ int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const char *orig_su
         s = js_PublishMsg(&pa, t->js, m, &po, &jerr);
     jsPubAck_Destroy(pa);
     natsMsg_Destroy(m);
-    return s == NATS_OK ? KB_OK : kb__nats_errf(tp->dlq_subject, s, jerr);
+    if (s == NATS_OK)
+        return KB_OK;
+    int rc = kb__nats_errf(tp->dlq_subject, s, jerr);
+    /* No answer may be followed by one; a refusal (header over 64 KiB, a
+     * JetStream error) is final. */
+    bool unanswered = jerr == 0 && (s == NATS_TIMEOUT || s == NATS_CONNECTION_CLOSED ||
+                                    s == NATS_CONNECTION_DISCONNECTED || s == NATS_NO_RESPONDERS);
+    return unanswered ? KB_ETIMEDOUT : rc == KB_ETIMEDOUT ? KB_ETRANSPORT : rc;
+}
+
+void kb__nats_dlq_settle(kb_transport *t, kb_nats_entry *e, int rc)
+{
+    kb_nats_claim *c = e->claim;
+    kb__nats_settle(e, rc != KB_ETIMEDOUT);   /* `e` may be reused from here on */
+    if (rc == KB_ETIMEDOUT)
+        kb__nats_claim_reset(t, c);
 }
 
 int kb__nats_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason)
@@ -66,11 +84,8 @@ int kb__nats_dead_letter(kb_transport *t, const kb_delivery *d, const char *reas
     }
     int rc = kb__nats_dlq_publish(t, tp, natsMsg_GetSubject(e->msg), d->id, d->key, d->key_len,
                                   d->payload, d->payload_len, d->partition, d->attempt, reason);
-    kb_nats_claim *c = e->claim;
-    kb__nats_settle(e, rc == KB_OK);   /* `e` may be reused from here on */
-    if (rc != KB_OK)
-        kb__nats_claim_reset(t, c);
-    return rc;
+    kb__nats_dlq_settle(t, e, rc);
+    return rc;   /* an error: the bus counts the dead letter as lost */
 }
 
 static const char *hdr(natsMsg *m, const char *name)

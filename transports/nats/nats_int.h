@@ -20,7 +20,13 @@
 #define KB_NATS_BATCH_HDR "Kb-Batch"      /* a frame of this many events of one partition */
 #define KB_NATS_OMITTED_HDR "Kb-Body-Omitted"  /* dead letter stored without its body (size) */
 #define KB_NATS_BATCH_MAX 4096            /* events per frame, nats.publish_batch's limit */
-#define KB_NATS_HDR_ROOM 1024             /* headers of a message, within max_payload */
+/* Header bytes, all within the server's max_payload (docs/transports-nats.md,
+ * "Limits"). nats.c writes "NATS/1.0\r\n", "Name: value\r\n" per header, "\r\n". */
+#define KB_NATS_HDR_BASE 64    /* status line, Nats-Msg-Id (<16 hex>-<u64>), end */
+#define KB_NATS_FRAME_HDR 16   /* Kb-Batch: <n> */
+#define KB_NATS_DLQ_ROOM 1024  /* dead-letter headers besides the key (reason cut to 256) */
+#define KB_NATS_HDR_MAX 65535  /* JetStream refuses larger headers (error 10097) */
+#define KB_NATS_MARKS 16                  /* earlier deliveries remembered per claim */
 
 /* One delivered message (one event, or a frame of several) waiting for its
  * handlers. The natsMsg keeps the $JS.ACK reply subject that AckAll needs. */
@@ -39,7 +45,7 @@ typedef struct kb_nats_entry {
 typedef struct kb_nats_claim {
     struct kb_nats_part *part;
     uint64_t rev;                  /* lease revision when acquired */
-    char consumer[160];
+    char consumer[176];
     char next_subj[2 * KB_NATS_NAME];  /* $JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer> */
     /* completion frontier: entries in delivery (= stream) order */
     kb_nats_entry *ring;
@@ -52,11 +58,15 @@ typedef struct kb_nats_claim {
     _Atomic int freed;             /* ring freed by the acker */
     _Atomic uint64_t acked_to;     /* stream sequence of the last AckAll sent */
     int64_t last_wpi_ns;           /* acker: last in-progress ack */
+    uint64_t marks[KB_NATS_MARKS]; /* highest sequences earlier consumers delivered */
+    uint32_t nmarks;
     /* feeder only */
     uint64_t delivered_hi;         /* highest stream sequence handed to the sink */
     bool pull_open;
+    bool pull_got;                 /* a message came since the newest request */
     int pull_left;
     uint32_t pull_serial;
+    int64_t pull_expires_ms;       /* grows while the partition is idle */
     int64_t pull_deadline_ns;
     struct kb_nats_claim *next;    /* older claims of the partition */
 } kb_nats_claim;
@@ -83,6 +93,8 @@ typedef struct kb_nats_part {
     uint64_t lease_rev;            /* lease thread only */
     int64_t lease_until_ns;        /* local lease expiry */
     bool releasing;
+    bool wanted;                   /* lease thread: ranked first here */
+    kb_nats_claim *feeding;        /* feeder only: the claim it works on */
 } kb_nats_part;
 
 typedef struct kb_nats_topic {
@@ -94,14 +106,12 @@ typedef struct kb_nats_topic {
     kb_nats_batch *batches;        /* per partition */
     _Atomic uint64_t published;
     _Atomic uint64_t unowned;      /* deliveries released by still_owned: lease lost */
+    _Atomic uint32_t frames_open;  /* partitions with buffered events */
     /* consuming side: set by subscribe */
     kb_sink *sink;
     kb_nats_part *parts;
-    natsSubscription *inbox_sub;
-    char inbox[128];
-    pthread_t feeder;
-    bool feeder_started;
-    _Atomic int subscribed;        /* parts, sink and inbox are set */
+    uint32_t sub_id;               /* in the bus's pull reply subjects */
+    _Atomic int subscribed;        /* parts and sink are set */
 } kb_nats_topic;
 
 /* A publish that must be sent again, in order. */
@@ -117,7 +127,7 @@ struct kb_transport {
     kvStore *kv;
     char url_safe[512];            /* URL without credentials, for messages */
     char id[128];                  /* this process's consumer name */
-    char group[128];               /* group, valid in consumer names */
+    char group[129];               /* group (letters, digits, - _ =) */
     char bus_id[24];               /* prefix of Nats-Msg-Id */
     char bucket[72];               /* lease KV bucket */
     _Atomic uint64_t msg_seq;
@@ -128,10 +138,11 @@ struct kb_transport {
     int64_t max_ack_pending, fetch_batch, fetch_expires_ms, ack_interval_ms;
     int64_t dup_window_ms, reconnect_wait_ms, reconnect_max_ms;
     uint32_t batch_events;         /* nats.publish_batch */
-    size_t batch_bytes;            /* frame body limit, below max_payload */
-    size_t max_payload;            /* the server's, from its INFO */
+    _Atomic size_t batch_bytes;    /* frame body limit, below max_payload */
+    _Atomic size_t max_payload;    /* the server's, from its INFO (again on reconnect) */
     int64_t linger_ns;             /* nats.publish_linger_us */
     int enqueue_timeout_ms;
+    uint32_t max_attempts;         /* retry.max_attempts */
     /* topics: append-only list, read without a lock */
     _Atomic(kb_nats_topic *) topics;
     pthread_mutex_t topics_lock;
@@ -154,6 +165,14 @@ struct kb_transport {
     bool lease_kick;
     pthread_t acker, leaser;
     bool acker_started, leaser_started;
+    /* consuming: one feeder thread and one inbox subscription per bus */
+    natsSubscription *inbox_sub;
+    char inbox[128];
+    pthread_t feeder;
+    bool feeder_started;
+    pthread_mutex_t sub_lock;          /* serialises subscribe */
+    _Atomic uint32_t nsubs;            /* topics subscribed (sub_id < nsubs) */
+    _Atomic uint32_t reconnects;       /* pull requests open before one are lost */
 };
 
 /* nats.c */
@@ -167,11 +186,13 @@ void kb__nats_sleep_ms(int64_t ms);
  * No snprintf: it runs per message and per event. */
 size_t kb__nats_put_u64(char *out, uint64_t v);
 int kb__nats_set_key(natsMsg *m, const void *key, size_t len);
+/* Bytes of the header line kb__nats_set_key writes for this key. */
+size_t kb__nats_key_hdr_len(const void *key, size_t len);
 /* Key of a message into buf (cap bytes); length, or -1 with *why set. */
 int kb__nats_get_key(natsMsg *m, char *buf, size_t cap, const char **why);
 /* Fields of a $JS.ACK reply subject. */
 typedef struct kb_nats_meta {
-    char consumer[160];
+    char consumer[176];
     uint64_t delivered, sseq;
 } kb_nats_meta;
 int kb__nats_parse_ack(const char *reply, kb_nats_meta *out);
@@ -189,7 +210,9 @@ int kb__nats_flush(kb_transport *t, int timeout_ms);
 void kb__nats_pub_err(jsCtx *js, jsPubAckErr *pae, void *closure);
 void kb__nats_disconnected(natsConnection *nc, void *closure);
 void kb__nats_resend(kb_transport *t);
-void kb__nats_resend_free(kb_transport *t);
+/* Events never sent: queued for a resend, or published and not acked (taken
+ * back from nats.c). Frees them; close only. */
+uint64_t kb__nats_resend_free(kb_transport *t);
 
 /* nats_batch.c: frames of several events of one partition */
 typedef struct kb_nats_event {
@@ -204,7 +227,10 @@ typedef struct kb_nats_frame {
 int kb__nats_frame_open(natsMsg *m, const char *count, kb_nats_frame *f, const char **why);
 bool kb__nats_frame_next(kb_nats_frame *f, kb_nats_event *ev);
 int kb__nats_batch_init(kb_transport *t, kb_nats_topic *tp);
-void kb__nats_batch_free(kb_transport *t, kb_nats_topic *tp);
+/* Frees the topic's frames; returns the events still buffered in them. */
+uint64_t kb__nats_batch_free(kb_transport *t, kb_nats_topic *tp);
+/* Events in a message: its Kb-Batch count, or 1. */
+uint32_t kb__nats_events_in(natsMsg *m);
 int kb__nats_batch_add(kb_transport *t, kb_nats_topic *tp, const kb_msg *m);
 int kb__nats_batch_send_due(kb_transport *t, bool all);
 
@@ -224,6 +250,9 @@ kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev
  * holds the lease. */
 void kb__nats_claim_reset(kb_transport *t, kb_nats_claim *c);
 void kb__nats_claim_free_all(kb_nats_part *p);
+/* Deliveries of stream sequence sseq so far: this consumer's count plus one
+ * per earlier consumer of the partition that delivered it. */
+uint32_t kb__nats_attempt(const kb_nats_claim *c, uint64_t sseq, uint64_t delivered);
 
 /* nats_lease.c */
 int kb__nats_lease_open(kb_transport *t, char *errstr, size_t errlen);
@@ -233,8 +262,15 @@ void kb__nats_lease_kick(kb_transport *t);
 
 /* nats_dlq.c */
 int kb__nats_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason);
+/* Settle an event after its dead letter was tried (rc from dlq_publish). A
+ * dead letter the server refused is lost, and the partition moves on: a retry
+ * would be refused again and hold the partition for ever (a poison frame).
+ * KB_ETIMEDOUT (no answer): the claim is reset and the event comes again,
+ * with its attempt count, straight to the dead letters. */
+void kb__nats_dlq_settle(kb_transport *t, kb_nats_entry *e, int rc);
 /* One event (or an unreadable message) to the dead letters; orig_id is the
- * delivery ID: the stream sequence, ".<n>" for the n-th event of a frame. */
+ * delivery ID: the stream sequence, ".<n>" for the n-th event of a frame.
+ * KB_ETIMEDOUT when the server did not answer, another error when it refused. */
 int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const char *orig_subject,
                          const char *orig_id, const void *key, size_t key_len, const void *payload,
                          size_t payload_len, uint32_t partition, uint32_t attempts,

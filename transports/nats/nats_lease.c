@@ -62,38 +62,91 @@ static void member_key(kb_transport *t, kb_nats_topic *tp, char *buf, size_t len
     buf[o] = '\0';
 }
 
-typedef struct members {
-    char **ids;
+/* Every member key of the bucket ("m.>"), listed once per lease round for
+ * all topics: a listing per topic cost rounds of seconds with hundreds of
+ * topics and let leases run out. */
+typedef struct roster {
+    char **keys;
     int n;
-    char *mine;
+    bool ok;
+} roster;
+
+static void roster_load(kb_transport *t, roster *r)
+{
+    memset(r, 0, sizeof *r);
+    kvWatchOptions o;
+    kvWatchOptions_Init(&o);
+    o.IgnoreDeletes = true;
+    o.MetaOnly = true;
+    kvWatcher *w = NULL;
+    if (kvStore_Watch(&w, t->kv, "m.>", &o) != NATS_OK)
+        return;
+    int cap = 0;
+    for (;;) {
+        kvEntry *e = NULL;
+        if (kvWatcher_Next(&e, w, 5000) != NATS_OK)
+            break;
+        if (e == NULL) {   /* every current key seen */
+            r->ok = true;
+            break;
+        }
+        if (r->n == cap) {
+            cap = cap ? 2 * cap : 64;
+            char **keys = realloc(r->keys, (size_t)cap * sizeof *keys);
+            if (keys == NULL) {
+                kvEntry_Destroy(e);
+                break;
+            }
+            r->keys = keys;
+        }
+        if ((r->keys[r->n] = strdup(kvEntry_Key(e))) != NULL)
+            r->n++;
+        kvEntry_Destroy(e);
+    }
+    kvWatcher_Destroy(w);
+}
+
+static void roster_free(roster *r)
+{
+    for (int i = 0; i < r->n; i++)
+        free(r->keys[i]);
+    free(r->keys);
+}
+
+typedef struct members {
+    const char **ids;   /* into the roster */
+    int n;
+    char mine[KB_NATS_NAME];
 } members;
 
-static void members_load(kb_transport *t, kb_nats_topic *tp, members *ms)
+/* Heartbeat this process's member key of the topic; the topic's members are
+ * the roster's keys under its prefix, this process always among them. */
+static void members_load(kb_transport *t, kb_nats_topic *tp, const roster *r, members *ms)
 {
     char pre[2 * KB_NATS_NAME], mine[2 * KB_NATS_NAME];
     member_prefix(t, tp, pre, sizeof pre);
     member_key(t, tp, mine, sizeof mine);
     if (kvStore_PutString(NULL, t->kv, mine, t->id) != NATS_OK)
         kb_log(t->bus, 4, "nats %s: membership heartbeat failed", t->url_safe);
+    size_t pl = strlen(pre);
+    snprintf(ms->mine, sizeof ms->mine, "%s", mine + pl);
     ms->n = 0;
-    ms->ids = NULL;
-    ms->mine = strdup(mine + strlen(pre));
-    kvKeysList keys = {0};
-    if (kvStore_Keys(&keys, t->kv, NULL) == NATS_OK) {
-        ms->ids = calloc((size_t)keys.Count + 1, sizeof *ms->ids);
-        for (int i = 0; ms->ids != NULL && i < keys.Count; i++)
-            if (strncmp(keys.Keys[i], pre, strlen(pre)) == 0)
-                ms->ids[ms->n++] = strdup(keys.Keys[i] + strlen(pre));
-        kvKeysList_Destroy(&keys);
-    }
+    ms->ids = r->ok ? calloc((size_t)r->n + 1, sizeof *ms->ids) : NULL;
+    if (ms->ids == NULL)
+        return;   /* unknown: keep what we have */
+    bool me = false;
+    for (int i = 0; i < r->n; i++)
+        if (strncmp(r->keys[i], pre, pl) == 0) {
+            ms->ids[ms->n++] = r->keys[i] + pl;
+            me = me || strcmp(r->keys[i] + pl, ms->mine) == 0;
+        }
+    if (!me)
+        ms->ids[ms->n++] = ms->mine;
 }
 
 static void members_free(members *ms)
 {
-    for (int i = 0; i < ms->n; i++)
-        free(ms->ids[i]);
     free(ms->ids);
-    free(ms->mine);
 }
 
 static uint32_t mix(uint32_t h)   /* murmur3 finaliser: FNV alone ranks badly */
@@ -115,7 +168,7 @@ static uint32_t score(const char *member, const kb_nats_part *p)
  * the member list is unknown (KV trouble), keep what we have. */
 static bool wanted(const members *ms, const kb_nats_part *p, bool have)
 {
-    if (ms->mine == NULL || ms->n == 0)
+    if (ms->n == 0)
         return have;
     const char *best = NULL;
     uint32_t best_score = 0;
@@ -129,39 +182,100 @@ static bool wanted(const members *ms, const kb_nats_part *p, bool have)
     return best != NULL && strcmp(best, ms->mine) == 0;
 }
 
-/* A fresh consumer for a new claim, starting after the highest ack floor of
- * the partition's earlier consumers (which are deleted). */
-static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev)
+/* Where an earlier consumer of the partition stopped. A consumer that has
+ * acked nothing yet reports AckFloor.Stream 0 even though it started at
+ * OptStartSeq (nats-server 2.9), so its floor is OptStartSeq - 1. Trusting the
+ * reported 0 was the replay storm of issue 19: with a stable consumer name a
+ * restarted process takes its leases back at once, so an incarnation killed
+ * before its first ack left only such a consumer behind (the older ones were
+ * deleted), and the next one started the partition again at sequence 1. */
+static uint64_t floor_of(const jsConsumerInfo *ci)
+{
+    uint64_t start = ci->Config != NULL && ci->Config->DeliverPolicy == js_DeliverByStartSequence &&
+                             ci->Config->OptStartSeq > 0
+                         ? ci->Config->OptStartSeq - 1
+                         : 0;
+    return ci->AckFloor.Stream > start ? ci->AckFloor.Stream : start;
+}
+
+/* Deliveries by earlier consumers, so a redelivery carries its true attempt
+ * count although each claim has a fresh consumer (whose own count starts at 1):
+ * each mark is the highest sequence one earlier consumer delivered; an event
+ * was delivered before once per mark at or above it. The marks travel in the
+ * consumer's Description ("kb-seen m1 m2 ..."), across processes. */
+static void marks_add(kb_nats_claim *c, uint64_t mark, uint64_t floor)
+{
+    if (mark > floor && c->nmarks < KB_NATS_MARKS)
+        c->marks[c->nmarks++] = mark;
+}
+
+static void marks_inherit(kb_nats_claim *c, const jsConsumerInfo *ci, uint64_t floor)
+{
+    const char *d = ci->Config != NULL ? ci->Config->Description : NULL;
+    if (d != NULL && strncmp(d, "kb-seen", 7) == 0)
+        for (char *p = (char *)d + 7, *end; *p; p = end) {
+            uint64_t m = strtoull(p, &end, 10);
+            if (end == p)
+                break;
+            marks_add(c, m, floor);
+        }
+    marks_add(c, ci->Delivered.Stream, floor);
+}
+
+static void marks_describe(const kb_nats_claim *c, char *buf, size_t len)
+{
+    size_t o = (size_t)snprintf(buf, len, "kb-seen");
+    for (uint32_t i = 0; i < c->nmarks && o + 22 < len; i++) {
+        buf[o++] = ' ';
+        o += kb__nats_put_u64(buf + o, c->marks[i]);
+    }
+}
+
+/* The consumers of the topic's stream, listed once per round for all its
+ * partitions; false when the listing failed. */
+static bool consumers_list(kb_transport *t, kb_nats_topic *tp, jsConsumerInfoList **list,
+                           bool *listed)
+{
+    if (*listed)
+        return true;
+    jsErrCode jerr = 0;
+    natsStatus s = js_Consumers(list, t->js, tp->stream, NULL, &jerr);
+    if (s != NATS_OK && s != NATS_NOT_FOUND) {
+        kb_log(t->bus, 4, "nats %s: listing consumers of %s: %s", t->url_safe, tp->stream,
+               natsStatus_GetText(s));
+        return false;
+    }
+    *listed = true;
+    return true;
+}
+
+/* A fresh consumer for a new claim, starting after the highest floor of the
+ * partition's earlier consumers in `list` (which are deleted). */
+static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev,
+                                 const jsConsumerInfoList *list)
 {
     kb_nats_topic *tp = p->topic;
     char prefix[160];
     snprintf(prefix, sizeof prefix, "%s_%u_", t->group, p->n);
     uint64_t floor = 0;
-    bool seen = false;
-    jsConsumerInfoList *list = NULL;
     jsErrCode jerr = 0;
-    natsStatus s = js_Consumers(&list, t->js, tp->stream, NULL, &jerr);
-    if (s != NATS_OK && s != NATS_NOT_FOUND) {
-        kb_log(t->bus, 4, "nats %s: listing consumers of %s: %s", t->url_safe, tp->stream,
-               natsStatus_GetText(s));
-        return NULL;
-    }
-    for (int i = 0; list != NULL && i < list->Count; i++) {
-        jsConsumerInfo *ci = list->List[i];
-        if (strncmp(ci->Name, prefix, strlen(prefix)) != 0)
-            continue;
-        if (!seen || ci->AckFloor.Stream > floor)
-            floor = ci->AckFloor.Stream;
-        seen = true;
-    }
+    natsStatus s;
+    for (int i = 0; list != NULL && i < list->Count; i++)
+        if (strncmp(list->List[i]->Name, prefix, strlen(prefix)) == 0 &&
+            floor_of(list->List[i]) > floor)
+            floor = floor_of(list->List[i]);
     kb_nats_claim *c = kb__nats_claim_new(t, p, rev);
-    if (c == NULL) {
-        jsConsumerInfoList_Destroy(list);
+    if (c == NULL)
         return NULL;
-    }
+    for (int i = 0; list != NULL && i < list->Count; i++)
+        if (strncmp(list->List[i]->Name, prefix, strlen(prefix)) == 0)
+            marks_inherit(c, list->List[i], floor);
+    char desc[32 + 22 * KB_NATS_MARKS];
+    marks_describe(c, desc, sizeof desc);
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);
     cc.Durable = c->consumer;
+    cc.Description = desc;
     cc.AckPolicy = js_AckAll;   /* one ack covers the finished prefix */
     cc.AckWait = t->ack_wait_ms * 1000000;
     cc.MaxAckPending = t->max_ack_pending;
@@ -177,14 +291,12 @@ static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev)
                natsStatus_GetText(s), (int)jerr);
         atomic_store(&c->fenced, 1);
         atomic_store(&c->feeder_left, 1);
-        jsConsumerInfoList_Destroy(list);
         return NULL;
     }
     for (int i = 0; list != NULL && i < list->Count; i++)
         if (strncmp(list->List[i]->Name, prefix, strlen(prefix)) == 0 &&
             strcmp(list->List[i]->Name, c->consumer) != 0)
             js_DeleteConsumer(t->js, tp->stream, list->List[i]->Name, NULL, NULL);
-    jsConsumerInfoList_Destroy(list);
     return c;
 }
 
@@ -250,56 +362,92 @@ static void release_step(kb_transport *t, kb_nats_part *p)
     p->releasing = false;
 }
 
-static void part_step(kb_transport *t, kb_nats_part *p, const members *ms, int64_t started)
+/* Renew, hand over or drop what the partition holds; note whether it is
+ * wanted here. */
+static void part_keep(kb_transport *t, kb_nats_part *p, const members *ms, int64_t started)
 {
-    kb_nats_claim *c = atomic_load(&p->claim);
     bool have = p->lease_rev != 0;
-    bool want = wanted(ms, p, have);
-    if (have) {
+    p->wanted = wanted(ms, p, have);
+    /* back-to-back rounds (acquisitions left over) renew only when due */
+    int64_t due = p->lease_until_ns - t->lease_ttl_ms * 1000000 * 2 / 3;
+    if (have && started >= due) {
         renew(t, p, started);
         have = p->lease_rev != 0;
     }
-    if (have && p->releasing) {
+    if (have && p->releasing)
         release_step(t, p);
-        return;
-    }
-    if (have && !want) {
+    else if (have && !p->wanted) {
         drop(p);
         p->releasing = true;
-        return;
     }
-    if (!have && want && !atomic_load(&t->stopping))
+}
+
+/* Take the lease if wanted, and a claim when the lease has none. */
+static void part_take(kb_transport *t, kb_nats_part *p, jsConsumerInfoList **list, bool *listed)
+{
+    if (p->releasing || atomic_load(&t->stopping))
+        return;
+    bool have = p->lease_rev != 0;
+    if (!have && p->wanted)
         have = acquire(t, p);
-    c = atomic_load(&p->claim);
-    if (have && (c == NULL || atomic_load(&c->fenced)) && !atomic_load(&t->stopping)) {
-        kb_nats_claim *nc = open_claim(t, p, p->lease_rev);
+    kb_nats_claim *c = atomic_load(&p->claim);
+    if (have && (c == NULL || atomic_load(&c->fenced)) &&
+        consumers_list(t, p->topic, list, listed)) {
+        kb_nats_claim *nc = open_claim(t, p, p->lease_rev, *list);
         drop(p);
         if (nc != NULL)
             atomic_store(&p->claim, nc);
     }
 }
 
-static void pass(kb_transport *t)
+/* One lease round: renewals first, for every topic, then acquisitions for at
+ * most a third of the TTL. Taking a partition costs a KV create and a new
+ * consumer (milliseconds of server time each), so hundreds of new topics take
+ * several rounds; renewing first keeps that from letting held leases run out
+ * (issue 19: 4,352 "lease lost" with 500 topics). True when acquisitions are
+ * left for the next round. */
+static bool pass(kb_transport *t)
 {
+    roster r;
+    bool listed = false;
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
         if (!atomic_load(&tp->subscribed))
             continue;
+        if (!listed) {
+            roster_load(t, &r);
+            listed = true;
+        }
         int64_t started = kb__nats_now_ns();
         members ms;
-        members_load(t, tp, &ms);
+        members_load(t, tp, &r, &ms);
         for (uint32_t i = 0; i < t->partitions; i++)
-            part_step(t, &tp->parts[i], &ms, started);
+            part_keep(t, &tp->parts[i], &ms, started);
         members_free(&ms);
     }
+    if (listed)
+        roster_free(&r);
+    int64_t until = kb__nats_now_ns() + t->lease_ttl_ms * 1000000 / 3;
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
+        if (!atomic_load(&tp->subscribed))
+            continue;
+        if (kb__nats_now_ns() > until)
+            return true;
+        jsConsumerInfoList *list = NULL;
+        bool have_list = false;
+        for (uint32_t i = 0; i < t->partitions; i++)
+            part_take(t, &tp->parts[i], &list, &have_list);
+        jsConsumerInfoList_Destroy(list);
+    }
+    return false;
 }
 
 void *kb__nats_leaser(void *arg)
 {
     kb_transport *t = arg;
     while (!atomic_load(&t->closing)) {
-        pass(t);
+        bool more = pass(t);
         pthread_mutex_lock(&t->lease_mu);
-        if (!t->lease_kick && !atomic_load(&t->closing)) {
+        if (!more && !t->lease_kick && !atomic_load(&t->closing)) {
             struct timespec ts;
             clock_gettime(CLOCK_MONOTONIC, &ts);
             int64_t ns = ts.tv_nsec + (t->lease_ttl_ms / 3) * 1000000;

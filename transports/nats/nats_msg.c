@@ -36,12 +36,21 @@ size_t kb__nats_put_u64(char *out, uint64_t v)
     return n;
 }
 
+#define KB_NATS_PLAIN_KEY_MAX (4 * 1024 / 3 + 7)   /* longer keys go base64 */
+
+size_t kb__nats_key_hdr_len(const void *key, size_t len)
+{
+    if (plain_text(key, len) && len <= KB_NATS_PLAIN_KEY_MAX)
+        return sizeof KB_NATS_KEY_HDR + 1 + len + 2;   /* "Kb-Key: " key "\r\n" */
+    return sizeof KB_NATS_KEY_B64_HDR + 1 + 4 * ((len + 2) / 3) + 2;
+}
+
 int kb__nats_set_key(natsMsg *m, const void *key, size_t len)
 {
     const unsigned char *k = key;
-    char buf[4 * 1024 / 3 + 8], *out = buf;
+    char buf[KB_NATS_PLAIN_KEY_MAX + 1], *out = buf;
     size_t need = 4 * ((len + 2) / 3) + 1;
-    if (plain_text(k, len) && len < sizeof buf) {
+    if (plain_text(k, len) && len <= KB_NATS_PLAIN_KEY_MAX) {
         memcpy(buf, k, len);
         buf[len] = '\0';
         return natsMsgHeader_Set(m, KB_NATS_KEY_HDR, buf) == NATS_OK ? KB_OK : KB_ENOMEM;

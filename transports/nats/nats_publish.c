@@ -49,6 +49,17 @@ static void push(kb_transport *t, natsMsg *m, bool front)
     atomic_fetch_add(&t->resend_len, 1);
 }
 
+/* Count a publish the server will not take, for kb_flush to report. Caller
+ * holds resend_lock. */
+static void reject(kb_transport *t, natsMsg *m, const char *why)
+{
+    uint32_t events = kb__nats_events_in(m);
+    atomic_fetch_add(&t->pub_rejected, events);
+    snprintf(t->pub_error, sizeof t->pub_error, "%s (%u events): %s", natsMsg_GetSubject(m),
+             events, why);
+    kb_log(t->bus, 3, "nats %s: publish rejected: %s", t->url_safe, t->pub_error);
+}
+
 int kb__nats_msg_event(kb_transport *t, const char *subject, const void *key, size_t key_len,
                        const void *body, size_t body_len, natsMsg **out)
 {
@@ -99,6 +110,13 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
         s = js_PublishMsgAsync(t->js, &msg, &po);
     }
     pthread_rwlock_unlock(&t->pub_lock);
+    if (s == NATS_MAX_PAYLOAD) {   /* the server's limit shrank after it was buffered */
+        pthread_mutex_lock(&t->resend_lock);
+        reject(t, msg, "over the server's max_payload");
+        pthread_mutex_unlock(&t->resend_lock);
+        natsMsg_Destroy(msg);
+        return KB_OK;   /* not sendable again: kb_flush reports it */
+    }
     natsMsg_Destroy(msg);   /* NULL when the library or the queue took it */
     if (s == NATS_TIMEOUT) {
         kb__errf(NULL, 0, "nats: nats.publish_max_pending publishes in flight for %d ms",
@@ -110,20 +128,42 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
     return KB_OK;
 }
 
+/* Refuse what the server would refuse once it is buffered, and its dead
+ * letter too: the formulas are in docs/transports-nats.md, "Limits". An event
+ * goes out as a plain message (key in a header) or in a frame (key in the
+ * body, Kb-Batch header): it must fit both ways. */
+static int check_fits(kb_transport *t, const kb_msg *m)
+{
+    size_t key_hdr = kb__nats_key_hdr_len(m->key, m->key_len);
+    if (KB_NATS_HDR_BASE + key_hdr + KB_NATS_DLQ_ROOM > KB_NATS_HDR_MAX) {
+        kb__errf(NULL, 0, "nats %s: a key of %zu bytes does not fit the server's 64 KiB header "
+                 "limit: it takes a %zu-byte header line, and a dead letter adds up to %d bytes "
+                 "of other headers", t->url_safe, m->key_len, key_hdr,
+                 KB_NATS_HDR_BASE + KB_NATS_DLQ_ROOM);
+        return KB_ETOOBIG;
+    }
+    size_t plain = KB_NATS_HDR_BASE + key_hdr;
+    size_t framed = KB_NATS_HDR_BASE + KB_NATS_FRAME_HDR + 8 + m->key_len;
+    size_t room = plain > framed ? plain : framed;
+    size_t maxp = atomic_load_explicit(&t->max_payload, memory_order_relaxed);
+    if (room > maxp || m->payload_len > maxp - room) {
+        kb__errf(NULL, 0, "nats %s: a payload of %zu bytes does not fit the server's max_payload "
+                 "of %zu bytes: with this %zu-byte key, %zu bytes go to headers and framing "
+                 "(at most %zu bytes of payload)", t->url_safe, m->payload_len, maxp, m->key_len,
+                 room, room > maxp ? 0 : maxp - room);
+        return KB_ETOOBIG;
+    }
+    return KB_OK;
+}
+
 int kb__nats_publish(kb_transport *t, const char *topic, const kb_msg *m)
 {
+    int rc = check_fits(t, m);
+    if (rc != KB_OK)
+        return rc;
     kb_nats_topic *tp = kb__nats_topic(t, topic, true);
     if (tp == NULL)
         return KB_ETRANSPORT;
-    /* Checked here: a frame holding it could never be sent. (A plain message
-     * may carry the key base64-encoded in a header: count it twice.) */
-    if (8 + 2 * m->key_len + m->payload_len + KB_NATS_HDR_ROOM > t->max_payload) {
-        kb__errf(NULL, 0, "nats %s: an event of %zu bytes (key and payload) exceeds the server's "
-                 "max_payload of %zu bytes", t->url_safe, m->key_len + m->payload_len,
-                 t->max_payload);
-        return KB_EINVAL;
-    }
-    int rc;
     if (t->batch_events > 1) {
         rc = kb__nats_batch_add(t, tp, m);
     } else {
@@ -155,11 +195,10 @@ void kb__nats_pub_err(jsCtx *js, jsPubAckErr *pae, void *closure)
             snprintf(t->pub_error, sizeof t->pub_error, "out of memory copying a resend");
         }
     } else {
-        atomic_fetch_add(&t->pub_rejected, 1);
-        snprintf(t->pub_error, sizeof t->pub_error, "%s: %s (jetstream error %d)",
-                 natsMsg_GetSubject(pae->Msg), pae->ErrText ? pae->ErrText : natsStatus_GetText(pae->Err),
-                 (int)pae->ErrCode);
-        kb_log(t->bus, 3, "nats %s: publish rejected: %s", t->url_safe, t->pub_error);
+        char why[160];
+        snprintf(why, sizeof why, "%s (jetstream error %d)",
+                 pae->ErrText ? pae->ErrText : natsStatus_GetText(pae->Err), (int)pae->ErrCode);
+        reject(t, pae->Msg, why);
     }
     pthread_mutex_unlock(&t->resend_lock);
 }
@@ -203,8 +242,12 @@ void kb__nats_resend(kb_transport *t)
     for (int n = 0; n < 4096 && t->resend_head != NULL; n++) {
         kb_nats_resend *r = t->resend_head;
         natsStatus s = js_PublishMsgAsync(t->js, &r->msg, &po);
-        if (s != NATS_OK)
+        if (s == NATS_MAX_PAYLOAD) {   /* never sendable: counted, not retried */
+            reject(t, r->msg, "over the server's max_payload");
+            natsMsg_Destroy(r->msg);
+        } else if (s != NATS_OK) {
             break;   /* stalled or disconnected: next tick */
+        }
         t->resend_head = r->next;
         if (t->resend_head == NULL)
             t->resend_tail = NULL;
@@ -217,19 +260,24 @@ void kb__nats_resend(kb_transport *t)
     pthread_rwlock_unlock(&t->pub_lock);
 }
 
-void kb__nats_resend_free(kb_transport *t)
+uint64_t kb__nats_resend_free(kb_transport *t)
 {
     uint64_t lost = 0;
     for (kb_nats_resend *r = t->resend_head, *next; r; r = next) {
         next = r->next;
+        lost += kb__nats_events_in(r->msg);
         natsMsg_Destroy(r->msg);
         free(r);
-        lost++;
     }
     t->resend_head = t->resend_tail = NULL;
-    if (lost)
-        kb_log(t->bus, 3, "nats %s: %llu publishes never acked by the server at close",
-               t->url_safe, (unsigned long long)lost);
+    natsMsgList l = {0};
+    if (t->js != NULL && atomic_load(&t->published_async) &&
+        js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK) {
+        for (int i = 0; i < l.Count; i++)
+            lost += kb__nats_events_in(l.Msgs[i]);
+        natsMsgList_Destroy(&l);
+    }
+    return lost;
 }
 
 int kb__nats_flush(kb_transport *t, int timeout_ms)
@@ -256,7 +304,7 @@ int kb__nats_flush(kb_transport *t, int timeout_ms)
     uint64_t rejected = atomic_exchange(&t->pub_rejected, 0);
     if (rejected) {
         pthread_mutex_lock(&t->resend_lock);
-        kb__errf(NULL, 0, "nats %s: %llu publishes rejected; last: %s", t->url_safe,
+        kb__errf(NULL, 0, "nats %s: %llu published events rejected; last: %s", t->url_safe,
                  (unsigned long long)rejected, t->pub_error);
         pthread_mutex_unlock(&t->resend_lock);
         return KB_ETRANSPORT;

@@ -1,0 +1,214 @@
+/* Server limits: an event kb_publish accepts is sent (or kb_close says how
+ * many were not); one that cannot fit the server's max_payload or its 64 KiB
+ * header limit is refused at once with KB_ETOOBIG, at exactly the sizes
+ * docs/transports-nats.md ("Limits") gives. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <keybus/keybus.h>
+
+#include "support/server.h"
+
+#define SMALL_MAX 2000   /* max_payload of the small server */
+
+static kb_test_server small, big;
+
+static kb_bus *open_bus(const kb_test_server *s, const char *const *kv)
+{
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    assert_int_equal(kb_conf_set(c, "transport", s->url, err, sizeof err), KB_OK);
+    for (size_t i = 0; kv != NULL && kv[i] != NULL; i += 2)
+        if (kb_conf_set(c, kv[i], kv[i + 1], err, sizeof err) != KB_OK)
+            fail_msg("kb_conf_set %s: %s", kv[i], err);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    return b;
+}
+
+/* What the handler saw: payload sizes of the 5-byte key, in order. */
+static struct seen {
+    pthread_mutex_t mu;
+    size_t len[256];
+    int n, text, dead;
+} seen = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int record(const kb_event *ev, void *opaque)
+{
+    (void)opaque;
+    pthread_mutex_lock(&seen.mu);
+    if (ev->key_len == 5 && seen.text < 256)
+        seen.len[seen.text++] = ev->payload_len;
+    seen.n++;
+    pthread_mutex_unlock(&seen.mu);
+    return KB_HANDLED;
+}
+
+static int dead(const kb_event *ev, void *opaque)
+{
+    (void)ev, (void)opaque;
+    pthread_mutex_lock(&seen.mu);
+    seen.dead++;
+    pthread_mutex_unlock(&seen.mu);
+    return KB_DEAD;
+}
+
+static int seen_count(void)
+{
+    pthread_mutex_lock(&seen.mu);
+    int n = seen.n + seen.dead;
+    pthread_mutex_unlock(&seen.mu);
+    return n;
+}
+
+static void seen_reset(void)
+{
+    pthread_mutex_lock(&seen.mu);
+    seen.n = seen.text = seen.dead = 0;
+    pthread_mutex_unlock(&seen.mu);
+}
+
+static void wait_seen(int n)
+{
+    for (int i = 0; i < 2000 && seen_count() < n; i++)
+        usleep(10000);
+}
+
+/* The largest payload with `key` is accepted and handled, one byte more is
+ * refused with KB_ETOOBIG naming the server's limit and the header room. */
+static void edge(kb_bus *b, const char *topic, const char *key, size_t klen, size_t room,
+                 char *buf, int *expect)
+{
+    size_t largest = SMALL_MAX - room;
+    assert_int_equal(kb_publish(b, topic, key, klen, buf, largest + 1), KB_ETOOBIG);
+    char text[128];
+    snprintf(text, sizeof text, "max_payload of %d bytes", SMALL_MAX);
+    assert_non_null(strstr(kb_last_error(), text));
+    snprintf(text, sizeof text, "%zu bytes go to headers and framing", room);
+    assert_non_null(strstr(kb_last_error(), text));
+    assert_int_equal(kb_publish(b, topic, key, klen, buf, 3000), KB_ETOOBIG);
+    assert_int_equal(kb_publish(b, topic, key, klen, buf, largest), KB_OK);
+    expect[0]++;
+}
+
+/* max_payload 2000 (frames on, then off): payloads up to max_payload - room
+ * pass, where room = max(64 + key header line, 88 + key length); a burst of
+ * mid-sized events is framed below the limit; every accepted event is
+ * handled, in order, and kb_flush and kb_close succeed. */
+static void small_max_payload(const char *topic, const char *batch)
+{
+    seen_reset();
+    const char *const kv[] = {"nats.publish_batch", batch, NULL};
+    kb_bus *b = open_bus(&small, kv);
+    assert_int_equal(kb_subscribe(b, topic, record, NULL), KB_OK);
+    char *buf = calloc(1, 4096);
+    assert_non_null(buf);
+    int n = 0;
+    const char *text_key = "key-1";   /* printable: "Kb-Key: key-1\r\n" */
+    edge(b, topic, text_key, 5, 88 + 5, buf, &n);
+    for (int i = 0; i < 40; i++, n++)
+        assert_int_equal(kb_publish(b, topic, text_key, 5, buf, 300), KB_OK);
+    /* 40 bytes, not printable: "Kb-Bin-Key: <56 base64>\r\n" = 70 bytes */
+    char bin_key[40];
+    memset(bin_key, 1, sizeof bin_key);
+    edge(b, topic, bin_key, sizeof bin_key, 64 + 70, buf, &n);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    wait_seen(n);
+    assert_int_equal(seen_count(), n);
+    assert_int_equal(seen.text, 41);
+    assert_int_equal(seen.len[0], SMALL_MAX - 93);
+    for (int i = 1; i <= 40; i++)
+        assert_int_equal(seen.len[i], 300);
+    free(buf);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+}
+
+static void small_max_payload_frames(void **state)
+{
+    (void)state;
+    small_max_payload("limits.frames", "64");
+}
+
+static void small_max_payload_plain(void **state)
+{
+    (void)state;
+    small_max_payload("limits.plain", "1");
+}
+
+/* The longest key is the one whose Kb-Bin-Key header still leaves room for a
+ * dead letter's headers under 64 KiB: 48,324 bytes. It is consumed and
+ * dead-lettered (stored, not lost); one byte more is refused at publish. */
+#define LONGEST_KEY 48324
+static void longest_key(void **state)
+{
+    (void)state;
+    seen_reset();
+    const char *topic = "limits.key";
+    const char *const kv[] = {"limits.max_key_bytes", "65535", NULL};
+    kb_bus *b = open_bus(&big, kv);
+    assert_int_equal(kb_subscribe(b, topic, dead, NULL), KB_OK);
+    char *key = malloc(LONGEST_KEY + 1);
+    assert_non_null(key);
+    memset(key, 2, LONGEST_KEY + 1);
+    assert_int_equal(kb_publish(b, topic, key, LONGEST_KEY + 1, "p", 1), KB_ETOOBIG);
+    assert_non_null(strstr(kb_last_error(), "64 KiB header"));
+    assert_int_equal(kb_publish(b, topic, key, LONGEST_KEY, "p", 1), KB_OK);
+    assert_int_equal(kb_publish(b, topic, key, LONGEST_KEY, "q", 1), KB_OK);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_topic_stats st = {0};
+    for (int i = 0; i < 1000 && st.dlq_length < 2; i++) {
+        assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+        usleep(10000);
+    }
+    assert_int_equal(st.dlq_length, 2);
+    assert_int_equal(st.dead_letters_lost, 0);
+    assert_int_equal(seen.dead, 2);
+    free(key);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+}
+
+/* The server goes away with accepted events not yet sent: kb_close says how
+ * many, with an error, instead of KB_OK. */
+static void close_reports_unsent(void **state)
+{
+    (void)state;
+    const char *const kv[] = {"nats.publish_timeout_ms", "1000", NULL};
+    kb_bus *b = open_bus(&small, kv);
+    assert_int_equal(kb_publish(b, "limits.gone", "k", 1, "v", 1), KB_OK);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_test_server_signal(&small, SIGKILL);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(kb_publish(b, "limits.gone", "k", 1, "v", 1), KB_OK);
+    assert_int_equal(kb_close(b, 2000), KB_ETRANSPORT);
+    assert_non_null(strstr(kb_last_error(), "5 published events never sent"));
+    assert_int_equal(kb_test_server_restart(&small), 0);
+}
+
+int main(void)
+{
+    char conf[64];
+    snprintf(conf, sizeof conf, "max_payload: %d\n", SMALL_MAX);
+    if (kb_test_server_start_conf(&small, "nats", conf) != 0 ||
+        kb_test_server_start(&big, "nats", NULL) != 0)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(small_max_payload_frames),
+        cmocka_unit_test(small_max_payload_plain),
+        cmocka_unit_test(longest_key),
+        cmocka_unit_test(close_reports_unsent),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    kb_test_server_stop(&small);
+    kb_test_server_stop(&big);
+    return failed;
+}

@@ -1,0 +1,147 @@
+/* Many topics on one bus: 200 topics x 10 events (KB_TEST_TOPICS=1000 for the
+ * issue's figure) are all handled, and the bus's threads do not grow with the
+ * number of topics (one feeder, one lease thread, one connection for all).
+ * Prints the figures docs/transports-nats.md quotes: time to handle
+ * everything, threads, RSS per idle topic, RSS after kb_close. A subscribe
+ * whose consumer cannot start fails with KB_ETRANSPORT. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <keybus/keybus.h>
+
+#include "support/server.h"
+
+#define EVENTS 10
+#define FEW 10   /* topics subscribed before the threads are first counted */
+
+static int n_topics = 200;
+static _Atomic uint64_t handled;
+
+static int count(const kb_event *ev, void *opaque)
+{
+    (void)ev, (void)opaque;
+    atomic_fetch_add(&handled, 1);
+    return KB_HANDLED;
+}
+
+/* A field of /proc/self/status ("Threads:", "VmRSS:"). */
+static long status_field(const char *name)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        if (strncmp(line, name, strlen(name)) == 0)
+            v = strtol(line + strlen(name), NULL, 10);
+    if (f != NULL)
+        fclose(f);
+    return v;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static kb_bus *open_bus(const char *url)
+{
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    return b;
+}
+
+static void thousand_topics(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    long rss_start = status_field("VmRSS:");
+    kb_bus *b = open_bus(s.url);
+    long threads_open = status_field("Threads:");
+    /* nats.c starts its publish-ack thread at the first asynchronous publish */
+    assert_int_equal(kb_publish(b, "many.warm", "k", 1, "v", 1), KB_OK);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    char topic[64];
+    double t0 = now_s();
+    long threads_few = 0, rss_few = 0;
+    for (int i = 0; i < n_topics; i++) {
+        if (i == FEW) {
+            threads_few = status_field("Threads:");
+            rss_few = status_field("VmRSS:");
+        }
+        snprintf(topic, sizeof topic, "many.t%d", i);
+        assert_int_equal(kb_subscribe(b, topic, count, NULL), KB_OK);
+    }
+    long threads_all = status_field("Threads:");
+    long rss_all = status_field("VmRSS:");
+    double t1 = now_s();
+    for (int e = 0; e < EVENTS; e++)
+        for (int i = 0; i < n_topics; i++) {
+            snprintf(topic, sizeof topic, "many.t%d", i);
+            char key[16];
+            int kl = snprintf(key, sizeof key, "k%d", e);
+            assert_int_equal(kb_publish(b, topic, key, (size_t)kl, "v", 1), KB_OK);
+        }
+    assert_int_equal(kb_flush(b, 60000), KB_OK);
+    for (int i = 0; i < 18000 && atomic_load(&handled) < (uint64_t)n_topics * EVENTS; i++)
+        usleep(10000);
+    double t2 = now_s();
+    long threads_busy = status_field("Threads:");
+    assert_int_equal(kb_close(b, 30000), KB_OK);
+    long rss_closed = status_field("VmRSS:");
+    print_message("%d topics: subscribed in %.2f s, %d events handled %.2f s after the first "
+                  "publish (%.2f s in all); threads: %ld after open, %ld with %d topics, %ld with "
+                  "%d, %ld busy; RSS %ld kB at start, +%.1f kB per idle topic, %ld kB after "
+                  "kb_close\n",
+                  n_topics, t1 - t0, n_topics * EVENTS, t2 - t1, t2 - t0, threads_open, threads_few,
+                  FEW, threads_all, n_topics, threads_busy, rss_start,
+                  (double)(rss_all - rss_few) / (n_topics - FEW), rss_closed);
+    assert_int_equal(atomic_load(&handled), (uint64_t)n_topics * EVENTS);
+    assert_int_equal(threads_all, threads_few);
+    assert_int_equal(threads_busy, threads_few);
+    kb_test_server_stop(&s);
+}
+
+/* No server: the topic's stream and consumer cannot be set up. */
+static void subscribe_without_server(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    kb_bus *b = open_bus(s.url);
+    assert_int_equal(kb_subscribe(b, "many.first", count, NULL), KB_OK);
+    kb_test_server_signal(&s, SIGKILL);
+    assert_int_equal(kb_subscribe(b, "many.later", count, NULL), KB_ETRANSPORT);
+    assert_non_null(strstr(kb_last_error(), "nats"));
+    kb_close(b, 1000);
+    kb_test_server_stop(&s);
+}
+
+int main(void)
+{
+    if (getenv("KB_TEST_TOPICS") != NULL)
+        n_topics = atoi(getenv("KB_TEST_TOPICS"));
+    if (n_topics <= FEW)
+        return 2;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(thousand_topics),
+        cmocka_unit_test(subscribe_without_server),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
