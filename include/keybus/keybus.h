@@ -248,18 +248,24 @@ typedef struct kb_topic_stats {
     uint64_t lane_memory_bytes;  /* lane table plus allocated lanes and rings */
     uint64_t dead_letters_lost;  /* dead letters nobody stored (mem: no "<topic>.dlq"
                                     subscriber, or it was full); each one is logged */
-    /* publishing side and broker (filled by the transport) */
-    uint64_t published;       /* kb_publish calls accepted in this process */
+    /* publishing side and broker (filled by the transport); counts are events
+     * on every transport */
+    uint64_t published;       /* events accepted by kb_publish* in this process,
+                                 dead letters replayed from it included */
     uint32_t partitions;      /* broker partitions (0 on mem://) */
     uint32_t partitions_owned;/* partitions this process consumes now */
     uint64_t broker_length;   /* entries stored over all partitions */
     uint64_t broker_pending;  /* delivered but not acked, over all partitions */
     uint64_t broker_lag;      /* not yet delivered to the group */
-    uint64_t dlq_length;      /* entries in the dead-letter stream/subject */
+    uint64_t dlq_length;      /* dead letters stored now */
+    uint64_t broker_frames;   /* NATS: JetStream messages holding broker_length events
+                                 (frames pack several); 0 elsewhere */
 } kb_topic_stats;
 
-/* Fill *out for `topic`. KB_ENOTFOUND when neither the pool nor the transport
- * knows the topic. Broker figures cost a round trip. Thread: any. */
+/* Fill *out for `topic`. Broker figures are read from the broker, so any
+ * process that opens the bus sees them, also one that never published or
+ * subscribed the topic (a monitor); they cost a round trip. KB_ENOTFOUND when
+ * neither the pool nor the transport knows the topic. Thread: any. */
 KB_EXPORT int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out);
 
 typedef struct kb_partition_stats {
