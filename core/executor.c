@@ -237,8 +237,9 @@ static unsigned lane_visit(struct kb_executor *ex, struct kb_lane *lane)
     }
     /* Wake blocked producers once the lane is half empty, not per freed slot:
      * each wake costs a futex call on both sides, so let them refill in bulk.
-     * Wake flushers when a lane goes idle, and now and then on busy lanes. */
-    kb__fence();
+     * Wake flushers when a lane goes idle, and now and then on busy lanes.
+     * Waiters are rare and pay the fence (kb__signal_wait). */
+    kb__fence_hot();
     if (ck_ring_size(&lane->ring) <= ck_ring_capacity(&lane->ring) / 2)
         kb__signal_poke(&lane->space);
     if (!atomic_load_explicit(&lane->scheduled, memory_order_relaxed) || (++ex->visits & 63) == 0)
@@ -313,12 +314,14 @@ static void *executor_main(void *arg)
 
 kb_sched *kb__sched_new(uint32_t threads, kb_idle idle, char *errstr, size_t errlen)
 {
+    kb__asym_init();   /* before any executor pokes with kb__fence_hot */
     kb_sched *s = calloc(1, sizeof *s);
     if (s == NULL) {
         snprintf(errstr, errlen, "out of memory creating %u executors", threads);
         return NULL;
     }
     s->idle = idle;
+    s->progress.hot_pokers = 1;   /* poked after lane visits */
     s->ex = aligned_alloc(KB_CACHELINE, sizeof(struct kb_executor) * threads);
     if (s->ex == NULL) {
         free(s);

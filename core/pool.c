@@ -166,6 +166,7 @@ static struct kb_lane *lane_create(kb_pool *p, uint32_t idx)
     lane->pool = p;
     lane->index = idx;
     lane->attempt = 1;
+    lane->space.hot_pokers = 1;   /* executors poke it after every visit */
     lane->ex = &p->sched->ex[mix32(idx ^ p->o.salt) % p->sched->n];
     struct kb_lane *expected = NULL;
     if (!atomic_compare_exchange_strong_explicit(&p->lanes[idx], &expected, lane,

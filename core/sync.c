@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <linux/futex.h>
+#include <linux/membarrier.h>
+#include <pthread.h>
 #include <limits.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -9,6 +11,30 @@
 #ifdef KB_TSAN
 _Atomic uint32_t kb__fence_word;
 #endif
+
+_Atomic int kb__asym_ok;
+static pthread_once_t asym_once = PTHREAD_ONCE_INIT;
+
+static void asym_register(void)
+{
+    /* Registered once per process; a kernel or sandbox without it leaves the
+     * symmetric fences in place. */
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
+        atomic_store(&kb__asym_ok, 1);
+}
+
+void kb__asym_init(void)
+{
+    pthread_once(&asym_once, asym_register);
+}
+
+void kb__fence_rare(void)
+{
+    if (atomic_load_explicit(&kb__asym_ok, memory_order_acquire))
+        syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+    else
+        kb__fence();
+}
 
 void kb__park_wait(_Atomic uint32_t *word, uint32_t expected, int64_t deadline_ns)
 {
@@ -37,6 +63,10 @@ int kb__signal_wait(kb_signal *s, int (*ready)(void *arg), void *arg, int64_t de
     if (ok)
         return ok;
     atomic_fetch_add_explicit(&s->waiters, 1, memory_order_seq_cst);
+    /* Dekker with kb__signal_poke: pokers that paid only kb__fence_hot() must
+     * see our registration if we miss their change. */
+    if (s->hot_pokers)
+        kb__fence_rare();
     for (;;) {
         uint32_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
         ok = ready(arg);

@@ -43,6 +43,24 @@ static inline void kb__fence(void)
 }
 #endif
 
+/* Asymmetric fences, for Dekker pairs whose one side runs per event and the
+ * other rarely (an executor poking waiters after every lane visit; a waiter
+ * registering on a kb_signal): the hot side orders with a compiler barrier
+ * and the rare side calls membarrier(2), which runs a full barrier on every
+ * CPU running this process's threads. Where membarrier is missing both sides
+ * use kb__fence(). kb__asym_init runs before the first executor starts. */
+extern _Atomic int kb__asym_ok;
+void kb__asym_init(void);
+void kb__fence_rare(void);
+
+static inline void kb__fence_hot(void)
+{
+    if (atomic_load_explicit(&kb__asym_ok, memory_order_relaxed))
+        atomic_signal_fence(memory_order_seq_cst);
+    else
+        kb__fence();
+}
+
 static inline int64_t kb__now_ns(void)
 {
     struct timespec ts;
@@ -68,10 +86,12 @@ void kb__park_wake(_Atomic uint32_t *word, int n);
 typedef struct kb_signal {
     _Atomic uint32_t seq;
     _Atomic uint32_t waiters;
+    uint32_t hot_pokers;   /* 1: pokers fence with kb__fence_hot(), waiters pay the rest */
 } kb_signal;
 
-/* Wake the waiters, if any. The caller has already issued a seq_cst fence
- * after publishing its change (several pokes may share one fence). */
+/* Wake the waiters, if any. The caller has already issued a fence after
+ * publishing its change, kb__fence_hot() at least: waiters pay the rest
+ * (several pokes may share one fence). */
 static inline void kb__signal_poke(kb_signal *s)
 {
     if (atomic_load_explicit(&s->waiters, memory_order_relaxed) != 0) {

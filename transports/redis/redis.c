@@ -87,8 +87,9 @@ static void pub_fail(struct kb_transport *t, const char *why)
         char cause[600];
         kb__redis_limit_explain(t, t->pub_big, cause, sizeof cause);
         t->pub_failed += t->pub_inflight;
-        snprintf(t->pub_error, sizeof t->pub_error, "%sconnection to %s lost with %llu "
-                 "publishes unconfirmed: %s", cause, t->where,
+        /* a long cause is cut, not the count or the address */
+        snprintf(t->pub_error, sizeof t->pub_error, "%.500sconnection to %.200s lost with %llu "
+                 "publishes unconfirmed: %.200s", cause, t->where,
                  (unsigned long long)t->pub_inflight, why);
     }
     t->pub_inflight = 0;
