@@ -322,7 +322,10 @@ int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque)
         synchronize_rcu();   /* no publisher still holds the pool */
         kb_pool_shutdown(pool);
         kb__pool_drain(pool, INT64_MAX);
-        kb__pool_free(pool);
+        /* The executors may still hold its lanes (lingering, settling): it is
+         * freed at kb_close, after them. A later kb_subscribe makes a new one. */
+        pool->retired_next = t->retired;
+        t->retired = pool;
     }
     pthread_mutex_unlock(&b->subscribe_lock);
     return rc;
@@ -667,9 +670,14 @@ int kb_close(kb_bus *b, int timeout_ms)
     for (size_t i = 0; i < n; i++)
         cds_lfht_del(b->topics, &all[i]->node);
     rcu_read_unlock();
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         if (kb__topic_pool(all[i]) != NULL)
             kb__pool_free(kb__topic_pool(all[i]));
+        for (kb_pool *p = all[i]->retired, *next; p != NULL; p = next) {
+            next = p->retired_next;
+            kb__pool_free(p);
+        }
+    }
     int closed = b->ops->close(b->t);
     if (closed != KB_OK && rc == KB_OK)
         rc = closed;

@@ -21,6 +21,7 @@ struct kb_topic {
     char *name;
     kb_bus *bus;
     _Atomic(kb_pool *) pool;           /* set by kb_subscribe; NULL: no handler here */
+    kb_pool *retired;                  /* pools of failed subscribes, freed at kb_close */
     kb_handler_fn fn;                  /* written before pool is published */
     void *opaque;
     _Atomic uint64_t dead_letter_failures;   /* dead letters nobody stored */

@@ -18,6 +18,10 @@
 /* Pause instructions after a visit that found its lane empty. */
 #define EMPTY_VISIT_PAUSES 16
 
+/* A lane just unscheduled is re-checked for items at the latest this long
+ * after, when the executor stays busy (it re-checks at once before parking). */
+#define SETTLE_NS 1000000
+
 /* Lanes producers made ready arrive on the wait-free queue; the executor moves
  * them to its private run list, where re-queueing a lane costs no atomics. */
 static void run_list_push(struct kb_executor *ex, struct kb_lane *lane)
@@ -189,6 +193,59 @@ static void refill(struct kb_lane *lane)
                               memory_order_relaxed);
 }
 
+/* Dekker with kb_pool_submit, asymmetric: a producer pushes, orders with
+ * kb__fence_hot() only, then reads `scheduled`; we clear `scheduled`, and
+ * before the lane's ring is read for the verdict a kb__fence_rare() (one per
+ * batch of lanes, at most every SETTLE_NS and before parking) makes the
+ * producers' pushes visible. Either the producer saw 0 and scheduled the
+ * lane, or we see its item. Meanwhile a cheap look catches most items early. */
+static void settle(struct kb_executor *ex, struct kb_lane *lane)
+{
+    if (lane->settling)
+        return;
+    if (ex->settling == NULL)
+        ex->settle_due_ns = kb__now_ns() + SETTLE_NS;
+    lane->settling = true;
+    lane->settle_next = ex->settling;
+    ex->settling = lane;
+}
+
+/* Re-check the settling lanes: schedule those holding items, forget those
+ * scheduled again. `fenced`: after a kb__fence_rare(), the verdict on the
+ * empty ones is final and the list empties; otherwise they stay. Returns
+ * whether a lane went back on the run list. */
+static bool recheck_settling(struct kb_executor *ex, bool fenced)
+{
+    if (ex->settling == NULL)
+        return false;
+    if (fenced && ex->sched->idle == KB_IDLE_BLOCK)
+        kb__fence();        /* its producers fence fully: it parks per burst */
+    else if (fenced)
+        kb__fence_rare();
+    bool found = false;
+    struct kb_lane **pp = &ex->settling;
+    while (*pp != NULL) {
+        struct kb_lane *lane = *pp;
+        uint32_t idle = 0;
+        bool keep = !fenced && atomic_load_explicit(&lane->scheduled, memory_order_relaxed) == 0;
+        if (ck_ring_size(&lane->ring) > 0 &&
+            atomic_compare_exchange_strong(&lane->scheduled, &idle, 1)) {
+            run_list_push(ex, lane);
+            found = true;
+            keep = false;
+        }
+        if (keep) {
+            pp = &lane->settle_next;
+        } else {
+            lane->settling = false;
+            *pp = lane->settle_next;
+        }
+    }
+    if (ex->settling != NULL)
+        ex->settle_due_ns = kb__now_ns() + SETTLE_NS;
+    return found;
+}
+
 /* Returns the number of items handled. */
 static unsigned lane_visit(struct kb_executor *ex, struct kb_lane *lane)
 {
@@ -226,13 +283,7 @@ static unsigned lane_visit(struct kb_executor *ex, struct kb_lane *lane)
             run_list_push(ex, lane);        /* back of the run list */
         } else {
             atomic_store_explicit(&lane->scheduled, 0, memory_order_release);
-            /* Dekker with kb_pool_submit: it pushes then reads `scheduled`; we
-             * clear `scheduled` then read the ring. One of us sees the other. */
-            kb__fence();
-            uint32_t idle = 0;
-            if (ck_ring_size(&lane->ring) > 0 &&
-                atomic_compare_exchange_strong(&lane->scheduled, &idle, 1))
-                run_list_push(ex, lane);
+            settle(ex, lane);
         }
     }
     /* Wake blocked producers once the lane is half empty, not per freed slot:
@@ -272,12 +323,16 @@ static void idle(struct kb_executor *ex)
     kb_backoff bo;
     kb__backoff_init(&bo, ex->sched->idle);
     int64_t now = kb__now_ns();
-    for (;;) {
+    for (uint32_t step = 0;; step++) {
         if (has_work(ex) || (ex->heap_len > 0 && ex->heap[0]->due_ns <= now))
+            return;
+        if ((step & 63) == 0 && recheck_settling(ex, now >= ex->settle_due_ns))
             return;
         if (kb__backoff_step(&bo, &now))
             break;
     }
+    if (recheck_settling(ex, true))   /* nothing may wait unseen while we sleep */
+        return;
     int64_t deadline = ex->heap_len > 0 ? ex->heap[0]->due_ns : INT64_MAX;
     kb__signal_wait(&ex->wake, has_work, ex, deadline);
 }
@@ -303,6 +358,9 @@ static void *executor_main(void *arg)
             if (lane_visit(ex, lane) == 0)
                 for (int i = 0; i < EMPTY_VISIT_PAUSES; i++)
                     ck_pr_stall();
+            if (ex->settling != NULL && (++ex->settle_checks & 63) == 0 &&
+                kb__now_ns() >= ex->settle_due_ns)
+                recheck_settling(ex, true);
             continue;
         }
         if (ex->heap_len > 0 && ex->heap[0]->due_ns <= kb__now_ns())

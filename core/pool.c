@@ -189,6 +189,55 @@ static inline struct kb_lane *lane_peek(const kb_pool *p, uint32_t idx)
     return atomic_load_explicit(&((kb_pool *)p)->lanes[idx], memory_order_acquire);
 }
 
+/* A token per live thread (the address of one of its thread-locals). */
+static uintptr_t this_thread(void)
+{
+    static _Thread_local char token;
+    return (uintptr_t)&token;
+}
+
+/* How this call may push, and whether it holds the owner's flag (to clear). */
+static kb_push_mode enter_push(kb_pool *p, bool *owning)
+{
+    *owning = false;
+    if (p->o.single_producer)
+        return KB_PUSH_SPSC;
+    uint32_t sharing = atomic_load_explicit(&p->sharing, memory_order_acquire);
+    if (sharing == KB_OWNED) {
+        uintptr_t me = this_thread(), owner = atomic_load_explicit(&p->owner, memory_order_relaxed);
+        if (owner == 0 && atomic_compare_exchange_strong(&p->owner, &owner, me))
+            owner = me;
+        if (owner == me) {
+            /* Dekker with share(): it sets KB_SHARING, then waits for our flag. */
+            atomic_store_explicit(&p->owner_busy, 1, memory_order_relaxed);
+            kb__fence_hot();
+            if (atomic_load_explicit(&p->sharing, memory_order_relaxed) == KB_OWNED) {
+                *owning = true;
+                return KB_PUSH_OWNER;
+            }
+            atomic_store_explicit(&p->owner_busy, 0, memory_order_release);
+        } else {
+            uint32_t owned = KB_OWNED;
+            if (atomic_compare_exchange_strong(&p->sharing, &owned, KB_SHARING)) {
+                /* The owner either saw KB_SHARING or raised its flag before. */
+                kb__fence_rare();
+                while (atomic_load_explicit(&p->owner_busy, memory_order_acquire))
+                    sched_yield();
+                atomic_store_explicit(&p->sharing, KB_SHARED, memory_order_release);
+            }
+        }
+    }
+    while (atomic_load_explicit(&p->sharing, memory_order_acquire) != KB_SHARED)
+        sched_yield();   /* another producer is turning the pool shared */
+    return KB_PUSH_MPSC;
+}
+
+static void leave_push(kb_pool *p, bool owning)
+{
+    if (owning)
+        atomic_store_explicit(&p->owner_busy, 0, memory_order_release);
+}
+
 struct space_wait {
     kb_pool *p;
     struct kb_lane *lane;
@@ -196,14 +245,20 @@ struct space_wait {
     unsigned int depth;
 };
 
-/* 1: pushed, 2: pool closed, 0: still full. */
+/* 1: pushed, 2: pool closed, 0: still full. The owner's flag is held per
+ * try, never across a wait: a producer turning the pool shared waits for it,
+ * and may be the very executor this wait needs. */
 static int try_push(void *arg)
 {
     struct space_wait *w = arg;
     if (atomic_load_explicit(&w->p->closed, memory_order_acquire))
         return 2;
-    return kb__ring_push_n(&w->lane->ring, w->lane->buf, &w->item, 1, w->p->o.single_producer,
-                           &w->depth, &w->lane->consumed_seen);
+    bool owning;
+    kb_push_mode mode = enter_push(w->p, &owning);
+    int pushed = (int)kb__ring_push_n(&w->lane->ring, w->lane->buf, &w->item, 1, mode, &w->depth,
+                                      &w->lane->consumed_seen);
+    leave_push(w->p, owning);
+    return pushed;
 }
 
 /* The lane was full: wait by the pool's strategy until an executor frees a
@@ -248,6 +303,7 @@ static void note_depth(struct kb_lane *lane, uint32_t depth)
 
 /* Lanes a submit call pushed to; scheduled together when it ends. */
 struct touched {
+    kb_idle idle;
     unsigned n;
     struct kb_lane *lane[TOUCHED_MAX];
 };
@@ -258,10 +314,14 @@ static void schedule_touched(struct touched *t)
 {
     struct kb_executor *woken[TOUCHED_MAX];
     unsigned n_woken = 0;
-    /* Dekker with lane_visit: our pushes must be visible before we read
-     * `scheduled`, else an executor that just went idle on a lane and we
-     * could both miss the item. One fence covers every lane of the call. */
-    kb__fence();
+    /* Dekker with the executor's unscheduling (executor.c, settle): our
+     * pushes must be ordered before we read `scheduled`. The executor pays
+     * the expensive side, once per batch of lanes it unschedules — except
+     * with `block`, whose executors park per burst and could not afford it. */
+    if (t->idle == KB_IDLE_BLOCK)
+        kb__fence();
+    else
+        kb__fence_hot();
     for (unsigned i = 0; i < t->n; i++) {
         struct kb_lane *lane = t->lane[i];
         uint32_t idle = 0;
@@ -309,8 +369,11 @@ int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items,
         rc = KB_ECLOSED;
         goto out;
     }
+    bool owning;
+    kb_push_mode mode = enter_push(p, &owning);
     struct touched t;
     t.n = 0;
+    t.idle = p->o.idle;
     while (done < n) {
         if (items[done] == NULL) {
             rc = KB_EINVAL;
@@ -327,8 +390,8 @@ int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items,
             break;
         }
         unsigned int depth = 0;
-        unsigned int k = kb__ring_push_n(&lane->ring, lane->buf, items + done, run,
-                                         p->o.single_producer, &depth, &lane->consumed_seen);
+        unsigned int k = kb__ring_push_n(&lane->ring, lane->buf, items + done, run, mode, &depth,
+                                         &lane->consumed_seen);
         if (k == 0 && lane->ex == kb__on_executor) {
             /* A handler's own executor cannot drain the lane while it waits. */
             atomic_fetch_add_explicit(&p->rejected, 1, memory_order_relaxed);
@@ -337,8 +400,10 @@ int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items,
         }
         if (k == 0) {
             schedule_touched(&t);   /* what we pushed must drain while we wait */
+            leave_push(p, owning);
             struct space_wait w = {.p = p, .lane = lane, .item = items[done]};
             int waited = wait_for_space(&w, timeout_ms);
+            mode = enter_push(p, &owning);
             if (waited != KB_OK) {
                 if (waited == KB_EFULL)
                     atomic_fetch_add_explicit(&p->rejected, 1, memory_order_relaxed);
@@ -352,6 +417,7 @@ int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items,
         touch(&t, lane);
         done += k;
     }
+    leave_push(p, owning);
     schedule_touched(&t);
 out:
     if (accepted != NULL)

@@ -41,6 +41,8 @@ struct kb_lane {
     /* Written by the executor only (read by stats and flush). */
     _Alignas(KB_CACHELINE) struct cds_wfcq_node ready_node;
     struct kb_lane *run_next;          /* executor's private run list */
+    struct kb_lane *settle_next;       /* executor's list of lanes just unscheduled */
+    bool settling;                     /* on that list */
     _Atomic uint32_t done;             /* items finished, wraps like the ring counters */
     _Atomic uint64_t taken, handled, retried, dead;
     /* Items taken off the ring but not finished, in order: the executor pops a
@@ -59,6 +61,9 @@ struct kb_executor {
     uint32_t index;
     pthread_t thread;
     struct kb_lane *run_head, *run_tail;  /* lanes to visit, in order */
+    struct kb_lane *settling;          /* unscheduled, not yet re-checked after a barrier */
+    int64_t settle_due_ns;             /* when they must be re-checked at the latest */
+    uint32_t settle_checks;            /* lane visits, to pace looking at the clock */
     struct kb_lane **heap;             /* delayed lanes, min-heap on due_ns */
     size_t heap_len, heap_cap;
     uint64_t rng;                      /* retry jitter */
@@ -76,6 +81,11 @@ struct kb_sched {
     kb_signal progress;                /* items finished: flush and drain wait on it */
 };
 
+/* A multi-producer pool fed by one thread so far pushes without a CAS: the
+ * first submitting thread owns it until another one submits; that one turns
+ * the pool shared, for good, once the owner is out of its push. */
+enum { KB_OWNED = 0, KB_SHARING = 1, KB_SHARED = 2 };
+
 struct kb_pool {
     kb_pool_options o;
     uint32_t ring_size;                /* power of two > capacity */
@@ -85,6 +95,10 @@ struct kb_pool {
     _Atomic uint32_t lanes_allocated;
     _Atomic uint64_t rejected;
     _Atomic(struct kb_lane *) *lanes;
+    kb_pool *retired_next;             /* the bus's list of pools it frees at close */
+    _Atomic uintptr_t owner;           /* the owning thread's token; 0: none yet */
+    _Atomic uint32_t sharing;          /* KB_OWNED, KB_SHARING, KB_SHARED */
+    _Alignas(KB_CACHELINE) _Atomic uint32_t owner_busy;   /* the owner is pushing */
 };
 
 /* Executors (executor.c). */

@@ -29,22 +29,32 @@ static inline unsigned int kb__ring_consumed(const ck_ring_t *ring, _Atomic unsi
  * single CAS — or none with one producer — and one p_tail store for the run,
  * where n single enqueues would pay n of each. Returns how many were
  * enqueued, a prefix of items (0: full); *depth receives the items queued
- * before them. Thread: any producer (single_producer: one at a time). */
+ * before them. Thread: any producer, as `mode` says. */
+/* Who may push at the same time. */
+typedef enum {
+    KB_PUSH_SPSC,    /* one producer for the ring's life: ck's single-producer form (p_tail only) */
+    KB_PUSH_OWNER,   /* one producer now, others maybe later: p_head kept, without a CAS */
+    KB_PUSH_MPSC,    /* any number: a CAS on p_head reserves the slots */
+} kb_push_mode;
+
 static inline unsigned int kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *buf,
                                            void *const *items, unsigned int n,
-                                           bool single_producer, unsigned int *depth,
+                                           kb_push_mode mode, unsigned int *depth,
                                            _Atomic unsigned int *c_seen)
 {
     const unsigned int mask = ring->mask;
     unsigned int head, take;
-    if (single_producer) {
-        /* ck's single-producer operations keep only p_tail. */
-        head = ck_pr_load_uint(&ring->p_tail);
+    if (mode != KB_PUSH_MPSC) {
+        /* ck's single-producer operations keep only p_tail; the owner also
+         * keeps p_head, for the multi-producer pushes that may follow it. */
+        head = ck_pr_load_uint(mode == KB_PUSH_SPSC ? &ring->p_tail : &ring->p_head);
         unsigned int used = head - kb__ring_consumed(ring, c_seen, head, n);
         if (used >= mask)
             return 0;
         take = mask - used < n ? mask - used : n;
         *depth = used;
+        if (mode == KB_PUSH_OWNER)
+            ck_pr_store_uint(&ring->p_head, head + take);
     } else {
         head = ck_pr_load_uint(&ring->p_head);
         for (;;) {

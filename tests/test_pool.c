@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <keybus/pool.h>
@@ -157,6 +158,76 @@ static void order_with_four_producers(void **state)
 {
     (void)state;
     run_order_test(0, KB_IDLE_ADAPTIVE, 0);
+}
+
+/* A pool fed by one thread pushes without a CAS until a second producer
+ * arrives; the switch happens mid-stream, on shared lanes, hundreds of times
+ * (every round is a new pool; half the rounds start both producers at once). */
+struct late {
+    kb_pool *p;
+    struct item *items;
+    size_t n;
+    _Atomic int *go;      /* NULL: start at once; else wait until it is set */
+    int rc;
+};
+
+static void *produce_late(void *arg)
+{
+    struct late *l = arg;
+    if (l->go != NULL)
+        while (atomic_load(l->go) == 0)
+            sched_yield();
+    for (size_t i = 0; i < l->n && l->rc == KB_OK; i++)
+        l->rc = kb_pool_submit_hash(l->p, hash_of(&l->items[i]), &l->items[i], -1);
+    return NULL;
+}
+
+static void owner_then_shared_keeps_order(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 300; round++) {
+        struct check *c = calloc(1, sizeof *c);
+        kb_pool_options o;
+        kb_pool_options_init(&o);
+        o.lanes = 4;              /* both producers' keys share lanes */
+        o.threads = 1;
+        o.capacity = 8;
+        o.handle = check_handle;
+        o.finish = check_finish;
+        o.opaque = c;
+        char err[128];
+        kb_pool *p = kb_pool_new(&o, err, sizeof err);
+        assert_non_null(p);
+        enum { N = 400 };
+        struct item *a = malloc(sizeof *a * N), *b = malloc(sizeof *b * N);
+        for (uint32_t i = 0; i < N; i++) {
+            a[i] = (struct item){i % 8, i / 8 + 1};          /* keys 0..7 */
+            b[i] = (struct item){8 + i % 8, i / 8 + 1};      /* keys 8..15 */
+        }
+        _Atomic int go = 0;
+        struct late first = {p, a, N, NULL, KB_OK}, second = {p, b, N, &go, KB_OK};
+        pthread_t t1, t2;
+        pthread_create(&t2, NULL, produce_late, &second);
+        pthread_create(&t1, NULL, produce_late, &first);
+        /* let the first one own the pool for a while, or not at all */
+        while (round % 2 == 1 && atomic_load(&c->handled) < (uint64_t)(round % 300))
+            sched_yield();
+        atomic_store(&go, 1);
+        pthread_join(t1, NULL);
+        pthread_join(t2, NULL);
+        assert_int_equal(first.rc, KB_OK);
+        assert_int_equal(second.rc, KB_OK);
+        assert_int_equal(kb_pool_flush(p, 30000), KB_OK);
+        assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+        assert_int_equal(c->handled, 2 * N);
+        assert_int_equal(c->violations, 0);
+        assert_int_equal(c->overlaps, 0);
+        for (uint32_t k = 0; k < 16; k++)
+            assert_int_equal(c->last[k], N / 8);
+        free(a);
+        free(b);
+        free(c);
+    }
 }
 
 static void order_with_batches_under_every_idle_strategy(void **state)
@@ -321,6 +392,7 @@ int main(void)
         cmocka_unit_test(order_with_four_producers),
         cmocka_unit_test(order_with_single_producer_rings),
         cmocka_unit_test(order_with_batches_under_every_idle_strategy),
+        cmocka_unit_test(owner_then_shared_keeps_order),
         cmocka_unit_test(default_thread_count_leaves_the_publisher_a_cpu),
         cmocka_unit_test(lanes_allocated_lazily),
         cmocka_unit_test(bad_options_are_named),
