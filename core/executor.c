@@ -158,8 +158,10 @@ static bool handle_item(struct kb_executor *ex, struct kb_lane *lane, void *item
         return true;
     }
     if (r == KB_HANDLED) {
-        finish(p, lane, item, KB_HANDLED, attempt);   /* counted once settled */
+        /* counted before the lane is marked done: a flush or drain that
+         * returns then sees it in the stats */
         kb__counter_bump(&lane->handled);
+        finish(p, lane, item, KB_HANDLED, attempt);
         return true;
     }
     if (r != KB_DEAD && (p->o.max_attempts == 0 || attempt < p->o.max_attempts)) {
@@ -171,8 +173,8 @@ static bool handle_item(struct kb_executor *ex, struct kb_lane *lane, void *item
         /* No memory to delay the lane: retry at once rather than lose order. */
         return handle_item(ex, lane, item);
     }
-    finish(p, lane, item, KB_DEAD, attempt);
     kb__counter_bump(&lane->dead);
+    finish(p, lane, item, KB_DEAD, attempt);
     return true;
 }
 
