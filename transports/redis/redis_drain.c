@@ -12,7 +12,7 @@
 #include "redis_int.h"
 
 #define POLL_MIN_MS 2    /* first poll after one that found work left */
-#define POLL_MAX_MS 50   /* backoff cap: latency behind consumers in other processes */
+#define POLL_MAX_MS 20   /* backoff cap: latency behind consumers in other processes */
 
 /* One partition stream and the newest entry this process added to it. */
 typedef struct target {
