@@ -14,3 +14,7 @@ add_dependencies(test_redis_faults redis_consumer_proc)
 # Many topics on one bus under a low fd limit (threads and fds counted).
 kb_test(test_redis_topics TIMEOUT 120 LABELS redis)
 target_link_libraries(test_redis_topics PRIVATE PkgConfig::HIREDIS)
+
+# Parity with mem:// and NATS (issue 9): kb_drain, headers, replay, monitor stats.
+kb_test(test_redis_parity TIMEOUT 120 LABELS redis)
+target_link_libraries(test_redis_parity PRIVATE PkgConfig::HIREDIS)

@@ -93,8 +93,45 @@ static void pub_fail(struct kb_transport *t, const char *why)
                  (unsigned long long)t->pub_inflight, why);
     }
     t->pub_inflight = 0;
+    t->origins.n = 0;
     t->pub_big = 0;
     kb__redis_conn_fail(&t->pub, why);
+}
+
+/* Room for one more origin (caller holds pub_lock); false on out of memory. */
+static bool origin_reserve(kb_redis_origins *o)
+{
+    if (o->n < o->cap)
+        return true;
+    size_t cap = o->cap ? o->cap * 2 : 1024;
+    kb_redis_origin *v = malloc(cap * sizeof *v);
+    if (v == NULL)
+        return false;
+    for (size_t i = 0; i < o->n; i++)   /* unwrapped: head becomes 0 */
+        v[i] = o->v[(o->head + i) % o->cap];
+    free(o->v);
+    o->v = v;
+    o->head = 0;
+    o->cap = cap;
+    return true;
+}
+
+static void note_last(kb_redis_pubtopic *pt, uint32_t part, const char *id)
+{
+    if (pt->last[part][0] == '\0' || kb__redis_id_cmp(id, pt->last[part]) > 0)
+        snprintf(pt->last[part], KB_REDIS_ID_MAX, "%s", id);
+}
+
+/* The reply to the oldest XADD in flight: its ID is the newest of its partition. */
+static void origin_done(kb_redis_origins *o, const redisReply *r)
+{
+    if (o->n == 0)
+        return;
+    kb_redis_origin og = o->v[o->head];
+    o->head = (o->head + 1) % o->cap;
+    o->n--;
+    if (r->type == REDIS_REPLY_STRING)
+        note_last(og.pt, og.part, r->str);
 }
 
 /* Send what is buffered and read the replies that are there; with wait_all,
@@ -119,6 +156,7 @@ void kb__redis_pub_pump(struct kb_transport *t, bool wait_all, int64_t deadline_
         }
         if (reply != NULL) {
             redisReply *r = reply;
+            origin_done(&t->origins, r);
             if (r->type == REDIS_REPLY_ERROR) {
                 /* "Protocol error: invalid bulk length" may arrive before the close */
                 char cause[600] = "";
@@ -167,7 +205,10 @@ static kb_redis_pubtopic *pubtopic(struct kb_transport *t, const char *topic)
         pt = pt->next;
     if (pt == NULL) {
         pt = calloc(1, sizeof *pt);
-        if (pt == NULL || (pt->name = strdup(topic)) == NULL) {
+        if (pt == NULL || (pt->name = strdup(topic)) == NULL ||
+            (pt->last = calloc(t->partitions, sizeof *pt->last)) == NULL) {
+            if (pt != NULL)
+                free(pt->name);
             free(pt);
             return NULL;
         }
@@ -186,10 +227,13 @@ static kb_redis_pubtopic *pubtopic(struct kb_transport *t, const char *topic)
 static int redis_publish(kb_transport *t, const char *topic, const kb_msg *m)
 {
     char key[300], maxlen[24];
-    snprintf(key, sizeof key, "kb:{%s}:p:%u", topic, m->hash % t->partitions);
+    uint32_t part = m->hash % t->partitions;
+    snprintf(key, sizeof key, "kb:{%s}:p:%u", topic, part);
     snprintf(maxlen, sizeof maxlen, "%lld", (long long)t->maxlen);
-    const char *argv[12];
-    size_t lens[12];
+    /* the core checked the headers: at most KB_MAX_HEADERS, names of the rules */
+    char names[KB_MAX_HEADERS * KB_REDIS_HEADER_FIELD_MAX];
+    const char *argv[12 + 2 * KB_MAX_HEADERS];
+    size_t lens[12 + 2 * KB_MAX_HEADERS];
     int n = 0;
 #define ARG(s, l) (argv[n] = (s), lens[n] = (l), n++)
     ARG("XADD", 4);
@@ -207,6 +251,7 @@ static int redis_publish(kb_transport *t, const char *topic, const kb_msg *m)
     ARG("a", 1);
     ARG("1", 1);
 #undef ARG
+    n += (int)kb__redis_headers_args(m->headers, m->n_headers, names, argv + n, lens + n);
 
     pthread_mutex_lock(&t->pub_lock);
     int rc = KB_OK;
@@ -221,10 +266,13 @@ static int redis_publish(kb_transport *t, const char *topic, const kb_msg *m)
         /* the server would drop the connection, and every publish in flight on it */
     } else if ((c = kb__redis_conn_get(&t->pub, NULL, 0)) == NULL) {
         rc = KB_ETRANSPORT;
-    } else if (redisAppendCommandArgv(c, n, argv, lens) != REDIS_OK) {
+    } else if (!origin_reserve(&t->origins) ||
+               redisAppendCommandArgv(c, n, argv, lens) != REDIS_OK) {
         kb__errf(NULL, 0, "kb_publish %s: out of memory", topic);
         rc = KB_ENOMEM;
     } else {
+        kb_redis_origins *o = &t->origins;
+        o->v[(o->head + o->n++) % o->cap] = (kb_redis_origin){pt, part};
         t->pub_inflight++;
         size_t big = m->key_len > m->payload_len ? m->key_len : m->payload_len;
         if (big > t->pub_big)
@@ -243,14 +291,24 @@ static int redis_publish(kb_transport *t, const char *topic, const kb_msg *m)
     return rc;
 }
 
-static int redis_flush(kb_transport *t, int timeout_ms)
+void kb__redis_pub_note(struct kb_transport *t, const char *topic, uint32_t part, const char *id)
 {
-    int64_t deadline = kb__deadline_ns(timeout_ms);
     pthread_mutex_lock(&t->pub_lock);
-    kb__redis_pub_pump(t, true, deadline);
+    kb_redis_pubtopic *pt = pubtopic(t, topic);
+    if (pt != NULL) {
+        atomic_fetch_add_explicit(&pt->published, 1, memory_order_relaxed);
+        note_last(pt, part, id);
+    }
+    pthread_mutex_unlock(&t->pub_lock);
+}
+
+int kb__redis_pub_settle(struct kb_transport *t, int64_t deadline_ns, const char *who)
+{
+    pthread_mutex_lock(&t->pub_lock);
+    kb__redis_pub_pump(t, true, deadline_ns);
     int rc = KB_OK;
     if (t->pub_failed > 0) {
-        kb__errf(NULL, 0, "kb_flush: %llu publishes to %s failed: %s",
+        kb__errf(NULL, 0, "%s: %llu publishes to %s failed: %s", who,
                  (unsigned long long)t->pub_failed, t->where, t->pub_error);
         t->pub_failed = 0;
         rc = KB_ETRANSPORT;
@@ -259,6 +317,11 @@ static int redis_flush(kb_transport *t, int timeout_ms)
     }
     pthread_mutex_unlock(&t->pub_lock);
     return rc;
+}
+
+static int redis_flush(kb_transport *t, int timeout_ms)
+{
+    return kb__redis_pub_settle(t, kb__deadline_ns(timeout_ms), "kb_flush");
 }
 
 /* ---- subscribing ---- */
@@ -372,8 +435,7 @@ static int redis_ack(kb_transport *t, const kb_delivery *d)
 
 int kb__redis_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason)
 {
-    char *dead = kb__redis_dead_pack(d->key, d->key_len, d->payload, d->payload_len,
-                                     d->partition, d->id, d->attempt, reason);
+    char *dead = kb__redis_dead_pack(d, reason);
     if (dead == NULL) {
         kb_redis_part *p = delivery_part(t, d);
         if (p != NULL)
@@ -432,10 +494,12 @@ static void transport_free(kb_transport *t)
     kb_redis_pubtopic *pt = t->pubtopics;
     while (pt != NULL) {
         kb_redis_pubtopic *next = pt->next;
+        free(pt->last);
         free(pt->name);
         free(pt);
         pt = next;
     }
+    free(t->origins.v);
     kb__redis_conn_close(&t->pub);
     kb__redis_conn_close(&t->ctl);
     kb__redis_conn_close(&t->kc);
@@ -548,7 +612,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
 const kb_transport_ops kb__redis_ops = {
     .abi_version = KB_TRANSPORT_ABI,
     .scheme = "redis",
-    .flags = KB_TRANSPORT_F_SINGLE_FEEDER,
+    .flags = KB_TRANSPORT_F_SINGLE_FEEDER | KB_TRANSPORT_F_HEADERS,
     .open = redis_open,
     .publish = redis_publish,
     .subscribe = redis_subscribe,
@@ -556,6 +620,7 @@ const kb_transport_ops kb__redis_ops = {
     .dead_letter = kb__redis_dead_letter,
     .release = redis_release,
     .flush = redis_flush,
+    .drain = kb__redis_drain,
     .stats = kb__redis_stats,
     .partition_stats = kb__redis_partition_stats,
     .dead_letters = kb__redis_dead_letters,

@@ -42,20 +42,6 @@ int kb__redis_create_groups(kb_redis_conn *k, kb_redis_topic *rt, char *errstr, 
     return rc;
 }
 
-static const redisReply *field(const redisReply *fields, const char *name)
-{
-    if (fields == NULL || fields->type != REDIS_REPLY_ARRAY)
-        return NULL;
-    for (size_t i = 0; i + 1 < fields->elements; i += 2) {
-        const redisReply *f = fields->element[i];
-        if (f->type == REDIS_REPLY_STRING && f->len == strlen(name) &&
-            memcmp(f->str, name, f->len) == 0)
-            return fields->element[i + 1]->type == REDIS_REPLY_STRING ? fields->element[i + 1]
-                                                                      : NULL;
-    }
-    return NULL;
-}
-
 static void dead_now(kb_redis_topic *rt, uint32_t part, const char *id, const redisReply *fields,
                      uint32_t attempts, const char *reason)
 {
@@ -83,7 +69,8 @@ static int deliver(kb_redis_topic *rt, uint32_t part, const redisReply *e, uint3
         return DELIVERED;   /* not an entry at all: nothing to ack */
     const char *id = e->element[0]->str;
     const redisReply *fields = e->element[1];
-    const redisReply *k = field(fields, "k"), *d = field(fields, "d"), *a = field(fields, "a");
+    const redisReply *k = kb__redis_field(fields, "k"), *d = kb__redis_field(fields, "d"),
+                     *a = kb__redis_field(fields, "a");
     /* Count first, then look: the keeper sets DRAINING, then waits for 0. */
     atomic_fetch_add(&p->inflight, 1);
     if (!kb__redis_part_live(p) || atomic_load(&p->epoch) != epoch) {
@@ -97,12 +84,20 @@ static int deliver(kb_redis_topic *rt, uint32_t part, const redisReply *e, uint3
                                                    : "malformed: no payload field \"d\"");
         return DELIVERED;
     }
+    kb_header headers[KB_MAX_HEADERS];
+    size_t n_headers = 0;
+    char why[300];   /* a dead letter's reason */
+    if (kb__redis_headers_of(fields, headers, &n_headers, why, sizeof why) != KB_OK) {
+        /* written by another client: kept whole in the DLQ, with the rule it broke */
+        atomic_fetch_sub(&p->inflight, 1);
+        dead_now(rt, part, id, fields, attempt, why);
+        return DELIVERED;
+    }
     uint32_t home = kb_fnv1a32(k->str, k->len) % rt->nparts;
     if (home != part) {
         /* XADDed by another client into the wrong stream: handling it here would
          * race the key's real partition, perhaps owned by another process */
         atomic_fetch_sub(&p->inflight, 1);
-        char why[96];
         snprintf(why, sizeof why, "partition is another one: the key hashes to partition %u", home);
         dead_now(rt, part, id, fields, attempt, why);
         return DELIVERED;
@@ -116,14 +111,14 @@ static int deliver(kb_redis_topic *rt, uint32_t part, const redisReply *e, uint3
         /* Delivered that often without an ack: likely a handler that kills the
          * process. Stop the crash loop here. */
         atomic_fetch_sub(&p->inflight, 1);
-        char why[96];
         snprintf(why, sizeof why, "delivered %u times without an ack", attempt - 1);
         dead_now(rt, part, id, fields, attempt - 1, why);
         return DELIVERED;
     }
     kb_delivery dl = {.topic = rt->name, .key = k->str, .key_len = k->len, .payload = d->str,
                       .payload_len = d->len, .partition = part, .attempt = attempt, .id = id,
-                      .cookie = (void *)(uintptr_t)epoch};   /* checked by still_owned */
+                      .cookie = (void *)(uintptr_t)epoch,   /* checked by still_owned */
+                      .headers = headers, .n_headers = n_headers};
     int rc = kb_sink_deliver(rt->sink, &dl, timeout_ms);
     if (rc == KB_OK)
         return DELIVERED;

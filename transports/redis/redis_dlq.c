@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <keybus/pool.h>
 
@@ -98,13 +97,17 @@ static char *finish(packer *pk, uint32_t partition, const char *id, uint32_t att
     return out;
 }
 
-char *kb__redis_dead_pack(const void *key, size_t key_len, const void *payload, size_t payload_len,
-                          uint32_t partition, const char *id, uint32_t attempts, const char *reason)
+char *kb__redis_dead_pack(const kb_delivery *d, const char *reason)
 {
     packer pk = {0};
-    put_str(&pk, "k"), put(&pk, key, key_len);
-    put_str(&pk, "d"), put(&pk, payload, payload_len);
-    return finish(&pk, partition, id, attempts, reason);
+    put_str(&pk, "k"), put(&pk, d->key, d->key_len);
+    put_str(&pk, "d"), put(&pk, d->payload, d->payload_len);
+    for (size_t i = 0; i < d->n_headers; i++) {   /* kept, in order, for the replay */
+        char f[KB_REDIS_HEADER_FIELD_MAX];
+        snprintf(f, sizeof f, "%s%s", KB_REDIS_HEADER_PREFIX, d->headers[i].name);
+        put_str(&pk, f), put(&pk, d->headers[i].value, d->headers[i].value_len);
+    }
+    return finish(&pk, d->partition, d->id, d->attempt, reason);
 }
 
 char *kb__redis_dead_pack_raw(const redisReply *fields, uint32_t partition, const char *id,
@@ -151,23 +154,17 @@ int kb__redis_dead_append(redisContext *c, struct kb_transport *t, kb_redis_topi
     return 1;
 }
 
-/* ---- listing and replay (application threads, control connection) ---- */
+/* Back in the partition and gone from the DLQ in one step, only if the entry
+ * is still there: two replays of one ID add it once. The new entry's ID. */
+static const char REPLAY_LUA[] =
+    "if redis.call('xdel',KEYS[1],ARGV[1])==0 then return false end "
+    "return redis.call('xadd',KEYS[2],'*',unpack(ARGV,2))";
 
-static const redisReply *field(const redisReply *fields, const char *name)
-{
-    for (size_t i = 0; fields->type == REDIS_REPLY_ARRAY && i + 1 < fields->elements; i += 2) {
-        const redisReply *f = fields->element[i], *v = fields->element[i + 1];
-        if (f->type == REDIS_REPLY_STRING && v->type == REDIS_REPLY_STRING &&
-            strcmp(f->str, name) == 0)
-            return v;
-    }
-    return NULL;
-}
-
-static redisReply *ctl_cmd(struct kb_transport *t, int argc, const char **argv)
+static redisReply *ctl_cmd(struct kb_transport *t, int argc, const char **argv,
+                           const size_t *lens)
 {
     pthread_mutex_lock(&t->ctl_lock);
-    redisReply *r = kb__redis_cmd(&t->ctl, argc, argv, NULL);
+    redisReply *r = kb__redis_cmd(&t->ctl, argc, argv, lens);
     pthread_mutex_unlock(&t->ctl_lock);
     if (r == NULL)
         kb__errf(NULL, 0, "redis: %s is unreachable", t->where);
@@ -176,51 +173,63 @@ static redisReply *ctl_cmd(struct kb_transport *t, int argc, const char **argv)
     return r;
 }
 
+static int no_dead_queued(void *arg)
+{
+    return atomic_load(&((struct kb_transport *)arg)->dead_queued) == 0;
+}
+
+/* An entry of the DLQ as kb_dead_letter; `headers` holds KB_MAX_HEADERS. */
+static kb_dead_letter dead_letter_of(const redisReply *e, kb_header *headers)
+{
+    const redisReply *f = e->element[1];
+    const redisReply *k = kb__redis_field(f, "k"), *d = kb__redis_field(f, "d"),
+                     *p = kb__redis_field(f, F_PART), *oid = kb__redis_field(f, F_ID),
+                     *n = kb__redis_field(f, F_ATTEMPTS), *why = kb__redis_field(f, F_REASON);
+    size_t n_headers = 0;
+    kb__redis_headers_of(f, headers, &n_headers, NULL, 0);   /* as stored, even if malformed */
+    return (kb_dead_letter){
+        .id = e->element[0]->str,
+        .key = k ? k->str : "", .key_len = k ? k->len : 0,
+        .payload = d ? d->str : "", .payload_len = d ? d->len : 0,
+        .partition = p ? (uint32_t)strtoul(p->str, NULL, 10) : 0,
+        .original_id = oid ? oid->str : "",
+        .attempts = n ? (uint32_t)strtoul(n->str, NULL, 10) : 0,
+        .reason = why ? why->str : "",
+        .time_ms = strtoll(e->element[0]->str, NULL, 10),   /* the ID's ms: when stored */
+        .headers = n_headers > 0 ? headers : NULL, .n_headers = n_headers,
+    };
+}
+
 int kb__redis_dead_letters(kb_transport *t, const char *topic, const char *after_id, size_t max,
                            kb_dead_letter_fn fn, void *opaque)
 {
     /* read your own dead letters: wait (bounded) for the keeper to store them */
-    for (int i = 0; i < 500 && atomic_load(&t->dead_queued) > 0; i++) {
-        kb__redis_keeper_wake(t);
-        struct timespec nap = {0, 10 * 1000000L};
-        nanosleep(&nap, NULL);
-    }
+    kb__redis_keeper_wake(t);
+    kb__signal_wait(&t->settled, no_dead_queued, t, kb__deadline_ns(5000));
     char dlq[300], start[KB_REDIS_ID_MAX + 1], count[24];
     snprintf(dlq, sizeof dlq, "kb:{%s}:dlq", topic);
     if (after_id != NULL && after_id[0] != '\0')
         snprintf(start, sizeof start, "(%s", after_id);
     else
         snprintf(start, sizeof start, "-");
+    kb_header headers[KB_MAX_HEADERS];
     size_t seen = 0;
     while (seen < max) {
         size_t page = max - seen < 1000 ? max - seen : 1000;
         snprintf(count, sizeof count, "%zu", page);
         const char *argv[] = {"XRANGE", dlq, start, "+", "COUNT", count};
-        redisReply *r = ctl_cmd(t, 6, argv);
+        redisReply *r = ctl_cmd(t, 6, argv, NULL);
         if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
             freeReplyObject(r);
             return KB_ETRANSPORT;
         }
         bool stop = r->elements < page;
-        for (size_t i = 0; !stop || i < r->elements; i++) {
-            if (i >= r->elements)
-                break;
+        for (size_t i = 0; i < r->elements; i++) {
             const redisReply *e = r->element[i];
-            if (e->type != REDIS_REPLY_ARRAY || e->elements < 2)
+            if (e->type != REDIS_REPLY_ARRAY || e->elements < 2 ||
+                e->element[0]->type != REDIS_REPLY_STRING)
                 continue;
-            const redisReply *f = e->element[1];
-            const redisReply *k = field(f, "k"), *d = field(f, "d"), *p = field(f, F_PART),
-                             *oid = field(f, F_ID), *n = field(f, F_ATTEMPTS),
-                             *why = field(f, F_REASON);
-            kb_dead_letter dl = {
-                .id = e->element[0]->str,
-                .key = k ? k->str : "", .key_len = k ? k->len : 0,
-                .payload = d ? d->str : "", .payload_len = d ? d->len : 0,
-                .partition = p ? (uint32_t)strtoul(p->str, NULL, 10) : 0,
-                .original_id = oid ? oid->str : "",
-                .attempts = n ? (uint32_t)strtoul(n->str, NULL, 10) : 0,
-                .reason = why ? why->str : "",
-            };
+            kb_dead_letter dl = dead_letter_of(e, headers);
             seen++;
             snprintf(start, sizeof start, "(%s", dl.id);
             if (fn(&dl, opaque) != 0) {
@@ -240,7 +249,7 @@ int kb__redis_dead_letter_replay(kb_transport *t, const char *topic, const char 
     char dlq[300], stream[300];
     snprintf(dlq, sizeof dlq, "kb:{%s}:dlq", topic);
     const char *range[] = {"XRANGE", dlq, id, id};
-    redisReply *r = ctl_cmd(t, 4, range);
+    redisReply *r = ctl_cmd(t, 4, range, NULL);
     if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
         freeReplyObject(r);
         return KB_ETRANSPORT;
@@ -252,46 +261,54 @@ int kb__redis_dead_letter_replay(kb_transport *t, const char *topic, const char 
         return KB_ENOTFOUND;
     }
     const redisReply *f = r->element[0]->element[1];
-    const redisReply *k = field(f, "k"), *d = field(f, "d");
+    const redisReply *k = kb__redis_field(f, "k"), *d = kb__redis_field(f, "d");
     if (k == NULL || k->len == 0 || d == NULL) {
         freeReplyObject(r);
         kb__errf(NULL, 0, "redis: dead letter %s in %s has no key or payload; not replayable",
                  id, dlq);
         return KB_EINVAL;
     }
-    snprintf(stream, sizeof stream, "kb:{%s}:p:%u", topic,
-             kb_fnv1a32(k->str, k->len) % t->partitions);
-    /* One transaction: the entry is back in its partition and gone from the DLQ. */
-    pthread_mutex_lock(&t->ctl_lock);
-    redisContext *c = kb__redis_conn_get(&t->ctl, NULL, 0);
-    int rc = KB_ETRANSPORT;
-    if (c != NULL) {
-        const char *xadd[] = {"XADD", stream, "*", "k", k->str, "d", d->str, "a", "1"};
-        size_t lens[] = {4, strlen(stream), 1, 1, k->len, 1, d->len, 1, 1};
-        redisAppendCommand(c, "MULTI");
-        redisAppendCommandArgv(c, 9, xadd, lens);
-        redisAppendCommand(c, "XDEL %s %s", dlq, id);
-        redisAppendCommand(c, "EXEC");
-        rc = KB_OK;
-        for (int i = 0; i < 4; i++) {
-            redisReply *x = NULL;
-            if (redisGetReply(c, (void **)&x) != REDIS_OK) {
-                kb__errf(NULL, 0, "redis: replay of %s: %s", id, c->errstr);
-                kb__redis_conn_fail(&t->ctl, c->errstr);
-                rc = KB_ETRANSPORT;
-                break;
-            }
-            if (i == 3 && x->type != REDIS_REPLY_ARRAY) {
-                kb__errf(NULL, 0, "redis: replay of %s failed: %s", id,
-                         x->type == REDIS_REPLY_ERROR ? x->str : "transaction aborted");
-                rc = KB_ETRANSPORT;
-            }
-            freeReplyObject(x);
-        }
-    } else {
-        kb__errf(NULL, 0, "redis: %s is unreachable", t->where);
+    uint32_t part = kb_fnv1a32(k->str, k->len) % t->partitions;
+    snprintf(stream, sizeof stream, "kb:{%s}:p:%u", topic, part);
+    /* k, d, a = 1, then the header fields byte for byte (a malformed one is
+     * dead-lettered again, with its reason) */
+    size_t cap = 12 + f->elements, argc = 12;
+    const char **argv = malloc(cap * sizeof *argv);
+    size_t *lens = malloc(cap * sizeof *lens);
+    if (argv == NULL || lens == NULL) {
+        free(argv);
+        free(lens);
+        freeReplyObject(r);
+        kb__errf(NULL, 0, "redis: out of memory replaying %s", id);
+        return KB_ENOMEM;
     }
-    pthread_mutex_unlock(&t->ctl_lock);
+    const char *head[] = {"EVAL", REPLAY_LUA, "2", dlq, stream, id, "k", k->str, "d", d->str,
+                          "a", "1"};
+    for (size_t i = 0; i < 12; i++)
+        argv[i] = head[i], lens[i] = strlen(head[i]);
+    lens[7] = k->len;
+    lens[9] = d->len;
+    for (size_t i = 0; i + 1 < f->elements; i += 2) {
+        const redisReply *n = f->element[i], *v = f->element[i + 1];
+        if (n->type == REDIS_REPLY_STRING && v->type == REDIS_REPLY_STRING &&
+            strncmp(n->str, KB_REDIS_HEADER_PREFIX, strlen(KB_REDIS_HEADER_PREFIX)) == 0) {
+            argv[argc] = n->str, lens[argc++] = n->len;
+            argv[argc] = v->str, lens[argc++] = v->len;
+        }
+    }
+    redisReply *x = ctl_cmd(t, (int)argc, argv, lens);
+    int rc = KB_OK;
+    if (x == NULL || x->type == REDIS_REPLY_ERROR) {
+        rc = KB_ETRANSPORT;
+    } else if (x->type != REDIS_REPLY_STRING) {
+        kb__errf(NULL, 0, "redis: no dead letter %s in %s (replayed meanwhile)", id, dlq);
+        rc = KB_ENOTFOUND;
+    } else {
+        kb__redis_pub_note(t, topic, part, x->str);   /* kb_drain waits for it too */
+    }
+    freeReplyObject(x);
     freeReplyObject(r);
+    free(argv);
+    free(lens);
     return rc;
 }

@@ -20,6 +20,9 @@
 
 #include <keybus/transport.h>
 
+#include "../../core/headers.h"
+#include "../../core/sync.h"
+
 #define KB_REDIS_ID_MAX 48      /* "ms-seq" of two 64-bit numbers, NUL included */
 #define KB_REDIS_TOPIC_BUCKETS 1024   /* topic lookup by name: a chain per fnv1a32 % this */
 #define KB_REDIS_BULK_DEFAULT (512 * 1024 * 1024)   /* Redis's default proto-max-bulk-len */
@@ -92,13 +95,28 @@ typedef struct kb_redis_topic {
     _Atomic bool fresh;           /* subscribed since the keeper's last pass */
 } kb_redis_topic;
 
-/* A topic published to: metadata checked once, count of accepted publishes. */
+/* A topic published to: metadata checked once, count of accepted publishes
+ * (replays included), and per partition the ID of the newest entry this
+ * process added, "" for none (what kb_drain waits for; under pub_lock). */
 typedef struct kb_redis_pubtopic {
     struct kb_redis_pubtopic *next;
     char *name;
     int meta_rc;                  /* KB_OK or why publishing is refused */
     _Atomic uint64_t published;
+    char (*last)[KB_REDIS_ID_MAX];
 } kb_redis_pubtopic;
+
+/* Where each XADD in flight on the publish connection goes, oldest first:
+ * replies come in order, and each one's ID is noted in its topic's `last`. */
+typedef struct kb_redis_origin {
+    kb_redis_pubtopic *pt;
+    uint32_t part;
+} kb_redis_origin;
+
+typedef struct kb_redis_origins {
+    kb_redis_origin *v;
+    size_t head, n, cap;          /* a ring: n entries from head */
+} kb_redis_origins;
 
 struct kb_transport {
     kb_bus *bus;
@@ -123,6 +141,7 @@ struct kb_transport {
     uint64_t pub_failed;          /* failed since the last flush */
     char pub_error[1024];
     kb_redis_pubtopic *pubtopics;
+    kb_redis_origins origins;     /* one per pub_inflight */
     _Atomic bool pub_dirty;       /* buffered bytes the keeper should send */
     size_t pub_big;               /* largest key or payload among unconfirmed publishes */
     int64_t bulk_max;             /* server's proto-max-bulk-len (redis_limit.c) */
@@ -151,6 +170,10 @@ struct kb_transport {
     pthread_t keeper;
     kb_redis_conn kc;
     bool jobs_unsent;             /* keeper only: `sending` left over after a failure */
+    /* the keeper settled acks or dead letters on the server (kb_drain and
+     * kb_dead_letters wait on it) */
+    _Atomic uint64_t settle_rounds;
+    kb_signal settled;
 };
 
 /* redis_conn.c */
@@ -172,6 +195,13 @@ int64_t kb__redis_wall_ms(void);
 /* redis.c */
 int kb__redis_check_meta(struct kb_transport *t, const char *topic);
 void kb__redis_pub_pump(struct kb_transport *t, bool wait_all, int64_t deadline_ns);
+/* Send every buffered publish and wait for its reply until the deadline:
+ * KB_OK, KB_ETIMEDOUT, or KB_ETRANSPORT for what failed since the last call
+ * (`who` starts the message). */
+int kb__redis_pub_settle(struct kb_transport *t, int64_t deadline_ns, const char *who);
+/* An entry this process added outside the publish connection (a replay):
+ * counted as published, and its ID noted for kb_drain. */
+void kb__redis_pub_note(struct kb_transport *t, const char *topic, uint32_t part, const char *id);
 void kb__redis_keeper_wake(struct kb_transport *t);
 
 /* redis_limit.c: the server's proto-max-bulk-len (bulk_max, under pub_lock) */
@@ -194,8 +224,7 @@ int kb__redis_id_cmp(const char *a, const char *b);
 /* redis_dlq.c */
 void kb__redis_job_push(kb_redis_part *p, const char *id, char *dead);
 /* Fields of a dead letter packed for the keeper (see redis_dlq.c). */
-char *kb__redis_dead_pack(const void *key, size_t key_len, const void *payload, size_t payload_len,
-                          uint32_t partition, const char *id, uint32_t attempts, const char *reason);
+char *kb__redis_dead_pack(const kb_delivery *d, const char *reason);
 /* Same for an entry as read (`fields`: the field/value array, or NULL). */
 char *kb__redis_dead_pack_raw(const redisReply *fields, uint32_t partition, const char *id,
                               uint32_t attempts, const char *reason);
@@ -207,7 +236,36 @@ int kb__redis_dead_letters(kb_transport *t, const char *topic, const char *after
                            kb_dead_letter_fn fn, void *opaque);
 int kb__redis_dead_letter_replay(kb_transport *t, const char *topic, const char *id);
 
+/* redis_fields.c */
+/* Value of `name` in a flat [name, value, ...] reply (XINFO rows, entry
+ * fields), or NULL. */
+const redisReply *kb__redis_map_get(const redisReply *m, const char *name);
+/* The same, only when the value is a string (entry fields always are). */
+const redisReply *kb__redis_field(const redisReply *fields, const char *name);
+/* Each header is an entry field "h.<name>" (docs/headers.md). */
+#define KB_REDIS_HEADER_PREFIX "h."
+#define KB_REDIS_HEADER_BYTES 65536   /* names and values of one entry: as kb_sink_deliver */
+#define KB_REDIS_HEADER_FIELD_MAX (KB_MAX_HEADER_NAME + 3)   /* prefix, name, NUL */
+/* Append the fields of (checked) headers h[0..n) to argv/lens; `names` holds
+ * n * KB_REDIS_HEADER_FIELD_MAX bytes for the prefixed names. Returns the
+ * arguments added (2n). */
+size_t kb__redis_headers_args(const kb_header *h, size_t n, char *names, const char **argv,
+                              size_t *lens);
+/* The "h." fields of an entry ([field, value, ...]) as headers, in entry
+ * order, pointing into the reply; out holds KB_MAX_HEADERS. KB_OK, or an
+ * error when one breaks the kb_header rules: `why` (may be NULL) says which,
+ * and out holds what was read (at most KB_MAX_HEADERS). */
+int kb__redis_headers_of(const redisReply *fields, kb_header *out, size_t *n, char *why,
+                         size_t whylen);
+
+/* redis_drain.c */
+int kb__redis_drain(kb_transport *t, int timeout_ms);
+/* Wake kb_drain / kb_dead_letters waiters: the keeper settled something. */
+void kb__redis_settled(struct kb_transport *t);
+
 /* redis_stats.c */
+/* Our group's row of an XINFO GROUPS reply, or NULL. */
+const redisReply *kb__redis_group_row(const struct kb_transport *t, const redisReply *groups);
 int kb__redis_stats(kb_transport *t, const char *topic, kb_topic_stats *out);
 int kb__redis_partition_stats(kb_transport *t, const char *topic, uint32_t partition,
                               kb_partition_stats *out);

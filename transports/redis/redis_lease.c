@@ -216,6 +216,8 @@ static void flush_jobs(struct kb_transport *t)
         for (uint32_t i = 0; i < rt->nparts; i++)
             again |= jobs_done(t, &rt->parts[i]);
     t->jobs_unsent = again;
+    if (sent.cmds > 0)
+        kb__redis_settled(t);   /* kb_drain and kb_dead_letters look again */
 }
 
 /* ---- membership and leases ---- */

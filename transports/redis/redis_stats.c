@@ -11,30 +11,31 @@ typedef struct group_info {
     uint64_t pending, lag, consumers;
 } group_info;
 
-static const redisReply *map_get(const redisReply *m, const char *name)
-{
-    for (size_t i = 0; m->type == REDIS_REPLY_ARRAY && i + 1 < m->elements; i += 2)
-        if (m->element[i]->type == REDIS_REPLY_STRING && strcmp(m->element[i]->str, name) == 0)
-            return m->element[i + 1];
-    return NULL;
-}
-
 static uint64_t int_of(const redisReply *r)
 {
     return r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer > 0 ? (uint64_t)r->integer : 0;
 }
 
-/* Our group's row of an XINFO GROUPS reply (an error reply: no stream yet). */
+const redisReply *kb__redis_group_row(const struct kb_transport *t, const redisReply *groups)
+{
+    for (size_t i = 0; groups->type == REDIS_REPLY_ARRAY && i < groups->elements; i++) {
+        const redisReply *name = kb__redis_field(groups->element[i], "name");
+        if (name != NULL && strcmp(name->str, t->group) == 0)
+            return groups->element[i];
+    }
+    return NULL;   /* an error reply: no stream yet */
+}
+
+/* Our group's figures from an XINFO GROUPS reply. */
 static group_info group_of(const struct kb_transport *t, const redisReply *groups, uint64_t length)
 {
     group_info g = {0, 0, 0};
-    for (size_t i = 0; groups->type == REDIS_REPLY_ARRAY && i < groups->elements; i++) {
-        const redisReply *row = groups->element[i], *name = map_get(row, "name");
-        if (name == NULL || name->type != REDIS_REPLY_STRING || strcmp(name->str, t->group) != 0)
-            continue;
-        g.pending = int_of(map_get(row, "pending"));
-        g.consumers = int_of(map_get(row, "consumers"));
-        const redisReply *lag = map_get(row, "lag"), *read = map_get(row, "entries-read");
+    const redisReply *row = kb__redis_group_row(t, groups);
+    if (row != NULL) {
+        g.pending = int_of(kb__redis_map_get(row, "pending"));
+        g.consumers = int_of(kb__redis_map_get(row, "consumers"));
+        const redisReply *lag = kb__redis_map_get(row, "lag");
+        const redisReply *read = kb__redis_map_get(row, "entries-read");
         if (lag != NULL && lag->type == REDIS_REPLY_INTEGER)
             g.lag = int_of(lag);
         else if (read != NULL && read->type == REDIS_REPLY_INTEGER)   /* lag unknown after deletions */

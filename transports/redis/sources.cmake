@@ -3,6 +3,7 @@
 list(APPEND KB_SOURCES
   transports/redis/redis.c transports/redis/redis_conf.c transports/redis/redis_conn.c
   transports/redis/redis_consume.c transports/redis/redis_dlq.c
+  transports/redis/redis_drain.c transports/redis/redis_fields.c
   transports/redis/redis_lease.c transports/redis/redis_limit.c transports/redis/redis_stats.c)
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 list(APPEND KB_PRIVATE_LIBS PkgConfig::HIREDIS)

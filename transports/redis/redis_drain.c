@@ -1,0 +1,160 @@
+/* kb_drain: send what is buffered, then wait until the consumer group has
+ * settled every entry this process added. Per partition stream it wrote to,
+ * the group's last-delivered ID must have reached this process's newest entry
+ * there and nothing up to it may be pending. The group may not exist yet, nor
+ * a consumer that owns the partition: that is waiting too. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include "../../core/err.h"
+#include "redis_int.h"
+
+#define POLL_MIN_MS 2    /* first poll after one that found work left */
+#define POLL_MAX_MS 20   /* backoff cap: latency behind consumers in other processes */
+
+/* One partition stream and the newest entry this process added to it. */
+typedef struct target {
+    char stream[300];
+    char id[KB_REDIS_ID_MAX];
+} target;
+
+void kb__redis_settled(struct kb_transport *t)
+{
+    atomic_fetch_add(&t->settle_rounds, 1);
+    kb__signal_notify(&t->settled);
+}
+
+/* What kb_drain waits for, taken under pub_lock after the publishes are in. */
+static target *targets_of(struct kb_transport *t, size_t *n)
+{
+    *n = 0;
+    size_t cap = 0;
+    target *v = NULL;
+    pthread_mutex_lock(&t->pub_lock);
+    for (kb_redis_pubtopic *pt = t->pubtopics; pt != NULL; pt = pt->next)
+        for (uint32_t i = 0; i < t->partitions; i++) {
+            if (pt->last[i][0] == '\0')
+                continue;
+            if (*n == cap) {
+                cap = cap ? cap * 2 : 16;
+                target *w = realloc(v, cap * sizeof *w);
+                if (w == NULL) {
+                    pthread_mutex_unlock(&t->pub_lock);
+                    free(v);
+                    *n = SIZE_MAX;
+                    return NULL;
+                }
+                v = w;
+            }
+            snprintf(v[*n].stream, sizeof v[*n].stream, "kb:{%s}:p:%u", pt->name, i);
+            snprintf(v[*n].id, sizeof v[*n].id, "%s", pt->last[i]);
+            (*n)++;
+        }
+    pthread_mutex_unlock(&t->pub_lock);
+    return v;
+}
+
+/* Settled: the group read past `id` (XINFO GROUPS' last-delivered-id) and
+ * nothing up to it is pending (XPENDING with `id` as end). */
+static bool settled(const struct kb_transport *t, const redisReply *groups,
+                    const redisReply *pending, const char *id)
+{
+    const redisReply *row = kb__redis_group_row(t, groups);
+    const redisReply *last = row != NULL ? kb__redis_field(row, "last-delivered-id") : NULL;
+    return last != NULL && kb__redis_id_cmp(last->str, id) >= 0 &&
+           pending->type == REDIS_REPLY_ARRAY && pending->elements == 0;
+}
+
+/* Ask about every unsettled target in one pipeline on the control
+ * connection; settled ones move to the end. The count still unsettled, or
+ * -1 when the server could not be asked. */
+static ssize_t poll_targets(struct kb_transport *t, target *v, size_t n)
+{
+    pthread_mutex_lock(&t->ctl_lock);
+    redisContext *c = kb__redis_conn_get(&t->ctl, NULL, 0);
+    if (c == NULL) {
+        pthread_mutex_unlock(&t->ctl_lock);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *groups[] = {"XINFO", "GROUPS", v[i].stream};
+        const char *pend[] = {"XPENDING", v[i].stream, t->group, "-", v[i].id, "1"};
+        redisAppendCommandArgv(c, 3, groups, NULL);
+        redisAppendCommandArgv(c, 6, pend, NULL);
+    }
+    size_t left = n;
+    bool *done = calloc(n, sizeof *done);
+    for (size_t i = 0; i < n; i++) {
+        redisReply *g = NULL, *p = NULL;
+        if (redisGetReply(c, (void **)&g) != REDIS_OK ||
+            redisGetReply(c, (void **)&p) != REDIS_OK) {
+            kb__errf(NULL, 0, "kb_drain: %s: %s", t->where, c->errstr);
+            kb__redis_conn_fail(&t->ctl, c->errstr);
+            freeReplyObject(g);
+            free(done);
+            pthread_mutex_unlock(&t->ctl_lock);
+            return -1;
+        }
+        if (done != NULL && settled(t, g, p, v[i].id)) {
+            done[i] = true;
+            left--;
+        }
+        freeReplyObject(g);
+        freeReplyObject(p);
+    }
+    pthread_mutex_unlock(&t->ctl_lock);
+    for (size_t i = 0, k = 0; done != NULL && i < n; i++)
+        if (!done[i])
+            v[k++] = v[i];
+    free(done);
+    return (ssize_t)left;
+}
+
+typedef struct since {
+    struct kb_transport *t;
+    uint64_t rounds;
+} since;
+
+static int keeper_settled_more(void *arg)
+{
+    since *s = arg;
+    return atomic_load(&s->t->settle_rounds) != s->rounds;
+}
+
+int kb__redis_drain(kb_transport *t, int timeout_ms)
+{
+    int64_t deadline = kb__deadline_ns(timeout_ms);
+    int rc = kb__redis_pub_settle(t, deadline, "kb_drain");
+    if (rc != KB_OK)
+        return rc;
+    size_t n;
+    target *v = targets_of(t, &n);
+    if (n == SIZE_MAX) {
+        kb__errf(NULL, 0, "kb_drain: out of memory");
+        return KB_ENOMEM;
+    }
+    int wait_ms = POLL_MIN_MS;
+    while (n > 0) {
+        /* acks this process sends wake the wait below: this one handles
+         * them; consumers elsewhere are polled with a capped backoff */
+        since s = {t, atomic_load(&t->settle_rounds)};
+        ssize_t left = poll_targets(t, v, n);
+        if (left == 0)
+            break;
+        if (left > 0)
+            n = (size_t)left;
+        int64_t now = kb__now_ns();
+        if (now >= deadline) {
+            rc = KB_ETIMEDOUT;
+            break;
+        }
+        int64_t until = now + (int64_t)wait_ms * 1000000;
+        if (!kb__signal_wait(&t->settled, keeper_settled_more, &s,
+                             until < deadline ? until : deadline))
+            wait_ms = wait_ms * 2 < POLL_MAX_MS ? wait_ms * 2 : POLL_MAX_MS;
+    }
+    free(v);
+    return rc;
+}

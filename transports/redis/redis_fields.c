@@ -1,0 +1,71 @@
+/* Flat [name, value, ...] replies (stream entry fields, XINFO rows), and
+ * event headers as entry fields: header `name` is the field "h.<name>", after
+ * k, d and a, in publish order, so other clients read and write them with
+ * plain XADD / XRANGE (docs/headers.md). */
+#include <stdio.h>
+#include <string.h>
+
+#include "../../core/err.h"
+#include "redis_int.h"
+
+#define PREFIX_LEN (sizeof KB_REDIS_HEADER_PREFIX - 1)
+
+const redisReply *kb__redis_map_get(const redisReply *m, const char *name)
+{
+    size_t len = strlen(name);
+    for (size_t i = 0; m != NULL && m->type == REDIS_REPLY_ARRAY && i + 1 < m->elements; i += 2) {
+        const redisReply *f = m->element[i];
+        if (f->type == REDIS_REPLY_STRING && f->len == len && memcmp(f->str, name, len) == 0)
+            return m->element[i + 1];
+    }
+    return NULL;
+}
+
+const redisReply *kb__redis_field(const redisReply *fields, const char *name)
+{
+    const redisReply *v = kb__redis_map_get(fields, name);
+    return v != NULL && v->type == REDIS_REPLY_STRING ? v : NULL;
+}
+
+size_t kb__redis_headers_args(const kb_header *h, size_t n, char *names, const char **argv,
+                              size_t *lens)
+{
+    for (size_t i = 0; i < n; i++) {
+        char *f = names + i * KB_REDIS_HEADER_FIELD_MAX;
+        int len = snprintf(f, KB_REDIS_HEADER_FIELD_MAX, "%s%s", KB_REDIS_HEADER_PREFIX,
+                           h[i].name);
+        argv[2 * i] = f;
+        lens[2 * i] = (size_t)len;
+        argv[2 * i + 1] = h[i].value_len > 0 ? h[i].value : "";
+        lens[2 * i + 1] = h[i].value_len;
+    }
+    return 2 * n;
+}
+
+int kb__redis_headers_of(const redisReply *fields, kb_header *out, size_t *n, char *why,
+                         size_t whylen)
+{
+    *n = 0;
+    for (size_t i = 0; fields != NULL && fields->type == REDIS_REPLY_ARRAY &&
+                       i + 1 < fields->elements; i += 2) {
+        const redisReply *f = fields->element[i], *v = fields->element[i + 1];
+        if (f->type != REDIS_REPLY_STRING || f->len < PREFIX_LEN ||
+            memcmp(f->str, KB_REDIS_HEADER_PREFIX, PREFIX_LEN) != 0)
+            continue;
+        if (*n == KB_MAX_HEADERS) {
+            kb__errf(why, whylen, "malformed header fields: more than %d", KB_MAX_HEADERS);
+            return KB_ETOOBIG;
+        }
+        if (strlen(f->str) != f->len) {   /* the name would be cut at the NUL */
+            kb__errf(why, whylen, "malformed header field %zu: its name has a NUL byte", *n);
+            return KB_EINVAL;
+        }
+        bool str = v->type == REDIS_REPLY_STRING;
+        out[(*n)++] = (kb_header){f->str + PREFIX_LEN, str ? v->str : "", str ? v->len : 0};
+    }
+    int rc = kb__headers_check(out, *n, KB_MAX_HEADERS, KB_REDIS_HEADER_BYTES,
+                               "malformed header fields");
+    if (rc != KB_OK && why != NULL)
+        snprintf(why, whylen, "%s", kb_last_error());
+    return rc;
+}
