@@ -46,6 +46,16 @@ void kb__nats_stream_name(char *buf, size_t len, const char *topic)
     snprintf(buf + o, len - o, "_%08x", kb_fnv1a32(topic, strlen(topic)));
 }
 
+long kb__nats_subject_part(kb_transport *t, const char *topic, const char *subj)
+{
+    size_t tl = strlen(topic);
+    if (strncmp(subj, "kb.", 3) != 0 || strncmp(subj + 3, topic, tl) != 0 || subj[3 + tl] != '.')
+        return -1;
+    char *end = NULL;
+    unsigned long n = strtoul(subj + 4 + tl, &end, 10);
+    return end != subj + 4 + tl && *end == '\0' && n < t->partitions ? (long)n : -1;
+}
+
 static int ensure_stream(kb_transport *t, kb_nats_topic *tp)
 {
     jsStreamInfo *si = NULL;
@@ -339,6 +349,7 @@ static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *er
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&t->lease_cv, &ca);
     pthread_mutex_init(&t->drain_mu, NULL);
+    pthread_mutex_init(&t->tally_mu, NULL);
     pthread_cond_init(&t->drain_cv, &ca);
     pthread_condattr_destroy(&ca);
     redact(t->url_safe, sizeof t->url_safe, kb_conf_str(c, "transport"));
@@ -405,6 +416,8 @@ static int nats_close(kb_transport *t)
     pthread_cond_destroy(&t->lease_cv);
     pthread_cond_destroy(&t->drain_cv);
     pthread_mutex_destroy(&t->drain_mu);
+    kb__nats_tally_free(t);
+    pthread_mutex_destroy(&t->tally_mu);
     pthread_mutex_destroy(&t->lease_mu);
     pthread_rwlock_destroy(&t->pub_lock);
     pthread_mutex_destroy(&t->resend_lock);

@@ -14,25 +14,13 @@
 
 #define KB_NATS_DRAIN_POLL_MAX_MS 200   /* consumer info at least this often */
 
-/* The partition of a publish subject kb.<topic>.<n> in tp, or -1. */
-static long partition_of(kb_transport *t, const kb_nats_topic *tp, const char *subj)
-{
-    size_t nl = strlen(tp->name);
-    if (strncmp(subj, "kb.", 3) != 0 || strncmp(subj + 3, tp->name, nl) != 0 ||
-        subj[3 + nl] != '.')
-        return -1;
-    char *end = NULL;
-    unsigned long n = strtoul(subj + 4 + nl, &end, 10);
-    return end != subj + 4 + nl && *end == '\0' && n < t->partitions ? (long)n : -1;
-}
-
 static void note_stored(kb_transport *t, const char *subj, uint64_t seq)
 {
     kb_nats_topic *tp = atomic_load(&t->last_acked_topic);
-    long n = tp != NULL ? partition_of(t, tp, subj) : -1;
+    long n = tp != NULL ? kb__nats_subject_part(t, tp->name, subj) : -1;
     if (n < 0)
         for (tp = atomic_load(&t->topics); tp != NULL; tp = tp->next)
-            if ((n = partition_of(t, tp, subj)) >= 0)
+            if ((n = kb__nats_subject_part(t, tp->name, subj)) >= 0)
                 break;
     if (n < 0 || tp->batches == NULL)
         return;

@@ -27,7 +27,8 @@
 /* Header bytes, all within the server's max_payload (docs/transports-nats.md,
  * "Limits"). nats.c writes "NATS/1.0\r\n", "Name: value\r\n" per header, "\r\n". */
 #define KB_NATS_HDR_BASE 64    /* status line, Nats-Msg-Id (<16 hex>-<u64>), end */
-#define KB_NATS_FRAME_HDR 32   /* Kb-Batch: <n>, Kb-Frame: 2 */
+#define KB_NATS_FRAME_HDR 16   /* Kb-Batch: <n> */
+#define KB_NATS_FRAME_V2_HDR 13   /* Kb-Frame: 2 (frames holding headers) */
 #define KB_NATS_DLQ_ROOM 1024  /* dead-letter headers besides the key (reason cut to 256) */
 #define KB_NATS_HDR_MAX 65535  /* JetStream refuses larger headers (error 10097) */
 #define KB_NATS_MARKS 16                  /* earlier deliveries remembered per claim */
@@ -187,11 +188,17 @@ struct kb_transport {
     pthread_cond_t drain_cv;
     _Atomic int drain_waiters;
     _Atomic(kb_nats_topic *) last_acked_topic;   /* publish-ack lookups: likely the same */
+    /* broker_length: events counted in frames, per topic (nats_tally.c) */
+    pthread_mutex_t tally_mu;
+    struct kb_nats_tally *tallies;
 };
 
 /* nats.c */
 kb_nats_topic *kb__nats_topic(kb_transport *t, const char *topic, bool create);
 void kb__nats_stream_name(char *out, size_t len, const char *topic);
+/* Partition of a partition subject kb.<topic>.<n>, or -1 (the dead letters,
+ * another topic). */
+long kb__nats_subject_part(kb_transport *t, const char *topic, const char *subj);
 int kb__nats_errf(const char *what, natsStatus s, jsErrCode jerr);
 int64_t kb__nats_now_ns(void);
 void kb__nats_sleep_ms(int64_t ms);
@@ -341,6 +348,13 @@ int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const kb_nats_dead 
 int kb__nats_dead_letters(kb_transport *t, const char *topic, const char *after_id, size_t max,
                           kb_dead_letter_fn fn, void *opaque);
 int kb__nats_dead_letter_replay(kb_transport *t, const char *topic, const char *id);
+
+/* nats_tally.c */
+/* Events beyond one per message stored in partition `only` (all when < 0),
+ * given the stream's first and last sequence now. */
+int kb__nats_tally(kb_transport *t, const char *topic, const char *stream, uint64_t first,
+                   uint64_t last, long only, uint64_t *extra);
+void kb__nats_tally_free(kb_transport *t);
 
 /* nats_stats.c */
 int kb__nats_stats(kb_transport *t, const char *topic, kb_topic_stats *out);

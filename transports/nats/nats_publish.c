@@ -146,8 +146,9 @@ static int check_fits(kb_transport *t, const kb_msg *m)
         return KB_ETOOBIG;
     }
     size_t plain = KB_NATS_HDR_BASE + key_hdr + user_hdr;
-    size_t framed = KB_NATS_HDR_BASE + KB_NATS_FRAME_HDR + kb__nats_entry_size(m, true) -
-                    m->payload_len;
+    bool v2 = m->n_headers > 0;
+    size_t framed = KB_NATS_HDR_BASE + KB_NATS_FRAME_HDR + (v2 ? KB_NATS_FRAME_V2_HDR : 0) +
+                    kb__nats_entry_size(m, v2) - m->payload_len;
     size_t room = plain > framed ? plain : framed;
     size_t maxp = atomic_load_explicit(&t->max_payload, memory_order_relaxed);
     if (room > maxp || m->payload_len > maxp - room) {

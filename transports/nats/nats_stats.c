@@ -23,9 +23,10 @@ static void names_of(const char *topic, names *n)
 }
 
 /* Messages per subject of the topic's stream; dlq into *dlq, partition `only`
- * (or all partitions when only < 0) into *msgs. KB_ENOTFOUND without a stream. */
+ * (or all partitions when only < 0) into *msgs, and their events into
+ * *events. KB_ENOTFOUND without a stream. */
 static int subject_counts(kb_transport *t, const names *nm, long only, uint64_t *msgs,
-                          uint64_t *dlq)
+                          uint64_t *events, uint64_t *dlq)
 {
     char filter[KB_NATS_NAME];
     snprintf(filter, sizeof filter, "kb.%s.*", nm->topic);
@@ -54,8 +55,11 @@ static int subject_counts(kb_transport *t, const names *nm, long only, uint64_t 
         if (end != ss->Subject + pre && *end == '\0' && (only < 0 || n == only))
             *msgs += ss->Msgs;
     }
+    uint64_t first = si->State.FirstSeq, last = si->State.LastSeq, extra = 0;
     jsStreamInfo_Destroy(si);
-    return KB_OK;
+    int rc = kb__nats_tally(t, nm->topic, nm->stream, first, last, only, &extra);
+    *events = *msgs + extra;
+    return rc;
 }
 
 /* Every consumer of the topic's stream (NULL list when there is none). */
@@ -81,10 +85,10 @@ int kb__nats_stats(kb_transport *t, const char *topic, kb_topic_stats *out)
             kb_nats_claim *c = atomic_load(&tp->parts[i].claim);
             out->partitions_owned += c != NULL && !atomic_load(&c->fenced);
         }
-    int rc = subject_counts(t, &nm, -1, &out->broker_frames, &out->dlq_length);
+    int rc = subject_counts(t, &nm, -1, &out->broker_frames, &out->broker_length,
+                            &out->dlq_length);
     if (rc != KB_OK)
         return rc;
-    out->broker_length = out->broker_frames;
     jsConsumerInfoList *list = NULL;
     rc = list_consumers(t, &nm, &list);
     if (rc != KB_OK)
@@ -109,8 +113,8 @@ int kb__nats_partition_stats(kb_transport *t, const char *topic, uint32_t partit
     names nm;
     names_of(topic, &nm);
     out->partition = partition;
-    uint64_t dlq = 0;
-    int rc = subject_counts(t, &nm, (long)partition, &out->length, &dlq);
+    uint64_t dlq = 0, msgs = 0;
+    int rc = subject_counts(t, &nm, (long)partition, &msgs, &out->length, &dlq);
     if (rc != KB_OK)
         return rc;
     jsConsumerInfoList *list = NULL;
