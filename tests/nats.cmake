@@ -7,6 +7,8 @@ set_tests_properties(contract_nats_plain PROPERTIES
 kb_test(test_nats_interop TIMEOUT 90 LABELS nats)
 target_link_libraries(test_nats_interop PRIVATE PkgConfig::NATS)
 kb_test(test_nats_frames TIMEOUT 90 LABELS nats)
+kb_test(test_nats_parity TIMEOUT 120 LABELS nats)
+target_link_libraries(test_nats_parity PRIVATE PkgConfig::NATS)
 target_link_libraries(test_nats_frames PRIVATE PkgConfig::NATS)
 add_executable(nats_consumer_proc nats_consumer_proc.c)
 target_link_libraries(nats_consumer_proc PRIVATE kb_test_support)

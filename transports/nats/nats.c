@@ -36,7 +36,7 @@ int kb__nats_errf(const char *what, natsStatus s, jsErrCode jerr)
 
 /* Stream names may not hold '.', so dots become '_' and a hash of the
  * original name keeps "a.b" and "a_b" apart. */
-static void stream_name(char *buf, size_t len, const char *topic)
+void kb__nats_stream_name(char *buf, size_t len, const char *topic)
 {
     int n = snprintf(buf, len, "KB_%s", topic);
     for (int i = 3; i < n && (size_t)i < len; i++)
@@ -44,6 +44,16 @@ static void stream_name(char *buf, size_t len, const char *topic)
             buf[i] = '_';
     size_t o = strlen(buf);
     snprintf(buf + o, len - o, "_%08x", kb_fnv1a32(topic, strlen(topic)));
+}
+
+long kb__nats_subject_part(kb_transport *t, const char *topic, const char *subj)
+{
+    size_t tl = strlen(topic);
+    if (strncmp(subj, "kb.", 3) != 0 || strncmp(subj + 3, topic, tl) != 0 || subj[3 + tl] != '.')
+        return -1;
+    char *end = NULL;
+    unsigned long n = strtoul(subj + 4 + tl, &end, 10);
+    return end != subj + 4 + tl && *end == '\0' && n < t->partitions ? (long)n : -1;
 }
 
 static int ensure_stream(kb_transport *t, kb_nats_topic *tp)
@@ -85,7 +95,7 @@ kb_nats_topic *kb__nats_topic(kb_transport *t, const char *topic, bool create)
     kb_nats_topic *tp = kb__nats_topic(t, topic, false);
     if (tp == NULL && (tp = calloc(1, sizeof *tp)) != NULL) {
         tp->name = strdup(topic);
-        stream_name(tp->stream, sizeof tp->stream, topic);
+        kb__nats_stream_name(tp->stream, sizeof tp->stream, topic);
         snprintf(tp->dlq_subject, sizeof tp->dlq_subject, "kb.%s.dlq", topic);
         tp->subjects = calloc(t->partitions, sizeof *tp->subjects);
         for (uint32_t i = 0; tp->subjects != NULL && i < t->partitions; i++)
@@ -204,6 +214,8 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->reconnect_max_ms = kb_conf_int(c, "nats.reconnect_max_wait_ms");
     t->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
     t->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
+    t->max_headers = (size_t)kb_conf_int(c, "limits.max_headers");
+    t->max_header_bytes = (size_t)kb_conf_int(c, "limits.max_header_bytes");
     t->batch_events = (uint32_t)kb_conf_int(c, "nats.publish_batch");
     t->linger_ns = kb_conf_int(c, "nats.publish_linger_us") * 1000;
     snprintf(t->id, sizeof t->id, "%s", kb_conf_str(c, "consumer"));
@@ -291,8 +303,8 @@ static int connect_server(kb_transport *t, const kb_conf *c, char *errstr, size_
     jsOptions jo;
     jsOptions_Init(&jo);
     jo.PublishAsync.MaxPending = kb_conf_int(c, "nats.publish_max_pending");
-    jo.PublishAsync.ErrHandler = kb__nats_pub_err;
-    jo.PublishAsync.ErrHandlerClosure = t;
+    jo.PublishAsync.AckHandler = kb__nats_pub_ack;   /* sequences for kb_drain, errors */
+    jo.PublishAsync.AckHandlerClosure = t;
     jo.PublishAsync.StallWait = t->enqueue_timeout_ms > 0 ? t->enqueue_timeout_ms : 1;
     jsCtx *js = NULL;
     s = natsConnection_JetStream(&js, t->nc, &jo);
@@ -336,6 +348,9 @@ static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *er
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&t->lease_cv, &ca);
+    pthread_mutex_init(&t->drain_mu, NULL);
+    pthread_mutex_init(&t->tally_mu, NULL);
+    pthread_cond_init(&t->drain_cv, &ca);
     pthread_condattr_destroy(&ca);
     redact(t->url_safe, sizeof t->url_safe, kb_conf_str(c, "transport"));
     int rc = configure(t, c, errstr, errlen);
@@ -399,6 +414,10 @@ static int nats_close(kb_transport *t)
         natsConnection_Destroy(t->nc);
     }
     pthread_cond_destroy(&t->lease_cv);
+    pthread_cond_destroy(&t->drain_cv);
+    pthread_mutex_destroy(&t->drain_mu);
+    kb__nats_tally_free(t);
+    pthread_mutex_destroy(&t->tally_mu);
     pthread_mutex_destroy(&t->lease_mu);
     pthread_rwlock_destroy(&t->pub_lock);
     pthread_mutex_destroy(&t->resend_lock);
@@ -421,7 +440,7 @@ static int nats_close(kb_transport *t)
 const kb_transport_ops kb__nats_ops = {
     .abi_version = KB_TRANSPORT_ABI,
     .scheme = "nats",
-    .flags = KB_TRANSPORT_F_SINGLE_FEEDER,   /* one feeder thread per bus */
+    .flags = KB_TRANSPORT_F_SINGLE_FEEDER | KB_TRANSPORT_F_HEADERS,   /* one feeder per bus */
     .open = nats_open,
     .publish = kb__nats_publish,
     .subscribe = kb__nats_subscribe,
@@ -430,6 +449,7 @@ const kb_transport_ops kb__nats_ops = {
     .release = kb__nats_release,
     .still_owned = kb__nats_still_owned,
     .flush = kb__nats_flush,
+    .drain = kb__nats_drain,
     .stats = kb__nats_stats,
     .partition_stats = kb__nats_partition_stats,
     .dead_letters = kb__nats_dead_letters,

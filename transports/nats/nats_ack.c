@@ -125,6 +125,7 @@ static void ack_claim(kb_transport *t, kb_nats_claim *c, int64_t now)
         natsMsg_Destroy(last);
         atomic_store(&c->acked_to, last_seq);
         atomic_store_explicit(&c->head, h, memory_order_release);
+        kb__nats_drain_wake(t);
     }
     /* A long handler holds the frontier: keep its message from redelivery. */
     int64_t third = t->ack_wait_ms * 1000000 / 3;

@@ -1,10 +1,13 @@
 /* Frames: up to nats.publish_batch events of one partition in one JetStream
  * message. The server's work (parse, store, publish ack, delivery, ack) is per
  * message, so a frame divides it among its events. Body layout, per event in
- * publish order:
- *     u32 key length (little endian) | key | u32 payload length | payload
- * with the header `Kb-Batch: <events>`. A lone event goes out as a plain
- * message (key in Kb-Key, body = payload), which any NATS client can read. */
+ * publish order (integers little endian):
+ *     u32 key length | key | u32 payload length | payload
+ * with the header `Kb-Batch: <events>`; a frame holding an event with headers
+ * also has `Kb-Frame: 2`, and then every entry continues with
+ *     u16 header count | per header: u8 name length | name | u32 value length | value
+ * A lone event goes out as a plain message (key in Kb-Key, body = payload,
+ * its headers as NATS headers), which any NATS client can read. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +29,22 @@ static uint32_t get_u32(const char *p)
     return (uint32_t)u[0] | (uint32_t)u[1] << 8 | (uint32_t)u[2] << 16 | (uint32_t)u[3] << 24;
 }
 
+/* Length of the header block of n headers at p, or 0 when it runs past end. */
+static size_t hdr_block(const char *p, const char *end, uint32_t n)
+{
+    const char *q = p;
+    for (uint32_t i = 0; i < n; i++) {
+        if (end - q < 1 || (size_t)(end - q) < 5 + (size_t)(unsigned char)q[0])
+            return 0;
+        size_t nl = (unsigned char)q[0];
+        uint32_t vl = get_u32(q + 1 + nl);
+        if ((size_t)(end - q) - 5 - nl < vl)
+            return 0;
+        q += 5 + nl + vl;
+    }
+    return (size_t)(q - p);
+}
+
 bool kb__nats_frame_next(kb_nats_frame *f, kb_nats_event *ev)
 {
     if (f->left == 0 || f->end - f->p < 4)
@@ -36,11 +55,25 @@ bool kb__nats_frame_next(kb_nats_frame *f, kb_nats_event *ev)
     uint32_t plen = get_u32(f->p + 4 + klen);
     if ((size_t)(f->end - f->p - 8 - klen) < plen)
         return false;
+    const char *after = f->p + 8 + (size_t)klen + plen;
     ev->key = f->p + 4;
     ev->key_len = klen;
     ev->payload = f->p + 8 + klen;
     ev->payload_len = plen;
-    f->p += 8 + (size_t)klen + plen;
+    ev->hdrs = NULL;
+    ev->nh = 0;
+    if (f->version == 2) {
+        if (f->end - after < 2)
+            return false;
+        uint32_t nh = (uint32_t)(unsigned char)after[0] | (uint32_t)(unsigned char)after[1] << 8;
+        size_t hl = hdr_block(after + 2, f->end, nh);
+        if (nh > 0 && hl == 0)
+            return false;
+        ev->hdrs = after + 2;
+        ev->nh = nh;
+        after += 2 + hl;
+    }
+    f->p = after;
     f->left--;
     return true;
 }
@@ -53,8 +86,17 @@ int kb__nats_frame_open(natsMsg *m, const char *count, kb_nats_frame *f, const c
         *why = "malformed Kb-Batch header";
         return -1;
     }
+    const char *ver = NULL;
+    int version = 1;
+    if (natsMsgHeader_Get(m, KB_NATS_FRAME_HDR_NAME, &ver) == NATS_OK && ver != NULL) {
+        if (strcmp(ver, "2") != 0) {
+            *why = "unknown Kb-Frame version";
+            return -1;
+        }
+        version = 2;
+    }
     const char *body = natsMsg_GetData(m);
-    kb_nats_frame probe = {body, body + natsMsg_GetDataLength(m), (uint32_t)n};
+    kb_nats_frame probe = {body, body + natsMsg_GetDataLength(m), (uint32_t)n, version};
     *f = probe;
     kb_nats_event ev;
     while (kb__nats_frame_next(&probe, &ev))
@@ -108,16 +150,26 @@ static int send_locked(kb_transport *t, kb_nats_topic *tp, uint32_t n, kb_nats_b
     natsMsg *msg = NULL;
     int rc;
     if (b->count == 1) {
-        kb_nats_frame f = {b->buf, b->buf + b->len, 1};
+        kb_nats_frame f = {b->buf, b->buf + b->len, 1, b->v2 ? 2 : 1};
         kb_nats_event ev;
         kb__nats_frame_next(&f, &ev);
+        kb_nats_hdrs *h = ev.nh > 0 ? calloc(1, sizeof *h) : NULL;
+        const char *why = NULL;
+        if (ev.nh > 0 && (h == NULL || kb__nats_hdr_frame(t, &ev, h, &why) != 0)) {
+            free(h);   /* checked at kb_publish: only out of memory gets here */
+            kb__errf(NULL, 0, "nats: out of memory for a publish");
+            return KB_ENOMEM;
+        }
         rc = kb__nats_msg_event(t, tp->subjects[n], ev.key, ev.key_len, ev.payload,
-                                ev.payload_len, &msg);
+                                ev.payload_len, h ? h->h : NULL, h ? h->n : 0, &msg);
+        free(h);
     } else {
         char count[16];
         snprintf(count, sizeof count, "%u", b->count);
-        rc = kb__nats_msg_event(t, tp->subjects[n], NULL, 0, b->buf, b->len, &msg);
-        if (rc == KB_OK && natsMsgHeader_Set(msg, KB_NATS_BATCH_HDR, count) != NATS_OK) {
+        rc = kb__nats_msg_event(t, tp->subjects[n], NULL, 0, b->buf, b->len, NULL, 0, &msg);
+        if (rc == KB_OK &&
+            ((b->v2 && natsMsgHeader_Set(msg, KB_NATS_FRAME_HDR_NAME, "2") != NATS_OK) ||
+             natsMsgHeader_Set(msg, KB_NATS_BATCH_HDR, count) != NATS_OK)) {
             natsMsg_Destroy(msg);
             kb__errf(NULL, 0, "nats: out of memory for a publish");
             rc = KB_ENOMEM;
@@ -134,9 +186,20 @@ static int send_locked(kb_transport *t, kb_nats_topic *tp, uint32_t n, kb_nats_b
     return rc;
 }
 
+size_t kb__nats_entry_size(const kb_msg *m, bool v2)
+{
+    size_t n = 8 + m->key_len + m->payload_len;
+    if (v2) {
+        n += 2;
+        for (size_t i = 0; i < m->n_headers; i++)
+            n += 5 + strlen(m->headers[i].name) + m->headers[i].value_len;
+    }
+    return n;
+}
+
 static int append(kb_nats_batch *b, const kb_msg *m)
 {
-    size_t need = 8 + m->key_len + m->payload_len;
+    size_t need = kb__nats_entry_size(m, b->v2);
     if (b->len + need > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
         while (cap < b->len + need)
@@ -155,6 +218,20 @@ static int append(kb_nats_batch *b, const kb_msg *m)
     put_u32(p + 4 + m->key_len, (uint32_t)m->payload_len);
     if (m->payload_len)
         memcpy(p + 8 + m->key_len, m->payload, m->payload_len);
+    if (b->v2) {
+        p += 8 + m->key_len + m->payload_len;
+        *p++ = (char)m->n_headers;
+        *p++ = (char)(m->n_headers >> 8);
+        for (size_t i = 0; i < m->n_headers; i++) {
+            size_t nl = strlen(m->headers[i].name);
+            *p++ = (char)nl;
+            memcpy(p, m->headers[i].name, nl);
+            put_u32(p + nl, (uint32_t)m->headers[i].value_len);
+            if (m->headers[i].value_len)
+                memcpy(p + nl + 4, m->headers[i].value, m->headers[i].value_len);
+            p += nl + 4 + m->headers[i].value_len;
+        }
+    }
     b->len += need;
     b->count++;
     return KB_OK;
@@ -167,13 +244,17 @@ int kb__nats_batch_add(kb_transport *t, kb_nats_topic *tp, const kb_msg *m)
 {
     uint32_t n = m->hash % t->partitions;
     kb_nats_batch *b = &tp->batches[n];
-    size_t need = 8 + m->key_len + m->payload_len;
     int64_t now = kb__nats_now_ns();
     int rc = KB_OK;
     pthread_mutex_lock(&b->mu);
     size_t budget = atomic_load_explicit(&t->batch_bytes, memory_order_relaxed);
-    if (b->count > 0 && (b->count >= t->batch_events || b->len + need > budget))
+    /* A version 1 frame cannot take headers: send it, the next one is v2. */
+    bool upgrade = m->n_headers > 0 && !b->v2;
+    size_t need = kb__nats_entry_size(m, b->v2 || upgrade);
+    if (b->count > 0 && (b->count >= t->batch_events || b->len + need > budget || upgrade))
         rc = send_locked(t, tp, n, b, now);   /* failed: this event is not taken */
+    if (rc == KB_OK && b->count == 0)
+        b->v2 = m->n_headers > 0;   /* an empty buffer starts plain again */
     if (rc == KB_OK)
         rc = append(b, m);
     if (rc == KB_OK) {

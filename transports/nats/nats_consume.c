@@ -22,6 +22,7 @@ typedef struct feeder {
     kb_nats_topic **by_id;
     char *key;               /* decoded key buffer */
     size_t key_cap;
+    kb_nats_hdrs hdrs;       /* the current event's headers */
 } feeder;
 
 /* Keep up to two pull requests of nats.fetch_batch open per partition: the
@@ -97,9 +98,10 @@ static void status_msg(feeder *f, natsMsg *m)
 }
 
 /* An event (or the whole message, when unreadable) goes to the dead letters
- * without reaching a handler. */
+ * without reaching a handler, with its headers when they could be read. */
 static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta *meta,
-                            const char *id, const kb_nats_event *ev, const char *why)
+                            const char *id, const kb_nats_event *ev, const kb_nats_hdrs *h,
+                            const char *why)
 {
     kb_log(f->t->bus, 4, "nats %s: message %s on %s goes to the dead letters: %s",
            f->t->url_safe, id, natsMsg_GetSubject(m), why);
@@ -108,36 +110,44 @@ static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_na
     if (ev == NULL)
         ev = &whole;
     kb_nats_claim *c = e->claim;
-    int rc = kb__nats_dlq_publish(f->t, c->part->topic, natsMsg_GetSubject(m), id, ev->key,
-                                  ev->key_len, ev->payload, ev->payload_len, c->part->n,
-                                  kb__nats_attempt(c, meta->sseq, meta->delivered), why);
+    kb_nats_dead d = {
+        .orig_subject = natsMsg_GetSubject(m), .orig_id = id,
+        .key = ev->key, .key_len = ev->key_len, .payload = ev->payload,
+        .payload_len = ev->payload_len, .headers = h ? h->h : NULL, .n_headers = h ? h->n : 0,
+        .partition = c->part->n, .attempts = kb__nats_attempt(c, meta->sseq, meta->delivered),
+        .reason = why,
+    };
+    int rc = kb__nats_dlq_publish(f->t, c->part->topic, &d);
     if (rc != KB_OK && rc != KB_ETIMEDOUT)
         kb_log(f->t->bus, 3, "nats %s: dead letter of %s on %s lost: %s", f->t->url_safe, id,
                natsMsg_GetSubject(m), kb_last_error());
     kb__nats_dlq_settle(f->t, e, rc);
 }
 
-/* Hand one event to the sink; false when the bus refused it (closing). */
+/* Hand one event (its headers in f->hdrs) to the sink; false when the bus
+ * refused it (closing). */
 static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta *meta,
                     unsigned n, const char *id, const kb_nats_event *ev)
 {
     kb_transport *t = f->t;
+    const kb_nats_hdrs *h = &f->hdrs;
     uint32_t home = kb_fnv1a32(ev->key, ev->key_len) % t->partitions;
     if (home != n) {
         char why[96];
         snprintf(why, sizeof why, "key belongs to partition %u, not %u", home, n);
-        dead_on_arrival(f, e, m, meta, id, ev, why);
+        dead_on_arrival(f, e, m, meta, id, ev, h, why);
         return true;
     }
     uint32_t attempt = kb__nats_attempt(e->claim, meta->sseq, meta->delivered);
     if (attempt > t->max_attempts) {   /* handled max_attempts times already */
-        dead_on_arrival(f, e, m, meta, id, ev, "retry.max_attempts reached (redelivered)");
+        dead_on_arrival(f, e, m, meta, id, ev, h, "retry.max_attempts reached (redelivered)");
         return true;
     }
     kb_nats_topic *tp = e->claim->part->topic;
     kb_delivery d = {.topic = tp->name, .key = ev->key, .key_len = ev->key_len,
                      .payload = ev->payload ? ev->payload : "", .payload_len = ev->payload_len,
-                     .partition = n, .attempt = attempt, .id = id, .cookie = e};
+                     .partition = n, .attempt = attempt, .id = id, .cookie = e,
+                     .headers = h->n ? h->h : NULL, .n_headers = h->n};
     int rc = kb_sink_deliver(tp->sink, &d, -1);   /* waits while the lane is full */
     if (rc == KB_OK)
         return true;
@@ -183,7 +193,7 @@ static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_met
         bad = kb__nats_frame_open(m, count, &frame, &why);
     } else {
         int klen = kb__nats_get_key(m, f->key, f->key_cap, &why);
-        bad = klen < 0;
+        bad = klen < 0 || kb__nats_hdr_get(t, m, &f->hdrs, &why) != 0;
         one = (kb_nats_event){f->key, natsMsg_GetData(m), klen < 0 ? 0 : (size_t)klen,
                               (size_t)natsMsg_GetDataLength(m)};
     }
@@ -206,7 +216,7 @@ static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_met
     char id[48];
     size_t base = kb__nats_put_u64(id, meta->sseq);
     if (bad) {
-        dead_on_arrival(f, e, m, meta, id, NULL, why);
+        dead_on_arrival(f, e, m, meta, id, NULL, NULL, why);
         return;
     }
     for (uint32_t i = 1; i <= events; i++) {
@@ -215,6 +225,10 @@ static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_met
             kb__nats_frame_next(&frame, &ev);
             id[base] = '.';
             kb__nats_put_u64(id + base + 1, i);
+            if (kb__nats_hdr_frame(t, &ev, &f->hdrs, &why) != 0) {
+                dead_on_arrival(f, e, m, meta, id, &ev, NULL, why);
+                continue;
+            }
         }
         if (!deliver(f, e, m, meta, n, id, &ev)) {
             for (uint32_t rest = i + 1; rest <= events; rest++)
@@ -326,6 +340,7 @@ static void *feed(void *arg)
     free(f->by_name);
     free(f->by_id);
     free(f->key);
+    kb__nats_hdrs_free(&f->hdrs);
     free(f);
     nats_ReleaseThreadMemory();
     return NULL;

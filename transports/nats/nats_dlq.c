@@ -4,47 +4,48 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../../core/err.h"
 #include "nats_int.h"
 
-int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const char *orig_subject,
-                         const char *orig_id, const void *key, size_t key_len, const void *payload,
-                         size_t payload_len, uint32_t partition, uint32_t attempts,
-                         const char *reason)
+int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const kb_nats_dead *d)
 {
     natsMsg *m = NULL;
     char num[32], id[2 * KB_NATS_NAME], why[257];
-    snprintf(why, sizeof why, "%s", reason);   /* within KB_NATS_DLQ_ROOM */
+    snprintf(why, sizeof why, "%s", d->reason);   /* within KB_NATS_DLQ_ROOM */
     /* Another client's message close to max_payload cannot carry our headers
      * too: store the dead letter without its body (the original stays in the
      * stream at its sequence) rather than have it refused and redelivered for
      * ever, holding up its partition. */
-    bool omit = payload_len + KB_NATS_HDR_BASE + KB_NATS_DLQ_ROOM +
-                    (key_len ? kb__nats_key_hdr_len(key, key_len) : 0) >
+    bool omit = d->payload_len + KB_NATS_HDR_BASE + KB_NATS_DLQ_ROOM +
+                    (d->key_len ? kb__nats_key_hdr_len(d->key, d->key_len) : 0) +
+                    kb__nats_hdr_len(d->headers, d->n_headers) >
                 atomic_load(&t->max_payload);
     natsStatus s = natsMsg_Create(&m, tp->dlq_subject, NULL,
-                                  payload_len && !omit ? payload : NULL,
-                                  omit ? 0 : (int)payload_len);
-    snprintf(num, sizeof num, "%zu", payload_len);
+                                  d->payload_len && !omit ? d->payload : NULL,
+                                  omit ? 0 : (int)d->payload_len);
+    snprintf(num, sizeof num, "%zu", d->payload_len);
     if (s == NATS_OK && omit)
         s = natsMsgHeader_Set(m, KB_NATS_OMITTED_HDR, num);
-    if (s == NATS_OK && key_len > 0 && kb__nats_set_key(m, key, key_len) != KB_OK)
+    if (s == NATS_OK && d->key_len > 0 && kb__nats_set_key(m, d->key, d->key_len) != KB_OK)
+        s = NATS_NO_MEMORY;
+    if (s == NATS_OK && kb__nats_hdr_set(m, d->headers, d->n_headers) != KB_OK)
         s = NATS_NO_MEMORY;
     if (s == NATS_OK)
-        s = natsMsgHeader_Set(m, "Kb-Orig-Subject", orig_subject);
+        s = natsMsgHeader_Set(m, "Kb-Orig-Subject", d->orig_subject);
     if (s == NATS_OK)
-        s = natsMsgHeader_Set(m, "Kb-Orig-Id", orig_id);
-    snprintf(num, sizeof num, "%u", partition);
+        s = natsMsgHeader_Set(m, "Kb-Orig-Id", d->orig_id);
+    snprintf(num, sizeof num, "%u", d->partition);
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, "Kb-Partition", num);
-    snprintf(num, sizeof num, "%u", attempts);
+    snprintf(num, sizeof num, "%u", d->attempts);
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, "Kb-Attempts", num);
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, "Kb-Reason", why);
     /* A redelivered event dead-lettered again is stored once. */
-    snprintf(id, sizeof id, "dlq-%s-%s", tp->stream, orig_id);
+    snprintf(id, sizeof id, "dlq-%s-%s", tp->stream, d->orig_id);
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, "Nats-Msg-Id", id);
     jsPubOptions po;
@@ -82,8 +83,13 @@ int kb__nats_dead_letter(kb_transport *t, const kb_delivery *d, const char *reas
         kb__errf(NULL, 0, "nats: dead letter of %s without its message", d->topic);
         return KB_EINVAL;
     }
-    int rc = kb__nats_dlq_publish(t, tp, natsMsg_GetSubject(e->msg), d->id, d->key, d->key_len,
-                                  d->payload, d->payload_len, d->partition, d->attempt, reason);
+    kb_nats_dead dead = {
+        .orig_subject = natsMsg_GetSubject(e->msg), .orig_id = d->id,
+        .key = d->key, .key_len = d->key_len, .payload = d->payload,
+        .payload_len = d->payload_len, .headers = d->headers, .n_headers = d->n_headers,
+        .partition = d->partition, .attempts = d->attempt, .reason = reason,
+    };
+    int rc = kb__nats_dlq_publish(t, tp, &dead);
     kb__nats_dlq_settle(t, e, rc);
     return rc;   /* an error: the bus counts the dead letter as lost */
 }
@@ -94,6 +100,24 @@ static const char *hdr(natsMsg *m, const char *name)
     return natsMsgHeader_Get(m, name, &v) == NATS_OK && v ? v : "";
 }
 
+/* Nats-Time-Stamp of a direct get (RFC 3339, UTC, up to nanoseconds) as Unix
+ * ms; 0 when absent or unreadable. */
+static int64_t stamp_ms(natsMsg *m)
+{
+    struct tm tm = {0};
+    const char *v = hdr(m, "Nats-Time-Stamp");
+    char *rest = strptime(v, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (rest == NULL)
+        return 0;
+    int64_t ms = (int64_t)timegm(&tm) * 1000;
+    if (*rest == '.') {
+        int64_t scale = 100;
+        for (rest++; *rest >= '0' && *rest <= '9'; rest++, scale /= 10)
+            ms += scale > 0 ? (*rest - '0') * scale : 0;
+    }
+    return ms;
+}
+
 int kb__nats_dead_letters(kb_transport *t, const char *topic, const char *after_id, size_t max,
                           kb_dead_letter_fn fn, void *opaque)
 {
@@ -102,8 +126,12 @@ int kb__nats_dead_letters(kb_transport *t, const char *topic, const char *after_
         return KB_ETRANSPORT;
     uint64_t seq = after_id && after_id[0] ? strtoull(after_id, NULL, 10) + 1 : 1;
     char *key = malloc(65536);
-    if (key == NULL)
+    kb_nats_hdrs *h = calloc(1, sizeof *h);
+    if (key == NULL || h == NULL) {
+        free(key);
+        free(h);
         return KB_ENOMEM;
+    }
     int rc = KB_OK;
     for (size_t n = 0; n < max; n++) {
         jsDirectGetMsgOptions o;
@@ -121,6 +149,8 @@ int kb__nats_dead_letters(kb_transport *t, const char *topic, const char *after_
         uint64_t at = strtoull(hdr(m, "Nats-Sequence"), NULL, 10);
         const char *why = NULL;
         int klen = kb__nats_get_key(m, key, 65536, &why);
+        if (kb__nats_hdr_get(t, m, h, &why) != 0)
+            h->n = 0;   /* listed without them; a replay says why */
         char id[24];
         snprintf(id, sizeof id, "%llu", (unsigned long long)at);
         kb_dead_letter dl = {
@@ -132,6 +162,8 @@ int kb__nats_dead_letters(kb_transport *t, const char *topic, const char *after_
             .original_id = hdr(m, "Kb-Orig-Id"),
             .attempts = (uint32_t)strtoul(hdr(m, "Kb-Attempts"), NULL, 10),
             .reason = hdr(m, "Kb-Reason"),
+            .time_ms = stamp_ms(m),
+            .headers = h->n ? h->h : NULL, .n_headers = h->n,
         };
         int stop = fn(&dl, opaque);
         natsMsg_Destroy(m);
@@ -139,6 +171,8 @@ int kb__nats_dead_letters(kb_transport *t, const char *topic, const char *after_
             break;
         seq = at + 1;
     }
+    kb__nats_hdrs_free(h);
+    free(h);
     free(key);
     return rc;
 }
@@ -163,8 +197,11 @@ int kb__nats_dead_letter_replay(kb_transport *t, const char *topic, const char *
         return KB_ENOTFOUND;
     }
     char *key = malloc(65536);
+    kb_nats_hdrs *h = calloc(1, sizeof *h);
     const char *why = "out of memory";
-    int klen = key ? kb__nats_get_key(m, key, 65536, &why) : -1;
+    int klen = key && h ? kb__nats_get_key(m, key, 65536, &why) : -1;
+    if (klen > 0 && kb__nats_hdr_get(t, m, h, &why) != 0)
+        klen = -1;
     const char *omitted = NULL;
     if (klen > 0 && natsMsgHeader_Get(m, KB_NATS_OMITTED_HDR, &omitted) == NATS_OK) {
         klen = -1;
@@ -172,18 +209,23 @@ int kb__nats_dead_letter_replay(kb_transport *t, const char *topic, const char *
     }
     if (klen <= 0) {
         natsMsg_Destroy(m);
+        if (h != NULL)
+            kb__nats_hdrs_free(h);
+        free(h);
         free(key);
         kb__errf(NULL, 0, "nats: dead letter %s cannot be replayed: %s", id, why);
         return KB_EINVAL;
     }
     kb_msg msg = {key, (size_t)klen, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),
-                  kb_fnv1a32(key, (size_t)klen)};
+                  kb_fnv1a32(key, (size_t)klen), h->n ? h->h : NULL, h->n};
     int rc = kb__nats_publish(t, topic, &msg);
     if (rc == KB_OK)
         rc = kb__nats_flush(t, (int)t->publish_timeout_ms);
     if (rc == KB_OK && (s = js_DeleteMsg(t->js, tp->stream, seq, NULL, &jerr)) != NATS_OK)
         rc = kb__nats_errf("removing the replayed dead letter", s, jerr);
     natsMsg_Destroy(m);
+    kb__nats_hdrs_free(h);
+    free(h);
     free(key);
     return rc;
 }

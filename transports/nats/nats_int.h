@@ -12,18 +12,23 @@
 #include <keybus/pool.h>
 #include <keybus/transport.h>
 
+#include "../../core/headers.h"
+
 #define KB_NATS_NAME 256           /* stream, consumer and subject buffers */
 #define KB_NATS_KEY_HDR "Kb-Key"          /* the key as text (printable ASCII) */
 #define KB_NATS_KEY_B64_HDR "Kb-Bin-Key"  /* the key as base64 (any bytes). Not
                                            * "Kb-Key-B64": nats.c 3.4.1 answered a
                                            * Kb-Key lookup with that header's value */
 #define KB_NATS_BATCH_HDR "Kb-Batch"      /* a frame of this many events of one partition */
+#define KB_NATS_FRAME_HDR_NAME "Kb-Frame" /* "2": frame entries end with headers */
+#define KB_NATS_HDRS_HDR "Kb-Headers"     /* event header names in order (nats_hdr.c) */
 #define KB_NATS_OMITTED_HDR "Kb-Body-Omitted"  /* dead letter stored without its body (size) */
 #define KB_NATS_BATCH_MAX 4096            /* events per frame, nats.publish_batch's limit */
 /* Header bytes, all within the server's max_payload (docs/transports-nats.md,
  * "Limits"). nats.c writes "NATS/1.0\r\n", "Name: value\r\n" per header, "\r\n". */
 #define KB_NATS_HDR_BASE 64    /* status line, Nats-Msg-Id (<16 hex>-<u64>), end */
 #define KB_NATS_FRAME_HDR 16   /* Kb-Batch: <n> */
+#define KB_NATS_FRAME_V2_HDR 13   /* Kb-Frame: 2 (frames holding headers) */
 #define KB_NATS_DLQ_ROOM 1024  /* dead-letter headers besides the key (reason cut to 256) */
 #define KB_NATS_HDR_MAX 65535  /* JetStream refuses larger headers (error 10097) */
 #define KB_NATS_MARKS 16                  /* earlier deliveries remembered per claim */
@@ -79,6 +84,10 @@ typedef struct kb_nats_batch {
     uint32_t count;
     int64_t first_ns;              /* when the oldest buffered event came */
     int64_t last_send_ns;
+    bool v2;                       /* entries carry headers (Kb-Frame: 2) */
+    /* highest stream sequence the server acked for this partition's
+     * publishes from this process (kb_drain's target) */
+    _Atomic uint64_t stored_seq;
 } kb_nats_batch;
 
 struct kb_nats_topic;
@@ -143,6 +152,7 @@ struct kb_transport {
     int64_t linger_ns;             /* nats.publish_linger_us */
     int enqueue_timeout_ms;
     uint32_t max_attempts;         /* retry.max_attempts */
+    size_t max_headers, max_header_bytes;   /* limits.*: other clients' headers too */
     /* topics: append-only list, read without a lock */
     _Atomic(kb_nats_topic *) topics;
     pthread_mutex_t topics_lock;
@@ -173,10 +183,22 @@ struct kb_transport {
     pthread_mutex_t sub_lock;          /* serialises subscribe */
     _Atomic uint32_t nsubs;            /* topics subscribed (sub_id < nsubs) */
     _Atomic uint32_t reconnects;       /* pull requests open before one are lost */
+    /* kb_drain: the acker wakes waiters when a frontier moves */
+    pthread_mutex_t drain_mu;
+    pthread_cond_t drain_cv;
+    _Atomic int drain_waiters;
+    _Atomic(kb_nats_topic *) last_acked_topic;   /* publish-ack lookups: likely the same */
+    /* broker_length: events counted in frames, per topic (nats_tally.c) */
+    pthread_mutex_t tally_mu;
+    struct kb_nats_tally *tallies;
 };
 
 /* nats.c */
 kb_nats_topic *kb__nats_topic(kb_transport *t, const char *topic, bool create);
+void kb__nats_stream_name(char *out, size_t len, const char *topic);
+/* Partition of a partition subject kb.<topic>.<n>, or -1 (the dead letters,
+ * another topic). */
+long kb__nats_subject_part(kb_transport *t, const char *topic, const char *subj);
 int kb__nats_errf(const char *what, natsStatus s, jsErrCode jerr);
 int64_t kb__nats_now_ns(void);
 void kb__nats_sleep_ms(int64_t ms);
@@ -185,6 +207,10 @@ void kb__nats_sleep_ms(int64_t ms);
 /* v in decimal at out (room for 21 bytes), NUL-terminated; returns its length.
  * No snprintf: it runs per message and per event. */
 size_t kb__nats_put_u64(char *out, uint64_t v);
+/* Base64 of len bytes at out (4 * ceil(len / 3) + 1 bytes); returns its length. */
+size_t kb__nats_b64_encode(const void *src, size_t len, char *out);
+/* Decoded length, -1 when malformed, -2 when over cap. */
+long kb__nats_b64_decode(const char *v, size_t n, char *buf, size_t cap);
 int kb__nats_set_key(natsMsg *m, const void *key, size_t len);
 /* Bytes of the header line kb__nats_set_key writes for this key. */
 size_t kb__nats_key_hdr_len(const void *key, size_t len);
@@ -201,13 +227,14 @@ natsMsg *kb__nats_msg_clone(natsMsg *m);
 /* nats_publish.c */
 int kb__nats_publish(kb_transport *t, const char *topic, const kb_msg *m);
 /* A message for subject with a fresh Nats-Msg-Id, the key in its header
- * unless key is NULL. */
+ * unless key is NULL, and the event's headers. */
 int kb__nats_msg_event(kb_transport *t, const char *subject, const void *key, size_t key_len,
-                       const void *body, size_t body_len, natsMsg **out);
+                       const void *body, size_t body_len, const kb_header *h, size_t nh,
+                       natsMsg **out);
 /* Publish asynchronously (or queue behind resends); takes msg in every case. */
 int kb__nats_send(kb_transport *t, natsMsg *msg);
 int kb__nats_flush(kb_transport *t, int timeout_ms);
-void kb__nats_pub_err(jsCtx *js, jsPubAckErr *pae, void *closure);
+void kb__nats_pub_err(kb_transport *t, jsPubAckErr *pae);
 void kb__nats_disconnected(natsConnection *nc, void *closure);
 void kb__nats_resend(kb_transport *t);
 /* Events never sent: queued for a resend, or published and not acked (taken
@@ -218,12 +245,16 @@ uint64_t kb__nats_resend_free(kb_transport *t);
 typedef struct kb_nats_event {
     const char *key, *payload;
     size_t key_len, payload_len;
+    const char *hdrs;              /* version 2: the entry's header block */
+    uint32_t nh;                   /* headers in it */
 } kb_nats_event;
 typedef struct kb_nats_frame {
     const char *p, *end;
     uint32_t left;                 /* events not yet read */
+    int version;                   /* 1, or 2 with Kb-Frame: 2 */
 } kb_nats_frame;
-/* Check a frame whose Kb-Batch header is `count`; -1 with *why when malformed. */
+/* Check a frame whose Kb-Batch header is `count` (and its Kb-Frame version);
+ * -1 with *why when malformed. */
 int kb__nats_frame_open(natsMsg *m, const char *count, kb_nats_frame *f, const char **why);
 bool kb__nats_frame_next(kb_nats_frame *f, kb_nats_event *ev);
 int kb__nats_batch_init(kb_transport *t, kb_nats_topic *tp);
@@ -232,7 +263,36 @@ uint64_t kb__nats_batch_free(kb_transport *t, kb_nats_topic *tp);
 /* Events in a message: its Kb-Batch count, or 1. */
 uint32_t kb__nats_events_in(natsMsg *m);
 int kb__nats_batch_add(kb_transport *t, kb_nats_topic *tp, const kb_msg *m);
+/* Bytes of m's frame entry (version 2: with its header block). */
+size_t kb__nats_entry_size(const kb_msg *m, bool v2);
 int kb__nats_batch_send_due(kb_transport *t, bool all);
+
+/* nats_hdr.c: event headers on messages and in frames */
+typedef struct kb_nats_hdrs {
+    kb_header h[KB_MAX_HEADERS];
+    size_t n;
+    char names[KB_MAX_HEADERS][KB_MAX_HEADER_NAME + 1];
+    char *vals;                    /* values decoded from base64 */
+    size_t cap;
+} kb_nats_hdrs;
+/* Bytes the headers take on a message (header lines and Kb-Headers). */
+size_t kb__nats_hdr_len(const kb_header *h, size_t n);
+int kb__nats_hdr_set(natsMsg *m, const kb_header *h, size_t n);
+/* Headers of a message (keybus's, or another client's other than Kb-* and
+ * Nats-*, by name), checked against the limits; -1 with *why when malformed.
+ * They point into m and out. */
+int kb__nats_hdr_get(kb_transport *t, natsMsg *m, kb_nats_hdrs *out, const char **why);
+/* The same for one event of a version 2 frame (the block is checked). */
+int kb__nats_hdr_frame(kb_transport *t, const kb_nats_event *ev, kb_nats_hdrs *out,
+                       const char **why);
+void kb__nats_hdrs_free(kb_nats_hdrs *h);
+
+/* nats_drain.c */
+int kb__nats_drain(kb_transport *t, int timeout_ms);
+/* A frontier moved: wake kb_drain. Acker thread. */
+void kb__nats_drain_wake(kb_transport *t);
+/* Async publish outcome: the stream sequence for kb_drain, or the error. */
+void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void *closure);
 
 /* nats_consume.c */
 int kb__nats_subscribe(kb_transport *t, const char *topic, kb_sink *sink);
@@ -255,6 +315,10 @@ void kb__nats_claim_free_all(kb_nats_part *p);
 uint32_t kb__nats_attempt(const kb_nats_claim *c, uint64_t sseq, uint64_t delivered);
 
 /* nats_lease.c */
+/* Where a consumer of the partition stopped: everything up to it is acked. */
+uint64_t kb__nats_floor_of(const jsConsumerInfo *ci);
+/* Partition of one of the group's partition consumers, or -1. */
+long kb__nats_consumer_part(kb_transport *t, const char *name);
 int kb__nats_lease_open(kb_transport *t, char *errstr, size_t errlen);
 void *kb__nats_leaser(void *arg);
 void kb__nats_lease_release_all(kb_transport *t);
@@ -271,13 +335,26 @@ void kb__nats_dlq_settle(kb_transport *t, kb_nats_entry *e, int rc);
 /* One event (or an unreadable message) to the dead letters; orig_id is the
  * delivery ID: the stream sequence, ".<n>" for the n-th event of a frame.
  * KB_ETIMEDOUT when the server did not answer, another error when it refused. */
-int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const char *orig_subject,
-                         const char *orig_id, const void *key, size_t key_len, const void *payload,
-                         size_t payload_len, uint32_t partition, uint32_t attempts,
-                         const char *reason);
+typedef struct kb_nats_dead {
+    const char *orig_subject, *orig_id;
+    const void *key, *payload;
+    size_t key_len, payload_len;
+    const kb_header *headers;
+    size_t n_headers;
+    uint32_t partition, attempts;
+    const char *reason;
+} kb_nats_dead;
+int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const kb_nats_dead *d);
 int kb__nats_dead_letters(kb_transport *t, const char *topic, const char *after_id, size_t max,
                           kb_dead_letter_fn fn, void *opaque);
 int kb__nats_dead_letter_replay(kb_transport *t, const char *topic, const char *id);
+
+/* nats_tally.c */
+/* Events beyond one per message stored in partition `only` (all when < 0),
+ * given the stream's first and last sequence now. */
+int kb__nats_tally(kb_transport *t, const char *topic, const char *stream, uint64_t first,
+                   uint64_t last, long only, uint64_t *extra);
+void kb__nats_tally_free(kb_transport *t);
 
 /* nats_stats.c */
 int kb__nats_stats(kb_transport *t, const char *topic, kb_topic_stats *out);

@@ -189,13 +189,24 @@ static bool wanted(const members *ms, const kb_nats_part *p, bool have)
  * restarted process takes its leases back at once, so an incarnation killed
  * before its first ack left only such a consumer behind (the older ones were
  * deleted), and the next one started the partition again at sequence 1. */
-static uint64_t floor_of(const jsConsumerInfo *ci)
+uint64_t kb__nats_floor_of(const jsConsumerInfo *ci)
 {
     uint64_t start = ci->Config != NULL && ci->Config->DeliverPolicy == js_DeliverByStartSequence &&
                              ci->Config->OptStartSeq > 0
                          ? ci->Config->OptStartSeq - 1
                          : 0;
     return ci->AckFloor.Stream > start ? ci->AckFloor.Stream : start;
+}
+
+long kb__nats_consumer_part(kb_transport *t, const char *name)
+{
+    size_t gl = strlen(t->group);
+    unsigned n = 0;
+    char sep = 0;
+    if (strncmp(name, t->group, gl) != 0 || sscanf(name + gl, "_%u%c", &n, &sep) != 2 ||
+        sep != '_' || n >= t->partitions)
+        return -1;
+    return (long)n;
 }
 
 /* Deliveries by earlier consumers, so a redelivery carries its true attempt
@@ -262,8 +273,8 @@ static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev,
     natsStatus s;
     for (int i = 0; list != NULL && i < list->Count; i++)
         if (strncmp(list->List[i]->Name, prefix, strlen(prefix)) == 0 &&
-            floor_of(list->List[i]) > floor)
-            floor = floor_of(list->List[i]);
+            kb__nats_floor_of(list->List[i]) > floor)
+            floor = kb__nats_floor_of(list->List[i]);
     kb_nats_claim *c = kb__nats_claim_new(t, p, rev);
     if (c == NULL)
         return NULL;

@@ -45,18 +45,9 @@ size_t kb__nats_key_hdr_len(const void *key, size_t len)
     return sizeof KB_NATS_KEY_B64_HDR + 1 + 4 * ((len + 2) / 3) + 2;
 }
 
-int kb__nats_set_key(natsMsg *m, const void *key, size_t len)
+size_t kb__nats_b64_encode(const void *src, size_t len, char *out)
 {
-    const unsigned char *k = key;
-    char buf[KB_NATS_PLAIN_KEY_MAX + 1], *out = buf;
-    size_t need = 4 * ((len + 2) / 3) + 1;
-    if (plain_text(k, len) && len <= KB_NATS_PLAIN_KEY_MAX) {
-        memcpy(buf, k, len);
-        buf[len] = '\0';
-        return natsMsgHeader_Set(m, KB_NATS_KEY_HDR, buf) == NATS_OK ? KB_OK : KB_ENOMEM;
-    }
-    if (need > sizeof buf && (out = malloc(need)) == NULL)
-        return KB_ENOMEM;
+    const unsigned char *k = src;
     size_t o = 0;
     for (size_t i = 0; i < len; i += 3) {
         uint32_t v = (uint32_t)k[i] << 16;
@@ -70,6 +61,46 @@ int kb__nats_set_key(natsMsg *m, const void *key, size_t len)
         out[o++] = i + 2 < len ? b64[v & 63] : '=';
     }
     out[o] = '\0';
+    return o;
+}
+
+long kb__nats_b64_decode(const char *v, size_t n, char *buf, size_t cap)
+{
+    size_t o = 0;
+    if (n % 4 != 0)
+        return -1;
+    for (size_t i = 0; i < n; i += 4) {
+        int a = b64_val(v[i]), b = b64_val(v[i + 1]);
+        int c = v[i + 2] == '=' ? 0 : b64_val(v[i + 2]);
+        int d = v[i + 3] == '=' ? 0 : b64_val(v[i + 3]);
+        if (a < 0 || b < 0 || c < 0 || d < 0 || (v[i + 2] == '=' && v[i + 3] != '=') ||
+            ((v[i + 2] == '=' || v[i + 3] == '=') && i + 4 != n))
+            return -1;
+        uint32_t x = (uint32_t)a << 18 | (uint32_t)b << 12 | (uint32_t)c << 6 | (uint32_t)d;
+        size_t bytes = v[i + 2] == '=' ? 1 : v[i + 3] == '=' ? 2 : 3;
+        if (o + bytes > cap)
+            return -2;
+        buf[o++] = (char)(x >> 16);
+        if (bytes > 1)
+            buf[o++] = (char)(x >> 8);
+        if (bytes > 2)
+            buf[o++] = (char)x;
+    }
+    return (long)o;
+}
+
+int kb__nats_set_key(natsMsg *m, const void *key, size_t len)
+{
+    char buf[KB_NATS_PLAIN_KEY_MAX + 1], *out = buf;
+    size_t need = 4 * ((len + 2) / 3) + 1;
+    if (plain_text(key, len) && len <= KB_NATS_PLAIN_KEY_MAX) {
+        memcpy(buf, key, len);
+        buf[len] = '\0';
+        return natsMsgHeader_Set(m, KB_NATS_KEY_HDR, buf) == NATS_OK ? KB_OK : KB_ENOMEM;
+    }
+    if (need > sizeof buf && (out = malloc(need)) == NULL)
+        return KB_ENOMEM;
+    kb__nats_b64_encode(key, len, out);
     natsStatus s = natsMsgHeader_Set(m, KB_NATS_KEY_B64_HDR, out);
     if (out != buf)
         free(out);
@@ -92,30 +123,10 @@ int kb__nats_get_key(natsMsg *m, char *buf, size_t cap, const char **why)
         *why = "no Kb-Key header: not written by keybus";
         return -1;
     }
-    size_t o = 0, n = strlen(v);
-    if (n == 0 || n % 4 != 0) {
-        *why = "malformed Kb-Bin-Key header";
+    long o = kb__nats_b64_decode(v, strlen(v), buf, cap);
+    if (o < 0) {
+        *why = o == -2 ? "Kb-Bin-Key header too long" : "malformed Kb-Bin-Key header";
         return -1;
-    }
-    for (size_t i = 0; i < n; i += 4) {
-        int a = b64_val(v[i]), b = b64_val(v[i + 1]);
-        int c = v[i + 2] == '=' ? 0 : b64_val(v[i + 2]);
-        int d = v[i + 3] == '=' ? 0 : b64_val(v[i + 3]);
-        if (a < 0 || b < 0 || c < 0 || d < 0 || (v[i + 2] == '=' && v[i + 3] != '=')) {
-            *why = "malformed Kb-Bin-Key header";
-            return -1;
-        }
-        uint32_t x = (uint32_t)a << 18 | (uint32_t)b << 12 | (uint32_t)c << 6 | (uint32_t)d;
-        size_t bytes = v[i + 2] == '=' ? 1 : v[i + 3] == '=' ? 2 : 3;
-        if (o + bytes > cap) {
-            *why = "Kb-Bin-Key header too long";
-            return -1;
-        }
-        buf[o++] = (char)(x >> 16);
-        if (bytes > 1)
-            buf[o++] = (char)(x >> 8);
-        if (bytes > 2)
-            buf[o++] = (char)x;
     }
     if (o == 0) {
         *why = "empty key";
@@ -152,21 +163,30 @@ int kb__nats_parse_ack(const char *reply, kb_nats_meta *out)
     return out->sseq ? 0 : -1;
 }
 
-/* A copy of a publish (subject, keybus headers, body) we may send again. */
+/* A copy of a publish (subject, every header, body) we may send again. */
 natsMsg *kb__nats_msg_clone(natsMsg *m)
 {
     natsMsg *c = NULL;
     if (natsMsg_Create(&c, natsMsg_GetSubject(m), NULL, natsMsg_GetData(m),
                        natsMsg_GetDataLength(m)) != NATS_OK)
         return NULL;
-    const char *hdrs[] = {KB_NATS_KEY_HDR, KB_NATS_KEY_B64_HDR, KB_NATS_BATCH_HDR, "Nats-Msg-Id"};
-    for (size_t i = 0; i < sizeof hdrs / sizeof *hdrs; i++) {
-        const char *v = NULL;
-        if (natsMsgHeader_Get(m, hdrs[i], &v) == NATS_OK && v != NULL &&
-            natsMsgHeader_Set(c, hdrs[i], v) != NATS_OK) {
-            natsMsg_Destroy(c);
-            return NULL;
-        }
+    const char **keys = NULL;
+    int nk = 0;
+    natsStatus s = natsMsgHeader_Keys(m, &keys, &nk);
+    if (s == NATS_NOT_FOUND)
+        return c;
+    for (int i = 0; s == NATS_OK && i < nk; i++) {
+        const char **vals = NULL;
+        int nv = 0;
+        s = natsMsgHeader_Values(m, keys[i], &vals, &nv);
+        for (int j = 0; s == NATS_OK && j < nv; j++)
+            s = natsMsgHeader_Add(c, keys[i], vals[j]);
+        free((void *)vals);
+    }
+    free((void *)keys);
+    if (s != NATS_OK) {
+        natsMsg_Destroy(c);
+        return NULL;
     }
     return c;
 }

@@ -61,7 +61,8 @@ static void reject(kb_transport *t, natsMsg *m, const char *why)
 }
 
 int kb__nats_msg_event(kb_transport *t, const char *subject, const void *key, size_t key_len,
-                       const void *body, size_t body_len, natsMsg **out)
+                       const void *body, size_t body_len, const kb_header *h, size_t nh,
+                       natsMsg **out)
 {
     /* Nats-Msg-Id: <bus id>-<counter> */
     char id[64];
@@ -73,6 +74,7 @@ int kb__nats_msg_event(kb_transport *t, const char *subject, const void *key, si
     natsMsg *msg = NULL;
     if (natsMsg_Create(&msg, subject, NULL, body_len ? body : NULL, (int)body_len) != NATS_OK ||
         (key != NULL && kb__nats_set_key(msg, key, key_len) != KB_OK) ||
+        kb__nats_hdr_set(msg, h, nh) != KB_OK ||
         natsMsgHeader_Set(msg, "Nats-Msg-Id", id) != NATS_OK) {
         natsMsg_Destroy(msg);
         kb__errf(NULL, 0, "nats: out of memory for a publish");
@@ -135,22 +137,25 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
 static int check_fits(kb_transport *t, const kb_msg *m)
 {
     size_t key_hdr = kb__nats_key_hdr_len(m->key, m->key_len);
-    if (KB_NATS_HDR_BASE + key_hdr + KB_NATS_DLQ_ROOM > KB_NATS_HDR_MAX) {
-        kb__errf(NULL, 0, "nats %s: a key of %zu bytes does not fit the server's 64 KiB header "
-                 "limit: it takes a %zu-byte header line, and a dead letter adds up to %d bytes "
-                 "of other headers", t->url_safe, m->key_len, key_hdr,
-                 KB_NATS_HDR_BASE + KB_NATS_DLQ_ROOM);
+    size_t user_hdr = kb__nats_hdr_len(m->headers, m->n_headers);
+    if (KB_NATS_HDR_BASE + key_hdr + user_hdr + KB_NATS_DLQ_ROOM > KB_NATS_HDR_MAX) {
+        kb__errf(NULL, 0, "nats %s: a key of %zu bytes and %zu headers do not fit the server's "
+                 "64 KiB header limit: they take %zu + %zu bytes of header lines, and a dead "
+                 "letter adds up to %d bytes of other headers", t->url_safe, m->key_len,
+                 m->n_headers, key_hdr, user_hdr, KB_NATS_HDR_BASE + KB_NATS_DLQ_ROOM);
         return KB_ETOOBIG;
     }
-    size_t plain = KB_NATS_HDR_BASE + key_hdr;
-    size_t framed = KB_NATS_HDR_BASE + KB_NATS_FRAME_HDR + 8 + m->key_len;
+    size_t plain = KB_NATS_HDR_BASE + key_hdr + user_hdr;
+    bool v2 = m->n_headers > 0;
+    size_t framed = KB_NATS_HDR_BASE + KB_NATS_FRAME_HDR + (v2 ? KB_NATS_FRAME_V2_HDR : 0) +
+                    kb__nats_entry_size(m, v2) - m->payload_len;
     size_t room = plain > framed ? plain : framed;
     size_t maxp = atomic_load_explicit(&t->max_payload, memory_order_relaxed);
     if (room > maxp || m->payload_len > maxp - room) {
         kb__errf(NULL, 0, "nats %s: a payload of %zu bytes does not fit the server's max_payload "
-                 "of %zu bytes: with this %zu-byte key, %zu bytes go to headers and framing "
-                 "(at most %zu bytes of payload)", t->url_safe, m->payload_len, maxp, m->key_len,
-                 room, room > maxp ? 0 : maxp - room);
+                 "of %zu bytes: with this %zu-byte key and %zu headers, %zu bytes go to headers "
+                 "and framing (at most %zu bytes of payload)", t->url_safe, m->payload_len, maxp,
+                 m->key_len, m->n_headers, room, room > maxp ? 0 : maxp - room);
         return KB_ETOOBIG;
     }
     return KB_OK;
@@ -169,7 +174,7 @@ int kb__nats_publish(kb_transport *t, const char *topic, const kb_msg *m)
     } else {
         natsMsg *msg = NULL;
         rc = kb__nats_msg_event(t, tp->subjects[m->hash % t->partitions], m->key, m->key_len,
-                                m->payload, m->payload_len, &msg);
+                                m->payload, m->payload_len, m->headers, m->n_headers, &msg);
         if (rc == KB_OK)
             rc = kb__nats_send(t, msg);
     }
@@ -180,10 +185,8 @@ int kb__nats_publish(kb_transport *t, const char *topic, const kb_msg *m)
 
 /* A publish ack that failed: transport trouble is sent again (the Msg-Id makes
  * it idempotent); a rejection by the server is counted for kb_flush to report. */
-void kb__nats_pub_err(jsCtx *js, jsPubAckErr *pae, void *closure)
+void kb__nats_pub_err(kb_transport *t, jsPubAckErr *pae)
 {
-    (void)js;
-    kb_transport *t = closure;
     pthread_mutex_lock(&t->resend_lock);
     if (pae->ErrCode == 0 && pae->Err != NATS_INVALID_ARG) {
         natsMsg *c = kb__nats_msg_clone(pae->Msg);

@@ -3,7 +3,8 @@ list(APPEND KB_SOURCES
   transports/nats/nats.c transports/nats/nats_conf.c transports/nats/nats_msg.c
   transports/nats/nats_publish.c transports/nats/nats_consume.c transports/nats/nats_ack.c
   transports/nats/nats_lease.c transports/nats/nats_dlq.c transports/nats/nats_stats.c
-  transports/nats/nats_batch.c)
+  transports/nats/nats_batch.c transports/nats/nats_hdr.c transports/nats/nats_drain.c
+  transports/nats/nats_tally.c)
 pkg_check_modules(NATS REQUIRED IMPORTED_TARGET libnats)
 list(APPEND KB_PRIVATE_LIBS PkgConfig::NATS)
 list(APPEND KB_DEFINITIONS KB_WITH_NATS)
