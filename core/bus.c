@@ -203,7 +203,7 @@ static void report_unknown_env(const char *name, const char *nearest, void *arg)
 static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
 {
     bool env = strcmp(kb_conf_str(c, "conf.env"), "true") == 0;
-    if (env && kb_conf_apply_env(c, errstr, errlen) != KB_OK)
+    if (env && kb__conf_env(c, errstr, errlen) != KB_OK)
         return NULL;
     if (kb_conf_int(c, "retry.max_backoff_ms") < kb_conf_int(c, "retry.backoff_ms")) {
         kb__errf(errstr, errlen, "retry.max_backoff_ms (%lld) is below retry.backoff_ms (%lld)",
@@ -311,6 +311,7 @@ int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque)
         kb__errf(NULL, 0, "kb_subscribe %s: %s", topic, why);
         return KB_ENOMEM;
     }
+    pool->skip_ok = true;
     t->fn = fn;
     t->opaque = opaque;
     /* Publishers that see the pool also see the handler. */
@@ -395,6 +396,8 @@ static int publish_local(struct kb_topic *t, const kb_msg *msgs, size_t n, size_
                 break;
             }
         }
+        if (k == 0)
+            break;   /* the first event of the chunk failed its checks */
         size_t took = 0;
         int sub = kb_pool_submit_batch(pool, hashes, recs, k, b->enqueue_timeout_ms, &took);
         for (size_t i = took; i < k; i++)
@@ -402,7 +405,7 @@ static int publish_local(struct kb_topic *t, const kb_msg *msgs, size_t n, size_
         *done += took;
         if (sub != KB_OK) {
             rc = sub;
-            uint32_t lane = hashes[took] % pool->o.lanes;
+            uint32_t lane = took < k ? hashes[took] % pool->o.lanes : 0;
             if (sub == KB_EFULL && kb__on_executor == &pool->sched->ex[kb_pool_executor_of(pool, lane)])
                 kb__errf(NULL, 0, "kb_publish %s: lane %u full, and it belongs to this handler's "
                          "own executor, which cannot drain it while the handler waits", t->name,

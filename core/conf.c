@@ -304,7 +304,7 @@ static void env_name(const char *key, char *buf, size_t len)
     buf[o] = '\0';
 }
 
-int kb_conf_apply_env(kb_conf *c, char *errstr, size_t errlen)
+int kb__conf_env(kb_conf *c, char *errstr, size_t errlen)
 {
     if (c == NULL) {
         kb__errf(errstr, errlen, "kb_conf_apply_env: conf is NULL");
@@ -324,6 +324,16 @@ int kb_conf_apply_env(kb_conf *c, char *errstr, size_t errlen)
         }
     }
     return KB_OK;
+}
+
+int kb_conf_apply_env(kb_conf *c, char *errstr, size_t errlen)
+{
+    if (c != NULL && atomic_load_explicit(&c->taken, memory_order_acquire)) {
+        kb__errf(errstr, errlen, "kb_conf_apply_env: this kb_conf belongs to an open bus and "
+                 "cannot change");
+        return KB_EINVAL;
+    }
+    return kb__conf_env(c, errstr, errlen);
 }
 
 /* Edit distance, for "did you mean": names are short. */

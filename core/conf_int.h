@@ -39,6 +39,8 @@ void kb__conf_write_markdown(FILE *out);
  * kb_close, which calls kb__conf_free. */
 bool kb__conf_take(kb_conf *c);
 void kb__conf_give_back(kb_conf *c);   /* kb_open failed: the caller's again */
+/* kb_conf_apply_env for kb_open, on a conf it has taken. */
+int kb__conf_env(kb_conf *c, char *errstr, size_t errlen);
 void kb__conf_free(kb_conf *c);
 
 /* Call report() for every KEYBUS_* environment variable that names no key,

@@ -153,7 +153,7 @@ static bool handle_item(struct kb_executor *ex, struct kb_lane *lane, void *item
     kb_pool *p = lane->pool;
     uint32_t attempt = lane->attempt;
     int r = p->o.handle(item, attempt, p->o.opaque);
-    if (r == KB_POOL_SKIP) {
+    if (r == KB_POOL_SKIP && p->skip_ok) {
         finish(p, lane, item, KB_ECLOSED, attempt);
         return true;
     }
@@ -295,7 +295,9 @@ static unsigned lane_visit(struct kb_executor *ex, struct kb_lane *lane)
     kb__fence_hot();
     if (ck_ring_size(&lane->ring) <= ck_ring_capacity(&lane->ring) / 2)
         kb__signal_poke(&lane->space);
-    if (!atomic_load_explicit(&lane->scheduled, memory_order_relaxed) || (++ex->visits & 63) == 0)
+    /* Flushers wait for finished items: tell them whenever some were (a
+     * poke without waiters is one load). */
+    if (n > 0 || delayed || !atomic_load_explicit(&lane->scheduled, memory_order_relaxed))
         kb__signal_poke(&ex->sched->progress);
     return n;
 }
@@ -360,9 +362,16 @@ static void *executor_main(void *arg)
             if (lane_visit(ex, lane) == 0)
                 for (int i = 0; i < EMPTY_VISIT_PAUSES; i++)
                     ck_pr_stall();
-            if (ex->settling != NULL && (++ex->settle_checks & 63) == 0 &&
-                kb__now_ns() >= ex->settle_due_ns)
-                recheck_settling(ex, true);
+            /* Lanes left unscheduled get a cheap look every few visits and
+             * their final check once due; the clock is read per visit only
+             * while there are such lanes, since a visit may run many slow
+             * handlers. */
+            if (ex->settling != NULL) {
+                if (kb__now_ns() >= ex->settle_due_ns)
+                    recheck_settling(ex, true);
+                else if ((++ex->settle_checks & 7) == 0)
+                    recheck_settling(ex, false);
+            }
             continue;
         }
         if (ex->heap_len > 0 && ex->heap[0]->due_ns <= kb__now_ns())

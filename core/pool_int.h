@@ -67,7 +67,6 @@ struct kb_executor {
     struct kb_lane **heap;             /* delayed lanes, min-heap on due_ns */
     size_t heap_len, heap_cap;
     uint64_t rng;                      /* retry jitter */
-    uint32_t visits;                   /* lane visits, to pace progress wake-ups */
 
     _Alignas(KB_CACHELINE) struct cds_wfcq_tail tail;  /* producers exchange here */
     _Alignas(KB_CACHELINE) kb_signal wake;              /* parked while idle */
@@ -96,6 +95,7 @@ struct kb_pool {
     _Atomic uint64_t rejected;
     _Atomic(struct kb_lane *) *lanes;
     kb_pool *retired_next;             /* the bus's list of pools it frees at close */
+    bool skip_ok;                      /* a bus's pool: KB_POOL_SKIP means give back */
     _Atomic uintptr_t owner;           /* the owning thread's token; 0: none yet */
     _Atomic uint32_t sharing;          /* KB_OWNED, KB_SHARING, KB_SHARED */
     _Alignas(KB_CACHELINE) _Atomic uint32_t owner_busy;   /* the owner is pushing */

@@ -270,6 +270,10 @@ static void a_conf_belongs_to_one_open_bus(void **state)
     assert_int_equal(kb_conf_set(c, "pool.workers", "7", err, sizeof err), KB_EINVAL);
     assert_non_null(strstr(err, "open bus"));
     assert_value(c, "pool.workers", "16");
+    setenv("KEYBUS_POOL_WORKERS", "3", 1);   /* nor through the environment */
+    assert_int_equal(kb_conf_apply_env(c, err, sizeof err), KB_EINVAL);
+    unsetenv("KEYBUS_POOL_WORKERS");
+    assert_value(c, "pool.workers", "16");
     kb_conf_destroy(c);   /* a no-op while the bus owns it */
     assert_int_equal(kb_subscribe(b, "t", nop_handler, NULL), KB_OK);
     kb_topic_stats st;

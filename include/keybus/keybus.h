@@ -76,8 +76,10 @@ KB_EXPORT int kb_conf_get(const kb_conf *c, const char *key, char *buf, size_t b
 KB_EXPORT int kb_conf_load(kb_conf *c, const char *path, char *errstr, size_t errlen);
 
 /* Apply KEYBUS_<KEY> environment variables (dots as underscores, upper case),
- * e.g. KEYBUS_TRANSPORT, KEYBUS_POOL_WORKERS. kb_open calls this itself, so the
- * environment overrides both the file and kb_conf_set. */
+ * e.g. KEYBUS_TRANSPORT, KEYBUS_POOL_WORKERS. kb_open calls this itself (unless
+ * conf.env is false). Precedence, whatever the order of the calls: defaults <
+ * INI file < environment < kb_conf_set. Every value is validated, also one that
+ * code overrides. KB_EINVAL on a conf an open bus owns. */
 KB_EXPORT int kb_conf_apply_env(kb_conf *c, char *errstr, size_t errlen);
 
 /* Severity of a log line (syslog's numbers). */
@@ -246,8 +248,8 @@ typedef struct kb_topic_stats {
     uint32_t lanes;           /* pool.workers */
     uint32_t lanes_allocated; /* lanes that hold a ring (allocated on first use) */
     uint64_t lane_memory_bytes;  /* lane table plus allocated lanes and rings */
-    uint64_t dead_letters_lost;  /* dead letters nobody stored (mem: no "<topic>.dlq"
-                                    subscriber, or it was full); each one is logged */
+    uint64_t dead_letters_lost;  /* dead letters not stored, or dropped from a full
+                                    store (mem.dlq_capacity); each one is logged */
     /* publishing side and broker (filled by the transport); counts are events
      * on every transport */
     uint64_t published;       /* events accepted by kb_publish* in this process,

@@ -85,7 +85,9 @@ KB_EXPORT int kb_pool_submit_hash(kb_pool *p, uint32_t hash, void *item, int tim
  * scheduled, and each executor woken, at most once per call. On a full lane
  * it waits like kb_pool_submit; *accepted (not NULL) receives how many items
  * were taken, always a prefix: items[*accepted..n) stay the caller's and can
- * be submitted again without loss or reordering. Returns KB_OK when all n
+ * be submitted again without loss or reordering. On an executor thread (a
+ * handler), a full lane of that same executor gives KB_EFULL at once: it
+ * cannot drain while its executor waits. Returns KB_OK when all n
  * were taken, else the error that stopped at item *accepted. Thread: as
  * kb_pool_submit. */
 KB_EXPORT int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items,
