@@ -299,11 +299,15 @@ through \`kb_publish_batch\`, 64 events per call (the baselines always publish o
 the process (executors included) over the timed loop, after 1,000,000 publishes of warm-up (enough to fill the lanes), through a
 malloc hook in \`keybus-gbench\`.
 
-On this VM the latency tail is other threads taking the CPU, not the bus: with one producer and
-one executor spinning on a 2-vCPU machine there is no spare CPU to absorb a kernel worker or
-another process, and \`perf sched timehist\` shows the executor runnable but off its CPU for
-milliseconds. The same happens to \`baseline:ring\` in the same run, which is why the p99 target
-is a ratio to it.
+Why the fixed-rate latency misses (measured with \`perf sched timehist\` on this 2-vCPU VM): the
+executor and the paced producer end up on the same CPU and take turns in scheduler slices of
+4-10 ms, while the other CPU idles. The producer busy-waits for its send times and never gives
+the CPU up; an executor that parked before the run starts (\`adaptive\` and \`block\` park
+after 2 ms idle) is woken by the producer's futex wake and placed beside it. \`baseline:ring\`'s
+consumer never sleeps, so it is never moved. With \`pool.idle = yield\` (the executor never
+parks) the same run at 100,000 events/s has a p50 of ~2 µs (table below). What would reach the
+target: keep a publishing thread and a spinning executor on different CPUs after a wake-up
+(an affinity hint, or re-spreading after the first burst) — the next step of the hot path.
 
 ## Idle strategies
 
