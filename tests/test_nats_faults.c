@@ -190,8 +190,14 @@ static void kill_one_of_two_consumers(void **state)
     for (uint32_t seq = 1; seq <= PER_KEY; seq++) {
         for (uint32_t k = 0; k < KEYS; k++)
             publish_ok(b, "fault.kill", k, seq);
-        if (seq == 10)
-            usleep(1500000);   /* both own partitions now */
+        if (seq == 10) {   /* wait until the one to kill handles events (slow under TSan) */
+            uint64_t d0, v0, a0 = 0;
+            for (int i = 0; i < 2000 && a0 == 0; i++) {
+                check_log(log, &d0, &v0, &a0);
+                if (a0 == 0)
+                    usleep(10000);
+            }
+        }
         if (seq == PER_KEY / 2) {   /* with events in flight */
             kill(a, SIGKILL);
             waitpid(a, NULL, 0);
