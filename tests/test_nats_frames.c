@@ -21,6 +21,7 @@
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 
+#include "support/bus.h"
 #include "support/server.h"
 #include "support/tracker.h"
 
@@ -31,18 +32,9 @@ static kb_test_server server;
 /* A bus on the file's server; `kv` is NULL or NULL-terminated key/value pairs. */
 static kb_bus *open_bus(const char *const *kv)
 {
-    kb_conf *c = kb_conf_new();
-    char err[256];
-    assert_int_equal(kb_conf_set(c, "transport", server.url, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.backoff_ms", "1", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.max_backoff_ms", "2", err, sizeof err), KB_OK);
-    for (size_t i = 0; kv != NULL && kv[i] != NULL; i += 2)
-        if (kb_conf_set(c, kv[i], kv[i + 1], err, sizeof err) != KB_OK)
-            fail_msg("kb_conf_set %s: %s", kv[i], err);
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL)
-        fail_msg("kb_open: %s", err);
-    return b;
+    static const char *const fast_retry[] = {"retry.backoff_ms", "1", "retry.max_backoff_ms", "2",
+                                             NULL};
+    return kb_test_open(server.url, fast_retry, kv);
 }
 
 static uint32_t home_of(const char *key)

@@ -16,6 +16,7 @@
 
 #include <keybus/keybus.h>
 
+#include "support/bus.h"
 #include "support/server.h"
 
 #define SMALL_MAX 2000   /* max_payload of the small server */
@@ -24,16 +25,7 @@ static kb_test_server small, big;
 
 static kb_bus *open_bus(const kb_test_server *s, const char *const *kv)
 {
-    kb_conf *c = kb_conf_new();
-    char err[256];
-    assert_int_equal(kb_conf_set(c, "transport", s->url, err, sizeof err), KB_OK);
-    for (size_t i = 0; kv != NULL && kv[i] != NULL; i += 2)
-        if (kb_conf_set(c, kv[i], kv[i + 1], err, sizeof err) != KB_OK)
-            fail_msg("kb_conf_set %s: %s", kv[i], err);
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL)
-        fail_msg("kb_open: %s", err);
-    return b;
+    return kb_test_open(s->url, NULL, kv);
 }
 
 /* What the handler saw: payload sizes of the 5-byte key, in order. */

@@ -18,22 +18,16 @@
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 
+#include "support/bus.h"
 #include "support/server.h"
 
 static kb_test_server server;
 
 static kb_bus *open_bus(const char *key, const char *value)
 {
-    kb_conf *c = kb_conf_new();
-    char err[256];
-    assert_int_equal(kb_conf_set(c, "transport", server.url, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "nats.lease_ttl_ms", "2000", err, sizeof err), KB_OK);
-    if (key != NULL)
-        assert_int_equal(kb_conf_set(c, key, value, err, sizeof err), KB_OK);
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL)
-        fail_msg("kb_open: %s", err);
-    return b;
+    static const char *const short_leases[] = {"nats.lease_ttl_ms", "2000", NULL};
+    const char *const extra[] = {key, value, NULL};
+    return kb_test_open(server.url, short_leases, extra);
 }
 
 /* Wait for a handler's post; false after 30 s (a failure, not a timing). */

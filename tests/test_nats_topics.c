@@ -19,6 +19,7 @@
 
 #include <keybus/keybus.h>
 
+#include "support/bus.h"
 #include "support/server.h"
 
 #define EVENTS 10
@@ -57,13 +58,7 @@ static double now_s(void)
 
 static kb_bus *open_bus(const char *url)
 {
-    kb_conf *c = kb_conf_new();
-    char err[256];
-    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL)
-        fail_msg("kb_open: %s", err);
-    return b;
+    return kb_test_open(url, NULL, NULL);
 }
 
 static void thousand_topics(void **state)

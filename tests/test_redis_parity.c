@@ -20,6 +20,7 @@
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 
+#include "support/bus.h"
 #include "support/server.h"
 #include "support/tracker.h"
 
@@ -27,17 +28,9 @@ static kb_test_server server;
 
 static kb_bus *open_as(const char *consumer)
 {
-    kb_conf *c = kb_conf_new();
-    char err[256];
-    assert_int_equal(kb_conf_set(c, "transport", server.url, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "consumer", consumer, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.backoff_ms", "1", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.max_backoff_ms", "4", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "redis.lease_ttl_ms", "2000", err, sizeof err), KB_OK);
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL)
-        fail_msg("kb_open: %s", err);
-    return b;
+    const char *const kv[] = {"consumer", consumer, "retry.backoff_ms", "1",
+                              "retry.max_backoff_ms", "4", "redis.lease_ttl_ms", "2000", NULL};
+    return kb_test_open(server.url, kv, NULL);
 }
 
 static redisContext *raw(void)

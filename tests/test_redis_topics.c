@@ -23,6 +23,7 @@
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 
+#include "support/bus.h"
 #include "support/server.h"
 
 #define TOPICS 1000
@@ -90,17 +91,8 @@ static int handler(const kb_event *ev, void *opaque)
 /* Extra settings: NULL-terminated key, value pairs. */
 static kb_bus *open_bus_with(const char *const *kv)
 {
-    kb_conf *c = kb_conf_new();
-    char err[256];
-    assert_int_equal(kb_conf_set(c, "transport", server.url, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "pool.threads", "2", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "redis.reconnect_max_ms", "100", err, sizeof err), KB_OK);
-    for (int i = 0; kv != NULL && kv[i] != NULL; i += 2)
-        assert_int_equal(kb_conf_set(c, kv[i], kv[i + 1], err, sizeof err), KB_OK);
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL)
-        fail_msg("kb_open: %s", err);
-    return b;
+    static const char *const base[] = {"pool.threads", "2", "redis.reconnect_max_ms", "100", NULL};
+    return kb_test_open(server.url, base, kv);
 }
 
 static kb_bus *open_bus(void)

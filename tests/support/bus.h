@@ -1,0 +1,12 @@
+/* Test harness: a bus on a URL with settings, failing the test with kb_open's
+ * or kb_conf_set's text when it cannot be had. */
+#ifndef KB_TEST_BUS_H
+#define KB_TEST_BUS_H
+
+#include <keybus/keybus.h>
+
+/* Open a bus on `url` with `base`, then `extra` applied: each NULL or a
+ * NULL-terminated list of key, value pairs. Main thread only (it asserts). */
+kb_bus *kb_test_open(const char *url, const char *const *base, const char *const *extra);
+
+#endif /* KB_TEST_BUS_H */
