@@ -26,24 +26,24 @@ static inline int topic_char(unsigned char ch)
 static int check_topic_err(const char *topic, const char *what, char *errstr, size_t errlen)
 {
     if (topic == NULL) {
-        kb__errf(errstr, errlen, "%s: topic is NULL", what);
+        kb_errf(errstr, errlen, "%s: topic is NULL", what);
         return KB_EINVAL;
     }
     size_t len = strlen(topic);
     if (len == 0 || len > KB_MAX_TOPIC_BYTES) {
-        kb__errf(errstr, errlen, "%s: topic length %zu not in 1..%d", what, len, KB_MAX_TOPIC_BYTES);
+        kb_errf(errstr, errlen, "%s: topic length %zu not in 1..%d", what, len, KB_MAX_TOPIC_BYTES);
         return KB_EINVAL;
     }
     for (size_t i = 0; i < len; i++) {
         unsigned char ch = (unsigned char)topic[i];
         if (!topic_char(ch)) {
-            kb__errf(errstr, errlen, "%s: topic \"%s\" has '%c' (0x%02x) at %zu; allowed: letters, "
+            kb_errf(errstr, errlen, "%s: topic \"%s\" has '%c' (0x%02x) at %zu; allowed: letters, "
                      "digits, '.', '_', '-'", what, topic, ch >= 32 && ch < 127 ? ch : '?', ch, i);
             return KB_EINVAL;
         }
     }
     if (topic[0] == '.' || topic[len - 1] == '.' || strstr(topic, "..") != NULL) {
-        kb__errf(errstr, errlen, "%s: topic \"%s\" has an empty dot-separated part", what, topic);
+        kb_errf(errstr, errlen, "%s: topic \"%s\" has an empty dot-separated part", what, topic);
         return KB_EINVAL;
     }
     return KB_OK;
@@ -117,17 +117,32 @@ kb_sink *kb_bus_sink(kb_bus *b, const char *topic)
     return t != NULL && kb__topic_pool(t) != NULL ? (kb_sink *)t : NULL;
 }
 
-/* The topic named `name`, created when missing. Caller holds subscribe_lock
- * and checked the name. NULL on out of memory or a closing bus. */
-static struct kb_topic *topic_add(kb_bus *b, const char *name)
+/* The topic named `name`, created (and opened in the transport) when
+ * missing. Caller holds subscribe_lock and checked the name. NULL with *rc
+ * KB_ECLOSED, KB_ENOMEM or the transport's error, and errstr saying which. */
+static struct kb_topic *topic_add(kb_bus *b, const char *name, int *rc, char *errstr,
+                                  size_t errlen)
 {
     rcu_read_lock();
     struct kb_topic *t = lookup(b, name);
     rcu_read_unlock();
-    if (t != NULL || atomic_load_explicit(&b->closing, memory_order_acquire))
+    *rc = KB_OK;
+    if (t != NULL)
         return t;
+    if (atomic_load_explicit(&b->closing, memory_order_acquire)) {
+        kb_errf(errstr, errlen, "topic %s: bus is closing", name);
+        *rc = KB_ECLOSED;
+        return NULL;
+    }
     t = calloc(1, sizeof *t);
     if (t == NULL || (t->name = strdup(name)) == NULL) {
+        free(t);
+        kb_errf(errstr, errlen, "topic %s: out of memory", name);
+        *rc = KB_ENOMEM;
+        return NULL;
+    }
+    if ((*rc = b->ops->topic_open(b->t, name, &t->tt, errstr, errlen)) != KB_OK) {
+        free(t->name);
         free(t);
         return NULL;
     }
@@ -143,7 +158,7 @@ static struct kb_topic *topic_add(kb_bus *b, const char *name)
 kb_topic *kb_topic_get(kb_bus *b, const char *topic, char *errstr, size_t errlen)
 {
     if (b == NULL) {
-        kb__errf(errstr, errlen, "kb_topic_get: bus is NULL");
+        kb_errf(errstr, errlen, "kb_topic_get: bus is NULL");
         return NULL;
     }
     if (check_topic_err(topic, "kb_topic_get", errstr, errlen) != KB_OK)
@@ -151,12 +166,25 @@ kb_topic *kb_topic_get(kb_bus *b, const char *topic, char *errstr, size_t errlen
     struct kb_topic *t = find_topic(b, topic);
     if (t != NULL)
         return t;
+    int rc;
     pthread_mutex_lock(&b->subscribe_lock);
-    t = topic_add(b, topic);
+    t = topic_add(b, topic, &rc, errstr, errlen);
     pthread_mutex_unlock(&b->subscribe_lock);
-    if (t == NULL)
-        kb__errf(errstr, errlen, "kb_topic_get %s: %s", topic,
-                 atomic_load(&b->closing) ? "bus is closing" : "out of memory");
+    return t;
+}
+
+/* The topic for a per-topic call (stats, dead letters), opened in the
+ * transport when this process has not used it yet. */
+static struct kb_topic *topic_for_call(kb_bus *b, const char *topic, int *rc)
+{
+    struct kb_topic *t = find_topic(b, topic);
+    if (t != NULL) {
+        *rc = KB_OK;
+        return t;
+    }
+    pthread_mutex_lock(&b->subscribe_lock);
+    t = topic_add(b, topic, rc, NULL, 0);
+    pthread_mutex_unlock(&b->subscribe_lock);
     return t;
 }
 
@@ -178,13 +206,13 @@ static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen);
 kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen)
 {
     if (c == NULL) {
-        kb__errf(errstr, errlen, "kb_open: conf is NULL");
+        kb_errf(errstr, errlen, "kb_open: conf is NULL");
         return NULL;
     }
     /* Taken first, so a second kb_open of the same conf fails even while
      * this one is still connecting. */
     if (!kb__conf_take(c)) {
-        kb__errf(errstr, errlen, "kb_open: this kb_conf already belongs to an open bus "
+        kb_errf(errstr, errlen, "kb_open: this kb_conf already belongs to an open bus "
                  "(kb_conf_dup gives a copy for another one)");
         return NULL;
     }
@@ -206,7 +234,7 @@ static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
     if (env && kb__conf_env(c, errstr, errlen) != KB_OK)
         return NULL;
     if (kb_conf_int(c, "retry.max_backoff_ms") < kb_conf_int(c, "retry.backoff_ms")) {
-        kb__errf(errstr, errlen, "retry.max_backoff_ms (%lld) is below retry.backoff_ms (%lld)",
+        kb_errf(errstr, errlen, "retry.max_backoff_ms (%lld) is below retry.backoff_ms (%lld)",
                  (long long)kb_conf_int(c, "retry.max_backoff_ms"),
                  (long long)kb_conf_int(c, "retry.backoff_ms"));
         return NULL;
@@ -215,14 +243,14 @@ static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
     const char *sep = strstr(url, "://");
     const kb_transport_ops *ops = sep ? kb__transport_find(url, (size_t)(sep - url)) : NULL;
     if (ops == NULL) {
-        kb__errf(errstr, errlen, "transport: unknown URL scheme in \"%.*s\"",
+        kb_errf(errstr, errlen, "transport: unknown URL scheme in \"%.*s\"",
                  (int)(sep ? sep - url : 32), url);
         return NULL;
     }
 
     kb_bus *b = calloc(1, sizeof *b);
     if (b == NULL) {
-        kb__errf(errstr, errlen, "kb_open: out of memory");
+        kb_errf(errstr, errlen, "kb_open: out of memory");
         return NULL;
     }
     b->conf = c;
@@ -247,7 +275,7 @@ static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
                                  errstr, errlen);
     if (b->topics == NULL || b->sched == NULL) {
         if (b->topics == NULL)
-            kb__errf(errstr, errlen, "kb_open: out of memory for the topic table");
+            kb_errf(errstr, errlen, "kb_open: out of memory for the topic table");
         goto fail;
     }
     if (ops->open(&b->t, b, c, errstr, errlen) != KB_OK)
@@ -266,29 +294,25 @@ fail:
 int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque)
 {
     if (b == NULL || fn == NULL) {
-        kb__errf(NULL, 0, "kb_subscribe: %s is NULL", b == NULL ? "bus" : "handler");
+        kb_errf(NULL, 0, "kb_subscribe: %s is NULL", b == NULL ? "bus" : "handler");
         return KB_EINVAL;
     }
     int rc = check_topic(topic, "kb_subscribe");
     if (rc != KB_OK)
         return rc;
     if (atomic_load_explicit(&b->closing, memory_order_acquire)) {
-        kb__errf(NULL, 0, "kb_subscribe: bus is closing");
+        kb_errf(NULL, 0, "kb_subscribe: bus is closing");
         return KB_ECLOSED;
     }
 
     pthread_mutex_lock(&b->subscribe_lock);
-    struct kb_topic *t = topic_add(b, topic);
+    struct kb_topic *t = topic_add(b, topic, &rc, NULL, 0);
     if (t == NULL || kb__topic_pool(t) != NULL) {
         pthread_mutex_unlock(&b->subscribe_lock);
         if (t == NULL)
-            kb__errf(NULL, 0, "kb_subscribe %s: %s", topic,
-                     atomic_load(&b->closing) ? "bus is closing" : "out of memory");
-        else
-            kb__errf(NULL, 0, "kb_subscribe: topic \"%s\" already has a handler", topic);
-        return t == NULL && atomic_load(&b->closing) ? KB_ECLOSED
-               : t == NULL                           ? KB_ENOMEM
-                                                     : KB_EINVAL;
+            return rc;
+        kb_errf(NULL, 0, "kb_subscribe: topic \"%s\" already has a handler", topic);
+        return KB_EINVAL;
     }
 
     kb_pool_options o;
@@ -308,7 +332,7 @@ int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque)
     kb_pool *pool = kb__pool_new_on(b->sched, &o, why, sizeof why);
     if (pool == NULL) {
         pthread_mutex_unlock(&b->subscribe_lock);
-        kb__errf(NULL, 0, "kb_subscribe %s: %s", topic, why);
+        kb_errf(NULL, 0, "kb_subscribe %s: %s", topic, why);
         return KB_ENOMEM;
     }
     pool->skip_ok = true;
@@ -317,7 +341,7 @@ int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque)
     /* Publishers that see the pool also see the handler. */
     atomic_store_explicit(&t->pool, pool, memory_order_release);
 
-    rc = b->ops->subscribe(b->t, t->name, (kb_sink *)t);
+    rc = b->ops->subscribe(b->t, t->tt, (kb_sink *)t);
     if (rc != KB_OK) {
         atomic_store_explicit(&t->pool, NULL, memory_order_release);
         synchronize_rcu();   /* no publisher still holds the pool */
@@ -336,21 +360,21 @@ int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque)
 static int check_msg(const kb_bus *b, const char *topic, const kb_msg *m)
 {
     if (m->key == NULL || m->key_len == 0) {
-        kb__errf(NULL, 0, "kb_publish %s: key is %s", topic, m->key == NULL ? "NULL" : "empty");
+        kb_errf(NULL, 0, "kb_publish %s: key is %s", topic, m->key == NULL ? "NULL" : "empty");
         return KB_EINVAL;
     }
     if (m->key_len > b->max_key) {
-        kb__errf(NULL, 0, "kb_publish %s: key of %zu bytes exceeds limits.max_key_bytes (%u)",
+        kb_errf(NULL, 0, "kb_publish %s: key of %zu bytes exceeds limits.max_key_bytes (%u)",
                  topic, m->key_len, b->max_key);
         return KB_ETOOBIG;
     }
     if (m->payload == NULL && m->payload_len > 0) {
-        kb__errf(NULL, 0, "kb_publish %s: payload is NULL but payload_len is %zu", topic,
+        kb_errf(NULL, 0, "kb_publish %s: payload is NULL but payload_len is %zu", topic,
                  m->payload_len);
         return KB_EINVAL;
     }
     if (m->payload_len > b->max_payload) {
-        kb__errf(NULL, 0,
+        kb_errf(NULL, 0,
                  "kb_publish %s: payload of %zu bytes exceeds limits.max_payload_bytes (%u)",
                  topic, m->payload_len, b->max_payload);
         return KB_ETOOBIG;
@@ -358,12 +382,12 @@ static int check_msg(const kb_bus *b, const char *topic, const kb_msg *m)
     if (m->n_headers == 0)
         return KB_OK;
     if (!(b->ops->flags & (KB_TRANSPORT_F_LOCAL | KB_TRANSPORT_F_HEADERS))) {
-        kb__errf(NULL, 0, "kb_publish %s: %s:// does not carry headers", topic, b->ops->scheme);
+        kb_errf(NULL, 0, "kb_publish %s: %s:// does not carry headers", topic, b->ops->scheme);
         return KB_EINVAL;
     }
     char what[240];
     snprintf(what, sizeof what, "kb_publish %s", topic);
-    return kb__headers_check(m->headers, m->n_headers, b->max_headers, b->max_header_bytes, what);
+    return kb_headers_check(m->headers, m->n_headers, b->max_headers, b->max_header_bytes, what);
 }
 
 /* Events a local publish copies and enqueues at once. */
@@ -375,7 +399,7 @@ static int publish_local(struct kb_topic *t, const kb_msg *msgs, size_t n, size_
     kb_bus *b = t->bus;
     kb_pool *pool = kb__topic_pool(t);
     if (pool == NULL) {
-        kb__errf(NULL, 0, "kb_publish: no subscriber for topic \"%s\" on %s://", t->name,
+        kb_errf(NULL, 0, "kb_publish: no subscriber for topic \"%s\" on %s://", t->name,
                  b->ops->scheme);
         return KB_ENOTFOUND;
     }
@@ -391,7 +415,7 @@ static int publish_local(struct kb_topic *t, const kb_msg *msgs, size_t n, size_
             hashes[k] = kb_fnv1a32(m->key, m->key_len);
             if ((recs[k] = kb__rec_of_msg(t, m)) == NULL) {
                 rc = KB_ENOMEM;
-                kb__errf(NULL, 0, "kb_publish %s: out of memory for an event of %zu bytes",
+                kb_errf(NULL, 0, "kb_publish %s: out of memory for an event of %zu bytes",
                          t->name, m->key_len + m->payload_len);
                 break;
             }
@@ -407,14 +431,14 @@ static int publish_local(struct kb_topic *t, const kb_msg *msgs, size_t n, size_
             rc = sub;
             uint32_t lane = took < k ? hashes[took] % pool->o.lanes : 0;
             if (sub == KB_EFULL && kb__on_executor == &pool->sched->ex[kb_pool_executor_of(pool, lane)])
-                kb__errf(NULL, 0, "kb_publish %s: lane %u full, and it belongs to this handler's "
+                kb_errf(NULL, 0, "kb_publish %s: lane %u full, and it belongs to this handler's "
                          "own executor, which cannot drain it while the handler waits", t->name,
                          lane);
             else if (sub == KB_EFULL)
-                kb__errf(NULL, 0, "kb_publish %s: lane %u full for %d ms", t->name, lane,
+                kb_errf(NULL, 0, "kb_publish %s: lane %u full for %d ms", t->name, lane,
                          b->enqueue_timeout_ms);
             else
-                kb__errf(NULL, 0, "kb_publish %s: bus is closing", t->name);
+                kb_errf(NULL, 0, "kb_publish %s: bus is closing", t->name);
         }
     }
     return rc;
@@ -425,7 +449,7 @@ int kb_publish_batch(kb_topic *t, const kb_msg *msgs, size_t n, size_t *accepted
     size_t done = 0;
     int rc = KB_OK;
     if (t == NULL || (msgs == NULL && n > 0)) {
-        kb__errf(NULL, 0, "kb_publish_batch: %s is NULL", t == NULL ? "topic" : "msgs");
+        kb_errf(NULL, 0, "kb_publish_batch: %s is NULL", t == NULL ? "topic" : "msgs");
         rc = KB_EINVAL;
         goto out;
     }
@@ -434,7 +458,7 @@ int kb_publish_batch(kb_topic *t, const kb_msg *msgs, size_t n, size_t *accepted
      * sets `closing`: no publisher can still be inside once that returns. */
     rcu_read_lock();
     if (atomic_load_explicit(&b->closing, memory_order_seq_cst)) {
-        kb__errf(NULL, 0, "kb_publish %s: bus is closing", t->name);
+        kb_errf(NULL, 0, "kb_publish %s: bus is closing", t->name);
         rc = KB_ECLOSED;
     } else if (b->ops->flags & KB_TRANSPORT_F_LOCAL) {
         rc = publish_local(t, msgs, n, &done);
@@ -444,7 +468,7 @@ int kb_publish_batch(kb_topic *t, const kb_msg *msgs, size_t n, size_t *accepted
             if ((rc = check_msg(b, t->name, &m)) != KB_OK)
                 break;
             m.hash = kb_fnv1a32(m.key, m.key_len);
-            if ((rc = b->ops->publish(b->t, t->name, &m)) != KB_OK)
+            if ((rc = b->ops->publish(b->t, t->tt, &m)) != KB_OK)
                 break;
         }
     }
@@ -471,7 +495,7 @@ int kb_publish(kb_bus *b, const char *topic, const void *key, size_t key_len,
                const void *payload, size_t payload_len)
 {
     if (b == NULL) {
-        kb__errf(NULL, 0, "kb_publish: bus is NULL");
+        kb_errf(NULL, 0, "kb_publish: bus is NULL");
         return KB_EINVAL;
     }
     /* a topic known here was validated when it was created */
@@ -481,12 +505,12 @@ int kb_publish(kb_bus *b, const char *topic, const void *key, size_t key_len,
         if (rc != KB_OK)
             return rc;
         if (b->ops->flags & KB_TRANSPORT_F_LOCAL) {
-            kb__errf(NULL, 0, "kb_publish: no subscriber for topic \"%s\" on %s://", topic,
+            kb_errf(NULL, 0, "kb_publish: no subscriber for topic \"%s\" on %s://", topic,
                      b->ops->scheme);
             return KB_ENOTFOUND;
         }
-        if ((t = kb_topic_get(b, topic, NULL, 0)) == NULL)
-            return atomic_load(&b->closing) ? KB_ECLOSED : KB_ENOMEM;
+        if ((t = topic_for_call(b, topic, &rc)) == NULL)
+            return rc;
     }
     return kb_publish_to(t, key, key_len, payload, payload_len);
 }
@@ -513,33 +537,33 @@ static int flush_pools(kb_bus *b, int timeout_ms)
 int kb_flush(kb_bus *b, int timeout_ms)
 {
     if (b == NULL) {
-        kb__errf(NULL, 0, "kb_flush: bus is NULL");
+        kb_errf(NULL, 0, "kb_flush: bus is NULL");
         return KB_EINVAL;
     }
     if (kb__on_executor) {
         /* It would wait for the lane this handler holds up. */
-        kb__errf(NULL, 0, "kb_flush: called from a handler; it would wait for its own lane");
+        kb_errf(NULL, 0, "kb_flush: called from a handler; it would wait for its own lane");
         return KB_EINVAL;
     }
     int rc = b->ops->flush != NULL ? b->ops->flush(b->t, timeout_ms) : flush_pools(b, timeout_ms);
     if (rc == KB_ETIMEDOUT)
-        kb__errf(NULL, 0, "kb_flush: %d ms deadline passed", timeout_ms);
+        kb_errf(NULL, 0, "kb_flush: %d ms deadline passed", timeout_ms);
     return rc;
 }
 
 int kb_drain(kb_bus *b, int timeout_ms)
 {
     if (b == NULL) {
-        kb__errf(NULL, 0, "kb_drain: bus is NULL");
+        kb_errf(NULL, 0, "kb_drain: bus is NULL");
         return KB_EINVAL;
     }
     if (kb__on_executor) {
-        kb__errf(NULL, 0, "kb_drain: called from a handler; it would wait for its own lane");
+        kb_errf(NULL, 0, "kb_drain: called from a handler; it would wait for its own lane");
         return KB_EINVAL;
     }
     int rc = b->ops->drain != NULL ? b->ops->drain(b->t, timeout_ms) : flush_pools(b, timeout_ms);
     if (rc == KB_ETIMEDOUT)
-        kb__errf(NULL, 0, "kb_drain: %d ms deadline passed before every event was handled",
+        kb_errf(NULL, 0, "kb_drain: %d ms deadline passed before every event was handled",
                  timeout_ms);
     return rc;
 }
@@ -547,7 +571,7 @@ int kb_drain(kb_bus *b, int timeout_ms)
 int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out)
 {
     if (b == NULL || out == NULL) {
-        kb__errf(NULL, 0, "kb_stats: %s is NULL", b == NULL ? "bus" : "out");
+        kb_errf(NULL, 0, "kb_stats: %s is NULL", b == NULL ? "bus" : "out");
         return KB_EINVAL;
     }
     int rc = check_topic(topic, "kb_stats");
@@ -555,7 +579,13 @@ int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out)
         return rc;
     memset(out, 0, sizeof *out);
     struct kb_topic *t = find_topic(b, topic);
-    kb_pool *pool = t != NULL ? kb__topic_pool(t) : NULL;
+    if (t == NULL && (b->ops->flags & KB_TRANSPORT_F_LOCAL)) {
+        kb_errf(NULL, 0, "kb_stats: topic \"%s\" unknown here", topic);
+        return KB_ENOTFOUND;
+    }
+    if (t == NULL && (t = topic_for_call(b, topic, &rc)) == NULL)
+        return rc;
+    kb_pool *pool = kb__topic_pool(t);
     if (pool != NULL) {
         kb_pool_stats ps;
         kb_pool_stats_get(pool, &ps);
@@ -572,11 +602,11 @@ int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out)
         out->dead_letters_lost =
             atomic_load_explicit(&t->dead_letter_failures, memory_order_relaxed);
     }
-    rc = b->ops->stats != NULL ? b->ops->stats(b->t, topic, out) : KB_ENOTFOUND;
+    rc = b->ops->stats != NULL ? b->ops->stats(b->t, t->tt, out) : KB_ENOTFOUND;
     if (pool != NULL && rc == KB_ENOTFOUND)
         rc = KB_OK;
     if (rc == KB_ENOTFOUND)
-        kb__errf(NULL, 0, "kb_stats: topic \"%s\" unknown here", topic);
+        kb_errf(NULL, 0, "kb_stats: topic \"%s\" unknown here", topic);
     return rc;
 }
 
@@ -587,10 +617,12 @@ int kb_partition_stats_get(kb_bus *b, const char *topic, uint32_t partition,
         return KB_EINVAL;
     memset(out, 0, sizeof *out);
     if (b->ops->partition_stats == NULL) {
-        kb__errf(NULL, 0, "%s:// has no partitions", b->ops->scheme);
+        kb_errf(NULL, 0, "%s:// has no partitions", b->ops->scheme);
         return KB_ENOTFOUND;
     }
-    return b->ops->partition_stats(b->t, topic, partition, out);
+    int rc;
+    struct kb_topic *t = topic_for_call(b, topic, &rc);
+    return t != NULL ? b->ops->partition_stats(b->t, t->tt, partition, out) : rc;
 }
 
 int kb_dead_letters(kb_bus *b, const char *topic, const char *after_id, size_t max,
@@ -599,11 +631,13 @@ int kb_dead_letters(kb_bus *b, const char *topic, const char *after_id, size_t m
     if (b == NULL || fn == NULL || check_topic(topic, "kb_dead_letters") != KB_OK)
         return KB_EINVAL;
     if (b->ops->dead_letters == NULL) {
-        kb__errf(NULL, 0, "%s:// keeps no dead-letter store; subscribe to \"%s.dlq\"",
+        kb_errf(NULL, 0, "%s:// keeps no dead-letter store; subscribe to \"%s.dlq\"",
                  b->ops->scheme, topic);
         return KB_ENOTFOUND;
     }
-    return b->ops->dead_letters(b->t, topic, after_id, max, fn, opaque);
+    int rc;
+    struct kb_topic *t = topic_for_call(b, topic, &rc);
+    return t != NULL ? b->ops->dead_letters(b->t, t->tt, after_id, max, fn, opaque) : rc;
 }
 
 int kb_dead_letter_replay(kb_bus *b, const char *topic, const char *id)
@@ -611,21 +645,23 @@ int kb_dead_letter_replay(kb_bus *b, const char *topic, const char *id)
     if (b == NULL || id == NULL || check_topic(topic, "kb_dead_letter_replay") != KB_OK)
         return KB_EINVAL;
     if (b->ops->dead_letter_replay == NULL) {
-        kb__errf(NULL, 0, "%s:// keeps no dead-letter store", b->ops->scheme);
+        kb_errf(NULL, 0, "%s:// keeps no dead-letter store", b->ops->scheme);
         return KB_ENOTFOUND;
     }
-    return b->ops->dead_letter_replay(b->t, topic, id);
+    int rc;
+    struct kb_topic *t = topic_for_call(b, topic, &rc);
+    return t != NULL ? b->ops->dead_letter_replay(b->t, t->tt, id) : rc;
 }
 
 int kb_close(kb_bus *b, int timeout_ms)
 {
     if (b == NULL) {
-        kb__errf(NULL, 0, "kb_close: bus is NULL");
+        kb_errf(NULL, 0, "kb_close: bus is NULL");
         return KB_EINVAL;
     }
     if (kb__on_executor) {
         /* The executors it would stop include the one running this handler. */
-        kb__errf(NULL, 0, "kb_close: called from a handler; close the bus from another thread");
+        kb_errf(NULL, 0, "kb_close: called from a handler; close the bus from another thread");
         return KB_EINVAL;
     }
     int64_t deadline = kb__deadline_ns(timeout_ms);
@@ -656,19 +692,13 @@ int kb_close(kb_bus *b, int timeout_ms)
     /* 5. Stop executors, give back what was not handled (brokers leave it
      *    unacked), close the transport, free. Nothing else runs now. */
     kb__sched_destroy(b->sched);
-    size_t n = 0, cap = 16;
-    struct kb_topic **all = malloc(cap * sizeof *all);
+    size_t n = 0, cap = 0;
+    struct kb_topic **all = NULL;
     rcu_read_lock();
     cds_lfht_for_each_entry(b->topics, &it, t, node) {
-        if (n == cap) {
-            struct kb_topic **more = all ? realloc(all, 2 * cap * sizeof *all) : NULL;
-            if (more == NULL)
-                break;   /* out of memory: leak the rest rather than crash */
-            all = more;
-            cap *= 2;
-        }
-        if (all != NULL)
-            all[n++] = t;
+        if (kb_vec_reserve((void **)&all, &cap, n + 1, sizeof *all) != KB_OK)
+            break;   /* out of memory: leak the rest rather than crash */
+        all[n++] = t;
     }
     for (size_t i = 0; i < n; i++)
         cds_lfht_del(b->topics, &all[i]->node);
@@ -681,7 +711,7 @@ int kb_close(kb_bus *b, int timeout_ms)
             kb__pool_free(p);
         }
     }
-    int closed = b->ops->close(b->t);
+    int closed = b->ops->close(b->t, deadline);
     if (closed != KB_OK && rc == KB_OK)
         rc = closed;
     for (size_t i = 0; i < n; i++) {

@@ -20,6 +20,7 @@ struct kb_topic {
     struct cds_lfht_node node;
     char *name;
     kb_bus *bus;
+    kb_transport_topic *tt;            /* the transport's state (topic_open) */
     _Atomic(kb_pool *) pool;           /* set by kb_subscribe; NULL: no handler here */
     kb_pool *retired;                  /* pools of failed subscribes, freed at kb_close */
     kb_handler_fn fn;                  /* written before pool is published */

@@ -19,15 +19,16 @@
 enum source { FROM_DEFAULT, FROM_FILE, FROM_ENV, FROM_CODE };
 
 struct conf_entry {
-    const kb_prop *prop;
+    const kb_conf_prop *prop;
     char *value;
-    int64_t number;            /* parsed value of KB_PROP_INT keys */
+    int64_t number;            /* parsed value of KB_CONF_INT keys */
     enum source source;
 };
 
 struct kb_conf {
-    size_t n;
+    size_t n, cap;
     struct conf_entry *e;
+    size_t transports_seen;    /* kb__transport_count() when their keys were added */
     _Atomic bool taken;        /* owned by an open bus */
     kb_log_fn log;
     void *log_opaque;
@@ -41,13 +42,13 @@ static struct conf_entry *find(const kb_conf *c, const char *key)
     return NULL;
 }
 
-static int parse_int(const kb_prop *p, const char *value, int64_t *out, char *errstr, size_t errlen)
+static int parse_int(const kb_conf_prop *p, const char *value, int64_t *out, char *errstr, size_t errlen)
 {
     const char *s = value;
     while (isspace((unsigned char)*s))
         s++;
     if (*s == '\0') {
-        kb__errf(errstr, errlen, "%s: empty value, expected an integer in %" PRId64 "..%" PRId64,
+        kb_errf(errstr, errlen, "%s: empty value, expected an integer in %" PRId64 "..%" PRId64,
                  p->name, p->min, p->max);
         return KB_EINVAL;
     }
@@ -57,17 +58,17 @@ static int parse_int(const kb_prop *p, const char *value, int64_t *out, char *er
     while (isspace((unsigned char)*end))
         end++;
     if (end == s || *end != '\0') {
-        kb__errf(errstr, errlen, "%s: \"%s\" is not an integer", p->name, value);
+        kb_errf(errstr, errlen, "%s: \"%s\" is not an integer", p->name, value);
         return KB_EINVAL;
     }
     if (errno == ERANGE) {
-        kb__errf(errstr, errlen, "%s: \"%s\" overflows; allowed %" PRId64 "..%" PRId64, p->name,
+        kb_errf(errstr, errlen, "%s: \"%s\" overflows; allowed %" PRId64 "..%" PRId64, p->name,
                  value, p->min, p->max);
         return KB_EINVAL;
     }
     if (v < p->min || v > p->max) {
         const char *why = v < 0 ? "negative" : v == 0 ? "zero" : "out of range";
-        kb__errf(errstr, errlen, "%s: %lld is %s; allowed %" PRId64 "..%" PRId64, p->name, v, why,
+        kb_errf(errstr, errlen, "%s: %lld is %s; allowed %" PRId64 "..%" PRId64, p->name, v, why,
                  p->min, p->max);
         return KB_EINVAL;
     }
@@ -75,52 +76,57 @@ static int parse_int(const kb_prop *p, const char *value, int64_t *out, char *er
     return KB_OK;
 }
 
-static int check_text(const kb_prop *p, const char *value, char *errstr, size_t errlen)
+static int check_text(const kb_conf_prop *p, const char *value, char *errstr, size_t errlen)
 {
     size_t len = strlen(value);
-    if (p->type != KB_PROP_TEXT && len == 0) {
-        kb__errf(errstr, errlen, "%s: empty value", p->name);
+    if (p->type != KB_CONF_TEXT && len == 0) {
+        kb_errf(errstr, errlen, "%s: empty value", p->name);
         return KB_EINVAL;
     }
     if ((int64_t)len > p->max) {
-        kb__errf(errstr, errlen, "%s: value of %zu bytes is longer than %" PRId64, p->name, len,
+        kb_errf(errstr, errlen, "%s: value of %zu bytes is longer than %" PRId64, p->name, len,
                  p->max);
         return KB_EINVAL;
     }
-    if (p->type == KB_PROP_TEXT)
+    if (p->type == KB_CONF_TEXT || p->type == KB_CONF_SECRET)
         return KB_OK;
-    if (p->type == KB_PROP_ENUM) {
+    if (p->type == KB_CONF_ENUM) {
         for (const char *c = p->choices; *c;) {
             size_t n = strcspn(c, "|");
             if (n == len && strncmp(c, value, n) == 0)
                 return KB_OK;
             c += n + (c[n] == '|');
         }
-        kb__errf(errstr, errlen, "%s: \"%s\" is not one of %s", p->name, value, p->choices);
+        kb_errf(errstr, errlen, "%s: \"%s\" is not one of %s", p->name, value, p->choices);
         return KB_EINVAL;
     }
     for (size_t i = 0; i < len; i++) {
         if (isspace((unsigned char)value[i]) || iscntrl((unsigned char)value[i])) {
-            kb__errf(errstr, errlen, "%s: whitespace or control character at offset %zu", p->name,
+            kb_errf(errstr, errlen, "%s: whitespace or control character at offset %zu", p->name,
                      i);
             return KB_EINVAL;
         }
     }
-    if (p->type == KB_PROP_URL) {
-        const char *sep = strstr(value, "://");
-        if (sep == NULL || sep == value) {
-            kb__errf(errstr, errlen, "%s: \"%s\" is not a URL (expected scheme://...)", p->name,
-                     value);
-            return KB_EINVAL;
+    if (p->type == KB_CONF_URL) {
+        char why[256];
+        kb_url *u = kb_url_parse(value, why, sizeof why);
+        if (u == NULL) {
+            kb_errf(errstr, errlen, "%s: %s", p->name, why);
+            return strstr(why, "out of memory") ? KB_ENOMEM : KB_EINVAL;
         }
-        size_t slen = (size_t)(sep - value);
-        if (kb__transport_find(value, slen) == NULL) {
+        const kb_transport_ops *ops = kb__transport_find(u->scheme, strlen(u->scheme));
+        int rc = KB_OK;
+        if (ops == NULL) {
             char known[128];
             kb__transport_schemes(known, sizeof known);
-            kb__errf(errstr, errlen, "%s: unknown URL scheme \"%.*s\" (known: %s)", p->name,
-                     (int)(slen < 31 ? slen : 31), value, known);
-            return KB_ENOTFOUND;
+            kb_errf(errstr, errlen, "%s: unknown URL scheme \"%.31s\" (known: %s)", p->name,
+                    u->scheme, known);
+            rc = KB_ENOTFOUND;
+        } else if (ops->check_url != NULL && (rc = ops->check_url(u, why, sizeof why)) != KB_OK) {
+            kb_errf(errstr, errlen, "%s", why);
         }
+        kb_url_free(u);
+        return rc;
     }
     return KB_OK;
 }
@@ -130,13 +136,13 @@ static int store(struct conf_entry *e, const char *value, enum source source, ch
                  size_t errlen)
 {
     int64_t number = 0;
-    int rc = e->prop->type == KB_PROP_INT ? parse_int(e->prop, value, &number, errstr, errlen)
+    int rc = e->prop->type == KB_CONF_INT ? parse_int(e->prop, value, &number, errstr, errlen)
                                           : check_text(e->prop, value, errstr, errlen);
     if (rc != KB_OK || source < e->source)
         return rc;
     char *copy = strdup(value);
     if (copy == NULL) {
-        kb__errf(errstr, errlen, "%s: out of memory", e->prop->name);
+        kb_errf(errstr, errlen, "%s: out of memory", e->prop->name);
         return KB_ENOMEM;
     }
     free(e->value);
@@ -144,6 +150,24 @@ static int store(struct conf_entry *e, const char *value, enum source source, ch
     e->number = number;
     e->source = source;
     return KB_OK;
+}
+
+static int sync_props(kb_conf *c);
+
+/* store() for entry i of c; `transport.plugins` loads its plugins at once, so
+ * their keys and schemes are known to the keys set after it. */
+static int store_in(kb_conf *c, size_t i, const char *value, enum source source, char *errstr,
+                    size_t errlen)
+{
+    int rc = store(&c->e[i], value, source, errstr, errlen);
+    if (rc != KB_OK || strcmp(c->e[i].prop->name, "transport.plugins") != 0 || value[0] == '\0')
+        return rc;
+    rc = kb__transport_load_plugins(value, errstr, errlen);
+    if (rc == KB_OK && sync_props(c) != KB_OK) {
+        kb_errf(errstr, errlen, "transport.plugins: out of memory");
+        rc = KB_ENOMEM;
+    }
+    return rc;
 }
 
 static void default_consumer(char *buf, size_t len)
@@ -161,35 +185,50 @@ static void default_consumer(char *buf, size_t len)
 static int conf_store(kb_conf *c, const char *key, const char *value, enum source source,
                       char *errstr, size_t errlen);
 
+/* Add the keys of `table` this conf lacks, holding their defaults. */
+static int add_table(kb_conf *c, const kb_conf_prop *table)
+{
+    for (const kb_conf_prop *p = table; p != NULL && p->name != NULL; p++) {
+        if (find(c, p->name) != NULL)
+            continue;   /* redis:// and rediss:// share a table */
+        if (kb_vec_reserve((void **)&c->e, &c->cap, c->n + 1, sizeof *c->e) != KB_OK)
+            return KB_ENOMEM;
+        struct conf_entry *e = &c->e[c->n];
+        memset(e, 0, sizeof *e);
+        char consumer[128];
+        const char *def = p->def;
+        if (def == NULL) {
+            default_consumer(consumer, sizeof consumer);
+            def = consumer;
+        }
+        e->prop = p;
+        if (store(e, def, FROM_DEFAULT, NULL, 0) != KB_OK)
+            return KB_ENOMEM;
+        c->n++;
+    }
+    return KB_OK;
+}
+
+/* Bring in the keys of transports registered since the last call. */
+static int sync_props(kb_conf *c)
+{
+    size_t n = kb__transport_count();
+    for (; c->transports_seen < n; c->transports_seen++) {
+        int rc = add_table(c, kb__transport_at(c->transports_seen)->props);
+        if (rc != KB_OK)
+            return rc;
+    }
+    return KB_OK;
+}
+
 kb_conf *kb_conf_new(void)
 {
     kb_conf *c = calloc(1, sizeof *c);
     if (c == NULL)
         return NULL;
-    size_t n = 0;
-    for (const kb_prop *const *t = kb__prop_tables; *t; t++)
-        for (const kb_prop *p = *t; p->name; p++)
-            n++;
-    c->e = calloc(n, sizeof *c->e);
-    if (c->e == NULL) {
-        free(c);
+    if (add_table(c, kb__core_props) != KB_OK || sync_props(c) != KB_OK) {
+        kb__conf_free(c);
         return NULL;
-    }
-    for (const kb_prop *const *t = kb__prop_tables; *t; t++) {
-        for (const kb_prop *p = *t; p->name; p++) {
-            struct conf_entry *e = &c->e[c->n++];
-            char consumer[128];
-            const char *def = p->def;
-            if (def == NULL) {
-                default_consumer(consumer, sizeof consumer);
-                def = consumer;
-            }
-            e->prop = p;
-            if (store(e, def, FROM_DEFAULT, NULL, 0) != KB_OK) {
-                kb_conf_destroy(c);
-                return NULL;
-            }
-        }
     }
     return c;
 }
@@ -203,21 +242,23 @@ static int conf_store(kb_conf *c, const char *key, const char *value, enum sourc
                       char *errstr, size_t errlen)
 {
     if (c == NULL || key == NULL || value == NULL) {
-        kb__errf(errstr, errlen, "kb_conf_set: %s is NULL",
+        kb_errf(errstr, errlen, "kb_conf_set: %s is NULL",
                  c == NULL ? "conf" : key == NULL ? "key" : "value");
         return KB_EINVAL;
     }
-    struct conf_entry *e = find(c, key);
-    if (e == NULL) {
-        kb__errf(errstr, errlen, "unknown configuration key \"%s\"", key);
-        return KB_ENOTFOUND;
-    }
-    if (atomic_load_explicit(&c->taken, memory_order_acquire)) {
-        kb__errf(errstr, errlen, "%s: this kb_conf belongs to an open bus and cannot change",
+    if (atomic_load_explicit(&c->taken, memory_order_acquire) && source != FROM_ENV) {
+        kb_errf(errstr, errlen, "%s: this kb_conf belongs to an open bus and cannot change",
                  key);
         return KB_EINVAL;
     }
-    return store(e, value, source, errstr, errlen);
+    struct conf_entry *e = find(c, key);
+    if (e == NULL && sync_props(c) == KB_OK)
+        e = find(c, key);   /* a transport registered since kb_conf_new */
+    if (e == NULL) {
+        kb_errf(errstr, errlen, "unknown configuration key \"%s\"", key);
+        return KB_ENOTFOUND;
+    }
+    return store_in(c, (size_t)(e - c->e), value, source, errstr, errlen);
 }
 
 int kb_conf_get(const kb_conf *c, const char *key, char *buf, size_t buflen)
@@ -265,7 +306,7 @@ static int on_ini_pair(void *user, const char *section, const char *name, const 
     int rc = conf_store(st->c, key, value, FROM_FILE, why, sizeof why);
     if (rc != KB_OK) {
         st->rc = rc;
-        kb__errf(st->errstr, st->errlen, "%s: %s", st->path, why);
+        kb_errf(st->errstr, st->errlen, "%s: %s", st->path, why);
         return 0;
     }
     return 1;
@@ -274,23 +315,23 @@ static int on_ini_pair(void *user, const char *section, const char *name, const 
 int kb_conf_load(kb_conf *c, const char *path, char *errstr, size_t errlen)
 {
     if (c == NULL || path == NULL) {
-        kb__errf(errstr, errlen, "kb_conf_load: %s is NULL", c == NULL ? "conf" : "path");
+        kb_errf(errstr, errlen, "kb_conf_load: %s is NULL", c == NULL ? "conf" : "path");
         return KB_EINVAL;
     }
     struct ini_state st = {c, path, KB_OK, errstr, errlen};
     int line = ini_parse(path, on_ini_pair, &st);
     if (line < 0) {
-        kb__errf(errstr, errlen, "%s: cannot read: %s", path, strerror(errno));
+        kb_errf(errstr, errlen, "%s: cannot read: %s", path, strerror(errno));
         return KB_EINVAL;
     }
     if (st.rc != KB_OK) {
         char first[256];
         snprintf(first, sizeof first, "%s", errstr != NULL ? errstr : "");
-        kb__errf(errstr, errlen, "%s (line %d)", first, line);
+        kb_errf(errstr, errlen, "%s (line %d)", first, line);
         return st.rc;
     }
     if (line > 0) {
-        kb__errf(errstr, errlen, "%s:%d: not a `key = value` line or [section]", path, line);
+        kb_errf(errstr, errlen, "%s:%d: not a `key = value` line or [section]", path, line);
         return KB_EINVAL;
     }
     return KB_OK;
@@ -307,7 +348,7 @@ static void env_name(const char *key, char *buf, size_t len)
 int kb__conf_env(kb_conf *c, char *errstr, size_t errlen)
 {
     if (c == NULL) {
-        kb__errf(errstr, errlen, "kb_conf_apply_env: conf is NULL");
+        kb_errf(errstr, errlen, "kb_conf_apply_env: conf is NULL");
         return KB_EINVAL;
     }
     for (size_t i = 0; i < c->n; i++) {
@@ -317,9 +358,9 @@ int kb__conf_env(kb_conf *c, char *errstr, size_t errlen)
         if (value == NULL)
             continue;
         char why[256];
-        int rc = store(&c->e[i], value, FROM_ENV, why, sizeof why);
+        int rc = store_in(c, i, value, FROM_ENV, why, sizeof why);
         if (rc != KB_OK) {
-            kb__errf(errstr, errlen, "environment %s: %s", name, why);
+            kb_errf(errstr, errlen, "environment %s: %s", name, why);
             return rc;
         }
     }
@@ -329,7 +370,7 @@ int kb__conf_env(kb_conf *c, char *errstr, size_t errlen)
 int kb_conf_apply_env(kb_conf *c, char *errstr, size_t errlen)
 {
     if (c != NULL && atomic_load_explicit(&c->taken, memory_order_acquire)) {
-        kb__errf(errstr, errlen, "kb_conf_apply_env: this kb_conf belongs to an open bus and "
+        kb_errf(errstr, errlen, "kb_conf_apply_env: this kb_conf belongs to an open bus and "
                  "cannot change");
         return KB_EINVAL;
     }
@@ -407,7 +448,8 @@ kb_conf *kb_conf_dup(const kb_conf *c)
     if (d == NULL)
         return NULL;
     for (size_t i = 0; i < c->n; i++) {
-        if (store(&d->e[i], c->e[i].value, c->e[i].source, NULL, 0) != KB_OK) {
+        struct conf_entry *e = find(d, c->e[i].prop->name);
+        if (e == NULL || store(e, c->e[i].value, c->e[i].source, NULL, 0) != KB_OK) {
             kb_conf_destroy(d);
             return NULL;
         }
@@ -437,20 +479,23 @@ void kb_conf_destroy(kb_conf *c)
 
 void kb__conf_free(kb_conf *c)
 {
+    if (c == NULL)
+        return;
     for (size_t i = 0; i < c->n; i++)
         free(c->e[i].value);
     free(c->e);
     free(c);
 }
 
-static const char *type_name(kb_prop_type t)
+static const char *type_name(kb_conf_type t)
 {
     switch (t) {
-    case KB_PROP_INT: return "integer";
-    case KB_PROP_URL: return "URL";
-    case KB_PROP_TEXT: return "text";
-    case KB_PROP_ENUM: return "one of";
-    case KB_PROP_STR: break;
+    case KB_CONF_INT: return "integer";
+    case KB_CONF_URL: return "URL";
+    case KB_CONF_TEXT: return "text";
+    case KB_CONF_SECRET: return "secret";
+    case KB_CONF_ENUM: return "one of";
+    case KB_CONF_STR: break;
     }
     return "name";
 }
@@ -459,7 +504,8 @@ void kb__conf_write_markdown(FILE *out)
 {
     fprintf(out, "# keybus configuration\n\n"
                  "Generated by `keybus conf-doc` from the property tables in `core/conf_props.c`\n"
-                 "and `transports/*/`; do not edit by hand (a test compares it).\n\n"
+                 "and each transport's `props` (`transports/*/`, plugins loaded with\n"
+                 "`transport.plugins`); do not edit by hand (a test compares it).\n\n"
                  "Set keys with `kb_conf_set()`, in an INI file read by `kb_conf_load()`\n"
                  "(`[pool]` then `workers = 64` sets `pool.workers`), or with environment\n"
                  "variables `KEYBUS_<KEY>` (dots as underscores, upper case), which `kb_open()`\n"
@@ -471,13 +517,17 @@ void kb__conf_write_markdown(FILE *out)
                  "nearest key.\n\n"
                  "| key | type | default | range | environment | meaning |\n"
                  "|---|---|---|---|---|---|\n");
-    for (const kb_prop *const *t = kb__prop_tables; *t; t++) {
-        for (const kb_prop *p = *t; p->name; p++) {
+    size_t n = kb__transport_count();
+    for (size_t i = 0; i <= n; i++) {
+        const kb_conf_prop *t = i == 0 ? kb__core_props : kb__transport_at(i - 1)->props;
+        if (i > 1 && t == kb__transport_at(i - 2)->props)
+            continue;   /* redis:// and rediss:// share a table */
+        for (const kb_conf_prop *p = t; p != NULL && p->name; p++) {
             char env[160], range[64];
             env_name(p->name, env, sizeof env);
-            if (p->type == KB_PROP_INT)
+            if (p->type == KB_CONF_INT)
                 snprintf(range, sizeof range, "%" PRId64 " .. %" PRId64, p->min, p->max);
-            else if (p->type == KB_PROP_ENUM)
+            else if (p->type == KB_CONF_ENUM)
                 snprintf(range, sizeof range, "%s", p->choices);
             else
                 snprintf(range, sizeof range, "up to %" PRId64 " bytes", p->max);

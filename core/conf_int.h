@@ -9,27 +9,10 @@
 
 #include <keybus/keybus.h>
 
-typedef enum {
-    KB_PROP_INT,      /* decimal integer within [min, max] */
-    KB_PROP_STR,      /* non-empty text without whitespace, at most `max` bytes */
-    KB_PROP_URL,      /* scheme://...; the scheme must name a registered transport */
-    KB_PROP_TEXT,     /* any text, possibly empty, at most `max` bytes (paths) */
-    KB_PROP_ENUM,     /* one of the '|'-separated words in `choices` */
-} kb_prop_type;
-
-typedef struct kb_prop {
-    const char  *name;
-    kb_prop_type type;
-    const char  *def;         /* NULL: computed at kb_conf_new (see doc) */
-    int64_t      min, max;
-    const char  *doc;
-    const char  *choices;     /* KB_PROP_ENUM: "a|b|c" */
-} kb_prop;
+#include <keybus/transport.h>
 
 /* Tables end with a row whose name is NULL. */
-extern const kb_prop kb__core_props[];
-/* Every table: core first, then one per built-in transport; NULL-terminated. */
-extern const kb_prop *const kb__prop_tables[];
+extern const kb_conf_prop kb__core_props[];
 
 /* Write the Markdown reference of every key. */
 void kb__conf_write_markdown(FILE *out);

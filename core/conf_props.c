@@ -1,51 +1,56 @@
-/* Core configuration keys (design §4). Transports add their own tables. */
+/* Core configuration keys (design §4). Transports declare their own keys
+ * (kb_transport_ops.props). */
 #include "conf_int.h"
 
 #define MS_HOUR 3600000
 #define MS_DAY 86400000
 
-const kb_prop kb__core_props[] = {
-    {"conf.env", KB_PROP_ENUM, "true", 0, 8,
+const kb_conf_prop kb__core_props[] = {
+    {"conf.env", KB_CONF_ENUM, "true", 0, 8,
      "`false`: `kb_open` ignores `KEYBUS_*` environment variables.", "true|false"},
-    {"transport", KB_PROP_URL, "mem://", 0, 4096,
+    {"transport.plugins", KB_CONF_TEXT, "", 0, 4096,
+     "Comma-separated paths of transport plugins (shared objects exporting "
+     "`kb_transport_plugin`, docs/transports.md) to load when this key is set; their "
+     "schemes and `<scheme>.*` keys are known from then on."},
+    {"transport", KB_CONF_URL, "mem://", 0, 4096,
      "Transport URL; the scheme picks the transport: `mem://`, "
      "`redis://[user:pass@]host:port[/db]`, `nats://[user:pass@]host:port`."},
-    {"pool.workers", KB_PROP_INT, "1024", 1, 1 << 20,
+    {"pool.workers", KB_CONF_INT, "1024", 1, 1 << 20,
      "Lanes per topic. An aggregate always maps to lane `fnv1a32(key) % pool.workers`."},
-    {"pool.threads", KB_PROP_INT, "0", 0, 1024,
+    {"pool.threads", KB_CONF_INT, "0", 0, 1024,
      "Executor threads per bus, shared by all topics; 0 = automatic: the online CPUs, "
      "less one for the publisher unless `pool.idle` is `block` (at least 1)."},
-    {"pool.idle", KB_PROP_ENUM, "adaptive", 0, 32,
+    {"pool.idle", KB_CONF_ENUM, "adaptive", 0, 32,
      "What executors do when their lanes are empty and publishers do on a full lane: "
      "`spin` (busy-poll), `yield` (`sched_yield` loop), `block` (futex at once) or "
      "`adaptive` (spin ~50 µs, yield ~2 ms, then block). Trade-offs in docs/benchmarks.md.",
      "adaptive|spin|yield|block"},
-    {"pool.queue_capacity", KB_PROP_INT, "1000", 1, 1 << 24,
+    {"pool.queue_capacity", KB_CONF_INT, "1000", 1, 1 << 24,
      "Events per lane (the ring is rounded up to a power of two)."},
-    {"pool.enqueue_timeout_ms", KB_PROP_INT, "200", 0, MS_HOUR,
+    {"pool.enqueue_timeout_ms", KB_CONF_INT, "200", 0, MS_HOUR,
      "How long `kb_publish` waits on a full lane before `KB_EFULL`; 0 = not at all."},
-    {"retry.max_attempts", KB_PROP_INT, "5", 1, 1000000,
+    {"retry.max_attempts", KB_CONF_INT, "5", 1, 1000000,
      "Deliveries of one event before it is dead-lettered."},
-    {"retry.backoff_ms", KB_PROP_INT, "10", 0, MS_HOUR,
+    {"retry.backoff_ms", KB_CONF_INT, "10", 0, MS_HOUR,
      "Delay before the first retry; doubles per attempt, with jitter. Only the "
      "event's lane waits."},
-    {"retry.max_backoff_ms", KB_PROP_INT, "5000", 0, MS_DAY,
+    {"retry.max_backoff_ms", KB_CONF_INT, "5000", 0, MS_DAY,
      "Cap on the retry delay; must be at least `retry.backoff_ms`."},
-    {"limits.max_key_bytes", KB_PROP_INT, "1024", 1, 65535,
+    {"limits.max_key_bytes", KB_CONF_INT, "1024", 1, 65535,
      "Longest aggregate ID accepted; longer keys get `KB_ETOOBIG`."},
-    {"limits.max_payload_bytes", KB_PROP_INT, "1048576", 0, 1 << 30,
+    {"limits.max_payload_bytes", KB_CONF_INT, "1048576", 0, 1 << 30,
      "Largest payload accepted; larger ones get `KB_ETOOBIG`."},
-    {"limits.max_headers", KB_PROP_INT, "16", 0, 64,
+    {"limits.max_headers", KB_CONF_INT, "16", 0, 64,
      "Headers per event (`kb_msg.headers`); more get `KB_ETOOBIG`."},
-    {"limits.max_header_bytes", KB_PROP_INT, "4096", 0, 65536,
+    {"limits.max_header_bytes", KB_CONF_INT, "4096", 0, 65536,
      "Bytes of header names and values together per event; more get `KB_ETOOBIG`."},
-    {"partitions", KB_PROP_INT, "8", 1, 4096,
+    {"partitions", KB_CONF_INT, "8", 1, 4096,
      "Broker partitions per topic (Redis streams or JetStream subjects); "
      "partition = `fnv1a32(key) % partitions`. Must match what the broker stores."},
-    {"group", KB_PROP_STR, "keybus", 1, 128,
+    {"group", KB_CONF_STR, "keybus", 1, 128,
      "Consumer group (Redis) or durable-name prefix (NATS)."},
-    {"consumer", KB_PROP_STR, NULL, 1, 128,
+    {"consumer", KB_CONF_STR, NULL, 1, 128,
      "This process's consumer name; default `<hostname>-<pid>`. Keep it stable "
      "across restarts to pick up your own pending entries first."},
-    {NULL, KB_PROP_INT, NULL, 0, 0, NULL},
+    {NULL, KB_CONF_INT, NULL, 0, 0, NULL},
 };

@@ -28,12 +28,12 @@ const char *kb_last_error(void)
     return last_error;
 }
 
-void kb__err_clear(void)
+void kb_err_clear(void)
 {
     last_error[0] = '\0';
 }
 
-void kb__errf(char *errstr, size_t errlen, const char *fmt, ...)
+void kb_errf(char *errstr, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);

@@ -11,17 +11,17 @@ static int name_char(unsigned char c)
            c == '.' || c == '_' || c == '-';
 }
 
-int kb__headers_check(const kb_header *h, size_t n, size_t max_n, size_t max_bytes,
+int kb_headers_check(const kb_header *h, size_t n, size_t max_n, size_t max_bytes,
                       const char *what)
 {
     if (n == 0)
         return KB_OK;
     if (h == NULL) {
-        kb__errf(NULL, 0, "%s: headers is NULL but n_headers is %zu", what, n);
+        kb_errf(NULL, 0, "%s: headers is NULL but n_headers is %zu", what, n);
         return KB_EINVAL;
     }
     if (n > max_n) {
-        kb__errf(NULL, 0, "%s: %zu headers exceed limits.max_headers (%zu)", what, n, max_n);
+        kb_errf(NULL, 0, "%s: %zu headers exceed limits.max_headers (%zu)", what, n, max_n);
         return KB_ETOOBIG;
     }
     size_t bytes = 0;
@@ -29,37 +29,37 @@ int kb__headers_check(const kb_header *h, size_t n, size_t max_n, size_t max_byt
         const char *name = h[i].name;
         size_t len = name != NULL ? strnlen(name, KB_MAX_HEADER_NAME + 1) : 0;
         if (len == 0 || len > KB_MAX_HEADER_NAME) {
-            kb__errf(NULL, 0, "%s: header %zu: name %s", what, i,
+            kb_errf(NULL, 0, "%s: header %zu: name %s", what, i,
                      name == NULL ? "is NULL" : len == 0 ? "is empty" : "is over 64 bytes");
             return KB_EINVAL;
         }
         for (size_t k = 0; k < len; k++)
             if (!name_char((unsigned char)name[k])) {
-                kb__errf(NULL, 0, "%s: header %zu: name has 0x%02x at %zu; allowed: letters, "
+                kb_errf(NULL, 0, "%s: header %zu: name has 0x%02x at %zu; allowed: letters, "
                          "digits, '.', '_', '-'", what, i, (unsigned char)name[k], k);
                 return KB_EINVAL;
             }
         if (strncasecmp(name, "kb-", 3) == 0 || strncasecmp(name, "nats-", 5) == 0) {
-            kb__errf(NULL, 0, "%s: header \"%s\": names starting with Kb- or Nats- are reserved",
+            kb_errf(NULL, 0, "%s: header \"%s\": names starting with Kb- or Nats- are reserved",
                      what, name);
             return KB_EINVAL;
         }
         if (h[i].value == NULL && h[i].value_len > 0) {
-            kb__errf(NULL, 0, "%s: header \"%s\": value is NULL but value_len is %zu", what,
+            kb_errf(NULL, 0, "%s: header \"%s\": value is NULL but value_len is %zu", what,
                      name, h[i].value_len);
             return KB_EINVAL;
         }
         const char *v = h[i].value;
         for (size_t k = 0; k < h[i].value_len; k++)
             if (v[k] == '\0' || v[k] == '\r' || v[k] == '\n') {
-                kb__errf(NULL, 0, "%s: header \"%s\": value has %s at %zu (NUL, CR and LF "
+                kb_errf(NULL, 0, "%s: header \"%s\": value has %s at %zu (NUL, CR and LF "
                          "cannot cross every broker)", what, name,
                          v[k] == '\0' ? "NUL" : v[k] == '\r' ? "CR" : "LF", k);
                 return KB_EINVAL;
             }
         bytes += len + h[i].value_len;
         if (bytes > max_bytes) {
-            kb__errf(NULL, 0, "%s: headers exceed limits.max_header_bytes (%zu) at \"%s\"",
+            kb_errf(NULL, 0, "%s: headers exceed limits.max_header_bytes (%zu) at \"%s\"",
                      what, max_bytes, name);
             return KB_ETOOBIG;
         }
@@ -67,7 +67,7 @@ int kb__headers_check(const kb_header *h, size_t n, size_t max_n, size_t max_byt
     return KB_OK;
 }
 
-size_t kb__headers_size(const kb_header *h, size_t n)
+size_t kb_headers_packed_size(const kb_header *h, size_t n)
 {
     size_t bytes = 0;
     for (size_t i = 0; i < n; i++)
@@ -75,7 +75,7 @@ size_t kb__headers_size(const kb_header *h, size_t n)
     return bytes;
 }
 
-void kb__headers_write(char *dst, const kb_header *h, size_t n)
+void kb_headers_pack(char *dst, const kb_header *h, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         size_t len = strlen(h[i].name);
@@ -91,7 +91,7 @@ void kb__headers_write(char *dst, const kb_header *h, size_t n)
     }
 }
 
-void kb__headers_read(const char *src, size_t n, kb_header *out)
+void kb_headers_unpack(const char *src, size_t n, kb_header *out)
 {
     for (size_t i = 0; i < n; i++) {
         size_t len = (unsigned char)*src++;

@@ -25,18 +25,6 @@ uint32_t kb_fnv1a32(const void *data, size_t len)
     return h;
 }
 
-/* murmur3's finaliser: lane numbers that share low bits (the lanes of one broker
- * partition) still spread over every executor. */
-static uint32_t mix32(uint32_t x)
-{
-    x ^= x >> 16;
-    x *= 0x85ebca6bu;
-    x ^= x >> 13;
-    x *= 0xc2b2ae35u;
-    x ^= x >> 16;
-    return x;
-}
-
 void kb_pool_options_init(kb_pool_options *o)
 {
     memset(o, 0, sizeof *o);
@@ -167,7 +155,7 @@ static struct kb_lane *lane_create(kb_pool *p, uint32_t idx)
     lane->index = idx;
     lane->attempt = 1;
     lane->space.hot_pokers = 1;   /* executors poke it after every visit */
-    lane->ex = &p->sched->ex[mix32(idx ^ p->o.salt) % p->sched->n];
+    lane->ex = &p->sched->ex[(uint32_t)(kb_mix64(idx ^ p->o.salt) % p->sched->n)];
     struct kb_lane *expected = NULL;
     if (!atomic_compare_exchange_strong_explicit(&p->lanes[idx], &expected, lane,
                                                  memory_order_acq_rel, memory_order_acquire)) {
@@ -446,7 +434,7 @@ uint32_t kb_pool_lane_of(const kb_pool *p, const void *key, size_t key_len)
 
 uint32_t kb_pool_executor_of(const kb_pool *p, uint32_t lane)
 {
-    return mix32(lane ^ p->o.salt) % p->sched->n;
+    return (uint32_t)(kb_mix64(lane ^ p->o.salt) % p->sched->n);
 }
 
 /* ---- waiting for work to finish ---- */

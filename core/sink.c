@@ -19,10 +19,10 @@ static kb_rec *rec_new(struct kb_topic *topic, const void *key, size_t key_len,
                        const void *payload, size_t payload_len, const char *id, size_t id_len,
                        const kb_header *headers, size_t n_headers)
 {
-    size_t headers_size = n_headers ? kb__headers_size(headers, n_headers) : 0;
+    size_t headers_size = n_headers ? kb_headers_packed_size(headers, n_headers) : 0;
     kb_rec *r = kb__rec_alloc(key_len + payload_len + id_len + 1 + headers_size);
     if (r == NULL) {
-        kb__errf(NULL, 0, "topic %s: out of memory for an event of %zu bytes", topic->name,
+        kb_errf(NULL, 0, "topic %s: out of memory for an event of %zu bytes", topic->name,
                  key_len + payload_len);
         return NULL;
     }
@@ -41,7 +41,7 @@ static kb_rec *rec_new(struct kb_topic *topic, const void *key, size_t key_len,
     memcpy(r->data + key_len + payload_len, id, id_len);
     r->data[key_len + payload_len + id_len] = '\0';
     if (n_headers > 0)
-        kb__headers_write(r->data + key_len + payload_len + id_len + 1, headers, n_headers);
+        kb_headers_pack(r->data + key_len + payload_len + id_len + 1, headers, n_headers);
     return r;
 }
 
@@ -56,15 +56,15 @@ int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, in
     const char *id = d->id != NULL ? d->id : "";
     size_t id_len = strlen(id);
     if (id_len > KB_MAX_ID_BYTES) {
-        kb__errf(NULL, 0, "delivery ID of %zu bytes is longer than %d", id_len, KB_MAX_ID_BYTES);
+        kb_errf(NULL, 0, "delivery ID of %zu bytes is longer than %d", id_len, KB_MAX_ID_BYTES);
         return KB_EINVAL;
     }
     kb_pool *pool = kb__topic_pool(topic);
     if (pool == NULL) {
-        kb__errf(NULL, 0, "topic %s: nobody subscribed here", topic->name);
+        kb_errf(NULL, 0, "topic %s: nobody subscribed here", topic->name);
         return KB_ENOTFOUND;
     }
-    int rc = kb__headers_check(d->headers, d->n_headers, KB_MAX_HEADERS, 65536, "delivery");
+    int rc = kb_headers_check(d->headers, d->n_headers, KB_MAX_HEADERS, 65536, "delivery");
     if (rc != KB_OK)
         return rc;
     kb_rec *r = rec_new(topic, d->key, d->key_len, d->payload, d->payload_len, id, id_len,
@@ -79,10 +79,10 @@ int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, in
     if (rc != KB_OK) {
         kb__rec_free(r);
         if (rc == KB_EFULL)
-            kb__errf(NULL, 0, "topic %s: lane %u full for %d ms", topic->name,
+            kb_errf(NULL, 0, "topic %s: lane %u full for %d ms", topic->name,
                      hash % pool->o.lanes, timeout_ms);
         else if (rc == KB_ECLOSED)
-            kb__errf(NULL, 0, "topic %s: bus is closing", topic->name);
+            kb_errf(NULL, 0, "topic %s: bus is closing", topic->name);
     }
     return rc;
 }
@@ -91,7 +91,7 @@ int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms)
 {
     if (s == NULL || d == NULL || d->key == NULL || d->key_len == 0 ||
         (d->payload == NULL && d->payload_len > 0)) {
-        kb__errf(NULL, 0, "kb_sink_deliver: %s", s == NULL ? "sink is NULL"
+        kb_errf(NULL, 0, "kb_sink_deliver: %s", s == NULL ? "sink is NULL"
                                                  : d == NULL ? "delivery is NULL"
                                                  : d->key == NULL || d->key_len == 0
                                                      ? "key is NULL or empty"
@@ -122,6 +122,7 @@ int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms)
 static void delivery_of(const kb_rec *r, uint32_t attempt, kb_delivery *d, kb_header *headers)
 {
     d->topic = r->topic->name;
+    d->tt = r->topic->tt;
     d->key = kb__rec_key(r);
     d->key_len = r->key_len;
     d->payload = kb__rec_payload(r);
@@ -133,7 +134,7 @@ static void delivery_of(const kb_rec *r, uint32_t attempt, kb_delivery *d, kb_he
     d->headers = headers;
     d->n_headers = headers != NULL ? r->n_headers : 0;
     if (headers != NULL && r->n_headers > 0)
-        kb__headers_read(kb__rec_headers(r), r->n_headers, headers);
+        kb_headers_unpack(kb__rec_headers(r), r->n_headers, headers);
 }
 
 /* The handler call running on this thread, for kb_event_set_reason. */
@@ -158,7 +159,7 @@ int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
     }
     kb_header headers[KB_MAX_HEADERS];
     if (r->n_headers > 0)
-        kb__headers_read(kb__rec_headers(r), r->n_headers, headers);
+        kb_headers_unpack(kb__rec_headers(r), r->n_headers, headers);
     kb_event ev = {
         .topic = topic->name,
         .key = kb__rec_key(r),
@@ -191,7 +192,7 @@ int kb_event_set_reason(const kb_event *ev, const char *fmt, ...)
 {
     struct handler_call *call = &current_call;
     if (ev == NULL || fmt == NULL || call->ev != ev) {
-        kb__errf(NULL, 0, "kb_event_set_reason: %s", ev == NULL || fmt == NULL
+        kb_errf(NULL, 0, "kb_event_set_reason: %s", ev == NULL || fmt == NULL
                  ? "event or format is NULL" : "not the event this thread's handler is running for");
         return KB_EINVAL;
     }
@@ -222,7 +223,7 @@ void kb__topic_finish(void *item, int outcome, uint32_t attempts, void *opaque)
             kb_log(b, KB_LOG_WARNING, "topic %s: ack of %s failed: %s", topic->name, d.id, kb_strerror(rc));
     } else if (outcome == KB_DEAD) {
         const char *reason = r->dead_reason ? r->dead_reason : "dead-lettered";
-        kb__err_clear();
+        kb_err_clear();
         int rc = b->ops->dead_letter(b->t, &d, reason);
         if (rc != KB_OK) {
             atomic_fetch_add_explicit(&topic->dead_letter_failures, 1, memory_order_relaxed);

@@ -5,6 +5,7 @@
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -76,4 +77,46 @@ int kb__signal_wait(kb_signal *s, int (*ready)(void *arg), void *arg, int64_t de
     }
     atomic_fetch_sub_explicit(&s->waiters, 1, memory_order_relaxed);
     return ok;
+}
+
+/* The SDK's clock and signal: the same code the core uses. */
+int64_t kb_now_ns(void)
+{
+    return kb__now_ns();
+}
+
+int64_t kb_deadline_ns(int timeout_ms)
+{
+    return kb__deadline_ns(timeout_ms);
+}
+
+int kb_deadline_left_ms(int64_t deadline_ns)
+{
+    if (deadline_ns == INT64_MAX)
+        return -1;
+    int64_t left = deadline_ns - kb__now_ns();
+    if (left <= 0)
+        return 0;
+    int64_t ms = (left + 999999) / 1000000;
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+kb_signal *kb_signal_new(void)
+{
+    return calloc(1, sizeof(kb_signal));
+}
+
+void kb_signal_free(kb_signal *s)
+{
+    free(s);
+}
+
+void kb_signal_notify(kb_signal *s)
+{
+    kb__signal_notify(s);
+}
+
+int kb_signal_wait(kb_signal *s, int (*ready)(void *arg), void *arg, int64_t deadline_ns)
+{
+    return kb__signal_wait(s, ready, arg, deadline_ns);
 }

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <time.h>
 
+#include <keybus/transport.h>
+
 #if defined(__SANITIZE_THREAD__)
 #define KB_TSAN 1
 #elif defined(__has_feature)

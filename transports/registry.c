@@ -1,36 +1,22 @@
-/* Built-in transports and their configuration tables, plus transports the
- * application registers at run time. */
+/* Built-in transports, transports the application registers at run time and
+ * plugins loaded by `transport.plugins`. Each transport brings its own
+ * configuration keys (kb_transport_ops.props). */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "../core/conf_int.h"
 #include "../core/registry.h"
 
 extern const kb_transport_ops kb__mem_ops;
-extern const kb_prop kb__mem_props[];
 #ifdef KB_WITH_REDIS
 extern const kb_transport_ops kb__redis_ops;
 extern const kb_transport_ops kb__rediss_ops;   /* refuses: no TLS in hiredis 0.14 */
-extern const kb_prop kb__redis_props[];
 #endif
 #ifdef KB_WITH_NATS
 extern const kb_transport_ops kb__nats_ops;
-extern const kb_prop kb__nats_props[];
 #endif
-
-const kb_prop *const kb__prop_tables[] = {
-    kb__core_props,
-    kb__mem_props,
-#ifdef KB_WITH_REDIS
-    kb__redis_props,
-#endif
-#ifdef KB_WITH_NATS
-    kb__nats_props,
-#endif
-    NULL,
-};
 
 static const kb_transport_ops *const builtin[] = {
     &kb__mem_ops,
@@ -54,49 +40,138 @@ static int scheme_is(const kb_transport_ops *ops, const char *scheme, size_t len
     return strlen(ops->scheme) == len && memcmp(ops->scheme, scheme, len) == 0;
 }
 
+size_t kb__transport_count(void)
+{
+    return N_BUILTIN + atomic_load_explicit(&n_registered, memory_order_acquire);
+}
+
+const kb_transport_ops *kb__transport_at(size_t i)
+{
+    return i < N_BUILTIN ? builtin[i] : registered[i - N_BUILTIN];
+}
+
 const kb_transport_ops *kb__transport_find(const char *scheme, size_t len)
 {
-    for (size_t i = 0; i < N_BUILTIN; i++)
-        if (scheme_is(builtin[i], scheme, len))
-            return builtin[i];
-    size_t n = atomic_load_explicit(&n_registered, memory_order_acquire);
+    size_t n = kb__transport_count();
     for (size_t i = 0; i < n; i++)
-        if (scheme_is(registered[i], scheme, len))
-            return registered[i];
+        if (scheme_is(kb__transport_at(i), scheme, len))
+            return kb__transport_at(i);
     return NULL;
 }
 
 void kb__transport_schemes(char *buf, size_t len)
 {
-    size_t o = 0;
+    size_t o = 0, n = kb__transport_count();
     buf[0] = '\0';
-    size_t n = atomic_load_explicit(&n_registered, memory_order_acquire);
-    for (size_t i = 0; i < N_BUILTIN + n && o < len; i++) {
-        const kb_transport_ops *ops = i < N_BUILTIN ? builtin[i] : registered[i - N_BUILTIN];
-        int w = snprintf(buf + o, len - o, "%s%s", o ? ", " : "", ops->scheme);
+    for (size_t i = 0; i < n && o < len; i++) {
+        int w = snprintf(buf + o, len - o, "%s%s", o ? ", " : "", kb__transport_at(i)->scheme);
         if (w < 0)
             break;
         o += (size_t)w;
     }
 }
 
-int kb_transport_register(const kb_transport_ops *ops)
+static const char *bad_table(const kb_transport_ops *ops)
 {
-    if (ops == NULL || ops->abi_version != KB_TRANSPORT_ABI || ops->scheme == NULL ||
-        ops->scheme[0] == '\0' || ops->open == NULL ||
-        (ops->publish == NULL && !(ops->flags & KB_TRANSPORT_F_LOCAL)) ||
-        ops->subscribe == NULL || ops->dead_letter == NULL ||
-        ops->close == NULL)
+    if (ops == NULL)
+        return "ops is NULL";
+    if (ops->abi_version != KB_TRANSPORT_ABI)
+        return "abi_version is not KB_TRANSPORT_ABI";
+    if (ops->scheme == NULL || ops->scheme[0] == '\0')
+        return "no scheme";
+    if (ops->open == NULL || ops->topic_open == NULL || ops->subscribe == NULL ||
+        ops->dead_letter == NULL || ops->close == NULL)
+        return "open, topic_open, subscribe, dead_letter and close are required";
+    if (ops->publish == NULL && !(ops->flags & KB_TRANSPORT_F_LOCAL))
+        return "publish is required without KB_TRANSPORT_F_LOCAL";
+    for (const kb_conf_prop *p = ops->props; p != NULL && p->name != NULL; p++) {
+        size_t sl = strlen(ops->scheme);
+        if (strncmp(p->name, ops->scheme, sl) != 0 || p->name[sl] != '.')
+            return "a property is not named <scheme>.<key>";
+    }
+    return NULL;
+}
+
+static int register_ops(const kb_transport_ops *ops, char *errstr, size_t errlen)
+{
+    const char *why = bad_table(ops);
+    if (why != NULL) {
+        kb_errf(errstr, errlen, "kb_transport_register: %s", why);
         return KB_EINVAL;
+    }
     pthread_mutex_lock(&register_lock);
     int rc = KB_OK;
     size_t n = atomic_load_explicit(&n_registered, memory_order_relaxed);
-    if (kb__transport_find(ops->scheme, strlen(ops->scheme)) != NULL || n == MAX_REGISTERED)
+    const kb_transport_ops *have = kb__transport_find(ops->scheme, strlen(ops->scheme));
+    if (have == ops) {
+        /* the same plugin named again (another conf, or twice): already here */
+    } else if (have != NULL) {
+        kb_errf(errstr, errlen, "kb_transport_register: scheme \"%s\" is taken", ops->scheme);
         rc = KB_EINVAL;
-    else {
+    } else if (n == MAX_REGISTERED) {
+        kb_errf(errstr, errlen, "kb_transport_register: more than %d transports",
+                MAX_REGISTERED);
+        rc = KB_EINVAL;
+    } else {
         registered[n] = ops;
         atomic_store_explicit(&n_registered, n + 1, memory_order_release);
     }
     pthread_mutex_unlock(&register_lock);
     return rc;
+}
+
+int kb_transport_register(const kb_transport_ops *ops)
+{
+    return register_ops(ops, NULL, 0);
+}
+
+/* Load one plugin. The handle is never closed: the ops table and its code
+ * must outlive every bus, as kb_transport_register requires. */
+static int load_plugin(const char *path, char *errstr, size_t errlen)
+{
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        kb_errf(errstr, errlen, "transport.plugins: %s", dlerror());
+        return KB_EINVAL;
+    }
+    kb_transport_plugin_fn *entry;
+    *(void **)&entry = dlsym(h, KB_TRANSPORT_PLUGIN_ENTRY);
+    if (entry == NULL) {
+        kb_errf(errstr, errlen, "transport.plugins: %s exports no %s()", path,
+                KB_TRANSPORT_PLUGIN_ENTRY);
+        return KB_EINVAL;
+    }
+    const kb_transport_ops *ops = entry();
+    if (ops != NULL && ops->abi_version != KB_TRANSPORT_ABI) {
+        kb_errf(errstr, errlen, "transport.plugins: %s was built for transport ABI %d, this "
+                "keybus speaks %d (rebuild it against these headers)", path, ops->abi_version,
+                KB_TRANSPORT_ABI);
+        return KB_EINVAL;
+    }
+    char why[256];
+    if (register_ops(ops, why, sizeof why) != KB_OK) {
+        kb_errf(errstr, errlen, "transport.plugins: %s: %s", path, why);
+        return KB_EINVAL;
+    }
+    return KB_OK;
+}
+
+int kb__transport_load_plugins(const char *list, char *errstr, size_t errlen)
+{
+    char path[4096];
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n == 0 || n >= sizeof path) {
+            kb_errf(errstr, errlen, "transport.plugins: %s",
+                    n == 0 ? "empty path in the list" : "path over 4095 bytes");
+            return KB_EINVAL;
+        }
+        memcpy(path, p, n);
+        path[n] = '\0';
+        int rc = load_plugin(path, errstr, errlen);
+        if (rc != KB_OK)
+            return rc;
+        p += n + (p[n] == ',');
+    }
+    return KB_OK;
 }

@@ -133,6 +133,9 @@ typedef struct kb_header {
     const void *value;    size_t value_len;     /* bytes other than NUL, CR and LF */
 } kb_header;
 
+#define KB_MAX_HEADERS 64          /* ceiling of limits.max_headers */
+#define KB_MAX_HEADER_NAME 64      /* longest header name */
+
 typedef struct kb_event {
     const char *topic;
     const void *key;      size_t key_len;       /* aggregate ID, bytes */

@@ -1,31 +1,41 @@
 /*
- * Writing a transport: the ops table a transport fills, and the calls the bus
- * offers it. A transport is picked by the scheme of the `transport` URL.
+ * Writing a transport: the ops table a transport fills, and the SDK the bus
+ * offers it. Everything a transport needs is in this header (docs/transports.md
+ * walks through examples/transport/, a transport built against the installed
+ * headers only). A transport is picked by the scheme of the `transport` URL.
  *
  * Life of a bus, as a transport sees it:
- *   open -> (publish | subscribe | flush | stats)* -> stop -> (ack | dead_letter |
- *   release)* while the pools drain -> close.
- * ack, dead_letter and release run on executor threads, concurrently with each
- * other and with publish; everything else is called from application threads.
+ *   open -> topic_open (once per topic) -> (publish | subscribe | flush | drain |
+ *   stats)* -> stop -> (ack | dead_letter | release)* while the pools drain -> close.
+ * ack, dead_letter, release and still_owned run on executor threads,
+ * concurrently with each other and with publish; everything else is called
+ * from application threads. All hooks of one bus may run concurrently unless
+ * said otherwise; the transport serialises its own state.
+ *
+ * Errors: a hook that fails returns a negative KB_E* code and says why with
+ * kb_errf (into its errstr when it has one, and always into kb_last_error).
  */
 #ifndef KEYBUS_TRANSPORT_H
 #define KEYBUS_TRANSPORT_H
 
 #include <stdarg.h>
 #include <keybus/keybus.h>
+#include <keybus/pool.h>      /* kb_fnv1a32: the partition of a key */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define KB_TRANSPORT_ABI 2
+#define KB_TRANSPORT_ABI 3
 
-typedef struct kb_transport kb_transport;  /* the transport's own state */
-typedef struct kb_sink kb_sink;            /* a topic subscribed in this process */
+typedef struct kb_transport kb_transport;              /* the transport's state per bus */
+typedef struct kb_transport_topic kb_transport_topic;  /* the transport's state per topic */
+typedef struct kb_sink kb_sink;                        /* a topic subscribed in this process */
 
 /* A message handed to a sink, and handed back in ack/dead_letter/release. */
 typedef struct kb_delivery {
     const char *topic;
+    kb_transport_topic *tt;  /* the topic's state (set by the bus on the way back) */
     const void *key;      size_t key_len;
     const void *payload;  size_t payload_len;
     uint32_t    partition;
@@ -37,7 +47,7 @@ typedef struct kb_delivery {
 
 enum {
     /* Exactly one thread per topic calls kb_sink_deliver, so lanes use the
-     * single-producer ring operations. */
+     * single-producer ring operations. Debug builds check the promise. */
     KB_TRANSPORT_F_SINGLE_FEEDER = 1u << 0,
     /* In-process delivery (mem://): the bus enqueues published events into
      * this process's pools itself, without calling publish — the one fast
@@ -48,64 +58,142 @@ enum {
     KB_TRANSPORT_F_HEADERS = 1u << 2,
 };
 
+/* ---------------------------------------------------------------------------
+ * Configuration properties a transport declares (its `<scheme>.*` keys):
+ * kb_conf_set validates them, KEYBUS_* variables reach them and
+ * `keybus conf-doc` documents them.
+ * ------------------------------------------------------------------------- */
+typedef enum kb_conf_type {
+    KB_CONF_INT,      /* decimal integer within [min, max] */
+    KB_CONF_STR,      /* non-empty text without whitespace, at most `max` bytes */
+    KB_CONF_URL,      /* scheme://...; the scheme must name a registered transport */
+    KB_CONF_TEXT,     /* any text, possibly empty, at most `max` bytes (paths) */
+    KB_CONF_ENUM,     /* one of the '|'-separated words in `choices` */
+    KB_CONF_SECRET,   /* like TEXT, but never echoed: messages name the key only */
+} kb_conf_type;
+
+typedef struct kb_conf_prop {
+    const char  *name;        /* "<scheme>.<key>" for a transport's keys */
+    kb_conf_type type;
+    const char  *def;         /* default as text; NULL: computed (core keys only) */
+    int64_t      min, max;    /* INT: range; text types: 0 and the longest value */
+    const char  *doc;         /* one Markdown paragraph */
+    const char  *choices;     /* ENUM: "a|b|c" */
+} kb_conf_prop;
+
+/* A transport URL split per RFC 3986, userinfo percent-decoded. Strings are
+ * NUL-terminated and owned by the kb_url. */
+typedef struct kb_url {
+    char    *scheme;      /* "redis" */
+    char    *user;        /* NULL when absent */
+    char    *password;    /* NULL when absent */
+    char    *host;        /* "" when absent; IPv6 without brackets */
+    int      port;        /* 0 when absent, else 1..65535 */
+    char    *path;        /* "" or "/..." */
+    char    *query;       /* NULL when absent; text after '?', not decoded */
+} kb_url;
+
 typedef struct kb_transport_ops {
     int         abi_version;  /* KB_TRANSPORT_ABI */
     const char *scheme;       /* "mem", "redis", "nats" */
     unsigned    flags;        /* KB_TRANSPORT_F_* */
+    const kb_conf_prop *props;   /* this transport's keys, ending with a NULL name; may be NULL */
+    /* Optional: transport-specific checks of a parsed `transport` URL, run by
+     * kb_conf_set and kb_open (e.g. a db number in the path). KB_EINVAL with
+     * an errstr naming the part; never quote the password. */
+    int  (*check_url)(const kb_url *u, char *errstr, size_t errlen);
 
     int  (*open)(kb_transport **t, kb_bus *bus, const kb_conf *c, char *errstr, size_t errlen);
+    /* Called once per topic name, the first time the bus needs it (kb_topic_get,
+     * kb_subscribe, kb_stats, dead-letter calls), serialised by the bus. *out
+     * lives until close and is what every per-topic hook receives, so no hook
+     * looks a topic up by name. Must not wait for the broker. */
+    int  (*topic_open)(kb_transport *t, const char *topic, kb_transport_topic **out,
+                       char *errstr, size_t errlen);
     /* Copy what it needs; must not wait for a broker round trip. m->hash is
      * set. kb_publish_batch calls it once per event, in order, and stops at
      * the first error. NULL only with KB_TRANSPORT_F_LOCAL. */
-    int  (*publish)(kb_transport *t, const char *topic, const kb_msg *m);
-    /* Start feeding `sink`; the sink lives until close. */
-    int  (*subscribe)(kb_transport *t, const char *topic, kb_sink *sink);
+    int  (*publish)(kb_transport *t, kb_transport_topic *tt, const kb_msg *m);
+    /* Start feeding `sink`; the sink lives until close. KB_ETRANSPORT when the
+     * consumer cannot start. */
+    int  (*subscribe)(kb_transport *t, kb_transport_topic *tt, kb_sink *sink);
     /* Settle a handled delivery. NULL: nothing to acknowledge. */
     int  (*ack)(kb_transport *t, const kb_delivery *d);
     int  (*dead_letter)(kb_transport *t, const kb_delivery *d, const char *reason);
     /* Optional: the bus gives up on an unhandled delivery at close; leave it
      * unacked so another consumer gets it, and free the cookie. */
     void (*release)(kb_transport *t, const kb_delivery *d);
+    /* Send what is buffered; KB_ETIMEDOUT at the deadline (< 0: none). */
     int  (*flush)(kb_transport *t, int timeout_ms);
     /* Optional (NULL: kb_drain waits for this process's pools, as on mem://):
      * send what is buffered, then wait until the consumer group has settled
      * (acked or dead-lettered) every event this process published before the
      * call; KB_ETIMEDOUT at the deadline (< 0: none). */
     int  (*drain)(kb_transport *t, int timeout_ms);
-    /* Fill the publishing/broker fields of *out; KB_ENOTFOUND if unknown. */
-    int  (*stats)(kb_transport *t, const char *topic, kb_topic_stats *out);
+    /* Fill the publishing/broker fields of *out. */
+    int  (*stats)(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out);
     /* Optional hooks (NULL: KB_ENOTFOUND). */
-    int  (*partition_stats)(kb_transport *t, const char *topic, uint32_t partition,
+    int  (*partition_stats)(kb_transport *t, kb_transport_topic *tt, uint32_t partition,
                             kb_partition_stats *out);
-    int  (*dead_letters)(kb_transport *t, const char *topic, const char *after_id, size_t max,
-                         kb_dead_letter_fn fn, void *opaque);
-    int  (*dead_letter_replay)(kb_transport *t, const char *topic, const char *id);
+    int  (*dead_letters)(kb_transport *t, kb_transport_topic *tt, const char *after_id,
+                         size_t max, kb_dead_letter_fn fn, void *opaque);
+    int  (*dead_letter_replay)(kb_transport *t, kb_transport_topic *tt, const char *id);
     /* Optional: called on the executor just before the handler; 0 means this
      * process no longer owns the delivery (lease lost), so it is released
      * unhandled instead. Must be cheap: it runs once per event. */
     int  (*still_owned)(kb_transport *t, const kb_delivery *d);
     /* Stop consuming: no kb_sink_deliver after it returns. Acks still flow. */
     void (*stop)(kb_transport *t);
-    /* Send what is buffered (acks included), disconnect, free everything.
-     * KB_OK, or an error (its text through kb_last_error) when events that
+    /* Send what is buffered (acks included), release leases, disconnect and
+     * free everything (topic states included), all before `deadline_ns`
+     * (kb_now_ns() clock; INT64_MAX: none) even when the broker answers
+     * nothing. KB_OK, or an error (its text through kb_errf) when events that
      * publish accepted could not be sent; kb_close then returns it. */
-    int  (*close)(kb_transport *t);
+    int  (*close)(kb_transport *t, int64_t deadline_ns);
 } kb_transport_ops;
 
 /* Make a transport available by its scheme (built-ins are registered already).
- * `ops` must outlive the process's use of keybus. KB_EINVAL on a bad table or a
- * scheme already taken. Thread: any. */
+ * `ops` must outlive the process's use of keybus. KB_EINVAL on a bad table, an
+ * ABI other than KB_TRANSPORT_ABI, or a scheme already taken. Thread: any. */
 KB_EXPORT int kb_transport_register(const kb_transport_ops *ops);
 
-/* Copy the delivery (key, payload, id; the cookie travels as is) into the
- * topic's pool. Waits while the lane is full: up to timeout_ms (< 0: until space
- * or close) — a broker loop passes -1 and so stops reading while lanes are full.
- * KB_EFULL, KB_ECLOSED (the delivery stays the transport's), KB_ENOMEM. */
+/* A transport built as a shared object exports this symbol; the
+ * `transport.plugins` key dlopens each listed file, calls it and registers
+ * the table it returns (its abi_version is checked). */
+#define KB_TRANSPORT_PLUGIN_ENTRY "kb_transport_plugin"
+typedef const kb_transport_ops *kb_transport_plugin_fn(void);
+
+/* ---------------------------------------------------------------------------
+ * Sinks: handing deliveries to the topic's pool.
+ * ------------------------------------------------------------------------- */
+
+/* Copy the delivery (key, payload, id, headers; the cookie travels as is) into
+ * the topic's pool. Waits while the lane is full: up to timeout_ms (< 0: until
+ * space or close) — a broker loop passes -1 and so stops reading while lanes
+ * are full. KB_EFULL, KB_ECLOSED (the delivery stays the transport's),
+ * KB_ENOMEM. Thread: the topic's feeder (one thread with
+ * KB_TRANSPORT_F_SINGLE_FEEDER, any otherwise). */
 KB_EXPORT int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms);
 
 /* Sink subscribed to `topic` in this bus, or NULL. Only valid while the caller
- * is inside kb_publish or holds the sink already (mem:// uses this). */
+ * is inside publish or holds the sink already (mem:// uses this). */
 KB_EXPORT kb_sink *kb_bus_sink(kb_bus *b, const char *topic);
+
+/* ---------------------------------------------------------------------------
+ * Errors and logging.
+ * ------------------------------------------------------------------------- */
+
+/* snprintf into errstr (NULL or errlen 0: skipped) and into this thread's
+ * kb_last_error text. Thread: any. */
+KB_EXPORT void kb_errf(char *errstr, size_t errlen, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* Forget this thread's last error, before a call whose failure text is read
+ * afterwards, so an older error is never taken for its reason. Thread: any. */
+KB_EXPORT void kb_err_clear(void);
 
 /* Report through the bus's log callback (printf format). Thread: any. */
 KB_EXPORT void kb_log(kb_bus *b, kb_log_level level, const char *fmt, ...)
@@ -114,10 +202,87 @@ KB_EXPORT void kb_log(kb_bus *b, kb_log_level level, const char *fmt, ...)
 #endif
     ;
 
-/* Typed configuration reads for transports; the key must exist in a property
- * table (unknown keys read as 0 / ""). Thread: any (the conf is read-only). */
+/* `url` with its user and password replaced by `***` (what precedes the '@'), for messages;
+ * truncated to outlen - 1. Returns out. Thread: any. */
+KB_EXPORT const char *kb_url_redact(const char *url, char *out, size_t outlen);
+
+/* ---------------------------------------------------------------------------
+ * Configuration reads.
+ * ------------------------------------------------------------------------- */
+
+/* Typed reads; the key must be declared by the core or a transport (unknown
+ * keys read as 0 / ""). Thread: any (the conf of an open bus is read-only). */
 KB_EXPORT int64_t     kb_conf_int(const kb_conf *c, const char *key);
 KB_EXPORT const char *kb_conf_str(const kb_conf *c, const char *key);
+
+/* Parse a transport URL (RFC 3986: userinfo percent-decoded, bracketed IPv6,
+ * strictly decimal port 1..65535). NULL with KB_EINVAL in errstr naming the
+ * part (never the password), or KB_ENOMEM. The caller frees it with
+ * kb_url_free. Thread: any. */
+KB_EXPORT kb_url *kb_url_parse(const char *url, char *errstr, size_t errlen);
+KB_EXPORT void    kb_url_free(kb_url *u);
+
+/* ---------------------------------------------------------------------------
+ * Time, threads and waiting.
+ * ------------------------------------------------------------------------- */
+
+/* Monotonic clock in nanoseconds (CLOCK_MONOTONIC). Thread: any. */
+KB_EXPORT int64_t kb_now_ns(void);
+/* Deadline `timeout_ms` from now; INT64_MAX for a negative timeout (none). */
+KB_EXPORT int64_t kb_deadline_ns(int timeout_ms);
+/* Milliseconds left until the deadline, rounded up, at least 0; -1 for
+ * INT64_MAX (none). For APIs that take a timeout. */
+KB_EXPORT int kb_deadline_left_ms(int64_t deadline_ns);
+
+/* Start a thread named `name` (at most 15 characters: "kb-<scheme>-<job>"),
+ * with the process's signals blocked in it. Returns
+ * KB_OK or KB_ENOMEM (errno from pthread_create in the text). */
+typedef struct kb_thread kb_thread;
+KB_EXPORT int  kb_thread_start(kb_thread **th, const char *name, void *(*fn)(void *), void *arg);
+/* Join and free it. NULL: nothing. */
+KB_EXPORT void kb_thread_join(kb_thread *th);
+
+/* A "something changed" event with deadlines (an eventcount over a futex):
+ * waiters re-check their condition after every notify, so notifies may be
+ * coalesced and a notify with nobody waiting costs one load. */
+typedef struct kb_signal kb_signal;
+KB_EXPORT kb_signal *kb_signal_new(void);           /* NULL on out of memory */
+KB_EXPORT void       kb_signal_free(kb_signal *s);
+/* Call after publishing the change the waiters look for. Thread: any. */
+KB_EXPORT void       kb_signal_notify(kb_signal *s);
+/* Wait until ready(arg) is true or `deadline_ns` passes; returns ready's last
+ * value. Thread: any. */
+KB_EXPORT int        kb_signal_wait(kb_signal *s, int (*ready)(void *arg), void *arg,
+                                    int64_t deadline_ns);
+
+/* ---------------------------------------------------------------------------
+ * Small shared mechanisms: one copy each, for every transport.
+ * ------------------------------------------------------------------------- */
+
+/* A 64-bit integer mixer (splitmix64's finaliser): spreads close inputs. */
+KB_EXPORT uint64_t kb_mix64(uint64_t x);
+
+/* Rendezvous (highest-random-weight) ranking of members for a partition:
+ * the index in members[0..n) that owns `partition`, or -1 when n is 0. Every
+ * process computes the same owner from the same member set, whatever its
+ * order (ties go to the smaller name). A member joining takes about 1/(n+1)
+ * of the partitions; one leaving moves only its own. */
+KB_EXPORT long kb_rendezvous_owner(const char *const *members, size_t n, uint32_t partition);
+
+/* Grow an array to hold at least `need` elements of `elem_size` bytes
+ * (doubling). *items and *cap are updated; KB_OK or KB_ENOMEM (the array is
+ * unchanged). */
+KB_EXPORT int kb_vec_reserve(void **items, size_t *cap, size_t need, size_t elem_size);
+
+/* Headers a transport reads off the wire: KB_OK, or KB_EINVAL / KB_ETOOBIG
+ * with kb_last_error naming the header and the rule (`what` starts it). */
+KB_EXPORT int kb_headers_check(const kb_header *h, size_t n, size_t max_n, size_t max_bytes,
+                               const char *what);
+/* A compact form for storing headers: size, write, read back (names and
+ * values of `out` point into `src`; out holds n, at most KB_MAX_HEADERS). */
+KB_EXPORT size_t kb_headers_packed_size(const kb_header *h, size_t n);
+KB_EXPORT void   kb_headers_pack(char *dst, const kb_header *h, size_t n);
+KB_EXPORT void   kb_headers_unpack(const char *src, size_t n, kb_header *out);
 
 #ifdef __cplusplus
 }

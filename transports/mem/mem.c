@@ -12,16 +12,12 @@
 
 #include <keybus/transport.h>
 
-#include "../../core/conf_int.h"
-#include "../../core/err.h"
-#include "../../core/headers.h"
-
-const kb_prop kb__mem_props[] = {
-    {"mem.dlq_capacity", KB_PROP_INT, "10000", 0, 1 << 24,
+static const kb_conf_prop mem_props[] = {
+    {"mem.dlq_capacity", KB_CONF_INT, "10000", 0, 1 << 24,
      "Dead letters mem:// keeps per topic for `kb_dead_letters` and "
      "`kb_dead_letter_replay`; when full the oldest is dropped, counted in "
      "`dead_letters_lost` and logged. 0 keeps none."},
-    {NULL, KB_PROP_INT, NULL, 0, 0, NULL},
+    {NULL, KB_CONF_INT, NULL, 0, 0, NULL},
 };
 
 /* One dead letter. Walkers hold a reference while their callback runs, so an
@@ -40,9 +36,9 @@ struct dead {
     char data[];                 /* key, payload, then the headers' block */
 };
 
-/* The dead letters of one topic, oldest first. */
-struct dlq {
-    struct dlq *next;
+/* A topic's state: its dead letters, oldest first. */
+struct kb_transport_topic {
+    struct kb_transport_topic *next;
     char *topic;
     struct dead *head, *tail;
     size_t n;
@@ -53,19 +49,24 @@ struct kb_transport {
     kb_bus *bus;
     size_t capacity;
     pthread_mutex_t lock;        /* the stores; dead letters are rare */
-    struct dlq *dlqs;
+    kb_transport_topic *dlqs;
 };
+
+static int mem_check_url(const kb_url *u, char *errstr, size_t errlen)
+{
+    if (u->user != NULL || u->password != NULL || u->host[0] != '\0' || u->port != 0 ||
+        u->path[0] != '\0' || u->query != NULL) {
+        kb_errf(errstr, errlen, "transport: mem:// takes no host, user, path or options");
+        return KB_EINVAL;
+    }
+    return KB_OK;
+}
 
 static int mem_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *errstr, size_t errlen)
 {
-    if (strcmp(kb_conf_str(c, "transport"), "mem://") != 0) {
-        /* never echo the URL: it may hold a password */
-        kb__errf(errstr, errlen, "transport: mem:// takes no host, user or options");
-        return KB_EINVAL;
-    }
     kb_transport *t = calloc(1, sizeof *t);
     if (t == NULL) {
-        kb__errf(errstr, errlen, "mem: out of memory");
+        kb_errf(errstr, errlen, "mem: out of memory");
         return KB_ENOMEM;
     }
     t->bus = bus;
@@ -75,28 +76,27 @@ static int mem_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *err
     return KB_OK;
 }
 
-static int mem_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
+static int mem_topic_open(kb_transport *t, const char *topic, kb_transport_topic **out,
+                          char *errstr, size_t errlen)
 {
-    (void)t, (void)topic, (void)sink;   /* the bus registry is the routing table */
+    kb_transport_topic *q = calloc(1, sizeof *q);
+    if (q == NULL || (q->topic = strdup(topic)) == NULL) {
+        free(q);
+        kb_errf(errstr, errlen, "mem: out of memory for topic %s", topic);
+        return KB_ENOMEM;
+    }
+    pthread_mutex_lock(&t->lock);
+    q->next = t->dlqs;
+    t->dlqs = q;
+    pthread_mutex_unlock(&t->lock);
+    *out = q;
     return KB_OK;
 }
 
-/* Caller holds t->lock. create: make the store when missing (NULL: no memory). */
-static struct dlq *dlq_of(kb_transport *t, const char *topic, int create)
+static int mem_subscribe(kb_transport *t, kb_transport_topic *q, kb_sink *sink)
 {
-    for (struct dlq *q = t->dlqs; q != NULL; q = q->next)
-        if (strcmp(q->topic, topic) == 0)
-            return q;
-    if (!create)
-        return NULL;
-    struct dlq *q = calloc(1, sizeof *q);
-    if (q == NULL || (q->topic = strdup(topic)) == NULL) {
-        free(q);
-        return NULL;
-    }
-    q->next = t->dlqs;
-    t->dlqs = q;
-    return q;
+    (void)t, (void)q, (void)sink;   /* the bus registry is the routing table */
+    return KB_OK;
 }
 
 static void dead_free(struct dead *e)
@@ -106,7 +106,7 @@ static void dead_free(struct dead *e)
 }
 
 /* Take e out of q; it is freed now or by its last walker. Caller holds the lock. */
-static void unlink_dead(struct dlq *q, struct dead *e)
+static void unlink_dead(kb_transport_topic *q, struct dead *e)
 {
     struct dead **pp = &q->head, *prev = NULL;
     while (*pp != e) {
@@ -132,17 +132,17 @@ static int64_t unix_ms(void)
 static int mem_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason)
 {
     if (t->capacity == 0) {
-        kb__errf(NULL, 0, "mem.dlq_capacity is 0");
+        kb_errf(NULL, 0, "mem.dlq_capacity is 0");
         return KB_ENOTFOUND;
     }
-    size_t headers_size = kb__headers_size(d->headers, d->n_headers);
+    size_t headers_size = kb_headers_packed_size(d->headers, d->n_headers);
     struct dead *e = malloc(sizeof *e + d->key_len + d->payload_len + headers_size);
     if (e != NULL && (e->reason = strdup(reason)) == NULL) {
         free(e);
         e = NULL;
     }
     if (e == NULL) {
-        kb__errf(NULL, 0, "out of memory for a dead letter of %zu bytes",
+        kb_errf(NULL, 0, "out of memory for a dead letter of %zu bytes",
                  d->key_len + d->payload_len);
         return KB_ENOMEM;
     }
@@ -157,16 +157,10 @@ static int mem_dead_letter(kb_transport *t, const kb_delivery *d, const char *re
     memcpy(e->data, d->key, d->key_len);
     if (d->payload_len > 0)
         memcpy(e->data + d->key_len, d->payload, d->payload_len);
-    kb__headers_write(e->data + d->key_len + d->payload_len, d->headers, d->n_headers);
+    kb_headers_pack(e->data + d->key_len + d->payload_len, d->headers, d->n_headers);
 
+    kb_transport_topic *q = d->tt;
     pthread_mutex_lock(&t->lock);
-    struct dlq *q = dlq_of(t, d->topic, 1);
-    if (q == NULL) {
-        pthread_mutex_unlock(&t->lock);
-        dead_free(e);
-        kb__errf(NULL, 0, "out of memory for the dead-letter store");
-        return KB_ENOMEM;
-    }
     e->id = ++q->last_id;
     snprintf(e->id_text, sizeof e->id_text, "%" PRIu64, e->id);
     uint64_t dropped_id = 0;
@@ -199,23 +193,22 @@ static int parse_id(const char *s, uint64_t *out)
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (s[0] < '0' || s[0] > '9' || *end != '\0' || errno == ERANGE) {
-        kb__errf(NULL, 0, "mem: dead-letter ID \"%.32s\" is not a decimal number", s);
+        kb_errf(NULL, 0, "mem: dead-letter ID \"%.32s\" is not a decimal number", s);
         return KB_EINVAL;
     }
     *out = v;
     return KB_OK;
 }
 
-static int mem_dead_letters(kb_transport *t, const char *topic, const char *after_id, size_t max,
-                            kb_dead_letter_fn fn, void *opaque)
+static int mem_dead_letters(kb_transport *t, kb_transport_topic *q, const char *after_id,
+                            size_t max, kb_dead_letter_fn fn, void *opaque)
 {
     uint64_t after;
     int rc = parse_id(after_id, &after);
     if (rc != KB_OK)
         return rc;
     pthread_mutex_lock(&t->lock);
-    struct dlq *q = dlq_of(t, topic, 0);
-    struct dead *e = q != NULL ? q->head : NULL;
+    struct dead *e = q->head;
     for (size_t seen = 0; seen < max; seen++) {
         while (e != NULL && e->id <= after)
             e = e->next;
@@ -224,7 +217,7 @@ static int mem_dead_letters(kb_transport *t, const char *topic, const char *afte
         e->refs++;
         pthread_mutex_unlock(&t->lock);
         kb_header headers[KB_MAX_HEADERS];
-        kb__headers_read(e->data + e->key_len + e->payload_len, e->n_headers, headers);
+        kb_headers_unpack(e->data + e->key_len + e->payload_len, e->n_headers, headers);
         kb_dead_letter dl = {
             .id = e->id_text, .key = e->data, .key_len = e->key_len,
             .payload = e->data + e->key_len, .payload_len = e->payload_len,
@@ -246,20 +239,19 @@ static int mem_dead_letters(kb_transport *t, const char *topic, const char *afte
     return KB_OK;
 }
 
-static int mem_dead_letter_replay(kb_transport *t, const char *topic, const char *id)
+static int mem_dead_letter_replay(kb_transport *t, kb_transport_topic *q, const char *id)
 {
     uint64_t want;
     int rc = parse_id(id, &want);
     if (rc != KB_OK)
         return rc;
     pthread_mutex_lock(&t->lock);
-    struct dlq *q = dlq_of(t, topic, 0);
-    struct dead *e = q != NULL ? q->head : NULL;
+    struct dead *e = q->head;
     while (e != NULL && e->id != want)
         e = e->next;
     if (e == NULL || e->replaying) {
         pthread_mutex_unlock(&t->lock);
-        kb__errf(NULL, 0, "mem: topic %s has no dead letter %.32s%s", topic, id,
+        kb_errf(NULL, 0, "mem: topic %s has no dead letter %.32s%s", q->topic, id,
                  e != NULL ? " (a replay of it is under way)" : "");
         return KB_ENOTFOUND;
     }
@@ -268,10 +260,10 @@ static int mem_dead_letter_replay(kb_transport *t, const char *topic, const char
     pthread_mutex_unlock(&t->lock);
     /* back through the bus: the topic's lane, attempt 1, the same headers */
     kb_header headers[KB_MAX_HEADERS];
-    kb__headers_read(e->data + e->key_len + e->payload_len, e->n_headers, headers);
+    kb_headers_unpack(e->data + e->key_len + e->payload_len, e->n_headers, headers);
     kb_msg m = {e->data, e->key_len, e->data + e->key_len, e->payload_len, 0, headers,
                 e->n_headers};
-    kb_topic *handle = kb_topic_get(t->bus, topic, NULL, 0);
+    kb_topic *handle = kb_topic_get(t->bus, q->topic, NULL, 0);
     rc = handle != NULL ? kb_publish_ex(handle, &m) : KB_ENOMEM;
     pthread_mutex_lock(&t->lock);
     e->replaying = 0;
@@ -284,22 +276,20 @@ static int mem_dead_letter_replay(kb_transport *t, const char *topic, const char
     return rc;
 }
 
-static int mem_stats(kb_transport *t, const char *topic, kb_topic_stats *out)
+static int mem_stats(kb_transport *t, kb_transport_topic *q, kb_topic_stats *out)
 {
     out->published = out->received;   /* a publish is an enqueue */
     pthread_mutex_lock(&t->lock);
-    struct dlq *q = dlq_of(t, topic, 0);
-    if (q != NULL) {
-        out->dlq_length = q->n;
-        out->dead_letters_lost += q->dropped;
-    }
+    out->dlq_length = q->n;
+    out->dead_letters_lost += q->dropped;
     pthread_mutex_unlock(&t->lock);
-    return out->lanes || q != NULL ? KB_OK : KB_ENOTFOUND;
+    return KB_OK;
 }
 
-static int mem_close(kb_transport *t)
+static int mem_close(kb_transport *t, int64_t deadline_ns)
 {
-    for (struct dlq *q = t->dlqs, *next; q != NULL; q = next) {
+    (void)deadline_ns;   /* nothing to wait for */
+    for (kb_transport_topic *q = t->dlqs, *next; q != NULL; q = next) {
         next = q->next;
         for (struct dead *e = q->head, *en; e != NULL; e = en) {
             en = e->next;
@@ -317,7 +307,10 @@ const kb_transport_ops kb__mem_ops = {
     .abi_version = KB_TRANSPORT_ABI,
     .scheme = "mem",
     .flags = KB_TRANSPORT_F_LOCAL,   /* the bus enqueues publishes itself */
+    .props = mem_props,
+    .check_url = mem_check_url,
     .open = mem_open,
+    .topic_open = mem_topic_open,
     .subscribe = mem_subscribe,
     .dead_letter = mem_dead_letter,
     .stats = mem_stats,

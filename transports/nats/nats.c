@@ -29,7 +29,7 @@ void kb__nats_sleep_ms(int64_t ms)
 int kb__nats_errf(const char *what, natsStatus s, jsErrCode jerr)
 {
     const char *text = nats_GetLastError(NULL);
-    kb__errf(NULL, 0, "nats: %s: %s%s%s (jetstream error %d)", what, natsStatus_GetText(s),
+    kb_errf(NULL, 0, "nats: %s: %s%s%s (jetstream error %d)", what, natsStatus_GetText(s),
              text ? ": " : "", text ? text : "", (int)jerr);
     return s == NATS_NO_MEMORY ? KB_ENOMEM : s == NATS_TIMEOUT ? KB_ETIMEDOUT : KB_ETRANSPORT;
 }
@@ -103,7 +103,7 @@ kb_nats_topic *kb__nats_topic(kb_transport *t, const char *topic, bool create)
         bool mem = tp->name == NULL || tp->subjects == NULL || kb__nats_batch_init(t, tp) != KB_OK;
         if (mem || ensure_stream(t, tp) != KB_OK) {
             if (mem)
-                kb__errf(NULL, 0, "nats: out of memory");
+                kb_errf(NULL, 0, "nats: out of memory");
             kb__nats_batch_free(t, tp);
             free(tp->subjects);
             free(tp->name);
@@ -198,7 +198,7 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     else if (strcmp(storage, "memory") == 0)
         t->storage = js_MemoryStorage;
     else {
-        kb__errf(errstr, errlen, "nats.storage: \"%s\" is neither file nor memory", storage);
+        kb_errf(errstr, errlen, "nats.storage: \"%s\" is neither file nor memory", storage);
         return KB_EINVAL;
     }
     t->partitions = (uint32_t)kb_conf_int(c, "partitions");
@@ -222,7 +222,7 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     snprintf(t->group, sizeof t->group, "%s", kb_conf_str(c, "group"));
     snprintf(t->bucket, sizeof t->bucket, "%s", kb_conf_str(c, "nats.lease_bucket"));
     if (!group_ok(t->group)) {
-        kb__errf(errstr, errlen, "group \"%s\": nats:// allows only letters, digits, '-', '_' "
+        kb_errf(errstr, errlen, "group \"%s\": nats:// allows only letters, digits, '-', '_' "
                  "and '=' (it names JetStream consumers and KV keys)", t->group);
         return KB_EINVAL;
     }
@@ -282,7 +282,7 @@ static int connect_server(kb_transport *t, const kb_conf *c, char *errstr, size_
         s = set_options(t, o, c);
     if (s != NATS_OK) {
         const char *why = nats_GetLastError(NULL);
-        kb__errf(errstr, errlen, "nats %s: bad connection options: %s", t->url_safe,
+        kb_errf(errstr, errlen, "nats %s: bad connection options: %s", t->url_safe,
                  why ? why : natsStatus_GetText(s));
         natsOptions_Destroy(o);
         return s == NATS_NO_MEMORY ? KB_ENOMEM : KB_EINVAL;
@@ -295,7 +295,7 @@ static int connect_server(kb_transport *t, const kb_conf *c, char *errstr, size_
     }
     natsOptions_Destroy(o);
     if (s != NATS_OK) {
-        kb__errf(errstr, errlen, "nats %s: cannot connect: %s", t->url_safe,
+        kb_errf(errstr, errlen, "nats %s: cannot connect: %s", t->url_safe,
                  natsStatus_GetText(s));
         return KB_ETRANSPORT;
     }
@@ -312,7 +312,7 @@ static int connect_server(kb_transport *t, const kb_conf *c, char *errstr, size_
     t->js = js;
     pthread_rwlock_unlock(&t->pub_lock);
     if (s != NATS_OK) {
-        kb__errf(errstr, errlen, "nats %s: no JetStream context: %s", t->url_safe,
+        kb_errf(errstr, errlen, "nats %s: no JetStream context: %s", t->url_safe,
                  natsStatus_GetText(s));
         return KB_ETRANSPORT;
     }
@@ -321,7 +321,7 @@ static int connect_server(kb_transport *t, const kb_conf *c, char *errstr, size_
     s = js_GetAccountInfo(&ai, t->js, NULL, &jerr);
     jsAccountInfo_Destroy(ai);
     if (s != NATS_OK) {
-        kb__errf(errstr, errlen, "nats %s: JetStream not available: %s (error %d)",
+        kb_errf(errstr, errlen, "nats %s: JetStream not available: %s (error %d)",
                  t->url_safe, natsStatus_GetText(s), (int)jerr);
         return KB_ETRANSPORT;
     }
@@ -335,7 +335,7 @@ static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *er
 {
     kb_transport *t = calloc(1, sizeof *t);
     if (t == NULL) {
-        kb__errf(errstr, errlen, "nats: out of memory");
+        kb_errf(errstr, errlen, "nats: out of memory");
         return KB_ENOMEM;
     }
     t->bus = bus;
@@ -360,7 +360,7 @@ static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *er
         t->acker_started = pthread_create(&t->acker, NULL, kb__nats_acker, t) == 0;
         t->leaser_started = pthread_create(&t->leaser, NULL, kb__nats_leaser, t) == 0;
         if (!t->acker_started || !t->leaser_started) {
-            kb__errf(errstr, errlen, "nats: cannot start threads");
+            kb_errf(errstr, errlen, "nats: cannot start threads");
             rc = KB_ENOMEM;
         }
     }
@@ -428,12 +428,12 @@ static int nats_close(kb_transport *t)
     malloc_trim(0);   /* claims' rings and topics: give the pages back */
 #endif
     if (unsent > 0) {
-        kb__errf(NULL, 0, "nats: %llu published events never sent (%s)", (unsigned long long)unsent,
+        kb_errf(NULL, 0, "nats: %llu published events never sent (%s)", (unsigned long long)unsent,
                  why[0] ? why : "server unreachable at close");
         return KB_ETRANSPORT;
     }
     if (rc != KB_OK)   /* rejected by the server: kb_flush's report */
-        kb__errf(NULL, 0, "%s", why);
+        kb_errf(NULL, 0, "%s", why);
     return rc;
 }
 

@@ -157,7 +157,7 @@ static int send_locked(kb_transport *t, kb_nats_topic *tp, uint32_t n, kb_nats_b
         const char *why = NULL;
         if (ev.nh > 0 && (h == NULL || kb__nats_hdr_frame(t, &ev, h, &why) != 0)) {
             free(h);   /* checked at kb_publish: only out of memory gets here */
-            kb__errf(NULL, 0, "nats: out of memory for a publish");
+            kb_errf(NULL, 0, "nats: out of memory for a publish");
             return KB_ENOMEM;
         }
         rc = kb__nats_msg_event(t, tp->subjects[n], ev.key, ev.key_len, ev.payload,
@@ -171,7 +171,7 @@ static int send_locked(kb_transport *t, kb_nats_topic *tp, uint32_t n, kb_nats_b
             ((b->v2 && natsMsgHeader_Set(msg, KB_NATS_FRAME_HDR_NAME, "2") != NATS_OK) ||
              natsMsgHeader_Set(msg, KB_NATS_BATCH_HDR, count) != NATS_OK)) {
             natsMsg_Destroy(msg);
-            kb__errf(NULL, 0, "nats: out of memory for a publish");
+            kb_errf(NULL, 0, "nats: out of memory for a publish");
             rc = KB_ENOMEM;
         }
     }
@@ -206,7 +206,7 @@ static int append(kb_nats_batch *b, const kb_msg *m)
             cap *= 2;
         char *buf = realloc(b->buf, cap);
         if (buf == NULL) {
-            kb__errf(NULL, 0, "nats: out of memory buffering a publish");
+            kb_errf(NULL, 0, "nats: out of memory buffering a publish");
             return KB_ENOMEM;
         }
         b->buf = buf;

@@ -357,7 +357,7 @@ static int start_feeder(kb_transport *t)
         if (f != NULL)
             free(f->key);
         free(f);
-        kb__errf(NULL, 0, "nats: out of memory starting the consumer");
+        kb_errf(NULL, 0, "nats: out of memory starting the consumer");
         return KB_ETRANSPORT;
     }
     f->t = t;
@@ -382,7 +382,7 @@ static int start_feeder(kb_transport *t)
         t->inbox_sub = NULL;
         free(f->key);
         free(f);
-        kb__errf(NULL, 0, "nats: cannot start the feeder thread");
+        kb_errf(NULL, 0, "nats: cannot start the feeder thread");
         return KB_ETRANSPORT;
     }
     t->feeder_started = true;
@@ -397,10 +397,10 @@ int kb__nats_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
     pthread_mutex_lock(&t->sub_lock);
     int rc = KB_OK;
     if (atomic_load(&tp->subscribed)) {
-        kb__errf(NULL, 0, "nats: topic %s already consumed", topic);
+        kb_errf(NULL, 0, "nats: topic %s already consumed", topic);
         rc = KB_EINVAL;
     } else if ((tp->parts = calloc(t->partitions, sizeof *tp->parts)) == NULL) {
-        kb__errf(NULL, 0, "nats: out of memory subscribing %s", topic);
+        kb_errf(NULL, 0, "nats: out of memory subscribing %s", topic);
         rc = KB_ENOMEM;
     } else {
         rc = start_feeder(t);

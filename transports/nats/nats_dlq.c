@@ -80,7 +80,7 @@ int kb__nats_dead_letter(kb_transport *t, const kb_delivery *d, const char *reas
     kb_nats_entry *e = d->cookie;
     kb_nats_topic *tp = kb__nats_topic(t, d->topic, false);
     if (e == NULL || tp == NULL) {
-        kb__errf(NULL, 0, "nats: dead letter of %s without its message", d->topic);
+        kb_errf(NULL, 0, "nats: dead letter of %s without its message", d->topic);
         return KB_EINVAL;
     }
     kb_nats_dead dead = {
@@ -185,7 +185,7 @@ int kb__nats_dead_letter_replay(kb_transport *t, const char *topic, const char *
     char *end = NULL;
     uint64_t seq = strtoull(id, &end, 10);
     if (seq == 0 || end == id || *end != '\0') {
-        kb__errf(NULL, 0, "nats: dead letter ID \"%s\" is not a stream sequence", id);
+        kb_errf(NULL, 0, "nats: dead letter ID \"%s\" is not a stream sequence", id);
         return KB_EINVAL;
     }
     natsMsg *m = NULL;
@@ -193,7 +193,7 @@ int kb__nats_dead_letter_replay(kb_transport *t, const char *topic, const char *
     natsStatus s = js_GetMsg(&m, t->js, tp->stream, seq, NULL, &jerr);
     if (s != NATS_OK || strcmp(natsMsg_GetSubject(m), tp->dlq_subject) != 0) {
         natsMsg_Destroy(m);
-        kb__errf(NULL, 0, "nats: no dead letter %s in %s", id, tp->stream);
+        kb_errf(NULL, 0, "nats: no dead letter %s in %s", id, tp->stream);
         return KB_ENOTFOUND;
     }
     char *key = malloc(65536);
@@ -213,7 +213,7 @@ int kb__nats_dead_letter_replay(kb_transport *t, const char *topic, const char *
             kb__nats_hdrs_free(h);
         free(h);
         free(key);
-        kb__errf(NULL, 0, "nats: dead letter %s cannot be replayed: %s", id, why);
+        kb_errf(NULL, 0, "nats: dead letter %s cannot be replayed: %s", id, why);
         return KB_EINVAL;
     }
     kb_msg msg = {key, (size_t)klen, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),

@@ -143,7 +143,7 @@ int kb__nats_drain(kb_transport *t, int timeout_ms)
     atomic_fetch_sub(&t->drain_waiters, 1);
     free(target);
     if (rc == KB_ETIMEDOUT)
-        kb__errf(NULL, 0, "nats %s: events published here not yet handled by the group",
+        kb_errf(NULL, 0, "nats %s: events published here not yet handled by the group",
                  t->url_safe);
     return rc;
 }

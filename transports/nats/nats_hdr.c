@@ -78,7 +78,7 @@ int kb__nats_hdr_set(natsMsg *m, const kb_header *h, size_t n)
 /* Check what was read against the bus's limits; *why names the problem. */
 static int check(kb_transport *t, kb_nats_hdrs *out, const char **why)
 {
-    if (kb__headers_check(out->h, out->n, t->max_headers, t->max_header_bytes, "headers") ==
+    if (kb_headers_check(out->h, out->n, t->max_headers, t->max_header_bytes, "headers") ==
         KB_OK)
         return 0;
     *why = kb_last_error();

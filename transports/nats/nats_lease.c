@@ -28,7 +28,7 @@ int kb__nats_lease_open(kb_transport *t, char *errstr, size_t errlen)
     if (s != NATS_OK)   /* it exists (possibly with another TTL): use it */
         s = js_KeyValue(&t->kv, t->js, t->bucket);
     if (s != NATS_OK) {
-        kb__errf(errstr, errlen, "nats %s: lease bucket %s: %s %s", t->url_safe, t->bucket,
+        kb_errf(errstr, errlen, "nats %s: lease bucket %s: %s %s", t->url_safe, t->bucket,
                  natsStatus_GetText(s), text);
         return KB_ETRANSPORT;
     }

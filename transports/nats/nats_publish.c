@@ -77,7 +77,7 @@ int kb__nats_msg_event(kb_transport *t, const char *subject, const void *key, si
         kb__nats_hdr_set(msg, h, nh) != KB_OK ||
         natsMsgHeader_Set(msg, "Nats-Msg-Id", id) != NATS_OK) {
         natsMsg_Destroy(msg);
-        kb__errf(NULL, 0, "nats: out of memory for a publish");
+        kb_errf(NULL, 0, "nats: out of memory for a publish");
         return KB_ENOMEM;
     }
     *out = msg;
@@ -91,7 +91,7 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
     while (atomic_load(&t->gated) && atomic_load(&t->resend_len) >= (uint64_t)t->max_ack_pending * 16) {
         if (kb__nats_now_ns() >= until) {
             natsMsg_Destroy(msg);
-            kb__errf(NULL, 0, "nats %s: reconnecting, %llu publishes queued", t->url_safe,
+            kb_errf(NULL, 0, "nats %s: reconnecting, %llu publishes queued", t->url_safe,
                      (unsigned long long)atomic_load(&t->resend_len));
             return KB_EFULL;
         }
@@ -121,7 +121,7 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
     }
     natsMsg_Destroy(msg);   /* NULL when the library or the queue took it */
     if (s == NATS_TIMEOUT) {
-        kb__errf(NULL, 0, "nats: nats.publish_max_pending publishes in flight for %d ms",
+        kb_errf(NULL, 0, "nats: nats.publish_max_pending publishes in flight for %d ms",
                  t->enqueue_timeout_ms);
         return KB_EFULL;
     }
@@ -139,7 +139,7 @@ static int check_fits(kb_transport *t, const kb_msg *m)
     size_t key_hdr = kb__nats_key_hdr_len(m->key, m->key_len);
     size_t user_hdr = kb__nats_hdr_len(m->headers, m->n_headers);
     if (KB_NATS_HDR_BASE + key_hdr + user_hdr + KB_NATS_DLQ_ROOM > KB_NATS_HDR_MAX) {
-        kb__errf(NULL, 0, "nats %s: a key of %zu bytes and %zu headers do not fit the server's "
+        kb_errf(NULL, 0, "nats %s: a key of %zu bytes and %zu headers do not fit the server's "
                  "64 KiB header limit: they take %zu + %zu bytes of header lines, and a dead "
                  "letter adds up to %d bytes of other headers", t->url_safe, m->key_len,
                  m->n_headers, key_hdr, user_hdr, KB_NATS_HDR_BASE + KB_NATS_DLQ_ROOM);
@@ -152,7 +152,7 @@ static int check_fits(kb_transport *t, const kb_msg *m)
     size_t room = plain > framed ? plain : framed;
     size_t maxp = atomic_load_explicit(&t->max_payload, memory_order_relaxed);
     if (room > maxp || m->payload_len > maxp - room) {
-        kb__errf(NULL, 0, "nats %s: a payload of %zu bytes does not fit the server's max_payload "
+        kb_errf(NULL, 0, "nats %s: a payload of %zu bytes does not fit the server's max_payload "
                  "of %zu bytes: with this %zu-byte key and %zu headers, %zu bytes go to headers "
                  "and framing (at most %zu bytes of payload)", t->url_safe, m->payload_len, maxp,
                  m->key_len, m->n_headers, room, room > maxp ? 0 : maxp - room);
@@ -297,7 +297,7 @@ int kb__nats_flush(kb_transport *t, int timeout_ms)
             atomic_load(&t->resend_len) == 0)
             break;
         if (kb__nats_now_ns() >= deadline) {
-            kb__errf(NULL, 0, "nats %s: publishes not acked within %d ms", t->url_safe, timeout_ms);
+            kb_errf(NULL, 0, "nats %s: publishes not acked within %d ms", t->url_safe, timeout_ms);
             return KB_ETIMEDOUT;
         }
         if (atomic_load(&t->closing))
@@ -307,7 +307,7 @@ int kb__nats_flush(kb_transport *t, int timeout_ms)
     uint64_t rejected = atomic_exchange(&t->pub_rejected, 0);
     if (rejected) {
         pthread_mutex_lock(&t->resend_lock);
-        kb__errf(NULL, 0, "nats %s: %llu published events rejected; last: %s", t->url_safe,
+        kb_errf(NULL, 0, "nats %s: %llu published events rejected; last: %s", t->url_safe,
                  (unsigned long long)rejected, t->pub_error);
         pthread_mutex_unlock(&t->resend_lock);
         return KB_ETRANSPORT;

@@ -37,7 +37,7 @@ static int subject_counts(kb_transport *t, const names *nm, long only, uint64_t 
     jsErrCode jerr = 0;
     natsStatus s = js_GetStreamInfo(&si, t->js, nm->stream, &o, &jerr);
     if (s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr) {
-        kb__errf(NULL, 0, "nats: topic %s has no stream (%s)", nm->topic, nm->stream);
+        kb_errf(NULL, 0, "nats: topic %s has no stream (%s)", nm->topic, nm->stream);
         return KB_ENOTFOUND;
     }
     if (s != NATS_OK)
@@ -106,7 +106,7 @@ int kb__nats_partition_stats(kb_transport *t, const char *topic, uint32_t partit
                              kb_partition_stats *out)
 {
     if (partition >= t->partitions) {
-        kb__errf(NULL, 0, "nats: %s has partitions 0..%u, not %u", topic, t->partitions - 1,
+        kb_errf(NULL, 0, "nats: %s has partitions 0..%u, not %u", topic, t->partitions - 1,
                  partition);
         return KB_ENOTFOUND;
     }

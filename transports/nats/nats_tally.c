@@ -139,7 +139,7 @@ int kb__nats_tally(kb_transport *t, const char *topic, const char *stream, uint6
             *extra += y->extra[i];
     pthread_mutex_unlock(&t->tally_mu);
     if (rc == KB_ENOMEM)
-        kb__errf(NULL, 0, "nats: out of memory counting events");
+        kb_errf(NULL, 0, "nats: out of memory counting events");
     return rc;
 }
 

@@ -56,13 +56,13 @@ int kb__redis_check_meta(struct kb_transport *t, const char *topic)
         while (got < 3 && redisGetReply(c, (void **)&r[got]) == REDIS_OK)
             got++;
         if (got < 3) {
-            kb__errf(NULL, 0, "redis: metadata of topic %s on %s: %s", topic, t->where, c->errstr);
+            kb_errf(NULL, 0, "redis: metadata of topic %s on %s: %s", topic, t->where, c->errstr);
             kb__redis_conn_fail(&t->ctl, c->errstr);
         } else if (r[2]->type != REDIS_REPLY_STRING) {
-            kb__errf(NULL, 0, "redis: %s: unexpected reply for partitions (%s)", meta,
+            kb_errf(NULL, 0, "redis: %s: unexpected reply for partitions (%s)", meta,
                      r[2]->type == REDIS_REPLY_ERROR ? r[2]->str : "not a string");
         } else if (strcmp(r[2]->str, parts) != 0) {
-            kb__errf(NULL, 0, "redis: topic %s has partitions=%s in %s on %s but this process "
+            kb_errf(NULL, 0, "redis: topic %s has partitions=%s in %s on %s but this process "
                      "is configured with partitions=%u; use the stored count", topic, r[2]->str,
                      meta, t->where, t->partitions);
             kb_log(t->bus, 3, "%s", kb_last_error());
@@ -73,7 +73,7 @@ int kb__redis_check_meta(struct kb_transport *t, const char *topic)
         for (int i = 0; i < got; i++)
             freeReplyObject(r[i]);
     } else {
-        kb__errf(NULL, 0, "redis: %s is unreachable for topic %s metadata", t->where, topic);
+        kb_errf(NULL, 0, "redis: %s is unreachable for topic %s metadata", t->where, topic);
     }
     pthread_mutex_unlock(&t->ctl_lock);
     return rc;
@@ -258,7 +258,7 @@ static int redis_publish(kb_transport *t, const char *topic, const kb_msg *m)
     kb_redis_pubtopic *pt = pubtopic(t, topic);
     redisContext *c = NULL;
     if (pt == NULL) {
-        kb__errf(NULL, 0, "kb_publish %s: out of memory", topic);
+        kb_errf(NULL, 0, "kb_publish %s: out of memory", topic);
         rc = KB_ENOMEM;
     } else if (pt->meta_rc != KB_OK) {
         rc = pt->meta_rc == 1 ? KB_ETRANSPORT : pt->meta_rc;
@@ -268,7 +268,7 @@ static int redis_publish(kb_transport *t, const char *topic, const kb_msg *m)
         rc = KB_ETRANSPORT;
     } else if (!origin_reserve(&t->origins) ||
                redisAppendCommandArgv(c, n, argv, lens) != REDIS_OK) {
-        kb__errf(NULL, 0, "kb_publish %s: out of memory", topic);
+        kb_errf(NULL, 0, "kb_publish %s: out of memory", topic);
         rc = KB_ENOMEM;
     } else {
         kb_redis_origins *o = &t->origins;
@@ -308,7 +308,7 @@ int kb__redis_pub_settle(struct kb_transport *t, int64_t deadline_ns, const char
     kb__redis_pub_pump(t, true, deadline_ns);
     int rc = KB_OK;
     if (t->pub_failed > 0) {
-        kb__errf(NULL, 0, "%s: %llu publishes to %s failed: %s", who,
+        kb_errf(NULL, 0, "%s: %llu publishes to %s failed: %s", who,
                  (unsigned long long)t->pub_failed, t->where, t->pub_error);
         t->pub_failed = 0;
         rc = KB_ETRANSPORT;
@@ -352,7 +352,7 @@ static int redis_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
         (rt->parts = calloc(t->partitions, sizeof *rt->parts)) == NULL) {
         if (rt != NULL)
             topic_free(rt);
-        kb__errf(NULL, 0, "kb_subscribe %s: out of memory", topic);
+        kb_errf(NULL, 0, "kb_subscribe %s: out of memory", topic);
         return KB_ENOMEM;
     }
     rt->t = t;
@@ -373,7 +373,7 @@ static int redis_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
     pthread_mutex_unlock(&t->ctl_lock);
     if (rc != KB_OK) {
         topic_free(rt);
-        kb__errf(NULL, 0, "kb_subscribe %s: %s", topic, err);
+        kb_errf(NULL, 0, "kb_subscribe %s: %s", topic, err);
         return KB_ETRANSPORT;
     }
     if (!t->reader_started) {
@@ -381,12 +381,12 @@ static int redis_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
          * here so that a failure (EMFILE, say) is this call's error. */
         if (kb__redis_conn_force(&t->rconn, err, sizeof err) == NULL) {
             topic_free(rt);
-            kb__errf(NULL, 0, "kb_subscribe %s: the consumer cannot start: %s", topic, err);
+            kb_errf(NULL, 0, "kb_subscribe %s: the consumer cannot start: %s", topic, err);
             return KB_ETRANSPORT;
         }
         if (pthread_create(&t->reader, NULL, kb__redis_consume_main, t) != 0) {
             topic_free(rt);
-            kb__errf(NULL, 0, "kb_subscribe %s: cannot start the consumer thread", topic);
+            kb_errf(NULL, 0, "kb_subscribe %s: cannot start the consumer thread", topic);
             return KB_ETRANSPORT;
         }
         t->reader_started = true;
@@ -440,7 +440,7 @@ int kb__redis_dead_letter(kb_transport *t, const kb_delivery *d, const char *rea
         kb_redis_part *p = delivery_part(t, d);
         if (p != NULL)
             atomic_fetch_sub(&p->inflight, 1);
-        kb__errf(NULL, 0, "redis: out of memory for a dead letter");
+        kb_errf(NULL, 0, "redis: out of memory for a dead letter");
         return KB_ENOMEM;   /* left unacked: redelivered later */
     }
     atomic_fetch_add(&t->dead_queued, 1);
@@ -526,7 +526,7 @@ static int redis_close(kb_transport *t)
     int rc = KB_OK;
     if (t->pub_inflight > 0 || t->pub_failed > 0) {
         /* accepted by kb_publish, not stored, not reported by a kb_flush yet */
-        kb__errf(NULL, 0, "redis: %llu published events never sent to %s (%llu unconfirmed at "
+        kb_errf(NULL, 0, "redis: %llu published events never sent to %s (%llu unconfirmed at "
                  "close, %llu failed since the last kb_flush%s%s)",
                  (unsigned long long)(t->pub_inflight + t->pub_failed), t->where,
                  (unsigned long long)t->pub_inflight, (unsigned long long)t->pub_failed,
@@ -544,7 +544,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
 {
     kb_transport *t = calloc(1, sizeof *t);
     if (t == NULL) {
-        kb__errf(errstr, errlen, "redis: out of memory");
+        kb_errf(errstr, errlen, "redis: out of memory");
         return KB_ENOMEM;
     }
     t->bus = bus;
@@ -579,7 +579,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     t->backoff_max_ms = (int)kb_conf_int(c, "redis.reconnect_max_ms");
     t->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
     if (t->read_timeout_ms <= t->block_ms) {
-        kb__errf(errstr, errlen, "redis.read_timeout_ms (%d) must exceed redis.block_ms (%d)",
+        kb_errf(errstr, errlen, "redis.read_timeout_ms (%d) must exceed redis.block_ms (%d)",
                  t->read_timeout_ms, t->block_ms);
         transport_free(t);
         return KB_EINVAL;
@@ -600,7 +600,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     }
     kb__redis_limit_read(t);
     if (pthread_create(&t->keeper, NULL, kb__redis_keeper_main, t) != 0) {
-        kb__errf(errstr, errlen, "redis: cannot start the keeper thread");
+        kb_errf(errstr, errlen, "redis: cannot start the keeper thread");
         transport_free(t);
         return KB_ENOMEM;
     }

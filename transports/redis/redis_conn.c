@@ -26,12 +26,12 @@ int kb__redis_parse_url(const char *url, kb_redis_addr *a, char *errstr, size_t 
     memset(a, 0, sizeof *a);
     a->port = 6379;
     if (strncmp(url, "rediss://", 9) == 0) {
-        kb__errf(errstr, errlen, "transport: rediss:// (TLS) is not supported: hiredis 0.14 has "
+        kb_errf(errstr, errlen, "transport: rediss:// (TLS) is not supported: hiredis 0.14 has "
                  "no TLS; use redis:// on a trusted network or a TLS tunnel");
         return KB_EINVAL;
     }
     if (strncmp(url, "redis://", 8) != 0) {
-        kb__errf(errstr, errlen, "transport: expected redis://host[:port][/db]");
+        kb_errf(errstr, errlen, "transport: expected redis://host[:port][/db]");
         return KB_EINVAL;
     }
     const char *p = url + 8;
@@ -45,7 +45,7 @@ int kb__redis_parse_url(const char *url, kb_redis_addr *a, char *errstr, size_t 
         const char *uend = colon ? colon : at;
         if (copy_part(a->user, sizeof a->user, p, (size_t)(uend - p)) != 0 ||
             (colon && copy_part(a->pass, sizeof a->pass, colon + 1, (size_t)(at - colon - 1)) != 0)) {
-            kb__errf(errstr, errlen, "transport: user or password in the redis URL is too long");
+            kb_errf(errstr, errlen, "transport: user or password in the redis URL is too long");
             return KB_EINVAL;
         }
         p = at + 1;
@@ -54,7 +54,7 @@ int kb__redis_parse_url(const char *url, kb_redis_addr *a, char *errstr, size_t 
     if (*p == '[') {   /* [v6addr]:port */
         const char *rb = memchr(p, ']', (size_t)(end - p));
         if (rb == NULL) {
-            kb__errf(errstr, errlen, "transport: unterminated [ in the redis host");
+            kb_errf(errstr, errlen, "transport: unterminated [ in the redis host");
             return KB_EINVAL;
         }
         if (copy_part(a->host, sizeof a->host, p + 1, (size_t)(rb - p - 1)) != 0)
@@ -64,23 +64,23 @@ int kb__redis_parse_url(const char *url, kb_redis_addr *a, char *errstr, size_t 
         const char *colon = memchr(p, ':', (size_t)(end - p));
         hend = colon ? colon : end;
         if (copy_part(a->host, sizeof a->host, p, (size_t)(hend - p)) != 0) {
-            kb__errf(errstr, errlen, "transport: redis host name is too long");
+            kb_errf(errstr, errlen, "transport: redis host name is too long");
             return KB_EINVAL;
         }
     }
     if (a->host[0] == '\0') {
-        kb__errf(errstr, errlen, "transport: redis URL has no host");
+        kb_errf(errstr, errlen, "transport: redis URL has no host");
         return KB_EINVAL;
     }
     if (hend < end) {
         if (*hend != ':') {
-            kb__errf(errstr, errlen, "transport: junk after the redis host \"%s\"", a->host);
+            kb_errf(errstr, errlen, "transport: junk after the redis host \"%s\"", a->host);
             return KB_EINVAL;
         }
         char *e;
         long port = strtol(hend + 1, &e, 10);
         if (e != end || e == hend + 1 || port < 1 || port > 65535) {
-            kb__errf(errstr, errlen, "transport: bad port in redis URL for host \"%s\"", a->host);
+            kb_errf(errstr, errlen, "transport: bad port in redis URL for host \"%s\"", a->host);
             return KB_EINVAL;
         }
         a->port = (int)port;
@@ -89,12 +89,12 @@ int kb__redis_parse_url(const char *url, kb_redis_addr *a, char *errstr, size_t 
         char *e;
         long db = strtol(end + 1, &e, 10);
         if (*e != '\0' || db < 0 || db > 100000) {
-            kb__errf(errstr, errlen, "transport: bad database number after %s:%d", a->host, a->port);
+            kb_errf(errstr, errlen, "transport: bad database number after %s:%d", a->host, a->port);
             return KB_EINVAL;
         }
         a->db = (int)db;
     } else if (*end != '\0' && strcmp(end, "/") != 0) {
-        kb__errf(errstr, errlen, "transport: redis URL takes no query or fragment");
+        kb_errf(errstr, errlen, "transport: redis URL takes no query or fragment");
         return KB_EINVAL;
     }
     return KB_OK;
@@ -187,7 +187,7 @@ redisContext *kb__redis_conn_force(kb_redis_conn *k, char *errstr, size_t errlen
         if (err != why)
             snprintf(why, sizeof why, "%s", err);   /* err may point into c */
         err = why;
-        kb__errf(errstr, errlen, "redis %s: cannot connect to %s: %s", k->name, t->where, err);
+        kb_errf(errstr, errlen, "redis %s: cannot connect to %s: %s", k->name, t->where, err);
         if (c != NULL)
             redisFree(c);
         /* Capped exponential backoff with jitter in [1/2, 1] of the step, so
@@ -215,7 +215,7 @@ redisContext *kb__redis_conn_force(kb_redis_conn *k, char *errstr, size_t errlen
 redisContext *kb__redis_conn_get(kb_redis_conn *k, char *errstr, size_t errlen)
 {
     if (k->c == NULL && kb__now_ns() < k->next_try_ns) {
-        kb__errf(errstr, errlen, "redis %s: %s is down; next reconnect in %lld ms", k->name,
+        kb_errf(errstr, errlen, "redis %s: %s is down; next reconnect in %lld ms", k->name,
                  k->t->where, (long long)((k->next_try_ns - kb__now_ns()) / 1000000));
         return NULL;
     }

@@ -28,12 +28,12 @@ int kb__redis_create_groups(kb_redis_conn *k, kb_redis_topic *rt, char *errstr, 
     for (uint32_t i = 0; i < rt->nparts; i++) {
         redisReply *r = NULL;
         if (redisGetReply(c, (void **)&r) != REDIS_OK) {
-            kb__errf(errstr, errlen, "XGROUP CREATE on %s: %s", t->where, c->errstr);
+            kb_errf(errstr, errlen, "XGROUP CREATE on %s: %s", t->where, c->errstr);
             kb__redis_conn_fail(k, c->errstr);
             return KB_ETRANSPORT;
         }
         if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "BUSYGROUP", 9) != 0 && rc == KB_OK) {
-            kb__errf(errstr, errlen, "XGROUP CREATE %s %s: %s", rt->parts[i].stream, t->group,
+            kb_errf(errstr, errlen, "XGROUP CREATE %s %s: %s", rt->parts[i].stream, t->group,
                      r->str);
             rc = KB_ETRANSPORT;
         }

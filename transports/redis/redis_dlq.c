@@ -167,9 +167,9 @@ static redisReply *ctl_cmd(struct kb_transport *t, int argc, const char **argv,
     redisReply *r = kb__redis_cmd(&t->ctl, argc, argv, lens);
     pthread_mutex_unlock(&t->ctl_lock);
     if (r == NULL)
-        kb__errf(NULL, 0, "redis: %s is unreachable", t->where);
+        kb_errf(NULL, 0, "redis: %s is unreachable", t->where);
     else if (r->type == REDIS_REPLY_ERROR)
-        kb__errf(NULL, 0, "redis %s: %s", argv[0], r->str);
+        kb_errf(NULL, 0, "redis %s: %s", argv[0], r->str);
     return r;
 }
 
@@ -257,14 +257,14 @@ int kb__redis_dead_letter_replay(kb_transport *t, const char *topic, const char 
     if (r->elements == 0 || r->element[0]->type != REDIS_REPLY_ARRAY ||
         r->element[0]->elements < 2) {
         freeReplyObject(r);
-        kb__errf(NULL, 0, "redis: no dead letter %s in %s", id, dlq);
+        kb_errf(NULL, 0, "redis: no dead letter %s in %s", id, dlq);
         return KB_ENOTFOUND;
     }
     const redisReply *f = r->element[0]->element[1];
     const redisReply *k = kb__redis_field(f, "k"), *d = kb__redis_field(f, "d");
     if (k == NULL || k->len == 0 || d == NULL) {
         freeReplyObject(r);
-        kb__errf(NULL, 0, "redis: dead letter %s in %s has no key or payload; not replayable",
+        kb_errf(NULL, 0, "redis: dead letter %s in %s has no key or payload; not replayable",
                  id, dlq);
         return KB_EINVAL;
     }
@@ -279,7 +279,7 @@ int kb__redis_dead_letter_replay(kb_transport *t, const char *topic, const char 
         free(argv);
         free(lens);
         freeReplyObject(r);
-        kb__errf(NULL, 0, "redis: out of memory replaying %s", id);
+        kb_errf(NULL, 0, "redis: out of memory replaying %s", id);
         return KB_ENOMEM;
     }
     const char *head[] = {"EVAL", REPLAY_LUA, "2", dlq, stream, id, "k", k->str, "d", d->str,
@@ -301,7 +301,7 @@ int kb__redis_dead_letter_replay(kb_transport *t, const char *topic, const char 
     if (x == NULL || x->type == REDIS_REPLY_ERROR) {
         rc = KB_ETRANSPORT;
     } else if (x->type != REDIS_REPLY_STRING) {
-        kb__errf(NULL, 0, "redis: no dead letter %s in %s (replayed meanwhile)", id, dlq);
+        kb_errf(NULL, 0, "redis: no dead letter %s in %s (replayed meanwhile)", id, dlq);
         rc = KB_ENOTFOUND;
     } else {
         kb__redis_pub_note(t, topic, part, x->str);   /* kb_drain waits for it too */

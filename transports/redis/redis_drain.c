@@ -90,7 +90,7 @@ static ssize_t poll_targets(struct kb_transport *t, target *v, size_t n)
         redisReply *g = NULL, *p = NULL;
         if (redisGetReply(c, (void **)&g) != REDIS_OK ||
             redisGetReply(c, (void **)&p) != REDIS_OK) {
-            kb__errf(NULL, 0, "kb_drain: %s: %s", t->where, c->errstr);
+            kb_errf(NULL, 0, "kb_drain: %s: %s", t->where, c->errstr);
             kb__redis_conn_fail(&t->ctl, c->errstr);
             freeReplyObject(g);
             free(done);
@@ -132,7 +132,7 @@ int kb__redis_drain(kb_transport *t, int timeout_ms)
     size_t n;
     target *v = targets_of(t, &n);
     if (n == SIZE_MAX) {
-        kb__errf(NULL, 0, "kb_drain: out of memory");
+        kb_errf(NULL, 0, "kb_drain: out of memory");
         return KB_ENOMEM;
     }
     int wait_ms = POLL_MIN_MS;

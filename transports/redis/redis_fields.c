@@ -53,17 +53,17 @@ int kb__redis_headers_of(const redisReply *fields, kb_header *out, size_t *n, ch
             memcmp(f->str, KB_REDIS_HEADER_PREFIX, PREFIX_LEN) != 0)
             continue;
         if (*n == KB_MAX_HEADERS) {
-            kb__errf(why, whylen, "malformed header fields: more than %d", KB_MAX_HEADERS);
+            kb_errf(why, whylen, "malformed header fields: more than %d", KB_MAX_HEADERS);
             return KB_ETOOBIG;
         }
         if (strlen(f->str) != f->len) {   /* the name would be cut at the NUL */
-            kb__errf(why, whylen, "malformed header field %zu: its name has a NUL byte", *n);
+            kb_errf(why, whylen, "malformed header field %zu: its name has a NUL byte", *n);
             return KB_EINVAL;
         }
         bool str = v->type == REDIS_REPLY_STRING;
         out[(*n)++] = (kb_header){f->str + PREFIX_LEN, str ? v->str : "", str ? v->len : 0};
     }
-    int rc = kb__headers_check(out, *n, KB_MAX_HEADERS, KB_REDIS_HEADER_BYTES,
+    int rc = kb_headers_check(out, *n, KB_MAX_HEADERS, KB_REDIS_HEADER_BYTES,
                                "malformed header fields");
     if (rc != KB_OK && why != NULL)
         snprintf(why, whylen, "%s", kb_last_error());

@@ -58,7 +58,7 @@ int kb__redis_limit_check(struct kb_transport *t, const char *topic, const kb_ms
     size_t big = m->key_len > m->payload_len ? m->key_len : m->payload_len;
     if ((int64_t)big <= max)
         return KB_OK;
-    kb__errf(NULL, 0, "kb_publish %s: %s of %zu bytes exceeds the Redis server's "
+    kb_errf(NULL, 0, "kb_publish %s: %s of %zu bytes exceeds the Redis server's "
              "proto-max-bulk-len (%lld bytes%s on %s)", topic,
              m->key_len > m->payload_len ? "key" : "payload", big, (long long)max,
              t->bulk_known ? "" : ", assumed: CONFIG GET refused", t->where);

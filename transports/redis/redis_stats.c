@@ -51,7 +51,7 @@ static int ctl_run(struct kb_transport *t, redisContext *c, redisReply **r, size
 {
     for (size_t i = 0; i < n; i++)
         if (redisGetReply(c, (void **)&r[i]) != REDIS_OK) {
-            kb__errf(NULL, 0, "redis: stats from %s: %s", t->where, c->errstr);
+            kb_errf(NULL, 0, "redis: stats from %s: %s", t->where, c->errstr);
             kb__redis_conn_fail(&t->ctl, c->errstr);
             for (size_t j = 0; j < i; j++)
                 freeReplyObject(r[j]);
@@ -91,7 +91,7 @@ int kb__redis_stats(kb_transport *t, const char *topic, kb_topic_stats *out)
     pthread_mutex_unlock(&t->ctl_lock);
     if (rc == KB_OK) {
         if (int_of(r[0]) == 0 && rt == NULL && out->published == 0) {
-            kb__errf(NULL, 0, "redis: topic %s unknown on %s", topic, t->where);
+            kb_errf(NULL, 0, "redis: topic %s unknown on %s", topic, t->where);
             rc = KB_ENOTFOUND;
         }
         out->dlq_length = int_of(r[1]);
@@ -113,7 +113,7 @@ int kb__redis_partition_stats(kb_transport *t, const char *topic, uint32_t parti
                               kb_partition_stats *out)
 {
     if (partition >= t->partitions) {
-        kb__errf(NULL, 0, "redis: partition %u out of range (partitions=%u)", partition,
+        kb_errf(NULL, 0, "redis: partition %u out of range (partitions=%u)", partition,
                  t->partitions);
         return KB_ENOTFOUND;
     }
