@@ -347,9 +347,6 @@ static void *executor_main(void *arg)
 {
     struct kb_executor *ex = arg;
     kb__on_executor = ex;
-    char name[16];
-    snprintf(name, sizeof name, "kb-exec-%u", ex->index);
-    pthread_setname_np(pthread_self(), name);   /* visible in top, perf, gdb */
     while (!atomic_load_explicit(&ex->sched->stop, memory_order_acquire)) {
         if (ex->heap_len > 0)
             run_due_lanes(ex);
@@ -404,11 +401,12 @@ kb_sched *kb__sched_new(uint32_t threads, kb_idle idle, char *errstr, size_t err
         ex->sched = s;
         ex->index = i;
         ex->rng = 0x9E3779B97F4A7C15ULL * (i + 1) ^ (uint64_t)kb__now_ns();
-        int rc = pthread_create(&ex->thread, NULL, executor_main, ex);
-        if (rc != 0) {
+        char name[24];
+        snprintf(name, sizeof name, "kb-exec-%u", i);   /* visible in top, perf, gdb */
+        if (kb_thread_start(&ex->thread, name, executor_main, ex) != KB_OK) {
             s->n = i;
             kb__sched_destroy(s);
-            snprintf(errstr, errlen, "cannot start executor thread %u: %s", i, strerror(rc));
+            snprintf(errstr, errlen, "cannot start executor %u: %s", i, kb_last_error());
             return NULL;
         }
         s->n = i + 1;
@@ -424,7 +422,7 @@ void kb__sched_destroy(kb_sched *s)
     for (uint32_t i = 0; i < s->n; i++)
         kb__signal_notify(&s->ex[i].wake);
     for (uint32_t i = 0; i < s->n; i++) {
-        pthread_join(s->ex[i].thread, NULL);
+        kb_thread_join(s->ex[i].thread);
         free(s->ex[i].heap);
     }
     free(s->ex);

@@ -59,7 +59,7 @@ struct kb_executor {
     struct __cds_wfcq_head head;       /* consumer end: this executor only */
     kb_sched *sched;
     uint32_t index;
-    pthread_t thread;
+    kb_thread *thread;
     struct kb_lane *run_head, *run_tail;  /* lanes to visit, in order */
     struct kb_lane *settling;          /* unscheduled, not yet re-checked after a barrier */
     int64_t settle_due_ns;             /* when they must be re-checked at the latest */
