@@ -83,7 +83,7 @@ static int parse_int(const kb_conf_prop *p, const char *value, int64_t *out, cha
 static int check_text(const kb_conf_prop *p, const char *value, char *errstr, size_t errlen)
 {
     size_t len = strlen(value);
-    if (p->type != KB_CONF_TEXT && len == 0) {
+    if (p->type != KB_CONF_TEXT && p->type != KB_CONF_SECRET && len == 0) {
         kb_errf(errstr, errlen, "%s: empty value", p->name);
         return KB_EINVAL;
     }

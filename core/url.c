@@ -212,16 +212,17 @@ kb_url *kb_url_parse(const char *url, char *errstr, size_t errlen)
     for (const char *p = a; p < hend; p++)
         if (*p == '@')
             at = p;
+    const char *q = strchr(hend, '?');
+    size_t plen = q ? (size_t)(q - hend) : strlen(hend);
+    if (strchr(hend, '@') != NULL)   /* checked before the host, which it would mislead */
+        return fail(u, 0, errstr, errlen,
+                    "URL path or query has an '@': encode '/', '?' and '#' in a password as "
+                    "%2F, %3F, %23");
     const char *why = at != NULL ? parse_userinfo(u, a, at, &oom) : NULL;
     if (why == NULL)
         why = parse_host(u, at != NULL ? at + 1 : a, hend, &oom);
     if (why != NULL)
         return fail(u, oom, errstr, errlen, why);
-    const char *q = strchr(hend, '?');
-    size_t plen = q ? (size_t)(q - hend) : strlen(hend);
-    if (memchr(hend, '@', plen) != NULL)
-        return fail(u, 0, errstr, errlen,
-                    "URL path has an '@': encode '/', '?' and '#' in a password as %2F, %3F, %23");
     if (!all_of(hend, plen, ":@/"))
         return fail(u, 0, errstr, errlen,
                     "URL path: a character that must be percent-encoded, or a bad %XX");
