@@ -67,6 +67,11 @@ static void bad_values_are_refused_and_named(void **state)
         {"transport", "foo://x", KB_ENOTFOUND, {"transport", "unknown URL scheme", "foo"}},
         {"transport", "localhost:6379", KB_EINVAL, {"transport", "not a URL"}},
         {"transport", "", KB_EINVAL, {"transport", "empty"}},
+        {"transport", "mem://h:0", KB_EINVAL, {"transport", "URL port"}},
+        {"transport", "mem://h:+44849", KB_EINVAL, {"transport", "URL port"}},
+        {"transport", "mem://[::1", KB_EINVAL, {"transport", "URL host"}},
+        {"transport", "mem://u:p%zz@h", KB_EINVAL, {"transport", "URL password"}},
+        {"pool.idle", "sleep", KB_EINVAL, {"pool.idle", "not one of"}},
         {"group", "my group", KB_EINVAL, {"group", "whitespace"}},
     };
     kb_conf *c = kb_conf_new();
