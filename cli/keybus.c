@@ -1,115 +1,264 @@
 /* keybus: command-line companion of the library.
- *   keybus conf-doc                        print docs/CONFIGURATION.md
+ *   keybus [-c FILE] [-X key=value]... conf-doc     print docs/CONFIGURATION.md
+ *   keybus [-c FILE] [-X key=value]... conf         the effective configuration, secrets masked
  *   keybus [-c FILE] [-X key=value]... publish TOPIC KEY [PAYLOAD]
  *   keybus [-c FILE] [-X key=value]... stats TOPIC
  *   keybus [-c FILE] [-X key=value]... dlq-list TOPIC [MAX]
- *   keybus [-c FILE] [-X key=value]... dlq-replay TOPIC ID */
+ *   keybus [-c FILE] [-X key=value]... dlq-replay TOPIC ID
+ * Arguments are checked before the bus opens: usage and exit 2 for bad ones,
+ * exit 1 for an error of the library (its class and reason on stderr). Text
+ * output escapes control characters (cli/text.h); JSON output is exact. */
+#include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <keybus/keybus.h>
 
+#include "cli/text.h"
 #include "core/conf_int.h"
 
-static void usage(void)
+#define DLQ_LIST_MAX 1000000
+
+static void usage(FILE *out)
 {
-    fprintf(stderr,
-            "usage: keybus conf-doc\n"
-            "       keybus [-c FILE] [-X key=value]... publish TOPIC KEY [PAYLOAD]\n"
-            "       keybus [-c FILE] [-X key=value]... stats TOPIC\n"
-            "       keybus [-c FILE] [-X key=value]... dlq-list TOPIC [MAX]\n"
-            "       keybus [-c FILE] [-X key=value]... dlq-replay TOPIC ID\n");
+    fprintf(out,
+            "usage: keybus [-c FILE] [-X key=value]... COMMAND [ARGS]\n"
+            "       keybus -h | --help\n"
+            "commands:\n"
+            "  conf-doc                   print the configuration reference (Markdown)\n"
+            "  conf                       print the effective configuration (secrets masked)\n"
+            "  publish TOPIC KEY [PAYLOAD]\n"
+            "  stats TOPIC                one JSON line\n"
+            "  dlq-list TOPIC [MAX]       dead letters, one line each (MAX 1..%d, default 100)\n"
+            "  dlq-replay TOPIC ID\n"
+            "Text output escapes control characters as \\n, \\t, \\r, \\\\ and \\xNN.\n",
+            DLQ_LIST_MAX);
+}
+
+enum cmd { CMD_CONF_DOC, CMD_CONF, CMD_PUBLISH, CMD_STATS, CMD_DLQ_LIST, CMD_DLQ_REPLAY };
+
+static const struct command {
+    const char *name;
+    int min_args, max_args;   /* after the command's name */
+} commands[] = {
+    [CMD_CONF_DOC] = {"conf-doc", 0, 0}, [CMD_CONF] = {"conf", 0, 0},
+    [CMD_PUBLISH] = {"publish", 2, 3},   [CMD_STATS] = {"stats", 1, 1},
+    [CMD_DLQ_LIST] = {"dlq-list", 1, 2}, [CMD_DLQ_REPLAY] = {"dlq-replay", 2, 2},
+};
+
+/* A strictly decimal count in 1..max, or 0. */
+static unsigned long parse_count(const char *s, unsigned long max)
+{
+    size_t n = strspn(s, "0123456789");
+    if (n == 0 || n > 9 || s[n] != '\0')
+        return 0;
+    unsigned long v = strtoul(s, NULL, 10);
+    return v <= max ? v : 0;
 }
 
 static int print_dead_letter(const kb_dead_letter *dl, void *opaque)
 {
     (void)opaque;
-    printf("%s\tpartition=%u\toriginal=%s\tattempts=%u\treason=%s\tkey=%.*s\tbytes=%zu\n", dl->id,
-           dl->partition, dl->original_id, dl->attempts, dl->reason, (int)dl->key_len,
-           (const char *)dl->key, dl->payload_len);
+    kb_cli_escape(stdout, dl->id, strlen(dl->id));
+    printf("\tpartition=%u\toriginal=", dl->partition);
+    kb_cli_escape(stdout, dl->original_id, strlen(dl->original_id));
+    printf("\tattempts=%u\treason=", dl->attempts);
+    kb_cli_escape(stdout, dl->reason, strlen(dl->reason));
+    fputs("\tkey=", stdout);
+    kb_cli_escape(stdout, dl->key, dl->key_len);
+    printf("\tbytes=%zu\tpayload=", dl->payload_len);
+    kb_cli_escape(stdout, dl->payload, dl->payload_len);
+    fputc('\n', stdout);
     return 0;
 }
 
-static int run(kb_bus *b, int argc, char **argv)
+static void print_conf_line(const char *key, const char *value, void *arg)
 {
-    const char *cmd = argv[0];
-    int rc;
-    if (strcmp(cmd, "publish") == 0 && (argc == 3 || argc == 4)) {
-        const char *payload = argc == 4 ? argv[3] : "";
-        rc = kb_publish(b, argv[1], argv[2], strlen(argv[2]), payload, strlen(payload));
-        if (rc == KB_OK)
-            rc = kb_flush(b, 5000);
-    } else if (strcmp(cmd, "stats") == 0 && argc == 2) {
-        kb_topic_stats s;
-        rc = kb_stats(b, argv[1], &s);
-        if (rc == KB_OK)
-            printf("{\"topic\":\"%s\",\"published\":%llu,\"partitions\":%u,\"broker_length\":%llu,"
-                   "\"broker_pending\":%llu,\"broker_lag\":%llu,\"dlq_length\":%llu}\n",
-                   argv[1], (unsigned long long)s.published, s.partitions,
-                   (unsigned long long)s.broker_length, (unsigned long long)s.broker_pending,
-                   (unsigned long long)s.broker_lag, (unsigned long long)s.dlq_length);
-    } else if (strcmp(cmd, "dlq-list") == 0 && (argc == 2 || argc == 3)) {
-        rc = kb_dead_letters(b, argv[1], NULL, argc == 3 ? strtoul(argv[2], NULL, 10) : 100,
-                             print_dead_letter, NULL);
-    } else if (strcmp(cmd, "dlq-replay") == 0 && argc == 3) {
-        rc = kb_dead_letter_replay(b, argv[1], argv[2]);
-    } else {
-        usage();
-        return 2;
-    }
-    if (rc != KB_OK)
-        fprintf(stderr, "keybus %s: %s: %s\n", cmd, kb_strerror(rc), kb_last_error());
-    return rc == KB_OK ? 0 : 1;
+    (void)arg;
+    printf("%s = ", key);
+    kb_cli_escape(stdout, value, strlen(value));
+    fputc('\n', stdout);
 }
 
-int main(int argc, char **argv)
+static int run(kb_bus *b, enum cmd cmd, char **argv, int argc, unsigned long max)
 {
-    if (argc == 2 && strcmp(argv[1], "conf-doc") == 0) {
-        kb__conf_write_markdown(stdout);
-        return 0;
+    switch (cmd) {
+    case CMD_PUBLISH: {
+        const char *payload = argc == 3 ? argv[2] : "";
+        int rc = kb_publish(b, argv[0], argv[1], strlen(argv[1]), payload, strlen(payload));
+        return rc == KB_OK ? kb_flush(b, 5000) : rc;
     }
-    kb_conf *c = kb_conf_new();
+    case CMD_STATS: {
+        kb_topic_stats s;
+        int rc = kb_stats(b, argv[0], &s);
+        if (rc != KB_OK)
+            return rc;
+        fputs("{\"topic\":", stdout);
+        kb_cli_json_string(stdout, argv[0], strlen(argv[0]));
+        printf(",\"published\":%llu,\"partitions\":%u,\"broker_length\":%llu,"
+               "\"broker_pending\":%llu,\"broker_lag\":%llu,\"dlq_length\":%llu}\n",
+               (unsigned long long)s.published, s.partitions,
+               (unsigned long long)s.broker_length, (unsigned long long)s.broker_pending,
+               (unsigned long long)s.broker_lag, (unsigned long long)s.dlq_length);
+        return KB_OK;
+    }
+    case CMD_DLQ_LIST:
+        return kb_dead_letters(b, argv[0], NULL, max, print_dead_letter, NULL);
+    case CMD_DLQ_REPLAY:
+        return kb_dead_letter_replay(b, argv[0], argv[1]);
+    case CMD_CONF_DOC:
+    case CMD_CONF:
+        break;
+    }
+    return KB_EINVAL;
+}
+
+/* -c FILE or -X key=value, applied in the order given. */
+struct setting {
+    char kind;
+    char *arg;
+};
+
+/* 0, or the exit status. */
+static int configure(kb_conf *c, const struct setting *set, int n)
+{
     char err[512];
-    int opt;
-    while ((opt = getopt(argc, argv, "c:X:h")) != -1) {
-        char *eq;
-        switch (opt) {
-        case 'c':
-            if (kb_conf_load(c, optarg, err, sizeof err) != KB_OK) {
-                fprintf(stderr, "keybus: %s\n", err);
-                return 2;
-            }
-            break;
-        case 'X':
-            eq = strchr(optarg, '=');
-            if (eq == NULL) {
-                fprintf(stderr, "keybus: -X wants key=value, got \"%s\"\n", optarg);
+    for (int i = 0; i < n; i++) {
+        int rc;
+        if (set[i].kind == 'c') {
+            rc = kb_conf_load(c, set[i].arg, err, sizeof err);
+        } else {
+            char *eq = strchr(set[i].arg, '=');
+            if (eq == NULL) {   /* never echoed: "nats.token:secret" is a typo for '=' */
+                fprintf(stderr, "keybus: -X wants key=value (option %d has no '=')\n", i + 1);
                 return 2;
             }
             *eq = '\0';
-            if (kb_conf_set(c, optarg, eq + 1, err, sizeof err) != KB_OK) {
-                fprintf(stderr, "keybus: %s\n", err);
-                return 2;
-            }
-            break;
-        default:
-            usage();
-            return 2;
+            rc = kb_conf_set(c, set[i].arg, eq + 1, err, sizeof err);
+        }
+        if (rc != KB_OK) {
+            fprintf(stderr, "keybus: %s\n", err);
+            return rc == KB_ENOMEM ? 1 : 2;
         }
     }
+    return 0;
+}
+
+static int find_command(const char *name)
+{
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        if (strcmp(commands[i].name, name) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* The command at argv[optind] and its arguments, checked: its index, or -1
+ * after saying what is wrong. */
+static int check_command(int argc, char **argv, unsigned long *max)
+{
     if (optind >= argc) {
-        usage();
-        return 2;
+        fprintf(stderr, "keybus: no command\n");
+        return -1;
     }
+    int cmd = find_command(argv[optind]), nargs = argc - optind - 1;
+    if (cmd < 0) {
+        fprintf(stderr, "keybus: unknown command\n");
+        return -1;
+    }
+    if (nargs < commands[cmd].min_args || nargs > commands[cmd].max_args) {
+        fprintf(stderr, "keybus %s: wrong number of arguments\n", commands[cmd].name);
+        return -1;
+    }
+    *max = 100;
+    if (cmd == CMD_DLQ_LIST && nargs == 2 &&
+        (*max = parse_count(argv[optind + 2], DLQ_LIST_MAX)) == 0) {
+        fprintf(stderr, "keybus dlq-list: MAX must be a decimal number in 1..%d\n",
+                DLQ_LIST_MAX);
+        return -1;
+    }
+    return cmd;
+}
+
+/* Run a command that needs a bus; the exit status. */
+static int run_on_bus(kb_conf *c, enum cmd cmd, char **args, int nargs, unsigned long max)
+{
+    char err[512];
     kb_bus *b = kb_open(c, err, sizeof err);
     if (b == NULL) {
         fprintf(stderr, "keybus: %s\n", err);
         kb_conf_destroy(c);
         return 1;
     }
-    int status = run(b, argc - optind, argv + optind);
-    kb_close(b, 5000);
+    kb_err_clear();
+    int rc = run(b, cmd, args, nargs, max);
+    if (rc != KB_OK)
+        fprintf(stderr, "keybus %s: %s: %s\n", commands[cmd].name, kb_strerror(rc),
+                kb_last_error());
+    int closed = kb_close(b, 5000);
+    if (rc == KB_OK && closed != KB_OK)
+        fprintf(stderr, "keybus: close: %s: %s\n", kb_strerror(closed), kb_last_error());
+    return rc == KB_OK && closed == KB_OK ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    struct setting *set = calloc((size_t)argc + 1, sizeof *set);
+    if (set == NULL)
+        return 1;
+    int nset = 0, opt, status = 0;
+    opterr = 0;   /* getopt would echo an unknown long option, which may hold a secret */
+    while (status == 0 && (opt = getopt_long(argc, argv, "+c:X:h", longopts, NULL)) != -1) {
+        if (opt == 'h') {
+            usage(stdout);
+            free(set);
+            return 0;
+        }
+        if (opt == 'c' || opt == 'X') {
+            set[nset++] = (struct setting){(char)opt, optarg};
+            continue;
+        }
+        if (optopt == 'c' || optopt == 'X')
+            fprintf(stderr, "keybus: -%c needs an argument\n", optopt);
+        else
+            fprintf(stderr, "keybus: unknown option\n");
+        status = 2;
+    }
+    unsigned long max = 0;
+    int cmd = status == 0 ? check_command(argc, argv, &max) : -1;
+    if (cmd < 0) {
+        usage(stderr);
+        free(set);
+        return 2;
+    }
+    kb_conf *c = kb_conf_new();
+    status = c == NULL ? 1 : configure(c, set, nset);
+    free(set);
+    if (c == NULL)
+        fprintf(stderr, "keybus: out of memory\n");
+    if (status != 0) {
+        kb_conf_destroy(c);
+        return status;
+    }
+    char err[512];
+    switch (cmd) {
+    case CMD_CONF_DOC:
+        kb__conf_write_markdown(stdout);
+        break;
+    case CMD_CONF:
+        if (strcmp(kb_conf_str(c, "conf.env"), "true") == 0 &&
+            kb_conf_apply_env(c, err, sizeof err) != KB_OK) {
+            fprintf(stderr, "keybus: %s\n", err);
+            status = 2;
+        } else {
+            kb__conf_each(c, print_conf_line, NULL);
+        }
+        break;
+    default:
+        return run_on_bus(c, (enum cmd)cmd, argv + optind + 1, argc - optind - 1, max);
+    }
+    kb_conf_destroy(c);
     return status;
 }

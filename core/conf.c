@@ -2,7 +2,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <stdatomic.h>
-#include <ini.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,11 +11,16 @@
 
 #include "conf_int.h"
 #include "err.h"
+#include "ini.h"
 #include "registry.h"
 
 /* Where a value came from; a later store from a lower source is ignored:
  * defaults < INI file < KEYBUS_* environment < code (kb_conf_set, -X). */
 enum source { FROM_DEFAULT, FROM_FILE, FROM_ENV, FROM_CODE };
+
+/* Unknown keys are quoted in messages only when they look like a key. */
+#define KEY_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
+#define KEY_SHOWN_MAX 128
 
 struct conf_entry {
     const kb_conf_prop *prop;
@@ -42,28 +46,28 @@ static struct conf_entry *find(const kb_conf *c, const char *key)
     return NULL;
 }
 
+/* Strictly decimal: an optional '-' then digits, nothing else (no blanks,
+ * '+', hex or octal). Messages never quote the text, which may be a secret
+ * typed into the wrong key. */
 static int parse_int(const kb_conf_prop *p, const char *value, int64_t *out, char *errstr, size_t errlen)
 {
-    const char *s = value;
-    while (isspace((unsigned char)*s))
-        s++;
-    if (*s == '\0') {
+    if (*value == '\0') {
         kb_errf(errstr, errlen, "%s: empty value, expected an integer in %" PRId64 "..%" PRId64,
                  p->name, p->min, p->max);
         return KB_EINVAL;
     }
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    while (isspace((unsigned char)*end))
-        end++;
-    if (end == s || *end != '\0') {
-        kb_errf(errstr, errlen, "%s: \"%s\" is not an integer", p->name, value);
+    const char *d = value + (*value == '-');
+    size_t digits = strspn(d, "0123456789");
+    if (digits == 0 || d[digits] != '\0') {
+        kb_errf(errstr, errlen, "%s: not an integer (decimal digits only, no blanks or sign '+')",
+                p->name);
         return KB_EINVAL;
     }
+    errno = 0;
+    long long v = strtoll(value, NULL, 10);
     if (errno == ERANGE) {
-        kb_errf(errstr, errlen, "%s: \"%s\" overflows; allowed %" PRId64 "..%" PRId64, p->name,
-                 value, p->min, p->max);
+        kb_errf(errstr, errlen, "%s: overflows; allowed %" PRId64 "..%" PRId64, p->name, p->min,
+                p->max);
         return KB_EINVAL;
     }
     if (v < p->min || v > p->max) {
@@ -79,7 +83,7 @@ static int parse_int(const kb_conf_prop *p, const char *value, int64_t *out, cha
 static int check_text(const kb_conf_prop *p, const char *value, char *errstr, size_t errlen)
 {
     size_t len = strlen(value);
-    if (p->type != KB_CONF_TEXT && len == 0) {
+    if (p->type != KB_CONF_TEXT && p->type != KB_CONF_SECRET && len == 0) {
         kb_errf(errstr, errlen, "%s: empty value", p->name);
         return KB_EINVAL;
     }
@@ -97,7 +101,7 @@ static int check_text(const kb_conf_prop *p, const char *value, char *errstr, si
                 return KB_OK;
             c += n + (c[n] == '|');
         }
-        kb_errf(errstr, errlen, "%s: \"%s\" is not one of %s", p->name, value, p->choices);
+        kb_errf(errstr, errlen, "%s: not one of %s", p->name, p->choices);
         return KB_EINVAL;
     }
     for (size_t i = 0; i < len; i++) {
@@ -255,10 +259,38 @@ static int conf_store(kb_conf *c, const char *key, const char *value, enum sourc
     if (e == NULL && sync_props(c) == KB_OK)
         e = find(c, key);   /* a transport registered since kb_conf_new */
     if (e == NULL) {
-        kb_errf(errstr, errlen, "unknown configuration key \"%s\"", key);
+        size_t len = strnlen(key, KEY_SHOWN_MAX + 1);
+        if (len <= KEY_SHOWN_MAX && strspn(key, KEY_CHARS) == len)
+            kb_errf(errstr, errlen, "unknown configuration key \"%s\"", key);
+        else   /* "nats.token:hunter2" (':' for '='): the key may hold a value */
+            kb_errf(errstr, errlen, "unknown configuration key (not shown: it has characters "
+                    "no key has, or is over %d bytes; a typo for '='?)", KEY_SHOWN_MAX);
         return KB_ENOTFOUND;
     }
     return store_in(c, (size_t)(e - c->e), value, source, errstr, errlen);
+}
+
+/* Secret-bearing keys: declared KB_CONF_SECRET, or named like one (a
+ * transport may declare its token as TEXT). */
+static bool is_secret(const kb_conf_prop *p)
+{
+    if (p->type == KB_CONF_SECRET)
+        return true;
+    const char *dot = strrchr(p->name, '.');
+    const char *last = dot != NULL ? dot + 1 : p->name;
+    return strstr(last, "token") != NULL || strstr(last, "password") != NULL ||
+           strstr(last, "secret") != NULL;
+}
+
+/* The value as kb_conf_get and the CLI show it: secrets as "***", URLs
+ * without their userinfo. */
+static const char *shown_value(const struct conf_entry *e, char *buf, size_t buflen)
+{
+    if (is_secret(e->prop))
+        return e->value[0] != '\0' ? "***" : "";
+    if (e->prop->type == KB_CONF_URL)
+        return kb_url_redact(e->value, buf, buflen);
+    return e->value;
 }
 
 int kb_conf_get(const kb_conf *c, const char *key, char *buf, size_t buflen)
@@ -268,8 +300,18 @@ int kb_conf_get(const kb_conf *c, const char *key, char *buf, size_t buflen)
     const struct conf_entry *e = find(c, key);
     if (e == NULL)
         return KB_ENOTFOUND;
-    snprintf(buf, buflen, "%s", e->value);
+    const char *v = shown_value(e, buf, buflen);
+    if (v != buf)
+        snprintf(buf, buflen, "%s", v);
     return KB_OK;
+}
+
+void kb__conf_each(const kb_conf *c, void (*fn)(const char *key, const char *value, void *arg),
+                   void *arg)
+{
+    char buf[4200];
+    for (size_t i = 0; i < c->n; i++)
+        fn(c->e[i].prop->name, shown_value(&c->e[i], buf, sizeof buf), arg);
 }
 
 int64_t kb_conf_int(const kb_conf *c, const char *key)
@@ -284,32 +326,15 @@ const char *kb_conf_str(const kb_conf *c, const char *key)
     return e != NULL ? e->value : "";
 }
 
-struct ini_state {
-    kb_conf *c;
-    const char *path;
-    int rc;
-    char *errstr;
-    size_t errlen;
-};
-
-static int on_ini_pair(void *user, const char *section, const char *name, const char *value)
+static int on_ini_pair(void *arg, const char *key, const char *value, char *why, size_t whylen)
 {
-    struct ini_state *st = user;
-    if (st->rc != KB_OK)
-        return 1;   /* keep the first error */
-    char key[256];
-    if (section != NULL && section[0] != '\0')
-        snprintf(key, sizeof key, "%s.%s", section, name);
-    else
-        snprintf(key, sizeof key, "%s", name);
-    char why[256];
-    int rc = conf_store(st->c, key, value, FROM_FILE, why, sizeof why);
-    if (rc != KB_OK) {
-        st->rc = rc;
-        kb_errf(st->errstr, st->errlen, "%s: %s", st->path, why);
-        return 0;
-    }
-    return 1;
+    return conf_store(arg, key, value, FROM_FILE, why, whylen);
+}
+
+int kb__conf_load_text(kb_conf *c, const char *name, const char *text, size_t len, char *errstr,
+                       size_t errlen)
+{
+    return kb__ini_parse(name, text, len, on_ini_pair, c, errstr, errlen);
 }
 
 int kb_conf_load(kb_conf *c, const char *path, char *errstr, size_t errlen)
@@ -318,23 +343,7 @@ int kb_conf_load(kb_conf *c, const char *path, char *errstr, size_t errlen)
         kb_errf(errstr, errlen, "kb_conf_load: %s is NULL", c == NULL ? "conf" : "path");
         return KB_EINVAL;
     }
-    struct ini_state st = {c, path, KB_OK, errstr, errlen};
-    int line = ini_parse(path, on_ini_pair, &st);
-    if (line < 0) {
-        kb_errf(errstr, errlen, "%s: cannot read: %s", path, strerror(errno));
-        return KB_EINVAL;
-    }
-    if (st.rc != KB_OK) {
-        char first[256];
-        snprintf(first, sizeof first, "%s", errstr != NULL ? errstr : "");
-        kb_errf(errstr, errlen, "%s (line %d)", first, line);
-        return st.rc;
-    }
-    if (line > 0) {
-        kb_errf(errstr, errlen, "%s:%d: not a `key = value` line or [section]", path, line);
-        return KB_EINVAL;
-    }
-    return KB_OK;
+    return kb__ini_parse_file(path, on_ini_pair, c, errstr, errlen);
 }
 
 static void env_name(const char *key, char *buf, size_t len)
@@ -515,6 +524,47 @@ void kb__conf_write_markdown(FILE *out)
                  "off. Every `KEYBUS_*` value is validated even when code overrides it, and a\n"
                  "`KEYBUS_*` name that is no key is reported through the log callback with the\n"
                  "nearest key.\n\n"
+                 "Integers are strictly decimal: an optional `-` and digits, nothing else (no\n"
+                 "blanks, `+`, hex or octal). Rules between keys (a minimum at most its\n"
+                 "maximum, such as `retry.backoff_ms` <= `retry.max_backoff_ms`) are checked by\n"
+                 "`kb_open()`, which names both keys.\n\n"
+                 "## INI files\n\n"
+                 "`kb_conf_load()` (the CLI's `-c`) reads a regular file of at most 1 MiB (a\n"
+                 "directory, device or pipe is an error) line by line, each line whole, up to\n"
+                 "8448 bytes (the longest value, 4096 bytes, quoted and escaped, after its key;\n"
+                 "a longer line is an error). `\\n` or `\\r\\n` ends a line; a UTF-8 byte order\n"
+                 "mark at the start is skipped. Every line is one of:\n\n"
+                 "- **blank**, or a **comment**: `#` or `;` as its first non-blank character.\n"
+                 "  There are no inline comments: in an unquoted value, `#` or `;` after a blank\n"
+                 "  is an error (`#` or `;` elsewhere in a value is part of it).\n"
+                 "- a **section** `[name]`, alone on its line (`[pool] workers = 5` is an error);\n"
+                 "  the keys below it get the prefix `name.`.\n"
+                 "- a **pair** `key = value`. Keys are letters, digits, `_`, `.` and `-`; blanks\n"
+                 "  around the key, the `=` and the value are ignored. A value starting with `\"`\n"
+                 "  is quoted: it ends at the next unescaped `\"`, which must end the line; inside,\n"
+                 "  `\\\"` is a quote and `\\\\` a backslash (any other `\\` is an error), and blanks\n"
+                 "  are kept. Otherwise the value is the rest of the line, quotes included.\n\n"
+                 "Indentation is ignored: an indented line is a line of its own, never the\n"
+                 "continuation of the one before. Control characters other than tab are errors.\n"
+                 "Anything else is an error naming the file and line (`path:3: ...`); loading\n"
+                 "stops at the first error (keys on earlier lines stay set), and the message is\n"
+                 "also in `kb_last_error()`.\n\n"
+                 "## Transport URLs\n\n"
+                 "`scheme://[user[:password]@]host[:port][/path][?query]` per RFC 3986,\n"
+                 "checked part by part by `kb_conf_set()` (messages name the part). The user\n"
+                 "and password are percent-decoded: write `@` as `%%40`, `:` as `%%3A` (in the\n"
+                 "user), `/` as `%%2F`, `#` as `%%23`, `?` as `%%3F` and `%%` as `%%25`. An IPv6\n"
+                 "host goes in brackets (`redis://[::1]:6379`); host names are at most 255 bytes;\n"
+                 "the port is decimal, 1..65535.\n\n"
+                 "## Secrets\n\n"
+                 "Messages (errstr, `kb_last_error()`, the log callback, the CLI) never quote a\n"
+                 "password, token or other secret: URLs are shown as `redis://***@host:6379`,\n"
+                 "secret keys (type `secret`, or a name holding `token`, `password` or\n"
+                 "`secret`) by name only, and a key that does not look like one (`-X\n"
+                 "nats.token:x`, a typo for `=`) is not quoted. `kb_conf_get()` shows them the\n"
+                 "same way (`***`, URLs without userinfo), as does `keybus conf`; transports\n"
+                 "read the real values.\n\n"
+                 "## Keys\n\n"
                  "| key | type | default | range | environment | meaning |\n"
                  "|---|---|---|---|---|---|\n");
     size_t n = kb__transport_count();

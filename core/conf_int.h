@@ -32,6 +32,15 @@ void kb__conf_unknown_env(const kb_conf *c,
                           void (*report)(const char *name, const char *nearest, void *arg),
                           void *arg);
 
+/* kb_conf_load of text in memory; `name` stands for the path in messages. */
+int kb__conf_load_text(kb_conf *c, const char *name, const char *text, size_t len, char *errstr,
+                       size_t errlen);
+
+/* Call fn for every key with its value as kb_conf_get shows it (secrets
+ * masked), in table order. */
+void kb__conf_each(const kb_conf *c, void (*fn)(const char *key, const char *value, void *arg),
+                   void *arg);
+
 /* The log callback chosen for the bus. */
 void kb__conf_log(const kb_conf *c, kb_log_fn *fn, void **opaque);
 

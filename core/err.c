@@ -5,7 +5,7 @@
 
 #include <keybus/keybus.h>
 
-static _Thread_local char last_error[256];
+static _Thread_local char last_error[1024];
 
 const char *kb_strerror(int code)
 {

@@ -2,7 +2,10 @@
  * The one parser every transport uses, so every scheme follows the same rules:
  * userinfo percent-decoded, IPv6 in brackets, strictly decimal ports. Messages
  * name the part that is wrong and never quote the userinfo. */
+#include <arpa/inet.h>
 #include <ctype.h>
+#include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +13,7 @@
 #include <keybus/transport.h>
 
 #define URL_MAX 4096
+#define HOST_MAX 255   /* a DNS name's limit */
 
 static int hexval(char c)
 {
@@ -19,8 +23,35 @@ static int hexval(char c)
     return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
-/* Percent-decode [s, s+n) into a new string; NULL on a bad escape or a
- * decoded NUL (out of memory sets *oom). */
+/* RFC 3986 character classes (ASCII only: other bytes must be encoded). */
+static bool unreserved(unsigned char c)
+{
+    return isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~';
+}
+
+static bool sub_delim(unsigned char c)
+{
+    return c != '\0' && strchr("!$&'()*+,;=", c) != NULL;
+}
+
+/* Is [s, s+n) made of unreserved, sub-delims, `extra` and well-formed %XX? */
+static bool all_of(const char *s, size_t n, const char *extra)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '%') {
+            if (i + 2 >= n || hexval(s[i + 1]) < 0 || hexval(s[i + 2]) < 0)
+                return false;
+            i += 2;
+        } else if (!unreserved(c) && !sub_delim(c) && (c == '\0' || strchr(extra, c) == NULL)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Percent-decode [s, s+n), which all_of() accepted, into a new string; NULL
+ * when it decodes to a control character (out of memory sets *oom). */
 static char *decode(const char *s, size_t n, int *oom)
 {
     char *out = malloc(n + 1), *o = out;
@@ -29,18 +60,16 @@ static char *decode(const char *s, size_t n, int *oom)
         return NULL;
     }
     for (size_t i = 0; i < n; i++) {
-        if (s[i] != '%') {
-            *o++ = s[i];
-            continue;
+        char c = s[i];
+        if (c == '%') {
+            c = (char)(hexval(s[i + 1]) * 16 + hexval(s[i + 2]));
+            i += 2;
         }
-        int hi = i + 1 < n ? hexval(s[i + 1]) : -1;
-        int lo = i + 2 < n ? hexval(s[i + 2]) : -1;
-        if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) {
+        if ((unsigned char)c < 0x20 || c == 0x7f) {
             free(out);
             return NULL;
         }
-        *o++ = (char)(hi * 16 + lo);
-        i += 2;
+        *o++ = c;
     }
     *o = '\0';
     return out;
@@ -49,11 +78,6 @@ static char *decode(const char *s, size_t n, int *oom)
 static int scheme_char(unsigned char c, size_t i)
 {
     return isalpha(c) || (i > 0 && (isdigit(c) || c == '+' || c == '-' || c == '.'));
-}
-
-static int host_char(unsigned char c)
-{
-    return isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~';
 }
 
 static char *dup_n(const char *s, size_t n, int *oom)
@@ -87,20 +111,69 @@ static kb_url *fail(kb_url *u, int oom, char *errstr, size_t errlen, const char 
     return NULL;
 }
 
-static int parse_port(const char *s, size_t n, int *port)
+/* user[:password] in [a, at): checked, then decoded into u. */
+static const char *parse_userinfo(kb_url *u, const char *a, const char *at, int *oom)
 {
-    if (n == 0 || n > 5)
-        return -1;
-    long v = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isdigit((unsigned char)s[i]))
-            return -1;
-        v = v * 10 + (s[i] - '0');
+    const char *colon = memchr(a, ':', (size_t)(at - a));
+    const char *uend = colon != NULL ? colon : at;
+    if (!all_of(a, (size_t)(uend - a), ""))
+        return "URL user name: '@', ':', '/', '?', '#', '%', blanks and non-ASCII bytes must be "
+               "percent-encoded (%40 %3A %2F %3F %23 %25)";
+    if (colon != NULL && !all_of(colon + 1, (size_t)(at - colon - 1), ":"))
+        return "URL password: '@', '/', '?', '#', '%', blanks and non-ASCII bytes must be "
+               "percent-encoded (%40 %2F %3F %23 %25)";
+    if (uend > a && (u->user = decode(a, (size_t)(uend - a), oom)) == NULL)
+        return "URL user name: decodes to a control character";
+    if (colon != NULL && (u->password = decode(colon + 1, (size_t)(at - colon - 1), oom)) == NULL)
+        return "URL password: decodes to a control character";
+    return NULL;
+}
+
+/* host[:port] in [h, hend) into u. */
+static const char *parse_host(kb_url *u, const char *h, const char *hend, int *oom)
+{
+    const char *port;
+    if (*h == '[') {
+        const char *close = memchr(h, ']', (size_t)(hend - h));
+        if (close == NULL)
+            return "URL host: '[' without ']' (IPv6 literal)";
+        unsigned char addr[16];
+        char lit[64];
+        size_t n = (size_t)(close - h - 1);
+        if (n == 0 || n >= sizeof lit)
+            return "URL host: not an IPv6 address in brackets";
+        memcpy(lit, h + 1, n);
+        lit[n] = '\0';
+        if (inet_pton(AF_INET6, lit, addr) != 1)
+            return "URL host: not an IPv6 address in brackets";
+        if (close + 1 < hend && close[1] != ':')
+            return "URL host: text after ']' (expected :port)";
+        if ((u->host = dup_n(lit, n, oom)) == NULL)
+            return "";
+        port = close + 1 < hend ? close + 2 : NULL;
+    } else {
+        const char *colon = memchr(h, ':', (size_t)(hend - h));
+        const char *h_end = colon ? colon : hend;
+        for (const char *p = h; p < h_end; p++)
+            if (!unreserved((unsigned char)*p))
+                return "URL host: only letters, digits, '-', '.', '_' and '~' (IPv6 goes in "
+                       "brackets)";
+        if (h_end - h > HOST_MAX)
+            return "URL host: longer than 255 bytes";
+        if ((u->host = dup_n(h, (size_t)(h_end - h), oom)) == NULL)
+            return "";
+        port = colon ? colon + 1 : NULL;
     }
-    if (v < 1 || v > 65535)
-        return -1;
-    *port = (int)v;
-    return 0;
+    if (port == NULL)
+        return NULL;
+    size_t n = (size_t)(hend - port);
+    long v = 0;
+    for (size_t i = 0; i < n && v <= 65535; i++)
+        v = isdigit((unsigned char)port[i]) ? v * 10 + (port[i] - '0') : LONG_MAX;
+    if (n == 0 || v < 1 || v > 65535)
+        return "URL port: not a decimal number in 1..65535";
+    u->port = (int)v;
+    return NULL;
 }
 
 kb_url *kb_url_parse(const char *url, char *errstr, size_t errlen)
@@ -134,62 +207,28 @@ kb_url *kb_url_parse(const char *url, char *errstr, size_t errlen)
     if (strchr(a, '#') != NULL)
         return fail(u, 0, errstr, errlen,
                     "URL has a '#' (a fragment): encode '#' in a password as %23");
-    size_t alen = strcspn(a, "/?");
-    const char *at = NULL;
-    for (const char *p = a; p < a + alen; p++)
+    /* The authority ends at the first '/' or '?'; its last '@' ends the userinfo. */
+    const char *hend = a + strcspn(a, "/?"), *at = NULL;
+    for (const char *p = a; p < hend; p++)
         if (*p == '@')
             at = p;
-    const char *host = a;
-    if (at != NULL) {
-        const char *colon = memchr(a, ':', (size_t)(at - a));
-        size_t ulen = colon ? (size_t)(colon - a) : (size_t)(at - a);
-        if (ulen > 0 && (u->user = decode(a, ulen, &oom)) == NULL)
-            return fail(u, oom, errstr, errlen,
-                        "URL user name has a bad percent-escape (write %XX, not %00)");
-        if (colon != NULL &&
-            (u->password = decode(colon + 1, (size_t)(at - colon - 1), &oom)) == NULL)
-            return fail(u, oom, errstr, errlen,
-                        "URL password has a bad percent-escape (write %XX, not %00)");
-        host = at + 1;
-    }
-    const char *hend = a + alen, *port = NULL;
-    if (*host == '[') {
-        const char *close = memchr(host, ']', (size_t)(hend - host));
-        if (close == NULL)
-            return fail(u, 0, errstr, errlen, "URL host: '[' without ']' (IPv6 literal)");
-        for (const char *p = host + 1; p < close; p++)
-            if (!isxdigit((unsigned char)*p) && *p != ':' && *p != '.')
-                return fail(u, 0, errstr, errlen,
-                            "URL host: an IPv6 literal holds only hex digits, ':' and '.'");
-        if (close == host + 1)
-            return fail(u, 0, errstr, errlen, "URL host: empty IPv6 literal");
-        if ((u->host = dup_n(host + 1, (size_t)(close - host - 1), &oom)) == NULL)
-            return fail(u, oom, errstr, errlen, "");
-        if (close + 1 < hend && close[1] != ':')
-            return fail(u, 0, errstr, errlen, "URL host: text after ']' (expected :port)");
-        port = close + 1 < hend ? close + 2 : NULL;
-    } else {
-        const char *colon = memchr(host, ':', (size_t)(hend - host));
-        const char *h_end = colon ? colon : hend;
-        for (const char *p = host; p < h_end; p++)
-            if (!host_char((unsigned char)*p))
-                return fail(u, 0, errstr, errlen,
-                            *p == '@' || *p == ':'
-                                ? "URL host: unexpected '@' or ':' (encode them in a password "
-                                  "as %40 and %3A)"
-                                : "URL host: only letters, digits, '-', '.', '_' and '~' "
-                                  "(IPv6 goes in brackets)");
-        if ((u->host = dup_n(host, (size_t)(h_end - host), &oom)) == NULL)
-            return fail(u, oom, errstr, errlen, "");
-        port = colon ? colon + 1 : NULL;
-    }
-    if (port != NULL && parse_port(port, (size_t)(hend - port), &u->port) != 0)
-        return fail(u, 0, errstr, errlen, "URL port: not a decimal number in 1..65535");
     const char *q = strchr(hend, '?');
     size_t plen = q ? (size_t)(q - hend) : strlen(hend);
-    if (memchr(hend, '@', plen) != NULL)
+    if (strchr(hend, '@') != NULL)   /* checked before the host, which it would mislead */
         return fail(u, 0, errstr, errlen,
-                    "URL path has an '@': encode '/', '?' and '#' in a password as %2F, %3F, %23");
+                    "URL path or query has an '@': encode '/', '?' and '#' in a password as "
+                    "%2F, %3F, %23");
+    const char *why = at != NULL ? parse_userinfo(u, a, at, &oom) : NULL;
+    if (why == NULL)
+        why = parse_host(u, at != NULL ? at + 1 : a, hend, &oom);
+    if (why != NULL)
+        return fail(u, oom, errstr, errlen, why);
+    if (!all_of(hend, plen, ":@/"))
+        return fail(u, 0, errstr, errlen,
+                    "URL path: a character that must be percent-encoded, or a bad %XX");
+    if (q != NULL && !all_of(q + 1, strlen(q + 1), ":@/?"))
+        return fail(u, 0, errstr, errlen,
+                    "URL query: a character that must be percent-encoded, or a bad %XX");
     if ((u->path = dup_n(hend, plen, &oom)) == NULL)
         return fail(u, oom, errstr, errlen, "");
     if (q != NULL && (u->query = dup_n(q + 1, strlen(q + 1), &oom)) == NULL)
@@ -207,12 +246,9 @@ const char *kb_url_redact(const char *url, char *out, size_t outlen)
     }
     const char *sep = strstr(url, "://");
     const char *rest = sep ? sep + 3 : url;
-    /* Without "://" any '@' may end a password: mask up to the last one. */
-    size_t span = sep ? strcspn(rest, "/?#") : strlen(rest);
-    const char *at = NULL;
-    for (const char *p = rest; p < rest + span; p++)
-        if (*p == '@')
-            at = p;
+    /* Any '@' may end a password, also one typed unencoded in a path or after
+     * a '#': mask up to the last one. */
+    const char *at = strrchr(rest, '@');
     if (at == NULL && !sep) {
         /* no "://" and no '@': a typo like "redis:/:secret" shows the scheme only */
         const char *colon = strchr(url, ':');

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config
-  libck-dev liburcu-dev libhiredis-dev libnats-dev libinih-dev
+  libck-dev liburcu-dev libhiredis-dev libnats-dev
   libcmocka-dev libbenchmark-dev
   redis-server nats-server
   clang libclang-rt-dev

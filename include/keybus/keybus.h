@@ -67,12 +67,15 @@ KB_EXPORT int kb_conf_set(kb_conf *c, const char *key, const char *value, char *
                           size_t errlen);
 
 /* Current value of `key` as text, copied into buf (truncated to buflen-1).
- * KB_ENOTFOUND for an unknown key. */
+ * Secret keys read back as `***` and URLs without their userinfo
+ * (docs/CONFIGURATION.md, Secrets); transports read the real values with
+ * kb_conf_str. KB_ENOTFOUND for an unknown key. */
 KB_EXPORT int kb_conf_get(const kb_conf *c, const char *key, char *buf, size_t buflen);
 
-/* Read an INI file: top-level `key = value` lines and `[section]` blocks whose
- * keys become `section.key`. Stops at the first bad line; errstr names the file,
- * the line and the key. */
+/* Read an INI file (a regular file; the grammar is in docs/CONFIGURATION.md):
+ * top-level `key = value` lines and `[section]` blocks whose keys become
+ * `section.key`. Stops at the first bad line; errstr (and kb_last_error) is
+ * `path:LINE: reason`, never quoting a secret. */
 KB_EXPORT int kb_conf_load(kb_conf *c, const char *path, char *errstr, size_t errlen);
 
 /* Apply KEYBUS_<KEY> environment variables (dots as underscores, upper case),

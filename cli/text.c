@@ -1,0 +1,63 @@
+#include "text.h"
+
+#include <stdint.h>
+
+/* Length of the valid UTF-8 sequence at s (at most n bytes) that is no C1
+ * control, or 0. */
+static size_t utf8_printable(const unsigned char *s, size_t n)
+{
+    size_t len = s[0] >= 0xF0 ? 4 : s[0] >= 0xE0 ? 3 : 2;
+    if (s[0] < 0xC2 || s[0] > 0xF4 || len > n)
+        return 0;
+    uint32_t cp = s[0] & (0x7F >> len);
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        cp = cp << 6 | (s[i] & 0x3F);
+    }
+    static const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < least[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF) ||
+        (cp >= 0x80 && cp <= 0x9F))
+        return 0;
+    return len;
+}
+
+void kb_cli_escape(FILE *out, const void *data, size_t len)
+{
+    const unsigned char *s = data;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = s[i];
+        size_t run = c >= 0x80 ? utf8_printable(s + i, len - i) : 0;
+        if (run > 0) {
+            fwrite(s + i, 1, run, out);
+            i += run - 1;
+        } else if (c == '\\') {
+            fputs("\\\\", out);
+        } else if (c == '\n') {
+            fputs("\\n", out);
+        } else if (c == '\r') {
+            fputs("\\r", out);
+        } else if (c == '\t') {
+            fputs("\\t", out);
+        } else if (c < 0x20 || c >= 0x7F) {
+            fprintf(out, "\\x%02X", c);
+        } else {
+            fputc(c, out);
+        }
+    }
+}
+
+void kb_cli_json_string(FILE *out, const void *data, size_t len)
+{
+    const unsigned char *s = data;
+    fputc('"', out);
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '"' || s[i] == '\\')
+            fprintf(out, "\\%c", s[i]);
+        else if (s[i] < 0x20)
+            fprintf(out, "\\u%04x", s[i]);
+        else
+            fputc(s[i], out);
+    }
+    fputc('"', out);
+}

@@ -1,0 +1,18 @@
+/* How the CLI prints bytes it did not write itself (keys, payloads, reasons,
+ * IDs): text output escaped so a value can neither forge a line nor drive the
+ * terminal; JSON strings exact. */
+#ifndef KB_CLI_TEXT_H
+#define KB_CLI_TEXT_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+/* `\\` for a backslash, `\n`, `\r`, `\t`, and `\xNN` for every other control
+ * byte (below 0x20, 0x7f), for the bytes of invalid UTF-8 and for the C1
+ * controls U+0080..U+009F; valid UTF-8 text passes unchanged. */
+void kb_cli_escape(FILE *out, const void *data, size_t len);
+
+/* A JSON string, quotes included (RFC 8259 escapes, bytes otherwise exact). */
+void kb_cli_json_string(FILE *out, const void *data, size_t len);
+
+#endif /* KB_CLI_TEXT_H */

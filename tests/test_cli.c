@@ -1,0 +1,179 @@
+/* The keybus CLI, run as a process on mem://: arguments checked before any
+ * connection (usage, exit 2), strict numbers, -h/--help exit 0, no secret in
+ * its output, escaped text output and exact JSON. In the ASan build a leak
+ * on an error exit changes the exit status, which the cases assert. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli/text.h"
+
+#define MARK "hunter2MARK"
+
+extern char **environ;
+
+struct result {
+    int status;
+    char out[16384], err[16384];
+};
+
+static void slurp(const char *path, char *buf, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, len - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    unlink(path);
+}
+
+/* Run the CLI with args (NULL-terminated); stdout and stderr captured. */
+static void cli(struct result *r, const char *const *args)
+{
+    char out[] = "/tmp/keybus-cli-out-XXXXXX", err[] = "/tmp/keybus-cli-err-XXXXXX";
+    int fo = mkstemp(out), fe = mkstemp(err);
+    assert_true(fo >= 0 && fe >= 0);
+    char *argv[32] = {(char *)KB_CLI};
+    size_t n = 1;
+    for (; args[n - 1] != NULL; n++)
+        argv[n] = (char *)args[n - 1];
+    argv[n] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fo, 1);
+    posix_spawn_file_actions_adddup2(&fa, fe, 2);
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, KB_CLI, &fa, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    close(fo);
+    close(fe);
+    r->status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+    slurp(out, r->out, sizeof r->out);
+    slurp(err, r->err, sizeof r->err);
+}
+
+struct cli_case {
+    const char *args[8];
+    int status;
+    const char *out, *err;   /* substrings expected (NULL: not checked) */
+};
+
+static void arguments_are_checked_before_the_bus_opens(void **state)
+{
+    (void)state;
+    const struct cli_case cases[] = {
+        {{"-h"}, 0, "usage: keybus", NULL},
+        {{"--help"}, 0, "usage: keybus", NULL},
+        {{"-X", "pool.workers=8", "-h"}, 0, "usage: keybus", NULL},
+        {{NULL}, 2, NULL, "usage: keybus"},
+        {{"bogus"}, 2, NULL, "unknown command"},
+        {{"-X", "transport=redis://127.0.0.1:1", "bogus"}, 2, NULL, "usage: keybus"},
+        {{"-X", "transport=mem://", "bogus"}, 2, NULL, "usage: keybus"},
+        {{"-Q", "stats", "t"}, 2, NULL, "unknown option"},
+        {{"-X"}, 2, NULL, "-X needs an argument"},
+        {{"publish", "t"}, 2, NULL, "wrong number of arguments"},
+        {{"stats"}, 2, NULL, "wrong number of arguments"},
+        {{"stats", "t", "u"}, 2, NULL, "wrong number of arguments"},
+        {{"dlq-replay", "t"}, 2, NULL, "wrong number of arguments"},
+        {{"dlq-list", "t", "abc"}, 2, NULL, "MAX must be"},
+        {{"dlq-list", "t", "0"}, 2, NULL, "MAX must be"},
+        {{"dlq-list", "t", "2x"}, 2, NULL, "MAX must be"},
+        {{"dlq-list", "t", "-1"}, 2, NULL, "MAX must be"},
+        {{"dlq-list", "t", " 5"}, 2, NULL, "MAX must be"},
+        {{"dlq-list", "t", "99999999999"}, 2, NULL, "MAX must be"},
+        {{"dlq-list", "t", "5"}, 0, NULL, NULL},
+        {{"-X", "pool.workers=abc", "stats", "t"}, 2, NULL, "pool.workers"},
+        {{"-c", "/tmp", "stats", "t"}, 2, NULL, "not a regular file"},
+        {{"-c", "/nonexistent/keybus.ini", "stats", "t"}, 2, NULL, "cannot read"},
+        {{"stats", "t"}, 1, NULL, "keybus stats: not found: "},   /* never used here */
+        {{"stats", "bad topic"}, 1, NULL, "invalid argument"},
+        {{"dlq-replay", "t", "nope"}, 1, NULL, "keybus dlq-replay: "},
+        {{"publish", "t", "k", "v"}, 1, NULL, "keybus publish: not found: "},
+        {{"-X", "pool.workers=16", "conf"}, 0, "pool.workers = 16\n", NULL},
+        {{"conf-doc"}, 0, "# keybus configuration", NULL},
+    };
+    static struct result r;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cli(&r, cases[i].args);
+        if (r.status != cases[i].status)
+            fail_msg("case %zu (%s ...): exit %d, want %d; stderr: %s", i,
+                     cases[i].args[0] ? cases[i].args[0] : "", r.status, cases[i].status, r.err);
+        if (cases[i].out != NULL && strstr(r.out, cases[i].out) == NULL)
+            fail_msg("case %zu: stdout \"%s\" lacks \"%s\"", i, r.out, cases[i].out);
+        if (cases[i].err != NULL && strstr(r.err, cases[i].err) == NULL)
+            fail_msg("case %zu: stderr \"%s\" lacks \"%s\"", i, r.err, cases[i].err);
+    }
+}
+
+static void no_secret_is_printed(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/keybus-cli-ini-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char ini[] = "[pool]\nworkers = 4\ntransport = mem://u:" MARK "@x\n";
+    assert_int_equal(write(fd, ini, strlen(ini)), (ssize_t)strlen(ini));
+    close(fd);
+    const struct cli_case cases[] = {
+        {{"-X", "nats.token:" MARK, "stats", "t"}, 2, NULL, "no '='"},
+        {{"-X", "transport=redis:/:" MARK "@10.0.0.5:6379", "stats", "t"}, 2, NULL, "not a URL"},
+        {{"-X", "transport=mem://u:" MARK "@x", "stats", "t"}, 2, NULL, "transport"},
+        {{"-X", "transport=mem://u:" MARK "@x", "conf"}, 2, NULL, "transport"},
+        {{"-X", "nats.token:" MARK "=x", "stats", "t"}, 2, NULL, "unknown configuration key"},
+        {{"-X", "pool.workers=" MARK, "stats", "t"}, 2, NULL, "pool.workers"},
+        {{"-c", path, "stats", "t"}, 2, NULL, ":3:"},
+        {{"--token=" MARK, "stats", "t"}, 2, NULL, "unknown option"},
+        {{"--" MARK, "stats", "t"}, 2, NULL, "unknown option"},
+    };
+    static struct result r;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cli(&r, cases[i].args);
+        if (r.status != cases[i].status)
+            fail_msg("case %zu: exit %d, want %d; stderr: %s", i, r.status, cases[i].status,
+                     r.err);
+        if (strstr(r.err, cases[i].err) == NULL)
+            fail_msg("case %zu: stderr \"%s\" lacks \"%s\"", i, r.err, cases[i].err);
+        if (strstr(r.out, MARK) != NULL || strstr(r.err, MARK) != NULL)
+            fail_msg("case %zu: the secret is printed: %s%s", i, r.out, r.err);
+    }
+    unlink(path);
+}
+
+static void text_is_escaped_and_json_exact(void **state)
+{
+    (void)state;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    const char raw[] = "a\nb\tc\rd\\e\x1b[31mf\x7fg\xc3\xa9h\xc2\x9bi\xffj\xe2\x82k\0l";
+    kb_cli_escape(f, raw, sizeof raw - 1);
+    fputc('|', f);
+    kb_cli_json_string(f, "q\"b\\s\n\x01\xc3\xa9", 9);
+    fclose(f);
+    assert_string_equal(buf, "a\\nb\\tc\\rd\\\\e\\x1B[31mf\\x7Fg\xc3\xa9h\\xC2\\x9Bi\\xFFj\\xE2\\x82k"
+                             "\\x00l|\"q\\\"b\\\\s\\u000a\\u0001\xc3\xa9\"");
+    free(buf);
+}
+
+int main(void)
+{
+    unsetenv("KEYBUS_TRANSPORT");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(arguments_are_checked_before_the_bus_opens),
+        cmocka_unit_test(no_secret_is_printed),
+        cmocka_unit_test(text_is_escaped_and_json_exact),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
