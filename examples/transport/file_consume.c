@@ -47,8 +47,15 @@ static int read_partition(struct reader *rd, kb_transport_topic *tt, kb_sink *si
             .headers = r.headers, .n_headers = r.head.n_headers,
         };
         /* waits while the lane is full: flow control, we stop reading */
-        if (kb_sink_deliver(sink, &d, -1) != KB_OK)
-            return -1;   /* closing: pe stays unsettled, freed at close */
+        rc = kb_sink_deliver(sink, &d, -1);
+        if (rc == KB_ECLOSED)
+            return -1;   /* pe stays unsettled, freed at close */
+        if (rc != KB_OK) {
+            kb__file_pending_cancel(p, pe);   /* out of memory: read it again next tick */
+            kb_log(rd->t->bus, KB_LOG_WARNING, "topic %s: partition %u: %s", tt->name,
+                   p->index, kb_last_error());
+            break;
+        }
         p->read_off = r.end;
         n++;
     }

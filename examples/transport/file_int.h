@@ -124,6 +124,7 @@ uint64_t kb__file_unix_ms(void);
 
 /* file_settle.c: the pending queue and the committed offset. */
 int  kb__file_pending_push(struct kb__file_part *p, uint64_t end, struct kb__file_pending **out);
+void kb__file_pending_cancel(struct kb__file_part *p, struct kb__file_pending *pe);
 void kb__file_settle(kb_transport *t, struct kb__file_pending *pe);
 void kb__file_pending_free_all(struct kb__file_part *p);
 int  kb__file_commit_write(struct kb__file_part *p);

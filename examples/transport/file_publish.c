@@ -60,7 +60,8 @@ static int all_settled(void *arg)
     for (kb_transport_topic *tt = atomic_load(&t->topics); tt != NULL; tt = atomic_load(&tt->next))
         for (uint32_t i = 0; i < tt->partitions; i++) {
             struct kb__file_part *p = &tt->parts[i];
-            if (kb__file_committed(p) < atomic_load(&p->published_end))
+            uint64_t end = atomic_load(&p->published_end);
+            if (end > 0 && kb__file_committed(p) < end)   /* 0: nothing published here */
                 return 0;
         }
     return 1;

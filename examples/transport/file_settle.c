@@ -30,6 +30,23 @@ int kb__file_pending_push(struct kb__file_part *p, uint64_t end, struct kb__file
     return KB_OK;
 }
 
+/* Take back the delivery pushed last, which the sink refused: it is read
+ * again later. Reader thread (the only one that pushes). */
+void kb__file_pending_cancel(struct kb__file_part *p, struct kb__file_pending *pe)
+{
+    pthread_mutex_lock(&p->lock);
+    struct kb__file_pending **link = &p->head, *prev = NULL;
+    while (*link != pe) {
+        prev = *link;
+        link = &(*link)->next;
+    }
+    *link = NULL;   /* pe is the tail */
+    p->tail = prev;
+    p->in_flight--;
+    pthread_mutex_unlock(&p->lock);
+    free(pe);
+}
+
 /* Executor threads. The file is written later by the reader thread (one
  * pwrite per tick, not one per ack); kb_drain reads the value in memory. */
 void kb__file_settle(kb_transport *t, struct kb__file_pending *pe)
