@@ -9,7 +9,8 @@
  *
  * Layers, top to bottom (a file only calls the ones below it):
  *   file.c                        the ops table, open/close, topic_open
- *   file_publish.c file_consume.c file_dlq.c file_stats.c
+ *   file_dlq.c                    dead letters (replays through file_publish.c)
+ *   file_publish.c file_consume.c file_stats.c
  *   file_lease.c   file_settle.c
  *   file_log.c                    record format, append and read
  *   <keybus/transport.h>          the SDK */
@@ -67,7 +68,7 @@ struct kb_transport_topic {
     int dlq_fd;                        /* O_APPEND: new dead letters */
     int dlq_mark_fd;                   /* the same file, to mark replays in place */
     /* membership (file_lease.c), reader thread */
-    int member_fd;
+    _Atomic int member_fd;             /* -1 until subscribe; kb_partition_stats_get reads it */
     char *member_path;
     uint32_t live_members;
     _Atomic uint32_t partitions_owned;
