@@ -51,7 +51,8 @@ kb_plugin_test(test_plugin test_plugin ${KB_PLUGIN_SO} $<TARGET_FILE:kb_plugin_b
                $<TARGET_FILE:kb_plugin_no_entry>)
 
 # Consumers in two processes share a topic through file://: per-key order
-# across the hand-over of partitions, nothing lost, nothing twice.
+# across the hand-over of partitions, nothing lost, nothing twice; a restart
+# resumes at the committed offset.
 add_executable(test_plugin_procs test_plugin_procs.c)
 target_link_libraries(test_plugin_procs PRIVATE keybus_shared PkgConfig::CMOCKA Threads::Threads)
 kb_plugin_test(plugin_two_processes test_plugin_procs ${KB_PLUGIN_SO}

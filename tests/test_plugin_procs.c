@@ -2,7 +2,8 @@
  * the first takes every partition, the second joins mid-stream and the first
  * hands half over once what it delivered from them is settled. Every event is
  * handled once, and per key in order across both processes (handler start
- * times, CLOCK_MONOTONIC, rise with the sequence).
+ * times, CLOCK_MONOTONIC, rise with the sequence). And a consumer started
+ * after another stopped resumes at the group's committed offset.
  *   test_plugin_procs LIBKB_FILE_SO URL                      the test
  *   test_plugin_procs consume LIBKB_FILE_SO URL TOPIC OUT    a consumer: handles
  *       until its stdin closes, then writes what it handled to OUT */
@@ -233,6 +234,37 @@ static void two_consumers_share_a_topic(void **state)
     free(all);
 }
 
+/* A consumer that starts after another stopped resumes at the group's
+ * committed offset: it handles what came after, and nothing again. */
+static void a_restart_resumes_where_the_group_stopped(void **state)
+{
+    (void)state;
+    char err[512], topic[64];
+    snprintf(topic, sizeof topic, "restart.%d", (int)getpid());
+    kb_bus *b = open_bus(err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open(%s): %s", url, err);
+    struct child before, after;
+    spawn_consumer(&before, topic, "before");
+    publish_seqs(b, topic, 1, 10);
+    assert_int_equal(kb_drain(b, 60000), KB_OK);
+    assert_int_equal(stop_consumer(&before), 0);
+    publish_seqs(b, topic, 11, 20);                  /* nobody consumes these yet */
+    spawn_consumer(&after, topic, "after");
+    assert_int_equal(kb_drain(b, 60000), KB_OK);
+    assert_int_equal(stop_consumer(&after), 0);
+    assert_int_equal(kb_close(b, 30000), KB_OK);
+
+    struct handled *h = calloc(2 * EVENTS, sizeof *h);
+    assert_non_null(h);
+    assert_int_equal(read_handled(before.out, h, 2 * EVENTS), KEYS * 10);
+    size_t n = read_handled(after.out, h, 2 * EVENTS);
+    assert_int_equal(n, KEYS * 10);
+    for (size_t i = 0; i < n; i++)
+        assert_true(h[i].seq >= 11 && h[i].seq <= 20);
+    free(h);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 6 && strcmp(argv[1], "consume") == 0) {
@@ -246,6 +278,9 @@ int main(int argc, char **argv)
     }
     plugin = argv[1];
     url = argv[2];
-    const struct CMUnitTest tests[] = {cmocka_unit_test(two_consumers_share_a_topic)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(two_consumers_share_a_topic),
+        cmocka_unit_test(a_restart_resumes_where_the_group_stopped),
+    };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
