@@ -24,12 +24,6 @@ if [ -z "$san" ]; then
   "$dir/hello-installed" | grep -q "handled 3 events of order-123 in order" \
     || { echo "examples/hello.c against the installed library: unexpected output" >&2; exit 1; }
   echo "examples/hello.c: built with pkg-config against the install and ran"
-  # The installed shared library loads with dlopen after others took the static TLS room.
-  hogs=()
-  for bytes in 1024 512 256 128 64 32 16 8; do hogs+=("$dir/tests/libkb_tls_hog_$bytes.so"); done
-  "$dir/tests/test_dlopen" "$prefix/lib/libkeybus.so" "${hogs[@]}" >/dev/null \
-    || { echo "dlopen of the installed libkeybus.so failed" >&2; exit 1; }
-  echo "libkeybus.so: dlopen'ed from the install and ran"
 fi
 
 cd "$dir"

@@ -1,7 +1,9 @@
 /* keybus loads into a running process with dlopen(RTLD_NOW | RTLD_LOCAL) —
  * as another language's runtime loads it — after other libraries took the
  * static TLS room, resolves its API with dlsym and handles 10,000 events on
- * mem://. argv[1]: the libkeybus.so to load, then TLS hogs, largest first. */
+ * mem://. argv[1]: the libkeybus.so to load, then TLS hogs, largest first.
+ * ctest runs it on the build tree's copy (test_dlopen) and on an installed
+ * one (dlopen_installed, tests/plugin.cmake). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
