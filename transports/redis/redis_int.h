@@ -165,7 +165,6 @@ struct kb_transport {
     _Atomic uint64_t fenced;      /* acks / dead letters refused: lease lost */
     _Atomic uint64_t unowned;     /* deliveries released by still_owned: lease lost */
     _Atomic uint64_t stray;       /* reads that found another consumer's entries: re-swept */
-    _Atomic uint64_t trimmed;     /* entries trimmed (redis.maxlen) while pending */
     _Atomic bool duties_now;      /* new topics: take their leases without waiting a tick */
     bool jobs_unsent;             /* keeper only: `sending` left over after a failure */
     /* the keeper settled acks or dead letters on the server (kb_drain and

@@ -41,6 +41,21 @@ static const char *entry_id(const redisReply *e)
                : NULL;
 }
 
+/* Entries deleted while pending (trimmed by redis.maxlen, or XDEL by another
+ * client): XAUTOCLAIM lists their IDs and drops them from the pending list,
+ * so recovery goes on without them. They are lost: each is named. */
+static uint64_t trimmed(kb_transport *t, const kb_redis_part *p, const redisReply *ids)
+{
+    if (ids->type != REDIS_REPLY_ARRAY)
+        return 0;
+    for (size_t i = 0; i < ids->elements; i++)
+        if (ids->element[i]->type == REDIS_REPLY_STRING)
+            kb_log(t->bus, KB_LOG_WARNING, "redis: %s entry %s was deleted (trimmed by "
+                   "redis.maxlen?) while pending: lost before it was handled", p->stream,
+                   ids->element[i]->str);
+    return ids->elements;
+}
+
 /* A sweep page's entries from `from` on wait for lane space, with their
  * attempts; the page's reply `r` is theirs now. False when out of memory. */
 static bool sweep_wait(kb_redis_part *p, redisReply *r, const redisReply *ents, size_t from,
@@ -104,8 +119,8 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
         }
         const redisReply *pend = r->element[0], *ac = r->element[1];
         const redisReply *ents = ac->element[1];
-        if (ac->elements >= 3 && ac->element[2]->type == REDIS_REPLY_ARRAY)
-            deleted += ac->element[2]->elements;
+        if (ac->elements >= 3)
+            deleted += trimmed(t, p, ac->element[2]);
         bool last = ac->element[0]->type != REDIS_REPLY_STRING ||
                     strcmp(ac->element[0]->str, "0-0") == 0;
         snprintf(p->sweep_cursor, sizeof p->sweep_cursor, "%s", last ? "" : ac->element[0]->str);
