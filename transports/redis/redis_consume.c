@@ -224,7 +224,7 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
             groups_lost(t);
         } else {
             kb_log(t->bus, KB_LOG_WARNING, "redis: reading from %s: %s", t->where, x->str);
-            kb__redis_reader_nap(t, 100);
+            kb__redis_reader_nap(t, atomic_load(&t->leases_taken), 100);
         }
         rc = KB_REDIS_PART_GONE;
     } else if (x->type == REDIS_REPLY_ARRAY) {
@@ -361,9 +361,10 @@ static void *reader_main(void *arg)
     reader rd = {.count = t->batch};
     rround *cur = &rd.r[0], *next = &rd.r[1];
     while (!atomic_load(&t->consumers_stop)) {
+        uint64_t taken = atomic_load(&t->leases_taken);   /* before looking at the leases */
         if (kb__redis_conn_get(&t->rconn, NULL, 0) == NULL) {
             forget_sweeps(t, &rd);
-            kb__redis_reader_nap(t, 50);
+            kb__redis_reader_nap(t, atomic_load(&t->leases_taken), 50);
             continue;
         }
         int rc = KB_REDIS_DELIVERED;
@@ -380,7 +381,7 @@ static void *reader_main(void *arg)
             if (t->rconn.c != NULL && rd.stuck > 0)
                 rc = drain_waiting(t, &rd.stuck, 20);    /* only full lanes: wait for room */
             else if (t->rconn.c != NULL)
-                kb__redis_reader_nap(t, t->block_ms);   /* nothing owned: a lease taken wakes it */
+                kb__redis_reader_nap(t, taken, t->block_ms);   /* nothing owned: a lease taken wakes it */
         } else if (rc != KB_REDIS_CLOSING && t->rconn.c != NULL) {
             rc = recv_round(t, &rd, cur, next);
             rround *done = cur;

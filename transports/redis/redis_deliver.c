@@ -7,14 +7,22 @@
 
 #include "redis_int.h"
 
-static int stopping(void *arg)
+/* What the reader naps for: stop, or a lease taken since it looked. */
+typedef struct nap {
+    kb_transport *t;
+    uint64_t taken;
+} nap;
+
+static int nap_over(void *arg)
 {
-    return atomic_load(&((kb_transport *)arg)->consumers_stop);
+    const nap *n = arg;
+    return atomic_load(&n->t->consumers_stop) || atomic_load(&n->t->leases_taken) != n->taken;
 }
 
-void kb__redis_reader_nap(kb_transport *t, int ms)
+void kb__redis_reader_nap(kb_transport *t, uint64_t taken, int ms)
 {
-    kb_signal_wait(t->reader_wake, stopping, t, kb_deadline_ns(ms));
+    nap n = {t, taken};
+    kb_signal_wait(t->reader_wake, nap_over, &n, kb_deadline_ns(ms));
 }
 
 static void dead_now(kb_transport_topic *tt, uint32_t part, const char *id,

@@ -1,16 +1,24 @@
 /* Redis Streams transport: shared state of its files, and the functions each
- * file offers, listed from the top layer down. A file calls only functions of
- * the layers below its own (docs/architecture.md):
+ * file offers. Layers, top down; a file calls only files below it:
  *
- *   redis.c                ops table, open/close, topic_open
- *   redis_keeper.c         the keeper thread's loop (kb-redis-keeper)
- *   redis_consume.c        subscribe and the reader thread (kb-redis-reader)
- *   redis_sweep.c          recovery of a partition's pending entries
- *   redis_deliver.c        one entry to the pool; entries waiting for lane space
- *   redis_publish.c, redis_settle.c, redis_lease.c, redis_members.c,
- *   redis_dlq.c, redis_stats.c, redis_drain.c: one concern each
- *   redis_jobs.c, redis_meta.c, redis_limit.c: small shared pieces
- *   redis_conn.c, redis_url.c, redis_fields.c: connections, URLs, replies
+ *   redis.c            ops table, redis.* keys, open, topic_open, stop, close
+ *   redis_keeper.c     the keeper thread's loop: one call per job (below)
+ *   redis_consume.c    subscribe; the reader thread's loop: read rounds, fenced reads
+ *   redis_sweep.c      recovery of a partition just taken (its pending list)
+ *   redis_deliver.c    an entry checked and handed to the pool; lane-full waiting
+ *   redis_settle.c     ack, dead_letter, release, still_owned; the keeper's send job
+ *   redis_dlq.c        dead letters: packed, stored (fenced), listed, replayed
+ *   redis_drain.c      kb_drain: wait until the group settled what we added
+ *   redis_stats.c      broker figures per topic and partition
+ *   redis_publish.c    pipelined XADD; flush; the keeper's send job
+ *   redis_lease.c      take, renew, hand back partition leases (keeper job)
+ *   redis_members.c    membership heartbeat and departed consumers (keeper job)
+ *   redis_jobs.c       each partition's queue of acks and dead letters
+ *   redis_meta.c       topic metadata and consumer groups on the server
+ *   redis_limit.c      the server's proto-max-bulk-len
+ *   redis_conn.c       connections: handshake, backoff, deadlines, cut
+ *   redis_url.c        the redis:// URL (check_url)
+ *   redis_fields.c     replies: field maps, stream IDs, header fields
  *
  * Threads and connections (a blocking read never shares a connection):
  *   - publishers: one pipelined connection under pub_lock;
@@ -152,6 +160,7 @@ struct kb_transport {
     kb_thread *reader;
     kb_redis_conn rconn;          /* the reader's own: blocking reads */
     kb_signal *reader_wake;       /* a lease taken, or stop */
+    _Atomic uint64_t leases_taken; /* bumped by the keeper for each round that took one */
     _Atomic bool consumers_stop, reader_done;
 
     /* the keeper */
@@ -201,8 +210,8 @@ bool kb__redis_wait_push(kb_redis_part *p, kb_redis_held *h, const redisReply *e
                          uint32_t epoch, uint32_t *attempts);
 void kb__redis_wait_drop(kb_redis_part *p);
 int kb__redis_wait_deliver(kb_redis_part *p, int timeout_ms);
-/* Wait up to ms (or until stop) for something the reader looks for. */
-void kb__redis_reader_nap(kb_transport *t, int ms);
+/* Wait up to ms, until stop or a lease taken since t->leases_taken was `taken`. */
+void kb__redis_reader_nap(kb_transport *t, uint64_t taken, int ms);
 
 /* ---- redis_publish.c ---- */
 int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m);

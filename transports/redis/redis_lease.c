@@ -90,8 +90,10 @@ void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *
     for (uint32_t i = 0; i < tt->nparts; i++)
         if (atomic_load(&tt->parts[i].state) == KB_PART_OWNED && !mine(t, members, n, i))
             atomic_store(&tt->parts[i].state, KB_PART_DRAINING);
-    if (taken)
-        kb_signal_notify(t->reader_wake);   /* it sweeps, then reads the partition */
+    if (taken) {   /* the reader sweeps, then reads the partition */
+        atomic_fetch_add(&t->leases_taken, 1);
+        kb_signal_notify(t->reader_wake);
+    }
 }
 
 void kb__redis_lease_handback(kb_transport *t, kb_transport_topic *tt,

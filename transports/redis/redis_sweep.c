@@ -114,7 +114,7 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
                 kb_log(t->bus, KB_LOG_WARNING, "redis: recovery of %s: %s", p->stream, r->str);
             /* -1: the lease is gone on the server; the keeper will notice */
             freeReplyObject(r);
-            kb__redis_reader_nap(t, 100);   /* e.g. LOADING after a restart */
+            kb__redis_reader_nap(t, atomic_load(&t->leases_taken), 100);   /* e.g. LOADING after a restart */
             return KB_REDIS_PART_GONE;
         }
         const redisReply *pend = r->element[0], *ac = r->element[1];
