@@ -49,15 +49,11 @@ static const char *handshake(redisContext *c, const kb_transport *t, char *buf, 
     redisReply *r = NULL;
     const char *user = t->url->user, *pass = t->url->password;
     if (pass != NULL && pass[0] != '\0') {
-        const char *argv[] = {"AUTH", user, pass};
-        if (user != NULL)
-            r = redisCommandArgv(c, 3, argv, NULL);
-        else
-            r = redisCommandArgv(c, 2, (const char *[]){"AUTH", pass}, NULL);
+        const char *argv[] = {"AUTH", user != NULL ? user : pass, pass};
+        r = redisCommandArgv(c, user != NULL ? 3 : 2, argv, NULL);
         if (r == NULL || r->type == REDIS_REPLY_ERROR) {
-            /* the user name is not quoted: it may be a token's first half */
-            snprintf(buf, len, "AUTH%s refused: %s", user != NULL ? " with a user name" : "",
-                     r ? r->str : c->errstr);
+            snprintf(buf, len, "AUTH%s%.64s refused: %s", user != NULL ? " as " : "",
+                     user != NULL ? user : "", r ? r->str : c->errstr);
             freeReplyObject(r);
             return buf;
         }
