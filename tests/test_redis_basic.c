@@ -70,6 +70,18 @@ static void unique_topic(char *buf, size_t len, const char *name)
     snprintf(buf, len, "rb.%s.%d.%d", name, (int)getpid(), ++seq);
 }
 
+/* A fresh topic's partition 0 with the default group on it, as another
+ * client would set it up; the raw connection to the server. */
+static redisContext *grouped_stream(char *topic, size_t tlen, char *stream, size_t slen,
+                                    const char *name)
+{
+    unique_topic(topic, tlen, name);
+    snprintf(stream, slen, "kb:{%s}:p:0", topic);
+    redisContext *c = raw();
+    freeReplyObject(redisCommand(c, "XGROUP CREATE %s keybus 0 MKSTREAM", stream));
+    return c;
+}
+
 static void wait_for(_Atomic uint64_t *v, uint64_t n)
 {
     for (int i = 0; i < 1000 && atomic_load(v) < n; i++)
@@ -335,10 +347,7 @@ static void pending_of_dead_consumer(void **state)
 {
     (void)state;
     char topic[96], stream[160];
-    unique_topic(topic, sizeof topic, "pending");
-    snprintf(stream, sizeof stream, "kb:{%s}:p:0", topic);
-    redisContext *c = raw();
-    freeReplyObject(redisCommand(c, "XGROUP CREATE %s keybus 0 MKSTREAM", stream));
+    redisContext *c = grouped_stream(topic, sizeof topic, stream, sizeof stream, "pending");
     redisReply *a = redisCommand(c, "XADD %s * k key-a d a", stream);
     redisReply *b = redisCommand(c, "XADD %s * k key-b d b", stream);
     /* a consumer "ghost" read both and died */
@@ -615,10 +624,7 @@ static void consumers_that_left_removed(void **state)
 {
     (void)state;
     char topic[96], stream[160];
-    unique_topic(topic, sizeof topic, "left");
-    snprintf(stream, sizeof stream, "kb:{%s}:p:0", topic);
-    redisContext *c = raw();
-    freeReplyObject(redisCommand(c, "XGROUP CREATE %s keybus 0 MKSTREAM", stream));
+    redisContext *c = grouped_stream(topic, sizeof topic, stream, sizeof stream, "left");
     freeReplyObject(redisCommand(c, "XADD %s * k key-a d a", stream));
     /* "ghost" read it and died: its entry is swept, then the ghost removed */
     freeReplyObject(redisCommand(c, "XREADGROUP GROUP keybus ghost COUNT 10 STREAMS %s >", stream));
@@ -735,10 +741,7 @@ static void trimmed_while_pending(void **state)
 {
     (void)state;
     char topic[96], stream[160];
-    unique_topic(topic, sizeof topic, "trimmed");
-    snprintf(stream, sizeof stream, "kb:{%s}:p:0", topic);
-    redisContext *c = raw();
-    freeReplyObject(redisCommand(c, "XGROUP CREATE %s keybus 0 MKSTREAM", stream));
+    redisContext *c = grouped_stream(topic, sizeof topic, stream, sizeof stream, "trimmed");
     for (int i = 0; i < 10; i++)
         freeReplyObject(redisCommand(c, "XADD %s * k key d old", stream));
     /* a consumer "ghost" read them and died; then the stream was trimmed */
