@@ -18,3 +18,9 @@ target_link_libraries(test_redis_topics PRIVATE PkgConfig::HIREDIS)
 # Parity with mem:// and NATS (issue 9): kb_drain, headers, replay, monitor stats.
 kb_test(test_redis_parity TIMEOUT 120 LABELS redis)
 target_link_libraries(test_redis_parity PRIVATE PkgConfig::HIREDIS)
+
+# kb_close on a server stopped with SIGSTOP; thread names.
+kb_test(test_redis_close TIMEOUT 120 LABELS redis)
+
+# The redis:// URL and redis.* keys checked when set; no password in messages.
+kb_test(test_redis_url TIMEOUT 120 LABELS redis)

@@ -70,6 +70,18 @@ static void unique_topic(char *buf, size_t len, const char *name)
     snprintf(buf, len, "rb.%s.%d.%d", name, (int)getpid(), ++seq);
 }
 
+/* A fresh topic's partition 0 with the default group on it, as another
+ * client would set it up; the raw connection to the server. */
+static redisContext *grouped_stream(char *topic, size_t tlen, char *stream, size_t slen,
+                                    const char *name)
+{
+    unique_topic(topic, tlen, name);
+    snprintf(stream, slen, "kb:{%s}:p:0", topic);
+    redisContext *c = raw();
+    freeReplyObject(redisCommand(c, "XGROUP CREATE %s keybus 0 MKSTREAM", stream));
+    return c;
+}
+
 static void wait_for(_Atomic uint64_t *v, uint64_t n)
 {
     for (int i = 0; i < 1000 && atomic_load(v) < n; i++)
@@ -335,10 +347,7 @@ static void pending_of_dead_consumer(void **state)
 {
     (void)state;
     char topic[96], stream[160];
-    unique_topic(topic, sizeof topic, "pending");
-    snprintf(stream, sizeof stream, "kb:{%s}:p:0", topic);
-    redisContext *c = raw();
-    freeReplyObject(redisCommand(c, "XGROUP CREATE %s keybus 0 MKSTREAM", stream));
+    redisContext *c = grouped_stream(topic, sizeof topic, stream, sizeof stream, "pending");
     redisReply *a = redisCommand(c, "XADD %s * k key-a d a", stream);
     redisReply *b = redisCommand(c, "XADD %s * k key-b d b", stream);
     /* a consumer "ghost" read both and died */
@@ -615,10 +624,7 @@ static void consumers_that_left_removed(void **state)
 {
     (void)state;
     char topic[96], stream[160];
-    unique_topic(topic, sizeof topic, "left");
-    snprintf(stream, sizeof stream, "kb:{%s}:p:0", topic);
-    redisContext *c = raw();
-    freeReplyObject(redisCommand(c, "XGROUP CREATE %s keybus 0 MKSTREAM", stream));
+    redisContext *c = grouped_stream(topic, sizeof topic, stream, sizeof stream, "left");
     freeReplyObject(redisCommand(c, "XADD %s * k key-a d a", stream));
     /* "ghost" read it and died: its entry is swept, then the ghost removed */
     freeReplyObject(redisCommand(c, "XREADGROUP GROUP keybus ghost COUNT 10 STREAMS %s >", stream));
@@ -713,6 +719,55 @@ static void maxlen_trims(void **state)
     redisFree(c);
 }
 
+/* ---- entries trimmed while pending (issue 11) ---- */
+
+static _Atomic int trimmed_logged;
+
+static void count_trimmed(int level, const char *msg, void *opaque)
+{
+    (void)level, (void)opaque;
+    if (strstr(msg, "while pending: lost before it was handled") != NULL)
+        atomic_fetch_add(&trimmed_logged, 1);
+}
+
+static int count_handled(const kb_event *ev, void *opaque)
+{
+    (void)ev;
+    atomic_fetch_add((_Atomic uint64_t *)opaque, 1);
+    return KB_HANDLED;
+}
+
+static void trimmed_while_pending(void **state)
+{
+    (void)state;
+    char topic[96], stream[160];
+    redisContext *c = grouped_stream(topic, sizeof topic, stream, sizeof stream, "trimmed");
+    for (int i = 0; i < 10; i++)
+        freeReplyObject(redisCommand(c, "XADD %s * k key d old", stream));
+    /* a consumer "ghost" read them and died; then the stream was trimmed */
+    freeReplyObject(redisCommand(c, "XREADGROUP GROUP keybus ghost COUNT 100 STREAMS %s >", stream));
+    freeReplyObject(redisCommand(c, "XTRIM %s MAXLEN 0", stream));
+    for (int i = 0; i < 5; i++)
+        freeReplyObject(redisCommand(c, "XADD %s * k key d new", stream));
+
+    atomic_store(&trimmed_logged, 0);
+    kb_conf *conf = conf_for(server.url);
+    char err[256];
+    assert_int_equal(kb_conf_set(conf, "partitions", "1", err, sizeof err), KB_OK);
+    kb_conf_set_log(conf, count_trimmed, NULL);
+    kb_bus *b = kb_open(conf, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    _Atomic uint64_t handled = 0;
+    assert_int_equal(kb_subscribe(b, topic, count_handled, &handled), KB_OK);
+    wait_for(&handled, 5);
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    assert_int_equal(atomic_load(&handled), 5);          /* recovery went on past them */
+    assert_int_equal(atomic_load(&trimmed_logged), 10);  /* each one named */
+    assert_int_equal(raw_int(c, "XLEN %s", stream), 5);
+    redisFree(c);
+}
+
 int main(void)
 {
     if (kb_test_server_start(&server, "redis", NULL) != 0) {
@@ -735,6 +790,7 @@ int main(void)
         cmocka_unit_test(group_lost_on_server),
         cmocka_unit_test(plain_reads),
         cmocka_unit_test(maxlen_trims),
+        cmocka_unit_test(trimmed_while_pending),
     };
     int failed = cmocka_run_group_tests_name("redis_basic", tests, NULL, NULL);
     kb_test_server_stop(&server);

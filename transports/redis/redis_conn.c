@@ -1,117 +1,32 @@
-/* Connections: URL parsing, connect with AUTH/SELECT and timeouts, reconnect
- * with capped exponential backoff and jitter. */
+/* Connections: connect with AUTH/SELECT and timeouts, reconnect with capped
+ * exponential backoff and jitter, and cut (close gives up on a silent server). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/time.h>
-#include <time.h>
 
-#include "../../core/err.h"
-#include "../../core/sync.h"
 #include "redis_int.h"
 
-static int copy_part(char *dst, size_t cap, const char *s, size_t n)
-{
-    if (n >= cap)
-        return -1;
-    memcpy(dst, s, n);
-    dst[n] = '\0';
-    return 0;
-}
-
-/* redis://[user:pass@]host[:port][/db]. Messages quote the host, never the password. */
-int kb__redis_parse_url(const char *url, kb_redis_addr *a, char *errstr, size_t errlen)
-{
-    memset(a, 0, sizeof *a);
-    a->port = 6379;
-    if (strncmp(url, "rediss://", 9) == 0) {
-        kb_errf(errstr, errlen, "transport: rediss:// (TLS) is not supported: hiredis 0.14 has "
-                 "no TLS; use redis:// on a trusted network or a TLS tunnel");
-        return KB_EINVAL;
-    }
-    if (strncmp(url, "redis://", 8) != 0) {
-        kb_errf(errstr, errlen, "transport: expected redis://host[:port][/db]");
-        return KB_EINVAL;
-    }
-    const char *p = url + 8;
-    const char *end = p + strcspn(p, "/?#");
-    const char *at = NULL;
-    for (const char *q = p; q < end; q++)
-        if (*q == '@')
-            at = q;   /* the last '@': passwords may contain one */
-    if (at != NULL) {
-        const char *colon = memchr(p, ':', (size_t)(at - p));
-        const char *uend = colon ? colon : at;
-        if (copy_part(a->user, sizeof a->user, p, (size_t)(uend - p)) != 0 ||
-            (colon && copy_part(a->pass, sizeof a->pass, colon + 1, (size_t)(at - colon - 1)) != 0)) {
-            kb_errf(errstr, errlen, "transport: user or password in the redis URL is too long");
-            return KB_EINVAL;
-        }
-        p = at + 1;
-    }
-    const char *hend = end;
-    if (*p == '[') {   /* [v6addr]:port */
-        const char *rb = memchr(p, ']', (size_t)(end - p));
-        if (rb == NULL) {
-            kb_errf(errstr, errlen, "transport: unterminated [ in the redis host");
-            return KB_EINVAL;
-        }
-        if (copy_part(a->host, sizeof a->host, p + 1, (size_t)(rb - p - 1)) != 0)
-            return KB_EINVAL;
-        hend = rb + 1;
-    } else {
-        const char *colon = memchr(p, ':', (size_t)(end - p));
-        hend = colon ? colon : end;
-        if (copy_part(a->host, sizeof a->host, p, (size_t)(hend - p)) != 0) {
-            kb_errf(errstr, errlen, "transport: redis host name is too long");
-            return KB_EINVAL;
-        }
-    }
-    if (a->host[0] == '\0') {
-        kb_errf(errstr, errlen, "transport: redis URL has no host");
-        return KB_EINVAL;
-    }
-    if (hend < end) {
-        if (*hend != ':') {
-            kb_errf(errstr, errlen, "transport: junk after the redis host \"%s\"", a->host);
-            return KB_EINVAL;
-        }
-        char *e;
-        long port = strtol(hend + 1, &e, 10);
-        if (e != end || e == hend + 1 || port < 1 || port > 65535) {
-            kb_errf(errstr, errlen, "transport: bad port in redis URL for host \"%s\"", a->host);
-            return KB_EINVAL;
-        }
-        a->port = (int)port;
-    }
-    if (*end == '/' && end[1] != '\0') {
-        char *e;
-        long db = strtol(end + 1, &e, 10);
-        if (*e != '\0' || db < 0 || db > 100000) {
-            kb_errf(errstr, errlen, "transport: bad database number after %s:%d", a->host, a->port);
-            return KB_EINVAL;
-        }
-        a->db = (int)db;
-    } else if (*end != '\0' && strcmp(end, "/") != 0) {
-        kb_errf(errstr, errlen, "transport: redis URL takes no query or fragment");
-        return KB_EINVAL;
-    }
-    return KB_OK;
-}
-
-int64_t kb__redis_wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-void kb__redis_conn_init(kb_redis_conn *k, const struct kb_transport *t, const char *name)
+void kb__redis_conn_init(kb_redis_conn *k, const kb_transport *t, const char *name)
 {
     memset(k, 0, sizeof *k);
     k->t = t;
     k->name = name;
+    k->deadline_ns = INT64_MAX;
+    pthread_mutex_init(&k->lock, NULL);
+}
+
+/* The context changes only under k->lock, so a cut never meets a freed one. */
+static void set_context(kb_redis_conn *k, redisContext *c)
+{
+    pthread_mutex_lock(&k->lock);
+    redisContext *old = k->c;
+    k->c = c;
+    pthread_mutex_unlock(&k->lock);
+    if (old != NULL)
+        redisFree(old);
 }
 
 static struct timeval tv_ms(int ms)
@@ -119,18 +34,26 @@ static struct timeval tv_ms(int ms)
     return (struct timeval){ms / 1000, (ms % 1000) * 1000};
 }
 
+/* `ms`, or less when the connection's deadline comes first (at least 1). */
+static struct timeval bounded(const kb_redis_conn *k, int ms)
+{
+    int left = kb_deadline_left_ms(k->deadline_ns);
+    if (left >= 0 && left < ms)
+        ms = left > 0 ? left : 1;
+    return tv_ms(ms);
+}
+
 /* AUTH and SELECT on a fresh context; an error text without secrets, or NULL. */
-static const char *handshake(redisContext *c, const kb_redis_addr *a, char *buf, size_t len)
+static const char *handshake(redisContext *c, const kb_transport *t, char *buf, size_t len)
 {
     redisReply *r = NULL;
-    if (a->pass[0] != '\0') {
-        if (a->user[0] != '\0')
-            r = redisCommand(c, "AUTH %s %s", a->user, a->pass);
-        else
-            r = redisCommand(c, "AUTH %s", a->pass);
+    const char *user = t->url->user, *pass = t->url->password;
+    if (pass != NULL && pass[0] != '\0') {
+        const char *argv[] = {"AUTH", user != NULL ? user : pass, pass};
+        r = redisCommandArgv(c, user != NULL ? 3 : 2, argv, NULL);
         if (r == NULL || r->type == REDIS_REPLY_ERROR) {
-            snprintf(buf, len, "AUTH%s%s refused: %s", a->user[0] ? " as " : "", a->user,
-                     r ? r->str : c->errstr);
+            snprintf(buf, len, "AUTH%s%.64s refused: %s", user != NULL ? " as " : "",
+                     user != NULL ? user : "", r ? r->str : c->errstr);
             freeReplyObject(r);
             return buf;
         }
@@ -153,10 +76,10 @@ static const char *handshake(redisContext *c, const kb_redis_addr *a, char *buf,
         return buf;
     }
     freeReplyObject(r);
-    if (a->db != 0) {
-        r = redisCommand(c, "SELECT %d", a->db);
+    if (t->db != 0) {
+        r = redisCommand(c, "SELECT %d", t->db);
         if (r == NULL || r->type == REDIS_REPLY_ERROR) {
-            snprintf(buf, len, "SELECT %d failed: %s", a->db, r ? r->str : c->errstr);
+            snprintf(buf, len, "SELECT %d failed: %s", t->db, r ? r->str : c->errstr);
             freeReplyObject(r);
             return buf;
         }
@@ -167,22 +90,26 @@ static const char *handshake(redisContext *c, const kb_redis_addr *a, char *buf,
 
 redisContext *kb__redis_conn_force(kb_redis_conn *k, char *errstr, size_t errlen)
 {
-    const struct kb_transport *t = k->t;
+    const kb_transport *t = k->t;
     if (k->c != NULL)
         return k->c;
+    if (atomic_load(&k->cut)) {
+        kb_errf(errstr, errlen, "redis %s: closing", k->name);
+        return NULL;
+    }
     char why[300];
     const char *err = NULL;
-    redisContext *c = redisConnectWithTimeout(t->addr.host, t->addr.port,
-                                              tv_ms(t->connect_timeout_ms));
+    redisContext *c = redisConnectWithTimeout(t->url->host, t->url->port,
+                                              bounded(k, t->connect_timeout_ms));
     if (c == NULL)
         err = "out of memory";
     else if (c->err)
         err = c->errstr[0] ? c->errstr : strerror(errno);
-    else if (redisSetTimeout(c, tv_ms(t->read_timeout_ms)) != REDIS_OK ||
+    else if (redisSetTimeout(c, bounded(k, t->read_timeout_ms)) != REDIS_OK ||
              redisEnableKeepAlive(c) != REDIS_OK)
         err = c->errstr;
     else
-        err = handshake(c, &t->addr, why, sizeof why);
+        err = handshake(c, t, why, sizeof why);
     if (err != NULL) {
         if (err != why)
             snprintf(why, sizeof why, "%s", err);   /* err may point into c */
@@ -197,26 +124,28 @@ redisContext *kb__redis_conn_force(kb_redis_conn *k, char *errstr, size_t errlen
         if (step > t->backoff_max_ms)
             step = t->backoff_max_ms;
         step = step / 2 + (int64_t)(random() % (step / 2 + 1));
-        k->next_try_ns = kb__now_ns() + step * 1000000;
+        k->next_try_ns = kb_now_ns() + step * 1000000;
         if (k->failures++ == 0)
-            kb_log(t->bus, 4, "redis %s: connection to %s down: %s", k->name, t->where, err);
+            kb_log(t->bus, KB_LOG_WARNING, "redis %s: connection to %s down: %s", k->name, t->where, err);
         k->was_down = true;
         return NULL;
     }
     if (k->was_down)
-        kb_log(t->bus, 6, "redis %s: reconnected to %s after %d attempts", k->name, t->where,
+        kb_log(t->bus, KB_LOG_INFO, "redis %s: reconnected to %s after %d attempts", k->name, t->where,
                k->failures);
     k->failures = 0;
     k->was_down = false;
-    k->c = c;
+    set_context(k, c);
+    if (atomic_load(&k->cut))   /* cut while connecting: its shutdown missed this one */
+        shutdown(c->fd, SHUT_RDWR);
     return c;
 }
 
 redisContext *kb__redis_conn_get(kb_redis_conn *k, char *errstr, size_t errlen)
 {
-    if (k->c == NULL && kb__now_ns() < k->next_try_ns) {
+    if (k->c == NULL && kb_now_ns() < k->next_try_ns) {
         kb_errf(errstr, errlen, "redis %s: %s is down; next reconnect in %lld ms", k->name,
-                 k->t->where, (long long)((k->next_try_ns - kb__now_ns()) / 1000000));
+                 k->t->where, (long long)((k->next_try_ns - kb_now_ns()) / 1000000));
         return NULL;
     }
     return kb__redis_conn_force(k, errstr, errlen);
@@ -226,25 +155,41 @@ void kb__redis_conn_fail(kb_redis_conn *k, const char *why)
 {
     if (k->c == NULL)
         return;
-    kb_log(k->t->bus, 4, "redis %s: lost %s: %s", k->name, k->t->where, why);
-    redisFree(k->c);
-    k->c = NULL;
+    if (!atomic_load(&k->cut))
+        kb_log(k->t->bus, KB_LOG_WARNING, "redis %s: lost %s: %s", k->name, k->t->where, why);
+    set_context(k, NULL);
     k->was_down = true;
-    k->next_try_ns = kb__now_ns() + (int64_t)k->t->backoff_min_ms * 1000000;
+    k->next_try_ns = kb_now_ns() + (int64_t)k->t->backoff_min_ms * 1000000;
 }
 
 void kb__redis_conn_close(kb_redis_conn *k)
 {
-    if (k->c != NULL)
-        redisFree(k->c);
-    k->c = NULL;
+    set_context(k, NULL);
+    pthread_mutex_destroy(&k->lock);
 }
 
-void kb__redis_nap(_Atomic bool *stop, int ms)
+void kb__redis_conn_cut(kb_redis_conn *k)
 {
-    struct timespec step = {0, 5 * 1000000L};
-    for (int waited = 0; waited < ms && !atomic_load(stop); waited += 5)
-        nanosleep(&step, NULL);
+    pthread_mutex_lock(&k->lock);
+    atomic_store(&k->cut, true);
+    if (k->c != NULL)
+        shutdown(k->c->fd, SHUT_RDWR);   /* a blocked read or write returns now */
+    pthread_mutex_unlock(&k->lock);
+}
+
+redisContext *kb__redis_conn_until(kb_redis_conn *k, int64_t deadline_ns)
+{
+    k->deadline_ns = deadline_ns;
+    if (kb_deadline_left_ms(deadline_ns) == 0)
+        return NULL;
+    redisContext *c = k->c;
+    if (c == NULL)
+        return kb__redis_conn_get(k, NULL, 0);   /* a new one is bounded as it connects */
+    if (redisSetTimeout(c, bounded(k, k->t->read_timeout_ms)) != REDIS_OK) {
+        kb__redis_conn_fail(k, c->errstr);
+        return NULL;
+    }
+    return c;
 }
 
 redisReply *kb__redis_cmd(kb_redis_conn *k, int argc, const char **argv, const size_t *lens)

@@ -4,10 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <keybus/pool.h>
-
-#include "../../core/err.h"
-#include "../../core/sync.h"
 #include "redis_int.h"
 
 /* The original fields, plus these, in every dead-letter entry. */
@@ -22,27 +18,6 @@ static const char DEAD_LUA[] =
     "redis.call('xadd',KEYS[3],'*',unpack(ARGV,4)) "
     "return redis.call('xack',KEYS[2],ARGV[2],ARGV[3])";
 
-void kb__redis_job_push(kb_redis_part *p, const char *id, char *dead)
-{
-    pthread_mutex_lock(&p->lock);
-    if (p->jobs.n == p->jobs.cap) {
-        size_t cap = p->jobs.cap ? p->jobs.cap * 2 : 256;
-        kb_redis_job *v = realloc(p->jobs.v, cap * sizeof *v);
-        if (v == NULL) {
-            pthread_mutex_unlock(&p->lock);
-            free(dead);   /* unacked: redelivered after a failover or restart */
-            return;
-        }
-        p->jobs.v = v;
-        p->jobs.cap = cap;
-    }
-    kb_redis_job *j = &p->jobs.v[p->jobs.n++];
-    snprintf(j->id, sizeof j->id, "%s", id);
-    j->dead = dead;
-    j->again = false;
-    pthread_mutex_unlock(&p->lock);
-}
-
 /* Packed fields: uint32 count of strings, then per string uint32 length + bytes. */
 typedef struct packer {
     char *buf;
@@ -55,15 +30,9 @@ static void put(packer *pk, const void *s, size_t n)
 {
     if (pk->oom)
         return;
-    if (pk->len + 4 + n > pk->cap) {
-        size_t cap = (pk->len + 4 + n) * 2 + 64;
-        char *b = realloc(pk->buf, cap);
-        if (b == NULL) {
-            pk->oom = true;
-            return;
-        }
-        pk->buf = b;
-        pk->cap = cap;
+    if (kb_vec_reserve((void **)&pk->buf, &pk->cap, pk->len + 4 + n, 1) != KB_OK) {
+        pk->oom = true;
+        return;
     }
     uint32_t l = (uint32_t)n;
     memcpy(pk->buf + pk->len, &l, 4);
@@ -123,8 +92,8 @@ char *kb__redis_dead_pack_raw(const redisReply *fields, uint32_t partition, cons
     return finish(&pk, partition, id, attempts, reason);
 }
 
-int kb__redis_dead_append(redisContext *c, struct kb_transport *t, kb_redis_topic *rt,
-                          kb_redis_part *p, const kb_redis_job *j)
+bool kb__redis_dead_append(redisContext *c, kb_transport *t, kb_redis_part *p,
+                           const kb_redis_job *j)
 {
     uint32_t n;
     memcpy(&n, j->dead, 4);
@@ -134,9 +103,9 @@ int kb__redis_dead_append(redisContext *c, struct kb_transport *t, kb_redis_topi
     if (argv == NULL || lens == NULL) {
         free(argv);
         free(lens);
-        return 0;   /* dropped: the entry stays pending and comes back */
+        return false;   /* dropped: the entry stays pending and comes back */
     }
-    const char *head[] = {"EVAL", DEAD_LUA, "3", p->lease, p->stream, rt->dlq, t->token,
+    const char *head[] = {"EVAL", DEAD_LUA, "3", p->lease, p->stream, p->tt->dlq, t->token,
                           t->group, j->id};
     for (size_t i = 0; i < 9; i++)
         argv[i] = head[i], lens[i] = strlen(head[i]);
@@ -151,7 +120,7 @@ int kb__redis_dead_append(redisContext *c, struct kb_transport *t, kb_redis_topi
     redisAppendCommandArgv(c, (int)argc, argv, lens);
     free(argv);
     free(lens);
-    return 1;
+    return true;
 }
 
 /* Back in the partition and gone from the DLQ in one step, only if the entry
@@ -160,7 +129,7 @@ static const char REPLAY_LUA[] =
     "if redis.call('xdel',KEYS[1],ARGV[1])==0 then return false end "
     "return redis.call('xadd',KEYS[2],'*',unpack(ARGV,2))";
 
-static redisReply *ctl_cmd(struct kb_transport *t, int argc, const char **argv,
+static redisReply *ctl_cmd(kb_transport *t, int argc, const char **argv,
                            const size_t *lens)
 {
     pthread_mutex_lock(&t->ctl_lock);
@@ -175,7 +144,7 @@ static redisReply *ctl_cmd(struct kb_transport *t, int argc, const char **argv,
 
 static int no_dead_queued(void *arg)
 {
-    return atomic_load(&((struct kb_transport *)arg)->dead_queued) == 0;
+    return atomic_load(&((kb_transport *)arg)->dead_queued) == 0;
 }
 
 /* An entry of the DLQ as kb_dead_letter; `headers` holds KB_MAX_HEADERS. */
@@ -200,14 +169,14 @@ static kb_dead_letter dead_letter_of(const redisReply *e, kb_header *headers)
     };
 }
 
-int kb__redis_dead_letters(kb_transport *t, const char *topic, const char *after_id, size_t max,
-                           kb_dead_letter_fn fn, void *opaque)
+int kb__redis_dead_letters(kb_transport *t, kb_transport_topic *tt, const char *after_id,
+                           size_t max, kb_dead_letter_fn fn, void *opaque)
 {
     /* read your own dead letters: wait (bounded) for the keeper to store them */
-    kb__redis_keeper_wake(t);
-    kb__signal_wait(&t->settled, no_dead_queued, t, kb__deadline_ns(5000));
-    char dlq[300], start[KB_REDIS_ID_MAX + 1], count[24];
-    snprintf(dlq, sizeof dlq, "kb:{%s}:dlq", topic);
+    kb_signal_notify(t->keeper_wake);
+    kb_signal_wait(t->settled, no_dead_queued, t, kb_deadline_ns(5000));
+    const char *dlq = tt->dlq;
+    char start[KB_REDIS_ID_MAX + 1], count[24];
     if (after_id != NULL && after_id[0] != '\0')
         snprintf(start, sizeof start, "(%s", after_id);
     else
@@ -244,10 +213,14 @@ int kb__redis_dead_letters(kb_transport *t, const char *topic, const char *after
     return KB_OK;
 }
 
-int kb__redis_dead_letter_replay(kb_transport *t, const char *topic, const char *id)
+int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const char *id)
 {
-    char dlq[300], stream[300];
-    snprintf(dlq, sizeof dlq, "kb:{%s}:dlq", topic);
+    const char *dlq = tt->dlq;
+    if (!kb__redis_id_valid(id)) {
+        kb_errf(NULL, 0, "kb_dead_letter_replay %s: \"%.60s\" is not a Redis stream ID "
+                "(<ms>-<seq>, decimal)", tt->name, id);
+        return KB_EINVAL;
+    }
     const char *range[] = {"XRANGE", dlq, id, id};
     redisReply *r = ctl_cmd(t, 4, range, NULL);
     if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
@@ -269,7 +242,7 @@ int kb__redis_dead_letter_replay(kb_transport *t, const char *topic, const char 
         return KB_EINVAL;
     }
     uint32_t part = kb_fnv1a32(k->str, k->len) % t->partitions;
-    snprintf(stream, sizeof stream, "kb:{%s}:p:%u", topic, part);
+    const char *stream = tt->parts[part].stream;
     /* k, d, a = 1, then the header fields byte for byte (a malformed one is
      * dead-lettered again, with its reason) */
     size_t cap = 12 + f->elements, argc = 12;
@@ -304,7 +277,7 @@ int kb__redis_dead_letter_replay(kb_transport *t, const char *topic, const char 
         kb_errf(NULL, 0, "redis: no dead letter %s in %s (replayed meanwhile)", id, dlq);
         rc = KB_ENOTFOUND;
     } else {
-        kb__redis_pub_note(t, topic, part, x->str);   /* kb_drain waits for it too */
+        kb__redis_pub_note(t, tt, part, x->str);   /* kb_drain waits for it too */
     }
     freeReplyObject(x);
     freeReplyObject(r);

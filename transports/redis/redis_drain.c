@@ -8,7 +8,6 @@
 #include <string.h>
 #include <sys/types.h>
 
-#include "../../core/err.h"
 #include "redis_int.h"
 
 #define POLL_MIN_MS 2    /* first poll after one that found work left */
@@ -16,40 +15,30 @@
 
 /* One partition stream and the newest entry this process added to it. */
 typedef struct target {
-    char stream[300];
+    const char *stream;   /* the partition's, alive until close */
     char id[KB_REDIS_ID_MAX];
 } target;
 
-void kb__redis_settled(struct kb_transport *t)
-{
-    atomic_fetch_add(&t->settle_rounds, 1);
-    kb__signal_notify(&t->settled);
-}
-
 /* What kb_drain waits for, taken under pub_lock after the publishes are in. */
-static target *targets_of(struct kb_transport *t, size_t *n)
+static target *targets_of(kb_transport *t, size_t *n)
 {
     *n = 0;
     size_t cap = 0;
     target *v = NULL;
     pthread_mutex_lock(&t->pub_lock);
-    for (kb_redis_pubtopic *pt = t->pubtopics; pt != NULL; pt = pt->next)
-        for (uint32_t i = 0; i < t->partitions; i++) {
-            if (pt->last[i][0] == '\0')
+    for (kb_transport_topic *tt = atomic_load(&t->opened); tt != NULL; tt = tt->opened_next)
+        for (uint32_t i = 0; i < tt->nparts; i++) {
+            const kb_redis_part *p = &tt->parts[i];
+            if (p->last_id[0] == '\0')
                 continue;
-            if (*n == cap) {
-                cap = cap ? cap * 2 : 16;
-                target *w = realloc(v, cap * sizeof *w);
-                if (w == NULL) {
-                    pthread_mutex_unlock(&t->pub_lock);
-                    free(v);
-                    *n = SIZE_MAX;
-                    return NULL;
-                }
-                v = w;
+            if (kb_vec_reserve((void **)&v, &cap, *n + 1, sizeof *v) != KB_OK) {
+                pthread_mutex_unlock(&t->pub_lock);
+                free(v);
+                *n = SIZE_MAX;
+                return NULL;
             }
-            snprintf(v[*n].stream, sizeof v[*n].stream, "kb:{%s}:p:%u", pt->name, i);
-            snprintf(v[*n].id, sizeof v[*n].id, "%s", pt->last[i]);
+            v[*n].stream = p->stream;
+            snprintf(v[*n].id, sizeof v[*n].id, "%s", p->last_id);
             (*n)++;
         }
     pthread_mutex_unlock(&t->pub_lock);
@@ -58,7 +47,7 @@ static target *targets_of(struct kb_transport *t, size_t *n)
 
 /* Settled: the group read past `id` (XINFO GROUPS' last-delivered-id) and
  * nothing up to it is pending (XPENDING with `id` as end). */
-static bool settled(const struct kb_transport *t, const redisReply *groups,
+static bool settled(const kb_transport *t, const redisReply *groups,
                     const redisReply *pending, const char *id)
 {
     const redisReply *row = kb__redis_group_row(t, groups);
@@ -70,7 +59,7 @@ static bool settled(const struct kb_transport *t, const redisReply *groups,
 /* Ask about every unsettled target in one pipeline on the control
  * connection; settled ones move to the end. The count still unsettled, or
  * -1 when the server could not be asked. */
-static ssize_t poll_targets(struct kb_transport *t, target *v, size_t n)
+static ssize_t poll_targets(kb_transport *t, target *v, size_t n)
 {
     pthread_mutex_lock(&t->ctl_lock);
     redisContext *c = kb__redis_conn_get(&t->ctl, NULL, 0);
@@ -113,7 +102,7 @@ static ssize_t poll_targets(struct kb_transport *t, target *v, size_t n)
 }
 
 typedef struct since {
-    struct kb_transport *t;
+    kb_transport *t;
     uint64_t rounds;
 } since;
 
@@ -125,7 +114,7 @@ static int keeper_settled_more(void *arg)
 
 int kb__redis_drain(kb_transport *t, int timeout_ms)
 {
-    int64_t deadline = kb__deadline_ns(timeout_ms);
+    int64_t deadline = kb_deadline_ns(timeout_ms);
     int rc = kb__redis_pub_settle(t, deadline, "kb_drain");
     if (rc != KB_OK)
         return rc;
@@ -145,13 +134,13 @@ int kb__redis_drain(kb_transport *t, int timeout_ms)
             break;
         if (left > 0)
             n = (size_t)left;
-        int64_t now = kb__now_ns();
+        int64_t now = kb_now_ns();
         if (now >= deadline) {
             rc = KB_ETIMEDOUT;
             break;
         }
         int64_t until = now + (int64_t)wait_ms * 1000000;
-        if (!kb__signal_wait(&t->settled, keeper_settled_more, &s,
+        if (!kb_signal_wait(t->settled, keeper_settled_more, &s,
                              until < deadline ? until : deadline))
             wait_ms = wait_ms * 2 < POLL_MAX_MS ? wait_ms * 2 : POLL_MAX_MS;
     }

@@ -3,9 +3,9 @@
  * k, d and a, in publish order, so other clients read and write them with
  * plain XADD / XRANGE (docs/headers.md). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "../../core/err.h"
 #include "redis_int.h"
 
 #define PREFIX_LEN (sizeof KB_REDIS_HEADER_PREFIX - 1)
@@ -25,6 +25,47 @@ const redisReply *kb__redis_field(const redisReply *fields, const char *name)
 {
     const redisReply *v = kb__redis_map_get(fields, name);
     return v != NULL && v->type == REDIS_REPLY_STRING ? v : NULL;
+}
+
+const redisReply *kb__redis_group_row(const kb_transport *t, const redisReply *groups)
+{
+    for (size_t i = 0; groups->type == REDIS_REPLY_ARRAY && i < groups->elements; i++) {
+        const redisReply *name = kb__redis_field(groups->element[i], "name");
+        if (name != NULL && strcmp(name->str, t->group) == 0)
+            return groups->element[i];
+    }
+    return NULL;   /* an error reply: no stream yet */
+}
+
+int kb__redis_id_cmp(const char *a, const char *b)
+{
+    char *e;
+    unsigned long long am = strtoull(a, &e, 10), as = *e == '-' ? strtoull(e + 1, NULL, 10) : 0;
+    unsigned long long bm = strtoull(b, &e, 10), bs = *e == '-' ? strtoull(e + 1, NULL, 10) : 0;
+    if (am != bm)
+        return am < bm ? -1 : 1;
+    return as < bs ? -1 : as > bs;
+}
+
+/* 1 to 20 decimal digits whose value fits 64 bits; *end after them. */
+static bool id_part(const char *s, const char **end)
+{
+    size_t n = 0;
+    unsigned long long v = 0;
+    for (; s[n] >= '0' && s[n] <= '9'; n++) {
+        unsigned d = (unsigned)(s[n] - '0');
+        if (n == 20 || v > (UINT64_MAX - d) / 10)
+            return false;
+        v = v * 10 + d;
+    }
+    *end = s + n;
+    return n > 0;
+}
+
+bool kb__redis_id_valid(const char *id)
+{
+    const char *p;
+    return id_part(id, &p) && *p == '-' && id_part(p + 1, &p) && *p == '\0';
 }
 
 size_t kb__redis_headers_args(const kb_header *h, size_t n, char *names, const char **argv,

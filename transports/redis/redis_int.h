@@ -1,11 +1,31 @@
-/* Redis Streams transport: shared state of its files.
+/* Redis Streams transport: shared state of its files, and the functions each
+ * file offers. Layers, top down; a file calls only files below it:
+ *
+ *   redis.c            ops table, redis.* keys, open, topic_open, stop, close
+ *   redis_keeper.c     the keeper thread's loop: one call per job (below)
+ *   redis_consume.c    subscribe; the reader thread's loop: read rounds, fenced reads
+ *   redis_sweep.c      recovery of a partition just taken (its pending list)
+ *   redis_deliver.c    an entry checked and handed to the pool; lane-full waiting
+ *   redis_settle.c     ack, dead_letter, release, still_owned; the keeper's send job
+ *   redis_dlq.c        dead letters: packed, stored (fenced), listed, replayed
+ *   redis_drain.c      kb_drain: wait until the group settled what we added
+ *   redis_stats.c      broker figures per topic and partition
+ *   redis_publish.c    pipelined XADD; flush; the keeper's send job
+ *   redis_lease.c      take, renew, hand back partition leases (keeper job)
+ *   redis_members.c    membership heartbeat and departed consumers (keeper job)
+ *   redis_jobs.c       each partition's queue of acks and dead letters
+ *   redis_meta.c       topic metadata and consumer groups on the server
+ *   redis_limit.c      the server's proto-max-bulk-len
+ *   redis_conn.c       connections: handshake, backoff, deadlines, cut
+ *   redis_url.c        the redis:// URL (check_url)
+ *   redis_fields.c     replies: field maps, stream IDs, header fields
  *
  * Threads and connections (a blocking read never shares a connection):
- *   - publishers: one pipelined connection under pub_lock (redis.c);
- *   - one reader thread and connection for every subscribed topic: one
- *     XREADGROUP reads all owned partitions of all topics (redis_consume.c);
- *   - one keeper thread: heartbeats, leases, batched fenced XACKs, dead letters
- *     (redis_lease.c, redis_dlq.c);
+ *   - publishers: one pipelined connection under pub_lock;
+ *   - kb-redis-reader: one XREADGROUP reads all owned partitions of all
+ *     subscribed topics, on its own connection;
+ *   - kb-redis-keeper: sends buffered publishes, fenced XACKs and dead letters,
+ *     heartbeats membership, takes and renews leases, on its own connection;
  *   - application calls that need an answer (subscribe, stats, DLQ listing):
  *     the control connection under ctl_lock. */
 #ifndef KB_REDIS_INT_H
@@ -20,23 +40,12 @@
 
 #include <keybus/transport.h>
 
-#include "../../core/headers.h"
-#include "../../core/sync.h"
-
 #define KB_REDIS_ID_MAX 48      /* "ms-seq" of two 64-bit numbers, NUL included */
-#define KB_REDIS_TOPIC_BUCKETS 1024   /* topic lookup by name: a chain per fnv1a32 % this */
 #define KB_REDIS_BULK_DEFAULT (512 * 1024 * 1024)   /* Redis's default proto-max-bulk-len */
+#define KB_REDIS_KEY_MAX 300    /* kb:{topic}:lease:N for a topic of up to 255 bytes */
 
-/* Where to connect; the password never reaches a log line or an errstr. */
-typedef struct kb_redis_addr {
-    char host[256];
-    int port;
-    char user[128];
-    char pass[256];
-    int db;
-} kb_redis_addr;
-
-/* One connection with reconnect backoff. Not thread-safe: its owner locks. */
+/* One connection with reconnect backoff. Used by one owner at a time (its
+ * thread or its lock); only kb__redis_conn_cut may come from another thread. */
 typedef struct kb_redis_conn {
     const struct kb_transport *t;
     const char *name;             /* "publish", "consumer", ... for log lines */
@@ -44,6 +53,9 @@ typedef struct kb_redis_conn {
     int failures;                 /* consecutive failed connects */
     int64_t next_try_ns;          /* backoff: no connect before this */
     bool was_down;                /* log "reconnected" once it is back */
+    int64_t deadline_ns;          /* blocking calls end by then (close); INT64_MAX: none */
+    pthread_mutex_t lock;         /* c against kb__redis_conn_cut */
+    _Atomic bool cut;             /* closing: shut down, never reconnected */
 } kb_redis_conn;
 
 /* An ack or a dead letter waiting for the keeper. */
@@ -60,67 +72,58 @@ typedef struct kb_redis_jobs {
 
 enum { KB_PART_FREE, KB_PART_OWNED, KB_PART_DRAINING };
 
-/* A partition of a subscribed topic, as this process sees it. */
+/* A partition of a topic, as this process sees it. */
 typedef struct kb_redis_part {
     _Atomic int state;            /* KB_PART_* (keeper writes) */
     _Atomic int64_t deadline_ns;  /* lease valid locally until then (monotonic) */
     _Atomic uint32_t epoch;       /* bumped on each acquisition: consumer re-sweeps */
     _Atomic int64_t inflight;     /* delivered, not yet acked / dead / released */
     uint32_t swept;               /* reader only: epoch whose sweep is done; 0 = sweep due */
-    struct kb_redis_wait *waiting; /* reader only: entries read, their lane full (consume.c) */
+    struct kb_redis_wait *waiting; /* reader only: entries read, their lane full (deliver.c) */
     uint32_t sweeping;            /* reader only: epoch of a sweep paused on a full lane */
     char sweep_cursor[KB_REDIS_ID_MAX];   /* where that sweep goes on; "" = its last page */
     uint32_t index;               /* N */
-    struct kb_redis_topic *rt;
-    int64_t renewed_ns;           /* keeper only: last successful renew */
+    struct kb_transport_topic *tt;
     pthread_mutex_t lock;         /* guards jobs */
     kb_redis_jobs jobs;
     kb_redis_jobs sending;        /* keeper only: taken from jobs, not yet confirmed */
-    char stream[300];             /* kb:{topic}:p:N */
-    char lease[300];              /* kb:{topic}:lease:N */
+    char last_id[KB_REDIS_ID_MAX]; /* newest entry this process added, "" for none (pub_lock) */
+    char stream[KB_REDIS_KEY_MAX];   /* kb:{topic}:p:N */
+    char lease[KB_REDIS_KEY_MAX];    /* kb:{topic}:lease:N */
 } kb_redis_part;
 
-/* A subscribed topic. Linked into t->topics and into its bucket of
- * t->by_name (both push-only until close). */
-typedef struct kb_redis_topic {
-    struct kb_redis_topic *next;
-    struct kb_redis_topic *same_bucket;
+/* A topic this bus used: made
+ * by topic_open, linked into t->opened; once subscribed also into
+ * t->subscribed (both push-only until close). */
+struct kb_transport_topic {
+    struct kb_transport_topic *opened_next;
+    struct kb_transport_topic *sub_next;
     struct kb_transport *t;
     char *name;
-    kb_sink *sink;
+    kb_sink *sink;                /* set before the topic joins t->subscribed */
     uint32_t nparts;
     kb_redis_part *parts;
-    char dlq[300];                /* kb:{topic}:dlq */
-    char members[300];            /* kb:{topic}:members */
+    char dlq[KB_REDIS_KEY_MAX];       /* kb:{topic}:dlq */
+    char members[KB_REDIS_KEY_MAX];   /* kb:{topic}:members */
+    char meta[KB_REDIS_KEY_MAX];      /* kb:{topic}:meta */
+    _Atomic bool subscribed;
     _Atomic bool fresh;           /* subscribed since the keeper's last pass */
-} kb_redis_topic;
-
-/* A topic published to: metadata checked once, count of accepted publishes
- * (replays included), and per partition the ID of the newest entry this
- * process added, "" for none (what kb_drain waits for; under pub_lock). */
-typedef struct kb_redis_pubtopic {
-    struct kb_redis_pubtopic *next;
-    char *name;
-    int meta_rc;                  /* KB_OK or why publishing is refused */
-    _Atomic uint64_t published;
-    char (*last)[KB_REDIS_ID_MAX];
-} kb_redis_pubtopic;
+    /* publishing: metadata checked once (under pub_lock), accepted publishes */
+    int meta_rc;                  /* 1 until checked, then KB_OK or why publishing is refused */
+    _Atomic uint64_t published;   /* replays included */
+};
 
 /* Where each XADD in flight on the publish connection goes, oldest first:
- * replies come in order, and each one's ID is noted in its topic's `last`. */
-typedef struct kb_redis_origin {
-    kb_redis_pubtopic *pt;
-    uint32_t part;
-} kb_redis_origin;
-
+ * replies come in order, and each one's ID is noted in its partition's last_id. */
 typedef struct kb_redis_origins {
-    kb_redis_origin *v;
+    kb_redis_part **v;
     size_t head, n, cap;          /* a ring: n entries from head */
 } kb_redis_origins;
 
 struct kb_transport {
     kb_bus *bus;
-    kb_redis_addr addr;
+    kb_url *url;                  /* host, port, user, password (never logged), path */
+    int db;
     char where[300];              /* "host:port" for messages */
     /* configuration */
     uint32_t partitions;
@@ -134,13 +137,15 @@ struct kb_transport {
     int backoff_min_ms, backoff_max_ms;
     uint32_t max_attempts;
 
+    _Atomic(kb_transport_topic *) opened;       /* every topic_open */
+    _Atomic(kb_transport_topic *) subscribed;   /* what the reader and the keeper serve */
+
     /* publishing */
     pthread_mutex_t pub_lock;
     kb_redis_conn pub;
     uint64_t pub_inflight;        /* sent or buffered, reply not read */
     uint64_t pub_failed;          /* failed since the last flush */
     char pub_error[1024];
-    kb_redis_pubtopic *pubtopics;
     kb_redis_origins origins;     /* one per pub_inflight */
     _Atomic bool pub_dirty;       /* buffered bytes the keeper should send */
     size_t pub_big;               /* largest key or payload among unconfirmed publishes */
@@ -151,97 +156,190 @@ struct kb_transport {
     pthread_mutex_t ctl_lock;
     kb_redis_conn ctl;
 
-    /* subscribed topics, their reader, and the keeper */
-    _Atomic(kb_redis_topic *) topics;
-    _Atomic(kb_redis_topic *) by_name[KB_REDIS_TOPIC_BUCKETS];   /* every ack looks one up */
-    pthread_t reader;
-    bool reader_started;
+    /* the reader */
+    kb_thread *reader;
     kb_redis_conn rconn;          /* the reader's own: blocking reads */
-    pthread_mutex_t keeper_lock;
-    pthread_cond_t keeper_cond;
+    kb_signal *reader_wake;       /* a lease taken, or stop */
+    _Atomic uint64_t leases_taken; /* bumped by the keeper for each round that took one */
+    _Atomic bool consumers_stop, reader_done;
+
+    /* the keeper */
+    kb_thread *keeper;
+    kb_redis_conn kc;
+    kb_signal *keeper_wake;       /* work queued, a topic subscribed, or stop */
+    _Atomic bool keeper_stop, keeper_done;
+    _Atomic int64_t close_deadline_ns;   /* what the keeper's goodbye may spend */
     _Atomic uint64_t jobs_queued; /* acks / dead letters waiting for the keeper */
     _Atomic uint64_t dead_queued; /* dead letters not yet stored or dropped */
     _Atomic uint64_t fenced;      /* acks / dead letters refused: lease lost */
     _Atomic uint64_t unowned;     /* deliveries released by still_owned: lease lost */
     _Atomic uint64_t stray;       /* reads that found another consumer's entries: re-swept */
-    _Atomic bool consumers_stop, keeper_stop;
     _Atomic bool duties_now;      /* new topics: take their leases without waiting a tick */
-    bool keeper_started;
-    pthread_t keeper;
-    kb_redis_conn kc;
     bool jobs_unsent;             /* keeper only: `sending` left over after a failure */
     /* the keeper settled acks or dead letters on the server (kb_drain and
      * kb_dead_letters wait on it) */
     _Atomic uint64_t settle_rounds;
-    kb_signal settled;
+    kb_signal *settled;
 };
 
-/* redis_conn.c */
-int kb__redis_parse_url(const char *url, kb_redis_addr *a, char *errstr, size_t errlen);
-void kb__redis_conn_init(kb_redis_conn *k, const struct kb_transport *t, const char *name);
-/* Connected context, or NULL (errstr says why) while down or backing off. */
+/* ---- redis_consume.c ---- */
+int kb__redis_subscribe(kb_transport *t, kb_transport_topic *tt, kb_sink *sink);
+/* Stop the reader: no kb_sink_deliver after it returns. */
+void kb__redis_consume_stop(kb_transport *t);
+
+/* ---- redis_keeper.c ---- */
+int kb__redis_keeper_start(kb_transport *t, char *errstr, size_t errlen);
+/* Last acks and dead letters, leases handed back, all before the deadline. */
+void kb__redis_keeper_stop(kb_transport *t, int64_t deadline_ns);
+
+/* ---- redis_sweep.c ---- */
+enum { KB_REDIS_DELIVERED, KB_REDIS_PART_GONE, KB_REDIS_CLOSING, KB_REDIS_LANE_FULL };
+/* Deliver partition `part`'s pending entries (its PEL) under lease `epoch`. */
+int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch);
+
+/* ---- redis_deliver.c ---- */
+/* Hand one entry ([id, fields]) to the pool: KB_REDIS_* */
+int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e, uint32_t attempt,
+                      uint32_t epoch, int timeout_ms);
+/* A reply whose entries wait for lane space in one or more partitions. */
+typedef struct kb_redis_held kb_redis_held;
+kb_redis_held *kb__redis_held_new(redisReply *r);   /* NULL: out of memory (r not taken) */
+void kb__redis_held_unref(kb_redis_held *h);
+/* Queue ents[from..] behind what waits in p; false when out of memory. */
+bool kb__redis_wait_push(kb_redis_part *p, kb_redis_held *h, const redisReply *ents, size_t from,
+                         uint32_t epoch, uint32_t *attempts);
+void kb__redis_wait_drop(kb_redis_part *p);
+int kb__redis_wait_deliver(kb_redis_part *p, int timeout_ms);
+/* Wait up to ms, until stop or a lease taken since t->leases_taken was `taken`. */
+void kb__redis_reader_nap(kb_transport *t, uint64_t taken, int ms);
+
+/* ---- redis_publish.c ---- */
+int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m);
+int kb__redis_flush(kb_transport *t, int timeout_ms);
+/* Keeper job: send what publishers buffered. */
+void kb__redis_pub_send(kb_transport *t);
+/* Send every buffered publish and wait for its reply until the deadline:
+ * KB_OK, KB_ETIMEDOUT, or KB_ETRANSPORT for what failed since the last call
+ * (`who` starts the message). */
+int kb__redis_pub_settle(kb_transport *t, int64_t deadline_ns, const char *who);
+/* At close: KB_OK, or KB_ETRANSPORT naming the publishes never sent. */
+int kb__redis_pub_close(kb_transport *t, int64_t deadline_ns);
+/* An entry this process added outside the publish connection (a replay):
+ * counted as published, and its ID noted for kb_drain. */
+void kb__redis_pub_note(kb_transport *t, kb_transport_topic *tt, uint32_t part, const char *id);
+
+/* ---- redis_settle.c ---- */
+int kb__redis_ack(kb_transport *t, const kb_delivery *d);
+int kb__redis_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason);
+void kb__redis_release(kb_transport *t, const kb_delivery *d);
+int kb__redis_still_owned(kb_transport *t, const kb_delivery *d);
+/* Keeper job: send every queued ack and dead letter, pipelined. */
+void kb__redis_settle_send(kb_transport *t);
+
+/* ---- redis_lease.c ---- */
+/* Keeper job: renew what we hold, take what rendezvous gives us among
+ * `members`, mark for hand-back what is no longer ours. */
+void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *const *members,
+                           size_t n);
+/* Hand back the partitions marked in the round once idle; `send_acks` runs
+ * first so the next owner never claims an entry whose ack is queued here. */
+void kb__redis_lease_handback(kb_transport *t, kb_transport_topic *tt,
+                              void (*send_acks)(kb_transport *t));
+/* At close: hand every lease of the topic back (one pipeline). */
+void kb__redis_lease_release_all(kb_transport *t, kb_transport_topic *tt);
+/* May the consumer hand an entry of this partition to the pool now? */
+bool kb__redis_part_live(const kb_redis_part *p);
+
+/* ---- redis_members.c ---- */
+/* Keeper job: heartbeat in the topic's member set and read the live members
+ * into *names (strings owned by *reply). False when the server did not answer. */
+bool kb__redis_members_beat(kb_transport *t, kb_transport_topic *tt, redisReply **reply,
+                            const char ***names, size_t *n, size_t *cap);
+/* XGROUP DELCONSUMER for consumers that left ("" = any idle one, else only `only`). */
+void kb__redis_members_prune(kb_transport *t, kb_transport_topic *tt, const char *only);
+/* At close: leave the member set and the group. */
+void kb__redis_members_leave(kb_transport *t, kb_transport_topic *tt);
+
+/* ---- redis_dlq.c ---- */
+/* Fields of a dead letter packed for the keeper. */
+char *kb__redis_dead_pack(const kb_delivery *d, const char *reason);
+/* Same for an entry as read (`fields`: the field/value array, or NULL). */
+char *kb__redis_dead_pack_raw(const redisReply *fields, uint32_t partition, const char *id,
+                              uint32_t attempts, const char *reason);
+/* Append the fenced XADD+XACK script for one dead letter; false: out of memory. */
+bool kb__redis_dead_append(redisContext *c, kb_transport *t, kb_redis_part *p,
+                           const kb_redis_job *j);
+int kb__redis_dead_letters(kb_transport *t, kb_transport_topic *tt, const char *after_id, size_t max,
+                           kb_dead_letter_fn fn, void *opaque);
+int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const char *id);
+
+/* ---- redis_drain.c ---- */
+int kb__redis_drain(kb_transport *t, int timeout_ms);
+
+/* ---- redis_stats.c ---- */
+int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out);
+int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t partition,
+                              kb_partition_stats *out);
+
+/* ---- redis_jobs.c: each partition's queue of acks and dead letters ---- */
+/* Queue a job and wake the keeper; `dead` is taken (freed on failure). */
+void kb__redis_job_push(kb_transport *t, kb_redis_part *p, const char *id, char *dead);
+/* Move the queued jobs into p->sending (keeper); false when out of memory. */
+bool kb__redis_jobs_take(kb_transport *t, kb_redis_part *p);
+void kb__redis_jobs_free(kb_redis_jobs *j);
+/* A dead letter was stored or dropped: wake kb_drain / kb_dead_letters. */
+void kb__redis_settled(kb_transport *t);
+
+/* ---- redis_meta.c ---- */
+/* Register the topic and its partition count, or refuse a different count. */
+int kb__redis_check_meta(kb_transport *t, kb_transport_topic *tt);
+/* XGROUP CREATE ... 0 MKSTREAM on every partition (BUSYGROUP is fine). */
+int kb__redis_create_groups(kb_redis_conn *k, kb_transport_topic *tt, char *errstr,
+                            size_t errlen);
+/* Does this error say the group is gone (FLUSHALL, a restart without AOF)? */
+bool kb__redis_group_gone(const char *err);
+
+/* ---- redis_limit.c: the server's proto-max-bulk-len (bulk_max, under pub_lock) ---- */
+void kb__redis_limit_read(kb_transport *t);
+int kb__redis_limit_check(kb_transport *t, const char *topic, const kb_msg *m);
+void kb__redis_limit_explain(kb_transport *t, size_t big, char *out, size_t len);
+
+/* ---- redis_conn.c ---- */
+void kb__redis_conn_init(kb_redis_conn *k, const kb_transport *t, const char *name);
+/* Connected context, or NULL (errstr says why) while down, backing off or cut. */
 redisContext *kb__redis_conn_get(kb_redis_conn *k, char *errstr, size_t errlen);
 /* Connect now, ignoring the backoff (kb_open, after a wait). */
 redisContext *kb__redis_conn_force(kb_redis_conn *k, char *errstr, size_t errlen);
 /* Drop a broken context; the next get reconnects after a backoff. */
 void kb__redis_conn_fail(kb_redis_conn *k, const char *why);
 void kb__redis_conn_close(kb_redis_conn *k);
-/* Sleep up to ms, waking early when *stop becomes true. */
-void kb__redis_nap(_Atomic bool *stop, int ms);
+/* From any thread: shut the socket down so a blocked call returns at once,
+ * and never reconnect (close gives up on a silent server). */
+void kb__redis_conn_cut(kb_redis_conn *k);
+/* From now on blocking calls (connects included) end by the deadline:
+ * the connected context, or NULL (down, cut, or the deadline passed). */
+redisContext *kb__redis_conn_until(kb_redis_conn *k, int64_t deadline_ns);
 /* Blocking command on a connection; NULL reply drops the connection. */
 redisReply *kb__redis_cmd(kb_redis_conn *k, int argc, const char **argv, const size_t *lens);
-int64_t kb__redis_wall_ms(void);
 
-/* redis.c */
-int kb__redis_check_meta(struct kb_transport *t, const char *topic);
-void kb__redis_pub_pump(struct kb_transport *t, bool wait_all, int64_t deadline_ns);
-/* Send every buffered publish and wait for its reply until the deadline:
- * KB_OK, KB_ETIMEDOUT, or KB_ETRANSPORT for what failed since the last call
- * (`who` starts the message). */
-int kb__redis_pub_settle(struct kb_transport *t, int64_t deadline_ns, const char *who);
-/* An entry this process added outside the publish connection (a replay):
- * counted as published, and its ID noted for kb_drain. */
-void kb__redis_pub_note(struct kb_transport *t, const char *topic, uint32_t part, const char *id);
-void kb__redis_keeper_wake(struct kb_transport *t);
+/* ---- redis_url.c ---- */
+/* check_url hook: redis://[user[:password]@]host[:port][/db], nothing else. */
+int kb__redis_check_url(const kb_url *u, char *errstr, size_t errlen);
+/* The db of a checked URL. */
+int kb__redis_url_db(const kb_url *u);
 
-/* redis_limit.c: the server's proto-max-bulk-len (bulk_max, under pub_lock) */
-void kb__redis_limit_read(struct kb_transport *t);
-int kb__redis_limit_check(struct kb_transport *t, const char *topic, const kb_msg *m);
-void kb__redis_limit_explain(struct kb_transport *t, size_t big, char *out, size_t len);
-
-/* redis_consume.c */
-void *kb__redis_consume_main(void *arg);   /* arg: the transport */
-/* XGROUP CREATE ... 0 MKSTREAM on every partition (BUSYGROUP is fine). */
-int kb__redis_create_groups(kb_redis_conn *k, kb_redis_topic *rt, char *errstr, size_t errlen);
-
-/* redis_lease.c */
-void *kb__redis_keeper_main(void *arg);
-/* May the consumer hand an entry of this partition to the pool now? */
-bool kb__redis_part_live(const kb_redis_part *p);
-/* Compare stream IDs "ms-seq" numerically. */
-int kb__redis_id_cmp(const char *a, const char *b);
-
-/* redis_dlq.c */
-void kb__redis_job_push(kb_redis_part *p, const char *id, char *dead);
-/* Fields of a dead letter packed for the keeper (see redis_dlq.c). */
-char *kb__redis_dead_pack(const kb_delivery *d, const char *reason);
-/* Same for an entry as read (`fields`: the field/value array, or NULL). */
-char *kb__redis_dead_pack_raw(const redisReply *fields, uint32_t partition, const char *id,
-                              uint32_t attempts, const char *reason);
-/* Append the fenced XADD+XACK script for one dead letter; returns commands appended. */
-int kb__redis_dead_append(redisContext *c, struct kb_transport *t, kb_redis_topic *rt,
-                          kb_redis_part *p, const kb_redis_job *j);
-int kb__redis_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason);
-int kb__redis_dead_letters(kb_transport *t, const char *topic, const char *after_id, size_t max,
-                           kb_dead_letter_fn fn, void *opaque);
-int kb__redis_dead_letter_replay(kb_transport *t, const char *topic, const char *id);
-
-/* redis_fields.c */
+/* ---- redis_fields.c ---- */
 /* Value of `name` in a flat [name, value, ...] reply (XINFO rows, entry
  * fields), or NULL. */
 const redisReply *kb__redis_map_get(const redisReply *m, const char *name);
 /* The same, only when the value is a string (entry fields always are). */
 const redisReply *kb__redis_field(const redisReply *fields, const char *name);
+/* Our group's row of an XINFO GROUPS reply, or NULL. */
+const redisReply *kb__redis_group_row(const kb_transport *t, const redisReply *groups);
+/* Compare stream IDs "ms-seq" numerically. */
+int kb__redis_id_cmp(const char *a, const char *b);
+/* Is `id` a full stream ID "ms-seq" (decimal, each part within 64 bits)? */
+bool kb__redis_id_valid(const char *id);
 /* Each header is an entry field "h.<name>" (docs/headers.md). */
 #define KB_REDIS_HEADER_PREFIX "h."
 #define KB_REDIS_HEADER_BYTES 65536   /* names and values of one entry: as kb_sink_deliver */
@@ -257,19 +355,5 @@ size_t kb__redis_headers_args(const kb_header *h, size_t n, char *names, const c
  * and out holds what was read (at most KB_MAX_HEADERS). */
 int kb__redis_headers_of(const redisReply *fields, kb_header *out, size_t *n, char *why,
                          size_t whylen);
-
-/* redis_drain.c */
-int kb__redis_drain(kb_transport *t, int timeout_ms);
-/* Wake kb_drain / kb_dead_letters waiters: the keeper settled something. */
-void kb__redis_settled(struct kb_transport *t);
-
-/* redis_stats.c */
-/* Our group's row of an XINFO GROUPS reply, or NULL. */
-const redisReply *kb__redis_group_row(const struct kb_transport *t, const redisReply *groups);
-int kb__redis_stats(kb_transport *t, const char *topic, kb_topic_stats *out);
-int kb__redis_partition_stats(kb_transport *t, const char *topic, uint32_t partition,
-                              kb_partition_stats *out);
-
-kb_redis_topic *kb__redis_topic_find(struct kb_transport *t, const char *name);
 
 #endif /* KB_REDIS_INT_H */

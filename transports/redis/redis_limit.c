@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/err.h"
 #include "redis_int.h"
 
 /* Redis refuses to lower proto-max-bulk-len below this: smaller arguments can
@@ -15,7 +14,7 @@
 /* CONFIG GET proto-max-bulk-len on the control connection (caller holds
  * ctl_lock): the limit, or 0 when CONFIG is refused (ACL, renamed command)
  * or the server is unreachable; `why` then says which. */
-static int64_t ask_bulk_max(struct kb_transport *t, char *why, size_t len)
+static int64_t ask_bulk_max(kb_transport *t, char *why, size_t len)
 {
     const char *argv[] = {"CONFIG", "GET", "proto-max-bulk-len"};
     redisReply *r = kb__redis_cmd(&t->ctl, 3, argv, NULL);
@@ -34,7 +33,7 @@ static int64_t ask_bulk_max(struct kb_transport *t, char *why, size_t len)
 }
 
 /* At kb_open, before any other thread runs. */
-void kb__redis_limit_read(struct kb_transport *t)
+void kb__redis_limit_read(kb_transport *t)
 {
     char why[400];
     pthread_mutex_lock(&t->ctl_lock);
@@ -47,12 +46,12 @@ void kb__redis_limit_read(struct kb_transport *t)
     }
     t->bulk_max = KB_REDIS_BULK_DEFAULT;
     t->bulk_known = false;
-    kb_log(t->bus, 7, "redis: CONFIG GET proto-max-bulk-len on %s refused (%s); assuming the "
+    kb_log(t->bus, KB_LOG_DEBUG, "redis: CONFIG GET proto-max-bulk-len on %s refused (%s); assuming the "
            "server default of %d bytes per key or payload", t->where, why, KB_REDIS_BULK_DEFAULT);
 }
 
 /* Caller holds pub_lock. */
-int kb__redis_limit_check(struct kb_transport *t, const char *topic, const kb_msg *m)
+int kb__redis_limit_check(kb_transport *t, const char *topic, const kb_msg *m)
 {
     int64_t max = t->bulk_max;
     size_t big = m->key_len > m->payload_len ? m->key_len : m->payload_len;
@@ -69,7 +68,7 @@ int kb__redis_limit_check(struct kb_transport *t, const char *topic, const kb_ms
  * (caller holds pub_lock; lock order pub_lock -> ctl_lock). Redis answers an
  * argument over its limit with "Protocol error: invalid bulk length" and closes
  * at once, so the client mostly sees only a reset: say what the cause was. */
-void kb__redis_limit_explain(struct kb_transport *t, size_t big, char *out, size_t len)
+void kb__redis_limit_explain(kb_transport *t, size_t big, char *out, size_t len)
 {
     out[0] = '\0';
     if (big <= BULK_FLOOR)

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/err.h"
 #include "redis_int.h"
 
 typedef struct group_info {
@@ -16,18 +15,8 @@ static uint64_t int_of(const redisReply *r)
     return r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer > 0 ? (uint64_t)r->integer : 0;
 }
 
-const redisReply *kb__redis_group_row(const struct kb_transport *t, const redisReply *groups)
-{
-    for (size_t i = 0; groups->type == REDIS_REPLY_ARRAY && i < groups->elements; i++) {
-        const redisReply *name = kb__redis_field(groups->element[i], "name");
-        if (name != NULL && strcmp(name->str, t->group) == 0)
-            return groups->element[i];
-    }
-    return NULL;   /* an error reply: no stream yet */
-}
-
 /* Our group's figures from an XINFO GROUPS reply. */
-static group_info group_of(const struct kb_transport *t, const redisReply *groups, uint64_t length)
+static group_info group_of(const kb_transport *t, const redisReply *groups, uint64_t length)
 {
     group_info g = {0, 0, 0};
     const redisReply *row = kb__redis_group_row(t, groups);
@@ -47,7 +36,7 @@ static group_info group_of(const struct kb_transport *t, const redisReply *group
 }
 
 /* Run `n` appended commands on the control connection; replies in r[]. */
-static int ctl_run(struct kb_transport *t, redisContext *c, redisReply **r, size_t n)
+static int ctl_run(kb_transport *t, redisContext *c, redisReply **r, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (redisGetReply(c, (void **)&r[i]) != REDIS_OK) {
@@ -60,17 +49,14 @@ static int ctl_run(struct kb_transport *t, redisContext *c, redisReply **r, size
     return KB_OK;
 }
 
-int kb__redis_stats(kb_transport *t, const char *topic, kb_topic_stats *out)
+int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out)
 {
-    pthread_mutex_lock(&t->pub_lock);
-    for (kb_redis_pubtopic *pt = t->pubtopics; pt != NULL; pt = pt->next)
-        if (strcmp(pt->name, topic) == 0)
-            out->published = atomic_load_explicit(&pt->published, memory_order_relaxed);
-    pthread_mutex_unlock(&t->pub_lock);
-    kb_redis_topic *rt = kb__redis_topic_find(t, topic);
+    const char *topic = tt->name;
+    out->published = atomic_load_explicit(&tt->published, memory_order_relaxed);
     out->partitions = t->partitions;
-    for (uint32_t i = 0; rt != NULL && i < rt->nparts; i++)
-        out->partitions_owned += kb__redis_part_live(&rt->parts[i]);
+    bool subscribed = atomic_load(&tt->subscribed);
+    for (uint32_t i = 0; subscribed && i < tt->nparts; i++)
+        out->partitions_owned += kb__redis_part_live(&tt->parts[i]);
 
     size_t n = 2 + 2 * (size_t)t->partitions;
     redisReply **r = calloc(n, sizeof *r);
@@ -90,7 +76,7 @@ int kb__redis_stats(kb_transport *t, const char *topic, kb_topic_stats *out)
     }
     pthread_mutex_unlock(&t->ctl_lock);
     if (rc == KB_OK) {
-        if (int_of(r[0]) == 0 && rt == NULL && out->published == 0) {
+        if (int_of(r[0]) == 0 && !subscribed && out->published == 0) {
             kb_errf(NULL, 0, "redis: topic %s unknown on %s", topic, t->where);
             rc = KB_ENOTFOUND;
         }
@@ -109,9 +95,10 @@ int kb__redis_stats(kb_transport *t, const char *topic, kb_topic_stats *out)
     return rc;
 }
 
-int kb__redis_partition_stats(kb_transport *t, const char *topic, uint32_t partition,
+int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t partition,
                               kb_partition_stats *out)
 {
+    const char *topic = tt->name;
     if (partition >= t->partitions) {
         kb_errf(NULL, 0, "redis: partition %u out of range (partitions=%u)", partition,
                  t->partitions);

@@ -1,0 +1,205 @@
+/* Handing entries to the pool (the reader thread): checks of an entry read
+ * from a stream, its delivery, and the entries of a partition that wait for
+ * lane space while the reader serves the other partitions. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "redis_int.h"
+
+/* What the reader naps for: stop, or a lease taken since it looked. */
+typedef struct nap {
+    kb_transport *t;
+    uint64_t taken;
+} nap;
+
+static int nap_over(void *arg)
+{
+    const nap *n = arg;
+    return atomic_load(&n->t->consumers_stop) || atomic_load(&n->t->leases_taken) != n->taken;
+}
+
+void kb__redis_reader_nap(kb_transport *t, uint64_t taken, int ms)
+{
+    nap n = {t, taken};
+    kb_signal_wait(t->reader_wake, nap_over, &n, kb_deadline_ns(ms));
+}
+
+static void dead_now(kb_transport_topic *tt, uint32_t part, const char *id,
+                     const redisReply *fields, uint32_t attempts, const char *reason)
+{
+    kb_transport *t = tt->t;
+    char *dead = kb__redis_dead_pack_raw(fields, part, id, attempts, reason);
+    if (dead == NULL)
+        return;   /* out of memory: stays pending and comes back on the next sweep */
+    kb_log(t->bus, KB_LOG_WARNING, "redis: %s entry %s to the dead-letter stream: %s",
+           tt->parts[part].stream, id, reason);
+    atomic_fetch_add(&t->dead_queued, 1);
+    kb__redis_job_push(t, &tt->parts[part], id, dead);
+}
+
+/* `attempt`: deliveries so far; `epoch`: the lease the entry was read under
+ * (a lease lost and taken again since then needs a new sweep first). */
+int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e, uint32_t attempt,
+                   uint32_t epoch, int timeout_ms)
+{
+    kb_transport *t = tt->t;
+    kb_redis_part *p = &tt->parts[part];
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 2 || e->element[0]->type != REDIS_REPLY_STRING)
+        return KB_REDIS_DELIVERED;   /* not an entry at all: nothing to ack */
+    const char *id = e->element[0]->str;
+    const redisReply *fields = e->element[1];
+    const redisReply *k = kb__redis_field(fields, "k"), *d = kb__redis_field(fields, "d"),
+                     *a = kb__redis_field(fields, "a");
+    /* Count first, then look: the keeper sets DRAINING, then waits for 0. */
+    atomic_fetch_add(&p->inflight, 1);
+    if (!kb__redis_part_live(p) || atomic_load(&p->epoch) != epoch) {
+        atomic_fetch_sub(&p->inflight, 1);
+        return KB_REDIS_PART_GONE;   /* stays in our PEL; the next owner claims it */
+    }
+    if (k == NULL || k->len == 0 || d == NULL) {
+        atomic_fetch_sub(&p->inflight, 1);
+        dead_now(tt, part, id, fields,
+                 attempt, k == NULL || k->len == 0 ? "malformed: no key field \"k\""
+                                                   : "malformed: no payload field \"d\"");
+        return KB_REDIS_DELIVERED;
+    }
+    kb_header headers[KB_MAX_HEADERS];
+    size_t n_headers = 0;
+    char why[300];   /* a dead letter's reason */
+    if (kb__redis_headers_of(fields, headers, &n_headers, why, sizeof why) != KB_OK) {
+        /* written by another client: kept whole in the DLQ, with the rule it broke */
+        atomic_fetch_sub(&p->inflight, 1);
+        dead_now(tt, part, id, fields, attempt, why);
+        return KB_REDIS_DELIVERED;
+    }
+    uint32_t home = kb_fnv1a32(k->str, k->len) % tt->nparts;
+    if (home != part) {
+        /* XADDed by another client into the wrong stream: handling it here would
+         * race the key's real partition, perhaps owned by another process */
+        atomic_fetch_sub(&p->inflight, 1);
+        snprintf(why, sizeof why, "partition is another one: the key hashes to partition %u", home);
+        dead_now(tt, part, id, fields, attempt, why);
+        return KB_REDIS_DELIVERED;
+    }
+    if (a != NULL) {
+        unsigned long n = strtoul(a->str, NULL, 10);
+        if (n > attempt && n < 1000000)
+            attempt = (uint32_t)n;
+    }
+    if (attempt > t->max_attempts) {
+        /* Delivered that often without an ack: likely a handler that kills the
+         * process. Stop the crash loop here. */
+        atomic_fetch_sub(&p->inflight, 1);
+        snprintf(why, sizeof why, "delivered %u times without an ack", attempt - 1);
+        dead_now(tt, part, id, fields, attempt - 1, why);
+        return KB_REDIS_DELIVERED;
+    }
+    kb_delivery dl = {.topic = tt->name, .tt = tt, .key = k->str, .key_len = k->len, .payload = d->str,
+                      .payload_len = d->len, .partition = part, .attempt = attempt, .id = id,
+                      .cookie = (void *)(uintptr_t)epoch,   /* checked by still_owned */
+                      .headers = headers, .n_headers = n_headers};
+    int rc = kb_sink_deliver(tt->sink, &dl, timeout_ms);
+    if (rc == KB_OK)
+        return KB_REDIS_DELIVERED;
+    atomic_fetch_sub(&p->inflight, 1);
+    if (rc == KB_ECLOSED)
+        return KB_REDIS_CLOSING;
+    if (rc == KB_EFULL)
+        return KB_REDIS_LANE_FULL;
+    dead_now(tt, part, id, fields, attempt, "refused by the pool");
+    return KB_REDIS_DELIVERED;
+}
+
+/* Entries of one partition a read or a sweep returned whose lane was full:
+ * they wait, in order, while the reader goes on with other partitions and
+ * topics, so one slow topic does not stop the others. The reply they live in
+ * is shared by every partition of the read and freed with its last waiting
+ * entry. */
+struct kb_redis_held {
+    redisReply *reply;
+    int refs;
+};
+
+typedef struct kb_redis_wait {
+    struct kb_redis_wait *next;
+    kb_redis_held *h;
+    const redisReply *ents;
+    size_t next_ent;
+    uint32_t epoch;
+    uint32_t *attempts;   /* a sweep's: per entry of ents; NULL: a read's (1) */
+} kb_redis_wait;
+
+kb_redis_held *kb__redis_held_new(redisReply *r)
+{
+    kb_redis_held *h = malloc(sizeof *h);
+    if (h != NULL)
+        *h = (kb_redis_held){r, 1};
+    return h;
+}
+
+void kb__redis_held_unref(kb_redis_held *h)
+{
+    if (--h->refs == 0) {
+        freeReplyObject(h->reply);
+        free(h);
+    }
+}
+
+/* Queue ents[from..] behind what already waits; false when out of memory
+ * (the caller stops delivering the partition: the next sweep finds them). */
+bool kb__redis_wait_push(kb_redis_part *p, kb_redis_held *h, const redisReply *ents, size_t from,
+                         uint32_t epoch, uint32_t *attempts)
+{
+    kb_redis_wait *w = malloc(sizeof *w);
+    if (w == NULL)
+        return false;
+    *w = (kb_redis_wait){NULL, h, ents, from, epoch, attempts};
+    h->refs++;
+    kb_redis_wait **tail = &p->waiting;
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    *tail = w;
+    return true;
+}
+
+/* Forget what waits (the entries stay in our PEL: a sweep or the next owner
+ * delivers them); before every sweep of the partition. */
+void kb__redis_wait_drop(kb_redis_part *p)
+{
+    while (p->waiting != NULL) {
+        kb_redis_wait *w = p->waiting;
+        p->waiting = w->next;
+        kb__redis_held_unref(w->h);
+        free(w->attempts);
+        free(w);
+    }
+}
+
+/* Deliver what waits in p, up to a lane that is still full. The first full
+ * lane may be waited for up to timeout_ms. */
+int kb__redis_wait_deliver(kb_redis_part *p, int timeout_ms)
+{
+    while (p->waiting != NULL) {
+        kb_redis_wait *w = p->waiting;
+        while (w->next_ent < w->ents->elements) {
+            int rc = kb__redis_deliver(p->tt, p->index, w->ents->element[w->next_ent],
+                             w->attempts != NULL ? w->attempts[w->next_ent] : 1, w->epoch,
+                             timeout_ms);
+            if (rc == KB_REDIS_LANE_FULL)
+                return KB_REDIS_LANE_FULL;
+            if (rc != KB_REDIS_DELIVERED) {
+                kb__redis_wait_drop(p);   /* lease gone: the next owner sweeps them */
+                p->sweeping = 0;
+                return rc;
+            }
+            w->next_ent++;
+            timeout_ms = 0;
+        }
+        p->waiting = w->next;
+        kb__redis_held_unref(w->h);
+        free(w->attempts);
+        free(w);
+    }
+    return KB_REDIS_DELIVERED;
+}

@@ -1,0 +1,56 @@
+/* Each partition's queue of acks and dead letters: executors and the reader
+ * push, the keeper takes them in one go and sends them (redis_settle.c). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "redis_int.h"
+
+void kb__redis_job_push(kb_transport *t, kb_redis_part *p, const char *id, char *dead)
+{
+    pthread_mutex_lock(&p->lock);
+    if (kb_vec_reserve((void **)&p->jobs.v, &p->jobs.cap, p->jobs.n + 1, sizeof *p->jobs.v) !=
+        KB_OK) {
+        pthread_mutex_unlock(&p->lock);
+        free(dead);   /* unacked: redelivered after a failover or restart */
+        return;
+    }
+    kb_redis_job *j = &p->jobs.v[p->jobs.n++];
+    snprintf(j->id, sizeof j->id, "%s", id);
+    j->dead = dead;
+    j->again = false;
+    pthread_mutex_unlock(&p->lock);
+    if (atomic_fetch_add(&t->jobs_queued, 1) == 0)
+        kb_signal_notify(t->keeper_wake);
+}
+
+bool kb__redis_jobs_take(kb_transport *t, kb_redis_part *p)
+{
+    pthread_mutex_lock(&p->lock);
+    size_t n = p->jobs.n;
+    if (kb_vec_reserve((void **)&p->sending.v, &p->sending.cap, p->sending.n + n,
+                       sizeof *p->sending.v) != KB_OK) {
+        pthread_mutex_unlock(&p->lock);
+        return false;   /* try again on the next loop */
+    }
+    if (n > 0)
+        memcpy(p->sending.v + p->sending.n, p->jobs.v, n * sizeof *p->jobs.v);
+    p->sending.n += n;
+    p->jobs.n = 0;
+    pthread_mutex_unlock(&p->lock);
+    atomic_fetch_sub(&t->jobs_queued, n);
+    return true;
+}
+
+void kb__redis_jobs_free(kb_redis_jobs *j)
+{
+    for (size_t i = 0; i < j->n; i++)
+        free(j->v[i].dead);
+    free(j->v);
+}
+
+void kb__redis_settled(kb_transport *t)
+{
+    atomic_fetch_add(&t->settle_rounds, 1);
+    kb_signal_notify(t->settled);
+}

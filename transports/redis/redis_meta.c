@@ -1,0 +1,82 @@
+/* A topic's setup on the server: its name in kb:topics and its partition
+ * count in kb:{topic}:meta (checked by publishers and subscribers), and the
+ * consumer group on each partition stream. */
+#include <stdio.h>
+#include <string.h>
+
+#include "redis_int.h"
+
+/* Register the topic and its partition count, or refuse a different count:
+ * two processes hashing keys modulo different counts would break per-key order. */
+int kb__redis_check_meta(kb_transport *t, kb_transport_topic *tt)
+{
+    const char *topic = tt->name, *meta = tt->meta;
+    char parts[16];
+    snprintf(parts, sizeof parts, "%u", t->partitions);
+    pthread_mutex_lock(&t->ctl_lock);
+    redisContext *c = kb__redis_conn_get(&t->ctl, NULL, 0);
+    int rc = KB_ETRANSPORT;
+    if (c != NULL) {
+        redisAppendCommand(c, "SADD kb:topics %s", topic);
+        redisAppendCommand(c, "HSETNX %s partitions %s", meta, parts);
+        redisAppendCommand(c, "HGET %s partitions", meta);
+        redisReply *r[3] = {NULL, NULL, NULL};
+        int got = 0;
+        while (got < 3 && redisGetReply(c, (void **)&r[got]) == REDIS_OK)
+            got++;
+        if (got < 3) {
+            kb_errf(NULL, 0, "redis: metadata of topic %s on %s: %s", topic, t->where, c->errstr);
+            kb__redis_conn_fail(&t->ctl, c->errstr);
+        } else if (r[2]->type != REDIS_REPLY_STRING) {
+            kb_errf(NULL, 0, "redis: %s: unexpected reply for partitions (%s)", meta,
+                     r[2]->type == REDIS_REPLY_ERROR ? r[2]->str : "not a string");
+        } else if (strcmp(r[2]->str, parts) != 0) {
+            kb_errf(NULL, 0, "redis: topic %s has partitions=%s in %s on %s but this process "
+                     "is configured with partitions=%u; use the stored count", topic, r[2]->str,
+                     meta, t->where, t->partitions);
+            kb_log(t->bus, KB_LOG_ERROR, "%s", kb_last_error());
+            rc = KB_EINVAL;
+        } else {
+            rc = KB_OK;
+        }
+        for (int i = 0; i < got; i++)
+            freeReplyObject(r[i]);
+    } else {
+        kb_errf(NULL, 0, "redis: %s is unreachable for topic %s metadata", t->where, topic);
+    }
+    pthread_mutex_unlock(&t->ctl_lock);
+    return rc;
+}
+
+bool kb__redis_group_gone(const char *err)
+{
+    return strstr(err, "NOGROUP") != NULL || strstr(err, "UNBLOCKED") != NULL;
+}
+
+int kb__redis_create_groups(kb_redis_conn *k, kb_transport_topic *tt, char *errstr, size_t errlen)
+{
+    kb_transport *t = tt->t;
+    redisContext *c = kb__redis_conn_get(k, errstr, errlen);
+    if (c == NULL)
+        return KB_ETRANSPORT;
+    /* From 0, never $: entries published before the group existed (or before a
+     * server lost its data) are consumed, not skipped. */
+    for (uint32_t i = 0; i < tt->nparts; i++)
+        redisAppendCommand(c, "XGROUP CREATE %s %s 0 MKSTREAM", tt->parts[i].stream, t->group);
+    int rc = KB_OK;
+    for (uint32_t i = 0; i < tt->nparts; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(c, (void **)&r) != REDIS_OK) {
+            kb_errf(errstr, errlen, "XGROUP CREATE on %s: %s", t->where, c->errstr);
+            kb__redis_conn_fail(k, c->errstr);
+            return KB_ETRANSPORT;
+        }
+        if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "BUSYGROUP", 9) != 0 && rc == KB_OK) {
+            kb_errf(errstr, errlen, "XGROUP CREATE %s %s: %s", tt->parts[i].stream, t->group,
+                     r->str);
+            rc = KB_ETRANSPORT;
+        }
+        freeReplyObject(r);
+    }
+    return rc;
+}

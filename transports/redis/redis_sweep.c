@@ -1,0 +1,152 @@
+/* Recovery of a partition just taken: its whole pending list (ours from
+ * before a restart and the previous owner's) is claimed and delivered, oldest
+ * first, before anything new is read, so per-key order holds across failover. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "redis_int.h"
+
+/* Reads are fenced on the server: a process that lost its lease (paused, say)
+ * must not move entries into its PEL after the new owner swept it, or those
+ * entries would sit there, skipped, while later ones of their keys are handled. */
+static const char SWEEP_LUA[] =
+    "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
+    "return {redis.call('xpending',KEYS[2],ARGV[2],ARGV[4],'+',ARGV[5]),"
+    "redis.call('xautoclaim',KEYS[2],ARGV[2],ARGV[3],0,ARGV[4],'COUNT',ARGV[5])}";
+
+/* Deliveries so far of entry `id`: `pend` is the XPENDING list, in ID order
+ * like the entries, walked along with them from *pi. */
+static uint32_t deliveries(const redisReply *pend, size_t *pi, const char *id)
+{
+    while (*pi < pend->elements) {
+        const redisReply *pe = pend->element[*pi];
+        int cmp = pe->type == REDIS_REPLY_ARRAY && pe->elements >= 4
+                      ? kb__redis_id_cmp(pe->element[0]->str, id)
+                      : -1;
+        if (cmp > 0)
+            break;
+        (*pi)++;
+        if (cmp == 0)
+            return (uint32_t)pe->element[3]->integer;
+    }
+    return 1;
+}
+
+static const char *entry_id(const redisReply *e)
+{
+    return e->type == REDIS_REPLY_ARRAY && e->elements >= 1 &&
+                   e->element[0]->type == REDIS_REPLY_STRING
+               ? e->element[0]->str
+               : NULL;
+}
+
+/* Entries deleted while pending (trimmed by redis.maxlen, or XDEL by another
+ * client): XAUTOCLAIM lists their IDs and drops them from the pending list,
+ * so recovery goes on without them. They are lost: each is named. */
+static uint64_t trimmed(kb_transport *t, const kb_redis_part *p, const redisReply *ids)
+{
+    if (ids->type != REDIS_REPLY_ARRAY)
+        return 0;
+    for (size_t i = 0; i < ids->elements; i++)
+        if (ids->element[i]->type == REDIS_REPLY_STRING)
+            kb_log(t->bus, KB_LOG_WARNING, "redis: %s entry %s was deleted (trimmed by "
+                   "redis.maxlen?) while pending: lost before it was handled", p->stream,
+                   ids->element[i]->str);
+    return ids->elements;
+}
+
+/* A sweep page's entries from `from` on wait for lane space, with their
+ * attempts; the page's reply `r` is theirs now. False when out of memory. */
+static bool sweep_wait(kb_redis_part *p, redisReply *r, const redisReply *ents, size_t from,
+                       uint32_t first, const redisReply *pend, size_t pi, uint32_t epoch)
+{
+    uint32_t *att = malloc(ents->elements * sizeof *att);
+    kb_redis_held *h = att != NULL ? kb__redis_held_new(r) : NULL;
+    if (att == NULL || h == NULL) {
+        free(att);
+        free(h);
+        freeReplyObject(r);
+        return false;
+    }
+    att[from] = first;
+    for (size_t i = from + 1; i < ents->elements; i++) {
+        const char *id = entry_id(ents->element[i]);
+        att[i] = id != NULL ? deliveries(pend, &pi, id) + 1 : 1;
+    }
+    bool queued = kb__redis_wait_push(p, h, ents, from, epoch, att);
+    if (!queued)
+        free(att);
+    kb__redis_held_unref(h);   /* the waiting entries hold it now, if queued */
+    return queued;
+}
+
+/* On taking a partition: its whole PEL (ours from before a restart and the
+ * previous owner's), oldest first, before anything new, so per-key order holds
+ * across failover. XPENDING in the same script gives the delivery counts.
+ * A full lane pauses it (KB_REDIS_LANE_FULL): the page's rest waits like a read's,
+ * and the sweep goes on from p->sweep_cursor once it is delivered. */
+int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
+{
+    kb_transport *t = tt->t;
+    kb_redis_part *p = &tt->parts[part];
+    if (p->sweeping != epoch) {
+        p->sweeping = epoch;
+        snprintf(p->sweep_cursor, sizeof p->sweep_cursor, "0-0");
+    }
+    char count[16];
+    snprintf(count, sizeof count, "%d", t->batch);
+    uint64_t claimed = 0, deleted = 0;
+    int rc = KB_REDIS_DELIVERED;
+    while (rc == KB_REDIS_DELIVERED && p->sweep_cursor[0] != '\0') {
+        const char *argv[] = {"EVAL", SWEEP_LUA, "2", p->lease, p->stream, t->token, t->group,
+                              t->consumer, p->sweep_cursor, count};
+        redisReply *r = kb__redis_cmd(&t->rconn, 10, argv, NULL);
+        if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[0]->type != REDIS_REPLY_ARRAY ||
+            r->element[1]->type != REDIS_REPLY_ARRAY || r->element[1]->elements < 2) {
+            p->sweeping = 0;   /* start over next time */
+            if (r == NULL)
+                return KB_REDIS_PART_GONE;
+            if (r->type == REDIS_REPLY_ERROR && kb__redis_group_gone(r->str))
+                kb__redis_create_groups(&t->rconn, tt, NULL, 0);
+            else if (r->type == REDIS_REPLY_ERROR)
+                kb_log(t->bus, KB_LOG_WARNING, "redis: recovery of %s: %s", p->stream, r->str);
+            /* -1: the lease is gone on the server; the keeper will notice */
+            freeReplyObject(r);
+            kb__redis_reader_nap(t, atomic_load(&t->leases_taken), 100);   /* e.g. LOADING after a restart */
+            return KB_REDIS_PART_GONE;
+        }
+        const redisReply *pend = r->element[0], *ac = r->element[1];
+        const redisReply *ents = ac->element[1];
+        if (ac->elements >= 3)
+            deleted += trimmed(t, p, ac->element[2]);
+        bool last = ac->element[0]->type != REDIS_REPLY_STRING ||
+                    strcmp(ac->element[0]->str, "0-0") == 0;
+        snprintf(p->sweep_cursor, sizeof p->sweep_cursor, "%s", last ? "" : ac->element[0]->str);
+        size_t pi = 0;
+        for (size_t i = 0; rc == KB_REDIS_DELIVERED && ents->type == REDIS_REPLY_ARRAY &&
+                           i < ents->elements; i++) {
+            const char *id = entry_id(ents->element[i]);
+            if (id == NULL)
+                continue;
+            uint32_t before = deliveries(pend, &pi, id);
+            rc = kb__redis_deliver(tt, part, ents->element[i], before + 1, epoch, 0);
+            claimed += rc == KB_REDIS_DELIVERED;
+            if (rc == KB_REDIS_LANE_FULL) {
+                if (!sweep_wait(p, r, ents, i, before + 1, pend, pi, epoch)) {
+                    p->sweeping = 0;   /* out of memory: from the start next time */
+                    return KB_REDIS_PART_GONE;
+                }
+                r = NULL;
+            }
+        }
+        freeReplyObject(r);
+    }
+    if (rc != KB_REDIS_LANE_FULL)
+        p->sweeping = 0;   /* done, or to be started over */
+    if (rc == KB_REDIS_DELIVERED && (claimed > 0 || deleted > 0))
+        kb_log(t->bus, KB_LOG_INFO, "redis: took %s: %llu pending entries redelivered, %llu deleted "
+               "while pending", p->stream, (unsigned long long)claimed, (unsigned long long)deleted);
+    return rc;
+}
