@@ -268,6 +268,9 @@ typedef struct kb_topic_stats {
     uint64_t dlq_length;      /* dead letters stored now */
     uint64_t broker_frames;   /* NATS: JetStream messages holding broker_length events
                                  (frames pack several); 0 elsewhere */
+    uint64_t broker_trimmed;  /* entries this process found deleted by the broker's
+                                 retention (redis.maxlen, stream limits) before they were
+                                 handled; each one is logged by ID */
 } kb_topic_stats;
 
 /* Fill *out for `topic`. Broker figures are read from the broker, so any
