@@ -8,10 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "../../core/err.h"
-#include "nats_int.h"
+#include "nats_claim.h"
+#include "nats_lease.h"
+#include "nats_msg.h"
+#include "nats_names.h"
 
 int kb__nats_lease_open(kb_transport *t, char *errstr, size_t errlen)
 {
@@ -37,10 +38,8 @@ int kb__nats_lease_open(kb_transport *t, char *errstr, size_t errlen)
 
 void kb__nats_lease_kick(kb_transport *t)
 {
-    pthread_mutex_lock(&t->lease_mu);
-    t->lease_kick = true;
-    pthread_cond_signal(&t->lease_cv);
-    pthread_mutex_unlock(&t->lease_mu);
+    atomic_store(&t->lease_kick, 1);
+    kb_signal_notify(t->lease_wake);
 }
 
 static void member_prefix(kb_transport *t, kb_nats_topic *tp, char *buf, size_t len)
@@ -81,7 +80,7 @@ static void roster_load(kb_transport *t, roster *r)
     kvWatcher *w = NULL;
     if (kvStore_Watch(&w, t->kv, "m.>", &o) != NATS_OK)
         return;
-    int cap = 0;
+    size_t cap = 0;
     for (;;) {
         kvEntry *e = NULL;
         if (kvWatcher_Next(&e, w, 5000) != NATS_OK)
@@ -90,15 +89,12 @@ static void roster_load(kb_transport *t, roster *r)
             r->ok = true;
             break;
         }
-        if (r->n == cap) {
-            cap = cap ? 2 * cap : 64;
-            char **keys = realloc(r->keys, (size_t)cap * sizeof *keys);
-            if (keys == NULL) {
-                kvEntry_Destroy(e);
-                break;
-            }
-            r->keys = keys;
+        void *keys = r->keys;
+        if (kb_vec_reserve(&keys, &cap, (size_t)r->n + 1, sizeof *r->keys) != KB_OK) {
+            kvEntry_Destroy(e);
+            break;
         }
+        r->keys = keys;
         if ((r->keys[r->n] = strdup(kvEntry_Key(e))) != NULL)
             r->n++;
         kvEntry_Destroy(e);
@@ -127,7 +123,7 @@ static void members_load(kb_transport *t, kb_nats_topic *tp, const roster *r, me
     member_prefix(t, tp, pre, sizeof pre);
     member_key(t, tp, mine, sizeof mine);
     if (kvStore_PutString(NULL, t->kv, mine, t->id) != NATS_OK)
-        kb_log(t->bus, 4, "nats %s: membership heartbeat failed", t->url_safe);
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: membership heartbeat failed", t->url_safe);
     size_t pl = strlen(pre);
     snprintf(ms->mine, sizeof ms->mine, "%s", mine + pl);
     ms->n = 0;
@@ -149,64 +145,17 @@ static void members_free(members *ms)
     free(ms->ids);
 }
 
-static uint32_t mix(uint32_t h)   /* murmur3 finaliser: FNV alone ranks badly */
-{
-    h ^= h >> 16;
-    h *= 0x85ebca6bu;
-    h ^= h >> 13;
-    h *= 0xc2b2ae35u;
-    return h ^ (h >> 16);
-}
-
-static uint32_t score(const char *member, const kb_nats_part *p)
-{
-    return mix(mix(kb_fnv1a32(member, strlen(member))) ^
-               kb_fnv1a32(p->lease_key, strlen(p->lease_key)));
-}
-
-/* Rendezvous hashing: the live member with the highest score takes it. When
- * the member list is unknown (KV trouble), keep what we have. */
+/* Rendezvous ranking (the SDK's, shared with redis://): the live member
+ * ranked first takes the partition. The topic's hash is mixed into the
+ * partition number so that topics do not all go to the same member. When the
+ * member list is unknown (KV trouble), keep what we have. */
 static bool wanted(const members *ms, const kb_nats_part *p, bool have)
 {
     if (ms->n == 0)
         return have;
-    const char *best = NULL;
-    uint32_t best_score = 0;
-    for (int i = 0; i < ms->n; i++) {
-        uint32_t sc = score(ms->ids[i], p);
-        if (best == NULL || sc > best_score || (sc == best_score && strcmp(ms->ids[i], best) < 0)) {
-            best = ms->ids[i];
-            best_score = sc;
-        }
-    }
-    return best != NULL && strcmp(best, ms->mine) == 0;
-}
-
-/* Where an earlier consumer of the partition stopped. A consumer that has
- * acked nothing yet reports AckFloor.Stream 0 even though it started at
- * OptStartSeq (nats-server 2.9), so its floor is OptStartSeq - 1. Trusting the
- * reported 0 was the replay storm of issue 19: with a stable consumer name a
- * restarted process takes its leases back at once, so an incarnation killed
- * before its first ack left only such a consumer behind (the older ones were
- * deleted), and the next one started the partition again at sequence 1. */
-uint64_t kb__nats_floor_of(const jsConsumerInfo *ci)
-{
-    uint64_t start = ci->Config != NULL && ci->Config->DeliverPolicy == js_DeliverByStartSequence &&
-                             ci->Config->OptStartSeq > 0
-                         ? ci->Config->OptStartSeq - 1
-                         : 0;
-    return ci->AckFloor.Stream > start ? ci->AckFloor.Stream : start;
-}
-
-long kb__nats_consumer_part(kb_transport *t, const char *name)
-{
-    size_t gl = strlen(t->group);
-    unsigned n = 0;
-    char sep = 0;
-    if (strncmp(name, t->group, gl) != 0 || sscanf(name + gl, "_%u%c", &n, &sep) != 2 ||
-        sep != '_' || n >= t->partitions)
-        return -1;
-    return (long)n;
+    uint32_t spread = (uint32_t)kb_mix64((uint64_t)p->topic->hash << 32 | p->n);
+    long best = kb_rendezvous_owner(ms->ids, (size_t)ms->n, spread);
+    return best >= 0 && strcmp(ms->ids[best], ms->mine) == 0;
 }
 
 /* Deliveries by earlier consumers, so a redelivery carries its true attempt
@@ -252,7 +201,7 @@ static bool consumers_list(kb_transport *t, kb_nats_topic *tp, jsConsumerInfoLis
     jsErrCode jerr = 0;
     natsStatus s = js_Consumers(list, t->js, tp->stream, NULL, &jerr);
     if (s != NATS_OK && s != NATS_NOT_FOUND) {
-        kb_log(t->bus, 4, "nats %s: listing consumers of %s: %s", t->url_safe, tp->stream,
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: listing consumers of %s: %s", t->url_safe, tp->stream,
                natsStatus_GetText(s));
         return false;
     }
@@ -298,7 +247,7 @@ static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev,
     s = js_AddConsumer(&ci, t->js, tp->stream, &cc, NULL, &jerr);
     jsConsumerInfo_Destroy(ci);
     if (s != NATS_OK) {
-        kb_log(t->bus, 4, "nats %s: consumer %s: %s (error %d)", t->url_safe, c->consumer,
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: consumer %s: %s (error %d)", t->url_safe, c->consumer,
                natsStatus_GetText(s), (int)jerr);
         atomic_store(&c->fenced, 1);
         atomic_store(&c->feeder_left, 1);
@@ -336,7 +285,7 @@ static bool acquire(kb_transport *t, kb_nats_part *p)
             return false;
     }
     p->lease_rev = rev;
-    p->lease_until_ns = kb__nats_now_ns() + t->lease_ttl_ms * 1000000;
+    p->lease_until_ns = kb_now_ns() + t->lease_ttl_ms * 1000000;
     return true;
 }
 
@@ -352,8 +301,8 @@ static void renew(kb_transport *t, kb_nats_part *p, int64_t started)
     /* NATS_ERR is a wrong revision: someone else holds it now. Otherwise the
      * server is unreachable and the lease runs out locally. */
     int64_t margin = t->lease_ttl_ms * 1000000 / 6;
-    if (s == NATS_ERR || kb__nats_now_ns() > p->lease_until_ns - margin) {
-        kb_log(t->bus, 4, "nats %s: lease of %s lost (%s)", t->url_safe, p->subject,
+    if (s == NATS_ERR || kb_now_ns() > p->lease_until_ns - margin) {
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: lease of %s lost (%s)", t->url_safe, p->subject,
                natsStatus_GetText(s));
         drop(p);
         p->lease_rev = 0;
@@ -421,14 +370,15 @@ static bool pass(kb_transport *t)
 {
     roster r;
     bool listed = false;
-    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
+         tp = tp->next) {
         if (!atomic_load(&tp->subscribed))
             continue;
         if (!listed) {
             roster_load(t, &r);
             listed = true;
         }
-        int64_t started = kb__nats_now_ns();
+        int64_t started = kb_now_ns();
         members ms;
         members_load(t, tp, &r, &ms);
         for (uint32_t i = 0; i < t->partitions; i++)
@@ -437,11 +387,12 @@ static bool pass(kb_transport *t)
     }
     if (listed)
         roster_free(&r);
-    int64_t until = kb__nats_now_ns() + t->lease_ttl_ms * 1000000 / 3;
-    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
+    int64_t until = kb_now_ns() + t->lease_ttl_ms * 1000000 / 3;
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
+         tp = tp->next) {
         if (!atomic_load(&tp->subscribed))
             continue;
-        if (kb__nats_now_ns() > until)
+        if (kb_now_ns() > until)
             return true;
         jsConsumerInfoList *list = NULL;
         bool have_list = false;
@@ -452,39 +403,67 @@ static bool pass(kb_transport *t)
     return false;
 }
 
-void *kb__nats_leaser(void *arg)
+static int kicked(void *arg)
+{
+    kb_transport *t = arg;
+    return atomic_load(&t->lease_kick) || atomic_load(&t->closing);
+}
+
+/* The lease thread, kb-nats-lease: a round every third of the lease TTL, or
+ * at once when kicked (a topic subscribed, a claim reset) or closing. */
+static void *leaser(void *arg)
 {
     kb_transport *t = arg;
     while (!atomic_load(&t->closing)) {
         bool more = pass(t);
-        pthread_mutex_lock(&t->lease_mu);
-        if (!more && !t->lease_kick && !atomic_load(&t->closing)) {
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            int64_t ns = ts.tv_nsec + (t->lease_ttl_ms / 3) * 1000000;
-            ts.tv_sec += (time_t)(ns / 1000000000);
-            ts.tv_nsec = (long)(ns % 1000000000);
-            pthread_cond_timedwait(&t->lease_cv, &t->lease_mu, &ts);
-        }
-        t->lease_kick = false;
-        pthread_mutex_unlock(&t->lease_mu);
+        if (!more)
+            kb_signal_wait(t->lease_wake, kicked, t, kb_now_ns() + t->lease_ttl_ms * 1000000 / 3);
+        atomic_store(&t->lease_kick, 0);
     }
     nats_ReleaseThreadMemory();
+    atomic_store(&t->leaser_done, 1);
+    kb_signal_notify(t->lease_wake);
     return NULL;
 }
 
-void kb__nats_lease_release_all(kb_transport *t)
+int kb__nats_leaser_start(kb_transport *t, char *errstr, size_t errlen)
+{
+    int rc = kb_thread_start(&t->leaser, "kb-nats-lease", leaser, t);
+    if (rc != KB_OK) {
+        char why[160];
+        snprintf(why, sizeof why, "%s", kb_last_error());
+        kb_errf(errstr, errlen, "nats: cannot start the lease thread: %s", why);
+    }
+    return rc;
+}
+
+/* A KV delete as a plain publish to the bucket's subject: no round trip per
+ * key, so close releases every lease within its deadline. */
+static void kv_delete(kb_transport *t, const char *key)
+{
+    char subj[3 * KB_NATS_NAME];
+    snprintf(subj, sizeof subj, "$KV.%s.%s", t->bucket, key);
+    natsMsg *m = NULL;
+    if (natsMsg_Create(&m, subj, NULL, NULL, 0) == NATS_OK &&
+        natsMsgHeader_Set(m, "KV-Operation", "DEL") == NATS_OK)
+        natsConnection_PublishMsg(t->nc, m);
+    natsMsg_Destroy(m);
+}
+
+void kb__nats_lease_release_all(kb_transport *t, int64_t deadline)
 {
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
         if (!atomic_load(&tp->subscribed))
             continue;
         char mine[2 * KB_NATS_NAME];
         member_key(t, tp, mine, sizeof mine);
-        kvStore_Delete(t->kv, mine);
+        kv_delete(t, mine);
         for (uint32_t i = 0; i < t->partitions; i++)
             if (tp->parts[i].lease_rev != 0) {
-                kvStore_Delete(t->kv, tp->parts[i].lease_key);
+                kv_delete(t, tp->parts[i].lease_key);
                 tp->parts[i].lease_rev = 0;
             }
     }
+    int left = kb_deadline_left_ms(deadline);
+    natsConnection_FlushTimeout(t->nc, left < 0 ? 5000 : left > 0 ? left : 1);
 }
