@@ -18,3 +18,6 @@ kb_test(test_nats_restart ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 180 LAB
 target_link_libraries(test_nats_restart PRIVATE PkgConfig::NATS)
 kb_test(test_nats_limits TIMEOUT 90 LABELS nats)
 kb_test(test_nats_topics TIMEOUT 300 LABELS nats)
+# The hand-written $JS.ACK parser against nats.c's natsMsg_GetMetaData.
+kb_test(test_nats_ackparse TIMEOUT 60 LABELS nats)
+target_link_libraries(test_nats_ackparse PRIVATE PkgConfig::NATS)
