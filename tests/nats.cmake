@@ -21,3 +21,5 @@ kb_test(test_nats_topics TIMEOUT 300 LABELS nats)
 # The hand-written $JS.ACK parser against nats.c's natsMsg_GetMetaData.
 kb_test(test_nats_ackparse TIMEOUT 60 LABELS nats)
 target_link_libraries(test_nats_ackparse PRIVATE PkgConfig::NATS)
+# kb_close within its deadline with the server stopped by SIGSTOP.
+kb_test(test_nats_close TIMEOUT 90 LABELS nats)
