@@ -23,3 +23,6 @@ kb_test(test_nats_ackparse TIMEOUT 60 LABELS nats)
 target_link_libraries(test_nats_ackparse PRIVATE PkgConfig::NATS)
 # kb_close within its deadline with the server stopped by SIGSTOP.
 kb_test(test_nats_close TIMEOUT 90 LABELS nats)
+# URLs and credentials: parts checked when set, userinfo decoded, nats.c's
+# reasons in errors, no secret in any message.
+kb_test(test_nats_urls TIMEOUT 90 LABELS nats)

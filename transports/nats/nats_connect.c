@@ -132,6 +132,18 @@ static natsStatus set_options(kb_transport *t, natsOptions *o, const kb_conf *c,
     return s;
 }
 
+/* nats.c's reason with the secret file's path replaced by its key's name
+ * (nats.creds_file is a secret: messages name the key, never the value). */
+static void reason_of(natsStatus s, const kb_conf *c, char *out, size_t len)
+{
+    const char *why = kb__nats_reason(s), *creds = kb_conf_str(c, "nats.creds_file");
+    const char *at = creds[0] ? strstr(why, creds) : NULL;
+    if (at == NULL)
+        snprintf(out, len, "%s", why);
+    else
+        snprintf(out, len, "%.*snats.creds_file%s", (int)(at - why), why, at + strlen(creds));
+}
+
 /* Connect; when nats.connect_wait_ms allows, nats.c keeps trying in the
  * background (its reconnect backoff) and calls on_connected. */
 static int dial(kb_transport *t, natsOptions *o, const kb_conf *c, char *errstr, size_t errlen)
@@ -140,7 +152,7 @@ static int dial(kb_transport *t, natsOptions *o, const kb_conf *c, char *errstr,
     if (s == NATS_OK)
         return KB_OK;
     char why[256];
-    snprintf(why, sizeof why, "%s", kb__nats_reason(s));
+    reason_of(s, c, why, sizeof why);
     int wait_ms = (int)kb_conf_int(c, "nats.connect_wait_ms");
     if (wait_ms > 0 && s != NATS_NO_MEMORY) {
         int64_t deadline = kb_deadline_ns(wait_ms);
@@ -167,8 +179,9 @@ int kb__nats_connect(kb_transport *t, const kb_conf *c, char *errstr, size_t err
         s = set_options(t, o, c, u);
     kb_url_free(u);
     if (s != NATS_OK) {
-        kb_errf(errstr, errlen, "nats %s: bad connection options: %s", t->url_safe,
-                kb__nats_reason(s));
+        char why[256];
+        reason_of(s, c, why, sizeof why);
+        kb_errf(errstr, errlen, "nats %s: bad connection options: %s", t->url_safe, why);
         natsOptions_Destroy(o);
         return s == NATS_NO_MEMORY ? KB_ENOMEM : KB_EINVAL;
     }

@@ -8,7 +8,10 @@
 const char *kb__nats_reason(natsStatus s)
 {
     const char *text = nats_GetLastError(NULL);
-    return text != NULL && text[0] ? text : natsStatus_GetText(s);
+    if (text == NULL || text[0] == '\0')
+        return natsStatus_GetText(s);
+    const char *after = text[0] == '(' ? strstr(text, "): ") : NULL;   /* "(conn.c:1905): " */
+    return after != NULL ? after + 3 : text;
 }
 
 int kb__nats_errf(const char *what, natsStatus s, jsErrCode jerr)

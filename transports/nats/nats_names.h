@@ -9,7 +9,8 @@
  * (nats_GetLastError) into kb_last_error: KB_ENOMEM, KB_ETIMEDOUT or
  * KB_ETRANSPORT. */
 int kb__nats_errf(const char *what, natsStatus s, jsErrCode jerr);
-/* nats.c's reason for the last failure on this thread, or its status text. */
+/* nats.c's reason for the last failure on this thread (without its source
+ * location), or the status text. */
 const char *kb__nats_reason(natsStatus s);
 /* Stream names may not hold '.': KB_<topic, dots as '_'>_<fnv1a32 of the topic>. */
 void kb__nats_stream_name(char *out, size_t len, const char *topic);
