@@ -3,11 +3,10 @@
  * acks of every claim (nats_claim.c), resends after a reconnect
  * (nats_send.c), and frames a linger old (nats_batch.c). Woken early only by
  * close. */
-#include <stdio.h>
-
 #include "nats_acker.h"
 #include "nats_batch.h"
 #include "nats_claim.h"
+#include "nats_names.h"
 #include "nats_send.h"
 
 void kb__nats_ack_pass(kb_transport *t)
@@ -48,11 +47,5 @@ static void *acker(void *arg)
 
 int kb__nats_acker_start(kb_transport *t, char *errstr, size_t errlen)
 {
-    int rc = kb_thread_start(&t->acker, "kb-nats-ack", acker, t);
-    if (rc != KB_OK) {
-        char why[160];
-        snprintf(why, sizeof why, "%s", kb_last_error());
-        kb_errf(errstr, errlen, "nats: cannot start the acker thread: %s", why);
-    }
-    return rc;
+    return kb__nats_thread_start(&t->acker, "kb-nats-ack", acker, t, errstr, errlen);
 }

@@ -398,12 +398,11 @@ static int start_feeder(kb_transport *t)
         int rc = kb__nats_errf("subscribing the pull inbox", s, 0);
         return rc == KB_ENOMEM ? rc : KB_ETRANSPORT;
     }
-    if (kb_thread_start(&t->feeder, "kb-nats-feed", feed, f) != KB_OK) {
+    if (kb__nats_thread_start(&t->feeder, "kb-nats-feed", feed, f, NULL, 0) != KB_OK) {
         natsSubscription_Destroy(t->inbox_sub);
         t->inbox_sub = NULL;
         free(f->key);
         free(f);
-        kb_errf(NULL, 0, "nats: cannot start the feeder thread");
         return KB_ETRANSPORT;
     }
     return KB_OK;

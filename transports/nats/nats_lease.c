@@ -428,13 +428,7 @@ static void *leaser(void *arg)
 
 int kb__nats_leaser_start(kb_transport *t, char *errstr, size_t errlen)
 {
-    int rc = kb_thread_start(&t->leaser, "kb-nats-lease", leaser, t);
-    if (rc != KB_OK) {
-        char why[160];
-        snprintf(why, sizeof why, "%s", kb_last_error());
-        kb_errf(errstr, errlen, "nats: cannot start the lease thread: %s", why);
-    }
-    return rc;
+    return kb__nats_thread_start(&t->leaser, "kb-nats-lease", leaser, t, errstr, errlen);
 }
 
 /* A KV delete as a plain publish to the bucket's subject: no round trip per

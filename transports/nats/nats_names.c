@@ -69,3 +69,15 @@ uint64_t kb__nats_floor_of(const jsConsumerInfo *ci)
                          : 0;
     return ci->AckFloor.Stream > start ? ci->AckFloor.Stream : start;
 }
+
+int kb__nats_thread_start(kb_thread **th, const char *name, void *(*fn)(void *), void *arg,
+                          char *errstr, size_t errlen)
+{
+    int rc = kb_thread_start(th, name, fn, arg);
+    if (rc != KB_OK) {
+        char why[160];
+        snprintf(why, sizeof why, "%s", kb_last_error());
+        kb_errf(errstr, errlen, "nats: cannot start thread %s: %s", name, why);
+    }
+    return rc;
+}

@@ -1,5 +1,5 @@
-/* Broker names (streams, subjects, consumers) and nats.c status texts: the
- * bottom helpers every other file of the transport may use. */
+/* Broker names (streams, subjects, consumers), nats.c status texts and thread
+ * starts: the bottom helpers every other file of the transport may use. */
 #ifndef KB_TRANSPORTS_NATS_NAMES_H
 #define KB_TRANSPORTS_NATS_NAMES_H
 
@@ -21,5 +21,9 @@ long kb__nats_subject_part(const kb_transport *t, const char *topic, const char 
 long kb__nats_consumer_part(const kb_transport *t, const char *name);
 /* Where a consumer of the partition stopped: everything up to it is acked. */
 uint64_t kb__nats_floor_of(const jsConsumerInfo *ci);
+
+/* kb_thread_start, with "cannot start thread <name>" in errstr on failure. */
+int kb__nats_thread_start(kb_thread **th, const char *name, void *(*fn)(void *), void *arg,
+                          char *errstr, size_t errlen);
 
 #endif /* KB_TRANSPORTS_NATS_NAMES_H */
