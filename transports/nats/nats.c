@@ -1,10 +1,13 @@
 /* nats:// — the NATS JetStream transport: its configuration keys, its URL
- * rules, the ops table, and open/close. Read top-down, the files below are:
- * one per concern (nats_connect, nats_consume, nats_lease, nats_acker,
- * nats_dlq, nats_drain, nats_stats, nats_publish), then the pipes they share
- * (nats_batch, nats_send, nats_tally, nats_topic, nats_claim), then helpers
- * on messages and names (nats_frame, nats_hdr, nats_msg, nats_names); a file
- * calls only files below it. Layout and choices: docs/transports-nats.md. */
+ * rules, the ops table, and open/close. The files below it, top-down (a file
+ * calls only files listed after it):
+ *   concerns:  nats_connect, nats_consume (feeder thread), nats_lease (lease
+ *              thread), nats_acker (acker thread), nats_dlq, nats_drain,
+ *              nats_stats, nats_publish
+ *   pipes:     nats_batch, nats_send, nats_tally, nats_topic, nats_claim
+ *   helpers:   nats_hdr, nats_frame, nats_msg, nats_names
+ * and nats_types.h, the state they share. Layout and choices:
+ * docs/transports-nats.md. */
 #include <stdio.h>
 #include <stdlib.h>
 #if defined(__GLIBC__)
