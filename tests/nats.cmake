@@ -16,5 +16,16 @@ kb_test(test_nats_faults ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 120 LABE
 target_link_libraries(test_nats_faults PRIVATE PkgConfig::NATS)
 kb_test(test_nats_restart ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 180 LABELS nats)
 target_link_libraries(test_nats_restart PRIVATE PkgConfig::NATS)
+# Alone: beside other server tests under TSan its incarnations are too slow to
+# ack between kills, and it times out (on main too).
+set_tests_properties(test_nats_restart PROPERTIES RUN_SERIAL TRUE)
 kb_test(test_nats_limits TIMEOUT 90 LABELS nats)
 kb_test(test_nats_topics TIMEOUT 300 LABELS nats)
+# The hand-written $JS.ACK parser against nats.c's natsMsg_GetMetaData.
+kb_test(test_nats_ackparse TIMEOUT 60 LABELS nats)
+target_link_libraries(test_nats_ackparse PRIVATE PkgConfig::NATS)
+# kb_close within its deadline with the server stopped by SIGSTOP.
+kb_test(test_nats_close TIMEOUT 90 LABELS nats)
+# URLs and credentials: parts checked when set, userinfo decoded, nats.c's
+# reasons in errors, no secret in any message.
+kb_test(test_nats_urls TIMEOUT 90 LABELS nats)

@@ -1,5 +1,13 @@
-/* nats:// — JetStream transport: connection, topics, and the ops table.
- * Layout and choices: docs/transports-nats.md. */
+/* nats:// — the NATS JetStream transport: its configuration keys, its URL
+ * rules, the ops table, and open/close. The files below it, top-down (a file
+ * calls only files listed after it):
+ *   concerns:  nats_connect, nats_consume (feeder thread), nats_lease (lease
+ *              thread), nats_acker (acker thread), nats_dlq, nats_drain,
+ *              nats_stats, nats_publish
+ *   pipes:     nats_batch, nats_send, nats_tally, nats_topic, nats_claim
+ *   helpers:   nats_hdr, nats_frame, nats_msg, nats_names
+ * and nats_types.h, the state they share. Layout and choices:
+ * docs/transports-nats.md. */
 #include <stdio.h>
 #include <stdlib.h>
 #if defined(__GLIBC__)
@@ -7,180 +15,96 @@
 #endif
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "../../core/err.h"
-#include "nats_int.h"
+#include "nats_acker.h"
+#include "nats_claim.h"
+#include "nats_connect.h"
+#include "nats_consume.h"
+#include "nats_dlq.h"
+#include "nats_drain.h"
+#include "nats_lease.h"
+#include "nats_publish.h"
+#include "nats_send.h"
+#include "nats_stats.h"
+#include "nats_topic.h"
 
-int64_t kb__nats_now_ns(void)
+#define MS_HOUR 3600000
+
+static const kb_conf_prop nats_props[] = {
+    {"nats.storage", KB_CONF_STR, "file", 1, 6,
+     "JetStream storage of the topic streams: `file` or `memory`."},
+    {"nats.ack_wait_ms", KB_CONF_INT, "30000", 100, MS_HOUR,
+     "Consumer AckWait. The oldest unfinished event of a partition gets an "
+     "in-progress ack every third of it, so long handlers keep their message."},
+    {"nats.max_ack_pending", KB_CONF_INT, "4096", 16, 1 << 20,
+     "Consumer MaxAckPending per partition: events delivered to this process and "
+     "not yet acked."},
+    {"nats.fetch_batch", KB_CONF_INT, "256", 1, 4096,
+     "Messages per pull request (bounded: see docs/transports-nats.md)."},
+    {"nats.fetch_expires_ms", KB_CONF_INT, "1000", 10, 60000,
+     "Server-side expiry of one pull request."},
+    {"nats.ack_interval_ms", KB_CONF_INT, "2", 1, 1000,
+     "How often the completion frontier of each partition is acked (AckAll)."},
+    {"nats.lease_ttl_ms", KB_CONF_INT, "10000", 500, MS_HOUR,
+     "Partition lease and membership TTL; renewed every third of it. A dead "
+     "process's partitions move after at most this long."},
+    {"nats.lease_bucket", KB_CONF_STR, "keybus_leases", 1, 64,
+     "JetStream KV bucket holding partition leases and members."},
+    {"nats.publish_max_pending", KB_CONF_INT, "16384", 1, 1 << 20,
+     "Asynchronous publishes in flight; `kb_publish` waits up to "
+     "`pool.enqueue_timeout_ms` for room, then `KB_EFULL`."},
+    {"nats.publish_batch", KB_CONF_INT, "64", 1, 4096,
+     "Events of one partition packed into one JetStream message (a frame), which "
+     "divides the server's per-message work among them; 1 sends each event as its "
+     "own message. A lone event always goes out as a plain message. See "
+     "docs/transports-nats.md."},
+    {"nats.publish_linger_us", KB_CONF_INT, "1000", 0, 1000000,
+     "How long a frame that is not full may wait for more events. The first event "
+     "after a quiet spell of this long is sent at once, so sparse traffic is not "
+     "delayed."},
+    {"nats.publish_timeout_ms", KB_CONF_INT, "5000", 100, MS_HOUR,
+     "Wait for one publish ack before the publish is sent again (same Nats-Msg-Id)."},
+    {"nats.dup_window_ms", KB_CONF_INT, "120000", 1000, 24 * MS_HOUR,
+     "Stream duplicate window for Nats-Msg-Id when the stream is created."},
+    {"nats.connect_wait_ms", KB_CONF_INT, "0", 0, MS_HOUR,
+     "How long `kb_open` keeps trying an unreachable server; 0 = fail at once "
+     "with `KB_ETRANSPORT`."},
+    {"nats.reconnect_wait_ms", KB_CONF_INT, "100", 1, 60000,
+     "First reconnect delay; doubles per attempt up to `nats.reconnect_max_wait_ms`."},
+    {"nats.reconnect_max_wait_ms", KB_CONF_INT, "2000", 1, MS_HOUR,
+     "Cap on the reconnect delay."},
+    {"nats.token", KB_CONF_SECRET, "", 0, 4096,
+     "Authentication token (instead of one in the URL). Never logged."},
+    {"nats.creds_file", KB_CONF_SECRET, "", 0, 4096,
+     "User credentials file (JWT and NKey seed)."},
+    {"nats.tls_ca", KB_CONF_TEXT, "", 0, 4096,
+     "CA certificates file; setting any `nats.tls_*` key turns TLS on."},
+    {"nats.tls_cert", KB_CONF_TEXT, "", 0, 4096, "Client certificate file (with `nats.tls_key`)."},
+    {"nats.tls_key", KB_CONF_TEXT, "", 0, 4096, "Client private key file."},
+    {"nats.tls_hostname", KB_CONF_TEXT, "", 0, 255,
+     "Expected server host name in its certificate."},
+    {NULL, KB_CONF_INT, NULL, 0, 0, NULL},
+};
+
+/* nats://[user:password@ | token@]host[:port]: no path, no query. kb_url_parse
+ * checked the rest (percent-decoded userinfo, strict decimal port). */
+static int nats_check_url(const kb_url *u, char *errstr, size_t errlen)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-void kb__nats_sleep_ms(int64_t ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-int kb__nats_errf(const char *what, natsStatus s, jsErrCode jerr)
-{
-    const char *text = nats_GetLastError(NULL);
-    kb_errf(NULL, 0, "nats: %s: %s%s%s (jetstream error %d)", what, natsStatus_GetText(s),
-             text ? ": " : "", text ? text : "", (int)jerr);
-    return s == NATS_NO_MEMORY ? KB_ENOMEM : s == NATS_TIMEOUT ? KB_ETIMEDOUT : KB_ETRANSPORT;
-}
-
-/* Stream names may not hold '.', so dots become '_' and a hash of the
- * original name keeps "a.b" and "a_b" apart. */
-void kb__nats_stream_name(char *buf, size_t len, const char *topic)
-{
-    int n = snprintf(buf, len, "KB_%s", topic);
-    for (int i = 3; i < n && (size_t)i < len; i++)
-        if (buf[i] == '.')
-            buf[i] = '_';
-    size_t o = strlen(buf);
-    snprintf(buf + o, len - o, "_%08x", kb_fnv1a32(topic, strlen(topic)));
-}
-
-long kb__nats_subject_part(kb_transport *t, const char *topic, const char *subj)
-{
-    size_t tl = strlen(topic);
-    if (strncmp(subj, "kb.", 3) != 0 || strncmp(subj + 3, topic, tl) != 0 || subj[3 + tl] != '.')
-        return -1;
-    char *end = NULL;
-    unsigned long n = strtoul(subj + 4 + tl, &end, 10);
-    return end != subj + 4 + tl && *end == '\0' && n < t->partitions ? (long)n : -1;
-}
-
-static int ensure_stream(kb_transport *t, kb_nats_topic *tp)
-{
-    jsStreamInfo *si = NULL;
-    jsErrCode jerr = 0;
-    natsStatus s = js_GetStreamInfo(&si, t->js, tp->stream, NULL, &jerr);
-    if (s == NATS_OK) {
-        jsStreamInfo_Destroy(si);
-        return KB_OK;
+    if (u->host[0] == '\0') {
+        kb_errf(errstr, errlen, "transport: nats:// URL without a host");
+        return KB_EINVAL;
     }
-    char subj[KB_NATS_NAME];
-    snprintf(subj, sizeof subj, "kb.%s.*", tp->name);
-    const char *subjects[] = {subj};
-    jsStreamConfig cfg;
-    jsStreamConfig_Init(&cfg);
-    cfg.Name = tp->stream;
-    cfg.Subjects = subjects;
-    cfg.SubjectsLen = 1;
-    cfg.Storage = t->storage;
-    cfg.Duplicates = t->dup_window_ms * 1000000;
-    cfg.AllowDirect = true;   /* dead letters are listed with direct gets */
-    s = js_AddStream(&si, t->js, &cfg, NULL, &jerr);
-    jsStreamInfo_Destroy(si);
-    if (s != NATS_OK && jerr != JSStreamNameExistErr)
-        return kb__nats_errf(tp->stream, s, jerr);
+    if (u->path[0] != '\0' && strcmp(u->path, "/") != 0) {
+        kb_errf(errstr, errlen, "transport: nats:// takes no path (\"%.64s\")", u->path);
+        return KB_EINVAL;
+    }
+    if (u->query != NULL) {
+        kb_errf(errstr, errlen, "transport: nats:// takes no query (options are nats.* keys)");
+        return KB_EINVAL;
+    }
     return KB_OK;
 }
 
-kb_nats_topic *kb__nats_topic(kb_transport *t, const char *topic, bool create)
-{
-    for (kb_nats_topic *tp = atomic_load_explicit(&t->topics, memory_order_acquire); tp;
-         tp = tp->next)
-        if (strcmp(tp->name, topic) == 0)
-            return tp;
-    if (!create)
-        return NULL;
-    pthread_mutex_lock(&t->topics_lock);
-    kb_nats_topic *tp = kb__nats_topic(t, topic, false);
-    if (tp == NULL && (tp = calloc(1, sizeof *tp)) != NULL) {
-        tp->name = strdup(topic);
-        kb__nats_stream_name(tp->stream, sizeof tp->stream, topic);
-        snprintf(tp->dlq_subject, sizeof tp->dlq_subject, "kb.%s.dlq", topic);
-        tp->subjects = calloc(t->partitions, sizeof *tp->subjects);
-        for (uint32_t i = 0; tp->subjects != NULL && i < t->partitions; i++)
-            snprintf(tp->subjects[i], sizeof tp->subjects[i], "kb.%s.%u", topic, i);
-        bool mem = tp->name == NULL || tp->subjects == NULL || kb__nats_batch_init(t, tp) != KB_OK;
-        if (mem || ensure_stream(t, tp) != KB_OK) {
-            if (mem)
-                kb_errf(NULL, 0, "nats: out of memory");
-            kb__nats_batch_free(t, tp);
-            free(tp->subjects);
-            free(tp->name);
-            free(tp);
-            tp = NULL;
-        } else {
-            tp->next = atomic_load_explicit(&t->topics, memory_order_relaxed);
-            atomic_store_explicit(&t->topics, tp, memory_order_release);
-        }
-    }
-    pthread_mutex_unlock(&t->topics_lock);
-    return tp;
-}
-
-/* The URL as it may appear in messages: user info replaced. */
-static void redact(char *out, size_t len, const char *url)
-{
-    const char *sep = strstr(url, "://");
-    const char *host = sep ? sep + 3 : url;
-    const char *at = strrchr(host, '@');
-    if (at == NULL)
-        snprintf(out, len, "%s", url);
-    else
-        snprintf(out, len, "%.*s***@%s", (int)(host - url), url, at + 1);
-}
-
-/* Exponential reconnect backoff with jitter, capped. */
-static int64_t reconnect_delay(natsConnection *nc, int attempts, void *closure)
-{
-    (void)nc;
-    kb_transport *t = closure;
-    int64_t d = t->reconnect_wait_ms;
-    for (int i = 1; i < attempts && d < t->reconnect_max_ms; i++)
-        d *= 2;
-    if (d > t->reconnect_max_ms)
-        d = t->reconnect_max_ms;
-    return d / 2 + (int64_t)(rand() % (int)(d / 2 + 1));
-}
-
-static void on_async_error(natsConnection *nc, natsSubscription *sub, natsStatus err,
-                           void *closure)
-{
-    (void)nc, (void)sub;
-    kb_transport *t = closure;
-    kb_log(t->bus, 4, "nats %s: %s", t->url_safe, natsStatus_GetText(err));
-}
-
-/* nats.c delivers connection callbacks on its own thread, in order; the
- * closed callback is the last, so nats_close waits for it before freeing. */
-static void on_closed(natsConnection *nc, void *closure)
-{
-    (void)nc;
-    atomic_store(&((kb_transport *)closure)->nc_closed, 1);
-}
-
-/* The server's max_payload, from its INFO; frames stay well below it. It can
- * differ after a reconnect (another server, a new configuration). */
-static void read_limits(kb_transport *t, natsConnection *nc)
-{
-    int64_t maxp = natsConnection_GetMaxPayload(nc);
-    size_t m = maxp > 0 ? (size_t)maxp : 1024 * 1024;
-    atomic_store(&t->max_payload, m);
-    atomic_store(&t->batch_bytes, m / 4 < 256 * 1024 ? m / 4 : 256 * 1024);
-}
-
-static void on_reconnected(natsConnection *nc, void *closure)
-{
-    kb_transport *t = closure;
-    read_limits(t, nc);
-    atomic_fetch_add(&t->reconnects, 1);
-    kb_log(t->bus, 6, "nats %s: reconnected (max_payload %zu)", t->url_safe,
-           atomic_load(&t->max_payload));
-}
-
-/* The group names consumers and KV keys (l.<stream>.<group>.<N>): refused
- * unless both can take it as is. (Mapping other bytes to '_' would let two
- * groups share leases and consumers.) */
 static bool group_ok(const char *g)
 {
     for (; *g; g++)
@@ -193,11 +117,11 @@ static bool group_ok(const char *g)
 static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t errlen)
 {
     const char *storage = kb_conf_str(c, "nats.storage");
-    if (strcmp(storage, "file") == 0)
+    if (strcmp(storage, "file") == 0) {
         t->storage = js_FileStorage;
-    else if (strcmp(storage, "memory") == 0)
+    } else if (strcmp(storage, "memory") == 0) {
         t->storage = js_MemoryStorage;
-    else {
+    } else {
         kb_errf(errstr, errlen, "nats.storage: \"%s\" is neither file nor memory", storage);
         return KB_EINVAL;
     }
@@ -234,101 +158,7 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     return KB_OK;
 }
 
-static natsStatus set_options(kb_transport *t, natsOptions *o, const kb_conf *c)
-{
-    const char *token = kb_conf_str(c, "nats.token"), *creds = kb_conf_str(c, "nats.creds_file");
-    const char *ca = kb_conf_str(c, "nats.tls_ca"), *cert = kb_conf_str(c, "nats.tls_cert");
-    const char *key = kb_conf_str(c, "nats.tls_key"), *host = kb_conf_str(c, "nats.tls_hostname");
-    natsStatus s = natsOptions_SetURL(o, kb_conf_str(c, "transport"));
-    if (s == NATS_OK && token[0])
-        s = natsOptions_SetToken(o, token);
-    if (s == NATS_OK && creds[0])
-        s = natsOptions_SetUserCredentialsFromFiles(o, creds, NULL);
-    if (s == NATS_OK && (ca[0] || cert[0] || key[0] || host[0]))
-        s = natsOptions_SetSecure(o, true);
-    if (s == NATS_OK && ca[0])
-        s = natsOptions_LoadCATrustedCertificates(o, ca);
-    if (s == NATS_OK && (cert[0] || key[0]))
-        s = natsOptions_LoadCertificatesChain(o, cert, key);
-    if (s == NATS_OK && host[0])
-        s = natsOptions_SetExpectedHostname(o, host);
-    if (s == NATS_OK)
-        s = natsOptions_SetName(o, t->id);
-    if (s == NATS_OK)
-        s = natsOptions_SetMaxReconnect(o, -1);
-    if (s == NATS_OK)
-        s = natsOptions_SetCustomReconnectDelay(o, reconnect_delay, t);
-    if (s == NATS_OK)
-        s = natsOptions_SetReconnectBufSize(o, 64 * 1024 * 1024);
-    if (s == NATS_OK)
-        s = natsOptions_SetTimeout(o, 2000);
-    if (s == NATS_OK)
-        s = natsOptions_SetErrorHandler(o, on_async_error, t);
-    if (s == NATS_OK)
-        s = natsOptions_SetDisconnectedCB(o, kb__nats_disconnected, t);
-    if (s == NATS_OK)
-        s = natsOptions_SetReconnectedCB(o, on_reconnected, t);
-    if (s == NATS_OK)
-        s = natsOptions_SetClosedCB(o, on_closed, t);
-    return s;
-}
-
-/* Connect, retrying up to nats.connect_wait_ms when the server is not there. */
-static int connect_server(kb_transport *t, const kb_conf *c, char *errstr, size_t errlen)
-{
-    natsOptions *o = NULL;
-    natsStatus s = natsOptions_Create(&o);
-    if (s == NATS_OK)
-        s = set_options(t, o, c);
-    if (s != NATS_OK) {
-        const char *why = nats_GetLastError(NULL);
-        kb_errf(errstr, errlen, "nats %s: bad connection options: %s", t->url_safe,
-                 why ? why : natsStatus_GetText(s));
-        natsOptions_Destroy(o);
-        return s == NATS_NO_MEMORY ? KB_ENOMEM : KB_EINVAL;
-    }
-    int64_t until = kb__nats_now_ns() + kb_conf_int(c, "nats.connect_wait_ms") * 1000000;
-    int64_t nap = 50;
-    while ((s = natsConnection_Connect(&t->nc, o)) != NATS_OK && kb__nats_now_ns() < until) {
-        kb__nats_sleep_ms(nap);
-        nap = nap * 2 > 1000 ? 1000 : nap * 2;
-    }
-    natsOptions_Destroy(o);
-    if (s != NATS_OK) {
-        kb_errf(errstr, errlen, "nats %s: cannot connect: %s", t->url_safe,
-                 natsStatus_GetText(s));
-        return KB_ETRANSPORT;
-    }
-    read_limits(t, t->nc);
-    jsOptions jo;
-    jsOptions_Init(&jo);
-    jo.PublishAsync.MaxPending = kb_conf_int(c, "nats.publish_max_pending");
-    jo.PublishAsync.AckHandler = kb__nats_pub_ack;   /* sequences for kb_drain, errors */
-    jo.PublishAsync.AckHandlerClosure = t;
-    jo.PublishAsync.StallWait = t->enqueue_timeout_ms > 0 ? t->enqueue_timeout_ms : 1;
-    jsCtx *js = NULL;
-    s = natsConnection_JetStream(&js, t->nc, &jo);
-    pthread_rwlock_wrlock(&t->pub_lock);   /* the disconnect callback reads it */
-    t->js = js;
-    pthread_rwlock_unlock(&t->pub_lock);
-    if (s != NATS_OK) {
-        kb_errf(errstr, errlen, "nats %s: no JetStream context: %s", t->url_safe,
-                 natsStatus_GetText(s));
-        return KB_ETRANSPORT;
-    }
-    jsAccountInfo *ai = NULL;
-    jsErrCode jerr = 0;
-    s = js_GetAccountInfo(&ai, t->js, NULL, &jerr);
-    jsAccountInfo_Destroy(ai);
-    if (s != NATS_OK) {
-        kb_errf(errstr, errlen, "nats %s: JetStream not available: %s (error %d)",
-                 t->url_safe, natsStatus_GetText(s), (int)jerr);
-        return KB_ETRANSPORT;
-    }
-    return KB_OK;
-}
-
-static int nats_close(kb_transport *t);
+static int nats_close(kb_transport *t, int64_t deadline);
 
 static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *errstr,
                      size_t errlen)
@@ -343,93 +173,128 @@ static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *er
     pthread_mutex_init(&t->sub_lock, NULL);
     pthread_mutex_init(&t->resend_lock, NULL);
     pthread_rwlock_init(&t->pub_lock, NULL);
-    pthread_mutex_init(&t->lease_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&t->lease_cv, &ca);
-    pthread_mutex_init(&t->drain_mu, NULL);
     pthread_mutex_init(&t->tally_mu, NULL);
-    pthread_cond_init(&t->drain_cv, &ca);
-    pthread_condattr_destroy(&ca);
-    redact(t->url_safe, sizeof t->url_safe, kb_conf_str(c, "transport"));
-    int rc = configure(t, c, errstr, errlen);
-    if (rc == KB_OK && (rc = connect_server(t, c, errstr, errlen)) == KB_OK)
-        rc = kb__nats_lease_open(t, errstr, errlen);
-    if (rc == KB_OK) {
-        t->acker_started = pthread_create(&t->acker, NULL, kb__nats_acker, t) == 0;
-        t->leaser_started = pthread_create(&t->leaser, NULL, kb__nats_leaser, t) == 0;
-        if (!t->acker_started || !t->leaser_started) {
-            kb_errf(errstr, errlen, "nats: cannot start threads");
-            rc = KB_ENOMEM;
-        }
+    t->resent = kb_signal_new();
+    t->nc_event = kb_signal_new();
+    t->lease_wake = kb_signal_new();
+    t->acker_wake = kb_signal_new();
+    t->acked = kb_signal_new();
+    kb_url_redact(kb_conf_str(c, "transport"), t->url_safe, sizeof t->url_safe);
+    int rc = KB_OK;
+    if (t->resent == NULL || t->nc_event == NULL || t->lease_wake == NULL ||
+        t->acker_wake == NULL || t->acked == NULL) {
+        kb_errf(errstr, errlen, "nats: out of memory");
+        rc = KB_ENOMEM;
     }
+    if (rc == KB_OK)
+        rc = configure(t, c, errstr, errlen);
+    if (rc == KB_OK)
+        rc = kb__nats_connect(t, c, errstr, errlen);
+    if (rc == KB_OK)
+        rc = kb__nats_lease_open(t, errstr, errlen);
+    if (rc == KB_OK)
+        rc = kb__nats_acker_start(t, errstr, errlen);
+    if (rc == KB_OK)
+        rc = kb__nats_leaser_start(t, errstr, errlen);
     if (rc != KB_OK) {
-        nats_close(t);
+        char why[512];
+        snprintf(why, sizeof why, "%s", errstr != NULL && errlen > 0 ? errstr : kb_last_error());
+        nats_close(t, kb_deadline_ns(2000));
+        kb_errf(errstr, errlen, "%s", why);
         return rc;
     }
     *out = t;
     return KB_OK;
 }
 
-static int nats_close(kb_transport *t)
+static int nats_topic_open(kb_transport *t, const char *topic, kb_transport_topic **out,
+                           char *errstr, size_t errlen)
+{
+    return kb__nats_topic_new(t, topic, out, errstr, errlen);
+}
+
+static int leaser_done(void *arg)
+{
+    return atomic_load(&((kb_transport *)arg)->leaser_done);
+}
+
+static int nc_closed(void *arg)
+{
+    return atomic_load(&((kb_transport *)arg)->nc_closed);
+}
+
+/* Every step shares the caller's deadline, also when the server answers
+ * nothing: the lease thread gets until then to leave its loop; the last acks,
+ * lease releases and publish acks wait only for the time left, and are
+ * skipped once it is gone; closing the connection unblocks whatever still
+ * waits on nats.c. */
+static int nats_close(kb_transport *t, int64_t deadline)
 {
     kb__nats_stop(t);
     atomic_store(&t->closing, 1);
-    kb__nats_lease_kick(t);
-    if (t->leaser_started)
-        pthread_join(t->leaser, NULL);
-    if (t->acker_started)
-        pthread_join(t->acker, NULL);
+    kb_signal_notify(t->acker_wake);
+    kb_signal_notify(t->lease_wake);
+    kb_thread_join(t->acker);   /* its tick does no round trip */
+    bool leaser_out = t->leaser == NULL || kb_signal_wait(t->lease_wake, leaser_done, t, deadline);
     int rc = KB_OK;
     char why[512] = "";
+    if (t->js != NULL && leaser_out && kb_now_ns() < deadline) {
+        kb__nats_ack_pass(t);   /* the last frontier acks */
+        int left = kb_deadline_left_ms(deadline);
+        natsConnection_FlushTimeout(t->nc, left < 0 ? 2000 : left > 0 ? left : 1);
+        kb__nats_lease_release_all(t, deadline);   /* after the acks: the next owner starts there */
+    }
     if (t->js != NULL) {
-        kb__nats_ack_pass(t);            /* the last frontier acks */
-        natsConnection_FlushTimeout(t->nc, 2000);
-        kb__nats_lease_release_all(t);   /* after the acks: the next owner starts there */
-        if ((rc = kb__nats_flush(t, 5000)) != KB_OK)
+        /* past the deadline: one short best-effort attempt */
+        int64_t until = kb_now_ns() < deadline ? deadline : kb_deadline_ns(50);
+        if ((rc = kb__nats_flush_until(t, until)) != KB_OK)
             snprintf(why, sizeof why, "%s", kb_last_error());
     }
-    natsSubscription_Destroy(t->inbox_sub);
     uint64_t unsent = kb__nats_resend_free(t);
-    for (kb_nats_topic *tp = atomic_load(&t->topics), *next; tp; tp = next) {
-        next = tp->next;
-        for (uint32_t i = 0; tp->parts != NULL && i < t->partitions; i++)
-            kb__nats_claim_free_all(&tp->parts[i]);
-        if (atomic_load(&tp->unowned))
-            kb_log(t->bus, 5, "nats %s: %s: %llu queued events released unhandled after a lost lease",
-                   t->url_safe, tp->name, (unsigned long long)atomic_load(&tp->unowned));
-        free(tp->parts);
-        unsent += kb__nats_batch_free(t, tp);
-        free(tp->subjects);
-        free(tp->name);
-        free(tp);
-    }
     kvStore_Destroy(t->kv);
     jsCtx_Destroy(t->js);
+    natsSubscription_Destroy(t->inbox_sub);
+    bool closed = t->nc == NULL;
     if (t->nc != NULL) {
-        natsConnection_Close(t->nc);
-        for (int i = 0; i < 5000 && !atomic_load(&t->nc_closed); i++)
-            nanosleep(&(struct timespec){0, 1000000}, NULL);
+        natsConnection_Close(t->nc);   /* the lease thread's requests return now */
+        /* nats.c's closed callback is the last one: then t may go */
+        closed = kb_signal_wait(t->nc_event, nc_closed, t,
+                                deadline > kb_now_ns() ? deadline : kb_deadline_ns(1000));
         natsConnection_Destroy(t->nc);
     }
-    pthread_cond_destroy(&t->lease_cv);
-    pthread_cond_destroy(&t->drain_cv);
-    pthread_mutex_destroy(&t->drain_mu);
-    kb__nats_tally_free(t);
+    kb_thread_join(t->leaser);
+    for (kb_nats_topic *tp = atomic_load(&t->topics), *next; tp; tp = next) {
+        next = tp->next;
+        if (atomic_load(&tp->unowned))
+            kb_log(t->bus, KB_LOG_NOTICE,
+                   "nats %s: %s: %llu queued events released unhandled after a lost lease",
+                   t->url_safe, tp->name, (unsigned long long)atomic_load(&tp->unowned));
+        unsent += kb__nats_topic_free(t, tp);
+    }
+    for (size_t i = 0; i < KB_NATS_TOPIC_CHUNKS; i++)
+        free(atomic_load(&t->topic_chunks[i]));
+    kb_signal_free(t->resent);
+    kb_signal_free(t->lease_wake);
+    kb_signal_free(t->acker_wake);
+    kb_signal_free(t->acked);
     pthread_mutex_destroy(&t->tally_mu);
-    pthread_mutex_destroy(&t->lease_mu);
     pthread_rwlock_destroy(&t->pub_lock);
     pthread_mutex_destroy(&t->resend_lock);
     pthread_mutex_destroy(&t->topics_lock);
     pthread_mutex_destroy(&t->sub_lock);
-    free(t);
+    if (closed) {
+        kb_signal_free(t->nc_event);
+        free(t);
+    } else {
+        /* nats.c may still run our closed callback: leave it its closure */
+        kb_log(NULL, KB_LOG_WARNING, "nats: the connection did not report closed in time");
+    }
 #if defined(__GLIBC__)
     malloc_trim(0);   /* claims' rings and topics: give the pages back */
 #endif
     if (unsent > 0) {
         kb_errf(NULL, 0, "nats: %llu published events never sent (%s)", (unsigned long long)unsent,
-                 why[0] ? why : "server unreachable at close");
+                why[0] ? why : "server unreachable at close");
         return KB_ETRANSPORT;
     }
     if (rc != KB_OK)   /* rejected by the server: kb_flush's report */
@@ -441,7 +306,10 @@ const kb_transport_ops kb__nats_ops = {
     .abi_version = KB_TRANSPORT_ABI,
     .scheme = "nats",
     .flags = KB_TRANSPORT_F_SINGLE_FEEDER | KB_TRANSPORT_F_HEADERS,   /* one feeder per bus */
+    .props = nats_props,
+    .check_url = nats_check_url,
     .open = nats_open,
+    .topic_open = nats_topic_open,
     .publish = kb__nats_publish,
     .subscribe = kb__nats_subscribe,
     .ack = kb__nats_ack,

@@ -8,8 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/err.h"
-#include "nats_int.h"
+#include "nats_claim.h"
+#include "nats_consume.h"
+#include "nats_dlq.h"
+#include "nats_frame.h"
+#include "nats_hdr.h"
+#include "nats_lease.h"
+#include "nats_msg.h"
+#include "nats_names.h"
+#include "nats_topic.h"
 
 #define KB_NATS_IDLE_EXPIRES_MS 10000   /* pull expiry of a quiet partition, at most */
 #define KB_NATS_SCAN_NS 20000000        /* every partition's pulls checked this often */
@@ -94,7 +101,7 @@ static void status_msg(feeder *f, natsMsg *m)
         if (c->pull_expires_ms > KB_NATS_IDLE_EXPIRES_MS)
             c->pull_expires_ms = KB_NATS_IDLE_EXPIRES_MS;
     }
-    tend(f, c->part, kb__nats_now_ns());
+    tend(f, c->part, kb_now_ns());
 }
 
 /* An event (or the whole message, when unreadable) goes to the dead letters
@@ -103,7 +110,7 @@ static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_na
                             const char *id, const kb_nats_event *ev, const kb_nats_hdrs *h,
                             const char *why)
 {
-    kb_log(f->t->bus, 4, "nats %s: message %s on %s goes to the dead letters: %s",
+    kb_log(f->t->bus, KB_LOG_WARNING, "nats %s: message %s on %s goes to the dead letters: %s",
            f->t->url_safe, id, natsMsg_GetSubject(m), why);
     const char *body = natsMsg_GetData(m);
     kb_nats_event whole = {NULL, body ? body : "", 0, (size_t)natsMsg_GetDataLength(m)};
@@ -119,7 +126,7 @@ static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_na
     };
     int rc = kb__nats_dlq_publish(f->t, c->part->topic, &d);
     if (rc != KB_OK && rc != KB_ETIMEDOUT)
-        kb_log(f->t->bus, 3, "nats %s: dead letter of %s on %s lost: %s", f->t->url_safe, id,
+        kb_log(f->t->bus, KB_LOG_ERROR, "nats %s: dead letter of %s on %s lost: %s", f->t->url_safe, id,
                natsMsg_GetSubject(m), kb_last_error());
     kb__nats_dlq_settle(f->t, e, rc);
 }
@@ -144,7 +151,7 @@ static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta 
         return true;
     }
     kb_nats_topic *tp = e->claim->part->topic;
-    kb_delivery d = {.topic = tp->name, .key = ev->key, .key_len = ev->key_len,
+    kb_delivery d = {.topic = tp->name, .tt = tp, .key = ev->key, .key_len = ev->key_len,
                      .payload = ev->payload ? ev->payload : "", .payload_len = ev->payload_len,
                      .partition = n, .attempt = attempt, .id = id, .cookie = e,
                      .headers = h->n ? h->h : NULL, .n_headers = h->n};
@@ -153,9 +160,22 @@ static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta 
         return true;
     kb__nats_settle(e, false);
     if (rc != KB_ECLOSED)
-        kb_log(t->bus, 3, "nats: delivery of %s on %s failed: %s", id, natsMsg_GetSubject(m),
+        kb_log(t->bus, KB_LOG_ERROR, "nats: delivery of %s on %s failed: %s", id, natsMsg_GetSubject(m),
                kb_strerror(rc));
     return false;
+}
+
+typedef struct ring_wait {
+    kb_transport *t;
+    kb_nats_claim *c;
+} ring_wait;
+
+/* Room in the claim's ring, or a reason to give up waiting for it. */
+static int ring_room(void *arg)
+{
+    ring_wait *w = arg;
+    return atomic_load(&w->c->tail) - atomic_load(&w->c->head) < w->c->cap ||
+           atomic_load(&w->c->fenced) || atomic_load(&w->t->stopping);
 }
 
 static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta,
@@ -175,12 +195,13 @@ static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_met
         natsMsg_Destroy(m);   /* redelivery of an event still in this process */
         return;
     }
-    while (atomic_load(&c->tail) - atomic_load(&c->head) >= c->cap) {
-        if (atomic_load(&c->fenced) || atomic_load(&t->stopping)) {
-            natsMsg_Destroy(m);
-            return;
-        }
-        kb__nats_sleep_ms(1);
+    /* The ring is full only when the pulls overran it: wait for the acker
+     * to move the frontier (it notifies t->acked), or for stop. */
+    ring_wait w = {t, c};
+    if (!kb_signal_wait(t->acked, ring_room, &w, INT64_MAX) || atomic_load(&c->fenced) ||
+        atomic_load(&t->stopping)) {
+        natsMsg_Destroy(m);
+        return;
     }
     /* Read the message before it is in the ring: once there, its events may
      * settle (and the acker destroy it) while we still look at it. */
@@ -203,7 +224,7 @@ static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_met
     e->msg = m;
     e->claim = c;
     e->sseq = meta->sseq;
-    e->since_ns = kb__nats_now_ns();
+    e->since_ns = kb_now_ns();
     uint32_t events = bad ? 1 : frame.left;
     atomic_store(&e->pending, events);
     atomic_store(&e->released, 0);
@@ -303,7 +324,7 @@ static void handle(feeder *f, natsMsg *m)
         return;
     }
     data_msg(f, tp, m, &meta, (unsigned)n);
-    tend(f, &tp->parts[n], kb__nats_now_ns());
+    tend(f, &tp->parts[n], kb_now_ns());
 }
 
 static void *feed(void *arg)
@@ -316,7 +337,7 @@ static void *feed(void *arg)
         uint32_t nsubs = atomic_load(&t->nsubs);
         if (nsubs != f->known)
             learn(f, nsubs);
-        int64_t now = kb__nats_now_ns();
+        int64_t now = kb_now_ns();
         uint32_t rc = atomic_load(&t->reconnects);
         if (now >= next_scan || rc != reconnects) {
             for (uint32_t id = 0; id < f->known; id++)
@@ -349,7 +370,7 @@ static void *feed(void *arg)
 /* The bus's inbox subscription and feeder thread, at the first subscribe. */
 static int start_feeder(kb_transport *t)
 {
-    if (t->feeder_started)
+    if (t->feeder != NULL)
         return KB_OK;
     feeder *f = calloc(1, sizeof *f);
     natsInbox *inbox = NULL;
@@ -377,23 +398,22 @@ static int start_feeder(kb_transport *t)
         int rc = kb__nats_errf("subscribing the pull inbox", s, 0);
         return rc == KB_ENOMEM ? rc : KB_ETRANSPORT;
     }
-    if (pthread_create(&t->feeder, NULL, feed, f) != 0) {
+    if (kb__nats_thread_start(&t->feeder, "kb-nats-feed", feed, f, NULL, 0) != KB_OK) {
         natsSubscription_Destroy(t->inbox_sub);
         t->inbox_sub = NULL;
         free(f->key);
         free(f);
-        kb_errf(NULL, 0, "nats: cannot start the feeder thread");
         return KB_ETRANSPORT;
     }
-    t->feeder_started = true;
     return KB_OK;
 }
 
-int kb__nats_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
+int kb__nats_subscribe(kb_transport *t, kb_nats_topic *tp, kb_sink *sink)
 {
-    kb_nats_topic *tp = kb__nats_topic(t, topic, true);
-    if (tp == NULL)
-        return KB_ETRANSPORT;
+    const char *topic = tp->name;
+    int ready = kb__nats_topic_ready(t, tp);
+    if (ready != KB_OK)
+        return ready == KB_ENOMEM ? ready : KB_ETRANSPORT;
     pthread_mutex_lock(&t->sub_lock);
     int rc = KB_OK;
     if (atomic_load(&tp->subscribed)) {
@@ -430,8 +450,7 @@ int kb__nats_subscribe(kb_transport *t, const char *topic, kb_sink *sink)
 void kb__nats_stop(kb_transport *t)
 {
     atomic_store(&t->stopping, 1);
-    if (t->feeder_started) {
-        pthread_join(t->feeder, NULL);
-        t->feeder_started = false;
-    }
+    kb_signal_notify(t->acked);   /* a feeder waiting for ring space */
+    kb_thread_join(t->feeder);
+    t->feeder = NULL;
 }

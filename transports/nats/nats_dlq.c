@@ -6,8 +6,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "../../core/err.h"
-#include "nats_int.h"
+#include "nats_claim.h"
+#include "nats_dlq.h"
+#include "nats_hdr.h"
+#include "nats_msg.h"
+#include "nats_names.h"
+#include "nats_publish.h"
+#include "nats_topic.h"
 
 int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const kb_nats_dead *d)
 {
@@ -78,7 +83,7 @@ void kb__nats_dlq_settle(kb_transport *t, kb_nats_entry *e, int rc)
 int kb__nats_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason)
 {
     kb_nats_entry *e = d->cookie;
-    kb_nats_topic *tp = kb__nats_topic(t, d->topic, false);
+    kb_nats_topic *tp = d->tt;
     if (e == NULL || tp == NULL) {
         kb_errf(NULL, 0, "nats: dead letter of %s without its message", d->topic);
         return KB_EINVAL;
@@ -118,12 +123,12 @@ static int64_t stamp_ms(natsMsg *m)
     return ms;
 }
 
-int kb__nats_dead_letters(kb_transport *t, const char *topic, const char *after_id, size_t max,
+int kb__nats_dead_letters(kb_transport *t, kb_nats_topic *tp, const char *after_id, size_t max,
                           kb_dead_letter_fn fn, void *opaque)
 {
-    kb_nats_topic *tp = kb__nats_topic(t, topic, true);
-    if (tp == NULL)
-        return KB_ETRANSPORT;
+    int ready = kb__nats_topic_ready(t, tp);
+    if (ready != KB_OK)
+        return ready == KB_ENOMEM ? ready : KB_ETRANSPORT;
     uint64_t seq = after_id && after_id[0] ? strtoull(after_id, NULL, 10) + 1 : 1;
     char *key = malloc(65536);
     kb_nats_hdrs *h = calloc(1, sizeof *h);
@@ -177,11 +182,11 @@ int kb__nats_dead_letters(kb_transport *t, const char *topic, const char *after_
     return rc;
 }
 
-int kb__nats_dead_letter_replay(kb_transport *t, const char *topic, const char *id)
+int kb__nats_dead_letter_replay(kb_transport *t, kb_nats_topic *tp, const char *id)
 {
-    kb_nats_topic *tp = kb__nats_topic(t, topic, true);
-    if (tp == NULL)
-        return KB_ETRANSPORT;
+    int ready = kb__nats_topic_ready(t, tp);
+    if (ready != KB_OK)
+        return ready == KB_ENOMEM ? ready : KB_ETRANSPORT;
     char *end = NULL;
     uint64_t seq = strtoull(id, &end, 10);
     if (seq == 0 || end == id || *end != '\0') {
@@ -218,7 +223,7 @@ int kb__nats_dead_letter_replay(kb_transport *t, const char *topic, const char *
     }
     kb_msg msg = {key, (size_t)klen, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),
                   kb_fnv1a32(key, (size_t)klen), h->n ? h->h : NULL, h->n};
-    int rc = kb__nats_publish(t, topic, &msg);
+    int rc = kb__nats_publish(t, tp, &msg);
     if (rc == KB_OK)
         rc = kb__nats_flush(t, (int)t->publish_timeout_ms);
     if (rc == KB_OK && (s = js_DeleteMsg(t->js, tp->stream, seq, NULL, &jerr)) != NATS_OK)

@@ -9,8 +9,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "../../core/err.h"
-#include "nats_int.h"
+#include "nats_hdr.h"
+#include "nats_msg.h"
 
 static bool verbatim(const kb_header *h)
 {
@@ -53,15 +53,12 @@ int kb__nats_hdr_set(natsMsg *m, const kb_header *h, size_t n)
             o += kb__nats_b64_encode(h[i].value, h[i].value_len, list + o);
             continue;
         }
-        if (h[i].value_len + 1 > vcap) {
-            char *v = realloc(val, h[i].value_len + 1);
-            if (v == NULL) {
-                s = NATS_NO_MEMORY;
-                break;
-            }
-            val = v;
-            vcap = h[i].value_len + 1;
+        void *grown = val;
+        if (kb_vec_reserve(&grown, &vcap, h[i].value_len + 1, 1) != KB_OK) {
+            s = NATS_NO_MEMORY;
+            break;
         }
+        val = grown;
         memcpy(val, h[i].value, h[i].value_len);
         val[h[i].value_len] = '\0';
         s = natsMsgHeader_Add(m, h[i].name, val);
@@ -76,7 +73,7 @@ int kb__nats_hdr_set(natsMsg *m, const kb_header *h, size_t n)
 }
 
 /* Check what was read against the bus's limits; *why names the problem. */
-static int check(kb_transport *t, kb_nats_hdrs *out, const char **why)
+static int check(const kb_transport *t, kb_nats_hdrs *out, const char **why)
 {
     if (kb_headers_check(out->h, out->n, t->max_headers, t->max_header_bytes, "headers") ==
         KB_OK)
@@ -140,7 +137,7 @@ static const char *nth_value(natsMsg *m, const char *name, int nth)
     return v;
 }
 
-int kb__nats_hdr_get(kb_transport *t, natsMsg *m, kb_nats_hdrs *out, const char **why)
+int kb__nats_hdr_get(const kb_transport *t, natsMsg *m, kb_nats_hdrs *out, const char **why)
 {
     out->n = 0;
     const char *list = NULL;
@@ -156,15 +153,12 @@ int kb__nats_hdr_get(kb_transport *t, natsMsg *m, kb_nats_hdrs *out, const char 
         size_t nl = eq ? (size_t)(eq - p) : len;
         if (eq != NULL) {
             size_t cl = len - nl - 1, need = used + cl / 4 * 3 + 1;
-            if (need > out->cap) {
-                char *v = realloc(out->vals, need);
-                if (v == NULL) {
-                    *why = "out of memory reading headers";
-                    return -1;
-                }
-                out->vals = v;
-                out->cap = need;
+            void *grown = out->vals;
+            if (kb_vec_reserve(&grown, &out->cap, need, 1) != KB_OK) {
+                *why = "out of memory reading headers";
+                return -1;
             }
+            out->vals = grown;
             long dl = kb__nats_b64_decode(eq + 1, cl, out->vals + used, out->cap - used);
             if (dl < 0 || add(out, p, nl, NULL, (size_t)dl, why) != 0) {
                 *why = dl < 0 ? "malformed Kb-Headers (bad base64 value)" : *why;
@@ -200,7 +194,7 @@ int kb__nats_hdr_get(kb_transport *t, natsMsg *m, kb_nats_hdrs *out, const char 
     return check(t, out, why);
 }
 
-int kb__nats_hdr_frame(kb_transport *t, const kb_nats_event *ev, kb_nats_hdrs *out,
+int kb__nats_hdr_frame(const kb_transport *t, const kb_nats_event *ev, kb_nats_hdrs *out,
                        const char **why)
 {
     out->n = 0;

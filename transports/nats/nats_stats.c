@@ -4,49 +4,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/err.h"
-#include "nats_int.h"
-
-/* The topic's broker names, also for a topic this process never touched (a
- * monitor): nothing is created for it. */
-typedef struct names {
-    const char *topic;
-    char stream[KB_NATS_NAME];
-    char dlq[KB_NATS_NAME];
-} names;
-
-static void names_of(const char *topic, names *n)
-{
-    n->topic = topic;
-    kb__nats_stream_name(n->stream, sizeof n->stream, topic);
-    snprintf(n->dlq, sizeof n->dlq, "kb.%s.dlq", topic);
-}
+#include "nats_names.h"
+#include "nats_stats.h"
+#include "nats_tally.h"
 
 /* Messages per subject of the topic's stream; dlq into *dlq, partition `only`
  * (or all partitions when only < 0) into *msgs, and their events into
  * *events. KB_ENOTFOUND without a stream. */
-static int subject_counts(kb_transport *t, const names *nm, long only, uint64_t *msgs,
+static int subject_counts(kb_transport *t, kb_nats_topic *tp, long only, uint64_t *msgs,
                           uint64_t *events, uint64_t *dlq)
 {
     char filter[KB_NATS_NAME];
-    snprintf(filter, sizeof filter, "kb.%s.*", nm->topic);
+    snprintf(filter, sizeof filter, "kb.%s.*", tp->name);
     jsOptions o;
     jsOptions_Init(&o);
     o.Stream.Info.SubjectsFilter = filter;
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
-    natsStatus s = js_GetStreamInfo(&si, t->js, nm->stream, &o, &jerr);
+    natsStatus s = js_GetStreamInfo(&si, t->js, tp->stream, &o, &jerr);
     if (s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr) {
-        kb_errf(NULL, 0, "nats: topic %s has no stream (%s)", nm->topic, nm->stream);
+        kb_errf(NULL, 0, "nats: topic %s has no stream (%s)", tp->name, tp->stream);
         return KB_ENOTFOUND;
     }
     if (s != NATS_OK)
-        return kb__nats_errf(nm->stream, s, jerr);
+        return kb__nats_errf(tp->stream, s, jerr);
     *msgs = *dlq = 0;
     size_t pre = strlen(filter) - 1;
     for (int i = 0; si->State.Subjects != NULL && i < si->State.Subjects->Count; i++) {
         const jsStreamStateSubject *ss = &si->State.Subjects->List[i];
-        if (strcmp(ss->Subject, nm->dlq) == 0) {
+        if (strcmp(ss->Subject, tp->dlq_subject) == 0) {
             *dlq = ss->Msgs;
             continue;
         }
@@ -57,40 +43,36 @@ static int subject_counts(kb_transport *t, const names *nm, long only, uint64_t 
     }
     uint64_t first = si->State.FirstSeq, last = si->State.LastSeq, extra = 0;
     jsStreamInfo_Destroy(si);
-    int rc = kb__nats_tally(t, nm->topic, nm->stream, first, last, only, &extra);
+    int rc = kb__nats_tally(t, tp, first, last, only, &extra);
     *events = *msgs + extra;
     return rc;
 }
 
 /* Every consumer of the topic's stream (NULL list when there is none). */
-static int list_consumers(kb_transport *t, const names *nm, jsConsumerInfoList **list)
+static int list_consumers(kb_transport *t, kb_nats_topic *tp, jsConsumerInfoList **list)
 {
     jsErrCode jerr = 0;
-    natsStatus s = js_Consumers(list, t->js, nm->stream, NULL, &jerr);
+    natsStatus s = js_Consumers(list, t->js, tp->stream, NULL, &jerr);
     if (s != NATS_OK && s != NATS_NOT_FOUND)
         return kb__nats_errf("consumers", s, jerr);
     return KB_OK;
 }
 
-int kb__nats_stats(kb_transport *t, const char *topic, kb_topic_stats *out)
+int kb__nats_stats(kb_transport *t, kb_nats_topic *tp, kb_topic_stats *out)
 {
-    names nm;
-    names_of(topic, &nm);
-    kb_nats_topic *tp = kb__nats_topic(t, topic, false);
     out->partitions = t->partitions;
-    if (tp != NULL)
-        out->published = atomic_load(&tp->published);
-    if (tp != NULL && atomic_load(&tp->subscribed))
+    out->published = atomic_load(&tp->published);
+    if (atomic_load(&tp->subscribed))
         for (uint32_t i = 0; i < t->partitions; i++) {
             kb_nats_claim *c = atomic_load(&tp->parts[i].claim);
             out->partitions_owned += c != NULL && !atomic_load(&c->fenced);
         }
-    int rc = subject_counts(t, &nm, -1, &out->broker_frames, &out->broker_length,
+    int rc = subject_counts(t, tp, -1, &out->broker_frames, &out->broker_length,
                             &out->dlq_length);
     if (rc != KB_OK)
         return rc;
     jsConsumerInfoList *list = NULL;
-    rc = list_consumers(t, &nm, &list);
+    rc = list_consumers(t, tp, &list);
     if (rc != KB_OK)
         return rc;
     for (int i = 0; list != NULL && i < list->Count; i++)
@@ -102,23 +84,21 @@ int kb__nats_stats(kb_transport *t, const char *topic, kb_topic_stats *out)
     return KB_OK;
 }
 
-int kb__nats_partition_stats(kb_transport *t, const char *topic, uint32_t partition,
+int kb__nats_partition_stats(kb_transport *t, kb_nats_topic *tp, uint32_t partition,
                              kb_partition_stats *out)
 {
     if (partition >= t->partitions) {
-        kb_errf(NULL, 0, "nats: %s has partitions 0..%u, not %u", topic, t->partitions - 1,
+        kb_errf(NULL, 0, "nats: %s has partitions 0..%u, not %u", tp->name, t->partitions - 1,
                  partition);
         return KB_ENOTFOUND;
     }
-    names nm;
-    names_of(topic, &nm);
     out->partition = partition;
     uint64_t dlq = 0, msgs = 0;
-    int rc = subject_counts(t, &nm, (long)partition, &msgs, &out->length, &dlq);
+    int rc = subject_counts(t, tp, (long)partition, &msgs, &out->length, &dlq);
     if (rc != KB_OK)
         return rc;
     jsConsumerInfoList *list = NULL;
-    rc = list_consumers(t, &nm, &list);
+    rc = list_consumers(t, tp, &list);
     if (rc != KB_OK)
         return rc;
     for (int i = 0; list != NULL && i < list->Count; i++) {
@@ -132,7 +112,7 @@ int kb__nats_partition_stats(kb_transport *t, const char *topic, uint32_t partit
     }
     jsConsumerInfoList_Destroy(list);
     char key[2 * KB_NATS_NAME];
-    snprintf(key, sizeof key, "l.%s.%s.%u", nm.stream, t->group, partition);
+    snprintf(key, sizeof key, "l.%s.%s.%u", tp->stream, t->group, partition);
     kvEntry *e = NULL;
     if (kvStore_Get(&e, t->kv, key) == NATS_OK) {
         snprintf(out->owner, sizeof out->owner, "%s", kvEntry_ValueString(e));

@@ -9,38 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/err.h"
-#include "nats_int.h"
+#include "nats_frame.h"
+#include "nats_msg.h"
+#include "nats_names.h"
+#include "nats_tally.h"
 
 #define KB_NATS_TALLY_BATCH 1024
 #define KB_NATS_TALLY_WAIT_MS 5000   /* per reply: a lost one fails the stats call */
-
-typedef struct kb_nats_tally {
-    struct kb_nats_tally *next;
-    char *topic;
-    uint64_t from;        /* first stream sequence counted */
-    uint64_t to;          /* last stream sequence looked at */
-    uint64_t *extra;      /* per partition: events beyond one per message */
-} kb_nats_tally;
-
-static kb_nats_tally *tally_of(kb_transport *t, const char *topic)
-{
-    kb_nats_tally *y = t->tallies;
-    while (y != NULL && strcmp(y->topic, topic) != 0)
-        y = y->next;
-    if (y != NULL)
-        return y;
-    if ((y = calloc(1, sizeof *y)) == NULL || (y->topic = strdup(topic)) == NULL ||
-        (y->extra = calloc(t->partitions, sizeof *y->extra)) == NULL) {
-        if (y != NULL)
-            free(y->topic);
-        free(y);
-        return NULL;
-    }
-    y->next = t->tallies;
-    t->tallies = y;
-    return y;
-}
 
 /* Count one message of the scan. */
 static void count(kb_transport *t, kb_nats_tally *y, const char *topic, natsMsg *m,
@@ -127,29 +102,16 @@ static int update(kb_transport *t, kb_nats_tally *y, const char *topic, const ch
     return rc;
 }
 
-int kb__nats_tally(kb_transport *t, const char *topic, const char *stream, uint64_t first,
-                   uint64_t last, long only, uint64_t *extra)
+int kb__nats_tally(kb_transport *t, kb_nats_topic *tp, uint64_t first, uint64_t last, long only,
+                   uint64_t *extra)
 {
     pthread_mutex_lock(&t->tally_mu);
-    kb_nats_tally *y = tally_of(t, topic);
-    int rc = y != NULL ? update(t, y, topic, stream, first, last) : KB_ENOMEM;
+    kb_nats_tally *y = &tp->tally;
+    int rc = update(t, y, tp->name, tp->stream, first, last);
     *extra = 0;
     for (uint32_t i = 0; rc == KB_OK && i < t->partitions; i++)
         if (only < 0 || (long)i == only)
             *extra += y->extra[i];
     pthread_mutex_unlock(&t->tally_mu);
-    if (rc == KB_ENOMEM)
-        kb_errf(NULL, 0, "nats: out of memory counting events");
     return rc;
-}
-
-void kb__nats_tally_free(kb_transport *t)
-{
-    for (kb_nats_tally *y = t->tallies, *next; y; y = next) {
-        next = y->next;
-        free(y->extra);
-        free(y->topic);
-        free(y);
-    }
-    t->tallies = NULL;
 }

@@ -1,12 +1,12 @@
-/* The completion frontier: handlers finish out of order across keys, so each
- * claim keeps its deliveries in stream order and one AckAll for the last
- * entry of the finished prefix acks them all — no round trip per event. */
+/* Claims and their completion frontier: handlers finish out of order across
+ * keys, so each claim keeps its deliveries in stream order and one AckAll for
+ * the last entry of the finished prefix acks them all — no round trip per
+ * event. The bus's ack, release and still_owned hooks settle entries here. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "nats_int.h"
+#include "nats_claim.h"
 
 kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev)
 {
@@ -41,7 +41,8 @@ uint32_t kb__nats_attempt(const kb_nats_claim *c, uint64_t sseq, uint64_t delive
 void kb__nats_claim_reset(kb_transport *t, kb_nats_claim *c)
 {
     atomic_store(&c->fenced, 1);
-    kb__nats_lease_kick(t);
+    atomic_store(&t->lease_kick, 1);
+    kb_signal_notify(t->lease_wake);
 }
 
 /* One event of the entry is finished with; the last one settles the entry,
@@ -102,7 +103,7 @@ static void free_ring(kb_nats_claim *c)
 
 /* Ack what is finished. Acking handled events is right even for a fenced
  * claim: the consumer is this claim's own, and fencing only stops feeding. */
-static void ack_claim(kb_transport *t, kb_nats_claim *c, int64_t now)
+void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now)
 {
     if (atomic_load(&c->freed))
         return;
@@ -125,7 +126,7 @@ static void ack_claim(kb_transport *t, kb_nats_claim *c, int64_t now)
         natsMsg_Destroy(last);
         atomic_store(&c->acked_to, last_seq);
         atomic_store_explicit(&c->head, h, memory_order_release);
-        kb__nats_drain_wake(t);
+        kb_signal_notify(t->acked);
     }
     /* A long handler holds the frontier: keep its message from redelivery. */
     int64_t third = t->ack_wait_ms * 1000000 / 3;
@@ -142,38 +143,7 @@ static void ack_claim(kb_transport *t, kb_nats_claim *c, int64_t now)
         free_ring(c);
 }
 
-void kb__nats_ack_pass(kb_transport *t)
-{
-    int64_t now = kb__nats_now_ns();
-    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
-        if (!atomic_load(&tp->subscribed))
-            continue;
-        for (uint32_t i = 0; i < t->partitions; i++)
-            for (kb_nats_claim *c = atomic_load(&tp->parts[i].claims); c; c = c->next)
-                ack_claim(t, c, now);
-    }
-}
-
-void *kb__nats_acker(void *arg)
-{
-    kb_transport *t = arg;
-    /* Frames wait at most a linger (plus this tick) before they go out. */
-    int64_t tick_ns = t->ack_interval_ms * 1000000;
-    if (t->batch_events > 1 && t->linger_ns > 0 && t->linger_ns < tick_ns)
-        tick_ns = t->linger_ns > 100000 ? t->linger_ns : 100000;
-    struct timespec tick = {(time_t)(tick_ns / 1000000000), (long)(tick_ns % 1000000000)};
-    while (!atomic_load(&t->closing)) {
-        kb__nats_ack_pass(t);
-        kb__nats_resend(t);
-        if (t->batch_events > 1)
-            kb__nats_batch_send_due(t, false);
-        nanosleep(&tick, NULL);
-    }
-    nats_ReleaseThreadMemory();
-    return NULL;
-}
-
-void kb__nats_claim_free_all(kb_nats_part *p)
+void kb__nats_claims_free(kb_nats_part *p)
 {
     for (kb_nats_claim *c = atomic_load(&p->claims), *next; c; c = next) {
         next = c->next;

@@ -1,0 +1,83 @@
+/* kb_close honours its deadline when the NATS server answers nothing: the
+ * server is stopped with SIGSTOP (the connection stays open, nothing comes
+ * back) while a bus consumes and produces; kb_close(b, 3000) returns within
+ * a wide bound and reports the accepted events it could not send. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <keybus/keybus.h>
+
+#include "support/bus.h"
+#include "support/server.h"
+
+#define EVENTS 200
+
+static _Atomic uint64_t handled;
+
+static int count(const kb_event *ev, void *opaque)
+{
+    (void)ev, (void)opaque;
+    atomic_fetch_add(&handled, 1);
+    return KB_HANDLED;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void close_with_server_stopped(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    kb_bus *b = kb_test_open(s.url, NULL, NULL);
+    assert_int_equal(kb_subscribe(b, "stopped.t", count, NULL), KB_OK);
+    char key[16];
+    for (int i = 0; i < EVENTS; i++) {
+        int kl = snprintf(key, sizeof key, "k%d", i % 20);
+        assert_int_equal(kb_publish(b, "stopped.t", key, (size_t)kl, "v", 1), KB_OK);
+    }
+    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    /* the consumer holds leases and claims: it has handled everything */
+    for (int i = 0; i < 3000 && atomic_load(&handled) < EVENTS; i++)
+        usleep(10000);
+    assert_int_equal(atomic_load(&handled), EVENTS);
+
+    kb_test_server_signal(&s, SIGSTOP);
+    for (int i = 0; i < 50; i++) {   /* accepted, never acknowledged */
+        int kl = snprintf(key, sizeof key, "late%d", i);
+        assert_int_equal(kb_publish(b, "stopped.t", key, (size_t)kl, "v", 1), KB_OK);
+    }
+    double t0 = now_s();
+    int rc = kb_close(b, 3000);
+    double took = now_s() - t0;
+    char why[512];
+    snprintf(why, sizeof why, "%s", kb_last_error());
+    kb_test_server_signal(&s, SIGCONT);
+    kb_test_server_stop(&s);
+
+    print_message("kb_close(b, 3000) with the server stopped: %.2f s, rc %d: %s\n", took, rc, why);
+    assert_true(took < 15.0);
+    assert_int_not_equal(rc, KB_OK);
+    assert_non_null(strstr(why, "never sent"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(close_with_server_stopped),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

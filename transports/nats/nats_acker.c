@@ -1,0 +1,51 @@
+/* The acker thread, kb-nats-ack: one loop every nats.ack_interval_ms (or a
+ * publish linger, when shorter) for the jobs that run on a tick: frontier
+ * acks of every claim (nats_claim.c), resends after a reconnect
+ * (nats_send.c), and frames a linger old (nats_batch.c). Woken early only by
+ * close. */
+#include "nats_acker.h"
+#include "nats_batch.h"
+#include "nats_claim.h"
+#include "nats_names.h"
+#include "nats_send.h"
+
+void kb__nats_ack_pass(kb_transport *t)
+{
+    int64_t now = kb_now_ns();
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
+        if (!atomic_load(&tp->subscribed))
+            continue;
+        for (uint32_t i = 0; i < t->partitions; i++)
+            for (kb_nats_claim *c = atomic_load(&tp->parts[i].claims); c; c = c->next)
+                kb__nats_claim_ack(t, c, now);
+    }
+}
+
+static int closing(void *arg)
+{
+    return atomic_load(&((kb_transport *)arg)->closing);
+}
+
+static void *acker(void *arg)
+{
+    kb_transport *t = arg;
+    /* Frames wait at most a linger (plus this tick) before they go out. */
+    int64_t tick_ns = t->ack_interval_ms * 1000000;
+    if (t->batch_events > 1 && t->linger_ns > 0 && t->linger_ns < tick_ns)
+        tick_ns = t->linger_ns > 100000 ? t->linger_ns : 100000;
+    while (!atomic_load(&t->closing)) {
+        int64_t next = kb_now_ns() + tick_ns;
+        kb__nats_ack_pass(t);
+        kb__nats_resend(t);
+        if (t->batch_events > 1)
+            kb__nats_batch_send_due(t, false);
+        kb_signal_wait(t->acker_wake, closing, t, next);
+    }
+    nats_ReleaseThreadMemory();
+    return NULL;
+}
+
+int kb__nats_acker_start(kb_transport *t, char *errstr, size_t errlen)
+{
+    return kb__nats_thread_start(&t->acker, "kb-nats-ack", acker, t, errstr, errlen);
+}

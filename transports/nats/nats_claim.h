@@ -1,0 +1,29 @@
+/* Claims (one ownership period of one partition, its own consumer) and their
+ * completion frontiers; the bus's ack, release and still_owned hooks. */
+#ifndef KB_TRANSPORTS_NATS_CLAIM_H
+#define KB_TRANSPORTS_NATS_CLAIM_H
+
+#include "nats_types.h"
+
+kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev);
+/* Stop feeding a claim and wake the lease thread, which starts a fresh one
+ * if it still holds the lease. */
+void kb__nats_claim_reset(kb_transport *t, kb_nats_claim *c);
+/* Ack the finished prefix of the claim's frontier (AckAll), keep a long
+ * handler's message from redelivery, free the ring of a finished fenced
+ * claim. The acker thread, or close once the acker has stopped. */
+void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now);
+/* Free every claim of the partition (close). */
+void kb__nats_claims_free(kb_nats_part *p);
+/* Deliveries of stream sequence sseq so far: this consumer's count plus one
+ * per earlier consumer of the partition that delivered it. */
+uint32_t kb__nats_attempt(const kb_nats_claim *c, uint64_t sseq, uint64_t delivered);
+/* One event of the entry is finished with; the last one settles the entry,
+ * done only when none was released unhandled. */
+void kb__nats_settle(kb_nats_entry *e, bool done);
+/* The bus's hooks (executor threads). */
+int kb__nats_ack(kb_transport *t, const kb_delivery *d);
+void kb__nats_release(kb_transport *t, const kb_delivery *d);
+int kb__nats_still_owned(kb_transport *t, const kb_delivery *d);
+
+#endif /* KB_TRANSPORTS_NATS_CLAIM_H */

@@ -1,0 +1,220 @@
+/* The connection: options from the configuration and the URL, the
+ * connection callbacks nats.c runs on its own threads, and the JetStream
+ * context. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nats_connect.h"
+#include "nats_names.h"
+#include "nats_send.h"
+
+/* Exponential reconnect backoff with jitter, capped. */
+static int64_t reconnect_delay(natsConnection *nc, int attempts, void *closure)
+{
+    (void)nc;
+    kb_transport *t = closure;
+    int64_t d = t->reconnect_wait_ms;
+    for (int i = 1; i < attempts && d < t->reconnect_max_ms; i++)
+        d *= 2;
+    if (d > t->reconnect_max_ms)
+        d = t->reconnect_max_ms;
+    return d / 2 + (int64_t)(rand() % (int)(d / 2 + 1));
+}
+
+static void on_async_error(natsConnection *nc, natsSubscription *sub, natsStatus err,
+                           void *closure)
+{
+    (void)sub;
+    kb_transport *t = closure;
+    const char *why = NULL;
+    natsConnection_GetLastError(nc, &why);
+    kb_log(t->bus, KB_LOG_WARNING, "nats %s: %s%s%s", t->url_safe, natsStatus_GetText(err),
+           why != NULL && why[0] ? ": " : "", why != NULL ? why : "");
+}
+
+/* nats.c delivers connection callbacks on its own thread, in order; the
+ * closed callback is the last, so nats_close waits for it before freeing. */
+static void on_closed(natsConnection *nc, void *closure)
+{
+    (void)nc;
+    kb_transport *t = closure;
+    atomic_store(&t->nc_closed, 1);
+    kb_signal_notify(t->nc_event);
+}
+
+/* The server's max_payload, from its INFO; frames stay well below it. It can
+ * differ after a reconnect (another server, a new configuration). */
+static void read_limits(kb_transport *t, natsConnection *nc)
+{
+    int64_t maxp = natsConnection_GetMaxPayload(nc);
+    size_t m = maxp > 0 ? (size_t)maxp : 1024 * 1024;
+    atomic_store(&t->max_payload, m);
+    atomic_store(&t->batch_bytes, m / 4 < 256 * 1024 ? m / 4 : 256 * 1024);
+}
+
+static void on_reconnected(natsConnection *nc, void *closure)
+{
+    kb_transport *t = closure;
+    read_limits(t, nc);
+    atomic_fetch_add(&t->reconnects, 1);
+    kb_signal_notify(t->resent);   /* a flush at close resends itself */
+    kb_log(t->bus, KB_LOG_INFO, "nats %s: reconnected (max_payload %zu)", t->url_safe,
+           atomic_load(&t->max_payload));
+}
+
+/* Connected after kb_open's first attempt failed (nats.connect_wait_ms). */
+static void on_connected(natsConnection *nc, void *closure)
+{
+    kb_transport *t = closure;
+    read_limits(t, nc);
+    atomic_store(&t->connected, 1);
+    kb_signal_notify(t->nc_event);
+}
+
+static int is_connected(void *arg)
+{
+    return atomic_load(&((kb_transport *)arg)->connected);
+}
+
+/* The server's URL without userinfo (nats.c would not percent-decode it),
+ * and the decoded user and password (or token: a user without password). */
+static natsStatus set_server(natsOptions *o, const kb_url *u)
+{
+    char url[600];
+    bool v6 = strchr(u->host, ':') != NULL;
+    snprintf(url, sizeof url, "nats://%s%s%s:%d", v6 ? "[" : "", u->host, v6 ? "]" : "",
+             u->port ? u->port : 4222);
+    natsStatus s = natsOptions_SetURL(o, url);
+    if (s == NATS_OK && u->user != NULL && u->password != NULL)
+        s = natsOptions_SetUserInfo(o, u->user, u->password);
+    else if (s == NATS_OK && u->user != NULL)
+        s = natsOptions_SetToken(o, u->user);
+    return s;
+}
+
+static natsStatus set_options(kb_transport *t, natsOptions *o, const kb_conf *c, const kb_url *u)
+{
+    const char *token = kb_conf_str(c, "nats.token"), *creds = kb_conf_str(c, "nats.creds_file");
+    const char *ca = kb_conf_str(c, "nats.tls_ca"), *cert = kb_conf_str(c, "nats.tls_cert");
+    const char *key = kb_conf_str(c, "nats.tls_key"), *host = kb_conf_str(c, "nats.tls_hostname");
+    natsStatus s = set_server(o, u);
+    if (s == NATS_OK && token[0])
+        s = natsOptions_SetToken(o, token);
+    if (s == NATS_OK && creds[0])
+        s = natsOptions_SetUserCredentialsFromFiles(o, creds, NULL);
+    if (s == NATS_OK && (ca[0] || cert[0] || key[0] || host[0]))
+        s = natsOptions_SetSecure(o, true);
+    if (s == NATS_OK && ca[0])
+        s = natsOptions_LoadCATrustedCertificates(o, ca);
+    if (s == NATS_OK && (cert[0] || key[0]))
+        s = natsOptions_LoadCertificatesChain(o, cert, key);
+    if (s == NATS_OK && host[0])
+        s = natsOptions_SetExpectedHostname(o, host);
+    if (s == NATS_OK)
+        s = natsOptions_SetName(o, t->id);
+    if (s == NATS_OK)
+        s = natsOptions_SetMaxReconnect(o, -1);
+    if (s == NATS_OK)
+        s = natsOptions_SetCustomReconnectDelay(o, reconnect_delay, t);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectBufSize(o, 64 * 1024 * 1024);
+    if (s == NATS_OK)
+        s = natsOptions_SetTimeout(o, 2000);
+    if (s == NATS_OK)
+        s = natsOptions_SetErrorHandler(o, on_async_error, t);
+    if (s == NATS_OK)
+        s = natsOptions_SetDisconnectedCB(o, kb__nats_disconnected, t);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectedCB(o, on_reconnected, t);
+    if (s == NATS_OK)
+        s = natsOptions_SetClosedCB(o, on_closed, t);
+    return s;
+}
+
+/* nats.c's reason with the secret file's path replaced by its key's name
+ * (nats.creds_file is a secret: messages name the key, never the value). */
+static void reason_of(natsStatus s, const kb_conf *c, char *out, size_t len)
+{
+    const char *why = kb__nats_reason(s), *creds = kb_conf_str(c, "nats.creds_file");
+    const char *at = creds[0] ? strstr(why, creds) : NULL;
+    if (at == NULL)
+        snprintf(out, len, "%s", why);
+    else
+        snprintf(out, len, "%.*snats.creds_file%s", (int)(at - why), why, at + strlen(creds));
+}
+
+/* Connect; when nats.connect_wait_ms allows, nats.c keeps trying in the
+ * background (its reconnect backoff) and calls on_connected. */
+static int dial(kb_transport *t, natsOptions *o, const kb_conf *c, char *errstr, size_t errlen)
+{
+    natsStatus s = natsConnection_Connect(&t->nc, o);
+    if (s == NATS_OK)
+        return KB_OK;
+    char why[256];
+    reason_of(s, c, why, sizeof why);
+    int wait_ms = (int)kb_conf_int(c, "nats.connect_wait_ms");
+    if (wait_ms > 0 && s != NATS_NO_MEMORY) {
+        int64_t deadline = kb_deadline_ns(wait_ms);
+        s = natsOptions_SetRetryOnFailedConnect(o, true, on_connected, t);
+        if (s == NATS_OK)
+            s = natsConnection_Connect(&t->nc, o);
+        if (s == NATS_OK || (s == NATS_NOT_YET_CONNECTED &&
+                             kb_signal_wait(t->nc_event, is_connected, t, deadline)))
+            return KB_OK;
+    }
+    kb_errf(errstr, errlen, "nats %s: cannot connect: %s", t->url_safe, why);
+    kb_log(t->bus, KB_LOG_ERROR, "nats %s: cannot connect: %s", t->url_safe, why);
+    return s == NATS_NO_MEMORY ? KB_ENOMEM : KB_ETRANSPORT;
+}
+
+int kb__nats_connect(kb_transport *t, const kb_conf *c, char *errstr, size_t errlen)
+{
+    kb_url *u = kb_url_parse(kb_conf_str(c, "transport"), errstr, errlen);
+    if (u == NULL)
+        return KB_EINVAL;
+    natsOptions *o = NULL;
+    natsStatus s = natsOptions_Create(&o);
+    if (s == NATS_OK)
+        s = set_options(t, o, c, u);
+    kb_url_free(u);
+    if (s != NATS_OK) {
+        char why[256];
+        reason_of(s, c, why, sizeof why);
+        kb_errf(errstr, errlen, "nats %s: bad connection options: %s", t->url_safe, why);
+        natsOptions_Destroy(o);
+        return s == NATS_NO_MEMORY ? KB_ENOMEM : KB_EINVAL;
+    }
+    int rc = dial(t, o, c, errstr, errlen);
+    natsOptions_Destroy(o);
+    if (rc != KB_OK)
+        return rc;
+    read_limits(t, t->nc);
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.PublishAsync.MaxPending = kb_conf_int(c, "nats.publish_max_pending");
+    jo.PublishAsync.AckHandler = kb__nats_pub_ack;   /* sequences for kb_drain, errors */
+    jo.PublishAsync.AckHandlerClosure = t;
+    jo.PublishAsync.StallWait = t->enqueue_timeout_ms > 0 ? t->enqueue_timeout_ms : 1;
+    jsCtx *js = NULL;
+    s = natsConnection_JetStream(&js, t->nc, &jo);
+    pthread_rwlock_wrlock(&t->pub_lock);   /* the disconnect callback reads it */
+    t->js = js;
+    pthread_rwlock_unlock(&t->pub_lock);
+    if (s != NATS_OK) {
+        kb_errf(errstr, errlen, "nats %s: no JetStream context: %s", t->url_safe,
+                kb__nats_reason(s));
+        return KB_ETRANSPORT;
+    }
+    jsAccountInfo *ai = NULL;
+    jsErrCode jerr = 0;
+    s = js_GetAccountInfo(&ai, t->js, NULL, &jerr);
+    jsAccountInfo_Destroy(ai);
+    if (s != NATS_OK) {
+        kb_errf(errstr, errlen, "nats %s: JetStream not available: %s (error %d)",
+                t->url_safe, kb__nats_reason(s), (int)jerr);
+        return KB_ETRANSPORT;
+    }
+    return KB_OK;
+}
+

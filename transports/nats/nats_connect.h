@@ -1,0 +1,11 @@
+/* The connection to the server and its JetStream context. */
+#ifndef KB_TRANSPORTS_NATS_CONNECT_H
+#define KB_TRANSPORTS_NATS_CONNECT_H
+
+#include "nats_types.h"
+
+/* Connect (t->nc, t->js) as the configuration says; errors carry nats.c's
+ * reason. */
+int kb__nats_connect(kb_transport *t, const kb_conf *c, char *errstr, size_t errlen);
+
+#endif /* KB_TRANSPORTS_NATS_CONNECT_H */

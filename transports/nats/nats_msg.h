@@ -1,0 +1,29 @@
+/* Message plumbing: numbers and base64 without snprintf, the key header, the
+ * $JS.ACK reply subject, copies of messages. Helpers on nats.c messages only. */
+#ifndef KB_TRANSPORTS_NATS_MSG_H
+#define KB_TRANSPORTS_NATS_MSG_H
+
+#include "nats_types.h"
+
+/* v in decimal at out (room for 21 bytes), NUL-terminated; returns its length.
+ * No snprintf: it runs per message and per event. */
+size_t kb__nats_put_u64(char *out, uint64_t v);
+/* Base64 of len bytes at out (4 * ceil(len / 3) + 1 bytes); returns its length. */
+size_t kb__nats_b64_encode(const void *src, size_t len, char *out);
+/* Decoded length, -1 when malformed, -2 when over cap. */
+long kb__nats_b64_decode(const char *v, size_t n, char *buf, size_t cap);
+int kb__nats_set_key(natsMsg *m, const void *key, size_t len);
+/* Bytes of the header line kb__nats_set_key writes for this key. */
+size_t kb__nats_key_hdr_len(const void *key, size_t len);
+/* Key of a message into buf (cap bytes); length, or -1 with *why set. */
+int kb__nats_get_key(natsMsg *m, char *buf, size_t cap, const char **why);
+/* Fields of a $JS.ACK reply subject. */
+typedef struct kb_nats_meta {
+    char consumer[176];
+    uint64_t delivered, sseq;
+} kb_nats_meta;
+/* 0, or -1 when `reply` is not a $JS.ACK subject (a status reply). */
+int kb__nats_parse_ack(const char *reply, kb_nats_meta *out);
+natsMsg *kb__nats_msg_clone(natsMsg *m);
+
+#endif /* KB_TRANSPORTS_NATS_MSG_H */

@@ -1,0 +1,83 @@
+/* Broker names and nats.c status texts. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nats_names.h"
+
+const char *kb__nats_reason(natsStatus s)
+{
+    const char *text = nats_GetLastError(NULL);
+    if (text == NULL || text[0] == '\0')
+        return natsStatus_GetText(s);
+    const char *after = text[0] == '(' ? strstr(text, "): ") : NULL;   /* "(conn.c:1905): " */
+    return after != NULL ? after + 3 : text;
+}
+
+int kb__nats_errf(const char *what, natsStatus s, jsErrCode jerr)
+{
+    const char *text = nats_GetLastError(NULL);
+    kb_errf(NULL, 0, "nats: %s: %s%s%s (jetstream error %d)", what, natsStatus_GetText(s),
+            text ? ": " : "", text ? text : "", (int)jerr);
+    return s == NATS_NO_MEMORY ? KB_ENOMEM : s == NATS_TIMEOUT ? KB_ETIMEDOUT : KB_ETRANSPORT;
+}
+
+/* Dots become '_', and a hash of the original name keeps "a.b" and "a_b" apart. */
+void kb__nats_stream_name(char *buf, size_t len, const char *topic)
+{
+    int n = snprintf(buf, len, "KB_%s", topic);
+    for (int i = 3; i < n && (size_t)i < len; i++)
+        if (buf[i] == '.')
+            buf[i] = '_';
+    size_t o = strlen(buf);
+    snprintf(buf + o, len - o, "_%08x", kb_fnv1a32(topic, strlen(topic)));
+}
+
+long kb__nats_subject_part(const kb_transport *t, const char *topic, const char *subj)
+{
+    size_t tl = strlen(topic);
+    if (strncmp(subj, "kb.", 3) != 0 || strncmp(subj + 3, topic, tl) != 0 || subj[3 + tl] != '.')
+        return -1;
+    char *end = NULL;
+    unsigned long n = strtoul(subj + 4 + tl, &end, 10);
+    return end != subj + 4 + tl && *end == '\0' && n < t->partitions ? (long)n : -1;
+}
+
+long kb__nats_consumer_part(const kb_transport *t, const char *name)
+{
+    size_t gl = strlen(t->group);
+    unsigned n = 0;
+    char sep = 0;
+    if (strncmp(name, t->group, gl) != 0 || sscanf(name + gl, "_%u%c", &n, &sep) != 2 ||
+        sep != '_' || n >= t->partitions)
+        return -1;
+    return (long)n;
+}
+
+/* A consumer that has acked nothing yet reports AckFloor.Stream 0 even though
+ * it started at OptStartSeq (nats-server 2.9), so its floor is OptStartSeq - 1.
+ * Trusting the reported 0 was the replay storm of issue 19: with a stable
+ * consumer name a restarted process takes its leases back at once, so an
+ * incarnation killed before its first ack left only such a consumer behind
+ * (the older ones were deleted), and the next one started the partition again
+ * at sequence 1. */
+uint64_t kb__nats_floor_of(const jsConsumerInfo *ci)
+{
+    uint64_t start = ci->Config != NULL && ci->Config->DeliverPolicy == js_DeliverByStartSequence &&
+                             ci->Config->OptStartSeq > 0
+                         ? ci->Config->OptStartSeq - 1
+                         : 0;
+    return ci->AckFloor.Stream > start ? ci->AckFloor.Stream : start;
+}
+
+int kb__nats_thread_start(kb_thread **th, const char *name, void *(*fn)(void *), void *arg,
+                          char *errstr, size_t errlen)
+{
+    int rc = kb_thread_start(th, name, fn, arg);
+    if (rc != KB_OK) {
+        char why[160];
+        snprintf(why, sizeof why, "%s", kb_last_error());
+        kb_errf(errstr, errlen, "nats: cannot start thread %s: %s", name, why);
+    }
+    return rc;
+}

@@ -1,0 +1,29 @@
+/* Broker names (streams, subjects, consumers), nats.c status texts and thread
+ * starts: the bottom helpers every other file of the transport may use. */
+#ifndef KB_TRANSPORTS_NATS_NAMES_H
+#define KB_TRANSPORTS_NATS_NAMES_H
+
+#include "nats_types.h"
+
+/* The error of a failed nats.c call, with nats.c's own reason
+ * (nats_GetLastError) into kb_last_error: KB_ENOMEM, KB_ETIMEDOUT or
+ * KB_ETRANSPORT. */
+int kb__nats_errf(const char *what, natsStatus s, jsErrCode jerr);
+/* nats.c's reason for the last failure on this thread (without its source
+ * location), or the status text. */
+const char *kb__nats_reason(natsStatus s);
+/* Stream names may not hold '.': KB_<topic, dots as '_'>_<fnv1a32 of the topic>. */
+void kb__nats_stream_name(char *out, size_t len, const char *topic);
+/* Partition of a partition subject kb.<topic>.<n>, or -1 (the dead letters,
+ * another topic). */
+long kb__nats_subject_part(const kb_transport *t, const char *topic, const char *subj);
+/* Partition of one of the group's partition consumers (<group>_<n>_<rev>), or -1. */
+long kb__nats_consumer_part(const kb_transport *t, const char *name);
+/* Where a consumer of the partition stopped: everything up to it is acked. */
+uint64_t kb__nats_floor_of(const jsConsumerInfo *ci);
+
+/* kb_thread_start, with "cannot start thread <name>" in errstr on failure. */
+int kb__nats_thread_start(kb_thread **th, const char *name, void *(*fn)(void *), void *arg,
+                          char *errstr, size_t errlen);
+
+#endif /* KB_TRANSPORTS_NATS_NAMES_H */

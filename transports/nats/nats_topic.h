@@ -1,0 +1,19 @@
+/* Topics: the per-topic state the bus hands to every per-topic hook, its
+ * index (publish acks name their topic by it) and its stream. */
+#ifndef KB_TRANSPORTS_NATS_TOPIC_H
+#define KB_TRANSPORTS_NATS_TOPIC_H
+
+#include "nats_types.h"
+
+/* A topic's state, without waiting for the broker (topic_open). */
+int kb__nats_topic_new(kb_transport *t, const char *name, kb_nats_topic **out, char *errstr,
+                       size_t errlen);
+/* The topic with this index, or NULL. Thread: any. */
+kb_nats_topic *kb__nats_topic_at(kb_transport *t, uint32_t index);
+/* Create the topic's stream unless it is there (once; a round trip the first
+ * time). KB_OK or the error with nats.c's reason. */
+int kb__nats_topic_ready(kb_transport *t, kb_nats_topic *tp);
+/* Free it (close only); returns the events still buffered in its frames. */
+uint64_t kb__nats_topic_free(kb_transport *t, kb_nats_topic *tp);
+
+#endif /* KB_TRANSPORTS_NATS_TOPIC_H */

@@ -1,0 +1,216 @@
+/* The NATS transport's state (per bus, per topic, per partition and claim)
+ * and its wire constants: types only, read by every layer. Functions are
+ * declared by each file's own header. */
+#ifndef KB_TRANSPORTS_NATS_TYPES_H
+#define KB_TRANSPORTS_NATS_TYPES_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <nats/nats.h>
+
+#include <keybus/pool.h>
+#include <keybus/transport.h>
+
+
+#define KB_NATS_NAME 256           /* stream, consumer and subject buffers */
+#define KB_NATS_KEY_HDR "Kb-Key"          /* the key as text (printable ASCII) */
+#define KB_NATS_KEY_B64_HDR "Kb-Bin-Key"  /* the key as base64 (any bytes). Not
+                                           * "Kb-Key-B64": nats.c 3.4.1 answered a
+                                           * Kb-Key lookup with that header's value */
+#define KB_NATS_BATCH_HDR "Kb-Batch"      /* a frame of this many events of one partition */
+#define KB_NATS_FRAME_HDR_NAME "Kb-Frame" /* "2": frame entries end with headers */
+#define KB_NATS_HDRS_HDR "Kb-Headers"     /* event header names in order (nats_hdr.c) */
+#define KB_NATS_OMITTED_HDR "Kb-Body-Omitted"  /* dead letter stored without its body (size) */
+#define KB_NATS_BATCH_MAX 4096            /* events per frame, nats.publish_batch's limit */
+/* Header bytes, all within the server's max_payload (docs/transports-nats.md,
+ * "Limits"). nats.c writes "NATS/1.0\r\n", "Name: value\r\n" per header, "\r\n". */
+#define KB_NATS_HDR_BASE 64    /* status line, Nats-Msg-Id (<16 hex>-<u64>), end */
+#define KB_NATS_FRAME_HDR 16   /* Kb-Batch: <n> */
+#define KB_NATS_FRAME_V2_HDR 13   /* Kb-Frame: 2 (frames holding headers) */
+#define KB_NATS_DLQ_ROOM 1024  /* dead-letter headers besides the key (reason cut to 256) */
+#define KB_NATS_HDR_MAX 65535  /* JetStream refuses larger headers (error 10097) */
+#define KB_NATS_MARKS 16                  /* earlier deliveries remembered per claim */
+
+/* One delivered message (one event, or a frame of several) waiting for its
+ * handlers. The natsMsg keeps the $JS.ACK reply subject that AckAll needs. */
+typedef struct kb_nats_entry {
+    natsMsg *msg;
+    struct kb_nats_claim *claim;
+    uint64_t sseq;
+    int64_t since_ns;              /* delivered at, for in-progress acks */
+    _Atomic uint32_t pending;      /* its events the bus is not finished with */
+    _Atomic uint32_t released;     /* one of them was released unhandled */
+    _Atomic uint32_t done;         /* every event handled or dead-lettered: may be acked */
+} kb_nats_entry;
+
+/* One ownership period of one partition: its own consumer, named after the
+ * lease revision, so acks from an earlier owner never reach it. */
+typedef struct kb_nats_claim {
+    struct kb_nats_part *part;
+    uint64_t rev;                  /* lease revision when acquired */
+    char consumer[176];
+    char next_subj[2 * KB_NATS_NAME];  /* $JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer> */
+    /* completion frontier: entries in delivery (= stream) order */
+    kb_nats_entry *ring;
+    uint32_t cap;
+    _Atomic uint64_t head;         /* acker: first entry not yet acked */
+    _Atomic uint64_t tail;         /* feeder: next free slot */
+    _Atomic uint64_t settled;      /* entries the bus is finished with */
+    _Atomic int fenced;            /* lease lost or reset: no acks, no deliveries */
+    _Atomic int feeder_left;       /* the feeder will not touch it again */
+    _Atomic int freed;             /* ring freed by the acker */
+    _Atomic uint64_t acked_to;     /* stream sequence of the last AckAll sent */
+    int64_t last_wpi_ns;           /* acker: last in-progress ack */
+    uint64_t marks[KB_NATS_MARKS]; /* highest sequences earlier consumers delivered */
+    uint32_t nmarks;
+    /* feeder only */
+    uint64_t delivered_hi;         /* highest stream sequence handed to the sink */
+    bool pull_open;
+    bool pull_got;                 /* a message came since the newest request */
+    int pull_left;
+    uint32_t pull_serial;
+    int64_t pull_expires_ms;       /* grows while the partition is idle */
+    int64_t pull_deadline_ns;
+    struct kb_nats_claim *next;    /* older claims of the partition */
+} kb_nats_claim;
+
+/* Events of one partition waiting to go out as one message (a frame). */
+typedef struct kb_nats_batch {
+    pthread_mutex_t mu;            /* serialises the partition's publishes */
+    char *buf;                     /* frame body: see nats_batch.c */
+    size_t len, cap;
+    uint32_t count;
+    int64_t first_ns;              /* when the oldest buffered event came */
+    int64_t last_send_ns;
+    bool v2;                       /* entries carry headers (Kb-Frame: 2) */
+    /* highest stream sequence the server acked for this partition's
+     * publishes from this process (kb_drain's target) */
+    _Atomic uint64_t stored_seq;
+} kb_nats_batch;
+
+typedef struct kb_transport_topic kb_nats_topic;
+
+typedef struct kb_nats_part {
+    kb_nats_topic *topic;
+    uint32_t n;
+    char subject[KB_NATS_NAME];    /* kb.<topic>.<n> */
+    char lease_key[2 * KB_NATS_NAME];
+    _Atomic(kb_nats_claim *) claim;   /* current claim, NULL when not owned */
+    _Atomic(kb_nats_claim *) claims;  /* every claim, newest first (freed at close) */
+    uint64_t lease_rev;            /* lease thread only */
+    int64_t lease_until_ns;        /* local lease expiry */
+    bool releasing;
+    bool wanted;                   /* lease thread: ranked first here */
+    kb_nats_claim *feeding;        /* feeder only: the claim it works on */
+} kb_nats_part;
+
+/* Events beyond one per message (frames), for broker_length (nats_tally.c);
+ * under the bus's tally_mu. */
+typedef struct kb_nats_tally {
+    uint64_t from;                 /* first stream sequence counted */
+    uint64_t to;                   /* last stream sequence looked at */
+    uint64_t *extra;               /* per partition */
+} kb_nats_tally;
+
+/* A topic as the bus hands it to every per-topic hook (topic_open). */
+struct kb_transport_topic {
+    kb_nats_topic *next;           /* the bus's list, newest first */
+    uint32_t index;                /* in the bus's table and in Nats-Msg-Id */
+    char *name;
+    char stream[KB_NATS_NAME];
+    char dlq_subject[KB_NATS_NAME];
+    char (*subjects)[KB_NATS_NAME];  /* kb.<topic>.N, for publishing */
+    uint32_t hash;                 /* spreads partition ownership across topics */
+    _Atomic int stream_ready;      /* the stream exists (created at first use) */
+    kb_nats_batch *batches;        /* per partition */
+    _Atomic uint64_t published;
+    _Atomic uint64_t unowned;      /* deliveries released by still_owned: lease lost */
+    _Atomic uint32_t frames_open;  /* partitions with buffered events */
+    kb_nats_tally tally;
+    /* consuming side: set by subscribe */
+    kb_sink *sink;
+    kb_nats_part *parts;
+    uint32_t sub_id;               /* in the bus's pull reply subjects */
+    _Atomic int subscribed;        /* parts and sink are set */
+};
+
+/* Topics by index (publish acks carry it in their Nats-Msg-Id): chunks that
+ * never move, so readers need no lock. */
+#define KB_NATS_TOPIC_CHUNK 1024
+#define KB_NATS_TOPIC_CHUNKS 1024   /* at most 1,048,576 topics per bus */
+
+/* A publish that must be sent again, in order. */
+typedef struct kb_nats_resend {
+    natsMsg *msg;
+    struct kb_nats_resend *next;
+} kb_nats_resend;
+
+struct kb_transport {
+    kb_bus *bus;
+    natsConnection *nc;
+    jsCtx *js;
+    kvStore *kv;
+    char url_safe[512];            /* URL without credentials, for messages */
+    char id[128];                  /* this process's consumer name */
+    char group[129];               /* group (letters, digits, - _ =) */
+    char bus_id[24];               /* prefix of Nats-Msg-Id */
+    char bucket[72];               /* lease KV bucket */
+    _Atomic uint64_t msg_seq;
+    /* configuration */
+    uint32_t partitions;
+    jsStorageType storage;
+    int64_t ack_wait_ms, lease_ttl_ms, publish_timeout_ms;
+    int64_t max_ack_pending, fetch_batch, fetch_expires_ms, ack_interval_ms;
+    int64_t dup_window_ms, reconnect_wait_ms, reconnect_max_ms;
+    uint32_t batch_events;         /* nats.publish_batch */
+    _Atomic size_t batch_bytes;    /* frame body limit, below max_payload */
+    _Atomic size_t max_payload;    /* the server's, from its INFO (again on reconnect) */
+    int64_t linger_ns;             /* nats.publish_linger_us */
+    int enqueue_timeout_ms;
+    uint32_t max_attempts;         /* retry.max_attempts */
+    size_t max_headers, max_header_bytes;   /* limits.*: other clients' headers too */
+    /* topics: append-only list and index table, read without a lock */
+    _Atomic(kb_nats_topic *) topics;
+    _Atomic(kb_nats_topic **) topic_chunks[KB_NATS_TOPIC_CHUNKS];
+    uint32_t ntopics;              /* under topics_lock */
+    pthread_mutex_t topics_lock;   /* topic_open, stream creation */
+    /* publish recovery: while `gated`, publishes queue here in order */
+    pthread_rwlock_t pub_lock;
+    pthread_mutex_t resend_lock;
+    kb_nats_resend *resend_head, *resend_tail;
+    _Atomic uint64_t resend_len;
+    _Atomic int gated;
+    _Atomic uint64_t pub_rejected;     /* not yet reported by flush */
+    char pub_error[256];               /* last rejection, under resend_lock */
+    kb_signal *resent;                 /* the resend queue shrank or emptied */
+    /* threads */
+    _Atomic int stopping;              /* ops->stop: feeders end */
+    _Atomic int closing;               /* ops->close: everything ends */
+    _Atomic int nc_closed;             /* nats.c ran our closed callback: no more callbacks */
+    _Atomic int connected;             /* kb_open's background connect succeeded */
+    kb_signal *nc_event;               /* nc_closed or connected set */
+    _Atomic int published_async;       /* js_PublishAsyncGetPendingList crashes before the
+                                          first async publish in nats.c 3.4.1 (NULL map) */
+    kb_signal *lease_wake;             /* a claim was fenced, a topic subscribed, close */
+    _Atomic int lease_kick;
+    _Atomic int leaser_done;           /* the lease thread has left its loop */
+    kb_signal *acker_wake;             /* close: the acker's tick ends early */
+    kb_thread *acker, *leaser;
+    /* consuming: one feeder thread and one inbox subscription per bus */
+    natsSubscription *inbox_sub;
+    char inbox[128];
+    kb_thread *feeder;
+    pthread_mutex_t sub_lock;          /* serialises subscribe */
+    _Atomic uint32_t nsubs;            /* topics subscribed (sub_id < nsubs) */
+    _Atomic uint32_t reconnects;       /* pull requests open before one are lost */
+    /* a claim's frontier moved (the acker): kb_drain and a feeder waiting for
+     * ring space wake */
+    kb_signal *acked;
+    /* broker_length: events counted in frames (nats_tally.c) */
+    pthread_mutex_t tally_mu;
+};
+
+#endif /* KB_TRANSPORTS_NATS_TYPES_H */
