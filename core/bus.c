@@ -7,8 +7,6 @@
 
 #include "bus_int.h"
 #include "conf_int.h"
-#include "err.h"
-#include "headers.h"
 #include "idle.h"
 #include "rec.h"
 #include "registry.h"

@@ -10,7 +10,6 @@
 #include <keybus/transport.h>
 
 #include "conf_int.h"
-#include "err.h"
 #include "ini.h"
 #include "registry.h"
 

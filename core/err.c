@@ -1,9 +1,8 @@
-#include "err.h"
-
+/* Error codes' names and the per-thread text of the last failure (kb_errf). */
 #include <stdarg.h>
 #include <stdio.h>
 
-#include <keybus/keybus.h>
+#include <keybus/transport.h>
 
 static _Thread_local char last_error[1024];
 

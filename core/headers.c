@@ -1,9 +1,9 @@
-#include "headers.h"
-
+/* Event headers: checking them against the limits, and their packed form
+ * inside a record or a transport's store. */
 #include <string.h>
 #include <strings.h>
 
-#include "err.h"
+#include <keybus/transport.h>
 
 static int name_char(unsigned char c)
 {

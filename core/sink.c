@@ -7,8 +7,6 @@
 #include <string.h>
 
 #include "bus_int.h"
-#include "err.h"
-#include "headers.h"
 #include "rec.h"
 
 #define KB_MAX_ID_BYTES 255
