@@ -34,7 +34,7 @@ static const kb_conf_prop redis_props[] = {
      "paused past its lease cannot take entries the next owner should get; 0 = plain "
      "`XREADGROUP`, fenced only by the local lease deadline (a pause between that check and "
      "the read can strand entries and reorder their keys)."},
-    {"redis.publish_buffer_bytes", KB_CONF_INT, "67108864", 65536, INT64_MAX,
+    {"redis.publish_buffer_bytes", KB_CONF_INT, "4194304", 65536, INT64_MAX,
      "Redis: bound on the publishes held until the server confirms them (their `XADD` "
      "commands, in bytes); they are sent again after a lost connection. When it is full, "
      "`kb_publish` waits up to `pool.enqueue_timeout_ms`, then returns `KB_EFULL`."},

@@ -196,6 +196,7 @@ static void *sender_main(void *arg)
         int err = write_some(t, c, &unsent, &due, &quiet_since);
         if (err != 0) {
             lose(t, strerror(err));
+            busy = false;
             continue;
         }
         busy = unsent || due;
@@ -213,12 +214,15 @@ static void *sender_main(void *arg)
         if ((p[1].revents & (POLLIN | POLLERR | POLLHUP)) != 0) {
             if (!read_replies(t, c)) {
                 lose(t, c->errstr[0] ? c->errstr : "connection closed");
+                busy = false;
                 continue;
             }
             quiet_since = kb_now_ns();
         }
-        if (busy && kb_now_ns() - quiet_since >= patience)
+        if (busy && kb_now_ns() - quiet_since >= patience) {
             lose(t, "no reply within redis.read_timeout_ms");
+            busy = false;
+        }
     }
     return NULL;
 }
