@@ -105,6 +105,8 @@ static void blackholed_broker_bounds_every_call_and_loses_nothing(void **state)
     int closed = kb_close(b, 10000);
 
     assert_true(slowest < 10000.0);                  /* no call blocked for ever */
+    if (strcmp(kind, "redis") == 0)   /* publishers never wait for the network (read timeout 1.5 s) */
+        assert_true(slowest < 200 + 1200.0);
     assert_int_equal(flushed, KB_ETIMEDOUT);
     assert_true(flush_took < FLUSH_MS + 10000.0);
     assert_int_equal(drained, KB_OK);
