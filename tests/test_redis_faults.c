@@ -335,19 +335,29 @@ static void wait_tracker(kb_tracker *t, uint64_t n)
         usleep(10000);
 }
 
-static void server_killed_and_restarted(void **state)
+/* A server that survives kill -9 (AOF, appendfsync always) and a bus
+ * subscribed to fault.<what>.<pid> with the tracker. */
+static kb_bus *durable_server_bus(const char *what, char *topic, size_t len, kb_handler_fn handler,
+                                  kb_tracker *t)
 {
-    (void)state;
     const char *extra[] = {"--appendonly", "yes", "--appendfsync", "always", NULL};
     assert_int_equal(kb_test_server_start(&srv, "redis", extra), 0);
-    char err[256], topic[64];
-    snprintf(topic, sizeof topic, "fault.restart.%d", (int)getpid());
+    char err[256];
+    snprintf(topic, len, "fault.%s.%d", what, (int)getpid());
     kb_bus *b = open_url(srv.url, err, sizeof err);
     if (b == NULL)
         fail_msg("kb_open: %s", err);
+    kb_tracker_init(t, KEYS);
+    assert_int_equal(kb_subscribe(b, topic, handler, t), KB_OK);
+    return b;
+}
+
+static void server_killed_and_restarted(void **state)
+{
+    (void)state;
+    char topic[64];
     kb_tracker t;
-    kb_tracker_init(&t, KEYS);
-    assert_int_equal(kb_subscribe(b, topic, slow_tracker, &t), KB_OK);
+    kb_bus *b = durable_server_bus("restart", topic, sizeof topic, slow_tracker, &t);
     publish_range(b, topic, 1, PER_KEY / 2, 1);
     kb_test_server_signal(&srv, SIGKILL);
     usleep(300000);
@@ -386,16 +396,9 @@ static uint64_t publish_unflushed(kb_bus *b, const char *topic, uint32_t first, 
 static void server_killed_mid_publish(void **state)
 {
     (void)state;
-    const char *extra[] = {"--appendonly", "yes", "--appendfsync", "always", NULL};
-    assert_int_equal(kb_test_server_start(&srv, "redis", extra), 0);
-    char err[256], topic[64];
-    snprintf(topic, sizeof topic, "fault.midpub.%d", (int)getpid());
-    kb_bus *b = open_url(srv.url, err, sizeof err);
-    if (b == NULL)
-        fail_msg("kb_open: %s", err);
+    char topic[64];
     kb_tracker t;
-    kb_tracker_init(&t, KEYS);
-    assert_int_equal(kb_subscribe(b, topic, kb_tracker_handler, &t), KB_OK);
+    kb_bus *b = durable_server_bus("midpub", topic, sizeof topic, kb_tracker_handler, &t);
     uint64_t full = publish_unflushed(b, topic, 1, PER_KEY / 2);
     kb_test_server_signal(&srv, SIGKILL);
     full += publish_unflushed(b, topic, PER_KEY / 2 + 1, PER_KEY * 3 / 4);   /* while down */
