@@ -761,9 +761,12 @@ static void trimmed_while_pending(void **state)
     _Atomic uint64_t handled = 0;
     assert_int_equal(kb_subscribe(b, topic, count_handled, &handled), KB_OK);
     wait_for(&handled, 5);
+    kb_topic_stats st;
+    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
     assert_int_equal(kb_close(b, 5000), KB_OK);
     assert_int_equal(atomic_load(&handled), 5);          /* recovery went on past them */
     assert_int_equal(atomic_load(&trimmed_logged), 10);  /* each one named */
+    assert_int_equal(st.broker_trimmed, 10);             /* and counted */
     assert_int_equal(raw_int(c, "XLEN %s", stream), 5);
     redisFree(c);
 }

@@ -34,6 +34,10 @@ static const kb_conf_prop redis_props[] = {
      "paused past its lease cannot take entries the next owner should get; 0 = plain "
      "`XREADGROUP`, fenced only by the local lease deadline (a pause between that check and "
      "the read can strand entries and reorder their keys)."},
+    {"redis.publish_buffer_bytes", KB_CONF_INT, "4194304", 65536, INT64_MAX,
+     "Redis: bound on the publishes held until the server confirms them (their `XADD` "
+     "commands, in bytes); they are sent again after a lost connection. When it is full, "
+     "`kb_publish` waits up to `pool.enqueue_timeout_ms`, then returns `KB_EFULL`."},
     {"redis.reconnect_min_ms", KB_CONF_INT, "50", 1, 60000,
      "Redis: first reconnect delay; doubles per failure, with jitter."},
     {"redis.reconnect_max_ms", KB_CONF_INT, "5000", 1, 600000,
@@ -105,7 +109,10 @@ static void transport_free(kb_transport *t)
         topic_free(tt);
         tt = next;
     }
-    free(t->origins.v);
+    kb__redis_backlog_free(&t->backlog);
+    for (int i = 0; i < 2; i++)
+        if (t->sender_wake[i] >= 0)
+            close(t->sender_wake[i]);
     kb__redis_conn_close(&t->pub);
     kb__redis_conn_close(&t->ctl);
     kb__redis_conn_close(&t->kc);
@@ -115,6 +122,7 @@ static void transport_free(kb_transport *t)
     kb_signal_free(t->reader_wake);
     kb_signal_free(t->keeper_wake);
     kb_signal_free(t->settled);
+    kb_signal_free(t->pub_progress);
     if (t->url != NULL && t->url->password != NULL)
         memset(t->url->password, 0, strlen(t->url->password));
     kb_url_free(t->url);
@@ -123,7 +131,7 @@ static void transport_free(kb_transport *t)
 
 /* Every step shares the caller's deadline, even on a server that answers
  * nothing: the reader stops, the keeper sends the last acks and dead letters
- * and hands the leases back, publishes still buffered are sent. */
+ * and hands the leases back while the sender writes what is still held. */
 static int redis_close(kb_transport *t, int64_t deadline_ns)
 {
     int64_t floor = kb_now_ns() + CLOSE_FLOOR_NS;
@@ -151,6 +159,8 @@ static int read_conf(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->backoff_min_ms = (int)kb_conf_int(c, "redis.reconnect_min_ms");
     t->backoff_max_ms = (int)kb_conf_int(c, "redis.reconnect_max_ms");
     t->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
+    t->buffer_bytes = (size_t)kb_conf_int(c, "redis.publish_buffer_bytes");
+    t->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
     if (t->read_timeout_ms <= t->block_ms) {
         kb_errf(errstr, errlen, "redis.read_timeout_ms (%d) must exceed redis.block_ms (%d)",
                 t->read_timeout_ms, t->block_ms);
@@ -202,7 +212,11 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     t->reader_wake = kb_signal_new();
     t->keeper_wake = kb_signal_new();
     t->settled = kb_signal_new();
-    if (t->reader_wake == NULL || t->keeper_wake == NULL || t->settled == NULL) {
+    t->pub_progress = kb_signal_new();
+    t->sender_wake[0] = t->sender_wake[1] = -1;
+    atomic_store(&t->sender_deadline_ns, INT64_MAX);
+    if (t->reader_wake == NULL || t->keeper_wake == NULL || t->settled == NULL ||
+        t->pub_progress == NULL) {
         kb_errf(errstr, errlen, "redis: out of memory");
         transport_free(t);
         return KB_ENOMEM;

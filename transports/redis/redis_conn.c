@@ -88,6 +88,22 @@ static const char *handshake(redisContext *c, const kb_transport *t, char *buf, 
     return NULL;
 }
 
+/* The handshake on a silent server waits redis.read_timeout_ms per step: a
+ * cut (close) must not wait for it. */
+static const char *handshake_cuttable(kb_redis_conn *k, redisContext *c, char *buf, size_t len)
+{
+    pthread_mutex_lock(&k->lock);
+    k->connecting = c;
+    if (atomic_load(&k->cut))
+        shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&k->lock);
+    const char *err = handshake(c, k->t, buf, len);
+    pthread_mutex_lock(&k->lock);
+    k->connecting = NULL;
+    pthread_mutex_unlock(&k->lock);
+    return err;
+}
+
 redisContext *kb__redis_conn_force(kb_redis_conn *k, char *errstr, size_t errlen)
 {
     const kb_transport *t = k->t;
@@ -109,7 +125,7 @@ redisContext *kb__redis_conn_force(kb_redis_conn *k, char *errstr, size_t errlen
              redisEnableKeepAlive(c) != REDIS_OK)
         err = c->errstr;
     else
-        err = handshake(c, t, why, sizeof why);
+        err = handshake_cuttable(k, c, why, sizeof why);
     if (err != NULL) {
         if (err != why)
             snprintf(why, sizeof why, "%s", err);   /* err may point into c */
@@ -174,6 +190,8 @@ void kb__redis_conn_cut(kb_redis_conn *k)
     atomic_store(&k->cut, true);
     if (k->c != NULL)
         shutdown(k->c->fd, SHUT_RDWR);   /* a blocked read or write returns now */
+    if (k->connecting != NULL)
+        shutdown(k->connecting->fd, SHUT_RDWR);
     pthread_mutex_unlock(&k->lock);
 }
 

@@ -10,7 +10,9 @@
  *   redis_dlq.c        dead letters: packed, stored (fenced), listed, replayed
  *   redis_drain.c      kb_drain: wait until the group settled what we added
  *   redis_stats.c      broker figures per topic and partition
- *   redis_publish.c    pipelined XADD; flush; the keeper's send job
+ *   redis_publish.c    kb_publish appends XADDs to the backlog; flush; close
+ *   redis_sender.c     the sender thread: writes the backlog, reads replies, resends
+ *   redis_backlog.c    accepted publishes until the server confirmed them
  *   redis_lease.c      take, renew, hand back partition leases (keeper job)
  *   redis_members.c    membership heartbeat and departed consumers (keeper job)
  *   redis_jobs.c       each partition's queue of acks and dead letters
@@ -21,10 +23,13 @@
  *   redis_fields.c     replies: field maps, stream IDs, header fields
  *
  * Threads and connections (a blocking read never shares a connection):
- *   - publishers: one pipelined connection under pub_lock;
+ *   - publishers only append to the backlog (pub_lock, never a network call);
+ *   - kb-redis-sender: writes the backlog pipelined on the publish connection,
+ *     reads the replies, and after a lost connection resends what was not
+ *     confirmed, in order (at least once);
  *   - kb-redis-reader: one XREADGROUP reads all owned partitions of all
  *     subscribed topics, on its own connection;
- *   - kb-redis-keeper: sends buffered publishes, fenced XACKs and dead letters,
+ *   - kb-redis-keeper: sends fenced XACKs and dead letters,
  *     heartbeats membership, takes and renews leases, on its own connection;
  *   - application calls that need an answer (subscribe, stats, DLQ listing):
  *     the control connection under ctl_lock. */
@@ -50,6 +55,7 @@ typedef struct kb_redis_conn {
     const struct kb_transport *t;
     const char *name;             /* "publish", "consumer", ... for log lines */
     redisContext *c;              /* NULL while down */
+    redisContext *connecting;     /* in its handshake: a cut shuts it down too */
     int failures;                 /* consecutive failed connects */
     int64_t next_try_ns;          /* backoff: no connect before this */
     bool was_down;                /* log "reconnected" once it is back */
@@ -108,17 +114,29 @@ struct kb_transport_topic {
     char meta[KB_REDIS_KEY_MAX];      /* kb:{topic}:meta */
     _Atomic bool subscribed;
     _Atomic bool fresh;           /* subscribed since the keeper's last pass */
-    /* publishing: metadata checked once (under pub_lock), accepted publishes */
-    int meta_rc;                  /* 1 until checked, then KB_OK or why publishing is refused */
+    /* publishing: metadata checked once, accepted publishes */
+    _Atomic int meta_rc;          /* 1 until checked, then KB_OK or why publishing is refused */
     _Atomic uint64_t published;   /* replays included */
+    _Atomic uint64_t trimmed;     /* entries found deleted while pending (redis_sweep.c) */
 };
 
-/* Where each XADD in flight on the publish connection goes, oldest first:
- * replies come in order, and each one's ID is noted in its partition's last_id. */
-typedef struct kb_redis_origins {
-    kb_redis_part **v;
-    size_t head, n, cap;          /* a ring: n entries from head */
-} kb_redis_origins;
+/* One accepted publish: its XADD's bytes in the backlog, its partition (the
+ * reply's ID becomes the partition's last_id) and its largest argument. */
+typedef struct kb_redis_pubrec {
+    kb_redis_part *p;
+    size_t len, big;
+} kb_redis_pubrec;
+
+/* Accepted publishes the server has not confirmed, oldest first (pub_lock):
+ * their XADDs back to back in buf[head, len), written up to `sent`; one
+ * record each in the ring rec (n from `first`). Replies come in order: each
+ * confirms the oldest record. A lost connection rewinds `sent` to `head`. */
+typedef struct kb_redis_backlog {
+    char *buf;
+    size_t head, sent, len, cap;
+    kb_redis_pubrec *rec;
+    size_t first, n, rcap;
+} kb_redis_backlog;
 
 struct kb_transport {
     kb_bus *bus;
@@ -140,17 +158,24 @@ struct kb_transport {
     _Atomic(kb_transport_topic *) opened;       /* every topic_open */
     _Atomic(kb_transport_topic *) subscribed;   /* what the reader and the keeper serve */
 
-    /* publishing */
+    /* publishing (redis_publish.c, redis_sender.c) */
     pthread_mutex_t pub_lock;
-    kb_redis_conn pub;
-    uint64_t pub_inflight;        /* sent or buffered, reply not read */
-    uint64_t pub_failed;          /* failed since the last flush */
-    char pub_error[1024];
-    kb_redis_origins origins;     /* one per pub_inflight */
-    _Atomic bool pub_dirty;       /* buffered bytes the keeper should send */
-    size_t pub_big;               /* largest key or payload among unconfirmed publishes */
-    int64_t bulk_max;             /* server's proto-max-bulk-len (redis_limit.c) */
-    bool bulk_known;              /* read from the server, not assumed */
+    kb_redis_backlog backlog;     /* pub_lock */
+    size_t buffer_bytes;          /* redis.publish_buffer_bytes: the backlog's bound */
+    int enqueue_timeout_ms;       /* pool.enqueue_timeout_ms: wait for room, then KB_EFULL */
+    _Atomic size_t pub_held;      /* backlog bytes, for publishers waiting for room */
+    _Atomic uint64_t pub_unconfirmed;   /* backlog records, for kb_flush */
+    uint64_t pub_failed;          /* refused by the server since the last flush (pub_lock) */
+    char pub_error[1024];         /* why the last one was refused (pub_lock) */
+    char pub_lost[512];           /* why the publish connection last dropped (pub_lock) */
+    kb_signal *pub_progress;      /* records confirmed or failed: flush and room waiters */
+    kb_redis_conn pub;            /* the sender's own */
+    kb_thread *sender;            /* started by the first publish (pub_lock) */
+    int sender_wake[2];           /* a pipe: publishers and close kick the sender's poll */
+    _Atomic bool sender_kicked, sender_stop;
+    _Atomic int64_t sender_deadline_ns;   /* close: connects end by then */
+    int64_t bulk_max;             /* server's proto-max-bulk-len (redis_limit.c; pub_lock) */
+    bool bulk_known;              /* read from the server, not assumed (pub_lock) */
 
     /* control */
     pthread_mutex_t ctl_lock;
@@ -216,17 +241,43 @@ void kb__redis_reader_nap(kb_transport *t, uint64_t taken, int ms);
 /* ---- redis_publish.c ---- */
 int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m);
 int kb__redis_flush(kb_transport *t, int timeout_ms);
-/* Keeper job: send what publishers buffered. */
-void kb__redis_pub_send(kb_transport *t);
-/* Send every buffered publish and wait for its reply until the deadline:
- * KB_OK, KB_ETIMEDOUT, or KB_ETRANSPORT for what failed since the last call
- * (`who` starts the message). */
+/* Wait until the server confirmed every accepted publish or the deadline:
+ * KB_OK, KB_ETIMEDOUT (still held, to be sent), or KB_ETRANSPORT for what
+ * the server refused since the last call (`who` starts the message). */
 int kb__redis_pub_settle(kb_transport *t, int64_t deadline_ns, const char *who);
-/* At close: KB_OK, or KB_ETRANSPORT naming the publishes never sent. */
+/* At close: send until the deadline, stop the sender; KB_OK, or
+ * KB_ETRANSPORT naming the publishes never confirmed. */
 int kb__redis_pub_close(kb_transport *t, int64_t deadline_ns);
 /* An entry this process added outside the publish connection (a replay):
  * counted as published, and its ID noted for kb_drain. */
 void kb__redis_pub_note(kb_transport *t, kb_transport_topic *tt, uint32_t part, const char *id);
+
+/* ---- redis_sender.c ---- */
+/* Start the sender (caller holds pub_lock; once). */
+int kb__redis_sender_start(kb_transport *t);
+/* Wake it: new records, or stop. Thread: any. */
+void kb__redis_sender_kick(kb_transport *t);
+/* Stop it (close, after its wait for confirmations); with records still
+ * unconfirmed the server is silent: the connection is cut. */
+void kb__redis_sender_stop(kb_transport *t);
+
+/* ---- redis_backlog.c (caller holds pub_lock) ---- */
+/* Bytes of one command in the backlog (its RESP encoding). */
+size_t kb__redis_backlog_cmd_bytes(int argc, const size_t *lens);
+/* Append one XADD (RESP of argv/lens) as a record; false when out of memory. */
+bool kb__redis_backlog_add(kb_redis_backlog *bl, kb_redis_part *p, size_t big, int argc,
+                           const char **argv, const size_t *lens);
+/* The oldest record is confirmed: taken off. */
+kb_redis_pubrec kb__redis_backlog_pop(kb_redis_backlog *bl);
+/* Take off every record whose largest argument exceeds `max`; the count. */
+uint64_t kb__redis_backlog_drop_over(kb_redis_backlog *bl, size_t max);
+static inline size_t kb__redis_backlog_bytes(const kb_redis_backlog *bl)
+{
+    return bl->len - bl->head;
+}
+void kb__redis_backlog_free(kb_redis_backlog *bl);
+/* `id` was added to p by this process: p->last_id is the newest (kb_drain). */
+void kb__redis_note_last(kb_redis_part *p, const char *id);
 
 /* ---- redis_settle.c ---- */
 int kb__redis_ack(kb_transport *t, const kb_delivery *d);
@@ -301,8 +352,13 @@ bool kb__redis_group_gone(const char *err);
 
 /* ---- redis_limit.c: the server's proto-max-bulk-len (bulk_max, under pub_lock) ---- */
 void kb__redis_limit_read(kb_transport *t);
+/* Caller holds pub_lock. */
 int kb__redis_limit_check(kb_transport *t, const char *topic, const kb_msg *m);
-void kb__redis_limit_explain(kb_transport *t, size_t big, char *out, size_t len);
+/* The server closed the publish connection with an argument of `big` bytes
+ * unconfirmed (caller holds no lock): `out` says whether that was the cause.
+ * Returns the size over which arguments are refused (the limit read now; the
+ * floor when CONFIG is refused), or SIZE_MAX when the server did not answer. */
+size_t kb__redis_limit_explain(kb_transport *t, size_t big, char *out, size_t len);
 
 /* ---- redis_conn.c ---- */
 void kb__redis_conn_init(kb_redis_conn *k, const kb_transport *t, const char *name);

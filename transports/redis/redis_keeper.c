@@ -1,6 +1,5 @@
 /* The keeper thread (kb-redis-keeper): one loop, one connection, one job
  * after the other each pass, so a tick costs one pipeline per job:
- *   - send what publishers buffered          (redis_publish.c)
  *   - send queued acks and dead letters      (redis_settle.c)
  *   - per subscribed topic, every tick (4 per lease TTL, at most 1 s) and at
  *     once for a topic just subscribed: heartbeat membership
@@ -19,7 +18,6 @@ static int has_work(void *arg)
 {
     kb_transport *t = arg;
     return atomic_load(&t->keeper_stop) || atomic_load(&t->jobs_queued) > 0 ||
-           atomic_load_explicit(&t->pub_dirty, memory_order_relaxed) ||
            atomic_load(&t->duties_now);
 }
 
@@ -94,7 +92,6 @@ static void *keeper_main(void *arg)
     unsigned rounds = 0;
     members m = {NULL, 0};
     while (!atomic_load(&t->keeper_stop)) {
-        kb__redis_pub_send(t);
         if (atomic_load(&t->jobs_queued) > 0 || t->jobs_unsent)
             kb__redis_settle_send(t);
         int64_t now = kb_now_ns();
@@ -138,7 +135,6 @@ void kb__redis_keeper_stop(kb_transport *t, int64_t deadline_ns)
     int64_t grace = deadline_ns == INT64_MAX ? INT64_MAX : deadline_ns + 100000000;
     if (!kb_signal_wait(t->keeper_wake, is_done, t, grace)) {
         kb__redis_conn_cut(&t->kc);
-        kb__redis_conn_cut(&t->pub);   /* it may be writing buffered publishes */
         kb_signal_notify(t->keeper_wake);
     }
     kb_thread_join(t->keeper);

@@ -1,6 +1,7 @@
 /* The server's size limit on one command argument (proto-max-bulk-len): read
  * at kb_open, checked at publish, and named when the server drops the
  * publishing connection over an argument it will not take. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,22 +13,24 @@
 #define BULK_FLOOR (1024 * 1024)
 
 /* CONFIG GET proto-max-bulk-len on the control connection (caller holds
- * ctl_lock): the limit, or 0 when CONFIG is refused (ACL, renamed command)
- * or the server is unreachable; `why` then says which. */
+ * ctl_lock): the limit, 0 when CONFIG is refused (ACL, renamed command), -1
+ * when the server is unreachable; `why` then says which. */
 static int64_t ask_bulk_max(kb_transport *t, char *why, size_t len)
 {
     const char *argv[] = {"CONFIG", "GET", "proto-max-bulk-len"};
     redisReply *r = kb__redis_cmd(&t->ctl, 3, argv, NULL);
     int64_t v = 0;
-    if (r == NULL)
+    if (r == NULL) {
         snprintf(why, len, "%s unreachable", t->where);
-    else if (r->type == REDIS_REPLY_ERROR)
+        v = -1;
+    } else if (r->type == REDIS_REPLY_ERROR) {
         snprintf(why, len, "%s", r->str);
-    else if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-             r->element[1]->type != REDIS_REPLY_STRING)
+    } else if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+               r->element[1]->type != REDIS_REPLY_STRING) {
         snprintf(why, len, "unexpected reply");
-    else
+    } else {
         v = strtoll(r->element[1]->str, NULL, 10);
+    }
     freeReplyObject(r);
     return v;
 }
@@ -64,27 +67,31 @@ int kb__redis_limit_check(kb_transport *t, const char *topic, const kb_msg *m)
     return KB_ETOOBIG;
 }
 
-/* The publishing connection broke with an argument of `big` bytes unconfirmed
- * (caller holds pub_lock; lock order pub_lock -> ctl_lock). Redis answers an
- * argument over its limit with "Protocol error: invalid bulk length" and closes
- * at once, so the client mostly sees only a reset: say what the cause was. */
-void kb__redis_limit_explain(kb_transport *t, size_t big, char *out, size_t len)
+/* Redis answers an argument over its limit with "Protocol error: invalid bulk
+ * length" and closes at once, so the client mostly sees only a reset: say
+ * what the cause was (lock order: ctl_lock, then pub_lock, never both). */
+size_t kb__redis_limit_explain(kb_transport *t, size_t big, char *out, size_t len)
 {
     out[0] = '\0';
     if (big <= BULK_FLOOR)
-        return;
+        return SIZE_MAX;
     char why[400];
     pthread_mutex_lock(&t->ctl_lock);
     int64_t v = ask_bulk_max(t, why, sizeof why);
     pthread_mutex_unlock(&t->ctl_lock);
+    if (v < 0)
+        return SIZE_MAX;   /* down: nothing known, nothing refused */
     if (v > 0) {
+        pthread_mutex_lock(&t->pub_lock);
         t->bulk_max = v;   /* it may have changed since kb_open */
         t->bulk_known = true;
+        pthread_mutex_unlock(&t->pub_lock);
         if ((int64_t)big > v)
             snprintf(out, len, "the server closed the connection after a %zu-byte argument, "
                      "over its proto-max-bulk-len (%lld bytes); ", big, (long long)v);
-    } else {
-        snprintf(out, len, "the server closed the connection after a %zu-byte argument, "
-                 "probably over its proto-max-bulk-len (CONFIG GET refused: %s); ", big, why);
+        return (size_t)v;
     }
+    snprintf(out, len, "the server closed the connection after a %zu-byte argument, "
+             "probably over its proto-max-bulk-len (CONFIG GET refused: %s); ", big, why);
+    return BULK_FLOOR;
 }

@@ -53,6 +53,7 @@ int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out
 {
     const char *topic = tt->name;
     out->published = atomic_load_explicit(&tt->published, memory_order_relaxed);
+    out->broker_trimmed = atomic_load(&tt->trimmed);
     out->partitions = t->partitions;
     bool subscribed = atomic_load(&tt->subscribed);
     for (uint32_t i = 0; subscribed && i < tt->nparts; i++)

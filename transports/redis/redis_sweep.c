@@ -119,8 +119,11 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
         }
         const redisReply *pend = r->element[0], *ac = r->element[1];
         const redisReply *ents = ac->element[1];
-        if (ac->elements >= 3)
-            deleted += trimmed(t, p, ac->element[2]);
+        if (ac->elements >= 3) {
+            uint64_t gone = trimmed(t, p, ac->element[2]);
+            atomic_fetch_add(&tt->trimmed, gone);
+            deleted += gone;
+        }
         bool last = ac->element[0]->type != REDIS_REPLY_STRING ||
                     strcmp(ac->element[0]->str, "0-0") == 0;
         snprintf(p->sweep_cursor, sizeof p->sweep_cursor, "%s", last ? "" : ac->element[0]->str);

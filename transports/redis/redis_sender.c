@@ -1,0 +1,267 @@
+/* The sender thread (kb-redis-sender) owns the publish connection: it writes
+ * the backlog pipelined without blocking, reads the replies as they come and
+ * takes each confirmed record off. A connection that breaks, or stays silent
+ * for redis.read_timeout_ms while replies are due, is dropped; after the
+ * backoff the sender reconnects and writes every unconfirmed record again,
+ * oldest first, then the rest (at least once: one the server stored before
+ * the loss is stored twice, never reordered). Only what the server refuses
+ * (an error reply, an argument over its proto-max-bulk-len) counts as failed. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "redis_int.h"
+
+#define REPLIES_MAX 256   /* replies applied per pub_lock hold */
+
+/* Backlog figures for waiters; caller holds pub_lock. */
+static void publish_counts(kb_transport *t)
+{
+    atomic_store(&t->pub_held, kb__redis_backlog_bytes(&t->backlog));
+    atomic_store(&t->pub_unconfirmed, (uint64_t)t->backlog.n);
+}
+
+/* Replies to the oldest records: IDs noted, refusals counted. A protocol
+ * error (the server closes after it) is explained by the argument's size. */
+static void apply(kb_transport *t, redisReply **r, size_t n)
+{
+    size_t proto_big = 0;
+    pthread_mutex_lock(&t->pub_lock);
+    for (size_t i = 0; i < n && t->backlog.n > 0; i++) {
+        kb_redis_pubrec rec = kb__redis_backlog_pop(&t->backlog);
+        if (r[i]->type == REDIS_REPLY_STRING) {
+            kb__redis_note_last(rec.p, r[i]->str);
+        } else if (r[i]->type == REDIS_REPLY_ERROR) {
+            t->pub_failed++;
+            snprintf(t->pub_error, sizeof t->pub_error, "XADD refused: %s", r[i]->str);
+            if (strstr(r[i]->str, "Protocol error") != NULL)
+                proto_big = rec.big;
+        }
+    }
+    publish_counts(t);
+    pthread_mutex_unlock(&t->pub_lock);
+    for (size_t i = 0; i < n; i++)
+        freeReplyObject(r[i]);
+    if (proto_big > 0) {
+        char cause[600];
+        kb__redis_limit_explain(t, proto_big, cause, sizeof cause);
+        pthread_mutex_lock(&t->pub_lock);
+        char refused[sizeof t->pub_error];
+        snprintf(refused, sizeof refused, "%s", t->pub_error);
+        snprintf(t->pub_error, sizeof t->pub_error, "%.600s%.400s", cause, refused);
+        pthread_mutex_unlock(&t->pub_lock);
+    }
+    kb_signal_notify(t->pub_progress);
+}
+
+/* Read what arrived and apply every complete reply; false when the
+ * connection broke (c->errstr says why). */
+static bool read_replies(kb_transport *t, redisContext *c)
+{
+    if (redisBufferRead(c) != REDIS_OK)
+        return false;
+    for (;;) {
+        redisReply *r[REPLIES_MAX];
+        size_t n = 0;
+        void *one = NULL;
+        int rc = REDIS_OK;
+        while (n < REPLIES_MAX && (rc = redisGetReplyFromReader(c, &one)) == REDIS_OK && one != NULL) {
+            r[n++] = one;
+            one = NULL;
+        }
+        if (n > 0)
+            apply(t, r, n);
+        if (n < REPLIES_MAX)
+            return rc == REDIS_OK;
+    }
+}
+
+/* Write what the socket takes now; the errno that broke it, or 0. */
+static int write_some(kb_transport *t, redisContext *c, bool *unsent, bool *due, int64_t *quiet_since)
+{
+    int err = 0;
+    pthread_mutex_lock(&t->pub_lock);
+    kb_redis_backlog *bl = &t->backlog;
+    while (bl->sent < bl->len) {
+        ssize_t w = send(c->fd, bl->buf + bl->sent, bl->len - bl->sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w > 0) {
+            bl->sent += (size_t)w;
+            *quiet_since = kb_now_ns();
+        } else if (w < 0 && errno == EINTR) {
+            continue;
+        } else {
+            if (w == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
+                err = w == 0 ? EPIPE : errno;
+            break;
+        }
+    }
+    *unsent = bl->sent < bl->len;
+    *due = bl->sent > bl->head;
+    pthread_mutex_unlock(&t->pub_lock);
+    return err;
+}
+
+/* The connection is gone: everything unconfirmed is written again on the
+ * next one. An argument over the server's limit (it drops the connection
+ * rather than answer) is refused, never resent for ever. */
+static void lose(kb_transport *t, const char *why_now)
+{
+    char why[256];
+    snprintf(why, sizeof why, "%s", why_now);   /* it may point into the context */
+    size_t big = 0;
+    pthread_mutex_lock(&t->pub_lock);
+    kb_redis_backlog *bl = &t->backlog;
+    bl->sent = bl->head;
+    for (size_t i = 0; i < bl->n; i++)
+        if (bl->rec[(bl->first + i) % bl->rcap].big > big)
+            big = bl->rec[(bl->first + i) % bl->rcap].big;
+    snprintf(t->pub_lost, sizeof t->pub_lost, "%s", why);
+    pthread_mutex_unlock(&t->pub_lock);
+    kb__redis_conn_fail(&t->pub, why);
+    char cause[600];
+    size_t max = kb__redis_limit_explain(t, big, cause, sizeof cause);
+    if (max == SIZE_MAX)
+        return;
+    pthread_mutex_lock(&t->pub_lock);
+    uint64_t dropped = kb__redis_backlog_drop_over(bl, max);
+    if (dropped > 0) {
+        t->pub_failed += dropped;
+        snprintf(t->pub_error, sizeof t->pub_error, "%.600sconnection to %.200s lost: %.200s", cause,
+                 t->where, why);
+        publish_counts(t);
+    }
+    pthread_mutex_unlock(&t->pub_lock);
+    kb_signal_notify(t->pub_progress);
+}
+
+/* Empty the wake pipe; kicks from now on write to it again. */
+static void woken(kb_transport *t)
+{
+    char buf[64];
+    while (read(t->sender_wake[0], buf, sizeof buf) > 0)
+        ;
+    atomic_store(&t->sender_kicked, false);
+}
+
+/* Sleep until kicked or `until` (INT64_MAX: no limit). */
+static void nap(kb_transport *t, int64_t until)
+{
+    struct pollfd p = {t->sender_wake[0], POLLIN, 0};
+    if (poll(&p, 1, kb_deadline_left_ms(until)) > 0)
+        woken(t);
+}
+
+/* A connection, or NULL while there is nothing to send or it is down. */
+static redisContext *connection(kb_transport *t)
+{
+    if (t->pub.c != NULL)
+        return t->pub.c;
+    if (atomic_load(&t->pub_unconfirmed) == 0) {
+        nap(t, INT64_MAX);
+        return NULL;
+    }
+    if (kb_now_ns() < t->pub.next_try_ns) {
+        nap(t, t->pub.next_try_ns);
+        return NULL;
+    }
+    t->pub.deadline_ns = atomic_load(&t->sender_deadline_ns);   /* close bounds connects */
+    redisContext *c = kb__redis_conn_get(&t->pub, NULL, 0);
+    if (c != NULL) {
+        pthread_mutex_lock(&t->pub_lock);
+        t->backlog.sent = t->backlog.head;   /* the unconfirmed ones first, in order */
+        pthread_mutex_unlock(&t->pub_lock);
+    }
+    return c;
+}
+
+static void *sender_main(void *arg)
+{
+    kb_transport *t = arg;
+    const int64_t patience = (int64_t)t->read_timeout_ms * 1000000;
+    int64_t quiet_since = 0;   /* the server's last sign of life while it owed replies */
+    bool busy = false;
+    while (!atomic_load(&t->sender_stop)) {
+        redisContext *c = connection(t);
+        if (c == NULL) {
+            busy = false;
+            continue;
+        }
+        if (!busy)
+            quiet_since = kb_now_ns();
+        bool unsent, due;
+        int err = write_some(t, c, &unsent, &due, &quiet_since);
+        if (err != 0) {
+            lose(t, strerror(err));
+            busy = false;
+            continue;
+        }
+        busy = unsent || due;
+        struct pollfd p[2] = {{t->sender_wake[0], POLLIN, 0},
+                              {c->fd, (short)(POLLIN | (unsent ? POLLOUT : 0)), 0}};
+        int ms = -1;
+        if (busy) {
+            int64_t left = quiet_since + patience - kb_now_ns();
+            ms = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
+        }
+        if (poll(p, 2, ms) < 0)
+            continue;   /* EINTR */
+        if (p[0].revents != 0)
+            woken(t);
+        if ((p[1].revents & (POLLIN | POLLERR | POLLHUP)) != 0) {
+            if (!read_replies(t, c)) {
+                lose(t, c->errstr[0] ? c->errstr : "connection closed");
+                busy = false;
+                continue;
+            }
+            quiet_since = kb_now_ns();
+        }
+        if (busy && kb_now_ns() - quiet_since >= patience) {
+            lose(t, "no reply within redis.read_timeout_ms");
+            busy = false;
+        }
+    }
+    return NULL;
+}
+
+int kb__redis_sender_start(kb_transport *t)
+{
+    if (pipe2(t->sender_wake, O_NONBLOCK | O_CLOEXEC) != 0) {
+        kb_errf(NULL, 0, "redis: cannot start the sender: pipe: %s", strerror(errno));
+        t->sender_wake[0] = t->sender_wake[1] = -1;
+        return KB_ENOMEM;
+    }
+    if (kb_thread_start(&t->sender, "kb-redis-sender", sender_main, t) != KB_OK) {
+        kb_errf(NULL, 0, "redis: cannot start the sender thread: %s", kb_last_error());
+        close(t->sender_wake[0]);
+        close(t->sender_wake[1]);
+        t->sender_wake[0] = t->sender_wake[1] = -1;
+        t->sender = NULL;
+        return KB_ENOMEM;
+    }
+    return KB_OK;
+}
+
+void kb__redis_sender_kick(kb_transport *t)
+{
+    if (!atomic_exchange(&t->sender_kicked, true)) {
+        ssize_t w = write(t->sender_wake[1], "", 1);
+        (void)w;   /* full: it is awake already */
+    }
+}
+
+void kb__redis_sender_stop(kb_transport *t)
+{
+    if (t->sender == NULL)
+        return;
+    atomic_store(&t->sender_stop, true);
+    if (atomic_load(&t->pub_unconfirmed) > 0)
+        kb__redis_conn_cut(&t->pub);   /* close gave it until its deadline: a silent server */
+    ssize_t w = write(t->sender_wake[1], "", 1);
+    (void)w;
+    kb_thread_join(t->sender);
+    t->sender = NULL;
+}
