@@ -171,6 +171,11 @@ static int check_command(int argc, char **argv, unsigned long *max)
         fprintf(stderr, "keybus %s: wrong number of arguments\n", commands[cmd].name);
         return -1;
     }
+    char why[512];
+    if (commands[cmd].min_args > 0 && kb_topic_name_check(argv[optind + 1], why, sizeof why) != KB_OK) {
+        fprintf(stderr, "keybus %s: %s\n", commands[cmd].name, why);
+        return -1;
+    }
     *max = 100;
     if (cmd == CMD_DLQ_LIST && nargs == 2 &&
         (*max = parse_count(argv[optind + 2], DLQ_LIST_MAX)) == 0) {

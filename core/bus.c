@@ -35,8 +35,9 @@ static int check_topic_err(const char *topic, const char *what, char *errstr, si
     for (size_t i = 0; i < len; i++) {
         unsigned char ch = (unsigned char)topic[i];
         if (!topic_char(ch)) {
-            kb_errf(errstr, errlen, "%s: topic \"%s\" has '%c' (0x%02x) at %zu; allowed: letters, "
-                     "digits, '.', '_', '-'", what, topic, ch >= 32 && ch < 127 ? ch : '?', ch, i);
+            /* the name itself is not quoted: it may hold terminal escapes */
+            kb_errf(errstr, errlen, "%s: topic has '%c' (0x%02x) at %zu; allowed: letters, "
+                     "digits, '.', '_', '-'", what, ch >= 32 && ch < 127 ? ch : '?', ch, i);
             return KB_EINVAL;
         }
     }
@@ -45,6 +46,11 @@ static int check_topic_err(const char *topic, const char *what, char *errstr, si
         return KB_EINVAL;
     }
     return KB_OK;
+}
+
+int kb_topic_name_check(const char *topic, char *errstr, size_t errlen)
+{
+    return check_topic_err(topic, "topic", errstr, errlen);
 }
 
 static int check_topic(const char *topic, const char *what)
@@ -228,6 +234,9 @@ static void report_unknown_env(const char *name, const char *nearest, void *arg)
 
 static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
 {
+    /* keys of transports registered after the conf was made */
+    if (kb__conf_sync(c, errstr, errlen) != KB_OK)
+        return NULL;
     bool env = strcmp(kb_conf_str(c, "conf.env"), "true") == 0;
     if (env && kb__conf_env(c, errstr, errlen) != KB_OK)
         return NULL;
@@ -237,12 +246,19 @@ static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
                  (long long)kb_conf_int(c, "retry.backoff_ms"));
         return NULL;
     }
-    const char *url = kb_conf_str(c, "transport");
-    const char *sep = strstr(url, "://");
-    const kb_transport_ops *ops = sep ? kb__transport_find(url, (size_t)(sep - url)) : NULL;
-    if (ops == NULL) {
-        kb_errf(errstr, errlen, "transport: unknown URL scheme in \"%.*s\"",
-                 (int)(sep ? sep - url : 32), url);
+    /* The URL was checked when set; the transport's own rules run again here,
+     * since a transport registered later may judge it. */
+    char why[512];
+    kb_url *u = kb_url_parse(kb_conf_str(c, "transport"), why, sizeof why);
+    const kb_transport_ops *ops = u ? kb__transport_find(u->scheme, strlen(u->scheme)) : NULL;
+    int url_rc = u == NULL || ops == NULL ? KB_EINVAL
+                 : ops->check_url != NULL ? ops->check_url(u, why, sizeof why)
+                                          : KB_OK;
+    if (u != NULL && ops == NULL)
+        snprintf(why, sizeof why, "unknown URL scheme \"%.31s\"", u->scheme);
+    kb_url_free(u);
+    if (url_rc != KB_OK) {
+        kb_errf(errstr, errlen, "transport: %s", why);
         return NULL;
     }
 
@@ -304,6 +320,13 @@ int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque)
     }
 
     pthread_mutex_lock(&b->subscribe_lock);
+    if (atomic_load_explicit(&b->closing, memory_order_acquire)) {
+        /* kb_close started after the check above: it may be stopping the
+         * executors a new pool would use */
+        pthread_mutex_unlock(&b->subscribe_lock);
+        kb_errf(NULL, 0, "kb_subscribe: bus is closing");
+        return KB_ECLOSED;
+    }
     struct kb_topic *t = topic_add(b, topic, &rc, NULL, 0);
     if (t == NULL || kb__topic_pool(t) != NULL) {
         pthread_mutex_unlock(&b->subscribe_lock);

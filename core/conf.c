@@ -155,21 +155,26 @@ static int store(struct conf_entry *e, const char *value, enum source source, ch
     return KB_OK;
 }
 
-static int sync_props(kb_conf *c);
+static int sync_props(kb_conf *c, char *errstr, size_t errlen);
 
-/* store() for entry i of c; `transport.plugins` loads its plugins at once, so
- * their keys and schemes are known to the keys set after it. */
+/* store() for entry i of c. `transport.plugins` loads its plugins at once
+ * (their keys and schemes are then known to the keys set after it), and only
+ * when this value wins over the stored one's source; a list that fails to
+ * load is not kept. */
 static int store_in(kb_conf *c, size_t i, const char *value, enum source source, char *errstr,
                     size_t errlen)
 {
-    int rc = store(&c->e[i], value, source, errstr, errlen);
-    if (rc != KB_OK || strcmp(c->e[i].prop->name, "transport.plugins") != 0 || value[0] == '\0')
-        return rc;
-    rc = kb__transport_load_plugins(value, errstr, errlen);
-    if (rc == KB_OK && sync_props(c) != KB_OK) {
-        kb_errf(errstr, errlen, "transport.plugins: out of memory");
-        rc = KB_ENOMEM;
-    }
+    struct conf_entry *e = &c->e[i];
+    if (strcmp(e->prop->name, "transport.plugins") != 0 || source < e->source ||
+        value[0] == '\0')
+        return store(e, value, source, errstr, errlen);
+    int rc = check_text(e->prop, value, errstr, errlen);
+    if (rc == KB_OK)
+        rc = kb__transport_load_plugins(value, errstr, errlen);
+    if (rc == KB_OK)
+        rc = store(&c->e[i], value, source, errstr, errlen);
+    if (rc == KB_OK)
+        rc = sync_props(c, errstr, errlen);
     return rc;
 }
 
@@ -188,14 +193,17 @@ static void default_consumer(char *buf, size_t len)
 static int conf_store(kb_conf *c, const char *key, const char *value, enum source source,
                       char *errstr, size_t errlen);
 
-/* Add the keys of `table` this conf lacks, holding their defaults. */
-static int add_table(kb_conf *c, const kb_conf_prop *table)
+/* Add the keys of `table` this conf lacks, holding their defaults (checked
+ * when the transport was registered, kb__conf_prop_check). */
+static int add_table(kb_conf *c, const kb_conf_prop *table, char *errstr, size_t errlen)
 {
     for (const kb_conf_prop *p = table; p != NULL && p->name != NULL; p++) {
         if (find(c, p->name) != NULL)
             continue;   /* redis:// and rediss:// share a table */
-        if (kb_vec_reserve((void **)&c->e, &c->cap, c->n + 1, sizeof *c->e) != KB_OK)
+        if (kb_vec_reserve((void **)&c->e, &c->cap, c->n + 1, sizeof *c->e) != KB_OK) {
+            kb_errf(errstr, errlen, "%s: out of memory", p->name);
             return KB_ENOMEM;
+        }
         struct conf_entry *e = &c->e[c->n];
         memset(e, 0, sizeof *e);
         char consumer[128];
@@ -205,23 +213,46 @@ static int add_table(kb_conf *c, const kb_conf_prop *table)
             def = consumer;
         }
         e->prop = p;
-        if (store(e, def, FROM_DEFAULT, NULL, 0) != KB_OK)
-            return KB_ENOMEM;
+        int rc = store(e, def, FROM_DEFAULT, errstr, errlen);
+        if (rc != KB_OK)
+            return rc;
         c->n++;
     }
     return KB_OK;
 }
 
 /* Bring in the keys of transports registered since the last call. */
-static int sync_props(kb_conf *c)
+static int sync_props(kb_conf *c, char *errstr, size_t errlen)
 {
     size_t n = kb__transport_count();
     for (; c->transports_seen < n; c->transports_seen++) {
-        int rc = add_table(c, kb__transport_at(c->transports_seen)->props);
+        int rc = add_table(c, kb__transport_at(c->transports_seen)->props, errstr, errlen);
         if (rc != KB_OK)
             return rc;
     }
     return KB_OK;
+}
+
+int kb__conf_sync(kb_conf *c, char *errstr, size_t errlen)
+{
+    return sync_props(c, errstr, errlen);
+}
+
+int kb__conf_prop_check(const kb_conf_prop *p, char *why, size_t whylen)
+{
+    if (p->type < KB_CONF_INT || p->type > KB_CONF_SECRET || p->def == NULL ||
+        p->min > p->max || (p->type == KB_CONF_ENUM && p->choices == NULL)) {
+        kb_errf(why, whylen, "property %s: needs a type, a default, min <= max%s", p->name,
+                p->type == KB_CONF_ENUM ? " and choices" : "");
+        return KB_EINVAL;
+    }
+    struct conf_entry e = {.prop = p};
+    char rule[256];
+    int rc = store(&e, p->def, FROM_DEFAULT, rule, sizeof rule);
+    free(e.value);
+    if (rc != KB_OK)
+        kb_errf(why, whylen, "property %s: its default breaks its own rule: %s", p->name, rule);
+    return rc;
 }
 
 kb_conf *kb_conf_new(void)
@@ -229,7 +260,7 @@ kb_conf *kb_conf_new(void)
     kb_conf *c = calloc(1, sizeof *c);
     if (c == NULL)
         return NULL;
-    if (add_table(c, kb__core_props) != KB_OK || sync_props(c) != KB_OK) {
+    if (add_table(c, kb__core_props, NULL, 0) != KB_OK || sync_props(c, NULL, 0) != KB_OK) {
         kb__conf_free(c);
         return NULL;
     }
@@ -255,7 +286,7 @@ static int conf_store(kb_conf *c, const char *key, const char *value, enum sourc
         return KB_EINVAL;
     }
     struct conf_entry *e = find(c, key);
-    if (e == NULL && sync_props(c) == KB_OK)
+    if (e == NULL && sync_props(c, NULL, 0) == KB_OK)
         e = find(c, key);   /* a transport registered since kb_conf_new */
     if (e == NULL) {
         size_t len = strnlen(key, KEY_SHOWN_MAX + 1);

@@ -1,6 +1,7 @@
 /* Error codes' names and the per-thread text of the last failure (kb_errf). */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <keybus/transport.h>
 
@@ -34,10 +35,13 @@ void kb_err_clear(void)
 
 void kb_errf(char *errstr, size_t errlen, const char *fmt, ...)
 {
+    /* Format aside first: an argument may be kb_last_error() itself. */
+    char text[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
+    memcpy(last_error, text, sizeof text);
     if (errstr != NULL && errlen > 0 && errstr != last_error)
-        snprintf(errstr, errlen, "%s", last_error);
+        snprintf(errstr, errlen, "%s", text);
 }

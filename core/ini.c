@@ -72,8 +72,9 @@ static int parse_section(const char *s, size_t n, char *section, char *why, size
 static int parse_value(const char *s, size_t n, char *out, char *why, size_t whylen)
 {
     if (n == 0 || s[0] != '"') {
-        for (size_t i = 1; i < n; i++)
-            if ((s[i] == '#' || s[i] == ';') && blank(s[i - 1])) {
+        /* the blank before a leading '#' or ';' was trimmed as the separator */
+        for (size_t i = 0; i < n; i++)
+            if ((s[i] == '#' || s[i] == ';') && (i == 0 || blank(s[i - 1]))) {
                 kb_errf(why, whylen, "inline comment after a value: comments go on their own "
                         "line (quote the value if it holds \" #\" or \" ;\")");
                 return KB_EINVAL;
@@ -115,7 +116,7 @@ struct reader {
 static int parse_line(struct reader *r, const char *s, size_t n, char *why, size_t whylen)
 {
     for (size_t i = 0; i < n; i++)
-        if ((unsigned char)s[i] < 0x20 && s[i] != '\t') {
+        if (((unsigned char)s[i] < 0x20 && s[i] != '\t') || (unsigned char)s[i] == 0x7f) {
             kb_errf(why, whylen, "control character (byte 0x%02X) at column %zu",
                     (unsigned)(unsigned char)s[i], i + 1);
             return KB_EINVAL;

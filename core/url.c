@@ -257,6 +257,17 @@ const char *kb_url_redact(const char *url, char *out, size_t outlen)
             return out;
         }
     }
+    if (at == NULL && sep) {
+        /* "redis://user:secret" (no '@'): after the authority's first ':',
+         * anything but a port may be a password */
+        size_t alen = strcspn(rest, "/?#");
+        const char *colon = memchr(rest, ':', alen);
+        size_t digits = colon ? strspn(colon + 1, "0123456789") : 0;
+        if (colon != NULL && rest[0] != '[' && colon + 1 + digits != rest + alen) {
+            snprintf(out, outlen, "%.*s:***%s", (int)(colon - url), url, rest + alen);
+            return out;
+        }
+    }
     if (at == NULL)
         snprintf(out, outlen, "%s", url);
     else

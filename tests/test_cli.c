@@ -97,7 +97,8 @@ static void arguments_are_checked_before_the_bus_opens(void **state)
         {{"-c", "/tmp", "stats", "t"}, 2, NULL, "not a regular file"},
         {{"-c", "/nonexistent/keybus.ini", "stats", "t"}, 2, NULL, "cannot read"},
         {{"stats", "t"}, 1, NULL, "keybus stats: not found: "},   /* never used here */
-        {{"stats", "bad topic"}, 1, NULL, "invalid argument"},
+        {{"stats", "bad topic"}, 2, NULL, "allowed: letters"},   /* before any connection */
+        {{"-X", "transport=redis://127.0.0.1:1", "stats", "bad\x1btopic"}, 2, NULL, "0x1b"},
         {{"dlq-replay", "t", "nope"}, 1, NULL, "keybus dlq-replay: "},
         {{"publish", "t", "k", "v"}, 1, NULL, "keybus publish: not found: "},
         {{"-X", "pool.workers=16", "conf"}, 0, "pool.workers = 16\n", NULL},

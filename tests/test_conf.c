@@ -193,11 +193,14 @@ static void ini_grammar_has_one_rule_each(void **state)
         {"[pool]\nworkers = 5 # five\n", 2, NULL, NULL},
         {"[pool]\nworkers = 5 ; five\n", 2, NULL, NULL},
         {"group = \"a #b\"\n", 1, NULL, NULL},   /* quoted: no comment (group refuses ' ') */
+        {"group = a\nnats.tls_ca = ; none\n", 2, NULL, NULL},   /* a value that is a comment */
+        {"group = # none\n", 1, NULL, NULL},
         /* everything else is an error naming its line; CRLF counts one line */
         {"group = a\r\n\r\nnot a pair\r\n", 3, NULL, NULL},
         {"group = a\nnats.token: hunter2\n", 2, NULL, NULL},
         {"= 5\n", 1, NULL, NULL},
         {"group = a\x1b[31m\n", 1, NULL, NULL},
+        {"group = a\x7f\n", 1, NULL, NULL},   /* DEL is a control character too */
         {"\xEF\xBB\xBFgroup = bom\n", 0, "group", "bom"},
         {"group =\n", 1, NULL, NULL},   /* empty: group refuses it */
     };

@@ -6,7 +6,9 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
+#include "../core/conf_int.h"
 #include "../core/registry.h"
 
 extern const kb_transport_ops kb__mem_ops;
@@ -35,9 +37,10 @@ static const kb_transport_ops *registered[MAX_REGISTERED];
 static _Atomic size_t n_registered;     /* entries below it are immutable */
 static pthread_mutex_t register_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Schemes compare without case, as RFC 3986 says (kb_url_parse lowers them). */
 static int scheme_is(const kb_transport_ops *ops, const char *scheme, size_t len)
 {
-    return strlen(ops->scheme) == len && memcmp(ops->scheme, scheme, len) == 0;
+    return strlen(ops->scheme) == len && strncasecmp(ops->scheme, scheme, len) == 0;
 }
 
 size_t kb__transport_count(void)
@@ -71,7 +74,8 @@ void kb__transport_schemes(char *buf, size_t len)
     }
 }
 
-static const char *bad_table(const kb_transport_ops *ops)
+/* NULL when the table is usable, else why not (into why[]). */
+static const char *bad_table(const kb_transport_ops *ops, char *why, size_t whylen)
 {
     if (ops == NULL)
         return "ops is NULL";
@@ -82,19 +86,22 @@ static const char *bad_table(const kb_transport_ops *ops)
     if (ops->open == NULL || ops->topic_open == NULL || ops->subscribe == NULL ||
         ops->dead_letter == NULL || ops->close == NULL)
         return "open, topic_open, subscribe, dead_letter and close are required";
-    if (ops->publish == NULL && !(ops->flags & KB_TRANSPORT_F_LOCAL))
-        return "publish is required without KB_TRANSPORT_F_LOCAL";
+    if (!(ops->flags & KB_TRANSPORT_F_LOCAL) && (ops->publish == NULL || ops->stop == NULL))
+        return "publish and stop are required without KB_TRANSPORT_F_LOCAL";
     for (const kb_conf_prop *p = ops->props; p != NULL && p->name != NULL; p++) {
         size_t sl = strlen(ops->scheme);
         if (strncmp(p->name, ops->scheme, sl) != 0 || p->name[sl] != '.')
             return "a property is not named <scheme>.<key>";
+        if (kb__conf_prop_check(p, why, whylen) != KB_OK)
+            return why;
     }
     return NULL;
 }
 
 static int register_ops(const kb_transport_ops *ops, char *errstr, size_t errlen)
 {
-    const char *why = bad_table(ops);
+    char buf[512];
+    const char *why = bad_table(ops, buf, sizeof buf);
     if (why != NULL) {
         kb_errf(errstr, errlen, "kb_transport_register: %s", why);
         return KB_EINVAL;
@@ -139,6 +146,7 @@ static int load_plugin(const char *path, char *errstr, size_t errlen)
     if (entry == NULL) {
         kb_errf(errstr, errlen, "transport.plugins: %s exports no %s()", path,
                 KB_TRANSPORT_PLUGIN_ENTRY);
+        dlclose(h);
         return KB_EINVAL;
     }
     const kb_transport_ops *ops = entry();
@@ -146,11 +154,13 @@ static int load_plugin(const char *path, char *errstr, size_t errlen)
         kb_errf(errstr, errlen, "transport.plugins: %s was built for transport ABI %d, this "
                 "keybus speaks %d (rebuild it against these headers)", path, ops->abi_version,
                 KB_TRANSPORT_ABI);
+        dlclose(h);
         return KB_EINVAL;
     }
-    char why[256];
+    char why[768];
     if (register_ops(ops, why, sizeof why) != KB_OK) {
         kb_errf(errstr, errlen, "transport.plugins: %s: %s", path, why);
+        dlclose(h);
         return KB_EINVAL;
     }
     return KB_OK;
@@ -171,7 +181,11 @@ int kb__transport_load_plugins(const char *list, char *errstr, size_t errlen)
         int rc = load_plugin(path, errstr, errlen);
         if (rc != KB_OK)
             return rc;
-        p += n + (p[n] == ',');
+        p += n;
+        if (*p == ',' && *++p == '\0') {
+            kb_errf(errstr, errlen, "transport.plugins: empty path after the last ','");
+            return KB_EINVAL;
+        }
     }
     return KB_OK;
 }

@@ -182,6 +182,11 @@ KB_EXPORT int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void 
 KB_EXPORT int kb_publish(kb_bus *b, const char *topic, const void *key, size_t key_len,
                          const void *payload, size_t payload_len);
 
+/* KB_OK when `topic` is a valid topic name (1..200 bytes of [A-Za-z0-9._-],
+ * no empty dot-separated part), else KB_EINVAL with errstr naming the
+ * problem. For checking names before any connection. Thread: any. */
+KB_EXPORT int kb_topic_name_check(const char *topic, char *errstr, size_t errlen);
+
 /* The handle of `topic` on this bus, for publishing without a name lookup
  * per event (librdkafka's rd_kafka_topic_t). The same name gives the same
  * pointer; it stays valid until kb_close, which frees it — the caller never

@@ -8,8 +8,9 @@
  *   open -> topic_open (once per topic) -> (publish | subscribe | flush | drain |
  *   stats)* -> stop -> (ack | dead_letter | release)* while the pools drain -> close.
  * ack, dead_letter, release and still_owned run on executor threads,
- * concurrently with each other and with publish; everything else is called
- * from application threads. All hooks of one bus may run concurrently unless
+ * concurrently with each other and with publish (release also on the
+ * kb_close caller's thread, for deliveries never handled); everything else
+ * is called from application threads. All hooks of one bus may run concurrently unless
  * said otherwise; the transport serialises its own state.
  *
  * Errors: a hook that fails returns a negative KB_E* code and says why with
@@ -99,8 +100,8 @@ typedef struct kb_transport_ops {
     unsigned    flags;        /* KB_TRANSPORT_F_* */
     const kb_conf_prop *props;   /* this transport's keys, ending with a NULL name; may be NULL */
     /* Optional: transport-specific checks of a parsed `transport` URL, run by
-     * kb_conf_set and kb_open (e.g. a db number in the path). KB_EINVAL with
-     * an errstr naming the part; never quote the password. */
+     * kb_conf_set and again by kb_open (e.g. a db number in the path).
+     * KB_EINVAL with an errstr naming the part; never quote the password. */
     int  (*check_url)(const kb_url *u, char *errstr, size_t errlen);
 
     int  (*open)(kb_transport **t, kb_bus *bus, const kb_conf *c, char *errstr, size_t errlen);
@@ -117,7 +118,11 @@ typedef struct kb_transport_ops {
     /* Start feeding `sink`; the sink lives until close. KB_ETRANSPORT when the
      * consumer cannot start. */
     int  (*subscribe)(kb_transport *t, kb_transport_topic *tt, kb_sink *sink);
-    /* Settle a handled delivery. NULL: nothing to acknowledge. */
+    /* Settle a handled delivery. NULL: nothing to acknowledge. ack and
+     * dead_letter run on executors, which kb_close joins before close: they
+     * must not wait on the broker longer than a short, bounded time (queue
+     * the work for a transport thread instead), or kb_close overruns its
+     * deadline by that much. */
     int  (*ack)(kb_transport *t, const kb_delivery *d);
     int  (*dead_letter)(kb_transport *t, const kb_delivery *d, const char *reason);
     /* Optional: the bus gives up on an unhandled delivery at close; leave it
@@ -142,7 +147,9 @@ typedef struct kb_transport_ops {
      * process no longer owns the delivery (lease lost), so it is released
      * unhandled instead. Must be cheap: it runs once per event. */
     int  (*still_owned)(kb_transport *t, const kb_delivery *d);
-    /* Stop consuming: no kb_sink_deliver after it returns. Acks still flow. */
+    /* Stop consuming: no kb_sink_deliver after it returns (the pools are freed
+     * later in kb_close). Acks still flow. Required unless
+     * KB_TRANSPORT_F_LOCAL. */
     void (*stop)(kb_transport *t);
     /* Send what is buffered (acks included), release leases, disconnect and
      * free everything (topic states included), all before `deadline_ns`
@@ -202,7 +209,8 @@ KB_EXPORT void kb_log(kb_bus *b, kb_log_level level, const char *fmt, ...)
 #endif
     ;
 
-/* `url` with its user and password replaced by `***` (what precedes the '@'), for messages;
+/* `url` with its user and password replaced by `***` (what precedes the '@';
+ * without an '@', what follows a ':' in the authority unless it is a port), for messages;
  * truncated to outlen - 1. Returns out. Thread: any. */
 KB_EXPORT const char *kb_url_redact(const char *url, char *out, size_t outlen);
 
@@ -279,7 +287,8 @@ KB_EXPORT int kb_vec_reserve(void **items, size_t *cap, size_t need, size_t elem
 KB_EXPORT int kb_headers_check(const kb_header *h, size_t n, size_t max_n, size_t max_bytes,
                                const char *what);
 /* A compact form for storing headers: size, write, read back (names and
- * values of `out` point into `src`; out holds n, at most KB_MAX_HEADERS). */
+ * values of `out` point into `src`; out holds n, at most KB_MAX_HEADERS).
+ * Only for headers that passed kb_headers_check (names of 1..64 bytes). */
 KB_EXPORT size_t kb_headers_packed_size(const kb_header *h, size_t n);
 KB_EXPORT void   kb_headers_pack(char *dst, const kb_header *h, size_t n);
 KB_EXPORT void   kb_headers_unpack(const char *src, size_t n, kb_header *out);
