@@ -68,14 +68,9 @@ void kb__lane_ready(struct kb_lane *lane)
 
 static bool heap_push(struct kb_executor *ex, struct kb_lane *lane)
 {
-    if (ex->heap_len == ex->heap_cap) {
-        size_t cap = ex->heap_cap ? ex->heap_cap * 2 : 16;
-        struct kb_lane **h = realloc(ex->heap, cap * sizeof *h);
-        if (h == NULL)
-            return false;
-        ex->heap = h;
-        ex->heap_cap = cap;
-    }
+    if (kb_vec_reserve((void **)&ex->heap, &ex->heap_cap, ex->heap_len + 1, sizeof *ex->heap) !=
+        KB_OK)
+        return false;
     size_t i = ex->heap_len++;
     while (i > 0) {
         size_t parent = (i - 1) / 2;
