@@ -408,15 +408,18 @@ static void server_killed_mid_publish(void **state)
     full += publish_unflushed(b, topic, PER_KEY * 3 / 4 + 1, PER_KEY);
     int drained = kb_drain(b, 60000);
     int64_t took = now_ms() - up;
-    assert_int_equal(kb_close(b, 5000), KB_OK);
-    fprintf(stderr, "  kb_flush while down: %s; drained %lld ms after the restart: %s; distinct "
-            "%llu of %llu, duplicates %llu, order violations %llu, KB_EFULL %llu\n",
-            kb_strerror(flushed), (long long)took, kb_strerror(drained),
+    int closed = kb_close(b, 5000);
+    fprintf(stderr, "  kb_flush while down: %s; drained %lld ms after the restart: %s; closed: "
+            "%s%s%s; distinct %llu of %llu, duplicates %llu, order violations %llu, "
+            "KB_EFULL %llu\n",
+            kb_strerror(flushed), (long long)took, kb_strerror(drained), kb_strerror(closed),
+            closed != KB_OK ? ": " : "", closed != KB_OK ? kb_last_error() : "",
             (unsigned long long)kb_tracker_distinct(&t), (unsigned long long)KEYS * PER_KEY,
             (unsigned long long)t.duplicates, (unsigned long long)t.order_violations,
             (unsigned long long)full);
     assert_int_equal(flushed, KB_ETIMEDOUT);
     assert_int_equal(drained, KB_OK);
+    assert_int_equal(closed, KB_OK);
     assert_int_equal(kb_tracker_distinct(&t), (uint64_t)KEYS * PER_KEY);
     assert_int_equal(t.order_violations, 0);
     assert_int_equal(t.concurrent, 0);

@@ -25,13 +25,33 @@ static void publish_counts(kb_transport *t)
     atomic_store(&t->pub_unconfirmed, (uint64_t)t->backlog.n);
 }
 
+/* Errors that say "not now" rather than "never": a server still loading its
+ * data after a restart, busy with a script, or without its replicas. */
+static bool transient(const redisReply *r)
+{
+    static const char *const now[] = {"LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN",
+                                      "CLUSTERDOWN", "NOREPLICAS"};
+    for (size_t i = 0; i < sizeof now / sizeof *now; i++)
+        if (strncmp(r->str, now[i], strlen(now[i])) == 0)
+            return true;
+    return false;
+}
+
 /* Replies to the oldest records: IDs noted, refusals counted. A protocol
- * error (the server closes after it) is explained by the argument's size. */
-static void apply(kb_transport *t, redisReply **r, size_t n)
+ * error (the server closes after it) is explained by the argument's size.
+ * False at a transient error: that record and the ones after it stay
+ * unconfirmed, to be written again on a new connection. */
+static bool apply(kb_transport *t, redisReply **r, size_t n)
 {
     size_t proto_big = 0;
+    bool ok = true;
     pthread_mutex_lock(&t->pub_lock);
     for (size_t i = 0; i < n && t->backlog.n > 0; i++) {
+        if (r[i]->type == REDIS_REPLY_ERROR && transient(r[i])) {
+            snprintf(t->pub_lost, sizeof t->pub_lost, "%.200s", r[i]->str);
+            ok = false;
+            break;
+        }
         kb_redis_pubrec rec = kb__redis_backlog_pop(&t->backlog);
         if (r[i]->type == REDIS_REPLY_STRING) {
             kb__redis_note_last(rec.p, r[i]->str);
@@ -56,11 +76,13 @@ static void apply(kb_transport *t, redisReply **r, size_t n)
         pthread_mutex_unlock(&t->pub_lock);
     }
     kb_signal_notify(t->pub_progress);
+    return ok;
 }
 
 /* Read what arrived and apply every complete reply; false when the
- * connection broke (c->errstr says why). */
-static bool read_replies(kb_transport *t, redisContext *c)
+ * connection broke (c->errstr says why) or the server answered "not now"
+ * (*retry). */
+static bool read_replies(kb_transport *t, redisContext *c, bool *retry)
 {
     if (redisBufferRead(c) != REDIS_OK)
         return false;
@@ -73,8 +95,10 @@ static bool read_replies(kb_transport *t, redisContext *c)
             r[n++] = one;
             one = NULL;
         }
-        if (n > 0)
-            apply(t, r, n);
+        if (n > 0 && !apply(t, r, n)) {   /* apply frees the replies */
+            *retry = true;
+            return false;
+        }
         if (n < REPLIES_MAX)
             return rc == REDIS_OK;
     }
@@ -212,8 +236,10 @@ static void *sender_main(void *arg)
         if (p[0].revents != 0)
             woken(t);
         if ((p[1].revents & (POLLIN | POLLERR | POLLHUP)) != 0) {
-            if (!read_replies(t, c)) {
-                lose(t, c->errstr[0] ? c->errstr : "connection closed");
+            bool retry = false;
+            if (!read_replies(t, c, &retry)) {
+                /* pub_lost is written only on this thread */
+                lose(t, retry ? t->pub_lost : c->errstr[0] ? c->errstr : "connection closed");
                 busy = false;
                 continue;
             }
