@@ -1,0 +1,222 @@
+/* A black-hole-capable TCP proxy: one thread, poll(2), non-blocking sockets,
+ * a buffer per direction. While black-holed it neither reads nor writes, so
+ * the kernel buffers fill and the peers see silence, not a reset. */
+#include "proxy.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define MAX_PAIRS 64
+#define BUF 65536
+
+struct half {               /* bytes read from `from`, not yet written to `to` */
+    char data[BUF];
+    size_t len, off;
+};
+
+struct pair {
+    int fd[2];              /* 0: client side, 1: broker side; -1 when closed */
+    struct half dir[2];     /* dir[i]: from fd[i] to fd[1 - i] */
+};
+
+struct kb_test_proxy {
+    int listen_fd, port, target_port;
+    int wake[2];            /* self-pipe: a command is waiting */
+    _Atomic int blackhole, applied, stop;
+    pthread_t thread;
+    struct pair pairs[MAX_PAIRS];
+};
+
+static void nonblocking(int fd)
+{
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+static int connect_target(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    nonblocking(fd);
+    return fd;
+}
+
+static void pair_close(struct pair *pr)
+{
+    for (int i = 0; i < 2; i++) {
+        if (pr->fd[i] >= 0)
+            close(pr->fd[i]);
+        pr->fd[i] = -1;
+        pr->dir[i].len = pr->dir[i].off = 0;
+    }
+}
+
+static void accept_one(kb_test_proxy *p)
+{
+    int c = accept(p->listen_fd, NULL, NULL);
+    if (c < 0)
+        return;
+    int s = connect_target(p->target_port);
+    struct pair *free_pair = NULL;
+    for (int i = 0; i < MAX_PAIRS && free_pair == NULL; i++)
+        if (p->pairs[i].fd[0] < 0)
+            free_pair = &p->pairs[i];
+    if (s < 0 || free_pair == NULL) {
+        close(c);
+        if (s >= 0)
+            close(s);
+        return;
+    }
+    nonblocking(c);
+    free_pair->fd[0] = c;
+    free_pair->fd[1] = s;
+}
+
+/* Move what can move on one direction; -1 when that side closed. */
+static int pump(struct pair *pr, int i, short revents_from, short revents_to)
+{
+    struct half *h = &pr->dir[i];
+    if (h->len == 0 && (revents_from & (POLLIN | POLLHUP | POLLERR))) {
+        ssize_t n = read(pr->fd[i], h->data, sizeof h->data);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+            return -1;
+        if (n > 0) {
+            h->len = (size_t)n;
+            h->off = 0;
+        }
+    }
+    if (h->len > h->off && (revents_to & POLLOUT || revents_from & POLLIN)) {
+        ssize_t n = write(pr->fd[1 - i], h->data + h->off, h->len - h->off);
+        if (n < 0 && errno != EAGAIN && errno != EINTR)
+            return -1;
+        if (n > 0)
+            h->off += (size_t)n;
+        if (h->off == h->len)
+            h->len = h->off = 0;
+    }
+    return 0;
+}
+
+static void *proxy_main(void *arg)
+{
+    kb_test_proxy *p = arg;
+    struct pollfd fds[2 + 2 * MAX_PAIRS];
+    while (!atomic_load(&p->stop)) {
+        int blackhole = atomic_load(&p->blackhole);
+        atomic_store(&p->applied, blackhole);
+        nfds_t n = 0;
+        fds[n++] = (struct pollfd){.fd = p->wake[0], .events = POLLIN};
+        fds[n++] = (struct pollfd){.fd = p->listen_fd, .events = POLLIN};
+        for (int i = 0; i < MAX_PAIRS; i++) {
+            struct pair *pr = &p->pairs[i];
+            for (int k = 0; k < 2; k++) {
+                short ev = 0;
+                if (!blackhole && pr->fd[k] >= 0) {
+                    if (pr->dir[k].len == 0)
+                        ev |= POLLIN;          /* room to read from this side */
+                    if (pr->dir[1 - k].len > pr->dir[1 - k].off)
+                        ev |= POLLOUT;         /* bytes waiting for this side */
+                }
+                fds[n++] = (struct pollfd){.fd = blackhole ? -1 : pr->fd[k], .events = ev};
+            }
+        }
+        if (poll(fds, n, 1000) < 0 && errno != EINTR)
+            break;
+        if (fds[0].revents & POLLIN) {
+            char drain[64];
+            while (read(p->wake[0], drain, sizeof drain) > 0)
+                ;
+        }
+        if (fds[1].revents & POLLIN)
+            accept_one(p);
+        if (blackhole)
+            continue;
+        for (int i = 0; i < MAX_PAIRS; i++) {
+            struct pair *pr = &p->pairs[i];
+            if (pr->fd[0] < 0)
+                continue;
+            short r0 = fds[2 + 2 * i].revents, r1 = fds[3 + 2 * i].revents;
+            if (pump(pr, 0, r0, r1) != 0 || pump(pr, 1, r1, r0) != 0)
+                pair_close(pr);
+        }
+    }
+    return NULL;
+}
+
+kb_test_proxy *kb_test_proxy_start(int target_port)
+{
+    kb_test_proxy *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    for (int i = 0; i < MAX_PAIRS; i++)
+        p->pairs[i].fd[0] = p->pairs[i].fd[1] = -1;
+    p->target_port = target_port;
+    p->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (p->listen_fd < 0 || bind(p->listen_fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        listen(p->listen_fd, 64) != 0 ||
+        getsockname(p->listen_fd, (struct sockaddr *)&a, &len) != 0 || pipe(p->wake) != 0) {
+        perror("proxy");
+        if (p->listen_fd >= 0)
+            close(p->listen_fd);
+        free(p);
+        return NULL;
+    }
+    fcntl(p->wake[0], F_SETFL, O_NONBLOCK);
+    p->port = ntohs(a.sin_port);
+    if (pthread_create(&p->thread, NULL, proxy_main, p) != 0) {
+        close(p->listen_fd);
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+int kb_test_proxy_port(const kb_test_proxy *p)
+{
+    return p->port;
+}
+
+void kb_test_proxy_blackhole(kb_test_proxy *p, int on)
+{
+    atomic_store(&p->blackhole, on);
+    while (atomic_load(&p->applied) != on) {
+        (void)!write(p->wake[1], "x", 1);
+        usleep(1000);   /* the proxy thread's loop turns within a poll round */
+    }
+}
+
+void kb_test_proxy_stop(kb_test_proxy *p)
+{
+    if (p == NULL)
+        return;
+    atomic_store(&p->stop, 1);
+    (void)!write(p->wake[1], "x", 1);
+    pthread_join(p->thread, NULL);
+    for (int i = 0; i < MAX_PAIRS; i++)
+        pair_close(&p->pairs[i]);
+    close(p->listen_fd);
+    close(p->wake[0]);
+    close(p->wake[1]);
+    free(p);
+}

@@ -1,0 +1,24 @@
+/* Test harness: a TCP proxy between keybus and a real broker that can stop
+ * forwarding without closing anything — the network black-holes packets, the
+ * connections stay open — and resume later. */
+#ifndef KB_TEST_PROXY_H
+#define KB_TEST_PROXY_H
+
+typedef struct kb_test_proxy kb_test_proxy;
+
+/* Listen on a free 127.0.0.1 port and forward every connection to
+ * 127.0.0.1:target_port. NULL on failure (message on stderr). */
+kb_test_proxy *kb_test_proxy_start(int target_port);
+
+/* The port to connect to instead of the broker's. */
+int kb_test_proxy_port(const kb_test_proxy *p);
+
+/* on: stop moving bytes in both directions (connections stay open, new ones
+ * are accepted and connected but carry nothing); off: forward again, the
+ * bytes held meanwhile first. Returns when the proxy thread has applied it. */
+void kb_test_proxy_blackhole(kb_test_proxy *p, int on);
+
+/* Close every connection and the listener; free. */
+void kb_test_proxy_stop(kb_test_proxy *p);
+
+#endif /* KB_TEST_PROXY_H */
