@@ -123,6 +123,17 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
     } else {
         atomic_store(&t->published_async, 1);
         s = js_PublishMsgAsync(t->js, &msg, &po);
+        /* Reconnecting, before kb__nats_disconnected ran: nats.c has no
+         * reconnect buffer (it would send its content before our resends, out
+         * of order), so the publish queues here in order, as if gated. */
+        if (s == NATS_INSUFFICIENT_BUFFER) {
+            pthread_mutex_lock(&t->resend_lock);
+            push(t, msg, false);
+            atomic_store(&t->gated, 1);
+            pthread_mutex_unlock(&t->resend_lock);
+            msg = NULL;
+            s = NATS_OK;
+        }
     }
     pthread_rwlock_unlock(&t->pub_lock);
     if (s == NATS_MAX_PAYLOAD) {   /* the server's limit shrank after it was buffered */
@@ -186,6 +197,38 @@ static void pub_err(kb_transport *t, jsPubAckErr *pae)
     pthread_mutex_unlock(&t->resend_lock);
 }
 
+/* The unacked publishes taken back from nats.c join the queue, all in
+ * publish order: the queue may already hold newer publishes and resends of
+ * timed-out ones. Caller holds resend_lock. */
+static void requeue_in_order(kb_transport *t, natsMsgList *l)
+{
+    size_t n = (size_t)atomic_load(&t->resend_len) + (size_t)l->Count, i = 0;
+    natsMsg **all = malloc((n ? n : 1) * sizeof *all);
+    if (all == NULL) {   /* no room to sort: ahead of the queue, in order */
+        qsort(l->Msgs, (size_t)l->Count, sizeof *l->Msgs, by_seq);
+        for (int k = l->Count - 1; k >= 0; k--) {
+            push(t, l->Msgs[k], true);
+            l->Msgs[k] = NULL;
+        }
+        return;
+    }
+    for (kb_nats_resend *r = t->resend_head, *next; r; r = next) {
+        next = r->next;
+        all[i++] = r->msg;
+        free(r);
+    }
+    t->resend_head = t->resend_tail = NULL;
+    atomic_store(&t->resend_len, 0);
+    for (int k = 0; k < l->Count; k++) {
+        all[i++] = l->Msgs[k];
+        l->Msgs[k] = NULL;
+    }
+    qsort(all, i, sizeof *all, by_seq);
+    for (size_t k = 0; k < i; k++)
+        push(t, all[k], false);
+    free(all);
+}
+
 /* The connection broke: take back every publish not yet acked (in publish
  * order) and queue new ones behind them until they are resent. */
 void kb__nats_disconnected(natsConnection *nc, void *closure)
@@ -199,12 +242,8 @@ void kb__nats_disconnected(natsConnection *nc, void *closure)
     natsMsgList l = {0};
     if (t->js != NULL && atomic_load(&t->published_async) &&
         js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK) {
-        qsort(l.Msgs, (size_t)l.Count, sizeof *l.Msgs, by_seq);
         pthread_mutex_lock(&t->resend_lock);
-        for (int i = l.Count - 1; i >= 0; i--) {
-            push(t, l.Msgs[i], true);
-            l.Msgs[i] = NULL;
-        }
+        requeue_in_order(t, &l);
         pthread_mutex_unlock(&t->resend_lock);
         natsMsgList_Destroy(&l);
     }
