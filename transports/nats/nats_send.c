@@ -21,14 +21,8 @@ static uint64_t msg_seq(natsMsg *m)
     return strtoull(dash + 1, NULL, 10);
 }
 
-static int by_seq(const void *a, const void *b)
-{
-    uint64_t x = msg_seq(*(natsMsg *const *)a), y = msg_seq(*(natsMsg *const *)b);
-    return x < y ? -1 : x > y;
-}
-
-/* Caller holds resend_lock. */
-static void push(kb_transport *t, natsMsg *m, bool front)
+/* Queue m last; caller holds resend_lock. */
+static void push(kb_transport *t, natsMsg *m)
 {
     kb_nats_resend *r = malloc(sizeof *r);
     if (r == NULL) {
@@ -38,19 +32,13 @@ static void push(kb_transport *t, natsMsg *m, bool front)
         return;
     }
     r->msg = m;
+    r->seq = msg_seq(m);
     r->next = NULL;
-    if (front) {
-        r->next = t->resend_head;
+    if (t->resend_tail)
+        t->resend_tail->next = r;
+    else
         t->resend_head = r;
-        if (t->resend_tail == NULL)
-            t->resend_tail = r;
-    } else {
-        if (t->resend_tail)
-            t->resend_tail->next = r;
-        else
-            t->resend_head = r;
-        t->resend_tail = r;
-    }
+    t->resend_tail = r;
     atomic_fetch_add(&t->resend_len, 1);
 }
 
@@ -117,7 +105,7 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
     pthread_rwlock_rdlock(&t->pub_lock);
     if (atomic_load(&t->gated)) {
         pthread_mutex_lock(&t->resend_lock);
-        push(t, msg, false);
+        push(t, msg);
         pthread_mutex_unlock(&t->resend_lock);
         msg = NULL;
     } else {
@@ -128,7 +116,7 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
          * of order), so the publish queues here in order, as if gated. */
         if (s == NATS_INSUFFICIENT_BUFFER) {
             pthread_mutex_lock(&t->resend_lock);
-            push(t, msg, false);
+            push(t, msg);
             atomic_store(&t->gated, 1);
             pthread_mutex_unlock(&t->resend_lock);
             msg = NULL;
@@ -182,7 +170,7 @@ static void pub_err(kb_transport *t, jsPubAckErr *pae)
     if (pae->ErrCode == 0 && pae->Err != NATS_INVALID_ARG) {
         natsMsg *c = kb__nats_msg_clone(pae->Msg);
         if (c != NULL) {
-            push(t, c, false);
+            push(t, c);
             atomic_store(&t->gated, 1);
         } else {
             atomic_fetch_add(&t->pub_rejected, 1);
@@ -197,36 +185,47 @@ static void pub_err(kb_transport *t, jsPubAckErr *pae)
     pthread_mutex_unlock(&t->resend_lock);
 }
 
+/* Merge two lists sorted by publish order; on a tie, a's first. */
+static kb_nats_resend *merge(kb_nats_resend *a, kb_nats_resend *b)
+{
+    kb_nats_resend head = {0}, *tail = &head;
+    while (a != NULL && b != NULL) {
+        kb_nats_resend **from = b->seq < a->seq ? &b : &a;
+        tail->next = *from;
+        tail = *from;
+        *from = (*from)->next;
+    }
+    tail->next = a != NULL ? a : b;
+    return head.next;
+}
+
+/* Merge sort by publish order: no allocation in a disconnect callback. */
+static kb_nats_resend *sort_by_seq(kb_nats_resend *l)
+{
+    if (l == NULL || l->next == NULL)
+        return l;
+    kb_nats_resend *slow = l, *fast = l->next;
+    while (fast != NULL && fast->next != NULL) {
+        slow = slow->next;
+        fast = fast->next->next;
+    }
+    kb_nats_resend *second = slow->next;
+    slow->next = NULL;
+    return merge(sort_by_seq(l), sort_by_seq(second));
+}
+
 /* The unacked publishes taken back from nats.c join the queue, all in
  * publish order: the queue may already hold newer publishes and resends of
  * timed-out ones. Caller holds resend_lock. */
 static void requeue_in_order(kb_transport *t, natsMsgList *l)
 {
-    size_t n = (size_t)atomic_load(&t->resend_len) + (size_t)l->Count, i = 0;
-    natsMsg **all = malloc((n ? n : 1) * sizeof *all);
-    if (all == NULL) {   /* no room to sort: ahead of the queue, in order */
-        qsort(l->Msgs, (size_t)l->Count, sizeof *l->Msgs, by_seq);
-        for (int k = l->Count - 1; k >= 0; k--) {
-            push(t, l->Msgs[k], true);
-            l->Msgs[k] = NULL;
-        }
-        return;
+    for (int i = 0; i < l->Count; i++) {
+        push(t, l->Msgs[i]);
+        l->Msgs[i] = NULL;
     }
-    for (kb_nats_resend *r = t->resend_head, *next; r; r = next) {
-        next = r->next;
-        all[i++] = r->msg;
-        free(r);
-    }
-    t->resend_head = t->resend_tail = NULL;
-    atomic_store(&t->resend_len, 0);
-    for (int k = 0; k < l->Count; k++) {
-        all[i++] = l->Msgs[k];
-        l->Msgs[k] = NULL;
-    }
-    qsort(all, i, sizeof *all, by_seq);
-    for (size_t k = 0; k < i; k++)
-        push(t, all[k], false);
-    free(all);
+    t->resend_head = sort_by_seq(t->resend_head);
+    for (t->resend_tail = t->resend_head; t->resend_tail != NULL && t->resend_tail->next;)
+        t->resend_tail = t->resend_tail->next;
 }
 
 /* The connection broke: take back every publish not yet acked (in publish
