@@ -80,6 +80,60 @@ int kb__nats_msg_event(kb_transport *t, kb_nats_topic *tp, uint32_t n, const voi
     return KB_OK;
 }
 
+/* Merge two lists sorted by publish order; on a tie, a's first. */
+static kb_nats_resend *merge(kb_nats_resend *a, kb_nats_resend *b)
+{
+    kb_nats_resend head = {0}, *tail = &head;
+    while (a != NULL && b != NULL) {
+        kb_nats_resend **from = b->seq < a->seq ? &b : &a;
+        tail->next = *from;
+        tail = *from;
+        *from = (*from)->next;
+    }
+    tail->next = a != NULL ? a : b;
+    return head.next;
+}
+
+/* Merge sort by publish order: no allocation in a disconnect callback. */
+static kb_nats_resend *sort_by_seq(kb_nats_resend *l)
+{
+    if (l == NULL || l->next == NULL)
+        return l;
+    kb_nats_resend *slow = l, *fast = l->next;
+    while (fast != NULL && fast->next != NULL) {
+        slow = slow->next;
+        fast = fast->next->next;
+    }
+    kb_nats_resend *second = slow->next;
+    slow->next = NULL;
+    return merge(sort_by_seq(l), sort_by_seq(second));
+}
+
+/* The connection broke: the publishes nats.c has not seen acked (and `also`,
+ * unless NULL) join the queue, all in publish order (it may already hold newer
+ * publishes and resends of timed-out ones), and new ones queue behind them. */
+static void take_back(kb_transport *t, natsMsg *also)
+{
+    natsMsgList l = {0};
+    bool got = t->js != NULL && atomic_load(&t->published_async) &&
+               js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK;
+    pthread_mutex_lock(&t->resend_lock);
+    if (also != NULL)
+        push(t, also);
+    for (int i = 0; got && i < l.Count; i++) {
+        push(t, l.Msgs[i]);
+        l.Msgs[i] = NULL;
+    }
+    t->resend_head = sort_by_seq(t->resend_head);
+    for (t->resend_tail = t->resend_head; t->resend_tail != NULL && t->resend_tail->next;)
+        t->resend_tail = t->resend_tail->next;
+    atomic_store(&t->gated, 1);
+    pthread_mutex_unlock(&t->resend_lock);
+    if (got)
+        natsMsgList_Destroy(&l);
+}
+
+
 /* The resend queue has room for one more publish. */
 static int queue_room(void *arg)
 {
@@ -111,14 +165,13 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
     } else {
         atomic_store(&t->published_async, 1);
         s = js_PublishMsgAsync(t->js, &msg, &po);
-        /* Reconnecting, before kb__nats_disconnected ran: nats.c has no
-         * reconnect buffer (it would send its content before our resends, out
-         * of order), so the publish queues here in order, as if gated. */
+        /* Reconnecting: nats.c has no reconnect buffer (it would send its
+         * content before our resends, out of order). Take back the unacked
+         * publishes now, not only in kb__nats_disconnected, which runs later
+         * on nats.c's callback thread, maybe after the reconnect: the acker
+         * must not resend the queue ahead of them. */
         if (s == NATS_INSUFFICIENT_BUFFER) {
-            pthread_mutex_lock(&t->resend_lock);
-            push(t, msg);
-            atomic_store(&t->gated, 1);
-            pthread_mutex_unlock(&t->resend_lock);
+            take_back(t, msg);
             msg = NULL;
             s = NATS_OK;
         }
@@ -185,51 +238,8 @@ static void pub_err(kb_transport *t, jsPubAckErr *pae)
     pthread_mutex_unlock(&t->resend_lock);
 }
 
-/* Merge two lists sorted by publish order; on a tie, a's first. */
-static kb_nats_resend *merge(kb_nats_resend *a, kb_nats_resend *b)
-{
-    kb_nats_resend head = {0}, *tail = &head;
-    while (a != NULL && b != NULL) {
-        kb_nats_resend **from = b->seq < a->seq ? &b : &a;
-        tail->next = *from;
-        tail = *from;
-        *from = (*from)->next;
-    }
-    tail->next = a != NULL ? a : b;
-    return head.next;
-}
-
-/* Merge sort by publish order: no allocation in a disconnect callback. */
-static kb_nats_resend *sort_by_seq(kb_nats_resend *l)
-{
-    if (l == NULL || l->next == NULL)
-        return l;
-    kb_nats_resend *slow = l, *fast = l->next;
-    while (fast != NULL && fast->next != NULL) {
-        slow = slow->next;
-        fast = fast->next->next;
-    }
-    kb_nats_resend *second = slow->next;
-    slow->next = NULL;
-    return merge(sort_by_seq(l), sort_by_seq(second));
-}
-
-/* The unacked publishes taken back from nats.c join the queue, all in
- * publish order: the queue may already hold newer publishes and resends of
- * timed-out ones. Caller holds resend_lock. */
-static void requeue_in_order(kb_transport *t, natsMsgList *l)
-{
-    for (int i = 0; i < l->Count; i++) {
-        push(t, l->Msgs[i]);
-        l->Msgs[i] = NULL;
-    }
-    t->resend_head = sort_by_seq(t->resend_head);
-    for (t->resend_tail = t->resend_head; t->resend_tail != NULL && t->resend_tail->next;)
-        t->resend_tail = t->resend_tail->next;
-}
-
-/* The connection broke: take back every publish not yet acked (in publish
- * order) and queue new ones behind them until they are resent. */
+/* The connection broke (nats.c's callback thread): take back what is not
+ * acked, unless a publish did already (kb__nats_send). */
 void kb__nats_disconnected(natsConnection *nc, void *closure)
 {
     (void)nc;
@@ -238,15 +248,7 @@ void kb__nats_disconnected(natsConnection *nc, void *closure)
         return;   /* our own natsConnection_Close */
     kb_log(t->bus, KB_LOG_WARNING, "nats %s: disconnected, reconnecting", t->url_safe);
     pthread_rwlock_wrlock(&t->pub_lock);
-    natsMsgList l = {0};
-    if (t->js != NULL && atomic_load(&t->published_async) &&
-        js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK) {
-        pthread_mutex_lock(&t->resend_lock);
-        requeue_in_order(t, &l);
-        pthread_mutex_unlock(&t->resend_lock);
-        natsMsgList_Destroy(&l);
-    }
-    atomic_store(&t->gated, 1);
+    take_back(t, NULL);
     pthread_rwlock_unlock(&t->pub_lock);
 }
 
