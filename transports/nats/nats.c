@@ -73,6 +73,13 @@ static const kb_conf_prop nats_props[] = {
      "First reconnect delay; doubles per attempt up to `nats.reconnect_max_wait_ms`."},
     {"nats.reconnect_max_wait_ms", KB_CONF_INT, "2000", 1, MS_HOUR,
      "Cap on the reconnect delay."},
+    {"nats.write_deadline_ms", KB_CONF_INT, "2000", 100, MS_HOUR,
+     "How long one write to the server may wait for room in the socket; then the "
+     "connection is taken as broken, reopened, and publishes not yet acked are "
+     "sent again. Bounds `kb_publish` when the network black-holes packets."},
+    {"nats.ping_interval_ms", KB_CONF_INT, "1000", 100, MS_HOUR,
+     "Interval of the client's PINGs; a server silent for about three intervals is "
+     "taken as gone, as with `nats.write_deadline_ms`."},
     {"nats.token", KB_CONF_SECRET, "", 0, 4096,
      "Authentication token (instead of one in the URL). Never logged."},
     {"nats.creds_file", KB_CONF_SECRET, "", 0, 4096,

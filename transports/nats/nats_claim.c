@@ -107,24 +107,22 @@ void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now)
 {
     if (atomic_load(&c->freed))
         return;
-    uint64_t h = atomic_load(&c->head);
+    uint64_t h0 = atomic_load(&c->head), h = h0;
     uint64_t tl = atomic_load_explicit(&c->tail, memory_order_acquire);
-    natsMsg *last = NULL;
-    uint64_t last_seq = 0;
-    while (h < tl) {
-        kb_nats_entry *e = &c->ring[h & (c->cap - 1)];
-        if (!atomic_load_explicit(&e->done, memory_order_acquire))
-            break;
-        natsMsg_Destroy(last);
-        last = e->msg;
-        last_seq = e->sseq;
-        e->msg = NULL;
+    while (h < tl &&
+           atomic_load_explicit(&c->ring[h & (c->cap - 1)].done, memory_order_acquire))
         h++;
-    }
-    if (last != NULL) {
-        natsConnection_PublishString(t->nc, natsMsg_GetReply(last), "+ACK");
-        natsMsg_Destroy(last);
-        atomic_store(&c->acked_to, last_seq);
+    /* Not sent while reconnecting (nats.c buffers nothing then): next tick. */
+    kb_nats_entry *last = h > h0 ? &c->ring[(h - 1) & (c->cap - 1)] : NULL;
+    if (last != NULL &&
+        natsConnection_PublishString(t->nc, natsMsg_GetReply(last->msg), "+ACK") != NATS_OK)
+        h = h0;
+    if (h > h0) {
+        atomic_store(&c->acked_to, last->sseq);
+        for (uint64_t i = h0; i < h; i++) {
+            natsMsg_Destroy(c->ring[i & (c->cap - 1)].msg);
+            c->ring[i & (c->cap - 1)].msg = NULL;
+        }
         atomic_store_explicit(&c->head, h, memory_order_release);
         kb_signal_notify(t->acked);
     }

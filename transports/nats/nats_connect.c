@@ -118,9 +118,19 @@ static natsStatus set_options(kb_transport *t, natsOptions *o, const kb_conf *c,
     if (s == NATS_OK)
         s = natsOptions_SetCustomReconnectDelay(o, reconnect_delay, t);
     if (s == NATS_OK)
-        s = natsOptions_SetReconnectBufSize(o, 64 * 1024 * 1024);
+        s = natsOptions_SetReconnectBufSize(o, 0);   /* see kb__nats_send */
     if (s == NATS_OK)
         s = natsOptions_SetTimeout(o, 2000);
+    /* A black-holed network: writes fail after the deadline instead of
+     * blocking for ever, and a silent server is noticed after two missed
+     * PONGs; either way nats.c reconnects and kb__nats_disconnected takes
+     * back the publishes not yet acked. */
+    if (s == NATS_OK)
+        s = natsOptions_SetWriteDeadline(o, kb_conf_int(c, "nats.write_deadline_ms"));
+    if (s == NATS_OK)
+        s = natsOptions_SetPingInterval(o, kb_conf_int(c, "nats.ping_interval_ms"));
+    if (s == NATS_OK)
+        s = natsOptions_SetMaxPingsOut(o, 2);
     if (s == NATS_OK)
         s = natsOptions_SetErrorHandler(o, on_async_error, t);
     if (s == NATS_OK)

@@ -66,9 +66,11 @@ int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const kb_nats_dead 
         return KB_OK;
     int rc = kb__nats_errf(tp->dlq_subject, s, jerr);
     /* No answer may be followed by one; a refusal (header over 64 KiB, a
-     * JetStream error) is final. */
+     * JetStream error) is final. Not sent while reconnecting (nats.c keeps
+     * no reconnect buffer): tried again too. */
     bool unanswered = jerr == 0 && (s == NATS_TIMEOUT || s == NATS_CONNECTION_CLOSED ||
-                                    s == NATS_CONNECTION_DISCONNECTED || s == NATS_NO_RESPONDERS);
+                                    s == NATS_CONNECTION_DISCONNECTED || s == NATS_NO_RESPONDERS ||
+                                    s == NATS_INSUFFICIENT_BUFFER);
     return unanswered ? KB_ETIMEDOUT : rc == KB_ETIMEDOUT ? KB_ETRANSPORT : rc;
 }
 

@@ -21,14 +21,8 @@ static uint64_t msg_seq(natsMsg *m)
     return strtoull(dash + 1, NULL, 10);
 }
 
-static int by_seq(const void *a, const void *b)
-{
-    uint64_t x = msg_seq(*(natsMsg *const *)a), y = msg_seq(*(natsMsg *const *)b);
-    return x < y ? -1 : x > y;
-}
-
-/* Caller holds resend_lock. */
-static void push(kb_transport *t, natsMsg *m, bool front)
+/* Queue m last; caller holds resend_lock. */
+static void push(kb_transport *t, natsMsg *m)
 {
     kb_nats_resend *r = malloc(sizeof *r);
     if (r == NULL) {
@@ -38,19 +32,13 @@ static void push(kb_transport *t, natsMsg *m, bool front)
         return;
     }
     r->msg = m;
+    r->seq = msg_seq(m);
     r->next = NULL;
-    if (front) {
-        r->next = t->resend_head;
+    if (t->resend_tail)
+        t->resend_tail->next = r;
+    else
         t->resend_head = r;
-        if (t->resend_tail == NULL)
-            t->resend_tail = r;
-    } else {
-        if (t->resend_tail)
-            t->resend_tail->next = r;
-        else
-            t->resend_head = r;
-        t->resend_tail = r;
-    }
+    t->resend_tail = r;
     atomic_fetch_add(&t->resend_len, 1);
 }
 
@@ -92,6 +80,60 @@ int kb__nats_msg_event(kb_transport *t, kb_nats_topic *tp, uint32_t n, const voi
     return KB_OK;
 }
 
+/* Merge two lists sorted by publish order; on a tie, a's first. */
+static kb_nats_resend *merge(kb_nats_resend *a, kb_nats_resend *b)
+{
+    kb_nats_resend head = {0}, *tail = &head;
+    while (a != NULL && b != NULL) {
+        kb_nats_resend **from = b->seq < a->seq ? &b : &a;
+        tail->next = *from;
+        tail = *from;
+        *from = (*from)->next;
+    }
+    tail->next = a != NULL ? a : b;
+    return head.next;
+}
+
+/* Merge sort by publish order: no allocation in a disconnect callback. */
+static kb_nats_resend *sort_by_seq(kb_nats_resend *l)
+{
+    if (l == NULL || l->next == NULL)
+        return l;
+    kb_nats_resend *slow = l, *fast = l->next;
+    while (fast != NULL && fast->next != NULL) {
+        slow = slow->next;
+        fast = fast->next->next;
+    }
+    kb_nats_resend *second = slow->next;
+    slow->next = NULL;
+    return merge(sort_by_seq(l), sort_by_seq(second));
+}
+
+/* The connection broke: the publishes nats.c has not seen acked (and `also`,
+ * unless NULL) join the queue, all in publish order (it may already hold newer
+ * publishes and resends of timed-out ones), and new ones queue behind them. */
+static void take_back(kb_transport *t, natsMsg *also)
+{
+    natsMsgList l = {0};
+    bool got = t->js != NULL && atomic_load(&t->published_async) &&
+               js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK;
+    pthread_mutex_lock(&t->resend_lock);
+    if (also != NULL)
+        push(t, also);
+    for (int i = 0; got && i < l.Count; i++) {
+        push(t, l.Msgs[i]);
+        l.Msgs[i] = NULL;
+    }
+    t->resend_head = sort_by_seq(t->resend_head);
+    for (t->resend_tail = t->resend_head; t->resend_tail != NULL && t->resend_tail->next;)
+        t->resend_tail = t->resend_tail->next;
+    atomic_store(&t->gated, 1);
+    pthread_mutex_unlock(&t->resend_lock);
+    if (got)
+        natsMsgList_Destroy(&l);
+}
+
+
 /* The resend queue has room for one more publish. */
 static int queue_room(void *arg)
 {
@@ -117,12 +159,22 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
     pthread_rwlock_rdlock(&t->pub_lock);
     if (atomic_load(&t->gated)) {
         pthread_mutex_lock(&t->resend_lock);
-        push(t, msg, false);
+        push(t, msg);
         pthread_mutex_unlock(&t->resend_lock);
         msg = NULL;
     } else {
         atomic_store(&t->published_async, 1);
         s = js_PublishMsgAsync(t->js, &msg, &po);
+        /* Reconnecting: nats.c has no reconnect buffer (it would send its
+         * content before our resends, out of order). Take back the unacked
+         * publishes now, not only in kb__nats_disconnected, which runs later
+         * on nats.c's callback thread, maybe after the reconnect: the acker
+         * must not resend the queue ahead of them. */
+        if (s == NATS_INSUFFICIENT_BUFFER) {
+            take_back(t, msg);
+            msg = NULL;
+            s = NATS_OK;
+        }
     }
     pthread_rwlock_unlock(&t->pub_lock);
     if (s == NATS_MAX_PAYLOAD) {   /* the server's limit shrank after it was buffered */
@@ -171,7 +223,7 @@ static void pub_err(kb_transport *t, jsPubAckErr *pae)
     if (pae->ErrCode == 0 && pae->Err != NATS_INVALID_ARG) {
         natsMsg *c = kb__nats_msg_clone(pae->Msg);
         if (c != NULL) {
-            push(t, c, false);
+            push(t, c);
             atomic_store(&t->gated, 1);
         } else {
             atomic_fetch_add(&t->pub_rejected, 1);
@@ -186,8 +238,8 @@ static void pub_err(kb_transport *t, jsPubAckErr *pae)
     pthread_mutex_unlock(&t->resend_lock);
 }
 
-/* The connection broke: take back every publish not yet acked (in publish
- * order) and queue new ones behind them until they are resent. */
+/* The connection broke (nats.c's callback thread): take back what is not
+ * acked, unless a publish did already (kb__nats_send). */
 void kb__nats_disconnected(natsConnection *nc, void *closure)
 {
     (void)nc;
@@ -196,19 +248,7 @@ void kb__nats_disconnected(natsConnection *nc, void *closure)
         return;   /* our own natsConnection_Close */
     kb_log(t->bus, KB_LOG_WARNING, "nats %s: disconnected, reconnecting", t->url_safe);
     pthread_rwlock_wrlock(&t->pub_lock);
-    natsMsgList l = {0};
-    if (t->js != NULL && atomic_load(&t->published_async) &&
-        js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK) {
-        qsort(l.Msgs, (size_t)l.Count, sizeof *l.Msgs, by_seq);
-        pthread_mutex_lock(&t->resend_lock);
-        for (int i = l.Count - 1; i >= 0; i--) {
-            push(t, l.Msgs[i], true);
-            l.Msgs[i] = NULL;
-        }
-        pthread_mutex_unlock(&t->resend_lock);
-        natsMsgList_Destroy(&l);
-    }
-    atomic_store(&t->gated, 1);
+    take_back(t, NULL);
     pthread_rwlock_unlock(&t->pub_lock);
 }
 

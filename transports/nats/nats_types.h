@@ -145,6 +145,7 @@ struct kb_transport_topic {
 /* A publish that must be sent again, in order. */
 typedef struct kb_nats_resend {
     natsMsg *msg;
+    uint64_t seq;                  /* from its Nats-Msg-Id: publish order */
     struct kb_nats_resend *next;
 } kb_nats_resend;
 
