@@ -257,19 +257,22 @@ static int nats_close(kb_transport *t, int64_t deadline)
         if ((rc = kb__nats_flush_until(t, until)) != KB_OK)
             snprintf(why, sizeof why, "%s", kb_last_error());
     }
-    uint64_t unsent = kb__nats_resend_free(t);
-    kvStore_Destroy(t->kv);
-    jsCtx_Destroy(t->js);
-    natsSubscription_Destroy(t->inbox_sub);
     bool closed = t->nc == NULL;
     if (t->nc != NULL) {
         natsConnection_Close(t->nc);   /* the lease thread's requests return now */
         /* nats.c's closed callback is the last one: then t may go */
         closed = kb_signal_wait(t->nc_event, nc_closed, t,
                                 deadline > kb_now_ns() ? deadline : kb_deadline_ns(1000));
-        natsConnection_Destroy(t->nc);
     }
+    /* The lease thread may still be inside a KV call when the deadline cut
+     * its wait short: nothing it uses (KV, JetStream, the connection) goes
+     * before it has left. Its calls fail at once on the closed connection. */
     kb_thread_join(t->leaser);
+    uint64_t unsent = kb__nats_resend_free(t);
+    kvStore_Destroy(t->kv);
+    jsCtx_Destroy(t->js);
+    natsSubscription_Destroy(t->inbox_sub);
+    natsConnection_Destroy(t->nc);
     for (kb_nats_topic *tp = atomic_load(&t->topics), *next; tp; tp = next) {
         next = tp->next;
         if (atomic_load(&tp->unowned))
