@@ -21,6 +21,7 @@ target_link_libraries(test_nats_restart PRIVATE PkgConfig::NATS)
 set_tests_properties(test_nats_restart PROPERTIES RUN_SERIAL TRUE)
 kb_test(test_nats_limits TIMEOUT 90 LABELS nats)
 kb_test(test_nats_topics TIMEOUT 300 LABELS nats)
+target_link_libraries(test_nats_topics PRIVATE PkgConfig::NATS)
 # The hand-written $JS.ACK parser against nats.c's natsMsg_GetMetaData.
 kb_test(test_nats_ackparse TIMEOUT 60 LABELS nats)
 target_link_libraries(test_nats_ackparse PRIVATE PkgConfig::NATS)

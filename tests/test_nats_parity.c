@@ -344,6 +344,9 @@ static void drain_waits_for_the_group(void **state)
     assert_int_equal(kb_conf_set(c, "retry.max_attempts", "1000000", err, sizeof err), KB_OK);
     assert_int_equal(kb_conf_set(c, "retry.backoff_ms", "5", err, sizeof err), KB_OK);
     assert_int_equal(kb_conf_set(c, "retry.max_backoff_ms", "20", err, sizeof err), KB_OK);
+    /* a consumer per partition: with one for the whole topic (a lone member's
+     * default), another process's drain waits for the topic's ack floor */
+    assert_int_equal(kb_conf_set(c, "nats.topic_consumer", "off", err, sizeof err), KB_OK);
     kb_bus *cons = kb_open(c, err, sizeof err);
     assert_non_null(cons);
     struct gate g = {0};

@@ -17,10 +17,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <nats/nats.h>
+
 #include <keybus/keybus.h>
+#include <keybus/pool.h>
 
 #include "support/bus.h"
 #include "support/server.h"
+#include "support/tracker.h"
 
 #define EVENTS 10
 #define FEW 10   /* topics subscribed before the threads are first counted */
@@ -113,6 +117,105 @@ static void thousand_topics(void **state)
     kb_test_server_stop(&s);
 }
 
+/* The topic's consumers: how many, and how many are wide (<group>_w_<rev>). */
+static void consumers_of(jsCtx *js, const char *topic, int *all, int *wide)
+{
+    char stream[128];
+    int n = snprintf(stream, sizeof stream, "KB_%s", topic);
+    for (int i = 3; i < n; i++)
+        if (stream[i] == '.')
+            stream[i] = '_';
+    snprintf(stream + n, sizeof stream - (size_t)n, "_%08x", kb_fnv1a32(topic, strlen(topic)));
+    jsConsumerInfoList *l = NULL;
+    *all = *wide = 0;
+    if (js_Consumers(&l, js, stream, NULL, NULL) != NATS_OK)
+        return;
+    for (int i = 0; i < l->Count; i++) {
+        (*all)++;
+        *wide += strstr(l->List[i]->Name, "_w_") != NULL;
+    }
+    jsConsumerInfoList_Destroy(l);
+}
+
+static uint32_t owned(kb_bus *b, const char *topic)
+{
+    kb_topic_stats st;
+    memset(&st, 0, sizeof st);
+    return kb_stats(b, topic, &st) == KB_OK ? st.partitions_owned : 0;
+}
+
+#define SPLIT_KEYS 40
+#define SPLIT_SEQS 60
+
+/* A lone member reads a topic through one wide consumer; when a second
+ * member comes, the wide claim is handed over partition by partition like
+ * any other: every event handled, per-key order kept, never two handlers of
+ * one key at once (one tracker across both buses), and once every partition
+ * has its own consumer the wide one is deleted. */
+static void wide_consumer_splits(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    const char *topic = "split.wide";
+    static const char *const a_conf[] = {"nats.lease_ttl_ms", "1500", "consumer", "member-a", NULL};
+    static const char *const b_conf[] = {"nats.lease_ttl_ms", "1500", "consumer", "member-b", NULL};
+    kb_bus *pub = open_bus(s.url), *a = kb_test_open(s.url, a_conf, NULL), *b = NULL;
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    assert_int_equal(natsConnection_ConnectTo(&nc, s.url), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    kb_tracker t;
+    kb_tracker_init(&t, SPLIT_KEYS);
+    assert_int_equal(kb_subscribe(a, topic, kb_tracker_handler, &t), KB_OK);
+    int all = 0, wide = 0;
+    for (int i = 0; i < 3000 && !(all == 1 && wide == 1 && owned(a, topic) == 8); i++) {
+        consumers_of(js, topic, &all, &wide);
+        usleep(10000);
+    }
+    assert_int_equal(all, 1);
+    assert_int_equal(wide, 1);
+    assert_int_equal(owned(a, topic), 8);
+    uint32_t owned_a = 8, owned_b = 0;
+    for (uint32_t seq = 1; seq <= SPLIT_SEQS; seq++) {
+        for (uint32_t k = 0; k < SPLIT_KEYS; k++)
+            assert_int_equal(kb_tracker_publish(pub, topic, k, seq, 16), KB_OK);
+        assert_int_equal(kb_flush(pub, 10000), KB_OK);
+        if (seq == SPLIT_SEQS / 4) {
+            b = kb_test_open(s.url, b_conf, NULL);
+            assert_non_null(b);
+            assert_int_equal(kb_subscribe(b, topic, kb_tracker_handler, &t), KB_OK);
+        }
+        usleep(50000);
+    }
+    /* the hand-over completes: both own partitions, each its own consumer */
+    for (int i = 0; i < 3000; i++) {
+        owned_a = owned(a, topic);
+        owned_b = owned(b, topic);
+        consumers_of(js, topic, &all, &wide);
+        if (owned_a > 0 && owned_b > 0 && owned_a + owned_b == 8 && wide == 0 && all == 8 &&
+            kb_tracker_distinct(&t) == (uint64_t)SPLIT_KEYS * SPLIT_SEQS)
+            break;
+        usleep(10000);
+    }
+    print_message("split: a owns %u, b owns %u, %d consumers (%d wide); %llu duplicates\n", owned_a,
+                  owned_b, all, wide, (unsigned long long)atomic_load(&t.duplicates));
+    assert_true(owned_a > 0 && owned_b > 0);
+    assert_int_equal(owned_a + owned_b, 8);
+    assert_int_equal(wide, 0);
+    assert_int_equal(all, 8);
+    assert_int_equal(kb_tracker_distinct(&t), (uint64_t)SPLIT_KEYS * SPLIT_SEQS);
+    assert_int_equal(atomic_load(&t.order_violations), 0);
+    assert_int_equal(atomic_load(&t.concurrent), 0);
+    assert_int_equal(kb_close(pub, 10000), KB_OK);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    assert_int_equal(kb_close(a, 10000), KB_OK);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    kb_tracker_destroy(&t);
+    kb_test_server_stop(&s);
+}
+
 /* No server: the topic's stream and consumer cannot be set up. */
 static void subscribe_without_server(void **state)
 {
@@ -136,6 +239,7 @@ int main(void)
         return 2;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(thousand_topics),
+        cmocka_unit_test(wide_consumer_splits),
         cmocka_unit_test(subscribe_without_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

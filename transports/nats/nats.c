@@ -45,6 +45,13 @@ static const kb_conf_prop nats_props[] = {
      "Server-side expiry of one pull request."},
     {"nats.ack_interval_ms", KB_CONF_INT, "2", 1, 1000,
      "How often the completion frontier of each partition is acked (AckAll)."},
+    {"nats.topic_consumer", KB_CONF_ENUM, "auto", 0, 8,
+     "`auto`: a process that takes every partition of a topic at once (a lone member) "
+     "reads it through one consumer instead of one per partition, which a server "
+     "creates in about a millisecond each; `off`: always one per partition, so that "
+     "`kb_drain` in another process never waits for an event of another partition. "
+     "See docs/transports-nats.md.",
+     "auto|off"},
     {"nats.lease_ttl_ms", KB_CONF_INT, "10000", 500, MS_HOUR,
      "Partition lease and membership TTL; renewed every third of it. A dead "
      "process's partitions move after at most this long."},
@@ -139,6 +146,7 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->fetch_expires_ms = kb_conf_int(c, "nats.fetch_expires_ms");
     t->ack_interval_ms = kb_conf_int(c, "nats.ack_interval_ms");
     t->lease_ttl_ms = kb_conf_int(c, "nats.lease_ttl_ms");
+    t->topic_consumer = strcmp(kb_conf_str(c, "nats.topic_consumer"), "auto") == 0;
     t->publish_timeout_ms = kb_conf_int(c, "nats.publish_timeout_ms");
     t->dup_window_ms = kb_conf_int(c, "nats.dup_window_ms");
     t->reconnect_wait_ms = kb_conf_int(c, "nats.reconnect_wait_ms");

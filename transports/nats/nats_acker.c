@@ -13,11 +13,8 @@ void kb__nats_ack_pass(kb_transport *t)
 {
     int64_t now = kb_now_ns();
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
-        if (!atomic_load(&tp->subscribed))
-            continue;
-        for (uint32_t i = 0; i < t->partitions; i++)
-            for (kb_nats_claim *c = atomic_load(&tp->parts[i].claims); c; c = c->next)
-                kb__nats_claim_ack(t, c, now);
+        if (atomic_load(&tp->subscribed))
+            kb__nats_ack_topic(t, tp, now);
     }
 }
 

@@ -8,25 +8,38 @@
 
 #include "nats_claim.h"
 
-kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev)
+kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev, bool wide)
 {
     kb_nats_claim *c = calloc(1, sizeof *c);
+    /* nats.max_ack_pending is per partition: a wide claim has them all */
+    uint64_t want = (uint64_t)t->max_ack_pending * (wide ? t->partitions : 1);
     uint32_t cap = 16;
-    while (cap < (uint64_t)t->max_ack_pending)
+    while (cap < want && cap < (1u << 30))
         cap *= 2;
-    if (c == NULL || (c->ring = calloc(cap, sizeof *c->ring)) == NULL) {
+    if (c == NULL || (c->ring = calloc(cap, sizeof *c->ring)) == NULL ||
+        (wide && ((c->part_acked = calloc(t->partitions, sizeof *c->part_acked)) == NULL ||
+                  (c->part_blocked = calloc(t->partitions, sizeof *c->part_blocked)) == NULL))) {
+        if (c != NULL) {
+            free(c->ring);
+            free(c->part_acked);
+        }
         free(c);
         return NULL;
     }
     c->cap = cap;
     c->part = p;
     c->rev = rev;
-    snprintf(c->consumer, sizeof c->consumer, "%s_%u_%llu", t->group, p->n,
-             (unsigned long long)rev);
+    c->wide = wide;
+    if (wide)
+        snprintf(c->consumer, sizeof c->consumer, "%s_w_%llu", t->group, (unsigned long long)rev);
+    else
+        snprintf(c->consumer, sizeof c->consumer, "%s_%u_%llu", t->group, p->n,
+                 (unsigned long long)rev);
     snprintf(c->next_subj, sizeof c->next_subj, "$JS.API.CONSUMER.MSG.NEXT.%s.%s",
              p->topic->stream, c->consumer);
-    c->next = atomic_load(&p->claims);
-    atomic_store_explicit(&p->claims, c, memory_order_release);
+    _Atomic(kb_nats_claim *) *list = wide ? &p->topic->wide_claims : &p->claims;
+    c->next = atomic_load(list);
+    atomic_store_explicit(list, c, memory_order_release);
     return c;
 }
 
@@ -101,24 +114,57 @@ static void free_ring(kb_nats_claim *c)
     atomic_store(&c->freed, 1);
 }
 
+/* The finished prefix of a partition claim's frontier, with one AckAll for
+ * its last entry; the new head. Not sent while reconnecting (nats.c buffers
+ * nothing then): next tick. */
+static uint64_t ack_prefix(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint64_t tl)
+{
+    uint64_t h = h0;
+    while (h < tl &&
+           atomic_load_explicit(&c->ring[h & (c->cap - 1)].done, memory_order_acquire))
+        h++;
+    kb_nats_entry *last = h > h0 ? &c->ring[(h - 1) & (c->cap - 1)] : NULL;
+    if (last == NULL ||
+        natsConnection_PublishString(t->nc, natsMsg_GetReply(last->msg), "+ACK") != NATS_OK)
+        return h0;
+    atomic_store(&c->acked_to, last->sseq);
+    return h;
+}
+
+/* A wide claim acks every finished message by itself: a held event delays
+ * only its own partition's acks, as with a consumer per partition. The new
+ * head: past the prefix acked. */
+static uint64_t ack_each(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint64_t tl)
+{
+    uint64_t h = h0;
+    memset(c->part_blocked, 0, t->partitions * sizeof *c->part_blocked);
+    for (uint64_t i = h0; i < tl; i++) {
+        kb_nats_entry *e = &c->ring[i & (c->cap - 1)];
+        if (!e->acked && atomic_load_explicit(&e->done, memory_order_acquire) &&
+            natsConnection_PublishString(t->nc, natsMsg_GetReply(e->msg), "+ACK") == NATS_OK)
+            e->acked = true;
+        if (h == i && e->acked)
+            h = i + 1;
+        if (e->part >= t->partitions || c->part_blocked[e->part])
+            continue;
+        if (e->acked)
+            atomic_store(&c->part_acked[e->part], e->sseq);
+        else
+            c->part_blocked[e->part] = true;
+    }
+    return h;
+}
+
 /* Ack what is finished. Acking handled events is right even for a fenced
  * claim: the consumer is this claim's own, and fencing only stops feeding. */
 void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now)
 {
     if (atomic_load(&c->freed))
         return;
-    uint64_t h0 = atomic_load(&c->head), h = h0;
+    uint64_t h0 = atomic_load(&c->head);
     uint64_t tl = atomic_load_explicit(&c->tail, memory_order_acquire);
-    while (h < tl &&
-           atomic_load_explicit(&c->ring[h & (c->cap - 1)].done, memory_order_acquire))
-        h++;
-    /* Not sent while reconnecting (nats.c buffers nothing then): next tick. */
-    kb_nats_entry *last = h > h0 ? &c->ring[(h - 1) & (c->cap - 1)] : NULL;
-    if (last != NULL &&
-        natsConnection_PublishString(t->nc, natsMsg_GetReply(last->msg), "+ACK") != NATS_OK)
-        h = h0;
+    uint64_t h = c->wide ? ack_each(t, c, h0, tl) : ack_prefix(t, c, h0, tl);
     if (h > h0) {
-        atomic_store(&c->acked_to, last->sseq);
         for (uint64_t i = h0; i < h; i++) {
             natsMsg_Destroy(c->ring[i & (c->cap - 1)].msg);
             c->ring[i & (c->cap - 1)].msg = NULL;
@@ -141,12 +187,52 @@ void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now)
         free_ring(c);
 }
 
-void kb__nats_claims_free(kb_nats_part *p)
+static void claims_free(kb_nats_claim *c)
 {
-    for (kb_nats_claim *c = atomic_load(&p->claims), *next; c; c = next) {
+    for (kb_nats_claim *next; c; c = next) {
         next = c->next;
         if (!atomic_load(&c->freed))
             free_ring(c);
+        free(c->part_acked);
+        free(c->part_blocked);
         free(c);
     }
+}
+
+void kb__nats_claims_free(kb_nats_topic *tp, uint32_t partitions)
+{
+    for (uint32_t i = 0; i < partitions; i++)
+        claims_free(atomic_load(&tp->parts[i].claims));
+    claims_free(atomic_load(&tp->wide_claims));
+}
+
+void kb__nats_ack_topic(kb_transport *t, kb_nats_topic *tp, int64_t now)
+{
+    for (uint32_t i = 0; i < t->partitions; i++)
+        for (kb_nats_claim *c = atomic_load(&tp->parts[i].claims); c; c = c->next)
+            kb__nats_claim_ack(t, c, now);
+    for (kb_nats_claim *c = atomic_load(&tp->wide_claims); c; c = c->next)
+        kb__nats_claim_ack(t, c, now);
+}
+
+bool kb__nats_acked_to(const kb_nats_topic *tp, uint32_t n, uint64_t seq)
+{
+    for (kb_nats_claim *c = atomic_load(&tp->parts[n].claims); c; c = c->next)
+        if (atomic_load(&c->acked_to) >= seq)
+            return true;
+    for (kb_nats_claim *c = atomic_load(&tp->wide_claims); c; c = c->next)
+        if (atomic_load(&c->part_acked[n]) >= seq)
+            return true;
+    return false;
+}
+
+bool kb__nats_claims_done(const kb_nats_part *p)
+{
+    for (kb_nats_claim *c = atomic_load(&p->claims); c; c = c->next)
+        if (!atomic_load(&c->freed))
+            return false;
+    for (kb_nats_claim *c = atomic_load(&p->topic->wide_claims); c; c = c->next)
+        if (!atomic_load(&c->freed))
+            return false;
+    return true;
 }

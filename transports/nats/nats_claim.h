@@ -5,7 +5,9 @@
 
 #include "nats_types.h"
 
-kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev);
+/* A claim of partition p, or with `wide` of all of p's topic (p is then
+ * partition 0); NULL on out of memory. Lease thread. */
+kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev, bool wide);
 /* Stop feeding a claim and wake the lease thread, which starts a fresh one
  * if it still holds the lease. */
 void kb__nats_claim_reset(kb_transport *t, kb_nats_claim *c);
@@ -13,8 +15,14 @@ void kb__nats_claim_reset(kb_transport *t, kb_nats_claim *c);
  * handler's message from redelivery, free the ring of a finished fenced
  * claim. The acker thread, or close once the acker has stopped. */
 void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now);
-/* Free every claim of the partition (close). */
-void kb__nats_claims_free(kb_nats_part *p);
+/* kb__nats_claim_ack for every claim of the topic (the acker thread). */
+void kb__nats_ack_topic(kb_transport *t, kb_nats_topic *tp, int64_t now);
+/* Did a claim of this process covering partition n ack up to seq? */
+bool kb__nats_acked_to(const kb_nats_topic *tp, uint32_t n, uint64_t seq);
+/* Is every claim that covered partition p finished (handled, acked, freed)? */
+bool kb__nats_claims_done(const kb_nats_part *p);
+/* Free every claim of the topic (close). */
+void kb__nats_claims_free(kb_nats_topic *tp, uint32_t partitions);
 /* Deliveries of stream sequence sseq so far: this consumer's count plus one
  * per earlier consumer of the partition that delivered it. */
 uint32_t kb__nats_attempt(const kb_nats_claim *c, uint64_t sseq, uint64_t delivered);

@@ -61,7 +61,9 @@ static void pull(feeder *f, kb_nats_claim *c, int64_t now)
     c->pull_deadline_ns = now + (c->pull_expires_ms + 2000) * 1000000;
 }
 
-/* Follow the partition's current claim and keep its pulls going. */
+/* Follow the partition's current claim and keep its pulls going. A fenced
+ * claim is left for good: once fenced nothing goes into its ring, so a wide
+ * claim left through one partition is safe from the others. */
 static void tend(feeder *f, kb_nats_part *p, int64_t now)
 {
     kb_transport *t = f->t;
@@ -74,6 +76,8 @@ static void tend(feeder *f, kb_nats_part *p, int64_t now)
     if (atomic_load(&c->fenced)) {
         atomic_store(&c->feeder_left, 1);
         p->feeding = NULL;
+    } else if (c->part != p) {
+        return;   /* a wide claim: partition 0 pulls for all */
     } else if (!c->pull_open || c->pull_left < t->fetch_batch || now > c->pull_deadline_ns) {
         if (c->pull_open && now > c->pull_deadline_ns)
             c->pull_open = false;   /* lost */
@@ -107,8 +111,8 @@ static void status_msg(feeder *f, natsMsg *m)
 /* An event (or the whole message, when unreadable) goes to the dead letters
  * without reaching a handler, with its headers when they could be read. */
 static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta *meta,
-                            const char *id, const kb_nats_event *ev, const kb_nats_hdrs *h,
-                            const char *why)
+                            unsigned n, const char *id, const kb_nats_event *ev,
+                            const kb_nats_hdrs *h, const char *why)
 {
     kb_log(f->t->bus, KB_LOG_WARNING, "nats %s: message %s on %s goes to the dead letters: %s",
            f->t->url_safe, id, natsMsg_GetSubject(m), why);
@@ -121,7 +125,7 @@ static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_na
         .orig_subject = natsMsg_GetSubject(m), .orig_id = id,
         .key = ev->key, .key_len = ev->key_len, .payload = ev->payload,
         .payload_len = ev->payload_len, .headers = h ? h->h : NULL, .n_headers = h ? h->n : 0,
-        .partition = c->part->n, .attempts = kb__nats_attempt(c, meta->sseq, meta->delivered),
+        .partition = n, .attempts = kb__nats_attempt(c, meta->sseq, meta->delivered),
         .reason = why,
     };
     int rc = kb__nats_dlq_publish(f->t, c->part->topic, &d);
@@ -142,12 +146,12 @@ static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta 
     if (home != n) {
         char why[96];
         snprintf(why, sizeof why, "key belongs to partition %u, not %u", home, n);
-        dead_on_arrival(f, e, m, meta, id, ev, h, why);
+        dead_on_arrival(f, e, m, meta, n, id, ev, h, why);
         return true;
     }
     uint32_t attempt = kb__nats_attempt(e->claim, meta->sseq, meta->delivered);
     if (attempt > t->max_attempts) {   /* handled max_attempts times already */
-        dead_on_arrival(f, e, m, meta, id, ev, h, "retry.max_attempts reached (redelivered)");
+        dead_on_arrival(f, e, m, meta, n, id, ev, h, "retry.max_attempts reached (redelivered)");
         return true;
     }
     kb_nats_topic *tp = e->claim->part->topic;
@@ -178,22 +182,31 @@ static int ring_room(void *arg)
            atomic_load(&w->c->fenced) || atomic_load(&w->t->stopping);
 }
 
-static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta,
-                     unsigned n)
+/* The claim of partition p that delivered a message (by its consumer name),
+ * or NULL: an earlier claim's consumer, not ours any more. */
+static kb_nats_claim *claim_of(feeder *f, kb_nats_part *p, const kb_nats_meta *meta)
+{
+    kb_nats_claim *c = p->feeding;
+    if (c == NULL || strcmp(c->consumer, meta->consumer) != 0) {
+        tend(f, p, kb_now_ns());   /* a wide claim's partitions learn of it here */
+        c = p->feeding;
+    }
+    return c != NULL && strcmp(c->consumer, meta->consumer) == 0 ? c : NULL;
+}
+
+/* Count the message against its pull and wait for room in the claim's ring;
+ * false (message destroyed) for a redelivery of one still here, or when the
+ * claim or the bus stopped. */
+static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta)
 {
     kb_transport *t = f->t;
-    kb_nats_claim *c = tp->parts[n].feeding;
-    if (c == NULL || strcmp(c->consumer, meta->consumer) != 0) {
-        natsMsg_Destroy(m);   /* an earlier claim's consumer: not ours any more */
-        return;
-    }
     c->pull_got = true;
     c->pull_expires_ms = t->fetch_expires_ms;
     if (c->pull_left > 0 && --c->pull_left == 0)
         c->pull_open = false;
     if (meta->sseq <= c->delivered_hi) {
         natsMsg_Destroy(m);   /* redelivery of an event still in this process */
-        return;
+        return false;
     }
     /* The ring is full only when the pulls overran it: wait for the acker
      * to move the frontier (it notifies t->acked), or for stop. */
@@ -201,8 +214,59 @@ static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_met
     if (!kb_signal_wait(t->acked, ring_room, &w, INT64_MAX) || atomic_load(&c->fenced) ||
         atomic_load(&t->stopping)) {
         natsMsg_Destroy(m);
+        return false;
+    }
+    return true;
+}
+
+/* The message's entry at the end of the ring, `events` of it to settle (0:
+ * nothing to handle, done at once). */
+static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
+                           uint32_t part, uint32_t events)
+{
+    c->delivered_hi = meta->sseq;
+    uint64_t slot = atomic_load(&c->tail);
+    kb_nats_entry *e = &c->ring[slot & (c->cap - 1)];
+    e->msg = m;
+    e->claim = c;
+    e->sseq = meta->sseq;
+    e->part = part;
+    e->acked = false;
+    e->since_ns = kb_now_ns();
+    atomic_store(&e->pending, events);
+    atomic_store(&e->released, 0);
+    atomic_store(&e->done, events == 0);
+    atomic_store_explicit(&c->tail, slot + 1, memory_order_release);
+    if (events == 0)
+        atomic_fetch_add_explicit(&c->settled, 1, memory_order_acq_rel);
+    return e;
+}
+
+/* A dead letter (kb.<topic>.dlq) delivered to a wide claim, whose filter
+ * covers the whole stream: nothing to handle, but it must join the frontier
+ * so the AckAll after it covers it. */
+static void dlq_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta)
+{
+    kb_nats_claim *c = claim_of(f, &tp->parts[0], meta);
+    if (c == NULL || !c->wide) {
+        natsMsg_Destroy(m);
         return;
     }
+    if (admit(f, c, m, meta))
+        push(c, m, meta, UINT32_MAX, 0);
+}
+
+static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta,
+                     unsigned n)
+{
+    kb_transport *t = f->t;
+    kb_nats_claim *c = claim_of(f, &tp->parts[n], meta);
+    if (c == NULL) {
+        natsMsg_Destroy(m);
+        return;
+    }
+    if (!admit(f, c, m, meta))
+        return;
     /* Read the message before it is in the ring: once there, its events may
      * settle (and the acker destroy it) while we still look at it. */
     const char *count = NULL, *why = NULL;
@@ -218,18 +282,8 @@ static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_met
         one = (kb_nats_event){f->key, natsMsg_GetData(m), klen < 0 ? 0 : (size_t)klen,
                               (size_t)natsMsg_GetDataLength(m)};
     }
-    c->delivered_hi = meta->sseq;
-    uint64_t slot = atomic_load(&c->tail);
-    kb_nats_entry *e = &c->ring[slot & (c->cap - 1)];
-    e->msg = m;
-    e->claim = c;
-    e->sseq = meta->sseq;
-    e->since_ns = kb_now_ns();
     uint32_t events = bad ? 1 : frame.left;
-    atomic_store(&e->pending, events);
-    atomic_store(&e->released, 0);
-    atomic_store(&e->done, 0);
-    atomic_store_explicit(&c->tail, slot + 1, memory_order_release);
+    kb_nats_entry *e = push(c, m, meta, n, events);
 
     /* From here on `m` lives until the last of its events settles: the
      * pending count keeps the acker from destroying it before. The delivery
@@ -237,7 +291,7 @@ static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_met
     char id[48];
     size_t base = kb__nats_put_u64(id, meta->sseq);
     if (bad) {
-        dead_on_arrival(f, e, m, meta, id, NULL, NULL, why);
+        dead_on_arrival(f, e, m, meta, n, id, NULL, NULL, why);
         return;
     }
     for (uint32_t i = 1; i <= events; i++) {
@@ -247,7 +301,7 @@ static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_met
             id[base] = '.';
             kb__nats_put_u64(id + base + 1, i);
             if (kb__nats_hdr_frame(t, &ev, &f->hdrs, &why) != 0) {
-                dead_on_arrival(f, e, m, meta, id, &ev, NULL, why);
+                dead_on_arrival(f, e, m, meta, n, id, &ev, NULL, why);
                 continue;
             }
         }
@@ -312,19 +366,27 @@ static void handle(feeder *f, natsMsg *m)
         natsMsg_Destroy(m);
         return;
     }
-    /* kb.<topic>.<n> */
+    /* kb.<topic>.<n>, or kb.<topic>.dlq for a wide claim */
     const char *subj = natsMsg_GetSubject(m), *dot = strrchr(subj, '.');
     char *end = NULL;
     unsigned long n = dot ? strtoul(dot + 1, &end, 10) : 0;
     kb_nats_topic *tp = dot != NULL && dot > subj + 3 && strncmp(subj, "kb.", 3) == 0
                             ? topic_of(f, subj + 3, (size_t)(dot - subj - 3))
                             : NULL;
+    if (tp != NULL && strcmp(dot, ".dlq") == 0) {
+        dlq_msg(f, tp, m, &meta);
+        tend(f, &tp->parts[0], kb_now_ns());
+        return;
+    }
     if (tp == NULL || end == dot + 1 || *end != '\0' || n >= f->t->partitions) {
         natsMsg_Destroy(m);
         return;
     }
     data_msg(f, tp, m, &meta, (unsigned)n);
-    tend(f, &tp->parts[n], kb_now_ns());
+    kb_nats_part *p = &tp->parts[n];
+    tend(f, p, kb_now_ns());
+    if (p->feeding != NULL && p->feeding->part != p)
+        tend(f, p->feeding->part, kb_now_ns());   /* a wide claim pulls on partition 0 */
 }
 
 static void *feed(void *arg)

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nats_claim.h"
 #include "nats_drain.h"
 #include "nats_names.h"
 #include "nats_publish.h"
@@ -17,12 +18,7 @@
 /* Did one of this process's claims of the partition ack up to seq? */
 static bool acked_here(const kb_nats_topic *tp, uint32_t n, uint64_t seq)
 {
-    if (!atomic_load(&tp->subscribed))
-        return false;
-    for (kb_nats_claim *c = atomic_load(&tp->parts[n].claims); c; c = c->next)
-        if (atomic_load(&c->acked_to) >= seq)
-            return true;
-    return false;
+    return atomic_load(&tp->subscribed) && kb__nats_acked_to(tp, n, seq);
 }
 
 /* Mark the partitions of tp whose group consumers' floors reached their
@@ -37,9 +33,12 @@ static int poll_floors(kb_transport *t, kb_nats_topic *tp, uint64_t *target)
     if (s != NATS_OK)
         return kb__nats_errf("consumers", s, jerr);
     for (int i = 0; list != NULL && i < list->Count; i++) {
-        long n = kb__nats_consumer_part(t, list->List[i]->Name);
-        if (n >= 0 && target[n] != 0 && kb__nats_floor_of(list->List[i]) >= target[n])
-            target[n] = 0;
+        const jsConsumerInfo *ci = list->List[i];
+        long n = kb__nats_consumer_part(t, ci->Name);
+        bool wide = kb__nats_consumer_wide(t, ci->Name);
+        for (uint32_t p = 0; p < t->partitions; p++)
+            if ((wide || (long)p == n) && target[p] != 0 && kb__nats_floor_of(ci) >= target[p])
+                target[p] = 0;
     }
     jsConsumerInfoList_Destroy(list);
     return KB_OK;

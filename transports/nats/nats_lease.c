@@ -33,6 +33,20 @@ int kb__nats_lease_open(kb_transport *t, char *errstr, size_t errlen)
                  natsStatus_GetText(s), text);
         return KB_ETRANSPORT;
     }
+    /* The bucket's TTL is what ends a lease: one made by a process with
+     * another nats.lease_ttl_ms would drop ours between renewals. */
+    kvStatus *st = NULL;
+    if (kvStore_Status(&st, t->kv) == NATS_OK) {
+        int64_t ttl_ms = kvStatus_TTL(st) / 1000000;
+        if (ttl_ms > 0 && ttl_ms != t->lease_ttl_ms) {
+            kb_log(t->bus, KB_LOG_WARNING,
+                   "nats %s: lease bucket %s has a TTL of %lld ms, not nats.lease_ttl_ms %lld: "
+                   "using the bucket's", t->url_safe, t->bucket, (long long)ttl_ms,
+                   (long long)t->lease_ttl_ms);
+            t->lease_ttl_ms = ttl_ms;
+        }
+        kvStatus_Destroy(st);
+    }
     return KB_OK;
 }
 
@@ -208,54 +222,69 @@ static bool consumers_list(kb_transport *t, kb_nats_topic *tp, jsConsumerInfoLis
     return true;
 }
 
-/* A fresh consumer for a new claim, starting after the highest floor of the
- * partition's earlier consumers in `list` (which are deleted). */
-static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev,
-                                 const jsConsumerInfoList *list)
+/* Does the consumer's ack floor and delivery history carry over to a claim
+ * of partition n (n < 0: a wide claim, every partition)? */
+static bool covers(kb_transport *t, const char *consumer, long n)
 {
-    kb_nats_topic *tp = p->topic;
-    char prefix[160];
-    snprintf(prefix, sizeof prefix, "%s_%u_", t->group, p->n);
+    return kb__nats_consumer_wide(t, consumer) ||
+           (n >= 0 && kb__nats_consumer_part(t, consumer) == n);
+}
+
+/* A fresh consumer for claim c, starting after the highest floor of the
+ * earlier consumers in `list` that cover its partitions; false (c fenced)
+ * when the server refused it. */
+static bool open_consumer(kb_transport *t, kb_nats_claim *c, const jsConsumerInfoList *list)
+{
+    kb_nats_topic *tp = c->part->topic;
+    long n = c->wide ? -1 : (long)c->part->n;
     uint64_t floor = 0;
-    jsErrCode jerr = 0;
-    natsStatus s;
     for (int i = 0; list != NULL && i < list->Count; i++)
-        if (strncmp(list->List[i]->Name, prefix, strlen(prefix)) == 0 &&
-            kb__nats_floor_of(list->List[i]) > floor)
+        if (covers(t, list->List[i]->Name, n) && kb__nats_floor_of(list->List[i]) > floor)
             floor = kb__nats_floor_of(list->List[i]);
-    kb_nats_claim *c = kb__nats_claim_new(t, p, rev);
-    if (c == NULL)
-        return NULL;
     for (int i = 0; list != NULL && i < list->Count; i++)
-        if (strncmp(list->List[i]->Name, prefix, strlen(prefix)) == 0)
+        if (covers(t, list->List[i]->Name, n))
             marks_inherit(c, list->List[i], floor);
-    char desc[32 + 22 * KB_NATS_MARKS];
+    char desc[32 + 22 * KB_NATS_MARKS], filter[KB_NATS_NAME];
     marks_describe(c, desc, sizeof desc);
+    snprintf(filter, sizeof filter, "kb.%s.*", tp->name);   /* the stream's, dead letters too */
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);
     cc.Durable = c->consumer;
     cc.Description = desc;
-    cc.AckPolicy = js_AckAll;   /* one ack covers the finished prefix */
+    /* one ack covers the finished prefix; a wide claim acks each message */
+    cc.AckPolicy = c->wide ? js_AckExplicit : js_AckAll;
     cc.AckWait = t->ack_wait_ms * 1000000;
-    cc.MaxAckPending = t->max_ack_pending;
+    cc.MaxAckPending = t->max_ack_pending * (c->wide ? t->partitions : 1);
     cc.MaxDeliver = -1;         /* retries are the bus's; the server never gives up */
-    cc.FilterSubject = p->subject;
+    cc.FilterSubject = c->wide ? filter : c->part->subject;
     cc.DeliverPolicy = floor > 0 ? js_DeliverByStartSequence : js_DeliverAll;
     cc.OptStartSeq = floor > 0 ? floor + 1 : 0;
     jsConsumerInfo *ci = NULL;
-    s = js_AddConsumer(&ci, t->js, tp->stream, &cc, NULL, &jerr);
+    jsErrCode jerr = 0;
+    natsStatus s = js_AddConsumer(&ci, t->js, tp->stream, &cc, NULL, &jerr);
     jsConsumerInfo_Destroy(ci);
     if (s != NATS_OK) {
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: consumer %s: %s (error %d)", t->url_safe, c->consumer,
                natsStatus_GetText(s), (int)jerr);
         atomic_store(&c->fenced, 1);
         atomic_store(&c->feeder_left, 1);
-        return NULL;
+        return false;
     }
+    return true;
+}
+
+/* A claim of one partition; the partition's earlier consumers are deleted
+ * (wide ones only once every partition has its own: wide_retire). */
+static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev,
+                                 const jsConsumerInfoList *list)
+{
+    kb_nats_claim *c = kb__nats_claim_new(t, p, rev, false);
+    if (c == NULL || !open_consumer(t, c, list))
+        return NULL;
     for (int i = 0; list != NULL && i < list->Count; i++)
-        if (strncmp(list->List[i]->Name, prefix, strlen(prefix)) == 0 &&
+        if (kb__nats_consumer_part(t, list->List[i]->Name) == (long)p->n &&
             strcmp(list->List[i]->Name, c->consumer) != 0)
-            js_DeleteConsumer(t->js, tp->stream, list->List[i]->Name, NULL, NULL);
+            js_DeleteConsumer(t->js, p->topic->stream, list->List[i]->Name, NULL, NULL);
     return c;
 }
 
@@ -312,8 +341,7 @@ static void renewed(kb_transport *t, kb_nats_part *p, natsStatus s, uint64_t rev
  * finish and the frontier be acked, then delete the lease. */
 static void release_step(kb_transport *t, kb_nats_part *p)
 {
-    kb_nats_claim *c = atomic_load(&p->claims);
-    if (c != NULL && !atomic_load(&c->freed))
+    if (!kb__nats_claims_done(p))
         return;
     kvStore_Delete(t->kv, p->lease_key);
     p->lease_rev = 0;
@@ -463,6 +491,88 @@ static void acquire_all(kb_transport *t, kb_nats_topic *tp)
     free(puts.v);
 }
 
+/* One consumer for the whole topic when this process takes every partition
+ * at once and the group has no partition consumers on it (a topic seen first,
+ * or a lone member's restart): a consumer costs the server about a
+ * millisecond to create, and 1,000 topics of 8 partitions took 8,000 of them
+ * (issue 19). When another member comes, the wide claim is dropped like any
+ * other and each partition gets its own consumer from its floor. True when
+ * the topic's claims are settled for this round. */
+static bool wide_take(kb_transport *t, kb_nats_topic *tp, jsConsumerInfoList **list, bool *listed)
+{
+    if (!t->topic_consumer || t->partitions < 2 || atomic_load(&t->stopping))
+        return false;
+    for (uint32_t i = 0; i < t->partitions; i++) {
+        kb_nats_part *p = &tp->parts[i];
+        kb_nats_claim *c = atomic_load(&p->claim);
+        if (p->releasing || !p->wanted || (c != NULL && !atomic_load(&c->fenced)))
+            return false;
+    }
+    for (uint32_t i = 0; i < t->partitions; i++)
+        if (tp->parts[i].lease_rev == 0 && !acquire(t, &tp->parts[i]))
+            return false;
+    if (!consumers_list(t, tp, list, listed))
+        return true;   /* next round */
+    for (int i = 0; *list != NULL && i < (*list)->Count; i++)
+        if (kb__nats_consumer_part(t, (*list)->List[i]->Name) >= 0)
+            return false;
+    kb_nats_claim *w = kb__nats_claim_new(t, &tp->parts[0], tp->parts[0].lease_rev, true);
+    if (w == NULL || !open_consumer(t, w, *list))
+        return false;   /* one partition at a time, then */
+    for (int i = 0; *list != NULL && i < (*list)->Count; i++) {
+        const char *name = (*list)->List[i]->Name;
+        if (kb__nats_consumer_wide(t, name) && strcmp(name, w->consumer) != 0)
+            js_DeleteConsumer(t->js, tp->stream, name, NULL, NULL);
+    }
+    for (uint32_t i = 0; i < t->partitions; i++) {
+        drop(&tp->parts[i]);
+        atomic_store(&tp->parts[i].claim, w);
+    }
+    return true;
+}
+
+/* Once every partition has its own consumer, the wide ones (whose floors
+ * they all carry) are deleted: they would count twice in the stats. */
+static void wide_retire(kb_transport *t, kb_nats_topic *tp)
+{
+    jsConsumerInfoList *list = NULL;
+    if (js_Consumers(&list, t->js, tp->stream, NULL, NULL) != NATS_OK)
+        return;
+    uint32_t owned = 0;
+    bool *has = calloc(t->partitions, sizeof *has);
+    for (int i = 0; has != NULL && i < list->Count; i++) {
+        long n = kb__nats_consumer_part(t, list->List[i]->Name);
+        if (n >= 0 && !has[n]) {
+            has[n] = true;
+            owned++;
+        }
+    }
+    for (int i = 0; owned == t->partitions && i < list->Count; i++)
+        if (kb__nats_consumer_wide(t, list->List[i]->Name))
+            js_DeleteConsumer(t->js, tp->stream, list->List[i]->Name, NULL, NULL);
+    free(has);
+    jsConsumerInfoList_Destroy(list);
+}
+
+/* The topic's claims for this round: one wide claim, or one per partition. */
+static void topic_take(kb_transport *t, kb_nats_topic *tp)
+{
+    jsConsumerInfoList *list = NULL;
+    bool listed = false;
+    if (!atomic_load(&t->stopping))
+        acquire_all(t, tp);
+    if (!wide_take(t, tp, &list, &listed)) {
+        for (uint32_t i = 0; i < t->partitions; i++)
+            part_take(t, &tp->parts[i], &list, &listed);
+        bool had_wide = false;   /* listed only when claims were taken */
+        for (int i = 0; list != NULL && i < list->Count; i++)
+            had_wide = had_wide || kb__nats_consumer_wide(t, list->List[i]->Name);
+        if (had_wide)
+            wide_retire(t, tp);
+    }
+    jsConsumerInfoList_Destroy(list);
+}
+
 /* One lease round: heartbeats and renewals first, for every topic, then
  * acquisitions for at most a third of the TTL. Taking a partition costs a KV
  * create and a new consumer (about a millisecond of server time each), so
@@ -519,13 +629,7 @@ static bool pass(kb_transport *t)
             continue;
         if (kb_now_ns() > until)
             return true;
-        jsConsumerInfoList *list = NULL;
-        bool have_list = false;
-        if (!atomic_load(&t->stopping))
-            acquire_all(t, tp);
-        for (uint32_t i = 0; i < t->partitions; i++)
-            part_take(t, &tp->parts[i], &list, &have_list);
-        jsConsumerInfoList_Destroy(list);
+        topic_take(t, tp);
     }
     return false;
 }

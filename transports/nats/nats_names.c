@@ -43,15 +43,30 @@ long kb__nats_subject_part(const kb_transport *t, const char *topic, const char 
     return end != subj + 4 + tl && *end == '\0' && n < t->partitions ? (long)n : -1;
 }
 
+/* s is one or more decimal digits and nothing else. */
+static bool all_digits(const char *s)
+{
+    size_t n = strspn(s, "0123456789");
+    return n > 0 && s[n] == '\0';
+}
+
 long kb__nats_consumer_part(const kb_transport *t, const char *name)
 {
     size_t gl = strlen(t->group);
-    unsigned n = 0;
-    char sep = 0;
-    if (strncmp(name, t->group, gl) != 0 || sscanf(name + gl, "_%u%c", &n, &sep) != 2 ||
-        sep != '_' || n >= t->partitions)
+    if (strncmp(name, t->group, gl) != 0 || name[gl] != '_')
         return -1;
-    return (long)n;
+    const char *n = name + gl + 1, *rev = n + strspn(n, "0123456789");
+    if (rev == n || *rev != '_' || !all_digits(rev + 1))
+        return -1;   /* not <group>_<n>_<rev>: another group's, or a wide one */
+    unsigned long part = strtoul(n, NULL, 10);
+    return part < t->partitions ? (long)part : -1;
+}
+
+bool kb__nats_consumer_wide(const kb_transport *t, const char *name)
+{
+    size_t gl = strlen(t->group);
+    return strncmp(name, t->group, gl) == 0 && strncmp(name + gl, "_w_", 3) == 0 &&
+           all_digits(name + gl + 3);
 }
 
 /* A consumer that has acked nothing yet reports AckFloor.Stream 0 even though

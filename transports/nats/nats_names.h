@@ -19,6 +19,8 @@ void kb__nats_stream_name(char *out, size_t len, const char *topic);
 long kb__nats_subject_part(const kb_transport *t, const char *topic, const char *subj);
 /* Partition of one of the group's partition consumers (<group>_<n>_<rev>), or -1. */
 long kb__nats_consumer_part(const kb_transport *t, const char *name);
+/* Is it one of the group's wide consumers (<group>_w_<rev>: every partition)? */
+bool kb__nats_consumer_wide(const kb_transport *t, const char *name);
 /* Where a consumer of the partition stopped: everything up to it is acked. */
 uint64_t kb__nats_floor_of(const jsConsumerInfo *ci);
 

@@ -76,7 +76,8 @@ int kb__nats_stats(kb_transport *t, kb_nats_topic *tp, kb_topic_stats *out)
     if (rc != KB_OK)
         return rc;
     for (int i = 0; list != NULL && i < list->Count; i++)
-        if (kb__nats_consumer_part(t, list->List[i]->Name) >= 0) {
+        if (kb__nats_consumer_part(t, list->List[i]->Name) >= 0 ||
+            kb__nats_consumer_wide(t, list->List[i]->Name)) {
             out->broker_pending += (uint64_t)list->List[i]->NumAckPending;
             out->broker_lag += list->List[i]->NumPending;
         }
@@ -103,6 +104,10 @@ int kb__nats_partition_stats(kb_transport *t, kb_nats_topic *tp, uint32_t partit
         return rc;
     for (int i = 0; list != NULL && i < list->Count; i++) {
         const jsConsumerInfo *ci = list->List[i];
+        if (kb__nats_consumer_wide(t, ci->Name)) {
+            out->consumers++;   /* its figures are the topic's: kb_stats has them */
+            continue;
+        }
         if (kb__nats_consumer_part(t, ci->Name) != (long)partition)
             continue;
         out->consumers++;

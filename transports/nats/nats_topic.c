@@ -100,8 +100,8 @@ int kb__nats_topic_ready(kb_transport *t, kb_nats_topic *tp)
 uint64_t kb__nats_topic_free(kb_transport *t, kb_nats_topic *tp)
 {
     uint64_t unsent = 0;
-    for (uint32_t i = 0; tp->parts != NULL && i < t->partitions; i++)
-        kb__nats_claims_free(&tp->parts[i]);
+    if (tp->parts != NULL)
+        kb__nats_claims_free(tp, t->partitions);
     for (uint32_t i = 0; i < t->partitions; i++) {
         unsent += tp->batches[i].count;
         free(tp->batches[i].buf);

@@ -40,6 +40,8 @@ typedef struct kb_nats_entry {
     natsMsg *msg;
     struct kb_nats_claim *claim;
     uint64_t sseq;
+    uint32_t part;                 /* its partition (a wide claim's dead letter: none) */
+    bool acked;                    /* acker: +ACK sent (wide claims ack one by one) */
     int64_t since_ns;              /* delivered at, for in-progress acks */
     _Atomic uint32_t pending;      /* its events the bus is not finished with */
     _Atomic uint32_t released;     /* one of them was released unhandled */
@@ -47,9 +49,13 @@ typedef struct kb_nats_entry {
 } kb_nats_entry;
 
 /* One ownership period of one partition: its own consumer, named after the
- * lease revision, so acks from an earlier owner never reach it. */
+ * lease revision, so acks from an earlier owner never reach it. A wide claim
+ * covers every partition of a topic with one consumer (this process held all
+ * of them at once); its `part` is partition 0, which pulls for it, and it
+ * acks message by message (AckExplicit) so that partitions stay independent. */
 typedef struct kb_nats_claim {
     struct kb_nats_part *part;
+    bool wide;
     uint64_t rev;                  /* lease revision when acquired */
     char consumer[176];
     char next_subj[2 * KB_NATS_NAME];  /* $JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer> */
@@ -63,6 +69,10 @@ typedef struct kb_nats_claim {
     _Atomic int feeder_left;       /* the feeder will not touch it again */
     _Atomic int freed;             /* ring freed by the acker */
     _Atomic uint64_t acked_to;     /* stream sequence of the last AckAll sent */
+    /* wide claims: per partition, the sequence up to which its entries are
+     * all acked (kb_drain), and the acker's scratch */
+    _Atomic uint64_t *part_acked;
+    bool *part_blocked;
     int64_t last_wpi_ns;           /* acker: last in-progress ack */
     uint64_t marks[KB_NATS_MARKS]; /* highest sequences earlier consumers delivered */
     uint32_t nmarks;
@@ -74,7 +84,7 @@ typedef struct kb_nats_claim {
     uint32_t pull_serial;
     int64_t pull_expires_ms;       /* grows while the partition is idle */
     int64_t pull_deadline_ns;
-    struct kb_nats_claim *next;    /* older claims of the partition */
+    struct kb_nats_claim *next;    /* older claims of the partition (of the topic: wide) */
 } kb_nats_claim;
 
 /* Events of one partition waiting to go out as one message (a frame). */
@@ -133,6 +143,7 @@ struct kb_transport_topic {
     /* consuming side: set by subscribe */
     kb_sink *sink;
     kb_nats_part *parts;
+    _Atomic(kb_nats_claim *) wide_claims;  /* every wide claim, newest first (freed at close) */
     uint32_t sub_id;               /* in the bus's pull reply subjects */
     _Atomic int subscribed;        /* parts and sink are set */
 };
@@ -166,6 +177,7 @@ struct kb_transport {
     int64_t ack_wait_ms, lease_ttl_ms, publish_timeout_ms;
     int64_t max_ack_pending, fetch_batch, fetch_expires_ms, ack_interval_ms;
     int64_t dup_window_ms, reconnect_wait_ms, reconnect_max_ms;
+    bool topic_consumer;           /* nats.topic_consumer = auto: wide claims */
     uint32_t batch_events;         /* nats.publish_batch */
     _Atomic size_t batch_bytes;    /* frame body limit, below max_payload */
     _Atomic size_t max_payload;    /* the server's, from its INFO (again on reconnect) */
