@@ -265,6 +265,69 @@ static void memory_storage(void **state)
     natsConnection_Destroy(nc);
 }
 
+struct seen {
+    _Atomic uint32_t count, first, last, backwards;
+};
+
+static int record_seq(const kb_event *ev, void *opaque)
+{
+    struct seen *sn = opaque;
+    uint32_t key, seq;
+    kb_tracker_decode(ev, &key, &seq);
+    if (atomic_load(&sn->count) == 0)
+        atomic_store(&sn->first, seq);
+    if (seq <= atomic_load(&sn->last))
+        atomic_fetch_add(&sn->backwards, 1);
+    atomic_store(&sn->last, seq);
+    atomic_fetch_add(&sn->count, 1);
+    return KB_HANDLED;
+}
+
+/* Limits set on the stream by hand (MaxMsgs 10) remove 20 of 30 events
+ * before anyone reads them: the lone member's wide consumer starts past
+ * them, counts them in broker_trimmed (and logs their sequences), handles
+ * the 10 left in order, and kb_drain does not wait for the removed ones. */
+static void stream_limits_trim_unread(void **state)
+{
+    (void)state;
+    kb_bus *b = open_bus();
+    const char *topic = "interop.trim";
+    for (uint32_t seq = 1; seq <= 30; seq++) {
+        assert_int_equal(kb_tracker_publish(b, topic, 0, seq, 16), KB_OK);
+        assert_int_equal(kb_flush(b, 10000), KB_OK);   /* one message per event */
+    }
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    assert_int_equal(natsConnection_ConnectTo(&nc, server.url), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    char stream[64];
+    snprintf(stream, sizeof stream, "KB_interop_trim_%08x", kb_fnv1a32(topic, strlen(topic)));
+    jsStreamInfo *si = NULL;
+    assert_int_equal(js_GetStreamInfo(&si, js, stream, NULL, NULL), NATS_OK);
+    si->Config->MaxMsgs = 10;
+    jsStreamInfo *up = NULL;
+    assert_int_equal(js_UpdateStream(&up, js, si->Config, NULL, NULL), NATS_OK);
+    jsStreamInfo_Destroy(up);
+    jsStreamInfo_Destroy(si);
+
+    struct seen sn = {0};
+    assert_int_equal(kb_subscribe(b, topic, record_seq, &sn), KB_OK);
+    for (int i = 0; i < 2000 && atomic_load(&sn.count) < 10; i++)
+        usleep(10000);
+    assert_int_equal(kb_drain(b, 10000), KB_OK);
+    kb_topic_stats st;
+    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    assert_int_equal(atomic_load(&sn.count), 10);
+    assert_int_equal(atomic_load(&sn.first), 21);
+    assert_int_equal(atomic_load(&sn.last), 30);
+    assert_int_equal(atomic_load(&sn.backwards), 0);
+    assert_int_equal(st.broker_trimmed, 20);
+    assert_int_equal(st.broker_length, 10);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+}
+
 int main(void)
 {
     if (kb_test_server_start(&server, "nats", NULL) != 0)
@@ -275,6 +338,7 @@ int main(void)
         cmocka_unit_test(dotted_topics_do_not_collide),
         cmocka_unit_test(unreachable_server_fails_open),
         cmocka_unit_test(memory_storage),
+        cmocka_unit_test(stream_limits_trim_unread),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     kb_test_server_stop(&server);

@@ -194,6 +194,30 @@ static kb_nats_claim *claim_of(feeder *f, kb_nats_part *p, const kb_nats_meta *m
     return c != NULL && strcmp(c->consumer, meta->consumer) == 0 ? c : NULL;
 }
 
+/* A wide claim sees every message of its stream, so a gap between two of its
+ * deliveries is messages removed unread: by the stream's limits (MaxMsgs,
+ * MaxAge, MaxBytes set on it) when they lie below its first sequence, else
+ * deleted one by one (a replayed dead letter). The first are counted in
+ * broker_trimmed and logged by sequence; the gap costs one stream info. */
+static void gap(feeder *f, kb_nats_claim *c, uint64_t from, uint64_t to)
+{
+    kb_transport *t = f->t;
+    kb_nats_topic *tp = c->part->topic;
+    jsStreamInfo *si = NULL;
+    if (js_GetStreamInfo(&si, t->js, tp->stream, NULL, NULL) != NATS_OK)
+        return;
+    uint64_t first = si->State.FirstSeq;
+    jsStreamInfo_Destroy(si);
+    uint64_t last = to < first ? to : first - 1;
+    if (first == 0 || last < from)
+        return;
+    atomic_fetch_add(&tp->trimmed, last - from + 1);
+    kb_log(t->bus, KB_LOG_WARNING,
+           "nats %s: messages %llu..%llu of %s were removed by the stream's limits before "
+           "they were handled", t->url_safe, (unsigned long long)from, (unsigned long long)last,
+           tp->stream);
+}
+
 /* Count the message against its pull and wait for room in the claim's ring;
  * false (message destroyed) for a redelivery of one still here, or when the
  * claim or the bus stopped. */
@@ -208,6 +232,8 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
         natsMsg_Destroy(m);   /* redelivery of an event still in this process */
         return false;
     }
+    if (c->wide && meta->sseq > c->delivered_hi + 1)
+        gap(f, c, c->delivered_hi + 1, meta->sseq - 1);
     /* The ring is full only when the pulls overran it: wait for the acker
      * to move the frontier (it notifies t->acked), or for stop. */
     ring_wait w = {t, c};
@@ -242,10 +268,11 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
     return e;
 }
 
-/* A dead letter (kb.<topic>.dlq) delivered to a wide claim, whose filter
- * covers the whole stream: nothing to handle, but it must join the frontier
- * so the AckAll after it covers it. */
-static void dlq_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta)
+/* A message of the stream that no partition reads (a dead letter on
+ * kb.<topic>.dlq, a subject another client made up), delivered to a wide
+ * claim, whose filter covers the whole stream: nothing to handle, but it
+ * joins the frontier as done so it is acked, not redelivered for ever. */
+static void unread_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta)
 {
     kb_nats_claim *c = claim_of(f, &tp->parts[0], meta);
     if (c == NULL || !c->wide) {
@@ -366,20 +393,20 @@ static void handle(feeder *f, natsMsg *m)
         natsMsg_Destroy(m);
         return;
     }
-    /* kb.<topic>.<n>, or kb.<topic>.dlq for a wide claim */
+    /* kb.<topic>.<n>; a wide claim also gets kb.<topic>.dlq */
     const char *subj = natsMsg_GetSubject(m), *dot = strrchr(subj, '.');
     char *end = NULL;
     unsigned long n = dot ? strtoul(dot + 1, &end, 10) : 0;
     kb_nats_topic *tp = dot != NULL && dot > subj + 3 && strncmp(subj, "kb.", 3) == 0
                             ? topic_of(f, subj + 3, (size_t)(dot - subj - 3))
                             : NULL;
-    if (tp != NULL && strcmp(dot, ".dlq") == 0) {
-        dlq_msg(f, tp, m, &meta);
-        tend(f, &tp->parts[0], kb_now_ns());
+    if (tp == NULL) {
+        natsMsg_Destroy(m);
         return;
     }
-    if (tp == NULL || end == dot + 1 || *end != '\0' || n >= f->t->partitions) {
-        natsMsg_Destroy(m);
+    if (end == dot + 1 || *end != '\0' || n >= f->t->partitions) {
+        unread_msg(f, tp, m, &meta);
+        tend(f, &tp->parts[0], kb_now_ns());
         return;
     }
     data_msg(f, tp, m, &meta, (unsigned)n);

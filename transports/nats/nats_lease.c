@@ -259,6 +259,7 @@ static bool open_consumer(kb_transport *t, kb_nats_claim *c, const jsConsumerInf
     cc.FilterSubject = c->wide ? filter : c->part->subject;
     cc.DeliverPolicy = floor > 0 ? js_DeliverByStartSequence : js_DeliverAll;
     cc.OptStartSeq = floor > 0 ? floor + 1 : 0;
+    c->delivered_hi = floor;   /* a wide claim's first gap starts here (nats_consume.c) */
     jsConsumerInfo *ci = NULL;
     jsErrCode jerr = 0;
     natsStatus s = js_AddConsumer(&ci, t->js, tp->stream, &cc, NULL, &jerr);

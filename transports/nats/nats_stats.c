@@ -62,6 +62,7 @@ int kb__nats_stats(kb_transport *t, kb_nats_topic *tp, kb_topic_stats *out)
 {
     out->partitions = t->partitions;
     out->published = atomic_load(&tp->published);
+    out->broker_trimmed = atomic_load(&tp->trimmed);
     if (atomic_load(&tp->subscribed))
         for (uint32_t i = 0; i < t->partitions; i++) {
             kb_nats_claim *c = atomic_load(&tp->parts[i].claim);

@@ -138,6 +138,7 @@ struct kb_transport_topic {
     kb_nats_batch *batches;        /* per partition */
     _Atomic uint64_t published;
     _Atomic uint64_t unowned;      /* deliveries released by still_owned: lease lost */
+    _Atomic uint64_t trimmed;      /* messages the stream's limits removed unread (wide claims) */
     _Atomic uint32_t frames_open;  /* partitions with buffered events */
     kb_nats_tally tally;
     /* consuming side: set by subscribe */
