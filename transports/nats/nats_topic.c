@@ -69,10 +69,9 @@ int kb__nats_topic_ready(kb_transport *t, kb_nats_topic *tp)
     pthread_mutex_lock(&t->topics_lock);
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
-    natsStatus s = atomic_load(&tp->stream_ready) ? NATS_OK
-                                                  : js_GetStreamInfo(&si, t->js, tp->stream, NULL, &jerr);
-    jsStreamInfo_Destroy(si);
-    si = NULL;
+    natsStatus s = atomic_load(&tp->stream_ready) ? NATS_OK : NATS_NOT_FOUND;
+    /* One round trip: create, and take "exists" (same or another
+     * configuration, e.g. limits an operator set) as ready. */
     if (s != NATS_OK) {
         char subj[KB_NATS_NAME];
         snprintf(subj, sizeof subj, "kb.%s.*", tp->name);
