@@ -644,6 +644,7 @@ static int flush_pools(kb_bus *b, int timeout_ms)
     struct kb_topic *t;
     rcu_read_lock();
     cds_lfht_for_each_entry(b->topics, &it, t, node) {
+        KB_TSAN_ACQUIRE(t);   /* a subscribe may be adding topics meanwhile */
         kb_pool *pool = kb__topic_pool(t);
         for (uint32_t i = 0; pool != NULL && rc == KB_OK && i < pool->o.lanes; i++) {
             struct kb_lane *lane = atomic_load_explicit(&pool->lanes[i], memory_order_acquire);
