@@ -836,9 +836,11 @@ static void shutdown_pools(kb_bus *b)
     struct cds_lfht_iter it;
     struct kb_topic *t;
     rcu_read_lock();
-    cds_lfht_for_each_entry(b->topics, &it, t, node)
+    cds_lfht_for_each_entry(b->topics, &it, t, node) {
+        KB_TSAN_ACQUIRE(t);   /* a subscribe may be adding topics meanwhile */
         if (kb__topic_pool(t) != NULL)
             kb_pool_shutdown(kb__topic_pool(t));
+    }
     rcu_read_unlock();
 }
 
