@@ -25,15 +25,23 @@ struct consumer {
     _Atomic uint64_t handled;
 };
 
+/* The event's partition as text: the key's, or `none` without partitions. */
+static const char *partition(const struct consumer *c, const kb_event *ev, char buf[16],
+                             const char *none)
+{
+    if (c->partitions == 0)
+        return none;
+    snprintf(buf, 16, "%u", kb_fnv1a32(ev->key, ev->key_len) % c->partitions);
+    return buf;
+}
+
 static void print_text(const struct consumer *c, const kb_event *ev)
 {
+    char buf[16];
     kb_cli_escape(stdout, ev->key, ev->key_len);
     fputc('\t', stdout);
     kb_cli_escape(stdout, ev->payload, ev->payload_len);
-    if (c->partitions > 0)
-        printf("\tpartition=%u", kb_fnv1a32(ev->key, ev->key_len) % c->partitions);
-    else
-        fputs("\tpartition=-", stdout);
+    printf("\tpartition=%s", partition(c, ev, buf, "-"));
     fputs("\tid=", stdout);
     kb_cli_escape(stdout, ev->id, strlen(ev->id));
     printf("\tattempt=%u\n", ev->attempt);
@@ -47,10 +55,8 @@ static void print_json(const struct consumer *c, const kb_event *ev)
     kb_cli_json_bytes(stdout, "key", ev->key, ev->key_len);
     fputc(',', stdout);
     kb_cli_json_bytes(stdout, "payload", ev->payload, ev->payload_len);
-    if (c->partitions > 0)
-        printf(",\"partition\":%u", kb_fnv1a32(ev->key, ev->key_len) % c->partitions);
-    else
-        fputs(",\"partition\":null", stdout);
+    char buf[16];
+    printf(",\"partition\":%s", partition(c, ev, buf, "null"));
     fputs(",\"id\":", stdout);
     kb_cli_json_string(stdout, ev->id, strlen(ev->id));
     printf(",\"attempt\":%u}\n", ev->attempt);

@@ -62,16 +62,6 @@ static const struct command {
     [CMD_DLQ_LIST] = {"dlq-list", 1, 2}, [CMD_DLQ_REPLAY] = {"dlq-replay", 2, 2},
 };
 
-/* A strictly decimal count in 1..max, or 0. */
-static unsigned long parse_count(const char *s, unsigned long max)
-{
-    size_t n = strspn(s, "0123456789");
-    if (n == 0 || n > 9 || s[n] != '\0')
-        return 0;
-    unsigned long v = strtoul(s, NULL, 10);
-    return v <= max ? v : 0;
-}
-
 static int print_dead_letter(const kb_dead_letter *dl, void *opaque)
 {
     (void)opaque;
@@ -192,7 +182,7 @@ static int check_command(int argc, char **argv, unsigned long *max)
     }
     *max = 100;
     if (cmd == CMD_DLQ_LIST && nargs == 2 &&
-        (*max = parse_count(argv[optind + 2], DLQ_LIST_MAX)) == 0) {
+        (*max = kb_cli_count(argv[optind + 2], DLQ_LIST_MAX)) == 0) {
         fprintf(stderr, "keybus dlq-list: MAX must be a decimal number in 1..%d\n",
                 DLQ_LIST_MAX);
         return -1;

@@ -12,8 +12,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
-/* A strictly decimal number in 1..max, or 0. */
-static unsigned long decimal(const char *s, unsigned long max)
+unsigned long kb_cli_count(const char *s, unsigned long max)
 {
     size_t n = strspn(s, "0123456789");
     if (n == 0 || n > 9 || s[n] != '\0')
@@ -49,7 +48,7 @@ int kb_cli_stream_args(int argc, char **argv, struct kb_cli_stream *s)
             s->group = optarg;
             break;
         case 'n':
-            if ((s->count = decimal(optarg, 999999999)) == 0) {
+            if ((s->count = kb_cli_count(optarg, 999999999)) == 0) {
                 fprintf(stderr, "keybus consume: -n wants a decimal count in 1..999999999\n");
                 return KB_CLI_EXIT_USAGE;
             }
@@ -62,7 +61,7 @@ int kb_cli_stream_args(int argc, char **argv, struct kb_cli_stream *s)
             s->json = true;
             break;
         case 't':
-            if (decimal(optarg, 86400000) == 0 && strcmp(optarg, "0") != 0) {
+            if (kb_cli_count(optarg, 86400000) == 0 && strcmp(optarg, "0") != 0) {
                 fprintf(stderr, "keybus %s: --timeout-ms wants milliseconds in 0..86400000\n",
                         cmd);
                 return KB_CLI_EXIT_USAGE;

@@ -27,6 +27,9 @@ struct kb_cli_stream {
     int timeout_ms;            /* flush and close deadline */
 };
 
+/* A strictly decimal number in 1..max, or 0. */
+unsigned long kb_cli_count(const char *s, unsigned long max);
+
 /* Parse the command's arguments (argv[0] is its name); KB_CLI_EXIT_OK, or
  * KB_CLI_EXIT_USAGE after saying what is wrong. */
 int kb_cli_stream_args(int argc, char **argv, struct kb_cli_stream *s);
