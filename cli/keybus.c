@@ -5,8 +5,12 @@
  *   keybus [-c FILE] [-X key=value]... stats TOPIC
  *   keybus [-c FILE] [-X key=value]... dlq-list TOPIC [MAX]
  *   keybus [-c FILE] [-X key=value]... dlq-replay TOPIC ID
+ *   keybus [-c FILE] [-X key=value]... produce TOPIC [-K DELIM] [--timeout-ms MS]
+ *   keybus [-c FILE] [-X key=value]... consume TOPIC [-g GROUP] [-n COUNT] [--json]
+ *                                              [--timeout-ms MS]
  * Arguments are checked before the bus opens: usage and exit 2 for bad ones,
- * exit 1 for an error of the library (its class and reason on stderr). Text
+ * exit 1 for an error of the library (its class and reason on stderr), 3 when
+ * produce's or consume's drain missed its deadline (cli/stream.h). Text
  * output escapes control characters (cli/text.h); JSON output is exact. */
 #include <getopt.h>
 #include <stdbool.h>
@@ -16,6 +20,7 @@
 
 #include <keybus/keybus.h>
 
+#include "cli/stream.h"
 #include "cli/text.h"
 #include "core/conf_int.h"
 
@@ -33,8 +38,17 @@ static void usage(FILE *out)
             "  stats TOPIC                one JSON line\n"
             "  dlq-list TOPIC [MAX]       dead letters, one line each (MAX 1..%d, default 100)\n"
             "  dlq-replay TOPIC ID\n"
+            "  produce TOPIC [-K DELIM] [--timeout-ms MS]\n"
+            "                             publish stdin's KEY<TAB>PAYLOAD lines (-K: another\n"
+            "                             delimiter); prints the count at the end\n"
+            "  consume TOPIC [-g GROUP] [-n COUNT] [--json] [--timeout-ms MS]\n"
+            "                             print events as they are handled, until COUNT or\n"
+            "                             SIGINT/SIGTERM; --json: one object per line\n"
+            "produce and consume stop on SIGINT/SIGTERM, drain and close within\n"
+            "--timeout-ms (default %d); exit 0 on a clean drain, 1 on an error, 2 on bad\n"
+            "arguments, 3 when the deadline cut the drain short.\n"
             "Text output escapes control characters as \\n, \\t, \\r, \\\\ and \\xNN.\n",
-            DLQ_LIST_MAX);
+            DLQ_LIST_MAX, KB_CLI_TIMEOUT_MS);
 }
 
 enum cmd { CMD_CONF_DOC, CMD_CONF, CMD_PUBLISH, CMD_STATS, CMD_DLQ_LIST, CMD_DLQ_REPLAY };
@@ -47,16 +61,6 @@ static const struct command {
     [CMD_PUBLISH] = {"publish", 2, 3},   [CMD_STATS] = {"stats", 1, 1},
     [CMD_DLQ_LIST] = {"dlq-list", 1, 2}, [CMD_DLQ_REPLAY] = {"dlq-replay", 2, 2},
 };
-
-/* A strictly decimal count in 1..max, or 0. */
-static unsigned long parse_count(const char *s, unsigned long max)
-{
-    size_t n = strspn(s, "0123456789");
-    if (n == 0 || n > 9 || s[n] != '\0')
-        return 0;
-    unsigned long v = strtoul(s, NULL, 10);
-    return v <= max ? v : 0;
-}
 
 static int print_dead_letter(const kb_dead_letter *dl, void *opaque)
 {
@@ -178,7 +182,7 @@ static int check_command(int argc, char **argv, unsigned long *max)
     }
     *max = 100;
     if (cmd == CMD_DLQ_LIST && nargs == 2 &&
-        (*max = parse_count(argv[optind + 2], DLQ_LIST_MAX)) == 0) {
+        (*max = kb_cli_count(argv[optind + 2], DLQ_LIST_MAX)) == 0) {
         fprintf(stderr, "keybus dlq-list: MAX must be a decimal number in 1..%d\n",
                 DLQ_LIST_MAX);
         return -1;
@@ -207,6 +211,27 @@ static int run_on_bus(kb_conf *c, enum cmd cmd, char **args, int nargs, unsigned
     return rc == KB_OK && closed == KB_OK ? 0 : 1;
 }
 
+/* produce and consume (argv[0]): their own options, then the bus. */
+static int stream_main(int argc, char **argv, const struct setting *set, int nset)
+{
+    struct kb_cli_stream s = {0};
+    if (kb_cli_stream_args(argc, argv, &s) != KB_CLI_EXIT_OK) {
+        usage(stderr);
+        return KB_CLI_EXIT_USAGE;
+    }
+    kb_conf *c = kb_conf_new();
+    if (c == NULL) {
+        fprintf(stderr, "keybus: out of memory\n");
+        return KB_CLI_EXIT_ERROR;
+    }
+    int status = configure(c, set, nset);
+    if (status != 0) {
+        kb_conf_destroy(c);
+        return status;
+    }
+    return kb_cli_stream_run(c, &s);
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
@@ -230,6 +255,12 @@ int main(int argc, char **argv)
         else
             fprintf(stderr, "keybus: unknown option\n");
         status = 2;
+    }
+    if (status == 0 && optind < argc &&
+        (strcmp(argv[optind], "produce") == 0 || strcmp(argv[optind], "consume") == 0)) {
+        status = stream_main(argc - optind, argv + optind, set, nset);
+        free(set);
+        return status;
     }
     unsigned long max = 0;
     int cmd = status == 0 ? check_command(argc, argv, &max) : -1;

@@ -15,4 +15,8 @@ void kb_cli_escape(FILE *out, const void *data, size_t len);
 /* A JSON string, quotes included (RFC 8259 escapes, bytes otherwise exact). */
 void kb_cli_json_string(FILE *out, const void *data, size_t len);
 
+/* `"name":"..."` for bytes that are valid UTF-8, else `"name_base64":"..."`
+ * (RFC 4648 base64): binary keys and payloads survive exactly. */
+void kb_cli_json_bytes(FILE *out, const char *name, const void *data, size_t len);
+
 #endif /* KB_CLI_TEXT_H */

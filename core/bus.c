@@ -1,5 +1,10 @@
 /* The bus: configuration to transport, topic registry (liburcu lock-free hash
- * table, read under RCU on the publish path), publish, flush, stats, close. */
+ * table, read under RCU on the publish path), publish, flush, stats, close.
+ *
+ * kb_close may start while other threads are inside any call. Publishing runs
+ * in an RCU read section, which kb_close waits out with synchronize_rcu; every
+ * other call passes the gate below, which kb_close closes and then waits for
+ * the calls inside to leave. Nothing is freed before both are empty. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +15,7 @@
 #include "idle.h"
 #include "rec.h"
 #include "registry.h"
+#include "ring.h"
 
 #define KB_MAX_TOPIC_BYTES 200
 
@@ -113,6 +119,45 @@ static struct kb_topic *find_topic(kb_bus *b, const char *name)
     return t;
 }
 
+/* Enter a public call: false once kb_close has begun (the call then returns
+ * KB_ECLOSED at once, the text saying so in errstr and kb_last_error). A
+ * mutex, not atomics: kb_close may free the bus as soon as the last call has
+ * left, so leaving must touch nothing after the wake-up that allows it. */
+static bool gate_enter(kb_bus *b, const char *who, char *errstr, size_t errlen)
+{
+    pthread_mutex_lock(&b->gate_lock);
+    bool open = !atomic_load_explicit(&b->closing, memory_order_relaxed);
+    b->calls += open;
+    pthread_mutex_unlock(&b->gate_lock);
+    if (!open)
+        kb_errf(errstr, errlen, "%s: bus is closing", who);
+    return open;
+}
+
+static void gate_leave(kb_bus *b)
+{
+    pthread_mutex_lock(&b->gate_lock);
+    if (--b->calls == 0 && atomic_load_explicit(&b->closing, memory_order_relaxed))
+        pthread_cond_broadcast(&b->gate_left);
+    pthread_mutex_unlock(&b->gate_lock);
+}
+
+/* kb_close: no call enters from now on; the ones inside are waited for. */
+static void gate_close(kb_bus *b)
+{
+    pthread_mutex_lock(&b->gate_lock);
+    atomic_store_explicit(&b->closing, 1, memory_order_seq_cst);
+    pthread_mutex_unlock(&b->gate_lock);
+}
+
+static void gate_wait_empty(kb_bus *b)
+{
+    pthread_mutex_lock(&b->gate_lock);
+    while (b->calls > 0)
+        pthread_cond_wait(&b->gate_left, &b->gate_lock);
+    pthread_mutex_unlock(&b->gate_lock);
+}
+
 kb_sink *kb_bus_sink(kb_bus *b, const char *topic)
 {
     if (b == NULL || topic == NULL)
@@ -167,18 +212,21 @@ kb_topic *kb_topic_get(kb_bus *b, const char *topic, char *errstr, size_t errlen
     }
     if (check_topic_err(topic, "kb_topic_get", errstr, errlen) != KB_OK)
         return NULL;
+    if (!gate_enter(b, "kb_topic_get", errstr, errlen))
+        return NULL;
     struct kb_topic *t = find_topic(b, topic);
-    if (t != NULL)
-        return t;
-    int rc;
-    pthread_mutex_lock(&b->subscribe_lock);
-    t = topic_add(b, topic, &rc, errstr, errlen);
-    pthread_mutex_unlock(&b->subscribe_lock);
+    if (t == NULL) {
+        int rc;
+        pthread_mutex_lock(&b->subscribe_lock);
+        t = topic_add(b, topic, &rc, errstr, errlen);
+        pthread_mutex_unlock(&b->subscribe_lock);
+    }
+    gate_leave(b);
     return t;
 }
 
 /* The topic for a per-topic call (stats, dead letters), opened in the
- * transport when this process has not used it yet. */
+ * transport when this process has not used it yet. Caller is in the gate. */
 static struct kb_topic *topic_for_call(kb_bus *b, const char *topic, int *rc)
 {
     struct kb_topic *t = find_topic(b, topic);
@@ -281,6 +329,8 @@ static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
     b->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
     b->idle = (kb_idle)kb__idle_parse(kb_conf_str(c, "pool.idle"));
     pthread_mutex_init(&b->subscribe_lock, NULL);
+    pthread_mutex_init(&b->gate_lock, NULL);
+    pthread_cond_init(&b->gate_left, NULL);
 
     b->topics = cds_lfht_new(16, 16, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, NULL);
     uint32_t threads = (uint32_t)kb_conf_int(c, "pool.threads");
@@ -301,32 +351,17 @@ fail:
     if (b->topics != NULL)
         cds_lfht_destroy(b->topics, NULL);
     pthread_mutex_destroy(&b->subscribe_lock);
+    pthread_mutex_destroy(&b->gate_lock);
+    pthread_cond_destroy(&b->gate_left);
     free(b);
     return NULL;   /* the caller keeps the conf */
 }
 
-int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque)
+/* kb_subscribe inside the gate. */
+static int subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque)
 {
-    if (b == NULL || fn == NULL) {
-        kb_errf(NULL, 0, "kb_subscribe: %s is NULL", b == NULL ? "bus" : "handler");
-        return KB_EINVAL;
-    }
-    int rc = check_topic(topic, "kb_subscribe");
-    if (rc != KB_OK)
-        return rc;
-    if (atomic_load_explicit(&b->closing, memory_order_acquire)) {
-        kb_errf(NULL, 0, "kb_subscribe: bus is closing");
-        return KB_ECLOSED;
-    }
-
+    int rc;
     pthread_mutex_lock(&b->subscribe_lock);
-    if (atomic_load_explicit(&b->closing, memory_order_acquire)) {
-        /* kb_close started after the check above: it may be stopping the
-         * executors a new pool would use */
-        pthread_mutex_unlock(&b->subscribe_lock);
-        kb_errf(NULL, 0, "kb_subscribe: bus is closing");
-        return KB_ECLOSED;
-    }
     struct kb_topic *t = topic_add(b, topic, &rc, NULL, 0);
     if (t == NULL || kb__topic_pool(t) != NULL) {
         pthread_mutex_unlock(&b->subscribe_lock);
@@ -374,6 +409,22 @@ int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque)
         t->retired = pool;
     }
     pthread_mutex_unlock(&b->subscribe_lock);
+    return rc;
+}
+
+int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque)
+{
+    if (b == NULL || fn == NULL) {
+        kb_errf(NULL, 0, "kb_subscribe: %s is NULL", b == NULL ? "bus" : "handler");
+        return KB_EINVAL;
+    }
+    int rc = check_topic(topic, "kb_subscribe");
+    if (rc != KB_OK)
+        return rc;
+    if (!gate_enter(b, "kb_subscribe", NULL, 0))
+        return KB_ECLOSED;
+    rc = subscribe(b, topic, fn, opaque);
+    gate_leave(b);
     return rc;
 }
 
@@ -465,6 +516,30 @@ static int publish_local(struct kb_topic *t, const kb_msg *msgs, size_t n, size_
     return rc;
 }
 
+/* Caller holds the RCU read lock: the section kb_close waits out
+ * (synchronize_rcu) after it sets `closing`, so no publisher can still be
+ * inside once that returns. */
+static int publish_locked(struct kb_topic *t, const kb_msg *msgs, size_t n, size_t *done)
+{
+    kb_bus *b = t->bus;
+    if (atomic_load_explicit(&b->closing, memory_order_seq_cst)) {
+        kb_errf(NULL, 0, "kb_publish %s: bus is closing", t->name);
+        return KB_ECLOSED;
+    }
+    if (b->ops->flags & KB_TRANSPORT_F_LOCAL)
+        return publish_local(t, msgs, n, done);
+    int rc = KB_OK;
+    for (; *done < n; (*done)++) {
+        kb_msg m = msgs[*done];
+        if ((rc = check_msg(b, t->name, &m)) != KB_OK)
+            break;
+        m.hash = kb_fnv1a32(m.key, m.key_len);
+        if ((rc = b->ops->publish(b->t, t->tt, &m)) != KB_OK)
+            break;
+    }
+    return rc;
+}
+
 int kb_publish_batch(kb_topic *t, const kb_msg *msgs, size_t n, size_t *accepted)
 {
     size_t done = 0;
@@ -472,29 +547,11 @@ int kb_publish_batch(kb_topic *t, const kb_msg *msgs, size_t n, size_t *accepted
     if (t == NULL || (msgs == NULL && n > 0)) {
         kb_errf(NULL, 0, "kb_publish_batch: %s is NULL", t == NULL ? "topic" : "msgs");
         rc = KB_EINVAL;
-        goto out;
-    }
-    kb_bus *b = t->bus;
-    /* The read section is what kb_close waits out (synchronize_rcu) after it
-     * sets `closing`: no publisher can still be inside once that returns. */
-    rcu_read_lock();
-    if (atomic_load_explicit(&b->closing, memory_order_seq_cst)) {
-        kb_errf(NULL, 0, "kb_publish %s: bus is closing", t->name);
-        rc = KB_ECLOSED;
-    } else if (b->ops->flags & KB_TRANSPORT_F_LOCAL) {
-        rc = publish_local(t, msgs, n, &done);
     } else {
-        for (; done < n; done++) {
-            kb_msg m = msgs[done];
-            if ((rc = check_msg(b, t->name, &m)) != KB_OK)
-                break;
-            m.hash = kb_fnv1a32(m.key, m.key_len);
-            if ((rc = b->ops->publish(b->t, t->tt, &m)) != KB_OK)
-                break;
-        }
+        rcu_read_lock();
+        rc = publish_locked(t, msgs, n, &done);
+        rcu_read_unlock();
     }
-    rcu_read_unlock();
-out:
     if (accepted != NULL)
         *accepted = done;
     return rc;
@@ -519,86 +576,154 @@ int kb_publish(kb_bus *b, const char *topic, const void *key, size_t key_len,
         kb_errf(NULL, 0, "kb_publish: bus is NULL");
         return KB_EINVAL;
     }
-    /* a topic known here was validated when it was created */
+    kb_msg m = {key, key_len, payload, payload_len, 0};
+    size_t done = 0;
+    /* One read section from the lookup to the end: a kb_close that starts
+     * meanwhile frees the topic only after it. A topic known here was
+     * validated when it was created. */
+    rcu_read_lock();
     struct kb_topic *t = topic != NULL ? find_topic(b, topic) : NULL;
-    if (t == NULL) {
-        int rc = check_topic(topic, "kb_publish");
-        if (rc != KB_OK)
-            return rc;
-        if (b->ops->flags & KB_TRANSPORT_F_LOCAL) {
-            kb_errf(NULL, 0, "kb_publish: no subscriber for topic \"%s\" on %s://", topic,
-                     b->ops->scheme);
-            return KB_ENOTFOUND;
-        }
-        if ((t = topic_for_call(b, topic, &rc)) == NULL)
-            return rc;
+    int rc = t != NULL ? publish_locked(t, &m, 1, &done) : KB_ENOTFOUND;
+    rcu_read_unlock();
+    if (t != NULL)
+        return rc;
+    if ((rc = check_topic(topic, "kb_publish")) != KB_OK)
+        return rc;
+    if (b->ops->flags & KB_TRANSPORT_F_LOCAL) {
+        kb_errf(NULL, 0, "kb_publish: no subscriber for topic \"%s\" on %s://", topic,
+                 b->ops->scheme);
+        return KB_ENOTFOUND;
     }
-    return kb_publish_to(t, key, key_len, payload, payload_len);
+    /* a broker topic this process has not used yet: opened through the gate */
+    if (!gate_enter(b, "kb_publish", NULL, 0))
+        return KB_ECLOSED;
+    if ((t = topic_for_call(b, topic, &rc)) != NULL)
+        rc = kb_publish_batch(t, &m, 1, NULL);
+    gate_leave(b);
+    return rc;
 }
 
+/* A lane and the items it had taken in when kb_flush began. */
+struct lane_mark {
+    struct kb_lane *lane;
+    uint32_t enqueued;
+};
+
+struct flush_wait {
+    kb_bus *b;
+    struct lane_mark *marks;
+    size_t n;
+};
+
+static int lanes_flushed(const struct flush_wait *w)
+{
+    for (size_t i = 0; i < w->n; i++) {
+        uint32_t done = atomic_load_explicit(&w->marks[i].lane->done, memory_order_acquire);
+        if ((int32_t)(done - w->marks[i].enqueued) < 0)
+            return 0;
+    }
+    return 1;
+}
+
+static int flushed_or_closing(void *arg)
+{
+    const struct flush_wait *w = arg;
+    return atomic_load_explicit(&w->b->closing, memory_order_acquire) || lanes_flushed(w);
+}
+
+/* mem://: wait until every lane has finished what it held when the call
+ * began, over all topics at once. KB_ECLOSED as soon as kb_close starts:
+ * it handles what is queued itself, and waits for this call to leave. */
 static int flush_pools(kb_bus *b, int timeout_ms)
 {
     int64_t deadline = kb__deadline_ns(timeout_ms);
+    struct flush_wait w = {.b = b};
+    size_t cap = 0;
     int rc = KB_OK;
     struct cds_lfht_iter it;
     struct kb_topic *t;
     rcu_read_lock();
     cds_lfht_for_each_entry(b->topics, &it, t, node) {
+        KB_TSAN_ACQUIRE(t);   /* a subscribe may be adding topics meanwhile */
         kb_pool *pool = kb__topic_pool(t);
-        int64_t left_ms = deadline == INT64_MAX ? -1 : (deadline - kb__now_ns()) / 1000000;
-        if (deadline != INT64_MAX && left_ms < 0)
-            left_ms = 0;
-        if (pool != NULL && kb_pool_flush(pool, (int)left_ms) != KB_OK)
-            rc = KB_ETIMEDOUT;
+        for (uint32_t i = 0; pool != NULL && rc == KB_OK && i < pool->o.lanes; i++) {
+            struct kb_lane *lane = atomic_load_explicit(&pool->lanes[i], memory_order_acquire);
+            if (lane != NULL &&
+                (rc = kb_vec_reserve((void **)&w.marks, &cap, w.n + 1, sizeof *w.marks)) == KB_OK)
+                w.marks[w.n++] = (struct lane_mark){lane, kb__ring_enqueued(&lane->ring)};
+        }
     }
     rcu_read_unlock();
+    if (rc == KB_OK && !kb__signal_wait(&b->sched->progress, flushed_or_closing, &w, deadline))
+        rc = KB_ETIMEDOUT;
+    else if (rc == KB_OK && !lanes_flushed(&w))
+        rc = KB_ECLOSED;
+    free(w.marks);
+    return rc;
+}
+
+#define FLUSH_SLICE_MS 100
+
+/* A broker's flush in slices, so that a kb_close starting meanwhile cuts it
+ * short with KB_ECLOSED rather than waiting for its deadline. The
+ * transports' target is "everything accepted so far", so slicing changes
+ * nothing else. */
+static int flush_transport(kb_bus *b, int timeout_ms)
+{
+    int64_t deadline = kb__deadline_ns(timeout_ms);
+    for (;;) {
+        int64_t left = deadline == INT64_MAX ? INT64_MAX : (deadline - kb__now_ns()) / 1000000;
+        int slice = left > FLUSH_SLICE_MS ? FLUSH_SLICE_MS : left > 0 ? (int)left : 0;
+        int rc = b->ops->flush(b->t, slice);
+        if (rc != KB_ETIMEDOUT || left <= FLUSH_SLICE_MS)
+            return rc;
+        if (atomic_load_explicit(&b->closing, memory_order_acquire))
+            return KB_ECLOSED;
+    }
+}
+
+/* kb_flush and kb_drain: KB_EINVAL from a handler, KB_ECLOSED once kb_close began. */
+static int wait_call(kb_bus *b, int timeout_ms, bool drain)
+{
+    const char *who = drain ? "kb_drain" : "kb_flush";
+    if (b == NULL) {
+        kb_errf(NULL, 0, "%s: bus is NULL", who);
+        return KB_EINVAL;
+    }
+    if (kb__on_executor) {
+        /* It would wait for the lane this handler holds up. */
+        kb_errf(NULL, 0, "%s: called from a handler; it would wait for its own lane", who);
+        return KB_EINVAL;
+    }
+    if (!gate_enter(b, who, NULL, 0))
+        return KB_ECLOSED;
+    int (*op)(kb_transport *, int) = drain ? b->ops->drain : b->ops->flush;
+    int rc = op == NULL ? flush_pools(b, timeout_ms)
+             : drain    ? op(b->t, timeout_ms)
+                        : flush_transport(b, timeout_ms);
+    gate_leave(b);
+    if (rc == KB_ETIMEDOUT)
+        kb_errf(NULL, 0, "%s: %d ms deadline passed%s", who, timeout_ms,
+                drain ? " before every event was handled" : "");
+    else if (rc == KB_ECLOSED)
+        kb_errf(NULL, 0, "%s: cut short by kb_close", who);
     return rc;
 }
 
 int kb_flush(kb_bus *b, int timeout_ms)
 {
-    if (b == NULL) {
-        kb_errf(NULL, 0, "kb_flush: bus is NULL");
-        return KB_EINVAL;
-    }
-    if (kb__on_executor) {
-        /* It would wait for the lane this handler holds up. */
-        kb_errf(NULL, 0, "kb_flush: called from a handler; it would wait for its own lane");
-        return KB_EINVAL;
-    }
-    int rc = b->ops->flush != NULL ? b->ops->flush(b->t, timeout_ms) : flush_pools(b, timeout_ms);
-    if (rc == KB_ETIMEDOUT)
-        kb_errf(NULL, 0, "kb_flush: %d ms deadline passed", timeout_ms);
-    return rc;
+    return wait_call(b, timeout_ms, false);
 }
 
 int kb_drain(kb_bus *b, int timeout_ms)
 {
-    if (b == NULL) {
-        kb_errf(NULL, 0, "kb_drain: bus is NULL");
-        return KB_EINVAL;
-    }
-    if (kb__on_executor) {
-        kb_errf(NULL, 0, "kb_drain: called from a handler; it would wait for its own lane");
-        return KB_EINVAL;
-    }
-    int rc = b->ops->drain != NULL ? b->ops->drain(b->t, timeout_ms) : flush_pools(b, timeout_ms);
-    if (rc == KB_ETIMEDOUT)
-        kb_errf(NULL, 0, "kb_drain: %d ms deadline passed before every event was handled",
-                 timeout_ms);
-    return rc;
+    return wait_call(b, timeout_ms, true);
 }
 
-int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out)
+/* kb_stats inside the gate. */
+static int stats(kb_bus *b, const char *topic, kb_topic_stats *out)
 {
-    if (b == NULL || out == NULL) {
-        kb_errf(NULL, 0, "kb_stats: %s is NULL", b == NULL ? "bus" : "out");
-        return KB_EINVAL;
-    }
-    int rc = check_topic(topic, "kb_stats");
-    if (rc != KB_OK)
-        return rc;
-    memset(out, 0, sizeof *out);
+    int rc = KB_OK;
     struct kb_topic *t = find_topic(b, topic);
     if (t == NULL && (b->ops->flags & KB_TRANSPORT_F_LOCAL)) {
         kb_errf(NULL, 0, "kb_stats: topic \"%s\" unknown here", topic);
@@ -631,6 +756,23 @@ int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out)
     return rc;
 }
 
+int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out)
+{
+    if (b == NULL || out == NULL) {
+        kb_errf(NULL, 0, "kb_stats: %s is NULL", b == NULL ? "bus" : "out");
+        return KB_EINVAL;
+    }
+    int rc = check_topic(topic, "kb_stats");
+    if (rc != KB_OK)
+        return rc;
+    memset(out, 0, sizeof *out);
+    if (!gate_enter(b, "kb_stats", NULL, 0))
+        return KB_ECLOSED;
+    rc = stats(b, topic, out);
+    gate_leave(b);
+    return rc;
+}
+
 int kb_partition_stats_get(kb_bus *b, const char *topic, uint32_t partition,
                            kb_partition_stats *out)
 {
@@ -641,9 +783,14 @@ int kb_partition_stats_get(kb_bus *b, const char *topic, uint32_t partition,
         kb_errf(NULL, 0, "%s:// has no partitions", b->ops->scheme);
         return KB_ENOTFOUND;
     }
+    if (!gate_enter(b, "kb_partition_stats_get", NULL, 0))
+        return KB_ECLOSED;
     int rc;
     struct kb_topic *t = topic_for_call(b, topic, &rc);
-    return t != NULL ? b->ops->partition_stats(b->t, t->tt, partition, out) : rc;
+    if (t != NULL)
+        rc = b->ops->partition_stats(b->t, t->tt, partition, out);
+    gate_leave(b);
+    return rc;
 }
 
 int kb_dead_letters(kb_bus *b, const char *topic, const char *after_id, size_t max,
@@ -656,9 +803,14 @@ int kb_dead_letters(kb_bus *b, const char *topic, const char *after_id, size_t m
                  b->ops->scheme, topic);
         return KB_ENOTFOUND;
     }
+    if (!gate_enter(b, "kb_dead_letters", NULL, 0))
+        return KB_ECLOSED;
     int rc;
     struct kb_topic *t = topic_for_call(b, topic, &rc);
-    return t != NULL ? b->ops->dead_letters(b->t, t->tt, after_id, max, fn, opaque) : rc;
+    if (t != NULL)
+        rc = b->ops->dead_letters(b->t, t->tt, after_id, max, fn, opaque);
+    gate_leave(b);
+    return rc;
 }
 
 int kb_dead_letter_replay(kb_bus *b, const char *topic, const char *id)
@@ -669,9 +821,27 @@ int kb_dead_letter_replay(kb_bus *b, const char *topic, const char *id)
         kb_errf(NULL, 0, "%s:// keeps no dead-letter store", b->ops->scheme);
         return KB_ENOTFOUND;
     }
+    if (!gate_enter(b, "kb_dead_letter_replay", NULL, 0))
+        return KB_ECLOSED;
     int rc;
     struct kb_topic *t = topic_for_call(b, topic, &rc);
-    return t != NULL ? b->ops->dead_letter_replay(b->t, t->tt, id) : rc;
+    if (t != NULL)
+        rc = b->ops->dead_letter_replay(b->t, t->tt, id);
+    gate_leave(b);
+    return rc;
+}
+
+static void shutdown_pools(kb_bus *b)
+{
+    struct cds_lfht_iter it;
+    struct kb_topic *t;
+    rcu_read_lock();
+    cds_lfht_for_each_entry(b->topics, &it, t, node) {
+        KB_TSAN_ACQUIRE(t);   /* a subscribe may be adding topics meanwhile */
+        if (kb__topic_pool(t) != NULL)
+            kb_pool_shutdown(kb__topic_pool(t));
+    }
+    rcu_read_unlock();
 }
 
 int kb_close(kb_bus *b, int timeout_ms)
@@ -689,16 +859,15 @@ int kb_close(kb_bus *b, int timeout_ms)
     struct cds_lfht_iter it;
     struct kb_topic *t;
 
-    /* 1. No new publishes; wake publishers and feeders blocked on full lanes. */
-    atomic_store_explicit(&b->closing, 1, memory_order_seq_cst);
-    pthread_mutex_lock(&b->subscribe_lock);   /* no subscribe in flight */
-    pthread_mutex_unlock(&b->subscribe_lock);
-    rcu_read_lock();
-    cds_lfht_for_each_entry(b->topics, &it, t, node)
-        if (kb__topic_pool(t) != NULL)
-            kb_pool_shutdown(kb__topic_pool(t));
-    rcu_read_unlock();
-    /* 2. Every thread that was inside kb_publish has left. */
+    /* 1. No new calls or publishes; wake flushers, and publishers and feeders
+     *    blocked on full lanes. */
+    gate_close(b);
+    kb__signal_notify(&b->sched->progress);
+    shutdown_pools(b);
+    /* 2. Every call in progress has left: the gated ones (a subscribe may
+     *    have added a pool meanwhile: shut it too), then the publishers. */
+    gate_wait_empty(b);
+    shutdown_pools(b);
     synchronize_rcu();
     /* 3. Brokers stop reading; what they delivered stays queued. */
     if (b->ops->stop != NULL)
@@ -743,6 +912,8 @@ int kb_close(kb_bus *b, int timeout_ms)
     cds_lfht_destroy(b->topics, NULL);
     kb__conf_free(b->conf);
     pthread_mutex_destroy(&b->subscribe_lock);
+    pthread_mutex_destroy(&b->gate_lock);
+    pthread_cond_destroy(&b->gate_left);
     free(b);
     return rc;
 }

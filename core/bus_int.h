@@ -38,6 +38,11 @@ struct kb_bus {
     struct cds_lfht *topics;
     pthread_mutex_t subscribe_lock;    /* topic creation is rare: serialise it */
     _Atomic uint32_t closing;
+    /* The gate of every public call but publishing (which RCU covers): calls
+     * in progress, which kb_close waits out before it frees anything. */
+    pthread_mutex_t gate_lock;
+    pthread_cond_t gate_left;          /* the last call left a closing bus */
+    uint32_t calls;
     kb_log_fn log;
     void *log_opaque;
     /* hot-path copies of configuration */

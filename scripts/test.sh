@@ -24,6 +24,10 @@ if [ -z "$san" ]; then
   "$dir/hello-installed" | grep -q "handled 3 events of order-123 in order" \
     || { echo "examples/hello.c against the installed library: unexpected output" >&2; exit 1; }
   echo "examples/hello.c: built with pkg-config against the install and ran"
+  # The long-running consumer (tests/test_drain.c signals the build's own copy).
+  cc -std=c11 -Wall -Werror examples/consumer.c $(pkg-config --cflags --libs keybus) \
+     -Wl,-rpath,"$prefix/lib" -o "$dir/consumer-installed"
+  echo "examples/consumer.c: built with pkg-config against the install"
 fi
 
 cd "$dir"

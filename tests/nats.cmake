@@ -30,3 +30,6 @@ kb_test(test_nats_close TIMEOUT 90 LABELS nats)
 # URLs and credentials: parts checked when set, userinfo decoded, nats.c's
 # reasons in errors, no secret in any message.
 kb_test(test_nats_urls TIMEOUT 90 LABELS nats)
+
+# kb_close racing every other call (issue 11, item 4).
+kb_test(test_close_race TESTNAME close_race_nats ARGS nats LABELS nats TIMEOUT 300)

@@ -24,3 +24,6 @@ kb_test(test_redis_close TIMEOUT 120 LABELS redis)
 
 # The redis:// URL and redis.* keys checked when set; no password in messages.
 kb_test(test_redis_url TIMEOUT 120 LABELS redis)
+
+# kb_close racing every other call (issue 11, item 4).
+kb_test(test_close_race TESTNAME close_race_redis ARGS redis LABELS redis TIMEOUT 300)

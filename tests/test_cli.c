@@ -51,6 +51,7 @@ static void cli(struct result *r, const char *const *args)
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fo, 1);
     posix_spawn_file_actions_adddup2(&fa, fe, 2);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);   /* produce reads it */
     pid_t pid;
     assert_int_equal(posix_spawn(&pid, KB_CLI, &fa, NULL, argv, environ), 0);
     posix_spawn_file_actions_destroy(&fa);
@@ -103,6 +104,19 @@ static void arguments_are_checked_before_the_bus_opens(void **state)
         {{"publish", "t", "k", "v"}, 1, NULL, "keybus publish: not found: "},
         {{"-X", "pool.workers=16", "conf"}, 0, "pool.workers = 16\n", NULL},
         {{"conf-doc"}, 0, "# keybus configuration", NULL},
+        {{"produce"}, 2, NULL, "wants exactly one TOPIC"},
+        {{"consume", "t", "u"}, 2, NULL, "wants exactly one TOPIC"},
+        {{"consume", "bad topic"}, 2, NULL, "allowed: letters"},
+        {{"consume", "t", "-n", "0"}, 2, NULL, "-n wants a decimal count"},
+        {{"consume", "t", "-n", "5x"}, 2, NULL, "-n wants a decimal count"},
+        {{"consume", "t", "--timeout-ms", "-1"}, 2, NULL, "--timeout-ms wants"},
+        {{"consume", "t", "-K", ","}, 2, NULL, "unknown option"},
+        {{"produce", "t", "--json"}, 2, NULL, "unknown option"},
+        {{"produce", "t", "-K", ""}, 2, NULL, "non-empty delimiter"},
+        {{"produce", "t", "-g", "x"}, 2, NULL, "unknown option"},
+        {{"-X", "pool.workers=abc", "consume", "t"}, 2, NULL, "pool.workers"},
+        {{"consume", "-g", "bad group\n", "t"}, 2, NULL, "-g: "},
+        {{"produce", "t"}, 0, NULL, "0 events published"},   /* stdin is empty */
     };
     static struct result r;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -165,6 +179,22 @@ static void text_is_escaped_and_json_exact(void **state)
     fclose(f);
     assert_string_equal(buf, "a\\nb\\tc\\rd\\\\e\\x1B[31mf\\x7Fg\xc3\xa9h\\xC2\\x9Bi\\xFFj\\xE2\\x82k"
                              "\\x00l|\"q\\\"b\\\\s\\u000a\\u0001\xc3\xa9\"");
+    free(buf);
+
+    /* consume --json: UTF-8 (C1 controls and NUL included) as a string,
+     * anything else base64 */
+    f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    kb_cli_json_bytes(f, "key", "\xc2\x9b\0a", 4);
+    fputc(',', f);
+    kb_cli_json_bytes(f, "key", "\xff\x00x", 3);
+    fputc(',', f);
+    kb_cli_json_bytes(f, "key", "\xe2\x82", 2);
+    fputc(',', f);
+    kb_cli_json_bytes(f, "key", "", 0);
+    fclose(f);
+    assert_string_equal(buf, "\"key\":\"\xc2\x9b\\u0000a\",\"key_base64\":\"/wB4\","
+                             "\"key_base64\":\"4oI=\",\"key\":\"\"");
     free(buf);
 }
 

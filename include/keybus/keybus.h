@@ -8,6 +8,15 @@
  *     message naming the problem on failure (errstr may be NULL).
  *   - "Thread: any" means the call may be made from any thread at any time,
  *     concurrently with any other "any" call on the same object.
+ *   - Closing: every call that takes a kb_bus, or a kb_topic of it, may run
+ *     concurrently with kb_close on that bus. A call that begins once kb_close
+ *     has begun returns KB_ECLOSED (kb_topic_get: NULL), its text saying so;
+ *     kb_close waits for the calls already in progress to return before it
+ *     frees anything. A call that begins after kb_close has *returned* is
+ *     undefined behaviour (use after free), even one a thread was about to
+ *     make when kb_close started: the application must know every other
+ *     thread has made its last call by the time kb_close returns (joined it,
+ *     or saw it receive KB_ECLOSED and stop, before kb_close returned).
  */
 #ifndef KEYBUS_KEYBUS_H
 #define KEYBUS_KEYBUS_H
@@ -116,10 +125,14 @@ KB_EXPORT void kb_conf_destroy(kb_conf *c);
  * password). Thread: any. */
 KB_EXPORT kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen);
 
-/* Stop intake (later kb_publish returns KB_ECLOSED; publishers blocked on a
- * full lane wake with KB_ECLOSED), wait for threads inside kb_publish to leave,
- * handle what is queued until `timeout_ms` (< 0: no deadline), ack what was
- * handled, leave the rest unacked on brokers, stop threads, free everything.
+/* Stop intake (every call that begins from now on returns KB_ECLOSED, see
+ * "Closing" at the top; publishers blocked on a full lane and kb_flush
+ * waiting on mem:// or in a broker's flush wake with KB_ECLOSED), wait for
+ * the calls in progress on other threads to return (kb_drain on a broker,
+ * kb_stats and the dead-letter calls finish their round trips, bounded by
+ * their own timeouts), handle what is queued until `timeout_ms` (< 0: no
+ * deadline), ack what was handled, leave the rest unacked on brokers, stop
+ * threads, free everything.
  * Returns KB_ETIMEDOUT when the deadline cut the drain short, or the
  * transport's error (KB_ETRANSPORT, text in kb_last_error) when events that
  * kb_publish accepted could not be sent to the broker. Call once, from a
@@ -169,7 +182,8 @@ KB_EXPORT int kb_event_set_reason(const kb_event *ev, const char *fmt, ...)
 
 /* Route `topic` to `fn`: creates the topic's pool (pool.workers lanes) and, on a
  * broker, starts consuming. One handler per topic: KB_EINVAL if already
- * subscribed. `opaque` is passed through and stays the caller's. Thread: any. */
+ * subscribed. `opaque` is passed through and stays the caller's. KB_ECLOSED
+ * once kb_close has begun. Thread: any. */
 KB_EXPORT int kb_subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaque);
 
 /* Copy key and payload and hand them to the transport. mem:// enqueues into the
@@ -192,7 +206,8 @@ KB_EXPORT int kb_topic_name_check(const char *topic, char *errstr, size_t errlen
  * pointer; it stays valid until kb_close, which frees it — the caller never
  * does. A handle can be taken before anyone subscribes: on mem:// publishing
  * through it returns KB_ENOTFOUND until a handler is subscribed. NULL on a
- * bad name, a closing bus or out of memory (errstr says which). Thread: any. */
+ * bad name, a closing bus (kb_close has begun) or out of memory (errstr says
+ * which). Thread: any. */
 KB_EXPORT kb_topic *kb_topic_get(kb_bus *b, const char *topic, char *errstr, size_t errlen);
 
 /* kb_publish through a handle: the same checks, copies and results, without
@@ -229,7 +244,9 @@ KB_EXPORT int kb_publish_batch(kb_topic *t, const kb_msg *msgs, size_t n, size_t
 /* mem: wait until everything published before the call is handled (or
  * dead-lettered); brokers: until every publish so far is accepted by the
  * server (durable; nothing about handling). KB_ETIMEDOUT at the deadline
- * (< 0: none). KB_EINVAL from a handler. Thread: any but a handler. */
+ * (< 0: none). KB_ECLOSED when kb_close begins before or during the wait
+ * (kb_close then handles or reports what is queued itself). KB_EINVAL from
+ * a handler. Thread: any but a handler. */
 KB_EXPORT int kb_flush(kb_bus *b, int timeout_ms);
 
 /* Wait until every event this process published before the call has been
@@ -240,7 +257,9 @@ KB_EXPORT int kb_flush(kb_bus *b, int timeout_ms);
  * processes, and for a consumer to exist). Use kb_flush to know events are
  * safely stored, kb_drain to know they were processed (tests, batch jobs,
  * a clean hand-over before exit). KB_ETIMEDOUT at the deadline (< 0: none);
- * KB_EINVAL from a handler. Thread: any but a handler. */
+ * KB_ECLOSED when kb_close has begun (mem://: also when it begins during the
+ * wait; a broker's kb_drain in progress finishes first, and kb_close waits for
+ * it); KB_EINVAL from a handler. Thread: any but a handler. */
 KB_EXPORT int kb_drain(kb_bus *b, int timeout_ms);
 
 /* ---------------------------------------------------------------------------
@@ -281,7 +300,8 @@ typedef struct kb_topic_stats {
 /* Fill *out for `topic`. Broker figures are read from the broker, so any
  * process that opens the bus sees them, also one that never published or
  * subscribed the topic (a monitor); they cost a round trip. KB_ENOTFOUND when
- * neither the pool nor the transport knows the topic. Thread: any. */
+ * neither the pool nor the transport knows the topic; KB_ECLOSED once
+ * kb_close has begun. Thread: any. */
 KB_EXPORT int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out);
 
 typedef struct kb_partition_stats {
@@ -295,7 +315,7 @@ typedef struct kb_partition_stats {
 } kb_partition_stats;
 
 /* Broker view of one partition. KB_ENOTFOUND on mem:// or for a partition out
- * of range. Costs round trips. Thread: any. */
+ * of range; KB_ECLOSED once kb_close has begun. Costs round trips. Thread: any. */
 KB_EXPORT int kb_partition_stats_get(kb_bus *b, const char *topic, uint32_t partition,
                                      kb_partition_stats *out);
 
@@ -320,12 +340,13 @@ typedef int (*kb_dead_letter_fn)(const kb_dead_letter *dl, void *opaque); /* non
 
 /* Walk up to `max` dead letters of `topic`, oldest first, starting after
  * `after_id` (NULL or "" for the start); a topic without dead letters walks
- * none. The callback may replay the entry it is given. Thread: any. */
+ * none. The callback may replay the entry it is given. KB_ECLOSED once
+ * kb_close has begun. Thread: any. */
 KB_EXPORT int kb_dead_letters(kb_bus *b, const char *topic, const char *after_id, size_t max,
                               kb_dead_letter_fn fn, void *opaque);
 
 /* Publish dead letter `id` back to its partition (attempt reset to 1) and remove
- * it from the dead-letter store. Thread: any. */
+ * it from the dead-letter store. KB_ECLOSED once kb_close has begun. Thread: any. */
 KB_EXPORT int kb_dead_letter_replay(kb_bus *b, const char *topic, const char *id);
 
 #ifdef __cplusplus

@@ -1,0 +1,110 @@
+/* keybus consume TOPIC [-g GROUP] [-n COUNT] [--json] [--timeout-ms MS]:
+ * print events as the handler takes them, until COUNT were handled or a
+ * signal arrives; then kb_close stops intake, handles (and prints) what this
+ * process already holds, acks it and leaves the rest to the group. */
+#include "stream.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <keybus/pool.h>        /* kb_fnv1a32: the partition of a key */
+#include <keybus/transport.h>   /* kb_errf */
+
+#include "text.h"
+
+struct consumer {
+    const struct kb_cli_stream *s;
+    uint32_t partitions;       /* the topic's broker partitions; 0: none (mem://) */
+    int count_reached;         /* eventfd the handler writes once COUNT were handled */
+    _Atomic uint64_t handled;
+};
+
+/* The event's partition as text: the key's, or `none` without partitions. */
+static const char *partition(const struct consumer *c, const kb_event *ev, char buf[16],
+                             const char *none)
+{
+    if (c->partitions == 0)
+        return none;
+    snprintf(buf, 16, "%u", kb_fnv1a32(ev->key, ev->key_len) % c->partitions);
+    return buf;
+}
+
+static void print_text(const struct consumer *c, const kb_event *ev)
+{
+    char buf[16];
+    kb_cli_escape(stdout, ev->key, ev->key_len);
+    fputc('\t', stdout);
+    kb_cli_escape(stdout, ev->payload, ev->payload_len);
+    printf("\tpartition=%s", partition(c, ev, buf, "-"));
+    fputs("\tid=", stdout);
+    kb_cli_escape(stdout, ev->id, strlen(ev->id));
+    printf("\tattempt=%u\n", ev->attempt);
+}
+
+static void print_json(const struct consumer *c, const kb_event *ev)
+{
+    fputs("{\"topic\":", stdout);
+    kb_cli_json_string(stdout, ev->topic, strlen(ev->topic));
+    fputc(',', stdout);
+    kb_cli_json_bytes(stdout, "key", ev->key, ev->key_len);
+    fputc(',', stdout);
+    kb_cli_json_bytes(stdout, "payload", ev->payload, ev->payload_len);
+    char buf[16];
+    printf(",\"partition\":%s", partition(c, ev, buf, "null"));
+    fputs(",\"id\":", stdout);
+    kb_cli_json_string(stdout, ev->id, strlen(ev->id));
+    printf(",\"attempt\":%u}\n", ev->attempt);
+}
+
+static int on_event(const kb_event *ev, void *opaque)
+{
+    struct consumer *c = opaque;
+    flockfile(stdout);   /* one whole line per event, whatever lane prints */
+    if (c->s->json)
+        print_json(c, ev);
+    else
+        print_text(c, ev);
+    fflush(stdout);
+    funlockfile(stdout);
+    uint64_t n = atomic_fetch_add(&c->handled, 1) + 1;
+    if (n == c->s->count)
+        eventfd_write(c->count_reached, 1);
+    return KB_HANDLED;
+}
+
+int kb_cli_consume(kb_bus *b, const struct kb_cli_stream *s, int stop, int *closed)
+{
+    struct consumer c = {.s = s};
+    kb_topic_stats st;
+    if (kb_stats(b, s->topic, &st) == KB_OK)   /* mem://: unknown here, no partitions */
+        c.partitions = st.partitions;
+    if ((c.count_reached = eventfd(0, EFD_CLOEXEC)) < 0) {
+        kb_errf(NULL, 0, "eventfd: %s", strerror(errno));
+        kb_cli_report("consume", KB_ENOMEM);
+        *closed = kb_close(b, s->timeout_ms);
+        return KB_ENOMEM;
+    }
+    int rc = kb_subscribe(b, s->topic, on_event, &c);
+    if (rc == KB_OK)   /* scripts and tests wait for this line before signalling */
+        fprintf(stderr, "keybus consume: consuming %s (SIGINT or SIGTERM to stop)\n", s->topic);
+    while (rc == KB_OK) {
+        struct pollfd pf[2] = {{.fd = stop, .events = POLLIN},
+                               {.fd = c.count_reached, .events = POLLIN}};
+        if (poll(pf, 2, -1) > 0 || errno != EINTR)
+            break;   /* a signal, or COUNT handled: kb_close drains the rest */
+    }
+    kb_cli_report("consume", rc);
+    /* kb_close runs the handler for what this process still holds: `c`
+     * lives until it returns. */
+    *closed = kb_close(b, s->timeout_ms);
+    fprintf(stderr, "keybus consume: %llu events handled\n",
+            (unsigned long long)atomic_load(&c.handled));
+    close(c.count_reached);
+    return rc;
+}
