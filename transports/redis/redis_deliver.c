@@ -1,9 +1,8 @@
-/* Handing entries to the pool (the reader thread): checks of an entry read
- * from a stream, its delivery, and the entries of a partition that wait for
- * lane space while the reader serves the other partitions. */
-#include <stdio.h>
+/* Handing entries to the pool (the reader thread): an entry read from a
+ * stream (redis_entry.c) delivered or dead-lettered, and the entries of a
+ * partition that wait for lane space while the reader serves the other
+ * partitions. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "redis_int.h"
 
