@@ -186,15 +186,14 @@ int kb__nats_dead_letters(kb_transport *t, kb_nats_topic *tp, const char *after_
 
 int kb__nats_dead_letter_replay(kb_transport *t, kb_nats_topic *tp, const char *id)
 {
+    uint64_t seq;
+    if (!kb__nats_seq_parse(id, &seq)) {
+        kb_errf(NULL, 0, "nats: dead letter ID \"%.60s\" is not a stream sequence", id);
+        return KB_EINVAL;
+    }
     int ready = kb__nats_topic_ready(t, tp);
     if (ready != KB_OK)
         return ready == KB_ENOMEM ? ready : KB_ETRANSPORT;
-    char *end = NULL;
-    uint64_t seq = strtoull(id, &end, 10);
-    if (seq == 0 || end == id || *end != '\0') {
-        kb_errf(NULL, 0, "nats: dead letter ID \"%s\" is not a stream sequence", id);
-        return KB_EINVAL;
-    }
     natsMsg *m = NULL;
     jsErrCode jerr = 0;
     natsStatus s = js_GetMsg(&m, t->js, tp->stream, seq, NULL, &jerr);

@@ -3,7 +3,10 @@
  * name, and Kb-Headers lists the names in publish order (NATS headers have
  * none). nats.c 3.4.1 trims blanks around a value and misreads an empty one
  * (it takes the next header line as its value), so such values travel
- * base64 in Kb-Headers itself ("name=<base64>") instead. */
+ * base64 in Kb-Headers itself ("name=<base64>") instead. So does a name that
+ * begins another name on the message: nats.c 3.4.1 answers a lookup of
+ * "x-request" with the values of "x-requestid" (their hashes collide, found
+ * by tests/fuzz/fuzz_nats_frame.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,11 +15,27 @@
 #include "nats_hdr.h"
 #include "nats_msg.h"
 
-static bool verbatim(const kb_header *h)
+/* Header i's name begins a longer one: another of h, or one of keybus's
+ * (Kb-*) and NATS's (Nats-*). */
+static bool begins_another(const kb_header *h, size_t n, size_t i)
 {
-    const char *v = h->value;
-    return h->value_len > 0 && v[0] != ' ' && v[0] != '\t' && v[h->value_len - 1] != ' ' &&
-           v[h->value_len - 1] != '\t';
+    size_t len = strlen(h[i].name);
+    if ((len < 3 && strncmp(h[i].name, "Kb-", len) == 0) ||
+        (len < 5 && strncmp(h[i].name, "Nats-", len) == 0))
+        return true;
+    for (size_t j = 0; j < n; j++)
+        if (strncmp(h[j].name, h[i].name, len) == 0 && h[j].name[len] != '\0')
+            return true;
+    return false;
+}
+
+/* Header i can be a NATS header of its own (else it is coded in Kb-Headers). */
+static bool verbatim(const kb_header *h, size_t n, size_t i)
+{
+    const char *v = h[i].value;
+    size_t vl = h[i].value_len;
+    return vl > 0 && v[0] != ' ' && v[0] != '\t' && v[vl - 1] != ' ' && v[vl - 1] != '\t' &&
+           !begins_another(h, n, i);
 }
 
 size_t kb__nats_hdr_len(const kb_header *h, size_t n)
@@ -26,7 +45,7 @@ size_t kb__nats_hdr_len(const kb_header *h, size_t n)
     size_t len = sizeof KB_NATS_HDRS_HDR + 1 + 2 + (n - 1);   /* "Kb-Headers: " ... CRLF */
     for (size_t i = 0; i < n; i++) {
         size_t nl = strlen(h[i].name);
-        if (verbatim(&h[i]))
+        if (verbatim(h, n, i))
             len += nl + nl + 2 + h[i].value_len + 2;   /* list entry, "name: value" CRLF */
         else
             len += nl + 1 + 4 * ((h[i].value_len + 2) / 3);
@@ -48,7 +67,7 @@ int kb__nats_hdr_set(natsMsg *m, const kb_header *h, size_t n)
             list[o++] = ',';
         memcpy(list + o, h[i].name, nl);
         o += nl;
-        if (!verbatim(&h[i])) {
+        if (!verbatim(h, n, i)) {
             list[o++] = '=';
             o += kb__nats_b64_encode(h[i].value, h[i].value_len, list + o);
             continue;
@@ -87,6 +106,10 @@ static int add(kb_nats_hdrs *out, const char *name, size_t nl, const char *value
 {
     if (out->n == KB_MAX_HEADERS || nl == 0 || nl > KB_MAX_HEADER_NAME) {
         *why = out->n == KB_MAX_HEADERS ? "more than 64 headers" : "header name of 0 or over 64 bytes";
+        return -1;
+    }
+    if (memchr(name, '\0', nl) != NULL) {   /* a frame's: the name would be cut there */
+        *why = "header name with a NUL byte";
         return -1;
     }
     memcpy(out->names[out->n], name, nl);

@@ -36,6 +36,20 @@ size_t kb__nats_put_u64(char *out, uint64_t v)
     return n;
 }
 
+bool kb__nats_seq_parse(const char *s, uint64_t *out)
+{
+    uint64_t v = 0;
+    size_t n = 0;
+    for (; s[n] >= '0' && s[n] <= '9'; n++) {
+        unsigned d = (unsigned)(s[n] - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return false;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return n > 0 && s[n] == '\0' && v != 0;
+}
+
 #define KB_NATS_PLAIN_KEY_MAX (4 * 1024 / 3 + 7)   /* longer keys go base64 */
 
 size_t kb__nats_key_hdr_len(const void *key, size_t len)

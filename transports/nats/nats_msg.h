@@ -12,6 +12,9 @@ size_t kb__nats_put_u64(char *out, uint64_t v);
 size_t kb__nats_b64_encode(const void *src, size_t len, char *out);
 /* Decoded length, -1 when malformed, -2 when over cap. */
 long kb__nats_b64_decode(const char *v, size_t n, char *buf, size_t cap);
+/* A stream sequence as text (a dead letter's ID): 1 to 20 decimal digits, not
+ * 0, within 64 bits; false otherwise. */
+bool kb__nats_seq_parse(const char *s, uint64_t *out);
 int kb__nats_set_key(natsMsg *m, const void *key, size_t len);
 /* Bytes of the header line kb__nats_set_key writes for this key. */
 size_t kb__nats_key_hdr_len(const void *key, size_t len);

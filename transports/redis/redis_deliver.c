@@ -1,9 +1,8 @@
-/* Handing entries to the pool (the reader thread): checks of an entry read
- * from a stream, its delivery, and the entries of a partition that wait for
- * lane space while the reader serves the other partitions. */
-#include <stdio.h>
+/* Handing entries to the pool (the reader thread): an entry read from a
+ * stream (redis_entry.c) delivered or dead-lettered, and the entries of a
+ * partition that wait for lane space while the reader serves the other
+ * partitions. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "redis_int.h"
 
@@ -45,60 +44,26 @@ int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e
 {
     kb_transport *t = tt->t;
     kb_redis_part *p = &tt->parts[part];
-    if (e->type != REDIS_REPLY_ARRAY || e->elements < 2 || e->element[0]->type != REDIS_REPLY_STRING)
-        return KB_REDIS_DELIVERED;   /* not an entry at all: nothing to ack */
-    const char *id = e->element[0]->str;
-    const redisReply *fields = e->element[1];
-    const redisReply *k = kb__redis_field(fields, "k"), *d = kb__redis_field(fields, "d"),
-                     *a = kb__redis_field(fields, "a");
+    kb_redis_entry en;
+    int what = kb__redis_entry_read(e, part, tt->nparts, attempt, t->max_attempts, &en);
+    if (what == KB_REDIS_ENTRY_NONE)
+        return KB_REDIS_DELIVERED;
     /* Count first, then look: the keeper sets DRAINING, then waits for 0. */
     atomic_fetch_add(&p->inflight, 1);
     if (!kb__redis_part_live(p) || atomic_load(&p->epoch) != epoch) {
         atomic_fetch_sub(&p->inflight, 1);
         return KB_REDIS_PART_GONE;   /* stays in our PEL; the next owner claims it */
     }
-    if (k == NULL || k->len == 0 || d == NULL) {
+    if (what == KB_REDIS_ENTRY_DEAD) {
         atomic_fetch_sub(&p->inflight, 1);
-        dead_now(tt, part, id, fields,
-                 attempt, k == NULL || k->len == 0 ? "malformed: no key field \"k\""
-                                                   : "malformed: no payload field \"d\"");
+        dead_now(tt, part, en.id, en.fields, en.attempt, en.why);
         return KB_REDIS_DELIVERED;
     }
-    kb_header headers[KB_MAX_HEADERS];
-    size_t n_headers = 0;
-    char why[300];   /* a dead letter's reason */
-    if (kb__redis_headers_of(fields, headers, &n_headers, why, sizeof why) != KB_OK) {
-        /* written by another client: kept whole in the DLQ, with the rule it broke */
-        atomic_fetch_sub(&p->inflight, 1);
-        dead_now(tt, part, id, fields, attempt, why);
-        return KB_REDIS_DELIVERED;
-    }
-    uint32_t home = kb_fnv1a32(k->str, k->len) % tt->nparts;
-    if (home != part) {
-        /* XADDed by another client into the wrong stream: handling it here would
-         * race the key's real partition, perhaps owned by another process */
-        atomic_fetch_sub(&p->inflight, 1);
-        snprintf(why, sizeof why, "partition is another one: the key hashes to partition %u", home);
-        dead_now(tt, part, id, fields, attempt, why);
-        return KB_REDIS_DELIVERED;
-    }
-    if (a != NULL) {
-        unsigned long n = strtoul(a->str, NULL, 10);
-        if (n > attempt && n < 1000000)
-            attempt = (uint32_t)n;
-    }
-    if (attempt > t->max_attempts) {
-        /* Delivered that often without an ack: likely a handler that kills the
-         * process. Stop the crash loop here. */
-        atomic_fetch_sub(&p->inflight, 1);
-        snprintf(why, sizeof why, "delivered %u times without an ack", attempt - 1);
-        dead_now(tt, part, id, fields, attempt - 1, why);
-        return KB_REDIS_DELIVERED;
-    }
-    kb_delivery dl = {.topic = tt->name, .tt = tt, .key = k->str, .key_len = k->len, .payload = d->str,
-                      .payload_len = d->len, .partition = part, .attempt = attempt, .id = id,
+    kb_delivery dl = {.topic = tt->name, .tt = tt, .key = en.key->str, .key_len = en.key->len,
+                      .payload = en.payload->str, .payload_len = en.payload->len,
+                      .partition = part, .attempt = en.attempt, .id = en.id,
                       .cookie = (void *)(uintptr_t)epoch,   /* checked by still_owned */
-                      .headers = headers, .n_headers = n_headers};
+                      .headers = en.headers, .n_headers = en.n_headers};
     int rc = kb_sink_deliver(tt->sink, &dl, timeout_ms);
     if (rc == KB_OK)
         return KB_REDIS_DELIVERED;
@@ -107,7 +72,7 @@ int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e
         return KB_REDIS_CLOSING;
     if (rc == KB_EFULL)
         return KB_REDIS_LANE_FULL;
-    dead_now(tt, part, id, fields, attempt, "refused by the pool");
+    dead_now(tt, part, en.id, en.fields, en.attempt, "refused by the pool");
     return KB_REDIS_DELIVERED;
 }
 

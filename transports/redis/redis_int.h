@@ -6,6 +6,7 @@
  *   redis_consume.c    subscribe; the reader thread's loop: read rounds, fenced reads
  *   redis_sweep.c      recovery of a partition just taken (its pending list)
  *   redis_deliver.c    an entry checked and handed to the pool; lane-full waiting
+ *   redis_entry.c      an entry read: its event, or why it is a dead letter (pure)
  *   redis_settle.c     ack, dead_letter, release, still_owned; the keeper's send job
  *   redis_dlq.c        dead letters: packed, stored (fenced), listed, replayed
  *   redis_drain.c      kb_drain: wait until the group settled what we added
@@ -237,6 +238,23 @@ void kb__redis_wait_drop(kb_redis_part *p);
 int kb__redis_wait_deliver(kb_redis_part *p, int timeout_ms);
 /* Wait up to ms, until stop or a lease taken since t->leases_taken was `taken`. */
 void kb__redis_reader_nap(kb_transport *t, uint64_t taken, int ms);
+
+/* ---- redis_entry.c ---- */
+/* An entry ([id, fields]) read: an event, or a dead letter and why. Points into e. */
+typedef struct kb_redis_entry {
+    const char *id;
+    const redisReply *fields;
+    const redisReply *key, *payload;   /* an event's */
+    kb_header headers[KB_MAX_HEADERS];
+    size_t n_headers;
+    uint32_t attempt;             /* the event's; a dead letter's attempts so far */
+    char why[300];                /* a dead letter's reason */
+} kb_redis_entry;
+enum { KB_REDIS_ENTRY_NONE, KB_REDIS_ENTRY_EVENT, KB_REDIS_ENTRY_DEAD };
+/* KB_REDIS_ENTRY_*: NONE for a reply that is no entry (nothing to ack).
+ * `attempt`: deliveries so far, raised by the entry's "a" field (a replay). */
+int kb__redis_entry_read(const redisReply *e, uint32_t part, uint32_t nparts, uint32_t attempt,
+                         uint32_t max_attempts, kb_redis_entry *out);
 
 /* ---- redis_publish.c ---- */
 int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m);

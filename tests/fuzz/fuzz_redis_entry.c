@@ -1,0 +1,113 @@
+/* libFuzzer target: the Redis entry reader (kb__redis_entry_read, which
+ * kb__redis_deliver runs on every entry XREADGROUP and XAUTOCLAIM return) on
+ * the replies hiredis's own reader makes of any bytes, and the dead-letter
+ * packing of what it refuses (kb__redis_dead_pack_raw) or of an event a
+ * handler dead-letters (kb__redis_dead_pack). Every array in a reply is tried
+ * as an entry, so the shapes of both commands' replies are covered.
+ * Input: one byte of partition layout, then RESP. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../transports/redis/redis_int.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define MAX_ATTEMPTS 5
+/* hiredis 0.14 allocates whatever array length a server announces (no
+ * maxelements yet): a fuzzer's "*999999999" is a calloc of gigabytes, which
+ * the sanitizer reports, not a bug of ours. Longer arrays are refused here as
+ * out of memory, the answer hiredis gives when that calloc fails. */
+#define MAX_ELEMENTS 4096
+
+static redisReplyObjectFunctions capped;
+static void *(*hiredis_array)(const redisReadTask *, int);
+
+static void *create_array(const redisReadTask *task, int elements)
+{
+    return elements < 0 || elements > MAX_ELEMENTS ? NULL : hiredis_array(task, elements);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc, (void)argv;
+    redisReader *r = redisReaderCreate();   /* hiredis's reply functions */
+    if (r == NULL)
+        abort();
+    capped = *r->fn;
+    hiredis_array = capped.createArray;
+    capped.createArray = create_array;
+    redisReaderFree(r);
+    return 0;
+}
+
+/* A dead letter packs the entry's string fields, then partition, orig_id,
+ * attempts and reason: count, then per string u32 length + bytes. */
+static void check_packed(char *dead)
+{
+    if (dead == NULL)
+        return;   /* out of memory */
+    uint32_t n;
+    memcpy(&n, dead, 4);
+    if (n < 8 || n % 2 != 0)
+        abort();
+    free(dead);
+}
+
+static void check_event(const kb_redis_entry *en, uint32_t part, uint32_t nparts)
+{
+    if (en->key->len == 0 || kb_fnv1a32(en->key->str, en->key->len) % nparts != part ||
+        en->attempt == 0 || en->attempt > MAX_ATTEMPTS ||
+        kb_headers_check(en->headers, en->n_headers, KB_MAX_HEADERS, KB_REDIS_HEADER_BYTES,
+                         "fuzz") != KB_OK)
+        abort();
+    kb_delivery dl = {.topic = "fuzz", .key = en->key->str, .key_len = en->key->len,
+                      .payload = en->payload->str, .payload_len = en->payload->len,
+                      .partition = part, .attempt = en->attempt, .id = en->id,
+                      .headers = en->headers, .n_headers = en->n_headers};
+    check_packed(kb__redis_dead_pack(&dl, "handler said dead"));
+}
+
+static void try_entry(const redisReply *e, uint32_t part, uint32_t nparts, uint32_t attempt,
+                      int depth)
+{
+    if (e->type != REDIS_REPLY_ARRAY)
+        return;
+    kb_redis_entry en;
+    switch (kb__redis_entry_read(e, part, nparts, attempt, MAX_ATTEMPTS, &en)) {
+    case KB_REDIS_ENTRY_EVENT:
+        check_event(&en, part, nparts);
+        break;
+    case KB_REDIS_ENTRY_DEAD:
+        if (en.why[0] == '\0')
+            abort();   /* a dead letter says why */
+        check_packed(kb__redis_dead_pack_raw(en.fields, part, en.id, en.attempt, en.why));
+        break;
+    default:
+        break;
+    }
+    for (size_t i = 0; depth < 8 && i < e->elements; i++)
+        try_entry(e->element[i], part, nparts, attempt, depth + 1);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    uint32_t nparts = 1u + (data[0] & 7u), part = (uint32_t)(data[0] >> 3) % nparts;
+    uint32_t attempt = 1u + (data[0] >> 6);   /* a sweep's redelivery: above 1 */
+    redisReader *r = redisReaderCreateWithFunctions(&capped);
+    if (r == NULL)
+        return 0;
+    if (redisReaderFeed(r, (const char *)data + 1, size - 1) == REDIS_OK) {
+        void *reply = NULL;
+        while (redisReaderGetReply(r, &reply) == REDIS_OK && reply != NULL) {
+            try_entry(reply, part, nparts, attempt, 0);
+            freeReplyObject(reply);
+            reply = NULL;
+        }
+    }
+    redisReaderFree(r);
+    return 0;
+}
