@@ -320,6 +320,11 @@ static void dead_letters(void **state)
     assert_int_equal(kb_dead_letters(b, topic, sd.e[0].id, 100, collect_dead_letter, &rest), KB_OK);
     assert_int_equal(rest.n, 1);
     assert_string_equal(rest.e[0].id, sd.e[1].id);
+    /* an ID of no form the transport writes is refused, not read as another */
+    struct seen_dead none = {0};
+    assert_int_equal(kb_dead_letters(b, topic, "x1", 100, collect_dead_letter, &none), KB_EINVAL);
+    assert_int_equal(kb_dead_letters(b, topic, "-1", 100, collect_dead_letter, &none), KB_EINVAL);
+    assert_int_equal(none.n, 0);
 
     /* replayed, the flaky event now passes and leaves the store */
     ds.flaky_ok = 1;

@@ -131,7 +131,16 @@ int kb__nats_dead_letters(kb_transport *t, kb_nats_topic *tp, const char *after_
     int ready = kb__nats_topic_ready(t, tp);
     if (ready != KB_OK)
         return ready == KB_ENOMEM ? ready : KB_ETRANSPORT;
-    uint64_t seq = after_id && after_id[0] ? strtoull(after_id, NULL, 10) + 1 : 1;
+    uint64_t after = 0;
+    if (after_id != NULL && after_id[0] != '\0' && strcmp(after_id, "0") != 0 &&
+        !kb__nats_seq_parse(after_id, &after)) {
+        kb_errf(NULL, 0, "kb_dead_letters %s: \"%.32s\" is not a stream sequence (decimal)",
+                tp->name, after_id);
+        return KB_EINVAL;
+    }
+    if (after == UINT64_MAX)
+        return KB_OK;   /* nothing comes after the last sequence */
+    uint64_t seq = after + 1;
     char *key = malloc(65536);
     kb_nats_hdrs *h = calloc(1, sizeof *h);
     if (key == NULL || h == NULL) {

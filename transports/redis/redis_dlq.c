@@ -172,6 +172,11 @@ static kb_dead_letter dead_letter_of(const redisReply *e, kb_header *headers)
 int kb__redis_dead_letters(kb_transport *t, kb_transport_topic *tt, const char *after_id,
                            size_t max, kb_dead_letter_fn fn, void *opaque)
 {
+    if (after_id != NULL && after_id[0] != '\0' && !kb__redis_id_valid(after_id)) {
+        kb_errf(NULL, 0, "kb_dead_letters %s: \"%.60s\" is not a Redis stream ID "
+                "(<ms>-<seq>, decimal)", tt->name, after_id);
+        return KB_EINVAL;
+    }
     /* read your own dead letters: wait (bounded) for the keeper to store them */
     kb_signal_notify(t->keeper_wake);
     kb_signal_wait(t->settled, no_dead_queued, t, kb_deadline_ns(5000));
