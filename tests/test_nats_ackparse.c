@@ -42,6 +42,7 @@ static void agree(natsMsg *m)
         assert_string_equal(mine.consumer, md->Consumer);
         assert_int_equal(mine.delivered, (uint64_t)md->NumDelivered);
         assert_int_equal(mine.sseq, md->Sequence.Stream);
+        assert_int_equal(mine.dseq, md->Sequence.Consumer);
     }
     jsMsgMetaData_Destroy(md);
 }
@@ -183,6 +184,7 @@ static void built_subjects(void **state)
     assert_string_equal(mine.consumer, "grp_3_17");
     assert_int_equal(mine.delivered, 3);
     assert_int_equal(mine.sseq, 99);
+    assert_int_equal(mine.dseq, 41);
 }
 
 static int setup(void **state)

@@ -160,7 +160,10 @@ static void wide_consumer_splits(void **state)
     const char *topic = "split.wide";
     static const char *const a_conf[] = {"nats.lease_ttl_ms", "1500", "consumer", "member-a", NULL};
     static const char *const b_conf[] = {"nats.lease_ttl_ms", "1500", "consumer", "member-b", NULL};
-    kb_bus *pub = open_bus(s.url), *a = kb_test_open(s.url, a_conf, NULL), *b = NULL;
+    /* the first bus makes the lease bucket, with its TTL: short for all */
+    static const char *const p_conf[] = {"nats.lease_ttl_ms", "1500", NULL};
+    kb_bus *pub = kb_test_open(s.url, p_conf, NULL), *a = kb_test_open(s.url, a_conf, NULL);
+    kb_bus *b = NULL;
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
     assert_int_equal(natsConnection_ConnectTo(&nc, s.url), NATS_OK);

@@ -54,7 +54,8 @@ static const kb_conf_prop nats_props[] = {
      "auto|off"},
     {"nats.lease_ttl_ms", KB_CONF_INT, "10000", 500, MS_HOUR,
      "Partition lease and membership TTL; renewed every third of it. A dead "
-     "process's partitions move after at most this long."},
+     "process's partitions move after at most this long. It is the lease bucket's "
+     "TTL: when the bucket exists with another, that one is used (with a warning)."},
     {"nats.lease_bucket", KB_CONF_STR, "keybus_leases", 1, 64,
      "JetStream KV bucket holding partition leases and members."},
     {"nats.publish_max_pending", KB_CONF_INT, "16384", 1, 1 << 20,

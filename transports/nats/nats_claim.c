@@ -27,6 +27,7 @@ kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev
         return NULL;
     }
     c->cap = cap;
+    atomic_store(&c->ack_limit, UINT64_MAX);
     c->part = p;
     c->rev = rev;
     c->wide = wide;
@@ -119,30 +120,48 @@ static void free_ring(kb_nats_claim *c)
  * nothing then): next tick. */
 static uint64_t ack_prefix(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint64_t tl)
 {
-    uint64_t h = h0;
-    while (h < tl &&
+    uint64_t h = h0, limit = atomic_load(&c->ack_limit);
+    c->ack_failed = false;
+    while (h < tl && c->ring[h & (c->cap - 1)].sseq <= limit &&
            atomic_load_explicit(&c->ring[h & (c->cap - 1)].done, memory_order_acquire))
         h++;
     kb_nats_entry *last = h > h0 ? &c->ring[(h - 1) & (c->cap - 1)] : NULL;
-    if (last == NULL ||
-        natsConnection_PublishString(t->nc, natsMsg_GetReply(last->msg), "+ACK") != NATS_OK)
+    if (last == NULL)
         return h0;
+    if (natsConnection_PublishString(t->nc, natsMsg_GetReply(last->msg), "+ACK") != NATS_OK) {
+        c->ack_failed = true;
+        return h0;
+    }
     atomic_store(&c->acked_to, last->sseq);
     return h;
 }
 
 /* A wide claim acks every finished message by itself: a held event delays
- * only its own partition's acks, as with a consumer per partition. The new
- * head: past the prefix acked. */
+ * only its own partition's acks, as with a consumer per partition. An acked
+ * message is freed at once (a held head may keep many entries behind it);
+ * the ring is rescanned only when entries settled. The new head: past the
+ * prefix acked. */
 static uint64_t ack_each(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint64_t tl)
 {
+    uint64_t settled = atomic_load(&c->settled), limit = atomic_load(&c->ack_limit);
+    if (settled == c->scan_settled && !c->ack_failed)
+        return h0;
+    c->scan_settled = settled;
+    c->ack_failed = false;
     uint64_t h = h0;
     memset(c->part_blocked, 0, t->partitions * sizeof *c->part_blocked);
     for (uint64_t i = h0; i < tl; i++) {
         kb_nats_entry *e = &c->ring[i & (c->cap - 1)];
-        if (!e->acked && atomic_load_explicit(&e->done, memory_order_acquire) &&
-            natsConnection_PublishString(t->nc, natsMsg_GetReply(e->msg), "+ACK") == NATS_OK)
-            e->acked = true;
+        if (!e->acked && e->sseq <= limit &&
+            atomic_load_explicit(&e->done, memory_order_acquire)) {
+            if (natsConnection_PublishString(t->nc, natsMsg_GetReply(e->msg), "+ACK") == NATS_OK) {
+                e->acked = true;
+                natsMsg_Destroy(e->msg);
+                e->msg = NULL;
+            } else {
+                c->ack_failed = true;
+            }
+        }
         if (h == i && e->acked)
             h = i + 1;
         if (e->part >= t->partitions || c->part_blocked[e->part])
@@ -161,6 +180,8 @@ void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now)
 {
     if (atomic_load(&c->freed))
         return;
+    /* read before the acks: every entry settled by then is acked below */
+    uint64_t settled = atomic_load(&c->settled);
     uint64_t h0 = atomic_load(&c->head);
     uint64_t tl = atomic_load_explicit(&c->tail, memory_order_acquire);
     uint64_t h = c->wide ? ack_each(t, c, h0, tl) : ack_prefix(t, c, h0, tl);
@@ -181,9 +202,10 @@ void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now)
             c->last_wpi_ns = now;
         }
     }
-    /* feeder_left first: after it, the tail no longer moves. */
-    if (atomic_load(&c->fenced) && atomic_load(&c->feeder_left) &&
-        atomic_load(&c->settled) == atomic_load(&c->tail))
+    /* feeder_left first: after it, the tail no longer moves. Not while an
+     * ack of a finished entry is still to be sent. */
+    if (atomic_load(&c->fenced) && atomic_load(&c->feeder_left) && settled == tl &&
+        !c->ack_failed)
         free_ring(c);
 }
 

@@ -4,6 +4,7 @@
  * hands messages to the sinks in stream order. Threads and subscriptions do
  * not grow with the number of topics. nats.c's Fetch is not used: see
  * docs/transports-nats.md for its 3.4.1 bugs. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,8 @@ typedef struct feeder {
     char *key;               /* decoded key buffer */
     size_t key_cap;
     kb_nats_hdrs hdrs;       /* the current event's headers */
+    uint32_t serial;         /* of pull requests, for every claim: a late status for an
+                                earlier claim's request never matches a newer one's */
 } feeder;
 
 /* Keep up to two pull requests of nats.fetch_batch open per partition: the
@@ -50,8 +53,9 @@ static void pull(feeder *f, kb_nats_claim *c, int64_t now)
     char body[96], reply[256];
     snprintf(body, sizeof body, "{\"batch\":%d,\"expires\":%lld}", batch,
              (long long)c->pull_expires_ms * 1000000);
+    c->pull_serial = ++f->serial;
     snprintf(reply, sizeof reply, "%s.%u.%u.%u", t->inbox, c->part->topic->sub_id, c->part->n,
-             ++c->pull_serial);
+             c->pull_serial);
     if (natsConnection_PublishRequestString(t->nc, c->next_subj, reply, body) != NATS_OK)
         return;
     c->pull_left = (c->pull_open ? c->pull_left : 0) + batch;
@@ -83,6 +87,19 @@ static void tend(feeder *f, kb_nats_part *p, int64_t now)
             c->pull_open = false;   /* lost */
         pull(f, c, now);
     }
+}
+
+/* Every partition was just tended, so no partition feeds a fenced claim:
+ * mark those the feeder never looked at (fenced before it came by) as left
+ * too, or their rings are never freed and a hand-over waits for ever. */
+static void leave_fenced(kb_transport *t, kb_nats_topic *tp)
+{
+    for (uint32_t i = 0; i <= t->partitions; i++)
+        for (kb_nats_claim *c = atomic_load(i < t->partitions ? &tp->parts[i].claims
+                                                              : &tp->wide_claims);
+             c != NULL; c = c->next)
+            if (atomic_load(&c->fenced) && !atomic_load(&c->feeder_left))
+                atomic_store(&c->feeder_left, 1);
 }
 
 /* A status reply (408 expired, 404 nothing, 409 ...) closes its request. */
@@ -218,6 +235,22 @@ static void gap(feeder *f, kb_nats_claim *c, uint64_t from, uint64_t to)
            tp->stream);
 }
 
+/* The consumer's delivery sequence skipped: the server sent deliveries that
+ * never arrived (the connection broke with them on the wire). It counts them
+ * delivered and resends them only after AckWait, past newer events of their
+ * keys, so the claim stops here: nothing above what it had is acked (an
+ * AckAll would cover the lost ones), and the lease thread starts a new
+ * consumer at the ack floor, which delivers them again first, in order. */
+static void lost_in_transit(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
+{
+    atomic_store(&c->ack_limit, c->delivered_hi);
+    kb_log(f->t->bus, KB_LOG_WARNING,
+           "nats %s: consumer %s: deliveries %llu..%llu never arrived; restarting the partition "
+           "from its ack floor", f->t->url_safe, c->consumer, (unsigned long long)c->dseq_hi + 1,
+           (unsigned long long)meta->dseq - 1);
+    kb__nats_claim_reset(f->t, c);
+}
+
 /* Count the message against its pull and wait for room in the claim's ring;
  * false (message destroyed) for a redelivery of one still here, or when the
  * claim or the bus stopped. */
@@ -228,20 +261,27 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
     c->pull_expires_ms = t->fetch_expires_ms;
     if (c->pull_left > 0 && --c->pull_left == 0)
         c->pull_open = false;
+    if (meta->dseq > c->dseq_hi + 1 && !atomic_load(&c->fenced)) {
+        lost_in_transit(f, c, meta);
+        natsMsg_Destroy(m);
+        return false;
+    }
+    if (meta->dseq > c->dseq_hi)
+        c->dseq_hi = meta->dseq;
     if (meta->sseq <= c->delivered_hi) {
         natsMsg_Destroy(m);   /* redelivery of an event still in this process */
         return false;
     }
-    if (c->wide && meta->sseq > c->delivered_hi + 1)
-        gap(f, c, c->delivered_hi + 1, meta->sseq - 1);
     /* The ring is full only when the pulls overran it: wait for the acker
-     * to move the frontier (it notifies t->acked), or for stop. */
+     * to move the frontier (it notifies t->acked), or for a fence or stop. */
     ring_wait w = {t, c};
     if (!kb_signal_wait(t->acked, ring_room, &w, INT64_MAX) || atomic_load(&c->fenced) ||
         atomic_load(&t->stopping)) {
         natsMsg_Destroy(m);
         return false;
     }
+    if (c->wide && meta->sseq > c->delivered_hi + 1)
+        gap(f, c, c->delivered_hi + 1, meta->sseq - 1);
     return true;
 }
 
@@ -393,10 +433,14 @@ static void handle(feeder *f, natsMsg *m)
         natsMsg_Destroy(m);
         return;
     }
-    /* kb.<topic>.<n>; a wide claim also gets kb.<topic>.dlq */
+    /* kb.<topic>.<n>, n in decimal as keybus writes it; a wide claim also
+     * gets kb.<topic>.dlq and whatever else another client put there */
     const char *subj = natsMsg_GetSubject(m), *dot = strrchr(subj, '.');
-    char *end = NULL;
-    unsigned long n = dot ? strtoul(dot + 1, &end, 10) : 0;
+    const char *digits = dot ? dot + 1 : "";
+    size_t nd = strspn(digits, "0123456789");
+    unsigned long n = nd > 0 && nd <= 9 && digits[nd] == '\0' && (digits[0] != '0' || nd == 1)
+                          ? strtoul(digits, NULL, 10)
+                          : ULONG_MAX;
     kb_nats_topic *tp = dot != NULL && dot > subj + 3 && strncmp(subj, "kb.", 3) == 0
                             ? topic_of(f, subj + 3, (size_t)(dot - subj - 3))
                             : NULL;
@@ -404,7 +448,7 @@ static void handle(feeder *f, natsMsg *m)
         natsMsg_Destroy(m);
         return;
     }
-    if (end == dot + 1 || *end != '\0' || n >= f->t->partitions) {
+    if (n >= f->t->partitions) {
         unread_msg(f, tp, m, &meta);
         tend(f, &tp->parts[0], kb_now_ns());
         return;
@@ -429,13 +473,16 @@ static void *feed(void *arg)
         int64_t now = kb_now_ns();
         uint32_t rc = atomic_load(&t->reconnects);
         if (now >= next_scan || rc != reconnects) {
-            for (uint32_t id = 0; id < f->known; id++)
+            for (uint32_t id = 0; id < f->known; id++) {
+                kb_nats_topic *tp = f->by_id[id];
                 for (uint32_t i = 0; i < t->partitions; i++) {
-                    kb_nats_claim *c = f->by_id[id]->parts[i].feeding;
-                    if (c != NULL && rc != reconnects)
+                    kb_nats_claim *c = tp->parts[i].feeding;
+                    if (c != NULL && c->part == &tp->parts[i] && rc != reconnects)
                         c->pull_open = false;   /* requests do not survive a reconnect */
-                    tend(f, &f->by_id[id]->parts[i], now);
+                    tend(f, &tp->parts[i], now);
                 }
+                leave_fenced(t, tp);
+            }
             reconnects = rc;
             next_scan = now + KB_NATS_SCAN_NS;
         }

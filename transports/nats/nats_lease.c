@@ -289,12 +289,13 @@ static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev,
     return c;
 }
 
-static void drop(kb_nats_part *p)
+static void drop(kb_transport *t, kb_nats_part *p)
 {
     kb_nats_claim *c = atomic_load(&p->claim);
     if (c != NULL)
         atomic_store(&c->fenced, 1);
     atomic_store(&p->claim, NULL);
+    kb_signal_notify(t->acked);   /* a feeder waiting for room in its ring */
 }
 
 static bool acquire(kb_transport *t, kb_nats_part *p)
@@ -332,7 +333,7 @@ static void renewed(kb_transport *t, kb_nats_part *p, natsStatus s, uint64_t rev
     if (s == NATS_ERR || kb_now_ns() > p->lease_until_ns - margin) {
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: lease of %s lost (%s)", t->url_safe, p->subject,
                natsStatus_GetText(s));
-        drop(p);
+        drop(t, p);
         p->lease_rev = 0;
         p->releasing = false;
     }
@@ -356,9 +357,28 @@ static void part_keep(kb_transport *t, kb_nats_part *p)
     if (have && p->releasing)
         release_step(t, p);
     else if (have && !p->wanted) {
-        drop(p);
+        drop(t, p);
         p->releasing = true;
     }
+}
+
+/* A consumer is named after its lease revision. When a claim of that
+ * revision existed already (one reset while the lease stayed), the lease is
+ * renewed first for a new revision: a new consumer must never take over an
+ * earlier one's name, and with it its delivery state. */
+static bool fresh_revision(kb_transport *t, kb_nats_part *p, kb_nats_claim *earlier)
+{
+    bool used = false;
+    for (kb_nats_claim *c = earlier; c != NULL && !used; c = c->next)
+        used = c->rev == p->lease_rev;
+    if (!used)
+        return true;
+    uint64_t rev = 0;
+    if (kvStore_UpdateString(&rev, t->kv, p->lease_key, t->id, p->lease_rev) != NATS_OK)
+        return false;   /* next round: a renewal will tell whether it is still ours */
+    p->lease_rev = rev;
+    p->lease_until_ns = kb_now_ns() + t->lease_ttl_ms * 1000000;
+    return true;
 }
 
 /* Take the lease if wanted, and a claim when the lease has none. */
@@ -371,9 +391,10 @@ static void part_take(kb_transport *t, kb_nats_part *p, jsConsumerInfoList **lis
         have = acquire(t, p);
     kb_nats_claim *c = atomic_load(&p->claim);
     if (have && (c == NULL || atomic_load(&c->fenced)) &&
+        fresh_revision(t, p, atomic_load(&p->claims)) &&
         consumers_list(t, p->topic, list, listed)) {
         kb_nats_claim *nc = open_claim(t, p, p->lease_rev, *list);
-        drop(p);
+        drop(t, p);
         if (nc != NULL)
             atomic_store(&p->claim, nc);
     }
@@ -512,7 +533,8 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, jsConsumerInfoList **l
     for (uint32_t i = 0; i < t->partitions; i++)
         if (tp->parts[i].lease_rev == 0 && !acquire(t, &tp->parts[i]))
             return false;
-    if (!consumers_list(t, tp, list, listed))
+    if (!fresh_revision(t, &tp->parts[0], atomic_load(&tp->wide_claims)) ||
+        !consumers_list(t, tp, list, listed))
         return true;   /* next round */
     for (int i = 0; *list != NULL && i < (*list)->Count; i++)
         if (kb__nats_consumer_part(t, (*list)->List[i]->Name) >= 0)
@@ -525,8 +547,10 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, jsConsumerInfoList **l
         if (kb__nats_consumer_wide(t, name) && strcmp(name, w->consumer) != 0)
             js_DeleteConsumer(t->js, tp->stream, name, NULL, NULL);
     }
-    for (uint32_t i = 0; i < t->partitions; i++) {
-        drop(&tp->parts[i]);
+    /* partition 0 pulls for all: it learns of the claim last, so every
+     * partition knows it before its first message can come */
+    for (uint32_t i = t->partitions; i-- > 0;) {
+        drop(t, &tp->parts[i]);
         atomic_store(&tp->parts[i].claim, w);
     }
     return true;

@@ -177,6 +177,7 @@ int kb__nats_parse_ack(const char *reply, kb_nats_meta *out)
     out->consumer[len[c]] = '\0';
     out->delivered = strtoull(tok[c + 1], NULL, 10);
     out->sseq = strtoull(tok[c + 2], NULL, 10);
+    out->dseq = strtoull(tok[c + 3], NULL, 10);
     return out->sseq ? 0 : -1;
 }
 

@@ -24,6 +24,7 @@ int kb__nats_get_key(natsMsg *m, char *buf, size_t cap, const char **why);
 typedef struct kb_nats_meta {
     char consumer[176];
     uint64_t delivered, sseq;
+    uint64_t dseq;        /* the consumer's delivery sequence: +1 per delivery */
 } kb_nats_meta;
 /* 0, or -1 when `reply` is not a $JS.ACK subject (a status reply). */
 int kb__nats_parse_ack(const char *reply, kb_nats_meta *out);

@@ -69,6 +69,11 @@ typedef struct kb_nats_claim {
     _Atomic int feeder_left;       /* the feeder will not touch it again */
     _Atomic int freed;             /* ring freed by the acker */
     _Atomic uint64_t acked_to;     /* stream sequence of the last AckAll sent */
+    /* nothing above it is acked: a delivery after it was lost in transit
+     * (UINT64_MAX: none) */
+    _Atomic uint64_t ack_limit;
+    uint64_t scan_settled;         /* acker: `settled` at its last full scan (wide) */
+    bool ack_failed;               /* acker: an ack could not be sent (reconnecting) */
     /* wide claims: per partition, the sequence up to which its entries are
      * all acked (kb_drain), and the acker's scratch */
     _Atomic uint64_t *part_acked;
@@ -78,6 +83,7 @@ typedef struct kb_nats_claim {
     uint32_t nmarks;
     /* feeder only */
     uint64_t delivered_hi;         /* highest stream sequence handed to the sink */
+    uint64_t dseq_hi;              /* the consumer's last delivery sequence seen */
     bool pull_open;
     bool pull_got;                 /* a message came since the newest request */
     int pull_left;
