@@ -29,7 +29,7 @@ endfunction()
 
 # The contract suite as an application runs it: linked with libkeybus.so,
 # which the plugin (linked with the installed one, same soname) shares.
-add_executable(test_contract_shared test_contract.c support/tracker.c support/server.c)
+add_executable(test_contract_shared test_contract.c support/tracker.c support/server.c support/suite.c)
 target_include_directories(test_contract_shared PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(test_contract_shared PRIVATE keybus_shared PkgConfig::CMOCKA Threads::Threads)
 kb_plugin_test(contract_file test_contract_shared plugin ${KB_PLUGIN_SO}

@@ -31,7 +31,7 @@
 
 #include "support/bus.h"
 #include "support/gate.h"
-#include "support/server.h"
+#include "support/suite.h"
 
 #define PUBLISHERS 3
 #define RACERS (PUBLISHERS + 2)   /* + the flusher and the subscriber/reader */
@@ -291,20 +291,10 @@ int main(int argc, char **argv)
     if (argc > 1)
         kind = argv[1];
     local = strcmp(kind, "mem") == 0;
-    if (!local) {
-        if (kb_test_server_start(&server, kind, NULL) != 0) {
-            fprintf(stderr, "cannot start %s server\n", kind);
-            return 1;
-        }
-        snprintf(url, sizeof url, "%s", server.url);
-    }
+    if (kb_test_broker_for(kind, &server, url, sizeof url) != 0)
+        return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(close_races_every_call),
     };
-    char group[64];
-    snprintf(group, sizeof group, "close_race/%s", kind);
-    int failed = _cmocka_run_group_tests(group, tests, 1, NULL, NULL);
-    if (server.pid > 0)
-        kb_test_server_stop(&server);
-    return failed;
+    return kb_test_run_group("close_race", kind, tests, 1, &server);
 }

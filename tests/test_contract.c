@@ -20,7 +20,7 @@
 
 #include <keybus/keybus.h>
 
-#include "support/server.h"
+#include "support/suite.h"
 #include "support/tracker.h"
 
 static const char *kind = "mem";
@@ -537,12 +537,8 @@ int main(int argc, char **argv)
         }
         plugin = argv[2];
         snprintf(url, sizeof url, "%s", argv[3]);
-    } else if (strcmp(kind, "mem") != 0) {
-        if (kb_test_server_start(&server, kind, NULL) != 0) {
-            fprintf(stderr, "cannot start %s server\n", kind);
-            return 1;
-        }
-        snprintf(url, sizeof url, "%s", server.url);
+    } else if (kb_test_broker_for(kind, &server, url, sizeof url) != 0) {
+        return 1;
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(order_and_no_loss),

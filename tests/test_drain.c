@@ -34,7 +34,7 @@
 
 #include "support/bus.h"
 #include "support/gate.h"
-#include "support/server.h"
+#include "support/suite.h"
 
 #define KEYS 10
 #define EXIT_BOUND_MS 30000   /* generous: the drain deadline is 10 s */
@@ -471,23 +471,13 @@ int main(int argc, char **argv)
     if (argc > 1)
         kind = argv[1];
     local = strcmp(kind, "mem") == 0;
-    if (!local) {
-        if (kb_test_server_start(&server, kind, NULL) != 0) {
-            fprintf(stderr, "cannot start %s server\n", kind);
-            return 1;
-        }
-        snprintf(url, sizeof url, "%s", server.url);
-    }
+    if (kb_test_broker_for(kind, &server, url, sizeof url) != 0)
+        return 1;
     setenv("KEYBUS_TRANSPORT", url, 1);   /* the children's transport */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(produce_then_consume_round_trip),
         cmocka_unit_test(cli_consume_drains_on_sigterm),
         cmocka_unit_test(example_drains_on_sigterm),
     };
-    char group[64];
-    snprintf(group, sizeof group, "drain/%s", kind);
-    int failed = _cmocka_run_group_tests(group, tests, 3, NULL, NULL);
-    if (server.pid > 0)
-        kb_test_server_stop(&server);
-    return failed;
+    return kb_test_run_group("drain", kind, tests, 3, &server);
 }

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "support/server.h"
+#include "support/suite.h"
 
 static const char *kind = "mem";
 static char url[160] = "mem://";
@@ -46,20 +46,10 @@ int main(int argc, char **argv)
     static kb_test_server server;
     if (argc > 1)
         kind = argv[1];
-    if (strcmp(kind, "mem") != 0) {
-        if (kb_test_server_start(&server, kind, NULL) != 0) {
-            fprintf(stderr, "cannot start %s server\n", kind);
-            return 1;
-        }
-        snprintf(url, sizeof url, "%s", server.url);
-    }
+    if (kb_test_broker_for(kind, &server, url, sizeof url) != 0)
+        return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hello_prints_the_same_everywhere),
     };
-    char group[64];
-    snprintf(group, sizeof group, "examples/%s", kind);
-    int failed = _cmocka_run_group_tests(group, tests, 1, NULL, NULL);
-    if (server.pid > 0)
-        kb_test_server_stop(&server);
-    return failed;
+    return kb_test_run_group("examples", kind, tests, 1, &server);
 }

@@ -15,7 +15,7 @@
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 
-#include "support/server.h"
+#include "support/suite.h"
 #include "support/tracker.h"
 
 static kb_test_server server;
@@ -301,7 +301,7 @@ static void stream_limits_trim_unread(void **state)
     assert_int_equal(natsConnection_ConnectTo(&nc, server.url), NATS_OK);
     assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
     char stream[64];
-    snprintf(stream, sizeof stream, "KB_interop_trim_%08x", kb_fnv1a32(topic, strlen(topic)));
+    kb_test_nats_stream(topic, stream, sizeof stream);
     jsStreamInfo *si = NULL;
     assert_int_equal(js_GetStreamInfo(&si, js, stream, NULL, NULL), NATS_OK);
     si->Config->MaxMsgs = 10;

@@ -19,7 +19,7 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
-#include "support/server.h"
+#include "support/suite.h"
 
 static kb_test_server server;
 
@@ -40,16 +40,6 @@ static bool wait_post(sem_t *s)
         if (errno != EINTR)
             return false;
     return true;
-}
-
-static void stream_of(const char *topic, char *buf, size_t len)
-{
-    int n = snprintf(buf, len, "KB_%s", topic);
-    for (int i = 3; i < n; i++)
-        if (buf[i] == '.')
-            buf[i] = '_';
-    size_t o = strlen(buf);
-    snprintf(buf + o, len - o, "_%08x", kb_fnv1a32(topic, strlen(topic)));
 }
 
 static void subject_of(const char *topic, const char *key, char *buf, size_t len)
@@ -215,7 +205,7 @@ static void keybus_headers_seen_by_another_client(void **state)
     assert_int_equal(natsConnection_ConnectTo(&nc, server.url), NATS_OK);
     assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
     char stream[160], subj[128];
-    stream_of(topic, stream, sizeof stream);
+    kb_test_nats_stream(topic, stream, sizeof stream);
     subject_of(topic, key, subj, sizeof subj);
     natsMsg *m = NULL;
     jsErrCode jerr = 0;

@@ -23,7 +23,7 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
-#include "support/server.h"
+#include "support/suite.h"
 #include "support/tracker.h"
 
 #define EVENTS 10
@@ -121,11 +121,7 @@ static void thousand_topics(void **state)
 static void consumers_of(jsCtx *js, const char *topic, int *all, int *wide)
 {
     char stream[128];
-    int n = snprintf(stream, sizeof stream, "KB_%s", topic);
-    for (int i = 3; i < n; i++)
-        if (stream[i] == '.')
-            stream[i] = '_';
-    snprintf(stream + n, sizeof stream - (size_t)n, "_%08x", kb_fnv1a32(topic, strlen(topic)));
+    kb_test_nats_stream(topic, stream, sizeof stream);
     jsConsumerInfoList *l = NULL;
     *all = *wide = 0;
     if (js_Consumers(&l, js, stream, NULL, NULL) != NATS_OK)
