@@ -2,7 +2,7 @@
  * print events as the handler takes them, until COUNT were handled or a
  * signal arrives; then kb_close stops intake, handles (and prints) what this
  * process already holds, acks it and leaves the rest to the group. */
-#include "stream.h"
+#include "command.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -2,7 +2,7 @@
  * stdin, KEY DELIM PAYLOAD (the first DELIM splits; the payload may hold
  * more). A signal stops reading; the complete lines already read are still
  * published, then everything is flushed within the deadline. */
-#include "stream.h"
+#include "command.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include <keybus/transport.h>   /* kb_errf */
+
+#include "text.h"
 
 #define READ_CHUNK 65536
 

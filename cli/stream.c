@@ -12,6 +12,8 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include "text.h"
+
 unsigned long kb_cli_count(const char *s, unsigned long max)
 {
     size_t n = strspn(s, "0123456789");
@@ -84,12 +86,6 @@ int kb_cli_stream_args(int argc, char **argv, struct kb_cli_stream *s)
         return KB_CLI_EXIT_USAGE;
     }
     return KB_CLI_EXIT_OK;
-}
-
-void kb_cli_report(const char *cmd, int rc)
-{
-    if (rc != KB_OK)
-        fprintf(stderr, "keybus %s: %s: %s\n", cmd, kb_strerror(rc), kb_last_error());
 }
 
 /* The exit status for how the command and kb_close ended. */

@@ -3,29 +3,7 @@
 #ifndef KB_CLI_STREAM_H
 #define KB_CLI_STREAM_H
 
-#include <stdbool.h>
-
-#include <keybus/keybus.h>
-
-/* Exit statuses of both commands (docs/cli.md). */
-enum {
-    KB_CLI_EXIT_OK = 0,        /* input or count done, or a signal: drained, closed */
-    KB_CLI_EXIT_ERROR = 1,     /* the library failed (text on stderr); produce: bad lines */
-    KB_CLI_EXIT_USAGE = 2,
-    KB_CLI_EXIT_DEADLINE = 3,  /* the --timeout-ms deadline cut the flush or drain short */
-};
-
-#define KB_CLI_TIMEOUT_MS 10000   /* default --timeout-ms */
-
-struct kb_cli_stream {
-    bool consume;
-    const char *topic;
-    const char *delim;         /* produce -K (default a tab) */
-    const char *group;         /* consume -g (NULL: the `group` key) */
-    unsigned long count;       /* consume -n (0: until a signal) */
-    bool json;                 /* consume --json */
-    int timeout_ms;            /* flush and close deadline */
-};
+#include "command.h"
 
 /* A strictly decimal number in 1..max, or 0. */
 unsigned long kb_cli_count(const char *s, unsigned long max);
@@ -36,16 +14,5 @@ int kb_cli_stream_args(int argc, char **argv, struct kb_cli_stream *s);
 
 /* Run the command on a bus opened from `c` (taken); the exit status. */
 int kb_cli_stream_run(kb_conf *c, const struct kb_cli_stream *s);
-
-/* The two commands, on an open bus they close (kb_close's result in
- * *closed); `stop` is a signalfd for SIGINT and SIGTERM. KB_OK, or the code
- * that ended them (text in kb_last_error). They print their final count on
- * stderr. */
-int kb_cli_produce(kb_bus *b, const struct kb_cli_stream *s, int stop, int *closed);
-int kb_cli_consume(kb_bus *b, const struct kb_cli_stream *s, int stop, int *closed);
-
-/* "keybus CMD: CLASS: text" on stderr when rc is not KB_OK; call it before
- * kb_close, whose own failure would replace kb_last_error's text. */
-void kb_cli_report(const char *cmd, int rc);
 
 #endif /* KB_CLI_STREAM_H */

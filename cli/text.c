@@ -105,3 +105,9 @@ void kb_cli_json_bytes(FILE *out, const char *name, const void *data, size_t len
         fputc('"', out);
     }
 }
+
+void kb_cli_report(const char *cmd, int rc)
+{
+    if (rc != KB_OK)
+        fprintf(stderr, "keybus %s: %s: %s\n", cmd, kb_strerror(rc), kb_last_error());
+}

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include <keybus/keybus.h>
+
 /* `\\` for a backslash, `\n`, `\r`, `\t`, and `\xNN` for every other control
  * byte (below 0x20, 0x7f), for the bytes of invalid UTF-8 and for the C1
  * controls U+0080..U+009F; valid UTF-8 text passes unchanged. */
@@ -18,5 +20,9 @@ void kb_cli_json_string(FILE *out, const void *data, size_t len);
 /* `"name":"..."` for bytes that are valid UTF-8, else `"name_base64":"..."`
  * (RFC 4648 base64): binary keys and payloads survive exactly. */
 void kb_cli_json_bytes(FILE *out, const char *name, const void *data, size_t len);
+
+/* "keybus CMD: CLASS: text" on stderr when rc is not KB_OK; call it before
+ * kb_close, whose own failure would replace kb_last_error's text. */
+void kb_cli_report(const char *cmd, int rc);
 
 #endif /* KB_CLI_TEXT_H */
