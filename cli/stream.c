@@ -12,8 +12,6 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
-#include "text.h"
-
 unsigned long kb_cli_count(const char *s, unsigned long max)
 {
     size_t n = strspn(s, "0123456789");
