@@ -123,6 +123,10 @@ static struct kb_topic *find_topic(kb_bus *b, const char *name)
  * KB_ECLOSED at once, the text saying so in errstr and kb_last_error). A
  * mutex, not atomics: kb_close may free the bus as soon as the last call has
  * left, so leaving must touch nothing after the wake-up that allows it. */
+/* Gated calls this thread is inside (a dead-letter or log callback may call
+ * keybus again): kb_close from there would wait for itself. */
+static _Thread_local int gate_depth;
+
 static bool gate_enter(kb_bus *b, const char *who, char *errstr, size_t errlen)
 {
     pthread_mutex_lock(&b->gate_lock);
@@ -131,23 +135,32 @@ static bool gate_enter(kb_bus *b, const char *who, char *errstr, size_t errlen)
     pthread_mutex_unlock(&b->gate_lock);
     if (!open)
         kb_errf(errstr, errlen, "%s: bus is closing", who);
+    gate_depth += open;
     return open;
 }
 
 static void gate_leave(kb_bus *b)
 {
+    gate_depth--;
     pthread_mutex_lock(&b->gate_lock);
     if (--b->calls == 0 && atomic_load_explicit(&b->closing, memory_order_relaxed))
         pthread_cond_broadcast(&b->gate_left);
     pthread_mutex_unlock(&b->gate_lock);
 }
 
-/* kb_close: no call enters from now on; the ones inside are waited for. */
-static void gate_close(kb_bus *b)
+/* kb_close: no call enters from now on; the ones inside are waited for.
+ * False when another kb_close got here first. */
+static bool gate_close(kb_bus *b)
 {
     pthread_mutex_lock(&b->gate_lock);
-    atomic_store_explicit(&b->closing, 1, memory_order_seq_cst);
+    bool first = !atomic_exchange_explicit(&b->closing, 1, memory_order_seq_cst);
     pthread_mutex_unlock(&b->gate_lock);
+    return first;
+}
+
+int kb_bus_closing(const kb_bus *b)
+{
+    return atomic_load_explicit(&b->closing, memory_order_acquire);
 }
 
 static void gate_wait_empty(kb_bus *b)
@@ -855,13 +868,21 @@ int kb_close(kb_bus *b, int timeout_ms)
         kb_errf(NULL, 0, "kb_close: called from a handler; close the bus from another thread");
         return KB_EINVAL;
     }
+    if (gate_depth > 0) {
+        kb_errf(NULL, 0, "kb_close: called inside another keybus call on this thread (a "
+                "callback); it would wait for that call");
+        return KB_EINVAL;
+    }
     int64_t deadline = kb__deadline_ns(timeout_ms);
     struct cds_lfht_iter it;
     struct kb_topic *t;
 
     /* 1. No new calls or publishes; wake flushers, and publishers and feeders
      *    blocked on full lanes. */
-    gate_close(b);
+    if (!gate_close(b)) {
+        kb_errf(NULL, 0, "kb_close: the bus is already being closed by another thread");
+        return KB_ECLOSED;
+    }
     kb__signal_notify(&b->sched->progress);
     shutdown_pools(b);
     /* 2. Every call in progress has left: the gated ones (a subscribe may

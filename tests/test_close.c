@@ -265,6 +265,45 @@ static void publish_after_close_started_is_refused(void **state)
     assert_int_equal(s.handled, 1);
 }
 
+static int dead_at_once(const kb_event *ev, void *opaque)
+{
+    (void)ev;
+    (void)opaque;
+    return KB_DEAD;
+}
+
+struct inner_close {
+    kb_bus *b;
+    int rc;
+    char why[200];
+};
+
+static int close_from_callback(const kb_dead_letter *dl, void *opaque)
+{
+    struct inner_close *ic = opaque;
+    (void)dl;
+    ic->rc = kb_close(ic->b, 1000);
+    snprintf(ic->why, sizeof ic->why, "%s", kb_last_error());
+    return 1;
+}
+
+/* kb_close from a callback inside another keybus call (here kb_dead_letters)
+ * would wait for that call: KB_EINVAL at once, saying why; the bus stays
+ * usable and closes normally afterwards. */
+static void close_inside_a_callback_is_refused(void **state)
+{
+    (void)state;
+    kb_bus *b = open_bus("64", "100");
+    assert_int_equal(kb_subscribe(b, "t", dead_at_once, NULL), KB_OK);
+    assert_int_equal(kb_publish(b, "t", "k", 1, "x", 1), KB_OK);
+    assert_int_equal(kb_drain(b, 10000), KB_OK);
+    struct inner_close ic = {.b = b, .rc = -1};
+    assert_int_equal(kb_dead_letters(b, "t", NULL, 10, close_from_callback, &ic), KB_OK);
+    assert_int_equal(ic.rc, KB_EINVAL);
+    assert_non_null(strstr(ic.why, "inside another keybus call"));
+    assert_int_equal(kb_close(b, 1000), KB_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -275,6 +314,7 @@ int main(void)
         cmocka_unit_test(publish_after_close_started_is_refused),
         cmocka_unit_test(close_deadline_cuts_the_lookahead_short),
         cmocka_unit_test(close_and_flush_from_a_handler_are_refused),
+        cmocka_unit_test(close_inside_a_callback_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

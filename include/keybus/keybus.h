@@ -10,7 +10,9 @@
  *     concurrently with any other "any" call on the same object.
  *   - Closing: every call that takes a kb_bus, or a kb_topic of it, may run
  *     concurrently with kb_close on that bus. A call that begins once kb_close
- *     has begun returns KB_ECLOSED (kb_topic_get: NULL), its text saying so;
+ *     has begun returns KB_ECLOSED (kb_topic_get: NULL), its text saying so,
+ *     unless its arguments are wrong first (KB_EINVAL, or KB_ENOTFOUND for a
+ *     mem:// topic nobody subscribed);
  *     kb_close waits for the calls already in progress to return before it
  *     frees anything. A call that begins after kb_close has *returned* is
  *     undefined behaviour (use after free), even one a thread was about to
@@ -126,17 +128,19 @@ KB_EXPORT void kb_conf_destroy(kb_conf *c);
 KB_EXPORT kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen);
 
 /* Stop intake (every call that begins from now on returns KB_ECLOSED, see
- * "Closing" at the top; publishers blocked on a full lane and kb_flush
- * waiting on mem:// or in a broker's flush wake with KB_ECLOSED), wait for
- * the calls in progress on other threads to return (kb_drain on a broker,
- * kb_stats and the dead-letter calls finish their round trips, bounded by
- * their own timeouts), handle what is queued until `timeout_ms` (< 0: no
- * deadline), ack what was handled, leave the rest unacked on brokers, stop
- * threads, free everything.
+ * "Closing" at the top; publishers blocked on a full mem:// lane, kb_flush
+ * and kb_drain wake with KB_ECLOSED), wait for the calls in progress on
+ * other threads to return (kb_stats and the dead-letter calls finish their
+ * round trips, bounded by their own timeouts; a broker publisher waiting for
+ * room in the backlog waits up to pool.enqueue_timeout_ms), handle what is
+ * queued until `timeout_ms` (< 0: no deadline), ack what was handled, leave
+ * the rest unacked on brokers, stop threads, free everything.
  * Returns KB_ETIMEDOUT when the deadline cut the drain short, or the
  * transport's error (KB_ETRANSPORT, text in kb_last_error) when events that
  * kb_publish accepted could not be sent to the broker. Call once, from a
- * thread that is not a handler; `b` is invalid afterwards. */
+ * thread that is not a handler and not inside another keybus call (a
+ * dead-letter or log callback): KB_EINVAL there; a second kb_close racing
+ * the first returns KB_ECLOSED. `b` is invalid afterwards. */
 KB_EXPORT int kb_close(kb_bus *b, int timeout_ms);
 
 /* Metadata carried beside the payload (Kafka headers, CloudEvents attributes,
@@ -257,9 +261,9 @@ KB_EXPORT int kb_flush(kb_bus *b, int timeout_ms);
  * processes, and for a consumer to exist). Use kb_flush to know events are
  * safely stored, kb_drain to know they were processed (tests, batch jobs,
  * a clean hand-over before exit). KB_ETIMEDOUT at the deadline (< 0: none);
- * KB_ECLOSED when kb_close has begun (mem://: also when it begins during the
- * wait; a broker's kb_drain in progress finishes first, and kb_close waits for
- * it); KB_EINVAL from a handler. Thread: any but a handler. */
+ * KB_ECLOSED when kb_close has begun, also when it begins during the wait
+ * (this process will handle nothing more: waiting on could only hold
+ * kb_close up); KB_EINVAL from a handler. Thread: any but a handler. */
 KB_EXPORT int kb_drain(kb_bus *b, int timeout_ms);
 
 /* ---------------------------------------------------------------------------

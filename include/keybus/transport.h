@@ -242,6 +242,11 @@ KB_EXPORT int64_t kb_deadline_ns(int timeout_ms);
  * INT64_MAX (none). For APIs that take a timeout. */
 KB_EXPORT int kb_deadline_left_ms(int64_t deadline_ns);
 
+/* Non-zero once kb_close has begun on `b`. A transport's long waits that
+ * serve an application call (kb_drain's) end then with KB_ECLOSED, so
+ * kb_close is not held by them. Thread: any, while the bus exists. */
+KB_EXPORT int kb_bus_closing(const kb_bus *b);
+
 /* Start a thread named `name` (at most 15 characters: "kb-<scheme>-<job>"),
  * with the process's signals blocked in it. Returns
  * KB_OK or KB_ENOMEM (errno from pthread_create in the text). */

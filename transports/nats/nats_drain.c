@@ -70,6 +70,8 @@ static int drain_topic(kb_transport *t, kb_nats_topic *tp, uint64_t *target, int
     drain_wait w = {t, tp, target};
     int64_t poll_ms = 2;
     for (;;) {
+        if (kb_bus_closing(t->bus))
+            return KB_ECLOSED;   /* kb_close waits for this call: end it */
         int rc = poll_floors(t, tp, target);
         if (rc != KB_OK && rc != KB_ETIMEDOUT)
             return rc;
@@ -82,10 +84,24 @@ static int drain_topic(kb_transport *t, kb_nats_topic *tp, uint64_t *target, int
     }
 }
 
+/* Sent and stored (the targets are then known), in slices: kb_close ends
+ * it (KB_ECLOSED), since the drain holds kb_close up until it returns. */
+static int settle(kb_transport *t, int64_t deadline)
+{
+    for (;;) {
+        int64_t slice = kb_now_ns() + 100000000;
+        int rc = kb__nats_flush_until(t, slice < deadline ? slice : deadline);
+        if (rc != KB_ETIMEDOUT || kb_now_ns() >= deadline)
+            return rc;
+        if (kb_bus_closing(t->bus))
+            return KB_ECLOSED;
+    }
+}
+
 int kb__nats_drain(kb_transport *t, int timeout_ms)
 {
     int64_t deadline = kb_deadline_ns(timeout_ms);
-    int rc = kb__nats_flush(t, timeout_ms);   /* sent and stored: the targets are known */
+    int rc = settle(t, deadline);
     if (rc != KB_OK)
         return rc;
     uint64_t *target = calloc(t->partitions, sizeof *target);

@@ -112,10 +112,24 @@ static int keeper_settled_more(void *arg)
     return atomic_load(&s->t->settle_rounds) != s->rounds;
 }
 
+/* kb_flush's wait, in slices: kb_close ends it (KB_ECLOSED), since the
+ * drain holds kb_close up until it returns. */
+static int settle(kb_transport *t, int64_t deadline)
+{
+    for (;;) {
+        int64_t slice = kb_now_ns() + 100000000;
+        int rc = kb__redis_pub_settle(t, slice < deadline ? slice : deadline, "kb_drain");
+        if (rc != KB_ETIMEDOUT || kb_now_ns() >= deadline)
+            return rc;
+        if (kb_bus_closing(t->bus))
+            return KB_ECLOSED;
+    }
+}
+
 int kb__redis_drain(kb_transport *t, int timeout_ms)
 {
     int64_t deadline = kb_deadline_ns(timeout_ms);
-    int rc = kb__redis_pub_settle(t, deadline, "kb_drain");
+    int rc = settle(t, deadline);
     if (rc != KB_OK)
         return rc;
     size_t n;
@@ -126,6 +140,10 @@ int kb__redis_drain(kb_transport *t, int timeout_ms)
     }
     int wait_ms = POLL_MIN_MS;
     while (n > 0) {
+        if (kb_bus_closing(t->bus)) {
+            rc = KB_ECLOSED;   /* its own events will not be handled here now */
+            break;
+        }
         /* acks this process sends wake the wait below: this one handles
          * them; consumers elsewhere are polled with a capped backoff */
         since s = {t, atomic_load(&t->settle_rounds)};
