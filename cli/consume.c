@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -21,8 +22,10 @@
 struct consumer {
     const struct kb_cli_stream *s;
     uint32_t partitions;       /* the topic's broker partitions; 0: none (mem://) */
-    int count_reached;         /* eventfd the handler writes once COUNT were handled */
+    int count_reached;         /* eventfd the handler writes once COUNT were handled, or
+                                  output failed */
     _Atomic uint64_t handled;
+    _Atomic int out_errno;     /* stdout failed (a closed pipe, a full disk): stop */
 };
 
 /* The event's partition as text: the key's, or `none` without partitions. */
@@ -70,8 +73,17 @@ static int on_event(const kb_event *ev, void *opaque)
         print_json(c, ev);
     else
         print_text(c, ev);
-    fflush(stdout);
+    bool failed = fflush(stdout) != 0 || ferror(stdout);
+    int err = errno;
     funlockfile(stdout);
+    if (failed) {
+        /* Not printed, so not handled: it stays unacked (the main thread
+         * closes at once, before a retry could run out its attempts). */
+        int none = 0;
+        if (atomic_compare_exchange_strong(&c->out_errno, &none, err ? err : EIO))
+            eventfd_write(c->count_reached, 1);
+        return KB_RETRY;
+    }
     uint64_t n = atomic_fetch_add(&c->handled, 1) + 1;
     if (n == c->s->count)
         eventfd_write(c->count_reached, 1);
@@ -82,8 +94,9 @@ int kb_cli_consume(kb_bus *b, const struct kb_cli_stream *s, int stop, int *clos
 {
     struct consumer c = {.s = s};
     kb_topic_stats st;
-    if (kb_stats(b, s->topic, &st) == KB_OK)   /* mem://: unknown here, no partitions */
-        c.partitions = st.partitions;
+    memset(&st, 0, sizeof st);
+    kb_stats(b, s->topic, &st);   /* a topic not yet written still has its partitions; mem: 0 */
+    c.partitions = st.partitions;
     if ((c.count_reached = eventfd(0, EFD_CLOEXEC)) < 0) {
         kb_errf(NULL, 0, "eventfd: %s", strerror(errno));
         kb_cli_report("consume", KB_ENOMEM);
@@ -99,10 +112,15 @@ int kb_cli_consume(kb_bus *b, const struct kb_cli_stream *s, int stop, int *clos
         if (poll(pf, 2, -1) > 0 || errno != EINTR)
             break;   /* a signal, or COUNT handled: kb_close drains the rest */
     }
+    int out_errno = atomic_load(&c.out_errno);
+    if (rc == KB_OK && out_errno != 0) {
+        kb_errf(NULL, 0, "writing to stdout: %s", strerror(out_errno));
+        rc = KB_ETRANSPORT;
+    }
     kb_cli_report("consume", rc);
     /* kb_close runs the handler for what this process still holds: `c`
-     * lives until it returns. */
-    *closed = kb_close(b, s->timeout_ms);
+     * lives until it returns. Output failed: handle nothing more. */
+    *closed = kb_close(b, out_errno != 0 ? 0 : s->timeout_ms);
     fprintf(stderr, "keybus consume: %llu events handled\n",
             (unsigned long long)atomic_load(&c.handled));
     close(c.count_reached);

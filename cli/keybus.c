@@ -10,9 +10,10 @@
  *                                              [--timeout-ms MS]
  * Arguments are checked before the bus opens: usage and exit 2 for bad ones,
  * exit 1 for an error of the library (its class and reason on stderr), 3 when
- * produce's or consume's drain missed its deadline (cli/stream.h). Text
+ * produce's or consume's drain missed its deadline (cli/command.h). Text
  * output escapes control characters (cli/text.h); JSON output is exact. */
 #include <getopt.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -235,6 +236,9 @@ static int stream_main(int argc, char **argv, const struct setting *set, int nse
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    /* A closed pipe (stdout, a broker's socket) is an error to report, not
+     * a silent death */
+    signal(SIGPIPE, SIG_IGN);
     struct setting *set = calloc((size_t)argc + 1, sizeof *set);
     if (set == NULL)
         return 1;

@@ -50,10 +50,12 @@ static int produce_line(struct producer *p, const char *line, size_t len, int st
             return KB_OK;
         }
         /* a full backlog: the transport said so after its own wait; try
-         * again unless a signal asks to stop */
+         * again unless a signal asks to stop (KB_ECLOSED: stopped) */
         struct pollfd pf = {.fd = stop, .events = POLLIN};
-        if (rc != KB_EFULL || poll(&pf, 1, 0) > 0)
+        if (rc != KB_EFULL)
             return rc;
+        if (poll(&pf, 1, 0) > 0)
+            return KB_ECLOSED;
     }
 }
 
@@ -82,6 +84,8 @@ static int read_input(struct producer *p, int stop)
         if (poll(pf, 2, -1) < 0) {
             if (errno == EINTR)
                 continue;
+            kb_errf(NULL, 0, "waiting for input: %s", strerror(errno));
+            rc = KB_ETRANSPORT;
             break;
         }
         if (pf[0].revents & POLLIN)
@@ -98,7 +102,12 @@ static int read_input(struct producer *p, int stop)
         ssize_t n = read(0, buf + len, cap - len);
         if (n < 0 && errno == EINTR)
             continue;
-        if (n <= 0) {   /* EOF (or a read error): a last line without its newline */
+        if (n < 0) {
+            kb_errf(NULL, 0, "reading stdin: %s", strerror(errno));
+            rc = KB_ETRANSPORT;
+            break;
+        }
+        if (n == 0) {   /* EOF: a last line without its newline */
             if (len > 0)
                 rc = produce_line(p, buf, len, stop);
             break;
@@ -109,7 +118,7 @@ static int read_input(struct producer *p, int stop)
     free(buf);
     if (rc == KB_ENOMEM)
         kb_errf(NULL, 0, "out of memory for an input line");
-    return rc;
+    return rc == KB_ECLOSED ? KB_OK : rc;   /* a signal while the backlog was full */
 }
 
 int kb_cli_produce(kb_bus *b, const struct kb_cli_stream *s, int stop, int *closed)

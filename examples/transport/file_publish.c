@@ -82,5 +82,7 @@ int kb__file_drain(kb_transport *t, int timeout_ms)
             return KB_OK;
         if (kb_now_ns() >= deadline)
             return KB_ETIMEDOUT;
+        if (kb_bus_closing(t->bus))
+            return KB_ECLOSED;   /* kb_close waits for this call: end it */
     }
 }
