@@ -179,6 +179,21 @@ static void nap(kb_transport *t, int64_t until)
         woken(t);
 }
 
+/* Does the server take writes on this new connection? A server still
+ * loading its data answers LOADING to an XADD while it loads, then stores
+ * the ones pipelined after it: resending that XADD would put it behind
+ * them. So nothing is resent before a probe (a read, which loading refuses
+ * too) is answered; until then the connection is dropped and tried again. */
+static bool serving(kb_transport *t, redisContext *c)
+{
+    redisReply *r = redisCommand(c, "EXISTS %s", "kb:probe");
+    bool ok = r != NULL && !(r->type == REDIS_REPLY_ERROR && transient(r));
+    if (!ok)
+        lose(t, r != NULL ? r->str : c->errstr[0] ? c->errstr : "connection closed");
+    freeReplyObject(r);
+    return ok;
+}
+
 /* A connection, or NULL while there is nothing to send or it is down. */
 static redisContext *connection(kb_transport *t)
 {
@@ -194,6 +209,8 @@ static redisContext *connection(kb_transport *t)
     }
     t->pub.deadline_ns = atomic_load(&t->sender_deadline_ns);   /* close bounds connects */
     redisContext *c = kb__redis_conn_get(&t->pub, NULL, 0);
+    if (c != NULL && !serving(t, c))
+        return NULL;
     if (c != NULL) {
         pthread_mutex_lock(&t->pub_lock);
         t->backlog.sent = t->backlog.head;   /* the unconfirmed ones first, in order */
