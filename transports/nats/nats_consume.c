@@ -4,7 +4,6 @@
  * hands messages to the sinks in stream order. Threads and subscriptions do
  * not grow with the number of topics. nats.c's Fetch is not used: see
  * docs/transports-nats.md for its 3.4.1 bugs. */
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -436,11 +435,7 @@ static void handle(feeder *f, natsMsg *m)
     /* kb.<topic>.<n>, n in decimal as keybus writes it; a wide claim also
      * gets kb.<topic>.dlq and whatever else another client put there */
     const char *subj = natsMsg_GetSubject(m), *dot = strrchr(subj, '.');
-    const char *digits = dot ? dot + 1 : "";
-    size_t nd = strspn(digits, "0123456789");
-    unsigned long n = nd > 0 && nd <= 9 && digits[nd] == '\0' && (digits[0] != '0' || nd == 1)
-                          ? strtoul(digits, NULL, 10)
-                          : ULONG_MAX;
+    long n = dot != NULL ? kb__nats_part_token(f->t, dot + 1) : -1;
     kb_nats_topic *tp = dot != NULL && dot > subj + 3 && strncmp(subj, "kb.", 3) == 0
                             ? topic_of(f, subj + 3, (size_t)(dot - subj - 3))
                             : NULL;
@@ -448,7 +443,7 @@ static void handle(feeder *f, natsMsg *m)
         natsMsg_Destroy(m);
         return;
     }
-    if (n >= f->t->partitions) {
+    if (n < 0) {
         unread_msg(f, tp, m, &meta);
         tend(f, &tp->parts[0], kb_now_ns());
         return;

@@ -33,14 +33,21 @@ void kb__nats_stream_name(char *buf, size_t len, const char *topic)
     snprintf(buf + o, len - o, "_%08x", kb_fnv1a32(topic, strlen(topic)));
 }
 
+long kb__nats_part_token(const kb_transport *t, const char *s)
+{
+    size_t n = strspn(s, "0123456789");
+    if (n == 0 || n > 9 || s[n] != '\0' || (s[0] == '0' && n > 1))
+        return -1;   /* not as keybus writes it: no sign, blank or leading zero */
+    unsigned long v = strtoul(s, NULL, 10);
+    return v < t->partitions ? (long)v : -1;
+}
+
 long kb__nats_subject_part(const kb_transport *t, const char *topic, const char *subj)
 {
     size_t tl = strlen(topic);
     if (strncmp(subj, "kb.", 3) != 0 || strncmp(subj + 3, topic, tl) != 0 || subj[3 + tl] != '.')
         return -1;
-    char *end = NULL;
-    unsigned long n = strtoul(subj + 4 + tl, &end, 10);
-    return end != subj + 4 + tl && *end == '\0' && n < t->partitions ? (long)n : -1;
+    return kb__nats_part_token(t, subj + 4 + tl);
 }
 
 /* s is one or more decimal digits and nothing else. */

@@ -14,6 +14,9 @@ int kb__nats_errf(const char *what, natsStatus s, jsErrCode jerr);
 const char *kb__nats_reason(natsStatus s);
 /* Stream names may not hold '.': KB_<topic, dots as '_'>_<fnv1a32 of the topic>. */
 void kb__nats_stream_name(char *out, size_t len, const char *topic);
+/* The partition a subject's last token names (decimal as keybus writes it,
+ * below nats.partitions), or -1: one rule for what is a partition subject. */
+long kb__nats_part_token(const kb_transport *t, const char *s);
 /* Partition of a partition subject kb.<topic>.<n>, or -1 (the dead letters,
  * another topic). */
 long kb__nats_subject_part(const kb_transport *t, const char *topic, const char *subj);

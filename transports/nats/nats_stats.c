@@ -29,16 +29,14 @@ static int subject_counts(kb_transport *t, kb_nats_topic *tp, long only, uint64_
     if (s != NATS_OK)
         return kb__nats_errf(tp->stream, s, jerr);
     *msgs = *dlq = 0;
-    size_t pre = strlen(filter) - 1;
     for (int i = 0; si->State.Subjects != NULL && i < si->State.Subjects->Count; i++) {
         const jsStreamStateSubject *ss = &si->State.Subjects->List[i];
         if (strcmp(ss->Subject, tp->dlq_subject) == 0) {
             *dlq = ss->Msgs;
             continue;
         }
-        char *end = NULL;
-        long n = strtol(ss->Subject + pre, &end, 10);
-        if (end != ss->Subject + pre && *end == '\0' && (only < 0 || n == only))
+        long n = kb__nats_subject_part(t, tp->name, ss->Subject);
+        if (n >= 0 && (only < 0 || n == only))
             *msgs += ss->Msgs;
     }
     uint64_t first = si->State.FirstSeq, last = si->State.LastSeq, extra = 0;
