@@ -14,6 +14,7 @@ enum {
     KB_CLI_EXIT_ERROR = 1,     /* the library failed (text on stderr); produce: bad lines */
     KB_CLI_EXIT_USAGE = 2,
     KB_CLI_EXIT_DEADLINE = 3,  /* the --timeout-ms deadline cut the flush or drain short */
+    KB_CLI_EXIT_NOT_FOUND = 4, /* publish, stats, dlq-list, dlq-replay: KB_ENOTFOUND */
 };
 
 #define KB_CLI_TIMEOUT_MS 10000   /* default --timeout-ms */

@@ -10,7 +10,8 @@
  *                                              [--timeout-ms MS]
  * Arguments are checked before the bus opens: usage and exit 2 for bad ones,
  * exit 1 for an error of the library (its class and reason on stderr), 3 when
- * produce's or consume's drain missed its deadline (cli/command.h). Text
+ * produce's or consume's drain missed its deadline, 4 when the library said
+ * KB_ENOTFOUND (cli/command.h). Text
  * output escapes control characters (cli/text.h); JSON output is exact. */
 #include <getopt.h>
 #include <signal.h>
@@ -21,6 +22,7 @@
 
 #include <keybus/keybus.h>
 
+#include "cli/command.h"
 #include "cli/stream.h"
 #include "cli/text.h"
 #include "core/conf_int.h"
@@ -47,7 +49,8 @@ static void usage(FILE *out)
             "                             SIGINT/SIGTERM; --json: one object per line\n"
             "produce and consume stop on SIGINT/SIGTERM, drain and close within\n"
             "--timeout-ms (default %d); exit 0 on a clean drain, 1 on an error, 2 on bad\n"
-            "arguments, 3 when the deadline cut the drain short.\n"
+            "arguments, 3 when the deadline cut the drain short. publish, stats, dlq-list\n"
+            "and dlq-replay exit 4 when the topic or dead letter does not exist.\n"
             "Text output escapes control characters as \\n, \\t, \\r, \\\\ and \\xNN.\n",
             DLQ_LIST_MAX, KB_CLI_TIMEOUT_MS);
 }
@@ -209,7 +212,9 @@ static int run_on_bus(kb_conf *c, enum cmd cmd, char **args, int nargs, unsigned
     int closed = kb_close(b, 5000);
     if (rc == KB_OK && closed != KB_OK)
         fprintf(stderr, "keybus: close: %s: %s\n", kb_strerror(closed), kb_last_error());
-    return rc == KB_OK && closed == KB_OK ? 0 : 1;
+    if (rc == KB_ENOTFOUND)
+        return KB_CLI_EXIT_NOT_FOUND;
+    return rc == KB_OK && closed == KB_OK ? KB_CLI_EXIT_OK : KB_CLI_EXIT_ERROR;
 }
 
 /* produce and consume (argv[0]): their own options, then the bus. */

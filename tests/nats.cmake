@@ -33,3 +33,7 @@ kb_test(test_nats_urls TIMEOUT 90 LABELS nats)
 
 # kb_close racing every other call (issue 11, item 4).
 kb_test(test_close_race TESTNAME close_race_nats ARGS nats LABELS nats TIMEOUT 300)
+# The partition count is part of a topic; foreign subjects dead-lettered; the
+# lease bucket's TTL set from nats.lease_ttl_ms (issue 25 item 1, issue 31 item 5).
+kb_test(test_nats_partitions TIMEOUT 120 LABELS nats)
+target_link_libraries(test_nats_partitions PRIVATE PkgConfig::NATS)

@@ -97,11 +97,11 @@ static void arguments_are_checked_before_the_bus_opens(void **state)
         {{"-X", "pool.workers=abc", "stats", "t"}, 2, NULL, "pool.workers"},
         {{"-c", "/tmp", "stats", "t"}, 2, NULL, "not a regular file"},
         {{"-c", "/nonexistent/keybus.ini", "stats", "t"}, 2, NULL, "cannot read"},
-        {{"stats", "t"}, 1, NULL, "keybus stats: not found: "},   /* never used here */
+        {{"stats", "t"}, 4, NULL, "keybus stats: not found: "},   /* never used here */
         {{"stats", "bad topic"}, 2, NULL, "allowed: letters"},   /* before any connection */
         {{"-X", "transport=redis://127.0.0.1:1", "stats", "bad\x1btopic"}, 2, NULL, "0x1b"},
         {{"dlq-replay", "t", "nope"}, 1, NULL, "keybus dlq-replay: "},
-        {{"publish", "t", "k", "v"}, 1, NULL, "keybus publish: not found: "},
+        {{"publish", "t", "k", "v"}, 4, NULL, "keybus publish: not found: "},
         {{"-X", "pool.workers=16", "conf"}, 0, "pool.workers = 16\n", NULL},
         {{"conf-doc"}, 0, "# keybus configuration", NULL},
         {{"produce"}, 2, NULL, "wants exactly one TOPIC"},

@@ -43,10 +43,11 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static kb_bus *open_bus(char *err, size_t errlen)
+static kb_bus *open_bus_parts(const char *partitions, char *err, size_t errlen)
 {
     kb_conf *c = kb_conf_new();
-    if (kb_conf_set(c, "transport.plugins", plugin, err, errlen) != KB_OK ||
+    if (kb_conf_set(c, "partitions", partitions, err, errlen) != KB_OK ||
+        kb_conf_set(c, "transport.plugins", plugin, err, errlen) != KB_OK ||
         kb_conf_set(c, "transport", url, err, errlen) != KB_OK ||
         kb_conf_set(c, "file.poll_ms", "20", err, errlen) != KB_OK ||
         kb_conf_set(c, "pool.queue_capacity", "64", err, errlen) != KB_OK) {
@@ -54,6 +55,11 @@ static kb_bus *open_bus(char *err, size_t errlen)
         return NULL;
     }
     return kb_open(c, err, errlen);
+}
+
+static kb_bus *open_bus(char *err, size_t errlen)
+{
+    return open_bus_parts("8", err, errlen);
 }
 
 /* ---- the consumer process ---- */
@@ -265,6 +271,52 @@ static void a_restart_resumes_where_the_group_stopped(void **state)
     free(h);
 }
 
+static int count_handled(const kb_event *ev, void *opaque)
+{
+    (void)ev;
+    atomic_fetch_add((_Atomic size_t *)opaque, 1);
+    return KB_HANDLED;
+}
+
+/* The topic keeps the partition count it was made with: a process configured
+ * with another is refused at publish and subscribe, naming both, and what
+ * was published stays for a consumer with the right count. */
+static void another_partition_count_is_refused(void **state)
+{
+    (void)state;
+    char err[512];
+    const char *topic = "mismatch.t";
+    kb_bus *eight = open_bus_parts("8", err, sizeof err);
+    assert_non_null(eight);
+    for (int i = 0; i < 10; i++) {
+        char key[16];
+        int len = snprintf(key, sizeof key, "k%d", i);
+        assert_int_equal(kb_publish(eight, topic, key, (size_t)len, "x", 1), KB_OK);
+    }
+    assert_int_equal(kb_close(eight, 10000), KB_OK);
+
+    kb_bus *four = open_bus_parts("4", err, sizeof err);
+    assert_non_null(four);
+    _Atomic size_t wrong = 0;
+    assert_int_equal(kb_subscribe(four, topic, count_handled, &wrong), KB_EINVAL);
+    assert_non_null(strstr(kb_last_error(), "partitions=8"));
+    assert_non_null(strstr(kb_last_error(), "partitions=4"));
+    assert_int_equal(kb_publish(four, topic, "k", 1, "x", 1), KB_EINVAL);
+    assert_non_null(strstr(kb_last_error(), "partitions=8"));
+    assert_non_null(strstr(kb_last_error(), "partitions=4"));
+    assert_int_equal(kb_close(four, 10000), KB_OK);
+    assert_int_equal(atomic_load(&wrong), 0);
+
+    eight = open_bus_parts("8", err, sizeof err);
+    assert_non_null(eight);
+    _Atomic size_t handled = 0;
+    assert_int_equal(kb_subscribe(eight, topic, count_handled, &handled), KB_OK);
+    for (int i = 0; i < 1000 && atomic_load(&handled) < 10; i++)
+        usleep(10000);
+    assert_int_equal(kb_close(eight, 10000), KB_OK);
+    assert_int_equal(atomic_load(&handled), 10);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 6 && strcmp(argv[1], "consume") == 0) {
@@ -279,6 +331,7 @@ int main(int argc, char **argv)
     plugin = argv[1];
     url = argv[2];
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(another_partition_count_is_refused),
         cmocka_unit_test(two_consumers_share_a_topic),
         cmocka_unit_test(a_restart_resumes_where_the_group_stopped),
     };

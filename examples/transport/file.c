@@ -7,6 +7,7 @@
  * per-topic state. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,10 +115,53 @@ static int open_in(kb_transport_topic *tt, const char *name, int flags, int *fd,
     return KB_ETRANSPORT;
 }
 
+/* The partition count the topic was made with, in DIR/<topic>/partitions:
+ * written by the first process to open the topic (to a file of its own,
+ * then link()ed into place, so nobody reads it half written and only one
+ * count wins), read by every other one. */
+static int stored_count(kb_transport_topic *tt, char *errstr, size_t errlen)
+{
+    char path[4096], mine[4160], text[16];
+    snprintf(path, sizeof path, "%s/partitions", tt->dir);
+    snprintf(mine, sizeof mine, "%s.%ld.%p", path, (long)getpid(), (void *)tt);
+    int fd = open(mine, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    int len = snprintf(text, sizeof text, "%u\n", tt->partitions);
+    bool written = fd >= 0 && write(fd, text, (size_t)len) == len;
+    if (fd >= 0)
+        close(fd);
+    bool linked = written && link(mine, path) == 0;
+    int why = errno;
+    unlink(mine);
+    if (written && !linked && why != EEXIST) {
+        kb_errf(errstr, errlen, "file: topic %s: cannot create %s: %s", tt->name, path,
+                strerror(why));
+        return KB_ETRANSPORT;
+    }
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd >= 0 ? read(fd, text, sizeof text - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    char *end = NULL;
+    unsigned long n = 0;
+    if (got > 0) {
+        text[got] = '\0';
+        n = strtoul(text, &end, 10);
+    }
+    if (n == 0 || n > UINT32_MAX || end == NULL || *end != '\n') {
+        kb_errf(errstr, errlen, "file: topic %s: %s does not hold a partition count", tt->name,
+                path);
+        return KB_ETRANSPORT;
+    }
+    tt->stored_partitions = (uint32_t)n;
+    return KB_OK;
+}
+
 /* The topic's directory, and its files (created when missing). */
 static int open_files(kb_transport_topic *tt, char *errstr, size_t errlen)
 {
     int rc = mkdir_if_missing(tt->dir, errstr, errlen);
+    if (rc == KB_OK)
+        rc = stored_count(tt, errstr, errlen);
     for (uint32_t i = 0; rc == KB_OK && i < tt->partitions; i++) {
         struct kb__file_part *p = &tt->parts[i];
         char name[300];

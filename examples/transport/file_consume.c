@@ -117,6 +117,8 @@ static void *reader_main(void *arg)
 
 int kb__file_subscribe(kb_transport *t, kb_transport_topic *tt, kb_sink *sink)
 {
+    if (kb__file_count_check(tt) != KB_OK)
+        return KB_EINVAL;
     char err[256];
     pthread_mutex_lock(&t->topics_lock);
     int rc = kb__file_member_join(tt, err, sizeof err);

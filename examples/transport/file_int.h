@@ -61,6 +61,7 @@ struct kb_transport_topic {
     char *name;
     char *dir;                         /* DIR/<topic> */
     uint32_t partitions;
+    uint32_t stored_partitions;        /* DIR/<topic>/partitions: the topic's count */
     struct kb__file_part *parts;
     _Atomic uint64_t published;
     kb_sink *_Atomic sink;             /* set by subscribe: the reader feeds it */
@@ -139,6 +140,19 @@ void kb__file_lease_tick(kb_transport_topic *tt);
 void kb__file_lease_release(kb_transport_topic *tt, struct kb__file_part *p);
 /* "" or the consumer holding partition p's lease, into out. */
 void kb__file_lease_owner(kb_transport_topic *tt, uint32_t p, char *out, size_t outlen);
+
+/* KB_OK, or KB_EINVAL naming both counts when the topic was made with
+ * another partition count: a key would hash to another log (publish and
+ * subscribe check it). */
+static inline int kb__file_count_check(const kb_transport_topic *tt)
+{
+    if (tt->stored_partitions == tt->partitions)
+        return KB_OK;
+    kb_errf(NULL, 0, "file: topic %s has partitions=%u in %s/partitions but this process is "
+            "configured with partitions=%u; use the stored count", tt->name,
+            tt->stored_partitions, tt->dir, tt->partitions);
+    return KB_EINVAL;
+}
 
 /* file_publish.c */
 int kb__file_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m);

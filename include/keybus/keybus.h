@@ -303,9 +303,9 @@ typedef struct kb_topic_stats {
 
 /* Fill *out for `topic`. Broker figures are read from the broker, so any
  * process that opens the bus sees them, also one that never published or
- * subscribed the topic (a monitor); they cost a round trip. KB_ENOTFOUND when
- * neither the pool nor the transport knows the topic; KB_ECLOSED once
- * kb_close has begun. Thread: any. */
+ * subscribed the topic (a monitor); they cost a round trip, and create or
+ * change nothing on the broker. KB_ENOTFOUND when neither the pool nor the
+ * transport knows the topic; KB_ECLOSED once kb_close has begun. Thread: any. */
 KB_EXPORT int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out);
 
 typedef struct kb_partition_stats {
@@ -318,8 +318,9 @@ typedef struct kb_partition_stats {
     char     owner[128];      /* lease holder ("" when none) */
 } kb_partition_stats;
 
-/* Broker view of one partition. KB_ENOTFOUND on mem:// or for a partition out
- * of range; KB_ECLOSED once kb_close has begun. Costs round trips. Thread: any. */
+/* Broker view of one partition. KB_ENOTFOUND on mem://, for a partition out
+ * of range, or for a topic the broker does not have (nothing is created);
+ * KB_ECLOSED once kb_close has begun. Costs round trips. Thread: any. */
 KB_EXPORT int kb_partition_stats_get(kb_bus *b, const char *topic, uint32_t partition,
                                      kb_partition_stats *out);
 
@@ -344,7 +345,8 @@ typedef int (*kb_dead_letter_fn)(const kb_dead_letter *dl, void *opaque); /* non
 
 /* Walk up to `max` dead letters of `topic`, oldest first, starting after
  * `after_id` (NULL or "" for the start); a topic without dead letters walks
- * none. The callback may replay the entry it is given. KB_ECLOSED once
+ * none. On a broker, a topic it does not have is KB_ENOTFOUND (nothing is
+ * created). The callback may replay the entry it is given. KB_ECLOSED once
  * kb_close has begun. Thread: any. */
 KB_EXPORT int kb_dead_letters(kb_bus *b, const char *topic, const char *after_id, size_t max,
                               kb_dead_letter_fn fn, void *opaque);

@@ -55,7 +55,9 @@ static const kb_conf_prop nats_props[] = {
     {"nats.lease_ttl_ms", KB_CONF_INT, "10000", 500, MS_HOUR,
      "Partition lease and membership TTL; renewed every third of it. A dead "
      "process's partitions move after at most this long. It is the lease bucket's "
-     "TTL: when the bucket exists with another, that one is used (with a warning)."},
+     "TTL: the first `kb_subscribe` creates the bucket with it or sets it on the "
+     "existing bucket (refused by the server: `kb_subscribe` fails naming both "
+     "values). Every process sharing the bucket must use the same value."},
     {"nats.lease_bucket", KB_CONF_STR, "keybus_leases", 1, 64,
      "JetStream KV bucket holding partition leases and members."},
     {"nats.publish_max_pending", KB_CONF_INT, "16384", 1, 1 << 20,
@@ -190,6 +192,7 @@ static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *er
     pthread_mutex_init(&t->resend_lock, NULL);
     pthread_rwlock_init(&t->pub_lock, NULL);
     pthread_mutex_init(&t->tally_mu, NULL);
+    pthread_mutex_init(&t->kv_lock, NULL);
     t->resent = kb_signal_new();
     t->nc_event = kb_signal_new();
     t->lease_wake = kb_signal_new();
@@ -206,8 +209,6 @@ static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *er
         rc = configure(t, c, errstr, errlen);
     if (rc == KB_OK)
         rc = kb__nats_connect(t, c, errstr, errlen);
-    if (rc == KB_OK)
-        rc = kb__nats_lease_open(t, errstr, errlen);
     if (rc == KB_OK)
         rc = kb__nats_acker_start(t, errstr, errlen);
     if (rc == KB_OK)
@@ -297,6 +298,7 @@ static int nats_close(kb_transport *t, int64_t deadline)
     kb_signal_free(t->acker_wake);
     kb_signal_free(t->acked);
     pthread_mutex_destroy(&t->tally_mu);
+    pthread_mutex_destroy(&t->kv_lock);
     pthread_rwlock_destroy(&t->pub_lock);
     pthread_mutex_destroy(&t->resend_lock);
     pthread_mutex_destroy(&t->topics_lock);

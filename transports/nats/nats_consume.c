@@ -151,18 +151,19 @@ static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_na
     kb__nats_dlq_settle(f->t, e, rc);
 }
 
-/* Hand one event (its headers in f->hdrs) to the sink; false when the bus
- * refused it (closing). */
+/* Hand one event (its headers in f->hdrs) to the sink, or to the dead letters
+ * when it came on a subject that is not its partition (`foreign` says why);
+ * false when the bus refused it (closing). */
 static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta *meta,
-                    unsigned n, const char *id, const kb_nats_event *ev)
+                    unsigned n, const char *id, const kb_nats_event *ev, const char *foreign)
 {
     kb_transport *t = f->t;
     const kb_nats_hdrs *h = &f->hdrs;
     uint32_t home = kb_fnv1a32(ev->key, ev->key_len) % t->partitions;
-    if (home != n) {
-        char why[96];
+    if (foreign != NULL || home != n) {
+        char why[160];
         snprintf(why, sizeof why, "key belongs to partition %u, not %u", home, n);
-        dead_on_arrival(f, e, m, meta, n, id, ev, h, why);
+        dead_on_arrival(f, e, m, meta, n, id, ev, h, foreign != NULL ? foreign : why);
         return true;
     }
     uint32_t attempt = kb__nats_attempt(e->claim, meta->sseq, meta->delivered);
@@ -307,30 +308,53 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
     return e;
 }
 
-/* A message of the stream that no partition reads (a dead letter on
- * kb.<topic>.dlq, a subject another client made up), delivered to a wide
- * claim, whose filter covers the whole stream: nothing to handle, but it
- * joins the frontier as done so it is acked, not redelivered for ever. */
-static void unread_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta)
+static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
+                     unsigned n, uint32_t part, const char *foreign);
+
+/* A message on a subject of the stream that is not a partition, delivered to
+ * a wide claim, whose filter covers the whole stream. A dead letter
+ * (kb.<topic>.dlq) joins the frontier as done, acked unread; anything else
+ * (kb.<topic>.9 of 8 partitions: another client, or a process configured with
+ * more partitions) goes to the dead letters saying so, event by event. */
+static void unread_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta,
+                       const char *last)
 {
     kb_nats_claim *c = claim_of(f, &tp->parts[0], meta);
     if (c == NULL || !c->wide) {
         natsMsg_Destroy(m);
         return;
     }
-    if (admit(f, c, m, meta))
-        push(c, m, meta, UINT32_MAX, 0);
+    if (strcmp(natsMsg_GetSubject(m), tp->dlq_subject) == 0) {
+        if (admit(f, c, m, meta))
+            push(c, m, meta, UINT32_MAX, 0);
+        return;
+    }
+    char why[160];
+    size_t digits = strspn(last, "0123456789");
+    unsigned long num = digits > 0 && digits <= 9 && last[digits] == '\0' ? strtoul(last, NULL, 10)
+                                                                           : 0;
+    snprintf(why, sizeof why, "subject %.40s%s is not a partition of the topic (partitions=%u)",
+             last, strlen(last) > 40 ? "..." : "", f->t->partitions);
+    read_msg(f, c, m, meta, (unsigned)num, UINT32_MAX, why);
 }
 
 static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta,
                      unsigned n)
 {
-    kb_transport *t = f->t;
     kb_nats_claim *c = claim_of(f, &tp->parts[n], meta);
     if (c == NULL) {
         natsMsg_Destroy(m);
         return;
     }
+    read_msg(f, c, m, meta, n, n, NULL);
+}
+
+/* The message's events to the sink (or all to the dead letters, `foreign`
+ * saying why); its entry in claim c's ring counts for partition `part`. */
+static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
+                     unsigned n, uint32_t part, const char *foreign)
+{
+    kb_transport *t = f->t;
     if (!admit(f, c, m, meta))
         return;
     /* Read the message before it is in the ring: once there, its events may
@@ -349,7 +373,7 @@ static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_met
                               (size_t)natsMsg_GetDataLength(m)};
     }
     uint32_t events = bad ? 1 : frame.left;
-    kb_nats_entry *e = push(c, m, meta, n, events);
+    kb_nats_entry *e = push(c, m, meta, part, events);
 
     /* From here on `m` lives until the last of its events settles: the
      * pending count keeps the acker from destroying it before. The delivery
@@ -357,7 +381,7 @@ static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_met
     char id[48];
     size_t base = kb__nats_put_u64(id, meta->sseq);
     if (bad) {
-        dead_on_arrival(f, e, m, meta, n, id, NULL, NULL, why);
+        dead_on_arrival(f, e, m, meta, n, id, NULL, NULL, foreign != NULL ? foreign : why);
         return;
     }
     for (uint32_t i = 1; i <= events; i++) {
@@ -371,7 +395,7 @@ static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_met
                 continue;
             }
         }
-        if (!deliver(f, e, m, meta, n, id, &ev)) {
+        if (!deliver(f, e, m, meta, n, id, &ev, foreign)) {
             for (uint32_t rest = i + 1; rest <= events; rest++)
                 kb__nats_settle(e, false);   /* never delivered: released with it */
             return;
@@ -444,7 +468,7 @@ static void handle(feeder *f, natsMsg *m)
         return;
     }
     if (n < 0) {
-        unread_msg(f, tp, m, &meta);
+        unread_msg(f, tp, m, &meta, dot + 1);
         tend(f, &tp->parts[0], kb_now_ns());
         return;
     }
@@ -542,9 +566,11 @@ static int start_feeder(kb_transport *t)
 int kb__nats_subscribe(kb_transport *t, kb_nats_topic *tp, kb_sink *sink)
 {
     const char *topic = tp->name;
-    int ready = kb__nats_topic_ready(t, tp);
+    int ready = kb__nats_topic_ready(t, tp);   /* another partition count: KB_EINVAL */
+    if (ready == KB_OK)
+        ready = kb__nats_lease_bucket(t, true, NULL);
     if (ready != KB_OK)
-        return ready == KB_ENOMEM ? ready : KB_ETRANSPORT;
+        return ready;
     pthread_mutex_lock(&t->sub_lock);
     int rc = KB_OK;
     if (atomic_load(&tp->subscribed)) {

@@ -128,9 +128,6 @@ static int64_t stamp_ms(natsMsg *m)
 int kb__nats_dead_letters(kb_transport *t, kb_nats_topic *tp, const char *after_id, size_t max,
                           kb_dead_letter_fn fn, void *opaque)
 {
-    int ready = kb__nats_topic_ready(t, tp);
-    if (ready != KB_OK)
-        return ready == KB_ENOMEM ? ready : KB_ETRANSPORT;
     uint64_t after = 0;
     if (after_id != NULL && after_id[0] != '\0' && strcmp(after_id, "0") != 0 &&
         !kb__nats_seq_parse(after_id, &after)) {
@@ -138,6 +135,9 @@ int kb__nats_dead_letters(kb_transport *t, kb_nats_topic *tp, const char *after_
                 tp->name, after_id);
         return KB_EINVAL;
     }
+    int exists = kb__nats_topic_exists(t, tp);   /* a listing creates nothing */
+    if (exists != KB_OK)
+        return exists;
     if (after == UINT64_MAX)
         return KB_OK;   /* nothing comes after the last sequence */
     uint64_t seq = after + 1;
@@ -200,9 +200,9 @@ int kb__nats_dead_letter_replay(kb_transport *t, kb_nats_topic *tp, const char *
         kb_errf(NULL, 0, "nats: dead letter ID \"%.60s\" is not a stream sequence", id);
         return KB_EINVAL;
     }
-    int ready = kb__nats_topic_ready(t, tp);
-    if (ready != KB_OK)
-        return ready == KB_ENOMEM ? ready : KB_ETRANSPORT;
+    int exists = kb__nats_topic_exists(t, tp);   /* no stream made for a missing ID */
+    if (exists != KB_OK)
+        return exists;
     natsMsg *m = NULL;
     jsErrCode jerr = 0;
     natsStatus s = js_GetMsg(&m, t->js, tp->stream, seq, NULL, &jerr);

@@ -14,40 +14,76 @@
 #include "nats_msg.h"
 #include "nats_names.h"
 
-int kb__nats_lease_open(kb_transport *t, char *errstr, size_t errlen)
+/* The bucket's TTL is what ends a lease: nats.lease_ttl_ms is applied to an
+ * existing bucket (the MaxAge of its stream KV_<bucket>, with a duplicate
+ * window no longer than that, as the server requires). */
+static int apply_ttl(kb_transport *t, int64_t had_ms)
 {
-    kvConfig kc;
-    kvConfig_Init(&kc);
-    kc.Bucket = t->bucket;
-    kc.History = 1;
-    kc.TTL = t->lease_ttl_ms * 1000000;   /* nanoseconds */
-    kc.StorageType = js_FileStorage;   /* leases survive a server restart */
-    natsStatus s = js_CreateKeyValue(&t->kv, t->js, &kc);
-    const char *why = s != NATS_OK ? nats_GetLastError(NULL) : NULL;
-    char text[256];
-    snprintf(text, sizeof text, "%s", why ? why : "");
-    if (s != NATS_OK)   /* it exists (possibly with another TTL): use it */
-        s = js_KeyValue(&t->kv, t->js, t->bucket);
-    if (s != NATS_OK) {
-        kb_errf(errstr, errlen, "nats %s: lease bucket %s: %s %s", t->url_safe, t->bucket,
-                 natsStatus_GetText(s), text);
-        return KB_ETRANSPORT;
+    char stream[96];
+    snprintf(stream, sizeof stream, "KV_%s", t->bucket);
+    jsStreamInfo *si = NULL, *upd = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetStreamInfo(&si, t->js, stream, NULL, &jerr);
+    if (s == NATS_OK) {
+        jsStreamConfig cfg = *si->Config;
+        cfg.MaxAge = t->lease_ttl_ms * 1000000;   /* nanoseconds */
+        if (cfg.Duplicates > cfg.MaxAge)
+            cfg.Duplicates = cfg.MaxAge;
+        s = js_UpdateStream(&upd, t->js, &cfg, NULL, &jerr);
     }
-    /* The bucket's TTL is what ends a lease: one made by a process with
-     * another nats.lease_ttl_ms would drop ours between renewals. */
+    jsStreamInfo_Destroy(upd);
+    jsStreamInfo_Destroy(si);
+    if (s != NATS_OK) {
+        kb_errf(NULL, 0, "nats %s: lease bucket %s has a TTL of %lld ms, nats.lease_ttl_ms is "
+                 "%lld ms, and the server refused to change it: %s (jetstream error %d)",
+                 t->url_safe, t->bucket, (long long)had_ms, (long long)t->lease_ttl_ms,
+                 kb__nats_reason(s), (int)jerr);
+        return s == NATS_NO_MEMORY ? KB_ENOMEM : KB_ETRANSPORT;
+    }
+    kb_log(t->bus, KB_LOG_NOTICE, "nats %s: lease bucket %s: TTL %lld ms -> %lld ms "
+           "(nats.lease_ttl_ms)", t->url_safe, t->bucket, (long long)had_ms,
+           (long long)t->lease_ttl_ms);
+    return KB_OK;
+}
+
+int kb__nats_lease_bucket(kb_transport *t, bool leases, kvStore **out)
+{
+    pthread_mutex_lock(&t->kv_lock);
+    int rc = KB_OK;
+    natsStatus s = NATS_OK;
+    if (t->kv == NULL && leases) {
+        kvConfig kc;
+        kvConfig_Init(&kc);
+        kc.Bucket = t->bucket;
+        kc.History = 1;
+        kc.TTL = t->lease_ttl_ms * 1000000;   /* nanoseconds */
+        kc.StorageType = js_FileStorage;   /* leases survive a server restart */
+        if (js_CreateKeyValue(&t->kv, t->js, &kc) != NATS_OK)
+            s = js_KeyValue(&t->kv, t->js, t->bucket);   /* it exists, maybe with another TTL */
+    } else if (t->kv == NULL) {
+        s = js_KeyValue(&t->kv, t->js, t->bucket);
+    }
+    if (s != NATS_OK) {
+        kb_errf(NULL, 0, "nats %s: lease bucket %s: %s", t->url_safe, t->bucket,
+                 kb__nats_reason(s));
+        rc = s == NATS_NOT_FOUND ? KB_ENOTFOUND : s == NATS_NO_MEMORY ? KB_ENOMEM : KB_ETRANSPORT;
+    }
     kvStatus *st = NULL;
-    if (kvStore_Status(&st, t->kv) == NATS_OK) {
-        int64_t ttl_ms = kvStatus_TTL(st) / 1000000;
-        if (ttl_ms > 0 && ttl_ms != t->lease_ttl_ms) {
-            kb_log(t->bus, KB_LOG_WARNING,
-                   "nats %s: lease bucket %s has a TTL of %lld ms, not nats.lease_ttl_ms %lld: "
-                   "using the bucket's", t->url_safe, t->bucket, (long long)ttl_ms,
-                   (long long)t->lease_ttl_ms);
-            t->lease_ttl_ms = ttl_ms;
+    if (rc == KB_OK && leases && !t->kv_ttl_set) {
+        s = kvStore_Status(&st, t->kv);
+        if (s != NATS_OK) {
+            rc = kb__nats_errf("lease bucket status", s, 0);
+            rc = rc == KB_ENOMEM ? rc : KB_ETRANSPORT;
+        } else if (kvStatus_TTL(st) != t->lease_ttl_ms * 1000000) {
+            rc = apply_ttl(t, kvStatus_TTL(st) / 1000000);
         }
         kvStatus_Destroy(st);
+        t->kv_ttl_set = rc == KB_OK;
     }
-    return KB_OK;
+    if (out != NULL)
+        *out = rc == KB_OK ? t->kv : NULL;
+    pthread_mutex_unlock(&t->kv_lock);
+    return rc;
 }
 
 void kb__nats_lease_kick(kb_transport *t)

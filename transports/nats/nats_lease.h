@@ -4,8 +4,12 @@
 
 #include "nats_types.h"
 
-/* The lease KV bucket (created, or the existing one). */
-int kb__nats_lease_open(kb_transport *t, char *errstr, size_t errlen);
+/* The lease KV bucket into *out (when not NULL), bound once per bus. With
+ * `leases` (subscribe) it is created when missing and nats.lease_ttl_ms is
+ * applied to it once: KB_ETRANSPORT naming both TTLs when the server refuses.
+ * Without (a read: the owner in partition stats) nothing is created:
+ * KB_ENOTFOUND when there is no bucket. Thread: any. */
+int kb__nats_lease_bucket(kb_transport *t, bool leases, kvStore **out);
 /* Start the lease thread; it runs until t->closing is set and t->lease_wake
  * notified, then sets t->leaser_done. */
 int kb__nats_leaser_start(kb_transport *t, char *errstr, size_t errlen);

@@ -48,7 +48,7 @@ int kb__nats_publish(kb_transport *t, kb_nats_topic *tp, const kb_msg *m)
     if (rc != KB_OK)
         return rc;
     if ((rc = kb__nats_topic_ready(t, tp)) != KB_OK)
-        return rc == KB_ENOMEM ? rc : KB_ETRANSPORT;
+        return rc;   /* another partition count: KB_EINVAL naming both */
     if (t->batch_events > 1) {
         rc = kb__nats_batch_add(t, tp, m);
     } else {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nats_lease.h"
 #include "nats_names.h"
 #include "nats_stats.h"
 #include "nats_tally.h"
@@ -118,7 +119,8 @@ int kb__nats_partition_stats(kb_transport *t, kb_nats_topic *tp, uint32_t partit
     char key[2 * KB_NATS_NAME];
     snprintf(key, sizeof key, "l.%s.%s.%u", tp->stream, t->group, partition);
     kvEntry *e = NULL;
-    if (kvStore_Get(&e, t->kv, key) == NATS_OK) {
+    kvStore *kv = NULL;   /* no bucket: no owner (a read creates none) */
+    if (kb__nats_lease_bucket(t, false, &kv) == KB_OK && kvStore_Get(&e, kv, key) == NATS_OK) {
         snprintf(out->owner, sizeof out->owner, "%s", kvEntry_ValueString(e));
         kvEntry_Destroy(e);
     }

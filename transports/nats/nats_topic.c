@@ -62,38 +62,138 @@ kb_nats_topic *kb__nats_topic_at(kb_transport *t, uint32_t index)
     return slots != NULL ? slots[index % KB_NATS_TOPIC_CHUNK] : NULL;
 }
 
+/* The partition count a stream's Description states ("keybus partitions=N",
+ * anywhere in it), or 0 when it states none. */
+static uint32_t stated_partitions(const char *desc)
+{
+    const char *at = desc != NULL ? strstr(desc, KB_NATS_PARTS_DESC) : NULL;
+    if (at == NULL)
+        return 0;
+    at += strlen(KB_NATS_PARTS_DESC);
+    size_t n = strspn(at, "0123456789");
+    if (n == 0 || n > 9)
+        return 0;
+    return (uint32_t)strtoul(at, NULL, 10);
+}
+
+static int mismatch(kb_transport *t, kb_nats_topic *tp)
+{
+    kb_errf(NULL, 0, "nats: topic %s has partitions=%u in stream %s on %s but this process is "
+             "configured with partitions=%u; use the stored count", tp->name,
+             atomic_load(&tp->stored_parts), tp->stream, t->url_safe, t->partitions);
+    return KB_EINVAL;
+}
+
+/* A stream an older keybus made states no count: it takes this process's
+ * (its other settings kept; an operator's description follows ours). */
+static natsStatus adopt(kb_transport *t, kb_nats_topic *tp, const jsStreamInfo *si,
+                        jsErrCode *jerr)
+{
+    const char *old = si->Config->Description;
+    size_t len = strlen(KB_NATS_PARTS_DESC) + 12 + (old != NULL ? strlen(old) + 1 : 0);
+    char *desc = malloc(len);
+    if (desc == NULL)
+        return NATS_NO_MEMORY;
+    snprintf(desc, len, "%s%u%s%s", KB_NATS_PARTS_DESC, t->partitions,
+             old != NULL && old[0] ? " " : "", old != NULL ? old : "");
+    jsStreamConfig cfg = *si->Config;
+    cfg.Description = desc;
+    jsStreamInfo *upd = NULL;
+    natsStatus s = js_UpdateStream(&upd, t->js, &cfg, NULL, jerr);
+    jsStreamInfo_Destroy(upd);
+    free(desc);
+    if (s == NATS_OK)
+        kb_log(t->bus, KB_LOG_NOTICE,
+               "nats %s: stream %s stated no partition count: it is partitions=%u from now on",
+               t->url_safe, tp->stream, t->partitions);
+    return s;
+}
+
+/* The count the topic's existing stream states (adopting ours when it states
+ * none) into tp->stored_parts. */
+static natsStatus read_count(kb_transport *t, kb_nats_topic *tp, jsErrCode *jerr)
+{
+    jsStreamInfo *si = NULL;
+    natsStatus s = js_GetStreamInfo(&si, t->js, tp->stream, NULL, jerr);
+    if (s != NATS_OK)
+        return s;
+    uint32_t n = stated_partitions(si->Config->Description);
+    if (n == 0 && (s = adopt(t, tp, si, jerr)) == NATS_OK)
+        n = t->partitions;
+    jsStreamInfo_Destroy(si);
+    atomic_store(&tp->stored_parts, n);
+    return s;
+}
+
 int kb__nats_topic_ready(kb_transport *t, kb_nats_topic *tp)
 {
-    if (atomic_load_explicit(&tp->stream_ready, memory_order_acquire))
-        return KB_OK;
+    int state = atomic_load_explicit(&tp->stream_ready, memory_order_acquire);
+    if (state != 0)
+        return state > 0 ? KB_OK : mismatch(t, tp);
     pthread_mutex_lock(&t->topics_lock);
-    jsStreamInfo *si = NULL;
+    natsStatus s = NATS_OK;
     jsErrCode jerr = 0;
-    natsStatus s = atomic_load(&tp->stream_ready) ? NATS_OK : NATS_NOT_FOUND;
-    /* One round trip: create, and take "exists" (same or another
-     * configuration, e.g. limits an operator set) as ready. */
-    if (s != NATS_OK) {
-        char subj[KB_NATS_NAME];
+    /* One round trip when the stream is new or as we make it: create it with
+     * the partition count in its Description. Another configuration (limits
+     * an operator set, an older keybus's stream) costs a look at its count. */
+    if (atomic_load(&tp->stream_ready) == 0) {
+        char subj[KB_NATS_NAME], desc[64];
         snprintf(subj, sizeof subj, "kb.%s.*", tp->name);
+        snprintf(desc, sizeof desc, "%s%u", KB_NATS_PARTS_DESC, t->partitions);
         const char *subjects[] = {subj};
         jsStreamConfig cfg;
         jsStreamConfig_Init(&cfg);
         cfg.Name = tp->stream;
+        cfg.Description = desc;
         cfg.Subjects = subjects;
         cfg.SubjectsLen = 1;
         cfg.Storage = t->storage;
         cfg.Duplicates = t->dup_window_ms * 1000000;
         cfg.AllowDirect = true;   /* dead letters are listed with direct gets */
-        jerr = 0;
+        jsStreamInfo *si = NULL;
         s = js_AddStream(&si, t->js, &cfg, NULL, &jerr);
+        if (s == NATS_OK)
+            atomic_store(&tp->stored_parts, stated_partitions(si->Config->Description));
         jsStreamInfo_Destroy(si);
-        if (jerr == JSStreamNameExistErr)
-            s = NATS_OK;
+        if (jerr == JSStreamNameExistErr) {
+            jerr = 0;
+            s = read_count(t, tp, &jerr);
+        }
+        if (s == NATS_OK) {
+            bool same = atomic_load(&tp->stored_parts) == t->partitions;
+            if (!same) {
+                mismatch(t, tp);
+                kb_log(t->bus, KB_LOG_ERROR, "%s", kb_last_error());
+            }
+            atomic_store_explicit(&tp->stream_ready, same ? 1 : -1, memory_order_release);
+        }
     }
-    if (s == NATS_OK)
-        atomic_store_explicit(&tp->stream_ready, 1, memory_order_release);
     pthread_mutex_unlock(&t->topics_lock);
-    return s == NATS_OK ? KB_OK : kb__nats_errf(tp->stream, s, jerr);
+    if (s != NATS_OK) {
+        int rc = kb__nats_errf(tp->stream, s, jerr);
+        return rc == KB_ENOMEM ? rc : KB_ETRANSPORT;
+    }
+    return atomic_load(&tp->stream_ready) > 0 ? KB_OK : mismatch(t, tp);
+}
+
+int kb__nats_topic_exists(kb_transport *t, kb_nats_topic *tp)
+{
+    if (atomic_load_explicit(&tp->stream_ready, memory_order_acquire) != 0)
+        return KB_OK;
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetStreamInfo(&si, t->js, tp->stream, NULL, &jerr);
+    jsStreamInfo_Destroy(si);
+    if (s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr) {
+        kb_errf(NULL, 0, "nats: topic %s has no stream (%s): never published or subscribed",
+                 tp->name, tp->stream);
+        return KB_ENOTFOUND;
+    }
+    if (s != NATS_OK) {
+        int rc = kb__nats_errf(tp->stream, s, jerr);
+        return rc == KB_ENOMEM ? rc : KB_ETRANSPORT;
+    }
+    return KB_OK;
 }
 
 uint64_t kb__nats_topic_free(kb_transport *t, kb_nats_topic *tp)

@@ -10,9 +10,14 @@ int kb__nats_topic_new(kb_transport *t, const char *name, kb_nats_topic **out, c
                        size_t errlen);
 /* The topic with this index, or NULL. Thread: any. */
 kb_nats_topic *kb__nats_topic_at(kb_transport *t, uint32_t index);
-/* Create the topic's stream unless it is there (once; a round trip the first
- * time). KB_OK or the error with nats.c's reason. */
+/* Create the topic's stream unless it is there, with the partition count in
+ * its Description, and check the count (once per topic; a round trip or two
+ * the first time). KB_OK; KB_EINVAL naming both counts when the stream states
+ * another; KB_ETRANSPORT or KB_ENOMEM with nats.c's reason. */
 int kb__nats_topic_ready(kb_transport *t, kb_nats_topic *tp);
+/* Does the topic's stream exist? Creates nothing (read-only calls). KB_OK,
+ * KB_ENOTFOUND, or KB_ETRANSPORT / KB_ENOMEM with nats.c's reason. */
+int kb__nats_topic_exists(kb_transport *t, kb_nats_topic *tp);
 /* Free it (close only); returns the events still buffered in its frames. */
 uint64_t kb__nats_topic_free(kb_transport *t, kb_nats_topic *tp);
 

@@ -32,6 +32,7 @@
 #define KB_NATS_FRAME_V2_HDR 13   /* Kb-Frame: 2 (frames holding headers) */
 #define KB_NATS_DLQ_ROOM 1024  /* dead-letter headers besides the key (reason cut to 256) */
 #define KB_NATS_HDR_MAX 65535  /* JetStream refuses larger headers (error 10097) */
+#define KB_NATS_PARTS_DESC "keybus partitions="  /* the count, in the stream's Description */
 #define KB_NATS_MARKS 16                  /* earlier deliveries remembered per claim */
 
 /* One delivered message (one event, or a frame of several) waiting for its
@@ -140,7 +141,10 @@ struct kb_transport_topic {
     char dlq_subject[KB_NATS_NAME];
     char (*subjects)[KB_NATS_NAME];  /* kb.<topic>.N, for publishing */
     uint32_t hash;                 /* spreads partition ownership across topics */
-    _Atomic int stream_ready;      /* the stream exists (created at first use) */
+    /* the stream exists with our partition count (1) or states another (-1;
+     * 0: not looked at yet); created at first publish or subscribe */
+    _Atomic int stream_ready;
+    _Atomic uint32_t stored_parts; /* the count its Description states */
     kb_nats_batch *batches;        /* per partition */
     _Atomic uint64_t published;
     _Atomic uint64_t unowned;      /* deliveries released by still_owned: lease lost */
@@ -171,7 +175,11 @@ struct kb_transport {
     kb_bus *bus;
     natsConnection *nc;
     jsCtx *js;
+    /* the lease bucket: bound at the first subscribe (or a read of an owner),
+     * so a bus that only publishes or reads creates none; under kv_lock */
     kvStore *kv;
+    bool kv_ttl_set;                  /* nats.lease_ttl_ms applied to it */
+    pthread_mutex_t kv_lock;
     char url_safe[512];            /* URL without credentials, for messages */
     char id[128];                  /* this process's consumer name */
     char group[129];               /* group (letters, digits, - _ =) */

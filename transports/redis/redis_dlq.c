@@ -177,6 +177,9 @@ int kb__redis_dead_letters(kb_transport *t, kb_transport_topic *tt, const char *
                 "(<ms>-<seq>, decimal)", tt->name, after_id);
         return KB_EINVAL;
     }
+    int known = kb__redis_topic_known(t, tt);
+    if (known != KB_OK)
+        return known;
     /* read your own dead letters: wait (bounded) for the keeper to store them */
     kb_signal_notify(t->keeper_wake);
     kb_signal_wait(t->settled, no_dead_queued, t, kb_deadline_ns(5000));

@@ -362,6 +362,9 @@ void kb__redis_settled(kb_transport *t);
 /* ---- redis_meta.c ---- */
 /* Register the topic and its partition count, or refuse a different count. */
 int kb__redis_check_meta(kb_transport *t, kb_transport_topic *tt);
+/* Does the topic exist (its kb:{topic}:meta, or published or subscribed
+ * here)? Read-only: KB_OK, KB_ENOTFOUND, or KB_ETRANSPORT. */
+int kb__redis_topic_known(kb_transport *t, kb_transport_topic *tt);
 /* XGROUP CREATE ... 0 MKSTREAM on every partition (BUSYGROUP is fine). */
 int kb__redis_create_groups(kb_redis_conn *k, kb_transport_topic *tt, char *errstr,
                             size_t errlen);

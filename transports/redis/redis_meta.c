@@ -48,6 +48,30 @@ int kb__redis_check_meta(kb_transport *t, kb_transport_topic *tt)
     return rc;
 }
 
+int kb__redis_topic_known(kb_transport *t, kb_transport_topic *tt)
+{
+    if (atomic_load(&tt->subscribed) || atomic_load(&tt->published) > 0)
+        return KB_OK;
+    const char *argv[] = {"EXISTS", tt->meta};
+    pthread_mutex_lock(&t->ctl_lock);
+    redisReply *r = kb__redis_cmd(&t->ctl, 2, argv, NULL);
+    pthread_mutex_unlock(&t->ctl_lock);
+    int rc = KB_ETRANSPORT;
+    if (r == NULL)
+        kb_errf(NULL, 0, "redis: %s is unreachable", t->where);
+    else if (r->type != REDIS_REPLY_INTEGER)
+        kb_errf(NULL, 0, "redis: EXISTS %s: %s", tt->meta,
+                 r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+    else if (r->integer == 0) {
+        kb_errf(NULL, 0, "redis: topic %s unknown on %s", tt->name, t->where);
+        rc = KB_ENOTFOUND;
+    } else {
+        rc = KB_OK;
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
 bool kb__redis_group_gone(const char *err)
 {
     return strstr(err, "NOGROUP") != NULL || strstr(err, "UNBLOCKED") != NULL;

@@ -106,6 +106,9 @@ int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t 
         return KB_ENOTFOUND;
     }
     out->partition = partition;
+    int known = kb__redis_topic_known(t, tt);
+    if (known != KB_OK)
+        return known;
     redisReply *r[3] = {NULL, NULL, NULL};
     pthread_mutex_lock(&t->ctl_lock);
     redisContext *c = kb__redis_conn_get(&t->ctl, NULL, 0);
