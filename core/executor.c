@@ -2,6 +2,7 @@
  * producers marked ready, delays lanes whose head item asked for a retry, and
  * parks when there is nothing to do. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,9 @@
 /* A lane just unscheduled is re-checked for items at the latest this long
  * after, when the executor stays busy (it re-checks at once before parking). */
 #define SETTLE_NS 1000000
+
+/* Passes that find only a half-linked ready node before the executor yields. */
+#define BLOCKED_SPINS 64
 
 /* Lanes producers made ready arrive on the wait-free queue; the executor moves
  * them to its private run list, where re-queueing a lane costs no atomics. */
@@ -45,16 +49,24 @@ static struct kb_lane *run_list_pop(struct kb_executor *ex)
     return lane;
 }
 
-static void collect_ready(struct kb_executor *ex)
+/* Move the lanes producers made ready to the run list. Never waits: a
+ * producer preempted between swapping the queue's tail and linking its node
+ * leaves that node (and any behind it) unreachable for a moment, and liburcu's
+ * blocking dequeue would then sleep 10 ms (WFCQ_WAIT); the non-blocking one
+ * says so instead. Returns false when such a node was left for the next pass. */
+static bool collect_ready(struct kb_executor *ex)
 {
     struct cds_wfcq_node *node;
     if (cds_wfcq_empty(&ex->head, &ex->tail))
-        return;
-    while ((node = __cds_wfcq_dequeue_blocking(&ex->head, &ex->tail)) != NULL) {
+        return true;
+    while ((node = __cds_wfcq_dequeue_nonblocking(&ex->head, &ex->tail)) != NULL) {
+        if (node == CDS_WFCQ_WOULDBLOCK)
+            return false;
         struct kb_lane *lane = caa_container_of(node, struct kb_lane, ready_node);
         KB_TSAN_ACQUIRE(lane);
         run_list_push(ex, lane);
     }
+    return true;
 }
 
 void kb__lane_ready(struct kb_lane *lane)
@@ -345,7 +357,9 @@ static void *executor_main(void *arg)
     while (!atomic_load_explicit(&ex->sched->stop, memory_order_acquire)) {
         if (ex->heap_len > 0)
             run_due_lanes(ex);
-        collect_ready(ex);
+        bool collected = collect_ready(ex);
+        if (collected)
+            ex->blocked_passes = 0;
         struct kb_lane *lane = run_list_pop(ex);
         if (lane != NULL) {
             /* An empty visit read the producers' ring counters; re-reading them
@@ -368,6 +382,16 @@ static void *executor_main(void *arg)
         }
         if (ex->heap_len > 0 && ex->heap[0]->due_ns <= kb__now_ns())
             continue;
+        if (!collected) {
+            /* Only a half-linked ready node is left: its producer is between
+             * two stores. Spin a little; if it stays half-linked the producer
+             * was preempted, perhaps on this CPU, so let it run. */
+            if (++ex->blocked_passes < BLOCKED_SPINS)
+                ck_pr_stall();
+            else
+                sched_yield();
+            continue;
+        }
         idle(ex);
     }
     return NULL;

@@ -64,6 +64,7 @@ struct kb_executor {
     struct kb_lane *settling;          /* unscheduled, not yet re-checked after a barrier */
     int64_t settle_due_ns;             /* when they must be re-checked at the latest */
     uint32_t settle_checks;            /* lane visits, to pace looking at the clock */
+    uint32_t blocked_passes;           /* passes in a row stuck on a half-linked ready node */
     struct kb_lane **heap;             /* delayed lanes, min-heap on due_ns */
     size_t heap_len, heap_cap;
     uint64_t rng;                      /* retry jitter */
