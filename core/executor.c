@@ -16,7 +16,7 @@
 #define LANE_BATCH 64
 /* Empty visits before a lane leaves the ready queue. */
 #define LANE_LINGER_VISITS 2
-/* Pause instructions after a visit that found its lane empty. */
+/* Pause instructions after a round of the run list that found every lane empty. */
 #define EMPTY_VISIT_PAUSES 16
 
 /* A lane just unscheduled is re-checked for items at the latest this long
@@ -36,6 +36,7 @@ static void run_list_push(struct kb_executor *ex, struct kb_lane *lane)
     else
         ex->run_head = lane;
     ex->run_tail = lane;
+    ex->run_len++;
 }
 
 static struct kb_lane *run_list_pop(struct kb_executor *ex)
@@ -45,6 +46,7 @@ static struct kb_lane *run_list_pop(struct kb_executor *ex)
         ex->run_head = lane->run_next;
         if (ex->run_head == NULL)
             ex->run_tail = NULL;
+        ex->run_len--;
     }
     return lane;
 }
@@ -364,18 +366,28 @@ static void *executor_main(void *arg)
         if (lane != NULL) {
             /* An empty visit read the producers' ring counters; re-reading them
              * at once would pull the line away from a producer between every
-             * two of its writes. A short pause lets events accumulate. */
-            if (lane_visit(ex, lane) == 0)
+             * two of its writes. Once a whole round of the run list found
+             * nothing, a short pause lets events accumulate; pausing per empty
+             * visit would make a round, and so every event's wait, grow with
+             * the number of lanes lingering on the list. */
+            unsigned handled = lane_visit(ex, lane);
+            if (handled > 0) {
+                ex->empty_visits = 0;
+            } else if (++ex->empty_visits >= ex->run_len) {
+                ex->empty_visits = 0;
                 for (int i = 0; i < EMPTY_VISIT_PAUSES; i++)
                     ck_pr_stall();
+            }
             /* Lanes left unscheduled get a cheap look every few visits and
-             * their final check once due; the clock is read per visit only
-             * while there are such lanes, since a visit may run many slow
-             * handlers. */
+             * their final check once due. The clock (tens of ns in a VM) is
+             * read after visits that ran handlers, which may have been slow,
+             * and with the cheap look: read after every empty visit, it made
+             * a round over lingering lanes cost a clock read per lane. */
             if (ex->settling != NULL) {
-                if (kb__now_ns() >= ex->settle_due_ns)
+                bool look = (++ex->settle_checks & 7) == 0;
+                if ((look || handled > 0) && kb__now_ns() >= ex->settle_due_ns)
                     recheck_settling(ex, true);
-                else if ((++ex->settle_checks & 7) == 0)
+                else if (look)
                     recheck_settling(ex, false);
             }
             continue;
