@@ -398,10 +398,14 @@ static void *executor_main(void *arg)
             /* Only a half-linked ready node is left: its producer is between
              * two stores. Spin a little; if it stays half-linked the producer
              * was preempted, perhaps on this CPU, so let it run. */
-            if (++ex->blocked_passes < BLOCKED_SPINS)
+            if (++ex->blocked_passes < BLOCKED_SPINS) {
                 ck_pr_stall();
-            else
-                sched_yield();
+                continue;
+            }
+            sched_yield();
+            /* lanes just unscheduled keep their deadline meanwhile */
+            if (ex->settling != NULL)
+                recheck_settling(ex, kb__now_ns() >= ex->settle_due_ns);
             continue;
         }
         idle(ex);
