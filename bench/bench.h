@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include <keybus/keybus.h>
@@ -61,6 +62,8 @@ typedef struct kb_result {
     double ratio_ring, ratio_mutex;   /* 0: not measured in this run */
     double ratio_raw;           /* over baseline:redis-raw / nats-raw; 0: not measured */
     double idle_cpu_pct;        /* CPU over a quiet second after the run; < 0: not measured */
+    double cpu_ns_per_event;    /* process user + sys CPU from the first publish to the last
+                                 * handled event, over the events handled */
     uint32_t batch;             /* the plan's batch (1: single publishes) */
     char idle[16];              /* pool.idle of a bus run ("" for baselines) */
     kb_hist hist;               /* publish-to-handle latency, ns */
@@ -80,6 +83,15 @@ static inline uint64_t kb_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* User + system CPU of the whole process so far (every thread), seconds. */
+static inline double kb_cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
 static inline void kb_spin_until(uint64_t deadline_ns)

@@ -30,8 +30,8 @@ static const char usage[] =
     "                        kb_publish_to per event; baselines always publish one by one)\n"
     "  --idle S              pool.idle: adaptive | spin | yield | block (default: configured)\n"
     "  --idle-cpu            after each keybus run, measure CPU over a quiet second\n"
-    "  --repeat N            run every point N times, baselines included (default 1): quote the\n"
-    "                        median of the same-run ratios\n"
+    "  --repeat N            run every point N times, baselines included (default 1), then a\n"
+    "                        '# median of N runs' line per row: quote those medians\n"
     "  --sweep events|threads  multi scenario over 10k..--sweep-max events, or 1..2*CPUs threads\n"
     "  --sweep-max N         largest events sweep point (default 10M)\n"
     "  --json FILE           append JSON lines ('-': stdout, the table goes to stderr)\n"
@@ -77,20 +77,80 @@ static void emit(struct cli *c, kb_result *r)
         c->failed = 1;
 }
 
-static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t aggs,
-                     uint32_t threads, const char *kind);
+/* A row's figures, kept over the --repeat runs of a point for its medians. */
+struct figures {
+    int valid;
+    char transport[160];
+    double v[7];
+};
+static const char *const figure_name[7] = {"events/s", "cpu_ns/ev", "p50_us", "p99_us",
+                                           "p999_us", "x_ring", "x_mutex"};
 
-/* One point, --repeat times. */
+static void keep_figures(struct figures *f, const kb_result *r)
+{
+    f->valid = 1;
+    snprintf(f->transport, sizeof f->transport, "%s", r->transport);
+    double v[7] = {r->events_per_s, r->cpu_ns_per_event, kb_hist_quantile(&r->hist, 0.5) / 1e3,
+                   kb_hist_quantile(&r->hist, 0.99) / 1e3, kb_hist_quantile(&r->hist, 0.999) / 1e3,
+                   r->ratio_ring, r->ratio_mutex};
+    memcpy(f->v, v, sizeof v);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Per row (baselines included), the median of each figure over the repeats:
+ * one line each, after the point's runs. */
+static void report_medians(struct cli *c, struct figures (*f)[4], uint32_t runs)
+{
+    double *col = calloc(runs, sizeof *col);
+    if (col == NULL)
+        return;
+    for (int k = 0; k < 4; k++) {
+        if (!f[0][k].valid)
+            continue;
+        fprintf(c->table, "# median of %u runs, %s:", runs, f[0][k].transport);
+        for (int j = 0; j < 7; j++) {
+            uint32_t n = 0;
+            for (uint32_t i = 0; i < runs; i++)
+                if (f[i][k].valid && f[i][k].v[j] > 0)
+                    col[n++] = f[i][k].v[j];
+            if (n == 0)
+                continue;
+            qsort(col, n, sizeof *col, cmp_double);
+            double m = n % 2 ? col[n / 2] : (col[n / 2 - 1] + col[n / 2]) / 2;
+            fprintf(c->table, " %s %.*f", figure_name[j], j == 0 ? 0 : 2, m);
+        }
+        fputc('\n', c->table);
+    }
+    free(col);
+}
+
+static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t aggs,
+                     uint32_t threads, const char *kind, struct figures kept[4]);
+
+/* One point, --repeat times, then the medians. */
 static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t aggs, uint32_t threads,
                       const char *kind)
 {
+    struct figures (*f)[4] = calloc(c->repeat, sizeof *f);
+    if (f == NULL) {
+        c->failed = 1;
+        return;
+    }
     for (uint32_t i = 0; i < c->repeat; i++)
-        run_once(c, s, events, aggs, threads, kind);
+        run_once(c, s, events, aggs, threads, kind, f[i]);
+    if (c->repeat > 1)
+        report_medians(c, f, c->repeat);
+    free(f);
 }
 
 /* The baselines, then keybus with its ratios to them. */
 static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t aggs,
-                     uint32_t threads, const char *kind)
+                     uint32_t threads, const char *kind, struct figures kept[4])
 {
     char label[96];
     snprintf(label, sizeof label, "%s/%s/%llu", kb_scenario_name(s), kind,
@@ -142,6 +202,9 @@ static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t agg
     r[2].ratio_mutex = r[1].events_per_s > 0 ? r[2].events_per_s / r[1].events_per_s : 0;
     r[2].ratio_raw = r[3].events_per_s > 0 ? r[2].events_per_s / r[3].events_per_s : 0;
     emit(c, &r[2]);
+    for (int i = 0; i < 4; i++)
+        if (r[i].transport[0] != '\0')
+            keep_figures(&kept[i], &r[i]);
     if (r[2].idle_cpu_pct >= 0)
         fprintf(c->table, "# %s idle=%s: %.2f%% CPU over a quiet second after the run\n", label,
                 r[2].idle, r[2].idle_cpu_pct);

@@ -5,11 +5,11 @@
 
 void kb_report_header(FILE *out)
 {
-    fprintf(out, "%-8s %-13s %-28s %10s %6s %3s %3s %5s %9s %12s %8s %8s %8s %7s %14s %9s %7s %7s "
-                 "%7s\n",
+    fprintf(out, "%-8s %-13s %-28s %10s %6s %3s %3s %5s %9s %12s %9s %8s %8s %8s %7s %14s %9s "
+                 "%7s %7s %7s\n",
             "scenario", "kind", "transport", "events", "aggs", "prd", "thr", "batch", "seconds",
-            "events/s", "p50_us", "p99_us", "p999_us", "rss_MB", "order/lost/dup", "x_origin",
-            "x_ring", "x_mutex", "x_raw");
+            "events/s", "cpu_ns/ev", "p50_us", "p99_us", "p999_us", "rss_MB", "order/lost/dup",
+            "x_origin", "x_ring", "x_mutex", "x_raw");
 }
 
 static void ratio(FILE *out, double r)
@@ -26,10 +26,10 @@ void kb_report_row(FILE *out, const kb_result *r)
     snprintf(checks, sizeof checks, "%llu/%llu/%llu%s", (unsigned long long)r->order_violations,
              (unsigned long long)r->lost, (unsigned long long)r->duplicates,
              r->error ? " ERR" : r->corrupt ? " BAD" : "");
-    fprintf(out, "%-8s %-13s %-28.28s %10llu %6u %3u %3u %5u %9.4f %12.0f %8.2f %8.2f %8.2f %7.1f "
-                 "%14s %9.1f",
+    fprintf(out, "%-8s %-13s %-28.28s %10llu %6u %3u %3u %5u %9.4f %12.0f %9.1f %8.2f %8.2f %8.2f "
+                 "%7.1f %14s %9.1f",
             r->scenario, r->kind, r->transport, (unsigned long long)r->events, r->aggregates,
-            r->producers, r->threads, r->batch, r->seconds, r->events_per_s,
+            r->producers, r->threads, r->batch, r->seconds, r->events_per_s, r->cpu_ns_per_event,
             kb_hist_quantile(&r->hist, 0.5) / 1e3, kb_hist_quantile(&r->hist, 0.99) / 1e3,
             kb_hist_quantile(&r->hist, 0.999) / 1e3, r->rss_bytes / 1048576.0, checks,
             r->events_per_s / r->origin_events_per_s);
@@ -67,13 +67,14 @@ void kb_report_json(FILE *out, const kb_result *r)
     fprintf(out,
             ",\"events\":%llu,\"aggregates\":%u,\"producers\":%u,\"threads\":%u,"
             "\"payload_bytes\":%u,\"handler_us\":%u,\"rate\":%llu,\"seconds\":%.6f,"
-            "\"events_per_s\":%.1f,\"handled\":%llu,\"order_violations\":%llu,\"lost\":%llu,"
+            "\"events_per_s\":%.1f,\"cpu_ns_per_event\":%.1f,\"handled\":%llu,"
+            "\"order_violations\":%llu,\"lost\":%llu,"
             "\"duplicates\":%llu,\"corrupt\":%llu,\"publish_retries\":%llu,\"error\":%s,"
             "\"p50_us\":%.3f,\"p99_us\":%.3f,\"p999_us\":%.3f,\"max_us\":%.3f,\"rss_bytes\":%llu,"
             "\"origin_events_per_s\":%.1f,\"ratio_origin\":%.4f",
             (unsigned long long)r->events, r->aggregates, r->producers, r->threads,
             r->payload_bytes, r->handler_us, (unsigned long long)r->rate, r->seconds,
-            r->events_per_s, (unsigned long long)r->handled,
+            r->events_per_s, r->cpu_ns_per_event, (unsigned long long)r->handled,
             (unsigned long long)r->order_violations, (unsigned long long)r->lost,
             (unsigned long long)r->duplicates, (unsigned long long)r->corrupt,
             (unsigned long long)r->publish_retries, r->error ? "true" : "false",

@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,25 +36,17 @@ static int publish_batch(void *opaque, const kb_msg *msgs, size_t n, size_t *acc
     return kb_publish_batch(c->topic, msgs, n, accepted);
 }
 
-static double cpu_seconds(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
-
 /* What the bus burns while nothing happens: process CPU over a quiet second
  * (only the bus's threads run; this one sleeps). */
 static double idle_cpu_pct(void)
 {
-    double before = cpu_seconds();
+    double before = kb_cpu_seconds();
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     nanosleep(&(struct timespec){1, 0}, NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double wall = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    return 100.0 * (cpu_seconds() - before) / wall;
+    return 100.0 * (kb_cpu_seconds() - before) / wall;
 }
 
 /* The origin's consumers were running before it published: wait (up to 10 s)

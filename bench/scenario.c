@@ -216,6 +216,7 @@ void kb_drive(const kb_plan *p, kb_publish_fn fn, kb_publish_batch_fn batch_fn, 
         started++;
     }
     kb_collect_mark_start();
+    double cpu_start = kb_cpu_seconds();
     atomic_store_explicit(&start_gate, 1, memory_order_release);
 
     uint64_t start = kb_now_ns(), next_report = 0, last_handled = 0, last_move = start;
@@ -245,6 +246,9 @@ void kb_drive(const kb_plan *p, kb_publish_fn fn, kb_publish_batch_fn batch_fn, 
         nanosleep(&tick, NULL);
         progress(p, start, &next_report);
     }
+    uint64_t handled = kb_collect_handled();
+    if (handled > 0)
+        r->cpu_ns_per_event = (kb_cpu_seconds() - cpu_start) * 1e9 / (double)handled;
     for (uint32_t i = 0; i < started; i++) {
         pthread_join(prs[i].thread, NULL);
         r->publish_retries += prs[i].retries;

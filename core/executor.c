@@ -2,6 +2,7 @@
  * producers marked ready, delays lanes whose head item asked for a retry, and
  * parks when there is nothing to do. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,12 +16,15 @@
 #define LANE_BATCH 64
 /* Empty visits before a lane leaves the ready queue. */
 #define LANE_LINGER_VISITS 2
-/* Pause instructions after a visit that found its lane empty. */
+/* Pause instructions after a round of the run list that found every lane empty. */
 #define EMPTY_VISIT_PAUSES 16
 
 /* A lane just unscheduled is re-checked for items at the latest this long
  * after, when the executor stays busy (it re-checks at once before parking). */
 #define SETTLE_NS 1000000
+
+/* Passes that find only a half-linked ready node before the executor yields. */
+#define BLOCKED_SPINS 64
 
 /* Lanes producers made ready arrive on the wait-free queue; the executor moves
  * them to its private run list, where re-queueing a lane costs no atomics. */
@@ -32,6 +36,7 @@ static void run_list_push(struct kb_executor *ex, struct kb_lane *lane)
     else
         ex->run_head = lane;
     ex->run_tail = lane;
+    ex->run_len++;
 }
 
 static struct kb_lane *run_list_pop(struct kb_executor *ex)
@@ -41,20 +46,29 @@ static struct kb_lane *run_list_pop(struct kb_executor *ex)
         ex->run_head = lane->run_next;
         if (ex->run_head == NULL)
             ex->run_tail = NULL;
+        ex->run_len--;
     }
     return lane;
 }
 
-static void collect_ready(struct kb_executor *ex)
+/* Move the lanes producers made ready to the run list. Never waits: a
+ * producer preempted between swapping the queue's tail and linking its node
+ * leaves that node (and any behind it) unreachable for a moment, and liburcu's
+ * blocking dequeue would then sleep 10 ms (WFCQ_WAIT); the non-blocking one
+ * says so instead. Returns false when such a node was left for the next pass. */
+static bool collect_ready(struct kb_executor *ex)
 {
     struct cds_wfcq_node *node;
     if (cds_wfcq_empty(&ex->head, &ex->tail))
-        return;
-    while ((node = __cds_wfcq_dequeue_blocking(&ex->head, &ex->tail)) != NULL) {
+        return true;
+    while ((node = __cds_wfcq_dequeue_nonblocking(&ex->head, &ex->tail)) != NULL) {
+        if (node == CDS_WFCQ_WOULDBLOCK)
+            return false;
         struct kb_lane *lane = caa_container_of(node, struct kb_lane, ready_node);
         KB_TSAN_ACQUIRE(lane);
         run_list_push(ex, lane);
     }
+    return true;
 }
 
 void kb__lane_ready(struct kb_lane *lane)
@@ -345,29 +359,55 @@ static void *executor_main(void *arg)
     while (!atomic_load_explicit(&ex->sched->stop, memory_order_acquire)) {
         if (ex->heap_len > 0)
             run_due_lanes(ex);
-        collect_ready(ex);
+        bool collected = collect_ready(ex);
+        if (collected)
+            ex->blocked_passes = 0;
         struct kb_lane *lane = run_list_pop(ex);
         if (lane != NULL) {
             /* An empty visit read the producers' ring counters; re-reading them
              * at once would pull the line away from a producer between every
-             * two of its writes. A short pause lets events accumulate. */
-            if (lane_visit(ex, lane) == 0)
+             * two of its writes. Once a whole round of the run list found
+             * nothing, a short pause lets events accumulate; pausing per empty
+             * visit would make a round, and so every event's wait, grow with
+             * the number of lanes lingering on the list. */
+            unsigned handled = lane_visit(ex, lane);
+            if (handled > 0) {
+                ex->empty_visits = 0;
+            } else if (++ex->empty_visits >= ex->run_len) {
+                ex->empty_visits = 0;
                 for (int i = 0; i < EMPTY_VISIT_PAUSES; i++)
                     ck_pr_stall();
+            }
             /* Lanes left unscheduled get a cheap look every few visits and
-             * their final check once due; the clock is read per visit only
-             * while there are such lanes, since a visit may run many slow
-             * handlers. */
+             * their final check once due. The clock (tens of ns in a VM) is
+             * read after visits that ran handlers, which may have been slow,
+             * and with the cheap look: read after every empty visit, it made
+             * a round over lingering lanes cost a clock read per lane. */
             if (ex->settling != NULL) {
-                if (kb__now_ns() >= ex->settle_due_ns)
+                bool look = (++ex->settle_checks & 7) == 0;
+                if ((look || handled > 0) && kb__now_ns() >= ex->settle_due_ns)
                     recheck_settling(ex, true);
-                else if ((++ex->settle_checks & 7) == 0)
+                else if (look)
                     recheck_settling(ex, false);
             }
             continue;
         }
         if (ex->heap_len > 0 && ex->heap[0]->due_ns <= kb__now_ns())
             continue;
+        if (!collected) {
+            /* Only a half-linked ready node is left: its producer is between
+             * two stores. Spin a little; if it stays half-linked the producer
+             * was preempted, perhaps on this CPU, so let it run. */
+            if (++ex->blocked_passes < BLOCKED_SPINS) {
+                ck_pr_stall();
+                continue;
+            }
+            sched_yield();
+            /* lanes just unscheduled keep their deadline meanwhile */
+            if (ex->settling != NULL)
+                recheck_settling(ex, kb__now_ns() >= ex->settle_due_ns);
+            continue;
+        }
         idle(ex);
     }
     return NULL;

@@ -344,6 +344,81 @@ static void touch(struct touched *t, struct kb_lane *lane)
 /* Items submitted at once; longer runs of one lane are split. */
 #define RUN_MAX 64
 
+/* A window of a batch regrouped by lane, and the open-addressing table that
+ * finds each item's group (more slots than items, a power of two). */
+#define GROUP_MAX 64
+#define GROUP_SLOT_BITS 7
+#define GROUP_NONE 0xff
+
+/* Regroup up to GROUP_MAX items by lane so that each lane's items, in batch
+ * order, move with one ring reservation, where runs of adjacent items would
+ * have taken one per run (keys interleaved in the batch). Only where the
+ * whole window is sure to be taken, so the batch still takes a prefix when
+ * a lane is full: one producer (a lane's room then only grows) and room for
+ * every group now. Returns the items taken: all of the window, or 0 with
+ * nothing pushed (adjacent runs already are the groups, or no certainty). */
+static size_t push_grouped(kb_pool *p, const uint32_t *hashes, void *const *items, size_t n,
+                           kb_push_mode mode, struct touched *t)
+{
+    if (mode == KB_PUSH_MPSC)
+        return 0;
+    if (n > GROUP_MAX)
+        n = GROUP_MAX;
+    uint8_t slot[1u << GROUP_SLOT_BITS], group_of[GROUP_MAX], count[GROUP_MAX] = {0};
+    uint32_t lane_idx[GROUP_MAX];
+    unsigned groups = 0;
+    bool interleaved = false;
+    memset(slot, GROUP_NONE, sizeof slot);
+    for (size_t i = 0; i < n; i++) {
+        if (items[i] == NULL) {
+            n = i;   /* the caller reports it */
+            break;
+        }
+        uint32_t idx = hashes[i] % p->o.lanes;
+        unsigned h = (idx * 2654435761u) >> (32 - GROUP_SLOT_BITS);
+        while (slot[h] != GROUP_NONE && lane_idx[slot[h]] != idx)
+            h = (h + 1) & ((1u << GROUP_SLOT_BITS) - 1);
+        if (slot[h] == GROUP_NONE) {
+            slot[h] = (uint8_t)groups;
+            lane_idx[groups++] = idx;
+        }
+        uint8_t g = slot[h];
+        if (count[g] > 0 && group_of[i - 1] != g)
+            interleaved = true;
+        group_of[i] = g;
+        count[g]++;
+    }
+    if (!interleaved)
+        return 0;
+    struct kb_lane *lanes[GROUP_MAX];
+    unsigned first[GROUP_MAX];
+    for (unsigned g = 0, at = 0; g < groups; at += count[g], g++) {
+        struct kb_lane *lane = lanes[g] = lane_get(p, lane_idx[g]);
+        if (lane == NULL)
+            return 0;
+        unsigned int head =
+            ck_pr_load_uint(mode == KB_PUSH_SPSC ? &lane->ring.p_tail : &lane->ring.p_head);
+        if (head - kb__ring_consumed(&lane->ring, &lane->consumed_seen, head, count[g]) +
+                count[g] > lane->ring.mask)
+            return 0;
+        first[g] = at;
+    }
+    void *sorted[GROUP_MAX];
+    unsigned fill[GROUP_MAX];
+    memcpy(fill, first, groups * sizeof *fill);
+    for (size_t i = 0; i < n; i++)
+        sorted[fill[group_of[i]]++] = items[i];
+    for (unsigned g = 0; g < groups; g++) {
+        unsigned int depth = 0;
+        /* takes all: checked above, and no other producer pushes meanwhile */
+        unsigned int k = kb__ring_push_n(&lanes[g]->ring, lanes[g]->buf, sorted + first[g],
+                                         count[g], mode, &depth, &lanes[g]->consumed_seen);
+        note_depth(lanes[g], depth + k);
+        touch(t, lanes[g]);
+    }
+    return n;
+}
+
 int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items, size_t n,
                          int timeout_ms, size_t *accepted)
 {
@@ -362,7 +437,15 @@ int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items,
     struct touched t;
     t.n = 0;
     t.idle = p->o.idle;
+    size_t regroup_at = 0;   /* where the next window may be regrouped */
     while (done < n) {
+        if (done >= regroup_at && n - done > 2) {
+            size_t g = push_grouped(p, hashes + done, items + done, n - done, mode, &t);
+            done += g;
+            regroup_at = g > 0 ? done : done + GROUP_MAX;
+            if (g > 0)
+                continue;
+        }
         if (items[done] == NULL) {
             rc = KB_EINVAL;
             break;

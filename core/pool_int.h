@@ -61,9 +61,12 @@ struct kb_executor {
     uint32_t index;
     kb_thread *thread;
     struct kb_lane *run_head, *run_tail;  /* lanes to visit, in order */
+    uint32_t run_len;                  /* lanes on the run list */
+    uint32_t empty_visits;             /* visits in a row that found nothing */
     struct kb_lane *settling;          /* unscheduled, not yet re-checked after a barrier */
     int64_t settle_due_ns;             /* when they must be re-checked at the latest */
     uint32_t settle_checks;            /* lane visits, to pace looking at the clock */
+    uint32_t blocked_passes;           /* passes in a row stuck on a half-linked ready node */
     struct kb_lane **heap;             /* delayed lanes, min-heap on due_ns */
     size_t heap_len, heap_cap;
     uint64_t rng;                      /* retry jitter */

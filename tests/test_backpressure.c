@@ -161,6 +161,48 @@ static void batch_takes_an_exact_prefix(void **state)
     assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
 }
 
+/* Interleaved lanes with room take the whole batch (regrouped by lane); once one of them is
+ * full the batch takes only the prefix before its first item there. */
+static void full_lane_still_takes_a_prefix(void **state)
+{
+    (void)state;
+    struct gated g = {0};
+    kb_pool_options o;
+    kb_pool_options_init(&o);
+    o.lanes = 4;
+    o.threads = 1;
+    o.capacity = 4;   /* ring of 8: 7 slots */
+    o.handle = gated_handle;
+    o.opaque = &g;
+    char err[128];
+    kb_pool *p = kb_pool_new(&o, err, sizeof err);
+    assert_non_null(p);
+    static int items[32];
+    /* lane 3 (hash 3): its first item holds the only executor at the gate */
+    assert_int_equal(kb_pool_submit_hash(p, 3, &items[0], 0), KB_OK);
+    kb_gate_wait_for_waiter(&g.gate);
+
+    uint32_t hashes[16] = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1};
+    void *batch[16];
+    for (int i = 0; i < 16; i++)
+        batch[i] = &items[1 + i];
+    size_t taken = 99;
+    assert_int_equal(kb_pool_submit_batch(p, hashes, batch, 10, 0, &taken), KB_OK);
+    assert_int_equal(taken, 10);   /* 5 on each lane */
+    /* each lane has room for 2 more: of 0,1,0,1,0,1 the third 0 does not fit,
+     * and the 1 behind it stays out although its lane has room */
+    assert_int_equal(kb_pool_submit_batch(p, hashes, batch + 10, 6, 0, &taken), KB_EFULL);
+    assert_int_equal(taken, 4);
+    kb_pool_stats st;
+    kb_pool_stats_get(p, &st);
+    assert_int_equal(st.submitted, 15);
+
+    g.gate.open = 1;
+    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    assert_int_equal(g.handled, 15);
+    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+}
+
 /* The same through the bus: pool.enqueue_timeout_ms and an errstr. */
 struct bus_gated {
     kb_gate gate;
@@ -270,6 +312,7 @@ int main(void)
         cmocka_unit_test(waiting_producer_gets_space),
         cmocka_unit_test(publish_returns_efull_after_timeout),
         cmocka_unit_test(batch_takes_an_exact_prefix),
+        cmocka_unit_test(full_lane_still_takes_a_prefix),
         cmocka_unit_test(handler_into_its_own_full_lane_is_refused_at_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
