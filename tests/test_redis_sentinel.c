@@ -2,6 +2,8 @@
  * one replica and three Sentinels on loopback (support/sentinel.h):
  *   - the URL checked at kb_conf_set; no Sentinel answering fails kb_open;
  *   - WAIT: kb_flush names the shortfall when fewer replicas confirm;
+ *   - SENTINEL FAILOVER: the old primary lives on as a replica; every
+ *     connection leaves it (+switch-master, -READONLY);
  *   - the primary killed -9 mid-stream with redis.wait_replicas = 1: the
  *     Sentinels promote the replica, keybus follows it, every event a kb_flush
  *     acknowledged is handled, in per-key order; leases and pending entries
@@ -13,6 +15,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -21,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <hiredis/hiredis.h>
 #include <keybus/keybus.h>
 
 #include "support/sentinel.h"
@@ -139,6 +143,67 @@ static void wait_shortfall_named(void **state)
     assert_int_equal(kb_flush(two, 5000), KB_OK);   /* reported once */
     assert_int_equal(kb_close(one, 5000), KB_OK);
     assert_int_equal(kb_close(two, 5000), KB_OK);
+}
+
+/* ---- a failover the Sentinels are asked for: the old primary lives on as a replica ---- */
+
+static int count_handled(const kb_event *ev, void *opaque)
+{
+    (void)ev;
+    atomic_fetch_add((_Atomic uint64_t *)opaque, 1);
+    return KB_HANDLED;
+}
+
+static void switch_followed(void **state)
+{
+    kb_test_sentinels *s = *state;
+    int old = kb_test_sentinels_primary(s, 0);
+    assert_true(old == 0 || old == 1);
+    _Atomic uint64_t handled = 0;
+    kb_bus *consumer = open_bus(s->url, "0");
+    assert_int_equal(kb_subscribe(consumer, TOPIC "-switch", count_handled, &handled), KB_OK);
+    kb_bus *pub = open_bus(s->url, "1");
+    uint32_t seq = 0;
+    for (; seq < 100; seq++)
+        assert_int_equal(kb_tracker_publish(pub, TOPIC "-switch", seq % KEYS, seq + 1, 16), KB_OK);
+    assert_int_equal(kb_flush(pub, 5000), KB_OK);
+
+    redisContext *c = redisConnect("127.0.0.1", s->sentinel[2].port);
+    assert_non_null(c);
+    redisReply *r = redisCommand(c, "SENTINEL FAILOVER %s", KB_TEST_MASTER);
+    assert_non_null(r);
+    if (r->type == REDIS_REPLY_ERROR)
+        fail_msg("SENTINEL FAILOVER: %s", r->str);
+    freeReplyObject(r);
+    redisFree(c);
+    int64_t start = now_ms();
+    while (kb_test_sentinels_primary(s, 0) != 1 - old && now_ms() - start < 30000)
+        usleep(50000);
+    assert_int_equal(kb_test_sentinels_primary(s, 0), 1 - old);
+    int64_t switched = now_ms();
+
+    /* connections that stayed up to the demoted node move too: publishes are
+     * stored and replicated again, and consumed */
+    int rc = KB_ETIMEDOUT;
+    int64_t stored = 0;   /* on the new primary, its replica maybe not back yet */
+    for (int tries = 0; tries < 60 && rc != KB_OK; tries++) {
+        for (uint32_t k = 0; k < KEYS; k++, seq++)
+            assert_int_equal(kb_tracker_publish(pub, TOPIC "-switch", k, seq + 1, 16), KB_OK);
+        rc = kb_flush(pub, 1000);
+        if (stored == 0 && (rc == KB_OK || strstr(kb_last_error(), "replicas confirmed") != NULL))
+            stored = now_ms();
+    }
+    assert_int_equal(rc, KB_OK);
+    int64_t acked = now_ms();
+    assert_int_equal(kb_drain(pub, 30000), KB_OK);
+    assert_true(atomic_load(&handled) >= seq);
+    printf("# switch: the Sentinels named the new primary %lld ms after SENTINEL FAILOVER; then "
+           "the first flush stored %lld ms later, the first acknowledged (replica back) %lld ms "
+           "later; %llu handled of %u published\n",
+           (long long)(switched - start), (long long)(stored - switched), (long long)(acked - switched),
+           (unsigned long long)atomic_load(&handled), seq);
+    assert_int_equal(kb_close(pub, 5000), KB_OK);
+    assert_int_equal(kb_close(consumer, 5000), KB_OK);
 }
 
 /* ---- the failover ---- */
@@ -304,6 +369,7 @@ int main(void)
     };
     const struct CMUnitTest with_servers[] = {
         cmocka_unit_test(wait_shortfall_named),
+        cmocka_unit_test(switch_followed),
         cmocka_unit_test(primary_killed_mid_stream),
     };
     int failed = cmocka_run_group_tests_name("redis_sentinel_url", alone, NULL, NULL);

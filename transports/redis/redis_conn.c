@@ -31,7 +31,8 @@ static void set_context(kb_redis_conn *k, redisContext *c, uint32_t gen)
         redisFree(old);
 }
 
-struct timeval kb__redis_timeout(int ms, int64_t deadline_ns)
+/* `ms`, or less when the deadline comes first (at least 1 ms). */
+static struct timeval timeout_until(int ms, int64_t deadline_ns)
 {
     int left = kb_deadline_left_ms(deadline_ns);
     if (left >= 0 && left < ms)
@@ -41,8 +42,115 @@ struct timeval kb__redis_timeout(int ms, int64_t deadline_ns)
 
 static struct timeval bounded(const kb_redis_conn *k, int ms)
 {
-    return kb__redis_timeout(ms, k->deadline_ns);
+    return timeout_until(ms, k->deadline_ns);
 }
+
+/* ---- redis-sentinel://: the Sentinels name the primary, the standard client
+ * pattern. Every connect asks them in turn (`SENTINEL get-master-addr-by-name`,
+ * the one that answered last first) and the handshake checks `ROLE` says
+ * master, so a connection lost in a failover reconnects to whichever node is
+ * primary by then. An answer naming another primary than before (or a
+ * +switch-master, redis_sentinel.c) cuts the connections made to the old one;
+ * a -READONLY answer drops the connection that got it. ---- */
+
+redisContext *kb__redis_sentinel_connect(const kb_transport *t, const kb_redis_addr *s,
+                                         int64_t deadline_ns, char *why, size_t len)
+{
+    redisContext *c = redisConnectWithTimeout(s->host, s->port,
+                                              timeout_until(t->connect_timeout_ms, deadline_ns));
+    if (c == NULL) {
+        snprintf(why, len, "out of memory");
+    } else if (c->err ||
+               redisSetTimeout(c, timeout_until(t->read_timeout_ms, deadline_ns)) != REDIS_OK) {
+        snprintf(why, len, "%s", c->errstr);
+        redisFree(c);
+        c = NULL;
+    }
+    return c;
+}
+
+/* Ask Sentinel `s` for the primary: true with *out, else `why`. */
+static bool ask_one(const kb_transport *t, const kb_redis_addr *s, int64_t deadline_ns,
+                    kb_redis_addr *out, char *why, size_t len)
+{
+    redisContext *c = kb__redis_sentinel_connect(t, s, deadline_ns, why, len);
+    if (c == NULL)
+        return false;
+    redisReply *r = redisCommand(c, "SENTINEL get-master-addr-by-name %s", t->master);
+    bool ok = false;
+    if (r == NULL)
+        snprintf(why, len, "%s", c->errstr);
+    else if (r->type == REDIS_REPLY_ERROR)
+        snprintf(why, len, "%.200s", r->str);
+    else if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+             r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_STRING)
+        snprintf(why, len, "does not know a master named \"%s\"", t->master);
+    else {
+        snprintf(out->host, sizeof out->host, "%s", r->element[0]->str);
+        out->port = atoi(r->element[1]->str);
+        ok = out->port > 0 && out->port <= 65535;
+        if (!ok)
+            snprintf(why, len, "named port \"%.20s\"", r->element[1]->str);
+    }
+    freeReplyObject(r);
+    redisFree(c);
+    return ok;
+}
+
+uint32_t kb__redis_primary_named(kb_transport *t, size_t from, const kb_redis_addr *a)
+{
+    pthread_mutex_lock(&t->primary_lock);
+    t->sentinel_first = from;
+    kb_redis_addr old = t->primary;
+    bool changed = old.port != a->port || strcmp(old.host, a->host) != 0;
+    if (changed) {
+        t->primary = *a;
+        atomic_fetch_add(&t->primary_gen, 1);
+    }
+    uint32_t gen = atomic_load(&t->primary_gen);
+    pthread_mutex_unlock(&t->primary_lock);
+    if (changed && old.port != 0) {
+        kb_log(t->bus, KB_LOG_WARNING, "redis: the primary of %s is now %s:%d (was %s:%d)", t->master,
+               a->host, a->port, old.host, old.port);
+        kb__redis_conn_kick(&t->pub, gen);
+        kb__redis_conn_kick(&t->ctl, gen);
+        kb__redis_conn_kick(&t->kc, gen);
+        kb__redis_conn_kick(&t->rconn, gen);
+    }
+    return gen;
+}
+
+bool kb__redis_primary(kb_transport *t, int64_t deadline_ns, kb_redis_addr *out, uint32_t *gen,
+                       char *errstr, size_t errlen)
+{
+    if (!t->sentinel) {
+        snprintf(out->host, sizeof out->host, "%s", t->url->host);
+        out->port = t->url->port;
+        *gen = 0;
+        return true;
+    }
+    pthread_mutex_lock(&t->primary_lock);
+    size_t first = t->sentinel_first;
+    pthread_mutex_unlock(&t->primary_lock);
+    char whys[600] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < t->n_sentinels; i++) {
+        size_t at = (first + i) % t->n_sentinels;
+        const kb_redis_addr *s = &t->sentinels[at];
+        char why[256];
+        if (ask_one(t, s, deadline_ns, out, why, sizeof why)) {
+            *gen = kb__redis_primary_named(t, at, out);
+            return true;
+        }
+        if (used < sizeof whys)
+            used += (size_t)snprintf(whys + used, sizeof whys - used, "%s%s:%d: %s", i ? "; " : "",
+                                     s->host, s->port, why);
+    }
+    kb_errf(errstr, errlen, "no Sentinel named the primary of \"%s\" (%s)", t->master, whys);
+    return false;
+}
+
+/* ---- connecting ---- */
 
 /* AUTH and SELECT on a fresh context; an error text without secrets, or NULL. */
 static const char *handshake(redisContext *c, const kb_transport *t, char *buf, size_t len)
@@ -149,9 +257,9 @@ redisContext *kb__redis_conn_force(kb_redis_conn *k, char *errstr, size_t errlen
         err = handshake_cuttable(k, c, why, sizeof why);
     if (err != NULL) {
         if (err != why && t->sentinel)
-            snprintf(why, sizeof why, "primary %s:%d: %s", at.host, at.port, err);
+            snprintf(why, sizeof why, "primary %.255s:%d: %.300s", at.host, at.port, err);
         else if (err != why)
-            snprintf(why, sizeof why, "%s", err);   /* err may point into c */
+            snprintf(why, sizeof why, "%.600s", err);   /* err may point into c */
         err = why;
         kb_errf(errstr, errlen, "redis %s: cannot connect to %s: %s", k->name, t->where, err);
         if (c != NULL)

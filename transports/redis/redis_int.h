@@ -2,6 +2,7 @@
  * file offers. Layers, top down; a file calls only files below it:
  *
  *   redis.c            ops table, redis.* keys, open, topic_open, stop, close
+ *   redis_sentinel.c   redis-sentinel://: the +switch-master listener thread
  *   redis_keeper.c     the keeper thread's loop: one call per job (below)
  *   redis_consume.c    subscribe; the reader thread's loop: read rounds, fenced reads
  *   redis_sweep.c      recovery of a partition just taken (its pending list)
@@ -19,8 +20,7 @@
  *   redis_jobs.c       each partition's queue of acks and dead letters
  *   redis_meta.c       topic metadata and consumer groups on the server
  *   redis_limit.c      the server's proto-max-bulk-len
- *   redis_conn.c       connections: handshake, backoff, deadlines, cut
- *   redis_sentinel.c   redis-sentinel://: the primary asked of the Sentinels, followed
+ *   redis_conn.c       connections: the primary (Sentinels asked), handshake, backoff, cut
  *   redis_url.c        the redis:// and redis-sentinel:// URLs (check_url)
  *   redis_fields.c     replies: field maps, stream IDs, header fields
  *
@@ -44,7 +44,6 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <sys/time.h>
 
 #include <hiredis/hiredis.h>
 
@@ -240,6 +239,11 @@ struct kb_transport {
     kb_signal *settled;
 };
 
+/* ---- redis_sentinel.c ---- */
+/* Start / stop the +switch-master listener (redis-sentinel:// only). */
+int kb__redis_watcher_start(kb_transport *t, char *errstr, size_t errlen);
+void kb__redis_watcher_stop(kb_transport *t);
+
 /* ---- redis_consume.c ---- */
 int kb__redis_subscribe(kb_transport *t, kb_transport_topic *tt, kb_sink *sink);
 /* Stop the reader: no kb_sink_deliver after it returns. */
@@ -413,8 +417,6 @@ int kb__redis_limit_check(kb_transport *t, const char *topic, const kb_msg *m);
 size_t kb__redis_limit_explain(kb_transport *t, size_t big, char *out, size_t len);
 
 /* ---- redis_conn.c ---- */
-/* `ms`, or less when the deadline comes first (at least 1 ms). */
-struct timeval kb__redis_timeout(int ms, int64_t deadline_ns);
 void kb__redis_conn_init(kb_redis_conn *k, const kb_transport *t, const char *name);
 /* Connected context, or NULL (errstr says why) while down, backing off or cut. */
 redisContext *kb__redis_conn_get(kb_redis_conn *k, char *errstr, size_t errlen);
@@ -437,15 +439,17 @@ void kb__redis_conn_kick(kb_redis_conn *k, uint32_t gen);
 /* Does this error reply say the node is a replica now (a failover)? */
 bool kb__redis_readonly(const redisReply *r);
 
-/* ---- redis_sentinel.c ---- */
 /* Where to connect: the URL's host, or the primary the Sentinels name now
  * (asked in turn; a change cuts the connections to the old one). False with
  * errstr when no Sentinel named one. *gen: the primary's generation. */
 bool kb__redis_primary(kb_transport *t, int64_t deadline_ns, kb_redis_addr *out, uint32_t *gen,
                        char *errstr, size_t errlen);
-/* Start / stop the +switch-master listener (redis-sentinel:// only). */
-int kb__redis_watcher_start(kb_transport *t, char *errstr, size_t errlen);
-void kb__redis_watcher_stop(kb_transport *t);
+/* Sentinel `from` named `a` the primary: kept and, when it is another one
+ * than before, the connections made to the old one are cut. Its generation. */
+uint32_t kb__redis_primary_named(kb_transport *t, size_t from, const kb_redis_addr *a);
+/* A connection to Sentinel `s` with the redis.* timeouts, or NULL with `why`. */
+redisContext *kb__redis_sentinel_connect(const kb_transport *t, const kb_redis_addr *s,
+                                         int64_t deadline_ns, char *why, size_t len);
 
 /* ---- redis_url.c ---- */
 /* check_url hook: redis://[user[:password]@]host[:port][/db], or
