@@ -136,8 +136,8 @@ struct kb_transport_topic {
 /* One accepted publish: its XADD's bytes in the backlog, its partition (the
  * reply's ID becomes the partition's last_id) and its largest argument. Or,
  * with p NULL, the WAIT the sender queued after `events` of them
- * (redis.wait_replicas); `lost`: the connection they were written on broke,
- * so its answer cannot vouch for them. */
+ * (redis.wait_replicas); `lost`: some of them were confirmed on a connection
+ * that then broke, so its answer on the next one cannot vouch for them. */
 typedef struct kb_redis_pubrec {
     kb_redis_part *p;
     size_t len, big;

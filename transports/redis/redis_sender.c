@@ -189,12 +189,16 @@ static void lose(kb_transport *t, const char *why_now)
     pthread_mutex_lock(&t->pub_lock);
     kb_redis_backlog *bl = &t->backlog;
     bl->sent = bl->head;
+    uint32_t held = 0;   /* XADDs still held since the previous WAIT */
     for (size_t i = 0; i < bl->n; i++) {
         kb_redis_pubrec *rec = &bl->rec[(bl->first + i) % bl->rcap];
         if (rec->big > big)
             big = rec->big;
-        if (rec->p == NULL)
+        held += rec->p != NULL;
+        if (rec->p == NULL && held < rec->events)
             rec->lost = true;   /* some of its XADDs were confirmed on the lost connection */
+        if (rec->p == NULL)
+            held = 0;
     }
     snprintf(t->pub_lost, sizeof t->pub_lost, "%s", why);
     pthread_mutex_unlock(&t->pub_lock);
