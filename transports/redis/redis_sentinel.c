@@ -11,6 +11,7 @@
 
 #define WATCH_NAP_MS 100   /* how often the watcher looks at its stop flag */
 #define WATCH_RETRY_MS 500 /* after no Sentinel could be subscribed to */
+#define WATCH_STEP_MS 1000 /* bound on each blocking step, so kb_close never waits longer */
 
 static bool nap(kb_transport *t, int ms)
 {
@@ -41,7 +42,8 @@ static void switch_message(kb_transport *t, size_t from, const redisReply *r)
 static bool listen_to(kb_transport *t, size_t at)
 {
     char why[256];
-    redisContext *c = kb__redis_sentinel_connect(t, &t->sentinels[at], INT64_MAX, why, sizeof why);
+    redisContext *c = kb__redis_sentinel_connect(t, &t->sentinels[at], kb_deadline_ns(WATCH_STEP_MS),
+                                                 why, sizeof why);
     if (c == NULL)
         return false;
     redisReply *r = redisCommand(c, "SUBSCRIBE +switch-master");
@@ -51,7 +53,7 @@ static bool listen_to(kb_transport *t, size_t at)
         /* a switch before the subscription is not missed: ask once more */
         kb_redis_addr a;
         uint32_t gen;
-        kb__redis_primary(t, kb_deadline_ns(t->read_timeout_ms), &a, &gen, NULL, 0);
+        kb__redis_primary(t, kb_deadline_ns(WATCH_STEP_MS), &a, &gen, NULL, 0);
     }
     while (ok && !atomic_load(&t->watcher_stop)) {
         struct pollfd p = {c->fd, POLLIN, 0};
