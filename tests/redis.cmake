@@ -27,3 +27,8 @@ kb_test(test_redis_url TIMEOUT 120 LABELS redis)
 
 # kb_close racing every other call (issue 11, item 4).
 kb_test(test_close_race TESTNAME close_race_redis ARGS redis LABELS redis TIMEOUT 300)
+
+# Dead letters keep every original field; broker_lag before the group exists
+# and against the stream's IDs (issue 31).
+kb_test(test_redis_figures TIMEOUT 120 LABELS redis)
+target_link_libraries(test_redis_figures PRIVATE PkgConfig::HIREDIS)

@@ -294,16 +294,20 @@ typedef struct kb_topic_stats {
     uint64_t lane_memory_bytes;  /* lane table plus allocated lanes and rings */
     uint64_t dead_letters_lost;  /* dead letters not stored, or dropped from a full
                                     store (mem.dlq_capacity); each one is logged */
-    /* publishing side and broker (filled by the transport); counts are events
-     * on every transport */
+    /* publishing side and broker (filled by the transport). The unit is
+     * events unless said otherwise: on redis:// an entry is one event; on
+     * nats:// a JetStream message (a frame) may hold several, and the server
+     * counts messages */
     uint64_t published;       /* events accepted by kb_publish* in this process,
                                  dead letters replayed from it included */
     uint32_t partitions;      /* broker partitions (0 on mem://) */
     uint32_t partitions_owned;/* partitions this process consumes now */
-    uint64_t broker_length;   /* entries stored over all partitions */
-    uint64_t broker_pending;  /* delivered but not acked, over all partitions */
-    uint64_t broker_lag;      /* not yet delivered to the group */
-    uint64_t dlq_length;      /* dead letters stored now */
+    uint64_t broker_length;   /* events stored over all partitions */
+    uint64_t broker_pending;  /* delivered but not acked, over all partitions:
+                                 events on redis://, messages on nats:// */
+    uint64_t broker_lag;      /* not yet delivered to the group: events on
+                                 redis://, messages on nats:// */
+    uint64_t dlq_length;      /* dead letters stored now (each one event) */
     uint64_t broker_frames;   /* NATS: JetStream messages holding broker_length events
                                  (frames pack several); 0 elsewhere */
     uint64_t broker_trimmed;  /* entries this process found deleted by the broker's
@@ -320,10 +324,10 @@ KB_EXPORT int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out);
 
 typedef struct kb_partition_stats {
     uint32_t partition;
-    uint64_t length;          /* entries stored */
-    uint64_t pending;         /* delivered, not acked */
-    uint64_t lag;             /* not yet delivered */
-    uint64_t redelivered;     /* NATS: redelivered count; Redis: 0 */
+    uint64_t length;          /* events stored */
+    uint64_t pending;         /* delivered, not acked (unit as broker_pending) */
+    uint64_t lag;             /* not yet delivered (unit as broker_lag) */
+    uint64_t redelivered;     /* NATS: messages redelivered; Redis: 0 */
     uint32_t consumers;       /* consumers known to the group */
     char     owner[128];      /* lease holder ("" when none) */
 } kb_partition_stats;
