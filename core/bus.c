@@ -217,24 +217,35 @@ static struct kb_topic *topic_add(kb_bus *b, const char *name, int *rc, char *er
     return t;
 }
 
-kb_topic *kb_topic_get(kb_bus *b, const char *topic, char *errstr, size_t errlen)
+static kb_topic *topic_get(kb_bus *b, const char *topic, int *rc, char *errstr, size_t errlen)
 {
+    *rc = KB_EINVAL;
     if (b == NULL) {
         kb_errf(errstr, errlen, "kb_topic_get: bus is NULL");
         return NULL;
     }
     if (check_topic_err(topic, "kb_topic_get", errstr, errlen) != KB_OK)
         return NULL;
+    *rc = KB_ECLOSED;
     if (!gate_enter(b, "kb_topic_get", errstr, errlen))
         return NULL;
+    *rc = KB_OK;
     struct kb_topic *t = find_topic(b, topic);
     if (t == NULL) {
-        int rc;
         pthread_mutex_lock(&b->subscribe_lock);
-        t = topic_add(b, topic, &rc, errstr, errlen);
+        t = topic_add(b, topic, rc, errstr, errlen);
         pthread_mutex_unlock(&b->subscribe_lock);
     }
     gate_leave(b);
+    return t;
+}
+
+kb_topic *kb_topic_get(kb_bus *b, const char *topic, char *errstr, size_t errlen)
+{
+    int rc;
+    kb_topic *t = topic_get(b, topic, &rc, errstr, errlen);
+    if (t == NULL)
+        kb__err_set_code(rc);
     return t;
 }
 
@@ -266,12 +277,13 @@ void kb_log(kb_bus *b, kb_log_level level, const char *fmt, ...)
         fprintf(stderr, "keybus: %s\n", msg);
 }
 
-static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen);
+static kb_bus *bus_open(kb_conf *c, int *rc, char *errstr, size_t errlen);
 
 kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen)
 {
     if (c == NULL) {
         kb_errf(errstr, errlen, "kb_open: conf is NULL");
+        kb__err_set_code(KB_EINVAL);
         return NULL;
     }
     /* Taken first, so a second kb_open of the same conf fails even while
@@ -279,11 +291,15 @@ kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen)
     if (!kb__conf_take(c)) {
         kb_errf(errstr, errlen, "kb_open: this kb_conf already belongs to an open bus "
                  "(kb_conf_dup gives a copy for another one)");
+        kb__err_set_code(KB_EINVAL);
         return NULL;
     }
-    kb_bus *b = bus_open(c, errstr, errlen);
-    if (b == NULL)
+    int rc;
+    kb_bus *b = bus_open(c, &rc, errstr, errlen);
+    if (b == NULL) {
+        kb__err_set_code(rc);
         kb__conf_give_back(c);
+    }
     return b;
 }
 
@@ -293,14 +309,16 @@ static void report_unknown_env(const char *name, const char *nearest, void *arg)
            nearest);
 }
 
-static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
+/* *rc: why it returned NULL. */
+static kb_bus *bus_open(kb_conf *c, int *rc, char *errstr, size_t errlen)
 {
     /* keys of transports registered after the conf was made */
-    if (kb__conf_sync(c, errstr, errlen) != KB_OK)
+    if ((*rc = kb__conf_sync(c, errstr, errlen)) != KB_OK)
         return NULL;
     bool env = strcmp(kb_conf_str(c, "conf.env"), "true") == 0;
-    if (env && kb__conf_env(c, errstr, errlen) != KB_OK)
+    if (env && (*rc = kb__conf_env(c, errstr, errlen)) != KB_OK)
         return NULL;
+    *rc = KB_EINVAL;
     if (kb_conf_int(c, "retry.max_backoff_ms") < kb_conf_int(c, "retry.backoff_ms")) {
         kb_errf(errstr, errlen, "retry.max_backoff_ms (%lld) is below retry.backoff_ms (%lld)",
                  (long long)kb_conf_int(c, "retry.max_backoff_ms"),
@@ -323,6 +341,7 @@ static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
         return NULL;
     }
 
+    *rc = KB_ENOMEM;
     kb_bus *b = calloc(1, sizeof *b);
     if (b == NULL) {
         kb_errf(errstr, errlen, "kb_open: out of memory");
@@ -355,7 +374,7 @@ static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
             kb_errf(errstr, errlen, "kb_open: out of memory for the topic table");
         goto fail;
     }
-    if (ops->open(&b->t, b, c, errstr, errlen) != KB_OK)
+    if ((*rc = ops->open(&b->t, b, c, errstr, errlen)) != KB_OK)
         goto fail;
     return b;
 

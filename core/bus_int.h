@@ -29,6 +29,10 @@ struct kb_topic {
     _Atomic uint32_t feeding;          /* debug builds: a feeder is in kb_sink_deliver */
 };
 
+/* Record the code kb_last_error_code() returns (err.c): for the calls that
+ * return NULL instead of a code. */
+void kb__err_set_code(int code);
+
 struct kb_bus {
     uint64_t serial;                   /* unique per kb_open in this process */
     kb_conf *conf;

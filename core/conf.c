@@ -82,6 +82,16 @@ static int parse_int(const kb_conf_prop *p, const char *value, int64_t *out, cha
 static int check_text(const kb_conf_prop *p, const char *value, char *errstr, size_t errlen)
 {
     size_t len = strlen(value);
+    if (p->type == KB_CONF_ENUM) {   /* the message lists the words, also for "" */
+        for (const char *c = p->choices; *c;) {
+            size_t n = strcspn(c, "|");
+            if (n == len && strncmp(c, value, n) == 0)
+                return KB_OK;
+            c += n + (c[n] == '|');
+        }
+        kb_errf(errstr, errlen, "%s: not one of %s", p->name, p->choices);
+        return KB_EINVAL;
+    }
     if (p->type != KB_CONF_TEXT && p->type != KB_CONF_SECRET && len == 0) {
         kb_errf(errstr, errlen, "%s: empty value", p->name);
         return KB_EINVAL;
@@ -93,16 +103,6 @@ static int check_text(const kb_conf_prop *p, const char *value, char *errstr, si
     }
     if (p->type == KB_CONF_TEXT || p->type == KB_CONF_SECRET)
         return KB_OK;
-    if (p->type == KB_CONF_ENUM) {
-        for (const char *c = p->choices; *c;) {
-            size_t n = strcspn(c, "|");
-            if (n == len && strncmp(c, value, n) == 0)
-                return KB_OK;
-            c += n + (c[n] == '|');
-        }
-        kb_errf(errstr, errlen, "%s: not one of %s", p->name, p->choices);
-        return KB_EINVAL;
-    }
     for (size_t i = 0; i < len; i++) {
         if (isspace((unsigned char)value[i]) || iscntrl((unsigned char)value[i])) {
             kb_errf(errstr, errlen, "%s: whitespace or control character at offset %zu", p->name,
@@ -578,7 +578,26 @@ void kb__conf_write_markdown(FILE *out)
                  "continuation of the one before. Control characters other than tab are errors.\n"
                  "Anything else is an error naming the file and line (`path:3: ...`); loading\n"
                  "stops at the first error (keys on earlier lines stay set), and the message is\n"
-                 "also in `kb_last_error()`.\n\n"
+                 "also in `kb_last_error()`.\n\n"                 "### A file shared with the application\n\n"
+                 "A service may keep its own settings in the same file. A file with at least\n"
+                 "one `[keybus]` or `[keybus.NAME]` section is shared: keybus reads only those\n"
+                 "sections — `[keybus]` holds the top-level keys (`transport`, `group`, ...),\n"
+                 "`[keybus.pool]` the `pool.*` keys — and leaves every other section, and the\n"
+                 "pairs above the first section, to the application (their lines must still\n"
+                 "follow the grammar above). Inside keybus's sections every key is checked as\n"
+                 "usual, so `[keybus.pool]` then `wrokers = 5` is still an unknown key. A file\n"
+                 "without such a section is keybus's alone, every pair a keybus key. The CLI\n"
+                 "reads a service's shared file the same way (`keybus -c service.ini stats T`).\n\n"
+                 "```ini\n"
+                 "[app]\n"
+                 "events = 5\n"
+                 "\n"
+                 "[keybus]\n"
+                 "transport = redis://127.0.0.1:6379\n"
+                 "\n"
+                 "[keybus.pool]\n"
+                 "workers = 64\n"
+                 "```\n\n"
                  "## Transport URLs\n\n"
                  "`scheme://[user[:password]@]host[:port][/path][?query]` per RFC 3986,\n"
                  "checked part by part by `kb_conf_set()` (messages name the part). The user\n"

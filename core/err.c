@@ -1,11 +1,15 @@
-/* Error codes' names and the per-thread text of the last failure (kb_errf). */
+/* Error codes' names, the per-thread text of the last failure (kb_errf) and
+ * the code of the last failed call that returns no code. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include <keybus/transport.h>
 
+#include "bus_int.h"
+
 static _Thread_local char last_error[1024];
+static _Thread_local int last_code;
 
 const char *kb_strerror(int code)
 {
@@ -26,6 +30,16 @@ const char *kb_strerror(int code)
 const char *kb_last_error(void)
 {
     return last_error;
+}
+
+int kb_last_error_code(void)
+{
+    return last_code;
+}
+
+void kb__err_set_code(int code)
+{
+    last_code = code;
 }
 
 void kb_err_clear(void)

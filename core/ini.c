@@ -5,7 +5,9 @@
  *   pair     = key '=' value                          (blanks around both ignored)
  *   value    = bare | '"' (char | '\"' | '\\')* '"'
  * A bare value runs to the end of the line; a '#' or ';' after a blank in it
- * is an error (an inline comment would silently change the value). */
+ * is an error (an inline comment would silently change the value).
+ * A file shared with an application has `[keybus]` / `[keybus.NAME]`
+ * sections: only their pairs are keybus's (see kb__ini_parse). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -107,11 +109,37 @@ static int parse_value(const char *s, size_t n, char *out, char *why, size_t why
 }
 
 struct reader {
-    kb_ini_pair_fn *fn;
+    kb_ini_pair_fn *fn;   /* NULL: a first pass looking for keybus sections */
     void *arg;
+    bool shared;          /* the file has keybus sections: the rest is the application's */
+    bool ours;            /* the current section is keybus's */
     char section[KEY_MAX / 2];
     char value[KB_INI_LINE_MAX + 1];
 };
+
+/* `[keybus]` is the top level and `[keybus.pool]` the section `pool` of a
+ * shared file; the name becomes the prefix its keys get. */
+static bool keybus_section(char *section)
+{
+    static const char own[] = "keybus";
+    size_t n = sizeof own - 1;
+    if (strncmp(section, own, n) != 0 || (section[n] != '\0' && section[n] != '.'))
+        return false;
+    memmove(section, section + n + (section[n] == '.'), strlen(section + n) + 1);
+    return true;
+}
+
+static int enter_section(struct reader *r, const char *s, size_t n, char *why, size_t whylen)
+{
+    int rc = parse_section(s, n, r->section, why, whylen);
+    if (rc != KB_OK)
+        return rc;
+    bool own = keybus_section(r->section);
+    if (r->fn == NULL)
+        r->shared |= own;
+    r->ours = own || !r->shared;
+    return KB_OK;
+}
 
 static int parse_line(struct reader *r, const char *s, size_t n, char *why, size_t whylen)
 {
@@ -128,7 +156,7 @@ static int parse_line(struct reader *r, const char *s, size_t n, char *why, size
     if (n == 0 || s[0] == '#' || s[0] == ';')
         return KB_OK;
     if (s[0] == '[')
-        return parse_section(s, n, r->section, why, whylen);
+        return enter_section(r, s, n, why, whylen);
     size_t klen = key_span(s, n), i = klen;
     while (i < n && blank(s[i]))
         i++;
@@ -149,25 +177,23 @@ static int parse_line(struct reader *r, const char *s, size_t n, char *why, size
     else
         snprintf(key, sizeof key, "%.*s", (int)klen, s);
     int rc = parse_value(s + i, n - i, r->value, why, whylen);
-    return rc != KB_OK ? rc : r->fn(r->arg, key, r->value, why, whylen);
+    if (rc != KB_OK || r->fn == NULL || !r->ours)
+        return rc;   /* the application's pairs are checked for syntax only */
+    return r->fn(r->arg, key, r->value, why, whylen);
 }
 
-int kb__ini_parse(const char *name, const char *text, size_t len, kb_ini_pair_fn *fn, void *arg,
-                  char *errstr, size_t errlen)
+/* One pass over the lines; the first error names its line. The first pass
+ * (no fn) only looks for keybus sections and reads on past errors: the
+ * second reports them, with the pairs above them set. */
+static int parse_text(struct reader *r, const char *name, const char *text, size_t len,
+                      char *errstr, size_t errlen)
 {
-    struct reader *r = calloc(1, sizeof *r);
-    if (r == NULL) {
-        kb_errf(errstr, errlen, "%s: out of memory", name);
-        return KB_ENOMEM;
-    }
-    r->fn = fn;
-    r->arg = arg;
-    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0)   /* a UTF-8 byte order mark */
-        text += 3, len -= 3;
     int rc = KB_OK;
     char why[384];
     size_t pos = 0;
-    for (int line = 1; pos < len && rc == KB_OK; line++) {
+    r->section[0] = '\0';
+    r->ours = !r->shared;
+    for (int line = 1; pos < len && (rc == KB_OK || r->fn == NULL); line++) {
         const char *s = text + pos, *nl = memchr(s, '\n', len - pos);
         size_t n = nl != NULL ? (size_t)(nl - s) : len - pos;
         pos += n + (nl != NULL);
@@ -179,9 +205,27 @@ int kb__ini_parse(const char *name, const char *text, size_t len, kb_ini_pair_fn
         } else {
             rc = parse_line(r, s, n, why, sizeof why);
         }
-        if (rc != KB_OK)
+        if (rc != KB_OK && r->fn != NULL)
             kb_errf(errstr, errlen, "%s:%d: %s", name, line, why);
     }
+    return rc;
+}
+
+int kb__ini_parse(const char *name, const char *text, size_t len, kb_ini_pair_fn *fn, void *arg,
+                  char *errstr, size_t errlen)
+{
+    struct reader *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        kb_errf(errstr, errlen, "%s: out of memory", name);
+        return KB_ENOMEM;
+    }
+    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0)   /* a UTF-8 byte order mark */
+        text += 3, len -= 3;
+    /* first whether the file is shared: a [keybus] section may come last */
+    parse_text(r, name, text, len, NULL, 0);
+    r->fn = fn;
+    r->arg = arg;
+    int rc = parse_text(r, name, text, len, errstr, errlen);
     free(r);
     return rc;
 }

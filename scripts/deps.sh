@@ -17,6 +17,9 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 
+# The JSON Schema validator of tests/check_formats.sh: any copy python3 imports will do.
+python3 -c 'import jsonschema' 2>/dev/null || missing+=(python3-jsonschema)
+
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "keybus: installing ${missing[*]}" >&2
   sudo_cmd=""

@@ -19,8 +19,12 @@ if [ -z "$san" ]; then
   trap 'rm -rf "$prefix"' EXIT
   cmake --install "$dir" --prefix "$prefix" >/dev/null
   export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+  # as README.md says: the library's directory as the program's RPATH
   cc -std=c11 -Wall -Werror examples/hello.c $(pkg-config --cflags --libs keybus) \
-     -Wl,-rpath,"$prefix/lib" -o "$dir/hello-installed"
+     -Wl,-rpath,"$(pkg-config --variable=libdir keybus)" -o "$dir/hello-installed"
+  case "$(pkg-config --cflags keybus)" in
+    *-D*|*x86_64-linux-gnu*) echo "pkg-config --cflags keybus carries a dependency's flags" >&2; exit 1;;
+  esac
   "$dir/hello-installed" | grep -q "handled 3 events of order-123 in order" \
     || { echo "examples/hello.c against the installed library: unexpected output" >&2; exit 1; }
   echo "examples/hello.c: built with pkg-config against the install and ran"

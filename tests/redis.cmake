@@ -33,3 +33,8 @@ kb_test(test_close_race TESTNAME close_race_redis ARGS redis LABELS redis TIMEOU
 kb_test(test_redis_sentinel TIMEOUT 150 LABELS redis)
 target_sources(test_redis_sentinel PRIVATE support/sentinel.c)
 target_link_libraries(test_redis_sentinel PRIVATE PkgConfig::HIREDIS)
+
+# Dead letters keep every original field; broker_lag before the group exists
+# and against the stream's IDs (issue 31).
+kb_test(test_redis_figures TIMEOUT 120 LABELS redis)
+target_link_libraries(test_redis_figures PRIVATE PkgConfig::HIREDIS)

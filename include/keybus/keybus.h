@@ -62,6 +62,14 @@ KB_EXPORT const char *kb_strerror(int code);
  * next failing call. Thread: any (thread-local). */
 KB_EXPORT const char *kb_last_error(void);
 
+/* The KB_E* code of this thread's last failed kb_open or kb_topic_get, the
+ * calls that return NULL instead of a code (KB_ETRANSPORT: the broker is
+ * unreachable or refused; KB_EINVAL: a bad configuration or name; KB_ENOMEM;
+ * KB_ECLOSED), KB_OK before any. Only those calls set it: calls that return
+ * an int code give it directly. Their text is kb_last_error() until another
+ * call fails on this thread. Thread: any (thread-local). */
+KB_EXPORT int kb_last_error_code(void);
+
 /* ---------------------------------------------------------------------------
  * Configuration: librdkafka-style key/value pairs, validated on set against one
  * property table (see docs/CONFIGURATION.md). A kb_conf is not thread-safe:
@@ -85,8 +93,10 @@ KB_EXPORT int kb_conf_get(const kb_conf *c, const char *key, char *buf, size_t b
 
 /* Read an INI file (a regular file; the grammar is in docs/CONFIGURATION.md):
  * top-level `key = value` lines and `[section]` blocks whose keys become
- * `section.key`. Stops at the first bad line; errstr (and kb_last_error) is
- * `path:LINE: reason`, never quoting a secret. */
+ * `section.key`. A file with `[keybus]` / `[keybus.NAME]` sections is shared
+ * with the application: only those sections are read (as the top level and
+ * section NAME), the others are left alone. Stops at the first bad line;
+ * errstr (and kb_last_error) is `path:LINE: reason`, never quoting a secret. */
 KB_EXPORT int kb_conf_load(kb_conf *c, const char *path, char *errstr, size_t errlen);
 
 /* Apply KEYBUS_<KEY> environment variables (dots as underscores, upper case),
@@ -122,9 +132,9 @@ KB_EXPORT void kb_conf_destroy(kb_conf *c);
  * ------------------------------------------------------------------------- */
 
 /* Open a bus: apply the environment, connect the transport, start executors.
- * Takes ownership of `c` on success only; on failure the caller still owns it
- * and errstr says why (KB_ETRANSPORT-class failures name the URL, never a
- * password). Thread: any. */
+ * Takes ownership of `c` on success only; on failure the caller still owns it,
+ * errstr says why (KB_ETRANSPORT-class failures name the URL, never a
+ * password) and kb_last_error_code() gives the class. Thread: any. */
 KB_EXPORT kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen);
 
 /* Stop intake (every call that begins from now on returns KB_ECLOSED, see
@@ -211,7 +221,7 @@ KB_EXPORT int kb_topic_name_check(const char *topic, char *errstr, size_t errlen
  * does. A handle can be taken before anyone subscribes: on mem:// publishing
  * through it returns KB_ENOTFOUND until a handler is subscribed. NULL on a
  * bad name, a closing bus (kb_close has begun) or out of memory (errstr says
- * which). Thread: any. */
+ * which; kb_last_error_code() gives the code). Thread: any. */
 KB_EXPORT kb_topic *kb_topic_get(kb_bus *b, const char *topic, char *errstr, size_t errlen);
 
 /* kb_publish through a handle: the same checks, copies and results, without
@@ -284,16 +294,20 @@ typedef struct kb_topic_stats {
     uint64_t lane_memory_bytes;  /* lane table plus allocated lanes and rings */
     uint64_t dead_letters_lost;  /* dead letters not stored, or dropped from a full
                                     store (mem.dlq_capacity); each one is logged */
-    /* publishing side and broker (filled by the transport); counts are events
-     * on every transport */
+    /* publishing side and broker (filled by the transport). The unit is
+     * events unless said otherwise: on redis:// an entry is one event; on
+     * nats:// a JetStream message (a frame) may hold several, and the server
+     * counts messages */
     uint64_t published;       /* events accepted by kb_publish* in this process,
                                  dead letters replayed from it included */
     uint32_t partitions;      /* broker partitions (0 on mem://) */
     uint32_t partitions_owned;/* partitions this process consumes now */
-    uint64_t broker_length;   /* entries stored over all partitions */
-    uint64_t broker_pending;  /* delivered but not acked, over all partitions */
-    uint64_t broker_lag;      /* not yet delivered to the group */
-    uint64_t dlq_length;      /* dead letters stored now */
+    uint64_t broker_length;   /* events stored over all partitions */
+    uint64_t broker_pending;  /* delivered but not acked, over all partitions:
+                                 events on redis://, messages on nats:// */
+    uint64_t broker_lag;      /* not yet delivered to the group: events on
+                                 redis://, messages on nats:// */
+    uint64_t dlq_length;      /* dead letters stored now (each one event) */
     uint64_t broker_frames;   /* NATS: JetStream messages holding broker_length events
                                  (frames pack several); 0 elsewhere */
     uint64_t broker_trimmed;  /* entries this process found deleted by the broker's
@@ -310,10 +324,10 @@ KB_EXPORT int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out);
 
 typedef struct kb_partition_stats {
     uint32_t partition;
-    uint64_t length;          /* entries stored */
-    uint64_t pending;         /* delivered, not acked */
-    uint64_t lag;             /* not yet delivered */
-    uint64_t redelivered;     /* NATS: redelivered count; Redis: 0 */
+    uint64_t length;          /* events stored */
+    uint64_t pending;         /* delivered, not acked (unit as broker_pending) */
+    uint64_t lag;             /* not yet delivered (unit as broker_lag) */
+    uint64_t redelivered;     /* NATS: messages redelivered; Redis: 0 */
     uint32_t consumers;       /* consumers known to the group */
     char     owner[128];      /* lease holder ("" when none) */
 } kb_partition_stats;

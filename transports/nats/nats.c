@@ -31,8 +31,8 @@
 #define MS_HOUR 3600000
 
 static const kb_conf_prop nats_props[] = {
-    {"nats.storage", KB_CONF_STR, "file", 1, 6,
-     "JetStream storage of the topic streams: `file` or `memory`."},
+    {"nats.storage", KB_CONF_ENUM, "file", 0, 8,
+     "JetStream storage of the topic streams: `file` or `memory`.", "file|memory"},
     {"nats.ack_wait_ms", KB_CONF_INT, "30000", 100, MS_HOUR,
      "Consumer AckWait. The oldest unfinished event of a partition gets an "
      "in-progress ack every third of it, so long handlers keep their message."},
@@ -137,15 +137,9 @@ static bool group_ok(const char *g)
 
 static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t errlen)
 {
-    const char *storage = kb_conf_str(c, "nats.storage");
-    if (strcmp(storage, "file") == 0) {
-        t->storage = js_FileStorage;
-    } else if (strcmp(storage, "memory") == 0) {
-        t->storage = js_MemoryStorage;
-    } else {
-        kb_errf(errstr, errlen, "nats.storage: \"%s\" is neither file nor memory", storage);
-        return KB_EINVAL;
-    }
+    /* an ENUM key: file or memory, checked when set */
+    t->storage = strcmp(kb_conf_str(c, "nats.storage"), "memory") == 0 ? js_MemoryStorage
+                                                                        : js_FileStorage;
     t->partitions = (uint32_t)kb_conf_int(c, "partitions");
     t->ack_wait_ms = kb_conf_int(c, "nats.ack_wait_ms");
     t->max_ack_pending = kb_conf_int(c, "nats.max_ack_pending");

@@ -6,16 +6,25 @@
 
 #include "redis_int.h"
 
-/* The original fields, plus these, in every dead-letter entry. */
+/* The original entry's fields, every one as stored, plus these four last. */
 #define F_PART "partition"
 #define F_ID "orig_id"
 #define F_ATTEMPTS "attempts"
 #define F_REASON "reason"
+#define KEYBUS_FIELDS 8   /* strings: the four names and their values */
 
-/* Stored only while our lease holds, and the entry is acked in the same step. */
+/* Stored only while our lease holds, and the entry is acked in the same step.
+ * The fields are copied from the entry itself on the server, so fields other
+ * clients wrote and `a` are kept byte for byte; ARGV[4] counts the fields
+ * sent along (k, d, h.*) for an entry the stream no longer holds (trimmed). */
 static const char DEAD_LUA[] =
     "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
-    "redis.call('xadd',KEYS[3],'*',unpack(ARGV,4)) "
+    "local n=tonumber(ARGV[4]) "
+    "local e=redis.call('xrange',KEYS[2],ARGV[3],ARGV[3]) "
+    "local f "
+    "if #e>0 then f=e[1][2] else f={unpack(ARGV,5,4+n)} end "
+    "for i=5+n,#ARGV do f[#f+1]=ARGV[i] end "
+    "redis.call('xadd',KEYS[3],'*',unpack(f)) "
     "return redis.call('xack',KEYS[2],ARGV[2],ARGV[3])";
 
 /* Packed fields: uint32 count of strings, then per string uint32 length + bytes. */
@@ -47,20 +56,26 @@ static void put_str(packer *pk, const char *s)
     put(pk, s, strlen(s));
 }
 
+/* The script's arguments after the entry ID: how many fields follow that
+ * stand in for a trimmed entry, those fields, then keybus's four. */
 static char *finish(packer *pk, uint32_t partition, const char *id, uint32_t attempts,
                     const char *reason)
 {
-    char num[2][16];
-    snprintf(num[0], sizeof num[0], "%u", partition);
-    snprintf(num[1], sizeof num[1], "%u", attempts);
-    put_str(pk, F_PART), put_str(pk, num[0]);
+    char num[3][16];
+    snprintf(num[0], sizeof num[0], "%u", pk->count);
+    snprintf(num[1], sizeof num[1], "%u", partition);
+    snprintf(num[2], sizeof num[2], "%u", attempts);
+    put_str(pk, F_PART), put_str(pk, num[1]);
     put_str(pk, F_ID), put_str(pk, id);
-    put_str(pk, F_ATTEMPTS), put_str(pk, num[1]);
+    put_str(pk, F_ATTEMPTS), put_str(pk, num[2]);
     put_str(pk, F_REASON), put_str(pk, reason);
-    char *out = pk->oom ? NULL : malloc(pk->len + 4);
+    uint32_t n = pk->count + 1, first = (uint32_t)strlen(num[0]);
+    char *out = pk->oom ? NULL : malloc(4 + 4 + first + pk->len);
     if (out != NULL) {
-        memcpy(out, &pk->count, 4);
-        memcpy(out + 4, pk->buf, pk->len);
+        memcpy(out, &n, 4);
+        memcpy(out + 4, &first, 4);
+        memcpy(out + 8, num[0], first);
+        memcpy(out + 8 + first, pk->buf, pk->len);
     }
     free(pk->buf);
     return out;
@@ -71,7 +86,7 @@ char *kb__redis_dead_pack(const kb_delivery *d, const char *reason)
     packer pk = {0};
     put_str(&pk, "k"), put(&pk, d->key, d->key_len);
     put_str(&pk, "d"), put(&pk, d->payload, d->payload_len);
-    for (size_t i = 0; i < d->n_headers; i++) {   /* kept, in order, for the replay */
+    for (size_t i = 0; i < d->n_headers; i++) {   /* in order, for the replay */
         char f[KB_REDIS_HEADER_FIELD_MAX];
         snprintf(f, sizeof f, "%s%s", KB_REDIS_HEADER_PREFIX, d->headers[i].name);
         put_str(&pk, f), put(&pk, d->headers[i].value, d->headers[i].value_len);
@@ -147,13 +162,29 @@ static int no_dead_queued(void *arg)
     return atomic_load(&((kb_transport *)arg)->dead_queued) == 0;
 }
 
+/* One of keybus's four fields: the last ones, after the original entry's
+ * (which may hold a field of the same name another client wrote). */
+static const redisReply *own_field(const redisReply *f, const char *name)
+{
+    if (f->type != REDIS_REPLY_ARRAY)
+        return NULL;
+    size_t len = strlen(name);
+    for (size_t i = f->elements & ~(size_t)1, end = i >= KEYBUS_FIELDS ? i - KEYBUS_FIELDS : 0;
+         i > end; i -= 2) {
+        const redisReply *n = f->element[i - 2], *v = f->element[i - 1];
+        if (n->type == REDIS_REPLY_STRING && n->len == len && memcmp(n->str, name, len) == 0)
+            return v->type == REDIS_REPLY_STRING ? v : NULL;
+    }
+    return NULL;
+}
+
 /* An entry of the DLQ as kb_dead_letter; `headers` holds KB_MAX_HEADERS. */
 static kb_dead_letter dead_letter_of(const redisReply *e, kb_header *headers)
 {
     const redisReply *f = e->element[1];
     const redisReply *k = kb__redis_field(f, "k"), *d = kb__redis_field(f, "d"),
-                     *p = kb__redis_field(f, F_PART), *oid = kb__redis_field(f, F_ID),
-                     *n = kb__redis_field(f, F_ATTEMPTS), *why = kb__redis_field(f, F_REASON);
+                     *p = own_field(f, F_PART), *oid = own_field(f, F_ID),
+                     *n = own_field(f, F_ATTEMPTS), *why = own_field(f, F_REASON);
     size_t n_headers = 0;
     kb__redis_headers_of(f, headers, &n_headers, NULL, 0);   /* as stored, even if malformed */
     return (kb_dead_letter){

@@ -1,5 +1,6 @@
-/* Broker figures: XLEN, XINFO GROUPS (pending, lag, consumers) per partition,
- * the DLQ length and the lease holder. Each call costs one pipelined round trip. */
+/* Broker figures: XLEN, XINFO GROUPS (pending, lag, consumers) and the last
+ * generated ID per partition, the DLQ length and the lease holder. Each call
+ * costs one pipelined round trip. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,23 +16,38 @@ static uint64_t int_of(const redisReply *r)
     return r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer > 0 ? (uint64_t)r->integer : 0;
 }
 
-/* Our group's figures from an XINFO GROUPS reply. */
-static group_info group_of(const kb_transport *t, const redisReply *groups, uint64_t length)
+/* The stream's last-generated-id, ID-only (XINFO STREAM also carries the
+ * first and last entries whole); an error reply when there is no stream. */
+static const char LAST_ID_LUA[] =
+    "local s=redis.call('xinfo','stream',KEYS[1]) "
+    "for i=1,#s,2 do if s[i]=='last-generated-id' then return s[i+1] end end "
+    "return false";
+
+/* Our group's figures from an XINFO GROUPS reply. Lag is the entries not yet
+ * delivered to the group: all of them before the group exists, none once it
+ * has delivered the stream's last ID; else the server's figure (or, when it
+ * has none after deletions, length - entries-read), never over the length. */
+static group_info group_of(const kb_transport *t, const redisReply *groups, uint64_t length,
+                           const redisReply *last_id)
 {
-    group_info g = {0, 0, 0};
+    group_info g = {0, length, 0};
     const redisReply *row = kb__redis_group_row(t, groups);
-    if (row != NULL) {
-        g.pending = int_of(kb__redis_map_get(row, "pending"));
-        g.consumers = int_of(kb__redis_map_get(row, "consumers"));
-        const redisReply *lag = kb__redis_map_get(row, "lag");
-        const redisReply *read = kb__redis_map_get(row, "entries-read");
-        if (lag != NULL && lag->type == REDIS_REPLY_INTEGER)
-            g.lag = int_of(lag);
-        else if (read != NULL && read->type == REDIS_REPLY_INTEGER)   /* lag unknown after deletions */
-            g.lag = length > int_of(read) ? length - int_of(read) : 0;
-        else
-            g.lag = length;
-    }
+    if (row == NULL)
+        return g;
+    g.pending = int_of(kb__redis_map_get(row, "pending"));
+    g.consumers = int_of(kb__redis_map_get(row, "consumers"));
+    const redisReply *delivered = kb__redis_field(row, "last-delivered-id");
+    const redisReply *lag = kb__redis_map_get(row, "lag");
+    const redisReply *read = kb__redis_map_get(row, "entries-read");
+    if (delivered != NULL && last_id != NULL && last_id->type == REDIS_REPLY_STRING &&
+        kb__redis_id_cmp(delivered->str, last_id->str) >= 0)
+        g.lag = 0;
+    else if (lag != NULL && lag->type == REDIS_REPLY_INTEGER)
+        g.lag = int_of(lag);
+    else if (read != NULL && read->type == REDIS_REPLY_INTEGER)
+        g.lag = length > int_of(read) ? length - int_of(read) : 0;
+    if (g.lag > length)
+        g.lag = length;
     return g;
 }
 
@@ -59,7 +75,7 @@ int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out
     for (uint32_t i = 0; subscribed && i < tt->nparts; i++)
         out->partitions_owned += kb__redis_part_live(&tt->parts[i]);
 
-    size_t n = 2 + 2 * (size_t)t->partitions;
+    size_t n = 2 + 3 * (size_t)t->partitions;
     redisReply **r = calloc(n, sizeof *r);
     if (r == NULL)
         return KB_ENOMEM;
@@ -72,6 +88,7 @@ int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out
         for (uint32_t i = 0; i < t->partitions; i++) {
             redisAppendCommand(c, "XLEN kb:{%s}:p:%u", topic, i);
             redisAppendCommand(c, "XINFO GROUPS kb:{%s}:p:%u", topic, i);
+            redisAppendCommand(c, "EVAL %s 1 kb:{%s}:p:%u", LAST_ID_LUA, topic, i);
         }
         rc = ctl_run(t, c, r, n);
     }
@@ -83,8 +100,8 @@ int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out
         }
         out->dlq_length = int_of(r[1]);
         for (uint32_t i = 0; i < t->partitions; i++) {
-            uint64_t len = int_of(r[2 + 2 * i]);
-            group_info g = group_of(t, r[3 + 2 * i], len);
+            uint64_t len = int_of(r[2 + 3 * i]);
+            group_info g = group_of(t, r[3 + 3 * i], len, r[4 + 3 * i]);
             out->broker_length += len;
             out->broker_pending += g.pending;
             out->broker_lag += g.lag;
@@ -109,7 +126,7 @@ int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t 
     int known = kb__redis_topic_known(t, tt);
     if (known != KB_OK)
         return known;
-    redisReply *r[3] = {NULL, NULL, NULL};
+    redisReply *r[4] = {NULL, NULL, NULL, NULL};
     pthread_mutex_lock(&t->ctl_lock);
     redisContext *c = kb__redis_conn_get(&t->ctl, NULL, 0);
     int rc = KB_ETRANSPORT;
@@ -117,13 +134,14 @@ int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t 
         redisAppendCommand(c, "XLEN kb:{%s}:p:%u", topic, partition);
         redisAppendCommand(c, "XINFO GROUPS kb:{%s}:p:%u", topic, partition);
         redisAppendCommand(c, "GET kb:{%s}:lease:%u", topic, partition);
-        rc = ctl_run(t, c, r, 3);
+        redisAppendCommand(c, "EVAL %s 1 kb:{%s}:p:%u", LAST_ID_LUA, topic, partition);
+        rc = ctl_run(t, c, r, 4);
     }
     pthread_mutex_unlock(&t->ctl_lock);
     if (rc != KB_OK)
         return rc;
     out->length = int_of(r[0]);
-    group_info g = group_of(t, r[1], out->length);
+    group_info g = group_of(t, r[1], out->length, r[3]);
     out->pending = g.pending;
     out->lag = g.lag;
     out->consumers = (uint32_t)g.consumers;
@@ -134,7 +152,7 @@ int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t 
         memcpy(out->owner, r[2]->str, len);
         out->owner[len] = '\0';
     }
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         freeReplyObject(r[i]);
     return KB_OK;
 }
