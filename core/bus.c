@@ -15,6 +15,7 @@
 #include "idle.h"
 #include "rec.h"
 #include "registry.h"
+#include "runs.h"
 #include "ring.h"
 
 #define KB_MAX_TOPIC_BYTES 200
@@ -361,6 +362,7 @@ static kb_bus *bus_open(kb_conf *c, char *errstr, size_t errlen)
 
 fail:
     kb__sched_destroy(b->sched);
+    kb__runs_close(b->runs);
     if (b->topics != NULL)
         cds_lfht_destroy(b->topics, NULL);
     pthread_mutex_destroy(&b->subscribe_lock);
@@ -925,6 +927,7 @@ int kb_close(kb_bus *b, int timeout_ms)
     int closed = b->ops->close(b->t, deadline);
     if (closed != KB_OK && rc == KB_OK)
         rc = closed;
+    kb__runs_close(b->runs);
     for (size_t i = 0; i < n; i++) {
         free(all[i]->name);
         free(all[i]);
