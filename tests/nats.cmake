@@ -33,3 +33,7 @@ kb_test(test_nats_urls TIMEOUT 90 LABELS nats)
 
 # kb_close racing every other call (issue 11, item 4).
 kb_test(test_close_race TESTNAME close_race_nats ARGS nats LABELS nats TIMEOUT 300)
+
+# Attempts are handler runs: a poison event that abort()s, events read but never run.
+kb_test(test_runs TESTNAME runs_nats ARGS nats $<TARGET_FILE:runs_proc> TIMEOUT 120 LABELS nats)
+add_dependencies(test_runs runs_proc)

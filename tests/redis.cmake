@@ -30,9 +30,5 @@ kb_test(test_close_race TESTNAME close_race_redis ARGS redis LABELS redis TIMEOU
 
 # Attempts are handler runs: a poison event that abort()s, and events read but
 # never run by processes killed -9 (runs_proc children, one consumer name).
-if(NOT TARGET runs_proc)
-  add_executable(runs_proc runs_proc.c)
-  target_link_libraries(runs_proc PRIVATE kb_test_support)
-endif()
 kb_test(test_runs TESTNAME runs_redis ARGS redis $<TARGET_FILE:runs_proc> TIMEOUT 120 LABELS redis)
 add_dependencies(test_runs runs_proc)

@@ -172,6 +172,8 @@ struct kb_transport {
     natsConnection *nc;
     jsCtx *js;
     kvStore *kv;
+    kvStore *runs_kv;              /* handler runs (nats_runs.c) */
+    struct kb_nats_runs_cache *runs_cache;   /* the feeder's last read of it */
     char url_safe[512];            /* URL without credentials, for messages */
     char id[128];                  /* this process's consumer name */
     char group[129];               /* group (letters, digits, - _ =) */
