@@ -69,6 +69,13 @@ static int record(kb_transport *t, const char *stream, const char *id, uint32_t 
     char key[2 * KB_NATS_NAME + 64];
     runs_key(t, stream, id, key, sizeof key);
     natsStatus s = NATS_OK;
+    if (!strchr(id, '.')) {   /* a plain message: one event, usually no record yet */
+        char value[64];
+        uint64_t done = 0;
+        snprintf(value, sizeof value, "%s %u\n", id, runs);
+        if (kvStore_CreateString(&done, t->runs_kv, key, value) == NATS_OK)
+            return KB_OK;
+    }
     for (int i = 0; i < RUNS_TRIES; i++) {
         kvEntry *e = NULL;
         s = kvStore_Get(&e, t->runs_kv, key);
