@@ -57,6 +57,6 @@ const kb_conf_prop kb__core_props[] = {
      "running, so a run cut short by kill -9 or abort() still counts towards "
      "`retry.max_attempts` when the next process of the group on this host starts "
      "(docs/transports.md, \"Attempts are handler runs\"). Empty: "
-     "`$XDG_RUNTIME_DIR/keybus-runs`, else `/tmp/keybus-runs-<uid>`; created with mode 0700."},
+     "`$XDG_RUNTIME_DIR/keybus-runs`, else `/tmp/keybus-runs-<uid>`; created with mode 0700, and refused when another user owns it."},
     {NULL, KB_CONF_INT, NULL, 0, 0, NULL},
 };

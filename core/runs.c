@@ -280,8 +280,14 @@ int kb_bus_runs_journal(kb_bus *b, const char *broker, kb_run_record_fn *record,
     }
     char dir[3840], identity[1024], prefix[64];
     runs_dir(b->conf, dir, sizeof dir);
+    struct stat st;
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
         kb_errf(errstr, errlen, "runs.dir: cannot create %s: %s", dir, strerror(errno));
+        return KB_ETRANSPORT;
+    }
+    /* a directory another user made (in /tmp, say) could feed us journals */
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) {
+        kb_errf(errstr, errlen, "runs.dir: %s is not a directory of this user", dir);
         return KB_ETRANSPORT;
     }
     size_t id_len = identity_of(b, broker, identity);

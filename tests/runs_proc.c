@@ -62,9 +62,11 @@ int main(int argc, char **argv)
     }
     const char *ttl_key = strncmp(argv[2], "nats:", 5) == 0 ? "nats.lease_ttl_ms"
                                                              : "redis.lease_ttl_ms";
-    const char *const kv[] = {"transport", argv[2], "consumer", "runs-proc", "runs.dir", argv[5],
-                              ttl_key, "1000", "pool.threads", "1", "retry.max_attempts", "3",
-                              "retry.backoff_ms", "1", "retry.max_backoff_ms", "4", NULL};
+    /* conf.env false: ctest's KEYBUS_RUNS_DIR would override the test's runs.dir */
+    const char *const kv[] = {"conf.env", "false", "transport", argv[2], "consumer", "runs-proc",
+                              "runs.dir", argv[5], ttl_key, "1000", "pool.threads", "1",
+                              "retry.max_attempts", "3", "retry.backoff_ms", "1",
+                              "retry.max_backoff_ms", "4", NULL};
     int rc = kb_test_child_consume(kv, argv[3], handler);
     close(log_fd);
     return rc;

@@ -6,6 +6,7 @@
  *   executor blocked on another event) cost no attempt: after 4 such kills
  *   each event is handled with attempt = 1 + the runs it really had, and only
  *   an event that ran 3 times can be a dead letter.
+ * - a runs.dir that cannot be made, or that another user owns, fails kb_open.
  * Each incarnation is a runs_proc child with the same consumer name, so it
  * adopts the crash journal its predecessor left in the test's runs.dir. */
 #include <dirent.h>
@@ -301,6 +302,29 @@ static void prefetched_events_cost_no_attempt(void **state)
     env_free(&e);
 }
 
+/* kb_open refuses a runs.dir it cannot make, or one another user owns (a
+ * directory made in /tmp by someone else could feed it journals). */
+static void unusable_runs_dir_refused(void **state)
+{
+    (void)state;
+    char tmpl[] = "/tmp/kb-runs-test-XXXXXX", err[256];
+    assert_non_null(mkdtemp(tmpl));
+    const char *dirs[] = {"/dev/null/runs", tmpl};
+    bool other_user = geteuid() == 0 && chown(tmpl, 65534, 65534) == 0;
+    for (size_t i = 0; i < (other_user ? 2u : 1u); i++) {
+        kb_conf *c = kb_conf_new();
+        assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
+        assert_int_equal(kb_conf_set(c, "runs.dir", dirs[i], err, sizeof err), KB_OK);
+        assert_int_equal(kb_conf_set(c, "conf.env", "false", err, sizeof err), KB_OK);
+        err[0] = '\0';
+        assert_null(kb_open(c, err, sizeof err));
+        assert_non_null(strstr(err, "runs.dir"));
+        assert_non_null(strstr(err, dirs[i]));
+        kb_conf_destroy(c);
+    }
+    assert_int_equal(rmdir(tmpl), 0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3) {
@@ -314,6 +338,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(poison_dead_after_max_attempts_crashes),
         cmocka_unit_test(prefetched_events_cost_no_attempt),
+        cmocka_unit_test(unusable_runs_dir_refused),
     };
     return kb_test_run_group("runs", kind, tests, sizeof tests / sizeof tests[0], &server);
 }
