@@ -15,6 +15,7 @@
 #include "idle.h"
 #include "rec.h"
 #include "registry.h"
+#include "runs.h"
 #include "ring.h"
 
 #define KB_MAX_TOPIC_BYTES 200
@@ -374,12 +375,15 @@ static kb_bus *bus_open(kb_conf *c, int *rc, char *errstr, size_t errlen)
             kb_errf(errstr, errlen, "kb_open: out of memory for the topic table");
         goto fail;
     }
+    if (ops->run_begins != NULL && (*rc = kb__runs_dir_check(c, errstr, errlen)) != KB_OK)
+        goto fail;
     if ((*rc = ops->open(&b->t, b, c, errstr, errlen)) != KB_OK)
         goto fail;
     return b;
 
 fail:
     kb__sched_destroy(b->sched);
+    kb__runs_close(b->runs);
     if (b->topics != NULL)
         cds_lfht_destroy(b->topics, NULL);
     pthread_mutex_destroy(&b->subscribe_lock);
@@ -944,6 +948,7 @@ int kb_close(kb_bus *b, int timeout_ms)
     int closed = b->ops->close(b->t, deadline);
     if (closed != KB_OK && rc == KB_OK)
         rc = closed;
+    kb__runs_close(b->runs);
     for (size_t i = 0; i < n; i++) {
         free(all[i]->name);
         free(all[i]);

@@ -39,6 +39,7 @@ struct kb_bus {
     const kb_transport_ops *ops;
     kb_transport *t;
     kb_sched *sched;
+    struct kb_runs *runs;              /* the crash journal, when the transport keeps one */
     struct cds_lfht *topics;
     pthread_mutex_t subscribe_lock;    /* topic creation is rare: serialise it */
     _Atomic uint32_t closing;

@@ -52,5 +52,11 @@ const kb_conf_prop kb__core_props[] = {
     {"consumer", KB_CONF_STR, NULL, 1, 128,
      "This process's consumer name; default `<hostname>-<pid>`. Keep it stable "
      "across restarts to pick up your own pending entries first."},
+    {"runs.dir", KB_CONF_TEXT, "", 0, 3800,
+     "Directory of the crash journals of broker consumers: which event each executor is "
+     "running, so a run cut short by kill -9 or abort() still counts towards "
+     "`retry.max_attempts` when the next process of the group on this host starts "
+     "(docs/transports.md, \"Attempts are handler runs\"). Empty: "
+     "`$XDG_RUNTIME_DIR/keybus-runs`, else `/tmp/keybus-runs-<uid>`; created with mode 0700, and refused when another user owns it."},
     {NULL, KB_CONF_INT, NULL, 0, 0, NULL},
 };

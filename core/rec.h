@@ -16,10 +16,11 @@ typedef struct kb_rec {
     uint32_t    key_len;
     uint32_t    payload_len;
     uint32_t    partition;
-    uint32_t    first_attempt;    /* broker's delivery count when it arrived */
+    uint32_t    first_attempt;    /* the transport's attempt when it arrived */
     uint16_t    id_len;
     uint8_t     size_class;       /* magazine class, or KB_REC_EXACT */
     uint8_t     n_headers;        /* their block follows the ID's NUL (headers.h) */
+    uint8_t     flags;            /* the delivery's KB_DELIVERY_F_* */
     char        data[];           /* key, payload, id, NUL, headers */
 } kb_rec;
 

@@ -8,6 +8,7 @@
 
 #include "bus_int.h"
 #include "rec.h"
+#include "runs.h"
 
 #define KB_MAX_ID_BYTES 255
 
@@ -31,6 +32,7 @@ static kb_rec *rec_new(struct kb_topic *topic, const void *key, size_t key_len,
     r->payload_len = (uint32_t)payload_len;
     r->partition = 0;
     r->first_attempt = 1;
+    r->flags = 0;
     r->id_len = (uint16_t)id_len;
     r->n_headers = (uint8_t)n_headers;
     memcpy(r->data, key, key_len);
@@ -72,6 +74,7 @@ int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, in
     r->cookie = d->cookie;
     r->partition = d->partition;
     r->first_attempt = d->attempt ? d->attempt : 1;
+    r->flags = (uint8_t)(d->flags & KB_DELIVERY_F_REDELIVERED);
 
     rc = kb_pool_submit_hash(pool, hash, r, timeout_ms);
     if (rc != KB_OK) {
@@ -131,6 +134,7 @@ static void delivery_of(const kb_rec *r, uint32_t attempt, kb_delivery *d, kb_he
     d->cookie = r->cookie;
     d->headers = headers;
     d->n_headers = headers != NULL ? r->n_headers : 0;
+    d->flags = r->flags;
     if (headers != NULL && r->n_headers > 0)
         kb_headers_unpack(kb__rec_headers(r), r->n_headers, headers);
 }
@@ -142,6 +146,23 @@ struct handler_call {
     char reason[256];
 };
 static _Thread_local struct handler_call current_call;
+
+/* Before run `total` of r: the journal first (a crash from here on counts the
+ * run on this host), then, for an event the broker handed out before or a
+ * retry, the transport's synchronous record on the broker. */
+static void run_begins(struct kb_topic *topic, const kb_rec *r, uint32_t total)
+{
+    kb_runs *runs = topic->bus->runs;
+    if (runs != NULL)
+        kb__runs_begin(runs, kb__on_executor->index, topic->name, r->partition, kb__rec_id(r),
+                       total);
+    const kb_transport_ops *ops = topic->bus->ops;
+    if (ops->run_begins != NULL && ((r->flags & KB_DELIVERY_F_REDELIVERED) || total > 1)) {
+        kb_delivery d;
+        delivery_of(r, total, &d, NULL);
+        ops->run_begins(topic->bus->t, &d);
+    }
+}
 
 int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
 {
@@ -172,7 +193,10 @@ int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
     struct handler_call *call = &current_call;
     call->ev = &ev;
     call->has_reason = false;
+    run_begins(topic, r, total);
     int result = topic->fn(&ev, topic->opaque);
+    if (topic->bus->runs != NULL)
+        kb__runs_end(topic->bus->runs, kb__on_executor->index);
     call->ev = NULL;
     if (result == KB_HANDLED)
         return KB_HANDLED;

@@ -37,3 +37,7 @@ kb_test(test_close_race TESTNAME close_race_nats ARGS nats LABELS nats TIMEOUT 3
 # lease bucket's TTL set from nats.lease_ttl_ms (issue 25 item 1, issue 31 item 5).
 kb_test(test_nats_partitions TIMEOUT 120 LABELS nats)
 target_link_libraries(test_nats_partitions PRIVATE PkgConfig::NATS)
+
+# Attempts are handler runs: a poison event that abort()s, events read but never run.
+kb_test(test_runs TESTNAME runs_nats ARGS nats $<TARGET_FILE:runs_proc> TIMEOUT 120 LABELS nats)
+add_dependencies(test_runs runs_proc)

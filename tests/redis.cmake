@@ -38,3 +38,8 @@ target_link_libraries(test_redis_sentinel PRIVATE PkgConfig::HIREDIS)
 # and against the stream's IDs (issue 31).
 kb_test(test_redis_figures TIMEOUT 120 LABELS redis)
 target_link_libraries(test_redis_figures PRIVATE PkgConfig::HIREDIS)
+
+# Attempts are handler runs: a poison event that abort()s, and events read but
+# never run by processes killed -9 (runs_proc children, one consumer name).
+kb_test(test_runs TESTNAME runs_redis ARGS redis $<TARGET_FILE:runs_proc> TIMEOUT 120 LABELS redis)
+add_dependencies(test_runs runs_proc)

@@ -9,7 +9,6 @@
  * publishes seq 1..PER_KEY of keys 0..KEYS-1 (round robin), flushes and exits
  * (bench/run-all.sh: the multi-process Redis run). */
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +17,7 @@
 
 #include <keybus/keybus.h>
 
+#include "support/child.h"
 #include "support/tracker.h"
 
 static int log_fd;
@@ -49,17 +49,10 @@ static int handler(const kb_event *ev, void *opaque)
 
 static int produce(char **argv)
 {
-    kb_conf *c = kb_conf_new();
-    char err[256];
-    if (kb_conf_set(c, "transport", argv[2], err, sizeof err) != KB_OK) {
-        fprintf(stderr, "%s\n", err);
+    const char *const kv[] = {"transport", argv[2], NULL};
+    kb_bus *b = kb_test_child_open(kv);
+    if (b == NULL)
         return 2;
-    }
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL) {
-        fprintf(stderr, "kb_open: %s\n", err);
-        return 2;
-    }
     uint32_t keys = (uint32_t)strtoul(argv[4], NULL, 10), per_key = (uint32_t)strtoul(argv[5], NULL, 10);
     int rc = KB_OK;
     for (uint32_t s = 1; s <= per_key && rc == KB_OK; s++)
@@ -83,36 +76,17 @@ int main(int argc, char **argv)
         return 2;
     }
     log_fd = open(argv[4], O_WRONLY | O_APPEND | O_CREAT, 0644);
+    if (log_fd < 0) {
+        perror(argv[4]);
+        return 2;
+    }
     delay_us = (useconds_t)atoi(argv[6]);
     name = argv[3];
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);   /* before any keybus thread starts */
-
-    kb_conf *c = kb_conf_new();
-    char err[256];
-    const char *kv[][2] = {{"transport", argv[1]}, {"consumer", argv[3]},
-                           {"redis.lease_ttl_ms", argv[5]}, {"pool.threads", "2"},
-                           {"retry.backoff_ms", "1"}, {"retry.max_backoff_ms", "4"},
-                           {"pool.queue_capacity", "64"}};
-    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
-        if (kb_conf_set(c, kv[i][0], kv[i][1], err, sizeof err) != KB_OK) {
-            fprintf(stderr, "%s\n", err);
-            return 2;
-        }
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL || log_fd < 0) {
-        fprintf(stderr, "kb_open: %s\n", err);
-        return 2;
-    }
-    if (kb_subscribe(b, argv[2], handler, NULL) != KB_OK) {
-        fprintf(stderr, "kb_subscribe: %s\n", kb_last_error());
-        return 2;
-    }
-    int sig;
-    sigwait(&set, &sig);
-    int rc = kb_close(b, 10000);
+    const char *const kv[] = {"transport", argv[1], "consumer", argv[3],
+                              "redis.lease_ttl_ms", argv[5], "pool.threads", "2",
+                              "retry.backoff_ms", "1", "retry.max_backoff_ms", "4",
+                              "pool.queue_capacity", "64", NULL};
+    int rc = kb_test_child_consume(kv, argv[2], handler);
     close(log_fd);
-    return rc == KB_OK ? 0 : 1;
+    return rc;
 }

@@ -170,7 +170,9 @@ typedef struct kb_event {
     const char *topic;
     const void *key;      size_t key_len;       /* aggregate ID, bytes */
     const void *payload;  size_t payload_len;
-    uint32_t    attempt;                        /* 1 on first delivery */
+    uint32_t    attempt;                        /* handler runs begun so far + 1: 1 on first
+                                                   delivery (docs/transports.md, "Attempts
+                                                   are handler runs") */
     const char *id;                             /* transport message ID ("" for mem) */
     const kb_header *headers; size_t n_headers; /* in publish order */
 } kb_event;                                     /* valid only during the handler call */

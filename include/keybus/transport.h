@@ -7,7 +7,7 @@
  * Life of a bus, as a transport sees it:
  *   open -> topic_open (once per topic) -> (publish | subscribe | flush | drain |
  *   stats)* -> stop -> (ack | dead_letter | release)* while the pools drain -> close.
- * ack, dead_letter, release and still_owned run on executor threads,
+ * ack, dead_letter, release, still_owned and run_begins run on executor threads,
  * concurrently with each other and with publish (release also on the
  * kb_close caller's thread, for deliveries never handled); everything else
  * is called from application threads. All hooks of one bus may run concurrently unless
@@ -27,7 +27,7 @@
 extern "C" {
 #endif
 
-#define KB_TRANSPORT_ABI 3
+#define KB_TRANSPORT_ABI 4
 
 typedef struct kb_transport kb_transport;              /* the transport's state per bus */
 typedef struct kb_transport_topic kb_transport_topic;  /* the transport's state per topic */
@@ -40,11 +40,19 @@ typedef struct kb_delivery {
     const void *key;      size_t key_len;
     const void *payload;  size_t payload_len;
     uint32_t    partition;
-    uint32_t    attempt;  /* deliveries so far, this one included (1 = first) */
+    uint32_t    attempt;  /* handler runs so far, this one included (1 = first) */
     const char *id;       /* broker message ID ("" when none) */
     void       *cookie;   /* the transport's own; the bus only carries it */
     const kb_header *headers; size_t n_headers;   /* borrowed, like key and payload */
+    unsigned    flags;    /* KB_DELIVERY_F_* */
 } kb_delivery;
+
+enum {
+    /* The broker handed this event out before (a crash, a hand-over): its
+     * earlier runs are on record, so the bus calls run_begins before each
+     * of its runs. */
+    KB_DELIVERY_F_REDELIVERED = 1u << 0,
+};
 
 enum {
     /* Exactly one thread per topic calls kb_sink_deliver, so lanes use the
@@ -149,6 +157,16 @@ typedef struct kb_transport_ops {
      * process no longer owns the delivery (lease lost), so it is released
      * unhandled instead. Must be cheap: it runs once per event. */
     int  (*still_owned)(kb_transport *t, const kb_delivery *d);
+    /* Optional: called on the executor after still_owned, just before the
+     * handler runs a delivery flagged KB_DELIVERY_F_REDELIVERED or retries
+     * one (d->attempt > 1): record on the broker, before returning, that run
+     * d->attempt of this event began, so a crash inside the handler still
+     * counts (the next delivery's attempt is the recorded runs + 1). Rare
+     * (after crashes, hand-overs and failed handlers), so one bounded round
+     * trip is fine. A failure is the transport's to log: the handler runs
+     * anyway, and the bus's crash journal still holds the run
+     * (kb_bus_runs_journal). */
+    void (*run_begins)(kb_transport *t, const kb_delivery *d);
     /* Stop consuming: no kb_sink_deliver after it returns (the pools are freed
      * later in kb_close). Acks still flow. Required unless
      * KB_TRANSPORT_F_LOCAL. */
@@ -187,6 +205,41 @@ KB_EXPORT int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms);
 /* Sink subscribed to `topic` in this bus, or NULL. Only valid while the caller
  * is inside publish or holds the sink already (mem:// uses this). */
 KB_EXPORT kb_sink *kb_bus_sink(kb_bus *b, const char *topic);
+
+/* ---------------------------------------------------------------------------
+ * Handler runs: the crash journal (docs/transports.md, "Attempts are handler
+ * runs").
+ * ------------------------------------------------------------------------- */
+
+/* A run a dead process was in the middle of: event `id` of `topic`'s
+ * `partition`, its run number `attempt`. Strings are borrowed for the call. */
+typedef struct kb_run {
+    const char *topic;
+    uint32_t    partition;
+    const char *id;
+    uint32_t    attempt;
+} kb_run;
+
+/* Record a run on the broker ("at least `attempt` runs"), synchronously:
+ * KB_OK, or a KB_E* code (the journal is then left for another process). */
+typedef int kb_run_record_fn(void *opaque, const kb_run *run);
+
+/* Start the bus's crash journal: a small file in `runs.dir`, mapped shared,
+ * named by the transport's scheme, `broker` (the server, e.g. "host:port/db",
+ * no secrets), `group` and `consumer`, locked (flock) while the bus lives.
+ * The bus writes in it, with plain stores, the delivery each executor is
+ * running (topic, partition, ID, attempt) and clears it when the handler
+ * returns, so it survives kill -9 and abort() in the page cache. First,
+ * journals of the same scheme, broker and group that no live process holds
+ * (dead processes on this host) are adopted: `record` gets each run they were
+ * in, and a journal whose runs are all recorded is deleted. Call it once,
+ * from open or from the first subscribe, before the transport delivers
+ * anything (nats:// does it at the first subscribe, so a bus that only
+ * publishes or reads touches no broker state). KB_OK, KB_EINVAL (called
+ * twice) or KB_ETRANSPORT (the directory or file cannot be used; errstr
+ * names it). Thread: open's or that subscribe's, never two at once. */
+KB_EXPORT int kb_bus_runs_journal(kb_bus *b, const char *broker, kb_run_record_fn *record,
+                                  void *opaque, char *errstr, size_t errlen);
 
 /* ---------------------------------------------------------------------------
  * Errors and logging.

@@ -3,7 +3,7 @@
  * calls only files listed after it):
  *   concerns:  nats_connect, nats_consume (feeder thread), nats_lease (lease
  *              thread), nats_acker (acker thread), nats_dlq, nats_drain,
- *              nats_stats, nats_publish
+ *              nats_stats, nats_publish, nats_runs
  *   pipes:     nats_batch, nats_send, nats_tally, nats_topic, nats_claim
  *   helpers:   nats_hdr, nats_frame, nats_msg, nats_names
  * and nats_types.h, the state they share. Layout and choices:
@@ -24,6 +24,7 @@
 #include "nats_drain.h"
 #include "nats_lease.h"
 #include "nats_publish.h"
+#include "nats_runs.h"
 #include "nats_send.h"
 #include "nats_stats.h"
 #include "nats_topic.h"
@@ -278,6 +279,7 @@ static int nats_close(kb_transport *t, int64_t deadline)
     kb_thread_join(t->leaser);
     uint64_t unsent = kb__nats_resend_free(t);
     kvStore_Destroy(t->kv);
+    kb__nats_runs_close(t);
     jsCtx_Destroy(t->js);
     natsSubscription_Destroy(t->inbox_sub);
     natsConnection_Destroy(t->nc);
@@ -335,6 +337,7 @@ const kb_transport_ops kb__nats_ops = {
     .dead_letter = kb__nats_dead_letter,
     .release = kb__nats_release,
     .still_owned = kb__nats_still_owned,
+    .run_begins = kb__nats_run_begins,
     .flush = kb__nats_flush,
     .drain = kb__nats_drain,
     .stats = kb__nats_stats,

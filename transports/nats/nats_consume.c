@@ -16,6 +16,7 @@
 #include "nats_lease.h"
 #include "nats_msg.h"
 #include "nats_names.h"
+#include "nats_runs.h"
 #include "nats_topic.h"
 
 #define KB_NATS_IDLE_EXPIRES_MS 10000   /* pull expiry of a quiet partition, at most */
@@ -126,9 +127,9 @@ static void status_msg(feeder *f, natsMsg *m)
 
 /* An event (or the whole message, when unreadable) goes to the dead letters
  * without reaching a handler, with its headers when they could be read. */
-static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta *meta,
-                            unsigned n, const char *id, const kb_nats_event *ev,
-                            const kb_nats_hdrs *h, const char *why)
+static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, unsigned n, const char *id,
+                            const kb_nats_event *ev, const kb_nats_hdrs *h, const char *why,
+                            uint32_t attempts)
 {
     kb_log(f->t->bus, KB_LOG_WARNING, "nats %s: message %s on %s goes to the dead letters: %s",
            f->t->url_safe, id, natsMsg_GetSubject(m), why);
@@ -141,8 +142,7 @@ static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_na
         .orig_subject = natsMsg_GetSubject(m), .orig_id = id,
         .key = ev->key, .key_len = ev->key_len, .payload = ev->payload,
         .payload_len = ev->payload_len, .headers = h ? h->h : NULL, .n_headers = h ? h->n : 0,
-        .partition = n, .attempts = kb__nats_attempt(c, meta->sseq, meta->delivered),
-        .reason = why,
+        .partition = n, .attempts = attempts, .reason = why,
     };
     int rc = kb__nats_dlq_publish(f->t, c->part->topic, &d);
     if (rc != KB_OK && rc != KB_ETIMEDOUT)
@@ -163,19 +163,26 @@ static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta 
     if (foreign != NULL || home != n) {
         char why[160];
         snprintf(why, sizeof why, "key belongs to partition %u, not %u", home, n);
-        dead_on_arrival(f, e, m, meta, n, id, ev, h, foreign != NULL ? foreign : why);
-        return true;
-    }
-    uint32_t attempt = kb__nats_attempt(e->claim, meta->sseq, meta->delivered);
-    if (attempt > t->max_attempts) {   /* handled max_attempts times already */
-        dead_on_arrival(f, e, m, meta, n, id, ev, h, "retry.max_attempts reached (redelivered)");
+        dead_on_arrival(f, e, m, n, id, ev, h, foreign != NULL ? foreign : why,
+                        kb__nats_attempt(e->claim, meta->sseq, meta->delivered));
         return true;
     }
     kb_nats_topic *tp = e->claim->part->topic;
+    uint32_t attempt = kb__nats_attempt(e->claim, meta->sseq, meta->delivered);
+    unsigned flags = 0;
+    if (attempt > 1) {   /* delivered before: what counts is how often it ran */
+        flags = KB_DELIVERY_F_REDELIVERED;
+        attempt = kb__nats_runs_attempt(t, tp, meta->sseq, id, attempt);
+    }
+    if (attempt > t->max_attempts) {   /* handlers ran it max_attempts times already */
+        dead_on_arrival(f, e, m, n, id, ev, h, "retry.max_attempts reached (redelivered)",
+                        attempt - 1);
+        return true;
+    }
     kb_delivery d = {.topic = tp->name, .tt = tp, .key = ev->key, .key_len = ev->key_len,
                      .payload = ev->payload ? ev->payload : "", .payload_len = ev->payload_len,
                      .partition = n, .attempt = attempt, .id = id, .cookie = e,
-                     .headers = h->n ? h->h : NULL, .n_headers = h->n};
+                     .headers = h->n ? h->h : NULL, .n_headers = h->n, .flags = flags};
     int rc = kb_sink_deliver(tp->sink, &d, -1);   /* waits while the lane is full */
     if (rc == KB_OK)
         return true;
@@ -381,7 +388,8 @@ static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta
     char id[48];
     size_t base = kb__nats_put_u64(id, meta->sseq);
     if (bad) {
-        dead_on_arrival(f, e, m, meta, n, id, NULL, NULL, foreign != NULL ? foreign : why);
+        dead_on_arrival(f, e, m, n, id, NULL, NULL, foreign != NULL ? foreign : why,
+                        kb__nats_attempt(e->claim, meta->sseq, meta->delivered));
         return;
     }
     for (uint32_t i = 1; i <= events; i++) {
@@ -391,7 +399,8 @@ static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta
             id[base] = '.';
             kb__nats_put_u64(id + base + 1, i);
             if (kb__nats_hdr_frame(t, &ev, &f->hdrs, &why) != 0) {
-                dead_on_arrival(f, e, m, meta, n, id, &ev, NULL, why);
+                dead_on_arrival(f, e, m, n, id, &ev, NULL, why,
+                                kb__nats_attempt(e->claim, meta->sseq, meta->delivered));
                 continue;
             }
         }
@@ -579,8 +588,8 @@ int kb__nats_subscribe(kb_transport *t, kb_nats_topic *tp, kb_sink *sink)
     } else if ((tp->parts = calloc(t->partitions, sizeof *tp->parts)) == NULL) {
         kb_errf(NULL, 0, "nats: out of memory subscribing %s", topic);
         rc = KB_ENOMEM;
-    } else {
-        rc = start_feeder(t);
+    } else if ((rc = kb__nats_runs_open(t, NULL, 0)) == KB_OK) {
+        rc = start_feeder(t);   /* the runs bucket and journal first: nothing is delivered yet */
     }
     if (rc != KB_OK) {
         free(tp->parts);

@@ -180,6 +180,8 @@ struct kb_transport {
     kvStore *kv;
     bool kv_ttl_set;                  /* nats.lease_ttl_ms applied to it */
     pthread_mutex_t kv_lock;
+    kvStore *runs_kv;              /* handler runs (nats_runs.c) */
+    struct kb_nats_runs_cache *runs_cache;   /* the feeder's last read of it */
     char url_safe[512];            /* URL without credentials, for messages */
     char id[128];                  /* this process's consumer name */
     char group[129];               /* group (letters, digits, - _ =) */

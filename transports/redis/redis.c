@@ -272,7 +272,8 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
         return KB_ETRANSPORT;
     }
     kb__redis_limit_read(t);
-    if ((rc = kb__redis_keeper_start(t, errstr, errlen)) != KB_OK) {
+    if ((rc = kb__redis_runs_start(t, errstr, errlen)) != KB_OK ||
+        (rc = kb__redis_keeper_start(t, errstr, errlen)) != KB_OK) {
         transport_free(t);
         return rc;
     }
@@ -306,6 +307,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     .dead_letters = kb__redis_dead_letters,                             \
     .dead_letter_replay = kb__redis_dead_letter_replay,                 \
     .still_owned = kb__redis_still_owned,                               \
+    .run_begins = kb__redis_run_begins,                                 \
     .stop = redis_stop,                                                 \
     .close = redis_close
 

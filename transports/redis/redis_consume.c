@@ -272,7 +272,7 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
             int d = KB_REDIS_DELIVERED;
             if (p->waiting == NULL)   /* else these go behind what waits */
                 while (i < ents->elements &&
-                       (d = kb__redis_deliver(p->tt, p->index, ents->element[i], 1, ro->v[k].epoch, 0)) ==
+                       (d = kb__redis_deliver(p->tt, p->index, ents->element[i], 1, 0, ro->v[k].epoch, 0)) ==
                            KB_REDIS_DELIVERED)
                     i++;
             if (d == KB_REDIS_CLOSING)

@@ -37,10 +37,12 @@ static void dead_now(kb_transport_topic *tt, uint32_t part, const char *id,
     kb__redis_job_push(t, &tt->parts[part], id, dead);
 }
 
-/* `attempt`: deliveries so far; `epoch`: the lease the entry was read under
- * (a lease lost and taken again since then needs a new sweep first). */
+/* `attempt`: the run the handler would start (recorded runs + 1); `flags`:
+ * KB_DELIVERY_F_REDELIVERED for an entry swept from the pending list;
+ * `epoch`: the lease the entry was read under (a lease lost and taken again
+ * since then needs a new sweep first). */
 int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e, uint32_t attempt,
-                   uint32_t epoch, int timeout_ms)
+                      unsigned flags, uint32_t epoch, int timeout_ms)
 {
     kb_transport *t = tt->t;
     kb_redis_part *p = &tt->parts[part];
@@ -63,7 +65,7 @@ int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e
                       .payload = en.payload->str, .payload_len = en.payload->len,
                       .partition = part, .attempt = en.attempt, .id = en.id,
                       .cookie = (void *)(uintptr_t)epoch,   /* checked by still_owned */
-                      .headers = en.headers, .n_headers = en.n_headers};
+                      .headers = en.headers, .n_headers = en.n_headers, .flags = flags};
     int rc = kb_sink_deliver(tt->sink, &dl, timeout_ms);
     if (rc == KB_OK)
         return KB_REDIS_DELIVERED;
@@ -92,7 +94,7 @@ typedef struct kb_redis_wait {
     const redisReply *ents;
     size_t next_ent;
     uint32_t epoch;
-    uint32_t *attempts;   /* a sweep's: per entry of ents; NULL: a read's (1) */
+    uint32_t *attempts;   /* a sweep's: per entry of ents (redelivered); NULL: a read's (1) */
 } kb_redis_wait;
 
 kb_redis_held *kb__redis_held_new(redisReply *r)
@@ -149,8 +151,9 @@ int kb__redis_wait_deliver(kb_redis_part *p, int timeout_ms)
         kb_redis_wait *w = p->waiting;
         while (w->next_ent < w->ents->elements) {
             int rc = kb__redis_deliver(p->tt, p->index, w->ents->element[w->next_ent],
-                             w->attempts != NULL ? w->attempts[w->next_ent] : 1, w->epoch,
-                             timeout_ms);
+                                       w->attempts != NULL ? w->attempts[w->next_ent] : 1,
+                                       w->attempts != NULL ? KB_DELIVERY_F_REDELIVERED : 0,
+                                       w->epoch, timeout_ms);
             if (rc == KB_REDIS_LANE_FULL)
                 return KB_REDIS_LANE_FULL;
             if (rc != KB_REDIS_DELIVERED) {

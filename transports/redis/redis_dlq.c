@@ -25,6 +25,7 @@ static const char DEAD_LUA[] =
     "if #e>0 then f=e[1][2] else f={unpack(ARGV,5,4+n)} end "
     "for i=5+n,#ARGV do f[#f+1]=ARGV[i] end "
     "redis.call('xadd',KEYS[3],'*',unpack(f)) "
+    "redis.call('hdel',KEYS[4],ARGV[3]) "
     "return redis.call('xack',KEYS[2],ARGV[2],ARGV[3])";
 
 /* Packed fields: uint32 count of strings, then per string uint32 length + bytes. */
@@ -112,7 +113,7 @@ bool kb__redis_dead_append(redisContext *c, kb_transport *t, kb_redis_part *p,
 {
     uint32_t n;
     memcpy(&n, j->dead, 4);
-    size_t argc = 9 + n;
+    size_t argc = 10 + n;
     const char **argv = malloc(argc * sizeof *argv);
     size_t *lens = malloc(argc * sizeof *lens);
     if (argv == NULL || lens == NULL) {
@@ -120,16 +121,18 @@ bool kb__redis_dead_append(redisContext *c, kb_transport *t, kb_redis_part *p,
         free(lens);
         return false;   /* dropped: the entry stays pending and comes back */
     }
-    const char *head[] = {"EVAL", DEAD_LUA, "3", p->lease, p->stream, p->tt->dlq, t->token,
+    char runs[KB_REDIS_KEY_MAX];
+    kb__redis_runs_key(runs, sizeof runs, p->tt->name, p->index);
+    const char *head[] = {"EVAL", DEAD_LUA, "4", p->lease, p->stream, p->tt->dlq, runs, t->token,
                           t->group, j->id};
-    for (size_t i = 0; i < 9; i++)
+    for (size_t i = 0; i < 10; i++)
         argv[i] = head[i], lens[i] = strlen(head[i]);
     const char *at = j->dead + 4;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t l;
         memcpy(&l, at, 4);
-        argv[9 + i] = at + 4;
-        lens[9 + i] = l;
+        argv[10 + i] = at + 4;
+        lens[10 + i] = l;
         at += 4 + l;
     }
     redisAppendCommandArgv(c, (int)argc, argv, lens);

@@ -51,9 +51,10 @@ int kb__redis_entry_read(const redisReply *e, uint32_t part, uint32_t nparts, ui
             attempt = (uint32_t)n;
     }
     if (attempt > max_attempts) {
-        /* Delivered that often without an ack: likely a handler that kills the
-         * process. Stop the crash loop here. */
-        snprintf(out->why, sizeof out->why, "delivered %u times without an ack", attempt - 1);
+        /* Handlers began it that often without an ack: likely one that kills
+         * the process. Stop the crash loop here. */
+        snprintf(out->why, sizeof out->why,
+                 "retry.max_attempts reached: %u handler runs without an ack", attempt - 1);
         return dead(out, attempt - 1);
     }
     out->attempt = attempt;

@@ -9,6 +9,7 @@
  *   redis_deliver.c    an entry checked and handed to the pool; lane-full waiting
  *   redis_entry.c      an entry read: its event, or why it is a dead letter (pure)
  *   redis_settle.c     ack, dead_letter, release, still_owned; the keeper's send job
+ *   redis_runs.c       handler runs recorded on the server; the crash journal
  *   redis_dlq.c        dead letters: packed, stored (fenced), listed, replayed
  *   redis_drain.c      kb_drain: wait until the group settled what we added
  *   redis_stats.c      broker figures per topic and partition
@@ -262,7 +263,7 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch);
 /* ---- redis_deliver.c ---- */
 /* Hand one entry ([id, fields]) to the pool: KB_REDIS_* */
 int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e, uint32_t attempt,
-                      uint32_t epoch, int timeout_ms);
+                      unsigned flags, uint32_t epoch, int timeout_ms);
 /* A reply whose entries wait for lane space in one or more partitions. */
 typedef struct kb_redis_held kb_redis_held;
 kb_redis_held *kb__redis_held_new(redisReply *r);   /* NULL: out of memory (r not taken) */
@@ -288,7 +289,8 @@ typedef struct kb_redis_entry {
 } kb_redis_entry;
 enum { KB_REDIS_ENTRY_NONE, KB_REDIS_ENTRY_EVENT, KB_REDIS_ENTRY_DEAD };
 /* KB_REDIS_ENTRY_*: NONE for a reply that is no entry (nothing to ack).
- * `attempt`: deliveries so far, raised by the entry's "a" field (a replay). */
+ * `attempt`: the run a handler would start, raised by the entry's "a" field;
+ * above max_attempts the entry is a dead letter: it ran that often. */
 int kb__redis_entry_read(const redisReply *e, uint32_t part, uint32_t nparts, uint32_t attempt,
                          uint32_t max_attempts, kb_redis_entry *out);
 
@@ -342,6 +344,15 @@ void kb__redis_release(kb_transport *t, const kb_delivery *d);
 int kb__redis_still_owned(kb_transport *t, const kb_delivery *d);
 /* Keeper job: send every queued ack and dead letter, pipelined. */
 void kb__redis_settle_send(kb_transport *t);
+
+/* ---- redis_runs.c ---- */
+/* kb:{topic}:runs:N: entry ID -> handler runs begun (recorded only for
+ * redelivered or retried entries, and by journal adoption). */
+void kb__redis_runs_key(char *out, size_t len, const char *topic, uint32_t part);
+/* run_begins hook: record run d->attempt of d before its handler starts. */
+void kb__redis_run_begins(kb_transport *t, const kb_delivery *d);
+/* At open, on the control connection: adopt dead processes' journals, start ours. */
+int kb__redis_runs_start(kb_transport *t, char *errstr, size_t errlen);
 
 /* ---- redis_lease.c ---- */
 /* Keeper job: renew what we hold, take what rendezvous gives us among

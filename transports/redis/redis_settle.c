@@ -10,9 +10,12 @@
 
 #define ACKS_PER_CALL 1000   /* ids per fenced XACK: well under Lua's unpack limit */
 
-/* Fencing: the ack happens only while KEYS[1] still holds our token. */
+/* Fencing: the ack happens only while KEYS[1] still holds our token. The
+ * entries' run records (KEYS[3], redis_runs.c) go with them; the hash rarely
+ * exists (crashes, retries), so usually this costs one EXISTS. */
 static const char ACK_LUA[] =
     "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
+    "if redis.call('exists',KEYS[3])==1 then redis.call('hdel',KEYS[3],unpack(ARGV,3)) end "
     "return redis.call('xack',KEYS[2],ARGV[2],unpack(ARGV,3))";
 /* ---- executor threads ---- */
 
@@ -115,11 +118,13 @@ static void sent_add(sent_list *l, kb_redis_part *p, size_t from, size_t to)
  * XADD+XACK per dead letter. */
 static void append_jobs(redisContext *c, kb_transport *t, kb_redis_part *p, sent_list *sent)
 {
-    const char *argv[7 + ACKS_PER_CALL];
+    const char *argv[8 + ACKS_PER_CALL];
     size_t argc = 0, from = 0;
+    char runs[KB_REDIS_KEY_MAX];
+    kb__redis_runs_key(runs, sizeof runs, p->tt->name, p->index);
     for (size_t i = 0; i <= p->sending.n; i++) {
         bool end = i == p->sending.n;
-        if (argc > 0 && (end || argc == 7 + ACKS_PER_CALL || p->sending.v[i].dead != NULL)) {
+        if (argc > 0 && (end || argc == 8 + ACKS_PER_CALL || p->sending.v[i].dead != NULL)) {
             redisAppendCommandArgv(c, (int)argc, argv, NULL);
             sent_add(sent, p, from, i);
             argc = 0;
@@ -138,9 +143,10 @@ static void append_jobs(redisContext *c, kb_transport *t, kb_redis_part *p, sent
             from = i;
             argv[argc++] = "EVAL";
             argv[argc++] = ACK_LUA;
-            argv[argc++] = "2";
+            argv[argc++] = "3";
             argv[argc++] = p->lease;
             argv[argc++] = p->stream;
+            argv[argc++] = runs;
             argv[argc++] = t->token;
             argv[argc++] = t->group;
         }

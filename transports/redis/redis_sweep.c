@@ -12,33 +12,19 @@
  * entries would sit there, skipped, while later ones of their keys are handled. */
 static const char SWEEP_LUA[] =
     "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
-    "return {redis.call('xpending',KEYS[2],ARGV[2],ARGV[4],'+',ARGV[5]),"
-    "redis.call('xautoclaim',KEYS[2],ARGV[2],ARGV[3],0,ARGV[4],'COUNT',ARGV[5])}";
+    "local c = redis.call('xautoclaim',KEYS[2],ARGV[2],ARGV[3],0,ARGV[4],'COUNT',ARGV[5]) "
+    "local runs = {} "
+    "for i, e in ipairs(c[2]) do "
+    "runs[i] = type(e) == 'table' and tonumber(redis.call('hget',KEYS[3],e[1]) or '0') or 0 end "
+    "return {runs, c}";
 
-/* Deliveries so far of entry `id`: `pend` is the XPENDING list, in ID order
- * like the entries, walked along with them from *pi. */
-static uint32_t deliveries(const redisReply *pend, size_t *pi, const char *id)
+/* The attempt of claimed entry i: its recorded handler runs + 1 (an entry
+ * that only sat in a dead process's read batch has none). */
+static uint32_t attempt_of(const redisReply *runs, size_t i)
 {
-    while (*pi < pend->elements) {
-        const redisReply *pe = pend->element[*pi];
-        int cmp = pe->type == REDIS_REPLY_ARRAY && pe->elements >= 4
-                      ? kb__redis_id_cmp(pe->element[0]->str, id)
-                      : -1;
-        if (cmp > 0)
-            break;
-        (*pi)++;
-        if (cmp == 0)
-            return (uint32_t)pe->element[3]->integer;
-    }
-    return 1;
-}
-
-static const char *entry_id(const redisReply *e)
-{
-    return e->type == REDIS_REPLY_ARRAY && e->elements >= 1 &&
-                   e->element[0]->type == REDIS_REPLY_STRING
-               ? e->element[0]->str
-               : NULL;
+    long long n = i < runs->elements && runs->element[i]->type == REDIS_REPLY_INTEGER
+                      ? runs->element[i]->integer : 0;
+    return n >= 0 && n < 1000000 ? (uint32_t)n + 1 : 1;
 }
 
 /* Entries deleted while pending (trimmed by redis.maxlen, or XDEL by another
@@ -59,7 +45,7 @@ static uint64_t trimmed(kb_transport *t, const kb_redis_part *p, const redisRepl
 /* A sweep page's entries from `from` on wait for lane space, with their
  * attempts; the page's reply `r` is theirs now. False when out of memory. */
 static bool sweep_wait(kb_redis_part *p, redisReply *r, const redisReply *ents, size_t from,
-                       uint32_t first, const redisReply *pend, size_t pi, uint32_t epoch)
+                       const redisReply *runs, uint32_t epoch)
 {
     uint32_t *att = malloc(ents->elements * sizeof *att);
     kb_redis_held *h = att != NULL ? kb__redis_held_new(r) : NULL;
@@ -69,11 +55,8 @@ static bool sweep_wait(kb_redis_part *p, redisReply *r, const redisReply *ents, 
         freeReplyObject(r);
         return false;
     }
-    att[from] = first;
-    for (size_t i = from + 1; i < ents->elements; i++) {
-        const char *id = entry_id(ents->element[i]);
-        att[i] = id != NULL ? deliveries(pend, &pi, id) + 1 : 1;
-    }
+    for (size_t i = from; i < ents->elements; i++)
+        att[i] = attempt_of(runs, i);
     bool queued = kb__redis_wait_push(p, h, ents, from, epoch, att);
     if (!queued)
         free(att);
@@ -83,7 +66,7 @@ static bool sweep_wait(kb_redis_part *p, redisReply *r, const redisReply *ents, 
 
 /* On taking a partition: its whole PEL (ours from before a restart and the
  * previous owner's), oldest first, before anything new, so per-key order holds
- * across failover. XPENDING in the same script gives the delivery counts.
+ * across failover. The same script reads each entry's recorded runs.
  * A full lane pauses it (KB_REDIS_LANE_FULL): the page's rest waits like a read's,
  * and the sweep goes on from p->sweep_cursor once it is delivered. */
 int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
@@ -94,14 +77,15 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
         p->sweeping = epoch;
         snprintf(p->sweep_cursor, sizeof p->sweep_cursor, "0-0");
     }
-    char count[16];
+    char count[16], runs_key[KB_REDIS_KEY_MAX];
     snprintf(count, sizeof count, "%d", t->batch);
+    kb__redis_runs_key(runs_key, sizeof runs_key, tt->name, part);
     uint64_t claimed = 0, deleted = 0;
     int rc = KB_REDIS_DELIVERED;
     while (rc == KB_REDIS_DELIVERED && p->sweep_cursor[0] != '\0') {
-        const char *argv[] = {"EVAL", SWEEP_LUA, "2", p->lease, p->stream, t->token, t->group,
-                              t->consumer, p->sweep_cursor, count};
-        redisReply *r = kb__redis_cmd(&t->rconn, 10, argv, NULL);
+        const char *argv[] = {"EVAL", SWEEP_LUA, "3", p->lease, p->stream, runs_key, t->token,
+                              t->group, t->consumer, p->sweep_cursor, count};
+        redisReply *r = kb__redis_cmd(&t->rconn, 11, argv, NULL);
         if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
             r->element[0]->type != REDIS_REPLY_ARRAY ||
             r->element[1]->type != REDIS_REPLY_ARRAY || r->element[1]->elements < 2) {
@@ -117,7 +101,7 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
             kb__redis_reader_nap(t, atomic_load(&t->leases_taken), 100);   /* e.g. LOADING after a restart */
             return KB_REDIS_PART_GONE;
         }
-        const redisReply *pend = r->element[0], *ac = r->element[1];
+        const redisReply *runs = r->element[0], *ac = r->element[1];
         const redisReply *ents = ac->element[1];
         if (ac->elements >= 3) {
             uint64_t gone = trimmed(t, p, ac->element[2]);
@@ -127,17 +111,13 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
         bool last = ac->element[0]->type != REDIS_REPLY_STRING ||
                     strcmp(ac->element[0]->str, "0-0") == 0;
         snprintf(p->sweep_cursor, sizeof p->sweep_cursor, "%s", last ? "" : ac->element[0]->str);
-        size_t pi = 0;
         for (size_t i = 0; rc == KB_REDIS_DELIVERED && ents->type == REDIS_REPLY_ARRAY &&
                            i < ents->elements; i++) {
-            const char *id = entry_id(ents->element[i]);
-            if (id == NULL)
-                continue;
-            uint32_t before = deliveries(pend, &pi, id);
-            rc = kb__redis_deliver(tt, part, ents->element[i], before + 1, epoch, 0);
+            rc = kb__redis_deliver(tt, part, ents->element[i], attempt_of(runs, i),
+                                   KB_DELIVERY_F_REDELIVERED, epoch, 0);
             claimed += rc == KB_REDIS_DELIVERED;
             if (rc == KB_REDIS_LANE_FULL) {
-                if (!sweep_wait(p, r, ents, i, before + 1, pend, pi, epoch)) {
+                if (!sweep_wait(p, r, ents, i, runs, epoch)) {
                     p->sweeping = 0;   /* out of memory: from the start next time */
                     return KB_REDIS_PART_GONE;
                 }

@@ -4,7 +4,7 @@ list(APPEND KB_SOURCES
   transports/redis/redis.c transports/redis/redis_keeper.c transports/redis/redis_consume.c
   transports/redis/redis_sweep.c transports/redis/redis_deliver.c transports/redis/redis_entry.c
   transports/redis/redis_publish.c transports/redis/redis_sender.c transports/redis/redis_backlog.c
-  transports/redis/redis_settle.c
+  transports/redis/redis_settle.c transports/redis/redis_runs.c
   transports/redis/redis_lease.c transports/redis/redis_members.c transports/redis/redis_dlq.c
   transports/redis/redis_stats.c transports/redis/redis_drain.c transports/redis/redis_jobs.c
   transports/redis/redis_meta.c transports/redis/redis_limit.c transports/redis/redis_conn.c

@@ -1,0 +1,344 @@
+/* Attempts are handler runs (issue 25, item 4), on a real broker:
+ *   test_runs redis|nats RUNS_PROC
+ * - an event whose handler abort()s the process is dead-lettered after
+ *   exactly retry.max_attempts (3) crashes, and every other event is handled;
+ * - events a process read but never ran (it was killed -9 while its one
+ *   executor blocked on another event) cost no attempt: after 4 such kills
+ *   each event is handled with attempt = 1 + the runs it really had, and only
+ *   an event that ran 3 times can be a dead letter.
+ * - a runs.dir that cannot be made, or that another user owns, fails kb_open.
+ * Each incarnation is a runs_proc child with the same consumer name, so it
+ * adopts the crash journal its predecessor left in the test's runs.dir. */
+#include <dirent.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <keybus/keybus.h>
+
+#include "support/bus.h"
+#include "support/suite.h"
+#include "support/tracker.h"
+
+#define MAX_ATTEMPTS 3
+#define INCARNATION_WAIT_MS 30000   /* generous: a slow CI box under TSan */
+
+static const char *kind, *proc;
+static kb_test_server server;
+static char url[256];
+
+/* One line of the children's log. */
+typedef struct line {
+    char what;
+    uint32_t key, seq, attempt;
+    char id[64];   /* the broker's: unique per partition only */
+} line;
+
+#define LOG_MAX 4096
+
+/* Per test: a topic of keys x per_key events, a log and a runs.dir of its
+ * own, a bus that reads the dead letters, the log as last read. */
+typedef struct run_env {
+    char topic[64];
+    char log[300];
+    char dir[300];
+    kb_bus *monitor;
+    line *v;
+} run_env;
+
+static void publish(const char *topic, uint32_t keys, uint32_t per_key);
+
+static void env_init(run_env *e, const char *what, uint32_t keys, uint32_t per_key)
+{
+    static int serial;
+    snprintf(e->topic, sizeof e->topic, "runs.%s.%ld.%d", what, (long)getpid(), ++serial);
+    char tmpl[] = "/tmp/kb-runs-test-XXXXXX";
+    assert_non_null(mkdtemp(tmpl));
+    snprintf(e->dir, sizeof e->dir, "%s", tmpl);
+    snprintf(e->log, sizeof e->log, "%s/handled.log", tmpl);
+    publish(e->topic, keys, per_key);
+    e->monitor = kb_test_open(url, NULL, NULL);
+    e->v = calloc(LOG_MAX, sizeof *e->v);
+    assert_non_null(e->v);
+}
+
+/* Journals left in runs.dir (the log aside). */
+static int journals_left(const run_env *e)
+{
+    DIR *d = opendir(e->dir);
+    int n = 0;
+    for (struct dirent *de; d != NULL && (de = readdir(d)) != NULL;)
+        n += strstr(de->d_name, ".runs") != NULL;
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+static void env_free(const run_env *e)
+{
+    assert_int_equal(kb_close(e->monitor, 10000), KB_OK);
+    free(e->v);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", e->dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void publish(const char *topic, uint32_t keys, uint32_t per_key)
+{
+    kb_bus *b = kb_test_open(url, NULL, NULL);
+    for (uint32_t s = 1; s <= per_key; s++)
+        for (uint32_t k = 0; k < keys; k++)
+            assert_int_equal(kb_tracker_publish(b, topic, k, s, 16), KB_OK);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+}
+
+static pid_t spawn(const char *mode, const run_env *e)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit none = {0, 0};
+        setrlimit(RLIMIT_CORE, &none);   /* the poison's aborts leave no cores */
+        execl(proc, proc, mode, url, e->topic, e->log, e->dir, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static size_t read_log(const run_env *e, line *out, size_t max)
+{
+    FILE *f = fopen(e->log, "r");
+    size_t n = 0;
+    if (f == NULL)
+        return 0;
+    line l;
+    while (n < max && fscanf(f, " %c %u %u %63s %u", &l.what, &l.key, &l.seq, l.id, &l.attempt) == 5)
+        out[n++] = l;
+    fclose(f);
+    return n;
+}
+
+static size_t count(const line *v, size_t n, char what)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += v[i].what == what;
+    return c;
+}
+
+/* Distinct (key, seq) handled. */
+static size_t distinct_handled(const line *v, size_t n, uint32_t keys, uint32_t per_key)
+{
+    char *seen = calloc((size_t)keys * per_key, 1);
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        if (v[i].what == 'H' && v[i].key < keys && v[i].seq >= 1 && v[i].seq <= per_key &&
+            !seen[v[i].key * per_key + v[i].seq - 1]) {
+            seen[v[i].key * per_key + v[i].seq - 1] = 1;
+            d++;
+        }
+    free(seen);
+    return d;
+}
+
+typedef struct dead_seen {
+    size_t n;
+    uint32_t attempts, key, seq;   /* the first's */
+    char reason[300];
+} dead_seen;
+
+static int collect_dead(const kb_dead_letter *dl, void *opaque)
+{
+    dead_seen *d = opaque;
+    if (d->n++ == 0 && dl->payload_len >= 8) {
+        d->attempts = dl->attempts;
+        memcpy(&d->key, dl->payload, 4);   /* kb_tracker_publish's payload */
+        memcpy(&d->seq, (const char *)dl->payload + 4, 4);
+        snprintf(d->reason, sizeof d->reason, "%s", dl->reason);
+    }
+    return 0;
+}
+
+/* Lines v[0..n) of kind `what` about event (key, seq). */
+static uint32_t lines_of(const line *v, size_t n, char what, uint32_t key, uint32_t seq)
+{
+    uint32_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += v[i].what == what && v[i].key == key && v[i].seq == seq;
+    return c;
+}
+
+static dead_seen dead_letters(kb_bus *monitor, const char *topic)
+{
+    dead_seen d;
+    memset(&d, 0, sizeof d);
+    assert_int_equal(kb_dead_letters(monitor, topic, NULL, 100, collect_dead, &d), KB_OK);
+    return d;
+}
+
+static void stop(pid_t pid)
+{
+    int status;
+    kill(pid, SIGTERM);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+#define POISON_KEYS 4
+#define POISON_PER_KEY 10
+static void poison_dead_after_max_attempts_crashes(void **state)
+{
+    (void)state;
+    run_env e;
+    env_init(&e, "poison", POISON_KEYS, POISON_PER_KEY);
+    kb_bus *monitor = e.monitor;
+    line *v = e.v;
+    int crashes = 0;
+    bool done = false;
+    for (int inc = 0; inc < MAX_ATTEMPTS + 3 && !done; inc++) {
+        pid_t pid = spawn("poison", &e);
+        for (int waited = 0;; waited += 20) {
+            assert_true(waited < INCARNATION_WAIT_MS);
+            int status;
+            if (waitpid(pid, &status, WNOHANG) == pid) {
+                assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+                crashes++;
+                break;
+            }
+            size_t n = read_log(&e, v, LOG_MAX);
+            if (distinct_handled(v, n, POISON_KEYS, POISON_PER_KEY) ==
+                    POISON_KEYS * POISON_PER_KEY - 1 &&
+                dead_letters(monitor, e.topic).n == 1) {
+                stop(pid);
+                done = true;
+                break;
+            }
+            usleep(20000);
+        }
+    }
+    size_t n = read_log(&e, v, LOG_MAX);
+    dead_seen d = dead_letters(monitor, e.topic);
+    assert_true(done);
+    assert_int_equal(crashes, MAX_ATTEMPTS);
+    assert_int_equal(count(v, n, 'C'), MAX_ATTEMPTS);
+    for (size_t i = 0, c = 0; i < n; i++)   /* each crash was the next run */
+        if (v[i].what == 'C')
+            assert_int_equal(v[i].attempt, ++c);
+    assert_int_equal(d.n, 1);
+    assert_int_equal(d.key, 0);
+    assert_int_equal(d.seq, 3);
+    assert_int_equal(d.attempts, MAX_ATTEMPTS);
+    assert_non_null(strstr(d.reason, "retry.max_attempts"));
+    assert_int_equal(distinct_handled(v, n, POISON_KEYS, POISON_PER_KEY),
+                     POISON_KEYS * POISON_PER_KEY - 1);
+    assert_int_equal(journals_left(&e), 0);   /* adopted, and the last one closed cleanly */
+    env_free(&e);
+}
+
+#define PREFETCH_KEYS 8
+#define PREFETCH_PER_KEY 25
+
+static void prefetched_events_cost_no_attempt(void **state)
+{
+    (void)state;
+    run_env e;
+    env_init(&e, "prefetch", PREFETCH_KEYS, PREFETCH_PER_KEY);
+    const size_t total = PREFETCH_KEYS * PREFETCH_PER_KEY;
+    kb_bus *monitor = e.monitor;
+    line *v = e.v;
+    /* max_attempts + 1 incarnations, each killed while its one executor runs
+     * (blocks on) one event and the rest of what it read waits */
+    for (int inc = 0; inc < MAX_ATTEMPTS + 1; inc++) {
+        size_t before = count(v, read_log(&e, v, LOG_MAX), 'R');
+        pid_t pid = spawn("block", &e);
+        for (int waited = 0; count(v, read_log(&e, v, LOG_MAX), 'R') == before; waited += 20) {
+            assert_true(waited < INCARNATION_WAIT_MS);
+            int status;
+            assert_int_equal(waitpid(pid, &status, WNOHANG), 0);   /* still alive */
+            usleep(20000);
+        }
+        kill(pid, SIGKILL);
+        assert_int_equal(waitpid(pid, NULL, 0), pid);
+    }
+    pid_t pid = spawn("handle", &e);
+    dead_seen d;
+    for (int waited = 0;; waited += 20) {
+        assert_true(waited < INCARNATION_WAIT_MS);
+        size_t n = read_log(&e, v, LOG_MAX);
+        d = dead_letters(monitor, e.topic);
+        if (distinct_handled(v, n, PREFETCH_KEYS, PREFETCH_PER_KEY) + d.n == total)
+            break;
+        usleep(20000);
+    }
+    stop(pid);
+    size_t n = read_log(&e, v, LOG_MAX);
+    /* Every handled event ran once here, after as many runs as it was seen
+     * blocking in: events only read by the killed ones start at attempt 1. */
+    size_t handled = 0, first_runs = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i].what != 'H')
+            continue;
+        uint32_t ran_before = lines_of(v, i, 'R', v[i].key, v[i].seq);
+        assert_int_equal(v[i].attempt, ran_before + 1);
+        first_runs += ran_before == 0;
+        handled++;
+    }
+    assert_int_equal(handled, total - d.n);   /* nothing handled twice */
+    assert_true(first_runs >= total - MAX_ATTEMPTS - 1);
+    /* a dead letter only for an event that ran max_attempts times */
+    assert_true(d.n <= 1);
+    if (d.n == 1) {
+        assert_int_equal(lines_of(v, n, 'R', d.key, d.seq), MAX_ATTEMPTS);
+        assert_int_equal(d.attempts, MAX_ATTEMPTS);
+    }
+    assert_int_equal(journals_left(&e), 0);
+    env_free(&e);
+}
+
+/* kb_open refuses a runs.dir it cannot make, or one another user owns (a
+ * directory made in /tmp by someone else could feed it journals). */
+static void unusable_runs_dir_refused(void **state)
+{
+    (void)state;
+    char tmpl[] = "/tmp/kb-runs-test-XXXXXX", err[256];
+    assert_non_null(mkdtemp(tmpl));
+    const char *dirs[] = {"/dev/null/runs", tmpl};
+    bool other_user = geteuid() == 0 && chown(tmpl, 65534, 65534) == 0;
+    for (size_t i = 0; i < (other_user ? 2u : 1u); i++) {
+        kb_conf *c = kb_conf_new();
+        assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
+        assert_int_equal(kb_conf_set(c, "runs.dir", dirs[i], err, sizeof err), KB_OK);
+        assert_int_equal(kb_conf_set(c, "conf.env", "false", err, sizeof err), KB_OK);
+        err[0] = '\0';
+        assert_null(kb_open(c, err, sizeof err));
+        assert_non_null(strstr(err, "runs.dir"));
+        assert_non_null(strstr(err, dirs[i]));
+        kb_conf_destroy(c);
+    }
+    assert_int_equal(rmdir(tmpl), 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s redis|nats RUNS_PROC\n", argv[0]);
+        return 2;
+    }
+    kind = argv[1];
+    proc = argv[2];
+    if (kb_test_broker_for(kind, &server, url, sizeof url) != 0)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(poison_dead_after_max_attempts_crashes),
+        cmocka_unit_test(prefetched_events_cost_no_attempt),
+        cmocka_unit_test(unusable_runs_dir_refused),
+    };
+    return kb_test_run_group("runs", kind, tests, sizeof tests / sizeof tests[0], &server);
+}

@@ -1,0 +1,180 @@
+/* Handler runs on the server: KV bucket <nats.lease_bucket>_runs, one key
+ * per redelivered or retried message, <stream>.<group>.<stream seq>, whose
+ * value lists its events' runs begun so far, a line "<delivery ID> <runs>"
+ * each (a frame's events run one by one). Written before a run only for an
+ * event the server delivered before (a crash, a hand-over) or that is being
+ * retried, and by the crash-journal adoption at open; read by the feeder (the
+ * attempt is runs + 1). Keys expire with the bucket's MaxAge, a week: an ack
+ * is one AckAll for many messages, so they are not deleted one by one, and a
+ * stream sequence is never handed out twice. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nats_names.h"
+#include "nats_runs.h"
+
+#define RUNS_MAX_AGE_NS (7LL * 24 * 3600 * 1000000000LL)
+#define RUNS_VALUE_MAX 8192   /* 64 events of a frame, an ID and a count each */
+#define RUNS_TRIES 5          /* compare-and-set rounds against a concurrent writer */
+
+/* The feeder's last read: the events of one frame arrive one after another
+ * (a later delivery of the message reads again). */
+struct kb_nats_runs_cache {
+    const kb_nats_topic *tp;
+    uint64_t sseq;
+    uint32_t delivered;
+    char value[RUNS_VALUE_MAX];
+};
+
+static void runs_key(const kb_transport *t, const char *stream, const char *id, char *out,
+                     size_t len)
+{
+    snprintf(out, len, "%s.%s.%.*s", stream, t->group, (int)strcspn(id, "."), id);
+}
+
+/* Runs of `id` in a value, 0 when it has no line. */
+static uint32_t runs_in(const char *value, const char *id)
+{
+    size_t n = strlen(id);
+    for (const char *l = value; *l != '\0'; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : "")
+        if (strncmp(l, id, n) == 0 && l[n] == ' ')
+            return (uint32_t)strtoul(l + n + 1, NULL, 10);
+    return 0;
+}
+
+/* `value` with `id`'s line set to `runs`; false when it would not fit. */
+static bool runs_set(const char *value, const char *id, uint32_t runs, char *out, size_t len)
+{
+    size_t n = strlen(id), used = 0;
+    for (const char *l = value; *l != '\0';) {
+        const char *end = strchr(l, '\n');
+        size_t ll = end ? (size_t)(end - l) + 1 : strlen(l);
+        if (!(strncmp(l, id, n) == 0 && l[n] == ' ')) {
+            if (used + ll >= len)
+                return false;
+            memcpy(out + used, l, ll);
+            used += ll;
+        }
+        l += ll;
+    }
+    int w = snprintf(out + used, len - used, "%s %u\n", id, runs);
+    return w > 0 && (size_t)w < len - used;
+}
+
+/* "At least `runs` runs of event `id`", raising the count only: a late
+ * adoption must not lower a newer one. */
+static int record(kb_transport *t, const char *stream, const char *id, uint32_t runs)
+{
+    char key[2 * KB_NATS_NAME + 64];
+    runs_key(t, stream, id, key, sizeof key);
+    natsStatus s = NATS_OK;
+    if (!strchr(id, '.')) {   /* a plain message: one event, usually no record yet */
+        char value[64];
+        uint64_t done = 0;
+        snprintf(value, sizeof value, "%s %u\n", id, runs);
+        if (kvStore_CreateString(&done, t->runs_kv, key, value) == NATS_OK)
+            return KB_OK;
+    }
+    for (int i = 0; i < RUNS_TRIES; i++) {
+        kvEntry *e = NULL;
+        s = kvStore_Get(&e, t->runs_kv, key);
+        if (s != NATS_OK && s != NATS_NOT_FOUND)
+            break;
+        const char *old = e != NULL ? kvEntry_ValueString(e) : "";
+        uint64_t rev = e != NULL ? kvEntry_Revision(e) : 0, done = 0;
+        if (runs_in(old, id) >= runs) {
+            kvEntry_Destroy(e);
+            return KB_OK;
+        }
+        char value[RUNS_VALUE_MAX];
+        if (!runs_set(old, id, runs, value, sizeof value)) {
+            kvEntry_Destroy(e);
+            kb_errf(NULL, 0, "nats %s: runs of %s: more than %d bytes of records", t->url_safe, key,
+                    RUNS_VALUE_MAX);
+            return KB_ETRANSPORT;
+        }
+        kvEntry_Destroy(e);
+        s = rev != 0 ? kvStore_UpdateString(&done, t->runs_kv, key, value, rev)
+                     : kvStore_CreateString(&done, t->runs_kv, key, value);
+        if (s == NATS_OK)
+            return KB_OK;
+    }
+    kb_errf(NULL, 0, "nats %s: run %u of %s (%s) not recorded: %s", t->url_safe, runs, id, key,
+            kb__nats_reason(s));
+    return KB_ETRANSPORT;
+}
+
+void kb__nats_run_begins(kb_transport *t, const kb_delivery *d)
+{
+    if (record(t, d->tt->stream, d->id, d->attempt) != KB_OK)
+        kb_log(t->bus, KB_LOG_WARNING, "%s (the crash journal still holds it)", kb_last_error());
+}
+
+uint32_t kb__nats_runs_attempt(kb_transport *t, const kb_nats_topic *tp, uint64_t sseq,
+                               const char *id, uint32_t delivered)
+{
+    struct kb_nats_runs_cache *c = t->runs_cache;
+    if (c->tp != tp || c->sseq != sseq || c->delivered != delivered) {
+        char key[2 * KB_NATS_NAME + 64];
+        runs_key(t, tp->stream, id, key, sizeof key);
+        kvEntry *e = NULL;
+        natsStatus s = kvStore_Get(&e, t->runs_kv, key);
+        if (s != NATS_OK && s != NATS_NOT_FOUND) {
+            kb_log(t->bus, KB_LOG_WARNING, "nats %s: runs of %s unread (%s): its attempt is its "
+                   "delivery count, %u", t->url_safe, id, kb__nats_reason(s), delivered);
+            c->tp = NULL;
+            return delivered;
+        }
+        snprintf(c->value, sizeof c->value, "%s", e != NULL ? kvEntry_ValueString(e) : "");
+        kvEntry_Destroy(e);
+        c->tp = tp;
+        c->sseq = sseq;
+        c->delivered = delivered;
+    }
+    uint32_t runs = runs_in(c->value, id);
+    return runs < UINT32_MAX ? runs + 1 : runs;
+}
+
+static int adopt(void *opaque, const kb_run *run)
+{
+    char stream[KB_NATS_NAME];
+    kb__nats_stream_name(stream, sizeof stream, run->topic);
+    return record(opaque, stream, run->id, run->attempt);
+}
+
+int kb__nats_runs_open(kb_transport *t, char *errstr, size_t errlen)
+{
+    if (t->runs_kv != NULL)
+        return KB_OK;
+    if (t->runs_cache == NULL)
+        t->runs_cache = calloc(1, sizeof *t->runs_cache);
+    if (t->runs_cache == NULL) {
+        kb_errf(errstr, errlen, "nats: out of memory");
+        return KB_ENOMEM;
+    }
+    char bucket[sizeof t->bucket + 8];
+    snprintf(bucket, sizeof bucket, "%s_runs", t->bucket);
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = bucket;
+    kc.History = 1;
+    kc.TTL = RUNS_MAX_AGE_NS;
+    kc.StorageType = js_FileStorage;   /* runs survive a server restart */
+    natsStatus s = js_CreateKeyValue(&t->runs_kv, t->js, &kc);
+    if (s != NATS_OK)   /* it exists: use it */
+        s = js_KeyValue(&t->runs_kv, t->js, bucket);
+    if (s != NATS_OK) {
+        kb_errf(errstr, errlen, "nats %s: runs bucket %s: %s", t->url_safe, bucket,
+                kb__nats_reason(s));
+        return KB_ETRANSPORT;
+    }
+    return kb_bus_runs_journal(t->bus, t->url_safe, adopt, t, errstr, errlen);
+}
+
+void kb__nats_runs_close(kb_transport *t)
+{
+    if (t->runs_kv != NULL)
+        kvStore_Destroy(t->runs_kv);
+    free(t->runs_cache);
+}
