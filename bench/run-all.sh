@@ -414,6 +414,8 @@ duplicates are checked on the log's global order.
 |---|--:|--:|--:|--:|:-:|:-:|
 ${redis_mp:-| not run | | | | | | |}
 
+$(cat "$src/bench/replication.md")
+
 ## NATS JetStream
 
 $nats_note. Same binary and scenarios (large runs at 200,000 events to stay bounded) against a
