@@ -1,5 +1,5 @@
 /* Helper process for the NATS fault tests: consumes a topic and appends
- * "key seq consumer attempt" lines to a shared log (O_APPEND: one write per event), until
+ * "key seq consumer attempt id" lines (id: the delivery ID) to a shared log (O_APPEND: one write per event), until
  * SIGTERM. Usage: nats_consumer_proc URL TOPIC LOG CONSUMER LEASE_TTL_MS */
 #include <fcntl.h>
 #include <signal.h>
@@ -26,8 +26,8 @@ static int handler(const kb_event *ev, void *opaque)
     (void)opaque;
     uint32_t key, seq;
     kb_tracker_decode(ev, &key, &seq);
-    char line[96];
-    int n = snprintf(line, sizeof line, "%u %u %s %u\n", key, seq, name, ev->attempt);
+    char line[160];
+    int n = snprintf(line, sizeof line, "%u %u %s %u %s\n", key, seq, name, ev->attempt, ev->id);
     usleep(100);   /* keep some events in flight when killed */
     if (write(log_fd, line, (size_t)n) != n)
         return KB_RETRY;

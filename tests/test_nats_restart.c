@@ -73,7 +73,7 @@ typedef struct tally {
     uint64_t distinct, dups, violations, dups_first_attempt;
 } tally;
 
-/* Replay the shared log "key seq consumer attempt": per key a sequence is new
+/* Replay the shared log "key seq consumer attempt id": per key a sequence is new
  * (last + 1), a duplicate (<= last) or a violation (a gap). */
 static void check_log(const char *path, tally *out)
 {
@@ -82,7 +82,7 @@ static void check_log(const char *path, tally *out)
     FILE *f = fopen(path, "r");
     unsigned k, seq, attempt;
     char who[32];
-    while (f != NULL && fscanf(f, "%u %u %31s %u", &k, &seq, who, &attempt) == 4) {
+    while (f != NULL && fscanf(f, "%u %u %31s %u %*s", &k, &seq, who, &attempt) == 4) {
         if (k >= KEYS) {
             out->violations++;
         } else if (seq == last[k] + 1) {

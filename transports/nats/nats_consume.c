@@ -268,7 +268,12 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
     if (meta->dseq > c->dseq_hi)
         c->dseq_hi = meta->dseq;
     if (meta->sseq <= c->delivered_hi) {
-        natsMsg_Destroy(m);   /* redelivery of an event still in this process */
+        /* A redelivery: of an event still in this process (nothing to do),
+         * or of one it acked, whose ack the server lost (killed before it
+         * stored it): ack it again, it was handled. */
+        if (kb__nats_claim_acked(c, meta->sseq))
+            natsConnection_PublishString(t->nc, natsMsg_GetReply(m), "+ACK");
+        natsMsg_Destroy(m);
         return false;
     }
     /* The ring is full only when the pulls overran it: wait for the acker
@@ -296,7 +301,7 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
     e->claim = c;
     e->sseq = meta->sseq;
     e->part = part;
-    e->acked = false;
+    atomic_store_explicit(&e->acked, false, memory_order_relaxed);
     e->since_ns = kb_now_ns();
     atomic_store(&e->pending, events);
     atomic_store(&e->released, 0);

@@ -598,6 +598,44 @@ static void topic_take(kb_transport *t, kb_nats_topic *tp)
     jsConsumerInfoList_Destroy(list);
 }
 
+/* After a reconnect the server may hold as pending messages this process
+ * acked: it was killed before it stored the acks (nats-server 2.9's file
+ * store writes consumer state behind the acks). It would redeliver them only
+ * after AckWait, and kb_drain waits for them till then. A NAK of every
+ * sequence between the claim's floor and its last delivery makes it
+ * redeliver the pending ones now; the feeder acks again those it had acked
+ * and drops those it still holds. False when the server could not say (not
+ * ready yet after its restart): next round. */
+static bool renudge_claim(kb_transport *t, kb_nats_claim *c)
+{
+    jsConsumerInfo *ci = NULL;
+    if (js_GetConsumerInfo(&ci, t->js, c->part->topic->stream, c->consumer, NULL, NULL) !=
+        NATS_OK)
+        return false;
+    if (ci->NumAckPending > 0)
+        kb__nats_nak_range(t, c->part->topic->stream, c->consumer, kb__nats_floor_of(ci) + 1,
+                           ci->Delivered.Stream, ci->Delivered.Consumer);
+    jsConsumerInfo_Destroy(ci);
+    return true;
+}
+
+static void renudge_all(kb_transport *t)
+{
+    uint32_t rc = atomic_load(&t->reconnects);
+    if (rc == t->reconnects_renudged)
+        return;
+    bool ok = true;
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
+         tp = tp->next)
+        for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++) {
+            kb_nats_claim *c = atomic_load(&tp->parts[i].claim);
+            if (c != NULL && c->part == &tp->parts[i] && !atomic_load(&c->fenced))
+                ok = renudge_claim(t, c) && ok;   /* a wide claim once, on partition 0 */
+        }
+    if (ok)
+        t->reconnects_renudged = rc;
+}
+
 /* One lease round: heartbeats and renewals first, for every topic, then
  * acquisitions for at most a third of the TTL. Taking a partition costs a KV
  * create and a new consumer (about a millisecond of server time each), so
@@ -643,6 +681,7 @@ static bool pass(kb_transport *t)
     free(puts.v);
     if (heartbeat_failed)
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: membership heartbeat failed", t->url_safe);
+    renudge_all(t);
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
          tp = tp->next)
         for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++)

@@ -41,7 +41,8 @@ typedef struct kb_nats_entry {
     struct kb_nats_claim *claim;
     uint64_t sseq;
     uint32_t part;                 /* its partition (a wide claim's dead letter: none) */
-    bool acked;                    /* acker: +ACK sent (wide claims ack one by one) */
+    _Atomic bool acked;            /* acker: +ACK sent (wide claims ack one by one); the
+                                    * feeder reads it to ack a redelivery again */
     int64_t since_ns;              /* delivered at, for in-progress acks */
     _Atomic uint32_t pending;      /* its events the bus is not finished with */
     _Atomic uint32_t released;     /* one of them was released unhandled */
@@ -226,6 +227,7 @@ struct kb_transport {
     pthread_mutex_t sub_lock;          /* serialises subscribe */
     _Atomic uint32_t nsubs;            /* topics subscribed (sub_id < nsubs) */
     _Atomic uint32_t reconnects;       /* pull requests open before one are lost */
+    uint32_t reconnects_renudged;      /* lease thread: claims' pending asked again */
     /* a claim's frontier moved (the acker): kb_drain and a feeder waiting for
      * ring space wake */
     kb_signal *acked;
