@@ -229,6 +229,23 @@ bool kb__nats_claim_acked(const kb_nats_claim *c, uint64_t sseq)
     return false;
 }
 
+bool kb__nats_claim_skips(const kb_nats_claim *c, uint64_t sseq)
+{
+    if (sseq > c->skip_to)
+        return false;
+    uint32_t lo = 0, hi = c->nkeep;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (c->keep[mid] == sseq)
+            return false;
+        if (c->keep[mid] < sseq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return true;
+}
+
 void kb__nats_nak_range(kb_transport *t, const char *stream, const char *consumer, uint64_t from,
                         uint64_t to, uint64_t dseq)
 {
@@ -254,6 +271,7 @@ static void claims_free(kb_nats_claim *c)
             free_ring(c);
         free(c->part_acked);
         free(c->part_blocked);
+        free(c->keep);
         free(c);
     }
 }

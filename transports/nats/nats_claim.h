@@ -18,6 +18,9 @@ void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now);
 /* Did the claim ack stream sequence sseq (at most the highest it was
  * delivered)? The feeder, which alone moves the tail. */
 bool kb__nats_claim_acked(const kb_nats_claim *c, uint64_t sseq);
+/* Was sseq acked by an earlier consumer (skip_to, keep)? Then it comes to
+ * this claim only because the claim starts at the floor below it. */
+bool kb__nats_claim_skips(const kb_nats_claim *c, uint64_t sseq);
 /* Ask the server to redeliver now whatever consumer `consumer` holds
  * unacked between stream sequences from and to: a NAK per sequence with
  * the consumer's last delivery sequence dseq (the server checks only that

@@ -338,6 +338,12 @@ static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_met
     }
     if (!admit(f, c, m, meta))
         return;
+    /* handled under an earlier consumer: another process's (its pending set
+     * says so), or one of this process's, whose acks a restarted server lost */
+    if (kb__nats_claim_skips(c, meta->sseq) || kb__nats_acked_to(tp, n, meta->sseq)) {
+        push(c, m, meta, n, 0);
+        return;
+    }
     /* Read the message before it is in the ring: once there, its events may
      * settle (and the acker destroy it) while we still look at it. */
     const char *count = NULL, *why = NULL;

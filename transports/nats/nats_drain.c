@@ -137,8 +137,8 @@ int kb__nats_drain(kb_transport *t, int timeout_ms)
             rc = drain_topic(t, tp, target, deadline, why, sizeof why);
     }
     free(target);
-    if (rc == KB_ETIMEDOUT)
-        kb_errf(NULL, 0, "nats %s: events published here not yet acknowledged by the group on "
-                "the server%s%s", t->url_safe, why[0] ? "; last error: " : "", why);
+    if (rc == KB_ETIMEDOUT && why[0])   /* kb_drain's errstr says only the deadline passed */
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: kb_drain timed out; the server's floors could "
+               "not be read: %s", t->url_safe, why);
     return rc;
 }

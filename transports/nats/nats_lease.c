@@ -13,6 +13,7 @@
 #include "nats_lease.h"
 #include "nats_msg.h"
 #include "nats_names.h"
+#include "nats_probe.h"
 
 int kb__nats_lease_open(kb_transport *t, char *errstr, size_t errlen)
 {
@@ -230,6 +231,46 @@ static bool covers(kb_transport *t, const char *consumer, long n)
            (n >= 0 && kb__nats_consumer_part(t, consumer) == n);
 }
 
+/* A claim starts at the highest floor of the earlier consumers, but an
+ * AckExplicit one (a wide consumer) may have acked much above its floor: a
+ * held event of one partition keeps the topic's floor while the others go
+ * on. Its pending set, learned from the server, tells the new claim which
+ * messages above the floor were handled there: they are acked without a
+ * handler. The earlier consumer with the most delivered is asked; when it
+ * cannot tell, everything above the floor comes again (duplicates, never
+ * gaps). */
+static void skip_acked(kb_transport *t, kb_nats_claim *c, const jsConsumerInfoList *list, long n,
+                       uint64_t floor)
+{
+    const jsConsumerInfo *best = NULL;
+    for (int i = 0; list != NULL && i < list->Count; i++) {
+        const jsConsumerInfo *ci = list->List[i];
+        if (!covers(t, ci->Name, n) || ci->Config == NULL ||
+            ci->Config->AckPolicy != js_AckExplicit || ci->Delivered.Stream <= floor ||
+            ci->NumAckPending < 0)
+            continue;
+        uint64_t above = ci->Delivered.Stream - kb__nats_floor_of(ci);
+        if ((uint64_t)ci->NumAckPending < above &&
+            (best == NULL || ci->Delivered.Stream > best->Delivered.Stream))
+            best = ci;
+    }
+    if (best == NULL)
+        return;
+    const char *stream = c->part->topic->stream;
+    if (!kb__nats_probe_pending(t, stream, best, &c->keep, &c->nkeep)) {
+        kb_log(t->bus, KB_LOG_INFO,
+               "nats %s: consumer %s: could not learn what %s acked above %llu; its messages "
+               "from there come again", t->url_safe, c->consumer, best->Name,
+               (unsigned long long)floor);
+        return;
+    }
+    c->skip_to = best->Delivered.Stream;
+    kb_log(t->bus, KB_LOG_INFO,
+           "nats %s: consumer %s starts at %llu; %s acked every message up to %llu but %u: "
+           "the acked ones are not handled again", t->url_safe, c->consumer,
+           (unsigned long long)floor + 1, best->Name, (unsigned long long)c->skip_to, c->nkeep);
+}
+
 /* A fresh consumer for claim c, starting after the highest floor of the
  * earlier consumers in `list` that cover its partitions; false (c fenced)
  * when the server refused it. */
@@ -244,6 +285,7 @@ static bool open_consumer(kb_transport *t, kb_nats_claim *c, const jsConsumerInf
     for (int i = 0; list != NULL && i < list->Count; i++)
         if (covers(t, list->List[i]->Name, n))
             marks_inherit(c, list->List[i], floor);
+    skip_acked(t, c, list, n, floor);
     char desc[32 + 22 * KB_NATS_MARKS], filter[KB_NATS_NAME];
     marks_describe(c, desc, sizeof desc);
     snprintf(filter, sizeof filter, "kb.%s.*", tp->name);   /* the stream's, dead letters too */

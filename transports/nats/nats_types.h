@@ -80,6 +80,12 @@ typedef struct kb_nats_claim {
     _Atomic uint64_t *part_acked;
     bool *part_blocked;
     int64_t last_wpi_ns;           /* acker: last in-progress ack */
+    /* set before the claim is published: an earlier consumer acked every
+     * sequence up to skip_to that is not in `keep` (its pending set, sorted);
+     * those are settled without a handler (nats_probe.c) */
+    uint64_t skip_to;
+    uint64_t *keep;
+    uint32_t nkeep;
     uint64_t marks[KB_NATS_MARKS]; /* highest sequences earlier consumers delivered */
     uint32_t nmarks;
     /* feeder only */
