@@ -234,6 +234,13 @@ struct kb_transport {
     _Atomic uint32_t nsubs;            /* topics subscribed (sub_id < nsubs) */
     _Atomic uint32_t reconnects;       /* pull requests open before one are lost */
     uint32_t reconnects_renudged;      /* lease thread: claims' pending asked again */
+    /* lease thread: pending-set probes' replies (nats_probe.c), on <probe_inbox>.<serial>;
+     * destroyed only after the connection is closed (nats.c 3.4.1 could crash
+     * delivering to a subscription destroyed meanwhile: nats-io/nats.c#637) */
+    natsSubscription *probe_sub;
+    char probe_inbox[128];
+    uint32_t probe_serial;
+    bool probe_open;                   /* its last pull may still deliver */
     /* a claim's frontier moved (the acker): kb_drain and a feeder waiting for
      * ring space wake */
     kb_signal *acked;
