@@ -1,9 +1,13 @@
 /* Helper process for the NATS fault tests: consumes a topic and appends
- * "key seq consumer attempt" lines to a shared log (O_APPEND: one write per event), until
- * SIGTERM. Usage: nats_consumer_proc URL TOPIC LOG CONSUMER LEASE_TTL_MS */
+ * "key seq consumer attempt id" lines (id: the delivery ID) to a shared log (O_APPEND: one write per event), until
+ * SIGTERM. Usage: nats_consumer_proc URL TOPIC LOG CONSUMER LEASE_TTL_MS. With
+ * KB_TEST_HOLD_KEY=N the handler retries every event of key N (with
+ * KEYBUS_RETRY_MAX_ATTEMPTS high: an event held, unacked, while the other
+ * lanes go on, when the process is killed). */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -14,6 +18,7 @@
 static int log_fd;
 static const char *name;
 static volatile sig_atomic_t done;
+static long hold_key = -1;
 
 static void on_term(int sig)
 {
@@ -26,8 +31,10 @@ static int handler(const kb_event *ev, void *opaque)
     (void)opaque;
     uint32_t key, seq;
     kb_tracker_decode(ev, &key, &seq);
-    char line[96];
-    int n = snprintf(line, sizeof line, "%u %u %s %u\n", key, seq, name, ev->attempt);
+    if (key == hold_key)
+        return KB_RETRY;
+    char line[160];
+    int n = snprintf(line, sizeof line, "%u %u %s %u %s\n", key, seq, name, ev->attempt, ev->id);
     usleep(100);   /* keep some events in flight when killed */
     if (write(log_fd, line, (size_t)n) != n)
         return KB_RETRY;
@@ -39,6 +46,9 @@ int main(int argc, char **argv)
     if (argc != 6)
         return 2;
     name = argv[4];
+    const char *hold = getenv("KB_TEST_HOLD_KEY");
+    if (hold != NULL)
+        hold_key = strtol(hold, NULL, 10);
     log_fd = open(argv[3], O_WRONLY | O_APPEND | O_CREAT, 0644);
     signal(SIGTERM, on_term);
     kb_conf *c = kb_conf_new();

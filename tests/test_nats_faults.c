@@ -1,7 +1,7 @@
 /* NATS faults, each ending with 0 lost and 0 per-key order violations
  * (duplicates are counted and allowed): nats-server killed and restarted
  * mid-stream on file storage; server down at start and up later; kill -9 of
- * one of two consumer processes. Usage: test_nats_faults PATH_TO_HELPER */
+ * one of two consumer processes. Usage: test_nats_faults PATH_TO_HELPER [TEST] */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -90,6 +90,108 @@ static void server_restart_mid_stream(void **state)
     kb_test_server_stop(&s);
 }
 
+static _Atomic int slow_us;
+
+static int tracked_slowly(const kb_event *ev, void *opaque)
+{
+    usleep((useconds_t)atomic_load(&slow_us));   /* events in flight at each kill */
+    return kb_tracker_handler(ev, opaque);
+}
+
+/* The group's consumers of a stream as the server shows them: messages
+ * delivered and not acked, and not yet delivered. */
+static void server_pending(jsCtx *js, const char *stream, int64_t *ack_pending, uint64_t *undelivered)
+{
+    jsConsumerInfoList *l = NULL;
+    *ack_pending = -1;
+    *undelivered = UINT64_MAX;
+    if (js_Consumers(&l, js, stream, NULL, NULL) != NATS_OK || l->Count == 0) {
+        jsConsumerInfoList_Destroy(l);
+        return;
+    }
+    *ack_pending = 0;
+    *undelivered = 0;
+    for (int i = 0; i < l->Count; i++) {
+        *ack_pending += l->List[i]->NumAckPending;
+        *undelivered += l->List[i]->NumPending;
+    }
+    jsConsumerInfoList_Destroy(l);
+}
+
+#define DRAIN_KILLS 3
+#define DRAIN_PER_KEY 400
+
+/* kb_drain across kill -9 restarts of the server (same store): while it is
+ * down or just back, kb_drain answers KB_ETIMEDOUT (retry) or KB_OK, never a
+ * client-library error; KB_OK comes only when the server shows nothing of
+ * this process's events unacked. 0 lost, order kept, and each restart
+ * replays at most what was in flight (docs/transports-nats.md, "Replay"). */
+static void drain_across_server_restarts(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    kb_bus *b = open_bus(s.url, NULL, NULL);
+    const char *topic = "fault.drain";
+    char stream[64];
+    snprintf(stream, sizeof stream, "KB_fault_drain_%08x", kb_fnv1a32(topic, strlen(topic)));
+    kb_tracker t;
+    kb_tracker_init(&t, KEYS);
+    atomic_store(&slow_us, 200);
+    assert_int_equal(kb_subscribe(b, topic, tracked_slowly, &t), KB_OK);
+    int early[4] = {0};   /* kb_drain while down or just back: OK, ETIMEDOUT, other */
+    for (uint32_t seq = 1; seq <= DRAIN_PER_KEY; seq++) {
+        if (seq % (DRAIN_PER_KEY / (DRAIN_KILLS + 1)) == 0 && seq < DRAIN_PER_KEY) {
+            kb_test_server_signal(&s, SIGKILL);
+            int rc = kb_drain(b, 300);
+            early[rc == KB_OK ? 0 : rc == KB_ETIMEDOUT ? 1 : 2]++;
+            if (rc != KB_OK && rc != KB_ETIMEDOUT)
+                print_message("kb_drain while down: %s\n", kb_last_error());
+            assert_int_equal(kb_test_server_restart(&s), 0);
+            rc = kb_drain(b, 300);
+            early[rc == KB_OK ? 0 : rc == KB_ETIMEDOUT ? 1 : 2]++;
+            if (rc != KB_OK && rc != KB_ETIMEDOUT)
+                print_message("kb_drain just after the restart: %s\n", kb_last_error());
+        }
+        for (uint32_t k = 0; k < KEYS; k++)
+            publish_ok(b, topic, k, seq);
+        usleep(1000);
+    }
+    int rc = KB_ETIMEDOUT;
+    for (int i = 0; i < 6 && rc == KB_ETIMEDOUT; i++)   /* retried, as a caller would */
+        rc = kb_drain(b, 10000);
+    if (rc != KB_OK)
+        print_message("kb_drain: %s\n", kb_last_error());
+    assert_int_equal(rc, KB_OK);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    assert_int_equal(natsConnection_ConnectTo(&nc, s.url), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    int64_t ack_pending = 0;
+    uint64_t undelivered = 0;
+    server_pending(js, stream, &ack_pending, &undelivered);
+    uint64_t distinct = kb_tracker_distinct(&t);
+    print_message("drain across %d restarts: %llu distinct, %llu duplicates; at kb_drain's OK the "
+                  "server shows %lld unacked, %llu undelivered; early kb_drain: %d OK, %d "
+                  "timed out, %d other\n", DRAIN_KILLS, (unsigned long long)distinct,
+                  (unsigned long long)t.duplicates, (long long)ack_pending,
+                  (unsigned long long)undelivered, early[0], early[1], early[2]);
+    assert_int_equal(ack_pending, 0);
+    assert_int_equal(undelivered, 0);
+    assert_int_equal(early[2], 0);
+    assert_int_equal(distinct, KEYS * DRAIN_PER_KEY);
+    assert_int_equal(t.order_violations, 0);
+    assert_int_equal(t.concurrent, 0);
+    /* in flight at a kill: at most nats.max_ack_pending (4,096) messages per
+     * partition by the settings; far below one replay of the stream */
+    assert_true(t.duplicates <= (uint64_t)DRAIN_KILLS * KEYS * DRAIN_PER_KEY / 10);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_tracker_destroy(&t);
+    kb_test_server_stop(&s);
+}
+
 struct opener {
     const char *url;
     kb_bus *b;
@@ -138,30 +240,35 @@ static void server_down_at_start(void **state)
     kb_test_server_stop(&s);
 }
 
-static pid_t spawn(const char *url, const char *log, const char *name)
+static pid_t spawn_on(const char *url, const char *topic, const char *log, const char *name)
 {
     pid_t pid = fork();
     if (pid == 0) {
-        execl(helper, helper, url, "fault.kill", log, name, "1500", (char *)NULL);
+        execl(helper, helper, url, topic, log, name, "1500", (char *)NULL);
         _exit(127);
     }
     return pid;
 }
 
-/* Replay the shared log: per key, a sequence is new (last + 1), a duplicate
- * (<= last) or a violation (a gap). Returns the distinct count. */
-static uint64_t check_log(const char *path, uint64_t *dups, uint64_t *violations,
+static pid_t spawn(const char *url, const char *log, const char *name)
+{
+    return spawn_on(url, "fault.kill", log, name);
+}
+
+/* Replay the shared log of `keys` keys: per key, a sequence is new (last + 1),
+ * a duplicate (<= last) or a violation (a gap). Returns the distinct count. */
+static uint64_t check_log(const char *path, uint32_t keys, uint64_t *dups, uint64_t *violations,
                           uint64_t *by_a)
 {
-    uint32_t last[KEYS] = {0};
+    uint32_t *last = calloc(keys, sizeof *last);
     uint64_t distinct = 0;
     *dups = *violations = *by_a = 0;
     FILE *f = fopen(path, "r");
     unsigned k, seq, attempt;
     char who[32];
-    while (f != NULL && fscanf(f, "%u %u %31s %u", &k, &seq, who, &attempt) == 4) {
+    while (f != NULL && fscanf(f, "%u %u %31s %u %*s", &k, &seq, who, &attempt) == 4) {
         *by_a += strcmp(who, "proc-a") == 0;
-        if (k >= KEYS)
+        if (k >= keys)
             (*violations)++;
         else if (seq == last[k] + 1) {
             last[k] = seq;
@@ -173,11 +280,34 @@ static uint64_t check_log(const char *path, uint64_t *dups, uint64_t *violations
     }
     if (f != NULL)
         fclose(f);
+    free(last);
     return distinct;
 }
 
-/* Two consumer processes share the topic; one is killed with SIGKILL; the
- * other takes its partitions over when the leases expire. */
+/* check_log until n distinct events are in the log, for at most 30 s. */
+static uint64_t wait_log(const char *path, uint32_t keys, uint64_t n, uint64_t *dups,
+                         uint64_t *violations, uint64_t *by_a)
+{
+    uint64_t distinct = 0;
+    for (int i = 0; i < 3000 && (distinct = check_log(path, keys, dups, violations, by_a)) < n; i++)
+        usleep(10000);
+    return distinct;
+}
+
+#define KILL_KEYS 64
+#define KILL_EVENTS 20000
+/* Duplicates allowed: what the killed process held unacked, at most
+ * nats.max_ack_pending messages per partition it owned (docs/transports-nats.md,
+ * "Replay"), and the issue's 2 % of the events. The helpers run with
+ * nats.max_ack_pending 32 for that: with the default (4,096) a partition's
+ * frames, each spanning several keys' lanes, can stay unacked behind a lane
+ * one executor round behind (350-1,207 duplicates measured). */
+#define KILL_MAX_ACK_PENDING "32"
+#define KILL_DUPS_MAX (KILL_EVENTS / 50)
+
+/* Two consumer processes share the topic (20,000 events of 64 keys); one is
+ * killed with SIGKILL mid-stream; the other takes its partitions over when
+ * the leases expire and replays only what the killed one had in flight. */
 static void kill_one_of_two_consumers(void **state)
 {
     (void)state;
@@ -185,45 +315,102 @@ static void kill_one_of_two_consumers(void **state)
     assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
     char log[300];
     snprintf(log, sizeof log, "%s/handled.log", s.dir);
-    kb_bus *b = open_bus(s.url, NULL, NULL);
+    kb_bus *b = open_bus(s.url, "nats.lease_ttl_ms", "1500");   /* it creates the bucket */
     /* proc-a starts alone, so it owns partitions (a late joiner gets them only
      * by hand-over, which a slow build may not finish in time); proc-b joins
      * once proc-a handles events */
+    setenv("KEYBUS_NATS_MAX_ACK_PENDING", KILL_MAX_ACK_PENDING, 1);
     pid_t a = spawn(s.url, log, "proc-a"), c = -1;
-    for (uint32_t seq = 1; seq <= PER_KEY; seq++) {
-        for (uint32_t k = 0; k < KEYS; k++)
-            publish_ok(b, "fault.kill", k, seq);
-        if (seq == 10) {
+    uint32_t seq[KILL_KEYS] = {0};
+    for (uint32_t i = 0; i < KILL_EVENTS; i++) {
+        uint32_t k = i % KILL_KEYS;
+        publish_ok(b, "fault.kill", k, ++seq[k]);
+        if (i == 640) {
             uint64_t d0, v0, a0 = 0;
-            for (int i = 0; i < 3000 && a0 == 0; i++) {
-                check_log(log, &d0, &v0, &a0);
+            for (int w = 0; w < 3000 && a0 == 0; w++) {
+                check_log(log, KILL_KEYS, &d0, &v0, &a0);
                 if (a0 == 0)
                     usleep(10000);
             }
             c = spawn(s.url, log, "proc-b");
             usleep(1500000);   /* both own partitions now, normally */
         }
-        if (seq == PER_KEY / 2) {   /* with events in flight */
+        if (i == KILL_EVENTS / 2) {   /* with events in flight */
             kill(a, SIGKILL);
             waitpid(a, NULL, 0);
         }
-        usleep(5000);
+        if (k == KILL_KEYS - 1)
+            usleep(5000);
     }
+    unsetenv("KEYBUS_NATS_MAX_ACK_PENDING");
     assert_int_equal(kb_flush(b, 20000), KB_OK);
     uint64_t dups = 0, violations = 0, distinct = 0, by_a = 0;
-    for (int i = 0; i < 3000 && (distinct = check_log(log, &dups, &violations, &by_a)) < KEYS * PER_KEY;
-         i++)
-        usleep(10000);
+    distinct = wait_log(log, KILL_KEYS, KILL_EVENTS, &dups, &violations, &by_a);
     kill(c, SIGTERM);
     int status = 0;
     waitpid(c, &status, 0);
     assert_int_equal(kb_close(b, 10000), KB_OK);
+    check_log(log, KILL_KEYS, &dups, &violations, &by_a);
     print_message("kill -9: %llu distinct, %llu duplicates, %llu handled by the killed one\n",
                   (unsigned long long)distinct, (unsigned long long)dups, (unsigned long long)by_a);
     assert_true(by_a > 0);
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    assert_int_equal(distinct, KEYS * PER_KEY);
+    assert_int_equal(distinct, KILL_EVENTS);
     assert_int_equal(violations, 0);
+    assert_true(dups <= KILL_DUPS_MAX);
+    kb_test_server_stop(&s);
+}
+
+#define HOLD_KEYS 20
+#define HOLD_PER_KEY 100
+
+/* A lone member reads the topic through one wide consumer (AckExplicit);
+ * one event is held in its handler, so the server's ack floor stays below
+ * it while the events of every other key are handled and acked above it.
+ * The process is killed (-9); the next one starts at the floor but skips
+ * what the server shows acked there (nats_probe.c): it handles the held
+ * key's events, not the 1,900 others again. */
+static void wide_takeover_skips_acked(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    char log[300];
+    snprintf(log, sizeof log, "%s/handled.log", s.dir);
+    const char *topic = "fault.hold";
+    kb_bus *b = open_bus(s.url, "nats.lease_ttl_ms", "1500");
+    setenv("KB_TEST_HOLD_KEY", "0", 1);
+    setenv("KEYBUS_RETRY_MAX_ATTEMPTS", "1000000", 1);
+    pid_t a = spawn_on(s.url, topic, log, "hold-a");
+    unsetenv("KB_TEST_HOLD_KEY");
+    unsetenv("KEYBUS_RETRY_MAX_ATTEMPTS");
+    for (uint32_t seq = 1; seq <= HOLD_PER_KEY; seq++)
+        for (uint32_t k = 0; k < HOLD_KEYS; k++)
+            publish_ok(b, topic, k, seq);
+    assert_int_equal(kb_flush(b, 20000), KB_OK);
+    uint64_t dups = 0, violations = 0, distinct = 0, by_a = 0;
+    uint64_t others = (HOLD_KEYS - 1) * HOLD_PER_KEY;
+    distinct = wait_log(log, HOLD_KEYS, others, &dups, &violations, &by_a);
+    usleep(200000);   /* their acks on the server */
+    kill(a, SIGKILL);
+    waitpid(a, NULL, 0);
+    assert_int_equal(distinct, others);
+    pid_t c = spawn_on(s.url, topic, log, "hold-b");
+    distinct = wait_log(log, HOLD_KEYS, HOLD_KEYS * HOLD_PER_KEY, &dups, &violations, &by_a);
+    kill(c, SIGTERM);
+    int status = 0;
+    waitpid(c, &status, 0);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    check_log(log, HOLD_KEYS, &dups, &violations, &by_a);
+    print_message("wide takeover: %llu distinct, %llu duplicates (%llu handled above the held "
+                  "event before the kill)\n", (unsigned long long)distinct,
+                  (unsigned long long)dups, (unsigned long long)others);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(distinct, HOLD_KEYS * HOLD_PER_KEY);
+    assert_int_equal(violations, 0);
+    /* in flight at the kill: the held key's messages (frames holding one of
+     * its events come whole); never the acked ones above the floor */
+    assert_true(dups <= others / 4);
     kb_test_server_stop(&s);
 }
 
@@ -298,10 +485,14 @@ int main(int argc, char **argv)
     if (argc < 2)
         return 2;
     helper = argv[1];
+    if (argc > 2)
+        cmocka_set_test_filter(argv[2]);   /* one test by name, by hand */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(server_restart_mid_stream),
+        cmocka_unit_test(drain_across_server_restarts),
         cmocka_unit_test(server_down_at_start),
         cmocka_unit_test(kill_one_of_two_consumers),
+        cmocka_unit_test(wide_takeover_skips_acked),
         cmocka_unit_test(lost_lease_releases_queued),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

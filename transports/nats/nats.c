@@ -282,6 +282,7 @@ static int nats_close(kb_transport *t, int64_t deadline)
     kb__nats_runs_close(t);
     jsCtx_Destroy(t->js);
     natsSubscription_Destroy(t->inbox_sub);
+    natsSubscription_Destroy(t->probe_sub);
     natsConnection_Destroy(t->nc);
     for (kb_nats_topic *tp = atomic_load(&t->topics), *next; tp; tp = next) {
         next = tp->next;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "nats_claim.h"
+#include "nats_msg.h"
 
 kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev, bool wide)
 {
@@ -152,21 +153,22 @@ static uint64_t ack_each(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint64_
     memset(c->part_blocked, 0, t->partitions * sizeof *c->part_blocked);
     for (uint64_t i = h0; i < tl; i++) {
         kb_nats_entry *e = &c->ring[i & (c->cap - 1)];
-        if (!e->acked && e->sseq <= limit &&
-            atomic_load_explicit(&e->done, memory_order_acquire)) {
+        bool acked = atomic_load_explicit(&e->acked, memory_order_relaxed);
+        if (!acked && e->sseq <= limit && atomic_load_explicit(&e->done, memory_order_acquire)) {
             if (natsConnection_PublishString(t->nc, natsMsg_GetReply(e->msg), "+ACK") == NATS_OK) {
-                e->acked = true;
+                atomic_store_explicit(&e->acked, true, memory_order_relaxed);
+                acked = true;
                 natsMsg_Destroy(e->msg);
                 e->msg = NULL;
             } else {
                 c->ack_failed = true;
             }
         }
-        if (h == i && e->acked)
+        if (h == i && acked)
             h = i + 1;
         if (e->part >= t->partitions || c->part_blocked[e->part])
             continue;
-        if (e->acked)
+        if (acked)
             atomic_store(&c->part_acked[e->part], e->sseq);
         else
             c->part_blocked[e->part] = true;
@@ -209,6 +211,58 @@ void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now)
         free_ring(c);
 }
 
+bool kb__nats_claim_acked(const kb_nats_claim *c, uint64_t sseq)
+{
+    uint64_t h = atomic_load(&c->head), tl = atomic_load(&c->tail);
+    if (h == tl || sseq < c->ring[h & (c->cap - 1)].sseq)
+        return true;   /* below the head: the acked prefix */
+    while (h < tl) {   /* the ring is in stream order */
+        uint64_t mid = h + (tl - h) / 2;
+        const kb_nats_entry *e = &c->ring[mid & (c->cap - 1)];
+        if (e->sseq == sseq)
+            return atomic_load_explicit(&e->acked, memory_order_relaxed);
+        if (e->sseq < sseq)
+            h = mid + 1;
+        else
+            tl = mid;
+    }
+    return false;
+}
+
+bool kb__nats_claim_skips(const kb_nats_claim *c, uint64_t sseq)
+{
+    if (sseq > c->skip_to)
+        return false;
+    uint32_t lo = 0, hi = c->nkeep;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (c->keep[mid] == sseq)
+            return false;
+        if (c->keep[mid] < sseq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return true;
+}
+
+void kb__nats_nak_range(kb_transport *t, const char *stream, const char *consumer, uint64_t from,
+                        uint64_t to, uint64_t dseq)
+{
+    char subj[3 * KB_NATS_NAME];
+    int n = snprintf(subj, sizeof subj, "$JS.ACK.%s.%s.1.", stream, consumer);
+    if (n < 0 || (size_t)n + 64 > sizeof subj || to < from || to - from >= KB_NATS_NAK_MAX)
+        return;   /* the server redelivers them after AckWait anyway */
+    for (uint64_t s = from; s <= to; s++) {
+        size_t o = (size_t)n + kb__nats_put_u64(subj + n, s);
+        subj[o++] = '.';
+        o += kb__nats_put_u64(subj + o, dseq);
+        memcpy(subj + o, ".0.0", 5);
+        if (natsConnection_PublishString(t->nc, subj, "-NAK") != NATS_OK)
+            return;
+    }
+}
+
 static void claims_free(kb_nats_claim *c)
 {
     for (kb_nats_claim *next; c; c = next) {
@@ -217,6 +271,7 @@ static void claims_free(kb_nats_claim *c)
             free_ring(c);
         free(c->part_acked);
         free(c->part_blocked);
+        free(c->keep);
         free(c);
     }
 }

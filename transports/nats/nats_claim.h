@@ -15,6 +15,20 @@ void kb__nats_claim_reset(kb_transport *t, kb_nats_claim *c);
  * handler's message from redelivery, free the ring of a finished fenced
  * claim. The acker thread, or close once the acker has stopped. */
 void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now);
+/* Did the claim ack stream sequence sseq (at most the highest it was
+ * delivered)? The feeder, which alone moves the tail. */
+bool kb__nats_claim_acked(const kb_nats_claim *c, uint64_t sseq);
+/* Was sseq acked by an earlier consumer (skip_to, keep)? Then it comes to
+ * this claim only because the claim starts at the floor below it. */
+bool kb__nats_claim_skips(const kb_nats_claim *c, uint64_t sseq);
+/* Ask the server to redeliver now whatever consumer `consumer` holds
+ * unacked between stream sequences from and to: a NAK per sequence with
+ * the consumer's last delivery sequence dseq (the server checks only that
+ * it is in range, and ignores sequences it does not hold). Nothing when
+ * the range is over KB_NATS_NAK_MAX (AckWait redelivers them then). */
+#define KB_NATS_NAK_MAX (1u << 20)
+void kb__nats_nak_range(kb_transport *t, const char *stream, const char *consumer, uint64_t from,
+                        uint64_t to, uint64_t dseq);
 /* kb__nats_claim_ack for every claim of the topic (the acker thread). */
 void kb__nats_ack_topic(kb_transport *t, kb_nats_topic *tp, int64_t now);
 /* Did a claim of this process covering partition n ack up to seq? */

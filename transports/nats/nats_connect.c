@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "nats_connect.h"
+#include "nats_lease.h"
 #include "nats_names.h"
 #include "nats_send.h"
 
@@ -59,6 +60,7 @@ static void on_reconnected(natsConnection *nc, void *closure)
     read_limits(t, nc);
     atomic_fetch_add(&t->reconnects, 1);
     kb_signal_notify(t->resent);   /* a flush at close resends itself */
+    kb__nats_lease_kick(t);        /* acks the server lost: asked again at once */
     kb_log(t->bus, KB_LOG_INFO, "nats %s: reconnected (max_payload %zu)", t->url_safe,
            atomic_load(&t->max_payload));
 }

@@ -276,7 +276,12 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
     if (meta->dseq > c->dseq_hi)
         c->dseq_hi = meta->dseq;
     if (meta->sseq <= c->delivered_hi) {
-        natsMsg_Destroy(m);   /* redelivery of an event still in this process */
+        /* A redelivery: of an event still in this process (nothing to do),
+         * or of one it acked, whose ack the server lost (killed before it
+         * stored it): ack it again, it was handled. */
+        if (kb__nats_claim_acked(c, meta->sseq))
+            natsConnection_PublishString(t->nc, natsMsg_GetReply(m), "+ACK");
+        natsMsg_Destroy(m);
         return false;
     }
     /* The ring is full only when the pulls overran it: wait for the acker
@@ -304,7 +309,7 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
     e->claim = c;
     e->sseq = meta->sseq;
     e->part = part;
-    e->acked = false;
+    atomic_store_explicit(&e->acked, false, memory_order_relaxed);
     e->since_ns = kb_now_ns();
     atomic_store(&e->pending, events);
     atomic_store(&e->released, 0);
@@ -364,6 +369,12 @@ static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta
     kb_transport *t = f->t;
     if (!admit(f, c, m, meta))
         return;
+    /* handled under an earlier consumer: another process's (its pending set
+     * says so), or one of this process's, whose acks a restarted server lost */
+    if (kb__nats_claim_skips(c, meta->sseq) || kb__nats_acked_to(tp, n, meta->sseq)) {
+        push(c, m, meta, n, 0);
+        return;
+    }
     /* Read the message before it is in the ring: once there, its events may
      * settle (and the acker destroy it) while we still look at it. */
     const char *count = NULL, *why = NULL;

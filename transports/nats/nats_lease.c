@@ -13,6 +13,7 @@
 #include "nats_lease.h"
 #include "nats_msg.h"
 #include "nats_names.h"
+#include "nats_probe.h"
 
 /* The bucket's TTL is what ends a lease: nats.lease_ttl_ms is applied to an
  * existing bucket (the MaxAge of its stream KV_<bucket>, with a duplicate
@@ -266,6 +267,46 @@ static bool covers(kb_transport *t, const char *consumer, long n)
            (n >= 0 && kb__nats_consumer_part(t, consumer) == n);
 }
 
+/* A claim starts at the highest floor of the earlier consumers, but an
+ * AckExplicit one (a wide consumer) may have acked much above its floor: a
+ * held event of one partition keeps the topic's floor while the others go
+ * on. Its pending set, learned from the server, tells the new claim which
+ * messages above the floor were handled there: they are acked without a
+ * handler. The earlier consumer with the most delivered is asked; when it
+ * cannot tell, everything above the floor comes again (duplicates, never
+ * gaps). */
+static void skip_acked(kb_transport *t, kb_nats_claim *c, const jsConsumerInfoList *list, long n,
+                       uint64_t floor)
+{
+    const jsConsumerInfo *best = NULL;
+    for (int i = 0; list != NULL && i < list->Count; i++) {
+        const jsConsumerInfo *ci = list->List[i];
+        if (!covers(t, ci->Name, n) || ci->Config == NULL ||
+            ci->Config->AckPolicy != js_AckExplicit || ci->Delivered.Stream <= floor ||
+            ci->NumAckPending < 0)
+            continue;
+        uint64_t above = ci->Delivered.Stream - kb__nats_floor_of(ci);
+        if ((uint64_t)ci->NumAckPending < above &&
+            (best == NULL || ci->Delivered.Stream > best->Delivered.Stream))
+            best = ci;
+    }
+    if (best == NULL)
+        return;
+    const char *stream = c->part->topic->stream;
+    if (!kb__nats_probe_pending(t, stream, best, &c->keep, &c->nkeep)) {
+        kb_log(t->bus, KB_LOG_INFO,
+               "nats %s: consumer %s: could not learn what %s acked above %llu; its messages "
+               "from there come again", t->url_safe, c->consumer, best->Name,
+               (unsigned long long)floor);
+        return;
+    }
+    c->skip_to = best->Delivered.Stream;
+    kb_log(t->bus, KB_LOG_INFO,
+           "nats %s: consumer %s starts at %llu; %s acked every message up to %llu but %u: "
+           "the acked ones are not handled again", t->url_safe, c->consumer,
+           (unsigned long long)floor + 1, best->Name, (unsigned long long)c->skip_to, c->nkeep);
+}
+
 /* A fresh consumer for claim c, starting after the highest floor of the
  * earlier consumers in `list` that cover its partitions; false (c fenced)
  * when the server refused it. */
@@ -280,6 +321,7 @@ static bool open_consumer(kb_transport *t, kb_nats_claim *c, const jsConsumerInf
     for (int i = 0; list != NULL && i < list->Count; i++)
         if (covers(t, list->List[i]->Name, n))
             marks_inherit(c, list->List[i], floor);
+    skip_acked(t, c, list, n, floor);
     char desc[32 + 22 * KB_NATS_MARKS], filter[KB_NATS_NAME];
     marks_describe(c, desc, sizeof desc);
     snprintf(filter, sizeof filter, "kb.%s.*", tp->name);   /* the stream's, dead letters too */
@@ -634,6 +676,44 @@ static void topic_take(kb_transport *t, kb_nats_topic *tp)
     jsConsumerInfoList_Destroy(list);
 }
 
+/* After a reconnect the server may hold as pending messages this process
+ * acked: it was killed before it stored the acks (nats-server 2.9's file
+ * store writes consumer state behind the acks). It would redeliver them only
+ * after AckWait, and kb_drain waits for them till then. A NAK of every
+ * sequence between the claim's floor and its last delivery makes it
+ * redeliver the pending ones now; the feeder acks again those it had acked
+ * and drops those it still holds. False when the server could not say (not
+ * ready yet after its restart): next round. */
+static bool renudge_claim(kb_transport *t, kb_nats_claim *c)
+{
+    jsConsumerInfo *ci = NULL;
+    if (js_GetConsumerInfo(&ci, t->js, c->part->topic->stream, c->consumer, NULL, NULL) !=
+        NATS_OK)
+        return false;
+    if (ci->NumAckPending > 0)
+        kb__nats_nak_range(t, c->part->topic->stream, c->consumer, kb__nats_floor_of(ci) + 1,
+                           ci->Delivered.Stream, ci->Delivered.Consumer);
+    jsConsumerInfo_Destroy(ci);
+    return true;
+}
+
+static void renudge_all(kb_transport *t)
+{
+    uint32_t rc = atomic_load(&t->reconnects);
+    if (rc == t->reconnects_renudged)
+        return;
+    bool ok = true;
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
+         tp = tp->next)
+        for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++) {
+            kb_nats_claim *c = atomic_load(&tp->parts[i].claim);
+            if (c != NULL && c->part == &tp->parts[i] && !atomic_load(&c->fenced))
+                ok = renudge_claim(t, c) && ok;   /* a wide claim once, on partition 0 */
+        }
+    if (ok)
+        t->reconnects_renudged = rc;
+}
+
 /* One lease round: heartbeats and renewals first, for every topic, then
  * acquisitions for at most a third of the TTL. Taking a partition costs a KV
  * create and a new consumer (about a millisecond of server time each), so
@@ -679,6 +759,7 @@ static bool pass(kb_transport *t)
     free(puts.v);
     if (heartbeat_failed)
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: membership heartbeat failed", t->url_safe);
+    renudge_all(t);
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
          tp = tp->next)
         for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++)

@@ -42,7 +42,8 @@ typedef struct kb_nats_entry {
     struct kb_nats_claim *claim;
     uint64_t sseq;
     uint32_t part;                 /* its partition (a wide claim's dead letter: none) */
-    bool acked;                    /* acker: +ACK sent (wide claims ack one by one) */
+    _Atomic bool acked;            /* acker: +ACK sent (wide claims ack one by one); the
+                                    * feeder reads it to ack a redelivery again */
     int64_t since_ns;              /* delivered at, for in-progress acks */
     _Atomic uint32_t pending;      /* its events the bus is not finished with */
     _Atomic uint32_t released;     /* one of them was released unhandled */
@@ -80,6 +81,12 @@ typedef struct kb_nats_claim {
     _Atomic uint64_t *part_acked;
     bool *part_blocked;
     int64_t last_wpi_ns;           /* acker: last in-progress ack */
+    /* set before the claim is published: an earlier consumer acked every
+     * sequence up to skip_to that is not in `keep` (its pending set, sorted);
+     * those are settled without a handler (nats_probe.c) */
+    uint64_t skip_to;
+    uint64_t *keep;
+    uint32_t nkeep;
     uint64_t marks[KB_NATS_MARKS]; /* highest sequences earlier consumers delivered */
     uint32_t nmarks;
     /* feeder only */
@@ -236,6 +243,14 @@ struct kb_transport {
     pthread_mutex_t sub_lock;          /* serialises subscribe */
     _Atomic uint32_t nsubs;            /* topics subscribed (sub_id < nsubs) */
     _Atomic uint32_t reconnects;       /* pull requests open before one are lost */
+    uint32_t reconnects_renudged;      /* lease thread: claims' pending asked again */
+    /* lease thread: pending-set probes' replies (nats_probe.c), on <probe_inbox>.<serial>;
+     * destroyed only after the connection is closed (nats.c 3.4.1 could crash
+     * delivering to a subscription destroyed meanwhile: nats-io/nats.c#637) */
+    natsSubscription *probe_sub;
+    char probe_inbox[128];
+    uint32_t probe_serial;
+    bool probe_open;                   /* its last pull may still deliver */
     /* a claim's frontier moved (the acker): kb_drain and a feeder waiting for
      * ring space wake */
     kb_signal *acked;
