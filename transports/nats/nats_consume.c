@@ -371,8 +371,9 @@ static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta
         return;
     /* handled under an earlier consumer: another process's (its pending set
      * says so), or one of this process's, whose acks a restarted server lost */
-    if (kb__nats_claim_skips(c, meta->sseq) || kb__nats_acked_to(tp, n, meta->sseq)) {
-        push(c, m, meta, n, 0);
+    if (kb__nats_claim_skips(c, meta->sseq) ||
+        (part != UINT32_MAX && kb__nats_acked_to(c->part->topic, part, meta->sseq))) {
+        push(c, m, meta, part, 0);
         return;
     }
     /* Read the message before it is in the ring: once there, its events may
