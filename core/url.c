@@ -1,4 +1,5 @@
-/* Transport URLs (RFC 3986): scheme://[user[:password]@]host[:port][/path][?query].
+/* Transport URLs (RFC 3986): scheme://[user[:password]@]host[:port][/path][?query],
+ * where host[:port] may be a comma-separated list (Redis Sentinels, seed servers).
  * The one parser every transport uses, so every scheme follows the same rules:
  * userinfo percent-decoded, IPv6 in brackets, strictly decimal ports. Messages
  * name the part that is wrong and never quote the userinfo. */
@@ -176,6 +177,28 @@ static const char *parse_host(kb_url *u, const char *h, const char *hend, int *o
     return NULL;
 }
 
+/* host[:port] or a list "h1:p1,h2:p2" in [h, hend): a list is checked entry
+ * by entry and kept as written in u->host (port 0); the transport splits it. */
+static const char *parse_hosts(kb_url *u, const char *h, const char *hend, int *oom)
+{
+    if (memchr(h, ',', (size_t)(hend - h)) == NULL)
+        return parse_host(u, h, hend, oom);
+    for (const char *e = h; e <= hend;) {
+        const char *comma = memchr(e, ',', (size_t)(hend - e));
+        const char *eend = comma != NULL ? comma : hend;
+        if (eend == e)
+            return "URL host list: an empty entry (hosts are separated by single commas)";
+        kb_url one = {0};
+        const char *why = parse_host(&one, e, eend, oom);
+        free(one.host);
+        if (why != NULL)
+            return why;
+        e = eend + 1;
+    }
+    u->host = dup_n(h, (size_t)(hend - h), oom);
+    return u->host == NULL ? "" : NULL;
+}
+
 kb_url *kb_url_parse(const char *url, char *errstr, size_t errlen)
 {
     int oom = 0;
@@ -220,7 +243,7 @@ kb_url *kb_url_parse(const char *url, char *errstr, size_t errlen)
                     "%2F, %3F, %23");
     const char *why = at != NULL ? parse_userinfo(u, a, at, &oom) : NULL;
     if (why == NULL)
-        why = parse_host(u, at != NULL ? at + 1 : a, hend, &oom);
+        why = parse_hosts(u, at != NULL ? at + 1 : a, hend, &oom);
     if (why != NULL)
         return fail(u, oom, errstr, errlen, why);
     if (!all_of(hend, plen, ":@/"))

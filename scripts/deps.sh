@@ -7,7 +7,7 @@ packages=(
   build-essential cmake pkg-config
   libck-dev liburcu-dev libhiredis-dev libnats-dev
   libcmocka-dev libbenchmark-dev
-  redis-server nats-server
+  redis-server redis-sentinel nats-server
   clang libclang-rt-dev
   gnuplot-nox jq
 )

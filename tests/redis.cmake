@@ -27,3 +27,9 @@ kb_test(test_redis_url TIMEOUT 120 LABELS redis)
 
 # kb_close racing every other call (issue 11, item 4).
 kb_test(test_close_race TESTNAME close_race_redis ARGS redis LABELS redis TIMEOUT 300)
+
+# redis-sentinel:// and redis.wait_replicas (issue 30): a primary, a replica and
+# three Sentinels; the primary killed -9 mid-stream.
+kb_test(test_redis_sentinel TIMEOUT 150 LABELS redis)
+target_sources(test_redis_sentinel PRIVATE support/sentinel.c)
+target_link_libraries(test_redis_sentinel PRIVATE PkgConfig::HIREDIS)

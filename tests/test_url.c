@@ -39,6 +39,7 @@ static void parts_are_split_and_decoded(void **state)
         {"nats://[2001:db8::7]", "nats", NULL, NULL, "2001:db8::7", 0, "", NULL},
         {"nats://[::ffff:10.0.0.1]:65535", "nats", NULL, NULL, "::ffff:10.0.0.1", 65535, "", NULL},
         {"x://h:007", "x", NULL, NULL, "h", 7, "", NULL},
+        {"x://u:p@h1:1,[::1]:2,h3/m", "x", "u", "p", "h1:1,[::1]:2,h3", 0, "/m", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char err[256] = "";
@@ -77,6 +78,10 @@ static void bad_parts_are_named_without_the_password(void **state)
         {"redis://h:6x", "port"},
         {"redis://h:99999999999999999999999", "port"},
         {"redis://[::1", "host"},
+        {"redis://h:1,", "host list"},
+        {"redis://h:1,,h2", "host list"},
+        {"redis://h:1,h2:0", "port"},
+        {"redis://h:1,h^2", "host"},
         {"redis://[zz::1]:1", "host"},
         {"redis://[]:1", "host"},
         {"redis://[::1]x", "host"},

@@ -15,6 +15,7 @@ extern const kb_transport_ops kb__mem_ops;
 #ifdef KB_WITH_REDIS
 extern const kb_transport_ops kb__redis_ops;
 extern const kb_transport_ops kb__rediss_ops;   /* refuses: no TLS in hiredis 0.14 */
+extern const kb_transport_ops kb__redis_sentinel_ops;
 #endif
 #ifdef KB_WITH_NATS
 extern const kb_transport_ops kb__nats_ops;
@@ -25,6 +26,7 @@ static const kb_transport_ops *const builtin[] = {
 #ifdef KB_WITH_REDIS
     &kb__redis_ops,
     &kb__rediss_ops,
+    &kb__redis_sentinel_ops,
 #endif
 #ifdef KB_WITH_NATS
     &kb__nats_ops,

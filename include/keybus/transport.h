@@ -88,7 +88,9 @@ typedef struct kb_url {
     char    *scheme;      /* "redis" */
     char    *user;        /* NULL when absent */
     char    *password;    /* NULL when absent */
-    char    *host;        /* "" when absent; IPv6 without brackets */
+    char    *host;        /* "" when absent; IPv6 without brackets. Several hosts
+                           * ("h1:p1,[::1]:p2"): the list as written, each entry
+                           * checked like a single host[:port], and port 0 */
     int      port;        /* 0 when absent, else 1..65535 */
     char    *path;        /* "" or "/..." */
     char    *query;       /* NULL when absent; text after '?', not decoded */

@@ -50,7 +50,20 @@ static int spawn(kb_test_server *s)
     snprintf(port, sizeof port, "%d", s->port);
     const char *argv[48];
     int n = 0;
-    if (strcmp(s->kind, "redis") == 0) {
+    if (strcmp(s->kind, "sentinel") == 0) {
+        /* Sentinel keeps its state in sentinel.conf: an empty one to start
+         * from, the monitor lines as arguments (s->extra) */
+        char conf[300];
+        snprintf(conf, sizeof conf, "%s/sentinel.conf", s->dir);
+        FILE *f = fopen(conf, "a");
+        if (f == NULL || fclose(f) != 0)
+            return -1;
+        const char *base[] = {"redis-sentinel", "sentinel.conf", "--port", port, "--bind", "127.0.0.1",
+                              "--dir", s->dir, "--daemonize", "no", "--protected-mode", "no",
+                              "--logfile", "server.log"};
+        for (size_t i = 0; i < sizeof base / sizeof *base; i++)
+            argv[n++] = base[i];
+    } else if (strcmp(s->kind, "redis") == 0) {
         const char *base[] = {"redis-server", "--port", port, "--bind", "127.0.0.1", "--dir", s->dir,
                               "--save", "", "--daemonize", "no", "--protected-mode", "no",
                               "--logfile", "server.log"};

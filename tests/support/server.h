@@ -6,7 +6,7 @@
 #include <sys/types.h>
 
 typedef struct kb_test_server {
-    const char *kind;        /* "redis" or "nats" */
+    const char *kind;        /* "redis", "sentinel" (redis-sentinel) or "nats" */
     pid_t pid;               /* 0 when not running */
     int port;
     char dir[256];           /* data dir, removed by kb_test_server_stop */

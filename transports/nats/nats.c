@@ -111,6 +111,10 @@ static int nats_check_url(const kb_url *u, char *errstr, size_t errlen)
         kb_errf(errstr, errlen, "transport: nats:// URL without a host");
         return KB_EINVAL;
     }
+    if (strchr(u->host, ',') != NULL) {
+        kb_errf(errstr, errlen, "transport: nats:// takes one host:port");
+        return KB_EINVAL;
+    }
     if (u->path[0] != '\0' && strcmp(u->path, "/") != 0) {
         kb_errf(errstr, errlen, "transport: nats:// takes no path (\"%.64s\")", u->path);
         return KB_EINVAL;

@@ -38,6 +38,15 @@ static const kb_conf_prop redis_props[] = {
      "Redis: bound on the publishes held until the server confirms them (their `XADD` "
      "commands, in bytes); they are sent again after a lost connection. When it is full, "
      "`kb_publish` waits up to `pool.enqueue_timeout_ms`, then returns `KB_EFULL`."},
+    {"redis.wait_replicas", KB_CONF_INT, "0", 0, 100,
+     "Redis: after the `XADD`s of each publish batch, `WAIT` until this many replicas "
+     "confirmed them; `kb_flush` fails with `KB_ETRANSPORT` naming the shortfall (\"1 of 2 "
+     "replicas confirmed within 500 ms\") when fewer did within `redis.wait_timeout_ms`. "
+     "Replication stays asynchronous: this narrows the window a failover can lose, it does "
+     "not close it. 0 = no `WAIT`."},
+    {"redis.wait_timeout_ms", KB_CONF_INT, "1000", 1, 600000,
+     "Redis: how long each `WAIT` (`redis.wait_replicas`) waits for the replicas; below "
+     "`redis.read_timeout_ms`."},
     {"redis.reconnect_min_ms", KB_CONF_INT, "50", 1, 60000,
      "Redis: first reconnect delay; doubles per failure, with jitter."},
     {"redis.reconnect_max_ms", KB_CONF_INT, "5000", 1, 600000,
@@ -117,6 +126,7 @@ static void transport_free(kb_transport *t)
     kb__redis_conn_close(&t->ctl);
     kb__redis_conn_close(&t->kc);
     kb__redis_conn_close(&t->rconn);
+    pthread_mutex_destroy(&t->primary_lock);
     pthread_mutex_destroy(&t->pub_lock);
     pthread_mutex_destroy(&t->ctl_lock);
     kb_signal_free(t->reader_wake);
@@ -136,6 +146,7 @@ static int redis_close(kb_transport *t, int64_t deadline_ns)
 {
     int64_t floor = kb_now_ns() + CLOSE_FLOOR_NS;
     int64_t end = deadline_ns < floor ? floor : deadline_ns;
+    kb__redis_watcher_stop(t);
     kb__redis_consume_stop(t);
     kb__redis_keeper_stop(t, end);
     int rc = kb__redis_pub_close(t, end);
@@ -161,6 +172,13 @@ static int read_conf(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
     t->buffer_bytes = (size_t)kb_conf_int(c, "redis.publish_buffer_bytes");
     t->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
+    t->wait_replicas = (int)kb_conf_int(c, "redis.wait_replicas");
+    t->wait_timeout_ms = (int)kb_conf_int(c, "redis.wait_timeout_ms");
+    if (t->wait_replicas > 0 && t->wait_timeout_ms >= t->read_timeout_ms) {
+        kb_errf(errstr, errlen, "redis.wait_timeout_ms (%d) must be below redis.read_timeout_ms (%d)",
+                t->wait_timeout_ms, t->read_timeout_ms);
+        return KB_EINVAL;
+    }
     if (t->read_timeout_ms <= t->block_ms) {
         kb_errf(errstr, errlen, "redis.read_timeout_ms (%d) must exceed redis.block_ms (%d)",
                 t->read_timeout_ms, t->block_ms);
@@ -185,6 +203,18 @@ static int read_url(kb_transport *t, const char *url, char *errstr, size_t errle
     }
     if (kb__redis_check_url(t->url, errstr, errlen) != KB_OK)
         return KB_EINVAL;
+    if (strcmp(t->url->scheme, "redis-sentinel") == 0) {
+        t->sentinel = true;
+        kb__redis_sentinel_url(t->url, t->sentinels, &t->n_sentinels, t->master);
+        size_t n = (size_t)snprintf(t->where, sizeof t->where, "%s via Sentinel", t->master);
+        for (size_t i = 0; i < t->n_sentinels && n < sizeof t->where; i++) {
+            const kb_redis_addr *a = &t->sentinels[i];
+            bool v6 = strchr(a->host, ':') != NULL;
+            n += (size_t)snprintf(t->where + n, sizeof t->where - n, "%s%s%.64s%s:%d", i ? "," : " ",
+                                  v6 ? "[" : "", a->host, v6 ? "]" : "", a->port);
+        }
+        return KB_OK;
+    }
     if (t->url->port == 0)
         t->url->port = 6379;
     t->db = kb__redis_url_db(t->url);
@@ -205,6 +235,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     t->bus = bus;
     pthread_mutex_init(&t->pub_lock, NULL);
     pthread_mutex_init(&t->ctl_lock, NULL);
+    pthread_mutex_init(&t->primary_lock, NULL);
     kb__redis_conn_init(&t->pub, t, "publish");
     kb__redis_conn_init(&t->ctl, t, "control");
     kb__redis_conn_init(&t->kc, t, "keeper");
@@ -245,33 +276,42 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
         transport_free(t);
         return rc;
     }
+    if (t->sentinel && (rc = kb__redis_watcher_start(t, errstr, errlen)) != KB_OK) {
+        kb__redis_keeper_stop(t, kb_deadline_ns(0));
+        transport_free(t);
+        return rc;
+    }
     *out = t;
     return KB_OK;
 }
 
-const kb_transport_ops kb__redis_ops = {
-    .abi_version = KB_TRANSPORT_ABI,
-    .scheme = "redis",
-    .flags = KB_TRANSPORT_F_SINGLE_FEEDER | KB_TRANSPORT_F_HEADERS,
-    .props = redis_props,
-    .check_url = kb__redis_check_url,
-    .open = redis_open,
-    .topic_open = redis_topic_open,
-    .publish = kb__redis_publish,
-    .subscribe = kb__redis_subscribe,
-    .ack = kb__redis_ack,
-    .dead_letter = kb__redis_dead_letter,
-    .release = kb__redis_release,
-    .flush = kb__redis_flush,
-    .drain = kb__redis_drain,
-    .stats = kb__redis_stats,
-    .partition_stats = kb__redis_partition_stats,
-    .dead_letters = kb__redis_dead_letters,
-    .dead_letter_replay = kb__redis_dead_letter_replay,
-    .still_owned = kb__redis_still_owned,
-    .stop = redis_stop,
-    .close = redis_close,
-};
+/* redis:// and redis-sentinel:// differ only in how the primary is found
+ * (redis_conn.c asks the Sentinels). */
+#define REDIS_HOOKS                                                     \
+    .abi_version = KB_TRANSPORT_ABI,                                    \
+    .flags = KB_TRANSPORT_F_SINGLE_FEEDER | KB_TRANSPORT_F_HEADERS,     \
+    .props = redis_props,                                               \
+    .check_url = kb__redis_check_url,                                   \
+    .open = redis_open,                                                 \
+    .topic_open = redis_topic_open,                                     \
+    .publish = kb__redis_publish,                                       \
+    .subscribe = kb__redis_subscribe,                                   \
+    .ack = kb__redis_ack,                                               \
+    .dead_letter = kb__redis_dead_letter,                               \
+    .release = kb__redis_release,                                       \
+    .flush = kb__redis_flush,                                           \
+    .drain = kb__redis_drain,                                           \
+    .stats = kb__redis_stats,                                           \
+    .partition_stats = kb__redis_partition_stats,                       \
+    .dead_letters = kb__redis_dead_letters,                             \
+    .dead_letter_replay = kb__redis_dead_letter_replay,                 \
+    .still_owned = kb__redis_still_owned,                               \
+    .stop = redis_stop,                                                 \
+    .close = redis_close
+
+const kb_transport_ops kb__redis_ops = {REDIS_HOOKS, .scheme = "redis"};
+
+const kb_transport_ops kb__redis_sentinel_ops = {REDIS_HOOKS, .scheme = "redis-sentinel"};
 
 /* rediss:// is registered only so the `transport` key can refuse it with a
  * reason (check_url, and redis_open for a URL that reached it unchecked). */

@@ -117,6 +117,14 @@ uint64_t kb__redis_backlog_drop_over(kb_redis_backlog *bl, size_t max)
     return dropped;
 }
 
+uint64_t kb__redis_backlog_events(const kb_redis_backlog *bl)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < bl->n; i++)
+        n += bl->rec[(bl->first + i) % bl->rcap].p != NULL;
+    return n;
+}
+
 void kb__redis_backlog_free(kb_redis_backlog *bl)
 {
     free(bl->buf);

@@ -222,6 +222,8 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
     if (x->type == REDIS_REPLY_ERROR) {
         if (kb__redis_group_gone(x->str)) {
             groups_lost(t);
+        } else if (kb__redis_readonly(x)) {
+            kb__redis_conn_fail(&t->rconn, x->str);   /* a replica now: reconnect to the primary */
         } else {
             kb_log(t->bus, KB_LOG_WARNING, "redis: reading from %s: %s", t->where, x->str);
             kb__redis_reader_nap(t, atomic_load(&t->leases_taken), 100);

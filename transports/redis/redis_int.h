@@ -2,6 +2,7 @@
  * file offers. Layers, top down; a file calls only files below it:
  *
  *   redis.c            ops table, redis.* keys, open, topic_open, stop, close
+ *   redis_sentinel.c   redis-sentinel://: the +switch-master listener thread
  *   redis_keeper.c     the keeper thread's loop: one call per job (below)
  *   redis_consume.c    subscribe; the reader thread's loop: read rounds, fenced reads
  *   redis_sweep.c      recovery of a partition just taken (its pending list)
@@ -19,8 +20,8 @@
  *   redis_jobs.c       each partition's queue of acks and dead letters
  *   redis_meta.c       topic metadata and consumer groups on the server
  *   redis_limit.c      the server's proto-max-bulk-len
- *   redis_conn.c       connections: handshake, backoff, deadlines, cut
- *   redis_url.c        the redis:// URL (check_url)
+ *   redis_conn.c       connections: the primary (Sentinels asked), handshake, backoff, cut
+ *   redis_url.c        the redis:// and redis-sentinel:// URLs (check_url)
  *   redis_fields.c     replies: field maps, stream IDs, header fields
  *
  * Threads and connections (a blocking read never shares a connection):
@@ -33,7 +34,9 @@
  *   - kb-redis-keeper: sends fenced XACKs and dead letters,
  *     heartbeats membership, takes and renews leases, on its own connection;
  *   - application calls that need an answer (subscribe, stats, DLQ listing):
- *     the control connection under ctl_lock. */
+ *     the control connection under ctl_lock;
+ *   - kb-redis-watch (redis-sentinel:// only): listens for +switch-master
+ *     on a Sentinel and cuts the connections to a primary that is no more. */
 #ifndef KB_REDIS_INT_H
 #define KB_REDIS_INT_H
 
@@ -49,6 +52,14 @@
 #define KB_REDIS_ID_MAX 48      /* "ms-seq" of two 64-bit numbers, NUL included */
 #define KB_REDIS_BULK_DEFAULT (512 * 1024 * 1024)   /* Redis's default proto-max-bulk-len */
 #define KB_REDIS_KEY_MAX 300    /* kb:{topic}:lease:N for a topic of up to 255 bytes */
+#define KB_REDIS_SENTINELS_MAX 16
+#define KB_REDIS_MASTER_MAX 128  /* a Sentinel master name, NUL included */
+
+/* A host and port: a Sentinel, or the primary it names. */
+typedef struct kb_redis_addr {
+    char host[256];
+    int port;
+} kb_redis_addr;
 
 /* One connection with reconnect backoff. Used by one owner at a time (its
  * thread or its lock); only kb__redis_conn_cut may come from another thread. */
@@ -61,8 +72,9 @@ typedef struct kb_redis_conn {
     int64_t next_try_ns;          /* backoff: no connect before this */
     bool was_down;                /* log "reconnected" once it is back */
     int64_t deadline_ns;          /* blocking calls end by then (close); INT64_MAX: none */
-    pthread_mutex_t lock;         /* c against kb__redis_conn_cut */
+    pthread_mutex_t lock;         /* c and gen against kb__redis_conn_cut / _kick */
     _Atomic bool cut;             /* closing: shut down, never reconnected */
+    uint32_t gen;                 /* t->primary_gen of the address c is connected to */
 } kb_redis_conn;
 
 /* An ack or a dead letter waiting for the keeper. */
@@ -122,10 +134,15 @@ struct kb_transport_topic {
 };
 
 /* One accepted publish: its XADD's bytes in the backlog, its partition (the
- * reply's ID becomes the partition's last_id) and its largest argument. */
+ * reply's ID becomes the partition's last_id) and its largest argument. Or,
+ * with p NULL, the WAIT the sender queued after `events` of them
+ * (redis.wait_replicas); `lost`: some of them were confirmed on a connection
+ * that then broke, so its answer on the next one cannot vouch for them. */
 typedef struct kb_redis_pubrec {
     kb_redis_part *p;
     size_t len, big;
+    uint32_t events;
+    bool lost;
 } kb_redis_pubrec;
 
 /* Accepted publishes the server has not confirmed, oldest first (pub_lock):
@@ -143,7 +160,18 @@ struct kb_transport {
     kb_bus *bus;
     kb_url *url;                  /* host, port, user, password (never logged), path */
     int db;
-    char where[300];              /* "host:port" for messages */
+    char where[300];              /* "host:port" (or "master via Sentinel h:p,...") for messages */
+    /* redis-sentinel:// (redis_sentinel.c): the primary is asked of the Sentinels */
+    bool sentinel;
+    char master[KB_REDIS_MASTER_MAX];
+    kb_redis_addr sentinels[KB_REDIS_SENTINELS_MAX];
+    size_t n_sentinels;
+    pthread_mutex_t primary_lock; /* primary, sentinel_first */
+    kb_redis_addr primary;        /* as a Sentinel last named it; port 0: not yet */
+    size_t sentinel_first;        /* the one that answered last is asked first */
+    _Atomic uint32_t primary_gen; /* bumped each time the primary changes */
+    kb_thread *watcher;           /* kb-redis-watch */
+    _Atomic bool watcher_stop;
     /* configuration */
     uint32_t partitions;
     char group[129];
@@ -167,6 +195,9 @@ struct kb_transport {
     _Atomic size_t pub_held;      /* backlog bytes, for publishers waiting for room */
     _Atomic uint64_t pub_unconfirmed;   /* backlog records, for kb_flush */
     uint64_t pub_failed;          /* refused by the server since the last flush (pub_lock) */
+    int wait_replicas, wait_timeout_ms;   /* redis.wait_replicas, redis.wait_timeout_ms */
+    uint64_t wait_short;          /* stored, but fewer replicas confirmed, since the last flush (pub_lock) */
+    char wait_error[300];         /* the last shortfall (pub_lock) */
     char pub_error[1024];         /* why the last one was refused (pub_lock) */
     char pub_lost[512];           /* why the publish connection last dropped (pub_lock) */
     kb_signal *pub_progress;      /* records confirmed or failed: flush and room waiters */
@@ -207,6 +238,11 @@ struct kb_transport {
     _Atomic uint64_t settle_rounds;
     kb_signal *settled;
 };
+
+/* ---- redis_sentinel.c ---- */
+/* Start / stop the +switch-master listener (redis-sentinel:// only). */
+int kb__redis_watcher_start(kb_transport *t, char *errstr, size_t errlen);
+void kb__redis_watcher_stop(kb_transport *t);
 
 /* ---- redis_consume.c ---- */
 int kb__redis_subscribe(kb_transport *t, kb_transport_topic *tt, kb_sink *sink);
@@ -289,6 +325,8 @@ bool kb__redis_backlog_add(kb_redis_backlog *bl, kb_redis_part *p, size_t big, i
 kb_redis_pubrec kb__redis_backlog_pop(kb_redis_backlog *bl);
 /* Take off every record whose largest argument exceeds `max`; the count. */
 uint64_t kb__redis_backlog_drop_over(kb_redis_backlog *bl, size_t max);
+/* Publishes held (records other than WAITs). */
+uint64_t kb__redis_backlog_events(const kb_redis_backlog *bl);
 static inline size_t kb__redis_backlog_bytes(const kb_redis_backlog *bl)
 {
     return bl->len - bl->head;
@@ -398,10 +436,31 @@ void kb__redis_conn_cut(kb_redis_conn *k);
 redisContext *kb__redis_conn_until(kb_redis_conn *k, int64_t deadline_ns);
 /* Blocking command on a connection; NULL reply drops the connection. */
 redisReply *kb__redis_cmd(kb_redis_conn *k, int argc, const char **argv, const size_t *lens);
+/* From any thread: shut the socket down if it is connected to another
+ * primary than generation `gen`; its owner reconnects (to the new one). */
+void kb__redis_conn_kick(kb_redis_conn *k, uint32_t gen);
+/* Does this error reply say the node is a replica now (a failover)? */
+bool kb__redis_readonly(const redisReply *r);
+
+/* Where to connect: the URL's host, or the primary the Sentinels name now
+ * (asked in turn; a change cuts the connections to the old one). False with
+ * errstr when no Sentinel named one. *gen: the primary's generation. */
+bool kb__redis_primary(kb_transport *t, int64_t deadline_ns, kb_redis_addr *out, uint32_t *gen,
+                       char *errstr, size_t errlen);
+/* Sentinel `from` named `a` the primary: kept and, when it is another one
+ * than before, the connections made to the old one are cut. Its generation. */
+uint32_t kb__redis_primary_named(kb_transport *t, size_t from, const kb_redis_addr *a);
+/* A connection to Sentinel `s` with the redis.* timeouts, or NULL with `why`. */
+redisContext *kb__redis_sentinel_connect(const kb_transport *t, const kb_redis_addr *s,
+                                         int64_t deadline_ns, char *why, size_t len);
 
 /* ---- redis_url.c ---- */
-/* check_url hook: redis://[user[:password]@]host[:port][/db], nothing else. */
+/* check_url hook: redis://[user[:password]@]host[:port][/db], or
+ * redis-sentinel://[user[:password]@]host[:port][,host[:port]...]/<master>. */
 int kb__redis_check_url(const kb_url *u, char *errstr, size_t errlen);
+/* The Sentinels (default port 26379) and the master name of a checked
+ * redis-sentinel:// URL. */
+void kb__redis_sentinel_url(const kb_url *u, kb_redis_addr *out, size_t *n, char *master);
 /* The db of a checked URL. */
 int kb__redis_url_db(const kb_url *u);
 

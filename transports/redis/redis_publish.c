@@ -129,17 +129,26 @@ int kb__redis_pub_settle(kb_transport *t, int64_t deadline_ns, const char *who)
     kb_signal_wait(t->pub_progress, all_confirmed, t, deadline_ns);
     pthread_mutex_lock(&t->pub_lock);
     int rc = KB_OK;
+    char shortfall[800] = "";
+    if (t->wait_short > 0)
+        snprintf(shortfall, sizeof shortfall, "%s%llu publishes stored on %s but not on its "
+                 "replicas: %.300s (redis.wait_replicas)", t->pub_failed > 0 ? "; " : "",
+                 (unsigned long long)t->wait_short, t->where, t->wait_error);
     if (t->pub_failed > 0) {
-        kb_errf(NULL, 0, "%s: %llu publishes to %s failed: %s", who,
-                 (unsigned long long)t->pub_failed, t->where, t->pub_error);
-        t->pub_failed = 0;
+        kb_errf(NULL, 0, "%s: %llu publishes to %s failed: %s%s", who,
+                 (unsigned long long)t->pub_failed, t->where, t->pub_error, shortfall);
+        rc = KB_ETRANSPORT;
+    } else if (t->wait_short > 0) {
+        kb_errf(NULL, 0, "%s: %s", who, shortfall);
         rc = KB_ETRANSPORT;
     } else if (t->backlog.n > 0) {
         kb_errf(NULL, 0, "%s: %llu publishes not yet confirmed by %s, kept to be sent again%s%.300s",
-                who, (unsigned long long)t->backlog.n, t->where,
+                who, (unsigned long long)kb__redis_backlog_events(&t->backlog), t->where,
                 t->pub_lost[0] ? "; connection lost: " : "", t->pub_lost);
         rc = KB_ETIMEDOUT;
     }
+    t->pub_failed = 0;
+    t->wait_short = 0;
     pthread_mutex_unlock(&t->pub_lock);
     return rc;
 }
@@ -158,7 +167,7 @@ int kb__redis_pub_close(kb_transport *t, int64_t deadline_ns)
         kb__redis_sender_stop(t);
     }
     pthread_mutex_lock(&t->pub_lock);
-    uint64_t held = t->backlog.n;
+    uint64_t held = kb__redis_backlog_events(&t->backlog);
     int rc = KB_OK;
     if (held > 0 || t->pub_failed > 0) {
         /* accepted by kb_publish, not stored, not reported by a kb_flush yet */

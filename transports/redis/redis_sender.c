@@ -5,7 +5,11 @@
  * backoff the sender reconnects and writes every unconfirmed record again,
  * oldest first, then the rest (at least once: one the server stored before
  * the loss is stored twice, never reordered). Only what the server refuses
- * (an error reply, an argument over its proto-max-bulk-len) counts as failed. */
+ * (an error reply, an argument over its proto-max-bulk-len) counts as failed.
+ * With redis.wait_replicas, each time it has written everything it appends a
+ * WAIT for the XADDs since the previous one: its answer says how many
+ * replicas have them, and a shortfall is kb_flush's error. A primary that
+ * became a replica (-READONLY, a failover) is left like a broken connection. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -26,15 +30,34 @@ static void publish_counts(kb_transport *t)
 }
 
 /* Errors that say "not now" rather than "never": a server still loading its
- * data after a restart, busy with a script, or without its replicas. */
+ * data after a restart, busy with a script, without its replicas, or a
+ * replica now (the primary is elsewhere). */
 static bool transient(const redisReply *r)
 {
     static const char *const now[] = {"LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN",
-                                      "CLUSTERDOWN", "NOREPLICAS"};
+                                      "CLUSTERDOWN", "NOREPLICAS", "READONLY"};
     for (size_t i = 0; i < sizeof now / sizeof *now; i++)
         if (strncmp(r->str, now[i], strlen(now[i])) == 0)
             return true;
     return false;
+}
+
+/* The answer to a WAIT record (caller holds pub_lock): a shortfall counts
+ * its events for kb_flush. */
+static void wait_answered(kb_transport *t, const kb_redis_pubrec *rec, const redisReply *r)
+{
+    if (r->type == REDIS_REPLY_INTEGER && !rec->lost && r->integer >= t->wait_replicas)
+        return;
+    t->wait_short += rec->events;
+    if (rec->lost)
+        snprintf(t->wait_error, sizeof t->wait_error, "the connection was lost before %d replicas "
+                 "confirmed", t->wait_replicas);
+    else if (r->type == REDIS_REPLY_INTEGER)
+        snprintf(t->wait_error, sizeof t->wait_error, "%lld of %d replicas confirmed within %d ms",
+                 (long long)r->integer, t->wait_replicas, t->wait_timeout_ms);
+    else
+        snprintf(t->wait_error, sizeof t->wait_error, "WAIT refused: %.200s",
+                 r->type == REDIS_REPLY_ERROR ? r->str : "not a number");
 }
 
 /* Replies to the oldest records: IDs noted, refusals counted. A protocol
@@ -53,7 +76,9 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
             break;
         }
         kb_redis_pubrec rec = kb__redis_backlog_pop(&t->backlog);
-        if (r[i]->type == REDIS_REPLY_STRING) {
+        if (rec.p == NULL) {
+            wait_answered(t, &rec, r[i]);
+        } else if (r[i]->type == REDIS_REPLY_STRING) {
             kb__redis_note_last(rec.p, r[i]->str);
         } else if (r[i]->type == REDIS_REPLY_ERROR) {
             t->pub_failed++;
@@ -104,13 +129,37 @@ static bool read_replies(kb_transport *t, redisContext *c, bool *retry)
     }
 }
 
+/* Everything is written: a WAIT after the XADDs since the last one, when
+ * redis.wait_replicas asks for it (caller holds pub_lock). True when queued. */
+static bool queue_wait(kb_transport *t)
+{
+    kb_redis_backlog *bl = &t->backlog;
+    uint32_t events = 0;
+    if (t->wait_replicas == 0)
+        return false;
+    for (size_t i = bl->n; i > 0 && bl->rec[(bl->first + i - 1) % bl->rcap].p != NULL; i--)
+        events++;
+    if (events == 0)
+        return false;
+    char replicas[16], ms[16];
+    snprintf(replicas, sizeof replicas, "%d", t->wait_replicas);
+    snprintf(ms, sizeof ms, "%d", t->wait_timeout_ms);
+    const char *argv[] = {"WAIT", replicas, ms};
+    const size_t lens[] = {4, strlen(replicas), strlen(ms)};
+    if (!kb__redis_backlog_add(bl, NULL, 0, 3, argv, lens))
+        return false;   /* out of memory: the next batch's WAIT covers these too */
+    bl->rec[(bl->first + bl->n - 1) % bl->rcap].events = events;
+    publish_counts(t);
+    return true;
+}
+
 /* Write what the socket takes now; the errno that broke it, or 0. */
 static int write_some(kb_transport *t, redisContext *c, bool *unsent, bool *due, int64_t *quiet_since)
 {
     int err = 0;
     pthread_mutex_lock(&t->pub_lock);
     kb_redis_backlog *bl = &t->backlog;
-    while (bl->sent < bl->len) {
+    while (bl->sent < bl->len || (err == 0 && queue_wait(t))) {
         ssize_t w = send(c->fd, bl->buf + bl->sent, bl->len - bl->sent, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (w > 0) {
             bl->sent += (size_t)w;
@@ -140,9 +189,17 @@ static void lose(kb_transport *t, const char *why_now)
     pthread_mutex_lock(&t->pub_lock);
     kb_redis_backlog *bl = &t->backlog;
     bl->sent = bl->head;
-    for (size_t i = 0; i < bl->n; i++)
-        if (bl->rec[(bl->first + i) % bl->rcap].big > big)
-            big = bl->rec[(bl->first + i) % bl->rcap].big;
+    uint32_t held = 0;   /* XADDs still held since the previous WAIT */
+    for (size_t i = 0; i < bl->n; i++) {
+        kb_redis_pubrec *rec = &bl->rec[(bl->first + i) % bl->rcap];
+        if (rec->big > big)
+            big = rec->big;
+        held += rec->p != NULL;
+        if (rec->p == NULL && held < rec->events)
+            rec->lost = true;   /* some of its XADDs were confirmed on the lost connection */
+        if (rec->p == NULL)
+            held = 0;
+    }
     snprintf(t->pub_lost, sizeof t->pub_lost, "%s", why);
     pthread_mutex_unlock(&t->pub_lock);
     kb__redis_conn_fail(&t->pub, why);

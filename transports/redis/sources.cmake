@@ -8,6 +8,7 @@ list(APPEND KB_SOURCES
   transports/redis/redis_lease.c transports/redis/redis_members.c transports/redis/redis_dlq.c
   transports/redis/redis_stats.c transports/redis/redis_drain.c transports/redis/redis_jobs.c
   transports/redis/redis_meta.c transports/redis/redis_limit.c transports/redis/redis_conn.c
+  transports/redis/redis_sentinel.c
   transports/redis/redis_url.c transports/redis/redis_fields.c)
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 list(APPEND KB_PRIVATE_LIBS PkgConfig::HIREDIS)
