@@ -37,3 +37,8 @@ kb_test(test_close_race TESTNAME close_race_nats ARGS nats LABELS nats TIMEOUT 3
 # lease bucket's TTL set from nats.lease_ttl_ms (issue 25 item 1, issue 31 item 5).
 kb_test(test_nats_partitions TIMEOUT 120 LABELS nats)
 target_link_libraries(test_nats_partitions PRIVATE PkgConfig::NATS)
+# A 3-node JetStream cluster (issue 30, NATS half): R3 streams and lease bucket,
+# the stream leader, a non-leader and the lease bucket's leader killed -9.
+kb_test(test_nats_cluster ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 150 LABELS nats)
+target_sources(test_nats_cluster PRIVATE support/nats_cluster.c)
+target_link_libraries(test_nats_cluster PRIVATE PkgConfig::NATS)
