@@ -79,8 +79,8 @@ static const kb_conf_prop nats_props[] = {
     {"nats.replicas", KB_CONF_INT, "1", 1, 5,
      "Copies JetStream keeps of each topic stream and of the lease bucket, on as many "
      "servers of a cluster (3 rides out the loss of one). Given when they are created; "
-     "a topic whose stream has another count fails naming both (the server does not "
-     "change it silently). See docs/deployment.md."},
+     "a stream or bucket that exists with another count is left as it is, and the "
+     "publish or subscribe fails with `KB_EINVAL` naming both. See docs/deployment.md."},
     {"nats.connect_wait_ms", KB_CONF_INT, "0", 0, MS_HOUR,
      "How long `kb_open` keeps trying an unreachable server; 0 = fail at once "
      "with `KB_ETRANSPORT`."},
