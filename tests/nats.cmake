@@ -41,3 +41,9 @@ target_link_libraries(test_nats_partitions PRIVATE PkgConfig::NATS)
 # Attempts are handler runs: a poison event that abort()s, events read but never run.
 kb_test(test_runs TESTNAME runs_nats ARGS nats $<TARGET_FILE:runs_proc> TIMEOUT 120 LABELS nats)
 add_dependencies(test_runs runs_proc)
+
+# A 3-node JetStream cluster (issue 30, NATS half): R3 streams and lease bucket,
+# the stream leader, a non-leader and the lease bucket's leader killed -9.
+kb_test(test_nats_cluster ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 150 LABELS nats)
+target_sources(test_nats_cluster PRIVATE support/nats_cluster.c)
+target_link_libraries(test_nats_cluster PRIVATE PkgConfig::NATS)

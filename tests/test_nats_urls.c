@@ -2,7 +2,7 @@
  * when it is set (no path, no query, strict port), userinfo is
  * percent-decoded, connection errors carry nats.c's own reason, and a marker
  * password or token appears in no message: not in errstr, kb_last_error or
- * the log. */
+ * the log. Several seed servers (issue 30) take the userinfo each. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -108,6 +108,39 @@ static void decoded_userinfo(void **state)
     kb_test_server_stop(&s);
 }
 
+/* Several seed servers: the userinfo goes with every one, a dead first seed
+ * does not stop kb_open; nats.replicas is range-checked when set, and more
+ * than one replica on a server that is no cluster fails naming the server's
+ * reason. */
+static void server_list(void **state)
+{
+    (void)state;
+    const char *const extra[] = {"--user", "alice", "--pass", MARKER, NULL};
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", extra), 0);
+    char url[256], err[512] = "";
+    snprintf(url, sizeof url, "nats://alice:" MARKER "@127.0.0.1:%d,127.0.0.1:%d",
+             kb_test_free_port(), s.port);
+    logged[0] = '\0';
+    kb_bus *b = try_open(url, "nats.replicas", "3", err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open with a dead first seed: %s", err);
+    assert_int_equal(kb_publish(b, "urls.list", "k", 1, "v", 1), KB_ETRANSPORT);
+    print_message("nats.replicas=3 on one server: %s\n", kb_last_error());
+    assert_non_null(strstr(kb_last_error(), "eplicas"));
+    no_marker(kb_last_error());
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_conf *c = kb_conf_new();
+    assert_int_equal(kb_conf_set(c, "nats.replicas", "6", err, sizeof err), KB_EINVAL);
+    assert_non_null(strstr(err, "nats.replicas"));
+    assert_int_equal(kb_conf_set(c, "transport", "nats://127.0.0.1:1,,127.0.0.1:2", err,
+                                 sizeof err), KB_EINVAL);
+    assert_non_null(strstr(err, "host list"));
+    kb_conf_destroy(c);
+    no_marker(err);
+    kb_test_server_stop(&s);
+}
+
 /* A wrong nats.token: the server's reason, not the token. */
 static void wrong_token(void **state)
 {
@@ -152,6 +185,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(malformed_urls),
         cmocka_unit_test(decoded_userinfo),
+        cmocka_unit_test(server_list),
         cmocka_unit_test(wrong_token),
         cmocka_unit_test(unreadable_files),
     };

@@ -69,6 +69,11 @@ static int spawn(kb_test_server *s)
                               "--logfile", "server.log"};
         for (size_t i = 0; i < sizeof base / sizeof *base; i++)
             argv[n++] = base[i];
+    } else if (strcmp(s->kind, "nats-conf") == 0) {
+        /* everything (ports, store dir, cluster) in the dir's server.conf */
+        const char *base[] = {"nats-server", "-c", "server.conf", "-l", "server.log"};
+        for (size_t i = 0; i < sizeof base / sizeof *base; i++)
+            argv[n++] = base[i];
     } else {
         const char *base[] = {"nats-server", "-js", "-a", "127.0.0.1", "-p", port, "-sd", s->dir,
                               "-l", "server.log"};

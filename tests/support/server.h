@@ -6,7 +6,8 @@
 #include <sys/types.h>
 
 typedef struct kb_test_server {
-    const char *kind;        /* "redis", "sentinel" (redis-sentinel) or "nats" */
+    const char *kind;        /* "redis", "sentinel" (redis-sentinel), "nats" or
+                              * "nats-conf" (all from the dir's server.conf) */
     pid_t pid;               /* 0 when not running */
     int port;
     char dir[256];           /* data dir, removed by kb_test_server_stop */

@@ -77,6 +77,11 @@ static const kb_conf_prop nats_props[] = {
      "Wait for one publish ack before the publish is sent again (same Nats-Msg-Id)."},
     {"nats.dup_window_ms", KB_CONF_INT, "120000", 1000, 24 * MS_HOUR,
      "Stream duplicate window for Nats-Msg-Id when the stream is created."},
+    {"nats.replicas", KB_CONF_INT, "1", 1, 5,
+     "Copies JetStream keeps of each topic stream and of the lease bucket, on as many "
+     "servers of a cluster (3 rides out the loss of one). Given when they are created; "
+     "a stream or bucket that exists with another count is left as it is, and the "
+     "publish or subscribe fails with `KB_EINVAL` naming both. See docs/deployment.md."},
     {"nats.connect_wait_ms", KB_CONF_INT, "0", 0, MS_HOUR,
      "How long `kb_open` keeps trying an unreachable server; 0 = fail at once "
      "with `KB_ETRANSPORT`."},
@@ -104,16 +109,13 @@ static const kb_conf_prop nats_props[] = {
     {NULL, KB_CONF_INT, NULL, 0, 0, NULL},
 };
 
-/* nats://[user:password@ | token@]host[:port]: no path, no query. kb_url_parse
- * checked the rest (percent-decoded userinfo, strict decimal port). */
+/* nats://[user:password@ | token@]host[:port][,host[:port]...]: no path, no
+ * query. kb_url_parse checked the rest (percent-decoded userinfo, strict
+ * decimal ports, each entry of a host list). */
 static int nats_check_url(const kb_url *u, char *errstr, size_t errlen)
 {
     if (u->host[0] == '\0') {
         kb_errf(errstr, errlen, "transport: nats:// URL without a host");
-        return KB_EINVAL;
-    }
-    if (strchr(u->host, ',') != NULL) {
-        kb_errf(errstr, errlen, "transport: nats:// takes one host:port");
         return KB_EINVAL;
     }
     if (u->path[0] != '\0' && strcmp(u->path, "/") != 0) {
@@ -151,6 +153,7 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->topic_consumer = strcmp(kb_conf_str(c, "nats.topic_consumer"), "auto") == 0;
     t->publish_timeout_ms = kb_conf_int(c, "nats.publish_timeout_ms");
     t->dup_window_ms = kb_conf_int(c, "nats.dup_window_ms");
+    t->replicas = (int)kb_conf_int(c, "nats.replicas");
     t->reconnect_wait_ms = kb_conf_int(c, "nats.reconnect_wait_ms");
     t->reconnect_max_ms = kb_conf_int(c, "nats.reconnect_max_wait_ms");
     t->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");

@@ -79,15 +79,49 @@ static int is_connected(void *arg)
     return atomic_load(&((kb_transport *)arg)->connected);
 }
 
-/* The server's URL without userinfo (nats.c would not percent-decode it),
- * and the decoded user and password (or token: a user without password). */
-static natsStatus set_server(natsOptions *o, const kb_url *u)
+/* One server of a host list kb_url_parse checked ("h:p", "[v6]:p", "h") as
+ * nats.c's URL; a missing port is 4222. */
+static char *server_url(const char *e, size_t n)
 {
-    char url[600];
-    bool v6 = strchr(u->host, ':') != NULL;
-    snprintf(url, sizeof url, "nats://%s%s%s:%d", v6 ? "[" : "", u->host, v6 ? "]" : "",
-             u->port ? u->port : 4222);
-    natsStatus s = natsOptions_SetURL(o, url);
+    const char *close = e[0] == '[' ? memchr(e, ']', n) : NULL;
+    bool port = close != NULL ? close + 1 < e + n : memchr(e, ':', n) != NULL;
+    size_t len = n + 16;
+    char *url = malloc(len);
+    if (url != NULL)
+        snprintf(url, len, "nats://%.*s%s", (int)n, e, port ? "" : ":4222");
+    return url;
+}
+
+/* The servers' URLs without userinfo (nats.c would not percent-decode it),
+ * and the decoded user and password (or token: a user without password),
+ * which nats.c gives every server of the list. */
+static natsStatus set_servers(natsOptions *o, const kb_url *u)
+{
+    char one[600];
+    const char *list = u->host;
+    if (strchr(u->host, ',') == NULL) {
+        bool v6 = strchr(u->host, ':') != NULL;
+        snprintf(one, sizeof one, "%s%s%s:%d", v6 ? "[" : "", u->host, v6 ? "]" : "",
+                 u->port ? u->port : 4222);
+        list = one;
+    }
+    int n = 1;
+    for (const char *p = list; *p; p++)
+        n += *p == ',';
+    char **urls = calloc((size_t)n, sizeof *urls);
+    natsStatus s = urls != NULL ? NATS_OK : NATS_NO_MEMORY;
+    int i = 0;
+    for (const char *e = list; s == NATS_OK && i < n; i++) {
+        size_t len = strcspn(e, ",");
+        if ((urls[i] = server_url(e, len)) == NULL)
+            s = NATS_NO_MEMORY;
+        e += len + (e[len] == ',');
+    }
+    if (s == NATS_OK)
+        s = natsOptions_SetServers(o, (const char **)urls, n);
+    for (int j = 0; urls != NULL && j < n; j++)
+        free(urls[j]);
+    free(urls);
     if (s == NATS_OK && u->user != NULL && u->password != NULL)
         s = natsOptions_SetUserInfo(o, u->user, u->password);
     else if (s == NATS_OK && u->user != NULL)
@@ -100,7 +134,7 @@ static natsStatus set_options(kb_transport *t, natsOptions *o, const kb_conf *c,
     const char *token = kb_conf_str(c, "nats.token"), *creds = kb_conf_str(c, "nats.creds_file");
     const char *ca = kb_conf_str(c, "nats.tls_ca"), *cert = kb_conf_str(c, "nats.tls_cert");
     const char *key = kb_conf_str(c, "nats.tls_key"), *host = kb_conf_str(c, "nats.tls_hostname");
-    natsStatus s = set_server(o, u);
+    natsStatus s = set_servers(o, u);
     if (s == NATS_OK && token[0])
         s = natsOptions_SetToken(o, token);
     if (s == NATS_OK && creds[0])

@@ -58,6 +58,7 @@ int kb__nats_lease_bucket(kb_transport *t, bool leases, kvStore **out)
         kc.Bucket = t->bucket;
         kc.History = 1;
         kc.TTL = t->lease_ttl_ms * 1000000;   /* nanoseconds */
+        kc.Replicas = t->replicas;
         kc.StorageType = js_FileStorage;   /* leases survive a server restart */
         if (js_CreateKeyValue(&t->kv, t->js, &kc) != NATS_OK)
             s = js_KeyValue(&t->kv, t->js, t->bucket);   /* it exists, maybe with another TTL */
@@ -75,6 +76,11 @@ int kb__nats_lease_bucket(kb_transport *t, bool leases, kvStore **out)
         if (s != NATS_OK) {
             rc = kb__nats_errf("lease bucket status", s, 0);
             rc = rc == KB_ENOMEM ? rc : KB_ETRANSPORT;
+        } else if (kvStatus_Replicas(st) != t->replicas) {
+            kb_errf(NULL, 0, "nats %s: lease bucket %s has replicas=%lld but this process is "
+                     "configured with nats.replicas=%d; the bucket is not changed",
+                     t->url_safe, t->bucket, (long long)kvStatus_Replicas(st), t->replicas);
+            rc = KB_EINVAL;
         } else if (kvStatus_TTL(st) != t->lease_ttl_ms * 1000000) {
             rc = apply_ttl(t, kvStatus_TTL(st) / 1000000);
         }

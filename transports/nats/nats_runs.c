@@ -161,6 +161,7 @@ int kb__nats_runs_open(kb_transport *t, char *errstr, size_t errlen)
     kc.History = 1;
     kc.TTL = RUNS_MAX_AGE_NS;
     kc.StorageType = js_FileStorage;   /* runs survive a server restart */
+    kc.Replicas = t->replicas;         /* as the streams and the lease bucket */
     natsStatus s = js_CreateKeyValue(&t->runs_kv, t->js, &kc);
     if (s != NATS_OK)   /* it exists: use it */
         s = js_KeyValue(&t->runs_kv, t->js, bucket);

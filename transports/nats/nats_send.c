@@ -109,6 +109,14 @@ static kb_nats_resend *sort_by_seq(kb_nats_resend *l)
     return merge(sort_by_seq(l), sort_by_seq(second));
 }
 
+/* The queue in publish order; caller holds resend_lock. */
+static void sort_queue(kb_transport *t)
+{
+    t->resend_head = sort_by_seq(t->resend_head);
+    for (t->resend_tail = t->resend_head; t->resend_tail != NULL && t->resend_tail->next;)
+        t->resend_tail = t->resend_tail->next;
+}
+
 /* The connection broke: the publishes nats.c has not seen acked (and `also`,
  * unless NULL) join the queue, all in publish order (it may already hold newer
  * publishes and resends of timed-out ones), and new ones queue behind them. */
@@ -124,9 +132,7 @@ static void take_back(kb_transport *t, natsMsg *also)
         push(t, l.Msgs[i]);
         l.Msgs[i] = NULL;
     }
-    t->resend_head = sort_by_seq(t->resend_head);
-    for (t->resend_tail = t->resend_head; t->resend_tail != NULL && t->resend_tail->next;)
-        t->resend_tail = t->resend_tail->next;
+    sort_queue(t);
     atomic_store(&t->gated, 1);
     pthread_mutex_unlock(&t->resend_lock);
     if (got)
@@ -262,6 +268,9 @@ void kb__nats_resend(kb_transport *t)
     po.MaxWait = t->publish_timeout_ms;
     pthread_rwlock_wrlock(&t->pub_lock);
     pthread_mutex_lock(&t->resend_lock);
+    /* Publishes that timed out (a cluster's stream leader lost, the connection
+     * up) came back in nats.c's order, not ours, behind newer ones queued. */
+    sort_queue(t);
     for (int n = 0; n < 4096 && t->resend_head != NULL; n++) {
         kb_nats_resend *r = t->resend_head;
         natsStatus s = js_PublishMsgAsync(t->js, &r->msg, &po);

@@ -78,9 +78,15 @@ static uint32_t stated_partitions(const char *desc)
 
 static int mismatch(kb_transport *t, kb_nats_topic *tp)
 {
-    kb_errf(NULL, 0, "nats: topic %s has partitions=%u in stream %s on %s but this process is "
-             "configured with partitions=%u; use the stored count", tp->name,
-             atomic_load(&tp->stored_parts), tp->stream, t->url_safe, t->partitions);
+    if (atomic_load(&tp->stored_parts) != t->partitions)
+        kb_errf(NULL, 0, "nats: topic %s has partitions=%u in stream %s on %s but this process "
+                 "is configured with partitions=%u; use the stored count", tp->name,
+                 atomic_load(&tp->stored_parts), tp->stream, t->url_safe, t->partitions);
+    else
+        kb_errf(NULL, 0, "nats: topic %s has replicas=%d in stream %s on %s but this process is "
+                 "configured with nats.replicas=%d; the stream is not changed (set the same "
+                 "count, or change the stream's replicas with the nats CLI)", tp->name,
+                 atomic_load(&tp->stored_replicas), tp->stream, t->url_safe, t->replicas);
     return KB_EINVAL;
 }
 
@@ -110,7 +116,7 @@ static natsStatus adopt(kb_transport *t, kb_nats_topic *tp, const jsStreamInfo *
 }
 
 /* The count the topic's existing stream states (adopting ours when it states
- * none) into tp->stored_parts. */
+ * none) into tp->stored_parts, its replicas into tp->stored_replicas. */
 static natsStatus read_count(kb_transport *t, kb_nats_topic *tp, jsErrCode *jerr)
 {
     jsStreamInfo *si = NULL;
@@ -118,6 +124,7 @@ static natsStatus read_count(kb_transport *t, kb_nats_topic *tp, jsErrCode *jerr
     if (s != NATS_OK)
         return s;
     uint32_t n = stated_partitions(si->Config->Description);
+    atomic_store(&tp->stored_replicas, (int)si->Config->Replicas);
     if (n == 0 && (s = adopt(t, tp, si, jerr)) == NATS_OK)
         n = t->partitions;
     jsStreamInfo_Destroy(si);
@@ -135,7 +142,8 @@ int kb__nats_topic_ready(kb_transport *t, kb_nats_topic *tp)
     jsErrCode jerr = 0;
     /* One round trip when the stream is new or as we make it: create it with
      * the partition count in its Description. Another configuration (limits
-     * an operator set, an older keybus's stream) costs a look at its count. */
+     * an operator set, an older keybus's stream, other replicas) costs a look
+     * at its count and replicas. */
     if (atomic_load(&tp->stream_ready) == 0) {
         char subj[KB_NATS_NAME], desc[64];
         snprintf(subj, sizeof subj, "kb.%s.*", tp->name);
@@ -148,19 +156,23 @@ int kb__nats_topic_ready(kb_transport *t, kb_nats_topic *tp)
         cfg.Subjects = subjects;
         cfg.SubjectsLen = 1;
         cfg.Storage = t->storage;
+        cfg.Replicas = t->replicas;
         cfg.Duplicates = t->dup_window_ms * 1000000;
         cfg.AllowDirect = true;   /* dead letters are listed with direct gets */
         jsStreamInfo *si = NULL;
         s = js_AddStream(&si, t->js, &cfg, NULL, &jerr);
-        if (s == NATS_OK)
+        if (s == NATS_OK) {
             atomic_store(&tp->stored_parts, stated_partitions(si->Config->Description));
+            atomic_store(&tp->stored_replicas, (int)si->Config->Replicas);
+        }
         jsStreamInfo_Destroy(si);
         if (jerr == JSStreamNameExistErr) {
             jerr = 0;
             s = read_count(t, tp, &jerr);
         }
         if (s == NATS_OK) {
-            bool same = atomic_load(&tp->stored_parts) == t->partitions;
+            bool same = atomic_load(&tp->stored_parts) == t->partitions &&
+                        atomic_load(&tp->stored_replicas) == t->replicas;
             if (!same) {
                 mismatch(t, tp);
                 kb_log(t->bus, KB_LOG_ERROR, "%s", kb_last_error());

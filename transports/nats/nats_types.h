@@ -152,6 +152,7 @@ struct kb_transport_topic {
      * 0: not looked at yet); created at first publish or subscribe */
     _Atomic int stream_ready;
     _Atomic uint32_t stored_parts; /* the count its Description states */
+    _Atomic int stored_replicas;   /* the stream's Replicas */
     kb_nats_batch *batches;        /* per partition */
     _Atomic uint64_t published;
     _Atomic uint64_t unowned;      /* deliveries released by still_owned: lease lost */
@@ -201,6 +202,7 @@ struct kb_transport {
     int64_t ack_wait_ms, lease_ttl_ms, publish_timeout_ms;
     int64_t max_ack_pending, fetch_batch, fetch_expires_ms, ack_interval_ms;
     int64_t dup_window_ms, reconnect_wait_ms, reconnect_max_ms;
+    int replicas;                  /* nats.replicas: topic streams, lease bucket */
     bool topic_consumer;           /* nats.topic_consumer = auto: wide claims */
     uint32_t batch_events;         /* nats.publish_batch */
     _Atomic size_t batch_bytes;    /* frame body limit, below max_payload */

@@ -1,0 +1,436 @@
+/* keybus on a 3-node JetStream cluster (issue 30, NATS half): R3 topic
+ * streams and lease bucket (nats.replicas = 3), the URL naming all three
+ * seeds. kill -9 of the stream leader mid-stream, then its restart: every
+ * event kb_flush acknowledged is handled, kb_drain returns, duplicates and
+ * per-key order violations counted and printed; kill -9 of a non-leader: the
+ * longest pause in handling printed, no reorder; the lease bucket's leader
+ * lost under two consumer processes: ownership of each key moves a bounded
+ * number of times (the fence holds). A stream with other replicas is
+ * refused, naming both counts. No timing is asserted.
+ * Usage: test_nats_cluster PATH_TO_nats_consumer_proc */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nats/nats.h>
+
+#include <keybus/keybus.h>
+#include <keybus/pool.h>
+
+#include "support/bus.h"
+#include "support/nats_cluster.h"
+#include "support/suite.h"
+#include "support/tracker.h"
+
+#define KEYS 20
+#define MAX_SEQ 300
+
+static const char *helper;
+static kb_test_nats_cluster cluster;
+static const char *const replicas3[] = {"nats.replicas", "3", "nats.publish_timeout_ms", "1000",
+                                        NULL};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* The node leading `stream` (its server_name's index), asked of any node that
+ * answers; -1 when none names one within 15 s. */
+static int stream_leader(const char *stream)
+{
+    for (int tries = 0; tries < 150; tries++) {
+        for (int i = 0; i < KB_TEST_CLUSTER_NODES; i++) {
+            if (cluster.node[i].pid <= 0)
+                continue;
+            natsConnection *nc = NULL;
+            jsCtx *js = NULL;
+            jsStreamInfo *si = NULL;
+            int leader = -1;
+            if (natsConnection_ConnectTo(&nc, cluster.node[i].url) == NATS_OK &&
+                natsConnection_JetStream(&js, nc, NULL) == NATS_OK &&
+                js_GetStreamInfo(&si, js, stream, NULL, NULL) == NATS_OK && si->Cluster != NULL)
+                leader = kb_test_nats_cluster_index(si->Cluster->Leader);
+            jsStreamInfo_Destroy(si);
+            jsCtx_Destroy(js);
+            natsConnection_Destroy(nc);
+            if (leader >= 0)
+                return leader;
+        }
+        usleep(100000);
+    }
+    return -1;
+}
+
+static void publish_ok(kb_bus *b, const char *topic, uint32_t key, uint32_t seq)
+{
+    int rc;
+    for (int i = 0; (rc = kb_tracker_publish(b, topic, key, seq, 16)) == KB_EFULL && i < 3000; i++)
+        usleep(10000);
+    assert_int_equal(rc, KB_OK);
+}
+
+/* kb_flush until it confirms everything (a leader election can make one time
+ * out); the last rc. */
+static int flush_all(kb_bus *b)
+{
+    int rc = KB_ETIMEDOUT;
+    for (int i = 0; i < 4 && (rc = kb_flush(b, 15000)) == KB_ETIMEDOUT; i++)
+        ;
+    if (rc != KB_OK)
+        print_message("kb_flush: %d %s\n", rc, kb_last_error());
+    return rc;
+}
+
+static pid_t spawn(const char *topic, const char *log, const char *name, const char *ttl)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("KEYBUS_NATS_REPLICAS", "3", 1);   /* the helper takes it from there */
+        execl(helper, helper, cluster.url, topic, log, name, ttl, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void stop_proc(pid_t pid)
+{
+    kill(pid, SIGTERM);
+    for (int i = 0; i < 1500 && waitpid(pid, NULL, WNOHANG) != pid; i++)
+        usleep(10000);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+typedef struct tally {
+    uint64_t distinct, dups, violations, switches, lines;
+    uint64_t unseen;         /* sequences 1..per_key of a key never handled at all */
+    uint32_t max_switches;   /* of one key */
+} tally;
+
+/* Replay the shared log "key seq consumer attempt": per key a sequence is new
+ * (last + 1), a duplicate (<= last) or a violation (a gap); a switch is a new
+ * sequence handled by another process than the one before it. */
+static void check_log(const char *path, uint32_t per_key, tally *out)
+{
+    uint32_t last[KEYS] = {0}, sw[KEYS] = {0};
+    static bool seen[KEYS][MAX_SEQ + 1];
+    memset(seen, 0, sizeof seen);
+    char owner[KEYS][32];
+    memset(owner, 0, sizeof owner);
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "r");
+    unsigned k, seq, attempt;
+    char who[32];
+    while (f != NULL && fscanf(f, "%u %u %31s %u", &k, &seq, who, &attempt) == 4) {
+        out->lines++;
+        if (k < KEYS && seq <= MAX_SEQ)
+            seen[k][seq] = true;
+        if (k >= KEYS) {
+            out->violations++;
+        } else if (seq == last[k] + 1) {
+            last[k] = seq;
+            out->distinct++;
+            if (owner[k][0] && strcmp(owner[k], who) != 0)
+                sw[k]++;
+            snprintf(owner[k], sizeof owner[k], "%s", who);
+        } else if (seq <= last[k]) {
+            out->dups++;
+        } else {
+            out->violations++;
+        }
+    }
+    if (f != NULL)
+        fclose(f);
+    for (int i = 0; i < KEYS; i++) {
+        for (uint32_t q = 1; q <= per_key && q <= MAX_SEQ; q++)
+            out->unseen += !seen[i][q];
+        out->switches += sw[i];
+        if (sw[i] > out->max_switches)
+            out->max_switches = sw[i];
+    }
+}
+
+/* Until every sequence of every key was handled at least once (up to 40 s). */
+static void wait_log(const char *log, uint32_t per_key, tally *t)
+{
+    for (int i = 0; i < 400; i++) {
+        check_log(log, per_key, t);
+        if (t->unseen == 0)
+            return;
+        usleep(100000);
+    }
+}
+
+/* proc-a and proc-b consuming `topic` into `log`, lease TTL 3 s; the first
+ * round of events published. proc-b joins once proc-a handles events, so the
+ * stream exists and proc-a owns partitions first. */
+static void two_consumers(kb_bus *b, const char *topic, const char *log, pid_t *a, pid_t *c)
+{
+    *a = spawn(topic, log, "proc-a", "3000");
+    for (uint32_t k = 0; k < KEYS; k++)
+        publish_ok(b, topic, k, 1);
+    assert_int_equal(flush_all(b), KB_OK);
+    tally t = {0};
+    for (int i = 0; i < 3000 && t.distinct == 0; i++, usleep(10000))
+        check_log(log, 1, &t);
+    *c = spawn(topic, log, "proc-b", "3000");
+}
+
+/* Publish PER_KEY rounds of KEYS events; at round `kill_at` kill -9 `victim`
+ * (-1: the topic's stream leader), restart it at round `restart_at`. The
+ * node killed. */
+static int produce(kb_bus *b, const char *topic, int per_key, int kill_at, int restart_at,
+                   int victim, double *killed_at)
+{
+    char stream[256];
+    kb_test_nats_stream(topic, stream, sizeof stream);
+    for (int seq = 1; seq <= per_key; seq++) {
+        for (uint32_t k = 0; k < KEYS; k++)
+            publish_ok(b, topic, k, (uint32_t)seq);
+        if (seq == kill_at) {
+            if (victim < 0)
+                victim = stream_leader(stream);
+            assert_in_range(victim, 0, KB_TEST_CLUSTER_NODES - 1);
+            kb_test_server_signal(&cluster.node[victim], SIGKILL);
+            *killed_at = now_s();
+        }
+        if (seq == restart_at)
+            assert_int_equal(kb_test_nats_cluster_restart(&cluster, victim), 0);
+        usleep(5000);
+    }
+    return victim;
+}
+
+/* The stream leader killed mid-stream under two consumer processes, then
+ * restarted: nothing kb_flush confirmed is lost; keys out of order counted. */
+static void stream_leader_killed(void **state)
+{
+    (void)state;
+    const char *topic = "cluster.leader";
+    char log[300];
+    snprintf(log, sizeof log, "%s/leader.log", cluster.node[0].dir);
+    kb_bus *b = kb_test_open(cluster.url, replicas3, NULL);
+    pid_t a, c;
+    two_consumers(b, topic, log, &a, &c);
+    tally t = {0};
+    char stream[256];
+    kb_test_nats_stream(topic, stream, sizeof stream);
+    double killed_at = 0;
+    int leader = produce(b, topic, 200, 60, 160, -1, &killed_at);
+    int rc = flush_all(b);
+    /* the group's ack floors, read from the consumers' (new) leaders */
+    double d0 = now_s();
+    int drc = kb_drain(b, 60000);
+    print_message("kb_drain after the leader's restart: %d in %.2f s%s%s\n", drc, now_s() - d0,
+                  drc != KB_OK ? ": " : "", drc != KB_OK ? kb_last_error() : "");
+    wait_log(log, 200, &t);
+    int after = stream_leader(stream);
+    stop_proc(a);
+    stop_proc(c);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    check_log(log, 200, &t);
+    print_message("stream leader n%d killed -9 mid-stream, restarted (leader now n%d): %llu "
+                  "distinct of %d, %llu duplicates, %llu order violations (%llu never handled), %llu "
+                  "owner switches\n",
+                  leader, after, (unsigned long long)t.distinct, KEYS * 200,
+                  (unsigned long long)t.dups, (unsigned long long)t.violations,
+                  (unsigned long long)t.unseen, (unsigned long long)t.switches);
+    assert_int_equal(rc, KB_OK);
+    assert_int_equal(drc, KB_OK);
+    assert_int_equal(t.unseen, 0);
+    /* t.violations is not asserted: publishes lost with the leader are sent
+     * again after newer ones the next leader stored (docs/deployment.md) */
+}
+
+typedef struct gap_watch {
+    kb_tracker tr;
+    pthread_mutex_t mu;
+    double last, max_gap, max_gap_at;
+} gap_watch;
+
+static int gap_handler(const kb_event *ev, void *opaque)
+{
+    gap_watch *g = opaque;
+    double now = now_s();
+    pthread_mutex_lock(&g->mu);
+    if (g->last > 0 && now - g->last > g->max_gap) {
+        g->max_gap = now - g->last;
+        g->max_gap_at = g->last;
+    }
+    g->last = now;
+    pthread_mutex_unlock(&g->mu);
+    return kb_tracker_handler(ev, &g->tr);
+}
+
+/* A node that does not lead the topic's stream killed (it may lead one of
+ * its consumers, the lease bucket or the meta group): the longest pause in
+ * handling, printed. */
+static void non_leader_killed(void **state)
+{
+    (void)state;
+    const char *topic = "cluster.follower";
+    kb_bus *b = kb_test_open(cluster.url, replicas3, NULL);
+    gap_watch g = {0};
+    kb_tracker_init(&g.tr, KEYS);
+    pthread_mutex_init(&g.mu, NULL);
+    assert_int_equal(kb_subscribe(b, topic, gap_handler, &g), KB_OK);
+    for (uint32_t k = 0; k < KEYS; k++)
+        publish_ok(b, topic, k, 1);
+    assert_int_equal(flush_all(b), KB_OK);
+    char stream[256];
+    kb_test_nats_stream(topic, stream, sizeof stream);
+    int leader = stream_leader(stream);
+    assert_in_range(leader, 0, KB_TEST_CLUSTER_NODES - 1);
+    int victim = (leader + 1) % KB_TEST_CLUSTER_NODES;
+    double killed_at = 0;
+    pthread_mutex_lock(&g.mu);
+    g.last = 0;
+    g.max_gap = 0;
+    pthread_mutex_unlock(&g.mu);
+    /* 300 rounds at 5 ms: about 2 s of production, the kill at a third */
+    for (int seq = 2; seq <= 300; seq++) {
+        for (uint32_t k = 0; k < KEYS; k++)
+            publish_ok(b, topic, k, (uint32_t)seq);
+        if (seq == 100) {
+            kb_test_server_signal(&cluster.node[victim], SIGKILL);
+            killed_at = now_s();
+        }
+        usleep(5000);
+    }
+    int rc = flush_all(b);
+    for (int i = 0; i < 4500 && kb_tracker_distinct(&g.tr) < KEYS * 300; i++)
+        usleep(10000);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    uint64_t handled = kb_tracker_distinct(&g.tr);
+    if (handled < KEYS * 300 && now_s() - g.last > g.max_gap) {   /* still stalled */
+        g.max_gap = now_s() - g.last;
+        g.max_gap_at = g.last;
+    }
+    print_message("non-leader n%d killed -9 (stream leader n%d): longest pause in handling "
+                  "%.3f s (began %+.3f s from the kill); %llu of %d handled within 45 s of the "
+                  "flush, %llu duplicates\n", victim, leader, g.max_gap,
+                  g.max_gap_at - killed_at, (unsigned long long)handled, KEYS * 300,
+                  (unsigned long long)g.tr.duplicates);
+    uint64_t violations = g.tr.order_violations, concurrent = g.tr.concurrent;
+    kb_tracker_destroy(&g.tr);
+    pthread_mutex_destroy(&g.mu);
+    assert_int_equal(kb_test_nats_cluster_restart(&cluster, victim), 0);
+    assert_int_equal(rc, KB_OK);
+    /* Not asserted: every event handled. A consumer whose leader was on the
+     * lost node sometimes stalls past the wait (docs/deployment.md). */
+    assert_int_equal(violations, 0);
+    assert_int_equal(concurrent, 0);
+}
+
+/* The lease bucket's leader killed under two consumer processes: no key is
+ * handled by both in turn beyond a few hand-overs (a fence that failed would
+ * alternate owners event by event), nothing lost, no reorder. */
+static void lease_leader_killed(void **state)
+{
+    (void)state;
+    const char *topic = "cluster.lease";
+    char log[300];
+    snprintf(log, sizeof log, "%s/lease.log", cluster.node[0].dir);
+    kb_bus *b = kb_test_open(cluster.url, replicas3, NULL);
+    pid_t a, c;
+    two_consumers(b, topic, log, &a, &c);
+    tally t = {0};
+    int bucket_leader = stream_leader("KV_keybus_leases");
+    char stream[256];
+    kb_test_nats_stream(topic, stream, sizeof stream);
+    int topic_leader = stream_leader(stream);
+    double killed_at = 0;
+    produce(b, topic, 250, 80, 200, bucket_leader, &killed_at);
+    int rc = flush_all(b);
+    wait_log(log, 250, &t);
+    stop_proc(a);
+    stop_proc(c);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    check_log(log, 250, &t);
+    print_message("lease bucket leader n%d killed -9 (topic stream leader n%d), restarted: %llu "
+                  "distinct, %llu duplicates, %llu order violations, %llu owner switches over "
+                  "%d keys (at most %u for one key)\n", bucket_leader, topic_leader,
+                  (unsigned long long)t.distinct, (unsigned long long)t.dups,
+                  (unsigned long long)t.violations,
+                  (unsigned long long)t.switches, KEYS, t.max_switches);
+    assert_int_equal(rc, KB_OK);
+    assert_int_equal(t.unseen, 0);
+    if (bucket_leader != topic_leader)   /* else the stream leader's loss, as above */
+        assert_int_equal(t.violations, 0);
+    /* proc-b's arrival, a lease lost in the election and its return: a few
+     * hand-overs per key, not owners alternating */
+    assert_true(t.max_switches <= 6);
+}
+
+/* A topic whose stream has another replica count is refused, naming both,
+ * and the stream is left as it is. */
+static void replicas_mismatch_named(void **state)
+{
+    (void)state;
+    const char *topic = "cluster.mismatch";
+    kb_bus *b1 = kb_test_open(cluster.url, NULL, NULL);   /* nats.replicas = 1 */
+    assert_int_equal(kb_tracker_publish(b1, topic, 0, 1, 16), KB_OK);
+    assert_int_equal(flush_all(b1), KB_OK);
+    assert_int_equal(kb_close(b1, 10000), KB_OK);
+    kb_bus *b3 = kb_test_open(cluster.url, replicas3, NULL);
+    assert_int_equal(kb_tracker_publish(b3, topic, 0, 2, 16), KB_EINVAL);
+    const char *why = kb_last_error();
+    print_message("%s\n", why);
+    assert_non_null(strstr(why, "replicas=1"));
+    assert_non_null(strstr(why, "nats.replicas=3"));
+    assert_int_equal(kb_close(b3, 10000), KB_OK);
+    char stream[256];
+    kb_test_nats_stream(topic, stream, sizeof stream);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    jsStreamInfo *si = NULL;
+    assert_int_equal(natsConnection_ConnectTo(&nc, cluster.node[0].url), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    assert_int_equal(js_GetStreamInfo(&si, js, stream, NULL, NULL), NATS_OK);
+    assert_int_equal(si->Config->Replicas, 1);
+    jsStreamInfo_Destroy(si);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return kb_test_nats_cluster_start(&cluster);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    kb_test_nats_cluster_stop(&cluster);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2)
+        return 2;
+    helper = argv[1];
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(replicas_mismatch_named),
+        cmocka_unit_test(stream_leader_killed),
+        cmocka_unit_test(non_leader_killed),
+        cmocka_unit_test(lease_leader_killed),
+    };
+    int rc = cmocka_run_group_tests_name("nats_cluster", tests, setup, teardown);
+    nats_Close();
+    return rc;
+}
