@@ -37,9 +37,12 @@ static void runs_key(const kb_transport *t, const char *stream, const char *id, 
 static uint32_t runs_in(const char *value, const char *id)
 {
     size_t n = strlen(id);
-    for (const char *l = value; *l != '\0'; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : "")
-        if (strncmp(l, id, n) == 0 && l[n] == ' ')
-            return (uint32_t)strtoul(l + n + 1, NULL, 10);
+    for (const char *l = value; *l != '\0'; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : "") {
+        if (strncmp(l, id, n) == 0 && l[n] == ' ') {
+            unsigned long long v = strtoull(l + n + 1, NULL, 10);
+            return v < UINT32_MAX ? (uint32_t)v : UINT32_MAX - 1;   /* saturate, never wrap */
+        }
+    }
     return 0;
 }
 
@@ -121,10 +124,14 @@ uint32_t kb__nats_runs_attempt(kb_transport *t, const kb_nats_topic *tp, uint64_
         kvEntry *e = NULL;
         natsStatus s = kvStore_Get(&e, t->runs_kv, key);
         if (s != NATS_OK && s != NATS_NOT_FOUND) {
-            kb_log(t->bus, KB_LOG_WARNING, "nats %s: runs of %s unread (%s): its attempt is its "
-                   "delivery count, %u", t->url_safe, id, kb__nats_reason(s), delivered);
+            /* deliveries are not runs (NAKs of probes and reconnects add to
+             * them): never enough to dead-letter an event no handler ran */
+            uint32_t attempt = delivered < t->max_attempts ? delivered : t->max_attempts;
+            kb_log(t->bus, KB_LOG_WARNING, "nats %s: runs of %s unread (%s): attempt %u taken "
+                   "from its delivery count, at most retry.max_attempts", t->url_safe, id,
+                   kb__nats_reason(s), attempt);
             c->tp = NULL;
-            return delivered;
+            return attempt;
         }
         snprintf(c->value, sizeof c->value, "%s", e != NULL ? kvEntry_ValueString(e) : "");
         kvEntry_Destroy(e);
@@ -170,7 +177,12 @@ int kb__nats_runs_open(kb_transport *t, char *errstr, size_t errlen)
                 kb__nats_reason(s));
         return KB_ETRANSPORT;
     }
-    return kb_bus_runs_journal(t->bus, t->url_safe, adopt, t, errstr, errlen);
+    int rc = kb_bus_runs_journal(t->bus, t->url_safe, adopt, t, errstr, errlen);
+    if (rc != KB_OK) {   /* unbound again: the next subscribe tries the journal too */
+        kvStore_Destroy(t->runs_kv);
+        t->runs_kv = NULL;
+    }
+    return rc;
 }
 
 void kb__nats_runs_close(kb_transport *t)

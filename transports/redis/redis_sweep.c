@@ -24,7 +24,7 @@ static uint32_t attempt_of(const redisReply *runs, size_t i)
 {
     long long n = i < runs->elements && runs->element[i]->type == REDIS_REPLY_INTEGER
                       ? runs->element[i]->integer : 0;
-    return n >= 0 && n < 1000000 ? (uint32_t)n + 1 : 1;
+    return n <= 0 ? 1 : n < 1000000 ? (uint32_t)n + 1 : 1000001;   /* saturate, never reset */
 }
 
 /* Entries deleted while pending (trimmed by redis.maxlen, or XDEL by another
