@@ -6,30 +6,9 @@
 # own temp dir, no persistence, stopped by PID.
 # Usage: bash scripts/bench-redis-wait.sh [events (default 200000)] [repeat (default 3)]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-events=${1:-200000}
-repeat=${2:-3}
-build=${KEYBUS_BENCH_BUILD:-build}
-bench=$build/bench/keybus-bench
-[ -x "$bench" ] || { echo "bench-redis-wait.sh: build $bench first (bash scripts/test.sh)" >&2; exit 1; }
-
-dir=$(mktemp -d /tmp/kb-bench-wait.XXXXXX)
-pids=()
-stop() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.1; done; done
-    rm -rf "$dir"
-}
-trap stop EXIT INT TERM
-
-# a port nothing answers on (bash's /dev/tcp: refused means free)
-free_port() {
-    local p
-    while :; do
-        p=$((20000 + RANDOM % 40000))
-        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-    done
-}
+me=bench-redis-wait.sh tag=wait
+# shellcheck source=scripts/bench-servers.sh
+source "$(dirname "$0")/bench-servers.sh"
 
 # start NAME PORT [redis-server arguments...]
 start() {
