@@ -443,6 +443,8 @@ $(if [ -s "$NJ" ]; then table 'true' "$NJ"; fi)
 |---|---|--:|--:|--:|--:|--:|--:|
 $(if [ -s "$NJ" ]; then jq -rn --slurpfile a "$NJ" --slurpfile p "$NJP" '$a | group_by([.scenario, .kind])[] | (map(select(.transport == "baseline:nats-raw"))[0]) as $r | (map(select(.transport | startswith("nats://")))[0]) as $k | ([$p[] | select(.scenario == $k.scenario and .kind == $k.kind)][0]) as $q | select($r and $k) | "| \($k.scenario) | \($k.kind) | \($k.events) | \($r.events_per_s | round) | \(if $q then "\($q.events_per_s | round) (\(($q.events_per_s / $r.events_per_s * 100) | round)%)" else "not run" end) | \($k.events_per_s | round) | \(($k.events_per_s / $r.events_per_s * 100) | round)% | \($k.ratio_origin * 10 | round / 10) |"'; fi)
 
+$(cat "$src/bench/cluster.md")
+
 ## Broker edges
 
 Many topics on one bus and restarts with a stable consumer name (issue: broker edges), measured
