@@ -1,6 +1,7 @@
-/* keybus-bench internals: the plan of a run (scenario.c), the receiving side
- * that checks order, loss and duplicates and measures latency (collect.c), the
- * runners (run_bus.c, baseline_*.c) and the report (report.c). */
+/* keybus-bench internals: the plan of a run (plan.c) and its driver
+ * (scenario.c), the receiving side that checks order, loss and duplicates and
+ * measures latency (collect.c), the runners (run_bus.c, baseline_*.c) and the
+ * report (report.c). */
 #ifndef KB_BENCH_H
 #define KB_BENCH_H
 
@@ -111,13 +112,14 @@ static inline void kb_backoff(unsigned *spins)
         sched_yield();
 }
 
-/* scenario.c */
+/* plan.c */
 const char *kb_scenario_name(kb_scenario s);
 double kb_scenario_origin_eps(kb_scenario s);
 uint64_t kb_plan_count(const kb_plan *p, uint32_t agg);
 /* The aggregate's key: "order-N"; mixed alternates order-/user-/product- keys. */
 size_t kb_plan_key(const kb_plan *p, uint32_t agg, char out[KB_BENCH_KEY_MAX]);
 
+/* scenario.c */
 /* Publish one event; KB_EFULL is retried, any other error stops the producer. */
 typedef int (*kb_publish_fn)(void *ctx, const void *key, size_t key_len, const void *payload,
                              size_t len);

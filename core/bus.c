@@ -5,7 +5,6 @@
  * in an RCU read section, which kb_close waits out with synchronize_rcu; every
  * other call passes the gate below, which kb_close closes and then waits for
  * the calls inside to leave. Nothing is freed before both are empty. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,19 +262,6 @@ static struct kb_topic *topic_for_call(kb_bus *b, const char *topic, int *rc)
     t = topic_add(b, topic, rc, NULL, 0);
     pthread_mutex_unlock(&b->subscribe_lock);
     return t;
-}
-
-void kb_log(kb_bus *b, kb_log_level level, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (b != NULL && b->log != NULL)
-        b->log(level, msg, b->log_opaque);
-    else if (level <= KB_LOG_WARNING)
-        fprintf(stderr, "keybus: %s\n", msg);
 }
 
 static kb_bus *bus_open(kb_conf *c, int *rc, char *errstr, size_t errlen);

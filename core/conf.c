@@ -10,6 +10,7 @@
 #include <keybus/transport.h>
 
 #include "conf_int.h"
+#include "conf_value.h"
 #include "ini.h"
 #include "registry.h"
 
@@ -45,93 +46,29 @@ static struct conf_entry *find(const kb_conf *c, const char *key)
     return NULL;
 }
 
-/* Strictly decimal: an optional '-' then digits, nothing else (no blanks,
- * '+', hex or octal). Messages never quote the text, which may be a secret
- * typed into the wrong key. */
-static int parse_int(const kb_conf_prop *p, const char *value, int64_t *out, char *errstr, size_t errlen)
+/* A URL value that passed kb__conf_value_check: its scheme names a transport
+ * known now, whose own URL rules (check_url) it passes. */
+static int check_scheme(const kb_conf_prop *p, const char *value, char *errstr, size_t errlen)
 {
-    if (*value == '\0') {
-        kb_errf(errstr, errlen, "%s: empty value, expected an integer in %" PRId64 "..%" PRId64,
-                 p->name, p->min, p->max);
-        return KB_EINVAL;
+    char why[256];
+    kb_url *u = kb_url_parse(value, why, sizeof why);
+    if (u == NULL) {
+        kb_errf(errstr, errlen, "%s: %s", p->name, why);
+        return KB_ENOMEM;   /* the syntax was checked already */
     }
-    const char *d = value + (*value == '-');
-    size_t digits = strspn(d, "0123456789");
-    if (digits == 0 || d[digits] != '\0') {
-        kb_errf(errstr, errlen, "%s: not an integer (decimal digits only, no blanks or sign '+')",
-                p->name);
-        return KB_EINVAL;
+    const kb_transport_ops *ops = kb__transport_find(u->scheme, strlen(u->scheme));
+    int rc = KB_OK;
+    if (ops == NULL) {
+        char known[128];
+        kb__transport_schemes(known, sizeof known);
+        kb_errf(errstr, errlen, "%s: unknown URL scheme \"%.31s\" (known: %s)", p->name,
+                u->scheme, known);
+        rc = KB_ENOTFOUND;
+    } else if (ops->check_url != NULL && (rc = ops->check_url(u, why, sizeof why)) != KB_OK) {
+        kb_errf(errstr, errlen, "%s", why);
     }
-    errno = 0;
-    long long v = strtoll(value, NULL, 10);
-    if (errno == ERANGE) {
-        kb_errf(errstr, errlen, "%s: overflows; allowed %" PRId64 "..%" PRId64, p->name, p->min,
-                p->max);
-        return KB_EINVAL;
-    }
-    if (v < p->min || v > p->max) {
-        const char *why = v < 0 ? "negative" : v == 0 ? "zero" : "out of range";
-        kb_errf(errstr, errlen, "%s: %lld is %s; allowed %" PRId64 "..%" PRId64, p->name, v, why,
-                 p->min, p->max);
-        return KB_EINVAL;
-    }
-    *out = v;
-    return KB_OK;
-}
-
-static int check_text(const kb_conf_prop *p, const char *value, char *errstr, size_t errlen)
-{
-    size_t len = strlen(value);
-    if (p->type == KB_CONF_ENUM) {   /* the message lists the words, also for "" */
-        for (const char *c = p->choices; *c;) {
-            size_t n = strcspn(c, "|");
-            if (n == len && strncmp(c, value, n) == 0)
-                return KB_OK;
-            c += n + (c[n] == '|');
-        }
-        kb_errf(errstr, errlen, "%s: not one of %s", p->name, p->choices);
-        return KB_EINVAL;
-    }
-    if (p->type != KB_CONF_TEXT && p->type != KB_CONF_SECRET && len == 0) {
-        kb_errf(errstr, errlen, "%s: empty value", p->name);
-        return KB_EINVAL;
-    }
-    if ((int64_t)len > p->max) {
-        kb_errf(errstr, errlen, "%s: value of %zu bytes is longer than %" PRId64, p->name, len,
-                 p->max);
-        return KB_EINVAL;
-    }
-    if (p->type == KB_CONF_TEXT || p->type == KB_CONF_SECRET)
-        return KB_OK;
-    for (size_t i = 0; i < len; i++) {
-        if (isspace((unsigned char)value[i]) || iscntrl((unsigned char)value[i])) {
-            kb_errf(errstr, errlen, "%s: whitespace or control character at offset %zu", p->name,
-                     i);
-            return KB_EINVAL;
-        }
-    }
-    if (p->type == KB_CONF_URL) {
-        char why[256];
-        kb_url *u = kb_url_parse(value, why, sizeof why);
-        if (u == NULL) {
-            kb_errf(errstr, errlen, "%s: %s", p->name, why);
-            return strstr(why, "out of memory") ? KB_ENOMEM : KB_EINVAL;
-        }
-        const kb_transport_ops *ops = kb__transport_find(u->scheme, strlen(u->scheme));
-        int rc = KB_OK;
-        if (ops == NULL) {
-            char known[128];
-            kb__transport_schemes(known, sizeof known);
-            kb_errf(errstr, errlen, "%s: unknown URL scheme \"%.31s\" (known: %s)", p->name,
-                    u->scheme, known);
-            rc = KB_ENOTFOUND;
-        } else if (ops->check_url != NULL && (rc = ops->check_url(u, why, sizeof why)) != KB_OK) {
-            kb_errf(errstr, errlen, "%s", why);
-        }
-        kb_url_free(u);
-        return rc;
-    }
-    return KB_OK;
+    kb_url_free(u);
+    return rc;
 }
 
 /* Validate, then keep the value unless a higher source set the key already. */
@@ -139,8 +76,9 @@ static int store(struct conf_entry *e, const char *value, enum source source, ch
                  size_t errlen)
 {
     int64_t number = 0;
-    int rc = e->prop->type == KB_CONF_INT ? parse_int(e->prop, value, &number, errstr, errlen)
-                                          : check_text(e->prop, value, errstr, errlen);
+    int rc = kb__conf_value_check(e->prop, value, &number, errstr, errlen);
+    if (rc == KB_OK && e->prop->type == KB_CONF_URL)
+        rc = check_scheme(e->prop, value, errstr, errlen);
     if (rc != KB_OK || source < e->source)
         return rc;
     char *copy = strdup(value);
@@ -168,7 +106,8 @@ static int store_in(kb_conf *c, size_t i, const char *value, enum source source,
     if (strcmp(e->prop->name, "transport.plugins") != 0 || source < e->source ||
         value[0] == '\0')
         return store(e, value, source, errstr, errlen);
-    int rc = check_text(e->prop, value, errstr, errlen);
+    int64_t unused;
+    int rc = kb__conf_value_check(e->prop, value, &unused, errstr, errlen);
     if (rc == KB_OK)
         rc = kb__transport_load_plugins(value, errstr, errlen);
     if (rc == KB_OK)
@@ -236,23 +175,6 @@ static int sync_props(kb_conf *c, char *errstr, size_t errlen)
 int kb__conf_sync(kb_conf *c, char *errstr, size_t errlen)
 {
     return sync_props(c, errstr, errlen);
-}
-
-int kb__conf_prop_check(const kb_conf_prop *p, char *why, size_t whylen)
-{
-    if (p->type < KB_CONF_INT || p->type > KB_CONF_SECRET || p->def == NULL ||
-        p->min > p->max || (p->type == KB_CONF_ENUM && p->choices == NULL)) {
-        kb_errf(why, whylen, "property %s: needs a type, a default, min <= max%s", p->name,
-                p->type == KB_CONF_ENUM ? " and choices" : "");
-        return KB_EINVAL;
-    }
-    struct conf_entry e = {.prop = p};
-    char rule[256];
-    int rc = store(&e, p->def, FROM_DEFAULT, rule, sizeof rule);
-    free(e.value);
-    if (rc != KB_OK)
-        kb_errf(why, whylen, "property %s: its default breaks its own rule: %s", p->name, rule);
-    return rc;
 }
 
 kb_conf *kb_conf_new(void)

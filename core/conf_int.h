@@ -18,9 +18,6 @@ extern const kb_conf_prop kb__core_props[];
  * calls it first, so a transport registered later still gets its defaults). */
 int kb__conf_sync(kb_conf *c, char *errstr, size_t errlen);
 
-/* A transport's property row is usable: type, default, range, choices, and
- * the default passes the row's own rule. KB_EINVAL with why. */
-int kb__conf_prop_check(const kb_conf_prop *p, char *why, size_t whylen);
 
 /* Write the Markdown reference of every key. */
 void kb__conf_write_markdown(FILE *out);

@@ -14,17 +14,6 @@
 /* Lanes one submit call remembers for scheduling at its end; more flush early. */
 #define TOUCHED_MAX 32
 
-uint32_t kb_fnv1a32(const void *data, size_t len)
-{
-    const unsigned char *p = data;
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= 16777619u;
-    }
-    return h;
-}
-
 void kb_pool_options_init(kb_pool_options *o)
 {
     memset(o, 0, sizeof *o);

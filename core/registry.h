@@ -6,6 +6,12 @@
 
 #include <keybus/transport.h>
 
+/* The built-in transports, in scheme-lookup order: a source the build
+ * generates from the transports it compiles in (each transport's
+ * CMakeLists.txt names its ops tables; cmake/builtin_transports.c.in). */
+extern const kb_transport_ops *const kb__builtin_transports[];
+extern const size_t kb__builtin_transports_n;
+
 /* The transport whose scheme is the first `len` bytes of `scheme`, or NULL. */
 const kb_transport_ops *kb__transport_find(const char *scheme, size_t len);
 

@@ -1,18 +1,8 @@
-/* The one integer mixer and the one rendezvous ranking: both brokers assign
- * partitions to members with it, so every process agrees on the owner. */
+/* The one rendezvous ranking: both brokers assign partitions to members with
+ * it, so every process agrees on the owner. */
 #include <string.h>
 
 #include <keybus/transport.h>
-
-uint64_t kb_mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
 
 /* FNV-1a alone ranks badly (close names get close hashes); mixing the name's
  * hash with the partition spreads the winners evenly. */

@@ -20,6 +20,16 @@ add_test(NAME plugin_install
           "-DLINK_FLAGS=${kb_plugin_ldflags}" -P ${CMAKE_CURRENT_SOURCE_DIR}/plugin_install.cmake)
 set_tests_properties(plugin_install PROPERTIES FIXTURES_SETUP kb_plugin TIMEOUT 300)
 
+# Applications built against that install: examples/hello.c with
+# find_package(keybus CONFIG) and keybus::keybus (run), examples/transport
+# with pkg-config.
+add_test(NAME package_consumers
+  COMMAND ${CMAKE_COMMAND} -DSOURCE=${PROJECT_SOURCE_DIR} -DROOT=${KB_PLUGIN_ROOT}
+          -DLIBDIR=${CMAKE_INSTALL_LIBDIR} "-DC_FLAGS=${kb_plugin_cflags}"
+          "-DLINK_FLAGS=${kb_plugin_ldflags}" -P ${CMAKE_CURRENT_SOURCE_DIR}/package.cmake)
+set_tests_properties(package_consumers PROPERTIES FIXTURES_REQUIRED kb_plugin TIMEOUT 300
+                     ENVIRONMENT "${KB_TEST_ENV}")
+
 # kb_plugin_test(NAME COMMAND...): a test that needs the installed plugin.
 function(kb_plugin_test name)
   add_test(NAME ${name} COMMAND ${ARGN})
@@ -43,7 +53,7 @@ add_library(kb_plugin_no_entry MODULE test_plugin_fixture.c)
 target_compile_definitions(kb_plugin_no_entry PRIVATE KB_FIXTURE_NO_ENTRY)
 target_include_directories(kb_plugin_no_entry PRIVATE ${PROJECT_SOURCE_DIR}/include)
 add_executable(test_plugin test_plugin.c)
-target_link_libraries(test_plugin PRIVATE kb_test_support)
+target_link_libraries(test_plugin PRIVATE kb_test_support keybus::internal)
 # It links the static library (for the conf-doc writer): exporting its
 # symbols lets the plugin bind to this copy rather than load the installed one.
 set_target_properties(test_plugin PROPERTIES ENABLE_EXPORTS ON)

@@ -1,6 +1,7 @@
-/* Built-in transports, transports the application registers at run time and
- * plugins loaded by `transport.plugins`. Each transport brings its own
- * configuration keys (kb_transport_ops.props). */
+/* Built-in transports (the build's list, registry.h), transports the
+ * application registers at run time and plugins loaded by
+ * `transport.plugins`. Each transport brings its own configuration keys
+ * (kb_transport_ops.props). */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -8,31 +9,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "../core/conf_int.h"
-#include "../core/registry.h"
-
-extern const kb_transport_ops kb__mem_ops;
-#ifdef KB_WITH_REDIS
-extern const kb_transport_ops kb__redis_ops;
-extern const kb_transport_ops kb__rediss_ops;   /* refuses: no TLS in hiredis 0.14 */
-extern const kb_transport_ops kb__redis_sentinel_ops;
-#endif
-#ifdef KB_WITH_NATS
-extern const kb_transport_ops kb__nats_ops;
-#endif
-
-static const kb_transport_ops *const builtin[] = {
-    &kb__mem_ops,
-#ifdef KB_WITH_REDIS
-    &kb__redis_ops,
-    &kb__rediss_ops,
-    &kb__redis_sentinel_ops,
-#endif
-#ifdef KB_WITH_NATS
-    &kb__nats_ops,
-#endif
-};
-#define N_BUILTIN (sizeof builtin / sizeof builtin[0])
+#include "conf_value.h"
+#include "registry.h"
 
 #define MAX_REGISTERED 16
 static const kb_transport_ops *registered[MAX_REGISTERED];
@@ -47,12 +25,13 @@ static int scheme_is(const kb_transport_ops *ops, const char *scheme, size_t len
 
 size_t kb__transport_count(void)
 {
-    return N_BUILTIN + atomic_load_explicit(&n_registered, memory_order_acquire);
+    return kb__builtin_transports_n + atomic_load_explicit(&n_registered, memory_order_acquire);
 }
 
 const kb_transport_ops *kb__transport_at(size_t i)
 {
-    return i < N_BUILTIN ? builtin[i] : registered[i - N_BUILTIN];
+    size_t n = kb__builtin_transports_n;
+    return i < n ? kb__builtin_transports[i] : registered[i - n];
 }
 
 const kb_transport_ops *kb__transport_find(const char *scheme, size_t len)

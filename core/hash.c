@@ -1,0 +1,24 @@
+/* The hashes every part shares: FNV-1a routes keys to lanes and partitions,
+ * the mixer spreads close integers (lane -> executor, rendezvous scores). */
+#include <keybus/transport.h>
+
+uint32_t kb_fnv1a32(const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 16777619u;
+    }
+    return h;
+}
+
+uint64_t kb_mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
