@@ -58,7 +58,7 @@ static int publish(void *opaque, const void *key, size_t key_len, const void *pa
     r->len = len;
     memcpy(r->data, payload, len);
     for (unsigned spins = 0; !ck_ring_enqueue_spsc(&l->ring, l->buf, r);)
-        kb_backoff(&spins);
+        bench_spin_pause(&spins);
     return KB_OK;
 }
 
@@ -76,7 +76,7 @@ static void *consume(void *opaque)
                 kb_collect_event(r->data, r->len);
         }
         if (got == 0)
-            kb_backoff(&idle);
+            bench_spin_pause(&idle);
         else
             idle = 0;
     }

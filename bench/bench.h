@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include <keybus/keybus.h>
+#include <keybus/transport.h>   /* kb_now_ns */
 
 #include "hist.h"
 
@@ -79,13 +80,6 @@ typedef struct kb_bus_opts {
     int idle_cpu;               /* measure CPU over a quiet second after the run */
 } kb_bus_opts;
 
-static inline uint64_t kb_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* User + system CPU of the whole process so far (every thread), seconds. */
 static inline double kb_cpu_seconds(void)
 {
@@ -97,14 +91,15 @@ static inline double kb_cpu_seconds(void)
 
 static inline void kb_spin_until(uint64_t deadline_ns)
 {
-    while (kb_now_ns() < deadline_ns)
+    while ((uint64_t)kb_now_ns() < deadline_ns)
         ck_pr_stall();
 }
 
-/* Spin waits that yield after a while: on a busy 2-core machine a spinner can
- * share a core with the thread it waits for, and a pure spin then burns whole
- * time slices. */
-static inline void kb_backoff(unsigned *spins)
+/* The ring baseline's spin waits, which yield after a while: on a busy 2-core
+ * machine a spinner can share a core with the thread it waits for, and a pure
+ * spin then burns whole time slices. (The baseline measures a bare ring, so it
+ * keeps away from keybus's own wait strategies.) */
+static inline void bench_spin_pause(unsigned *spins)
 {
     if (++*spins < 1024)
         ck_pr_stall();

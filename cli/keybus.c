@@ -293,7 +293,7 @@ int main(int argc, char **argv)
         kb__conf_write_markdown(stdout);
         break;
     case CMD_CONF:
-        if (strcmp(kb_conf_str(c, "conf.env"), "true") == 0 &&
+        if (kb_conf_bool(c, "conf.env") &&
             kb_conf_apply_env(c, err, sizeof err) != KB_OK) {
             fprintf(stderr, "keybus: %s\n", err);
             status = 2;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "bus_int.h"
 #include "conf_int.h"
@@ -158,11 +159,6 @@ static bool gate_close(kb_bus *b)
     return first;
 }
 
-int kb_bus_closing(const kb_bus *b)
-{
-    return atomic_load_explicit(&b->closing, memory_order_acquire);
-}
-
 static void gate_wait_empty(kb_bus *b)
 {
     pthread_mutex_lock(&b->gate_lock);
@@ -302,20 +298,21 @@ static kb_bus *bus_open(kb_conf *c, int *rc, char *errstr, size_t errlen)
     /* keys of transports registered after the conf was made */
     if ((*rc = kb__conf_sync(c, errstr, errlen)) != KB_OK)
         return NULL;
-    bool env = strcmp(kb_conf_str(c, "conf.env"), "true") == 0;
+    bool env = kb_conf_bool(c, "conf.env");
     if (env && (*rc = kb__conf_env(c, errstr, errlen)) != KB_OK)
         return NULL;
+    kb_core_conf core;
+    kb__conf_core(c, &core);
     *rc = KB_EINVAL;
-    if (kb_conf_int(c, "retry.max_backoff_ms") < kb_conf_int(c, "retry.backoff_ms")) {
+    if (core.retry_max_backoff_ms < core.retry_backoff_ms) {
         kb_errf(errstr, errlen, "retry.max_backoff_ms (%lld) is below retry.backoff_ms (%lld)",
-                 (long long)kb_conf_int(c, "retry.max_backoff_ms"),
-                 (long long)kb_conf_int(c, "retry.backoff_ms"));
+                 (long long)core.retry_max_backoff_ms, (long long)core.retry_backoff_ms);
         return NULL;
     }
     /* The URL was checked when set; the transport's own rules run again here,
      * since a transport registered later may judge it. */
     char why[512];
-    kb_url *u = kb_url_parse(kb_conf_str(c, "transport"), why, sizeof why);
+    kb_url *u = kb_url_parse(core.transport, why, sizeof why);
     const kb_transport_ops *ops = u ? kb__transport_find(u->scheme, strlen(u->scheme)) : NULL;
     int url_rc = u == NULL || ops == NULL ? KB_EINVAL
                  : ops->check_url != NULL ? ops->check_url(u, why, sizeof why)
@@ -337,22 +334,27 @@ static kb_bus *bus_open(kb_conf *c, int *rc, char *errstr, size_t errlen)
     b->conf = c;
     b->ops = ops;
     b->serial = atomic_fetch_add_explicit(&bus_serials, 1, memory_order_relaxed) + 1;
+    uint64_t seed;
+    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed)
+        seed = (uint64_t)kb__now_ns() ^ (uint64_t)(uintptr_t)b;
+    atomic_init(&b->rng, seed);
     kb__conf_log(c, &b->log, &b->log_opaque);
     if (env)
         kb__conf_unknown_env(c, report_unknown_env, b);
-    b->max_key = (uint32_t)kb_conf_int(c, "limits.max_key_bytes");
-    b->max_payload = (uint32_t)kb_conf_int(c, "limits.max_payload_bytes");
-    b->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
-    b->max_headers = (uint32_t)kb_conf_int(c, "limits.max_headers");
-    b->max_header_bytes = (uint32_t)kb_conf_int(c, "limits.max_header_bytes");
-    b->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
-    b->idle = (kb_idle)kb__idle_parse(kb_conf_str(c, "pool.idle"));
+    b->core = core;
+    b->max_key = (uint32_t)core.max_key_bytes;
+    b->max_payload = (uint32_t)core.max_payload_bytes;
+    b->max_attempts = (uint32_t)core.retry_max_attempts;
+    b->max_headers = (uint32_t)core.max_headers;
+    b->max_header_bytes = (uint32_t)core.max_header_bytes;
+    b->enqueue_timeout_ms = (int)core.pool_enqueue_timeout_ms;
+    b->idle = (kb_idle)kb__idle_parse(core.pool_idle);
     pthread_mutex_init(&b->subscribe_lock, NULL);
     pthread_mutex_init(&b->gate_lock, NULL);
     pthread_cond_init(&b->gate_left, NULL);
 
     b->topics = cds_lfht_new(16, 16, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, NULL);
-    uint32_t threads = (uint32_t)kb_conf_int(c, "pool.threads");
+    uint32_t threads = (uint32_t)core.pool_threads;
     if (b->topics != NULL)
         b->sched = kb__sched_new(threads ? threads : kb_pool_default_threads(b->idle), b->idle,
                                  errstr, errlen);
@@ -395,11 +397,11 @@ static int subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaqu
 
     kb_pool_options o;
     kb_pool_options_init(&o);
-    o.lanes = (uint32_t)kb_conf_int(b->conf, "pool.workers");
-    o.capacity = (uint32_t)kb_conf_int(b->conf, "pool.queue_capacity");
+    o.lanes = (uint32_t)b->core.pool_workers;
+    o.capacity = (uint32_t)b->core.pool_queue_capacity;
     o.max_attempts = 0;   /* kb__topic_handle decides: it adds the broker's count */
-    o.backoff_ms = (uint32_t)kb_conf_int(b->conf, "retry.backoff_ms");
-    o.max_backoff_ms = (uint32_t)kb_conf_int(b->conf, "retry.max_backoff_ms");
+    o.backoff_ms = (uint32_t)b->core.retry_backoff_ms;
+    o.max_backoff_ms = (uint32_t)b->core.retry_max_backoff_ms;
     o.single_producer = (b->ops->flags & KB_TRANSPORT_F_SINGLE_FEEDER) != 0;
     o.salt = kb_fnv1a32(topic, strlen(topic));
     o.idle = b->idle;
@@ -684,7 +686,11 @@ static int flush_pools(kb_bus *b, int timeout_ms)
     return rc;
 }
 
-#define FLUSH_SLICE_MS 100
+static int flush_slice(void *arg, int64_t until_ns)
+{
+    kb_bus *b = arg;
+    return b->ops->flush(b->t, kb_deadline_left_ms(until_ns));
+}
 
 /* A broker's flush in slices, so that a kb_close starting meanwhile cuts it
  * short with KB_ECLOSED rather than waiting for its deadline. The
@@ -692,16 +698,7 @@ static int flush_pools(kb_bus *b, int timeout_ms)
  * nothing else. */
 static int flush_transport(kb_bus *b, int timeout_ms)
 {
-    int64_t deadline = kb__deadline_ns(timeout_ms);
-    for (;;) {
-        int64_t left = deadline == INT64_MAX ? INT64_MAX : (deadline - kb__now_ns()) / 1000000;
-        int slice = left > FLUSH_SLICE_MS ? FLUSH_SLICE_MS : left > 0 ? (int)left : 0;
-        int rc = b->ops->flush(b->t, slice);
-        if (rc != KB_ETIMEDOUT || left <= FLUSH_SLICE_MS)
-            return rc;
-        if (atomic_load_explicit(&b->closing, memory_order_acquire))
-            return KB_ECLOSED;
-    }
+    return kb_bus_wait_sliced(b, kb__deadline_ns(timeout_ms), flush_slice, b);
 }
 
 /* kb_flush and kb_drain: KB_EINVAL from a handler, KB_ECLOSED once kb_close began. */

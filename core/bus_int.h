@@ -12,6 +12,8 @@
 #include <keybus/pool.h>
 #include <keybus/transport.h>
 
+#include "conf_int.h"
+#include "err.h"
 #include "pool_int.h"
 
 /* A topic of this bus (the public kb_topic handle); once subscribed,
@@ -28,10 +30,6 @@ struct kb_topic {
     _Atomic uint64_t dead_letter_failures;   /* dead letters nobody stored */
     _Atomic uint32_t feeding;          /* debug builds: a feeder is in kb_sink_deliver */
 };
-
-/* Record the code kb_last_error_code() returns (err.c): for the calls that
- * return NULL instead of a code. */
-void kb__err_set_code(int code);
 
 struct kb_bus {
     uint64_t serial;                   /* unique per kb_open in this process */
@@ -50,6 +48,8 @@ struct kb_bus {
     uint32_t calls;
     kb_log_fn log;
     void *log_opaque;
+    _Atomic uint64_t rng;              /* kb_bus_random's state */
+    kb_core_conf core;                 /* the core's keys, resolved at kb_open */
     /* hot-path copies of configuration */
     uint32_t max_key, max_payload, max_attempts, max_headers, max_header_bytes;
     int enqueue_timeout_ms;

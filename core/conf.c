@@ -11,6 +11,7 @@
 
 #include "conf_int.h"
 #include "conf_value.h"
+#include "err.h"
 #include "ini.h"
 #include "registry.h"
 
@@ -25,7 +26,7 @@ enum source { FROM_DEFAULT, FROM_FILE, FROM_ENV, FROM_CODE };
 struct conf_entry {
     const kb_conf_prop *prop;
     char *value;
-    int64_t number;            /* parsed value of KB_CONF_INT keys */
+    int64_t number;            /* parsed value of INT keys, 1 or 0 for BOOL keys */
     enum source source;
 };
 
@@ -266,16 +267,83 @@ void kb__conf_each(const kb_conf *c, void (*fn)(const char *key, const char *val
         fn(c->e[i].prop->name, shown_value(&c->e[i], buf, sizeof buf), arg);
 }
 
+static const char *type_name(kb_conf_type t)
+{
+    switch (t) {
+    case KB_CONF_INT: return "integer";
+    case KB_CONF_URL: return "URL";
+    case KB_CONF_TEXT: return "text";
+    case KB_CONF_SECRET: return "secret";
+    case KB_CONF_ENUM: return "one of";
+    case KB_CONF_BOOL: return "boolean";
+    case KB_CONF_STR: break;
+    }
+    return "name";
+}
+
+/* A read through the wrong function or of a key nobody declares: a bug in
+ * the caller, which must not pass for a value of 0 or "". */
+static void misread(const char *fn, const char *key, const struct conf_entry *e)
+{
+    char msg[300];
+    if (e == NULL)
+        snprintf(msg, sizeof msg, "%s(\"%.128s\"): no such configuration key", fn,
+                 key != NULL ? key : "(null)");
+    else
+        snprintf(msg, sizeof msg, "%s(\"%s\"): the key is of type %s", fn, e->prop->name,
+                 e->prop->type == KB_CONF_ENUM ? "enumeration" : type_name(e->prop->type));
+#ifndef NDEBUG
+    fprintf(stderr, "keybus: %s\n", msg);
+    abort();
+#else
+    kb_log(NULL, KB_LOG_ERROR, "%s", msg);
+    kb_errf(NULL, 0, "%s", msg);
+    kb__err_set_code(KB_EINVAL);
+#endif
+}
+
+/* The entry of `key` when its type is in `types` (a mask of 1 << type). */
+static const struct conf_entry *typed(const kb_conf *c, const char *key, unsigned types,
+                                      const char *fn)
+{
+    const struct conf_entry *e = c != NULL && key != NULL ? find(c, key) : NULL;
+    if (e != NULL && (types >> e->prop->type & 1u))
+        return e;
+    misread(fn, key, e);
+    return NULL;
+}
+
+#define TEXT_TYPES (1u << KB_CONF_STR | 1u << KB_CONF_URL | 1u << KB_CONF_TEXT | \
+                    1u << KB_CONF_ENUM | 1u << KB_CONF_SECRET)
+
 int64_t kb_conf_int(const kb_conf *c, const char *key)
 {
-    const struct conf_entry *e = find(c, key);
+    const struct conf_entry *e = typed(c, key, 1u << KB_CONF_INT, "kb_conf_int");
     return e != NULL ? e->number : 0;
+}
+
+bool kb_conf_bool(const kb_conf *c, const char *key)
+{
+    const struct conf_entry *e = typed(c, key, 1u << KB_CONF_BOOL, "kb_conf_bool");
+    return e != NULL && e->number != 0;
 }
 
 const char *kb_conf_str(const kb_conf *c, const char *key)
 {
-    const struct conf_entry *e = find(c, key);
+    const struct conf_entry *e = typed(c, key, TEXT_TYPES, "kb_conf_str");
     return e != NULL ? e->value : "";
+}
+
+void kb__conf_core(const kb_conf *c, kb_core_conf *out)
+{
+    for (const kb_conf_field *f = kb__core_fields; f->key != NULL; f++) {
+        char *at = (char *)out + f->offset;
+        switch (f->kind) {
+        case KB_FIELD_INT: *(int64_t *)(void *)at = kb_conf_int(c, f->key); break;
+        case KB_FIELD_BOOL: *(bool *)(void *)at = kb_conf_bool(c, f->key); break;
+        case KB_FIELD_TEXT: *(const char **)(void *)at = kb_conf_str(c, f->key); break;
+        }
+    }
 }
 
 static int on_ini_pair(void *arg, const char *key, const char *value, char *why, size_t whylen)
@@ -448,19 +516,6 @@ void kb__conf_free(kb_conf *c)
     free(c);
 }
 
-static const char *type_name(kb_conf_type t)
-{
-    switch (t) {
-    case KB_CONF_INT: return "integer";
-    case KB_CONF_URL: return "URL";
-    case KB_CONF_TEXT: return "text";
-    case KB_CONF_SECRET: return "secret";
-    case KB_CONF_ENUM: return "one of";
-    case KB_CONF_STR: break;
-    }
-    return "name";
-}
-
 void kb__conf_write_markdown(FILE *out)
 {
     fprintf(out, "# keybus configuration\n\n"
@@ -479,7 +534,8 @@ void kb__conf_write_markdown(FILE *out)
                  "Integers are strictly decimal: an optional `-` and digits, nothing else (no\n"
                  "blanks, `+`, hex or octal). Rules between keys (a minimum at most its\n"
                  "maximum, such as `retry.backoff_ms` <= `retry.max_backoff_ms`) are checked by\n"
-                 "`kb_open()`, which names both keys.\n\n"
+                 "`kb_open()`, which names both keys. Booleans are `true` or `false` (`1` and\n"
+                 "`0` are accepted too).\n\n"
                  "## INI files\n\n"
                  "`kb_conf_load()` (the CLI's `-c`) reads a regular file of at most 1 MiB (a\n"
                  "directory, device or pipe is an error) line by line, each line whole, up to\n"
@@ -550,6 +606,8 @@ void kb__conf_write_markdown(FILE *out)
                 snprintf(range, sizeof range, "%" PRId64 " .. %" PRId64, p->min, p->max);
             else if (p->type == KB_CONF_ENUM)
                 snprintf(range, sizeof range, "%s", p->choices);
+            else if (p->type == KB_CONF_BOOL)
+                snprintf(range, sizeof range, "true, false (1, 0)");
             else
                 snprintf(range, sizeof range, "up to %" PRId64 " bytes", p->max);
             fprintf(out, "| `%s` | %s | %s%s%s | %s | `%s` | %s |\n", p->name, type_name(p->type),

@@ -4,6 +4,7 @@
 #define KB_CORE_CONF_INT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -13,6 +14,38 @@
 
 /* Tables end with a row whose name is NULL. */
 extern const kb_conf_prop kb__core_props[];
+
+/* The core's keys as the bus uses them, resolved once at kb_open. Strings
+ * point into the conf, which the bus owns. */
+typedef struct kb_core_conf {
+    bool conf_env;
+    const char *transport;
+    int64_t pool_workers, pool_threads, pool_queue_capacity, pool_enqueue_timeout_ms;
+    const char *pool_idle;
+    int64_t retry_max_attempts, retry_backoff_ms, retry_max_backoff_ms;
+    int64_t max_key_bytes, max_payload_bytes, max_headers, max_header_bytes;
+    int64_t partitions;
+    const char *group, *consumer, *runs_dir;
+} kb_core_conf;
+
+/* How a kb_core_conf member is read: from its C type. */
+typedef enum { KB_FIELD_INT, KB_FIELD_BOOL, KB_FIELD_TEXT } kb_field_kind;
+typedef struct kb_conf_field {
+    const char *key;
+    size_t offset;               /* in kb_core_conf */
+    kb_field_kind kind;
+} kb_conf_field;
+#define KB_CONF_FIELD(key, member)                                                   \
+    {key, offsetof(kb_core_conf, member),                                            \
+     _Generic(((kb_core_conf *)0)->member, int64_t: KB_FIELD_INT, bool: KB_FIELD_BOOL, \
+              const char *: KB_FIELD_TEXT)}
+/* Which key fills which member (conf_props.c); ends with a NULL key. */
+extern const kb_conf_field kb__core_fields[];
+
+/* Fill *out from c through the checked reads (kb_conf_int, kb_conf_bool,
+ * kb_conf_str), so a key bound to a member of the wrong type fails at the
+ * first kb_open of a debug build. */
+void kb__conf_core(const kb_conf *c, kb_core_conf *out);
 
 /* Add the keys of transports registered since the conf was made (kb_open
  * calls it first, so a transport registered later still gets its defaults). */

@@ -6,8 +6,8 @@
 #define MS_DAY 86400000
 
 const kb_conf_prop kb__core_props[] = {
-    {"conf.env", KB_CONF_ENUM, "true", 0, 8,
-     "`false`: `kb_open` ignores `KEYBUS_*` environment variables.", "true|false"},
+    {"conf.env", KB_CONF_BOOL, "true", 0, 1,
+     "`false`: `kb_open` ignores `KEYBUS_*` environment variables."},
     {"transport.plugins", KB_CONF_TEXT, "", 0, 4096,
      "Comma-separated paths of transport plugins (shared objects exporting "
      "`kb_transport_plugin`, docs/transports.md) to load when this key is set; their "
@@ -59,4 +59,26 @@ const kb_conf_prop kb__core_props[] = {
      "(docs/transports.md, \"Attempts are handler runs\"). Empty: "
      "`$XDG_RUNTIME_DIR/keybus-runs`, else `/tmp/keybus-runs-<uid>`; created with mode 0700, and refused when another user owns it."},
     {NULL, KB_CONF_INT, NULL, 0, 0, NULL},
+};
+
+const kb_conf_field kb__core_fields[] = {
+    KB_CONF_FIELD("conf.env", conf_env),
+    KB_CONF_FIELD("transport", transport),
+    KB_CONF_FIELD("pool.workers", pool_workers),
+    KB_CONF_FIELD("pool.threads", pool_threads),
+    KB_CONF_FIELD("pool.idle", pool_idle),
+    KB_CONF_FIELD("pool.queue_capacity", pool_queue_capacity),
+    KB_CONF_FIELD("pool.enqueue_timeout_ms", pool_enqueue_timeout_ms),
+    KB_CONF_FIELD("retry.max_attempts", retry_max_attempts),
+    KB_CONF_FIELD("retry.backoff_ms", retry_backoff_ms),
+    KB_CONF_FIELD("retry.max_backoff_ms", retry_max_backoff_ms),
+    KB_CONF_FIELD("limits.max_key_bytes", max_key_bytes),
+    KB_CONF_FIELD("limits.max_payload_bytes", max_payload_bytes),
+    KB_CONF_FIELD("limits.max_headers", max_headers),
+    KB_CONF_FIELD("limits.max_header_bytes", max_header_bytes),
+    KB_CONF_FIELD("partitions", partitions),
+    KB_CONF_FIELD("group", group),
+    KB_CONF_FIELD("consumer", consumer),
+    KB_CONF_FIELD("runs.dir", runs_dir),
+    {NULL, 0, KB_FIELD_INT},
 };

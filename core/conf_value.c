@@ -84,17 +84,35 @@ static int check_text(const kb_conf_prop *p, const char *value, char *errstr, si
     return KB_OK;
 }
 
+static int parse_bool(const kb_conf_prop *p, const char *value, int64_t *out, char *errstr,
+                      size_t errlen)
+{
+    if (strcmp(value, "true") == 0 || strcmp(value, "1") == 0) {
+        *out = 1;
+        return KB_OK;
+    }
+    if (strcmp(value, "false") == 0 || strcmp(value, "0") == 0) {
+        *out = 0;
+        return KB_OK;
+    }
+    kb_errf(errstr, errlen, "%s: not a boolean (true, false, 1 or 0)", p->name);
+    return KB_EINVAL;
+}
+
 int kb__conf_value_check(const kb_conf_prop *p, const char *value, int64_t *number,
                          char *errstr, size_t errlen)
 {
     *number = 0;
-    return p->type == KB_CONF_INT ? parse_int(p, value, number, errstr, errlen)
-                                  : check_text(p, value, errstr, errlen);
+    switch (p->type) {
+    case KB_CONF_INT: return parse_int(p, value, number, errstr, errlen);
+    case KB_CONF_BOOL: return parse_bool(p, value, number, errstr, errlen);
+    default: return check_text(p, value, errstr, errlen);
+    }
 }
 
 int kb__conf_prop_check(const kb_conf_prop *p, char *why, size_t whylen)
 {
-    if (p->type < KB_CONF_INT || p->type > KB_CONF_SECRET || p->def == NULL ||
+    if (p->type < KB_CONF_INT || p->type > KB_CONF_BOOL || p->def == NULL ||
         p->min > p->max || (p->type == KB_CONF_ENUM && p->choices == NULL)) {
         kb_errf(why, whylen, "property %s: needs a type, a default, min <= max%s", p->name,
                 p->type == KB_CONF_ENUM ? " and choices" : "");

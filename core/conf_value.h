@@ -8,7 +8,8 @@
 
 #include <keybus/transport.h>
 
-/* `value` is valid for `p`: KB_OK (INT: the number in *number), else
+/* `value` is valid for `p`: KB_OK (INT: the number in *number; BOOL: 1 or
+ * 0), else
  * KB_EINVAL (KB_ENOMEM) with errstr naming the key, never quoting the value.
  * A URL's syntax only: whether its scheme names a transport is the conf's to
  * check. */

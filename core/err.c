@@ -6,7 +6,7 @@
 
 #include <keybus/transport.h>
 
-#include "bus_int.h"
+#include "err.h"
 
 static _Thread_local char last_error[1024];
 static _Thread_local int last_code;

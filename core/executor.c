@@ -129,20 +129,12 @@ static uint64_t next_random(struct kb_executor *ex)
     return x * 0x2545F4914F6CDD1DULL;
 }
 
-/* retry.backoff_ms * 2^(attempt-1), capped, then "equal jitter": half fixed,
- * half random, so retries of many lanes do not fire in lockstep. */
+/* retry.backoff_ms * 2^(attempt-1), capped, jittered so retries of many
+ * lanes do not fire in lockstep. */
 static int64_t retry_delay_ns(struct kb_executor *ex, const kb_pool_options *o, uint32_t attempt)
 {
-    uint64_t ms = o->backoff_ms;
-    uint32_t shift = attempt > 1 ? attempt - 1 : 0;
-    if (shift > 32)
-        shift = 32;
-    ms = ms << shift;
-    if (ms > o->max_backoff_ms || (o->backoff_ms != 0 && ms >> shift != o->backoff_ms))
-        ms = o->max_backoff_ms;
-    int64_t ns = (int64_t)ms * 1000000LL;
-    int64_t half = ns / 2;
-    return half + (half > 0 ? (int64_t)(next_random(ex) % (uint64_t)(half + 1)) : 0) + 1;
+    return kb_backoff_ns(o->backoff_ms, o->max_backoff_ms, attempt > 1 ? attempt - 1 : 0,
+                         next_random(ex)) + 1;
 }
 
 static void finish(kb_pool *p, struct kb_lane *lane, void *item, int outcome, uint32_t attempts)

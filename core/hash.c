@@ -1,5 +1,6 @@
 /* The hashes every part shares: FNV-1a routes keys to lanes and partitions,
- * the mixer spreads close integers (lane -> executor, rendezvous scores). */
+ * the mixer spreads close integers (lane -> executor, rendezvous scores,
+ * kb_bus_random). */
 #include <keybus/transport.h>
 
 uint32_t kb_fnv1a32(const void *data, size_t len)
@@ -21,4 +22,14 @@ uint64_t kb_mix64(uint64_t x)
     x *= 0x94d049bb133111ebULL;
     x ^= x >> 31;
     return x;
+}
+
+uint32_t kb_partition_of_hash(uint32_t hash, uint32_t partitions)
+{
+    return hash % partitions;
+}
+
+uint32_t kb_partition_of(const void *key, size_t key_len, uint32_t partitions)
+{
+    return kb_partition_of_hash(kb_fnv1a32(key, key_len), partitions);
 }

@@ -151,7 +151,7 @@ static size_t identity_of(const kb_bus *b, const char *broker, char out[1024])
 {
     memset(out, 0, 1024);
     int n = snprintf(out, 1024, "%s%c%s%c%s", b->ops->scheme, 0, broker, 0,
-                     kb_conf_str(b->conf, "group"));
+                     b->core.group);
     return n < 0 || n >= 1023 ? 1023 : (size_t)n + 1;
 }
 
@@ -321,7 +321,7 @@ int kb_bus_runs_journal(kb_bus *b, const char *broker, kb_run_record_fn *record,
         kb_errf(errstr, errlen, "kb_bus_runs_journal: out of memory");
         return KB_ENOMEM;
     }
-    rc = open_own(j, dir, prefix, kb_conf_str(b->conf, "consumer"), identity, errstr, errlen);
+    rc = open_own(j, dir, prefix, b->core.consumer, identity, errstr, errlen);
     if (rc != KB_OK) {
         runs_free(j);
         return rc;

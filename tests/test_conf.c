@@ -7,7 +7,9 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <keybus/keybus.h>
@@ -437,6 +439,75 @@ static void errors_have_names(void **state)
     assert_string_equal(kb_strerror(-99), "unknown error");
 }
 
+/* Booleans: true/false, also 1/0, read with kb_conf_bool. */
+static void booleans_read_as_booleans(void **state)
+{
+    (void)state;
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    assert_true(kb_conf_bool(c, "conf.env"));
+    assert_int_equal(kb_conf_set(c, "conf.env", "0", err, sizeof err), KB_OK);
+    assert_false(kb_conf_bool(c, "conf.env"));
+    assert_int_equal(kb_conf_set(c, "conf.env", "true", err, sizeof err), KB_OK);
+    assert_true(kb_conf_bool(c, "conf.env"));
+    assert_int_equal(kb_conf_set(c, "conf.env", "yes", err, sizeof err), KB_EINVAL);
+    assert_non_null(strstr(err, "conf.env: not a boolean"));
+    kb_conf_destroy(c);
+}
+
+/* One misread in a child: debug builds abort naming the key; others return
+ * the zero value with KB_EINVAL and a text naming it. */
+static void expect_misread(int which, const char *key, const char *why)
+{
+    fflush(NULL);
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        kb_conf *c = kb_conf_new();
+        kb_err_clear();
+        int zero = which == 0 ? kb_conf_int(c, key) == 0
+                 : which == 1 ? kb_conf_str(c, key)[0] == '\0'
+                              : !kb_conf_bool(c, key);
+        _exit(zero && kb_last_error_code() == KB_EINVAL && strstr(kb_last_error(), key) != NULL &&
+              strstr(kb_last_error(), why) != NULL ? 0 : 1);
+    }
+    close(fds[1]);
+    char out[1024] = "";
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof out - 1 && (r = read(fds[0], out + n, sizeof out - 1 - n)) > 0)
+        n += (size_t)r;
+    close(fds[0]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+#ifdef NDEBUG
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("reading %s: want 0 / \"\" / false and KB_EINVAL naming it; stderr: %s", key, out);
+#else
+    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT)
+        fail_msg("reading %s: want abort() in a debug build; stderr: %s", key, out);
+#endif
+    if (strstr(out, key) == NULL || strstr(out, why) == NULL)
+        fail_msg("reading %s: stderr does not say \"%s\": %s", key, why, out);
+}
+
+/* A key nobody declares, or read through the function of another type, is a
+ * bug in the caller: never a silent 0 or "". */
+static void misread_keys_are_hard_errors(void **state)
+{
+    (void)state;
+    expect_misread(0, "pool.wrokers", "no such configuration key");
+    expect_misread(1, "trasnport", "no such configuration key");
+    expect_misread(2, "conf.evn", "no such configuration key");
+    expect_misread(0, "transport", "of type URL");
+    expect_misread(1, "pool.workers", "of type integer");
+    expect_misread(1, "conf.env", "of type boolean");
+    expect_misread(2, "pool.idle", "of type enumeration");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -451,6 +522,8 @@ int main(void)
         cmocka_unit_test(errors_have_names),
         cmocka_unit_test(idle_strategy_is_one_of_four),
         cmocka_unit_test(a_conf_belongs_to_one_open_bus),
+        cmocka_unit_test(booleans_read_as_booleans),
+        cmocka_unit_test(misread_keys_are_hard_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,7 +13,7 @@ int kb__file_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
     int checked = kb__file_count_check(tt);
     if (checked != KB_OK)
         return checked;
-    struct kb__file_part *p = &tt->parts[m->hash % tt->partitions];
+    struct kb__file_part *p = &tt->parts[kb_partition_of_hash(m->hash, tt->partitions)];
     struct kb__file_rec head = {.partition = p->index, .attempts = 1};
     uint64_t end;
     int rc = kb__file_append(p->log_fd, &head, m, NULL, &end);

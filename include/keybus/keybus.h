@@ -240,6 +240,13 @@ typedef struct kb_msg {
     const kb_header *headers; size_t n_headers; /* optional (NULL, 0) */
 } kb_msg;
 
+/* The broker partition of an aggregate key: kb_fnv1a32(key) % partitions
+ * (the `partitions` key, at least 1). The one rule every transport, plugin
+ * and tool routes by, so a key's events share one partition. Thread: any. */
+KB_EXPORT uint32_t kb_partition_of(const void *key, size_t key_len, uint32_t partitions);
+/* The same from the key's kb_fnv1a32 (kb_msg.hash in a transport's publish). */
+KB_EXPORT uint32_t kb_partition_of_hash(uint32_t hash, uint32_t partitions);
+
 /* kb_publish_to for one event with headers: the same checks and results, and
  * KB_ETOOBIG / KB_EINVAL for headers over limits.max_headers or
  * limits.max_header_bytes, or with a bad name or value. Copies everything.

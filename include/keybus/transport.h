@@ -20,6 +20,7 @@
 #define KEYBUS_TRANSPORT_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <keybus/keybus.h>
 #include <keybus/pool.h>      /* kb_fnv1a32: the partition of a key */
 
@@ -79,6 +80,7 @@ typedef enum kb_conf_type {
     KB_CONF_TEXT,     /* any text, possibly empty, at most `max` bytes (paths) */
     KB_CONF_ENUM,     /* one of the '|'-separated words in `choices` */
     KB_CONF_SECRET,   /* like TEXT, but never echoed: messages name the key only */
+    KB_CONF_BOOL,     /* `true` or `false` (also `1` or `0`); min 0, max 1 */
 } kb_conf_type;
 
 typedef struct kb_conf_prop {
@@ -273,9 +275,15 @@ KB_EXPORT const char *kb_url_redact(const char *url, char *out, size_t outlen);
  * Configuration reads.
  * ------------------------------------------------------------------------- */
 
-/* Typed reads; the key must be declared by the core or a transport (unknown
- * keys read as 0 / ""). Thread: any (the conf of an open bus is read-only). */
+/* Typed reads of a key the core or a transport declares: kb_conf_int of an
+ * INT key, kb_conf_bool of a BOOL key, kb_conf_str of any other type (a
+ * pointer into the conf, valid while it lives). Reading a key that does not
+ * exist, or through the wrong function, is a bug in the caller, never read
+ * silently: debug builds (without NDEBUG) abort with a message naming the
+ * key; other builds log it, set kb_last_error (KB_EINVAL) and return 0,
+ * false or "". Thread: any (the conf of an open bus is read-only). */
 KB_EXPORT int64_t     kb_conf_int(const kb_conf *c, const char *key);
+KB_EXPORT bool        kb_conf_bool(const kb_conf *c, const char *key);
 KB_EXPORT const char *kb_conf_str(const kb_conf *c, const char *key);
 
 /* Parse a transport URL (RFC 3986: userinfo percent-decoded, bracketed IPv6,
@@ -301,6 +309,15 @@ KB_EXPORT int kb_deadline_left_ms(int64_t deadline_ns);
  * serve an application call (kb_drain's) end then with KB_ECLOSED, so
  * kb_close is not held by them. Thread: any, while the bus exists. */
 KB_EXPORT int kb_bus_closing(const kb_bus *b);
+
+/* A wait that serves an application call (kb_flush's, kb_drain's), in
+ * slices: calls step(arg, until_ns) with until_ns at most 100 ms ahead and
+ * never past deadline_ns (INT64_MAX: none), again while it returns
+ * KB_ETIMEDOUT and the deadline has not come, and returns what it returned
+ * last — or KB_ECLOSED between slices once kb_close has begun, so kb_close
+ * is not held by the wait. Thread: any, while the bus exists. */
+KB_EXPORT int kb_bus_wait_sliced(kb_bus *b, int64_t deadline_ns,
+                                 int (*step)(void *arg, int64_t until_ns), void *arg);
 
 /* Start a thread named `name` (at most 15 characters: "kb-<scheme>-<job>"),
  * with the process's signals blocked in it. Returns
@@ -329,6 +346,18 @@ KB_EXPORT int        kb_signal_wait(kb_signal *s, int (*ready)(void *arg), void 
 
 /* A 64-bit integer mixer (splitmix64's finaliser): spreads close inputs. */
 KB_EXPORT uint64_t kb_mix64(uint64_t x);
+
+/* A random 64-bit value from the bus's own generator (seeded at kb_open from
+ * getrandom), for jitter and nonces: a transport never calls
+ * rand()/random(), whose sequence is the application's. Not for secrets.
+ * Thread: any, while the bus exists. */
+KB_EXPORT uint64_t kb_bus_random(kb_bus *b);
+
+/* Capped exponential backoff with jitter, in nanoseconds: the step
+ * base_ms * 2^failures, capped at max_ms, half of it fixed and half drawn
+ * from `rnd` (kb_bus_random), so that retries or reconnects of many lanes
+ * and processes do not fire in lockstep. Thread: any. */
+KB_EXPORT int64_t kb_backoff_ns(int64_t base_ms, int64_t max_ms, uint32_t failures, uint64_t rnd);
 
 /* Rendezvous (highest-random-weight) ranking of members for a partition:
  * the index in members[0..n) that owns `partition`, or -1 when n is 0. Every

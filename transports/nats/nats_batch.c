@@ -77,7 +77,7 @@ static int append(kb_nats_batch *b, const kb_msg *m)
  * no delay); otherwise the acker sends it once it is a linger old. */
 int kb__nats_batch_add(kb_transport *t, kb_nats_topic *tp, const kb_msg *m)
 {
-    uint32_t n = m->hash % t->partitions;
+    uint32_t n = kb_partition_of_hash(m->hash, t->partitions);
     kb_nats_batch *b = &tp->batches[n];
     int64_t now = kb_now_ns();
     int rc = KB_OK;

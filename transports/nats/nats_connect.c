@@ -10,17 +10,14 @@
 #include "nats_names.h"
 #include "nats_send.h"
 
-/* Exponential reconnect backoff with jitter, capped. */
+/* Exponential reconnect backoff with jitter, capped; in milliseconds. */
 static int64_t reconnect_delay(natsConnection *nc, int attempts, void *closure)
 {
     (void)nc;
     kb_transport *t = closure;
-    int64_t d = t->reconnect_wait_ms;
-    for (int i = 1; i < attempts && d < t->reconnect_max_ms; i++)
-        d *= 2;
-    if (d > t->reconnect_max_ms)
-        d = t->reconnect_max_ms;
-    return d / 2 + (int64_t)(rand() % (int)(d / 2 + 1));
+    uint32_t failures = attempts > 1 ? (uint32_t)attempts - 1 : 0;
+    return kb_backoff_ns(t->reconnect_wait_ms, t->reconnect_max_ms, failures,
+                         kb_bus_random(t->bus)) / 1000000;
 }
 
 static void on_async_error(natsConnection *nc, natsSubscription *sub, natsStatus err,

@@ -105,18 +105,16 @@ static int drain_topic(kb_transport *t, kb_nats_topic *tp, uint64_t *target, int
     }
 }
 
+static int flush_slice(void *t, int64_t until_ns)
+{
+    return kb__nats_flush_until(t, until_ns);
+}
+
 /* Sent and stored (the targets are then known), in slices: kb_close ends
  * it (KB_ECLOSED), since the drain holds kb_close up until it returns. */
 static int settle(kb_transport *t, int64_t deadline)
 {
-    for (;;) {
-        int64_t slice = kb_now_ns() + 100000000;
-        int rc = kb__nats_flush_until(t, slice < deadline ? slice : deadline);
-        if (rc != KB_ETIMEDOUT || kb_now_ns() >= deadline)
-            return rc;
-        if (kb_bus_closing(t->bus))
-            return KB_ECLOSED;
-    }
+    return kb_bus_wait_sliced(t->bus, deadline, flush_slice, t);
 }
 
 int kb__nats_drain(kb_transport *t, int timeout_ms)

@@ -53,7 +53,7 @@ int kb__nats_publish(kb_transport *t, kb_nats_topic *tp, const kb_msg *m)
         rc = kb__nats_batch_add(t, tp, m);
     } else {
         natsMsg *msg = NULL;
-        rc = kb__nats_msg_event(t, tp, m->hash % t->partitions, m->key, m->key_len, m->payload,
+        rc = kb__nats_msg_event(t, tp, kb_partition_of_hash(m->hash, t->partitions), m->key, m->key_len, m->payload,
                                 m->payload_len, m->headers, m->n_headers, &msg);
         if (rc == KB_OK)
             rc = kb__nats_send(t, msg);

@@ -1,6 +1,7 @@
 /* Redis Streams transport: the ops table, its configuration keys, open,
  * topic_open, stop and close. What each hook does lives in a file of its own
  * (redis_int.h lists them by layer). */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,11 +28,11 @@ static const kb_conf_prop redis_props[] = {
     {"redis.lease_ttl_ms", KB_CONF_INT, "10000", 100, 3600000,
      "Redis: partition lease and membership TTL; renewed 4 times per TTL. A dead "
      "process's partitions move after about this long."},
-    {"redis.fenced_reads", KB_CONF_INT, "1", 0, 1,
-     "Redis: 1 = each read is validated on the server before its entries are delivered "
+    {"redis.fenced_reads", KB_CONF_BOOL, "true", 0, 1,
+     "Redis: `true` = each read is validated on the server before its entries are delivered "
      "(`GET` of the lease and `XPENDING` of each partition it returned entries of; entries "
      "read after the lease was lost are swept again), so a process "
-     "paused past its lease cannot take entries the next owner should get; 0 = plain "
+     "paused past its lease cannot take entries the next owner should get; `false` = plain "
      "`XREADGROUP`, fenced only by the local lease deadline (a pause between that check and "
      "the read can strand entries and reorder their keys)."},
     {"redis.publish_buffer_bytes", KB_CONF_INT, "4194304", 65536, INT64_MAX,
@@ -166,7 +167,7 @@ static int read_conf(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->batch = (int)kb_conf_int(c, "redis.batch");
     t->maxlen = kb_conf_int(c, "redis.maxlen");
     t->lease_ttl_ms = (int)kb_conf_int(c, "redis.lease_ttl_ms");
-    t->fenced_reads = kb_conf_int(c, "redis.fenced_reads") != 0;
+    t->fenced_reads = kb_conf_bool(c, "redis.fenced_reads");
     t->backoff_min_ms = (int)kb_conf_int(c, "redis.reconnect_min_ms");
     t->backoff_max_ms = (int)kb_conf_int(c, "redis.reconnect_max_ms");
     t->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
@@ -260,8 +261,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
         return rc;
     }
     /* The nonce tells this process's leases from a restarted namesake's. */
-    srandom((unsigned)(kb_now_ns() ^ (getpid() * 2654435761u)));
-    snprintf(t->token, sizeof t->token, "%s#%08lx%08lx", t->consumer, random(), random());
+    snprintf(t->token, sizeof t->token, "%s#%016" PRIx64, t->consumer, kb_bus_random(t->bus));
 
     /* Fail fast: an unreachable server or a refused AUTH is a kb_open error. */
     pthread_mutex_lock(&t->ctl_lock);

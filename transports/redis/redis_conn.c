@@ -264,14 +264,10 @@ redisContext *kb__redis_conn_force(kb_redis_conn *k, char *errstr, size_t errlen
         kb_errf(errstr, errlen, "redis %s: cannot connect to %s: %s", k->name, t->where, err);
         if (c != NULL)
             redisFree(c);
-        /* Capped exponential backoff with jitter in [1/2, 1] of the step, so
-         * many processes do not reconnect in lockstep after a server restart. */
-        int shift = k->failures < 16 ? k->failures : 16;
-        int64_t step = (int64_t)t->backoff_min_ms << shift;
-        if (step > t->backoff_max_ms)
-            step = t->backoff_max_ms;
-        step = step / 2 + (int64_t)(random() % (step / 2 + 1));
-        k->next_try_ns = kb_now_ns() + step * 1000000;
+        /* jittered, so many processes do not reconnect in lockstep after a
+         * server restart */
+        k->next_try_ns = kb_now_ns() + kb_backoff_ns(t->backoff_min_ms, t->backoff_max_ms,
+                                                     (uint32_t)k->failures, kb_bus_random(t->bus));
         if (k->failures++ == 0)
             kb_log(t->bus, KB_LOG_WARNING, "redis %s: connection to %s down: %s", k->name, t->where, err);
         k->was_down = true;

@@ -112,18 +112,16 @@ static int keeper_settled_more(void *arg)
     return atomic_load(&s->t->settle_rounds) != s->rounds;
 }
 
+static int settle_slice(void *t, int64_t until_ns)
+{
+    return kb__redis_pub_settle(t, until_ns, "kb_drain");
+}
+
 /* kb_flush's wait, in slices: kb_close ends it (KB_ECLOSED), since the
  * drain holds kb_close up until it returns. */
 static int settle(kb_transport *t, int64_t deadline)
 {
-    for (;;) {
-        int64_t slice = kb_now_ns() + 100000000;
-        int rc = kb__redis_pub_settle(t, slice < deadline ? slice : deadline, "kb_drain");
-        if (rc != KB_ETIMEDOUT || kb_now_ns() >= deadline)
-            return rc;
-        if (kb_bus_closing(t->bus))
-            return KB_ECLOSED;
-    }
+    return kb_bus_wait_sliced(t->bus, deadline, settle_slice, t);
 }
 
 int kb__redis_drain(kb_transport *t, int timeout_ms)

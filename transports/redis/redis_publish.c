@@ -60,7 +60,7 @@ static int wait_room(kb_transport *t, kb_transport_topic *tt, size_t need)
 int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
 {
     char maxlen[24];
-    kb_redis_part *p = &tt->parts[m->hash % t->partitions];
+    kb_redis_part *p = &tt->parts[kb_partition_of_hash(m->hash, t->partitions)];
     snprintf(maxlen, sizeof maxlen, "%lld", (long long)t->maxlen);
     /* the core checked the headers: at most KB_MAX_HEADERS, names of the rules */
     char names[KB_MAX_HEADERS * KB_REDIS_HEADER_FIELD_MAX];
