@@ -120,14 +120,14 @@ static struct kb_topic *find_topic(kb_bus *b, const char *name)
     return t;
 }
 
-/* Enter a public call: false once kb_close has begun (the call then returns
- * KB_ECLOSED at once, the text saying so in errstr and kb_last_error). A
- * mutex, not atomics: kb_close may free the bus as soon as the last call has
- * left, so leaving must touch nothing after the wake-up that allows it. */
 /* Gated calls this thread is inside (a dead-letter or log callback may call
  * keybus again): kb_close from there would wait for itself. */
 static _Thread_local int gate_depth;
 
+/* Enter a public call: false once kb_close has begun (the call then returns
+ * KB_ECLOSED at once, the text saying so in errstr and kb_last_error). A
+ * mutex, not atomics: kb_close may free the bus as soon as the last call has
+ * left, so leaving must touch nothing after the wake-up that allows it. */
 static bool gate_enter(kb_bus *b, const char *who, char *errstr, size_t errlen)
 {
     pthread_mutex_lock(&b->gate_lock);

@@ -24,12 +24,6 @@ static inline unsigned int kb__ring_consumed(const ck_ring_t *ring, _Atomic unsi
     return seen;
 }
 
-/* Enqueue up to n items with one reservation (ck_ring 0.7 has no batch
- * enqueue; this follows its _ck_ring_enqueue_mp over ck_ring's own fields): a
- * single CAS — or none with one producer — and one p_tail store for the run,
- * where n single enqueues would pay n of each. Returns how many were
- * enqueued, a prefix of items (0: full); *depth receives the items queued
- * before them. Thread: any producer, as `mode` says. */
 /* Who may push at the same time. */
 typedef enum {
     KB_PUSH_SPSC,    /* one producer for the ring's life: ck's single-producer form (p_tail only) */
@@ -37,6 +31,12 @@ typedef enum {
     KB_PUSH_MPSC,    /* any number: a CAS on p_head reserves the slots */
 } kb_push_mode;
 
+/* Enqueue up to n items with one reservation (ck_ring 0.7 has no batch
+ * enqueue; this follows its _ck_ring_enqueue_mp over ck_ring's own fields): a
+ * single CAS — or none with one producer — and one p_tail store for the run,
+ * where n single enqueues would pay n of each. Returns how many were
+ * enqueued, a prefix of items (0: full); *depth receives the items queued
+ * before them. Thread: any producer, as `mode` says. */
 static inline unsigned int kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *buf,
                                            void *const *items, unsigned int n,
                                            kb_push_mode mode, unsigned int *depth,

@@ -159,7 +159,7 @@ static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta 
 {
     kb_transport *t = f->t;
     const kb_nats_hdrs *h = &f->hdrs;
-    uint32_t home = kb_fnv1a32(ev->key, ev->key_len) % t->partitions;
+    uint32_t home = kb_partition_of(ev->key, ev->key_len, t->partitions);
     if (foreign != NULL || home != n) {
         char why[160];
         snprintf(why, sizeof why, "key belongs to partition %u, not %u", home, n);

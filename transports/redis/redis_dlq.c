@@ -283,7 +283,7 @@ int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const 
                  id, dlq);
         return KB_EINVAL;
     }
-    uint32_t part = kb_fnv1a32(k->str, k->len) % t->partitions;
+    uint32_t part = kb_partition_of(k->str, k->len, t->partitions);
     const char *stream = tt->parts[part].stream;
     /* k, d, a = 1, then the header fields byte for byte (a malformed one is
      * dead-lettered again, with its reason) */
