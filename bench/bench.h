@@ -110,7 +110,11 @@ static inline void bench_spin_pause(unsigned *spins)
 /* plan.c */
 const char *kb_scenario_name(kb_scenario s);
 double kb_scenario_origin_eps(kb_scenario s);
-uint64_t kb_plan_count(const kb_plan *p, uint32_t agg);
+/* Events of aggregate agg; inline: producers ask once per event. */
+static inline uint64_t kb_plan_count(const kb_plan *p, uint32_t agg)
+{
+    return p->events / p->aggregates + (agg < p->events % p->aggregates);
+}
 /* The aggregate's key: "order-N"; mixed alternates order-/user-/product- keys. */
 size_t kb_plan_key(const kb_plan *p, uint32_t agg, char out[KB_BENCH_KEY_MAX]);
 
