@@ -259,7 +259,7 @@ static void run_all(struct cli *c)
             continue;
         if (c->events) {
             run_point(c, s, c->events, default_aggs(c, s), c->bus.threads,
-                      c->rate ? "fixed-rate" : "custom");
+                      c->fail_rate > 0 ? "handler-fails" : c->rate ? "fixed-rate" : "custom");
             continue;
         }
         run_point(c, s, default_events(s), default_aggs(c, s), c->bus.threads, "origin");
