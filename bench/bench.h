@@ -35,6 +35,7 @@ typedef struct kb_plan {
     uint32_t handler_us;        /* busy-wait per handled event */
     uint64_t rate;              /* offered events/s over all producers; 0 = as fast as possible */
     uint32_t batch;             /* events per kb_publish_batch call; 0/1 = one publish each */
+    double fail_rate;           /* fraction of events whose handler asks for one retry (bus runs) */
     const char *label;          /* for progress lines */
 } kb_plan;
 
@@ -68,7 +69,11 @@ typedef struct kb_result {
                                  * handled event, over the events handled */
     uint32_t batch;             /* the plan's batch (1: single publishes) */
     char idle[16];              /* pool.idle of a bus run ("" for baselines) */
-    kb_hist hist;               /* publish-to-handle latency, ns */
+    double fail_rate;           /* the plan's */
+    char retry_scope[8];        /* retry.scope of a bus run with fail_rate > 0, else "" */
+    kb_hist hist;               /* publish-to-handle latency, ns; with fail_rate > 0 only of
+                                 * events published while their own aggregate did not wait
+                                 * for a retry: the other aggregates' */
 } kb_result;
 
 /* How the bus runner opens keybus. */
@@ -78,6 +83,7 @@ typedef struct kb_bus_opts {
     uint32_t threads;           /* pool.threads; 0 = library default */
     const char *idle;           /* pool.idle, or NULL for the configured one */
     int idle_cpu;               /* measure CPU over a quiet second after the run */
+    const char *retry_scope;    /* retry.scope, or NULL for the configured one */
 } kb_bus_opts;
 
 /* User + system CPU of the whole process so far (every thread), seconds. */
@@ -135,6 +141,12 @@ void kb_drive(const kb_plan *p, kb_publish_fn fn, kb_publish_batch_fn batch_fn, 
 /* collect.c: every runner's handler calls kb_collect_event. */
 int kb_collect_begin(const kb_plan *p);
 void kb_collect_event(const void *payload, size_t len);
+/* Should this event's first handler run ask for a retry (the plan's fail_rate,
+ * picked by a hash of aggregate and sequence)? */
+int kb_collect_fails(const void *payload, size_t len);
+/* The handler asked for a retry of this event: its aggregate waits until the
+ * event is collected; what it published meanwhile stays out of the latency. */
+void kb_collect_retried(const void *payload, size_t len);
 uint64_t kb_collect_handled(void);
 uint64_t kb_collect_start_ns(void);
 void kb_collect_mark_start(void);

@@ -13,6 +13,8 @@
 struct agg_state {
     uint64_t count, next, seen, order, dups;
     uint64_t *bits;                        /* one bit per sequence number: duplicates */
+    int waiting;                           /* an event of it asked for a retry */
+    uint64_t waited_until_ns;              /* when its last retried event was handled */
 } __attribute__((aligned(64)));
 
 struct thread_state {
@@ -25,6 +27,7 @@ struct thread_state {
 static struct {
     struct agg_state *aggs;
     uint32_t n_aggs, handler_us;
+    uint64_t fail_below;                   /* events whose hash is below fail once */
     uint64_t start_ns;
     unsigned gen;                          /* bumped per run: thread states are per run */
     pthread_mutex_t lock;                  /* guards `threads` */
@@ -87,6 +90,7 @@ int kb_collect_begin(const kb_plan *p)
         }
     }
     C.handler_us = p->handler_us;
+    C.fail_below = p->fail_rate >= 1 ? UINT64_MAX : (uint64_t)(p->fail_rate * 18446744073709551616.0);
     C.gen++;
     rss_reset();
     return 0;
@@ -129,13 +133,51 @@ void kb_collect_event(const void *payload, size_t len)
             else
                 s->next = h.seq + 1;
         }
-        kb_hist_record(&t->hist, now > h.t_ns ? now - h.t_ns : 0);
+        /* In key order, the first event of a waiting aggregate collected is
+         * the retried one. It and what its aggregate published before it
+         * passed wait for the retry by design: only the others are measured. */
+        int own_wait = s != NULL && (s->waiting || h.t_ns < s->waited_until_ns);
+        if (s != NULL && s->waiting) {
+            s->waiting = 0;
+            s->waited_until_ns = now;
+        }
+        if (!own_wait)
+            kb_hist_record(&t->hist, now > h.t_ns ? now - h.t_ns : 0);
     }
     t->last_ns = now;
     atomic_store_explicit(&t->handled, atomic_load_explicit(&t->handled, memory_order_relaxed) + 1,
                           memory_order_relaxed);
     if (C.handler_us)
         kb_spin_until(now + C.handler_us * 1000ull);
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    /* splitmix64's finaliser: neighbouring sequences land far apart */
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+int kb_collect_fails(const void *payload, size_t len)
+{
+    kb_bench_hdr h;
+    if (C.fail_below == 0 || len < sizeof h)
+        return 0;
+    memcpy(&h, payload, sizeof h);
+    return mix64(((uint64_t)h.agg << 40) ^ h.seq) < C.fail_below;
+}
+
+void kb_collect_retried(const void *payload, size_t len)
+{
+    kb_bench_hdr h;
+    if (len < sizeof h)
+        return;
+    memcpy(&h, payload, sizeof h);
+    if (h.agg < C.n_aggs)
+        C.aggs[h.agg].waiting = 1;
 }
 
 uint64_t kb_collect_handled(void)
@@ -167,6 +209,7 @@ void kb_result_plan(kb_result *r, const kb_plan *p)
     r->handler_us = p->handler_us;
     r->rate = p->rate;
     r->batch = p->batch > 1 ? p->batch : 1;
+    r->fail_rate = p->fail_rate;
     r->scenario = kb_scenario_name(p->scenario);
     r->origin_events_per_s = kb_scenario_origin_eps(p->scenario);
 }

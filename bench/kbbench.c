@@ -25,6 +25,9 @@ static const char usage[] =
     "  --producers N         publishing threads (default 1)\n"
     "  --threads N           pool.threads, also the mutex baseline's workers (default: CPUs)\n"
     "  --handler-us N        busy-wait per handled event (default 0)\n"
+    "  --handler-fail-rate F fraction of events (0..1) whose handler asks for one retry;\n"
+    "                        keybus then runs once per retry.scope (key, lane), and p50/p99\n"
+    "                        are of the events whose own aggregate was not waiting\n"
     "  --rate N              offered load in events/s, for latency (default: flat out)\n"
     "  --batch N             publish through kb_publish_batch, N events per call (default 1:\n"
     "                        kb_publish_to per event; baselines always publish one by one)\n"
@@ -45,6 +48,7 @@ struct cli {
     int scenarios;              /* bit per kb_scenario */
     uint64_t events, large_events, sweep_max, rate;
     uint32_t aggregates, payload_bytes, producers, handler_us, batch, repeat;
+    double fail_rate;
     int baselines;
     const char *sweep, *json_path, *cdf_path;
     FILE *table, *json, *cdf;
@@ -77,6 +81,10 @@ static void emit(struct cli *c, kb_result *r)
         c->failed = 1;
 }
 
+/* Rows of one point: baseline:ring, baseline:mutex, keybus, the raw broker
+ * baseline, and keybus with retry.scope = lane (--handler-fail-rate). */
+#define ROWS 5
+
 /* A row's figures, kept over the --repeat runs of a point for its medians. */
 struct figures {
     int valid;
@@ -104,12 +112,12 @@ static int cmp_double(const void *a, const void *b)
 
 /* Per row (baselines included), the median of each figure over the repeats:
  * one line each, after the point's runs. */
-static void report_medians(struct cli *c, struct figures (*f)[4], uint32_t runs)
+static void report_medians(struct cli *c, struct figures (*f)[ROWS], uint32_t runs)
 {
     double *col = calloc(runs, sizeof *col);
     if (col == NULL)
         return;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < ROWS; k++) {
         if (!f[0][k].valid)
             continue;
         fprintf(c->table, "# median of %u runs, %s:", runs, f[0][k].transport);
@@ -130,13 +138,13 @@ static void report_medians(struct cli *c, struct figures (*f)[4], uint32_t runs)
 }
 
 static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t aggs,
-                     uint32_t threads, const char *kind, struct figures kept[4]);
+                     uint32_t threads, const char *kind, struct figures kept[ROWS]);
 
 /* One point, --repeat times, then the medians. */
 static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t aggs, uint32_t threads,
                       const char *kind)
 {
-    struct figures (*f)[4] = calloc(c->repeat, sizeof *f);
+    struct figures (*f)[ROWS] = calloc(c->repeat, sizeof *f);
     if (f == NULL) {
         c->failed = 1;
         return;
@@ -150,7 +158,7 @@ static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t ag
 
 /* The baselines, then keybus with its ratios to them. */
 static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t aggs,
-                     uint32_t threads, const char *kind, struct figures kept[4])
+                     uint32_t threads, const char *kind, struct figures kept[ROWS])
 {
     char label[96];
     snprintf(label, sizeof label, "%s/%s/%llu", kb_scenario_name(s), kind,
@@ -158,8 +166,8 @@ static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t agg
     kb_plan p = {.scenario = s, .events = events, .aggregates = aggs < events ? aggs : (uint32_t)events,
                  .producers = c->producers, .payload_bytes = c->payload_bytes,
                  .handler_us = c->handler_us, .rate = c->rate, .batch = c->batch,
-                 .label = label};
-    kb_result *r = calloc(4, sizeof *r);
+                 .fail_rate = c->fail_rate, .label = label};
+    kb_result *r = calloc(ROWS, sizeof *r);
     if (r == NULL) {
         c->failed = 1;
         return;
@@ -169,7 +177,7 @@ static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t agg
     /* the mutex pool gets as many workers as keybus gets executors */
     kb_idle idle = bus.idle && strcmp(bus.idle, "block") == 0 ? KB_IDLE_BLOCK : KB_IDLE_ADAPTIVE;
     uint32_t workers = threads ? threads : kb_pool_default_threads(idle);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < ROWS; i++) {
         r[i].kind = kind;
         r[i].idle_cpu_pct = -1;
     }
@@ -197,12 +205,19 @@ static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t agg
         emit(c, &r[3]);
     }
 #endif
-    kb_run_bus(&p, &bus, &r[2]);
-    r[2].ratio_ring = r[0].events_per_s > 0 ? r[2].events_per_s / r[0].events_per_s : 0;
-    r[2].ratio_mutex = r[1].events_per_s > 0 ? r[2].events_per_s / r[1].events_per_s : 0;
-    r[2].ratio_raw = r[3].events_per_s > 0 ? r[2].events_per_s / r[3].events_per_s : 0;
-    emit(c, &r[2]);
-    for (int i = 0; i < 4; i++)
+    /* with failing handlers: once per retry.scope, key then lane */
+    static const int bus_rows[] = {2, 4};
+    for (int i = 0; i < (c->fail_rate > 0 ? 2 : 1); i++) {
+        kb_result *b = &r[bus_rows[i]];
+        if (c->fail_rate > 0)
+            bus.retry_scope = i == 0 ? "key" : "lane";
+        kb_run_bus(&p, &bus, b);
+        b->ratio_ring = r[0].events_per_s > 0 ? b->events_per_s / r[0].events_per_s : 0;
+        b->ratio_mutex = r[1].events_per_s > 0 ? b->events_per_s / r[1].events_per_s : 0;
+        b->ratio_raw = r[3].events_per_s > 0 ? b->events_per_s / r[3].events_per_s : 0;
+        emit(c, b);
+    }
+    for (int i = 0; i < ROWS; i++)
         if (r[i].transport[0] != '\0')
             keep_figures(&kept[i], &r[i]);
     if (r[2].idle_cpu_pct >= 0)
@@ -244,7 +259,7 @@ static void run_all(struct cli *c)
             continue;
         if (c->events) {
             run_point(c, s, c->events, default_aggs(c, s), c->bus.threads,
-                      c->rate ? "fixed-rate" : "custom");
+                      c->fail_rate > 0 ? "handler-fails" : c->rate ? "fixed-rate" : "custom");
             continue;
         }
         run_point(c, s, default_events(s), default_aggs(c, s), c->bus.threads, "origin");
@@ -273,7 +288,7 @@ int main(int argc, char **argv)
                     .payload_bytes = 64, .producers = 1, .baselines = 1, .repeat = 1};
     enum { O_TRANSPORT = 256, O_CONFIG, O_SCENARIO, O_EVENTS, O_AGGS, O_LARGE, O_PAYLOAD,
            O_PRODUCERS, O_THREADS, O_HANDLER, O_RATE, O_SWEEP, O_SWEEP_MAX, O_JSON, O_CDF,
-           O_BASE, O_NOBASE, O_HELP, O_BATCH, O_IDLE, O_IDLE_CPU, O_REPEAT };
+           O_BASE, O_NOBASE, O_HELP, O_BATCH, O_IDLE, O_IDLE_CPU, O_REPEAT, O_FAIL_RATE };
     static const struct option opts[] = {
         {"transport", 1, 0, O_TRANSPORT}, {"config", 1, 0, O_CONFIG},
         {"scenario", 1, 0, O_SCENARIO},   {"events", 1, 0, O_EVENTS},
@@ -286,6 +301,7 @@ int main(int argc, char **argv)
         {"no-baselines", 0, 0, O_NOBASE}, {"help", 0, 0, O_HELP},
         {"batch", 1, 0, O_BATCH},         {"idle", 1, 0, O_IDLE},
         {"idle-cpu", 0, 0, O_IDLE_CPU},   {"repeat", 1, 0, O_REPEAT},
+        {"handler-fail-rate", 1, 0, O_FAIL_RATE},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -341,6 +357,16 @@ int main(int argc, char **argv)
             break;
         case O_IDLE_CPU: c.bus.idle_cpu = 1; break;
         case O_REPEAT: c.repeat = v ? (uint32_t)v : 1; break;
+        case O_FAIL_RATE: {
+            char *end;
+            c.fail_rate = strtod(optarg, &end);
+            if (end == optarg || *end != '\0' || !(c.fail_rate >= 0 && c.fail_rate <= 1)) {
+                fprintf(stderr, "keybus-bench: --handler-fail-rate '%s' is not in 0..1\n%s", optarg,
+                        usage);
+                return 2;
+            }
+            break;
+        }
         case 'h': case O_HELP: fputs(usage, stdout); return 0;
         default: fputs(usage, stderr); return 2;
         }
@@ -368,6 +394,9 @@ int main(int argc, char **argv)
             KB_VERSION_STRING, sysconf(_SC_NPROCESSORS_ONLN), cpu, c.payload_bytes, c.producers,
             c.handler_us, c.rate ? ", fixed rate" : "", c.batch > 1 ? c.batch : 1,
             c.bus.idle ? c.bus.idle : "(configured)");
+    if (c.fail_rate > 0)
+        fprintf(c.table, "# handler fail rate %g: one retry each; keybus rows per retry.scope, "
+                "latency of the events whose own aggregate was not waiting\n", c.fail_rate);
     kb_report_header(c.table);
     run_all(&c);
     if (c.json && c.json != stdout)

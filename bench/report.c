@@ -22,13 +22,17 @@ static void ratio(FILE *out, double r)
 
 void kb_report_row(FILE *out, const kb_result *r)
 {
-    char checks[64];
+    char checks[64], transport[sizeof r->transport + sizeof r->retry_scope + 1];
+    if (r->retry_scope[0] != '\0')   /* a --handler-fail-rate run: which scope */
+        snprintf(transport, sizeof transport, "%s %s", r->transport, r->retry_scope);
+    else
+        snprintf(transport, sizeof transport, "%s", r->transport);
     snprintf(checks, sizeof checks, "%llu/%llu/%llu%s", (unsigned long long)r->order_violations,
              (unsigned long long)r->lost, (unsigned long long)r->duplicates,
              r->error ? " ERR" : r->corrupt ? " BAD" : "");
     fprintf(out, "%-8s %-13s %-28.28s %10llu %6u %3u %3u %5u %9.4f %12.0f %9.1f %8.2f %8.2f %8.2f "
                  "%7.1f %14s %9.1f",
-            r->scenario, r->kind, r->transport, (unsigned long long)r->events, r->aggregates,
+            r->scenario, r->kind, transport, (unsigned long long)r->events, r->aggregates,
             r->producers, r->threads, r->batch, r->seconds, r->events_per_s, r->cpu_ns_per_event,
             kb_hist_quantile(&r->hist, 0.5) / 1e3, kb_hist_quantile(&r->hist, 0.99) / 1e3,
             kb_hist_quantile(&r->hist, 0.999) / 1e3, r->rss_bytes / 1048576.0, checks,
@@ -87,6 +91,10 @@ void kb_report_json(FILE *out, const kb_result *r)
     json_ratio(out, "ratio_raw", r->ratio_raw);
     fprintf(out, ",\"batch\":%u,\"idle\":", r->batch);
     json_str(out, r->idle);
+    if (r->fail_rate > 0) {
+        fprintf(out, ",\"fail_rate\":%.6f,\"retry_scope\":", r->fail_rate);
+        json_str(out, r->retry_scope);
+    }
     if (r->idle_cpu_pct >= 0)
         fprintf(out, ",\"idle_cpu_pct\":%.3f", r->idle_cpu_pct);
     else

@@ -47,6 +47,12 @@ run latency --scenario multi --events 1000000 --rate 1000000 --repeat 5 --cdf "$
 run tail-flat --scenario multi --events 500000 --producers 2 --handler-us 2 --repeat 3 ${threads:+--threads "$threads"}
 tail_rate=$(jq -rs '[.[] | select(.handler_us == 2 and .rate == 0 and .transport == "mem://") | .events_per_s] | sort | if length == 0 then 100000 else .[length / 2 | floor] / 2 | floor end' "$res/results.jsonl")
 run tail --scenario multi --events 500000 --producers 2 --handler-us 2 --rate "$tail_rate" --repeat 5 ${threads:+--threads "$threads"}
+# Failing handlers: one event in 1000 asks for one retry, 100 ms later; 10,000 aggregates, so
+# each lane is shared by about ten. keybus runs once per retry.scope.
+( export KEYBUS_RETRY_BACKOFF_MS=100
+  run handler-fails --scenario multi --aggregates 10000 --events 1000000 --handler-fail-rate 0.001 --repeat 3 ${threads:+--threads "$threads"}
+  run handler-fails-rate --scenario multi --aggregates 10000 --events 300000 --rate 100000 --handler-fail-rate 0.001 --repeat 3 --no-baselines ${threads:+--threads "$threads"}
+  exit $status ) || status=1
 for idle in adaptive spin yield block; do   # the wait strategies: speed, latency, idle CPU
     run "idle-$idle" --scenario multi --events 1000000 --idle "$idle" --idle-cpu --no-baselines
     run "idle-rate-$idle" --scenario multi --events 200000 --rate 100000 --idle "$idle" --no-baselines
@@ -248,6 +254,8 @@ keybus-bench --sweep threads          # multi, 1M events, 1 .. 2×CPUs executors
 keybus-bench --scenario multi --events 1000000 --rate 500000 --repeat 5            # latency at 500k/s
 keybus-bench --scenario multi --events 1000000 --rate 1000000 --repeat 5 --cdf cdf.dat   # latency at 1M/s
 keybus-bench --scenario multi --events 500000 --producers 2 --handler-us 2 --rate R   # the realistic tail
+KEYBUS_RETRY_BACKOFF_MS=100 keybus-bench --scenario multi --aggregates 10000 --events 1000000 --handler-fail-rate 0.001 --repeat 3   # failing handlers, per retry.scope
+KEYBUS_RETRY_BACKOFF_MS=100 keybus-bench --scenario multi --aggregates 10000 --events 300000 --rate 100000 --handler-fail-rate 0.001 --repeat 3 --no-baselines
 keybus-gbench                         # google-benchmark micro-benchmarks
 keybus-bench --transport redis://localhost:6379 --scenario all   # any transport, same scenarios
 \`\`\`
@@ -354,6 +362,26 @@ $(for i in adaptive spin yield block; do jq -rs --arg i "$i" '(map(select(.idle 
 futex wake-up per burst and uses every CPU for executors (the publisher then shares one);
 \`adaptive\` (the default) spins through the gaps of a busy stream, yields for a little while and
 then sleeps, so an idle bus costs nothing measurable.
+
+## Failing handlers: \`retry.scope\` key and lane
+
+One event in 1000 asks for one retry (\`--handler-fail-rate 0.001\`, \`KEYBUS_RETRY_BACKOFF_MS=100\`:
+the retry comes 50..100 ms later); multi with 10,000 aggregates, so about ten share each of the
+1,024 lanes; 1M events flat out and 300k at 100,000 events/s; each keybus run once with
+\`retry.scope = key\` and once with \`lane\`. Latency is that of the events whose own aggregate
+was not waiting for a retry: what a failing aggregate costs the others. With \`key\` only the
+failing aggregate waits (its later events are set aside); with \`lane\` its lane's other
+aggregates wait with it.
+
+| retry.scope | events/s flat out (median) | p99 µs flat out (median) | p99 µs at 100k/s (median) | p999 µs at 100k/s (median) |
+|---|--:|--:|--:|--:|
+$(for s in key lane; do echo "| $s | $(median ".kind == \"handler-fails\" and .rate == 0 and .retry_scope == \"$s\"" .events_per_s) | $(median ".kind == \"handler-fails\" and .rate == 0 and .retry_scope == \"$s\"" .p99_us) | $(median ".kind == \"handler-fails\" and .rate == 100000 and .retry_scope == \"$s\"" .p99_us) | $(median ".kind == \"handler-fails\" and .rate == 100000 and .retry_scope == \"$s\"" .p999_us) |"; done)
+
+Every keybus run:
+
+| retry.scope | events | rate | events/s | p50 µs | p99 µs | p99.9 µs | order/lost/dup |
+|---|--:|--:|--:|--:|--:|--:|:-:|
+$(jq -r 'select(.kind == "handler-fails" and .retry_scope != "") | "| \(.retry_scope) | \(.events) | \(.rate) | \(.events_per_s | round) | \(.p50_us * 100 | round / 100) | \(.p99_us * 100 | round / 100) | \(.p999_us * 100 | round / 100) | \(.order_violations)/\(.lost)/\(.duplicates) |"' "$J")
 
 ## Scaling: events
 

@@ -20,6 +20,10 @@ struct bus_ctx {
 static int handle(const kb_event *ev, void *opaque)
 {
     (void)opaque;
+    if (ev->attempt == 1 && kb_collect_fails(ev->payload, ev->payload_len)) {
+        kb_collect_retried(ev->payload, ev->payload_len);
+        return KB_RETRY;
+    }
     kb_collect_event(ev->payload, ev->payload_len);
     return KB_HANDLED;
 }
@@ -95,6 +99,8 @@ static kb_conf *make_conf(const kb_bus_opts *o, kb_result *r)
     }
     if (rc == KB_OK && o->idle)
         rc = kb_conf_set(c, "pool.idle", o->idle, err, sizeof err);
+    if (rc == KB_OK && o->retry_scope)
+        rc = kb_conf_set(c, "retry.scope", o->retry_scope, err, sizeof err);
     if (rc == KB_OK)   /* kb_open applies it too; done here to report the effective values */
         rc = kb_conf_apply_env(c, err, sizeof err);
     if (rc != KB_OK) {
@@ -107,6 +113,8 @@ static kb_conf *make_conf(const kb_bus_opts *o, kb_result *r)
     kb_conf_get(c, "transport", buf, sizeof buf);
     redact(buf, r->transport, sizeof r->transport);
     kb_conf_get(c, "pool.idle", r->idle, sizeof r->idle);
+    if (r->fail_rate > 0)
+        kb_conf_get(c, "retry.scope", r->retry_scope, sizeof r->retry_scope);
     kb_conf_get(c, "pool.threads", buf, sizeof buf);
     r->threads = (uint32_t)strtoul(buf, NULL, 10);
     if (r->threads == 0)   /* only `block` changes the automatic count */

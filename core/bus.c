@@ -407,6 +407,10 @@ static int subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaqu
     o.idle = b->idle;
     o.handle = kb__topic_handle;
     o.finish = kb__topic_finish;
+    o.key = kb__topic_key;
+    o.retry_scope = strcmp(b->core.retry_scope, "lane") == 0
+                        ? KB_RETRY_SCOPE_LANE
+                        : KB_RETRY_SCOPE_KEY;
     o.opaque = t;
     char why[256];
     kb_pool *pool = kb__pool_new_on(b->sched, &o, why, sizeof why);
@@ -764,6 +768,8 @@ static int stats(kb_bus *b, const char *topic, kb_topic_stats *out)
         out->lanes = ps.lanes;
         out->lanes_allocated = ps.lanes_allocated;
         out->lane_memory_bytes = ps.memory_bytes;
+        out->set_aside = ps.set_aside;
+        out->aggregates_waiting = ps.aggregates_waiting;
         out->dead_letters_lost =
             atomic_load_explicit(&t->dead_letter_failures, memory_order_relaxed);
     }

@@ -70,5 +70,6 @@ int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, in
 /* Pool callbacks that run the application's handler and settle with the transport. */
 int kb__topic_handle(void *item, uint32_t attempt, void *opaque);
 void kb__topic_finish(void *item, int outcome, uint32_t attempts, void *opaque);
+const void *kb__topic_key(const void *item, size_t *key_len, void *opaque);
 
 #endif /* KB_CORE_BUS_INT_H */

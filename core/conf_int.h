@@ -23,6 +23,7 @@ typedef struct kb_core_conf {
     int64_t pool_workers, pool_threads, pool_queue_capacity, pool_enqueue_timeout_ms;
     const char *pool_idle;
     int64_t retry_max_attempts, retry_backoff_ms, retry_max_backoff_ms;
+    const char *retry_scope;
     int64_t max_key_bytes, max_payload_bytes, max_headers, max_header_bytes;
     int64_t partitions;
     const char *group, *consumer, *runs_dir;

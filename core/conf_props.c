@@ -33,9 +33,15 @@ const kb_conf_prop kb__core_props[] = {
      "Deliveries of one event before it is dead-lettered."},
     {"retry.backoff_ms", KB_CONF_INT, "10", 0, MS_HOUR,
      "Delay before the first retry; doubles per attempt, with jitter. Only the "
-     "event's lane waits."},
+     "event's aggregate waits (its lane, with `retry.scope = lane`)."},
     {"retry.max_backoff_ms", KB_CONF_INT, "5000", 0, MS_DAY,
      "Cap on the retry delay; must be at least `retry.backoff_ms`."},
+    {"retry.scope", KB_CONF_ENUM, "key", 0, 8,
+     "Who waits while an event waits for its retry. `key`: only its aggregate; the "
+     "aggregate's later events are set aside in arrival order (they count against "
+     "`pool.queue_capacity`) and run after it, while the lane's other aggregates go on. "
+     "`lane`: the whole lane waits.",
+     "key|lane"},
     {"limits.max_key_bytes", KB_CONF_INT, "1024", 1, 65535,
      "Longest aggregate ID accepted; longer keys get `KB_ETOOBIG`."},
     {"limits.max_payload_bytes", KB_CONF_INT, "1048576", 0, 1 << 30,
@@ -72,6 +78,7 @@ const kb_conf_field kb__core_fields[] = {
     KB_CONF_FIELD("retry.max_attempts", retry_max_attempts),
     KB_CONF_FIELD("retry.backoff_ms", retry_backoff_ms),
     KB_CONF_FIELD("retry.max_backoff_ms", retry_max_backoff_ms),
+    KB_CONF_FIELD("retry.scope", retry_scope),
     KB_CONF_FIELD("limits.max_key_bytes", max_key_bytes),
     KB_CONF_FIELD("limits.max_payload_bytes", max_payload_bytes),
     KB_CONF_FIELD("limits.max_headers", max_headers),

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "idle.h"
+#include "parked.h"
 #include "pool_int.h"
 #include "ring.h"
 
@@ -24,6 +25,7 @@ void kb_pool_options_init(kb_pool_options *o)
     o->backoff_ms = 10;
     o->max_backoff_ms = 5000;
     o->idle = KB_IDLE_ADAPTIVE;
+    o->retry_scope = KB_RETRY_SCOPE_KEY;
 }
 
 uint32_t kb__online_cpus(void)
@@ -67,6 +69,10 @@ static int check_options(const kb_pool_options *o, char *errstr, size_t errlen)
     }
     if ((unsigned)o->idle > KB_IDLE_BLOCK) {
         snprintf(errstr, errlen, "pool: idle strategy %d unknown", (int)o->idle);
+        return KB_EINVAL;
+    }
+    if ((unsigned)o->retry_scope > KB_RETRY_SCOPE_LANE) {
+        snprintf(errstr, errlen, "pool: retry scope %d unknown", (int)o->retry_scope);
         return KB_EINVAL;
     }
     if (o->max_backoff_ms < o->backoff_ms) {
@@ -233,7 +239,7 @@ static int try_push(void *arg)
     bool owning;
     kb_push_mode mode = enter_push(w->p, &owning);
     int pushed = (int)kb__ring_push_n(&w->lane->ring, w->lane->buf, &w->item, 1, mode, &w->depth,
-                                      &w->lane->consumed_seen);
+                                      &w->lane->seen);
     leave_push(w->p, owning);
     return pushed;
 }
@@ -387,7 +393,7 @@ static size_t push_grouped(kb_pool *p, const uint32_t *hashes, void *const *item
             return 0;
         unsigned int head =
             ck_pr_load_uint(mode == KB_PUSH_SPSC ? &lane->ring.p_tail : &lane->ring.p_head);
-        if (head - kb__ring_consumed(&lane->ring, &lane->consumed_seen, head, count[g]) +
+        if (head - kb__ring_consumed(&lane->ring, &lane->seen, head, count[g]) +
                 count[g] > lane->ring.mask)
             return 0;
         first[g] = at;
@@ -401,7 +407,7 @@ static size_t push_grouped(kb_pool *p, const uint32_t *hashes, void *const *item
         unsigned int depth = 0;
         /* takes all: checked above, and no other producer pushes meanwhile */
         unsigned int k = kb__ring_push_n(&lanes[g]->ring, lanes[g]->buf, sorted + first[g],
-                                         count[g], mode, &depth, &lanes[g]->consumed_seen);
+                                         count[g], mode, &depth, &lanes[g]->seen);
         note_depth(lanes[g], depth + k);
         touch(t, lanes[g]);
     }
@@ -451,7 +457,7 @@ int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items,
         }
         unsigned int depth = 0;
         unsigned int k = kb__ring_push_n(&lane->ring, lane->buf, items + done, run, mode, &depth,
-                                         &lane->consumed_seen);
+                                         &lane->seen);
         if (k == 0 && lane->ex == kb__on_executor) {
             /* A handler's own executor cannot drain the lane while it waits. */
             atomic_fetch_add_explicit(&p->rejected, 1, memory_order_relaxed);
@@ -569,6 +575,14 @@ void kb_pool_shutdown(kb_pool *p)
     }
 }
 
+/* An item still set aside when the pool is freed: never finished. */
+static void release_parked(void *item, bool first, uint32_t attempt, void *arg)
+{
+    kb_pool *p = arg;
+    if (p->o.finish != NULL)
+        p->o.finish(item, KB_ECLOSED, first ? attempt - 1 : 0, p->o.opaque);
+}
+
 void kb__pool_free(kb_pool *p)
 {
     for (uint32_t i = 0; i < p->o.lanes; i++) {
@@ -582,6 +596,7 @@ void kb__pool_free(kb_pool *p)
         while ((item = kb__ring_pop(&lane->ring, lane->buf)) != NULL)
             if (p->o.finish != NULL)
                 p->o.finish(item, KB_ECLOSED, 0, p->o.opaque);
+        kb__parked_free(lane->parked, release_parked, p);
         free(lane);
     }
     free(p->lanes);
@@ -613,6 +628,10 @@ static void read_lane(const struct kb_lane *lane, kb_lane_stats *out)
     out->max_depth = atomic_load_explicit(&l->max_depth, memory_order_relaxed);
     out->executor = l->ex->index;
     out->allocated = 1;
+    /* held: the waiting aggregates' first items, and the ones set aside behind them */
+    uint32_t held = atomic_load_explicit(&l->seen.held, memory_order_relaxed);
+    out->aggregates_waiting = atomic_load_explicit(&l->waiting_seen, memory_order_relaxed);
+    out->set_aside = held > out->aggregates_waiting ? held - out->aggregates_waiting : 0;
 }
 
 int kb_pool_lane_stats(const kb_pool *p, uint32_t lane, kb_lane_stats *out)
@@ -649,6 +668,8 @@ void kb_pool_stats_get(const kb_pool *p, kb_pool_stats *out)
         out->depth += ls.depth;
         if (ls.max_depth > out->max_depth)
             out->max_depth = ls.max_depth;
+        out->set_aside += ls.set_aside;
+        out->aggregates_waiting += ls.aggregates_waiting;
     }
     out->memory_bytes = sizeof *p + p->o.lanes * sizeof *p->lanes +
                         (uint64_t)out->lanes_allocated * lane_bytes(p);

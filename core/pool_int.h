@@ -12,10 +12,13 @@
 
 #include <keybus/pool.h>
 
+#include "ring.h"
 #include "sync.h"
 
 typedef struct kb_sched kb_sched;
 struct kb_executor;
+struct kb_parked;
+struct kb_waiting;
 
 #define KB_LANE_LOOKAHEAD 16
 
@@ -35,7 +38,7 @@ struct kb_lane {
     /* Written by producers and the executor. */
     _Alignas(KB_CACHELINE) _Atomic uint32_t scheduled;  /* in a ready queue, running or delayed */
     _Atomic uint32_t max_depth;
-    _Atomic unsigned int consumed_seen;  /* the ring's c_head as producers last read it */
+    kb_ring_seen seen;                 /* the consumer's side as producers last read it */
     kb_signal space;                   /* producers waiting on a full ring */
 
     /* Written by the executor only (read by stats and flush). */
@@ -53,6 +56,20 @@ struct kb_lane {
     uint8_t  idle_visits;              /* consecutive visits that found nothing */
     uint32_t attempt;                  /* attempt number of ahead[ahead_head] */
     int64_t  due_ns;                   /* when a delayed lane may run again */
+    /* retry.scope = key: aggregates waiting for a retry and the events set
+     * aside behind them (parked.h); allocated at the lane's first such retry. */
+    struct kb_parked *parked;
+    uint32_t waiting;                  /* aggregates waiting now (executor's copy) */
+    bool held_up;                      /* no room to set an event aside: waits for some */
+    _Atomic uint32_t waiting_seen;     /* `waiting`, for stats */
+};
+
+/* Something due at a time: a delayed lane (w NULL) or an aggregate waiting
+ * for its retry. */
+struct kb_timer {
+    int64_t due_ns;
+    struct kb_lane *lane;
+    struct kb_waiting *w;
 };
 
 struct kb_executor {
@@ -67,7 +84,7 @@ struct kb_executor {
     int64_t settle_due_ns;             /* when they must be re-checked at the latest */
     uint32_t settle_checks;            /* lane visits, to pace looking at the clock */
     uint32_t blocked_passes;           /* passes in a row stuck on a half-linked ready node */
-    struct kb_lane **heap;             /* delayed lanes, min-heap on due_ns */
+    struct kb_timer *heap;             /* delayed lanes and waiting aggregates, min-heap */
     size_t heap_len, heap_cap;
     uint64_t rng;                      /* retry jitter */
 

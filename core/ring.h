@@ -9,19 +9,35 @@
 
 #include "sync.h"
 
+/* What producers know of the consumer's side. `held` counts items the
+ * executor took off the ring but still keeps (set aside while their key waits
+ * for a retry): they count against the ring's room, so a lane's set-aside
+ * events and queued ones together stay within its capacity. The executor
+ * writes `held` only when it changes, so in steady state nothing here is
+ * written by the consumer. */
+typedef struct kb_ring_seen {
+    _Atomic unsigned int consumed;   /* c_head less held, as producers last read them */
+    _Atomic unsigned int held;
+} kb_ring_seen;
+
 /* The consumer's position as producers last read it, refreshed only when the
  * ring looks too full for n more: c_head sits on the executor's cache line, and
  * reading it on every push would pull that line back and forth per event.
- * c_head only grows, so an old value only underestimates the room. */
-static inline unsigned int kb__ring_consumed(const ck_ring_t *ring, _Atomic unsigned int *c_seen,
+ * c_head - held only grows (taking an item raises c_head, setting it aside
+ * raises both, finishing it lowers held), so an old value only underestimates
+ * the room; c_head is read first, so the value never passes c_head itself.
+ * Between the executor's pop and its count of the items it set aside, the
+ * room may be overestimated by those few (at most KB_LANE_LOOKAHEAD). */
+static inline unsigned int kb__ring_consumed(const ck_ring_t *ring, kb_ring_seen *seen,
                                              unsigned int head, unsigned int n)
 {
-    unsigned int seen = atomic_load_explicit(c_seen, memory_order_relaxed);
-    if (head - seen + n <= ring->mask)
-        return seen;
-    seen = ck_pr_load_uint(&ring->c_head);
-    atomic_store_explicit(c_seen, seen, memory_order_relaxed);
-    return seen;
+    unsigned int c = atomic_load_explicit(&seen->consumed, memory_order_relaxed);
+    if (head - c + n <= ring->mask)
+        return c;
+    c = ck_pr_load_uint(&ring->c_head);
+    c -= atomic_load_explicit(&seen->held, memory_order_acquire);
+    atomic_store_explicit(&seen->consumed, c, memory_order_relaxed);
+    return c;
 }
 
 /* Who may push at the same time. */
@@ -40,7 +56,7 @@ typedef enum {
 static inline unsigned int kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *buf,
                                            void *const *items, unsigned int n,
                                            kb_push_mode mode, unsigned int *depth,
-                                           _Atomic unsigned int *c_seen)
+                                           kb_ring_seen *seen)
 {
     const unsigned int mask = ring->mask;
     unsigned int head, take;
@@ -48,7 +64,7 @@ static inline unsigned int kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *bu
         /* ck's single-producer operations keep only p_tail; the owner also
          * keeps p_head, for the multi-producer pushes that may follow it. */
         head = ck_pr_load_uint(mode == KB_PUSH_SPSC ? &ring->p_tail : &ring->p_head);
-        unsigned int used = head - kb__ring_consumed(ring, c_seen, head, n);
+        unsigned int used = head - kb__ring_consumed(ring, seen, head, n);
         if (used >= mask)
             return 0;
         take = mask - used < n ? mask - used : n;
@@ -59,7 +75,7 @@ static inline unsigned int kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *bu
         head = ck_pr_load_uint(&ring->p_head);
         for (;;) {
             ck_pr_fence_load();   /* c_head no older than the p_head snapshot */
-            unsigned int used = head - kb__ring_consumed(ring, c_seen, head, n);
+            unsigned int used = head - kb__ring_consumed(ring, seen, head, n);
             if (used >= mask) {
                 /* Full, or a stale p_head: re-read it ordered after c_head. */
                 ck_pr_fence_load();

@@ -210,6 +210,14 @@ int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
     return KB_DEAD;
 }
 
+const void *kb__topic_key(const void *item, size_t *key_len, void *opaque)
+{
+    (void)opaque;
+    const kb_rec *r = item;
+    *key_len = r->key_len;
+    return kb__rec_key(r);
+}
+
 int kb_event_set_reason(const kb_event *ev, const char *fmt, ...)
 {
     struct handler_call *call = &current_call;

@@ -322,6 +322,9 @@ typedef struct kb_topic_stats {
     uint64_t broker_trimmed;  /* entries this process found deleted by the broker's
                                  retention (redis.maxlen, stream limits) before they were
                                  handled; each one is logged by ID */
+    /* retry.scope = key (zero when not subscribed here) */
+    uint64_t set_aside;       /* events set aside now behind their aggregate's retry */
+    uint64_t aggregates_waiting;  /* aggregates waiting for a retry now */
 } kb_topic_stats;
 
 /* Fill *out for `topic`. Broker figures are read from the broker, so any

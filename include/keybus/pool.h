@@ -40,6 +40,21 @@ typedef enum kb_idle {
     KB_IDLE_BLOCK = 3,      /* block on a futex at once: no idle CPU, a wake-up per burst */
 } kb_idle;
 
+/* Who waits while an item waits for its retry (kb_pool_options.retry_scope). */
+typedef enum kb_retry_scope {
+    /* Only the item's key: later items of that key that reach the lane are
+     * set aside in arrival order and run after it, before any newer item of
+     * the key; other keys of the lane go on. Set-aside items count against
+     * the lane's capacity. Needs `key`; without it the lane waits. */
+    KB_RETRY_SCOPE_KEY = 0,
+    KB_RETRY_SCOPE_LANE = 1,   /* the whole lane waits (its other keys too) */
+} kb_retry_scope;
+
+/* The key of an item, compared byte by byte (NUL is an ordinary byte): its
+ * address, valid until the item is finished, and its length in *key_len. Runs
+ * on the lane's executor, only while a key of the lane waits for a retry. */
+typedef const void *(*kb_pool_key_fn)(const void *item, size_t *key_len, void *opaque);
+
 typedef struct kb_pool_options {
     uint32_t lanes;               /* default 1024 */
     uint32_t threads;             /* executor threads; 0 = automatic (kb_pool_default_threads) */
@@ -52,7 +67,9 @@ typedef struct kb_pool_options {
     kb_idle  idle;                /* default KB_IDLE_ADAPTIVE */
     kb_pool_handle_fn handle;     /* required */
     kb_pool_finish_fn finish;     /* optional */
-    void    *opaque;              /* passed to handle and finish */
+    void    *opaque;              /* passed to handle, finish and key */
+    kb_retry_scope retry_scope;   /* default KB_RETRY_SCOPE_KEY */
+    kb_pool_key_fn key;           /* for KB_RETRY_SCOPE_KEY; NULL: the lane waits */
 } kb_pool_options;
 
 /* Fill *o with the defaults above (handle/finish NULL). Thread: any. */
@@ -130,6 +147,8 @@ typedef struct kb_pool_stats {
     uint32_t threads;
     uint32_t capacity;        /* usable slots per lane */
     uint64_t memory_bytes;    /* lane table plus allocated lanes and their rings */
+    uint64_t set_aside;       /* items set aside now behind a key waiting for its retry */
+    uint64_t aggregates_waiting;  /* keys waiting for a retry now (KB_RETRY_SCOPE_KEY) */
 } kb_pool_stats;
 
 /* Snapshot of the counters (each read atomically, not all at one instant).
@@ -141,6 +160,7 @@ typedef struct kb_lane_stats {
     uint32_t depth, max_depth;
     uint32_t executor;
     int      allocated;       /* 1 when the lane's ring exists */
+    uint32_t set_aside, aggregates_waiting;   /* as in kb_pool_stats */
 } kb_lane_stats;
 
 /* Counters of one lane; KB_EINVAL when lane >= lanes. Thread: any. */
