@@ -120,7 +120,7 @@ typedef struct tally {
     uint32_t max_switches;   /* of one key */
 } tally;
 
-/* Replay the shared log "key seq consumer attempt": per key a sequence is new
+/* Replay the shared log (nats_consumer_proc's lines): per key a sequence is new
  * (last + 1), a duplicate (<= last) or a violation (a gap); a switch is a new
  * sequence handled by another process than the one before it. */
 static void check_log(const char *path, uint32_t per_key, tally *out)
@@ -133,8 +133,10 @@ static void check_log(const char *path, uint32_t per_key, tally *out)
     memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "r");
     unsigned k, seq, attempt;
-    char who[32];
-    while (f != NULL && fscanf(f, "%u %u %31s %u", &k, &seq, who, &attempt) == 4) {
+    char who[32], line[200];
+    /* a line is "key seq consumer attempt delivery-id": read whole lines */
+    while (f != NULL && fgets(line, sizeof line, f) != NULL &&
+           sscanf(line, "%u %u %31s %u", &k, &seq, who, &attempt) == 4) {
         out->lines++;
         if (k < KEYS && seq <= MAX_SEQ)
             seen[k][seq] = true;
