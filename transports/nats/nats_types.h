@@ -110,6 +110,9 @@ typedef struct kb_nats_batch {
     int64_t first_ns;              /* when the oldest buffered event came */
     int64_t last_send_ns;
     bool v2;                       /* entries carry headers (Kb-Frame: 2) */
+    /* nats.replicas > 1: a publish of this partition is out and not yet
+     * acked, so the next one waits (nats_batch.c, "one unconfirmed") */
+    _Atomic bool unconfirmed;
     /* highest stream sequence the server acked for this partition's
      * publishes from this process (kb_drain's target) */
     _Atomic uint64_t stored_seq;
@@ -224,7 +227,8 @@ struct kb_transport {
     _Atomic int gated;
     _Atomic uint64_t pub_rejected;     /* not yet reported by flush */
     char pub_error[256];               /* last rejection, under resend_lock */
-    kb_signal *resent;                 /* the resend queue shrank or emptied */
+    kb_signal *resent;                 /* the resend queue shrank or emptied, or a
+                                        * partition's publish was confirmed */
     /* threads */
     _Atomic int stopping;              /* ops->stop: feeders end */
     _Atomic int closing;               /* ops->close: everything ends */
