@@ -19,10 +19,12 @@
  * again: per-key order would break. Holding a partition's next frame until
  * the server acked its last publish means nothing is stored ahead of an
  * earlier publish of its partition (a resend of one stored already is
- * dropped as a duplicate by its Nats-Msg-Id). Meanwhile the frame fills, up
- * to its byte budget and KB_NATS_BATCH_MAX events (nats.publish_batch 1: one
- * event), so the acks clock the batching. */
-static bool held(const kb_transport *t, kb_nats_batch *b)
+ * dropped as a duplicate by its Nats-Msg-Id). Meanwhile the frame fills (the
+ * acks clock the batching); a full one makes kb_publish wait, up to
+ * pool.enqueue_timeout_ms. Frames do not grow past nats.publish_batch: a
+ * bigger one takes longer to handle and is acked only when all its events
+ * are done, so more of it comes again after a lost ack or a takeover. */
+static bool held(const kb_transport *t, const kb_nats_batch *b)
 {
     return t->replicas > 1 && atomic_load(&b->unconfirmed);
 }
@@ -33,11 +35,10 @@ static int confirmed(void *arg)
 }
 
 /* The frame cannot take an event of `need` bytes (or must not, to get v2). */
-static bool full(const kb_transport *t, kb_nats_batch *b, size_t need, size_t budget,
+static bool full(const kb_transport *t, const kb_nats_batch *b, size_t need, size_t budget,
                  bool upgrade)
 {
-    uint32_t most = held(t, b) && t->batch_events > 1 ? KB_NATS_BATCH_MAX : t->batch_events;
-    return b->count > 0 && (b->count >= most || b->len + need > budget || upgrade);
+    return b->count > 0 && (b->count >= t->batch_events || b->len + need > budget || upgrade);
 }
 
 /* Send what partition n has buffered; caller holds b->mu. On failure the
