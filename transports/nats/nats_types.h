@@ -257,6 +257,12 @@ struct kb_transport {
     char probe_inbox[128];
     uint32_t probe_serial;
     bool probe_open;                   /* its last pull may still deliver */
+    /* lease thread: replies to a round's KV puts (nats_lease.c), on
+     * <kv_inbox>.<round>.<i>; kept until the connection is closed, as above
+     * (a round's late replies come when the bucket's leader is lost) */
+    natsSubscription *kv_sub;
+    char kv_inbox[128];
+    uint32_t kv_round;
     /* a claim's frontier moved (the acker): kb_drain and a feeder waiting for
      * ring space wake */
     kb_signal *acked;
