@@ -359,13 +359,13 @@ static void lease_leader_killed(void **state)
     kb_test_nats_stream(topic, stream, sizeof stream);
     int topic_leader = stream_leader(stream);
     double killed_at = 0;
-    produce(b, topic, 250, 80, 200, bucket_leader, &killed_at);
+    produce(b, topic, 200, 60, 160, bucket_leader, &killed_at);
     int rc = flush_all(b);
-    wait_log(log, 250, &t);
+    wait_log(log, 200, &t);
     stop_proc(a);
     stop_proc(c);
     assert_int_equal(kb_close(b, 10000), KB_OK);
-    check_log(log, 250, &t);
+    check_log(log, 200, &t);
     print_message("lease bucket leader n%d killed -9 (topic stream leader n%d), restarted: %llu "
                   "distinct, %llu duplicates, %llu order violations, %llu owner switches over "
                   "%d keys (at most %u for one key)\n", bucket_leader, topic_leader,
