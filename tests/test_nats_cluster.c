@@ -117,6 +117,7 @@ static void stop_proc(pid_t pid)
 
 typedef struct tally {
     uint64_t distinct, dups, violations, switches, lines;
+    uint64_t by_b;           /* lines of proc-b, the process that joins second */
     uint64_t unseen;         /* sequences 1..per_key of a key never handled at all */
     uint32_t max_switches;   /* of one key */
 } tally;
@@ -139,6 +140,7 @@ static void check_log(const char *path, uint32_t per_key, tally *out)
     while (f != NULL && fgets(line, sizeof line, f) != NULL &&
            sscanf(line, "%u %u %31s %u", &k, &seq, who, &attempt) == 4) {
         out->lines++;
+        out->by_b += strcmp(who, "proc-b") == 0;
         if (k < KEYS && seq <= MAX_SEQ)
             seen[k][seq] = true;
         if (k >= KEYS) {
@@ -247,12 +249,15 @@ static void stream_leader_killed(void **state)
     check_log(log, 200, &t);
     print_message("stream leader n%d killed -9 mid-stream, restarted (leader now n%d): %llu "
                   "distinct of %d, %llu duplicates, %llu order violations (%llu never handled), %llu "
-                  "owner switches\n",
+                  "owner switches, %llu of %llu handlings by proc-b\n",
                   leader, after, (unsigned long long)t.distinct, KEYS * 200,
                   (unsigned long long)t.dups, (unsigned long long)t.violations,
-                  (unsigned long long)t.unseen, (unsigned long long)t.switches);
+                  (unsigned long long)t.unseen, (unsigned long long)t.switches,
+                  (unsigned long long)t.by_b, (unsigned long long)t.lines);
     assert_int_equal(rc, KB_OK);
     assert_int_equal(drc, KB_OK);
+    /* t.by_b is printed, not asserted: under ThreadSanitizer proc-b has
+     * been seen to get no partition before the events ran out */
     assert_int_equal(t.unseen, 0);
     /* a publish lost with the leader and sent again is stored before any
      * newer one of its partition (nats_batch.c, one unconfirmed) */
@@ -368,10 +373,11 @@ static void lease_leader_killed(void **state)
     check_log(log, 200, &t);
     print_message("lease bucket leader n%d killed -9 (topic stream leader n%d), restarted: %llu "
                   "distinct, %llu duplicates, %llu order violations, %llu owner switches over "
-                  "%d keys (at most %u for one key)\n", bucket_leader, topic_leader,
-                  (unsigned long long)t.distinct, (unsigned long long)t.dups,
-                  (unsigned long long)t.violations,
-                  (unsigned long long)t.switches, KEYS, t.max_switches);
+                  "%d keys (at most %u for one key), %llu of %llu handlings by proc-b\n",
+                  bucket_leader, topic_leader, (unsigned long long)t.distinct,
+                  (unsigned long long)t.dups, (unsigned long long)t.violations,
+                  (unsigned long long)t.switches, KEYS, t.max_switches,
+                  (unsigned long long)t.by_b, (unsigned long long)t.lines);
     assert_int_equal(rc, KB_OK);
     assert_int_equal(t.unseen, 0);
     if (bucket_leader != topic_leader)   /* else the stream leader's loss, as above */
