@@ -60,9 +60,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "conf: %s\n", err);
         return 2;
     }
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL) {
+    /* a loaded cluster can answer its first JetStream call late: try again */
+    kb_bus *b = NULL;
+    for (int i = 0; i < 20 && (b = kb_open(c, err, sizeof err)) == NULL; i++) {
         fprintf(stderr, "kb_open: %s\n", err);
+        usleep(500000);
+    }
+    if (b == NULL) {
+        kb_conf_destroy(c);   /* kb_open took it only on success */
         return 3;
     }
     if (kb_subscribe(b, argv[2], handler, NULL) != KB_OK)

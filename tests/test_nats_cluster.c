@@ -1,12 +1,13 @@
 /* keybus on a 3-node JetStream cluster (issue 30, NATS half): R3 topic
  * streams and lease bucket (nats.replicas = 3), the URL naming all three
  * seeds. kill -9 of the stream leader mid-stream, then its restart: every
- * event kb_flush acknowledged is handled, kb_drain returns, duplicates and
- * per-key order violations counted and printed; kill -9 of a non-leader: the
- * longest pause in handling printed, no reorder; the lease bucket's leader
+ * event kb_flush acknowledged is handled, kb_drain returns, no per-key order
+ * violation, duplicates counted and printed; kill -9 of a non-leader: every
+ * event handled, no reorder, the longest pause in handling printed (and
+ * under a wide 30 s); the lease bucket's leader
  * lost under two consumer processes: ownership of each key moves a bounded
  * number of times (the fence holds). A stream with other replicas is
- * refused, naming both counts. No timing is asserted.
+ * refused, naming both counts.
  * Usage: test_nats_cluster PATH_TO_nats_consumer_proc */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -116,11 +117,12 @@ static void stop_proc(pid_t pid)
 
 typedef struct tally {
     uint64_t distinct, dups, violations, switches, lines;
+    uint64_t by_b;           /* lines of proc-b, the process that joins second */
     uint64_t unseen;         /* sequences 1..per_key of a key never handled at all */
     uint32_t max_switches;   /* of one key */
 } tally;
 
-/* Replay the shared log "key seq consumer attempt": per key a sequence is new
+/* Replay the shared log (nats_consumer_proc's lines): per key a sequence is new
  * (last + 1), a duplicate (<= last) or a violation (a gap); a switch is a new
  * sequence handled by another process than the one before it. */
 static void check_log(const char *path, uint32_t per_key, tally *out)
@@ -133,9 +135,12 @@ static void check_log(const char *path, uint32_t per_key, tally *out)
     memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "r");
     unsigned k, seq, attempt;
-    char who[32];
-    while (f != NULL && fscanf(f, "%u %u %31s %u", &k, &seq, who, &attempt) == 4) {
+    char who[32], line[200];
+    /* a line is "key seq consumer attempt delivery-id": read whole lines */
+    while (f != NULL && fgets(line, sizeof line, f) != NULL &&
+           sscanf(line, "%u %u %31s %u", &k, &seq, who, &attempt) == 4) {
         out->lines++;
+        out->by_b += strcmp(who, "proc-b") == 0;
         if (k < KEYS && seq <= MAX_SEQ)
             seen[k][seq] = true;
         if (k >= KEYS) {
@@ -244,15 +249,19 @@ static void stream_leader_killed(void **state)
     check_log(log, 200, &t);
     print_message("stream leader n%d killed -9 mid-stream, restarted (leader now n%d): %llu "
                   "distinct of %d, %llu duplicates, %llu order violations (%llu never handled), %llu "
-                  "owner switches\n",
+                  "owner switches, %llu of %llu handlings by proc-b\n",
                   leader, after, (unsigned long long)t.distinct, KEYS * 200,
                   (unsigned long long)t.dups, (unsigned long long)t.violations,
-                  (unsigned long long)t.unseen, (unsigned long long)t.switches);
+                  (unsigned long long)t.unseen, (unsigned long long)t.switches,
+                  (unsigned long long)t.by_b, (unsigned long long)t.lines);
     assert_int_equal(rc, KB_OK);
     assert_int_equal(drc, KB_OK);
+    /* t.by_b is printed, not asserted: under ThreadSanitizer proc-b has
+     * been seen to get no partition before the events ran out */
     assert_int_equal(t.unseen, 0);
-    /* t.violations is not asserted: publishes lost with the leader are sent
-     * again after newer ones the next leader stored (docs/deployment.md) */
+    /* a publish lost with the leader and sent again is stored before any
+     * newer one of its partition (nats_batch.c, one unconfirmed) */
+    assert_int_equal(t.violations, 0);
 }
 
 typedef struct gap_watch {
@@ -329,10 +338,12 @@ static void non_leader_killed(void **state)
     pthread_mutex_destroy(&g.mu);
     assert_int_equal(kb_test_nats_cluster_restart(&cluster, victim), 0);
     assert_int_equal(rc, KB_OK);
-    /* Not asserted: every event handled. A consumer whose leader was on the
-     * lost node sometimes stalls past the wait (docs/deployment.md). */
+    assert_int_equal(handled, KEYS * 300);
     assert_int_equal(violations, 0);
     assert_int_equal(concurrent, 0);
+    /* a wide bound, not a timing claim: a consumer leader's election and
+     * the partition's restart from its ack floor take seconds here */
+    assert_true(g.max_gap < 30.0);
 }
 
 /* The lease bucket's leader killed under two consumer processes: no key is
@@ -353,19 +364,20 @@ static void lease_leader_killed(void **state)
     kb_test_nats_stream(topic, stream, sizeof stream);
     int topic_leader = stream_leader(stream);
     double killed_at = 0;
-    produce(b, topic, 250, 80, 200, bucket_leader, &killed_at);
+    produce(b, topic, 200, 60, 160, bucket_leader, &killed_at);
     int rc = flush_all(b);
-    wait_log(log, 250, &t);
+    wait_log(log, 200, &t);
     stop_proc(a);
     stop_proc(c);
     assert_int_equal(kb_close(b, 10000), KB_OK);
-    check_log(log, 250, &t);
+    check_log(log, 200, &t);
     print_message("lease bucket leader n%d killed -9 (topic stream leader n%d), restarted: %llu "
                   "distinct, %llu duplicates, %llu order violations, %llu owner switches over "
-                  "%d keys (at most %u for one key)\n", bucket_leader, topic_leader,
-                  (unsigned long long)t.distinct, (unsigned long long)t.dups,
-                  (unsigned long long)t.violations,
-                  (unsigned long long)t.switches, KEYS, t.max_switches);
+                  "%d keys (at most %u for one key), %llu of %llu handlings by proc-b\n",
+                  bucket_leader, topic_leader, (unsigned long long)t.distinct,
+                  (unsigned long long)t.dups, (unsigned long long)t.violations,
+                  (unsigned long long)t.switches, KEYS, t.max_switches,
+                  (unsigned long long)t.by_b, (unsigned long long)t.lines);
     assert_int_equal(rc, KB_OK);
     assert_int_equal(t.unseen, 0);
     if (bucket_leader != topic_leader)   /* else the stream leader's loss, as above */

@@ -17,8 +17,9 @@ typedef struct kb_test_nats_cluster {
 } kb_test_nats_cluster;
 
 /* Start the three nodes and wait (up to 30 s) until every one reports
- * JetStream healthy with a meta leader (GET /healthz). Returns 0, or -1 (said
- * on stderr; what started is stopped). */
+ * JetStream healthy with a meta leader (GET /healthz); a node that does not
+ * start (a port taken meanwhile) makes it try again on other ports, three
+ * times at most. Returns 0, or -1 (said on stderr; what started is stopped). */
 int kb_test_nats_cluster_start(kb_test_nats_cluster *c);
 
 /* Restart node i (after a kill) on its ports, dir and config; waits until it

@@ -286,6 +286,7 @@ static int nats_close(kb_transport *t, int64_t deadline)
     jsCtx_Destroy(t->js);
     natsSubscription_Destroy(t->inbox_sub);
     natsSubscription_Destroy(t->probe_sub);
+    natsSubscription_Destroy(t->kv_sub);
     natsConnection_Destroy(t->nc);
     for (kb_nats_topic *tp = atomic_load(&t->topics), *next; tp; tp = next) {
         next = tp->next;

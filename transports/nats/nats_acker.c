@@ -28,13 +28,14 @@ static void *acker(void *arg)
     kb_transport *t = arg;
     /* Frames wait at most a linger (plus this tick) before they go out. */
     int64_t tick_ns = t->ack_interval_ms * 1000000;
-    if (t->batch_events > 1 && t->linger_ns > 0 && t->linger_ns < tick_ns)
+    bool frames = t->batch_events > 1 || t->replicas > 1;
+    if (frames && t->linger_ns > 0 && t->linger_ns < tick_ns)
         tick_ns = t->linger_ns > 100000 ? t->linger_ns : 100000;
     while (!atomic_load(&t->closing)) {
         int64_t next = kb_now_ns() + tick_ns;
         kb__nats_ack_pass(t);
         kb__nats_resend(t);
-        if (t->batch_events > 1)
+        if (frames)
             kb__nats_batch_send_due(t, false);
         kb_signal_wait(t->acker_wake, closing, t, next);
     }

@@ -13,6 +13,34 @@
 #include "nats_hdr.h"
 #include "nats_send.h"
 
+/* One unconfirmed publish per partition when nats.replicas > 1. A stream
+ * leader killed mid-stream drops the publishes it had not stored yet, and the
+ * next leader stores newer ones before the lost ones time out and go out
+ * again: per-key order would break. Holding a partition's next frame until
+ * the server acked its last publish means nothing is stored ahead of an
+ * earlier publish of its partition (a resend of one stored already is
+ * dropped as a duplicate by its Nats-Msg-Id). Meanwhile the frame fills (the
+ * acks clock the batching); a full one makes kb_publish wait, up to
+ * pool.enqueue_timeout_ms. Frames do not grow past nats.publish_batch: a
+ * bigger one takes longer to handle and is acked only when all its events
+ * are done, so more of it comes again after a lost ack or a takeover. */
+static bool held(const kb_transport *t, const kb_nats_batch *b)
+{
+    return t->replicas > 1 && atomic_load(&b->unconfirmed);
+}
+
+static int confirmed(void *arg)
+{
+    return !atomic_load(&((kb_nats_batch *)arg)->unconfirmed);
+}
+
+/* The frame cannot take an event of `need` bytes (or must not, to get v2). */
+static bool full(const kb_transport *t, const kb_nats_batch *b, size_t need, size_t budget,
+                 bool upgrade)
+{
+    return b->count > 0 && (b->count >= t->batch_events || b->len + need > budget || upgrade);
+}
+
 /* Send what partition n has buffered; caller holds b->mu. On failure the
  * events stay buffered, in order, for the next attempt. */
 static int send_locked(kb_transport *t, kb_nats_topic *tp, uint32_t n, kb_nats_batch *b,
@@ -46,8 +74,12 @@ static int send_locked(kb_transport *t, kb_nats_topic *tp, uint32_t n, kb_nats_b
             rc = KB_ENOMEM;
         }
     }
+    if (rc == KB_OK && t->replicas > 1)
+        atomic_store(&b->unconfirmed, true);   /* before: the ack may come at once */
     if (rc == KB_OK)
         rc = kb__nats_send(t, msg);
+    if (rc != KB_OK && t->replicas > 1)
+        atomic_store(&b->unconfirmed, false);
     if (rc == KB_OK) {
         b->len = 0;
         b->count = 0;
@@ -86,7 +118,25 @@ int kb__nats_batch_add(kb_transport *t, kb_nats_topic *tp, const kb_msg *m)
     /* A version 1 frame cannot take headers: send it, the next one is v2. */
     bool upgrade = m->n_headers > 0 && !b->v2;
     size_t need = kb__nats_entry_size(m, b->v2 || upgrade);
-    if (b->count > 0 && (b->count >= t->batch_events || b->len + need > budget || upgrade))
+    /* full while its partition's last publish is unconfirmed: wait */
+    int64_t deadline = 0;
+    while (full(t, b, need, budget, upgrade) && held(t, b)) {
+        if (deadline == 0)
+            deadline = kb_deadline_ns(t->enqueue_timeout_ms);
+        if (kb_now_ns() >= deadline) {
+            kb_errf(NULL, 0, "nats %s: a publish of partition %u unconfirmed for %d ms",
+                    t->url_safe, n, t->enqueue_timeout_ms);
+            pthread_mutex_unlock(&b->mu);
+            return KB_EFULL;
+        }
+        pthread_mutex_unlock(&b->mu);
+        kb_signal_wait(t->resent, confirmed, b, deadline);
+        pthread_mutex_lock(&b->mu);
+        upgrade = m->n_headers > 0 && !b->v2;   /* the acker may have sent it meanwhile */
+        need = kb__nats_entry_size(m, b->v2 || upgrade);
+        now = kb_now_ns();
+    }
+    if (full(t, b, need, budget, upgrade))
         rc = send_locked(t, tp, n, b, now);   /* failed: this event is not taken */
     if (rc == KB_OK && b->count == 0)
         b->v2 = m->n_headers > 0;   /* an empty buffer starts plain again */
@@ -97,16 +147,18 @@ int kb__nats_batch_add(kb_transport *t, kb_nats_topic *tp, const kb_msg *m)
             b->first_ns = now;
             atomic_fetch_add_explicit(&tp->frames_open, 1, memory_order_relaxed);
         }
-        if (b->count >= t->batch_events || b->len >= budget ||
-            now - b->last_send_ns >= t->linger_ns)
+        /* held: the acker sends it once the partition's last publish is acked */
+        if (!held(t, b) && (t->replicas > 1 || b->count >= t->batch_events ||
+                            b->len >= budget || now - b->last_send_ns >= t->linger_ns))
             send_locked(t, tp, n, b, now);   /* failed: stays buffered for the acker */
     }
     pthread_mutex_unlock(&b->mu);
     return rc;
 }
 
-/* Send frames at least a linger old (all of them when `all`). KB_OK when
- * nothing is left buffered. */
+/* Send frames at least a linger old (all of them when `all`; with
+ * nats.replicas > 1 each one whose partition has no publish unconfirmed).
+ * KB_OK when nothing is left buffered. */
 int kb__nats_batch_send_due(kb_transport *t, bool all)
 {
     int rc = KB_OK;
@@ -117,7 +169,10 @@ int kb__nats_batch_send_due(kb_transport *t, bool all)
              i++) {
             kb_nats_batch *b = &tp->batches[i];
             pthread_mutex_lock(&b->mu);
-            if (b->count > 0 && (all || now - b->first_ns >= t->linger_ns)) {
+            if (b->count > 0 && held(t, b)) {
+                rc = rc == KB_OK ? KB_EFULL : rc;
+            } else if (b->count > 0 &&
+                       (all || t->replicas > 1 || now - b->first_ns >= t->linger_ns)) {
                 int r = send_locked(t, tp, i, b, now);
                 if (r != KB_OK && rc == KB_OK)
                     rc = r;

@@ -5,8 +5,9 @@
 #include "nats_types.h"
 
 int kb__nats_batch_add(kb_transport *t, kb_nats_topic *tp, const kb_msg *m);
-/* Send frames at least a linger old (all of them when `all`). KB_OK when
- * nothing is left buffered. */
+/* Send frames at least a linger old (all of them when `all`; with
+ * nats.replicas > 1 each one whose partition has no publish unconfirmed).
+ * KB_OK when nothing is left buffered. */
 int kb__nats_batch_send_due(kb_transport *t, bool all);
 
 #endif /* KB_TRANSPORTS_NATS_BATCH_H */

@@ -531,23 +531,36 @@ static void kv_reply(kv_put *k, natsMsg *m)
     k->s = NATS_OK;
 }
 
+/* The bus's subscription for KV put replies, made at its first round. */
+static natsStatus kv_sub(kb_transport *t)
+{
+    if (t->kv_sub != NULL)
+        return NATS_OK;
+    natsInbox *inbox = NULL;
+    natsStatus s = natsInbox_Create(&inbox);
+    if (s != NATS_OK)
+        return s;
+    char all[160];
+    snprintf(t->kv_inbox, sizeof t->kv_inbox, "%s", inbox);
+    natsInbox_Destroy(inbox);
+    snprintf(all, sizeof all, "%s.*.*", t->kv_inbox);
+    s = natsConnection_SubscribeSync(&t->kv_sub, t->nc, all);
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(t->kv_sub, -1, -1);
+    return s;
+}
+
 static void kv_put_all(kb_transport *t, kv_puts *ps)
 {
-    natsInbox *inbox = NULL;
-    natsSubscription *sub = NULL;
-    char all[160], reply[192], subj[3 * KB_NATS_NAME], rev[24];
-    natsStatus s = natsInbox_Create(&inbox);
-    if (s == NATS_OK) {
-        snprintf(all, sizeof all, "%s.*", inbox);
-        s = natsConnection_SubscribeSync(&sub, t->nc, all);
-    }
-    if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(sub, -1, -1);
+    char reply[192], subj[3 * KB_NATS_NAME], rev[24], prefix[160];
+    natsStatus s = kv_sub(t);
+    uint32_t round = ++t->kv_round;   /* replies of earlier rounds are dropped */
+    size_t pl = (size_t)snprintf(prefix, sizeof prefix, "%s.%u.", t->kv_inbox, round);
     for (size_t i = 0; s == NATS_OK && i < ps->n; i++) {
         kv_put *k = &ps->v[i];
         natsMsg *m = NULL;
         snprintf(subj, sizeof subj, "$KV.%s.%s", t->bucket, k->key);
-        snprintf(reply, sizeof reply, "%s.%zu", inbox, i);
+        snprintf(reply, sizeof reply, "%s%zu", prefix, i);
         kb__nats_put_u64(rev, k->p != NULL ? k->p->lease_rev : 0);
         s = natsMsg_Create(&m, subj, reply, t->id, (int)strlen(t->id));
         if (s == NATS_OK && k->p != NULL)
@@ -557,22 +570,20 @@ static void kv_put_all(kb_transport *t, kv_puts *ps)
         natsMsg_Destroy(m);
     }
     int64_t deadline = kb_now_ns() + 5000000000LL;   /* nats.c's own KV wait */
-    size_t il = strlen(all) - 1;
     for (size_t got = 0; s == NATS_OK && got < ps->n;) {
         natsMsg *m = NULL;
         int left = kb_deadline_left_ms(deadline);
-        if (left <= 0 || natsSubscription_NextMsg(&m, sub, left) != NATS_OK)
+        if (left <= 0 || natsSubscription_NextMsg(&m, t->kv_sub, left) != NATS_OK)
             break;
+        const char *subject = natsMsg_GetSubject(m);
         char *end = NULL;
-        unsigned long i = strtoul(natsMsg_GetSubject(m) + il, &end, 10);
-        if (*end == '\0' && i < ps->n && ps->v[i].s == NATS_TIMEOUT) {
+        unsigned long i = strncmp(subject, prefix, pl) == 0 ? strtoul(subject + pl, &end, 10) : 0;
+        if (end != NULL && *end == '\0' && i < ps->n && ps->v[i].s == NATS_TIMEOUT) {
             kv_reply(&ps->v[i], m);
             got++;
         }
         natsMsg_Destroy(m);
     }
-    natsSubscription_Destroy(sub);
-    natsInbox_Destroy(inbox);
 }
 
 /* Take the topic's wanted, free leases with one pipelined create each; those

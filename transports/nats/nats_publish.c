@@ -49,7 +49,7 @@ int kb__nats_publish(kb_transport *t, kb_nats_topic *tp, const kb_msg *m)
         return rc;
     if ((rc = kb__nats_topic_ready(t, tp)) != KB_OK)
         return rc;   /* another partition count: KB_EINVAL naming both */
-    if (t->batch_events > 1) {
+    if (t->batch_events > 1 || t->replicas > 1) {   /* replicas: nats_batch.c, held() */
         rc = kb__nats_batch_add(t, tp, m);
     } else {
         natsMsg *msg = NULL;

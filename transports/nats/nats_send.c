@@ -42,10 +42,35 @@ static void push(kb_transport *t, natsMsg *m)
     atomic_fetch_add(&t->resend_len, 1);
 }
 
+/* The partition a publish of this process went to (NULL: not ours). */
+static kb_nats_batch *batch_of(kb_transport *t, natsMsg *msg)
+{
+    const char *id = NULL, *subj = natsMsg_GetSubject(msg), *dot = strrchr(subj, '.');
+    size_t bl = strlen(t->bus_id);
+    if (natsMsgHeader_Get(msg, "Nats-Msg-Id", &id) != NATS_OK || id == NULL ||
+        strncmp(id, t->bus_id, bl) != 0 || id[bl] != '.' || dot == NULL)
+        return NULL;
+    kb_nats_topic *tp = kb__nats_topic_at(t, (uint32_t)strtoul(id + bl + 1, NULL, 10));
+    char *end = NULL;
+    unsigned long n = strtoul(dot + 1, &end, 10);
+    if (tp == NULL || *end != '\0' || n >= t->partitions || tp->batches == NULL)
+        return NULL;
+    return &tp->batches[n];
+}
+
+/* The partition's publish is settled (stored, or refused for good): its next
+ * may go out (nats_batch.c, held()). */
+static void settled(kb_transport *t, kb_nats_batch *b)
+{
+    if (b != NULL && t->replicas > 1 && atomic_exchange(&b->unconfirmed, false))
+        kb_signal_notify(t->resent);
+}
+
 /* Count a publish the server will not take, for kb_flush to report. Caller
  * holds resend_lock. */
 static void reject(kb_transport *t, natsMsg *m, const char *why)
 {
+    settled(t, batch_of(t, m));
     uint32_t events = kb__nats_events_in(m);
     atomic_fetch_add(&t->pub_rejected, events);
     snprintf(t->pub_error, sizeof t->pub_error, "%s (%u events): %s", natsMsg_GetSubject(m),
@@ -205,20 +230,13 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
  * partition. The topic comes from the index in its Nats-Msg-Id. */
 static void note_stored(kb_transport *t, natsMsg *msg, uint64_t seq)
 {
-    const char *id = NULL, *subj = natsMsg_GetSubject(msg), *dot = strrchr(subj, '.');
-    size_t bl = strlen(t->bus_id);
-    if (natsMsgHeader_Get(msg, "Nats-Msg-Id", &id) != NATS_OK || id == NULL ||
-        strncmp(id, t->bus_id, bl) != 0 || id[bl] != '.' || dot == NULL)
+    kb_nats_batch *b = batch_of(t, msg);
+    if (b == NULL)
         return;
-    kb_nats_topic *tp = kb__nats_topic_at(t, (uint32_t)strtoul(id + bl + 1, NULL, 10));
-    char *end = NULL;
-    unsigned long n = strtoul(dot + 1, &end, 10);
-    if (tp == NULL || *end != '\0' || n >= t->partitions)
-        return;
-    _Atomic uint64_t *s = &tp->batches[n].stored_seq;
-    uint64_t cur = atomic_load(s);
-    while (cur < seq && !atomic_compare_exchange_weak(s, &cur, seq))
+    uint64_t cur = atomic_load(&b->stored_seq);
+    while (cur < seq && !atomic_compare_exchange_weak(&b->stored_seq, &cur, seq))
         ;
+    settled(t, b);
 }
 
 /* A publish ack that failed: transport trouble is sent again (the Msg-Id makes

@@ -110,6 +110,9 @@ typedef struct kb_nats_batch {
     int64_t first_ns;              /* when the oldest buffered event came */
     int64_t last_send_ns;
     bool v2;                       /* entries carry headers (Kb-Frame: 2) */
+    /* nats.replicas > 1: a publish of this partition is out and not yet
+     * acked, so the next one waits (nats_batch.c, "one unconfirmed") */
+    _Atomic bool unconfirmed;
     /* highest stream sequence the server acked for this partition's
      * publishes from this process (kb_drain's target) */
     _Atomic uint64_t stored_seq;
@@ -224,7 +227,8 @@ struct kb_transport {
     _Atomic int gated;
     _Atomic uint64_t pub_rejected;     /* not yet reported by flush */
     char pub_error[256];               /* last rejection, under resend_lock */
-    kb_signal *resent;                 /* the resend queue shrank or emptied */
+    kb_signal *resent;                 /* the resend queue shrank or emptied, or a
+                                        * partition's publish was confirmed */
     /* threads */
     _Atomic int stopping;              /* ops->stop: feeders end */
     _Atomic int closing;               /* ops->close: everything ends */
@@ -253,6 +257,12 @@ struct kb_transport {
     char probe_inbox[128];
     uint32_t probe_serial;
     bool probe_open;                   /* its last pull may still deliver */
+    /* lease thread: replies to a round's KV puts (nats_lease.c), on
+     * <kv_inbox>.<round>.<i>; kept until the connection is closed, as above
+     * (a round's late replies come when the bucket's leader is lost) */
+    natsSubscription *kv_sub;
+    char kv_inbox[128];
+    uint32_t kv_round;
     /* a claim's frontier moved (the acker): kb_drain and a feeder waiting for
      * ring space wake */
     kb_signal *acked;
