@@ -35,6 +35,16 @@ run() {   # name, then keybus-bench arguments; the table goes to $res/name.txt
     }
 }
 status=0
+brun() {   # name, JSON lines file, environment ("" or VAR=value), then keybus-bench arguments
+    name=$1 json=$2 envs=$3
+    shift 3
+    echo "run-all.sh: $envs keybus-bench $*" >&2
+    # shellcheck disable=SC2086 # envs is one assignment or nothing
+    timeout 900 env $envs "$bench" "$@" --json "$json" >"$res/$name.txt" || {
+        echo "run-all.sh: keybus-bench $* failed (exit $?), see $res/$name.txt" >&2
+        status=1
+    }
+}
 # The targets are quoted as the median of five same-run ratios: one run on a
 # shared 2-vCPU machine can be off by 2x either way.
 run scenarios --scenario all --repeat 5 ${threads:+--threads "$threads"}
@@ -87,18 +97,8 @@ if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>
         redis_note="redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), loopback, no persistence"
         # default (kb_publish_to per event), then batched: 5 alternating runs each
         # (raw, xadd and keybus back to back), medians in the summary
-        echo "run-all.sh: keybus-bench --transport $rurl --scenario all --large-events 200000 --repeat 5" >&2
-        timeout 600 "$bench" --transport "$rurl" --scenario all --large-events 200000 --repeat 5 \
-            --json "$RJ" >"$res/redis-scenarios.txt" || {
-            echo "run-all.sh: redis scenarios failed, see $res/redis-scenarios.txt" >&2
-            status=1
-        }
-        echo "run-all.sh: keybus-bench --transport $rurl --scenario all --events 200000 --batch 64 --repeat 5" >&2
-        timeout 600 "$bench" --transport "$rurl" --scenario all --events 200000 --batch 64 --repeat 5 \
-            --json "$RJB" >"$res/redis-batch.txt" || {
-            echo "run-all.sh: redis batched scenarios failed, see $res/redis-batch.txt" >&2
-            status=1
-        }
+        brun redis-scenarios "$RJ" "" --transport "$rurl" --scenario all --large-events 200000 --repeat 5
+        brun redis-batch "$RJB" "" --transport "$rurl" --scenario all --events 200000 --batch 64 --repeat 5
         redis-cli -p "$rport" flushall >/dev/null
         # 1M events (100 keys x 10k), one producer process, two consumer processes
         # (tests/redis_consumer_proc: 8 partitions shared by lease, each handled
@@ -160,24 +160,10 @@ if command -v nats-server >/dev/null 2>&1; then
     nurl=nats://127.0.0.1:$nport
     # default (frames), per-message (frames off: one JetStream message per
     # event) and batched: 5 alternating runs each (raw and keybus back to back)
-    echo "run-all.sh: keybus-bench --transport $nurl --scenario all --large-events 200000 --repeat 5" >&2
-    timeout 900 "$bench" --transport "$nurl" --scenario all --large-events 200000 --repeat 5 \
-        --json "$NJ" >"$res/nats-scenarios.txt" || {
-        echo "run-all.sh: nats scenarios failed, see $res/nats-scenarios.txt" >&2
-        status=1
-    }
-    echo "run-all.sh: KEYBUS_NATS_PUBLISH_BATCH=1 keybus-bench --transport $nurl --scenario all --large-events 0 --repeat 5" >&2
-    KEYBUS_NATS_PUBLISH_BATCH=1 timeout 900 "$bench" --transport "$nurl" --scenario all \
-        --large-events 0 --repeat 5 --json "$NJP" >"$res/nats-plain.txt" || {
-        echo "run-all.sh: nats scenarios (frames off) failed, see $res/nats-plain.txt" >&2
-        status=1
-    }
-    echo "run-all.sh: keybus-bench --transport $nurl --scenario all --events 200000 --batch 64 --repeat 5" >&2
-    timeout 900 "$bench" --transport "$nurl" --scenario all --events 200000 --batch 64 --repeat 5 \
-        --json "$NJB" >"$res/nats-batch.txt" || {
-        echo "run-all.sh: nats batched scenarios failed, see $res/nats-batch.txt" >&2
-        status=1
-    }
+    brun nats-scenarios "$NJ" "" --transport "$nurl" --scenario all --large-events 200000 --repeat 5
+    brun nats-plain "$NJP" KEYBUS_NATS_PUBLISH_BATCH=1 --transport "$nurl" --scenario all \
+        --large-events 0 --repeat 5
+    brun nats-batch "$NJB" "" --transport "$nurl" --scenario all --events 200000 --batch 64 --repeat 5
     stop_nats
     trap - EXIT INT TERM
 fi
