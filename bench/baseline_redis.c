@@ -4,7 +4,13 @@
  * connection loops `XREADGROUP ... COUNT n BLOCK ms >`, hands each entry to the
  * same checker as every runner, and acks each batch with one `XACK` pipelined
  * ahead of the next read. One stream keeps every aggregate in order, so the
- * order check applies as to the other runners. Run only for redis:// URLs. */
+ * order check applies as to the other runners. Run only for redis:// URLs.
+ *
+ * baseline:redis-xadd, the server's ceiling for appending: the same pipelined
+ * XADDs and nothing else (no reader). Its events/s is the events over the time
+ * from the first XADD to the last reply; then the stream is read back with
+ * XRANGE into the same checker (order, loss, duplicates), outside the timing,
+ * so its latency columns mean nothing. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -33,6 +39,7 @@ struct raw_ctx {
     char stream[96];
     redisContext *pub;
     uint64_t appended, unanswered, total;
+    uint64_t last_reply_ns;     /* xadd: the last XADD answered */
     int pub_error;
     redisContext *sub;
     atomic_int stop;
@@ -132,6 +139,8 @@ static int publish(void *opaque, const void *key, size_t key_len, const void *pa
             c->pub_error = 1;
             return KB_ETRANSPORT;
         }
+        if (last)
+            c->last_reply_ns = kb_now_ns();
     }
     return KB_OK;
 }
@@ -142,6 +151,44 @@ static const redisReply *field(const redisReply *f, const char *name)
         if (f->element[i]->type == REDIS_REPLY_STRING && strcmp(f->element[i]->str, name) == 0)
             return f->element[i + 1];
     return NULL;
+}
+
+/* Every entry of the stream, in order, to the checker (xadd, after the timing). */
+static int read_back(struct raw_ctx *c)
+{
+    char from[64] = "-";
+    for (;;) {
+        redisReply *r = redisCommand(c->pub, "XRANGE %s %s + COUNT 4096", c->stream, from);
+        if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
+            fprintf(stderr, "baseline:redis-xadd: XRANGE: %s\n",
+                    r ? (r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply") : c->pub->errstr);
+            freeReplyObject(r);
+            return -1;
+        }
+        size_t n = r->elements;
+        for (size_t i = 0; i < n; i++) {
+            const redisReply *d = field(r->element[i]->element[1], "d");
+            if (d != NULL && d->type == REDIS_REPLY_STRING)
+                kb_collect_event(d->str, d->len);
+        }
+        if (n > 0)   /* exclusive start: the last ID read */
+            snprintf(from, sizeof from, "(%s", r->element[n - 1]->element[0]->str);
+        freeReplyObject(r);
+        if (n == 0)
+            return 0;
+    }
+}
+
+static int publish_then_read(void *opaque, const void *key, size_t key_len, const void *payload,
+                             size_t len)
+{
+    struct raw_ctx *c = opaque;
+    int rc = publish(c, key, key_len, payload, len);
+    if (rc == KB_OK && c->appended == c->total && read_back(c) != 0) {
+        c->pub_error = 1;
+        return KB_ETRANSPORT;
+    }
+    return rc;
 }
 
 static void *consume(void *opaque)
@@ -196,12 +243,13 @@ static void *consume(void *opaque)
     return NULL;
 }
 
-void kb_run_redis_raw(const kb_plan *plan, const char *url, kb_result *r)
+/* baseline:redis-raw, or with `xadd_only` baseline:redis-xadd. */
+static void run(const kb_plan *plan, const char *url, kb_result *r, bool xadd_only)
 {
     static unsigned run_no;
     kb_plan p = *plan;
-    p.producers = 1;   /* by definition: one pipelined producer, one consumer */
-    snprintf(r->transport, sizeof r->transport, "baseline:redis-raw");
+    p.producers = 1;   /* by definition: one pipelined producer (and one consumer) */
+    snprintf(r->transport, sizeof r->transport, "baseline:redis-%s", xadd_only ? "xadd" : "raw");
     r->threads = 1;
     struct raw_ctx *c = calloc(1, sizeof *c);
     if (c == NULL || parse(url, c) != 0 || kb_collect_begin(&p) != 0) {
@@ -210,16 +258,20 @@ void kb_run_redis_raw(const kb_plan *plan, const char *url, kb_result *r)
         r->error = KB_EINVAL;
         return;
     }
-    snprintf(c->stream, sizeof c->stream, "kbbench:raw:%s:%ld:%u", kb_scenario_name(p.scenario),
-             (long)getpid(), run_no++);
+    snprintf(c->stream, sizeof c->stream, "kbbench:%s:%s:%ld:%u", xadd_only ? "xadd" : "raw",
+             kb_scenario_name(p.scenario), (long)getpid(), run_no++);
     c->total = p.events;
     c->pub = connect_to(c);
-    c->sub = c->pub ? connect_to(c) : NULL;
+    c->sub = c->pub && !xadd_only ? connect_to(c) : NULL;
     redisReply *g = c->sub ? redisCommand(c->sub, "XGROUP CREATE %s bench 0 MKSTREAM", c->stream)
                            : NULL;
     pthread_t consumer;
-    if (g == NULL || g->type == REDIS_REPLY_ERROR ||
-        pthread_create(&consumer, NULL, consume, c) != 0) {
+    if (xadd_only && c->pub != NULL) {
+        kb_drive(&p, publish_then_read, NULL, c, r);
+        if (c->pub_error)
+            r->error = KB_ETRANSPORT;
+    } else if (g == NULL || g->type == REDIS_REPLY_ERROR ||
+               pthread_create(&consumer, NULL, consume, c) != 0) {
         r->error = KB_ETRANSPORT;
     } else {
         kb_drive(&p, publish, NULL, c, r);
@@ -230,6 +282,13 @@ void kb_run_redis_raw(const kb_plan *plan, const char *url, kb_result *r)
     }
     freeReplyObject(g);
     kb_collect_end(&p, r);
+    if (xadd_only && c->last_reply_ns > 0) {   /* the appending only; the read-back checks */
+        uint64_t distinct = r->events - r->lost;
+        r->seconds = (double)(c->last_reply_ns - kb_collect_start_ns()) / 1e9;
+        r->events_per_s = r->seconds > 0 ? (double)distinct / r->seconds : 0;
+        r->cpu_ns_per_event = 0;   /* it counted the read-back too */
+        kb_hist_reset(&r->hist);
+    }
     if (c->pub != NULL) {
         freeReplyObject(redisCommand(c->pub, "DEL %s", c->stream));   /* leave no data behind */
         redisFree(c->pub);
@@ -237,4 +296,14 @@ void kb_run_redis_raw(const kb_plan *plan, const char *url, kb_result *r)
     if (c->sub != NULL)
         redisFree(c->sub);
     free(c);
+}
+
+void kb_run_redis_raw(const kb_plan *plan, const char *url, kb_result *r)
+{
+    run(plan, url, r, false);
+}
+
+void kb_run_redis_xadd(const kb_plan *plan, const char *url, kb_result *r)
+{
+    run(plan, url, r, true);
 }

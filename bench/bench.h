@@ -64,6 +64,7 @@ typedef struct kb_result {
     double origin_events_per_s;
     double ratio_ring, ratio_mutex;   /* 0: not measured in this run */
     double ratio_raw;           /* over baseline:redis-raw / nats-raw; 0: not measured */
+    double ratio_xadd;          /* over baseline:redis-xadd (the server's ceiling); 0: not measured */
     double idle_cpu_pct;        /* CPU over a quiet second after the run; < 0: not measured */
     double cpu_ns_per_event;    /* process user + sys CPU from the first publish to the last
                                  * handled event, over the events handled */
@@ -160,6 +161,8 @@ void kb_run_ring(const kb_plan *p, kb_result *r);
 void kb_run_mutex(const kb_plan *p, uint32_t threads, kb_result *r);
 /* baseline_redis.c (built with the Redis transport): plain hiredis against `url`. */
 void kb_run_redis_raw(const kb_plan *p, const char *url, kb_result *r);
+/* baseline:redis-xadd: pipelined XADD only, the server's ceiling (baseline_redis.c). */
+void kb_run_redis_xadd(const kb_plan *p, const char *url, kb_result *r);
 /* baseline_nats.c (built with the NATS transport): plain nats.c against `url`. */
 void kb_run_nats_raw(const kb_plan *p, const char *url, kb_result *r);
 

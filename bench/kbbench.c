@@ -40,7 +40,8 @@ static const char usage[] =
     "  --json FILE           append JSON lines ('-': stdout, the table goes to stderr)\n"
     "  --cdf FILE            append latency CDF blocks for gnuplot\n"
     "  --no-baselines        skip baseline:ring and baseline:mutex (--baselines: on, default),\n"
-    "                        and baseline:redis-raw / baseline:nats-raw (with redis:// or nats://)\n"
+    "                        and baseline:redis-raw + baseline:redis-xadd / baseline:nats-raw\n"
+    "                        (with redis:// or nats://)\n"
     "Numbers take k/M suffixes. Exit 1 when a run lost, duplicated or reordered events or failed.\n";
 
 struct cli {
@@ -81,26 +82,30 @@ static void emit(struct cli *c, kb_result *r)
         c->failed = 1;
 }
 
-/* Rows of one point: baseline:ring, baseline:mutex, keybus, the raw broker
- * baseline, and keybus with retry.scope = lane (--handler-fail-rate). */
-#define ROWS 5
-
 /* A row's figures, kept over the --repeat runs of a point for its medians. */
+/* Rows of one point: baseline:ring, baseline:mutex, keybus, the raw broker
+ * baseline, baseline:redis-xadd, and keybus with retry.scope = lane
+ * (--handler-fail-rate). */
+#define KB_ROWS 6
+#define KB_FIGURES 9
 struct figures {
     int valid;
     char transport[160];
-    double v[7];
+    double v[KB_FIGURES];
 };
-static const char *const figure_name[7] = {"events/s", "cpu_ns/ev", "p50_us", "p99_us",
-                                           "p999_us", "x_ring", "x_mutex"};
+static const char *const figure_name[KB_FIGURES] = {"events/s", "cpu_ns/ev", "p50_us", "p99_us",
+                                                    "p999_us", "x_ring", "x_mutex", "x_raw",
+                                                    "x_xadd"};
 
 static void keep_figures(struct figures *f, const kb_result *r)
 {
     f->valid = 1;
     snprintf(f->transport, sizeof f->transport, "%s", r->transport);
-    double v[7] = {r->events_per_s, r->cpu_ns_per_event, kb_hist_quantile(&r->hist, 0.5) / 1e3,
-                   kb_hist_quantile(&r->hist, 0.99) / 1e3, kb_hist_quantile(&r->hist, 0.999) / 1e3,
-                   r->ratio_ring, r->ratio_mutex};
+    double v[KB_FIGURES] = {r->events_per_s, r->cpu_ns_per_event,
+                            kb_hist_quantile(&r->hist, 0.5) / 1e3,
+                            kb_hist_quantile(&r->hist, 0.99) / 1e3,
+                            kb_hist_quantile(&r->hist, 0.999) / 1e3, r->ratio_ring,
+                            r->ratio_mutex, r->ratio_raw, r->ratio_xadd};
     memcpy(f->v, v, sizeof v);
 }
 
@@ -112,16 +117,16 @@ static int cmp_double(const void *a, const void *b)
 
 /* Per row (baselines included), the median of each figure over the repeats:
  * one line each, after the point's runs. */
-static void report_medians(struct cli *c, struct figures (*f)[ROWS], uint32_t runs)
+static void report_medians(struct cli *c, struct figures (*f)[KB_ROWS], uint32_t runs)
 {
     double *col = calloc(runs, sizeof *col);
     if (col == NULL)
         return;
-    for (int k = 0; k < ROWS; k++) {
+    for (int k = 0; k < KB_ROWS; k++) {
         if (!f[0][k].valid)
             continue;
         fprintf(c->table, "# median of %u runs, %s:", runs, f[0][k].transport);
-        for (int j = 0; j < 7; j++) {
+        for (int j = 0; j < KB_FIGURES; j++) {
             uint32_t n = 0;
             for (uint32_t i = 0; i < runs; i++)
                 if (f[i][k].valid && f[i][k].v[j] > 0)
@@ -138,13 +143,13 @@ static void report_medians(struct cli *c, struct figures (*f)[ROWS], uint32_t ru
 }
 
 static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t aggs,
-                     uint32_t threads, const char *kind, struct figures kept[ROWS]);
+                     uint32_t threads, const char *kind, struct figures kept[KB_ROWS]);
 
 /* One point, --repeat times, then the medians. */
 static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t aggs, uint32_t threads,
                       const char *kind)
 {
-    struct figures (*f)[ROWS] = calloc(c->repeat, sizeof *f);
+    struct figures (*f)[KB_ROWS] = calloc(c->repeat, sizeof *f);
     if (f == NULL) {
         c->failed = 1;
         return;
@@ -158,7 +163,7 @@ static void run_point(struct cli *c, kb_scenario s, uint64_t events, uint32_t ag
 
 /* The baselines, then keybus with its ratios to them. */
 static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t aggs,
-                     uint32_t threads, const char *kind, struct figures kept[ROWS])
+                     uint32_t threads, const char *kind, struct figures kept[KB_ROWS])
 {
     char label[96];
     snprintf(label, sizeof label, "%s/%s/%llu", kb_scenario_name(s), kind,
@@ -167,7 +172,7 @@ static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t agg
                  .producers = c->producers, .payload_bytes = c->payload_bytes,
                  .handler_us = c->handler_us, .rate = c->rate, .batch = c->batch,
                  .fail_rate = c->fail_rate, .label = label};
-    kb_result *r = calloc(ROWS, sizeof *r);
+    kb_result *r = calloc(KB_ROWS, sizeof *r);
     if (r == NULL) {
         c->failed = 1;
         return;
@@ -177,7 +182,7 @@ static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t agg
     /* the mutex pool gets as many workers as keybus gets executors */
     kb_idle idle = bus.idle && strcmp(bus.idle, "block") == 0 ? KB_IDLE_BLOCK : KB_IDLE_ADAPTIVE;
     uint32_t workers = threads ? threads : kb_pool_default_threads(idle);
-    for (int i = 0; i < ROWS; i++) {
+    for (int i = 0; i < KB_ROWS; i++) {
         r[i].kind = kind;
         r[i].idle_cpu_pct = -1;
     }
@@ -195,6 +200,9 @@ static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t agg
         kb_run_redis_raw(&p, bus.transport, &r[3]);
         r[3].batch = 1;   /* baselines publish one by one */
         emit(c, &r[3]);
+        kb_run_redis_xadd(&p, bus.transport, &r[4]);
+        r[4].batch = 1;
+        emit(c, &r[4]);
     }
 #endif
 #ifdef KB_BENCH_NATS
@@ -206,7 +214,7 @@ static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t agg
     }
 #endif
     /* with failing handlers: once per retry.scope, key then lane */
-    static const int bus_rows[] = {2, 4};
+    static const int bus_rows[] = {2, 5};
     for (int i = 0; i < (c->fail_rate > 0 ? 2 : 1); i++) {
         kb_result *b = &r[bus_rows[i]];
         if (c->fail_rate > 0)
@@ -215,9 +223,10 @@ static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t agg
         b->ratio_ring = r[0].events_per_s > 0 ? b->events_per_s / r[0].events_per_s : 0;
         b->ratio_mutex = r[1].events_per_s > 0 ? b->events_per_s / r[1].events_per_s : 0;
         b->ratio_raw = r[3].events_per_s > 0 ? b->events_per_s / r[3].events_per_s : 0;
+        b->ratio_xadd = r[4].events_per_s > 0 ? b->events_per_s / r[4].events_per_s : 0;
         emit(c, b);
     }
-    for (int i = 0; i < ROWS; i++)
+    for (int i = 0; i < KB_ROWS; i++)
         if (r[i].transport[0] != '\0')
             keep_figures(&kept[i], &r[i]);
     if (r[2].idle_cpu_pct >= 0)

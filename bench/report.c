@@ -89,6 +89,7 @@ void kb_report_json(FILE *out, const kb_result *r)
     json_ratio(out, "ratio_ring", r->ratio_ring);
     json_ratio(out, "ratio_mutex", r->ratio_mutex);
     json_ratio(out, "ratio_raw", r->ratio_raw);
+    json_ratio(out, "ratio_xadd", r->ratio_xadd);
     fprintf(out, ",\"batch\":%u,\"idle\":", r->batch);
     json_str(out, r->idle);
     if (r->fail_rate > 0) {

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Regenerate docs/benchmarks.md and docs/img/*.png: build (Release), run every
-# benchmark, plot. Bounded: each step has a timeout; the whole takes 1-3 min.
+# benchmark, plot. Bounded: each step has a timeout; the whole takes 10-30 min
+# (the broker runs are five alternating repeats each).
 # usage: bench/run-all.sh [BUILD_DIR]   (default: build-bench)
 # env: THREADS=N passes --threads N; CMAKE_ARGS adds configure options
 #      (e.g. "-DKEYBUS_WITH_REDIS=OFF -DKEYBUS_WITH_NATS=OFF" without hiredis/nats.c).
@@ -34,6 +35,16 @@ run() {   # name, then keybus-bench arguments; the table goes to $res/name.txt
     }
 }
 status=0
+brun() {   # name, JSON lines file, environment ("" or VAR=value), then keybus-bench arguments
+    name=$1 json=$2 envs=$3
+    shift 3
+    echo "run-all.sh: $envs keybus-bench $*" >&2
+    # shellcheck disable=SC2086 # envs is one assignment or nothing
+    timeout 900 env $envs "$bench" "$@" --json "$json" >"$res/$name.txt" || {
+        echo "run-all.sh: keybus-bench $* failed (exit $?), see $res/$name.txt" >&2
+        status=1
+    }
+}
 # The targets are quoted as the median of five same-run ratios: one run on a
 # shared 2-vCPU machine can be off by 2x either way.
 run scenarios --scenario all --repeat 5 ${threads:+--threads "$threads"}
@@ -63,6 +74,7 @@ timeout 240 "$gbench" --benchmark_min_time=0.2 --benchmark_color=false \
 
 # --- Redis Streams: only when redis-server exists; own server, stopped by PID --
 RJ=$res/redis.jsonl
+RJB=$res/redis-batch.jsonl
 redis_note="not run: redis-server not found"
 redis_mp=""
 if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 &&
@@ -89,11 +101,10 @@ if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>
         trap stop_redis EXIT INT TERM
         rurl=redis://127.0.0.1:$rport
         redis_note="redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), loopback, no persistence"
-        echo "run-all.sh: keybus-bench --transport $rurl --scenario all" >&2
-        timeout 200 "$bench" --transport "$rurl" --scenario all --json "$RJ" >"$res/redis-scenarios.txt" || {
-            echo "run-all.sh: redis scenarios failed, see $res/redis-scenarios.txt" >&2
-            status=1
-        }
+        # default (kb_publish_to per event), then batched: 5 alternating runs each
+        # (raw, xadd and keybus back to back), medians in the summary
+        brun redis-scenarios "$RJ" "" --transport "$rurl" --scenario all --large-events 200000 --repeat 5
+        brun redis-batch "$RJB" "" --transport "$rurl" --scenario all --events 200000 --batch 64 --repeat 5
         redis-cli -p "$rport" flushall >/dev/null
         # 1M events (100 keys x 10k), one producer process, two consumer processes
         # (tests/redis_consumer_proc: 8 partitions shared by lease, each handled
@@ -134,6 +145,7 @@ fi
 # --- NATS JetStream: only when nats-server exists; own server, stopped by PID --
 NJ=$res/nats.jsonl
 NJP=$res/nats-plain.jsonl
+NJB=$res/nats-batch.jsonl
 nats_note="not run: nats-server not found"
 if command -v nats-server >/dev/null 2>&1; then
     ndir=$(mktemp -d /tmp/kb-bench-nats.XXXXXX)
@@ -152,20 +164,12 @@ if command -v nats-server >/dev/null 2>&1; then
     done
     nats_note="nats-server $(nats-server --version | sed 's/.*v//'), loopback, file storage"
     nurl=nats://127.0.0.1:$nport
-    echo "run-all.sh: keybus-bench --transport $nurl --scenario all --large-events 200000" >&2
-    timeout 240 "$bench" --transport "$nurl" --scenario all --large-events 200000 --json "$NJ" \
-        >"$res/nats-scenarios.txt" || {
-        echo "run-all.sh: nats scenarios failed, see $res/nats-scenarios.txt" >&2
-        status=1
-    }
-    # The same with frames off: one JetStream message per event.
-    for sc in single multi mixed; do
-        KEYBUS_NATS_PUBLISH_BATCH=1 timeout 240 "$bench" --transport "$nurl" --scenario "$sc" \
-            --large-events 200000 --no-baselines --json "$NJP" >>"$res/nats-plain.txt" || {
-            echo "run-all.sh: nats scenarios (frames off) failed, see $res/nats-plain.txt" >&2
-            status=1
-        }
-    done
+    # default (frames), per-message (frames off: one JetStream message per
+    # event) and batched: 5 alternating runs each (raw and keybus back to back)
+    brun nats-scenarios "$NJ" "" --transport "$nurl" --scenario all --large-events 200000 --repeat 5
+    brun nats-plain "$NJP" KEYBUS_NATS_PUBLISH_BATCH=1 --transport "$nurl" --scenario all \
+        --large-events 0 --repeat 5
+    brun nats-batch "$NJB" "" --transport "$nurl" --scenario all --events 200000 --batch 64 --repeat 5
     stop_nats
     trap - EXIT INT TERM
 fi
@@ -216,6 +220,23 @@ vs_ring() {   # jq row filter, field -> median over the runs of mem://'s field /
 }
 atmost() {   # value target -> yes / no
     jq -rn --arg v "$1" --argjson t "$2" 'if ($v | tonumber? // 1e18) <= $t then "yes" else "no" end'
+}
+brokers() {   # mode, JSON lines file, keybus URL prefix, raw baseline -> summary rows (medians)
+    [ -s "$2" ] || { echo "| $1 | not run | | | | | | | | | |"; return; }
+    jq -rs --arg mode "$1" --arg k "$3" --arg raw "$4" '
+      def med: sort | if length == 0 then null elif length % 2 == 1 then .[length / 2 | floor]
+               else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+      def r2: if . == null then "" else (. * 100 | round / 100 | tostring) end;
+      def n0: if . == null then "" else (round | tostring) end;
+      group_by([.scenario, .events])[] | (map(select(.transport | startswith($k)))) as $kb
+      | select($kb | length > 0)
+      | ($kb | map(.events_per_s) | med) as $m
+      | "| \($mode) | \(.[0].scenario) | \(.[0].events) | \($kb | length) "
+        + "| \(map(select(.transport == $raw) | .events_per_s) | med | n0) "
+        + "| \(map(select(.transport == "baseline:redis-xadd") | .events_per_s) | med | n0) "
+        + "| \($m | n0) | \($kb | map(.events_per_s / $m) | min | r2)-\($kb | map(.events_per_s / $m) | max | r2) "
+        + "| \($kb | map(.ratio_raw // empty) | med | r2) | \($kb | map(.ratio_xadd // empty) | med | r2) "
+        + "| \($kb | map(select(.order_violations + .lost + .duplicates > 0)) | length) |"' "$2"
 }
 r500='.kind == "fixed-rate" and .rate == 500000 and .handler_us == 0'
 r1m='.kind == "fixed-rate" and .rate == 1000000 and .handler_us == 0'
@@ -407,6 +428,29 @@ $(table '.handler_us == 2')
 
 ![latency CDF](img/latency_cdf.png)
 
+## Brokers: keybus against the raw baselines
+
+One line per broker, mode and point: the median of five alternating runs (each run puts the
+raw baselines and keybus back to back on the same server; × raw and × xadd are taken within a
+run, then the median), from the Redis and NATS runs below. **default**: \`kb_publish_to\` per
+event with the default configuration (NATS: frames); **per-message** (NATS): frames off,
+\`nats.publish_batch = 1\`, one JetStream message per event; **batched**: \`--batch 64\`
+(\`kb_publish_batch\`). \`baseline:redis-xadd\` is the server's ceiling for appending: the same
+pipelined XADDs with no reader (read back into the checker after the timing). "spread" is the
+slowest and fastest run over the median. Issue 29's targets: NATS per-message ≥ 1.0 × raw;
+NATS default single ≥ 500k events/s; Redis batched ≥ 0.5 × xadd and ≥ 1.0 × raw; Redis without
+batch ≥ 0.8 × raw; Redis single: every run within 20 % of the median and ≥ 100k events/s.
+
+| broker, mode | scenario | events | runs | raw events/s | xadd events/s | keybus events/s | spread | × raw | × xadd | runs with order/lost/dup |
+|---|---|--:|--:|--:|--:|--:|:-:|--:|--:|--:|
+$(brokers "redis default" "$RJ" "redis://" "baseline:redis-raw")
+$(brokers "redis batched" "$RJB" "redis://" "baseline:redis-raw")
+$(brokers "nats default" "$NJ" "nats://" "baseline:nats-raw")
+$(brokers "nats per-message" "$NJP" "nats://" "baseline:nats-raw")
+$(brokers "nats batched" "$NJB" "nats://" "baseline:nats-raw")
+
+$(cat "$src/bench/throughput.md")
+
 ## Redis Streams
 
 $redis_note. Same binary and scenarios against a \`redis-server\` this script starts on a free
@@ -414,7 +458,8 @@ loopback port (\`--save "" --appendonly no\`, its own temp dir) and stops by PID
 
 \`\`\`sh
 redis-server --port P --bind 127.0.0.1 --save "" --dir /tmp/x
-keybus-bench --transport redis://127.0.0.1:P --scenario all
+keybus-bench --transport redis://127.0.0.1:P --scenario all --large-events 200000 --repeat 5
+keybus-bench --transport redis://127.0.0.1:P --scenario all --events 200000 --batch 64 --repeat 5
 \`\`\`
 
 \`baseline:redis-raw\` (bench/baseline_redis.c) is plain hiredis on the same server in the same
@@ -427,9 +472,7 @@ of \`baseline:redis-raw\`.
 
 $(if [ -s "$RJ" ]; then table 'true' "$RJ"; fi)
 
-| scenario | kind | events | baseline:redis-raw events/s | keybus redis:// events/s | keybus / raw |
-|---|---|--:|--:|--:|--:|
-$(if [ -s "$RJ" ]; then jq -rs 'group_by([.scenario, .kind])[] | (map(select(.transport == "baseline:redis-raw"))[0]) as $r | (map(select(.transport | startswith("redis://")))[0]) as $k | select($r and $k) | "| \($k.scenario) | \($k.kind) | \($k.events) | \($r.events_per_s | round) | \($k.events_per_s | round) | \(($k.events_per_s / $r.events_per_s * 100) | round)% |"' "$RJ"; fi)
+$(if [ -s "$RJB" ]; then echo "With \`--batch 64\` (\`kb_publish_batch\`):"; echo; table 'true' "$RJB"; fi)
 
 Multi-process run: one producer process publishes 1,000,000 events (100 keys × 10,000, 64-byte
 payloads, \`kb_publish\` + \`kb_flush\`) while two consumer processes share the topic's 8
@@ -451,7 +494,9 @@ $nats_note. Same binary and scenarios (large runs at 200,000 events to stay boun
 
 \`\`\`sh
 nats-server -js -a 127.0.0.1 -p P -sd /tmp/x
-keybus-bench --transport nats://127.0.0.1:P --scenario all --large-events 200000
+keybus-bench --transport nats://127.0.0.1:P --scenario all --large-events 200000 --repeat 5
+KEYBUS_NATS_PUBLISH_BATCH=1 keybus-bench --transport nats://127.0.0.1:P --scenario all --large-events 0 --repeat 5
+keybus-bench --transport nats://127.0.0.1:P --scenario all --events 200000 --batch 64 --repeat 5
 \`\`\`
 
 \`baseline:nats-raw\` (bench/baseline_nats.c) is plain nats.c on the same server in the same run:
@@ -461,15 +506,19 @@ the defaults: 8 partitions, one durable pull consumer per partition, acks by per
 completion frontier (AckAll), and **frames**: up to 64 events of one partition per JetStream
 message (\`nats.publish_batch\`; a lone event after a quiet millisecond goes alone and plain; see
 docs/transports-nats.md). The server's work is per message, and on 2 cores the server is the
-bottleneck, so frames are where the speed comes from; the column "frames off" is the same run
-with \`KEYBUS_NATS_PUBLISH_BATCH=1\` (one message per event, like the raw baseline). Issue targets:
-multi-aggregate ≥ 100% of \`baseline:nats-raw\`; single aggregate ≥ 20× the origin's 4,695 events/s.
+bottleneck, so frames are where the speed comes from; "frames off" below is the same with
+\`KEYBUS_NATS_PUBLISH_BATCH=1\` (one message per event, like the raw baseline). Medians and
+targets: [the broker summary](#brokers-keybus-against-the-raw-baselines).
 
 $(if [ -s "$NJ" ]; then table 'true' "$NJ"; fi)
 
-| scenario | kind | events | baseline:nats-raw events/s | frames off events/s (/ raw) | keybus nats:// events/s | keybus / raw | × origin |
-|---|---|--:|--:|--:|--:|--:|--:|
-$(if [ -s "$NJ" ]; then jq -rn --slurpfile a "$NJ" --slurpfile p "$NJP" '$a | group_by([.scenario, .kind])[] | (map(select(.transport == "baseline:nats-raw"))[0]) as $r | (map(select(.transport | startswith("nats://")))[0]) as $k | ([$p[] | select(.scenario == $k.scenario and .kind == $k.kind)][0]) as $q | select($r and $k) | "| \($k.scenario) | \($k.kind) | \($k.events) | \($r.events_per_s | round) | \(if $q then "\($q.events_per_s | round) (\(($q.events_per_s / $r.events_per_s * 100) | round)%)" else "not run" end) | \($k.events_per_s | round) | \(($k.events_per_s / $r.events_per_s * 100) | round)% | \($k.ratio_origin * 10 | round / 10) |"'; fi)
+Frames off (\`KEYBUS_NATS_PUBLISH_BATCH=1\`, one JetStream message per event):
+
+$(if [ -s "$NJP" ]; then table 'true' "$NJP"; fi)
+
+With \`--batch 64\` (\`kb_publish_batch\`, frames on):
+
+$(if [ -s "$NJB" ]; then table 'true' "$NJB"; fi)
 
 $(cat "$src/bench/cluster.md")
 

@@ -8,12 +8,15 @@
 
 #include "redis_int.h"
 
-/* Room for `need` more bytes: the confirmed prefix is reclaimed first. */
+/* Room for `need` more bytes: the confirmed prefix is reclaimed first when it
+ * is at least as long as what is left to confirm (so a byte is moved at most
+ * about once: a small prefix reclaimed from a full buffer would move the whole
+ * backlog for every publish), else the buffer grows. */
 static bool bytes_reserve(kb_redis_backlog *bl, size_t need)
 {
     if (bl->len + need <= bl->cap)
         return true;
-    if (bl->head > 0) {
+    if (bl->head > 0 && bl->head >= bl->len - bl->head) {
         memmove(bl->buf, bl->buf + bl->head, bl->len - bl->head);
         bl->sent -= bl->head;
         bl->len -= bl->head;
