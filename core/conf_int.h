@@ -22,9 +22,6 @@ int kb__conf_sync(kb_conf *c, char *errstr, size_t errlen);
  * the default passes the row's own rule. KB_EINVAL with why. */
 int kb__conf_prop_check(const kb_conf_prop *p, char *why, size_t whylen);
 
-/* Write the Markdown reference of every key. */
-void kb__conf_write_markdown(FILE *out);
-
 /* A bus takes the conf in kb_open: false when another bus has it already.
  * While taken, kb_conf_set refuses changes and kb_conf_destroy leaves it to
  * kb_close, which calls kb__conf_free. */
@@ -43,11 +40,6 @@ void kb__conf_unknown_env(const kb_conf *c,
 /* kb_conf_load of text in memory; `name` stands for the path in messages. */
 int kb__conf_load_text(kb_conf *c, const char *name, const char *text, size_t len, char *errstr,
                        size_t errlen);
-
-/* Call fn for every key with its value as kb_conf_get shows it (secrets
- * masked), in table order. */
-void kb__conf_each(const kb_conf *c, void (*fn)(const char *key, const char *value, void *arg),
-                   void *arg);
 
 /* The log callback chosen for the bus. */
 void kb__conf_log(const kb_conf *c, kb_log_fn *fn, void **opaque);

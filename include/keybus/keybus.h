@@ -25,6 +25,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,7 +37,12 @@ extern "C" {
 #define KB_EXPORT
 #endif
 
+#define KB_VERSION_MAJOR 0
+#define KB_VERSION_MINOR 1
+#define KB_VERSION_PATCH 0
 #define KB_VERSION_STRING "0.1.0"
+/* One number that compares in release order: 0xMMmmpp (0.1.0 is 0x000100). */
+#define KB_VERSION_NUM ((KB_VERSION_MAJOR << 16) | (KB_VERSION_MINOR << 8) | KB_VERSION_PATCH)
 
 typedef struct kb_conf kb_conf;
 typedef struct kb_bus kb_bus;
@@ -56,6 +62,11 @@ enum {                      /* every call returns KB_OK or a negative code */
 
 /* Static string for a KB_* code ("unknown error" otherwise). Thread: any. */
 KB_EXPORT const char *kb_strerror(int code);
+
+/* The version of the library the program runs with, "MAJOR.MINOR.PATCH": a
+ * static string, equal to KB_VERSION_STRING when the program was built with
+ * the same headers. Thread: any. */
+KB_EXPORT const char *kb_version(void);
 
 /* Text naming the problem of this thread's last failed keybus call, for calls
  * that take no errstr (kb_publish, kb_subscribe, ...). Valid until this thread's
@@ -122,6 +133,18 @@ typedef enum kb_log_level {
 typedef void (*kb_log_fn)(int level, const char *msg, void *opaque);
 KB_EXPORT void kb_conf_set_log(kb_conf *c, kb_log_fn fn, void *opaque);
 
+/* Call fn for every key, in the order of docs/CONFIGURATION.md (core keys,
+ * then each registered transport's), with its value as kb_conf_get shows it:
+ * secrets as `***`, URLs without their userinfo. `key` and `value` are valid
+ * only during the call. Thread: the conf's (no other call on it meanwhile). */
+typedef void (*kb_conf_each_fn)(const char *key, const char *value, void *opaque);
+KB_EXPORT void kb_conf_each(const kb_conf *c, kb_conf_each_fn fn, void *opaque);
+
+/* Write the configuration reference (docs/CONFIGURATION.md, Markdown) to
+ * `out`: every key of the core and of the transports registered so far, with
+ * type, default, range and doc. The stream stays the caller's. Thread: any. */
+KB_EXPORT void kb_conf_write_reference(FILE *out);
+
 /* Copy of a configuration, or NULL on out of memory. */
 KB_EXPORT kb_conf *kb_conf_dup(const kb_conf *c);
 
@@ -177,7 +200,13 @@ typedef struct kb_event {
     const kb_header *headers; size_t n_headers; /* in publish order */
 } kb_event;                                     /* valid only during the handler call */
 
-enum { KB_HANDLED = 0, KB_RETRY = 1, KB_DEAD = 2 };   /* handler results */
+/* Handler results. KB_DECLINE: not taken: the event is given back unhandled,
+ * as kb_close gives back what it holds (brokers: left unacknowledged for the
+ * group, which hands it out again, here after a hand-over or elsewhere;
+ * mem://: dropped). Per-key order holds only when
+ * every later event of the key is declined too: it is for a consumer that
+ * stops taking events (`keybus consume -n`), not for skipping one. */
+enum { KB_HANDLED = 0, KB_RETRY = 1, KB_DEAD = 2, KB_DECLINE = 3 };
 
 /* Runs on an executor thread; never concurrently with another call for the same
  * lane (so never twice at once for one key). Any other result means KB_RETRY.
@@ -324,6 +353,11 @@ typedef struct kb_topic_stats {
  * transport knows the topic; KB_ECLOSED once kb_close has begun. Thread: any. */
 KB_EXPORT int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out);
 
+/* The broker partition of `key` among `partitions`: fnv1a32(key) % partitions,
+ * the rule every transport routes by (docs/transports.md); 0 when partitions
+ * is 0. For tools that show where an event lives. Thread: any. */
+KB_EXPORT uint32_t kb_partition_of(const void *key, size_t key_len, uint32_t partitions);
+
 typedef struct kb_partition_stats {
     uint32_t partition;
     uint64_t length;          /* events stored */
@@ -370,6 +404,18 @@ KB_EXPORT int kb_dead_letters(kb_bus *b, const char *topic, const char *after_id
 /* Publish dead letter `id` back to its partition (attempt reset to 1) and remove
  * it from the dead-letter store. KB_ECLOSED once kb_close has begun. Thread: any. */
 KB_EXPORT int kb_dead_letter_replay(kb_bus *b, const char *topic, const char *id);
+
+/* Remove dead letter `id` of `topic` from the store without replaying it.
+ * KB_ENOTFOUND when there is no such dead letter (or topic, on a broker;
+ * nothing is created), KB_EINVAL for an ID that is not the transport's form,
+ * KB_ECLOSED once kb_close has begun. Thread: any. */
+KB_EXPORT int kb_dead_letter_delete(kb_bus *b, const char *topic, const char *id);
+
+/* Remove the dead letters of `topic`, oldest first, until none is left (one
+ * stored meanwhile may be removed too); *removed (may be NULL) receives how
+ * many, also when it fails part way. Errors as kb_dead_letter_delete's (a
+ * topic without dead letters is KB_OK with 0). Thread: any. */
+KB_EXPORT int kb_dead_letters_purge(kb_bus *b, const char *topic, uint64_t *removed);
 
 #ifdef __cplusplus
 }

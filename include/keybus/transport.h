@@ -27,7 +27,7 @@
 extern "C" {
 #endif
 
-#define KB_TRANSPORT_ABI 4
+#define KB_TRANSPORT_ABI 5
 
 typedef struct kb_transport kb_transport;              /* the transport's state per bus */
 typedef struct kb_transport_topic kb_transport_topic;  /* the transport's state per topic */
@@ -153,6 +153,9 @@ typedef struct kb_transport_ops {
     int  (*dead_letters)(kb_transport *t, kb_transport_topic *tt, const char *after_id,
                          size_t max, kb_dead_letter_fn fn, void *opaque);
     int  (*dead_letter_replay)(kb_transport *t, kb_transport_topic *tt, const char *id);
+    /* Optional: remove dead letter `id` without replaying it (KB_ENOTFOUND
+     * when absent; kb_dead_letters_purge calls it per entry). */
+    int  (*dead_letter_delete)(kb_transport *t, kb_transport_topic *tt, const char *id);
     /* Optional: called on the executor just before the handler; 0 means this
      * process no longer owns the delivery (lease lost), so it is released
      * unhandled instead. Must be cheap: it runs once per event. */

@@ -348,6 +348,7 @@ const kb_transport_ops kb__nats_ops = {
     .partition_stats = kb__nats_partition_stats,
     .dead_letters = kb__nats_dead_letters,
     .dead_letter_replay = kb__nats_dead_letter_replay,
+    .dead_letter_delete = kb__nats_dead_letter_delete,
     .stop = kb__nats_stop,
     .close = nats_close,
 };

@@ -306,6 +306,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     .partition_stats = kb__redis_partition_stats,                       \
     .dead_letters = kb__redis_dead_letters,                             \
     .dead_letter_replay = kb__redis_dead_letter_replay,                 \
+    .dead_letter_delete = kb__redis_dead_letter_delete,                 \
     .still_owned = kb__redis_still_owned,                               \
     .run_begins = kb__redis_run_begins,                                 \
     .stop = redis_stop,                                                 \

@@ -390,6 +390,7 @@ bool kb__redis_dead_append(redisContext *c, kb_transport *t, kb_redis_part *p,
 int kb__redis_dead_letters(kb_transport *t, kb_transport_topic *tt, const char *after_id, size_t max,
                            kb_dead_letter_fn fn, void *opaque);
 int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const char *id);
+int kb__redis_dead_letter_delete(kb_transport *t, kb_transport_topic *tt, const char *id);
 
 /* ---- redis_drain.c ---- */
 int kb__redis_drain(kb_transport *t, int timeout_ms);
