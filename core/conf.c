@@ -35,6 +35,10 @@ struct kb_conf {
     _Atomic bool taken;        /* owned by an open bus */
     kb_log_fn log;
     void *log_opaque;
+    kb_delivery_fn delivery;
+    void *delivery_opaque;
+    kb_state_fn state;
+    void *state_opaque;
 };
 
 static struct conf_entry *find(const kb_conf *c, const char *key)
@@ -478,6 +482,34 @@ void kb__conf_log(const kb_conf *c, kb_log_fn *fn, void **opaque)
     *opaque = c->log_opaque;
 }
 
+void kb_conf_set_delivery_cb(kb_conf *c, kb_delivery_fn fn, void *opaque)
+{
+    if (c == NULL)
+        return;
+    c->delivery = fn;
+    c->delivery_opaque = opaque;
+}
+
+void kb_conf_set_state_cb(kb_conf *c, kb_state_fn fn, void *opaque)
+{
+    if (c == NULL)
+        return;
+    c->state = fn;
+    c->state_opaque = opaque;
+}
+
+void kb__conf_delivery(const kb_conf *c, kb_delivery_fn *fn, void **opaque)
+{
+    *fn = c->delivery;
+    *opaque = c->delivery_opaque;
+}
+
+void kb__conf_state(const kb_conf *c, kb_state_fn *fn, void **opaque)
+{
+    *fn = c->state;
+    *opaque = c->state_opaque;
+}
+
 kb_conf *kb_conf_dup(const kb_conf *c)
 {
     if (c == NULL)
@@ -494,6 +526,10 @@ kb_conf *kb_conf_dup(const kb_conf *c)
     }
     d->log = c->log;
     d->log_opaque = c->log_opaque;
+    d->delivery = c->delivery;
+    d->delivery_opaque = c->delivery_opaque;
+    d->state = c->state;
+    d->state_opaque = c->state_opaque;
     return d;
 }
 

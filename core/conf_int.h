@@ -41,6 +41,10 @@ void kb__conf_unknown_env(const kb_conf *c,
 int kb__conf_load_text(kb_conf *c, const char *name, const char *text, size_t len, char *errstr,
                        size_t errlen);
 
+/* The delivery report and state callbacks (NULL: none). */
+void kb__conf_delivery(const kb_conf *c, kb_delivery_fn *fn, void **opaque);
+void kb__conf_state(const kb_conf *c, kb_state_fn *fn, void **opaque);
+
 /* The log callback chosen for the bus. */
 void kb__conf_log(const kb_conf *c, kb_log_fn *fn, void **opaque);
 

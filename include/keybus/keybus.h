@@ -145,6 +145,46 @@ KB_EXPORT void kb_conf_each(const kb_conf *c, kb_conf_each_fn fn, void *opaque);
  * type, default, range and doc. The stream stays the caller's. Thread: any. */
 KB_EXPORT void kb_conf_write_reference(FILE *out);
 
+/* The outcome of one published event on a broker (librdkafka's delivery
+ * report): stored, or failed for good. Strings and bytes are valid only
+ * during the callback. */
+typedef struct kb_delivery_report {
+    const char *topic;
+    const void *key;      size_t key_len;
+    uint32_t    partition;
+    int         result;       /* KB_OK: the broker stored it; else a KB_E* code */
+    const char *id;           /* the broker's ID when stored (Redis entry ID, NATS
+                                 "<seq>" or "<seq>.<index>" in a frame); "" when failed */
+    const char *error;        /* why it failed; "" when stored */
+} kb_delivery_report;
+typedef void (*kb_delivery_fn)(const kb_delivery_report *r, void *opaque);
+
+/* Call fn once per event kb_publish* accepted on a broker transport, when the
+ * broker confirmed it (result KB_OK, with its ID) or refused it for good
+ * (what kb_flush then reports too); an event sent again after a broken
+ * connection is reported once, when it is settled. Events kb_close gives up
+ * on (its deadline, an unreachable broker) get no report: its result says
+ * so. mem:// reports nothing: its kb_publish result is the outcome. fn runs on a transport thread, never
+ * inside kb_publish, so it must be thread-safe and quick, and may not call
+ * kb_close, kb_flush or kb_drain. NULL: no reports (the default). */
+KB_EXPORT void kb_conf_set_delivery_cb(kb_conf *c, kb_delivery_fn fn, void *opaque);
+
+/* A transport's connection state, as the application sees it. */
+typedef enum kb_state {
+    KB_STATE_CONNECTED = 1,     /* first connected, in kb_open */
+    KB_STATE_DISCONNECTED = 2,  /* the connection broke; the transport reconnects */
+    KB_STATE_RECONNECTED = 3,   /* back, after a DISCONNECTED */
+} kb_state;
+typedef void (*kb_state_fn)(const char *scheme, kb_state state, const char *reason,
+                            void *opaque);
+
+/* Call fn when the transport's connection to its broker changes state, with
+ * the scheme ("redis", "nats") and a reason (never a password); valid only
+ * during the call. Redis reports its publishing connection, NATS its one
+ * connection. fn runs on a transport thread (CONNECTED on kb_open's): it
+ * must be thread-safe and quick. NULL: none (the default). */
+KB_EXPORT void kb_conf_set_state_cb(kb_conf *c, kb_state_fn fn, void *opaque);
+
 /* Copy of a configuration, or NULL on out of memory. */
 KB_EXPORT kb_conf *kb_conf_dup(const kb_conf *c);
 

@@ -210,6 +210,23 @@ KB_EXPORT int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms);
 KB_EXPORT kb_sink *kb_bus_sink(kb_bus *b, const char *topic);
 
 /* ---------------------------------------------------------------------------
+ * Reports to the application: delivery results and connection state.
+ * ------------------------------------------------------------------------- */
+
+/* Non-zero when the application set a delivery callback: a transport keeps
+ * what a report needs (the key) only then. Thread: any. */
+KB_EXPORT int kb_bus_delivery_wanted(const kb_bus *b);
+
+/* Hand one event's outcome to the application's delivery callback (none
+ * set: nothing). Call it from a transport thread, never inside publish, once
+ * per event accepted by publish. Thread: any. */
+KB_EXPORT void kb_bus_delivery_report(kb_bus *b, const kb_delivery_report *r);
+
+/* Tell the application's state callback that the connection changed (none
+ * set: nothing); `reason` never holds a password. Thread: any. */
+KB_EXPORT void kb_bus_state_report(kb_bus *b, kb_state state, const char *reason);
+
+/* ---------------------------------------------------------------------------
  * Handler runs: the crash journal (docs/transports.md, "Attempts are handler
  * runs").
  * ------------------------------------------------------------------------- */
