@@ -908,9 +908,13 @@ int kb_dead_letters_purge(kb_bus *b, const char *topic, uint64_t *removed)
 {
     uint64_t done = 0;
     int rc = KB_OK;
+    if (b != NULL && b->ops->dead_letter_delete == NULL) {
+        kb_errf(NULL, 0, "%s:// cannot delete dead letters", b->ops->scheme);
+        rc = KB_ENOTFOUND;
+    }
     /* a batch of IDs at a time, deleted after the walk: a broker's walk
      * holds its connection while it calls back */
-    for (bool more = true; more && rc == KB_OK;) {
+    for (bool more = rc == KB_OK; more && rc == KB_OK;) {
         struct purge_batch pb = {.n = 0};
         rc = kb_dead_letters(b, topic, NULL, PURGE_BATCH, purge_collect, &pb);
         if (rc == KB_OK && pb.nomem) {
