@@ -209,8 +209,11 @@ static void outage_is_reported(void **state)
     }
     assert_true(saw(&s, KB_STATE_DISCONNECTED));
     assert_int_equal(kb_test_server_restart(&server), 0);
-    for (int i = 0; i < 300 && !saw(&s, KB_STATE_RECONNECTED); i++)
+    for (int i = 0; i < 600 && !saw(&s, KB_STATE_RECONNECTED); i++) {
+        if (strcmp(kind, "redis") == 0 && i % 10 == 0)
+            publish_keys(b, topic, 6, 7);   /* something to send brings it back */
         usleep(100 * 1000);
+    }
     assert_true(saw(&s, KB_STATE_RECONNECTED));
     kb_close(b, 10000);
     /* in order: CONNECTED, then DISCONNECTED before RECONNECTED */
