@@ -38,10 +38,17 @@ static const struct {
 void kb_cli_write_usage(FILE *out)
 {
     fprintf(out, "usage: " SYNOPSIS "\n       keybus -h | --help | -V | --version\n\n%s\n"
-                 "options:\n%s\ncommands:\n",
-            description, options);
+                 "options:\n",
+            description);
+    for (const char *s = options; *s != '\0';) {
+        size_t n = strcspn(s, "\n");
+        fprintf(out, "  %.*s\n", (int)n, s);
+        s += n + (s[n] == '\n');
+    }
+    fputs("\ncommands:\n", out);
     for (const struct kb_cli_command *c = kb_cli_commands; c->name != NULL; c++)
-        fprintf(out, "  %s %s\n      %s\n", c->name, c->synopsis, c->summary);
+        fprintf(out, "  %s%s%s\n      %s\n", c->name, c->synopsis[0] ? " " : "", c->synopsis,
+                c->summary);
     fputs("\nexit status:\n", out);
     for (size_t i = 0; i < sizeof exits / sizeof *exits; i++)
         fprintf(out, "  %d  %s\n", exits[i].status, exits[i].meaning);
@@ -50,8 +57,8 @@ void kb_cli_write_usage(FILE *out)
 
 int kb_cli_write_help(FILE *out, const struct kb_cli_command *cmd)
 {
-    fprintf(out, "usage: keybus [-c FILE] [-X key=value]... %s %s\n\n%s\n\n%s", cmd->name,
-            cmd->synopsis, cmd->summary, cmd->help);
+    fprintf(out, "usage: keybus [-c FILE] [-X key=value]... %s%s%s\n\n%s\n\n%s", cmd->name,
+            cmd->synopsis[0] ? " " : "", cmd->synopsis, cmd->summary, cmd->help);
     return KB_CLI_EXIT_OK;
 }
 
@@ -122,7 +129,7 @@ void kb_cli_write_man(FILE *out)
     }
     fputs(".SH COMMANDS\n", out);
     for (const struct kb_cli_command *c = kb_cli_commands; c->name != NULL; c++) {
-        fprintf(out, ".SS \"%s ", c->name);
+        fprintf(out, ".SS \"%s%s", c->name, c->synopsis[0] ? " " : "");
         roff(out, c->synopsis);
         fputs("\"\n", out);
         roff_text(out, c->summary);
