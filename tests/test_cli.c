@@ -51,6 +51,7 @@ static void arguments_are_checked_before_the_bus_opens(void **state)
         {{"stats", "t", "u"}, 2, NULL, "wrong number of arguments"},
         {{"stats", "t", "--json", "--text"}, 2, NULL, "exclude each other"},
         {{"stats", "t", "--bogus"}, 2, NULL, "keybus stats: unknown option (see: keybus help stats)"},
+        {{"stats", "t", "-g"}, 2, NULL, "keybus stats: unknown option (see: keybus help stats)\n"},
         {{"dlq-replay", "t"}, 2, NULL, "wrong number of arguments"},
         {{"dlq-delete", "t"}, 2, NULL, "wrong number of arguments"},
         {{"dlq-purge"}, 2, NULL, "wrong number of arguments"},
