@@ -1,6 +1,6 @@
-/* What `keybus produce` and `keybus consume` are given and how they end:
- * shared by the commands (produce.c, consume.c) and the code that parses
- * their arguments and runs them (stream.c). */
+/* The `keybus` commands: one table (commands.c) drives the usage text,
+ * dispatch, `keybus help COMMAND` and the man page. Every command runs on
+ * the public API only (include/keybus/). */
 #ifndef KB_CLI_COMMAND_H
 #define KB_CLI_COMMAND_H
 
@@ -8,14 +8,76 @@
 
 #include <keybus/keybus.h>
 
-/* Exit statuses of both commands (docs/cli.md). */
-enum {
-    KB_CLI_EXIT_OK = 0,        /* input or count done, or a signal: drained, closed */
+/* Exit statuses of every command (docs/cli.md, "Exit status"). */
+enum kb_cli_exit {
+    KB_CLI_EXIT_OK = 0,        /* done; produce/consume: input or count done, or a signal */
     KB_CLI_EXIT_ERROR = 1,     /* the library failed (text on stderr); produce: bad lines */
-    KB_CLI_EXIT_USAGE = 2,
+    KB_CLI_EXIT_USAGE = 2,     /* bad arguments or configuration: nothing was connected */
     KB_CLI_EXIT_DEADLINE = 3,  /* the --timeout-ms deadline cut the flush or drain short */
-    KB_CLI_EXIT_NOT_FOUND = 4, /* publish, stats, dlq-list, dlq-replay: KB_ENOTFOUND */
+    KB_CLI_EXIT_NOT_FOUND = 4, /* KB_ENOTFOUND: no such topic, dead letter or subscriber */
 };
+
+/* A command: argv[0] is its name, the global options (-c, -X) are taken out
+ * wherever they stood. Returns the exit status. */
+typedef int kb_cli_main_fn(int argc, char **argv);
+
+struct kb_cli_command {
+    const char *name;
+    const char *synopsis;   /* what follows the name in a usage line */
+    const char *summary;    /* one line for `keybus --help` */
+    const char *help;       /* `keybus help NAME` and the man page: lines of text */
+    kb_cli_main_fn *main;
+};
+
+/* The table, ending with a NULL name. */
+extern const struct kb_cli_command kb_cli_commands[];
+
+/* The table's entry for `name`, or NULL. */
+const struct kb_cli_command *kb_cli_command_find(const char *name);
+
+/* The commands (one file per concern). */
+kb_cli_main_fn kb_cli_conf_doc, kb_cli_conf, kb_cli_publish, kb_cli_stats, kb_cli_partitions,
+    kb_cli_top, kb_cli_dlq_list, kb_cli_dlq_replay, kb_cli_dlq_delete, kb_cli_dlq_purge,
+    kb_cli_stream_main, kb_cli_help;
+
+/* An argument error: one line, "keybus CMD: <text> (see: keybus help CMD)",
+ * on stderr. Returns KB_CLI_EXIT_USAGE. */
+int kb_cli_usage_error(const char *cmd, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Check argc - first against [min, max] and every TOPIC argument (argv[first]
+ * when topic is true) by name: KB_CLI_EXIT_OK, or the usage error said. */
+int kb_cli_check_args(const char *cmd, int argc, char **argv, int first, int min, int max,
+                      bool topic);
+
+/* Take the flags names[0..n) ("--json") out of argv[1..argc), setting
+ * set[i] for each one given; any other word starting with '-' is a usage
+ * error. The new argc, or -1 after saying what is wrong. */
+int kb_cli_flags(const char *cmd, int argc, char **argv, const char *const *names, size_t n,
+                 bool *set);
+
+/* The configuration the global options make (-c FILE, -X key=value, in the
+ * order given, over the defaults; kb_open adds KEYBUS_* itself). NULL after
+ * saying why on stderr, with the exit status in *status. */
+kb_conf *kb_cli_conf_make(int *status);
+
+/* kb_cli_conf_make, then kb_open: NULL after saying why (*status). */
+kb_bus *kb_cli_open(int *status);
+
+/* The transport's scheme ("mem", "redis", ...) the configuration (KEYBUS_*
+ * included) names, into buf. */
+void kb_cli_scheme(kb_conf *c, char *buf, size_t len);
+
+/* The exit status for a library result (KB_ENOTFOUND: not found; any other
+ * failure: error), after "keybus CMD: CLASS: text" on stderr. */
+int kb_cli_status_of(const char *cmd, int rc);
+
+/* kb_close with a message on failure; `status` when it closed cleanly, else
+ * KB_CLI_EXIT_ERROR (a status already failing stays). */
+int kb_cli_close(kb_bus *b, const char *cmd, int status);
 
 #define KB_CLI_TIMEOUT_MS 10000   /* default --timeout-ms */
 
@@ -29,10 +91,10 @@ struct kb_cli_stream {
     int timeout_ms;            /* flush and close deadline */
 };
 
-/* The two commands, on an open bus they close (kb_close's result in
+/* The two stream commands, on an open bus they close (kb_close's result in
  * *closed); `stop` is a signalfd for SIGINT and SIGTERM. KB_OK, or the code
- * that ended them (text in kb_last_error). They print their final count on
- * stderr. */
+ * that ended them (text said by kb_cli_report). They print their final count
+ * on stderr. */
 int kb_cli_produce(kb_bus *b, const struct kb_cli_stream *s, int stop, int *closed);
 int kb_cli_consume(kb_bus *b, const struct kb_cli_stream *s, int stop, int *closed);
 

@@ -1,7 +1,8 @@
 /* keybus consume TOPIC [-g GROUP] [-n COUNT] [--json] [--timeout-ms MS]:
  * print events as the handler takes them, until COUNT were handled or a
- * signal arrives; then kb_close stops intake, handles (and prints) what this
- * process already holds, acks it and leaves the rest to the group. */
+ * signal arrives; then kb_close stops intake and handles what this process
+ * already holds: printed and acked after a signal, declined (left
+ * unacknowledged for the group) once COUNT were printed. */
 #include "command.h"
 
 #include <errno.h>
@@ -14,9 +15,6 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <keybus/pool.h>        /* kb_fnv1a32: the partition of a key */
-#include <keybus/transport.h>   /* kb_errf */
-
 #include "text.h"
 
 struct consumer {
@@ -24,6 +22,7 @@ struct consumer {
     uint32_t partitions;       /* the topic's broker partitions; 0: none (mem://) */
     int count_reached;         /* eventfd the handler writes once COUNT were handled, or
                                   output failed */
+    _Atomic uint64_t taken;    /* events the handler took a turn for, declined ones included */
     _Atomic uint64_t handled;
     _Atomic int out_errno;     /* stdout failed (a closed pipe, a full disk): stop */
 };
@@ -34,7 +33,7 @@ static const char *partition(const struct consumer *c, const kb_event *ev, char 
 {
     if (c->partitions == 0)
         return none;
-    snprintf(buf, 16, "%u", kb_fnv1a32(ev->key, ev->key_len) % c->partitions);
+    snprintf(buf, 16, "%u", kb_partition_of(ev->key, ev->key_len, c->partitions));
     return buf;
 }
 
@@ -47,7 +46,9 @@ static void print_text(const struct consumer *c, const kb_event *ev)
     printf("\tpartition=%s", partition(c, ev, buf, "-"));
     fputs("\tid=", stdout);
     kb_cli_escape(stdout, ev->id, strlen(ev->id));
-    printf("\tattempt=%u\n", ev->attempt);
+    printf("\tattempt=%u", ev->attempt);
+    kb_cli_text_headers(stdout, ev->headers, ev->n_headers);
+    fputc('\n', stdout);
 }
 
 static void print_json(const struct consumer *c, const kb_event *ev)
@@ -62,12 +63,19 @@ static void print_json(const struct consumer *c, const kb_event *ev)
     printf(",\"partition\":%s", partition(c, ev, buf, "null"));
     fputs(",\"id\":", stdout);
     kb_cli_json_string(stdout, ev->id, strlen(ev->id));
-    printf(",\"attempt\":%u}\n", ev->attempt);
+    printf(",\"attempt\":%u,", ev->attempt);
+    kb_cli_json_headers(stdout, ev->headers, ev->n_headers);
+    fputs("}\n", stdout);
 }
 
 static int on_event(const kb_event *ev, void *opaque)
 {
     struct consumer *c = opaque;
+    /* exactly COUNT: a turn past it gives the event back unacked, whichever
+     * lane comes first */
+    if (atomic_load(&c->out_errno) != 0 ||
+        (c->s->count != 0 && atomic_fetch_add(&c->taken, 1) >= c->s->count))
+        return KB_DECLINE;
     flockfile(stdout);   /* one whole line per event, whatever lane prints */
     if (c->s->json)
         print_json(c, ev);
@@ -77,12 +85,12 @@ static int on_event(const kb_event *ev, void *opaque)
     int err = errno;
     funlockfile(stdout);
     if (failed) {
-        /* Not printed, so not handled: it stays unacked (the main thread
-         * closes at once, before a retry could run out its attempts). */
+        /* Not printed, so not taken: it stays unacked (the main thread
+         * closes at once and declines the rest). */
         int none = 0;
         if (atomic_compare_exchange_strong(&c->out_errno, &none, err ? err : EIO))
             eventfd_write(c->count_reached, 1);
-        return KB_RETRY;
+        return KB_DECLINE;
     }
     uint64_t n = atomic_fetch_add(&c->handled, 1) + 1;
     if (n == c->s->count)
@@ -98,7 +106,7 @@ int kb_cli_consume(kb_bus *b, const struct kb_cli_stream *s, int stop, int *clos
     kb_stats(b, s->topic, &st);   /* a topic not yet written still has its partitions; mem: 0 */
     c.partitions = st.partitions;
     if ((c.count_reached = eventfd(0, EFD_CLOEXEC)) < 0) {
-        kb_errf(NULL, 0, "eventfd: %s", strerror(errno));
+        kb_cli_errf("eventfd: %s", strerror(errno));
         kb_cli_report("consume", KB_ENOMEM);
         *closed = kb_close(b, s->timeout_ms);
         return KB_ENOMEM;
@@ -114,7 +122,7 @@ int kb_cli_consume(kb_bus *b, const struct kb_cli_stream *s, int stop, int *clos
     }
     int out_errno = atomic_load(&c.out_errno);
     if (rc == KB_OK && out_errno != 0) {
-        kb_errf(NULL, 0, "writing to stdout: %s", strerror(out_errno));
+        kb_cli_errf("writing to stdout: %s", strerror(out_errno));
         rc = KB_ETRANSPORT;
     }
     kb_cli_report("consume", rc);

@@ -12,8 +12,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <keybus/transport.h>   /* kb_errf */
-
 #include "text.h"
 
 #define READ_CHUNK 65536
@@ -84,7 +82,7 @@ static int read_input(struct producer *p, int stop)
         if (poll(pf, 2, -1) < 0) {
             if (errno == EINTR)
                 continue;
-            kb_errf(NULL, 0, "waiting for input: %s", strerror(errno));
+            kb_cli_errf("waiting for input: %s", strerror(errno));
             rc = KB_ETRANSPORT;
             break;
         }
@@ -103,7 +101,7 @@ static int read_input(struct producer *p, int stop)
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0) {
-            kb_errf(NULL, 0, "reading stdin: %s", strerror(errno));
+            kb_cli_errf("reading stdin: %s", strerror(errno));
             rc = KB_ETRANSPORT;
             break;
         }
@@ -117,7 +115,7 @@ static int read_input(struct producer *p, int stop)
     }
     free(buf);
     if (rc == KB_ENOMEM)
-        kb_errf(NULL, 0, "out of memory for an input line");
+        kb_cli_errf("out of memory for an input line");
     return rc == KB_ECLOSED ? KB_OK : rc;   /* a signal while the backlog was full */
 }
 
@@ -133,7 +131,7 @@ int kb_cli_produce(kb_bus *b, const struct kb_cli_stream *s, int stop, int *clos
     if (rc == KB_OK)
         rc = flushed;
     if (rc == KB_OK && p.skipped > 0) {
-        kb_errf(NULL, 0, "%llu lines skipped", (unsigned long long)p.skipped);
+        kb_cli_errf("%llu lines skipped", (unsigned long long)p.skipped);
         rc = KB_EINVAL;
     }
     kb_cli_report("produce", rc);

@@ -21,7 +21,9 @@ unsigned long kb_cli_count(const char *s, unsigned long max)
     return v <= max ? v : 0;
 }
 
-int kb_cli_stream_args(int argc, char **argv, struct kb_cli_stream *s)
+/* The command's arguments (argv[0] is its name): KB_CLI_EXIT_OK, or the
+ * usage error said. */
+static int stream_args(int argc, char **argv, struct kb_cli_stream *s)
 {
     static const struct option longopts[] = {
         {"json", no_argument, NULL, 'j'},
@@ -32,57 +34,46 @@ int kb_cli_stream_args(int argc, char **argv, struct kb_cli_stream *s)
     s->consume = strcmp(cmd, "consume") == 0;
     s->delim = "\t";
     s->timeout_ms = KB_CLI_TIMEOUT_MS;
-    const char *shorts = s->consume ? "g:n:" : "K:";
+    const char *shorts = s->consume ? ":g:n:" : ":K:";
     optind = 0;   /* glibc: start over, permuting (options may follow TOPIC) */
+    opterr = 0;   /* the option itself is never echoed: it may hold a secret */
     int opt;
     while ((opt = getopt_long(argc, argv, shorts, longopts, NULL)) != -1) {
         switch (opt) {
         case 'K':
             s->delim = optarg;
-            if (*optarg == '\0') {
-                fprintf(stderr, "keybus produce: -K wants a non-empty delimiter\n");
-                return KB_CLI_EXIT_USAGE;
-            }
+            if (*optarg == '\0')
+                return kb_cli_usage_error(cmd, "-K wants a non-empty delimiter");
             break;
         case 'g':
             s->group = optarg;
             break;
         case 'n':
-            if ((s->count = kb_cli_count(optarg, 999999999)) == 0) {
-                fprintf(stderr, "keybus consume: -n wants a decimal count in 1..999999999\n");
-                return KB_CLI_EXIT_USAGE;
-            }
+            if ((s->count = kb_cli_count(optarg, 999999999)) == 0)
+                return kb_cli_usage_error(cmd, "-n wants a decimal count in 1..999999999");
             break;
         case 'j':
-            if (!s->consume) {
-                fprintf(stderr, "keybus produce: unknown option\n");
-                return KB_CLI_EXIT_USAGE;
-            }
+            if (!s->consume)
+                return kb_cli_usage_error(cmd, "unknown option");
             s->json = true;
             break;
         case 't':
-            if (kb_cli_count(optarg, 86400000) == 0 && strcmp(optarg, "0") != 0) {
-                fprintf(stderr, "keybus %s: --timeout-ms wants milliseconds in 0..86400000\n",
-                        cmd);
-                return KB_CLI_EXIT_USAGE;
-            }
+            if (kb_cli_count(optarg, 86400000) == 0 && strcmp(optarg, "0") != 0)
+                return kb_cli_usage_error(cmd, "--timeout-ms wants milliseconds in 0..86400000");
             s->timeout_ms = (int)strtol(optarg, NULL, 10);
             break;
-        default:   /* the option itself is not echoed: it may hold a secret */
-            fprintf(stderr, "keybus %s: unknown option or missing argument\n", cmd);
-            return KB_CLI_EXIT_USAGE;
+        case ':':
+            return kb_cli_usage_error(cmd, "an option is missing its argument");
+        default:
+            return kb_cli_usage_error(cmd, "unknown option");
         }
     }
-    if (argc - optind != 1) {
-        fprintf(stderr, "keybus %s: wants exactly one TOPIC\n", cmd);
-        return KB_CLI_EXIT_USAGE;
-    }
+    if (argc - optind != 1)
+        return kb_cli_usage_error(cmd, "wants exactly one TOPIC");
     s->topic = argv[optind];
     char why[512];
-    if (kb_topic_name_check(s->topic, why, sizeof why) != KB_OK) {
-        fprintf(stderr, "keybus %s: %s\n", cmd, why);
-        return KB_CLI_EXIT_USAGE;
-    }
+    if (kb_topic_name_check(s->topic, why, sizeof why) != KB_OK)
+        return kb_cli_usage_error(cmd, "%s", why);
     return KB_CLI_EXIT_OK;
 }
 
@@ -96,7 +87,8 @@ static int exit_status(int rc, int closed)
     return KB_CLI_EXIT_ERROR;
 }
 
-int kb_cli_stream_run(kb_conf *c, const struct kb_cli_stream *s)
+/* Run the command on a bus opened from `c` (taken); the exit status. */
+static int stream_run(kb_conf *c, const struct kb_cli_stream *s)
 {
     const char *cmd = s->consume ? "consume" : "produce";
     char err[512];
@@ -104,6 +96,15 @@ int kb_cli_stream_run(kb_conf *c, const struct kb_cli_stream *s)
         fprintf(stderr, "keybus %s: -g: %s\n", cmd, err);
         kb_conf_destroy(c);
         return KB_CLI_EXIT_USAGE;
+    }
+    char scheme[32];
+    kb_cli_scheme(c, scheme, sizeof scheme);
+    if (s->consume && strcmp(scheme, "mem") == 0) {
+        fprintf(stderr, "keybus consume: nothing to consume: mem:// keeps events inside the "
+                        "process that publishes them, and this one publishes none (use "
+                        "redis:// or nats://)\n");
+        kb_conf_destroy(c);
+        return KB_CLI_EXIT_ERROR;
     }
     /* Blocked before kb_open: its threads inherit the mask, so the signals
      * wait for the signalfd instead of ending the process. */
@@ -131,4 +132,12 @@ int kb_cli_stream_run(kb_conf *c, const struct kb_cli_stream *s)
         fprintf(stderr, "keybus %s: close: %s: %s\n", cmd, kb_strerror(closed), kb_last_error());
     close(stop);
     return exit_status(rc, closed);
+}
+
+int kb_cli_stream_main(int argc, char **argv)
+{
+    struct kb_cli_stream s = {0};
+    int status = stream_args(argc, argv, &s);
+    kb_conf *c = status == KB_CLI_EXIT_OK ? kb_cli_conf_make(&status) : NULL;
+    return c != NULL ? stream_run(c, &s) : status;
 }

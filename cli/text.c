@@ -1,6 +1,8 @@
 #include "text.h"
 
+#include <stdarg.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Length of the valid UTF-8 sequence of two to four bytes at s (at most n
  * bytes), its code point in *cp; 0 when invalid. */
@@ -106,8 +108,43 @@ void kb_cli_json_bytes(FILE *out, const char *name, const void *data, size_t len
     }
 }
 
+void kb_cli_json_headers(FILE *out, const kb_header *h, size_t n)
+{
+    fputs("\"headers\":[", out);
+    for (size_t i = 0; i < n; i++) {
+        fputs(i ? ",{\"name\":" : "{\"name\":", out);
+        kb_cli_json_string(out, h[i].name, strlen(h[i].name));
+        fputc(',', out);
+        kb_cli_json_bytes(out, "value", h[i].value, h[i].value_len);
+        fputc('}', out);
+    }
+    fputc(']', out);
+}
+
+void kb_cli_text_headers(FILE *out, const kb_header *h, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        fputs("\theader.", out);
+        kb_cli_escape(out, h[i].name, strlen(h[i].name));
+        fputc('=', out);
+        kb_cli_escape(out, h[i].value, h[i].value_len);
+    }
+}
+
+static char cli_error[512];
+
+void kb_cli_errf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cli_error, sizeof cli_error, fmt, ap);
+    va_end(ap);
+}
+
 void kb_cli_report(const char *cmd, int rc)
 {
     if (rc != KB_OK)
-        fprintf(stderr, "keybus %s: %s: %s\n", cmd, kb_strerror(rc), kb_last_error());
+        fprintf(stderr, "keybus %s: %s: %s\n", cmd, kb_strerror(rc),
+                cli_error[0] ? cli_error : kb_last_error());
+    cli_error[0] = '\0';
 }

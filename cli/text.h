@@ -21,8 +21,25 @@ void kb_cli_json_string(FILE *out, const void *data, size_t len);
  * (RFC 4648 base64): binary keys and payloads survive exactly. */
 void kb_cli_json_bytes(FILE *out, const char *name, const void *data, size_t len);
 
-/* "keybus CMD: CLASS: text" on stderr when rc is not KB_OK; call it before
- * kb_close, whose own failure would replace kb_last_error's text. */
+/* `"headers":[{"name":"…","value":"…"},…]` in order (`value_base64` for a
+ * value that is not valid UTF-8); `[]` for none. */
+void kb_cli_json_headers(FILE *out, const kb_header *h, size_t n);
+
+/* `<TAB>header.NAME=VALUE` per header, in order, the value escaped. */
+void kb_cli_text_headers(FILE *out, const kb_header *h, size_t n);
+
+/* The CLI's own reason for a failure it returns as a KB_E* code (stdout
+ * failed, lines skipped), for kb_cli_report; the library's error text is
+ * the library's. Main thread only. */
+void kb_cli_errf(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+/* "keybus CMD: CLASS: text" on stderr when rc is not KB_OK, the text being
+ * kb_cli_errf's when one was given since, else kb_last_error's; call it
+ * before kb_close, whose own failure would replace kb_last_error's text. */
 void kb_cli_report(const char *cmd, int rc);
 
 #endif /* KB_CLI_TEXT_H */

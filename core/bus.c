@@ -856,6 +856,76 @@ int kb_dead_letter_replay(kb_bus *b, const char *topic, const char *id)
     return rc;
 }
 
+int kb_dead_letter_delete(kb_bus *b, const char *topic, const char *id)
+{
+    if (b == NULL || id == NULL || check_topic(topic, "kb_dead_letter_delete") != KB_OK)
+        return KB_EINVAL;
+    if (b->ops->dead_letter_delete == NULL) {
+        kb_errf(NULL, 0, "%s:// cannot delete dead letters", b->ops->scheme);
+        return KB_ENOTFOUND;
+    }
+    if (!gate_enter(b, "kb_dead_letter_delete", NULL, 0))
+        return KB_ECLOSED;
+    int rc;
+    struct kb_topic *t = topic_for_call(b, topic, &rc);
+    if (t != NULL)
+        rc = b->ops->dead_letter_delete(b->t, t->tt, id);
+    gate_leave(b);
+    return rc;
+}
+
+#define PURGE_BATCH 256
+
+struct purge_batch {
+    char *ids[PURGE_BATCH];
+    size_t n;
+    bool nomem;
+};
+
+static int purge_collect(const kb_dead_letter *dl, void *opaque)
+{
+    struct purge_batch *pb = opaque;
+    if ((pb->ids[pb->n] = strdup(dl->id)) == NULL) {
+        pb->nomem = true;
+        return 1;
+    }
+    pb->n++;
+    return 0;
+}
+
+int kb_dead_letters_purge(kb_bus *b, const char *topic, uint64_t *removed)
+{
+    uint64_t done = 0;
+    int rc = KB_OK;
+    if (b != NULL && b->ops->dead_letter_delete == NULL) {
+        kb_errf(NULL, 0, "%s:// cannot delete dead letters", b->ops->scheme);
+        rc = KB_ENOTFOUND;
+    }
+    /* a batch of IDs at a time, deleted after the walk: a broker's walk
+     * holds its connection while it calls back */
+    for (bool more = rc == KB_OK; more && rc == KB_OK;) {
+        struct purge_batch pb = {.n = 0};
+        rc = kb_dead_letters(b, topic, NULL, PURGE_BATCH, purge_collect, &pb);
+        if (rc == KB_OK && pb.nomem) {
+            kb_errf(NULL, 0, "kb_dead_letters_purge: out of memory for dead-letter IDs");
+            rc = KB_ENOMEM;
+        }
+        uint64_t before = done;
+        for (size_t i = 0; i < pb.n; i++) {
+            int del = rc == KB_OK ? kb_dead_letter_delete(b, topic, pb.ids[i]) : rc;
+            if (del == KB_OK)
+                done++;
+            else if (del != KB_ENOTFOUND)   /* gone meanwhile (a replay): not ours */
+                rc = del;
+            free(pb.ids[i]);
+        }
+        more = pb.n == PURGE_BATCH && done > before;
+    }
+    if (removed != NULL)
+        *removed = done;
+    return rc;
+}
+
 static void shutdown_pools(kb_bus *b)
 {
     struct cds_lfht_iter it;

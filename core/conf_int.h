@@ -53,9 +53,6 @@ void kb__conf_core(const kb_conf *c, kb_core_conf *out);
 int kb__conf_sync(kb_conf *c, char *errstr, size_t errlen);
 
 
-/* Write the Markdown reference of every key. */
-void kb__conf_write_markdown(FILE *out);
-
 /* A bus takes the conf in kb_open: false when another bus has it already.
  * While taken, kb_conf_set refuses changes and kb_conf_destroy leaves it to
  * kb_close, which calls kb__conf_free. */
@@ -75,10 +72,9 @@ void kb__conf_unknown_env(const kb_conf *c,
 int kb__conf_load_text(kb_conf *c, const char *name, const char *text, size_t len, char *errstr,
                        size_t errlen);
 
-/* Call fn for every key with its value as kb_conf_get shows it (secrets
- * masked), in table order. */
-void kb__conf_each(const kb_conf *c, void (*fn)(const char *key, const char *value, void *arg),
-                   void *arg);
+/* The delivery report and state callbacks (NULL: none). */
+void kb__conf_delivery(const kb_conf *c, kb_delivery_fn *fn, void **opaque);
+void kb__conf_state(const kb_conf *c, kb_state_fn *fn, void **opaque);
 
 /* The log callback chosen for the bus. */
 void kb__conf_log(const kb_conf *c, kb_log_fn *fn, void **opaque);

@@ -55,6 +55,14 @@ const kb_conf_prop kb__core_props[] = {
      "partition = `fnv1a32(key) % partitions`. Must match what the broker stores."},
     {"group", KB_CONF_STR, "keybus", 1, 128,
      "Consumer group (Redis) or durable-name prefix (NATS)."},
+    {"group.start", KB_CONF_ENUM, "earliest", 0, 16,
+     "Where a new consumer group starts on a broker: `earliest`, every event the topic "
+     "stores; `latest`, only events published after the group is made (Redis: "
+     "`XGROUP CREATE … $` in `kb_subscribe`; NATS: `DeliverPolicy` new, when a partition is "
+     "first claimed, shortly after `kb_subscribe`: wait for `partitions_owned` before counting "
+     "on it). A group that exists keeps its place, and one the server lost is made again "
+     "from the start, so nothing is skipped.",
+     "earliest|latest"},
     {"consumer", KB_CONF_STR, NULL, 1, 128,
      "This process's consumer name; default `<hostname>-<pid>`. Keep it stable "
      "across restarts to pick up your own pending entries first."},

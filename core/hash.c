@@ -26,7 +26,7 @@ uint64_t kb_mix64(uint64_t x)
 
 uint32_t kb_partition_of_hash(uint32_t hash, uint32_t partitions)
 {
-    return hash % partitions;
+    return partitions > 1 ? hash % partitions : 0;
 }
 
 uint32_t kb_partition_of(const void *key, size_t key_len, uint32_t partitions)

@@ -1,4 +1,4 @@
-/* The INI grammar kb_conf_load reads (documented in kb__conf_write_markdown):
+/* The INI grammar kb_conf_load reads (documented in kb_conf_write_reference):
  *   line     = blank | comment | section | pair      (one line each, never continued)
  *   comment  = ('#' | ';') any                        (only as the line's first non-blank)
  *   section  = '[' name ']'                           (nothing else on the line)

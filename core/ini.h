@@ -1,4 +1,4 @@
-/* A strict INI reader for kb_conf_load (grammar in kb__conf_write_markdown):
+/* A strict INI reader for kb_conf_load (grammar in kb_conf_write_reference):
  * whole lines, one rule each for indentation, sections, quotes and comments,
  * and an error naming the line for anything else. */
 #ifndef KB_CORE_INI_H

@@ -200,6 +200,8 @@ int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
     call->ev = NULL;
     if (result == KB_HANDLED)
         return KB_HANDLED;
+    if (result == KB_DECLINE)
+        return KB_POOL_SKIP;   /* given back unacked, as at close */
     bool dead = result == KB_DEAD;
     if (!dead && total < topic->bus->max_attempts)
         return KB_RETRY;

@@ -10,6 +10,7 @@ packages=(
   redis-server redis-sentinel nats-server
   clang libclang-rt-dev
   gnuplot-nox jq
+  tmux   # test_cli_ops drives `keybus top` in a terminal
 )
 
 missing=()

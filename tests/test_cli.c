@@ -16,52 +16,14 @@
 #include <unistd.h>
 
 #include "cli/text.h"
+#include "support/cli.h"
 
 #define MARK "hunter2MARK"
 
-extern char **environ;
-
-struct result {
-    int status;
-    char out[16384], err[16384];
-};
-
-static void slurp(const char *path, char *buf, size_t len)
-{
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    size_t n = fread(buf, 1, len - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    unlink(path);
-}
-
 /* Run the CLI with args (NULL-terminated); stdout and stderr captured. */
-static void cli(struct result *r, const char *const *args)
+static void cli(kb_test_cli_result *r, const char *const *args)
 {
-    char out[] = "/tmp/keybus-cli-out-XXXXXX", err[] = "/tmp/keybus-cli-err-XXXXXX";
-    int fo = mkstemp(out), fe = mkstemp(err);
-    assert_true(fo >= 0 && fe >= 0);
-    char *argv[32] = {(char *)KB_CLI};
-    size_t n = 1;
-    for (; args[n - 1] != NULL; n++)
-        argv[n] = (char *)args[n - 1];
-    argv[n] = NULL;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fo, 1);
-    posix_spawn_file_actions_adddup2(&fa, fe, 2);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);   /* produce reads it */
-    pid_t pid;
-    assert_int_equal(posix_spawn(&pid, KB_CLI, &fa, NULL, argv, environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    int ws;
-    assert_int_equal(waitpid(pid, &ws, 0), pid);
-    close(fo);
-    close(fe);
-    r->status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-    slurp(out, r->out, sizeof r->out);
-    slurp(err, r->err, sizeof r->err);
+    kb_test_cli(r, KB_CLI, args);
 }
 
 struct cli_case {
@@ -77,23 +39,41 @@ static void arguments_are_checked_before_the_bus_opens(void **state)
         {{"-h"}, 0, "usage: keybus", NULL},
         {{"--help"}, 0, "usage: keybus", NULL},
         {{"-X", "pool.workers=8", "-h"}, 0, "usage: keybus", NULL},
-        {{NULL}, 2, NULL, "usage: keybus"},
+        {{NULL}, 2, NULL, "keybus: no command (see: keybus --help)\n"},
         {{"bogus"}, 2, NULL, "unknown command"},
-        {{"-X", "transport=redis://127.0.0.1:1", "bogus"}, 2, NULL, "usage: keybus"},
-        {{"-X", "transport=mem://", "bogus"}, 2, NULL, "usage: keybus"},
+        {{"-X", "transport=redis://127.0.0.1:1", "bogus"}, 2, NULL, "unknown command"},
+        {{"-X", "transport=mem://", "bogus"}, 2, NULL, "unknown command"},
         {{"-Q", "stats", "t"}, 2, NULL, "unknown option"},
         {{"-X"}, 2, NULL, "-X needs an argument"},
-        {{"publish", "t"}, 2, NULL, "wrong number of arguments"},
+        {{"stats", "t", "-X"}, 2, NULL, "-X needs an argument"},
+        {{"publish", "t"}, 2, NULL, "keybus publish: wrong number of arguments (see: keybus help publish)\n"},
         {{"stats"}, 2, NULL, "wrong number of arguments"},
         {{"stats", "t", "u"}, 2, NULL, "wrong number of arguments"},
+        {{"stats", "t", "--json", "--text"}, 2, NULL, "exclude each other"},
+        {{"stats", "t", "--bogus"}, 2, NULL, "keybus stats: unknown option (see: keybus help stats)"},
+        {{"stats", "t", "-g"}, 2, NULL, "keybus stats: unknown option (see: keybus help stats)\n"},
         {{"dlq-replay", "t"}, 2, NULL, "wrong number of arguments"},
+        {{"dlq-delete", "t"}, 2, NULL, "wrong number of arguments"},
+        {{"dlq-purge"}, 2, NULL, "wrong number of arguments"},
+        {{"partitions"}, 2, NULL, "wrong number of arguments"},
+        {{"top"}, 2, NULL, "wants at least one TOPIC"},
+        {{"top", "ok", "bad topic"}, 2, NULL, "allowed: letters"},
         {{"dlq-list", "t", "abc"}, 2, NULL, "MAX must be"},
         {{"dlq-list", "t", "0"}, 2, NULL, "MAX must be"},
         {{"dlq-list", "t", "2x"}, 2, NULL, "MAX must be"},
-        {{"dlq-list", "t", "-1"}, 2, NULL, "MAX must be"},
+        {{"dlq-list", "t", "-1"}, 2, NULL, "unknown option"},
         {{"dlq-list", "t", " 5"}, 2, NULL, "MAX must be"},
         {{"dlq-list", "t", "99999999999"}, 2, NULL, "MAX must be"},
-        {{"dlq-list", "t", "5"}, 0, NULL, NULL},
+        {{"dlq-list", "t", "5"}, 4, NULL, "keybus dlq-list: not found: "},   /* as stats */
+        {{"dlq-list", "t", "--json"}, 4, NULL, "keybus dlq-list: not found: "},
+        {{"partitions", "t"}, 4, NULL, "keybus partitions: not found: "},
+        {{"help"}, 0, "usage: keybus", NULL},
+        {{"help", "consume"}, 0, "usage: keybus [-c FILE] [-X key=value]... consume TOPIC", NULL},
+        {{"help", "bogus"}, 2, NULL, "unknown command"},
+        {{"consume", "--help"}, 0, "exactly COUNT", NULL},
+        {{"-V"}, 0, "keybus " KB_VERSION_STRING " (library " KB_VERSION_STRING ")\n", NULL},
+        {{"--version"}, 0, "keybus " KB_PROJECT_VERSION " ", NULL},   /* CMake's is the header's */
+        {{"--man"}, 0, ".TH KEYBUS 1", NULL},
         {{"-X", "pool.workers=abc", "stats", "t"}, 2, NULL, "pool.workers"},
         {{"-c", "/tmp", "stats", "t"}, 2, NULL, "not a regular file"},
         {{"-c", "/nonexistent/keybus.ini", "stats", "t"}, 2, NULL, "cannot read"},
@@ -103,6 +83,9 @@ static void arguments_are_checked_before_the_bus_opens(void **state)
         {{"dlq-replay", "t", "nope"}, 1, NULL, "keybus dlq-replay: "},
         {{"publish", "t", "k", "v"}, 4, NULL, "keybus publish: not found: "},
         {{"-X", "pool.workers=16", "conf"}, 0, "pool.workers = 16\n", NULL},
+        {{"conf", "-X", "pool.workers=17"}, 0, "pool.workers = 17\n", NULL},   /* after it */
+        {{"conf", "-Xpool.workers=18"}, 0, "pool.workers = 18\n", NULL},
+        {{"conf", "--", "-Xpool.workers=18"}, 2, NULL, "wrong number of arguments"},
         {{"conf-doc"}, 0, "# keybus configuration", NULL},
         {{"produce"}, 2, NULL, "wants exactly one TOPIC"},
         {{"consume", "t", "u"}, 2, NULL, "wants exactly one TOPIC"},
@@ -111,14 +94,18 @@ static void arguments_are_checked_before_the_bus_opens(void **state)
         {{"consume", "t", "-n", "5x"}, 2, NULL, "-n wants a decimal count"},
         {{"consume", "t", "--timeout-ms", "-1"}, 2, NULL, "--timeout-ms wants"},
         {{"consume", "t", "-K", ","}, 2, NULL, "unknown option"},
+        {{"consume", "t", "-g"}, 2, NULL, "missing its argument"},
+        {{"consume", "t"}, 1, NULL, "nothing to consume: mem://"},   /* at once */
         {{"produce", "t", "--json"}, 2, NULL, "unknown option"},
         {{"produce", "t", "-K", ""}, 2, NULL, "non-empty delimiter"},
         {{"produce", "t", "-g", "x"}, 2, NULL, "unknown option"},
         {{"-X", "pool.workers=abc", "consume", "t"}, 2, NULL, "pool.workers"},
         {{"consume", "-g", "bad group\n", "t"}, 2, NULL, "-g: "},
+        {{"-X", "transport=redis://127.0.0.1:1", "consume", "-g", "bad group\n", "t"}, 2, NULL,
+         "-g: "},
         {{"produce", "t"}, 0, NULL, "0 events published"},   /* stdin is empty */
     };
-    static struct result r;
+    static kb_test_cli_result r;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         cli(&r, cases[i].args);
         if (r.status != cases[i].status)
@@ -151,7 +138,7 @@ static void no_secret_is_printed(void **state)
         {{"--token=" MARK, "stats", "t"}, 2, NULL, "unknown option"},
         {{"--" MARK, "stats", "t"}, 2, NULL, "unknown option"},
     };
-    static struct result r;
+    static kb_test_cli_result r;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         cli(&r, cases[i].args);
         if (r.status != cases[i].status)

@@ -348,6 +348,24 @@ static void dead_letters(void **state)
     assert_int_equal(left.n, 1);
     assert_string_equal(left.e[0].key, "k1");
     assert_int_equal(kb_dead_letter_replay(b, topic, sd.e[flaky].id), KB_ENOTFOUND);
+
+    /* removed without a replay (the optional dead_letter_delete hook: without
+     * it both calls say KB_ENOTFOUND) */
+    uint64_t removed = 99;
+    int rc = kb_dead_letters_purge(b, topic, &removed);
+    if (plugin != NULL) {   /* examples/transport has no such hook */
+        assert_int_equal(rc, KB_ENOTFOUND);
+        assert_int_equal(removed, 0);
+    } else {
+        assert_int_equal(rc, KB_OK);
+        assert_int_equal(removed, 1);
+        struct seen_dead gone = {0};
+        assert_int_equal(kb_dead_letters(b, topic, NULL, 100, collect_dead_letter, &gone), KB_OK);
+        assert_int_equal(gone.n, 0);
+        assert_int_equal(kb_dead_letters_purge(b, topic, &removed), KB_OK);
+        assert_int_equal(removed, 0);
+    }
+    assert_int_equal(kb_dead_letter_delete(b, topic, left.e[0].id), KB_ENOTFOUND);
     assert_int_equal(kb_close(b, 30000), KB_OK);
 }
 

@@ -15,8 +15,7 @@
 #include <string.h>
 
 #include <keybus/keybus.h>
-
-#include "core/conf_int.h"   /* kb__conf_write_markdown: what `keybus conf-doc` prints */
+#include <keybus/transport.h>   /* kb_conf_int */
 
 static const char *file_so, *bad_abi_so, *no_entry_so;
 
@@ -100,7 +99,7 @@ static void configuration_reference_documents_the_keys(void **state)
     size_t len = 0;
     FILE *out = open_memstream(&doc, &len);
     assert_non_null(out);
-    kb__conf_write_markdown(out);
+    kb_conf_write_reference(out);
     fclose(out);
     int has = strstr(doc, "| `file.poll_ms` | integer | `50` | 1 .. 60000 | `KEYBUS_FILE_POLL_MS` |") != NULL &&
               strstr(doc, "| `file.fsync` | one of | `flush` | flush|never | `KEYBUS_FILE_FSYNC` |") != NULL;

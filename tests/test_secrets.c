@@ -14,8 +14,6 @@
 #include <keybus/keybus.h>
 #include <keybus/transport.h>
 
-#include "core/conf_int.h"
-
 #define MARK "hunter2MARK"
 
 struct leak_case {
@@ -239,7 +237,7 @@ static void conf_get_masks_secrets(void **state)
     /* transports read the real values */
     assert_string_equal(kb_conf_str(c, "sec.password"), MARK);
     struct seen s = {0};
-    kb__conf_each(c, collect, &s);
+    kb_conf_each(c, collect, &s);
     assert_true(s.keys > 10);
     assert_null(strstr(s.all, MARK));
     assert_non_null(strstr(s.all, "sec.password=***\n"));

@@ -25,6 +25,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,7 +37,12 @@ extern "C" {
 #define KB_EXPORT
 #endif
 
+#define KB_VERSION_MAJOR 0
+#define KB_VERSION_MINOR 1
+#define KB_VERSION_PATCH 0
 #define KB_VERSION_STRING "0.1.0"
+/* One number that compares in release order: 0xMMmmpp (0.1.0 is 0x000100). */
+#define KB_VERSION_NUM ((KB_VERSION_MAJOR << 16) | (KB_VERSION_MINOR << 8) | KB_VERSION_PATCH)
 
 typedef struct kb_conf kb_conf;
 typedef struct kb_bus kb_bus;
@@ -56,6 +62,11 @@ enum {                      /* every call returns KB_OK or a negative code */
 
 /* Static string for a KB_* code ("unknown error" otherwise). Thread: any. */
 KB_EXPORT const char *kb_strerror(int code);
+
+/* The version of the library the program runs with, "MAJOR.MINOR.PATCH": a
+ * static string, equal to KB_VERSION_STRING when the program was built with
+ * the same headers. Thread: any. */
+KB_EXPORT const char *kb_version(void);
 
 /* Text naming the problem of this thread's last failed keybus call, for calls
  * that take no errstr (kb_publish, kb_subscribe, ...). Valid until this thread's
@@ -122,6 +133,60 @@ typedef enum kb_log_level {
 typedef void (*kb_log_fn)(int level, const char *msg, void *opaque);
 KB_EXPORT void kb_conf_set_log(kb_conf *c, kb_log_fn fn, void *opaque);
 
+/* Call fn for every key, in the order of docs/CONFIGURATION.md (core keys,
+ * then each registered transport's), with its value as kb_conf_get shows it:
+ * secrets as `***`, URLs without their userinfo. `key` and `value` are valid
+ * only during the call. Thread: the conf's (no other call on it meanwhile). */
+typedef void (*kb_conf_each_fn)(const char *key, const char *value, void *opaque);
+KB_EXPORT void kb_conf_each(const kb_conf *c, kb_conf_each_fn fn, void *opaque);
+
+/* Write the configuration reference (docs/CONFIGURATION.md, Markdown) to
+ * `out`: every key of the core and of the transports registered so far, with
+ * type, default, range and doc. The stream stays the caller's. Thread: any. */
+KB_EXPORT void kb_conf_write_reference(FILE *out);
+
+/* The outcome of one published event on a broker (librdkafka's delivery
+ * report): stored, or failed for good. Strings and bytes are valid only
+ * during the callback. */
+typedef struct kb_delivery_report {
+    const char *topic;
+    const void *key;      size_t key_len;
+    uint32_t    partition;
+    int         result;       /* KB_OK: the broker stored it; else a KB_E* code */
+    const char *id;           /* the broker's ID when stored (Redis entry ID, NATS
+                                 "<seq>" or "<seq>.<index>" in a frame); "" when failed */
+    const char *error;        /* why it failed; "" when stored */
+} kb_delivery_report;
+typedef void (*kb_delivery_fn)(const kb_delivery_report *r, void *opaque);
+
+/* Call fn once per event kb_publish* accepted on a broker transport, when the
+ * broker confirmed it (result KB_OK, with its ID) or refused it for good
+ * (what kb_flush then reports too); an event sent again after a broken
+ * connection is reported once, when it is settled. Events kb_close gives up
+ * on (its deadline, an unreachable broker) get no report: its result says
+ * so. mem:// reports nothing: its kb_publish result is the outcome. fn runs
+ * on a transport thread, never inside kb_publish, so it must be thread-safe
+ * and quick; it may publish (with the backlog full, that fails with KB_EFULL
+ * after pool.enqueue_timeout_ms: this thread is the one that makes room) but
+ * not call kb_close, kb_flush or kb_drain. NULL: no reports (the default). */
+KB_EXPORT void kb_conf_set_delivery_cb(kb_conf *c, kb_delivery_fn fn, void *opaque);
+
+/* A transport's connection state, as the application sees it. */
+typedef enum kb_state {
+    KB_STATE_CONNECTED = 1,     /* first connected, in kb_open */
+    KB_STATE_DISCONNECTED = 2,  /* the connection broke; the transport reconnects */
+    KB_STATE_RECONNECTED = 3,   /* back, after a DISCONNECTED */
+} kb_state;
+typedef void (*kb_state_fn)(const char *scheme, kb_state state, const char *reason,
+                            void *opaque);
+
+/* Call fn when the transport's connection to its broker changes state, with
+ * the scheme ("redis", "nats") and a reason (never a password); valid only
+ * during the call. Redis reports its publishing connection, NATS its one
+ * connection. fn runs on a transport thread (CONNECTED on kb_open's): it
+ * must be thread-safe and quick. NULL: none (the default). */
+KB_EXPORT void kb_conf_set_state_cb(kb_conf *c, kb_state_fn fn, void *opaque);
+
 /* Copy of a configuration, or NULL on out of memory. */
 KB_EXPORT kb_conf *kb_conf_dup(const kb_conf *c);
 
@@ -177,7 +242,13 @@ typedef struct kb_event {
     const kb_header *headers; size_t n_headers; /* in publish order */
 } kb_event;                                     /* valid only during the handler call */
 
-enum { KB_HANDLED = 0, KB_RETRY = 1, KB_DEAD = 2 };   /* handler results */
+/* Handler results. KB_DECLINE: not taken: the event is given back unhandled,
+ * as kb_close gives back what it holds (brokers: left unacknowledged for the
+ * group, which hands it out again, here after a hand-over or elsewhere;
+ * mem://: dropped). Per-key order holds only when
+ * every later event of the key is declined too: it is for a consumer that
+ * stops taking events (`keybus consume -n`), not for skipping one. */
+enum { KB_HANDLED = 0, KB_RETRY = 1, KB_DEAD = 2, KB_DECLINE = 3 };
 
 /* Runs on an executor thread; never concurrently with another call for the same
  * lane (so never twice at once for one key). Any other result means KB_RETRY.
@@ -241,7 +312,7 @@ typedef struct kb_msg {
 } kb_msg;
 
 /* The broker partition of an aggregate key: kb_fnv1a32(key) % partitions
- * (the `partitions` key, at least 1). The one rule every transport, plugin
+ * (the `partitions` key; 0 when partitions is 0 or 1). The one rule every transport, plugin
  * and tool routes by, so a key's events share one partition. Thread: any. */
 KB_EXPORT uint32_t kb_partition_of(const void *key, size_t key_len, uint32_t partitions);
 /* The same from the key's kb_fnv1a32 (kb_msg.hash in a transport's publish). */
@@ -380,6 +451,18 @@ KB_EXPORT int kb_dead_letters(kb_bus *b, const char *topic, const char *after_id
 /* Publish dead letter `id` back to its partition (attempt reset to 1) and remove
  * it from the dead-letter store. KB_ECLOSED once kb_close has begun. Thread: any. */
 KB_EXPORT int kb_dead_letter_replay(kb_bus *b, const char *topic, const char *id);
+
+/* Remove dead letter `id` of `topic` from the store without replaying it.
+ * KB_ENOTFOUND when there is no such dead letter (or topic, on a broker;
+ * nothing is created), KB_EINVAL for an ID that is not the transport's form,
+ * KB_ECLOSED once kb_close has begun. Thread: any. */
+KB_EXPORT int kb_dead_letter_delete(kb_bus *b, const char *topic, const char *id);
+
+/* Remove the dead letters of `topic`, oldest first, until none is left (one
+ * stored meanwhile may be removed too); *removed (may be NULL) receives how
+ * many, also when it fails part way. Errors as kb_dead_letter_delete's (a
+ * topic without dead letters is KB_OK with 0). Thread: any. */
+KB_EXPORT int kb_dead_letters_purge(kb_bus *b, const char *topic, uint64_t *removed);
 
 #ifdef __cplusplus
 }

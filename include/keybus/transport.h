@@ -28,7 +28,7 @@
 extern "C" {
 #endif
 
-#define KB_TRANSPORT_ABI 4
+#define KB_TRANSPORT_ABI 5
 
 typedef struct kb_transport kb_transport;              /* the transport's state per bus */
 typedef struct kb_transport_topic kb_transport_topic;  /* the transport's state per topic */
@@ -155,6 +155,9 @@ typedef struct kb_transport_ops {
     int  (*dead_letters)(kb_transport *t, kb_transport_topic *tt, const char *after_id,
                          size_t max, kb_dead_letter_fn fn, void *opaque);
     int  (*dead_letter_replay)(kb_transport *t, kb_transport_topic *tt, const char *id);
+    /* Optional: remove dead letter `id` without replaying it (KB_ENOTFOUND
+     * when absent; kb_dead_letters_purge calls it per entry). */
+    int  (*dead_letter_delete)(kb_transport *t, kb_transport_topic *tt, const char *id);
     /* Optional: called on the executor just before the handler; 0 means this
      * process no longer owns the delivery (lease lost), so it is released
      * unhandled instead. Must be cheap: it runs once per event. */
@@ -207,6 +210,23 @@ KB_EXPORT int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms);
 /* Sink subscribed to `topic` in this bus, or NULL. Only valid while the caller
  * is inside publish or holds the sink already (mem:// uses this). */
 KB_EXPORT kb_sink *kb_bus_sink(kb_bus *b, const char *topic);
+
+/* ---------------------------------------------------------------------------
+ * Reports to the application: delivery results and connection state.
+ * ------------------------------------------------------------------------- */
+
+/* Non-zero when the application set a delivery callback: a transport keeps
+ * what a report needs (the key) only then. Thread: any. */
+KB_EXPORT int kb_bus_delivery_wanted(const kb_bus *b);
+
+/* Hand one event's outcome to the application's delivery callback (none
+ * set: nothing). Call it from a transport thread, never inside publish, once
+ * per event accepted by publish. Thread: any. */
+KB_EXPORT void kb_bus_delivery_report(kb_bus *b, const kb_delivery_report *r);
+
+/* Tell the application's state callback that the connection changed (none
+ * set: nothing); `reason` never holds a password. Thread: any. */
+KB_EXPORT void kb_bus_state_report(kb_bus *b, kb_state state, const char *reason);
 
 /* ---------------------------------------------------------------------------
  * Handler runs: the crash journal (docs/transports.md, "Attempts are handler

@@ -239,7 +239,8 @@ static int mem_dead_letters(kb_transport *t, kb_transport_topic *q, const char *
     return KB_OK;
 }
 
-static int mem_dead_letter_replay(kb_transport *t, kb_transport_topic *q, const char *id)
+/* Dead letter `id` of q in *out (NULL: none), t->lock held, on KB_OK. */
+static int lock_dead(kb_transport *t, kb_transport_topic *q, const char *id, struct dead **out)
 {
     uint64_t want;
     int rc = parse_id(id, &want);
@@ -249,6 +250,16 @@ static int mem_dead_letter_replay(kb_transport *t, kb_transport_topic *q, const 
     struct dead *e = q->head;
     while (e != NULL && e->id != want)
         e = e->next;
+    *out = e;
+    return KB_OK;
+}
+
+static int mem_dead_letter_replay(kb_transport *t, kb_transport_topic *q, const char *id)
+{
+    struct dead *e;
+    int rc = lock_dead(t, q, id, &e);
+    if (rc != KB_OK)
+        return rc;
     if (e == NULL || e->replaying) {
         pthread_mutex_unlock(&t->lock);
         kb_errf(NULL, 0, "mem: topic %s has no dead letter %.32s%s", q->topic, id,
@@ -274,6 +285,20 @@ static int mem_dead_letter_replay(kb_transport *t, kb_transport_topic *q, const 
         dead_free(e);
     pthread_mutex_unlock(&t->lock);
     return rc;
+}
+
+static int mem_dead_letter_delete(kb_transport *t, kb_transport_topic *q, const char *id)
+{
+    struct dead *e;
+    int rc = lock_dead(t, q, id, &e);
+    if (rc != KB_OK)
+        return rc;
+    if (e != NULL)
+        unlink_dead(q, e);   /* a walk or replay holding it frees it after */
+    pthread_mutex_unlock(&t->lock);
+    if (e == NULL)
+        kb_errf(NULL, 0, "mem: topic %s has no dead letter %.32s", q->topic, id);
+    return e != NULL ? KB_OK : KB_ENOTFOUND;
 }
 
 static int mem_stats(kb_transport *t, kb_transport_topic *q, kb_topic_stats *out)
@@ -316,5 +341,6 @@ const kb_transport_ops kb__mem_ops = {
     .stats = mem_stats,
     .dead_letters = mem_dead_letters,
     .dead_letter_replay = mem_dead_letter_replay,
+    .dead_letter_delete = mem_dead_letter_delete,
     .close = mem_close,
 };

@@ -164,6 +164,7 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->linger_ns = kb_conf_int(c, "nats.publish_linger_us") * 1000;
     snprintf(t->id, sizeof t->id, "%s", kb_conf_str(c, "consumer"));
     snprintf(t->group, sizeof t->group, "%s", kb_conf_str(c, "group"));
+    t->start_latest = strcmp(kb_conf_str(c, "group.start"), "latest") == 0;
     snprintf(t->bucket, sizeof t->bucket, "%s", kb_conf_str(c, "nats.lease_bucket"));
     if (!group_ok(t->group)) {
         kb_errf(errstr, errlen, "group \"%s\": nats:// allows only letters, digits, '-', '_' "
@@ -349,6 +350,7 @@ const kb_transport_ops kb__nats_ops = {
     .partition_stats = kb__nats_partition_stats,
     .dead_letters = kb__nats_dead_letters,
     .dead_letter_replay = kb__nats_dead_letter_replay,
+    .dead_letter_delete = kb__nats_dead_letter_delete,
     .stop = kb__nats_stop,
     .close = nats_close,
 };

@@ -60,6 +60,7 @@ static void on_reconnected(natsConnection *nc, void *closure)
     kb__nats_lease_kick(t);        /* acks the server lost: asked again at once */
     kb_log(t->bus, KB_LOG_INFO, "nats %s: reconnected (max_payload %zu)", t->url_safe,
            atomic_load(&t->max_payload));
+    kb_bus_state_report(t->bus, KB_STATE_RECONNECTED, t->url_safe);
 }
 
 /* Connected after kb_open's first attempt failed (nats.connect_wait_ms). */
@@ -258,6 +259,7 @@ int kb__nats_connect(kb_transport *t, const kb_conf *c, char *errstr, size_t err
                 t->url_safe, kb__nats_reason(s), (int)jerr);
         return KB_ETRANSPORT;
     }
+    kb_bus_state_report(t->bus, KB_STATE_CONNECTED, t->url_safe);
     return KB_OK;
 }
 

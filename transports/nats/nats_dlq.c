@@ -193,24 +193,55 @@ int kb__nats_dead_letters(kb_transport *t, kb_nats_topic *tp, const char *after_
     return rc;
 }
 
-int kb__nats_dead_letter_replay(kb_transport *t, kb_nats_topic *tp, const char *id)
+/* Dead letter `id` of the topic's stream, checked to be one (the stream also
+ * holds the events): KB_OK with *m the caller's to destroy. */
+static int get_dead_letter(kb_transport *t, kb_nats_topic *tp, const char *id, uint64_t *seq,
+                           natsMsg **m)
 {
-    uint64_t seq;
-    if (!kb__nats_seq_parse(id, &seq)) {
+    if (!kb__nats_seq_parse(id, seq)) {
         kb_errf(NULL, 0, "nats: dead letter ID \"%.60s\" is not a stream sequence", id);
         return KB_EINVAL;
     }
     int exists = kb__nats_topic_exists(t, tp);   /* no stream made for a missing ID */
     if (exists != KB_OK)
         return exists;
-    natsMsg *m = NULL;
     jsErrCode jerr = 0;
-    natsStatus s = js_GetMsg(&m, t->js, tp->stream, seq, NULL, &jerr);
-    if (s != NATS_OK || strcmp(natsMsg_GetSubject(m), tp->dlq_subject) != 0) {
-        natsMsg_Destroy(m);
+    natsStatus s = js_GetMsg(m, t->js, tp->stream, *seq, NULL, &jerr);
+    if (s != NATS_OK || strcmp(natsMsg_GetSubject(*m), tp->dlq_subject) != 0) {
+        natsMsg_Destroy(*m);
+        *m = NULL;
         kb_errf(NULL, 0, "nats: no dead letter %s in %s", id, tp->stream);
         return KB_ENOTFOUND;
     }
+    return KB_OK;
+}
+
+int kb__nats_dead_letter_delete(kb_transport *t, kb_nats_topic *tp, const char *id)
+{
+    uint64_t seq;
+    natsMsg *m = NULL;
+    int rc = get_dead_letter(t, tp, id, &seq, &m);
+    natsMsg_Destroy(m);
+    if (rc != KB_OK)
+        return rc;
+    jsErrCode jerr = 0;
+    natsStatus s = js_DeleteMsg(t->js, tp->stream, seq, NULL, &jerr);
+    if (s == NATS_NOT_FOUND || jerr == JSSequenceNotFoundErr) {
+        kb_errf(NULL, 0, "nats: no dead letter %s in %s (removed meanwhile)", id, tp->stream);
+        return KB_ENOTFOUND;
+    }
+    return s == NATS_OK ? KB_OK : kb__nats_errf("removing the dead letter", s, jerr);
+}
+
+int kb__nats_dead_letter_replay(kb_transport *t, kb_nats_topic *tp, const char *id)
+{
+    uint64_t seq;
+    natsMsg *m = NULL;
+    int rc = get_dead_letter(t, tp, id, &seq, &m);
+    if (rc != KB_OK)
+        return rc;
+    jsErrCode jerr = 0;
+    natsStatus s;
     char *key = malloc(65536);
     kb_nats_hdrs *h = calloc(1, sizeof *h);
     const char *why = "out of memory";
@@ -233,7 +264,7 @@ int kb__nats_dead_letter_replay(kb_transport *t, kb_nats_topic *tp, const char *
     }
     kb_msg msg = {key, (size_t)klen, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),
                   kb_fnv1a32(key, (size_t)klen), h->n ? h->h : NULL, h->n};
-    int rc = kb__nats_publish(t, tp, &msg);
+    rc = kb__nats_publish(t, tp, &msg);
     if (rc == KB_OK)
         rc = kb__nats_flush(t, (int)t->publish_timeout_ms);
     if (rc == KB_OK && (s = js_DeleteMsg(t->js, tp->stream, seq, NULL, &jerr)) != NATS_OK)

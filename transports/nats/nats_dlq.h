@@ -29,5 +29,6 @@ int kb__nats_dead_letter(kb_transport *t, const kb_delivery *d, const char *reas
 int kb__nats_dead_letters(kb_transport *t, kb_nats_topic *tp, const char *after_id, size_t max,
                           kb_dead_letter_fn fn, void *opaque);
 int kb__nats_dead_letter_replay(kb_transport *t, kb_nats_topic *tp, const char *id);
+int kb__nats_dead_letter_delete(kb_transport *t, kb_nats_topic *tp, const char *id);
 
 #endif /* KB_TRANSPORTS_NATS_DLQ_H */

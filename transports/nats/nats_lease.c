@@ -321,9 +321,14 @@ static bool open_consumer(kb_transport *t, kb_nats_claim *c, const jsConsumerInf
     kb_nats_topic *tp = c->part->topic;
     long n = c->wide ? -1 : (long)c->part->n;
     uint64_t floor = 0;
-    for (int i = 0; list != NULL && i < list->Count; i++)
-        if (covers(t, list->List[i]->Name, n) && kb__nats_floor_of(list->List[i]) > floor)
+    bool new_group = true;   /* no earlier consumer of the group covers the partition */
+    for (int i = 0; list != NULL && i < list->Count; i++) {
+        if (!covers(t, list->List[i]->Name, n))
+            continue;
+        new_group = false;
+        if (kb__nats_floor_of(list->List[i]) > floor)
             floor = kb__nats_floor_of(list->List[i]);
+    }
     for (int i = 0; list != NULL && i < list->Count; i++)
         if (covers(t, list->List[i]->Name, n))
             marks_inherit(c, list->List[i], floor);
@@ -341,7 +346,9 @@ static bool open_consumer(kb_transport *t, kb_nats_claim *c, const jsConsumerInf
     cc.MaxAckPending = t->max_ack_pending * (c->wide ? t->partitions : 1);
     cc.MaxDeliver = -1;         /* retries are the bus's; the server never gives up */
     cc.FilterSubject = c->wide ? filter : c->part->subject;
-    cc.DeliverPolicy = floor > 0 ? js_DeliverByStartSequence : js_DeliverAll;
+    cc.DeliverPolicy = floor > 0                        ? js_DeliverByStartSequence
+                       : new_group && t->start_latest ? js_DeliverNew
+                                                      : js_DeliverAll;
     cc.OptStartSeq = floor > 0 ? floor + 1 : 0;
     c->delivered_hi = floor;   /* a wide claim's first gap starts here (nats_consume.c) */
     jsConsumerInfo *ci = NULL;

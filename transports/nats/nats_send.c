@@ -1,6 +1,7 @@
 /* Sending: asynchronous JetStream publishes with a Nats-Msg-Id each, a
  * bounded number in flight, their acks (nats.c's ack thread), and in-order
  * resends after a broken connection. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,7 @@ static void push(kb_transport *t, natsMsg *m)
 }
 
 /* The partition a publish of this process went to (NULL: not ours). */
-static kb_nats_batch *batch_of(kb_transport *t, natsMsg *msg)
+static kb_nats_topic *published_to(kb_transport *t, natsMsg *msg, uint32_t *part)
 {
     const char *id = NULL, *subj = natsMsg_GetSubject(msg), *dot = strrchr(subj, '.');
     size_t bl = strlen(t->bus_id);
@@ -53,9 +54,18 @@ static kb_nats_batch *batch_of(kb_transport *t, natsMsg *msg)
     kb_nats_topic *tp = kb__nats_topic_at(t, (uint32_t)strtoul(id + bl + 1, NULL, 10));
     char *end = NULL;
     unsigned long n = strtoul(dot + 1, &end, 10);
-    if (tp == NULL || *end != '\0' || n >= t->partitions || tp->batches == NULL)
+    if (tp == NULL || *end != '\0' || n >= t->partitions)
         return NULL;
-    return &tp->batches[n];
+    *part = (uint32_t)n;
+    return tp;
+}
+
+/* The partition batch a message this bus published came from, or NULL. */
+static kb_nats_batch *batch_of(kb_transport *t, natsMsg *msg)
+{
+    uint32_t n;
+    kb_nats_topic *tp = published_to(t, msg, &n);
+    return tp != NULL && tp->batches != NULL ? &tp->batches[n] : NULL;
 }
 
 /* The partition's publish is settled (stored, or refused for good): its next
@@ -227,7 +237,7 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
 }
 
 /* The stream sequence a publish was stored at: kb_drain's target for its
- * partition. The topic comes from the index in its Nats-Msg-Id. */
+ * partition. */
 static void note_stored(kb_transport *t, natsMsg *msg, uint64_t seq)
 {
     kb_nats_batch *b = batch_of(t, msg);
@@ -239,10 +249,47 @@ static void note_stored(kb_transport *t, natsMsg *msg, uint64_t seq)
     settled(t, b);
 }
 
-/* A publish ack that failed: transport trouble is sent again (the Msg-Id makes
- * it idempotent); a rejection by the server is counted for kb_flush to report. */
-static void pub_err(kb_transport *t, jsPubAckErr *pae)
+/* One delivery report per event of a message the server stored at `seq`
+ * (error NULL) or refused for good; IDs as consumers see them ("<seq>", or
+ * "<seq>.<i>" from 1 in a frame). Ack thread, no lock held. */
+static void report_delivery(kb_transport *t, natsMsg *msg, uint64_t seq, const char *error)
 {
+    uint32_t part;
+    kb_nats_topic *tp = kb_bus_delivery_wanted(t->bus) ? published_to(t, msg, &part) : NULL;
+    if (tp == NULL)
+        return;
+    kb_delivery_report r = {.topic = tp->name, .partition = part,
+                            .result = error != NULL ? KB_ETRANSPORT : KB_OK,
+                            .error = error != NULL ? error : ""};
+    char id[48];
+    size_t base = kb__nats_put_u64(id, seq);
+    const char *count = NULL, *why = NULL;
+    kb_nats_frame f;
+    kb_nats_event ev;
+    if (natsMsgHeader_Get(msg, KB_NATS_BATCH_HDR, &count) == NATS_OK && count != NULL) {
+        if (kb__nats_frame_open(msg, count, &f, &why) != 0)
+            return;
+        for (uint32_t i = 1; kb__nats_frame_next(&f, &ev); i++) {
+            id[base] = '.';
+            kb__nats_put_u64(id + base + 1, i);
+            r.key = ev.key, r.key_len = ev.key_len, r.id = error != NULL ? "" : id;
+            kb_bus_delivery_report(t->bus, &r);
+        }
+        return;
+    }
+    char *key = malloc(65536);
+    int klen = key != NULL ? kb__nats_get_key(msg, key, 65536, &why) : -1;
+    r.key = key, r.key_len = klen > 0 ? (size_t)klen : 0, r.id = error != NULL ? "" : id;
+    kb_bus_delivery_report(t->bus, &r);
+    free(key);
+}
+
+/* A publish ack that failed: transport trouble is sent again (the Msg-Id makes
+ * it idempotent); a rejection by the server is counted for kb_flush to report
+ * (its reason in why: true). */
+static bool pub_err(kb_transport *t, jsPubAckErr *pae, char *why, size_t len)
+{
+    bool refused = false;
     pthread_mutex_lock(&t->resend_lock);
     if (pae->ErrCode == 0 && pae->Err != NATS_INVALID_ARG) {
         natsMsg *c = kb__nats_msg_clone(pae->Msg);
@@ -254,12 +301,13 @@ static void pub_err(kb_transport *t, jsPubAckErr *pae)
             snprintf(t->pub_error, sizeof t->pub_error, "out of memory copying a resend");
         }
     } else {
-        char why[160];
-        snprintf(why, sizeof why, "%s (jetstream error %d)",
+        snprintf(why, len, "%s (jetstream error %d)",
                  pae->ErrText ? pae->ErrText : natsStatus_GetText(pae->Err), (int)pae->ErrCode);
         reject(t, pae->Msg, why);
+        refused = true;
     }
     pthread_mutex_unlock(&t->resend_lock);
+    return refused;
 }
 
 /* The connection broke (nats.c's callback thread): take back what is not
@@ -271,6 +319,7 @@ void kb__nats_disconnected(natsConnection *nc, void *closure)
     if (atomic_load(&t->closing))
         return;   /* our own natsConnection_Close */
     kb_log(t->bus, KB_LOG_WARNING, "nats %s: disconnected, reconnecting", t->url_safe);
+    kb_bus_state_report(t->bus, KB_STATE_DISCONNECTED, "connection lost; reconnecting");
     pthread_rwlock_wrlock(&t->pub_lock);
     take_back(t, NULL);
     pthread_rwlock_unlock(&t->pub_lock);
@@ -335,11 +384,14 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
 {
     (void)js;
     kb_transport *t = closure;
-    if (pa != NULL && msg != NULL)
+    char why[160];
+    if (pa != NULL && msg != NULL) {
         note_stored(t, msg, pa->Sequence);
-    else if (pae != NULL) {
+        report_delivery(t, msg, pa->Sequence, NULL);
+    } else if (pae != NULL) {
         pae->Msg = msg;   /* not set on this path */
-        pub_err(t, pae);
+        if (pub_err(t, pae, why, sizeof why) && msg != NULL)
+            report_delivery(t, msg, 0, why);
     }
     natsMsg_Destroy(msg);
 }

@@ -196,6 +196,7 @@ struct kb_transport {
     char url_safe[512];            /* URL without credentials, for messages */
     char id[128];                  /* this process's consumer name */
     char group[129];               /* group (letters, digits, - _ =) */
+    bool start_latest;             /* group.start = latest: a new group skips what is stored */
     char bus_id[24];               /* prefix of Nats-Msg-Id */
     char bucket[72];               /* lease KV bucket */
     _Atomic uint64_t msg_seq;

@@ -160,6 +160,7 @@ static int read_conf(kb_transport *t, const kb_conf *c, char *errstr, size_t err
 {
     t->partitions = (uint32_t)kb_conf_int(c, "partitions");
     snprintf(t->group, sizeof t->group, "%s", kb_conf_str(c, "group"));
+    t->group_start = strcmp(kb_conf_str(c, "group.start"), "latest") == 0 ? "$" : "0";
     snprintf(t->consumer, sizeof t->consumer, "%s", kb_conf_str(c, "consumer"));
     t->connect_timeout_ms = (int)kb_conf_int(c, "redis.connect_timeout_ms");
     t->read_timeout_ms = (int)kb_conf_int(c, "redis.read_timeout_ms");
@@ -282,6 +283,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
         transport_free(t);
         return rc;
     }
+    kb_bus_state_report(bus, KB_STATE_CONNECTED, t->where);
     *out = t;
     return KB_OK;
 }
@@ -306,6 +308,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     .partition_stats = kb__redis_partition_stats,                       \
     .dead_letters = kb__redis_dead_letters,                             \
     .dead_letter_replay = kb__redis_dead_letter_replay,                 \
+    .dead_letter_delete = kb__redis_dead_letter_delete,                 \
     .still_owned = kb__redis_still_owned,                               \
     .run_begins = kb__redis_run_begins,                                 \
     .stop = redis_stop,                                                 \

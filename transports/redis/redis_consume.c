@@ -199,7 +199,7 @@ static void groups_lost(kb_transport *t)
     kb_log(t->bus, KB_LOG_WARNING, "redis: group %s missing on %s; recreating from 0", t->group, t->where);
     for (kb_transport_topic *tt = atomic_load(&t->subscribed); tt != NULL && t->rconn.c != NULL;
          tt = tt->sub_next)
-        kb__redis_create_groups(&t->rconn, tt, NULL, 0);
+        kb__redis_create_groups(&t->rconn, tt, "0", NULL, 0);
 }
 
 /* Read a round's reply, validate it and deliver its entries. With `ahead`,
@@ -414,7 +414,7 @@ int kb__redis_subscribe(kb_transport *t, kb_transport_topic *tt, kb_sink *sink)
         return rc;
     char err[300];
     pthread_mutex_lock(&t->ctl_lock);
-    rc = kb__redis_create_groups(&t->ctl, tt, err, sizeof err);
+    rc = kb__redis_create_groups(&t->ctl, tt, t->group_start, err, sizeof err);
     pthread_mutex_unlock(&t->ctl_lock);
     if (rc != KB_OK) {
         kb_errf(NULL, 0, "kb_subscribe %s: %s", tt->name, err);

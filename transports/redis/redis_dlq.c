@@ -327,3 +327,21 @@ int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const 
     free(lens);
     return rc;
 }
+
+int kb__redis_dead_letter_delete(kb_transport *t, kb_transport_topic *tt, const char *id)
+{
+    if (!kb__redis_id_valid(id)) {
+        kb_errf(NULL, 0, "kb_dead_letter_delete %s: \"%.60s\" is not a Redis stream ID "
+                "(<ms>-<seq>, decimal)", tt->name, id);
+        return KB_EINVAL;
+    }
+    const char *argv[] = {"XDEL", tt->dlq, id};
+    redisReply *r = ctl_cmd(t, 3, argv, NULL);
+    int rc = r == NULL || r->type != REDIS_REPLY_INTEGER ? KB_ETRANSPORT
+             : r->integer == 1                          ? KB_OK
+                                                        : KB_ENOTFOUND;
+    if (rc == KB_ENOTFOUND)
+        kb_errf(NULL, 0, "redis: no dead letter %s in %s", id, tt->dlq);
+    freeReplyObject(r);
+    return rc;
+}

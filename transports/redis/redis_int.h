@@ -176,6 +176,7 @@ struct kb_transport {
     /* configuration */
     uint32_t partitions;
     char group[129];
+    const char *group_start;      /* XGROUP CREATE's ID for a new group: "0" or "$" */
     char consumer[129];
     char token[160];              /* lease value: consumer + '#' + per-process nonce */
     int connect_timeout_ms, read_timeout_ms, block_ms, batch;
@@ -201,6 +202,7 @@ struct kb_transport {
     char wait_error[300];         /* the last shortfall (pub_lock) */
     char pub_error[1024];         /* why the last one was refused (pub_lock) */
     char pub_lost[512];           /* why the publish connection last dropped (pub_lock) */
+    bool pub_down;                /* sender only: DISCONNECTED reported, RECONNECTED not yet */
     kb_signal *pub_progress;      /* records confirmed or failed: flush and room waiters */
     kb_redis_conn pub;            /* the sender's own */
     kb_thread *sender;            /* started by the first publish (pub_lock) */
@@ -390,6 +392,7 @@ bool kb__redis_dead_append(redisContext *c, kb_transport *t, kb_redis_part *p,
 int kb__redis_dead_letters(kb_transport *t, kb_transport_topic *tt, const char *after_id, size_t max,
                            kb_dead_letter_fn fn, void *opaque);
 int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const char *id);
+int kb__redis_dead_letter_delete(kb_transport *t, kb_transport_topic *tt, const char *id);
 
 /* ---- redis_drain.c ---- */
 int kb__redis_drain(kb_transport *t, int timeout_ms);
@@ -414,9 +417,11 @@ int kb__redis_check_meta(kb_transport *t, kb_transport_topic *tt);
 /* Does the topic exist (its kb:{topic}:meta, or published or subscribed
  * here)? Read-only: KB_OK, KB_ENOTFOUND, or KB_ETRANSPORT. */
 int kb__redis_topic_known(kb_transport *t, kb_transport_topic *tt);
-/* XGROUP CREATE ... 0 MKSTREAM on every partition (BUSYGROUP is fine). */
-int kb__redis_create_groups(kb_redis_conn *k, kb_transport_topic *tt, char *errstr,
-                            size_t errlen);
+/* XGROUP CREATE ... <start> MKSTREAM on every partition (BUSYGROUP is fine):
+ * "0" when the server lost the group (nothing published meanwhile is
+ * skipped), group.start's ID at the first subscribe. */
+int kb__redis_create_groups(kb_redis_conn *k, kb_transport_topic *tt, const char *start,
+                            char *errstr, size_t errlen);
 /* Does this error say the group is gone (FLUSHALL, a restart without AOF)? */
 bool kb__redis_group_gone(const char *err);
 

@@ -77,16 +77,16 @@ bool kb__redis_group_gone(const char *err)
     return strstr(err, "NOGROUP") != NULL || strstr(err, "UNBLOCKED") != NULL;
 }
 
-int kb__redis_create_groups(kb_redis_conn *k, kb_transport_topic *tt, char *errstr, size_t errlen)
+int kb__redis_create_groups(kb_redis_conn *k, kb_transport_topic *tt, const char *start,
+                            char *errstr, size_t errlen)
 {
     kb_transport *t = tt->t;
     redisContext *c = kb__redis_conn_get(k, errstr, errlen);
     if (c == NULL)
         return KB_ETRANSPORT;
-    /* From 0, never $: entries published before the group existed (or before a
-     * server lost its data) are consumed, not skipped. */
     for (uint32_t i = 0; i < tt->nparts; i++)
-        redisAppendCommand(c, "XGROUP CREATE %s %s 0 MKSTREAM", tt->parts[i].stream, t->group);
+        redisAppendCommand(c, "XGROUP CREATE %s %s %s MKSTREAM", tt->parts[i].stream, t->group,
+                           start);
     int rc = KB_OK;
     for (uint32_t i = 0; i < tt->nparts; i++) {
         redisReply *r = NULL;

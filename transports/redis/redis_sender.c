@@ -13,7 +13,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -60,6 +62,78 @@ static void wait_answered(kb_transport *t, const kb_redis_pubrec *rec, const red
                  r->type == REDIS_REPLY_ERROR ? r->str : "not a number");
 }
 
+/* Delivery reports of one apply(), handed to the application once pub_lock
+ * is released (its callback may publish). */
+struct reports {
+    size_t n;
+    struct {
+        kb_redis_part *p;
+        const redisReply *r;      /* the reply: the entry's ID or the refusal */
+        size_t key_off, key_len;  /* in keys */
+    } one[REPLIES_MAX];
+    char *keys;
+    size_t len, cap;
+};
+
+/* The key of the XADD at buf[0, len) (RESP: the argument after "*" and "k"). */
+static bool xadd_key(const char *buf, size_t len, const char **key, size_t *key_len)
+{
+    const char *p = memchr(buf, '\n', len), *end = buf + len;
+    bool star = false, k = false;
+    while (p != NULL && ++p < end && *p == '$') {
+        size_t n = strtoul(p + 1, NULL, 10);
+        const char *data = memchr(p, '\n', (size_t)(end - p));
+        if (data == NULL || ++data + n > end)
+            return false;
+        if (star && k) {
+            *key = data, *key_len = n;
+            return true;
+        }
+        k = star && n == 1 && *data == 'k';
+        star = star || (n == 1 && *data == '*');
+        p = data + n + 1;   /* the '\n' after the argument */
+    }
+    return false;
+}
+
+/* Keep what the report of the oldest record needs (caller holds pub_lock,
+ * before popping it); a record whose key cannot be had is left out. */
+static void report_keep(struct reports *rs, const kb_redis_backlog *bl, kb_redis_part *p,
+                        const redisReply *r)
+{
+    const char *key;
+    size_t key_len;
+    if (!xadd_key(bl->buf + bl->head, bl->rec[bl->first].len, &key, &key_len))
+        return;
+    if (rs->len + key_len > rs->cap) {
+        size_t cap = (rs->len + key_len) * 2;
+        char *more = realloc(rs->keys, cap);
+        if (more == NULL)
+            return;
+        rs->keys = more, rs->cap = cap;
+    }
+    memcpy(rs->keys + rs->len, key, key_len);
+    rs->one[rs->n].p = p, rs->one[rs->n].r = r;
+    rs->one[rs->n].key_off = rs->len, rs->one[rs->n].key_len = key_len;
+    rs->len += key_len;
+    rs->n++;
+}
+
+static void report_send(kb_transport *t, struct reports *rs)
+{
+    for (size_t i = 0; i < rs->n; i++) {
+        const redisReply *r = rs->one[i].r;
+        bool stored = r->type == REDIS_REPLY_STRING;
+        kb_delivery_report d = {
+            .topic = rs->one[i].p->tt->name, .key = rs->keys + rs->one[i].key_off,
+            .key_len = rs->one[i].key_len, .partition = rs->one[i].p->index,
+            .result = stored ? KB_OK : KB_ETRANSPORT, .id = stored ? r->str : "",
+            .error = stored ? "" : r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply"};
+        kb_bus_delivery_report(t->bus, &d);
+    }
+    free(rs->keys);
+}
+
 /* Replies to the oldest records: IDs noted, refusals counted. A protocol
  * error (the server closes after it) is explained by the argument's size.
  * False at a transient error: that record and the ones after it stay
@@ -68,6 +142,10 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
 {
     size_t proto_big = 0;
     bool ok = true;
+    static _Thread_local struct reports rs;   /* the sender's: too big for its stack */
+    rs.n = rs.len = rs.cap = 0;
+    rs.keys = NULL;
+    bool wanted = kb_bus_delivery_wanted(t->bus);
     pthread_mutex_lock(&t->pub_lock);
     for (size_t i = 0; i < n && t->backlog.n > 0; i++) {
         if (r[i]->type == REDIS_REPLY_ERROR && transient(r[i])) {
@@ -75,6 +153,9 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
             ok = false;
             break;
         }
+        kb_redis_part *p = t->backlog.rec[t->backlog.first].p;
+        if (wanted && p != NULL)
+            report_keep(&rs, &t->backlog, p, r[i]);
         kb_redis_pubrec rec = kb__redis_backlog_pop(&t->backlog);
         if (rec.p == NULL) {
             wait_answered(t, &rec, r[i]);
@@ -89,6 +170,7 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
     }
     publish_counts(t);
     pthread_mutex_unlock(&t->pub_lock);
+    report_send(t, &rs);
     for (size_t i = 0; i < n; i++)
         freeReplyObject(r[i]);
     if (proto_big > 0) {
@@ -178,6 +260,16 @@ static int write_some(kb_transport *t, redisContext *c, bool *unsent, bool *due,
     return err;
 }
 
+/* The publish connection went down or came back: once each way to the
+ * application's state callback (reconnect attempts that fail say nothing). */
+static void state_changed(kb_transport *t, bool down, const char *why)
+{
+    if (t->pub_down == down)
+        return;
+    t->pub_down = down;
+    kb_bus_state_report(t->bus, down ? KB_STATE_DISCONNECTED : KB_STATE_RECONNECTED, why);
+}
+
 /* The connection is gone: everything unconfirmed is written again on the
  * next one. An argument over the server's limit (it drops the connection
  * rather than answer) is refused, never resent for ever. */
@@ -203,6 +295,7 @@ static void lose(kb_transport *t, const char *why_now)
     snprintf(t->pub_lost, sizeof t->pub_lost, "%s", why);
     pthread_mutex_unlock(&t->pub_lock);
     kb__redis_conn_fail(&t->pub, why);
+    state_changed(t, true, why);
     char cause[600];
     size_t max = kb__redis_limit_explain(t, big, cause, sizeof cause);
     if (max == SIZE_MAX)
@@ -272,6 +365,7 @@ static redisContext *connection(kb_transport *t)
         pthread_mutex_lock(&t->pub_lock);
         t->backlog.sent = t->backlog.head;   /* the unconfirmed ones first, in order */
         pthread_mutex_unlock(&t->pub_lock);
+        state_changed(t, false, t->where);
     }
     return c;
 }

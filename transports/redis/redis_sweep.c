@@ -93,7 +93,7 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
             if (r == NULL)
                 return KB_REDIS_PART_GONE;
             if (r->type == REDIS_REPLY_ERROR && kb__redis_group_gone(r->str))
-                kb__redis_create_groups(&t->rconn, tt, NULL, 0);
+                kb__redis_create_groups(&t->rconn, tt, "0", NULL, 0);
             else if (r->type == REDIS_REPLY_ERROR)
                 kb_log(t->bus, KB_LOG_WARNING, "redis: recovery of %s: %s", p->stream, r->str);
             /* -1: the lease is gone on the server; the keeper will notice */

@@ -1,0 +1,6 @@
+#include <keybus/keybus.h>
+
+const char *kb_version(void)
+{
+    return KB_VERSION_STRING;
+}

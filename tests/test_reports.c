@@ -1,0 +1,286 @@
+/* What a service learns without parsing logs (issue 28, item 7), on a real
+ * broker: `test_reports redis|nats`.
+ *   - kb_conf_set_delivery_cb: one report per published event, stored with
+ *     its broker ID, key and partition; on redis:// an XADD the server
+ *     refuses is reported failed with the server's reason;
+ *   - kb_conf_set_state_cb: CONNECTED at kb_open, DISCONNECTED when the
+ *     server dies, RECONNECTED when it is back;
+ *   - group.start = latest: a new group skips what is stored, earliest (the
+ *     default) gets it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <keybus/keybus.h>
+
+#include "support/suite.h"
+
+#define EVENTS 50
+
+static const char *kind = "redis";
+static kb_test_server server;
+static char url[160];
+
+static void unique_topic(char *buf, size_t len, const char *name)
+{
+    static int seq;
+    snprintf(buf, len, "reports.%s.%d.%d", name, (int)getpid(), ++seq);
+}
+
+static kb_conf *conf_for(const char *const *kv)
+{
+    kb_conf *c = kb_conf_new();
+    char err[512];
+    assert_non_null(c);
+    assert_int_equal(kb_conf_set(c, "conf.env", "false", err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
+    for (; kv != NULL && kv[0] != NULL; kv += 2)
+        if (kb_conf_set(c, kv[0], kv[1], err, sizeof err) != KB_OK)
+            fail_msg("%s: %s", kv[0], err);
+    return c;
+}
+
+static kb_bus *open_conf(kb_conf *c)
+{
+    char err[512];
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    return b;
+}
+
+/* ---- delivery reports ---- */
+
+struct reports {
+    pthread_mutex_t lock;
+    unsigned stored, failed, bad;
+    unsigned char seen[EVENTS];
+    char error[256], first_bad[256];
+};
+
+static void on_report(const kb_delivery_report *r, void *opaque)
+{
+    struct reports *rs = opaque;
+    pthread_mutex_lock(&rs->lock);
+    int k = -1;
+    char key[32];
+    snprintf(key, sizeof key, "%.*s", (int)(r->key_len < 31 ? r->key_len : 31),
+             (const char *)r->key);
+    if (sscanf(key, "key-%d", &k) != 1 || k < 0 || k >= EVENTS ||
+        r->partition != kb_partition_of(r->key, r->key_len, 8) ||
+        strncmp(r->topic, "reports.", 8) != 0) {
+        rs->bad++;
+        snprintf(rs->first_bad, sizeof rs->first_bad, "%s %s p%u", r->topic, key, r->partition);
+    } else if (r->result == KB_OK && r->id[0] != '\0' && r->error[0] == '\0') {
+        rs->stored++;
+        rs->seen[k]++;
+    } else if (r->result != KB_OK && r->id[0] == '\0' && r->error[0] != '\0') {
+        rs->failed++;
+        snprintf(rs->error, sizeof rs->error, "%s", r->error);
+    } else {
+        rs->bad++;
+    }
+    pthread_mutex_unlock(&rs->lock);
+}
+
+static unsigned reported(struct reports *rs)
+{
+    pthread_mutex_lock(&rs->lock);
+    unsigned n = rs->stored + rs->failed + rs->bad;
+    pthread_mutex_unlock(&rs->lock);
+    return n;
+}
+
+static void publish_keys(kb_bus *b, const char *topic, int from, int to)
+{
+    for (int i = from; i < to; i++) {
+        char key[16];
+        int kl = snprintf(key, sizeof key, "key-%d", i);
+        assert_int_equal(kb_publish(b, topic, key, (size_t)kl, "v", 1), KB_OK);
+    }
+}
+
+static void every_event_is_reported_once(void **state)
+{
+    (void)state;
+    static struct reports rs = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    char topic[96];
+    unique_topic(topic, sizeof topic, "stored");
+    kb_conf *c = conf_for(NULL);
+    kb_conf_set_delivery_cb(c, on_report, &rs);
+    kb_bus *b = open_conf(c);
+    publish_keys(b, topic, 0, EVENTS);
+    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    for (int i = 0; i < 300 && reported(&rs) < EVENTS; i++)   /* the ack thread's */
+        usleep(100 * 1000);
+    assert_int_equal(kb_close(b, 30000), KB_OK);
+    if (rs.stored != EVENTS || rs.failed != 0 || rs.bad != 0)
+        fail_msg("%u stored, %u failed, %u bad (%s)", rs.stored, rs.failed, rs.bad, rs.first_bad);
+    for (int i = 0; i < EVENTS; i++)
+        assert_int_equal(rs.seen[i], 1);
+}
+
+/* redis://: a partition's stream key holding a string makes the server
+ * refuse its XADDs (WRONGTYPE), for good. */
+static void a_refused_event_is_reported_failed(void **state)
+{
+    (void)state;
+    if (strcmp(kind, "redis") != 0)
+        skip();   /* a JetStream refusal cannot be provoked from outside this way */
+    static struct reports rs = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    char topic[96], cmd[512];
+    unique_topic(topic, sizeof topic, "refused");
+    /* key-0's partition */
+    snprintf(cmd, sizeof cmd, "redis-cli -p %d SET 'kb:{%s}:p:%u' x >/dev/null", server.port,
+             topic, kb_partition_of("key-0", 5, 8));
+    assert_int_equal(system(cmd), 0);
+    kb_conf *c = conf_for(NULL);
+    kb_conf_set_delivery_cb(c, on_report, &rs);
+    kb_bus *b = open_conf(c);
+    publish_keys(b, topic, 0, 1);
+    assert_int_not_equal(kb_flush(b, 30000), KB_OK);   /* refused: kb_flush says so too */
+    for (int i = 0; i < 300 && reported(&rs) < 1; i++)
+        usleep(100 * 1000);
+    kb_close(b, 30000);
+    if (rs.failed != 1 || rs.stored != 0 || strstr(rs.error, "WRONGTYPE") == NULL)
+        fail_msg("%u stored, %u failed (%s), %u bad", rs.stored, rs.failed, rs.error, rs.bad);
+}
+
+/* ---- connection state ---- */
+
+struct states {
+    pthread_mutex_t lock;
+    int seq[16];
+    size_t n;
+    char scheme[16];
+};
+
+static void on_state(const char *scheme, kb_state st, const char *reason, void *opaque)
+{
+    struct states *s = opaque;
+    (void)reason;
+    pthread_mutex_lock(&s->lock);
+    if (s->n < 16)
+        s->seq[s->n++] = (int)st;
+    snprintf(s->scheme, sizeof s->scheme, "%s", scheme);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static bool saw(struct states *s, kb_state st)
+{
+    pthread_mutex_lock(&s->lock);
+    bool found = false;
+    for (size_t i = 0; i < s->n; i++)
+        found = found || s->seq[i] == (int)st;
+    pthread_mutex_unlock(&s->lock);
+    return found;
+}
+
+static void outage_is_reported(void **state)
+{
+    (void)state;
+    static struct states s = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    char topic[96];
+    unique_topic(topic, sizeof topic, "state");
+    kb_conf *c = conf_for(NULL);
+    kb_conf_set_state_cb(c, on_state, &s);
+    kb_bus *b = open_conf(c);
+    assert_int_equal(s.n, 1);
+    assert_int_equal(s.seq[0], KB_STATE_CONNECTED);
+    assert_string_equal(s.scheme, kind);
+    publish_keys(b, topic, 0, 5);
+    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    kb_test_server_signal(&server, SIGKILL);
+    /* Redis notices on its publishing connection: publish into the outage */
+    for (int i = 0; i < 300 && !saw(&s, KB_STATE_DISCONNECTED); i++) {
+        if (strcmp(kind, "redis") == 0)
+            publish_keys(b, topic, 5, 6);
+        usleep(100 * 1000);
+    }
+    assert_true(saw(&s, KB_STATE_DISCONNECTED));
+    assert_int_equal(kb_test_server_restart(&server), 0);
+    for (int i = 0; i < 600 && !saw(&s, KB_STATE_RECONNECTED); i++) {
+        if (strcmp(kind, "redis") == 0 && i % 10 == 0)
+            publish_keys(b, topic, 6, 7);   /* something to send brings it back */
+        usleep(100 * 1000);
+    }
+    assert_true(saw(&s, KB_STATE_RECONNECTED));
+    kb_close(b, 10000);
+    /* in order: CONNECTED, then DISCONNECTED before RECONNECTED */
+    size_t down = 0, up = 0;
+    for (size_t i = 0; i < s.n; i++) {
+        if (s.seq[i] == KB_STATE_DISCONNECTED && down == 0)
+            down = i;
+        if (s.seq[i] == KB_STATE_RECONNECTED && up == 0)
+            up = i;
+    }
+    assert_true(down > 0 && up > down);
+}
+
+/* ---- group.start ---- */
+
+static int count_handler(const kb_event *ev, void *opaque)
+{
+    (void)ev;
+    atomic_fetch_add((atomic_int *)opaque, 1);
+    return KB_HANDLED;
+}
+
+/* Subscribe `group` with `start`, wait until it owns every partition, publish
+ * 3 more, drain; how many events its handler saw. */
+static int consume_as(const char *topic, const char *group, const char *start)
+{
+    static atomic_int n;
+    atomic_store(&n, 0);
+    const char *const kv[] = {"group", group, "group.start", start, NULL};
+    kb_bus *b = open_conf(conf_for(kv));
+    assert_int_equal(kb_subscribe(b, topic, count_handler, &n), KB_OK);
+    kb_topic_stats st = {0};
+    for (int i = 0; i < 300 && (kb_stats(b, topic, &st) != KB_OK || st.partitions_owned < 8); i++)
+        usleep(100 * 1000);
+    assert_int_equal(st.partitions_owned, 8);
+    publish_keys(b, topic, 100, 103);
+    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    assert_int_equal(kb_close(b, 30000), KB_OK);
+    return atomic_load(&n);
+}
+
+static void group_start_latest_skips_what_is_stored(void **state)
+{
+    (void)state;
+    char topic[96];
+    unique_topic(topic, sizeof topic, "start");
+    kb_bus *b = open_conf(conf_for(NULL));
+    publish_keys(b, topic, 0, 5);
+    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    assert_int_equal(kb_close(b, 30000), KB_OK);
+    assert_int_equal(consume_as(topic, "late", "latest"), 3);
+    assert_int_equal(consume_as(topic, "early", "earliest"), 11);   /* 5 + late's 3, and 3 */
+    /* a group that exists keeps its place: latest changes nothing for it (early's
+     * 3 and its own 3) */
+    assert_int_equal(consume_as(topic, "late", "latest"), 6);
+}
+
+int main(int argc, char **argv)
+{
+    kind = argc > 1 ? argv[1] : "redis";
+    if (kb_test_broker_for(kind, &server, url, sizeof url) != 0)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_event_is_reported_once),
+        cmocka_unit_test(a_refused_event_is_reported_failed),
+        cmocka_unit_test(group_start_latest_skips_what_is_stored),
+        cmocka_unit_test(outage_is_reported),
+    };
+    return kb_test_run_group("reports", kind, tests, sizeof tests / sizeof *tests, &server);
+}
