@@ -35,6 +35,8 @@ struct kb_conf {
     _Atomic bool taken;        /* owned by an open bus */
     kb_log_fn log;
     void *log_opaque;
+    kb_stats_fn stats_cb;
+    void *stats_opaque;
 };
 
 static struct conf_entry *find(const kb_conf *c, const char *key)
@@ -479,6 +481,20 @@ void kb__conf_log(const kb_conf *c, kb_log_fn *fn, void **opaque)
     *opaque = c->log_opaque;
 }
 
+void kb_conf_set_stats_cb(kb_conf *c, kb_stats_fn fn, void *opaque)
+{
+    if (c == NULL)
+        return;
+    c->stats_cb = fn;
+    c->stats_opaque = opaque;
+}
+
+void kb__conf_stats_cb(const kb_conf *c, kb_stats_fn *fn, void **opaque)
+{
+    *fn = c->stats_cb;
+    *opaque = c->stats_opaque;
+}
+
 kb_conf *kb_conf_dup(const kb_conf *c)
 {
     if (c == NULL)
@@ -495,6 +511,8 @@ kb_conf *kb_conf_dup(const kb_conf *c)
     }
     d->log = c->log;
     d->log_opaque = c->log_opaque;
+    d->stats_cb = c->stats_cb;
+    d->stats_opaque = c->stats_opaque;
     return d;
 }
 

@@ -10,6 +10,7 @@ packages=(
   redis-server redis-sentinel nats-server
   clang libclang-rt-dev
   gnuplot-nox jq
+  libcjson-dev libmicrohttpd-dev systemtap-sdt-dev prometheus bpftrace
 )
 
 missing=()
@@ -28,5 +29,5 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# redis-server and nats-server packages may start system services; the tests run their
-# own servers on free ports, so the system ones are left alone.
+# redis-server, nats-server and prometheus packages may start system services; the tests
+# run their own servers on free ports, so the system ones are left alone.

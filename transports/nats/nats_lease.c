@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../core/probes.h"
 #include "nats_claim.h"
 #include "nats_lease.h"
 #include "nats_msg.h"
@@ -375,6 +376,7 @@ static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev,
 
 static void drop(kb_transport *t, kb_nats_part *p)
 {
+    KB_PROBE2(lease_loss, p->subject, p->n);
     kb_nats_claim *c = atomic_load(&p->claim);
     if (c != NULL)
         atomic_store(&c->fenced, 1);
@@ -400,6 +402,7 @@ static bool acquire(kb_transport *t, kb_nats_part *p)
     }
     p->lease_rev = rev;
     p->lease_until_ns = kb_now_ns() + t->lease_ttl_ms * 1000000;
+    KB_PROBE2(lease_gain, p->subject, p->n);
     return true;
 }
 

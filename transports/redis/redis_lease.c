@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../core/probes.h"
 #include "redis_int.h"
 
 static const char RENEW_LUA[] =
@@ -72,6 +73,7 @@ void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *
             bool fresh = st == KB_PART_FREE || kb_now_ns() >= atomic_load(&p->deadline_ns);
             atomic_store(&p->deadline_ns, deadline);
             if (fresh) {
+                KB_PROBE2(lease_gain, p->stream, p->index);
                 atomic_fetch_add(&p->epoch, 1);
                 taken = true;
             }
@@ -81,6 +83,7 @@ void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *
             }
         } else if (st != KB_PART_FREE) {
             atomic_store(&p->state, KB_PART_FREE);
+            KB_PROBE2(lease_loss, p->stream, p->index);
             kb_log(t->bus, KB_LOG_WARNING, "redis: %s lost the lease of %s (%s)", t->consumer,
                    p->stream, x->type == REDIS_REPLY_ERROR ? x->str : "taken or expired");
         }
@@ -111,6 +114,7 @@ void kb__redis_lease_handback(kb_transport *t, kb_transport_topic *tt,
         freeReplyObject(r);
         if (r != NULL) {
             atomic_store(&p->state, KB_PART_FREE);
+            KB_PROBE2(lease_loss, p->stream, p->index);
             kb_log(t->bus, KB_LOG_INFO, "redis: %s handed back %s", t->consumer, p->stream);
         }
     }
