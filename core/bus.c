@@ -577,7 +577,7 @@ static int publish_locked(struct kb_topic *t, const kb_msg *msgs, size_t n, size
         if ((rc = check_msg(b, t->name, &m)) != KB_OK)
             break;
         m.hash = kb_fnv1a32(m.key, m.key_len);
-        KB_PROBE4(publish, t->name, m.key, m.key_len, 0);
+        KB_PROBE4(publish_broker, t->name, m.key, m.key_len, m.hash);
         if ((rc = b->ops->publish(b->t, t->tt, &m)) != KB_OK)
             break;
     }
