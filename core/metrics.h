@@ -8,6 +8,9 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 #include "bus_int.h"
 #include "sync.h"
@@ -15,8 +18,12 @@
 /* Upper bounds of the histogram buckets, 1 µs to 10 s in a 1-2.5-5 series;
  * a last bucket (+Inf) takes the rest. */
 #define KB_HIST_BOUNDS 22
-extern const int64_t kb__hist_bound_ns[KB_HIST_BOUNDS];
+extern const int64_t kb__hist_bound_ns[KB_HIST_BOUNDS + 2];   /* then INT64_MAX twice */
 extern const char *const kb__hist_bound_text[KB_HIST_BOUNDS];   /* in seconds */
+/* The first bucket whose bound reaches 2^i ns, for i < 35 (2^34 ns > 10 s):
+ * a value's bucket is then at most two steps on, since neighbouring bounds
+ * are at least 2x apart. */
+extern const uint8_t kb__hist_from_log2[35];
 
 struct kb_hist {
     _Atomic uint64_t bucket[KB_HIST_BOUNDS + 1];   /* not cumulative */
@@ -39,17 +46,36 @@ struct kb_topic_metrics {
 struct kb_topic_metrics *kb__topic_metrics_new(const kb_bus *b);
 void kb__topic_metrics_free(struct kb_topic_metrics *m);
 
+/* ns per TSC tick << 32 when the TSC is invariant (x86-64: constant_tsc and
+ * nonstop_tsc), else 0; set once by the first kb__topic_metrics_new. */
+extern uint64_t kb__tsc_mult;
+
+/* The metrics clock in ns, its origin arbitrary: the TSC scaled where it is
+ * invariant (reading kvm-clock through the vDSO costs two to three times as
+ * much, and histograms read it three times per event), else the monotonic
+ * clock. */
+static inline int64_t kb__metrics_clock(void)
+{
+#if defined(__x86_64__)
+    if (kb__tsc_mult != 0)
+        return (int64_t)(((unsigned __int128)__rdtsc() * kb__tsc_mult) >> 32);
+#endif
+    return kb__now_ns();
+}
+
 /* The clock when the topic records histograms, else 0 (no clock read). */
 static inline int64_t kb__metrics_stamp(const struct kb_topic *t)
 {
-    return t->metrics != NULL ? kb__now_ns() : 0;
+    return t->metrics != NULL ? kb__metrics_clock() : 0;
 }
 
 static inline void kb__hist_add(struct kb_hist *h, int64_t ns)
 {
-    unsigned i = 0;
-    while (i < KB_HIST_BOUNDS && ns > kb__hist_bound_ns[i])
-        i++;
+    unsigned log2 = ns > 0 ? 63u - (unsigned)__builtin_clzll((uint64_t)ns) : 0;
+    unsigned i = log2 < 35 ? kb__hist_from_log2[log2] : KB_HIST_BOUNDS;
+    /* two steps at most, without branches (the bounds end with INT64_MAX) */
+    i += ns > kb__hist_bound_ns[i];
+    i += ns > kb__hist_bound_ns[i];
     /* single writer: plain loads and stores, no locked instruction */
     atomic_store_explicit(&h->bucket[i],
                           atomic_load_explicit(&h->bucket[i], memory_order_relaxed) + 1,
@@ -70,7 +96,7 @@ static inline void kb__metrics_ran(const struct kb_topic *t, uint32_t ex, int64_
     struct kb_exec_metrics *m = &t->metrics->ex[ex];
     if (attempt == 1 && born != 0)
         kb__hist_add(&m->latency, start > born ? start - born : 0);
-    int64_t end = kb__now_ns();
+    int64_t end = kb__metrics_clock();
     kb__hist_add(&m->duration, end > start ? end - start : 0);
 }
 

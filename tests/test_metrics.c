@@ -23,6 +23,7 @@
 #include <keybus/keybus.h>
 
 #include "cli/metrics_cmd.h"
+#include "core/metrics.h"
 #include "support/bus.h"
 #include "support/suite.h"
 
@@ -115,6 +116,33 @@ static void write_file(const char *path, const char *text)
     assert_non_null(f);
     assert_true(fputs(text, f) >= 0);
     assert_int_equal(fclose(f), 0);
+}
+
+/* Each value lands in the first bucket whose bound is at least the value. */
+static void histogram_buckets(void **state)
+{
+    (void)state;
+    for (int64_t ns = 0; ns <= 20000000000LL; ns = ns < 4096 ? ns + 1 : ns + ns / 997) {
+        for (int64_t v = ns; v <= ns + 1; v++) {
+            struct kb_hist h;
+            memset(&h, 0, sizeof h);
+            kb__hist_add(&h, v);
+            unsigned want = 0;
+            while (want < KB_HIST_BOUNDS && v > kb__hist_bound_ns[want])
+                want++;
+            assert_int_equal(atomic_load(&h.bucket[want]), 1);
+            assert_int_equal(atomic_load(&h.sum_ns), (uint64_t)v);
+        }
+    }
+    for (unsigned i = 0; i < KB_HIST_BOUNDS; i++) {   /* bounds are inclusive ("le") */
+        struct kb_hist h;
+        memset(&h, 0, sizeof h);
+        kb__hist_add(&h, kb__hist_bound_ns[i]);
+        kb__hist_add(&h, kb__hist_bound_ns[i] + 1);
+        assert_int_equal(atomic_load(&h.bucket[i]), 1);
+        assert_int_equal(atomic_load(&h.bucket[i + 1]), 1);
+        assert_true(strtod(kb__hist_bound_text[i], NULL) * 1e9 == (double)kb__hist_bound_ns[i]);
+    }
 }
 
 static void exposition_counts_and_promtool(void **state)
@@ -427,6 +455,7 @@ int main(int argc, char **argv)
     if (kb_test_broker_for(kind, &s, url, sizeof url) != 0)
         return 1;
     const struct CMUnitTest mem_tests[] = {
+        cmocka_unit_test(histogram_buckets),
         cmocka_unit_test(exposition_counts_and_promtool),
         cmocka_unit_test(cli_metrics_prints_the_text),
         cmocka_unit_test(stats_feed_matches_kb_stats_and_schema),
