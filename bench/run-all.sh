@@ -445,6 +445,13 @@ $(if [ -s "$NJ" ]; then jq -rn --slurpfile a "$NJ" --slurpfile p "$NJP" '$a | gr
 
 $(cat "$src/bench/cluster.md")
 
+## Metrics and trace points
+
+\`metrics.enabled\` (histograms) on and off, the USDT probes detached, compiled out and
+attached (docs/metrics.md, docs/tracing.md).
+
+$(cat "$src/bench/metrics.md")
+
 ## Broker edges
 
 Many topics on one bus and restarts with a stable consumer name (issue: broker edges), measured
