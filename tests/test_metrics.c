@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -97,17 +96,6 @@ static double sample(const char *text, const char *series)
         if (strncmp(p, series, n) == 0 && p[n] == ' ')
             return strtod(p + n + 1, NULL);
     return -1;
-}
-
-static int sh(const char *fmt, ...)
-{
-    char cmd[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 static void write_file(const char *path, const char *text)
@@ -195,7 +183,7 @@ static void exposition_counts_and_promtool(void **state)
     assert_true(fd >= 0);
     close(fd);
     write_file(path, text);
-    assert_int_equal(sh("promtool check metrics < %s", path), 0);
+    assert_int_equal(kb_test_sh("promtool check metrics < %s", path), 0);
     unlink(path);
     free(text);
     assert_int_equal(kb_close(b, 10000), KB_OK);
@@ -342,9 +330,9 @@ static void stats_feed_matches_kb_stats_and_schema(void **state)
     nanosleep(&nap, NULL);
     assert_int_equal(f.docs, after);   /* none after kb_close */
     fclose(f.log);
-    assert_int_equal(sh("python3 %s/tests/check_schema.py %s/docs/schemas/stats-feed.json %s "
-                        "%s/docs/formats.md",
-                        KB_SOURCE_DIR, KB_SOURCE_DIR, logpath, KB_SOURCE_DIR),
+    assert_int_equal(kb_test_sh("python3 %s/tests/check_schema.py %s/docs/schemas/stats-feed.json "
+                                "%s %s/docs/formats.md",
+                                KB_SOURCE_DIR, KB_SOURCE_DIR, logpath, KB_SOURCE_DIR),
                      0);
     unlink(logpath);
     free(f.last);

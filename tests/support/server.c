@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,6 +224,17 @@ int kb_test_server_start_conf(kb_test_server *s, const char *kind, const char *c
     s->extra[1] = "server.conf";
     s->extra[2] = NULL;
     return kb_test_server_restart(s);
+}
+
+int kb_test_sh(const char *fmt, ...)
+{
+    char cmd[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 int kb_test_prometheus_start(kb_test_server *s, const char *target)

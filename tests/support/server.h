@@ -48,6 +48,14 @@ void kb_test_fake_stop(pid_t pid);
  * syntax) in server.conf of its dir, passed as `-c server.conf` (nats-server). */
 int kb_test_server_start_conf(kb_test_server *s, const char *kind, const char *conf);
 
+/* Run a shell command (a printf format, up to 1 KiB); its exit status, -1
+ * when it did not exit. */
+int kb_test_sh(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
 /* A Prometheus server (Debian's `prometheus`) on a free loopback port that
  * scrapes `target` (host:port) every second; stopped by kb_test_server_stop. */
 int kb_test_prometheus_start(kb_test_server *s, const char *target);
