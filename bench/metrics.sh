@@ -21,11 +21,11 @@ run() {
   local config="$1" mode="$2" extra=()
   [ "$mode" = rate ] && extra=(--rate 500000)
   case "$config" in
-    on) "$bench" "${args[@]}" "${extra[@]}" ;;
-    off) KEYBUS_METRICS_ENABLED=false "$bench" "${args[@]}" "${extra[@]}" ;;
-    nosdt) "$nosdt" "${args[@]}" "${extra[@]}" ;;
+    on) KEYBUS_METRICS_ENABLED=true "$bench" "${args[@]}" "${extra[@]}" ;;
+    off) "$bench" "${args[@]}" "${extra[@]}" ;;
+    nosdt) KEYBUS_METRICS_ENABLED=true "$nosdt" "${args[@]}" "${extra[@]}" ;;
     attached)   # every hit traps into the kernel: a tenth of the events
-      LIB="$bench" run="$bench ${args[*]/1M/100k} ${extra[*]}" \
+      KEYBUS_METRICS_ENABLED=true LIB="$bench" run="$bench ${args[*]/1M/100k} ${extra[*]}" \
         bash -c "${bt/-p \"\$PID\"/-c \"\$run\"}" 2>/dev/null | grep '^{' ;;
   esac 2>/dev/null | grep '^{' >>"$tmp/$config.$mode"
 }
@@ -43,8 +43,8 @@ median() {   # FILE FIELD
 }
 label() {
   case "$1" in
-    on) echo "metrics on (\`metrics.enabled = true\`, the default), probes detached" ;;
-    off) echo "metrics off (\`KEYBUS_METRICS_ENABLED=false\`)" ;;
+    on) echo "metrics on (\`KEYBUS_METRICS_ENABLED=true\`), probes detached" ;;
+    off) echo "metrics off (\`metrics.enabled = false\`, the default)" ;;
     nosdt) echo "probes compiled out (\`-DKB_HAVE_SDT=0\`), metrics on" ;;
     attached) echo "probes attached (docs/tracing.md's bpftrace line), metrics on" ;;
   esac

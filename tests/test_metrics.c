@@ -42,7 +42,8 @@ static int handler(const kb_event *ev, void *opaque)
     return KB_HANDLED;
 }
 
-static const char *const base[] = {"retry.backoff_ms", "1", "pool.threads", "2", NULL};
+static const char *const base[] = {"retry.backoff_ms", "1", "pool.threads", "2",
+                                   "metrics.enabled", "true", NULL};
 
 /* Publish EVENTS events to `topic` and wait until they are handled. */
 static void run_events(kb_bus *b, const char *topic)
