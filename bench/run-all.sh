@@ -522,6 +522,13 @@ $(if [ -s "$NJB" ]; then table 'true' "$NJB"; fi)
 
 $(cat "$src/bench/cluster.md")
 
+## Metrics and trace points
+
+\`metrics.enabled\` (histograms) on and off, the USDT probes detached, compiled out and
+attached (docs/metrics.md, docs/tracing.md).
+
+$(cat "$src/bench/metrics.md")
+
 ## Broker edges
 
 Many topics on one bus and restarts with a stable consumer name (issue: broker edges), measured

@@ -38,7 +38,7 @@ const struct kb_cli_command *kb_cli_command_find(const char *name);
 /* The commands (one file per concern). */
 kb_cli_main_fn kb_cli_conf_doc, kb_cli_conf, kb_cli_publish, kb_cli_stats, kb_cli_partitions,
     kb_cli_top, kb_cli_dlq_list, kb_cli_dlq_replay, kb_cli_dlq_delete, kb_cli_dlq_purge,
-    kb_cli_stream_main, kb_cli_help;
+    kb_cli_stream_main, kb_cli_help, kb_cli_metrics;
 
 /* An argument error: one line, "keybus CMD: <text> (see: keybus help CMD)",
  * on stderr. Returns KB_CLI_EXIT_USAGE. */

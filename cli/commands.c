@@ -28,6 +28,11 @@ const struct kb_cli_command kb_cli_commands[] = {
      "line. Exit 4 on mem:// (no partitions) or for a topic the broker does\n"
      "not have.\n",
      kb_cli_partitions},
+    {"metrics", "[TOPIC]...", "print the Prometheus text of the bus once",
+     "The exposition of kb_metrics_write (docs/metrics.md) for every topic\n"
+     "this process knows: the TOPICs named are looked up first, so their\n"
+     "broker figures show from a new process.\n",
+     kb_cli_metrics},
     {"top", "TOPIC...", "a live view: rates, depth and lag, once a second",
      "Per topic: stored events, arrivals and completions per second, pending,\n"
      "lag and dead letters. Plain text (redrawn in place on a terminal);\n"

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "command.h"
+#include "metrics_cmd.h"
 #include "text.h"
 
 int kb_cli_publish(int argc, char **argv)
@@ -105,5 +106,15 @@ int kb_cli_partitions(int argc, char **argv)
         if ((rc = kb_partition_stats_get(b, argv[1], i, &p)) == KB_OK)
             json ? partition_json(argv[1], &p) : partition_row(&p);
     }
+    return kb_cli_close(b, argv[0], kb_cli_status_of(argv[0], rc));
+}
+
+int kb_cli_metrics(int argc, char **argv)
+{
+    int status = kb_cli_check_args(argv[0], argc, argv, 1, 0, argc, false);
+    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(&status) : NULL;
+    if (b == NULL)
+        return status;
+    int rc = kb_cli_metrics_print(b, argc - 1, argv + 1);
     return kb_cli_close(b, argv[0], kb_cli_status_of(argv[0], rc));
 }

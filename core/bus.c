@@ -13,6 +13,8 @@
 #include "bus_int.h"
 #include "conf_int.h"
 #include "idle.h"
+#include "metrics.h"
+#include "probes.h"
 #include "rec.h"
 #include "registry.h"
 #include "runs.h"
@@ -205,6 +207,7 @@ static struct kb_topic *topic_add(kb_bus *b, const char *name, int *rc, char *er
         return NULL;
     }
     t->bus = b;
+    t->metrics = kb__topic_metrics_new(b);
     cds_lfht_node_init(&t->node);
     KB_TSAN_RELEASE(t);
     rcu_read_lock();
@@ -365,11 +368,14 @@ static kb_bus *bus_open(kb_conf *c, int *rc, char *errstr, size_t errlen)
     }
     if (ops->run_begins != NULL && (*rc = kb__runs_dir_check(c, errstr, errlen)) != KB_OK)
         goto fail;
+    if ((*rc = kb__metrics_open(b, errstr, errlen)) != KB_OK)
+        goto fail;
     if ((*rc = ops->open(&b->t, b, c, errstr, errlen)) != KB_OK)
         goto fail;
     return b;
 
 fail:
+    kb__metrics_close(b);
     kb__sched_destroy(b->sched);
     kb__runs_close(b->runs);
     if (b->topics != NULL)
@@ -519,6 +525,7 @@ static int publish_local(struct kb_topic *t, const kb_msg *msgs, size_t n, size_
                          t->name, m->key_len + m->payload_len);
                 break;
             }
+            KB_PROBE4(publish, t->name, m->key, m->key_len, recs[k]);
         }
         if (k == 0)
             break;   /* the first event of the chunk failed its checks */
@@ -562,6 +569,7 @@ static int publish_locked(struct kb_topic *t, const kb_msg *msgs, size_t n, size
         if ((rc = check_msg(b, t->name, &m)) != KB_OK)
             break;
         m.hash = kb_fnv1a32(m.key, m.key_len);
+        KB_PROBE4(publish_broker, t->name, m.key, m.key_len, m.hash);
         if ((rc = b->ops->publish(b->t, t->tt, &m)) != KB_OK)
             break;
     }
@@ -965,6 +973,7 @@ int kb_close(kb_bus *b, int timeout_ms)
         kb_errf(NULL, 0, "kb_close: the bus is already being closed by another thread");
         return KB_ECLOSED;
     }
+    kb__metrics_close(b);   /* the endpoint and the feed: their calls now fail */
     kb__signal_notify(&b->sched->progress);
     shutdown_pools(b);
     /* 2. Every call in progress has left: the gated ones (a subscribe may
@@ -1009,6 +1018,7 @@ int kb_close(kb_bus *b, int timeout_ms)
         rc = closed;
     kb__runs_close(b->runs);
     for (size_t i = 0; i < n; i++) {
+        kb__topic_metrics_free(all[i]->metrics);
         free(all[i]->name);
         free(all[i]);
     }
@@ -1020,4 +1030,14 @@ int kb_close(kb_bus *b, int timeout_ms)
     pthread_cond_destroy(&b->gate_left);
     free(b);
     return rc;
+}
+
+bool kb__bus_enter(kb_bus *b, const char *who)
+{
+    return gate_enter(b, who, NULL, 0);
+}
+
+void kb__bus_leave(kb_bus *b)
+{
+    gate_leave(b);
 }

@@ -29,6 +29,7 @@ struct kb_topic {
     void *opaque;
     _Atomic uint64_t dead_letter_failures;   /* dead letters nobody stored */
     _Atomic uint32_t feeding;          /* debug builds: a feeder is in kb_sink_deliver */
+    struct kb_topic_metrics *metrics;  /* histograms per executor (metrics.h); NULL: off */
 };
 
 struct kb_bus {
@@ -54,6 +55,8 @@ struct kb_bus {
     uint32_t max_key, max_payload, max_attempts, max_headers, max_header_bytes;
     int enqueue_timeout_ms;
     kb_idle idle;
+    struct kb_metrics_http *metrics_http;   /* metrics.listen's endpoint (metrics.h) */
+    struct kb_stats_feed *stats_feed;       /* stats.interval_ms's thread */
 };
 
 static inline kb_pool *kb__topic_pool(struct kb_topic *t)

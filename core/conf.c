@@ -41,6 +41,8 @@ struct kb_conf {
     void *delivery_opaque;
     kb_state_fn state;
     void *state_opaque;
+    kb_stats_fn stats_cb;
+    void *stats_opaque;
 };
 
 static struct conf_entry *find(const kb_conf *c, const char *key)
@@ -500,6 +502,20 @@ void kb__conf_state(const kb_conf *c, kb_state_fn *fn, void **opaque)
     *opaque = c->state_opaque;
 }
 
+void kb_conf_set_stats_cb(kb_conf *c, kb_stats_fn fn, void *opaque)
+{
+    if (c == NULL)
+        return;
+    c->stats_cb = fn;
+    c->stats_opaque = opaque;
+}
+
+void kb__conf_stats_cb(const kb_conf *c, kb_stats_fn *fn, void **opaque)
+{
+    *fn = c->stats_cb;
+    *opaque = c->stats_opaque;
+}
+
 kb_conf *kb_conf_dup(const kb_conf *c)
 {
     if (c == NULL)
@@ -520,6 +536,8 @@ kb_conf *kb_conf_dup(const kb_conf *c)
     d->delivery_opaque = c->delivery_opaque;
     d->state = c->state;
     d->state_opaque = c->state_opaque;
+    d->stats_cb = c->stats_cb;
+    d->stats_opaque = c->stats_opaque;
     return d;
 }
 

@@ -78,5 +78,7 @@ void kb__conf_state(const kb_conf *c, kb_state_fn *fn, void **opaque);
 
 /* The log callback chosen for the bus. */
 void kb__conf_log(const kb_conf *c, kb_log_fn *fn, void **opaque);
+/* The stats feed callback (kb_conf_set_stats_cb). */
+void kb__conf_stats_cb(const kb_conf *c, kb_stats_fn *fn, void **opaque);
 
 #endif /* KB_CORE_CONF_INT_H */

@@ -10,6 +10,7 @@
 #include "idle.h"
 #include "parked.h"
 #include "pool_int.h"
+#include "probes.h"
 #include "ring.h"
 
 /* Lanes one submit call remembers for scheduling at its end; more flush early. */
@@ -312,6 +313,7 @@ static void schedule_touched(struct touched *t)
             !atomic_compare_exchange_strong(&lane->scheduled, &idle, 1))
             continue;
         kb__lane_ready(lane);
+        KB_PROBE2(lane_schedule, lane->index, lane->ex->index);
         unsigned k = 0;
         while (k < n_woken && woken[k] != lane->ex)
             k++;

@@ -13,6 +13,7 @@ typedef struct kb_rec {
     struct kb_topic *topic;
     void       *cookie;           /* transport's delivery handle */
     const char *dead_reason;      /* static text, set when the handler gives up */
+    int64_t     born_ns;          /* published or received (kb__metrics_stamp; 0: not kept) */
     uint32_t    key_len;
     uint32_t    payload_len;
     uint32_t    partition;

@@ -1,7 +1,8 @@
-/* Delivery reports and connection states, from transports to the
+/* Delivery reports, connection states and lease changes, from transports to the
  * application's callbacks (kb_conf_set_delivery_cb, kb_conf_set_state_cb). */
 #include "bus_int.h"
 #include "conf_int.h"
+#include "probes.h"
 
 int kb_bus_delivery_wanted(const kb_bus *b)
 {
@@ -27,4 +28,14 @@ void kb_bus_state_report(kb_bus *b, kb_state state, const char *reason)
     kb__conf_state(b->conf, &fn, &opaque);
     if (fn != NULL)
         fn(b->ops->scheme, state, reason != NULL ? reason : "", opaque);
+}
+
+/* One site per trace point name, so `perf probe` can attach to each. */
+void kb_bus_lease_changed(kb_bus *b, const char *stream, uint32_t partition, int gained)
+{
+    (void)b;
+    if (gained)
+        KB_PROBE2(lease_gain, stream, partition);
+    else
+        KB_PROBE2(lease_loss, stream, partition);
 }

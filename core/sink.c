@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "bus_int.h"
+#include "metrics.h"
+#include "probes.h"
 #include "rec.h"
 #include "runs.h"
 
@@ -28,6 +30,7 @@ static kb_rec *rec_new(struct kb_topic *topic, const void *key, size_t key_len,
     r->topic = topic;
     r->cookie = NULL;
     r->dead_reason = NULL;
+    r->born_ns = kb__metrics_stamp(topic);
     r->key_len = (uint32_t)key_len;
     r->payload_len = (uint32_t)payload_len;
     r->partition = 0;
@@ -75,6 +78,7 @@ int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, in
     r->partition = d->partition;
     r->first_attempt = d->attempt ? d->attempt : 1;
     r->flags = (uint8_t)(d->flags & KB_DELIVERY_F_REDELIVERED);
+    KB_PROBE4(receive, topic->name, d->key, d->key_len, r);
 
     rc = kb_pool_submit_hash(pool, hash, r, timeout_ms);
     if (rc != KB_OK) {
@@ -194,7 +198,11 @@ int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
     call->ev = &ev;
     call->has_reason = false;
     run_begins(topic, r, total);
+    KB_PROBE5(handler_start, topic->name, ev.key, ev.key_len, r, total);
+    int64_t start = kb__metrics_stamp(topic);
     int result = topic->fn(&ev, topic->opaque);
+    kb__metrics_ran(topic, kb__on_executor->index, r->born_ns, start, attempt);
+    KB_PROBE3(handler_end, topic->name, r, result);
     if (topic->bus->runs != NULL)
         kb__runs_end(topic->bus->runs, kb__on_executor->index);
     call->ev = NULL;
@@ -203,8 +211,10 @@ int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
     if (result == KB_DECLINE)
         return KB_POOL_SKIP;   /* given back unacked, as at close */
     bool dead = result == KB_DEAD;
-    if (!dead && total < topic->bus->max_attempts)
+    if (!dead && total < topic->bus->max_attempts) {
+        KB_PROBE3(retry, topic->name, r, total);
         return KB_RETRY;
+    }
     /* kb__topic_finish runs next on this thread, while the text is still there */
     r->dead_reason = call->has_reason ? call->reason
                      : dead           ? "handler returned KB_DEAD"
@@ -241,6 +251,8 @@ void kb__topic_finish(void *item, int outcome, uint32_t attempts, void *opaque)
     kb_rec *r = item;
     struct kb_topic *topic = opaque;
     kb_bus *b = topic->bus;
+    if (outcome == KB_HANDLED)
+        KB_PROBE3(ack, topic->name, r, kb__rec_id(r));
     if (outcome == KB_HANDLED && b->ops->ack == NULL) {
         kb__rec_free(r);   /* nothing to settle (mem://) */
         return;
@@ -255,6 +267,7 @@ void kb__topic_finish(void *item, int outcome, uint32_t attempts, void *opaque)
             kb_log(b, KB_LOG_WARNING, "topic %s: ack of %s failed: %s", topic->name, d.id, kb_strerror(rc));
     } else if (outcome == KB_DEAD) {
         const char *reason = r->dead_reason ? r->dead_reason : "dead-lettered";
+        KB_PROBE4(dead_letter, topic->name, r, d.attempt, reason);
         kb_err_clear();
         int rc = b->ops->dead_letter(b->t, &d, reason);
         if (rc != KB_OK) {

@@ -11,6 +11,7 @@ packages=(
   clang libclang-rt-dev
   gnuplot-nox jq
   tmux   # test_cli_ops drives `keybus top` in a terminal
+  libcjson-dev libmicrohttpd-dev systemtap-sdt-dev prometheus bpftrace
 )
 
 missing=()
@@ -29,5 +30,5 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# redis-server and nats-server packages may start system services; the tests run their
-# own servers on free ports, so the system ones are left alone.
+# redis-server, nats-server and prometheus packages may start system services; the tests
+# run their own servers on free ports, so the system ones are left alone.

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <keybus/keybus.h>
@@ -33,8 +32,9 @@ static char out[64];
 
 static void check(const char *schema)
 {
-    assert_int_equal(kb_test_sh("python3 %s/tests/check_schema.py %s/docs/schemas/%s %s %s/docs/formats.md",
-                        KB_SOURCE_DIR, KB_SOURCE_DIR, schema, out, KB_SOURCE_DIR),
+    assert_int_equal(kb_test_sh("python3 %s/tests/check_schema.py %s/docs/schemas/%s %s "
+                                "%s/docs/formats.md",
+                                KB_SOURCE_DIR, KB_SOURCE_DIR, schema, out, KB_SOURCE_DIR),
                      0);
 }
 
@@ -42,7 +42,7 @@ static void bench_json_matches_its_schema(void **state)
 {
     (void)state;
     assert_int_equal(kb_test_sh("%s --events 2000 --large-events 0 --scenario all " BASELINES
-                        " --json - > %s 2>/dev/null", KB_BENCH, out),
+                                " --json - > %s 2>/dev/null", KB_BENCH, out),
                      0);
     check("keybus-bench.json");
 }
@@ -59,13 +59,13 @@ static void stats_and_consume_json_match_their_schemas(void **state)
     assert_int_equal(kb_flush(b, 30000), KB_OK);
     assert_int_equal(kb_close(b, 30000), KB_OK);
 
-    assert_int_equal(kb_test_sh("%s -X conf.env=false -X transport=%s stats %s > %s", KB_CLI, url, topic,
-                        out),
+    assert_int_equal(kb_test_sh("%s -X conf.env=false -X transport=%s stats %s > %s", KB_CLI,
+                                url, topic, out),
                      0);
     check("keybus-stats.json");
-    assert_int_equal(kb_test_sh("%s -X conf.env=false -X transport=%s consume %s -g formats -n 2 --json "
-                        "--timeout-ms 20000 > %s 2>/dev/null",
-                        KB_CLI, url, topic, out),
+    assert_int_equal(kb_test_sh("%s -X conf.env=false -X transport=%s consume %s -g formats -n 2 "
+                                "--json --timeout-ms 20000 > %s 2>/dev/null",
+                                KB_CLI, url, topic, out),
                      0);
     check("keybus-consume.json");
     assert_int_equal(kb_test_sh("grep -c . %s | grep -qx 2 && grep -q key_base64 %s", out, out), 0);

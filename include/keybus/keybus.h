@@ -422,6 +422,33 @@ KB_EXPORT int kb_partition_stats_get(kb_bus *b, const char *topic, uint32_t part
                                      kb_partition_stats *out);
 
 /* ---------------------------------------------------------------------------
+ * Metrics (docs/metrics.md): every figure above, plus histograms of
+ * publish-to-handle latency and handler duration, as Prometheus text or as a
+ * periodic JSON document.
+ * ------------------------------------------------------------------------- */
+
+/* Write the Prometheus text exposition (format 0.0.4) of every topic this bus
+ * knows (subscribed, published or looked up here) into buf, NUL-terminated,
+ * and set *needed (may be NULL) to its size including the NUL. When it does
+ * not fit (len < *needed) nothing useful is in buf and the result is
+ * KB_ETOOBIG: call again with a larger buffer (buf may be NULL when len is 0;
+ * the size may grow between calls). Broker figures cost round trips, as in
+ * kb_stats. The buffer stays the caller's. KB_ECLOSED once kb_close has
+ * begun. Thread: any (handlers included). */
+KB_EXPORT int kb_metrics_write(kb_bus *b, char *buf, size_t len, size_t *needed);
+
+/* The stats feed: called every stats.interval_ms (0, the default, turns it
+ * off) on a thread of the bus with one JSON document (docs/formats.md,
+ * "Stats feed") of `json_len` bytes, NUL-terminated, valid only during the
+ * call. It may call any keybus function but kb_close (KB_EINVAL there);
+ * kb_close waits for a call in progress. */
+typedef void (*kb_stats_fn)(kb_bus *b, const char *json, size_t json_len, void *opaque);
+
+/* Set the stats feed callback (NULL: none); `opaque` stays the caller's.
+ * Copied by kb_conf_dup. Thread: the conf's builder. */
+KB_EXPORT void kb_conf_set_stats_cb(kb_conf *c, kb_stats_fn fn, void *opaque);
+
+/* ---------------------------------------------------------------------------
  * Dead letters: kept by every transport (mem://: a bounded store per topic,
  * mem.dlq_capacity; brokers: a dead-letter stream or subject).
  * ------------------------------------------------------------------------- */

@@ -228,6 +228,13 @@ KB_EXPORT void kb_bus_delivery_report(kb_bus *b, const kb_delivery_report *r);
  * set: nothing); `reason` never holds a password. Thread: any. */
 KB_EXPORT void kb_bus_state_report(kb_bus *b, kb_state state, const char *reason);
 
+/* This process took (gained true; also again after a lapse) or lost/handed
+ * back (false) the lease of one partition of `stream` (a stream or subject
+ * name, borrowed for the call). Fires the lease_gain / lease_loss trace
+ * points (docs/tracing.md). Thread: any. */
+KB_EXPORT void kb_bus_lease_changed(kb_bus *b, const char *stream, uint32_t partition,
+                                    int gained);
+
 /* ---------------------------------------------------------------------------
  * Handler runs: the crash journal (docs/transports.md, "Attempts are handler
  * runs").

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,14 @@ static int spawn(kb_test_server *s)
         const char *base[] = {"redis-server", "--port", port, "--bind", "127.0.0.1", "--dir", s->dir,
                               "--save", "", "--daemonize", "no", "--protected-mode", "no",
                               "--logfile", "server.log"};
+        for (size_t i = 0; i < sizeof base / sizeof *base; i++)
+            argv[n++] = base[i];
+    } else if (strcmp(s->kind, "prometheus") == 0) {
+        /* scrape targets in the dir's prometheus.yml (kb_test_prometheus_start) */
+        static char listen[64];
+        snprintf(listen, sizeof listen, "--web.listen-address=127.0.0.1:%d", s->port);
+        const char *base[] = {"prometheus", "--config.file=prometheus.yml", listen,
+                              "--storage.tsdb.path=data", "--log.level=error"};
         for (size_t i = 0; i < sizeof base / sizeof *base; i++)
             argv[n++] = base[i];
     } else if (strcmp(s->kind, "nats-conf") == 0) {
@@ -215,4 +224,30 @@ int kb_test_server_start_conf(kb_test_server *s, const char *kind, const char *c
     s->extra[1] = "server.conf";
     s->extra[2] = NULL;
     return kb_test_server_restart(s);
+}
+
+int kb_test_prometheus_start(kb_test_server *s, const char *target)
+{
+    memset(s, 0, sizeof *s);
+    s->kind = "prometheus";
+    snprintf(s->dir, sizeof s->dir, "/tmp/keybus-prometheus-XXXXXX");
+    if (mkdtemp(s->dir) == NULL)
+        return -1;
+    char path[300];
+    snprintf(path, sizeof path, "%s/prometheus.yml", s->dir);
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return -1;
+    fprintf(f, "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+               "scrape_configs:\n  - job_name: keybus\n    static_configs:\n"
+               "      - targets: ['%s']\n", target);
+    if (fclose(f) != 0)
+        return -1;
+    for (int tries = 0; tries < 5; tries++) {
+        s->port = kb_test_free_port();
+        snprintf(s->url, sizeof s->url, "http://127.0.0.1:%d", s->port);
+        if (spawn(s) == 0)
+            return 0;
+    }
+    return -1;
 }

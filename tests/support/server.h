@@ -6,8 +6,9 @@
 #include <sys/types.h>
 
 typedef struct kb_test_server {
-    const char *kind;        /* "redis", "sentinel" (redis-sentinel), "nats" or
-                              * "nats-conf" (all from the dir's server.conf) */
+    const char *kind;        /* "redis", "sentinel" (redis-sentinel), "nats",
+                              * "nats-conf" (all from the dir's server.conf) or
+                              * "prometheus" */
     pid_t pid;               /* 0 when not running */
     int port;
     char dir[256];           /* data dir, removed by kb_test_server_stop */
@@ -46,5 +47,9 @@ void kb_test_fake_stop(pid_t pid);
 /* Like kb_test_server_start, with `conf` (the server's own configuration
  * syntax) in server.conf of its dir, passed as `-c server.conf` (nats-server). */
 int kb_test_server_start_conf(kb_test_server *s, const char *kind, const char *conf);
+
+/* A Prometheus server (Debian's `prometheus`) on a free loopback port that
+ * scrapes `target` (host:port) every second; stopped by kb_test_server_stop. */
+int kb_test_prometheus_start(kb_test_server *s, const char *target);
 
 #endif /* KB_TEST_SERVER_H */

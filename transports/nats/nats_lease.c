@@ -382,6 +382,7 @@ static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev,
 
 static void drop(kb_transport *t, kb_nats_part *p)
 {
+    kb_bus_lease_changed(t->bus, p->subject, p->n, 0);
     kb_nats_claim *c = atomic_load(&p->claim);
     if (c != NULL)
         atomic_store(&c->fenced, 1);
@@ -407,6 +408,7 @@ static bool acquire(kb_transport *t, kb_nats_part *p)
     }
     p->lease_rev = rev;
     p->lease_until_ns = kb_now_ns() + t->lease_ttl_ms * 1000000;
+    kb_bus_lease_changed(t->bus, p->subject, p->n, 1);
     return true;
 }
 

@@ -72,6 +72,7 @@ void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *
             bool fresh = st == KB_PART_FREE || kb_now_ns() >= atomic_load(&p->deadline_ns);
             atomic_store(&p->deadline_ns, deadline);
             if (fresh) {
+                kb_bus_lease_changed(t->bus, p->stream, p->index, 1);
                 atomic_fetch_add(&p->epoch, 1);
                 taken = true;
             }
@@ -81,6 +82,7 @@ void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *
             }
         } else if (st != KB_PART_FREE) {
             atomic_store(&p->state, KB_PART_FREE);
+            kb_bus_lease_changed(t->bus, p->stream, p->index, 0);
             kb_log(t->bus, KB_LOG_WARNING, "redis: %s lost the lease of %s (%s)", t->consumer,
                    p->stream, x->type == REDIS_REPLY_ERROR ? x->str : "taken or expired");
         }
@@ -111,6 +113,7 @@ void kb__redis_lease_handback(kb_transport *t, kb_transport_topic *tt,
         freeReplyObject(r);
         if (r != NULL) {
             atomic_store(&p->state, KB_PART_FREE);
+            kb_bus_lease_changed(t->bus, p->stream, p->index, 0);
             kb_log(t->bus, KB_LOG_INFO, "redis: %s handed back %s", t->consumer, p->stream);
         }
     }
