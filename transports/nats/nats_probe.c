@@ -2,7 +2,11 @@
  * only the ack floor and counts (NumAckPending), not which messages above
  * the floor an AckExplicit consumer acked. A NAK puts a pending message on
  * the consumer's redelivery queue at once (one for a sequence it does not
- * hold is ignored), and a pull then gets exactly those, in stream order. */
+ * hold is ignored), and a pull then gets exactly those, in stream order.
+ * The server's last delivery (Delivered.Stream) can lag the messages it
+ * holds: nats-server 2.9 steps it back one each time a redelivery finds no
+ * live pull (the killed consumer's requests), so the one delivered last is
+ * pending above it and comes to the pull as if new. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,11 +24,12 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Redeliveries answering the pull whose status would come on reply_to, up
- * to `want` distinct sequences in (floor, to]; the count. The request asks
- * for exactly `want`: it ends with the last of them or with its status. */
-static uint32_t collect(kb_transport *t, const char *reply_to, uint64_t floor, uint64_t to,
-                        uint64_t *got, uint32_t want, int wait_ms)
+/* Messages answering the pull whose status would come on reply_to, up to
+ * `want` of them (the request asks for exactly `want`: it ends with the last
+ * of them or with its status), their distinct stream sequences above floor
+ * sorted into got; the count. */
+static uint32_t collect(kb_transport *t, const char *reply_to, uint64_t floor, uint64_t *got,
+                        uint32_t want, int wait_ms)
 {
     uint32_t n = 0, seen = 0;
     int64_t deadline = kb_deadline_ns(wait_ms + 100);
@@ -45,8 +50,8 @@ static uint32_t collect(kb_transport *t, const char *reply_to, uint64_t floor, u
         if (!data)
             continue;
         seen++;
-        if (meta.sseq > floor && meta.sseq <= to)
-            got[n++] = meta.sseq;   /* newer ones than `to` are not asked about */
+        if (meta.sseq > floor)
+            got[n++] = meta.sseq;
     }
     if (seen == want)
         t->probe_open = false;
@@ -56,6 +61,21 @@ static uint32_t collect(kb_transport *t, const char *reply_to, uint64_t floor, u
         if (u == 0 || got[u - 1] != got[i])
             got[u++] = got[i];
     return u;
+}
+
+/* Whether `above` messages newer than `to` that came to the probe make up
+ * what `in_range` redeliveries lack of the `want` pending: those newer ones
+ * that were never delivered before are pending now besides the `want`. */
+static bool complete_above(kb_transport *t, const char *stream, const char *consumer,
+                           uint64_t want, uint32_t in_range, uint32_t above)
+{
+    jsConsumerInfo *now = NULL;
+    if (above == 0 || js_GetConsumerInfo(&now, t->js, stream, consumer, NULL, NULL) != NATS_OK)
+        return false;
+    int64_t new_ones = (int64_t)now->NumAckPending - (int64_t)want;
+    jsConsumerInfo_Destroy(now);
+    return new_ones >= 0 && new_ones <= (int64_t)above &&
+           (uint64_t)in_range + above - (uint64_t)new_ones == want;
 }
 
 /* Nothing left of an earlier probe on the subscription: its request ended
@@ -120,12 +140,18 @@ bool kb__nats_probe_pending(kb_transport *t, const char *stream, const jsConsume
              natsConnection_PublishRequestString(t->nc, subj, reply_to, body) == NATS_OK;
         t->probe_open = ok;
     }
-    ok = ok && collect(t, reply_to, floor, to, got, (uint32_t)want, wait_ms) == want;
-    if (!ok) {
+    uint32_t distinct = ok ? collect(t, reply_to, floor, got, (uint32_t)want, wait_ms) : 0;
+    uint32_t in_range = 0;
+    while (in_range < distinct && got[in_range] <= to)
+        in_range++;
+    /* the pending ones above `to` are not skipped: handled again */
+    ok = ok && (in_range == want ||
+                complete_above(t, stream, ci->Name, want, in_range, distinct - in_range));
+    if (!ok || in_range == 0) {
         free(got);
-        return false;
+        got = NULL;
     }
     *pending = got;
-    *n = (uint32_t)want;
-    return true;
+    *n = ok ? in_range : 0;
+    return ok;
 }
