@@ -22,8 +22,9 @@ if [ -z "$san" ]; then
   # as README.md says: the library's directory as the program's RPATH
   cc -std=c11 -Wall -Werror examples/hello.c $(pkg-config --cflags --libs keybus) \
      -Wl,-rpath,"$(pkg-config --variable=libdir keybus)" -o "$dir/hello-installed"
-  case "$(pkg-config --cflags keybus)" in
-    *-D*|*x86_64-linux-gnu*) echo "pkg-config --cflags keybus carries a dependency's flags" >&2; exit 1;;
+  # a -D as its own flag, not inside the install path (mktemp may spell "-D")
+  case " $(pkg-config --cflags keybus)" in
+    *" -D"*|*x86_64-linux-gnu*) echo "pkg-config --cflags keybus carries a dependency's flags" >&2; exit 1;;
   esac
   "$dir/hello-installed" | grep -q "handled 3 events of order-123 in order" \
     || { echo "examples/hello.c against the installed library: unexpected output" >&2; exit 1; }
