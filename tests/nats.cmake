@@ -44,6 +44,9 @@ add_dependencies(test_runs runs_proc)
 
 # A 3-node JetStream cluster (issue 30, NATS half): R3 streams and lease bucket,
 # the stream leader, a non-leader and the lease bucket's leader killed -9.
-kb_test(test_nats_cluster ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 150 LABELS nats)
+kb_test(test_nats_cluster ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 300 LABELS nats)
+# Three servers and three bus processes: alone, so their leases are not starved
+# by the rest of the suite on 2 cores (a TSan run beside it timed out).
+set_tests_properties(test_nats_cluster PROPERTIES RUN_SERIAL ON)
 target_sources(test_nats_cluster PRIVATE support/nats_cluster.c)
 target_link_libraries(test_nats_cluster PRIVATE PkgConfig::NATS)
