@@ -8,6 +8,7 @@
 
 #include "nats_claim.h"
 #include "nats_msg.h"
+#include "nats_progress.h"
 
 kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev, bool wide)
 {
@@ -77,8 +78,10 @@ void kb__nats_settle(kb_nats_entry *e, bool done)
 int kb__nats_ack(kb_transport *t, const kb_delivery *d)
 {
     (void)t;
-    if (d->cookie != NULL)
+    if (d->cookie != NULL) {
+        kb__nats_progress_note(d->cookie, d);   /* before: settling may free the entry */
         kb__nats_settle(d->cookie, true);
+    }
     return KB_OK;
 }
 
@@ -272,6 +275,7 @@ static void claims_free(kb_nats_claim *c)
         free(c->part_acked);
         free(c->part_blocked);
         free(c->keep);
+        kb__nats_progress_free(c);
         free(c);
     }
 }
@@ -286,10 +290,14 @@ void kb__nats_claims_free(kb_nats_topic *tp, uint32_t partitions)
 void kb__nats_ack_topic(kb_transport *t, kb_nats_topic *tp, int64_t now)
 {
     for (uint32_t i = 0; i < t->partitions; i++)
-        for (kb_nats_claim *c = atomic_load(&tp->parts[i].claims); c; c = c->next)
+        for (kb_nats_claim *c = atomic_load(&tp->parts[i].claims); c; c = c->next) {
             kb__nats_claim_ack(t, c, now);
-    for (kb_nats_claim *c = atomic_load(&tp->wide_claims); c; c = c->next)
+            kb__nats_progress_write(t, c, now);
+        }
+    for (kb_nats_claim *c = atomic_load(&tp->wide_claims); c; c = c->next) {
         kb__nats_claim_ack(t, c, now);
+        kb__nats_progress_write(t, c, now);
+    }
 }
 
 bool kb__nats_acked_to(const kb_nats_topic *tp, uint32_t n, uint64_t seq)

@@ -16,6 +16,7 @@
 #include "nats_lease.h"
 #include "nats_msg.h"
 #include "nats_names.h"
+#include "nats_progress.h"
 #include "nats_runs.h"
 #include "nats_topic.h"
 
@@ -392,6 +393,7 @@ static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta
                               (size_t)natsMsg_GetDataLength(m)};
     }
     uint32_t events = bad ? 1 : frame.left;
+    kb__nats_progress_ready(c);   /* before the first delivery: executors note into it */
     kb_nats_entry *e = push(c, m, meta, part, events);
 
     /* From here on `m` lives until the last of its events settles: the
@@ -415,6 +417,12 @@ static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta
                                 kb__nats_attempt(e->claim, meta->sseq, meta->delivered));
                 continue;
             }
+        }
+        /* handled by an earlier consumer's handlers, which got past it on its key */
+        if (foreign == NULL &&
+            kb__nats_progress_covers(c, ev.key, ev.key_len, meta->sseq, framed ? i : 0)) {
+            kb__nats_settle(e, true);
+            continue;
         }
         if (!deliver(f, e, m, meta, n, id, &ev, foreign)) {
             for (uint32_t rest = i + 1; rest <= events; rest++)

@@ -14,6 +14,7 @@
 #include "nats_msg.h"
 #include "nats_names.h"
 #include "nats_probe.h"
+#include "nats_progress.h"
 
 /* The bucket's TTL is what ends a lease: nats.lease_ttl_ms is applied to an
  * existing bucket (the MaxAge of its stream KV_<bucket>, with a duplicate
@@ -330,8 +331,10 @@ static bool open_consumer(kb_transport *t, kb_nats_claim *c, const jsConsumerInf
             floor = kb__nats_floor_of(list->List[i]);
     }
     for (int i = 0; list != NULL && i < list->Count; i++)
-        if (covers(t, list->List[i]->Name, n))
+        if (covers(t, list->List[i]->Name, n)) {
             marks_inherit(c, list->List[i], floor);
+            kb__nats_progress_inherit(t, c, list->List[i]->Name);
+        }
     skip_acked(t, c, list, n, floor);
     char desc[32 + 22 * KB_NATS_MARKS], filter[KB_NATS_NAME];
     marks_describe(c, desc, sizeof desc);
@@ -365,6 +368,13 @@ static bool open_consumer(kb_transport *t, kb_nats_claim *c, const jsConsumerInf
     return true;
 }
 
+/* An earlier consumer whose floor and progress a newer one carries on. */
+static void consumer_delete(kb_transport *t, const char *stream, const char *name)
+{
+    js_DeleteConsumer(t->js, stream, name, NULL, NULL);
+    kb__nats_progress_forget(t, stream, name);
+}
+
 /* A claim of one partition; the partition's earlier consumers are deleted
  * (wide ones only once every partition has its own: wide_retire). */
 static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev,
@@ -376,7 +386,7 @@ static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev,
     for (int i = 0; list != NULL && i < list->Count; i++)
         if (kb__nats_consumer_part(t, list->List[i]->Name) == (long)p->n &&
             strcmp(list->List[i]->Name, c->consumer) != 0)
-            js_DeleteConsumer(t->js, p->topic->stream, list->List[i]->Name, NULL, NULL);
+            consumer_delete(t, p->topic->stream, list->List[i]->Name);
     return c;
 }
 
@@ -649,7 +659,7 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, jsConsumerInfoList **l
     for (int i = 0; *list != NULL && i < (*list)->Count; i++) {
         const char *name = (*list)->List[i]->Name;
         if (kb__nats_consumer_wide(t, name) && strcmp(name, w->consumer) != 0)
-            js_DeleteConsumer(t->js, tp->stream, name, NULL, NULL);
+            consumer_delete(t, tp->stream, name);
     }
     /* partition 0 pulls for all: it learns of the claim last, so every
      * partition knows it before its first message can come */
@@ -678,7 +688,7 @@ static void wide_retire(kb_transport *t, kb_nats_topic *tp)
     }
     for (int i = 0; owned == t->partitions && i < list->Count; i++)
         if (kb__nats_consumer_wide(t, list->List[i]->Name))
-            js_DeleteConsumer(t->js, tp->stream, list->List[i]->Name, NULL, NULL);
+            consumer_delete(t, tp->stream, list->List[i]->Name);
     free(has);
     jsConsumerInfoList_Destroy(list);
 }

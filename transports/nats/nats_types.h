@@ -88,6 +88,8 @@ typedef struct kb_nats_claim {
     uint64_t *keep;
     uint32_t nkeep;
     uint64_t marks[KB_NATS_MARKS]; /* highest sequences earlier consumers delivered */
+    /* per key, how far its handlers got, here and before (nats_progress.c) */
+    _Atomic(struct kb_nats_progress *) progress;
     uint32_t nmarks;
     /* feeder only */
     uint64_t delivered_hi;         /* highest stream sequence handed to the sink */

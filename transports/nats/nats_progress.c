@@ -1,0 +1,202 @@
+/* Per-key progress of a claim's handlers, and its record in the runs bucket:
+ * key <stream>.done.<consumer>, one line "<key hash> <partition> <stream
+ * seq> <event index>" per key. A key is found by its 64-bit FNV-1a hash in
+ * an open-addressed table of a fixed size; a key that finds no free slot
+ * within a few probes is not tracked (its events come again, as before).
+ * Slots are never emptied, and only the executor running a key's event
+ * writes that key's position (per-key order: one at a time). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nats_names.h"
+#include "nats_progress.h"
+
+#define IDX_BITS 13        /* an event's index in its frame: <= KB_NATS_BATCH_MAX */
+#define PROBES 8
+#define LINE_MAX_LEN 64
+
+typedef struct slot {
+    _Atomic uint64_t hash;     /* the key's; 0: free */
+    _Atomic uint64_t pos;      /* stream seq << IDX_BITS | index; 0: none yet */
+    _Atomic uint32_t part;
+} slot;
+
+struct kb_nats_progress {
+    uint32_t slots;            /* a power of two */
+    _Atomic uint64_t notes;    /* bumped by every note: the acker writes when it moved */
+    uint64_t written;          /* acker: notes at its last write */
+    int64_t written_ns;
+    uint64_t inherited_to;     /* highest stream seq taken from earlier records */
+    slot slot[];
+};
+
+static uint64_t key_hash(const void *key, size_t len)
+{
+    const unsigned char *p = key;
+    uint64_t h = 14695981039346656037ULL;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ p[i]) * 1099511628211ULL;
+    return h != 0 ? h : 1;
+}
+
+/* The key's slot, taking a free one when `add`; NULL when it has none. */
+static slot *find(struct kb_nats_progress *g, uint64_t h, bool add)
+{
+    for (uint32_t i = 0; i < PROBES; i++) {
+        slot *s = &g->slot[(h + i) & (g->slots - 1)];
+        uint64_t have = atomic_load_explicit(&s->hash, memory_order_acquire);
+        if (have == h)
+            return s;
+        if (have == 0) {
+            if (!add)
+                return NULL;
+            uint64_t free_slot = 0;
+            if (atomic_compare_exchange_strong(&s->hash, &free_slot, h) || free_slot == h)
+                return s;
+        }
+    }
+    return NULL;
+}
+
+/* Raise a slot's position (one writer per key at a time; the lease thread
+ * fills slots before any executor sees the claim). */
+static void raise_to(slot *s, uint64_t pos, uint32_t part)
+{
+    if (atomic_load_explicit(&s->pos, memory_order_relaxed) >= pos)
+        return;
+    atomic_store_explicit(&s->part, part, memory_order_relaxed);
+    atomic_store_explicit(&s->pos, pos, memory_order_release);
+}
+
+bool kb__nats_progress_ready(kb_nats_claim *c)
+{
+    if (atomic_load_explicit(&c->progress, memory_order_acquire) != NULL)
+        return true;
+    uint32_t n = c->wide ? KB_NATS_PROGRESS_WIDE : KB_NATS_PROGRESS_PART;
+    struct kb_nats_progress *g = calloc(1, sizeof *g + n * sizeof g->slot[0]);
+    if (g == NULL)
+        return false;
+    g->slots = n;
+    atomic_store_explicit(&c->progress, g, memory_order_release);
+    return true;
+}
+
+void kb__nats_progress_note(const kb_nats_entry *e, const kb_delivery *d)
+{
+    struct kb_nats_progress *g = atomic_load_explicit(&e->claim->progress, memory_order_acquire);
+    if (g == NULL || d->key == NULL)
+        return;
+    const char *dot = strchr(d->id, '.');
+    uint64_t idx = dot != NULL ? strtoull(dot + 1, NULL, 10) : 0;
+    slot *s = find(g, key_hash(d->key, d->key_len), true);
+    if (s == NULL || idx >= (1u << IDX_BITS))
+        return;
+    raise_to(s, e->sseq << IDX_BITS | idx, d->partition);
+    atomic_fetch_add_explicit(&g->notes, 1, memory_order_release);
+}
+
+bool kb__nats_progress_covers(const kb_nats_claim *c, const void *key, size_t key_len,
+                              uint64_t sseq, uint32_t idx)
+{
+    struct kb_nats_progress *g = atomic_load_explicit(&c->progress, memory_order_acquire);
+    if (g == NULL || sseq > g->inherited_to)
+        return false;
+    const slot *s = find(g, key_hash(key, key_len), false);
+    return s != NULL &&
+           atomic_load_explicit(&s->pos, memory_order_acquire) >= (sseq << IDX_BITS | idx);
+}
+
+static void record_key(const char *stream, const char *consumer, char *out, size_t len)
+{
+    snprintf(out, len, "%s.done.%s", stream, consumer);
+}
+
+void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now)
+{
+    struct kb_nats_progress *g = atomic_load_explicit(&c->progress, memory_order_acquire);
+    if (g == NULL || now - g->written_ns < KB_NATS_PROGRESS_MS * 1000000LL)
+        return;
+    uint64_t notes = atomic_load_explicit(&g->notes, memory_order_acquire);
+    if (notes == g->written)
+        return;
+    /* what fits in one message: a record that leaves keys out only skips less */
+    size_t room = atomic_load(&t->max_payload) / 2, cap = (size_t)g->slots * LINE_MAX_LEN;
+    if (cap > room)
+        cap = room;
+    char *buf = malloc(cap), key[3 * KB_NATS_NAME], subj[sizeof key + sizeof t->bucket + 16];
+    if (buf == NULL)
+        return;
+    size_t used = 0;
+    for (uint32_t i = 0; i < g->slots && used + LINE_MAX_LEN <= cap; i++) {
+        slot *s = &g->slot[i];
+        uint64_t h = atomic_load_explicit(&s->hash, memory_order_acquire);
+        uint64_t pos = atomic_load_explicit(&s->pos, memory_order_acquire);
+        if (h == 0 || pos == 0)
+            continue;
+        used += (size_t)snprintf(buf + used, cap - used, "%016llx %u %llu %llu\n",
+                                 (unsigned long long)h,
+                                 atomic_load_explicit(&s->part, memory_order_relaxed),
+                                 (unsigned long long)(pos >> IDX_BITS),
+                                 (unsigned long long)(pos & ((1u << IDX_BITS) - 1)));
+    }
+    record_key(c->part->topic->stream, c->consumer, key, sizeof key);
+    snprintf(subj, sizeof subj, "$KV.%s_runs.%s", t->bucket, key);
+    if (natsConnection_Publish(t->nc, subj, buf, (int)used) == NATS_OK) {
+        g->written = notes;
+        g->written_ns = now;
+    }
+    free(buf);
+}
+
+/* One line of a record: into the table when its partition is c's. */
+static void inherit_line(kb_transport *t, kb_nats_claim *c, struct kb_nats_progress *g,
+                         const char *line)
+{
+    unsigned long long h = 0, sseq = 0, idx = 0;
+    unsigned part = 0;
+    if (sscanf(line, "%llx %u %llu %llu", &h, &part, &sseq, &idx) != 4 || h == 0 ||
+        idx >= (1u << IDX_BITS) || sseq >= (1ULL << (64 - IDX_BITS)) || part >= t->partitions ||
+        (!c->wide && part != c->part->n))
+        return;
+    slot *s = find(g, h, true);
+    if (s == NULL)
+        return;
+    raise_to(s, (uint64_t)sseq << IDX_BITS | idx, part);
+    if (sseq > g->inherited_to)
+        g->inherited_to = sseq;
+    atomic_fetch_add_explicit(&g->notes, 1, memory_order_relaxed);   /* carried on */
+}
+
+void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier)
+{
+    char key[3 * KB_NATS_NAME];
+    record_key(c->part->topic->stream, earlier, key, sizeof key);
+    kvEntry *e = NULL;
+    if (t->runs_kv == NULL || kvStore_Get(&e, t->runs_kv, key) != NATS_OK)
+        return;   /* none: its events above the floor come again */
+    const char *v = kvEntry_ValueString(e);
+    if (v != NULL && kb__nats_progress_ready(c)) {
+        struct kb_nats_progress *g = atomic_load(&c->progress);
+        for (const char *l = v; *l != '\0';) {
+            inherit_line(t, c, g, l);
+            const char *nl = strchr(l, '\n');
+            l = nl != NULL ? nl + 1 : l + strlen(l);
+        }
+    }
+    kvEntry_Destroy(e);
+}
+
+void kb__nats_progress_forget(kb_transport *t, const char *stream, const char *name)
+{
+    char key[3 * KB_NATS_NAME];
+    record_key(stream, name, key, sizeof key);
+    if (t->runs_kv != NULL)
+        kvStore_Delete(t->runs_kv, key);
+}
+
+void kb__nats_progress_free(kb_nats_claim *c)
+{
+    free(atomic_load(&c->progress));
+    atomic_store(&c->progress, NULL);
+}

@@ -1,0 +1,38 @@
+/* Per key, how far a claim's handlers got ("every event of key K up to
+ * stream sequence S, event I of its frame, is handled"), recorded on the
+ * acker's tick in the runs bucket, so that the next owner of a partition
+ * settles those events without a handler although the departing process's
+ * ack floor is below them (docs/transports-nats.md, "Replay after a
+ * takeover"). Per-key order makes one position per key the whole truth. */
+#ifndef KB_TRANSPORTS_NATS_PROGRESS_H
+#define KB_TRANSPORTS_NATS_PROGRESS_H
+
+#include "nats_types.h"
+
+#define KB_NATS_PROGRESS_WIDE 1024     /* keys tracked by a wide claim */
+#define KB_NATS_PROGRESS_PART 256      /* keys tracked by a partition's claim */
+#define KB_NATS_PROGRESS_MS 10         /* a claim's record is written at most this often */
+
+/* The claim's table, made when absent: by the feeder before its first
+ * delivery, or by the lease thread before the claim is published. False
+ * when out of memory (nothing is recorded then: more comes again, never
+ * less). */
+bool kb__nats_progress_ready(kb_nats_claim *c);
+/* Executor, before the entry settles: event d of entry e is handled. */
+void kb__nats_progress_note(const kb_nats_entry *e, const kb_delivery *d);
+/* Feeder: did an earlier consumer's handlers finish event `idx` (0: a plain
+ * message) of message sseq, of key `key`? */
+bool kb__nats_progress_covers(const kb_nats_claim *c, const void *key, size_t key_len,
+                              uint64_t sseq, uint32_t idx);
+/* Acker: the claim's record, when it changed and is KB_NATS_PROGRESS_MS
+ * old; sent without waiting (a lost one only means more comes again). */
+void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now);
+/* Lease thread, before c is published: take in the record of consumer
+ * `earlier` (the keys of c's partitions). */
+void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier);
+/* Lease thread: consumer `name` of `stream` is deleted, and so its record. */
+void kb__nats_progress_forget(kb_transport *t, const char *stream, const char *name);
+/* Close, with the claim. */
+void kb__nats_progress_free(kb_nats_claim *c);
+
+#endif /* KB_TRANSPORTS_NATS_PROGRESS_H */
