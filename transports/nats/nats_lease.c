@@ -248,21 +248,39 @@ static void marks_describe(const kb_nats_claim *c, char *buf, size_t len)
     }
 }
 
+/* A topic's consumers as one round lists them, and what the round learned
+ * from probing one of them: a probe takes what it pulls, so the same
+ * consumer probed again for the next partition would answer short (its
+ * listed counts are stale), and skip nothing. */
+typedef struct listing {
+    jsConsumerInfoList *list;
+    bool listed;
+    const jsConsumerInfo *probed;  /* NULL: none yet */
+    bool probe_ok;
+    uint64_t *pending;             /* its pending set (kb__nats_probe_pending) */
+    uint32_t npending;
+} listing;
+
+static void listing_free(listing *l)
+{
+    free(l->pending);
+    jsConsumerInfoList_Destroy(l->list);
+}
+
 /* The consumers of the topic's stream, listed once per round for all its
  * partitions; false when the listing failed. */
-static bool consumers_list(kb_transport *t, kb_nats_topic *tp, jsConsumerInfoList **list,
-                           bool *listed)
+static bool consumers_list(kb_transport *t, kb_nats_topic *tp, listing *l)
 {
-    if (*listed)
+    if (l->listed)
         return true;
     jsErrCode jerr = 0;
-    natsStatus s = js_Consumers(list, t->js, tp->stream, NULL, &jerr);
+    natsStatus s = js_Consumers(&l->list, t->js, tp->stream, NULL, &jerr);
     if (s != NATS_OK && s != NATS_NOT_FOUND) {
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: listing consumers of %s: %s", t->url_safe, tp->stream,
                natsStatus_GetText(s));
         return false;
     }
-    *listed = true;
+    l->listed = true;
     return true;
 }
 
@@ -282,9 +300,9 @@ static bool covers(kb_transport *t, const char *consumer, long n)
  * handler. The earlier consumer with the most delivered is asked; when it
  * cannot tell, everything above the floor comes again (duplicates, never
  * gaps). */
-static void skip_acked(kb_transport *t, kb_nats_claim *c, const jsConsumerInfoList *list, long n,
-                       uint64_t floor)
+static void skip_acked(kb_transport *t, kb_nats_claim *c, listing *l, long n, uint64_t floor)
 {
+    const jsConsumerInfoList *list = l->list;
     const jsConsumerInfo *best = NULL;
     for (int i = 0; list != NULL && i < list->Count; i++) {
         const jsConsumerInfo *ci = list->List[i];
@@ -299,8 +317,18 @@ static void skip_acked(kb_transport *t, kb_nats_claim *c, const jsConsumerInfoLi
     }
     if (best == NULL)
         return;
-    const char *stream = c->part->topic->stream;
-    if (!kb__nats_probe_pending(t, stream, best, &c->keep, &c->nkeep)) {
+    if (l->probed != best) {   /* once per listing: see `listing` */
+        free(l->pending);
+        l->probed = best;
+        l->probe_ok = kb__nats_probe_pending(t, c->part->topic->stream, best, &l->pending,
+                                             &l->npending);
+    }
+    if (l->probe_ok && l->npending > 0 &&
+        (c->keep = malloc(l->npending * sizeof *c->keep)) != NULL) {
+        memcpy(c->keep, l->pending, l->npending * sizeof *c->keep);
+        c->nkeep = l->npending;
+    }
+    if (!l->probe_ok || (l->npending > 0 && c->keep == NULL)) {
         kb_log(t->bus, KB_LOG_INFO,
                "nats %s: consumer %s: could not learn what %s acked above %llu; its messages "
                "from there come again", t->url_safe, c->consumer, best->Name,
@@ -317,8 +345,9 @@ static void skip_acked(kb_transport *t, kb_nats_claim *c, const jsConsumerInfoLi
 /* A fresh consumer for claim c, starting after the highest floor of the
  * earlier consumers in `list` that cover its partitions; false (c fenced)
  * when the server refused it. */
-static bool open_consumer(kb_transport *t, kb_nats_claim *c, const jsConsumerInfoList *list)
+static bool open_consumer(kb_transport *t, kb_nats_claim *c, listing *l)
 {
+    const jsConsumerInfoList *list = l->list;
     kb_nats_topic *tp = c->part->topic;
     long n = c->wide ? -1 : (long)c->part->n;
     uint64_t floor = 0;
@@ -335,7 +364,7 @@ static bool open_consumer(kb_transport *t, kb_nats_claim *c, const jsConsumerInf
             marks_inherit(c, list->List[i], floor);
             kb__nats_progress_inherit(t, c, list->List[i]->Name);
         }
-    skip_acked(t, c, list, n, floor);
+    skip_acked(t, c, l, n, floor);
     char desc[32 + 22 * KB_NATS_MARKS], filter[KB_NATS_NAME];
     marks_describe(c, desc, sizeof desc);
     snprintf(filter, sizeof filter, "kb.%s.*", tp->name);   /* the stream's, dead letters too */
@@ -378,10 +407,11 @@ static void consumer_delete(kb_transport *t, const char *stream, const char *nam
 /* A claim of one partition; the partition's earlier consumers are deleted
  * (wide ones only once every partition has its own: wide_retire). */
 static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev,
-                                 const jsConsumerInfoList *list)
+                                 listing *l)
 {
+    const jsConsumerInfoList *list = l->list;
     kb_nats_claim *c = kb__nats_claim_new(t, p, rev, false);
-    if (c == NULL || !open_consumer(t, c, list))
+    if (c == NULL || !open_consumer(t, c, l))
         return NULL;
     for (int i = 0; list != NULL && i < list->Count; i++)
         if (kb__nats_consumer_part(t, list->List[i]->Name) == (long)p->n &&
@@ -485,7 +515,7 @@ static bool fresh_revision(kb_transport *t, kb_nats_part *p, kb_nats_claim *earl
 }
 
 /* Take the lease if wanted, and a claim when the lease has none. */
-static void part_take(kb_transport *t, kb_nats_part *p, jsConsumerInfoList **list, bool *listed)
+static void part_take(kb_transport *t, kb_nats_part *p, listing *l)
 {
     if (p->releasing || atomic_load(&t->stopping))
         return;
@@ -495,8 +525,8 @@ static void part_take(kb_transport *t, kb_nats_part *p, jsConsumerInfoList **lis
     kb_nats_claim *c = atomic_load(&p->claim);
     if (have && (c == NULL || atomic_load(&c->fenced)) &&
         fresh_revision(t, p, atomic_load(&p->claims)) &&
-        consumers_list(t, p->topic, list, listed)) {
-        kb_nats_claim *nc = open_claim(t, p, p->lease_rev, *list);
+        consumers_list(t, p->topic, l)) {
+        kb_nats_claim *nc = open_claim(t, p, p->lease_rev, l);
         drop(t, p);
         if (nc != NULL)
             atomic_store(&p->claim, nc);
@@ -634,7 +664,7 @@ static void acquire_all(kb_transport *t, kb_nats_topic *tp)
  * (issue 19). When another member comes, the wide claim is dropped like any
  * other and each partition gets its own consumer from its floor. True when
  * the topic's claims are settled for this round. */
-static bool wide_take(kb_transport *t, kb_nats_topic *tp, jsConsumerInfoList **list, bool *listed)
+static bool wide_take(kb_transport *t, kb_nats_topic *tp, listing *l)
 {
     if (!t->topic_consumer || t->partitions < 2 || atomic_load(&t->stopping))
         return false;
@@ -648,16 +678,17 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, jsConsumerInfoList **l
         if (tp->parts[i].lease_rev == 0 && !acquire(t, &tp->parts[i]))
             return false;
     if (!fresh_revision(t, &tp->parts[0], atomic_load(&tp->wide_claims)) ||
-        !consumers_list(t, tp, list, listed))
+        !consumers_list(t, tp, l))
         return true;   /* next round */
-    for (int i = 0; *list != NULL && i < (*list)->Count; i++)
-        if (kb__nats_consumer_part(t, (*list)->List[i]->Name) >= 0)
+    const jsConsumerInfoList *list = l->list;
+    for (int i = 0; list != NULL && i < list->Count; i++)
+        if (kb__nats_consumer_part(t, list->List[i]->Name) >= 0)
             return false;
     kb_nats_claim *w = kb__nats_claim_new(t, &tp->parts[0], tp->parts[0].lease_rev, true);
-    if (w == NULL || !open_consumer(t, w, *list))
+    if (w == NULL || !open_consumer(t, w, l))
         return false;   /* one partition at a time, then */
-    for (int i = 0; *list != NULL && i < (*list)->Count; i++) {
-        const char *name = (*list)->List[i]->Name;
+    for (int i = 0; list != NULL && i < list->Count; i++) {
+        const char *name = list->List[i]->Name;
         if (kb__nats_consumer_wide(t, name) && strcmp(name, w->consumer) != 0)
             consumer_delete(t, tp->stream, name);
     }
@@ -696,20 +727,19 @@ static void wide_retire(kb_transport *t, kb_nats_topic *tp)
 /* The topic's claims for this round: one wide claim, or one per partition. */
 static void topic_take(kb_transport *t, kb_nats_topic *tp)
 {
-    jsConsumerInfoList *list = NULL;
-    bool listed = false;
+    listing l = {0};
     if (!atomic_load(&t->stopping))
         acquire_all(t, tp);
-    if (!wide_take(t, tp, &list, &listed)) {
+    if (!wide_take(t, tp, &l)) {
         for (uint32_t i = 0; i < t->partitions; i++)
-            part_take(t, &tp->parts[i], &list, &listed);
+            part_take(t, &tp->parts[i], &l);
         bool had_wide = false;   /* listed only when claims were taken */
-        for (int i = 0; list != NULL && i < list->Count; i++)
-            had_wide = had_wide || kb__nats_consumer_wide(t, list->List[i]->Name);
+        for (int i = 0; l.list != NULL && i < l.list->Count; i++)
+            had_wide = had_wide || kb__nats_consumer_wide(t, l.list->List[i]->Name);
         if (had_wide)
             wide_retire(t, tp);
     }
-    jsConsumerInfoList_Destroy(list);
+    listing_free(&l);
 }
 
 /* After a reconnect the server may hold as pending messages this process
