@@ -1,6 +1,7 @@
 /* The acker thread, kb-nats-ack: one loop every nats.ack_interval_ms (or a
  * publish linger, when shorter) for the jobs that run on a tick: frontier
- * acks of every claim (nats_claim.c), resends after a reconnect
+ * acks and progress records of every claim (nats_claim.c, nats_progress.c),
+ * resends after a reconnect
  * (nats_send.c), and frames a linger old (nats_batch.c). Woken early only by
  * close. */
 #include "nats_acker.h"
