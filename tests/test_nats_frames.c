@@ -779,6 +779,77 @@ static void group_names(void **state)
     assert_int_equal(kb_close(b, 10000), KB_OK);
 }
 
+#define RUN_FRAME 2000
+
+static _Atomic uint32_t retried_ok, retried_out_of_order, retried_next;
+
+/* Every event fails its first run and is handled on its second. */
+static int fail_first(const kb_event *ev, void *opaque)
+{
+    (void)opaque;
+    if (ev->attempt == 1)
+        return KB_RETRY;
+    char text[16] = "";
+    memcpy(text, ev->payload, ev->payload_len < sizeof text - 1 ? ev->payload_len : 0);
+    uint32_t seq = (uint32_t)strtoul(text, NULL, 10);
+    if (seq != atomic_load(&retried_next))
+        atomic_fetch_add(&retried_out_of_order, 1);
+    atomic_store(&retried_next, seq + 1);
+    atomic_fetch_add(&retried_ok, 1);
+    return KB_HANDLED;
+}
+
+/* A frame of 1,999 events of one key that all run twice: each second run is
+ * recorded before it starts, and the message's record holds a line for every
+ * event (it used to stop at 8,192 bytes, about 400 events' worth, logging the
+ * rest as not recorded). */
+static void retried_frame_keeps_every_run(void **state)
+{
+    (void)state;
+    const char *topic = "frames.runs";
+    const char *const kv[] = {"nats.publish_batch", "4096", "nats.publish_linger_us", "1000000",
+                              NULL};
+    kb_bus *b = open_bus(kv);
+    atomic_store(&retried_next, 0);
+    assert_int_equal(kb_subscribe(b, topic, fail_first, NULL), KB_OK);
+    for (uint32_t i = 0; i < RUN_FRAME; i++) {   /* the first goes alone, plain */
+        char payload[16];
+        int n = snprintf(payload, sizeof payload, "%u", i);
+        assert_int_equal(kb_publish(b, topic, "k", 1, payload, (size_t)n), KB_OK);
+    }
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    for (int i = 0; i < 3000 && atomic_load(&retried_ok) < RUN_FRAME; i++)
+        usleep(10000);
+    assert_int_equal(atomic_load(&retried_ok), RUN_FRAME);
+    assert_int_equal(atomic_load(&retried_out_of_order), 0);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    kvStore *runs = NULL;
+    kvKeysList keys = {0};
+    assert_int_equal(natsConnection_ConnectTo(&nc, server.url), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    assert_int_equal(js_KeyValue(&runs, js, "keybus_leases_runs"), NATS_OK);
+    assert_int_equal(kvStore_Keys(&keys, runs, NULL), NATS_OK);
+    int most = 0;   /* lines in the frame's record */
+    for (int i = 0; i < keys.Count; i++) {
+        kvEntry *e = NULL;
+        if (strstr(keys.Keys[i], ".done.") != NULL ||
+            kvStore_Get(&e, runs, keys.Keys[i]) != NATS_OK)
+            continue;
+        int lines = 0;
+        for (const char *c = kvEntry_ValueString(e); *c; c++)
+            lines += *c == '\n';
+        most = lines > most ? lines : most;
+        kvEntry_Destroy(e);
+    }
+    assert_int_equal(most, RUN_FRAME - 1);
+    kvKeysList_Destroy(&keys);
+    kvStore_Destroy(runs);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+}
+
 int main(void)
 {
     if (kb_test_server_start(&server, "nats", NULL) != 0)
@@ -792,6 +863,7 @@ int main(void)
         cmocka_unit_test(huge_foreign_message_does_not_block),
         cmocka_unit_test(poison_frame_does_not_loop),
         cmocka_unit_test(group_names),
+        cmocka_unit_test(retried_frame_keeps_every_run),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     kb_test_server_stop(&server);

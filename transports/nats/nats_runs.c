@@ -15,7 +15,8 @@
 #include "nats_runs.h"
 
 #define RUNS_MAX_AGE_NS (7LL * 24 * 3600 * 1000000000LL)
-#define RUNS_VALUE_MAX 8192   /* 64 events of a frame, an ID and a count each */
+/* every event of the largest frame: a line "<seq>.<i> <runs>" is at most 37 bytes */
+#define RUNS_VALUE_MAX (KB_NATS_BATCH_MAX * 40)
 #define RUNS_TRIES 5          /* compare-and-set rounds against a concurrent writer */
 
 /* The feeder's last read: the events of one frame arrive one after another
@@ -90,9 +91,10 @@ static int record(kb_transport *t, const char *stream, const char *id, uint32_t 
             kvEntry_Destroy(e);
             return KB_OK;
         }
-        char value[RUNS_VALUE_MAX];
-        if (!runs_set(old, id, runs, value, sizeof value)) {
+        char *value = malloc(RUNS_VALUE_MAX);
+        if (value == NULL || !runs_set(old, id, runs, value, RUNS_VALUE_MAX)) {
             kvEntry_Destroy(e);
+            free(value);
             kb_errf(NULL, 0, "nats %s: runs of %s: more than %d bytes of records", t->url_safe, key,
                     RUNS_VALUE_MAX);
             return KB_ETRANSPORT;
@@ -100,6 +102,7 @@ static int record(kb_transport *t, const char *stream, const char *id, uint32_t 
         kvEntry_Destroy(e);
         s = rev != 0 ? kvStore_UpdateString(&done, t->runs_kv, key, value, rev)
                      : kvStore_CreateString(&done, t->runs_kv, key, value);
+        free(value);
         if (s == NATS_OK)
             return KB_OK;
     }
@@ -123,13 +126,18 @@ uint32_t kb__nats_runs_attempt(kb_transport *t, const kb_nats_topic *tp, uint64_
         runs_key(t, tp->stream, id, key, sizeof key);
         kvEntry *e = NULL;
         natsStatus s = kvStore_Get(&e, t->runs_kv, key);
-        if (s != NATS_OK && s != NATS_NOT_FOUND) {
+        const char *why = s != NATS_OK && s != NATS_NOT_FOUND ? kb__nats_reason(s) : NULL;
+        if (s == NATS_OK && strlen(kvEntry_ValueString(e)) >= sizeof c->value) {
+            why = "longer than this process reads";   /* never cut: lines would be lost */
+            kvEntry_Destroy(e);
+        }
+        if (why != NULL) {
             /* deliveries are not runs (NAKs of probes and reconnects add to
              * them): never enough to dead-letter an event no handler ran */
             uint32_t attempt = delivered < t->max_attempts ? delivered : t->max_attempts;
             kb_log(t->bus, KB_LOG_WARNING, "nats %s: runs of %s unread (%s): attempt %u taken "
-                   "from its delivery count, at most retry.max_attempts", t->url_safe, id,
-                   kb__nats_reason(s), attempt);
+                   "from its delivery count, at most retry.max_attempts", t->url_safe, id, why,
+                   attempt);
             c->tp = NULL;
             return attempt;
         }
