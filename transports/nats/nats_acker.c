@@ -1,9 +1,8 @@
 /* The acker thread, kb-nats-ack: one loop every nats.ack_interval_ms (or a
  * publish linger, when shorter) for the jobs that run on a tick: frontier
  * acks and progress records of every claim (nats_claim.c, nats_progress.c),
- * resends after a reconnect
- * (nats_send.c), and frames a linger old (nats_batch.c). Woken early only by
- * close. */
+ * resends after a reconnect (nats_send.c), and frames a linger old
+ * (nats_batch.c). Woken early only by close. */
 #include "nats_acker.h"
 #include "nats_batch.h"
 #include "nats_claim.h"

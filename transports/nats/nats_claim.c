@@ -9,6 +9,7 @@
 #include "nats_claim.h"
 #include "nats_msg.h"
 #include "nats_progress.h"
+#include "nats_runs.h"
 
 kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev, bool wide)
 {
@@ -109,6 +110,15 @@ void kb__nats_release(kb_transport *t, const kb_delivery *d)
         kb__nats_settle(d->cookie, false);   /* stays unacked: redelivered elsewhere */
 }
 
+/* An acked entry's message is no longer needed, nor its run record. */
+static void acked_entry(kb_transport *t, kb_nats_entry *e)
+{
+    natsMsg_Destroy(e->msg);
+    e->msg = NULL;
+    if (atomic_exchange_explicit(&e->runs, false, memory_order_relaxed))
+        kb__nats_runs_forget(t, e);
+}
+
 static void free_ring(kb_nats_claim *c)
 {
     uint64_t head = atomic_load(&c->head), tail = atomic_load(&c->tail);
@@ -161,8 +171,7 @@ static uint64_t ack_each(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint64_
             if (natsConnection_PublishString(t->nc, natsMsg_GetReply(e->msg), "+ACK") == NATS_OK) {
                 atomic_store_explicit(&e->acked, true, memory_order_relaxed);
                 acked = true;
-                natsMsg_Destroy(e->msg);
-                e->msg = NULL;
+                acked_entry(t, e);
             } else {
                 c->ack_failed = true;
             }
@@ -191,10 +200,8 @@ void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now)
     uint64_t tl = atomic_load_explicit(&c->tail, memory_order_acquire);
     uint64_t h = c->wide ? ack_each(t, c, h0, tl) : ack_prefix(t, c, h0, tl);
     if (h > h0) {
-        for (uint64_t i = h0; i < h; i++) {
-            natsMsg_Destroy(c->ring[i & (c->cap - 1)].msg);
-            c->ring[i & (c->cap - 1)].msg = NULL;
-        }
+        for (uint64_t i = h0; i < h; i++)
+            acked_entry(t, &c->ring[i & (c->cap - 1)]);
         atomic_store_explicit(&c->head, h, memory_order_release);
         kb_signal_notify(t->acked);
     }

@@ -311,6 +311,7 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
     e->sseq = meta->sseq;
     e->part = part;
     atomic_store_explicit(&e->acked, false, memory_order_relaxed);
+    atomic_store_explicit(&e->runs, false, memory_order_relaxed);
     e->since_ns = kb_now_ns();
     atomic_store(&e->pending, events);
     atomic_store(&e->released, 0);

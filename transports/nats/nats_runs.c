@@ -4,9 +4,10 @@
  * each (a frame's events run one by one). Written before a run only for an
  * event the server delivered before (a crash, a hand-over) or that is being
  * retried, and by the crash-journal adoption at open; read by the feeder (the
- * attempt is runs + 1). Keys expire with the bucket's MaxAge, a week: an ack
- * is one AckAll for many messages, so they are not deleted one by one, and a
- * stream sequence is never handed out twice. */
+ * attempt is runs + 1). A key is deleted when its message is acked; one
+ * whose delete was lost, or of a message this process never acked, expires
+ * with the bucket's MaxAge, a week (a stream sequence is never handed out
+ * twice). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,21 @@ void kb__nats_run_begins(kb_transport *t, const kb_delivery *d)
 {
     if (record(t, d->tt->stream, d->id, d->attempt) != KB_OK)
         kb_log(t->bus, KB_LOG_WARNING, "%s (the crash journal still holds it)", kb_last_error());
+    else if (d->cookie != NULL)
+        atomic_store_explicit(&((kb_nats_entry *)d->cookie)->runs, true, memory_order_relaxed);
+}
+
+void kb__nats_runs_forget(kb_transport *t, const kb_nats_entry *e)
+{
+    char id[24], key[2 * KB_NATS_NAME + 64], subj[sizeof key + sizeof t->bucket + 16];
+    snprintf(id, sizeof id, "%llu", (unsigned long long)e->sseq);
+    runs_key(t, e->claim->part->topic->stream, id, key, sizeof key);
+    snprintf(subj, sizeof subj, "$KV.%s_runs.%s", t->bucket, key);
+    natsMsg *m = NULL;
+    if (natsMsg_Create(&m, subj, NULL, NULL, 0) == NATS_OK &&
+        natsMsgHeader_Set(m, "KV-Operation", "DEL") == NATS_OK)
+        natsConnection_PublishMsg(t->nc, m);   /* lost: it expires with the bucket */
+    natsMsg_Destroy(m);
 }
 
 uint32_t kb__nats_runs_attempt(kb_transport *t, const kb_nats_topic *tp, uint64_t sseq,

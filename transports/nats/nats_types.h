@@ -48,6 +48,7 @@ typedef struct kb_nats_entry {
     _Atomic uint32_t pending;      /* its events the bus is not finished with */
     _Atomic uint32_t released;     /* one of them was released unhandled */
     _Atomic uint32_t done;         /* every event handled or dead-lettered: may be acked */
+    _Atomic bool runs;             /* it has a run record (nats_runs.c): deleted at its ack */
 } kb_nats_entry;
 
 /* One ownership period of one partition: its own consumer, named after the
