@@ -14,7 +14,7 @@
 
 #define IDX_BITS 13        /* an event's index in its frame: <= KB_NATS_BATCH_MAX */
 #define PROBES 8
-#define LINE_MAX_LEN 64
+#define LINE_BYTES 64      /* a record line, at most (16 + 10 + 20 + 4 digits, blanks, newline) */
 
 typedef struct slot {
     _Atomic uint64_t hash;     /* the key's; 0: free */
@@ -24,9 +24,10 @@ typedef struct slot {
 
 struct kb_nats_progress {
     uint32_t slots;            /* a power of two */
-    _Atomic uint64_t notes;    /* bumped by every note: the acker writes when it moved */
-    uint64_t written;          /* acker: notes at its last write */
-    int64_t written_ns;
+    /* a position moved since the acker's last write: set by a note only when
+     * clear, so executors share its cache line read-only between writes */
+    _Atomic bool dirty;
+    int64_t written_ns;        /* acker */
     uint64_t inherited_to;     /* highest stream seq taken from earlier records */
     slot slot[];
 };
@@ -93,7 +94,8 @@ void kb__nats_progress_note(const kb_nats_entry *e, const kb_delivery *d)
     if (s == NULL || idx >= (1u << IDX_BITS))
         return;
     raise_to(s, e->sseq << IDX_BITS | idx, d->partition);
-    atomic_fetch_add_explicit(&g->notes, 1, memory_order_release);
+    if (!atomic_load_explicit(&g->dirty, memory_order_relaxed))
+        atomic_store_explicit(&g->dirty, true, memory_order_release);
 }
 
 bool kb__nats_progress_covers(const kb_nats_claim *c, const void *key, size_t key_len,
@@ -115,20 +117,20 @@ static void record_key(const char *stream, const char *consumer, char *out, size
 void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now)
 {
     struct kb_nats_progress *g = atomic_load_explicit(&c->progress, memory_order_acquire);
-    if (g == NULL || now - g->written_ns < KB_NATS_PROGRESS_MS * 1000000LL)
-        return;
-    uint64_t notes = atomic_load_explicit(&g->notes, memory_order_acquire);
-    if (notes == g->written)
+    if (g == NULL || now - g->written_ns < KB_NATS_PROGRESS_MS * 1000000LL ||
+        !atomic_exchange_explicit(&g->dirty, false, memory_order_acq_rel))
         return;
     /* what fits in one message: a record that leaves keys out only skips less */
-    size_t room = atomic_load(&t->max_payload) / 2, cap = (size_t)g->slots * LINE_MAX_LEN;
+    size_t room = atomic_load(&t->max_payload) / 2, cap = (size_t)g->slots * LINE_BYTES;
     if (cap > room)
         cap = room;
     char *buf = malloc(cap), key[3 * KB_NATS_NAME], subj[sizeof key + sizeof t->bucket + 16];
-    if (buf == NULL)
+    if (buf == NULL) {
+        atomic_store(&g->dirty, true);
         return;
+    }
     size_t used = 0;
-    for (uint32_t i = 0; i < g->slots && used + LINE_MAX_LEN <= cap; i++) {
+    for (uint32_t i = 0; i < g->slots && used + LINE_BYTES <= cap; i++) {
         slot *s = &g->slot[i];
         uint64_t h = atomic_load_explicit(&s->hash, memory_order_acquire);
         uint64_t pos = atomic_load_explicit(&s->pos, memory_order_acquire);
@@ -142,10 +144,10 @@ void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now)
     }
     record_key(c->part->topic->stream, c->consumer, key, sizeof key);
     snprintf(subj, sizeof subj, "$KV.%s_runs.%s", t->bucket, key);
-    if (natsConnection_Publish(t->nc, subj, buf, (int)used) == NATS_OK) {
-        g->written = notes;
+    if (natsConnection_Publish(t->nc, subj, buf, (int)used) == NATS_OK)
         g->written_ns = now;
-    }
+    else
+        atomic_store(&g->dirty, true);   /* reconnecting: next tick */
     free(buf);
 }
 
@@ -165,7 +167,7 @@ static void inherit_line(kb_transport *t, kb_nats_claim *c, struct kb_nats_progr
     raise_to(s, (uint64_t)sseq << IDX_BITS | idx, part);
     if (sseq > g->inherited_to)
         g->inherited_to = sseq;
-    atomic_fetch_add_explicit(&g->notes, 1, memory_order_relaxed);   /* carried on */
+    atomic_store_explicit(&g->dirty, true, memory_order_relaxed);   /* carried on */
 }
 
 void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier)
