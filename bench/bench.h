@@ -6,7 +6,9 @@
 #define KB_BENCH_H
 
 #include <ck_pr.h>
+#include <errno.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -34,6 +36,7 @@ typedef struct kb_plan {
     uint32_t payload_bytes;     /* at least the 24-byte header below */
     uint32_t handler_us;        /* busy-wait per handled event */
     uint64_t rate;              /* offered events/s over all producers; 0 = as fast as possible */
+    bool pace_sleep;            /* under a rate, sleep to each send time instead of spinning */
     uint32_t batch;             /* events per kb_publish_batch call; 0/1 = one publish each */
     double fail_rate;           /* fraction of events whose handler asks for one retry (bus runs) */
     const char *label;          /* for progress lines */
@@ -100,6 +103,17 @@ static inline void kb_spin_until(uint64_t deadline_ns)
 {
     while ((uint64_t)kb_now_ns() < deadline_ns)
         ck_pr_stall();
+}
+
+/* Wait for a send time without holding a CPU, as a producer waiting for
+ * requests or a socket would (the thread's timer slack is set to 1 ns). */
+static inline void kb_sleep_until(uint64_t deadline_ns)
+{
+    if ((uint64_t)kb_now_ns() >= deadline_ns)
+        return;
+    struct timespec ts = {(time_t)(deadline_ns / 1000000000u), (long)(deadline_ns % 1000000000u)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
 }
 
 /* The ring baseline's spin waits, which yield after a while: on a busy 2-core

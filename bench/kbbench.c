@@ -29,6 +29,8 @@ static const char usage[] =
     "                        keybus then runs once per retry.scope (key, lane), and p50/p99\n"
     "                        are of the events whose own aggregate was not waiting\n"
     "  --rate N              offered load in events/s, for latency (default: flat out)\n"
+    "  --pace spin|sleep     how producers wait for their send times under --rate: spin\n"
+    "                        (default) or sleep, leaving the CPU to other threads\n"
     "  --batch N             publish through kb_publish_batch, N events per call (default 1:\n"
     "                        kb_publish_to per event; baselines always publish one by one)\n"
     "  --idle S              pool.idle: adaptive | spin | yield | block (default: configured)\n"
@@ -49,6 +51,7 @@ struct cli {
     int scenarios;              /* bit per kb_scenario */
     uint64_t events, large_events, sweep_max, rate;
     uint32_t aggregates, payload_bytes, producers, handler_us, batch, repeat;
+    bool pace_sleep;
     double fail_rate;
     int baselines;
     const char *sweep, *json_path, *cdf_path;
@@ -170,7 +173,7 @@ static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t agg
              (unsigned long long)events);
     kb_plan p = {.scenario = s, .events = events, .aggregates = aggs < events ? aggs : (uint32_t)events,
                  .producers = c->producers, .payload_bytes = c->payload_bytes,
-                 .handler_us = c->handler_us, .rate = c->rate, .batch = c->batch,
+                 .handler_us = c->handler_us, .rate = c->rate, .pace_sleep = c->pace_sleep, .batch = c->batch,
                  .fail_rate = c->fail_rate, .label = label};
     kb_result *r = calloc(KB_ROWS, sizeof *r);
     if (r == NULL) {
@@ -297,7 +300,7 @@ int main(int argc, char **argv)
                     .payload_bytes = 64, .producers = 1, .baselines = 1, .repeat = 1};
     enum { O_TRANSPORT = 256, O_CONFIG, O_SCENARIO, O_EVENTS, O_AGGS, O_LARGE, O_PAYLOAD,
            O_PRODUCERS, O_THREADS, O_HANDLER, O_RATE, O_SWEEP, O_SWEEP_MAX, O_JSON, O_CDF,
-           O_BASE, O_NOBASE, O_HELP, O_BATCH, O_IDLE, O_IDLE_CPU, O_REPEAT, O_FAIL_RATE };
+           O_BASE, O_NOBASE, O_HELP, O_BATCH, O_IDLE, O_IDLE_CPU, O_REPEAT, O_FAIL_RATE, O_PACE };
     static const struct option opts[] = {
         {"transport", 1, 0, O_TRANSPORT}, {"config", 1, 0, O_CONFIG},
         {"scenario", 1, 0, O_SCENARIO},   {"events", 1, 0, O_EVENTS},
@@ -310,7 +313,7 @@ int main(int argc, char **argv)
         {"no-baselines", 0, 0, O_NOBASE}, {"help", 0, 0, O_HELP},
         {"batch", 1, 0, O_BATCH},         {"idle", 1, 0, O_IDLE},
         {"idle-cpu", 0, 0, O_IDLE_CPU},   {"repeat", 1, 0, O_REPEAT},
-        {"handler-fail-rate", 1, 0, O_FAIL_RATE},
+        {"handler-fail-rate", 1, 0, O_FAIL_RATE}, {"pace", 1, 0, O_PACE},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -365,6 +368,13 @@ int main(int argc, char **argv)
             c.bus.idle = optarg;
             break;
         case O_IDLE_CPU: c.bus.idle_cpu = 1; break;
+        case O_PACE:
+            if (strcmp(optarg, "spin") != 0 && strcmp(optarg, "sleep") != 0) {
+                fprintf(stderr, "keybus-bench: unknown pace '%s'\n%s", optarg, usage);
+                return 2;
+            }
+            c.pace_sleep = strcmp(optarg, "sleep") == 0;
+            break;
         case O_REPEAT: c.repeat = v ? (uint32_t)v : 1; break;
         case O_FAIL_RATE: {
             char *end;
@@ -398,10 +408,11 @@ int main(int argc, char **argv)
             break;
     if (f)
         fclose(f);
-    fprintf(c.table, "# keybus %s, %ld CPUs (%s), payload %u B, %u producer(s), handler %u us%s, "
+    fprintf(c.table, "# keybus %s, %ld CPUs (%s), payload %u B, %u producer(s), handler %u us%s%s, "
             "batch %u, idle %s\n",
             KB_VERSION_STRING, sysconf(_SC_NPROCESSORS_ONLN), cpu, c.payload_bytes, c.producers,
-            c.handler_us, c.rate ? ", fixed rate" : "", c.batch > 1 ? c.batch : 1,
+            c.handler_us, c.rate ? ", fixed rate" : "",
+            c.rate && c.pace_sleep ? " (producers sleep to send times)" : "", c.batch > 1 ? c.batch : 1,
             c.bus.idle ? c.bus.idle : "(configured)");
     if (c.fail_rate > 0)
         fprintf(c.table, "# handler fail rate %g: one retry each; keybus rows per retry.scope, "

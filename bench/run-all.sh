@@ -58,6 +58,10 @@ run latency --scenario multi --events 1000000 --rate 1000000 --repeat 5 --cdf "$
 run tail-flat --scenario multi --events 500000 --producers 2 --handler-us 2 --repeat 3 ${threads:+--threads "$threads"}
 tail_rate=$(jq -rs '[.[] | select(.handler_us == 2 and .rate == 0 and .transport == "mem://") | .events_per_s] | sort | if length == 0 then 100000 else .[length / 2 | floor] / 2 | floor end' "$res/results.jsonl")
 run tail --scenario multi --events 500000 --producers 2 --handler-us 2 --rate "$tail_rate" --repeat 5 ${threads:+--threads "$threads"}
+# The same with producers that sleep to their send times: spinning, they and the executor are
+# three busy threads on two CPUs (bench/profiles.md).
+TJ=$res/tail-sleep.jsonl
+brun tail-sleep "$TJ" "" --scenario multi --events 500000 --producers 2 --handler-us 2 --rate "$tail_rate" --pace sleep --repeat 5 ${threads:+--threads "$threads"}
 # Failing handlers: one event in 1000 asks for one retry, 100 ms later; 10,000 aggregates, so
 # each lane is shared by about ten. keybus runs once per retry.scope.
 ( export KEYBUS_RETRY_BACKOFF_MS=100
@@ -275,6 +279,7 @@ keybus-bench --sweep threads          # multi, 1M events, 1 .. 2×CPUs executors
 keybus-bench --scenario multi --events 1000000 --rate 500000 --repeat 5            # latency at 500k/s
 keybus-bench --scenario multi --events 1000000 --rate 1000000 --repeat 5 --cdf cdf.dat   # latency at 1M/s
 keybus-bench --scenario multi --events 500000 --producers 2 --handler-us 2 --rate R   # the realistic tail
+keybus-bench --scenario multi --events 500000 --producers 2 --handler-us 2 --rate R --pace sleep
 KEYBUS_RETRY_BACKOFF_MS=100 keybus-bench --scenario multi --aggregates 10000 --events 1000000 --handler-fail-rate 0.001 --repeat 3   # failing handlers, per retry.scope
 KEYBUS_RETRY_BACKOFF_MS=100 keybus-bench --scenario multi --aggregates 10000 --events 300000 --rate 100000 --handler-fail-rate 0.001 --repeat 3 --no-baselines
 keybus-gbench                         # google-benchmark micro-benchmarks
@@ -349,7 +354,8 @@ events: every thread counts, spinning ones included, so it is the cost of the wh
 "Memory flat" allows 10% plus the collector's duplicate bitmap (one bit per event: 1.2 MiB at
 10M), which the RSS includes. Allocations per publish count every \`malloc\`-family call of
 the process (executors included) over the timed loop, after 1,000,000 publishes of warm-up (enough to fill the lanes), through a
-malloc hook in \`keybus-gbench\`.
+malloc hook in \`keybus-gbench\`. Where a target is missed, [What the profiles
+say](#what-the-profiles-say) shows why.
 
 ### The realistic tail
 
@@ -362,7 +368,14 @@ medians of five runs):
 $(for tr in mem:// baseline:ring baseline:mutex; do f=".handler_us == 2 and .rate > 0 and .transport == \"$tr\""; echo "| $tr | $(median "$f" .p50_us) | $(median "$f" .p99_us) | $(median "$f" .p999_us) | $(median "$f" .cpu_ns_per_event) |"; done)
 
 \`keybus-bench --scenario multi --events 500000 --producers 2 --handler-us 2 --repeat 3\` (flat out),
-then the same with \`--rate $tail_rate --repeat 5\`.
+then the same with \`--rate $tail_rate --repeat 5\`. Those producers spin to their send times,
+so mem:// has three busy threads (two producers, one executor) on two CPUs where the ring has
+two ([What the profiles say](#what-the-profiles-say)); the same offered load from producers that
+sleep to their send times (\`--pace sleep\`; medians of five runs):
+
+| transport | p50 µs | p99 µs | p99.9 µs | CPU ns/event |
+|---|--:|--:|--:|--:|
+$(for tr in mem:// baseline:ring baseline:mutex; do f=".transport == \"$tr\""; echo "| $tr | $(median "$f" .p50_us "$TJ") | $(median "$f" .p99_us "$TJ") | $(median "$f" .p999_us "$TJ") | $(median "$f" .cpu_ns_per_event "$TJ") |"; done)
 
 ### What the profiles say
 

@@ -1,6 +1,7 @@
 /* The driver: producers publish the plan's events in order, at the plan's
  * rate; then the wait for them to be handled. */
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +95,8 @@ static void *produce(void *arg)
     double gap_ns = p->rate ? 1e9 * pr->active / (double)p->rate : 0;
     uint64_t rng = 0x9e3779b97f4a7c15ull ^ pr->index, k = 0;
 
+    if (p->pace_sleep)
+        prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);   /* wake at the send time, not 50 us late */
     while (!atomic_load_explicit(&start_gate, memory_order_acquire))
         ck_pr_stall();
     uint64_t t0 = kb_collect_start_ns();
@@ -118,7 +121,10 @@ static void *produce(void *arg)
             kb_bench_hdr h = {.agg = a, .seq = r};
             if (gap_ns > 0) {
                 h.t_ns = t0 + (uint64_t)(gap_ns * (double)k++);
-                kb_spin_until(h.t_ns);
+                if (p->pace_sleep)
+                    kb_sleep_until(h.t_ns);
+                else
+                    kb_spin_until(h.t_ns);
             } else {
                 h.t_ns = kb_now_ns();
             }

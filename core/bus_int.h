@@ -2,9 +2,10 @@
 #ifndef KB_CORE_BUS_INT_H
 #define KB_CORE_BUS_INT_H
 
-/* liburcu-bp's read lock is called out of line, deliberately before
- * pool_int.h turns on _LGPL_SOURCE: the inline version misaligns its reader
- * record under UBSan, and a call costs a few nanoseconds. */
+/* Included before pool_int.h turns on _LGPL_SOURCE: liburcu-bp's read lock
+ * is called out of line except where a file asks for the inline version
+ * first (bus.c's publish path): UBSan reports the inline version's access to
+ * liburcu's under-aligned reader record. */
 #include <pthread.h>
 #include <urcu-bp.h>
 #include <urcu/rculfhash.h>

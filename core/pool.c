@@ -15,6 +15,8 @@
 
 /* Lanes one submit call remembers for scheduling at its end; more flush early. */
 #define TOUCHED_MAX 32
+/* Entries a submit call checks for the lane it is about to remember. */
+#define TOUCHED_RECENT 4
 
 void kb_pool_options_init(kb_pool_options *o)
 {
@@ -292,28 +294,42 @@ struct touched {
     struct kb_lane *lane[TOUCHED_MAX];
 };
 
+/* Dekker with the executor's unscheduling (executor.c, settle): our pushes
+ * must be ordered before we read `scheduled`. The executor pays the expensive
+ * side, once per batch of lanes it unschedules — except with `block`, whose
+ * executors park per burst and could not afford it. */
+static inline void fence_before_schedule(kb_idle idle)
+{
+    if (idle == KB_IDLE_BLOCK)
+        kb__fence();
+    else
+        kb__fence_hot();
+}
+
+/* Put a lane we pushed to on its executor's ready queue if it was idle;
+ * false when it already was scheduled (nothing to wake). */
+static inline bool schedule_lane(struct kb_lane *lane)
+{
+    uint32_t idle = 0;
+    if (atomic_load_explicit(&lane->scheduled, memory_order_relaxed) != 0 ||
+        !atomic_compare_exchange_strong(&lane->scheduled, &idle, 1))
+        return false;
+    kb__lane_ready(lane);
+    KB_PROBE2(lane_schedule, lane->index, lane->ex->index);
+    return true;
+}
+
 /* Put the touched lanes that went idle on their executors' ready queues and
  * wake each of those executors once. */
 static void schedule_touched(struct touched *t)
 {
     struct kb_executor *woken[TOUCHED_MAX];
     unsigned n_woken = 0;
-    /* Dekker with the executor's unscheduling (executor.c, settle): our
-     * pushes must be ordered before we read `scheduled`. The executor pays
-     * the expensive side, once per batch of lanes it unschedules — except
-     * with `block`, whose executors park per burst and could not afford it. */
-    if (t->idle == KB_IDLE_BLOCK)
-        kb__fence();
-    else
-        kb__fence_hot();
+    fence_before_schedule(t->idle);
     for (unsigned i = 0; i < t->n; i++) {
         struct kb_lane *lane = t->lane[i];
-        uint32_t idle = 0;
-        if (atomic_load_explicit(&lane->scheduled, memory_order_relaxed) != 0 ||
-            !atomic_compare_exchange_strong(&lane->scheduled, &idle, 1))
+        if (!schedule_lane(lane))
             continue;
-        kb__lane_ready(lane);
-        KB_PROBE2(lane_schedule, lane->index, lane->ex->index);
         unsigned k = 0;
         while (k < n_woken && woken[k] != lane->ex)
             k++;
@@ -328,9 +344,13 @@ static void schedule_touched(struct touched *t)
     t->n = 0;
 }
 
+/* Only the last few entries are compared: a batch touching many distinct
+ * lanes would otherwise scan the whole list per item (a third of a batched
+ * publish's instructions, callgrind). A lane listed twice is harmless: its
+ * second entry finds it scheduled. */
 static void touch(struct touched *t, struct kb_lane *lane)
 {
-    for (unsigned i = t->n; i > 0; i--)
+    for (unsigned i = t->n, seen = 0; i > 0 && seen < TOUCHED_RECENT; i--, seen++)
         if (t->lane[i - 1] == lane)
             return;
     if (t->n == TOUCHED_MAX)
@@ -493,11 +513,38 @@ out:
     return rc;
 }
 
+/* One item: the common case takes one ring slot and schedules one lane
+ * without the batch's bookkeeping (a third of a publish's instructions,
+ * callgrind); a full lane, a closed pool or an error go the batch's way,
+ * which waits, counts and reports. */
+int kb__pool_submit_one(kb_pool *p, uint32_t hash, void *item, int timeout_ms)
+{
+    if (p == NULL || item == NULL)
+        return KB_EINVAL;
+    if (atomic_load_explicit(&p->closed, memory_order_acquire))
+        return KB_ECLOSED;
+    struct kb_lane *lane = lane_get(p, hash % p->o.lanes);
+    if (lane == NULL)
+        return kb_pool_submit_batch(p, &hash, &item, 1, timeout_ms, NULL);
+    bool owning;
+    kb_push_mode mode = enter_push(p, &owning);
+    unsigned int depth = 0;
+    unsigned int k = kb__ring_push_n(&lane->ring, lane->buf, &item, 1, mode, &depth, &lane->seen);
+    leave_push(p, owning);
+    if (k == 0)
+        return kb_pool_submit_batch(p, &hash, &item, 1, timeout_ms, NULL);
+    note_depth(lane, depth + 1);
+    fence_before_schedule(p->o.idle);
+    if (schedule_lane(lane)) {
+        kb__fence();   /* the ready-queue entry before the parked check */
+        kb__signal_poke(&lane->ex->wake);
+    }
+    return KB_OK;
+}
+
 int kb_pool_submit_hash(kb_pool *p, uint32_t hash, void *item, int timeout_ms)
 {
-    if (item == NULL)
-        return KB_EINVAL;
-    return kb_pool_submit_batch(p, &hash, &item, 1, timeout_ms, NULL);
+    return kb__pool_submit_one(p, hash, item, timeout_ms);
 }
 
 int kb_pool_submit(kb_pool *p, const void *key, size_t key_len, void *item, int timeout_ms)

@@ -134,6 +134,8 @@ void kb__lane_ready(struct kb_lane *lane);
 /* Pools on a shared scheduler (pool.c). */
 uint32_t kb__online_cpus(void);   /* the default executor count */
 kb_pool *kb__pool_new_on(kb_sched *s, const kb_pool_options *o, char *errstr, size_t errlen);
+/* kb_pool_submit_hash, called without the exported symbol's indirection. */
+int kb__pool_submit_one(kb_pool *p, uint32_t hash, void *item, int timeout_ms);
 /* Wait until nothing is queued or running, up to the deadline. */
 int kb__pool_drain(kb_pool *p, int64_t deadline_ns);
 /* Free a pool whose scheduler is stopped; leftovers finish with KB_ECLOSED. */

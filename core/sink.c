@@ -15,8 +15,9 @@
 #define KB_MAX_ID_BYTES 255
 
 /* One record holding key, payload, ID and headers (checked); NULL (with the
- * error set) on out of memory. */
-static kb_rec *rec_new(struct kb_topic *topic, const void *key, size_t key_len,
+ * error set) on out of memory. Inlined: a local publish's copy, without ID,
+ * then drops the ID's copy and half the call. */
+static inline __attribute__((always_inline)) kb_rec *rec_new(struct kb_topic *topic, const void *key, size_t key_len,
                        const void *payload, size_t payload_len, const char *id, size_t id_len,
                        const kb_header *headers, size_t n_headers)
 {
