@@ -187,7 +187,7 @@ static bool validate(kb_transport *t, reader *rd, rround *ro, size_t hits, bool 
             ro->v[j].ok = false;
         }
         *clean &= ro->v[j].ok;
-        freeReplyObject(y);
+        kb__redis_reply_free(y);
     }
     return true;
 }
@@ -247,7 +247,7 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
         }
         bool clean = true;   /* every check passed: nothing to sweep, nothing refused */
         if (t->fenced_reads && !validate(t, rd, ro, hits, &clean)) {
-            freeReplyObject(x);
+            kb__redis_reply_free(x);
             return KB_REDIS_PART_GONE;
         }
         if (ahead != NULL && clean)
@@ -291,7 +291,7 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
             return rc;
         }
     }
-    freeReplyObject(x);
+    kb__redis_reply_free(x);
     return rc;
 }
 

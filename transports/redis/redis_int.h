@@ -24,6 +24,7 @@
  *   redis_conn.c       connections: the primary (Sentinels asked), handshake, backoff, cut
  *   redis_url.c        the redis:// and redis-sentinel:// URLs (check_url)
  *   redis_fields.c     replies: field maps, stream IDs, header fields
+ *   redis_reply.c      reply objects: one reply in a few blocks it owns
  *
  * Threads and connections (a blocking read never shares a connection):
  *   - publishers only append to the backlog (pub_lock, never a network call);
@@ -479,6 +480,14 @@ int kb__redis_check_url(const kb_url *u, char *errstr, size_t errlen);
 void kb__redis_sentinel_url(const kb_url *u, kb_redis_addr *out, size_t *n, char *master);
 /* The db of a checked URL. */
 int kb__redis_url_db(const kb_url *u);
+
+/* ---- redis_reply.c ---- */
+
+/* Every connection of the transport builds its replies with these (set on its
+ * reader right after connecting); free them with kb__redis_reply_free, never
+ * freeReplyObject. */
+void kb__redis_reply_use(redisReader *r);
+void kb__redis_reply_free(void *reply);
 
 /* ---- redis_fields.c ---- */
 /* Value of `name` in a flat [name, value, ...] reply (XINFO rows, entry

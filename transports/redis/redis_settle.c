@@ -208,7 +208,7 @@ void kb__redis_settle_send(kb_transport *t)
                 kb_log(t->bus, KB_LOG_WARNING, "redis: acks or dead letters refused, retrying: %s", r->str);
             again = true;
         }
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
     }
     free(sent.v);
     if (sent.oom && again) {
