@@ -101,6 +101,7 @@ typedef struct kb_redis_part {
     _Atomic int64_t inflight;     /* delivered, not yet acked / dead / released */
     uint32_t swept;               /* reader only: epoch whose sweep is done; 0 = sweep due */
     struct kb_redis_wait *waiting; /* reader only: entries read, their lane full (deliver.c) */
+    bool hot;                     /* reader only: its last read returned entries */
     uint32_t sweeping;            /* reader only: epoch of a sweep paused on a full lane */
     char sweep_cursor[KB_REDIS_ID_MAX];   /* where that sweep goes on; "" = its last page */
     uint32_t index;               /* N */
