@@ -112,9 +112,12 @@ static bool fence_check(kb_transport *t, redisContext *c, fence *f, size_t n)
     if (watched == 0)
         return true;
     const char **argv = malloc((1 + watched) * sizeof *argv);
-    if (argv == NULL) {
-        for (size_t i = 0; i < n; i++)
-            f[i].acks = false;   /* sent next time */
+    if (argv == NULL) {   /* out of memory: every ack is sent next time */
+        for (size_t i = 0; i < n; i++) {
+            for (size_t j = 0; f[i].acks && j < f[i].p->sending.n; j++)
+                f[i].p->sending.v[j].again |= f[i].p->sending.v[j].dead == NULL;
+            f[i].acks = false;
+        }
         return true;
     }
     size_t argc = 0;
@@ -202,11 +205,14 @@ static void append_ids(redisContext *c, const fence *f, const char *cmd, const c
     }
 }
 
-/* Mark jobs [from, to) of a sent command to be sent again. */
-static void again_range(const sent_cmd *sc)
+/* Mark the acks, or the dead letters, among jobs [from, to) of a sent
+ * command to be sent again (a batch of acks may span dead letters sent on
+ * their own). */
+static void again_range(const sent_cmd *sc, bool dead)
 {
     for (size_t j = sc->from; j < sc->to; j++)
-        sc->p->sending.v[j].again = true;
+        if ((sc->p->sending.v[j].dead != NULL) == dead)
+            sc->p->sending.v[j].again = true;
 }
 
 /* Forget what the server settled; keep what it refused for now. */
@@ -250,7 +256,7 @@ static bool read_tx(kb_transport *t, redisContext *c, const sent_list *tx, bool 
             if (r->type == REDIS_REPLY_ARRAY) {
                 for (size_t i = 0; i < r->elements && i < tx->n; i++)
                     if (r->element[i]->type == REDIS_REPLY_ERROR) {
-                        again_range(&tx->v[i]);
+                        again_range(&tx->v[i], false);
                         if (!refused)
                             kb_log(t->bus, KB_LOG_WARNING, "redis: acks refused, retrying: %s",
                                    r->element[i]->str);
@@ -260,7 +266,7 @@ static bool read_tx(kb_transport *t, redisContext *c, const sent_list *tx, bool 
                 /* nil: a watched lease changed (the next GET tells); an error
                  * (EXECABORT after LOADING, say): try it all again */
                 for (size_t i = 0; i < tx->n; i++)
-                    again_range(&tx->v[i]);
+                    again_range(&tx->v[i], false);
                 refused = true;
             }
         }
@@ -344,7 +350,7 @@ void kb__redis_settle_send(kb_transport *t)
             /* LOADING after a restart and the like: try again, or the entries
              * would sit handled but pending on the server */
             if (d < dead.n)
-                again_range(&dead.v[d]);
+                again_range(&dead.v[d], true);
             else
                 again = true;   /* unmapped (out of memory): all is resent below */
             kb_log(t->bus, KB_LOG_WARNING, "redis: a dead letter was refused, retrying: %s", r->str);
