@@ -2,7 +2,8 @@
  * kb__redis_deliver runs on every entry XREADGROUP and XAUTOCLAIM return) on
  * the replies hiredis's own reader makes of any bytes, and the dead-letter
  * packing of what it refuses (kb__redis_dead_pack_raw) or of an event a
- * handler dead-letters (kb__redis_dead_pack). Every array in a reply is tried
+ * handler dead-letters (kb__redis_dead_pack). The replies are built by the
+ * transport's own reply objects (redis_reply.c). Every array in a reply is tried
  * as an entry, so the shapes of both commands' replies are covered.
  * Input: one byte of partition layout, then RESP. */
 #include <stdint.h>
@@ -15,10 +16,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MAX_ATTEMPTS 5
-/* hiredis 0.14 allocates whatever array length a server announces (no
- * maxelements yet): a fuzzer's "*999999999" is a calloc of gigabytes, which
- * the sanitizer reports, not a bug of ours. Longer arrays are refused here as
- * out of memory, the answer hiredis gives when that calloc fails. */
+/* An array's element pointers are allocated for whatever length a server
+ * announces (hiredis 0.14 has no maxelements yet): a fuzzer's "*999999999"
+ * is an allocation of gigabytes, which the sanitizer reports, not a bug of
+ * ours. Longer arrays are refused here as out of memory, the answer the
+ * reader gives when that allocation fails. */
 #define MAX_ELEMENTS 4096
 
 static redisReplyObjectFunctions capped;
@@ -32,9 +34,10 @@ static void *create_array(const redisReadTask *task, int elements)
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
-    redisReader *r = redisReaderCreate();   /* hiredis's reply functions */
+    redisReader *r = redisReaderCreate();
     if (r == NULL)
         abort();
+    kb__redis_reply_use(r);   /* the transport's reply functions */
     capped = *r->fn;
     hiredis_array = capped.createArray;
     capped.createArray = create_array;
@@ -106,7 +109,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         void *reply = NULL;
         while (redisReaderGetReply(r, &reply) == REDIS_OK && reply != NULL) {
             try_entry(reply, part, nparts, attempt, 0);
-            freeReplyObject(reply);
+            kb__redis_reply_free(reply);
             reply = NULL;
         }
     }

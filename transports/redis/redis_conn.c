@@ -45,6 +45,15 @@ static struct timeval bounded(const kb_redis_conn *k, int ms)
     return timeout_until(ms, k->deadline_ns);
 }
 
+/* Every connection builds its replies with redis_reply.c's objects. */
+static redisContext *connect_to(const char *host, int port, struct timeval tv)
+{
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    if (c != NULL)
+        kb__redis_reply_use(c->reader);
+    return c;
+}
+
 /* ---- redis-sentinel://: the Sentinels name the primary, the standard client
  * pattern. Every connect asks them in turn (`SENTINEL get-master-addr-by-name`,
  * the one that answered last first) and the handshake checks `ROLE` says
@@ -56,8 +65,7 @@ static struct timeval bounded(const kb_redis_conn *k, int ms)
 redisContext *kb__redis_sentinel_connect(const kb_transport *t, const kb_redis_addr *s,
                                          int64_t deadline_ns, char *why, size_t len)
 {
-    redisContext *c = redisConnectWithTimeout(s->host, s->port,
-                                              timeout_until(t->connect_timeout_ms, deadline_ns));
+    redisContext *c = connect_to(s->host, s->port, timeout_until(t->connect_timeout_ms, deadline_ns));
     if (c == NULL) {
         snprintf(why, len, "out of memory");
     } else if (c->err ||
@@ -92,7 +100,7 @@ static bool ask_one(const kb_transport *t, const kb_redis_addr *s, int64_t deadl
         if (!ok)
             snprintf(why, len, "named port \"%.20s\"", r->element[1]->str);
     }
-    freeReplyObject(r);
+    kb__redis_reply_free(r);
     redisFree(c);
     return ok;
 }
@@ -163,10 +171,10 @@ static const char *handshake(redisContext *c, const kb_transport *t, char *buf, 
         if (r == NULL || r->type == REDIS_REPLY_ERROR) {
             snprintf(buf, len, "AUTH%s%.64s refused: %s", user != NULL ? " as " : "",
                      user != NULL ? user : "", r ? r->str : c->errstr);
-            freeReplyObject(r);
+            kb__redis_reply_free(r);
             return buf;
         }
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
     }
     /* Something that is not Redis may listen here: find out now, not at the
      * first real command. */
@@ -181,10 +189,10 @@ static const char *handshake(redisContext *c, const kb_transport *t, char *buf, 
             snprintf(buf, len, "not a Redis server? PING %s: %s",
                      silent ? "got no answer within redis.read_timeout_ms" : "failed",
                      r == NULL ? c->errstr : "the answer is not PONG");
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
         return buf;
     }
-    freeReplyObject(r);
+    kb__redis_reply_free(r);
     if (t->sentinel) {   /* a Sentinel may name a node that is not primary (yet, or any more) */
         r = redisCommand(c, "ROLE");
         bool master = r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
@@ -198,7 +206,7 @@ static const char *handshake(redisContext *c, const kb_transport *t, char *buf, 
                              r->element[0]->type == REDIS_REPLY_STRING
                          ? r->element[0]->str
                          : "something else");
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
         if (!master)
             return buf;
     }
@@ -206,10 +214,10 @@ static const char *handshake(redisContext *c, const kb_transport *t, char *buf, 
         r = redisCommand(c, "SELECT %d", t->db);
         if (r == NULL || r->type == REDIS_REPLY_ERROR) {
             snprintf(buf, len, "SELECT %d failed: %s", t->db, r ? r->str : c->errstr);
-            freeReplyObject(r);
+            kb__redis_reply_free(r);
             return buf;
         }
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
     }
     return NULL;
 }
@@ -246,7 +254,7 @@ redisContext *kb__redis_conn_force(kb_redis_conn *k, char *errstr, size_t errlen
     uint32_t gen = 0;
     if (!kb__redis_primary((kb_transport *)t, k->deadline_ns, &at, &gen, why, sizeof why))
         err = why;
-    else if ((c = redisConnectWithTimeout(at.host, at.port, bounded(k, t->connect_timeout_ms))) == NULL)
+    else if ((c = connect_to(at.host, at.port, bounded(k, t->connect_timeout_ms))) == NULL)
         err = "out of memory";
     else if (c->err)
         err = c->errstr[0] ? c->errstr : strerror(errno);

@@ -16,6 +16,8 @@ typedef struct rpart {
     kb_redis_part *p;
     uint32_t epoch;
     bool ok;                 /* validated: deliver this partition's entries */
+    bool ahead;              /* its GET and XPENDING went right behind the read */
+    bool ahead_ok;           /* and passed */
 } rpart;
 
 /* A read in flight: what was asked, in request order. */
@@ -75,6 +77,46 @@ static bool foreign_pending(const kb_transport *t, const redisReply *x)
     return false;
 }
 
+/* Validated reads (redis.fenced_reads = 1, the default): for each partition
+ * the read returned entries of, GET its lease and the XPENDING summary, run
+ * by the server after the read and read here before any entry is delivered:
+ *   - GET still holding our token means the lease was ours when the read ran:
+ *     a token is this process's alone, and losing and retaking the lease in
+ *     between bumps the local epoch, which deliver() checks. Otherwise the
+ *     entries are not delivered: they stay in our PEL for the next owner.
+ *   - a read by a process that had lost the lease (paused past the TTL) leaves
+ *     entries in *its* PEL after this owner's sweep, newer than anything this
+ *     owner read before. XPENDING shows them (no other consumer may have
+ *     pending entries in a partition we swept), and before delivering anything
+ *     of the partition this process sweeps again: XAUTOCLAIM moves them here
+ *     and they are handled first, in ID order.
+ * A partition that returned entries in its previous read has them sent right
+ * behind this read (send_round); others that return entries now are checked
+ * with a round trip of their own. Partitions that returned nothing cost
+ * nothing, so an idle topic adds one stream name to the read and no command. */
+static void append_checks(kb_transport *t, const kb_redis_part *p)
+{
+    const char *get[] = {"GET", p->lease};
+    const char *pend[] = {"XPENDING", p->stream, t->group};
+    redisAppendCommandArgv(t->rconn.c, 2, get, NULL);
+    redisAppendCommandArgv(t->rconn.c, 3, pend, NULL);
+}
+
+/* One check's reply: `get` the lease's, else the XPENDING summary's. */
+static bool check_passed(kb_transport *t, kb_redis_part *p, const redisReply *y, bool get)
+{
+    if (get)
+        return y->type == REDIS_REPLY_STRING && strcmp(y->str, t->token) == 0;   /* else lost */
+    if (foreign_pending(t, y)) {
+        p->swept = 0;            /* sweep again before anything newer */
+        if (atomic_fetch_add(&t->stray, 1) == 0)
+            kb_log(t->bus, KB_LOG_WARNING, "redis: %s has entries pending for another consumer (a read "
+                   "after its lease was lost); sweeping it again", p->stream);
+        return false;
+    }
+    return y->type != REDIS_REPLY_ERROR;
+}
+
 /* Send one read: a single XREADGROUP ... BLOCK over every live, swept
  * partition of every topic. False: nothing to read (no live partition), out
  * of memory, or the connection failed. */
@@ -92,7 +134,7 @@ static bool send_round(kb_transport *t, reader *rd, rround *ro)
                 continue;
             if (!reserve(rd, ro->n + 1))
                 return false;
-            ro->v[ro->n++] = (rpart){p, e, false};
+            ro->v[ro->n++] = (rpart){p, e, false, false, false};
         }
     if (ro->n == 0)
         return false;
@@ -119,6 +161,15 @@ static bool send_round(kb_transport *t, reader *rd, rround *ro)
     for (size_t j = 0; j < n; j++)
         argv[argc++] = ">";
     redisAppendCommandArgv(c, (int)argc, argv, NULL);
+    /* A partition that returned entries last time likely does again (one hot
+     * aggregate): its checks go right behind the read, so they cost no round
+     * trip of their own. They still run after the read: the server runs a
+     * connection's commands in order, a blocked read first. */
+    for (size_t j = 0; t->fenced_reads && j < n; j++)
+        if (ro->v[j].p->hot) {
+            append_checks(t, ro->v[j].p);
+            ro->v[j].ahead = true;
+        }
     /* on the wire now: the server prepares it while we deliver the previous one */
     for (int done = 0; !done;)
         if (redisBufferWrite(c, &done) != REDIS_OK) {
@@ -141,53 +192,52 @@ static size_t find_part(const rround *ro, const char *stream, size_t from)
     return ro->n;
 }
 
-/* Validated reads (redis.fenced_reads = 1, the default): for each partition
- * the read returned entries of, GET its lease and the XPENDING summary, sent
- * after the read's reply arrived and before any entry is delivered:
- *   - GET still holding our token means the lease was ours when the read ran:
- *     a token is this process's alone, and losing and retaking the lease in
- *     between bumps the local epoch, which deliver() checks. Otherwise the
- *     entries are not delivered: they stay in our PEL for the next owner.
- *   - a read by a process that had lost the lease (paused past the TTL) leaves
- *     entries in *its* PEL after this owner's sweep, newer than anything this
- *     owner read before. XPENDING shows them (no other consumer may have
- *     pending entries in a partition we swept), and before delivering anything
- *     of the partition this process sweeps again: XAUTOCLAIM moves them here
- *     and they are handled first, in ID order.
- * Partitions that returned nothing cost nothing, so an idle topic adds one
- * stream name to the read and no command. False: the connection failed. */
+/* Read the checks sent behind a read, in request order. False: the connection failed. */
+static bool read_ahead_checks(kb_transport *t, rround *ro)
+{
+    redisContext *c = t->rconn.c;
+    for (size_t j = 0; j < ro->n; j++) {
+        if (!ro->v[j].ahead)
+            continue;
+        bool ok = true;
+        for (int k = 0; k < 2; k++) {
+            redisReply *y = NULL;
+            if (redisGetReply(c, (void **)&y) != REDIS_OK) {
+                kb__redis_conn_fail(&t->rconn, c->errstr);
+                return false;
+            }
+            ok &= check_passed(t, ro->v[j].p, y, k == 0);
+            kb__redis_reply_free(y);
+        }
+        ro->v[j].ahead_ok = ok;
+    }
+    return true;
+}
+
+/* The checks of the partitions that returned entries: those sent ahead are
+ * in; the others get their round trip now. False: the connection failed. */
 static bool validate(kb_transport *t, reader *rd, rround *ro, size_t hits, bool *clean)
 {
     redisContext *c = t->rconn.c;
+    for (size_t h = 0; h < hits; h++)
+        if (!ro->v[rd->hit[h]].ahead)
+            append_checks(t, ro->v[rd->hit[h]].p);
     for (size_t h = 0; h < hits; h++) {
-        kb_redis_part *p = ro->v[rd->hit[h]].p;
-        const char *get[] = {"GET", p->lease};
-        const char *pend[] = {"XPENDING", p->stream, t->group};
-        redisAppendCommandArgv(c, 2, get, NULL);
-        redisAppendCommandArgv(c, 3, pend, NULL);
-    }
-    for (size_t k = 0; k < 2 * hits; k++) {
-        redisReply *y = NULL;
-        if (redisGetReply(c, (void **)&y) != REDIS_OK) {
-            kb__redis_conn_fail(&t->rconn, c->errstr);
-            return false;   /* nothing delivered: the next sweep finds the entries */
+        rpart *rp = &ro->v[rd->hit[h]];
+        if (rp->ahead) {
+            rp->ok &= rp->ahead_ok;
+        } else {
+            for (int k = 0; k < 2; k++) {
+                redisReply *y = NULL;
+                if (redisGetReply(c, (void **)&y) != REDIS_OK) {
+                    kb__redis_conn_fail(&t->rconn, c->errstr);
+                    return false;   /* nothing delivered: the next sweep finds the entries */
+                }
+                rp->ok &= check_passed(t, rp->p, y, k == 0);
+                kb__redis_reply_free(y);
+            }
         }
-        size_t j = rd->hit[k / 2];
-        kb_redis_part *p = ro->v[j].p;
-        if (k % 2 == 0) {
-            if (y->type != REDIS_REPLY_STRING || strcmp(y->str, t->token) != 0)
-                ro->v[j].ok = false;   /* lost on the server; the keeper will notice */
-        } else if (foreign_pending(t, y)) {
-            ro->v[j].ok = false;
-            p->swept = 0;            /* sweep again before anything newer */
-            if (atomic_fetch_add(&t->stray, 1) == 0)
-                kb_log(t->bus, KB_LOG_WARNING, "redis: %s has entries pending for another consumer (a read "
-                       "after its lease was lost); sweeping it again", p->stream);
-        } else if (y->type == REDIS_REPLY_ERROR) {
-            ro->v[j].ok = false;
-        }
-        *clean &= ro->v[j].ok;
-        freeReplyObject(y);
+        *clean &= rp->ok;
     }
     return true;
 }
@@ -218,6 +268,12 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
         kb__redis_conn_fail(&t->rconn, c->errstr);
         return KB_REDIS_PART_GONE;
     }
+    if (!read_ahead_checks(t, ro)) {
+        kb__redis_reply_free(x);
+        return KB_REDIS_PART_GONE;
+    }
+    for (size_t j = 0; j < n; j++)
+        ro->v[j].p->hot = false;   /* until this read says otherwise */
     int rc = KB_REDIS_DELIVERED;
     if (x->type == REDIS_REPLY_ERROR) {
         if (kb__redis_group_gone(x->str)) {
@@ -241,13 +297,14 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
             if ((j = find_part(ro, sr->element[0]->str, j)) == n)
                 continue;
             ro->v[j].ok = true;
+            ro->v[j].p->hot = true;
             rd->hit[hits++] = j;
             if (sr->element[1]->elements > most)
                 most = sr->element[1]->elements;
         }
         bool clean = true;   /* every check passed: nothing to sweep, nothing refused */
         if (t->fenced_reads && !validate(t, rd, ro, hits, &clean)) {
-            freeReplyObject(x);
+            kb__redis_reply_free(x);
             return KB_REDIS_PART_GONE;
         }
         if (ahead != NULL && clean)
@@ -291,7 +348,7 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
             return rc;
         }
     }
-    freeReplyObject(x);
+    kb__redis_reply_free(x);
     return rc;
 }
 

@@ -108,7 +108,7 @@ kb_redis_held *kb__redis_held_new(redisReply *r)
 void kb__redis_held_unref(kb_redis_held *h)
 {
     if (--h->refs == 0) {
-        freeReplyObject(h->reply);
+        kb__redis_reply_free(h->reply);
         free(h);
     }
 }

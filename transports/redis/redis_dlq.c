@@ -231,7 +231,7 @@ int kb__redis_dead_letters(kb_transport *t, kb_transport_topic *tt, const char *
         const char *argv[] = {"XRANGE", dlq, start, "+", "COUNT", count};
         redisReply *r = ctl_cmd(t, 6, argv, NULL);
         if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
-            freeReplyObject(r);
+            kb__redis_reply_free(r);
             return KB_ETRANSPORT;
         }
         bool stop = r->elements < page;
@@ -244,11 +244,11 @@ int kb__redis_dead_letters(kb_transport *t, kb_transport_topic *tt, const char *
             seen++;
             snprintf(start, sizeof start, "(%s", dl.id);
             if (fn(&dl, opaque) != 0) {
-                freeReplyObject(r);
+                kb__redis_reply_free(r);
                 return KB_OK;
             }
         }
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
         if (stop)
             break;
     }
@@ -266,19 +266,19 @@ int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const 
     const char *range[] = {"XRANGE", dlq, id, id};
     redisReply *r = ctl_cmd(t, 4, range, NULL);
     if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
         return KB_ETRANSPORT;
     }
     if (r->elements == 0 || r->element[0]->type != REDIS_REPLY_ARRAY ||
         r->element[0]->elements < 2) {
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
         kb_errf(NULL, 0, "redis: no dead letter %s in %s", id, dlq);
         return KB_ENOTFOUND;
     }
     const redisReply *f = r->element[0]->element[1];
     const redisReply *k = kb__redis_field(f, "k"), *d = kb__redis_field(f, "d");
     if (k == NULL || k->len == 0 || d == NULL) {
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
         kb_errf(NULL, 0, "redis: dead letter %s in %s has no key or payload; not replayable",
                  id, dlq);
         return KB_EINVAL;
@@ -293,7 +293,7 @@ int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const 
     if (argv == NULL || lens == NULL) {
         free(argv);
         free(lens);
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
         kb_errf(NULL, 0, "redis: out of memory replaying %s", id);
         return KB_ENOMEM;
     }
@@ -321,8 +321,8 @@ int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const 
     } else {
         kb__redis_pub_note(t, tt, part, x->str);   /* kb_drain waits for it too */
     }
-    freeReplyObject(x);
-    freeReplyObject(r);
+    kb__redis_reply_free(x);
+    kb__redis_reply_free(r);
     free(argv);
     free(lens);
     return rc;
@@ -342,6 +342,6 @@ int kb__redis_dead_letter_delete(kb_transport *t, kb_transport_topic *tt, const 
                                                         : KB_ENOTFOUND;
     if (rc == KB_ENOTFOUND)
         kb_errf(NULL, 0, "redis: no dead letter %s in %s", id, tt->dlq);
-    freeReplyObject(r);
+    kb__redis_reply_free(r);
     return rc;
 }

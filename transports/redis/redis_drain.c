@@ -81,7 +81,7 @@ static ssize_t poll_targets(kb_transport *t, target *v, size_t n)
             redisGetReply(c, (void **)&p) != REDIS_OK) {
             kb_errf(NULL, 0, "kb_drain: %s: %s", t->where, c->errstr);
             kb__redis_conn_fail(&t->ctl, c->errstr);
-            freeReplyObject(g);
+            kb__redis_reply_free(g);
             free(done);
             pthread_mutex_unlock(&t->ctl_lock);
             return -1;
@@ -90,8 +90,8 @@ static ssize_t poll_targets(kb_transport *t, target *v, size_t n)
             done[i] = true;
             left--;
         }
-        freeReplyObject(g);
-        freeReplyObject(p);
+        kb__redis_reply_free(g);
+        kb__redis_reply_free(p);
     }
     pthread_mutex_unlock(&t->ctl_lock);
     for (size_t i = 0, k = 0; done != NULL && i < n; i++)

@@ -24,6 +24,7 @@
  *   redis_conn.c       connections: the primary (Sentinels asked), handshake, backoff, cut
  *   redis_url.c        the redis:// and redis-sentinel:// URLs (check_url)
  *   redis_fields.c     replies: field maps, stream IDs, header fields
+ *   redis_reply.c      reply objects: one reply in a few blocks it owns
  *
  * Threads and connections (a blocking read never shares a connection):
  *   - publishers only append to the backlog (pub_lock, never a network call);
@@ -100,6 +101,7 @@ typedef struct kb_redis_part {
     _Atomic int64_t inflight;     /* delivered, not yet acked / dead / released */
     uint32_t swept;               /* reader only: epoch whose sweep is done; 0 = sweep due */
     struct kb_redis_wait *waiting; /* reader only: entries read, their lane full (deliver.c) */
+    bool hot;                     /* reader only: its last read returned entries */
     uint32_t sweeping;            /* reader only: epoch of a sweep paused on a full lane */
     char sweep_cursor[KB_REDIS_ID_MAX];   /* where that sweep goes on; "" = its last page */
     uint32_t index;               /* N */
@@ -479,6 +481,14 @@ int kb__redis_check_url(const kb_url *u, char *errstr, size_t errlen);
 void kb__redis_sentinel_url(const kb_url *u, kb_redis_addr *out, size_t *n, char *master);
 /* The db of a checked URL. */
 int kb__redis_url_db(const kb_url *u);
+
+/* ---- redis_reply.c ---- */
+
+/* Every connection of the transport builds its replies with these (set on its
+ * reader right after connecting); free them with kb__redis_reply_free, never
+ * freeReplyObject. */
+void kb__redis_reply_use(redisReader *r);
+void kb__redis_reply_free(void *reply);
 
 /* ---- redis_fields.c ---- */
 /* Value of `name` in a flat [name, value, ...] reply (XINFO rows, entry

@@ -52,7 +52,7 @@ static void duties(kb_transport *t, members *m, bool all, bool prune_now)
             continue;
         }
         kb__redis_lease_round(t, tt, m->names, n);
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
         kb__redis_lease_handback(t, tt, kb__redis_settle_send);
         if (prune_now)
             kb__redis_members_prune(t, tt, "");

@@ -86,7 +86,7 @@ void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *
             kb_log(t->bus, KB_LOG_WARNING, "redis: %s lost the lease of %s (%s)", t->consumer,
                    p->stream, x->type == REDIS_REPLY_ERROR ? x->str : "taken or expired");
         }
-        freeReplyObject(x);
+        kb__redis_reply_free(x);
     }
     /* Owned but no longer ours by rendezvous: stop reading, hand back when idle. */
     for (uint32_t i = 0; i < tt->nparts; i++)
@@ -110,7 +110,7 @@ void kb__redis_lease_handback(kb_transport *t, kb_transport_topic *tt,
         send_acks(t);
         const char *argv[] = {"EVAL", RELEASE_LUA, "1", p->lease, t->token};
         redisReply *r = kb__redis_cmd(&t->kc, 5, argv, NULL);
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
         if (r != NULL) {
             atomic_store(&p->state, KB_PART_FREE);
             kb_bus_lease_changed(t->bus, p->stream, p->index, 0);
@@ -132,7 +132,7 @@ void kb__redis_lease_release_all(kb_transport *t, kb_transport_topic *tt)
             kb__redis_conn_fail(&t->kc, c->errstr);
             return;
         }
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
     }
     for (uint32_t i = 0; i < tt->nparts; i++)
         atomic_store(&tt->parts[i].state, KB_PART_FREE);

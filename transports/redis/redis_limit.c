@@ -31,7 +31,7 @@ static int64_t ask_bulk_max(kb_transport *t, char *why, size_t len)
     } else {
         v = strtoll(r->element[1]->str, NULL, 10);
     }
-    freeReplyObject(r);
+    kb__redis_reply_free(r);
     return v;
 }
 

@@ -54,16 +54,16 @@ bool kb__redis_members_beat(kb_transport *t, kb_transport_topic *tt, redisReply 
     for (int i = 0; i < 3; i++)
         if (redisGetReply(c, (void **)&r[i]) != REDIS_OK) {
             for (int j = 0; j < i; j++)
-                freeReplyObject(r[j]);
+                kb__redis_reply_free(r[j]);
             kb__redis_conn_fail(&t->kc, c->errstr);
             return false;
         }
-    freeReplyObject(r[0]);
-    freeReplyObject(r[1]);
+    kb__redis_reply_free(r[0]);
+    kb__redis_reply_free(r[1]);
     redisReply *m = r[2];
     if (m->type != REDIS_REPLY_ARRAY ||
         kb_vec_reserve((void **)names, cap, m->elements, sizeof **names) != KB_OK) {
-        freeReplyObject(m);
+        kb__redis_reply_free(m);
         return false;
     }
     for (size_t i = 0; i < m->elements; i++)
@@ -104,7 +104,7 @@ void kb__redis_members_prune(kb_transport *t, kb_transport_topic *tt, const char
                r->integer, tt->name, t->group);
     else if (r != NULL && r->type == REDIS_REPLY_ERROR)
         kb_log(t->bus, KB_LOG_WARNING, "redis: removing consumers that left %s: %s", tt->name, r->str);
-    freeReplyObject(r);
+    kb__redis_reply_free(r);
     free(argv);
 }
 
@@ -112,7 +112,7 @@ void kb__redis_members_leave(kb_transport *t, kb_transport_topic *tt)
 {
     const char *argv[] = {"ZREM", tt->members, t->consumer};
     redisReply *r = kb__redis_cmd(&t->kc, 3, argv, NULL);
-    freeReplyObject(r);
+    kb__redis_reply_free(r);
     if (r != NULL)
         kb__redis_members_prune(t, tt, t->consumer);   /* everything acked: leave the group too */
 }

@@ -40,7 +40,7 @@ int kb__redis_check_meta(kb_transport *t, kb_transport_topic *tt)
             rc = KB_OK;
         }
         for (int i = 0; i < got; i++)
-            freeReplyObject(r[i]);
+            kb__redis_reply_free(r[i]);
     } else {
         kb_errf(NULL, 0, "redis: %s is unreachable for topic %s metadata", t->where, topic);
     }
@@ -68,7 +68,7 @@ int kb__redis_topic_known(kb_transport *t, kb_transport_topic *tt)
     } else {
         rc = KB_OK;
     }
-    freeReplyObject(r);
+    kb__redis_reply_free(r);
     return rc;
 }
 
@@ -100,7 +100,7 @@ int kb__redis_create_groups(kb_redis_conn *k, kb_transport_topic *tt, const char
                      r->str);
             rc = KB_ETRANSPORT;
         }
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
     }
     return rc;
 }

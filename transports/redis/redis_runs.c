@@ -40,7 +40,7 @@ static int record(kb_transport *t, const char *topic, uint32_t part, const char 
         kb_errf(NULL, 0, "redis: run %u of %s entry %s not recorded on %s: %s", attempt, key, id,
                 t->where, r == NULL ? "no answer" : r->type == REDIS_REPLY_ERROR ? r->str
                                                                                   : "unexpected reply");
-    freeReplyObject(r);
+    kb__redis_reply_free(r);
     return rc;
 }
 

@@ -172,7 +172,7 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
     pthread_mutex_unlock(&t->pub_lock);
     report_send(t, &rs);
     for (size_t i = 0; i < n; i++)
-        freeReplyObject(r[i]);
+        kb__redis_reply_free(r[i]);
     if (proto_big > 0) {
         char cause[600];
         kb__redis_limit_explain(t, proto_big, cause, sizeof cause);
@@ -340,7 +340,7 @@ static bool serving(kb_transport *t, redisContext *c)
     bool ok = r != NULL && !(r->type == REDIS_REPLY_ERROR && transient(r));
     if (!ok)
         lose(t, r != NULL ? r->str : c->errstr[0] ? c->errstr : "connection closed");
-    freeReplyObject(r);
+    kb__redis_reply_free(r);
     return ok;
 }
 

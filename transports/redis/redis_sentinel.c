@@ -48,7 +48,7 @@ static bool listen_to(kb_transport *t, size_t at)
         return false;
     redisReply *r = redisCommand(c, "SUBSCRIBE +switch-master");
     bool ok = r != NULL && r->type == REDIS_REPLY_ARRAY;
-    freeReplyObject(r);
+    kb__redis_reply_free(r);
     if (ok) {
         /* a switch before the subscription is not missed: ask once more */
         kb_redis_addr a;
@@ -64,7 +64,7 @@ static bool listen_to(kb_transport *t, size_t at)
         void *one = NULL;
         while (redisGetReplyFromReader(c, &one) == REDIS_OK && one != NULL) {
             switch_message(t, at, one);
-            freeReplyObject(one);
+            kb__redis_reply_free(one);
             one = NULL;
         }
         if (c->err)

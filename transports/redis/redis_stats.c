@@ -59,7 +59,7 @@ static int ctl_run(kb_transport *t, redisContext *c, redisReply **r, size_t n)
             kb_errf(NULL, 0, "redis: stats from %s: %s", t->where, c->errstr);
             kb__redis_conn_fail(&t->ctl, c->errstr);
             for (size_t j = 0; j < i; j++)
-                freeReplyObject(r[j]);
+                kb__redis_reply_free(r[j]);
             return KB_ETRANSPORT;
         }
     return KB_OK;
@@ -107,7 +107,7 @@ int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out
             out->broker_lag += g.lag;
         }
         for (size_t i = 0; i < n; i++)
-            freeReplyObject(r[i]);
+            kb__redis_reply_free(r[i]);
     }
     free(r);
     return rc;
@@ -153,6 +153,6 @@ int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t 
         out->owner[len] = '\0';
     }
     for (int i = 0; i < 4; i++)
-        freeReplyObject(r[i]);
+        kb__redis_reply_free(r[i]);
     return KB_OK;
 }

@@ -52,7 +52,7 @@ static bool sweep_wait(kb_redis_part *p, redisReply *r, const redisReply *ents, 
     if (att == NULL || h == NULL) {
         free(att);
         free(h);
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
         return false;
     }
     for (size_t i = from; i < ents->elements; i++)
@@ -97,7 +97,7 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
             else if (r->type == REDIS_REPLY_ERROR)
                 kb_log(t->bus, KB_LOG_WARNING, "redis: recovery of %s: %s", p->stream, r->str);
             /* -1: the lease is gone on the server; the keeper will notice */
-            freeReplyObject(r);
+            kb__redis_reply_free(r);
             kb__redis_reader_nap(t, atomic_load(&t->leases_taken), 100);   /* e.g. LOADING after a restart */
             return KB_REDIS_PART_GONE;
         }
@@ -124,7 +124,7 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
                 r = NULL;
             }
         }
-        freeReplyObject(r);
+        kb__redis_reply_free(r);
     }
     if (rc != KB_REDIS_LANE_FULL)
         p->sweeping = 0;   /* done, or to be started over */
