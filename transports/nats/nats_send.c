@@ -351,14 +351,34 @@ void kb__nats_disconnected(natsConnection *nc, void *closure)
     pthread_rwlock_unlock(&t->pub_lock);
 }
 
-/* Publishes out without MaxWait and no ack for nats.publish_timeout_ms with
- * the connection up: take them all back, to be sent again in order. */
+/* Messages the connection has read so far (0 if it cannot tell). */
+static uint64_t in_msgs(kb_transport *t)
+{
+    natsStatistics *st = NULL;
+    uint64_t n = 0;
+    if (natsStatistics_Create(&st) == NATS_OK && natsConnection_GetStats(t->nc, st) == NATS_OK)
+        natsStatistics_GetCounts(st, &n, NULL, NULL, NULL, NULL);
+    natsStatistics_Destroy(st);
+    return n;
+}
+
+/* Publishes out without MaxWait, no ack for nats.publish_timeout_ms and
+ * nothing read at all with the connection up: take them all back, to be sent
+ * again in order. (A connection still reading may have acks queued behind a
+ * starved ack thread: that is no stall.) */
 static void stalled(kb_transport *t)
 {
+    int64_t now = kb_now_ns();
     if (max_wait(t) > 0 || atomic_load(&t->pub_out) <= 0 ||
-        kb_now_ns() - atomic_load(&t->pub_moved_ns) < t->publish_timeout_ms * 1000000 ||
+        now - atomic_load(&t->pub_moved_ns) < t->publish_timeout_ms * 1000000 ||
         natsConnection_Status(t->nc) != NATS_CONN_STATUS_CONNECTED)
         return;
+    uint64_t seen = in_msgs(t);
+    if (seen != t->stall_in_msgs) {
+        t->stall_in_msgs = seen;
+        atomic_store(&t->pub_moved_ns, now);
+        return;
+    }
     kb_log(t->bus, KB_LOG_WARNING, "nats %s: no publish ack for %lld ms; sending %lld publishes again",
            t->url_safe, (long long)t->publish_timeout_ms, (long long)atomic_load(&t->pub_out));
     pthread_rwlock_wrlock(&t->pub_lock);
