@@ -179,14 +179,13 @@ static void take_back(kb_transport *t, natsMsg *also)
 }
 
 
-/* A publish's MaxWait. nats.c keeps a timer record per publish and delivers
- * a timeout message for each, acked or not, once its MaxWait passed: a
- * quarter of the client's work per message with one event per message. On
- * one server a publish is acked, refused, or lost with the connection (taken
- * back at the disconnect), so it gets none; kb__nats_resend takes every
- * publish back if no ack comes for nats.publish_timeout_ms. A cluster's lost
- * stream leader drops publishes with the connection up: each one times out
- * on its own there. */
+/* A publish's MaxWait. For each, nats.c keeps a timer record (an allocation
+ * and a string) and, once it passed, delivers a timeout message through the
+ * ack thread, acked or not. On one server a publish is acked, refused, or
+ * lost with the connection (taken back at the disconnect), so it gets none;
+ * stalled() covers a connection that stays up but answers nothing. A
+ * cluster's lost stream leader drops publishes with the connection up: each
+ * one times out on its own there. */
 static int64_t max_wait(const kb_transport *t)
 {
     return t->replicas > 1 ? t->publish_timeout_ms : 0;
