@@ -533,9 +533,15 @@ static void *feed(void *arg)
             /* The lease thread makes a new claim a round trip or so after a
              * subscribe: its first pull should not wait a whole scan. (A
              * partition another member owns stays unclaimed here; the window
-             * bounds that.) */
-            next_scan = now + (unclaimed && now < claims_awaited_until ? KB_NATS_CLAIM_SCAN_NS
-                                                                        : KB_NATS_SCAN_NS);
+             * bounds that.) Scans of many topics are spaced, 1 µs per
+             * partition (a look at one costs tens of ns): a thousand topics
+             * are scanned every 8 ms, not every 1. */
+            int64_t fast = (int64_t)f->known * t->partitions * 1000;
+            if (fast < KB_NATS_CLAIM_SCAN_NS)
+                fast = KB_NATS_CLAIM_SCAN_NS;
+            next_scan = now + (unclaimed && now < claims_awaited_until && fast < KB_NATS_SCAN_NS
+                                   ? fast
+                                   : KB_NATS_SCAN_NS);
         }
         int64_t wait_ms = (next_scan - now + 999999) / 1000000;
         natsMsg *m = NULL;
