@@ -22,6 +22,8 @@
 
 #define KB_NATS_IDLE_EXPIRES_MS 10000   /* pull expiry of a quiet partition, at most */
 #define KB_NATS_SCAN_NS 20000000        /* every partition's pulls checked this often */
+#define KB_NATS_CLAIM_SCAN_NS 1000000   /* ... and this often while claims are awaited */
+#define KB_NATS_CLAIM_WAIT_NS 2000000000 /* for this long after a subscribe or reconnect */
 
 typedef struct feeder {
     kb_transport *t;
@@ -513,15 +515,18 @@ static void *feed(void *arg)
 {
     feeder *f = arg;
     kb_transport *t = f->t;
-    int64_t next_scan = 0;
+    int64_t next_scan = 0, claims_awaited_until = 0;
     uint32_t reconnects = atomic_load(&t->reconnects);
     while (!atomic_load(&t->stopping)) {
         uint32_t nsubs = atomic_load(&t->nsubs);
-        if (nsubs != f->known)
-            learn(f, nsubs);
         int64_t now = kb_now_ns();
+        if (nsubs != f->known && learn(f, nsubs))
+            claims_awaited_until = now + KB_NATS_CLAIM_WAIT_NS;
         uint32_t rc = atomic_load(&t->reconnects);
+        if (rc != reconnects)
+            claims_awaited_until = now + KB_NATS_CLAIM_WAIT_NS;
         if (now >= next_scan || rc != reconnects) {
+            bool unclaimed = false;
             for (uint32_t id = 0; id < f->known; id++) {
                 kb_nats_topic *tp = f->by_id[id];
                 for (uint32_t i = 0; i < t->partitions; i++) {
@@ -529,14 +534,28 @@ static void *feed(void *arg)
                     if (c != NULL && c->part == &tp->parts[i] && rc != reconnects)
                         c->pull_open = false;   /* requests do not survive a reconnect */
                     tend(f, &tp->parts[i], now);
+                    unclaimed |= tp->parts[i].feeding == NULL;
                 }
                 leave_fenced(t, tp);
             }
             reconnects = rc;
-            next_scan = now + KB_NATS_SCAN_NS;
+            /* The lease thread makes a new claim a round trip or so after a
+             * subscribe: its first pull should not wait a whole scan. (A
+             * partition another member owns stays unclaimed here; the window
+             * bounds that.) Scans of many topics are spaced, 1 µs per
+             * partition (a look at one costs tens of ns): a thousand topics
+             * are scanned every 8 ms, not every 1. */
+            int64_t fast = (int64_t)f->known * t->partitions * 1000;
+            if (fast < KB_NATS_CLAIM_SCAN_NS)
+                fast = KB_NATS_CLAIM_SCAN_NS;
+            next_scan = now + (unclaimed && now < claims_awaited_until && fast < KB_NATS_SCAN_NS
+                                   ? fast
+                                   : KB_NATS_SCAN_NS);
         }
+        int64_t wait_ms = (next_scan - now + 999999) / 1000000;
         natsMsg *m = NULL;
-        if (natsSubscription_NextMsg(&m, t->inbox_sub, 20) == NATS_OK)
+        if (natsSubscription_NextMsg(&m, t->inbox_sub, wait_ms < 1 ? 1 : wait_ms > 20 ? 20 : wait_ms) ==
+            NATS_OK)
             handle(f, m);
     }
     for (uint32_t id = 0; id < f->known; id++)

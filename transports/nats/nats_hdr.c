@@ -131,11 +131,14 @@ static int read_foreign(natsMsg *m, kb_nats_hdrs *out, const char **why)
     int nk = 0;
     if (natsMsgHeader_Keys(m, &keys, &nk) != NATS_OK)
         return 0;   /* no headers */
-    qsort(keys, (size_t)nk, sizeof *keys, by_name);
+    int foreign = 0;   /* usually none: keybus's own messages carry only Kb-* and Nats-* */
+    for (int i = 0; i < nk; i++)
+        if (strncasecmp(keys[i], "kb-", 3) != 0 && strncasecmp(keys[i], "nats-", 5) != 0)
+            keys[foreign++] = keys[i];
+    if (foreign > 1)
+        qsort(keys, (size_t)foreign, sizeof *keys, by_name);
     int rc = 0;
-    for (int i = 0; rc == 0 && i < nk; i++) {
-        if (strncasecmp(keys[i], "kb-", 3) == 0 || strncasecmp(keys[i], "nats-", 5) == 0)
-            continue;
+    for (int i = 0; rc == 0 && i < foreign; i++) {
         const char **vals = NULL;
         int nv = 0;
         if (natsMsgHeader_Values(m, keys[i], &vals, &nv) != NATS_OK)

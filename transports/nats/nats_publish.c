@@ -83,7 +83,9 @@ int kb__nats_flush_until(kb_transport *t, int64_t deadline)
         int left = kb_deadline_left_ms(deadline);
         jsPubOptions po;
         jsPubOptions_Init(&po);
-        po.MaxWait = left < 0 ? 60000 : left > 1 ? left : 1;
+        /* A take-back empties nats.c's list without waking this wait: look
+         * again every 100 ms. */
+        po.MaxWait = left < 0 || left > 100 ? 100 : left > 1 ? left : 1;
         natsStatus s = js_PublishAsyncComplete(t->js, &po);
         if (sent == KB_OK && s == NATS_OK && !atomic_load(&t->gated) &&
             atomic_load(&t->resend_len) == 0)

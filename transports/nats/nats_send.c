@@ -157,6 +157,9 @@ static void sort_queue(kb_transport *t)
  * publishes and resends of timed-out ones), and new ones queue behind them. */
 static void take_back(kb_transport *t, natsMsg *also)
 {
+    /* Gated before the list leaves nats.c: kb_flush must never see no
+     * publish pending in nats.c and none queued while they are in between. */
+    atomic_store(&t->gated, 1);
     natsMsgList l = {0};
     bool got = t->js != NULL && atomic_load(&t->published_async) &&
                js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK;
@@ -167,13 +170,35 @@ static void take_back(kb_transport *t, natsMsg *also)
         push(t, l.Msgs[i]);
         l.Msgs[i] = NULL;
     }
+    if (got)
+        atomic_fetch_sub(&t->pub_out, l.Count);
     sort_queue(t);
-    atomic_store(&t->gated, 1);
     pthread_mutex_unlock(&t->resend_lock);
     if (got)
         natsMsgList_Destroy(&l);
 }
 
+
+/* A publish's MaxWait. For each, nats.c keeps a timer record (an allocation
+ * and a string) and, once it passed, delivers a timeout message through the
+ * ack thread, acked or not. On one server a publish is acked, refused, or
+ * lost with the connection (taken back at the disconnect), so it gets none;
+ * stalled() covers a connection that stays up but answers nothing. A
+ * cluster's lost stream leader drops publishes with the connection up: each
+ * one times out on its own there. */
+static int64_t max_wait(const kb_transport *t)
+{
+    return t->replicas > 1 ? t->publish_timeout_ms : 0;
+}
+
+/* nats.c took a publish: it is out until its ack or a take-back. */
+static natsStatus publish_async(kb_transport *t, natsMsg **msg, jsPubOptions *po)
+{
+    natsStatus s = js_PublishMsgAsync(t->js, msg, po);
+    if (s == NATS_OK && atomic_fetch_add(&t->pub_out, 1) <= 0)
+        atomic_store(&t->pub_moved_ns, kb_now_ns());
+    return s;
+}
 
 /* The resend queue has room for one more publish. */
 static int queue_room(void *arg)
@@ -195,7 +220,7 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
     }
     jsPubOptions po;
     jsPubOptions_Init(&po);
-    po.MaxWait = t->publish_timeout_ms;
+    po.MaxWait = max_wait(t);
     natsStatus s = NATS_OK;
     pthread_rwlock_rdlock(&t->pub_lock);
     if (atomic_load(&t->gated)) {
@@ -205,7 +230,7 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
         msg = NULL;
     } else {
         atomic_store(&t->published_async, 1);
-        s = js_PublishMsgAsync(t->js, &msg, &po);
+        s = publish_async(t, &msg, &po);
         /* Reconnecting: nats.c has no reconnect buffer (it would send its
          * content before our resends, out of order). Take back the unacked
          * publishes now, not only in kb__nats_disconnected, which runs later
@@ -325,14 +350,50 @@ void kb__nats_disconnected(natsConnection *nc, void *closure)
     pthread_rwlock_unlock(&t->pub_lock);
 }
 
+/* Messages the connection has read so far (0 if it cannot tell). */
+static uint64_t in_msgs(kb_transport *t)
+{
+    natsStatistics *st = NULL;
+    uint64_t n = 0;
+    if (natsStatistics_Create(&st) == NATS_OK && natsConnection_GetStats(t->nc, st) == NATS_OK)
+        natsStatistics_GetCounts(st, &n, NULL, NULL, NULL, NULL);
+    natsStatistics_Destroy(st);
+    return n;
+}
+
+/* Publishes out without MaxWait, no ack for nats.publish_timeout_ms and
+ * nothing read at all with the connection up: take them all back, to be sent
+ * again in order. (A connection still reading may have acks queued behind a
+ * starved ack thread: that is no stall.) */
+static void stalled(kb_transport *t)
+{
+    int64_t now = kb_now_ns();
+    if (max_wait(t) > 0 || atomic_load(&t->pub_out) <= 0 ||
+        now - atomic_load(&t->pub_moved_ns) < t->publish_timeout_ms * 1000000 ||
+        natsConnection_Status(t->nc) != NATS_CONN_STATUS_CONNECTED)
+        return;
+    uint64_t seen = in_msgs(t);
+    if (seen != t->stall_in_msgs) {
+        t->stall_in_msgs = seen;
+        atomic_store(&t->pub_moved_ns, now);
+        return;
+    }
+    kb_log(t->bus, KB_LOG_WARNING, "nats %s: no publish ack for %lld ms; sending %lld publishes again",
+           t->url_safe, (long long)t->publish_timeout_ms, (long long)atomic_load(&t->pub_out));
+    pthread_rwlock_wrlock(&t->pub_lock);
+    take_back(t, NULL);
+    pthread_rwlock_unlock(&t->pub_lock);
+}
+
 /* Send the queued publishes again, in order, once connected. Acker thread. */
 void kb__nats_resend(kb_transport *t)
 {
+    stalled(t);
     if (!atomic_load(&t->gated) || natsConnection_Status(t->nc) != NATS_CONN_STATUS_CONNECTED)
         return;
     jsPubOptions po;
     jsPubOptions_Init(&po);
-    po.MaxWait = t->publish_timeout_ms;
+    po.MaxWait = max_wait(t);
     pthread_rwlock_wrlock(&t->pub_lock);
     pthread_mutex_lock(&t->resend_lock);
     /* Publishes that timed out (a cluster's stream leader lost, the connection
@@ -340,7 +401,7 @@ void kb__nats_resend(kb_transport *t)
     sort_queue(t);
     for (int n = 0; n < 4096 && t->resend_head != NULL; n++) {
         kb_nats_resend *r = t->resend_head;
-        natsStatus s = js_PublishMsgAsync(t->js, &r->msg, &po);
+        natsStatus s = publish_async(t, &r->msg, &po);
         if (s == NATS_MAX_PAYLOAD) {   /* never sendable: counted, not retried */
             reject(t, r->msg, "over the server's max_payload");
             natsMsg_Destroy(r->msg);
@@ -385,6 +446,8 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
     (void)js;
     kb_transport *t = closure;
     char why[160];
+    atomic_fetch_sub(&t->pub_out, 1);
+    atomic_store(&t->pub_moved_ns, kb_now_ns());
     if (pa != NULL && msg != NULL) {
         note_stored(t, msg, pa->Sequence);
         report_delivery(t, msg, pa->Sequence, NULL);
