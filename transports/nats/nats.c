@@ -74,7 +74,7 @@ static const kb_conf_prop nats_props[] = {
      "after a quiet spell of this long is sent at once, so sparse traffic is not "
      "delayed."},
     {"nats.publish_timeout_ms", KB_CONF_INT, "5000", 100, MS_HOUR,
-     "Wait for one publish ack before the publish is sent again (same Nats-Msg-Id)."},
+     "How long publishes may wait for an ack while the connection reads nothing before they are sent again in order (same Nats-Msg-Id)."},
     {"nats.dup_window_ms", KB_CONF_INT, "120000", 1000, 24 * MS_HOUR,
      "Stream duplicate window for Nats-Msg-Id when the stream is created."},
     {"nats.replicas", KB_CONF_INT, "1", 1, 5,
