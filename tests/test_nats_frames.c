@@ -875,6 +875,53 @@ static void retried_frame_keeps_every_run(void **state)
     assert_int_equal(kb_close(b, 10000), KB_OK);
 }
 
+/* A declined event stays unacked while its key goes on: the next owner must
+ * run it although the departing process's progress record has the key past
+ * it (a record used to vouch for it, and the next owner settled it unrun). */
+static _Atomic int declined_runs[2][10];
+
+static int decline_five_once(const kb_event *ev, void *opaque)
+{
+    int bus = (int)(intptr_t)opaque;
+    char text[8] = "";
+    memcpy(text, ev->payload, ev->payload_len < sizeof text - 1 ? ev->payload_len : 0);
+    int n = atoi(text);
+    if (n < 0 || n > 9)
+        return KB_HANDLED;
+    atomic_fetch_add(&declined_runs[bus][n], 1);
+    return bus == 0 && n == 5 ? KB_DECLINE : KB_HANDLED;
+}
+
+static void declined_event_runs_after_handover(void **state)
+{
+    (void)state;
+    const char *topic = "frames.decline";
+    const char *const kv[] = {"nats.publish_batch", "4096", "nats.publish_linger_us", "1000000",
+                              NULL};
+    kb_bus *first = open_bus(kv);
+    assert_int_equal(kb_subscribe(first, topic, decline_five_once, (void *)(intptr_t)0), KB_OK);
+    for (int i = 0; i < 10; i++) {
+        char payload[4];
+        int n = snprintf(payload, sizeof payload, "%d", i);
+        assert_int_equal(kb_publish(first, topic, "k", 1, payload, (size_t)n), KB_OK);
+    }
+    assert_int_equal(kb_flush(first, 10000), KB_OK);
+    for (int i = 0; i < 2000 && atomic_load(&declined_runs[0][9]) == 0; i++)
+        usleep(10000);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(atomic_load(&declined_runs[0][i]), 1);
+    usleep(300000);   /* several acker ticks: the progress record is written */
+    assert_int_equal(kb_close(first, 10000), KB_OK);
+
+    kb_bus *next = open_bus(kv);
+    assert_int_equal(kb_subscribe(next, topic, decline_five_once, (void *)(intptr_t)1), KB_OK);
+    for (int i = 0; i < 2000 && atomic_load(&declined_runs[1][5]) == 0; i++)
+        usleep(10000);
+    assert_int_equal(atomic_load(&declined_runs[1][5]), 1);
+    assert_int_equal(kb_drain(next, 10000), KB_OK);
+    assert_int_equal(kb_close(next, 10000), KB_OK);
+}
+
 int main(void)
 {
     if (kb_test_server_start(&server, "nats", NULL) != 0)
@@ -889,6 +936,7 @@ int main(void)
         cmocka_unit_test(poison_frame_does_not_loop),
         cmocka_unit_test(group_names),
         cmocka_unit_test(retried_frame_keeps_every_run),
+        cmocka_unit_test(declined_event_runs_after_handover),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     kb_test_server_stop(&server);

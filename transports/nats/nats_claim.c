@@ -106,8 +106,11 @@ int kb__nats_still_owned(kb_transport *t, const kb_delivery *d)
 void kb__nats_release(kb_transport *t, const kb_delivery *d)
 {
     (void)t;
-    if (d->cookie != NULL)
-        kb__nats_settle(d->cookie, false);   /* stays unacked: redelivered elsewhere */
+    if (d->cookie != NULL) {
+        kb_nats_entry *e = d->cookie;
+        kb__nats_progress_released(e->claim, e->sseq, d->id);   /* before: settling may free it */
+        kb__nats_settle(e, false);   /* stays unacked: redelivered elsewhere */
+    }
 }
 
 /* An acked entry's message is no longer needed, nor its run record. */

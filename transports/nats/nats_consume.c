@@ -189,6 +189,7 @@ static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta 
     int rc = kb_sink_deliver(tp->sink, &d, -1);   /* waits while the lane is full */
     if (rc == KB_OK)
         return true;
+    kb__nats_progress_released(e->claim, meta->sseq, id);   /* and the frame's rest with it */
     kb__nats_settle(e, false);
     if (rc != KB_ECLOSED)
         kb_log(t->bus, KB_LOG_ERROR, "nats: delivery of %s on %s failed: %s", id, natsMsg_GetSubject(m),

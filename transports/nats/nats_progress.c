@@ -4,7 +4,12 @@
  * an open-addressed table of a fixed size; a key that finds no free slot
  * within a few probes is not tracked (its events come again, as before).
  * Slots are never emptied, and only the executor running a key's event
- * writes that key's position (per-key order: one at a time). */
+ * writes that key's position (per-key order: one at a time).
+ *
+ * A released event (declined, fenced, or never delivered) stays unacked and
+ * comes again, but its key goes on: a later event of the key may raise the
+ * position past it. So the claim keeps its lowest released position, and
+ * neither its record nor its own skips reach that far. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +32,7 @@ struct kb_nats_progress {
     /* a position moved since the acker's last write: set by a note only when
      * clear, so executors share its cache line read-only between writes */
     _Atomic bool dirty;
+    _Atomic uint64_t released_min; /* lowest released event's position; UINT64_MAX: none */
     int64_t written_ns;        /* acker */
     uint64_t inherited_to;     /* highest stream seq taken from earlier records */
     slot slot[];
@@ -70,6 +76,23 @@ static void raise_to(slot *s, uint64_t pos, uint32_t part)
     atomic_store_explicit(&s->pos, pos, memory_order_release);
 }
 
+/* An event's position: its stream sequence and its index in the frame (the
+ * delivery ID's ".<i>"; 0 for a plain message). UINT64_MAX when the index
+ * does not fit. */
+static uint64_t position(uint64_t sseq, const char *id)
+{
+    const char *dot = strchr(id, '.');
+    uint64_t idx = dot != NULL ? strtoull(dot + 1, NULL, 10) : 0;
+    return idx < (1u << IDX_BITS) ? sseq << IDX_BITS | idx : UINT64_MAX;
+}
+
+/* Positions a record or a skip may vouch for: below every released event. */
+static uint64_t vouched(const struct kb_nats_progress *g, uint64_t pos)
+{
+    uint64_t cap = atomic_load_explicit(&g->released_min, memory_order_acquire);
+    return pos < cap ? pos : cap - 1;
+}
+
 bool kb__nats_progress_ready(kb_nats_claim *c)
 {
     if (atomic_load_explicit(&c->progress, memory_order_acquire) != NULL)
@@ -79,6 +102,7 @@ bool kb__nats_progress_ready(kb_nats_claim *c)
     if (g == NULL)
         return false;
     g->slots = n;
+    atomic_init(&g->released_min, UINT64_MAX);
     atomic_store_explicit(&c->progress, g, memory_order_release);
     return true;
 }
@@ -88,14 +112,28 @@ void kb__nats_progress_note(const kb_nats_entry *e, const kb_delivery *d)
     struct kb_nats_progress *g = atomic_load_explicit(&e->claim->progress, memory_order_acquire);
     if (g == NULL || d->key == NULL)
         return;
-    const char *dot = strchr(d->id, '.');
-    uint64_t idx = dot != NULL ? strtoull(dot + 1, NULL, 10) : 0;
+    uint64_t pos = position(e->sseq, d->id);
     slot *s = find(g, key_hash(d->key, d->key_len), true);
-    if (s == NULL || idx >= (1u << IDX_BITS))
+    if (s == NULL || pos == UINT64_MAX)
         return;
-    raise_to(s, e->sseq << IDX_BITS | idx, d->partition);
+    raise_to(s, pos, d->partition);
+    /* The position's store before the flag's load: else the acker may clear
+     * the flag, read the old position, and this note never be written. */
+    atomic_thread_fence(memory_order_seq_cst);
     if (!atomic_load_explicit(&g->dirty, memory_order_relaxed))
         atomic_store_explicit(&g->dirty, true, memory_order_release);
+}
+
+void kb__nats_progress_released(kb_nats_claim *c, uint64_t sseq, const char *id)
+{
+    struct kb_nats_progress *g = atomic_load_explicit(&c->progress, memory_order_acquire);
+    if (g == NULL)
+        return;
+    uint64_t pos = position(sseq, id), have = atomic_load(&g->released_min);
+    if (pos == UINT64_MAX)
+        pos = sseq << IDX_BITS;   /* the whole message */
+    while (pos < have && !atomic_compare_exchange_weak(&g->released_min, &have, pos))
+        ;
 }
 
 bool kb__nats_progress_covers(const kb_nats_claim *c, const void *key, size_t key_len,
@@ -106,7 +144,8 @@ bool kb__nats_progress_covers(const kb_nats_claim *c, const void *key, size_t ke
         return false;
     const slot *s = find(g, key_hash(key, key_len), false);
     return s != NULL &&
-           atomic_load_explicit(&s->pos, memory_order_acquire) >= (sseq << IDX_BITS | idx);
+           vouched(g, atomic_load_explicit(&s->pos, memory_order_acquire)) >=
+               (sseq << IDX_BITS | idx);
 }
 
 static void record_key(const char *stream, const char *consumer, char *out, size_t len)
@@ -118,7 +157,7 @@ void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now)
 {
     struct kb_nats_progress *g = atomic_load_explicit(&c->progress, memory_order_acquire);
     if (g == NULL || now - g->written_ns < KB_NATS_PROGRESS_MS * 1000000LL ||
-        !atomic_exchange_explicit(&g->dirty, false, memory_order_acq_rel))
+        !atomic_exchange_explicit(&g->dirty, false, memory_order_seq_cst))
         return;
     /* what fits in one message: a record that leaves keys out only skips less */
     size_t room = atomic_load(&t->max_payload) / 2, cap = (size_t)g->slots * LINE_BYTES;
@@ -133,7 +172,7 @@ void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now)
     for (uint32_t i = 0; i < g->slots && used + LINE_BYTES <= cap; i++) {
         slot *s = &g->slot[i];
         uint64_t h = atomic_load_explicit(&s->hash, memory_order_acquire);
-        uint64_t pos = atomic_load_explicit(&s->pos, memory_order_acquire);
+        uint64_t pos = vouched(g, atomic_load_explicit(&s->pos, memory_order_acquire));
         if (h == 0 || pos == 0)
             continue;
         used += (size_t)snprintf(buf + used, cap - used, "%016llx %u %llu %llu\n",

@@ -20,6 +20,9 @@
 bool kb__nats_progress_ready(kb_nats_claim *c);
 /* Executor, before the entry settles: event d of entry e is handled. */
 void kb__nats_progress_note(const kb_nats_entry *e, const kb_delivery *d);
+/* Executor or feeder: event `id` of message sseq is released unhandled
+ * (it comes again): no record or skip of this claim reaches it. */
+void kb__nats_progress_released(kb_nats_claim *c, uint64_t sseq, const char *id);
 /* Feeder: did an earlier consumer's handlers finish event `idx` (0: a plain
  * message) of message sseq, of key `key`? */
 bool kb__nats_progress_covers(const kb_nats_claim *c, const void *key, size_t key_len,

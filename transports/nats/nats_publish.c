@@ -86,9 +86,14 @@ int kb__nats_flush_until(kb_transport *t, int64_t deadline)
         /* A take-back empties nats.c's list without waking this wait: look
          * again every 100 ms. */
         po.MaxWait = left < 0 || left > 100 ? 100 : left > 1 ? left : 1;
+        /* A take-back that began after these loads moved publishes out of
+         * nats.c's list while we waited: its count tells, even once the
+         * acker has sent them again and opened the gate. */
+        uint64_t take_backs = atomic_load(&t->take_backs);
+        int gated_before = atomic_load(&t->gated);
         natsStatus s = js_PublishAsyncComplete(t->js, &po);
-        if (sent == KB_OK && s == NATS_OK && !atomic_load(&t->gated) &&
-            atomic_load(&t->resend_len) == 0)
+        if (sent == KB_OK && s == NATS_OK && !gated_before && !atomic_load(&t->gated) &&
+            atomic_load(&t->resend_len) == 0 && atomic_load(&t->take_backs) == take_backs)
             break;
         if (s != NATS_OK && s != NATS_TIMEOUT)
             return kb__nats_errf("waiting for publish acks", s, 0);

@@ -160,6 +160,7 @@ static void take_back(kb_transport *t, natsMsg *also)
     /* Gated before the list leaves nats.c: kb_flush must never see no
      * publish pending in nats.c and none queued while they are in between. */
     atomic_store(&t->gated, 1);
+    atomic_fetch_add(&t->take_backs, 1);
     natsMsgList l = {0};
     bool got = t->js != NULL && atomic_load(&t->published_async) &&
                js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK;
@@ -362,22 +363,25 @@ static uint64_t in_msgs(kb_transport *t)
 }
 
 /* Publishes out without MaxWait, no ack for nats.publish_timeout_ms and
- * nothing read at all with the connection up: take them all back, to be sent
- * again in order. (A connection still reading may have acks queued behind a
- * starved ack thread: that is no stall.) */
+ * nothing read at all for as long with the connection up: take them all
+ * back, to be sent again in order. A connection still reading may have acks
+ * queued behind a starved ack thread, so reading postpones the verdict; but
+ * a consuming process reads all the time, so four such spells without an
+ * ack are a stall all the same. */
 static void stalled(kb_transport *t)
 {
-    int64_t now = kb_now_ns();
+    int64_t now = kb_now_ns(), quiet = t->publish_timeout_ms * 1000000;
     if (max_wait(t) > 0 || atomic_load(&t->pub_out) <= 0 ||
-        now - atomic_load(&t->pub_moved_ns) < t->publish_timeout_ms * 1000000 ||
+        now - atomic_load(&t->pub_moved_ns) < quiet ||
         natsConnection_Status(t->nc) != NATS_CONN_STATUS_CONNECTED)
         return;
     uint64_t seen = in_msgs(t);
     if (seen != t->stall_in_msgs) {
         t->stall_in_msgs = seen;
-        atomic_store(&t->pub_moved_ns, now);
-        return;
+        t->stall_read_ns = now;
     }
+    if (now - t->stall_read_ns < quiet && now - atomic_load(&t->pub_moved_ns) < 4 * quiet)
+        return;
     kb_log(t->bus, KB_LOG_WARNING, "nats %s: no publish ack for %lld ms; sending %lld publishes again",
            t->url_safe, (long long)t->publish_timeout_ms, (long long)atomic_load(&t->pub_out));
     pthread_rwlock_wrlock(&t->pub_lock);

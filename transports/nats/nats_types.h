@@ -229,11 +229,12 @@ struct kb_transport {
     kb_nats_resend *resend_head, *resend_tail;
     _Atomic uint64_t resend_len;
     _Atomic int gated;
+    _Atomic uint64_t take_backs;       /* counted after `gated` is set, before the list empties */
     _Atomic int64_t pub_out;           /* publishes nats.c holds unacked (nats_send.c) */
     _Atomic int64_t pub_moved_ns;      /* last publish ack, or the first publish after none
-                                          were out, or a message read meanwhile: a stall is
-                                          measured from it */
+                                          were out: a stall is measured from it */
     uint64_t stall_in_msgs;            /* acker: messages the connection had read */
+    int64_t stall_read_ns;             /* acker: when that count last moved */
     _Atomic uint64_t pub_rejected;     /* not yet reported by flush */
     char pub_error[256];               /* last rejection, under resend_lock */
     kb_signal *resent;                 /* the resend queue shrank or emptied, or a
