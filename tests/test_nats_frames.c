@@ -784,9 +784,10 @@ static void group_names(void **state)
 static _Atomic uint32_t retried_ok, retried_out_of_order, retried_next;
 static _Atomic int lines_at_last = -1;
 
-/* The run records in the bucket (progress records aside): how many, and the
- * lines of the longest. */
-static int run_records(int *most)
+/* Records in the runs bucket: run records, or the progress records
+ * ("<stream>.done.<consumer>") whose key contains `stream`; how many, and
+ * the lines of the longest. */
+static int records_of(bool progress, const char *stream, int *most)
 {
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
@@ -801,7 +802,8 @@ static int run_records(int *most)
     assert_true(s == NATS_OK || s == NATS_NOT_FOUND);
     for (int i = 0; i < keys.Count; i++) {
         kvEntry *e = NULL;
-        if (strstr(keys.Keys[i], ".done.") != NULL ||
+        bool is_progress = strstr(keys.Keys[i], ".done.") != NULL;
+        if (is_progress != progress || (stream != NULL && strstr(keys.Keys[i], stream) == NULL) ||
             kvStore_Get(&e, runs, keys.Keys[i]) != NATS_OK)
             continue;
         int lines = 0;
@@ -834,7 +836,7 @@ static int fail_first(const kb_event *ev, void *opaque)
     atomic_store(&retried_next, seq + 1);
     if (seq == RUN_FRAME - 1) {
         int most = 0;
-        run_records(&most);
+        records_of(false, NULL, &most);
         atomic_store(&lines_at_last, most);
     }
     atomic_fetch_add(&retried_ok, 1);
@@ -866,10 +868,10 @@ static void retried_frame_keeps_every_run(void **state)
     assert_int_equal(atomic_load(&retried_out_of_order), 0);
     assert_int_equal(atomic_load(&lines_at_last), RUN_FRAME - 1);
     assert_int_equal(kb_drain(b, 10000), KB_OK);   /* acked on the server */
-    int most = 0, left = run_records(&most);
+    int most = 0, left = records_of(false, NULL, &most);
     for (int i = 0; i < 500 && left > 0; i++) {
         usleep(10000);
-        left = run_records(&most);
+        left = records_of(false, NULL, &most);
     }
     assert_int_equal(left, 0);
     assert_int_equal(kb_close(b, 10000), KB_OK);
@@ -910,7 +912,13 @@ static void declined_event_runs_after_handover(void **state)
         usleep(10000);
     for (int i = 0; i < 10; i++)
         assert_int_equal(atomic_load(&declined_runs[0][i]), 1);
-    usleep(300000);   /* several acker ticks: the progress record is written */
+    /* the departing claim's progress record holds key k: the next owner reads it */
+    int lines = 0;
+    for (int i = 0; i < 1000 && lines == 0; i++) {
+        usleep(10000);
+        records_of(true, "KB_frames_decline_", &lines);
+    }
+    assert_true(lines > 0);
     assert_int_equal(kb_close(first, 10000), KB_OK);
 
     kb_bus *next = open_bus(kv);
