@@ -67,13 +67,8 @@ size_t kb__redis_backlog_cmd_bytes(int argc, const size_t *lens)
     return need;
 }
 
-bool kb__redis_backlog_add(kb_redis_backlog *bl, kb_redis_part *p, size_t big, int argc,
-                           const char **argv, const size_t *lens)
+char *kb__redis_cmd_put(char *out, int argc, const char **argv, const size_t *lens)
 {
-    size_t need = kb__redis_backlog_cmd_bytes(argc, lens);
-    if (!rec_reserve(bl) || !bytes_reserve(bl, need))
-        return false;
-    char *out = bl->buf + bl->len;
     out += put_header(out, '*', (size_t)argc);
     for (int i = 0; i < argc; i++) {
         out += put_header(out, '$', lens[i]);
@@ -83,6 +78,16 @@ bool kb__redis_backlog_add(kb_redis_backlog *bl, kb_redis_part *p, size_t big, i
         *out++ = '\r';
         *out++ = '\n';
     }
+    return out;
+}
+
+bool kb__redis_backlog_add(kb_redis_backlog *bl, kb_redis_part *p, size_t big, int argc,
+                           const char **argv, const size_t *lens)
+{
+    size_t need = kb__redis_backlog_cmd_bytes(argc, lens);
+    if (!rec_reserve(bl) || !bytes_reserve(bl, need))
+        return false;
+    kb__redis_cmd_put(bl->buf + bl->len, argc, argv, lens);
     bl->len += need;
     bl->rec[(bl->first + bl->n++) % bl->rcap] = (kb_redis_pubrec){p, need, big};
     return true;
@@ -137,6 +142,9 @@ void kb__redis_backlog_free(kb_redis_backlog *bl)
 
 void kb__redis_note_last(kb_redis_part *p, const char *id)
 {
-    if (p->last_id[0] == '\0' || kb__redis_id_cmp(id, p->last_id) > 0)
-        snprintf(p->last_id, sizeof p->last_id, "%s", id);
+    size_t n = strnlen(id, sizeof p->last_id - 1);
+    if (p->last_id[0] == '\0' || kb__redis_id_cmp(id, p->last_id) > 0) {
+        memcpy(p->last_id, id, n);
+        p->last_id[n] = '\0';
+    }
 }

@@ -321,9 +321,12 @@ void kb__redis_sender_kick(kb_transport *t);
  * unconfirmed the server is silent: the connection is cut. */
 void kb__redis_sender_stop(kb_transport *t);
 
-/* ---- redis_backlog.c (caller holds pub_lock) ---- */
-/* Bytes of one command in the backlog (its RESP encoding). */
+/* ---- redis_backlog.c (caller holds pub_lock, but for the RESP encoding) ---- */
+/* Bytes of one command in the backlog (its RESP encoding). Thread: any. */
 size_t kb__redis_backlog_cmd_bytes(int argc, const size_t *lens);
+/* Write that encoding of argv/lens at out (kb__redis_backlog_cmd_bytes of
+ * room); the end of what it wrote. Thread: any. */
+char *kb__redis_cmd_put(char *out, int argc, const char **argv, const size_t *lens);
 /* Append one XADD (RESP of argv/lens) as a record; false when out of memory. */
 bool kb__redis_backlog_add(kb_redis_backlog *bl, kb_redis_part *p, size_t big, int argc,
                            const char **argv, const size_t *lens);

@@ -1,6 +1,5 @@
 /* Each partition's queue of acks and dead letters: executors and the reader
  * push, the keeper takes them in one go and sends them (redis_settle.c). */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,7 +15,9 @@ void kb__redis_job_push(kb_transport *t, kb_redis_part *p, const char *id, char 
         return;
     }
     kb_redis_job *j = &p->jobs.v[p->jobs.n++];
-    snprintf(j->id, sizeof j->id, "%s", id);
+    size_t n = strnlen(id, sizeof j->id - 1);   /* not snprintf: ~600 instructions an ack */
+    memcpy(j->id, id, n);
+    j->id[n] = '\0';
     j->dead = dead;
     j->again = false;
     pthread_mutex_unlock(&p->lock);

@@ -61,7 +61,6 @@ int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
 {
     char maxlen[24];
     kb_redis_part *p = &tt->parts[kb_partition_of_hash(m->hash, t->partitions)];
-    snprintf(maxlen, sizeof maxlen, "%lld", (long long)t->maxlen);
     /* the core checked the headers: at most KB_MAX_HEADERS, names of the rules */
     char names[KB_MAX_HEADERS * KB_REDIS_HEADER_FIELD_MAX];
     const char *argv[12 + 2 * KB_MAX_HEADERS];
@@ -71,6 +70,7 @@ int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
     ARG("XADD", 4);
     ARG(p->stream, strlen(p->stream));
     if (t->maxlen > 0) {   /* approximate trimming: whole macro nodes, cheap */
+        snprintf(maxlen, sizeof maxlen, "%lld", (long long)t->maxlen);
         ARG("MAXLEN", 6);
         ARG("~", 1);
         ARG(maxlen, strlen(maxlen));
