@@ -15,7 +15,7 @@
  *   redis_stats.c      broker figures per topic and partition
  *   redis_publish.c    kb_publish appends XADDs to the backlog; flush; close
  *   redis_sender.c     the sender thread: writes the backlog, reads replies, resends
- *   redis_backlog.c    accepted publishes until the server confirmed them
+ *   redis_backlog.c    accepted publishes until the server confirmed them; RESP encoding
  *   redis_lease.c      take, renew, hand back partition leases (keeper job)
  *   redis_members.c    membership heartbeat and departed consumers (keeper job)
  *   redis_jobs.c       each partition's queue of acks and dead letters
