@@ -16,6 +16,8 @@
 #define ROOM 4096                  /* the first block of an array, past its top object */
 #define BLOCK (64 * 1024)          /* every further block, unless one object needs more */
 #define CACHED_MAX 32              /* blocks a thread keeps for its next replies */
+#define SMALL 256                  /* the block of a small reply: an XADD's ID, a GET's value */
+#define SMALL_CACHED_MAX 256       /* the sender frees up to 256 at a time */
 
 /* A block of a reply's memory; the first one holds the reply's top object. */
 typedef struct block {
@@ -40,27 +42,31 @@ static top *top_of(const redisReply *r)
     return (top *)(void *)((char *)r - offsetof(top, r));
 }
 
-/* Blocks of BLOCK bytes a thread freed, kept for its next replies: a read of
- * 2,048 entries takes about a megabyte, and fresh memory for each one cost
- * page faults and glibc's trimming. Freed with the thread. */
+/* Blocks a thread freed, kept for its next replies, per size: BLOCK (a read
+ * of 2,048 entries takes about a megabyte, and fresh memory for each one
+ * cost page faults and glibc's trimming) and SMALL (a malloc and a free per
+ * XADD reply were a quarter of the sender's instructions; it frees replies
+ * 256 at a time, more than glibc's per-thread cache keeps). Freed with the
+ * thread. */
 typedef struct cache {
     block *head;
     unsigned n;
 } cache;
 
-static _Thread_local cache cached;
+static _Thread_local cache cached[2];   /* [0]: BLOCK, [1]: SMALL */
 static pthread_key_t cache_key;
 static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 
 static void cache_drop(void *arg)
 {
     cache *c = arg;
-    while (c->head != NULL) {
-        block *b = c->head;
-        c->head = b->prev;
-        free(b);
-    }
-    c->n = 0;
+    for (int i = 0; i < 2; i++)
+        while (c[i].head != NULL) {
+            block *b = c[i].head;
+            c[i].head = b->prev;
+            c[i].n--;
+            free(b);
+        }
 }
 
 static void cache_init(void)
@@ -68,12 +74,19 @@ static void cache_init(void)
     (void)pthread_key_create(&cache_key, cache_drop);
 }
 
+/* The cache of blocks of `cap` bytes, or NULL: other sizes are not kept. */
+static cache *cache_of(size_t cap)
+{
+    return cap == BLOCK ? &cached[0] : cap == SMALL ? &cached[1] : NULL;
+}
+
 static block *block_new(size_t cap)
 {
-    if (cap == BLOCK && cached.head != NULL) {
-        block *b = cached.head;
-        cached.head = b->prev;
-        cached.n--;
+    cache *c = cache_of(cap);
+    if (c != NULL && c->head != NULL) {
+        block *b = c->head;
+        c->head = b->prev;
+        c->n--;
         return b;
     }
     return malloc(sizeof(block) + cap);
@@ -81,17 +94,18 @@ static block *block_new(size_t cap)
 
 static void block_free(block *b)
 {
-    if (b->cap != BLOCK || cached.n >= CACHED_MAX) {
+    cache *c = cache_of(b->cap);
+    if (c == NULL || c->n >= (c == &cached[0] ? CACHED_MAX : SMALL_CACHED_MAX)) {
         free(b);
         return;
     }
-    if (cached.n == 0 && cached.head == NULL) {
+    if (cached[0].n == 0 && cached[0].head == NULL && cached[1].n == 0 && cached[1].head == NULL) {
         pthread_once(&cache_once, cache_init);
-        pthread_setspecific(cache_key, &cached);   /* cache_drop at thread exit */
+        pthread_setspecific(cache_key, cached);   /* cache_drop at thread exit */
     }
-    b->prev = cached.head;
-    cached.head = b;
-    cached.n++;
+    b->prev = c->head;
+    c->head = b;
+    c->n++;
 }
 
 /* `n` bytes of the reply `t` belongs to; NULL when out of memory. */
@@ -121,7 +135,9 @@ static redisReply *object(const redisReadTask *task, int type, size_t extra, siz
     char *mem;
     if (task->parent == NULL) {
         size_t first = round_up(sizeof(top)) + round_up(extra) + room;
-        block *b = malloc(sizeof *b + first);
+        if (first <= SMALL)
+            first = SMALL;
+        block *b = block_new(first);
         if (b == NULL)
             return NULL;
         *b = (block){.prev = NULL, .used = round_up(sizeof(top)), .cap = first};
