@@ -1,7 +1,7 @@
 /* Flat [name, value, ...] replies (stream entry fields, XINFO rows), and
  * event headers as entry fields: header `name` is the field "h.<name>", after
- * k and d, in publish order, so other clients read and write them with plain
- * XADD / XRANGE (docs/headers.md). */
+ * k, d and a, in publish order, so other clients read and write them with
+ * plain XADD / XRANGE (docs/headers.md). */
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
