@@ -80,6 +80,8 @@ int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
     ARG(m->key, m->key_len);
     ARG("d", 1);
     ARG(m->payload_len ? m->payload : "", m->payload_len);
+    ARG("a", 1);
+    ARG("1", 1);
 #undef ARG
     n += (int)kb__redis_headers_args(m->headers, m->n_headers, names, argv + n, lens + n);
     size_t big = m->key_len > m->payload_len ? m->key_len : m->payload_len;
