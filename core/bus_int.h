@@ -65,9 +65,6 @@ static inline kb_pool *kb__topic_pool(struct kb_topic *t)
     return atomic_load_explicit(&t->pool, memory_order_acquire);
 }
 
-/* A record holding a copy of m, for a local publish (rec.h frees it). */
-struct kb_rec *kb__rec_of_msg(struct kb_topic *topic, const kb_msg *m);
-
 /* Copy a delivery into a record and enqueue it on the topic's lane. */
 int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, int timeout_ms);
 

@@ -14,47 +14,6 @@
 
 #define KB_MAX_ID_BYTES 255
 
-/* One record holding key, payload, ID and headers (checked); NULL (with the
- * error set) on out of memory. Inlined: a local publish's copy, without ID,
- * then drops the ID's copy and half the call. */
-static inline __attribute__((always_inline)) kb_rec *rec_new(struct kb_topic *topic, const void *key, size_t key_len,
-                       const void *payload, size_t payload_len, const char *id, size_t id_len,
-                       const kb_header *headers, size_t n_headers)
-{
-    size_t headers_size = n_headers ? kb_headers_packed_size(headers, n_headers) : 0;
-    kb_rec *r = kb__rec_alloc(key_len + payload_len + id_len + 1 + headers_size);
-    if (r == NULL) {
-        kb_errf(NULL, 0, "topic %s: out of memory for an event of %zu bytes", topic->name,
-                 key_len + payload_len);
-        return NULL;
-    }
-    r->topic = topic;
-    r->cookie = NULL;
-    r->dead_reason = NULL;
-    r->born_ns = kb__metrics_stamp(topic);
-    r->key_len = (uint32_t)key_len;
-    r->payload_len = (uint32_t)payload_len;
-    r->partition = 0;
-    r->first_attempt = 1;
-    r->flags = 0;
-    r->id_len = (uint16_t)id_len;
-    r->n_headers = (uint8_t)n_headers;
-    memcpy(r->data, key, key_len);
-    if (payload_len > 0)
-        memcpy(r->data + key_len, payload, payload_len);
-    memcpy(r->data + key_len + payload_len, id, id_len);
-    r->data[key_len + payload_len + id_len] = '\0';
-    if (n_headers > 0)
-        kb_headers_pack(r->data + key_len + payload_len + id_len + 1, headers, n_headers);
-    return r;
-}
-
-kb_rec *kb__rec_of_msg(struct kb_topic *topic, const kb_msg *m)
-{
-    return rec_new(topic, m->key, m->key_len, m->payload, m->payload_len, "", 0, m->headers,
-                   m->n_headers);
-}
-
 int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, int timeout_ms)
 {
     const char *id = d->id != NULL ? d->id : "";
@@ -71,17 +30,20 @@ int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, in
     int rc = kb_headers_check(d->headers, d->n_headers, KB_MAX_HEADERS, 65536, "delivery");
     if (rc != KB_OK)
         return rc;
-    kb_rec *r = rec_new(topic, d->key, d->key_len, d->payload, d->payload_len, id, id_len,
-                        d->headers, d->n_headers);
-    if (r == NULL)
+    kb_rec *r = kb__rec_new(topic, kb__metrics_stamp(topic), d->key, d->key_len, d->payload,
+                            d->payload_len, id, id_len, d->headers, d->n_headers);
+    if (r == NULL) {
+        kb_errf(NULL, 0, "topic %s: out of memory for an event of %zu bytes", topic->name,
+                d->key_len + d->payload_len);
         return KB_ENOMEM;
+    }
     r->cookie = d->cookie;
     r->partition = d->partition;
     r->first_attempt = d->attempt ? d->attempt : 1;
     r->flags = (uint8_t)(d->flags & KB_DELIVERY_F_REDELIVERED);
     KB_PROBE4(receive, topic->name, d->key, d->key_len, r);
 
-    rc = kb_pool_submit_hash(pool, hash, r, timeout_ms);
+    rc = kb__pool_submit_one(pool, hash, r, timeout_ms);
     if (rc != KB_OK) {
         kb__rec_free(r);
         if (rc == KB_EFULL)
