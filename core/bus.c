@@ -445,6 +445,7 @@ static int subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaqu
     pool->skip_ok = true;
     t->fn = fn;
     t->opaque = opaque;
+    t->plain = b->ops->still_owned == NULL && b->ops->run_begins == NULL && t->metrics == NULL;
     /* Publishers that see the pool also see the handler. */
     atomic_store_explicit(&t->pool, pool, memory_order_release);
 

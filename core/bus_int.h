@@ -28,6 +28,10 @@ struct kb_topic {
     kb_pool *retired;                  /* pools of failed subscribes, freed at kb_close */
     kb_handler_fn fn;                  /* written before pool is published */
     void *opaque;
+    /* Handler runs need no more than the handler call: no ownership check or
+     * run record by the transport, no histograms (kb__topic_handle). Written
+     * before pool is published. */
+    bool plain;
     _Atomic uint64_t dead_letter_failures;   /* dead letters nobody stored */
     _Atomic uint32_t feeding;          /* debug builds: a feeder is in kb_sink_deliver */
     struct kb_topic_metrics *metrics;  /* histograms per executor (metrics.h); NULL: off */
