@@ -28,6 +28,10 @@ struct kb_topic {
     kb_pool *retired;                  /* pools of failed subscribes, freed at kb_close */
     kb_handler_fn fn;                  /* written before pool is published */
     void *opaque;
+    /* Handler runs need no more than the handler call: no ownership check or
+     * run record by the transport, no histograms (kb__topic_handle). Written
+     * before pool is published. */
+    bool plain;
     _Atomic uint64_t dead_letter_failures;   /* dead letters nobody stored */
     _Atomic uint32_t feeding;          /* debug builds: a feeder is in kb_sink_deliver */
     struct kb_topic_metrics *metrics;  /* histograms per executor (metrics.h); NULL: off */
@@ -64,9 +68,6 @@ static inline kb_pool *kb__topic_pool(struct kb_topic *t)
 {
     return atomic_load_explicit(&t->pool, memory_order_acquire);
 }
-
-/* A record holding a copy of m, for a local publish (rec.h frees it). */
-struct kb_rec *kb__rec_of_msg(struct kb_topic *topic, const kb_msg *m);
 
 /* Copy a delivery into a record and enqueue it on the topic's lane. */
 int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, int timeout_ms);

@@ -3,15 +3,11 @@
  * kb_bus_random). */
 #include <keybus/transport.h>
 
+#include "hash.h"
+
 uint32_t kb_fnv1a32(const void *data, size_t len)
 {
-    const unsigned char *p = data;
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= 16777619u;
-    }
-    return h;
+    return kb__fnv1a32(data, len);
 }
 
 uint64_t kb_mix64(uint64_t x)

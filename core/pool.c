@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hash.h"
 #include "idle.h"
 #include "parked.h"
 #include "pool_int.h"
@@ -99,6 +100,7 @@ kb_pool *kb__pool_new_on(kb_sched *s, const kb_pool_options *o, char *errstr, si
         return NULL;
     }
     p->o = *o;
+    p->lanes_pow2 = (o->lanes & (o->lanes - 1)) == 0;
     /* ck_ring keeps one slot empty: the ring must be larger than capacity. */
     p->ring_size = 2;
     while (p->ring_size <= o->capacity)
@@ -170,6 +172,13 @@ static inline struct kb_lane *lane_get(kb_pool *p, uint32_t idx)
     return lane != NULL ? lane : lane_create(p, idx);
 }
 
+/* The lane of a key's hash: hash % lanes, without the division (tens of
+ * cycles per event) when lanes is a power of two, as by default. */
+static inline uint32_t lane_of(const kb_pool *p, uint32_t hash)
+{
+    return p->lanes_pow2 ? hash & (p->o.lanes - 1) : hash % p->o.lanes;
+}
+
 static inline struct kb_lane *lane_peek(const kb_pool *p, uint32_t idx)
 {
     return atomic_load_explicit(&((kb_pool *)p)->lanes[idx], memory_order_acquire);
@@ -182,26 +191,33 @@ static uintptr_t this_thread(void)
     return (uintptr_t)&token;
 }
 
-/* How this call may push, and whether it holds the owner's flag (to clear). */
-static kb_push_mode enter_push(kb_pool *p, bool *owning)
+/* The owner raises its flag for a push: false when the pool turned shared
+ * meanwhile (the flag is down again). Dekker with the thread turning it
+ * shared, which sets KB_SHARING, then waits for the flag to go down. */
+static inline bool owner_enter(kb_pool *p)
 {
-    *owning = false;
-    if (p->o.single_producer)
-        return KB_PUSH_SPSC;
+    atomic_store_explicit(&p->owner_busy, 1, memory_order_relaxed);
+    kb__fence_hot();
+    if (atomic_load_explicit(&p->sharing, memory_order_relaxed) == KB_OWNED)
+        return true;
+    atomic_store_explicit(&p->owner_busy, 0, memory_order_release);
+    return false;
+}
+
+/* enter_push past its common cases: the first push, another thread's push
+ * to an owned pool (which turns it shared), a pool turning shared. */
+static kb_push_mode enter_push_slow(kb_pool *p, bool *owning)
+{
     uint32_t sharing = atomic_load_explicit(&p->sharing, memory_order_acquire);
     if (sharing == KB_OWNED) {
         uintptr_t me = this_thread(), owner = atomic_load_explicit(&p->owner, memory_order_relaxed);
         if (owner == 0 && atomic_compare_exchange_strong(&p->owner, &owner, me))
             owner = me;
         if (owner == me) {
-            /* Dekker with share(): it sets KB_SHARING, then waits for our flag. */
-            atomic_store_explicit(&p->owner_busy, 1, memory_order_relaxed);
-            kb__fence_hot();
-            if (atomic_load_explicit(&p->sharing, memory_order_relaxed) == KB_OWNED) {
+            if (owner_enter(p)) {
                 *owning = true;
                 return KB_PUSH_OWNER;
             }
-            atomic_store_explicit(&p->owner_busy, 0, memory_order_release);
         } else {
             uint32_t owned = KB_OWNED;
             if (atomic_compare_exchange_strong(&p->sharing, &owned, KB_SHARING)) {
@@ -216,6 +232,24 @@ static kb_push_mode enter_push(kb_pool *p, bool *owning)
     while (atomic_load_explicit(&p->sharing, memory_order_acquire) != KB_SHARED)
         sched_yield();   /* another producer is turning the pool shared */
     return KB_PUSH_MPSC;
+}
+
+/* How this call may push, and whether it holds the owner's flag (to clear).
+ * The owner's push and a shared pool's are decided inline. */
+static inline kb_push_mode enter_push(kb_pool *p, bool *owning)
+{
+    *owning = false;
+    if (p->o.single_producer)
+        return KB_PUSH_SPSC;
+    uint32_t sharing = atomic_load_explicit(&p->sharing, memory_order_acquire);
+    if (sharing == KB_SHARED)
+        return KB_PUSH_MPSC;
+    if (sharing == KB_OWNED &&
+        atomic_load_explicit(&p->owner, memory_order_relaxed) == this_thread() && owner_enter(p)) {
+        *owning = true;
+        return KB_PUSH_OWNER;
+    }
+    return enter_push_slow(p, owning);
 }
 
 static void leave_push(kb_pool *p, bool owning)
@@ -358,40 +392,84 @@ static void touch(struct touched *t, struct kb_lane *lane)
     t->lane[t->n++] = lane;
 }
 
-/* Items submitted at once; longer runs of one lane are split. */
-#define RUN_MAX 64
+/* After a push to `lane`: list it for scheduling when the call ends, unless
+ * it is scheduled already. That look is the read fence_before_schedule
+ * orders after our pushes, affordable per push in every mode but block
+ * (a full fence there: its lanes are all listed, for one fence per call).
+ * Under a steady stream the lanes linger scheduled, and the list stays
+ * short. */
+static inline void pushed_to(struct touched *t, struct kb_lane *lane)
+{
+    if (t->idle != KB_IDLE_BLOCK) {
+        kb__fence_hot();
+        if (atomic_load_explicit(&lane->scheduled, memory_order_relaxed) != 0)
+            return;
+    }
+    touch(t, lane);
+}
 
-/* A window of a batch regrouped by lane, and the open-addressing table that
- * finds each item's group (more slots than items, a power of two). */
-#define GROUP_MAX 64
+/* Items a batch looks at, and may regroup, at once. */
+#define WINDOW_MAX 64
+/* Bits of the filter of lanes a window has seen (lanes beyond share them). */
+#define SEEN_BITS 1024
+/* The open-addressing table that finds each item's group when a window is
+ * regrouped (more slots than items, a power of two). */
 #define GROUP_SLOT_BITS 7
 #define GROUP_NONE 0xff
 
-/* Regroup up to GROUP_MAX items by lane so that each lane's items, in batch
+/* Up to WINDOW_MAX items of a batch and their lanes. */
+struct window {
+    size_t n;              /* items up to the end or the first NULL one */
+    bool null_item;        /* the window stopped at a NULL item */
+    bool interleaved;      /* maybe some lane's items are split by another's */
+    uint32_t idx[WINDOW_MAX];
+};
+
+/* Each item's lane, once, and whether regrouping may pay: a lane that comes
+ * back after another one's run. A bit per lane tells (lanes past SEEN_BITS
+ * share bits, so this may say yes wrongly, never no wrongly). */
+static inline void window_scan(const kb_pool *p, const uint32_t *hashes, void *const *items,
+                               size_t n, struct window *w)
+{
+    uint64_t seen[SEEN_BITS / 64] = {0};
+    if (n > WINDOW_MAX)
+        n = WINDOW_MAX;
+    w->null_item = false;
+    w->interleaved = false;
+    size_t i = 0;
+    for (; i < n; i++) {
+        if (items[i] == NULL) {
+            w->null_item = true;
+            break;
+        }
+        uint32_t idx = w->idx[i] = lane_of(p, hashes[i]);
+        if (i > 0 && idx == w->idx[i - 1])
+            continue;
+        uint64_t *word = &seen[(idx / 64) % (SEEN_BITS / 64)], bit = 1ull << (idx % 64);
+        w->interleaved |= (*word & bit) != 0;
+        *word |= bit;
+    }
+    w->n = i;
+}
+
+/* Regroup a window's items by lane so that each lane's items, in batch
  * order, move with one ring reservation, where runs of adjacent items would
  * have taken one per run (keys interleaved in the batch). Only where the
  * whole window is sure to be taken, so the batch still takes a prefix when
  * a lane is full: one producer (a lane's room then only grows) and room for
  * every group now. Returns the items taken: all of the window, or 0 with
- * nothing pushed (adjacent runs already are the groups, or no certainty). */
-static size_t push_grouped(kb_pool *p, const uint32_t *hashes, void *const *items, size_t n,
+ * nothing pushed (no certainty). */
+static size_t push_grouped(kb_pool *p, const struct window *w, void *const *items,
                            kb_push_mode mode, struct touched *t)
 {
     if (mode == KB_PUSH_MPSC)
         return 0;
-    if (n > GROUP_MAX)
-        n = GROUP_MAX;
-    uint8_t slot[1u << GROUP_SLOT_BITS], group_of[GROUP_MAX], count[GROUP_MAX] = {0};
-    uint32_t lane_idx[GROUP_MAX];
+    uint8_t slot[1u << GROUP_SLOT_BITS], group_of[WINDOW_MAX], count[WINDOW_MAX] = {0};
+    uint32_t lane_idx[WINDOW_MAX];
     unsigned groups = 0;
-    bool interleaved = false;
     memset(slot, GROUP_NONE, sizeof slot);
-    for (size_t i = 0; i < n; i++) {
-        if (items[i] == NULL) {
-            n = i;   /* the caller reports it */
-            break;
-        }
-        uint32_t idx = hashes[i] % p->o.lanes;
+    for (size_t i = 0; i < w->n; i++) {
+        uint32_t idx = w->idx[i];
         unsigned h = (idx * 2654435761u) >> (32 - GROUP_SLOT_BITS);
         while (slot[h] != GROUP_NONE && lane_idx[slot[h]] != idx)
             h = (h + 1) & ((1u << GROUP_SLOT_BITS) - 1);
@@ -399,16 +477,11 @@ static size_t push_grouped(kb_pool *p, const uint32_t *hashes, void *const *item
             slot[h] = (uint8_t)groups;
             lane_idx[groups++] = idx;
         }
-        uint8_t g = slot[h];
-        if (count[g] > 0 && group_of[i - 1] != g)
-            interleaved = true;
-        group_of[i] = g;
-        count[g]++;
+        group_of[i] = slot[h];
+        count[slot[h]]++;
     }
-    if (!interleaved)
-        return 0;
-    struct kb_lane *lanes[GROUP_MAX];
-    unsigned first[GROUP_MAX];
+    struct kb_lane *lanes[WINDOW_MAX];
+    unsigned first[WINDOW_MAX];
     for (unsigned g = 0, at = 0; g < groups; at += count[g], g++) {
         struct kb_lane *lane = lanes[g] = lane_get(p, lane_idx[g]);
         if (lane == NULL)
@@ -420,10 +493,10 @@ static size_t push_grouped(kb_pool *p, const uint32_t *hashes, void *const *item
             return 0;
         first[g] = at;
     }
-    void *sorted[GROUP_MAX];
-    unsigned fill[GROUP_MAX];
+    void *sorted[WINDOW_MAX];
+    unsigned fill[WINDOW_MAX];
     memcpy(fill, first, groups * sizeof *fill);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < w->n; i++)
         sorted[fill[group_of[i]]++] = items[i];
     for (unsigned g = 0; g < groups; g++) {
         unsigned int depth = 0;
@@ -431,9 +504,9 @@ static size_t push_grouped(kb_pool *p, const uint32_t *hashes, void *const *item
         unsigned int k = kb__ring_push_n(&lanes[g]->ring, lanes[g]->buf, sorted + first[g],
                                          count[g], mode, &depth, &lanes[g]->seen);
         note_depth(lanes[g], depth + k);
-        touch(t, lanes[g]);
+        pushed_to(t, lanes[g]);
     }
-    return n;
+    return w->n;
 }
 
 int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items, size_t n,
@@ -454,56 +527,53 @@ int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items,
     struct touched t;
     t.n = 0;
     t.idle = p->o.idle;
-    size_t regroup_at = 0;   /* where the next window may be regrouped */
-    while (done < n) {
-        if (done >= regroup_at && n - done > 2) {
-            size_t g = push_grouped(p, hashes + done, items + done, n - done, mode, &t);
-            done += g;
-            regroup_at = g > 0 ? done : done + GROUP_MAX;
-            if (g > 0)
-                continue;
-        }
-        if (items[done] == NULL) {
-            rc = KB_EINVAL;
-            break;
-        }
-        uint32_t idx = hashes[done] % p->o.lanes;
-        unsigned run = 1;
-        while (run < RUN_MAX && done + run < n && items[done + run] != NULL &&
-               hashes[done + run] % p->o.lanes == idx)
-            run++;
-        struct kb_lane *lane = lane_get(p, idx);
-        if (lane == NULL) {
-            rc = KB_ENOMEM;
-            break;
-        }
-        unsigned int depth = 0;
-        unsigned int k = kb__ring_push_n(&lane->ring, lane->buf, items + done, run, mode, &depth,
-                                         &lane->seen);
-        if (k == 0 && lane->ex == kb__on_executor) {
-            /* A handler's own executor cannot drain the lane while it waits. */
-            atomic_fetch_add_explicit(&p->rejected, 1, memory_order_relaxed);
-            rc = KB_EFULL;
-            break;
-        }
-        if (k == 0) {
-            schedule_touched(&t);   /* what we pushed must drain while we wait */
-            leave_push(p, owning);
-            struct space_wait w = {.p = p, .lane = lane, .item = items[done]};
-            int waited = wait_for_space(&w, timeout_ms);
-            mode = enter_push(p, &owning);
-            if (waited != KB_OK) {
-                if (waited == KB_EFULL)
-                    atomic_fetch_add_explicit(&p->rejected, 1, memory_order_relaxed);
-                rc = waited;
+    struct window w;
+    while (rc == KB_OK && done < n) {
+        size_t base = done;
+        window_scan(p, hashes + base, items + base, n - base, &w);
+        if (w.interleaved && w.n > 2)
+            done += push_grouped(p, &w, items + base, mode, &t);
+        /* runs of adjacent items of one lane, one reservation each */
+        while (done < base + w.n) {
+            uint32_t idx = w.idx[done - base];
+            unsigned run = 1;
+            while (done + run < base + w.n && w.idx[done + run - base] == idx)
+                run++;
+            struct kb_lane *lane = lane_get(p, idx);
+            if (lane == NULL) {
+                rc = KB_ENOMEM;
                 break;
             }
-            k = 1;
-            depth = w.depth;
+            unsigned int depth = 0;
+            unsigned int k = kb__ring_push_n(&lane->ring, lane->buf, items + done, run, mode,
+                                             &depth, &lane->seen);
+            if (k == 0 && lane->ex == kb__on_executor) {
+                /* A handler's own executor cannot drain the lane while it waits. */
+                atomic_fetch_add_explicit(&p->rejected, 1, memory_order_relaxed);
+                rc = KB_EFULL;
+                break;
+            }
+            if (k == 0) {
+                schedule_touched(&t);   /* what we pushed must drain while we wait */
+                leave_push(p, owning);
+                struct space_wait sw = {.p = p, .lane = lane, .item = items[done]};
+                int waited = wait_for_space(&sw, timeout_ms);
+                mode = enter_push(p, &owning);
+                if (waited != KB_OK) {
+                    if (waited == KB_EFULL)
+                        atomic_fetch_add_explicit(&p->rejected, 1, memory_order_relaxed);
+                    rc = waited;
+                    break;
+                }
+                k = 1;
+                depth = sw.depth;
+            }
+            note_depth(lane, depth + k);
+            pushed_to(&t, lane);
+            done += k;
         }
-        note_depth(lane, depth + k);
-        touch(&t, lane);
-        done += k;
+        if (rc == KB_OK && w.null_item)
+            rc = KB_EINVAL;
     }
     leave_push(p, owning);
     schedule_touched(&t);
@@ -519,18 +589,16 @@ out:
  * which waits, counts and reports. */
 int kb__pool_submit_one(kb_pool *p, uint32_t hash, void *item, int timeout_ms)
 {
-    if (p == NULL || item == NULL)
-        return KB_EINVAL;
     if (atomic_load_explicit(&p->closed, memory_order_acquire))
         return KB_ECLOSED;
-    struct kb_lane *lane = lane_get(p, hash % p->o.lanes);
-    if (lane == NULL)
-        return kb_pool_submit_batch(p, &hash, &item, 1, timeout_ms, NULL);
-    bool owning;
-    kb_push_mode mode = enter_push(p, &owning);
-    unsigned int depth = 0;
-    unsigned int k = kb__ring_push_n(&lane->ring, lane->buf, &item, 1, mode, &depth, &lane->seen);
-    leave_push(p, owning);
+    struct kb_lane *lane = lane_get(p, lane_of(p, hash));
+    unsigned int depth = 0, k = 0;
+    if (lane != NULL) {
+        bool owning;
+        kb_push_mode mode = enter_push(p, &owning);
+        k = kb__ring_push_n(&lane->ring, lane->buf, &item, 1, mode, &depth, &lane->seen);
+        leave_push(p, owning);
+    }
     if (k == 0)
         return kb_pool_submit_batch(p, &hash, &item, 1, timeout_ms, NULL);
     note_depth(lane, depth + 1);
@@ -544,6 +612,8 @@ int kb__pool_submit_one(kb_pool *p, uint32_t hash, void *item, int timeout_ms)
 
 int kb_pool_submit_hash(kb_pool *p, uint32_t hash, void *item, int timeout_ms)
 {
+    if (p == NULL || item == NULL)
+        return KB_EINVAL;
     return kb__pool_submit_one(p, hash, item, timeout_ms);
 }
 
@@ -551,12 +621,12 @@ int kb_pool_submit(kb_pool *p, const void *key, size_t key_len, void *item, int 
 {
     if (key == NULL || key_len == 0)
         return KB_EINVAL;
-    return kb_pool_submit_hash(p, kb_fnv1a32(key, key_len), item, timeout_ms);
+    return kb_pool_submit_hash(p, kb__fnv1a32(key, key_len), item, timeout_ms);
 }
 
 uint32_t kb_pool_lane_of(const kb_pool *p, const void *key, size_t key_len)
 {
-    return kb_fnv1a32(key, key_len) % p->o.lanes;
+    return lane_of(p, kb__fnv1a32(key, key_len));
 }
 
 uint32_t kb_pool_executor_of(const kb_pool *p, uint32_t lane)

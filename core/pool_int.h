@@ -108,6 +108,7 @@ enum { KB_OWNED = 0, KB_SHARING = 1, KB_SHARED = 2 };
 struct kb_pool {
     kb_pool_options o;
     uint32_t ring_size;                /* power of two > capacity */
+    bool lanes_pow2;                   /* lanes is a power of two: route with a mask */
     kb_sched *sched;
     bool own_sched;
     _Atomic uint32_t closed;
@@ -134,7 +135,8 @@ void kb__lane_ready(struct kb_lane *lane);
 /* Pools on a shared scheduler (pool.c). */
 uint32_t kb__online_cpus(void);   /* the default executor count */
 kb_pool *kb__pool_new_on(kb_sched *s, const kb_pool_options *o, char *errstr, size_t errlen);
-/* kb_pool_submit_hash, called without the exported symbol's indirection. */
+/* kb_pool_submit_hash, called without the exported symbol's indirection
+ * and its argument checks (p and item not NULL). */
 int kb__pool_submit_one(kb_pool *p, uint32_t hash, void *item, int timeout_ms);
 /* Wait until nothing is queued or running, up to the deadline. */
 int kb__pool_drain(kb_pool *p, int64_t deadline_ns);

@@ -1,11 +1,8 @@
 #include "rec.h"
 
-#include <ck_stack.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-
-#include "sync.h"
 
 /* Records are recycled in magazines (Bonwick's design): each thread holds one
  * magazine per size class, an array of free records, and trades whole
@@ -14,20 +11,13 @@
  * cost a shared-memory operation per event; a magazine costs one per 256, and
  * an array lets the producer prefetch the records it is about to fill. */
 
-static const size_t class_bytes[] = {128, 512, 2048};
-#define N_CLASSES (sizeof class_bytes / sizeof class_bytes[0])
-#define MAG_SIZE 256
-#define PREFETCH_AHEAD 4
+static const size_t class_bytes[KB_REC_CLASSES] = {128, 512, 2048};   /* kb__rec_class */
+#define N_CLASSES KB_REC_CLASSES
+#define MAG_SIZE KB_REC_MAG_SIZE
 /* Full magazines kept in the shared stack, per class: up to 64 MiB of records,
  * enough for every record full lanes can hold in a busy process, while a larger
  * burst does not pin its peak memory forever. */
 #define SHARED_BYTES (64u << 20)
-
-struct magazine {
-    ck_stack_entry_t link;          /* first: the stack entry is the magazine */
-    uint32_t n;
-    kb_rec *r[MAG_SIZE];
-};
 
 struct class_state {
     /* Generation-counted stacks: magazines are reused, so pops must be ABA-safe.
@@ -43,33 +33,33 @@ static struct class_state shared[N_CLASSES];
  * (initial-exec needs static TLS room a running process may have used up);
  * the build uses TLS descriptors (-mtls-dialect=gnu2) where the compiler has
  * them, which keeps a dynamic TLS access to a few instructions. */
-static _Thread_local struct magazine *loaded[N_CLASSES];
+_Thread_local struct kb_magazine *kb__rec_loaded[KB_REC_CLASSES];
 static _Thread_local int registered;
 static pthread_key_t exit_key;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 
-static struct magazine *pop(ck_stack_t *s)
+static struct kb_magazine *pop(ck_stack_t *s)
 {
     ck_stack_entry_t *e = ck_stack_pop_mpmc(s);
     if (e != NULL)
         KB_TSAN_ACQUIRE(e);
-    return (struct magazine *)e;
+    return (struct kb_magazine *)e;
 }
 
-static void push(ck_stack_t *s, struct magazine *m)
+static void push(ck_stack_t *s, struct kb_magazine *m)
 {
     KB_TSAN_RELEASE(&m->link);
     ck_stack_push_mpmc(s, &m->link);
 }
 
-static void free_records(struct magazine *m)
+static void free_records(struct kb_magazine *m)
 {
     while (m->n > 0)
         free(m->r[--m->n]);
 }
 
 /* Hand a full magazine to the other threads; an empty one back for reuse. */
-static void give_back(unsigned cls, struct magazine *m)
+static void give_back(unsigned cls, struct kb_magazine *m)
 {
     struct class_state *cs = &shared[cls];
     if (m->n > 0) {
@@ -88,9 +78,9 @@ static void on_thread_exit(void *unused)
 {
     (void)unused;
     for (unsigned cls = 0; cls < N_CLASSES; cls++) {
-        if (loaded[cls] != NULL)
-            give_back(cls, loaded[cls]);
-        loaded[cls] = NULL;
+        if (kb__rec_loaded[cls] != NULL)
+            give_back(cls, kb__rec_loaded[cls]);
+        kb__rec_loaded[cls] = NULL;
     }
 }
 
@@ -100,7 +90,7 @@ static void make_exit_key(void)
 }
 
 /* Install `m` as this thread's magazine of class `cls`. */
-static void load(unsigned cls, struct magazine *m)
+static void load(unsigned cls, struct kb_magazine *m)
 {
     if (!registered) {
         /* A thread that exits hands its magazines back instead of leaking them. */
@@ -108,12 +98,12 @@ static void load(unsigned cls, struct magazine *m)
         pthread_setspecific(exit_key, &registered);
         registered = 1;
     }
-    loaded[cls] = m;
+    kb__rec_loaded[cls] = m;
 }
 
-static struct magazine *empty_magazine(unsigned cls)
+static struct kb_magazine *empty_magazine(unsigned cls)
 {
-    struct magazine *m = pop(&shared[cls].empty);
+    struct kb_magazine *m = pop(&shared[cls].empty);
     if (m == NULL) {
         m = malloc(sizeof *m);
         if (m == NULL)
@@ -123,12 +113,10 @@ static struct magazine *empty_magazine(unsigned cls)
     return m;
 }
 
-kb_rec *kb__rec_alloc(size_t data_len)
+kb_rec *kb__rec_alloc_slow(size_t data_len)
 {
     size_t need = sizeof(kb_rec) + data_len;
-    unsigned cls = 0;
-    while (cls < N_CLASSES && need > class_bytes[cls])
-        cls++;
+    unsigned cls = kb__rec_class(need);
     if (cls == N_CLASSES) {
         kb_rec *r = malloc(need);
         if (r != NULL)
@@ -136,9 +124,9 @@ kb_rec *kb__rec_alloc(size_t data_len)
         return r;
     }
 
-    struct magazine *m = loaded[cls];
+    struct kb_magazine *m = kb__rec_loaded[cls];
     if (m == NULL || m->n == 0) {
-        struct magazine *full = pop(&shared[cls].full);
+        struct kb_magazine *full = pop(&shared[cls].full);
         if (full != NULL) {
             atomic_fetch_sub_explicit(&shared[cls].full_count, 1, memory_order_relaxed);
             if (m != NULL)
@@ -148,28 +136,16 @@ kb_rec *kb__rec_alloc(size_t data_len)
             load(cls, m);
         }
     }
-    kb_rec *r;
-    if (m != NULL && m->n > 0) {
-        r = m->r[--m->n];
-        /* These records were last written on another core: start the
-         * ownership transfer a few events before we fill them. */
-        if (m->n >= PREFETCH_AHEAD) {
-            char *next = (char *)m->r[m->n - PREFETCH_AHEAD];
-            __builtin_prefetch(next, 1);
-            if (class_bytes[cls] > KB_CACHELINE)
-                __builtin_prefetch(next + KB_CACHELINE, 1);
-        }
-    } else {
-        /* Cache-line aligned so a small event touches as few lines as possible. */
-        r = aligned_alloc(KB_CACHELINE, class_bytes[cls]);
-        if (r == NULL)
-            return NULL;
-    }
-    r->size_class = (uint8_t)cls;
+    if (m != NULL && m->n > 0)
+        return kb__rec_alloc(data_len);
+    /* Cache-line aligned so a small event touches as few lines as possible. */
+    kb_rec *r = aligned_alloc(KB_CACHELINE, class_bytes[cls]);
+    if (r != NULL)
+        r->size_class = (uint8_t)cls;
     return r;
 }
 
-void kb__rec_free(kb_rec *r)
+void kb__rec_free_slow(kb_rec *r)
 {
     if (r == NULL)
         return;
@@ -178,9 +154,9 @@ void kb__rec_free(kb_rec *r)
         return;
     }
     unsigned cls = r->size_class;
-    struct magazine *m = loaded[cls];
+    struct kb_magazine *m = kb__rec_loaded[cls];
     if (m == NULL || m->n == MAG_SIZE) {
-        struct magazine *fresh = empty_magazine(cls);
+        struct kb_magazine *fresh = empty_magazine(cls);
         if (fresh == NULL) {
             free(r);
             return;

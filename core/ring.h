@@ -52,11 +52,11 @@ typedef enum {
  * single CAS — or none with one producer — and one p_tail store for the run,
  * where n single enqueues would pay n of each. Returns how many were
  * enqueued, a prefix of items (0: full); *depth receives the items queued
- * before them. Thread: any producer, as `mode` says. */
-static inline unsigned int kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *buf,
-                                           void *const *items, unsigned int n,
-                                           kb_push_mode mode, unsigned int *depth,
-                                           kb_ring_seen *seen)
+ * before them. Always inlined: with n and mode known at the call, most of it
+ * folds away. Thread: any producer, as `mode` says. */
+static inline __attribute__((always_inline)) unsigned int
+kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *buf, void *const *items, unsigned int n,
+                kb_push_mode mode, unsigned int *depth, kb_ring_seen *seen)
 {
     const unsigned int mask = ring->mask;
     unsigned int head, take;

@@ -14,47 +14,6 @@
 
 #define KB_MAX_ID_BYTES 255
 
-/* One record holding key, payload, ID and headers (checked); NULL (with the
- * error set) on out of memory. Inlined: a local publish's copy, without ID,
- * then drops the ID's copy and half the call. */
-static inline __attribute__((always_inline)) kb_rec *rec_new(struct kb_topic *topic, const void *key, size_t key_len,
-                       const void *payload, size_t payload_len, const char *id, size_t id_len,
-                       const kb_header *headers, size_t n_headers)
-{
-    size_t headers_size = n_headers ? kb_headers_packed_size(headers, n_headers) : 0;
-    kb_rec *r = kb__rec_alloc(key_len + payload_len + id_len + 1 + headers_size);
-    if (r == NULL) {
-        kb_errf(NULL, 0, "topic %s: out of memory for an event of %zu bytes", topic->name,
-                 key_len + payload_len);
-        return NULL;
-    }
-    r->topic = topic;
-    r->cookie = NULL;
-    r->dead_reason = NULL;
-    r->born_ns = kb__metrics_stamp(topic);
-    r->key_len = (uint32_t)key_len;
-    r->payload_len = (uint32_t)payload_len;
-    r->partition = 0;
-    r->first_attempt = 1;
-    r->flags = 0;
-    r->id_len = (uint16_t)id_len;
-    r->n_headers = (uint8_t)n_headers;
-    memcpy(r->data, key, key_len);
-    if (payload_len > 0)
-        memcpy(r->data + key_len, payload, payload_len);
-    memcpy(r->data + key_len + payload_len, id, id_len);
-    r->data[key_len + payload_len + id_len] = '\0';
-    if (n_headers > 0)
-        kb_headers_pack(r->data + key_len + payload_len + id_len + 1, headers, n_headers);
-    return r;
-}
-
-kb_rec *kb__rec_of_msg(struct kb_topic *topic, const kb_msg *m)
-{
-    return rec_new(topic, m->key, m->key_len, m->payload, m->payload_len, "", 0, m->headers,
-                   m->n_headers);
-}
-
 int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, int timeout_ms)
 {
     const char *id = d->id != NULL ? d->id : "";
@@ -71,17 +30,20 @@ int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, in
     int rc = kb_headers_check(d->headers, d->n_headers, KB_MAX_HEADERS, 65536, "delivery");
     if (rc != KB_OK)
         return rc;
-    kb_rec *r = rec_new(topic, d->key, d->key_len, d->payload, d->payload_len, id, id_len,
-                        d->headers, d->n_headers);
-    if (r == NULL)
+    kb_rec *r = kb__rec_new(topic, kb__metrics_stamp(topic), d->key, d->key_len, d->payload,
+                            d->payload_len, id, id_len, d->headers, d->n_headers);
+    if (r == NULL) {
+        kb_errf(NULL, 0, "topic %s: out of memory for an event of %zu bytes", topic->name,
+                d->key_len + d->payload_len);
         return KB_ENOMEM;
+    }
     r->cookie = d->cookie;
     r->partition = d->partition;
     r->first_attempt = d->attempt ? d->attempt : 1;
     r->flags = (uint8_t)(d->flags & KB_DELIVERY_F_REDELIVERED);
     KB_PROBE4(receive, topic->name, d->key, d->key_len, r);
 
-    rc = kb_pool_submit_hash(pool, hash, r, timeout_ms);
+    rc = kb__pool_submit_one(pool, hash, r, timeout_ms);
     if (rc != KB_OK) {
         kb__rec_free(r);
         if (rc == KB_EFULL)
@@ -169,20 +131,23 @@ static void run_begins(struct kb_topic *topic, const kb_rec *r, uint32_t total)
     }
 }
 
-int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
+/* A handler run: the handler, and around it what the topic asks for (`plain`
+ * false: a broker's ownership check and records, histograms) and an event's
+ * headers. Always inlined: kb__topic_handle's plain case, where a mem://
+ * event's run is the handler call and little else, and handle_full. */
+static inline __attribute__((always_inline)) int
+run_handler(struct kb_topic *topic, kb_rec *r, uint32_t attempt, bool plain)
 {
-    kb_rec *r = item;
-    struct kb_topic *topic = opaque;
     uint32_t total = r->first_attempt + attempt - 1;
     const kb_transport_ops *ops = topic->bus->ops;
-    if (ops->still_owned != NULL) {
+    if (!plain && ops->still_owned != NULL) {
         kb_delivery d;
         delivery_of(r, total, &d, NULL);
         if (!ops->still_owned(topic->bus->t, &d))
             return KB_POOL_SKIP;   /* released unacked: the new owner handles it */
     }
     kb_header headers[KB_MAX_HEADERS];
-    if (r->n_headers > 0)
+    if (!plain && r->n_headers > 0)
         kb_headers_unpack(kb__rec_headers(r), r->n_headers, headers);
     kb_event ev = {
         .topic = topic->name,
@@ -192,20 +157,23 @@ int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
         .payload_len = r->payload_len,
         .attempt = total,
         .id = kb__rec_id(r),
-        .headers = r->n_headers > 0 ? headers : NULL,
-        .n_headers = r->n_headers,
+        .headers = !plain && r->n_headers > 0 ? headers : NULL,
+        .n_headers = plain ? 0 : r->n_headers,
     };
     struct handler_call *call = &current_call;
     call->ev = &ev;
     call->has_reason = false;
-    run_begins(topic, r, total);
+    if (!plain)
+        run_begins(topic, r, total);
     KB_PROBE5(handler_start, topic->name, ev.key, ev.key_len, r, total);
-    int64_t start = kb__metrics_stamp(topic);
+    int64_t start = plain ? 0 : kb__metrics_stamp(topic);
     int result = topic->fn(&ev, topic->opaque);
-    kb__metrics_ran(topic, kb__on_executor->index, r->born_ns, start, attempt);
+    if (!plain) {
+        kb__metrics_ran(topic, kb__on_executor->index, r->born_ns, start, attempt);
+        if (topic->bus->runs != NULL)
+            kb__runs_end(topic->bus->runs, kb__on_executor->index);
+    }
     KB_PROBE3(handler_end, topic->name, r, result);
-    if (topic->bus->runs != NULL)
-        kb__runs_end(topic->bus->runs, kb__on_executor->index);
     call->ev = NULL;
     if (result == KB_HANDLED)
         return KB_HANDLED;
@@ -221,6 +189,21 @@ int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
                      : dead           ? "handler returned KB_DEAD"
                                       : "retry.max_attempts reached";
     return KB_DEAD;
+}
+
+static __attribute__((noinline)) int handle_full(struct kb_topic *topic, kb_rec *r,
+                                                 uint32_t attempt)
+{
+    return run_handler(topic, r, attempt, false);
+}
+
+int kb__topic_handle(void *item, uint32_t attempt, void *opaque)
+{
+    kb_rec *r = item;
+    struct kb_topic *topic = opaque;
+    if (topic->plain && r->n_headers == 0 && topic->bus->runs == NULL)
+        return run_handler(topic, r, attempt, true);
+    return handle_full(topic, r, attempt);
 }
 
 const void *kb__topic_key(const void *item, size_t *key_len, void *opaque)
@@ -247,17 +230,11 @@ int kb_event_set_reason(const kb_event *ev, const char *fmt, ...)
     return KB_OK;
 }
 
-void kb__topic_finish(void *item, int outcome, uint32_t attempts, void *opaque)
+/* Settle a record with the transport (ack, dead letter, release), then free it. */
+static __attribute__((noinline)) void settle(kb_rec *r, int outcome, uint32_t attempts,
+                                             struct kb_topic *topic)
 {
-    kb_rec *r = item;
-    struct kb_topic *topic = opaque;
     kb_bus *b = topic->bus;
-    if (outcome == KB_HANDLED)
-        KB_PROBE3(ack, topic->name, r, kb__rec_id(r));
-    if (outcome == KB_HANDLED && b->ops->ack == NULL) {
-        kb__rec_free(r);   /* nothing to settle (mem://) */
-        return;
-    }
     kb_delivery d;
     kb_header headers[KB_MAX_HEADERS];   /* a dead letter keeps them */
     delivery_of(r, attempts ? r->first_attempt + attempts - 1 : r->first_attempt, &d,
@@ -281,4 +258,16 @@ void kb__topic_finish(void *item, int outcome, uint32_t attempts, void *opaque)
         b->ops->release(b->t, &d);
     }
     kb__rec_free(r);
+}
+
+void kb__topic_finish(void *item, int outcome, uint32_t attempts, void *opaque)
+{
+    kb_rec *r = item;
+    struct kb_topic *topic = opaque;
+    if (outcome == KB_HANDLED)
+        KB_PROBE3(ack, topic->name, r, kb__rec_id(r));
+    if (outcome == KB_HANDLED && topic->bus->ops->ack == NULL)
+        kb__rec_free(r);   /* nothing to settle (mem://) */
+    else
+        settle(r, outcome, attempts, topic);
 }
