@@ -20,9 +20,12 @@
 /* Pause instructions after a round of the run list that found every lane empty. */
 #define EMPTY_VISIT_PAUSES 16
 
-/* A lane just unscheduled is re-checked for items at the latest this long
- * after, when the executor stays busy (it re-checks at once before parking). */
-#define SETTLE_NS 1000000
+/* A lane just unscheduled is re-checked for items after a barrier at the
+ * latest this long after, when the executor stays busy (it re-checks at once
+ * before parking). The cheap looks find a raced item long before; the barrier
+ * is the guarantee, and it costs: a membarrier took 22 µs on average (147 at
+ * most) in a VM, every lane of the executor waiting meanwhile. */
+#define SETTLE_NS 10000000
 /* Cheap looks a lane just unscheduled gets before only the fenced check
  * covers it: a push that raced the unscheduling is visible by then (the
  * producer's store buffer drains in well under a µs), and looking at every
