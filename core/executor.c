@@ -28,8 +28,8 @@
 #define SETTLE_NS 10000000
 /* Cheap looks a lane just unscheduled gets before only the fenced check
  * covers it: a push that raced the unscheduling is visible by then (the
- * producer's store buffer drains in well under a µs), and looking at every
- * lane unscheduled in the last ms cost each visit ~8 more lanes' rings at
+ * producer's store buffer drains in well under a µs), while looking at every
+ * lane unscheduled since the last barrier costs each visit ~8 more rings at
  * 1M events/s over 100 aggregates. */
 #define SETTLE_LOOKS 4
 
