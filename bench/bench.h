@@ -59,6 +59,7 @@ typedef struct kb_result {
     uint64_t events;
     uint32_t aggregates, producers, threads, payload_bytes, handler_us;
     uint64_t rate;
+    bool pace_sleep;            /* the plan's: producers slept to their send times */
     double seconds, events_per_s;
     uint64_t handled, order_violations, lost, duplicates, corrupt;
     uint64_t publish_retries;   /* publishes that met a full lane and were retried */

@@ -208,6 +208,7 @@ void kb_result_plan(kb_result *r, const kb_plan *p)
     r->payload_bytes = p->payload_bytes;
     r->handler_us = p->handler_us;
     r->rate = p->rate;
+    r->pace_sleep = p->pace_sleep;
     r->batch = p->batch > 1 ? p->batch : 1;
     r->fail_rate = p->fail_rate;
     r->scenario = kb_scenario_name(p->scenario);

@@ -70,14 +70,15 @@ void kb_report_json(FILE *out, const kb_result *r)
     json_str(out, r->transport);
     fprintf(out,
             ",\"events\":%llu,\"aggregates\":%u,\"producers\":%u,\"threads\":%u,"
-            "\"payload_bytes\":%u,\"handler_us\":%u,\"rate\":%llu,\"seconds\":%.6f,"
+            "\"payload_bytes\":%u,\"handler_us\":%u,\"rate\":%llu,\"pace\":\"%s\",\"seconds\":%.6f,"
             "\"events_per_s\":%.1f,\"cpu_ns_per_event\":%.1f,\"handled\":%llu,"
             "\"order_violations\":%llu,\"lost\":%llu,"
             "\"duplicates\":%llu,\"corrupt\":%llu,\"publish_retries\":%llu,\"error\":%s,"
             "\"p50_us\":%.3f,\"p99_us\":%.3f,\"p999_us\":%.3f,\"max_us\":%.3f,\"rss_bytes\":%llu,"
             "\"origin_events_per_s\":%.1f,\"ratio_origin\":%.4f",
             (unsigned long long)r->events, r->aggregates, r->producers, r->threads,
-            r->payload_bytes, r->handler_us, (unsigned long long)r->rate, r->seconds,
+            r->payload_bytes, r->handler_us, (unsigned long long)r->rate,
+            r->pace_sleep ? "sleep" : "spin", r->seconds,
             r->events_per_s, r->cpu_ns_per_event, (unsigned long long)r->handled,
             (unsigned long long)r->order_violations, (unsigned long long)r->lost,
             (unsigned long long)r->duplicates, (unsigned long long)r->corrupt,

@@ -20,9 +20,18 @@
 /* Pause instructions after a round of the run list that found every lane empty. */
 #define EMPTY_VISIT_PAUSES 16
 
-/* A lane just unscheduled is re-checked for items at the latest this long
- * after, when the executor stays busy (it re-checks at once before parking). */
-#define SETTLE_NS 1000000
+/* A lane just unscheduled is re-checked for items after a barrier at the
+ * latest this long after, when the executor stays busy (it re-checks at once
+ * before parking). The cheap looks find a raced item long before; the barrier
+ * is the guarantee, and it costs: a membarrier took 22 µs on average (147 at
+ * most) in a VM, every lane of the executor waiting meanwhile. */
+#define SETTLE_NS 10000000
+/* Cheap looks a lane just unscheduled gets before only the fenced check
+ * covers it: a push that raced the unscheduling is visible by then (the
+ * producer's store buffer drains in well under a µs), while looking at every
+ * lane unscheduled since the last barrier costs each visit ~8 more rings at
+ * 1M events/s over 100 aggregates. */
+#define SETTLE_LOOKS 4
 
 /* Passes that find only a half-linked ready node before the executor yields. */
 #define BLOCKED_SPINS 64
@@ -52,24 +61,46 @@ static struct kb_lane *run_list_pop(struct kb_executor *ex)
     return lane;
 }
 
-/* Move the lanes producers made ready to the run list. Never waits: a
- * producer preempted between swapping the queue's tail and linking its node
- * leaves that node (and any behind it) unreachable for a moment, and liburcu's
- * blocking dequeue would then sleep 10 ms (WFCQ_WAIT); the non-blocking one
- * says so instead. Returns false when such a node was left for the next pass. */
+/* Move the lanes producers made ready to the front of the run list, in the
+ * order they came: their events are the oldest the executor knows of, while
+ * the lanes lingering behind them mostly hold nothing yet. At the back they
+ * waited a whole round of those, so the wait grew with the lanes lingering.
+ * Never waits: a producer preempted between swapping the queue's tail and
+ * linking its node leaves that node (and any behind it) unreachable for a
+ * moment, and liburcu's blocking dequeue would then sleep 10 ms (WFCQ_WAIT);
+ * the non-blocking one says so instead. Returns false when such a node was
+ * left for the next pass. */
 static bool collect_ready(struct kb_executor *ex)
 {
     struct cds_wfcq_node *node;
     if (cds_wfcq_empty(&ex->head, &ex->tail))
         return true;
+    struct kb_lane *first = NULL, *last = NULL;
+    uint32_t n = 0;
+    bool linked = true;
     while ((node = __cds_wfcq_dequeue_nonblocking(&ex->head, &ex->tail)) != NULL) {
-        if (node == CDS_WFCQ_WOULDBLOCK)
-            return false;
+        if (node == CDS_WFCQ_WOULDBLOCK) {
+            linked = false;
+            break;
+        }
         struct kb_lane *lane = caa_container_of(node, struct kb_lane, ready_node);
         KB_TSAN_ACQUIRE(lane);
-        run_list_push(ex, lane);
+        lane->run_next = NULL;
+        if (last != NULL)
+            last->run_next = lane;
+        else
+            first = lane;
+        last = lane;
+        n++;
     }
-    return true;
+    if (first != NULL) {
+        last->run_next = ex->run_head;
+        if (ex->run_head == NULL)
+            ex->run_tail = last;
+        ex->run_head = first;
+        ex->run_len += n;
+    }
+    return linked;
 }
 
 void kb__lane_ready(struct kb_lane *lane)
@@ -334,27 +365,50 @@ static void refill(struct kb_lane *lane)
 /* Dekker with kb_pool_submit, asymmetric: a producer pushes, orders with
  * kb__fence_hot() only, then reads `scheduled`; we clear `scheduled`, and
  * before the lane's ring is read for the verdict a kb__fence_rare() (one per
- * batch of lanes, at most every SETTLE_NS and before parking) makes the
- * producers' pushes visible. Either the producer saw 0 and scheduled the
- * lane, or we see its item. Meanwhile a cheap look catches most items early. */
+ * batch of lanes, at most SETTLE_NS after the first of them and before
+ * parking) makes the producers' pushes visible. Either the producer saw 0 and
+ * scheduled the lane, or we see its item. Meanwhile a few cheap looks catch
+ * most such items early. */
 static void settle(struct kb_executor *ex, struct kb_lane *lane)
 {
-    if (lane->settling)
+    if (lane->settling && lane->settle_looks < SETTLE_LOOKS) {
+        lane->settle_looks = 0;   /* unscheduled again: this time raced too */
         return;
-    if (ex->settling == NULL)
+    }
+    if (lane->settling) {
+        /* past its looks, then scheduled and unscheduled again: this
+         * unscheduling raced its own producers, so it gets looks too */
+        *lane->settled_pprev = lane->settle_next;
+        if (lane->settle_next != NULL)
+            lane->settle_next->settled_pprev = lane->settled_pprev;
+    } else if (ex->settling == NULL && ex->settled == NULL) {
         ex->settle_due_ns = kb__now_ns() + SETTLE_NS;
+    }
     lane->settling = true;
+    lane->settle_looks = 0;
     lane->settle_next = ex->settling;
     ex->settling = lane;
 }
 
-/* Re-check the settling lanes: schedule those holding items, forget those
- * scheduled again. `fenced`: after a kb__fence_rare(), the verdict on the
- * empty ones is final and the list empties; otherwise they stay. Returns
- * whether a lane went back on the run list. */
+/* Schedule a lane just unscheduled again if it holds items. */
+static bool reschedule_if_filled(struct kb_executor *ex, struct kb_lane *lane)
+{
+    uint32_t idle = 0;
+    if (ck_ring_size(&lane->ring) == 0 ||
+        !atomic_compare_exchange_strong(&lane->scheduled, &idle, 1))
+        return false;
+    run_list_push(ex, lane);
+    return true;
+}
+
+/* Re-check the lanes just unscheduled: schedule those holding items, forget
+ * those scheduled again. A cheap look covers the lanes that had fewer than
+ * SETTLE_LOOKS; the others wait for the fenced check alone. `fenced`: after a
+ * kb__fence_rare(), the verdict on every empty one is final and both lists
+ * empty. Returns whether a lane went back on the run list. */
 static bool recheck_settling(struct kb_executor *ex, bool fenced)
 {
-    if (ex->settling == NULL)
+    if (ex->settling == NULL && ex->settled == NULL)
         return false;
     if (fenced && ex->sched->idle == KB_IDLE_BLOCK)
         kb__fence();        /* its producers fence fully: it parks per burst */
@@ -364,23 +418,32 @@ static bool recheck_settling(struct kb_executor *ex, bool fenced)
     struct kb_lane **pp = &ex->settling;
     while (*pp != NULL) {
         struct kb_lane *lane = *pp;
-        uint32_t idle = 0;
-        bool keep = !fenced && atomic_load_explicit(&lane->scheduled, memory_order_relaxed) == 0;
-        if (ck_ring_size(&lane->ring) > 0 &&
-            atomic_compare_exchange_strong(&lane->scheduled, &idle, 1)) {
-            run_list_push(ex, lane);
+        if (reschedule_if_filled(ex, lane)) {
             found = true;
-            keep = false;
+        } else if (!fenced &&
+                   atomic_load_explicit(&lane->scheduled, memory_order_relaxed) == 0) {
+            if (++lane->settle_looks < SETTLE_LOOKS) {
+                pp = &lane->settle_next;
+                continue;
+            }
+            *pp = lane->settle_next;        /* on to the fenced check alone */
+            lane->settle_next = ex->settled;
+            if (ex->settled != NULL)
+                ex->settled->settled_pprev = &lane->settle_next;
+            lane->settled_pprev = &ex->settled;
+            ex->settled = lane;
+            continue;
         }
-        if (keep) {
-            pp = &lane->settle_next;
-        } else {
-            lane->settling = false;
-            *pp = lane->settle_next;
-        }
+        lane->settling = false;
+        *pp = lane->settle_next;
     }
-    if (ex->settling != NULL)
-        ex->settle_due_ns = kb__now_ns() + SETTLE_NS;
+    if (fenced) {
+        for (struct kb_lane *lane = ex->settled; lane != NULL; lane = lane->settle_next) {
+            found |= reschedule_if_filled(ex, lane);
+            lane->settling = false;
+        }
+        ex->settled = NULL;
+    }
     return found;
 }
 
@@ -423,18 +486,23 @@ static unsigned lane_visit(struct kb_executor *ex, struct kb_lane *lane)
      * stream its next event is usually there by then, and the producer skips
      * the scheduling handshake (a CAS, a queue push and a fence) entirely. */
     lane->idle_visits = n > 0 ? 0 : lane->idle_visits + 1;
+    bool unscheduled = false;
     if (!delayed) {
         if (lane->ahead_len > 0 || lane->idle_visits < LANE_LINGER_VISITS) {
             run_list_push(ex, lane);        /* back of the run list */
         } else {
             atomic_store_explicit(&lane->scheduled, 0, memory_order_release);
             settle(ex, lane);
+            unscheduled = true;
         }
     }
-    poke_space(lane);
-    /* Flushers wait for finished items: tell them whenever some were (a
-     * poke without waiters is one load). */
-    if (n > 0 || delayed || !atomic_load_explicit(&lane->scheduled, memory_order_relaxed))
+    /* A visit that took nothing off the ring freed no space: an empty visit
+     * of a lingering lane touches no line its producers write but the ring's. */
+    if (n > 0 || delayed)
+        poke_space(lane);
+    /* Flushers wait for finished items and idle lanes: tell them whenever
+     * there are some (a poke without waiters is one load). */
+    if (n > 0 || delayed || unscheduled)
         kb__signal_poke(&ex->sched->progress);
     return n;
 }
@@ -515,11 +583,11 @@ static void *executor_main(void *arg)
              * read after visits that ran handlers, which may have been slow,
              * and with the cheap look: read after every empty visit, it made
              * a round over lingering lanes cost a clock read per lane. */
-            if (ex->settling != NULL) {
+            if (ex->settling != NULL || ex->settled != NULL) {
                 bool look = (++ex->settle_checks & 7) == 0;
                 if ((look || handled > 0) && kb__now_ns() >= ex->settle_due_ns)
                     recheck_settling(ex, true);
-                else if (look)
+                else if (look && ex->settling != NULL)
                     recheck_settling(ex, false);
             }
             continue;
@@ -536,7 +604,7 @@ static void *executor_main(void *arg)
             }
             sched_yield();
             /* lanes just unscheduled keep their deadline meanwhile */
-            if (ex->settling != NULL)
+            if (ex->settling != NULL || ex->settled != NULL)
                 recheck_settling(ex, kb__now_ns() >= ex->settle_due_ns);
             continue;
         }

@@ -44,8 +44,10 @@ struct kb_lane {
     /* Written by the executor only (read by stats and flush). */
     _Alignas(KB_CACHELINE) struct cds_wfcq_node ready_node;
     struct kb_lane *run_next;          /* executor's private run list */
-    struct kb_lane *settle_next;       /* executor's list of lanes just unscheduled */
-    bool settling;                     /* on that list */
+    struct kb_lane *settle_next;       /* executor's lists of lanes just unscheduled */
+    bool settling;                     /* on one of them */
+    uint8_t settle_looks;              /* cheap looks it had there */
+    struct kb_lane **settled_pprev;    /* past its looks: what points to it, to unlink it */
     _Atomic uint32_t done;             /* items finished, wraps like the ring counters */
     _Atomic uint64_t taken, handled, retried, dead;
     /* Items taken off the ring but not finished, in order: the executor pops a
@@ -81,6 +83,7 @@ struct kb_executor {
     uint32_t run_len;                  /* lanes on the run list */
     uint32_t empty_visits;             /* visits in a row that found nothing */
     struct kb_lane *settling;          /* unscheduled, not yet re-checked after a barrier */
+    struct kb_lane *settled;           /* those past their cheap looks: the barrier's only */
     int64_t settle_due_ns;             /* when they must be re-checked at the latest */
     uint32_t settle_checks;            /* lane visits, to pace looking at the clock */
     uint32_t blocked_passes;           /* passes in a row stuck on a half-linked ready node */
