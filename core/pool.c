@@ -154,7 +154,7 @@ static struct kb_lane *lane_create(kb_pool *p, uint32_t idx)
     lane->pool = p;
     lane->index = idx;
     lane->attempt = 1;
-    lane->space.hot_pokers = 1;   /* executors poke it after every visit */
+    lane->space.hot_pokers = 1;   /* executors poke it after every visit that frees space */
     lane->ex = &p->sched->ex[(uint32_t)(kb_mix64(idx ^ p->o.salt) % p->sched->n)];
     struct kb_lane *expected = NULL;
     if (!atomic_compare_exchange_strong_explicit(&p->lanes[idx], &expected, lane,
