@@ -117,10 +117,11 @@ static bool check_passed(kb_transport *t, kb_redis_part *p, const redisReply *y,
     return y->type != REDIS_REPLY_ERROR;
 }
 
-/* Send one read: a single XREADGROUP ... BLOCK over every live, swept
- * partition of every topic. False: nothing to read (no live partition), out
- * of memory, or the connection failed. */
-static bool send_round(kb_transport *t, reader *rd, rround *ro)
+/* Send one read: a single XREADGROUP over every live, swept partition of
+ * every topic, with BLOCK when `wait` and no entries wait for lane space.
+ * False: nothing to read (no live partition), out of memory, or the
+ * connection failed. */
+static bool send_round(kb_transport *t, reader *rd, rround *ro, bool wait)
 {
     redisContext *c = t->rconn.c;
     ro->n = 0;
@@ -140,11 +141,13 @@ static bool send_round(kb_transport *t, reader *rd, rround *ro)
         return false;
     char count[16], block[16];
     snprintf(count, sizeof count, "%d", rd->count);
-    /* Entries waiting for lane space are retried after the read: block only a
-     * millisecond then — an executor empties a full lane in well under that, and
-     * a longer block left it idle (a single hot partition ran at 35k events/s
-     * with 10 ms). */
-    snprintf(block, sizeof block, "%d", rd->stuck > 0 ? 1 : t->block_ms);
+    snprintf(block, sizeof block, "%d", t->block_ms);
+    /* Redis times a BLOCK out only on its next timer tick (hz 10 by default:
+     * up to 100 ms late; BLOCK 1 on quiet streams answered after 50-95 ms).
+     * Entries that wait for lane space cannot wait that long, so a read sent
+     * while they do, or sent ahead of a delivery (which may fill a lane),
+     * does not block. */
+    bool block_now = wait && rd->stuck == 0;
     const char **argv = rd->argv;
     size_t argc = 0, n = ro->n;
     argv[argc++] = "XREADGROUP";
@@ -153,8 +156,10 @@ static bool send_round(kb_transport *t, reader *rd, rround *ro)
     argv[argc++] = t->consumer;
     argv[argc++] = "COUNT";
     argv[argc++] = count;
-    argv[argc++] = "BLOCK";
-    argv[argc++] = block;
+    if (block_now) {
+        argv[argc++] = "BLOCK";
+        argv[argc++] = block;
+    }
     argv[argc++] = "STREAMS";
     for (size_t j = 0; j < n; j++)
         argv[argc++] = ro->v[j].p->stream;
@@ -308,7 +313,7 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
             return KB_REDIS_PART_GONE;
         }
         if (ahead != NULL && clean)
-            send_round(t, rd, ahead);
+            send_round(t, rd, ahead, false);
         adapt_count(rd, t->batch, most);
         size_t h = 0;
         kb_redis_held *hd = NULL;   /* x, once entries of it wait for lane space */
@@ -434,9 +439,13 @@ static void *reader_main(void *arg)
             if (rc != KB_REDIS_CLOSING)
                 rc = sweep_taken(t);
         }
+        /* Still stuck since the last look: wait up to 1 ms for room (an
+         * executor frees a slot within microseconds), so the reads that do not
+         * block meanwhile come once per refill, not back to back. */
         if (rc != KB_REDIS_CLOSING)
-            rc = drain_waiting(t, &rd.stuck, 0);
-        if (rc != KB_REDIS_CLOSING && t->rconn.c != NULL && !cur->pending && !send_round(t, &rd, cur)) {
+            rc = drain_waiting(t, &rd.stuck, rd.stuck > 0 ? 1 : 0);
+        if (rc != KB_REDIS_CLOSING && t->rconn.c != NULL && !cur->pending &&
+            !send_round(t, &rd, cur, true)) {
             if (t->rconn.c != NULL && rd.stuck > 0)
                 rc = drain_waiting(t, &rd.stuck, 20);    /* only full lanes: wait for room */
             else if (t->rconn.c != NULL)
