@@ -1,7 +1,8 @@
 /* Server limits: an event kb_publish accepts is sent (or kb_close says how
  * many were not); one that cannot fit the server's max_payload or its 64 KiB
  * header limit is refused at once with KB_ETOOBIG, at exactly the sizes
- * docs/transports-nats.md ("Limits") gives. */
+ * docs/transports-nats.md ("Limits") gives; one that no longer fits a server
+ * back with a smaller limit is reported by kb_flush and the delivery callback. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +10,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +28,28 @@ static kb_test_server small, big;
 static kb_bus *open_bus(const kb_test_server *s, const char *const *kv)
 {
     return kb_test_open(s->url, NULL, kv);
+}
+
+/* A configuration for s with kv set, for callbacks kb_test_open cannot set. */
+static kb_conf *conf_on(const kb_test_server *s, const char *const *kv)
+{
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    assert_non_null(c);
+    assert_int_equal(kb_conf_set(c, "transport", s->url, err, sizeof err), KB_OK);
+    for (; kv != NULL && kv[0] != NULL; kv += 2)
+        if (kb_conf_set(c, kv[0], kv[1], err, sizeof err) != KB_OK)
+            fail_msg("%s: %s", kv[0], err);
+    return c;
+}
+
+static kb_bus *open_conf(kb_conf *c)
+{
+    char err[256];
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    return b;
 }
 
 /* What the handler saw: payload sizes of the 5-byte key, in order. */
@@ -187,13 +211,26 @@ static void longest_key(void **state)
     assert_int_equal(kb_close(b, 10000), KB_OK);
 }
 
+/* Warnings that the PING behind kb_close's last acks got no answer. */
+static atomic_int ping_warnings;
+
+static void on_log(int level, const char *msg, void *opaque)
+{
+    (void)opaque;
+    if (level == KB_LOG_WARNING && strstr(msg, "last acks may be lost") != NULL)
+        atomic_fetch_add(&ping_warnings, 1);
+}
+
 /* The server goes away with accepted events not yet sent: kb_close says how
- * many, with an error, instead of KB_OK. */
+ * many, with an error, instead of KB_OK, and logs that the PING behind its
+ * last acks went unanswered. */
 static void close_reports_unsent(void **state)
 {
     (void)state;
     const char *const kv[] = {"nats.publish_timeout_ms", "1000", NULL};
-    kb_bus *b = open_bus(&small, kv);
+    kb_conf *c = conf_on(&small, kv);
+    kb_conf_set_log(c, on_log, NULL);
+    kb_bus *b = open_conf(c);
     assert_int_equal(kb_publish(b, "limits.gone", "k", 1, "v", 1), KB_OK);
     assert_int_equal(kb_flush(b, 10000), KB_OK);
     kb_test_server_signal(&small, SIGKILL);
@@ -201,7 +238,71 @@ static void close_reports_unsent(void **state)
         assert_int_equal(kb_publish(b, "limits.gone", "k", 1, "v", 1), KB_OK);
     assert_int_equal(kb_close(b, 2000), KB_ETRANSPORT);
     assert_non_null(strstr(kb_last_error(), "5 published events never sent"));
+    assert_int_equal(atomic_load(&ping_warnings), 1);
     assert_int_equal(kb_test_server_restart(&small), 0);
+}
+
+/* Failed delivery reports of the 3,000-byte event, and every other report. */
+static struct refusals {
+    pthread_mutex_t mu;
+    int failed, other;
+    char error[256];
+} refusals = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void on_report(const kb_delivery_report *r, void *opaque)
+{
+    (void)opaque;
+    pthread_mutex_lock(&refusals.mu);
+    if (r->result != KB_OK && r->key_len == 3 && memcmp(r->key, "big", 3) == 0) {
+        refusals.failed++;
+        snprintf(refusals.error, sizeof refusals.error, "%s", r->error);
+    } else if (r->result != KB_OK) {
+        refusals.other++;
+    }
+    pthread_mutex_unlock(&refusals.mu);
+}
+
+static int refusals_failed(void)
+{
+    pthread_mutex_lock(&refusals.mu);
+    int n = refusals.failed;
+    pthread_mutex_unlock(&refusals.mu);
+    return n;
+}
+
+/* The server comes back with a smaller max_payload than the event kb_publish
+ * accepted while it was away: nats.c refuses to send it, kb_flush reports it,
+ * and so does the delivery callback, once. */
+static void shrunk_max_payload_is_reported(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start_conf(&s, "nats", "max_payload: 1048576\n"), 0);
+    kb_conf *c = conf_on(&s, NULL);
+    kb_conf_set_delivery_cb(c, on_report, NULL);
+    kb_bus *b = open_conf(c);
+    static char payload[3000];
+    memset(payload, 'x', sizeof payload);
+    assert_int_equal(kb_publish(b, "limits.shrunk", "k", 1, "v", 1), KB_OK);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_test_server_signal(&s, SIGKILL);
+    assert_int_equal(kb_publish(b, "limits.shrunk", "big", 3, payload, sizeof payload), KB_OK);
+    char path[300];
+    snprintf(path, sizeof path, "%s/server.conf", s.dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "max_payload: %d\n", SMALL_MAX);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(kb_test_server_restart(&s), 0);
+    assert_int_equal(kb_flush(b, 20000), KB_ETRANSPORT);
+    assert_non_null(strstr(kb_last_error(), "max_payload"));
+    for (int i = 0; i < 100 && refusals_failed() < 1; i++)
+        usleep(100 * 1000);   /* the report comes from the acker, maybe just after */
+    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_test_server_stop(&s);
+    assert_int_equal(refusals.failed, 1);
+    assert_int_equal(refusals.other, 0);
+    assert_non_null(strstr(refusals.error, "max_payload"));
 }
 
 int main(void)
@@ -216,6 +317,7 @@ int main(void)
         cmocka_unit_test(small_max_payload_plain),
         cmocka_unit_test(longest_key),
         cmocka_unit_test(close_reports_unsent),
+        cmocka_unit_test(shrunk_max_payload_is_reported),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     kb_test_server_stop(&small);

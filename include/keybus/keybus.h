@@ -164,7 +164,8 @@ typedef void (*kb_delivery_fn)(const kb_delivery_report *r, void *opaque);
  * (what kb_flush then reports too); an event sent again after a broken
  * connection is reported once, when it is settled. Events kb_close gives up
  * on (its deadline, an unreachable broker) get no report: its result says
- * so. mem:// reports nothing: its kb_publish result is the outcome. fn runs
+ * so; nor does an event a transport drops for lack of memory (kb_flush says
+ * so). mem:// reports nothing: its kb_publish result is the outcome. fn runs
  * on a transport thread, never inside kb_publish, so it must be thread-safe
  * and quick; it may publish (with the backlog full, that fails with KB_EFULL
  * after pool.enqueue_timeout_ms: this thread is the one that makes room) but

@@ -23,6 +23,7 @@
 #include "nats_dlq.h"
 #include "nats_drain.h"
 #include "nats_lease.h"
+#include "nats_names.h"
 #include "nats_publish.h"
 #include "nats_runs.h"
 #include "nats_send.h"
@@ -261,7 +262,11 @@ static int nats_close(kb_transport *t, int64_t deadline)
     if (t->js != NULL && leaser_out && kb_now_ns() < deadline) {
         kb__nats_ack_pass(t);   /* the last frontier acks */
         int left = kb_deadline_left_ms(deadline);
-        natsConnection_FlushTimeout(t->nc, left < 0 ? 2000 : left > 0 ? left : 1);
+        natsStatus s = natsConnection_FlushTimeout(t->nc, left < 0 ? 2000 : left > 0 ? left : 1);
+        if (s != NATS_OK)   /* not an error of kb_close: docs/transports-nats.md */
+            kb_log(t->bus, KB_LOG_WARNING, "nats %s: the last acks may be lost (no answer to "
+                   "the PING behind them: %s); their events come again to the next owner",
+                   t->url_safe, kb__nats_reason(s));
         kb__nats_lease_release_all(t, deadline);   /* after the acks: the next owner starts there */
     }
     if (t->js != NULL) {

@@ -65,12 +65,6 @@ static int acked_here(void *arg)
     return 1;
 }
 
-static int never(void *arg)
-{
-    (void)arg;
-    return 0;
-}
-
 static bool all_clear(const kb_transport *t, const uint64_t *target)
 {
     for (uint32_t n = 0; n < t->partitions; n++)
@@ -101,7 +95,7 @@ static int drain_topic(kb_transport *t, kb_nats_topic *tp, uint64_t *target, int
         if (!mine)
             poll_ms = poll_ms * 2 > KB_NATS_DRAIN_POLL_MAX_MS ? KB_NATS_DRAIN_POLL_MAX_MS
                                                              : poll_ms * 2;
-        kb_signal_wait(t->acked, mine ? never : acked_here, &w, next < deadline ? next : deadline);
+        kb_signal_wait(t->acked, mine ? kb__nats_never : acked_here, &w, next < deadline ? next : deadline);
     }
 }
 

@@ -92,6 +92,12 @@ uint64_t kb__nats_floor_of(const jsConsumerInfo *ci)
     return ci->AckFloor.Stream > start ? ci->AckFloor.Stream : start;
 }
 
+int kb__nats_never(void *arg)
+{
+    (void)arg;
+    return 0;
+}
+
 int kb__nats_thread_start(kb_thread **th, const char *name, void *(*fn)(void *), void *arg,
                           char *errstr, size_t errlen)
 {

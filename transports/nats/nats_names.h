@@ -27,6 +27,10 @@ bool kb__nats_consumer_wide(const kb_transport *t, const char *name);
 /* Where a consumer of the partition stopped: everything up to it is acked. */
 uint64_t kb__nats_floor_of(const jsConsumerInfo *ci);
 
+/* A kb_signal_wait condition that is never met: a wait that only a notify
+ * or its deadline ends. */
+int kb__nats_never(void *arg);
+
 /* kb_thread_start, with "cannot start thread <name>" in errstr on failure. */
 int kb__nats_thread_start(kb_thread **th, const char *name, void *(*fn)(void *), void *arg,
                           char *errstr, size_t errlen);

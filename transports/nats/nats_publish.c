@@ -97,6 +97,12 @@ int kb__nats_flush_until(kb_transport *t, int64_t deadline)
             break;
         if (s != NATS_OK && s != NATS_TIMEOUT)
             return kb__nats_errf("waiting for publish acks", s, 0);
+        /* A frame that failed to go out (out of memory) stays buffered: with
+         * no ack to wait for, try again in 10 ms, not at once. */
+        if (sent != KB_OK && sent != KB_EFULL && s == NATS_OK && !atomic_load(&t->gated)) {
+            int64_t retry = kb_now_ns() + 10000000;
+            kb_signal_wait(t->resent, kb__nats_never, NULL, retry < deadline ? retry : deadline);
+        }
         /* Resends go out on the acker's tick (or above, at close), which
          * notifies t->resent; reconnecting notifies it too. */
         if (kb_now_ns() >= deadline ||

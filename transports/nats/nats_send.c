@@ -22,27 +22,6 @@ static uint64_t msg_seq(natsMsg *m)
     return strtoull(dash + 1, NULL, 10);
 }
 
-/* Queue m last; caller holds resend_lock. */
-static void push(kb_transport *t, natsMsg *m)
-{
-    kb_nats_resend *r = malloc(sizeof *r);
-    if (r == NULL) {
-        atomic_fetch_add(&t->pub_rejected, 1);
-        snprintf(t->pub_error, sizeof t->pub_error, "out of memory queueing a resend");
-        natsMsg_Destroy(m);
-        return;
-    }
-    r->msg = m;
-    r->seq = msg_seq(m);
-    r->next = NULL;
-    if (t->resend_tail)
-        t->resend_tail->next = r;
-    else
-        t->resend_head = r;
-    t->resend_tail = r;
-    atomic_fetch_add(&t->resend_len, 1);
-}
-
 /* The partition a publish of this process went to (NULL: not ours). */
 static kb_nats_topic *published_to(kb_transport *t, natsMsg *msg, uint32_t *part)
 {
@@ -76,7 +55,8 @@ static void settled(kb_transport *t, kb_nats_batch *b)
         kb_signal_notify(t->resent);
 }
 
-/* Count a publish the server will not take, for kb_flush to report. Caller
+/* Count a publish the server will not take, for kb_flush to report; the
+ * caller reports it to the delivery callback once it holds no lock. Caller
  * holds resend_lock. */
 static void reject(kb_transport *t, natsMsg *m, const char *why)
 {
@@ -86,6 +66,27 @@ static void reject(kb_transport *t, natsMsg *m, const char *why)
     snprintf(t->pub_error, sizeof t->pub_error, "%s (%u events): %s", natsMsg_GetSubject(m),
              events, why);
     kb_log(t->bus, KB_LOG_ERROR, "nats %s: publish rejected: %s", t->url_safe, t->pub_error);
+}
+
+/* Queue m last; caller holds resend_lock. */
+static void push(kb_transport *t, natsMsg *m)
+{
+    kb_nats_resend *r = malloc(sizeof *r);
+    if (r == NULL) {
+        /* no report: this may be kb_publish's thread, under pub_lock */
+        reject(t, m, "out of memory queueing a resend");
+        natsMsg_Destroy(m);
+        return;
+    }
+    r->msg = m;
+    r->seq = msg_seq(m);
+    r->next = NULL;
+    if (t->resend_tail)
+        t->resend_tail->next = r;
+    else
+        t->resend_head = r;
+    t->resend_tail = r;
+    atomic_fetch_add(&t->resend_len, 1);
 }
 
 int kb__nats_msg_event(kb_transport *t, kb_nats_topic *tp, uint32_t n, const void *key,
@@ -244,12 +245,14 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
         }
     }
     pthread_rwlock_unlock(&t->pub_lock);
-    if (s == NATS_MAX_PAYLOAD) {   /* the server's limit shrank after it was buffered */
+    if (s == NATS_MAX_PAYLOAD) {
+        /* The server's limit shrank after it was buffered: the acker's resend
+         * rejects it and reports it, off this (maybe kb_publish's) thread. */
         pthread_mutex_lock(&t->resend_lock);
-        reject(t, msg, "over the server's max_payload");
+        push(t, msg);
+        atomic_store(&t->gated, 1);
         pthread_mutex_unlock(&t->resend_lock);
-        natsMsg_Destroy(msg);
-        return KB_OK;   /* not sendable again: kb_flush reports it */
+        return KB_OK;   /* kb_flush reports it */
     }
     natsMsg_Destroy(msg);   /* NULL when the library or the queue took it */
     if (s == NATS_TIMEOUT) {
@@ -323,8 +326,9 @@ static bool pub_err(kb_transport *t, jsPubAckErr *pae, char *why, size_t len)
             push(t, c);
             atomic_store(&t->gated, 1);
         } else {
-            atomic_fetch_add(&t->pub_rejected, 1);
-            snprintf(t->pub_error, sizeof t->pub_error, "out of memory copying a resend");
+            snprintf(why, len, "out of memory copying a resend");
+            reject(t, pae->Msg, why);
+            refused = true;
         }
     } else {
         snprintf(why, len, "%s (jetstream error %d)",
@@ -398,6 +402,7 @@ void kb__nats_resend(kb_transport *t)
     jsPubOptions po;
     jsPubOptions_Init(&po);
     po.MaxWait = max_wait(t);
+    kb_nats_resend *refused = NULL;   /* reported once the locks are released */
     pthread_rwlock_wrlock(&t->pub_lock);
     pthread_mutex_lock(&t->resend_lock);
     /* Publishes that timed out (a cluster's stream leader lost, the connection
@@ -406,22 +411,30 @@ void kb__nats_resend(kb_transport *t)
     for (int n = 0; n < 4096 && t->resend_head != NULL; n++) {
         kb_nats_resend *r = t->resend_head;
         natsStatus s = publish_async(t, &r->msg, &po);
-        if (s == NATS_MAX_PAYLOAD) {   /* never sendable: counted, not retried */
-            reject(t, r->msg, "over the server's max_payload");
-            natsMsg_Destroy(r->msg);
-        } else if (s != NATS_OK) {
+        if (s != NATS_OK && s != NATS_MAX_PAYLOAD)
             break;   /* stalled or disconnected: next tick */
-        }
         t->resend_head = r->next;
         if (t->resend_head == NULL)
             t->resend_tail = NULL;
         atomic_fetch_sub(&t->resend_len, 1);
-        free(r);
+        if (s == NATS_MAX_PAYLOAD) {   /* never sendable: counted, not retried */
+            reject(t, r->msg, "over the server's max_payload");
+            r->next = refused;
+            refused = r;
+        } else {
+            free(r);
+        }
     }
     if (t->resend_head == NULL)
         atomic_store(&t->gated, 0);
     pthread_mutex_unlock(&t->resend_lock);
     pthread_rwlock_unlock(&t->pub_lock);
+    for (kb_nats_resend *next; refused != NULL; refused = next) {
+        next = refused->next;
+        report_delivery(t, refused->msg, 0, "over the server's max_payload");
+        natsMsg_Destroy(refused->msg);
+        free(refused);
+    }
     kb_signal_notify(t->resent);
 }
 
