@@ -30,28 +30,6 @@ static kb_bus *open_bus(const kb_test_server *s, const char *const *kv)
     return kb_test_open(s->url, NULL, kv);
 }
 
-/* A configuration for s with kv set, for callbacks kb_test_open cannot set. */
-static kb_conf *conf_on(const kb_test_server *s, const char *const *kv)
-{
-    kb_conf *c = kb_conf_new();
-    char err[256];
-    assert_non_null(c);
-    assert_int_equal(kb_conf_set(c, "transport", s->url, err, sizeof err), KB_OK);
-    for (; kv != NULL && kv[0] != NULL; kv += 2)
-        if (kb_conf_set(c, kv[0], kv[1], err, sizeof err) != KB_OK)
-            fail_msg("%s: %s", kv[0], err);
-    return c;
-}
-
-static kb_bus *open_conf(kb_conf *c)
-{
-    char err[256];
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL)
-        fail_msg("kb_open: %s", err);
-    return b;
-}
-
 /* What the handler saw: payload sizes of the 5-byte key, in order. */
 static struct seen {
     pthread_mutex_t mu;
@@ -228,9 +206,9 @@ static void close_reports_unsent(void **state)
 {
     (void)state;
     const char *const kv[] = {"nats.publish_timeout_ms", "1000", NULL};
-    kb_conf *c = conf_on(&small, kv);
+    kb_conf *c = kb_test_conf(small.url, NULL, kv);
     kb_conf_set_log(c, on_log, NULL);
-    kb_bus *b = open_conf(c);
+    kb_bus *b = kb_test_open_conf(c);
     assert_int_equal(kb_publish(b, "limits.gone", "k", 1, "v", 1), KB_OK);
     assert_int_equal(kb_flush(b, 10000), KB_OK);
     kb_test_server_signal(&small, SIGKILL);
@@ -278,9 +256,9 @@ static void shrunk_max_payload_is_reported(void **state)
     (void)state;
     kb_test_server s;
     assert_int_equal(kb_test_server_start_conf(&s, "nats", "max_payload: 1048576\n"), 0);
-    kb_conf *c = conf_on(&s, NULL);
+    kb_conf *c = kb_test_conf(s.url, NULL, NULL);
     kb_conf_set_delivery_cb(c, on_report, NULL);
-    kb_bus *b = open_conf(c);
+    kb_bus *b = kb_test_open_conf(c);
     static char payload[3000];
     memset(payload, 'x', sizeof payload);
     assert_int_equal(kb_publish(b, "limits.shrunk", "k", 1, "v", 1), KB_OK);

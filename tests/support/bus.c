@@ -13,16 +13,28 @@ static void set_all(kb_conf *c, const char *const *kv)
             fail_msg("kb_conf_set %s: %s", kv[i], err);
 }
 
-kb_bus *kb_test_open(const char *url, const char *const *base, const char *const *extra)
+kb_conf *kb_test_conf(const char *url, const char *const *base, const char *const *extra)
 {
     kb_conf *c = kb_conf_new();
+    if (c == NULL)
+        fail_msg("kb_conf_new: out of memory");
     const char *const transport[] = {"transport", url, NULL};
     set_all(c, transport);
     set_all(c, base);
     set_all(c, extra);
+    return c;
+}
+
+kb_bus *kb_test_open_conf(kb_conf *c)
+{
     char err[256];
     kb_bus *b = kb_open(c, err, sizeof err);
     if (b == NULL)
         fail_msg("kb_open: %s", err);
     return b;
+}
+
+kb_bus *kb_test_open(const char *url, const char *const *base, const char *const *extra)
+{
+    return kb_test_open_conf(kb_test_conf(url, base, extra));
 }

@@ -9,4 +9,10 @@
  * NULL-terminated list of key, value pairs. Main thread only (it asserts). */
 kb_bus *kb_test_open(const char *url, const char *const *base, const char *const *extra);
 
+/* kb_test_open in two steps, for settings only a function sets (callbacks):
+ * the configuration kb_test_open would open, then the bus on it (kb_open
+ * takes `c`). Main thread only (they assert). */
+kb_conf *kb_test_conf(const char *url, const char *const *base, const char *const *extra);
+kb_bus *kb_test_open_conf(kb_conf *c);
+
 #endif /* KB_TEST_BUS_H */
