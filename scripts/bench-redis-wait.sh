@@ -27,7 +27,7 @@ single=$(free_port); start single "$single"
 primary=$(free_port); start primary "$primary"
 replica=$(free_port); start replica "$replica" --replicaof 127.0.0.1 "$primary"
 for _ in $(seq 100); do
-    redis-cli -p "$primary" info replication | grep -q "state=online" && break
+    redis-cli -p "$primary" info replication | grep "state=online" >/dev/null && break
     sleep 0.1
 done
 
