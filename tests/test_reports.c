@@ -23,6 +23,7 @@
 
 #include <keybus/keybus.h>
 
+#include "support/bus.h"
 #include "support/suite.h"
 
 #define EVENTS 50
@@ -37,27 +38,8 @@ static void unique_topic(char *buf, size_t len, const char *name)
     snprintf(buf, len, "reports.%s.%d.%d", name, (int)getpid(), ++seq);
 }
 
-static kb_conf *conf_for(const char *const *kv)
-{
-    kb_conf *c = kb_conf_new();
-    char err[512];
-    assert_non_null(c);
-    assert_int_equal(kb_conf_set(c, "conf.env", "false", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
-    for (; kv != NULL && kv[0] != NULL; kv += 2)
-        if (kb_conf_set(c, kv[0], kv[1], err, sizeof err) != KB_OK)
-            fail_msg("%s: %s", kv[0], err);
-    return c;
-}
-
-static kb_bus *open_conf(kb_conf *c)
-{
-    char err[512];
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL)
-        fail_msg("kb_open: %s", err);
-    return b;
-}
+/* The test's own settings only: no KEYBUS_* variable of the environment. */
+static const char *const no_env[] = {"conf.env", "false", NULL};
 
 /* ---- delivery reports ---- */
 
@@ -116,9 +98,9 @@ static void every_event_is_reported_once(void **state)
     static struct reports rs = {.lock = PTHREAD_MUTEX_INITIALIZER};
     char topic[96];
     unique_topic(topic, sizeof topic, "stored");
-    kb_conf *c = conf_for(NULL);
+    kb_conf *c = kb_test_conf(url, no_env, NULL);
     kb_conf_set_delivery_cb(c, on_report, &rs);
-    kb_bus *b = open_conf(c);
+    kb_bus *b = kb_test_open_conf(c);
     publish_keys(b, topic, 0, EVENTS);
     assert_int_equal(kb_flush(b, 30000), KB_OK);
     for (int i = 0; i < 300 && reported(&rs) < EVENTS; i++)   /* the ack thread's */
@@ -144,9 +126,9 @@ static void a_refused_event_is_reported_failed(void **state)
     snprintf(cmd, sizeof cmd, "redis-cli -p %d SET 'kb:{%s}:p:%u' x >/dev/null", server.port,
              topic, kb_partition_of("key-0", 5, 8));
     assert_int_equal(system(cmd), 0);
-    kb_conf *c = conf_for(NULL);
+    kb_conf *c = kb_test_conf(url, no_env, NULL);
     kb_conf_set_delivery_cb(c, on_report, &rs);
-    kb_bus *b = open_conf(c);
+    kb_bus *b = kb_test_open_conf(c);
     publish_keys(b, topic, 0, 1);
     assert_int_not_equal(kb_flush(b, 30000), KB_OK);   /* refused: kb_flush says so too */
     for (int i = 0; i < 300 && reported(&rs) < 1; i++)
@@ -192,9 +174,9 @@ static void outage_is_reported(void **state)
     static struct states s = {.lock = PTHREAD_MUTEX_INITIALIZER};
     char topic[96];
     unique_topic(topic, sizeof topic, "state");
-    kb_conf *c = conf_for(NULL);
+    kb_conf *c = kb_test_conf(url, no_env, NULL);
     kb_conf_set_state_cb(c, on_state, &s);
-    kb_bus *b = open_conf(c);
+    kb_bus *b = kb_test_open_conf(c);
     assert_int_equal(s.n, 1);
     assert_int_equal(s.seq[0], KB_STATE_CONNECTED);
     assert_string_equal(s.scheme, kind);
@@ -243,7 +225,7 @@ static int consume_as(const char *topic, const char *group, const char *start)
     static atomic_int n;
     atomic_store(&n, 0);
     const char *const kv[] = {"group", group, "group.start", start, NULL};
-    kb_bus *b = open_conf(conf_for(kv));
+    kb_bus *b = kb_test_open_conf(kb_test_conf(url, no_env, kv));
     assert_int_equal(kb_subscribe(b, topic, count_handler, &n), KB_OK);
     kb_topic_stats st = {0};
     for (int i = 0; i < 300 && (kb_stats(b, topic, &st) != KB_OK || st.partitions_owned < 8); i++)
@@ -260,7 +242,7 @@ static void group_start_latest_skips_what_is_stored(void **state)
     (void)state;
     char topic[96];
     unique_topic(topic, sizeof topic, "start");
-    kb_bus *b = open_conf(conf_for(NULL));
+    kb_bus *b = kb_test_open_conf(kb_test_conf(url, no_env, NULL));
     publish_keys(b, topic, 0, 5);
     assert_int_equal(kb_flush(b, 30000), KB_OK);
     assert_int_equal(kb_close(b, 30000), KB_OK);
