@@ -341,8 +341,8 @@ static __attribute__((noinline)) void settle(kb_rec *r, int outcome, uint32_t at
                                              struct kb_topic *topic)
 {
     kb_bus *b = topic->bus;
-    if (kb__on_executor != NULL)
-        kb__idle_mark_fed_by_transport();
+    if (kb__on_executor != NULL && !(b->ops->flags & KB_TRANSPORT_F_LOCAL))
+        kb__idle_mark_fed_by_transport();   /* mem:// settles its dead letters here too */
     kb_delivery d;
     kb_header headers[KB_MAX_HEADERS];   /* a dead letter keeps them */
     delivery_of(r, attempts ? r->first_attempt + attempts - 1 : r->first_attempt, &d,
