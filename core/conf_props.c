@@ -23,7 +23,8 @@ const kb_conf_prop kb__core_props[] = {
     {"pool.idle", KB_CONF_ENUM, "adaptive", 0, 32,
      "What executors do when their lanes are empty and publishers do on a full lane: "
      "`spin` (busy-poll), `yield` (`sched_yield` loop), `block` (futex at once) or "
-     "`adaptive` (spin ~50 µs, yield ~2 ms, then block). Trade-offs in docs/benchmarks.md.",
+     "`adaptive` (spin ~50 µs, yield ~2 ms, then block; on a broker transport's executors "
+     "spin ~15 µs, then block). Trade-offs in docs/benchmarks.md.",
      "adaptive|spin|yield|block"},
     {"pool.queue_capacity", KB_CONF_INT, "1000", 1, 1 << 24,
      "Events per lane (the ring is rounded up to a power of two)."},

@@ -6,6 +6,8 @@
 
 #include "sync.h"
 
+_Thread_local bool kb__idle_fed_by_transport;
+
 bool kb__backoff_step(kb_backoff *w, int64_t *now_ns)
 {
     if (w->idle == KB_IDLE_BLOCK)
@@ -27,11 +29,11 @@ bool kb__backoff_step(kb_backoff *w, int64_t *now_ns)
     case KB_IDLE_BLOCK:
         break;
     }
-    if (waited < KB_IDLE_SPIN_NS) {
+    if (waited < w->spin_ns) {
         ck_pr_stall();
         return false;
     }
-    if (waited < KB_IDLE_YIELD_NS) {
+    if (waited < w->yield_ns) {
         sched_yield();
         return false;
     }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "bus_int.h"
+#include "idle.h"
 #include "metrics.h"
 #include "probes.h"
 #include "rec.h"
@@ -14,18 +15,14 @@
 
 #define KB_MAX_ID_BYTES 255
 
-int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, int timeout_ms)
+/* The record of one delivery, in *out; KB_OK or the error (errstr set). */
+static int record_of(struct kb_topic *topic, const kb_delivery *d, kb_rec **out)
 {
     const char *id = d->id != NULL ? d->id : "";
     size_t id_len = strlen(id);
     if (id_len > KB_MAX_ID_BYTES) {
         kb_errf(NULL, 0, "delivery ID of %zu bytes is longer than %d", id_len, KB_MAX_ID_BYTES);
         return KB_EINVAL;
-    }
-    kb_pool *pool = kb__topic_pool(topic);
-    if (pool == NULL) {
-        kb_errf(NULL, 0, "topic %s: nobody subscribed here", topic->name);
-        return KB_ENOTFOUND;
     }
     int rc = kb_headers_check(d->headers, d->n_headers, KB_MAX_HEADERS, 65536, "delivery");
     if (rc != KB_OK)
@@ -42,47 +39,156 @@ int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, in
     r->first_attempt = d->attempt ? d->attempt : 1;
     r->flags = (uint8_t)(d->flags & KB_DELIVERY_F_REDELIVERED);
     KB_PROBE4(receive, topic->name, d->key, d->key_len, r);
+    *out = r;
+    return KB_OK;
+}
 
+static kb_pool *pool_of(struct kb_topic *topic)
+{
+    kb_pool *pool = kb__topic_pool(topic);
+    if (pool == NULL)
+        kb_errf(NULL, 0, "topic %s: nobody subscribed here", topic->name);
+    return pool;
+}
+
+static void submit_failed(struct kb_topic *topic, kb_pool *pool, uint32_t hash, int rc,
+                          int timeout_ms)
+{
+    if (rc == KB_EFULL)
+        kb_errf(NULL, 0, "topic %s: lane %u full for %d ms", topic->name,
+                 hash % pool->o.lanes, timeout_ms);
+    else if (rc == KB_ECLOSED)
+        kb_errf(NULL, 0, "topic %s: bus is closing", topic->name);
+}
+
+int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, int timeout_ms)
+{
+    kb_pool *pool = pool_of(topic);
+    if (pool == NULL)
+        return KB_ENOTFOUND;
+    kb_rec *r;
+    int rc = record_of(topic, d, &r);
+    if (rc != KB_OK)
+        return rc;
     rc = kb__pool_submit_one(pool, hash, r, timeout_ms);
     if (rc != KB_OK) {
         kb__rec_free(r);
-        if (rc == KB_EFULL)
-            kb_errf(NULL, 0, "topic %s: lane %u full for %d ms", topic->name,
-                     hash % pool->o.lanes, timeout_ms);
-        else if (rc == KB_ECLOSED)
-            kb_errf(NULL, 0, "topic %s: bus is closing", topic->name);
+        submit_failed(topic, pool, hash, rc, timeout_ms);
     }
     return rc;
 }
 
-int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms)
+static bool delivery_bad(const char *fn, const void *s, const kb_delivery *d)
 {
-    if (s == NULL || d == NULL || d->key == NULL || d->key_len == 0 ||
-        (d->payload == NULL && d->payload_len > 0)) {
-        kb_errf(NULL, 0, "kb_sink_deliver: %s", s == NULL ? "sink is NULL"
-                                                 : d == NULL ? "delivery is NULL"
-                                                 : d->key == NULL || d->key_len == 0
-                                                     ? "key is NULL or empty"
-                                                     : "payload is NULL with a length");
-        return KB_EINVAL;
-    }
-    struct kb_topic *topic = (struct kb_topic *)s;
+    if (s != NULL && d != NULL && d->key != NULL && d->key_len > 0 &&
+        (d->payload != NULL || d->payload_len == 0))
+        return false;
+    kb_errf(NULL, 0, "%s: %s", fn, s == NULL ? "sink is NULL"
+                                 : d == NULL ? "delivery is NULL"
+                                 : d->key == NULL || d->key_len == 0 ? "key is NULL or empty"
+                                                                     : "payload is NULL with a length");
+    return true;
+}
+
+/* Debug builds hold transports to KB_TRANSPORT_F_SINGLE_FEEDER: its lanes use
+ * the single-producer ring, which two feeders at once would corrupt. */
+static inline bool feeding_begins(struct kb_topic *topic)
+{
 #ifndef NDEBUG
-    /* Debug builds hold transports to KB_TRANSPORT_F_SINGLE_FEEDER: its lanes
-     * use the single-producer ring, which two feeders at once would corrupt. */
     bool single = topic->bus->ops->flags & KB_TRANSPORT_F_SINGLE_FEEDER;
     if (single && atomic_exchange(&topic->feeding, 1) != 0) {
         fprintf(stderr, "keybus: topic %s fed by two threads at once, though %s:// declares "
                 "KB_TRANSPORT_F_SINGLE_FEEDER\n", topic->name, topic->bus->ops->scheme);
         abort();
     }
-    int rc = kb__sink_put(topic, d, kb_fnv1a32(d->key, d->key_len), timeout_ms);
+    return single;
+#else
+    (void)topic;
+    return false;
+#endif
+}
+
+static inline void feeding_ends(struct kb_topic *topic, bool single)
+{
     if (single)
         atomic_store(&topic->feeding, 0);
+}
+
+int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms)
+{
+    if (delivery_bad("kb_sink_deliver", s, d))
+        return KB_EINVAL;
+    struct kb_topic *topic = (struct kb_topic *)s;
+    bool single = feeding_begins(topic);
+    int rc = kb__sink_put(topic, d, kb_fnv1a32(d->key, d->key_len), timeout_ms);
+    feeding_ends(topic, single);
     return rc;
-#else
-    return kb__sink_put(topic, d, kb_fnv1a32(d->key, d->key_len), timeout_ms);
-#endif
+}
+
+/* Deliveries one submit takes at most: its arrays live on the stack. */
+#define SINK_BATCH_MAX 64
+
+/* Records for d[0..n) (n <= SINK_BATCH_MAX) submitted as one batch; *taken
+ * receives the accepted prefix, whose records the pool now owns. */
+static int put_batch(struct kb_topic *topic, kb_pool *pool, const kb_delivery *d, size_t n,
+                     int timeout_ms, size_t *taken)
+{
+    uint32_t hashes[SINK_BATCH_MAX];
+    void *items[SINK_BATCH_MAX];
+    size_t made = 0;
+    int rc = KB_OK;
+    while (made < n) {
+        if (delivery_bad("kb_sink_deliver_batch", topic, &d[made])) {
+            rc = KB_EINVAL;
+            break;
+        }
+        kb_rec *r;
+        if ((rc = record_of(topic, &d[made], &r)) != KB_OK)
+            break;
+        hashes[made] = kb_fnv1a32(d[made].key, d[made].key_len);
+        items[made++] = r;
+    }
+    size_t accepted = 0;
+    int submitted = kb_pool_submit_batch(pool, hashes, items, made, timeout_ms, &accepted);
+    for (size_t i = accepted; i < made; i++)
+        kb__rec_free(items[i]);
+    if (submitted != KB_OK) {
+        submit_failed(topic, pool, hashes[accepted], submitted, timeout_ms);
+        rc = submitted;
+    }
+    *taken = accepted;
+    return rc;
+}
+
+int kb_sink_deliver_batch(kb_sink *s, const kb_delivery *d, size_t n, int timeout_ms,
+                          size_t *accepted)
+{
+    size_t done = 0;
+    int rc = KB_OK;
+    if (s == NULL || (d == NULL && n > 0)) {
+        kb_errf(NULL, 0, "kb_sink_deliver_batch: %s", s == NULL ? "sink is NULL"
+                                                                : "deliveries are NULL");
+        rc = KB_EINVAL;
+        goto out;
+    }
+    struct kb_topic *topic = (struct kb_topic *)s;
+    kb_pool *pool = n > 0 ? pool_of(topic) : NULL;
+    if (n > 0 && pool == NULL) {
+        rc = KB_ENOTFOUND;
+        goto out;
+    }
+    bool single = feeding_begins(topic);
+    while (rc == KB_OK && done < n) {
+        size_t chunk = n - done < SINK_BATCH_MAX ? n - done : SINK_BATCH_MAX;
+        size_t taken;
+        rc = put_batch(topic, pool, d + done, chunk, timeout_ms, &taken);
+        done += taken;
+    }
+    feeding_ends(topic, single);
+out:
+    if (accepted != NULL)
+        *accepted = done;
+    return rc;
 }
 
 /* The delivery a record came from; `headers` (KB_MAX_HEADERS entries) is
@@ -235,6 +341,8 @@ static __attribute__((noinline)) void settle(kb_rec *r, int outcome, uint32_t at
                                              struct kb_topic *topic)
 {
     kb_bus *b = topic->bus;
+    if (kb__on_executor != NULL && !(b->ops->flags & KB_TRANSPORT_F_LOCAL))
+        kb__idle_mark_fed_by_transport();   /* mem:// settles its dead letters here too */
     kb_delivery d;
     kb_header headers[KB_MAX_HEADERS];   /* a dead letter keeps them */
     delivery_of(r, attempts ? r->first_attempt + attempts - 1 : r->first_attempt, &d,

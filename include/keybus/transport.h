@@ -207,6 +207,18 @@ typedef const kb_transport_ops *kb_transport_plugin_fn(void);
  * KB_TRANSPORT_F_SINGLE_FEEDER, any otherwise). */
 KB_EXPORT int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms);
 
+/* As kb_sink_deliver for d[0..n), in order, with one hand-over: the records
+ * go on their lanes together and each executor is woken at most once per 64
+ * deliveries, where kb_sink_deliver may wake one per delivery (a broker read
+ * of many entries). Each full lane is waited for up to timeout_ms. *accepted
+ * (not NULL) receives how many the pool took, always a prefix: d[*accepted..n)
+ * stay the transport's and can be delivered again without loss or
+ * reordering. KB_OK when all n were taken, else the error of delivery
+ * *accepted (those of kb_sink_deliver). Copies like kb_sink_deliver; d is
+ * only read. Thread: as kb_sink_deliver. */
+KB_EXPORT int kb_sink_deliver_batch(kb_sink *s, const kb_delivery *d, size_t n, int timeout_ms,
+                                    size_t *accepted);
+
 /* Sink subscribed to `topic` in this bus, or NULL. Only valid while the caller
  * is inside publish or holds the sink already (mem:// uses this). */
 KB_EXPORT kb_sink *kb_bus_sink(kb_bus *b, const char *topic);

@@ -333,10 +333,7 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
             size_t i = 0;
             int d = KB_REDIS_DELIVERED;
             if (p->waiting == NULL)   /* else these go behind what waits */
-                while (i < ents->elements &&
-                       (d = kb__redis_deliver(p->tt, p->index, ents->element[i], 1, 0, ro->v[k].epoch, 0)) ==
-                           KB_REDIS_DELIVERED)
-                    i++;
+                d = kb__redis_deliver_run(p->tt, p->index, ents, &i, NULL, 0, ro->v[k].epoch, 0);
             if (d == KB_REDIS_CLOSING)
                 rc = KB_REDIS_CLOSING;
             if ((d == KB_REDIS_LANE_FULL || p->waiting != NULL) && i < ents->elements) {
