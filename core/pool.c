@@ -710,7 +710,7 @@ void kb__pool_free(kb_pool *p)
             continue;
         void *item;
         for (uint8_t a = 0; a < lane->ahead_len && p->o.finish != NULL; a++)
-            p->o.finish(lane->ahead[lane->ahead_head + a], KB_ECLOSED,
+            p->o.finish(lane->ahead[(lane->ahead_head + a) & (KB_LANE_LOOKAHEAD - 1)], KB_ECLOSED,
                         a == 0 ? lane->attempt - 1 : 0, p->o.opaque);
         while ((item = kb__ring_pop(&lane->ring, lane->buf)) != NULL)
             if (p->o.finish != NULL)

@@ -20,7 +20,7 @@ struct kb_executor;
 struct kb_parked;
 struct kb_waiting;
 
-#define KB_LANE_LOOKAHEAD 16
+#define KB_LANE_LOOKAHEAD 16   /* a power of two: the look-ahead is a circular buffer */
 
 /* The bus's own handle result: give the item back unhandled, as
  * finish(KB_ECLOSED) — a broker partition whose lease was lost. */
@@ -50,9 +50,10 @@ struct kb_lane {
     struct kb_lane **settled_pprev;    /* past its looks: what points to it, to unlink it */
     _Atomic uint32_t done;             /* items finished, wraps like the ring counters */
     _Atomic uint64_t taken, handled, retried, dead;
-    /* Items taken off the ring but not finished, in order: the executor pops a
-     * few at once and prefetches them, and a head item waiting for its retry
-     * stays here with everything popped behind it. */
+    /* Items taken off the ring but not finished, in order from ahead_head
+     * (circular): the executor pops a few at once and prefetches them, and a
+     * head item waiting for its retry stays here with everything popped
+     * behind it. */
     void    *ahead[KB_LANE_LOOKAHEAD];
     uint8_t  ahead_head, ahead_len;
     uint8_t  idle_visits;              /* consecutive visits that found nothing */
