@@ -394,13 +394,13 @@ static void touch(struct touched *t, struct kb_lane *lane)
 
 /* After a push to `lane`: list it for scheduling when the call ends, unless
  * it is scheduled already. That look is the read fence_before_schedule
- * orders after our pushes, affordable per push in every mode but block
- * (a full fence there: its lanes are all listed, for one fence per call).
- * Under a steady stream the lanes linger scheduled, and the list stays
- * short. */
+ * orders after our pushes, affordable per push where that is a compiler
+ * barrier; where it is a full fence (block, or no membarrier) every lane is
+ * listed instead, for one fence per call. Under a steady stream the lanes
+ * linger scheduled, and the list stays short. */
 static inline void pushed_to(struct touched *t, struct kb_lane *lane)
 {
-    if (t->idle != KB_IDLE_BLOCK) {
+    if (t->idle != KB_IDLE_BLOCK && atomic_load_explicit(&kb__asym_ok, memory_order_relaxed)) {
         kb__fence_hot();
         if (atomic_load_explicit(&lane->scheduled, memory_order_relaxed) != 0)
             return;
