@@ -366,8 +366,15 @@ static bool handle_item(struct kb_executor *ex, struct kb_lane *lane, void *item
 static void refill(struct kb_lane *lane)
 {
     void *got[KB_LANE_LOOKAHEAD];
+    unsigned int queued;
     unsigned n = kb__ring_pop_n(&lane->ring, lane->buf, got,
-                                KB_LANE_LOOKAHEAD - lane->ahead_len);
+                                KB_LANE_LOOKAHEAD - lane->ahead_len, &queued);
+    /* The depth only grows between two refills: this is its largest since
+     * the last one. Noted here, by the one writer, not by every push, whose
+     * view of the consumer's position is stale on purpose (ring.h). */
+    queued += atomic_load_explicit(&lane->seen.held, memory_order_relaxed);
+    if (queued > atomic_load_explicit(&lane->max_depth, memory_order_relaxed))
+        atomic_store_explicit(&lane->max_depth, queued, memory_order_relaxed);
     for (unsigned i = 0; i < n; i++) {
         __builtin_prefetch(got[i]);
         __builtin_prefetch((char *)got[i] + KB_CACHELINE);

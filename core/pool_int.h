@@ -37,7 +37,6 @@ struct kb_lane {
 
     /* Written by producers and the executor. */
     _Alignas(KB_CACHELINE) _Atomic uint32_t scheduled;  /* in a ready queue, running or delayed */
-    _Atomic uint32_t max_depth;
     kb_ring_seen seen;                 /* the consumer's side as producers last read it */
     kb_signal space;                   /* producers waiting on a full ring */
 
@@ -49,6 +48,7 @@ struct kb_lane {
     uint8_t settle_looks;              /* cheap looks it had there */
     struct kb_lane **settled_pprev;    /* past its looks: what points to it, to unlink it */
     _Atomic uint32_t done;             /* items finished, wraps like the ring counters */
+    _Atomic uint32_t max_depth;        /* deepest the ring was (with the items held) at a refill */
     _Atomic uint64_t taken, handled, retried, dead;
     /* Items taken off the ring but not finished, in order from ahead_head
      * (circular): the executor pops a few at once and prefetches them, and a
