@@ -359,21 +359,42 @@ static bool handle_item(struct kb_executor *ex, struct kb_lane *lane, void *item
     return handle_item(ex, lane, item);
 }
 
-/* Pop up to KB_LANE_LOOKAHEAD items and start loading them: the records were
- * written on another core, and the miss would otherwise stall each handler. */
+/* Top the lane's look-ahead up to KB_LANE_LOOKAHEAD items and start loading
+ * them: the records were written on another core, and the miss would
+ * otherwise stall each handler. Topped up at half, not when empty, so the
+ * records of the next few items load while the ones before them run. */
 static void refill(struct kb_lane *lane)
 {
-    uint8_t n = (uint8_t)kb__ring_pop_n(&lane->ring, lane->buf, lane->ahead, KB_LANE_LOOKAHEAD);
-    for (uint8_t i = 0; i < n; i++) {
-        __builtin_prefetch(lane->ahead[i]);
-        __builtin_prefetch((char *)lane->ahead[i] + KB_CACHELINE);
+    void *got[KB_LANE_LOOKAHEAD];
+    unsigned int queued;
+    unsigned n = kb__ring_pop_n(&lane->ring, lane->buf, got,
+                                KB_LANE_LOOKAHEAD - lane->ahead_len, &queued);
+    /* The depth only grows between two refills: this is its largest since
+     * the last one. Noted here, by the one writer, not by every push, whose
+     * view of the consumer's position is stale on purpose (ring.h). */
+    queued += atomic_load_explicit(&lane->seen.held, memory_order_relaxed);
+    if (queued > atomic_load_explicit(&lane->max_depth, memory_order_relaxed))
+        atomic_store_explicit(&lane->max_depth, queued, memory_order_relaxed);
+    for (unsigned i = 0; i < n; i++) {
+        __builtin_prefetch(got[i]);
+        __builtin_prefetch((char *)got[i] + KB_CACHELINE);
+        lane->ahead[(lane->ahead_head + lane->ahead_len + i) & (KB_LANE_LOOKAHEAD - 1)] = got[i];
     }
-    lane->ahead_head = 0;
-    lane->ahead_len = n;
+    lane->ahead_len = (uint8_t)(lane->ahead_len + n);
     if (n > 0)
         atomic_store_explicit(&lane->taken,
                               atomic_load_explicit(&lane->taken, memory_order_relaxed) + n,
                               memory_order_relaxed);
+}
+
+/* Start loading what the visit of the lane after this one reads first, its
+ * producers' ring counter and the slot at its head: both were written on the
+ * publisher's core, and each visit otherwise began with those two misses in a
+ * row. */
+static inline void prefetch_lane(const struct kb_lane *lane)
+{
+    __builtin_prefetch(&lane->ring.p_tail);
+    __builtin_prefetch(&lane->buf[lane->ring.c_head & lane->ring.mask]);
 }
 
 /* Dekker with kb_pool_submit, asymmetric: a producer pushes, orders with
@@ -415,6 +436,34 @@ static bool reschedule_if_filled(struct kb_executor *ex, struct kb_lane *lane)
     return true;
 }
 
+/* Before a barrier: take off a settle list the lanes a producer scheduled
+ * again (that producer saw the lane idle, so its items are not stranded) and
+ * schedule those a plain look finds holding items. Under a steady stream
+ * every lane unscheduled is scheduled again within a round of its producer,
+ * and the barrier, whose IPI round stalls every lane of the executor (4-50
+ * µs on average on a 2-vCPU VM, milliseconds when a vCPU is preempted), is
+ * skipped.
+ * Returns whether a lane went back on the run list. */
+static bool drop_scheduled_again(struct kb_executor *ex, struct kb_lane **list)
+{
+    bool found = false;
+    struct kb_lane **pp = list;
+    while (*pp != NULL) {
+        struct kb_lane *lane = *pp;
+        if (reschedule_if_filled(ex, lane)) {
+            found = true;
+        } else if (atomic_load_explicit(&lane->scheduled, memory_order_relaxed) == 0) {
+            pp = &lane->settle_next;
+            continue;
+        }
+        lane->settling = false;
+        *pp = lane->settle_next;
+        if (lane->settle_next != NULL)
+            lane->settle_next->settled_pprev = pp;
+    }
+    return found;
+}
+
 /* Re-check the lanes just unscheduled: schedule those holding items, forget
  * those scheduled again. A cheap look covers the lanes that had fewer than
  * SETTLE_LOOKS; the others wait for the fenced check alone. `fenced`: after a
@@ -429,11 +478,16 @@ static bool recheck_settling(struct kb_executor *ex, bool fenced)
     if (ex->sched->idle == KB_IDLE_BLOCK ||
         !atomic_load_explicit(&kb__asym_ok, memory_order_relaxed))
         fenced = true;
-    if (fenced && ex->sched->idle == KB_IDLE_BLOCK)
-        kb__fence();        /* its producers fence fully: it parks per burst */
-    else if (fenced)
-        kb__fence_rare();
     bool found = false;
+    if (fenced && ex->sched->idle == KB_IDLE_BLOCK) {
+        kb__fence();        /* its producers fence fully: it parks per burst */
+    } else if (fenced) {
+        found = drop_scheduled_again(ex, &ex->settling);
+        found |= drop_scheduled_again(ex, &ex->settled);
+        if (ex->settling == NULL && ex->settled == NULL)
+            return found;
+        kb__fence_rare();
+    }
     struct kb_lane **pp = &ex->settling;
     while (*pp != NULL) {
         struct kb_lane *lane = *pp;
@@ -477,10 +531,10 @@ static unsigned lane_visit(struct kb_executor *ex, struct kb_lane *lane)
          * slow handlers short after the one in hand. */
         if (atomic_load_explicit(&ex->sched->stop, memory_order_relaxed))
             break;
-        if (lane->ahead_len == 0) {
-            if (n >= LANE_BATCH)
-                break;
-            refill(lane);
+        if (lane->ahead_len <= KB_LANE_LOOKAHEAD / 2) {
+            /* about a batch (LANE_BATCH) off the ring per visit at most */
+            if (n + lane->ahead_len < LANE_BATCH)
+                refill(lane);
             if (lane->ahead_len == 0)
                 break;
         }
@@ -495,7 +549,7 @@ static unsigned lane_visit(struct kb_executor *ex, struct kb_lane *lane)
             delayed = true;
             break;
         }
-        lane->ahead_head++;
+        lane->ahead_head = (lane->ahead_head + 1) & (KB_LANE_LOOKAHEAD - 1);
         lane->ahead_len--;
         lane->attempt = 1;
         n++;
@@ -587,6 +641,8 @@ static void *executor_main(void *arg)
             ex->blocked_passes = 0;
         struct kb_lane *lane = run_list_pop(ex);
         if (lane != NULL) {
+            if (ex->run_head != NULL)
+                prefetch_lane(ex->run_head);
             /* An empty visit read the producers' ring counters; re-reading them
              * at once would pull the line away from a producer between every
              * two of its writes. Once a whole round of the run list found

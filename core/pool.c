@@ -262,7 +262,6 @@ struct space_wait {
     kb_pool *p;
     struct kb_lane *lane;
     void *item;
-    unsigned int depth;
 };
 
 /* 1: pushed, 2: pool closed, 0: still full. The owner's flag is held per
@@ -275,7 +274,7 @@ static int try_push(void *arg)
         return 2;
     bool owning;
     kb_push_mode mode = enter_push(w->p, &owning);
-    int pushed = (int)kb__ring_push_n(&w->lane->ring, w->lane->buf, &w->item, 1, mode, &w->depth,
+    int pushed = (int)kb__ring_push_n(&w->lane->ring, w->lane->buf, &w->item, 1, mode,
                                       &w->lane->seen);
     leave_push(w->p, owning);
     return pushed;
@@ -310,15 +309,6 @@ static int wait_for_space(struct space_wait *w, int timeout_ms)
     }
     int r = kb__signal_wait(&w->lane->space, try_push, w, deadline);
     return r == 1 ? KB_OK : r == 2 ? KB_ECLOSED : KB_EFULL;
-}
-
-static void note_depth(struct kb_lane *lane, uint32_t depth)
-{
-    uint32_t seen = atomic_load_explicit(&lane->max_depth, memory_order_relaxed);
-    while (depth > seen &&
-           !atomic_compare_exchange_weak_explicit(&lane->max_depth, &seen, depth,
-                                                  memory_order_relaxed, memory_order_relaxed))
-        ;
 }
 
 /* Lanes a submit call pushed to; scheduled together when it ends. */
@@ -394,13 +384,13 @@ static void touch(struct touched *t, struct kb_lane *lane)
 
 /* After a push to `lane`: list it for scheduling when the call ends, unless
  * it is scheduled already. That look is the read fence_before_schedule
- * orders after our pushes, affordable per push in every mode but block
- * (a full fence there: its lanes are all listed, for one fence per call).
- * Under a steady stream the lanes linger scheduled, and the list stays
- * short. */
+ * orders after our pushes, affordable per push where that is a compiler
+ * barrier; where it is a full fence (block, or no membarrier) every lane is
+ * listed instead, for one fence per call. Under a steady stream the lanes
+ * linger scheduled, and the list stays short. */
 static inline void pushed_to(struct touched *t, struct kb_lane *lane)
 {
-    if (t->idle != KB_IDLE_BLOCK) {
+    if (t->idle != KB_IDLE_BLOCK && atomic_load_explicit(&kb__asym_ok, memory_order_relaxed)) {
         kb__fence_hot();
         if (atomic_load_explicit(&lane->scheduled, memory_order_relaxed) != 0)
             return;
@@ -499,11 +489,9 @@ static size_t push_grouped(kb_pool *p, const struct window *w, void *const *item
     for (size_t i = 0; i < w->n; i++)
         sorted[fill[group_of[i]]++] = items[i];
     for (unsigned g = 0; g < groups; g++) {
-        unsigned int depth = 0;
         /* takes all: checked above, and no other producer pushes meanwhile */
-        unsigned int k = kb__ring_push_n(&lanes[g]->ring, lanes[g]->buf, sorted + first[g],
-                                         count[g], mode, &depth, &lanes[g]->seen);
-        note_depth(lanes[g], depth + k);
+        kb__ring_push_n(&lanes[g]->ring, lanes[g]->buf, sorted + first[g], count[g], mode,
+                        &lanes[g]->seen);
         pushed_to(t, lanes[g]);
     }
     return w->n;
@@ -544,9 +532,8 @@ int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items,
                 rc = KB_ENOMEM;
                 break;
             }
-            unsigned int depth = 0;
             unsigned int k = kb__ring_push_n(&lane->ring, lane->buf, items + done, run, mode,
-                                             &depth, &lane->seen);
+                                             &lane->seen);
             if (k == 0 && lane->ex == kb__on_executor) {
                 /* A handler's own executor cannot drain the lane while it waits. */
                 atomic_fetch_add_explicit(&p->rejected, 1, memory_order_relaxed);
@@ -566,9 +553,7 @@ int kb_pool_submit_batch(kb_pool *p, const uint32_t *hashes, void *const *items,
                     break;
                 }
                 k = 1;
-                depth = sw.depth;
             }
-            note_depth(lane, depth + k);
             pushed_to(&t, lane);
             done += k;
         }
@@ -592,16 +577,15 @@ int kb__pool_submit_one(kb_pool *p, uint32_t hash, void *item, int timeout_ms)
     if (atomic_load_explicit(&p->closed, memory_order_acquire))
         return KB_ECLOSED;
     struct kb_lane *lane = lane_get(p, lane_of(p, hash));
-    unsigned int depth = 0, k = 0;
+    unsigned int k = 0;
     if (lane != NULL) {
         bool owning;
         kb_push_mode mode = enter_push(p, &owning);
-        k = kb__ring_push_n(&lane->ring, lane->buf, &item, 1, mode, &depth, &lane->seen);
+        k = kb__ring_push_n(&lane->ring, lane->buf, &item, 1, mode, &lane->seen);
         leave_push(p, owning);
     }
     if (k == 0)
         return kb_pool_submit_batch(p, &hash, &item, 1, timeout_ms, NULL);
-    note_depth(lane, depth + 1);
     fence_before_schedule(p->o.idle);
     if (schedule_lane(lane)) {
         kb__fence();   /* the ready-queue entry before the parked check */
@@ -710,7 +694,7 @@ void kb__pool_free(kb_pool *p)
             continue;
         void *item;
         for (uint8_t a = 0; a < lane->ahead_len && p->o.finish != NULL; a++)
-            p->o.finish(lane->ahead[lane->ahead_head + a], KB_ECLOSED,
+            p->o.finish(lane->ahead[(lane->ahead_head + a) & (KB_LANE_LOOKAHEAD - 1)], KB_ECLOSED,
                         a == 0 ? lane->attempt - 1 : 0, p->o.opaque);
         while ((item = kb__ring_pop(&lane->ring, lane->buf)) != NULL)
             if (p->o.finish != NULL)
@@ -739,16 +723,20 @@ static void read_lane(const struct kb_lane *lane, kb_lane_stats *out)
 {
     struct kb_lane *l = (struct kb_lane *)lane;
     uint32_t depth = ck_ring_size(&l->ring);
+    /* held: the waiting aggregates' first items, and the ones set aside behind them */
+    uint32_t held = atomic_load_explicit(&l->seen.held, memory_order_relaxed);
     out->handled = atomic_load_explicit(&l->handled, memory_order_relaxed);
     out->retried = atomic_load_explicit(&l->retried, memory_order_relaxed);
     out->dead = atomic_load_explicit(&l->dead, memory_order_relaxed);
     out->submitted = atomic_load_explicit(&l->taken, memory_order_relaxed) + depth;
     out->depth = depth;
+    /* The executor notes the depth whenever it takes items, when it is
+     * deepest since its last look; what queued since is deeper still. */
     out->max_depth = atomic_load_explicit(&l->max_depth, memory_order_relaxed);
+    if (depth + held > out->max_depth)
+        out->max_depth = depth + held;
     out->executor = l->ex->index;
     out->allocated = 1;
-    /* held: the waiting aggregates' first items, and the ones set aside behind them */
-    uint32_t held = atomic_load_explicit(&l->seen.held, memory_order_relaxed);
     out->aggregates_waiting = atomic_load_explicit(&l->waiting_seen, memory_order_relaxed);
     out->set_aside = held > out->aggregates_waiting ? held - out->aggregates_waiting : 0;
 }

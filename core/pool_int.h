@@ -20,7 +20,7 @@ struct kb_executor;
 struct kb_parked;
 struct kb_waiting;
 
-#define KB_LANE_LOOKAHEAD 16
+#define KB_LANE_LOOKAHEAD 16   /* a power of two: the look-ahead is a circular buffer */
 
 /* The bus's own handle result: give the item back unhandled, as
  * finish(KB_ECLOSED) — a broker partition whose lease was lost. */
@@ -37,7 +37,6 @@ struct kb_lane {
 
     /* Written by producers and the executor. */
     _Alignas(KB_CACHELINE) _Atomic uint32_t scheduled;  /* in a ready queue, running or delayed */
-    _Atomic uint32_t max_depth;
     kb_ring_seen seen;                 /* the consumer's side as producers last read it */
     kb_signal space;                   /* producers waiting on a full ring */
 
@@ -49,10 +48,12 @@ struct kb_lane {
     uint8_t settle_looks;              /* cheap looks it had there */
     struct kb_lane **settled_pprev;    /* past its looks: what points to it, to unlink it */
     _Atomic uint32_t done;             /* items finished, wraps like the ring counters */
+    _Atomic uint32_t max_depth;        /* deepest the ring was (with the items held) at a refill */
     _Atomic uint64_t taken, handled, retried, dead;
-    /* Items taken off the ring but not finished, in order: the executor pops a
-     * few at once and prefetches them, and a head item waiting for its retry
-     * stays here with everything popped behind it. */
+    /* Items taken off the ring but not finished, in order from ahead_head
+     * (circular): the executor pops a few at once and prefetches them, and a
+     * head item waiting for its retry stays here with everything popped
+     * behind it. */
     void    *ahead[KB_LANE_LOOKAHEAD];
     uint8_t  ahead_head, ahead_len;
     uint8_t  idle_visits;              /* consecutive visits that found nothing */

@@ -51,12 +51,11 @@ typedef enum {
  * enqueue; this follows its _ck_ring_enqueue_mp over ck_ring's own fields): a
  * single CAS — or none with one producer — and one p_tail store for the run,
  * where n single enqueues would pay n of each. Returns how many were
- * enqueued, a prefix of items (0: full); *depth receives the items queued
- * before them. Always inlined: with n and mode known at the call, most of it
- * folds away. Thread: any producer, as `mode` says. */
+ * enqueued, a prefix of items (0: full). Always inlined: with n and mode known
+ * at the call, most of it folds away. Thread: any producer, as `mode` says. */
 static inline __attribute__((always_inline)) unsigned int
 kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *buf, void *const *items, unsigned int n,
-                kb_push_mode mode, unsigned int *depth, kb_ring_seen *seen)
+                kb_push_mode mode, kb_ring_seen *seen)
 {
     const unsigned int mask = ring->mask;
     unsigned int head, take;
@@ -68,7 +67,6 @@ kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *buf, void *const *items, unsi
         if (used >= mask)
             return 0;
         take = mask - used < n ? mask - used : n;
-        *depth = used;
         if (mode == KB_PUSH_OWNER)
             ck_pr_store_uint(&ring->p_head, head + take);
     } else {
@@ -86,7 +84,6 @@ kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *buf, void *const *items, unsi
                 continue;
             }
             take = mask - used < n ? mask - used : n;
-            *depth = used;
             if (ck_pr_cas_uint_value(&ring->p_head, head, head + take, &head))
                 break;
         }
@@ -107,16 +104,18 @@ kb__ring_push_n(ck_ring_t *ring, ck_ring_buffer_t *buf, void *const *items, unsi
     return take;
 }
 
-/* Dequeue up to n items into items[], oldest first; returns how many. One
- * read of the producers' counter and one store of ours for the whole run,
- * where n ck_ring_dequeue_spsc calls would move those cache lines n times
- * (ck_ring 0.7 has no batch dequeue; this is its _ck_ring_dequeue_sc over
- * n slots). Thread: the lane's executor only. */
+/* Dequeue up to n items into items[], oldest first; returns how many, and
+ * the items the ring held before in *queued. One read of the producers'
+ * counter and one store of ours for the whole run, where n
+ * ck_ring_dequeue_spsc calls would move those cache lines n times (ck_ring
+ * 0.7 has no batch dequeue; this is its _ck_ring_dequeue_sc over n slots).
+ * Thread: the lane's executor only. */
 static inline unsigned int kb__ring_pop_n(ck_ring_t *ring, ck_ring_buffer_t *buf, void **items,
-                                          unsigned int n)
+                                          unsigned int n, unsigned int *queued)
 {
     unsigned int head = ring->c_head;
     unsigned int ready = ck_pr_load_uint(&ring->p_tail) - head;
+    *queued = ready;
     if (ready == 0)
         return 0;
     if (ready > n)
@@ -135,7 +134,8 @@ static inline unsigned int kb__ring_pop_n(ck_ring_t *ring, ck_ring_buffer_t *buf
 static inline void *kb__ring_pop(ck_ring_t *ring, ck_ring_buffer_t *buf)
 {
     void *item;
-    return kb__ring_pop_n(ring, buf, &item, 1) ? item : NULL;
+    unsigned int queued;
+    return kb__ring_pop_n(ring, buf, &item, 1, &queued) ? item : NULL;
 }
 
 /* Items enqueued so far (free-running, wraps at 2^32): ck_ring's committed

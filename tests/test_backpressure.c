@@ -76,6 +76,25 @@ static void full_lane_times_out_with_efull(void **state)
     assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
 }
 
+/* max_depth is the deepest the lane really was: items handled one at a time
+ * never stand two deep, however many pass through the ring. */
+static void max_depth_follows_the_lane(void **state)
+{
+    (void)state;
+    struct gated g = {.gate.open = 1};
+    kb_pool *p = one_lane_pool(&g, 100);   /* ring of 128 */
+    static int items[400];
+    for (int i = 0; i < 400; i++) {
+        assert_int_equal(kb_pool_submit(p, "k", 1, &items[i], 1000), KB_OK);
+        assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    }
+    kb_pool_stats st;
+    kb_pool_stats_get(p, &st);
+    assert_int_equal(st.handled, 400);
+    assert_int_equal(st.max_depth, 1);
+    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+}
+
 struct blocked_submit {
     kb_pool *p;
     kb_gate *gate;
@@ -314,6 +333,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(full_lane_times_out_with_efull),
+        cmocka_unit_test(max_depth_follows_the_lane),
         cmocka_unit_test(waiting_producer_gets_space),
         cmocka_unit_test(publish_returns_efull_after_timeout),
         cmocka_unit_test(batch_takes_an_exact_prefix),
