@@ -963,11 +963,17 @@ static int64_t pass(kb_transport *t, bool *heartbeat_failing)
     }
     roster_free(&r);
     renudge_all(t, &rd);
+    /* acquisitions stop when a held lease falls due: a take's slowest
+     * call (TTL/3) then still ends before the lease runs out locally */
+    rd.until = kb_now_ns() + t->lease_ttl_ms * 1000000 / 3;
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
          tp = tp->next)
-        for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++)
-            part_keep(t, &tp->parts[i]);
-    rd.until = kb_now_ns() + t->lease_ttl_ms * 1000000 / 3;
+        for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++) {
+            kb_nats_part *p = &tp->parts[i];
+            part_keep(t, p);
+            if (p->lease_rev != 0 && p->lease_until_ns - renew_ns < rd.until)
+                rd.until = p->lease_until_ns - renew_ns;
+        }
     for (kb_nats_topic *tp = atomic_load(&t->topics);
          tp && !atomic_load(&t->closing) && !rd.stalled && kb_now_ns() <= rd.until;
          tp = tp->next)
