@@ -168,9 +168,9 @@ static void check_log(const char *path, uint32_t per_key, tally *out)
     }
 }
 
-/* Until every sequence of every key was handled at least once (up to 40 s). */
-/* Up to 120 s: after a leader's kill the leases come back only once the KV
- * bucket has a leader again, which under ThreadSanitizer and load took over 40 s. */
+/* Until every sequence of every key was handled at least once, up to 120 s:
+ * after a leader's kill the leases come back only once the KV bucket has a
+ * leader again, which under ThreadSanitizer and load took over 40 s. */
 static void wait_log(const char *log, uint32_t per_key, tally *t)
 {
     for (int i = 0; i < 1200; i++) {
@@ -322,7 +322,9 @@ static void non_leader_killed(void **state)
         usleep(5000);
     }
     int rc = flush_all(b);
-    for (int i = 0; i < 4500 && kb_tracker_distinct(&g.tr) < KEYS * 300; i++)
+    /* a liveness bound, as wait_log's: elections and the claims' return
+     * under ThreadSanitizer and load */
+    for (int i = 0; i < 12000 && kb_tracker_distinct(&g.tr) < KEYS * 300; i++)
         usleep(10000);
     assert_int_equal(kb_close(b, 10000), KB_OK);
     uint64_t handled = kb_tracker_distinct(&g.tr);
@@ -331,7 +333,7 @@ static void non_leader_killed(void **state)
         g.max_gap_at = g.last;
     }
     print_message("non-leader n%d killed -9 (stream leader n%d): longest pause in handling "
-                  "%.3f s (began %+.3f s from the kill); %llu of %d handled within 45 s of the "
+                  "%.3f s (began %+.3f s from the kill); %llu of %d handled within 120 s of the "
                   "flush, %llu duplicates\n", victim, leader, g.max_gap,
                   g.max_gap_at - killed_at, (unsigned long long)handled, KEYS * 300,
                   (unsigned long long)g.tr.duplicates);
@@ -343,8 +345,10 @@ static void non_leader_killed(void **state)
     assert_int_equal(handled, KEYS * 300);
     assert_int_equal(violations, 0);
     assert_int_equal(concurrent, 0);
-    /* a wide bound, not a timing claim: a consumer leader's election and
-     * the partition's restart from its ack floor take seconds here */
+    /* a wide bound, not a timing claim: the killed node's consumer leaders
+     * are elected again (several seconds in nats-server 2.9), and when it led
+     * the lease bucket the leases may run out and come back with new
+     * consumers from the ack floor: 6-9 s seen on one CPU under TSan */
     assert_true(g.max_gap < 30.0);
 }
 

@@ -1,8 +1,8 @@
 /* Partition ownership among processes: members heartbeat a key per topic in
  * a JetStream KV bucket whose TTL is the lease TTL; each partition goes to the
  * member that ranks first by rendezvous hashing. A lease is a KV key created
- * with kvStore_Create and renewed with kvStore_Update on its last revision, so
- * a process that lost it learns so on its next renewal (fencing). Every
+ * and renewed by puts on its last revision, so a process that lost it learns
+ * so on its next renewal (fencing). Every
  * acquisition gets its own consumer, started at the previous consumer's ack
  * floor: redelivered events come first, in stream order. */
 #include <stdio.h>
@@ -119,6 +119,30 @@ static void member_key(kb_transport *t, kb_nats_topic *tp, char *buf, size_t len
     buf[o] = '\0';
 }
 
+/* How long the lease thread waits for one answer of the server (a round's
+ * KV puts, a lookup, a consumer's info): a sixth of the TTL, at most nats.c's
+ * own 5 s. An unanswered round is retried soon after (ROUND_RETRY), so
+ * several tries fit in a lease's life, and one node's loss (its KV or
+ * consumer leaders' elections) does not let the leases run out locally
+ * while the thread waits. */
+static int round_wait_ms(const kb_transport *t)
+{
+    int64_t ms = t->lease_ttl_ms / 6;
+    return ms > 5000 ? 5000 : (int)ms;
+}
+
+/* The same for a consumer's creation, listing or deletion, which need the
+ * meta leader: a third of the TTL, at least 2 s (a consumer is created in
+ * well under a second, even under ThreadSanitizer), at most 5 s. A node's
+ * loss leaves the meta group or a consumer without a leader for seconds;
+ * waiting 5 s per partition kept a round from renewing its leases. */
+static void call_opts(const kb_transport *t, jsOptions *o)
+{
+    int64_t ms = t->lease_ttl_ms / 3;
+    jsOptions_Init(o);
+    o->Wait = ms < 2000 ? 2000 : ms > 5000 ? 5000 : ms;
+}
+
 /* Every member key of the bucket ("m.>"), listed once per lease round for
  * all topics: a listing per topic cost rounds of seconds with hundreds of
  * topics and let leases run out. */
@@ -141,7 +165,7 @@ static void roster_load(kb_transport *t, roster *r)
     size_t cap = 0;
     for (;;) {
         kvEntry *e = NULL;
-        if (kvWatcher_Next(&e, w, 5000) != NATS_OK)
+        if (kvWatcher_Next(&e, w, round_wait_ms(t)) != NATS_OK)
             break;
         if (e == NULL) {   /* every current key seen */
             r->ok = true;
@@ -171,7 +195,7 @@ typedef struct members {
     const char **ids;   /* into the roster */
     int n;
     char mine[KB_NATS_NAME];
-    char key[2 * KB_NATS_NAME];   /* this process's member key: heartbeat it */
+    char key[2 * KB_NATS_NAME];   /* this process's member key */
 } members;
 
 /* The topic's members: the roster's keys under its prefix, this process
@@ -248,11 +272,19 @@ static void marks_describe(const kb_nats_claim *c, char *buf, size_t len)
     }
 }
 
+/* One lease round's acquisitions: they stop at `until`, or once the server
+ * left a request unanswered (stalled: the next round comes soon). */
+typedef struct lease_round {
+    int64_t until;
+    bool stalled;
+} lease_round;
+
 /* A topic's consumers as one round lists them, and what the round learned
  * from probing one of them: a probe takes what it pulls, so the same
  * consumer probed again for the next partition would answer short (its
  * listed counts are stale), and skip nothing. */
 typedef struct listing {
+    lease_round *rd;               /* the round it is part of */
     jsConsumerInfoList *list;
     bool listed;
     const jsConsumerInfo *probed;  /* NULL: none yet */
@@ -274,10 +306,13 @@ static bool consumers_list(kb_transport *t, kb_nats_topic *tp, listing *l)
     if (l->listed)
         return true;
     jsErrCode jerr = 0;
-    natsStatus s = js_Consumers(&l->list, t->js, tp->stream, NULL, &jerr);
+    jsOptions o;
+    call_opts(t, &o);
+    natsStatus s = js_Consumers(&l->list, t->js, tp->stream, &o, &jerr);
     if (s != NATS_OK && s != NATS_NOT_FOUND) {
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: listing consumers of %s: %s", t->url_safe, tp->stream,
                natsStatus_GetText(s));
+        l->rd->stalled = true;
         return false;
     }
     l->listed = true;
@@ -385,13 +420,16 @@ static bool open_consumer(kb_transport *t, kb_nats_claim *c, listing *l)
     c->delivered_hi = floor;   /* a wide claim's first gap starts here (nats_consume.c) */
     jsConsumerInfo *ci = NULL;
     jsErrCode jerr = 0;
-    natsStatus s = js_AddConsumer(&ci, t->js, tp->stream, &cc, NULL, &jerr);
+    jsOptions o;
+    call_opts(t, &o);
+    natsStatus s = js_AddConsumer(&ci, t->js, tp->stream, &cc, &o, &jerr);
     jsConsumerInfo_Destroy(ci);
     if (s != NATS_OK) {
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: consumer %s: %s (error %d)", t->url_safe, c->consumer,
                natsStatus_GetText(s), (int)jerr);
         atomic_store(&c->fenced, 1);
         atomic_store(&c->feeder_left, 1);
+        l->rd->stalled = l->rd->stalled || s == NATS_TIMEOUT;
         return false;
     }
     return true;
@@ -400,7 +438,9 @@ static bool open_consumer(kb_transport *t, kb_nats_claim *c, listing *l)
 /* An earlier consumer whose floor and progress a newer one carries on. */
 static void consumer_delete(kb_transport *t, const char *stream, const char *name)
 {
-    js_DeleteConsumer(t->js, stream, name, NULL, NULL);
+    jsOptions o;
+    call_opts(t, &o);
+    js_DeleteConsumer(t->js, stream, name, &o, NULL);
     kb__nats_progress_forget(t, stream, name);
 }
 
@@ -420,126 +460,15 @@ static kb_nats_claim *open_claim(kb_transport *t, kb_nats_part *p, uint64_t rev,
     return c;
 }
 
-static void drop(kb_transport *t, kb_nats_part *p)
-{
-    kb_bus_lease_changed(t->bus, p->subject, p->n, 0);
-    kb_nats_claim *c = atomic_load(&p->claim);
-    if (c != NULL)
-        atomic_store(&c->fenced, 1);
-    atomic_store(&p->claim, NULL);
-    kb_signal_notify(t->acked);   /* a feeder waiting for room in its ring */
-}
-
-static bool acquire(kb_transport *t, kb_nats_part *p)
-{
-    uint64_t rev = 0;
-    natsStatus s = kvStore_CreateString(&rev, t->kv, p->lease_key, t->id);
-    if (s != NATS_OK) {
-        /* Ours from before (a restart of this consumer name or a lost
-         * renewal answer): take it back on its revision. */
-        kvEntry *e = NULL;
-        if (kvStore_Get(&e, t->kv, p->lease_key) != NATS_OK)
-            return false;   /* gone meanwhile: next round */
-        bool mine = strcmp(kvEntry_ValueString(e), t->id) == 0;
-        uint64_t last = kvEntry_Revision(e);
-        kvEntry_Destroy(e);
-        if (!mine || kvStore_UpdateString(&rev, t->kv, p->lease_key, t->id, last) != NATS_OK)
-            return false;
-    }
-    p->lease_rev = rev;
-    p->lease_until_ns = kb_now_ns() + t->lease_ttl_ms * 1000000;
-    kb_bus_lease_changed(t->bus, p->subject, p->n, 1);
-    return true;
-}
-
-/* The outcome of a lease's renewal (kv_put_all). */
-static void renewed(kb_transport *t, kb_nats_part *p, natsStatus s, uint64_t rev, int64_t started)
-{
-    if (s == NATS_OK) {
-        p->lease_rev = rev;
-        p->lease_until_ns = started + t->lease_ttl_ms * 1000000;
-        return;
-    }
-    /* NATS_ERR is a wrong revision: someone else holds it now. Otherwise the
-     * server is unreachable and the lease runs out locally. */
-    int64_t margin = t->lease_ttl_ms * 1000000 / 6;
-    if (s == NATS_ERR || kb_now_ns() > p->lease_until_ns - margin) {
-        kb_log(t->bus, KB_LOG_WARNING, "nats %s: lease of %s lost (%s)", t->url_safe, p->subject,
-               natsStatus_GetText(s));
-        drop(t, p);
-        p->lease_rev = 0;
-        p->releasing = false;
-    }
-}
-
-/* Hand a partition over without duplicates: stop feeding, let the handlers
- * finish and the frontier be acked, then delete the lease. */
-static void release_step(kb_transport *t, kb_nats_part *p)
-{
-    if (!kb__nats_claims_done(p))
-        return;
-    kvStore_Delete(t->kv, p->lease_key);
-    p->lease_rev = 0;
-    p->releasing = false;
-}
-
-/* Hand over or drop what the partition holds (after its renewal). */
-static void part_keep(kb_transport *t, kb_nats_part *p)
-{
-    bool have = p->lease_rev != 0;
-    if (have && p->releasing)
-        release_step(t, p);
-    else if (have && !p->wanted) {
-        drop(t, p);
-        p->releasing = true;
-    }
-}
-
-/* A consumer is named after its lease revision. When a claim of that
- * revision existed already (one reset while the lease stayed), the lease is
- * renewed first for a new revision: a new consumer must never take over an
- * earlier one's name, and with it its delivery state. */
-static bool fresh_revision(kb_transport *t, kb_nats_part *p, kb_nats_claim *earlier)
-{
-    bool used = false;
-    for (kb_nats_claim *c = earlier; c != NULL && !used; c = c->next)
-        used = c->rev == p->lease_rev;
-    if (!used)
-        return true;
-    uint64_t rev = 0;
-    if (kvStore_UpdateString(&rev, t->kv, p->lease_key, t->id, p->lease_rev) != NATS_OK)
-        return false;   /* next round: a renewal will tell whether it is still ours */
-    p->lease_rev = rev;
-    p->lease_until_ns = kb_now_ns() + t->lease_ttl_ms * 1000000;
-    return true;
-}
-
-/* Take the lease if wanted, and a claim when the lease has none. */
-static void part_take(kb_transport *t, kb_nats_part *p, listing *l)
-{
-    if (p->releasing || atomic_load(&t->stopping))
-        return;
-    bool have = p->lease_rev != 0;
-    if (!have && p->wanted)
-        have = acquire(t, p);
-    kb_nats_claim *c = atomic_load(&p->claim);
-    if (have && (c == NULL || atomic_load(&c->fenced)) &&
-        fresh_revision(t, p, atomic_load(&p->claims)) &&
-        consumers_list(t, p->topic, l)) {
-        kb_nats_claim *nc = open_claim(t, p, p->lease_rev, l);
-        drop(t, p);
-        if (nc != NULL)
-            atomic_store(&p->claim, nc);
-    }
-}
-
 /* KV puts of a lease round (member heartbeats, lease renewals on their
  * revision, lease creates on revision 0), pipelined: they all go out at once and their replies come back
  * on one inbox, so a round costs one wait instead of a round trip per topic
  * and partition (issue 19: 1,000 topics are 8,000 leases). */
 typedef struct kv_put {
     char key[2 * KB_NATS_NAME];
-    kb_nats_part *p;        /* a lease renewal; NULL: a member heartbeat */
+    kb_nats_part *p;        /* a lease's put on revision `expect` (0: a create);
+                               NULL: a member heartbeat */
+    uint64_t expect;
     natsStatus s;           /* NATS_OK, NATS_ERR (refused: wrong revision), or unanswered */
     uint64_t rev;           /* the key's new revision */
 } kv_put;
@@ -549,7 +478,7 @@ typedef struct kv_puts {
     size_t n, cap;
 } kv_puts;
 
-static kv_put *kv_put_add(kv_puts *ps, const char *key, kb_nats_part *p)
+static kv_put *kv_put_add(kv_puts *ps, const char *key, kb_nats_part *p, uint64_t expect)
 {
     void *v = ps->v;
     if (kb_vec_reserve(&v, &ps->cap, ps->n + 1, sizeof *ps->v) != KB_OK)
@@ -558,6 +487,7 @@ static kv_put *kv_put_add(kv_puts *ps, const char *key, kb_nats_part *p)
     kv_put *k = &ps->v[ps->n++];
     snprintf(k->key, sizeof k->key, "%s", key);
     k->p = p;
+    k->expect = expect;
     k->s = NATS_TIMEOUT;
     k->rev = 0;
     return k;
@@ -610,7 +540,7 @@ static void kv_put_all(kb_transport *t, kv_puts *ps)
         natsMsg *m = NULL;
         snprintf(subj, sizeof subj, "$KV.%s.%s", t->bucket, k->key);
         snprintf(reply, sizeof reply, "%s%zu", prefix, i);
-        kb__nats_put_u64(rev, k->p != NULL ? k->p->lease_rev : 0);
+        kb__nats_put_u64(rev, k->expect);
         s = natsMsg_Create(&m, subj, reply, t->id, (int)strlen(t->id));
         if (s == NATS_OK && k->p != NULL)
             s = natsMsgHeader_Set(m, "Nats-Expected-Last-Subject-Sequence", rev);
@@ -618,7 +548,7 @@ static void kv_put_all(kb_transport *t, kv_puts *ps)
             s = natsConnection_PublishMsg(t->nc, m);
         natsMsg_Destroy(m);
     }
-    int64_t deadline = kb_now_ns() + 5000000000LL;   /* nats.c's own KV wait */
+    int64_t deadline = kb_deadline_ns(round_wait_ms(t));
     for (size_t got = 0; s == NATS_OK && got < ps->n;) {
         natsMsg *m = NULL;
         int left = kb_deadline_left_ms(deadline);
@@ -635,6 +565,188 @@ static void kv_put_all(kb_transport *t, kv_puts *ps)
     }
 }
 
+/* One put of the partition's lease key on revision `expect` (0: create),
+ * bounded like a round's; the new revision in *rev. */
+static natsStatus lease_put(kb_transport *t, kb_nats_part *p, uint64_t expect, uint64_t *rev)
+{
+    kv_puts one = {NULL, 0, 0};
+    natsStatus s = NATS_NO_MEMORY;
+    if (kv_put_add(&one, p->lease_key, p, expect) != NULL) {
+        kv_put_all(t, &one);
+        s = one.v[0].s;
+        *rev = one.v[0].rev;
+    }
+    free(one.v);
+    return s;
+}
+
+typedef enum { HOLDER_UNKNOWN, HOLDER_NONE, HOLDER_US, HOLDER_OTHER } holder;
+
+/* Who holds the partition's lease key, and its last revision (a delete's
+ * or an expiry's marker: none). This process is the only writer of its own
+ * name, each put on the revision before: a key still naming it was never
+ * another's since. HOLDER_UNKNOWN: no answer. */
+static holder lease_holder(kb_transport *t, kb_nats_part *p, uint64_t *rev)
+{
+    char stream[96], subj[3 * KB_NATS_NAME];
+    snprintf(stream, sizeof stream, "KV_%s", t->bucket);
+    snprintf(subj, sizeof subj, "$KV.%s.%s", t->bucket, p->lease_key);
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Wait = round_wait_ms(t);
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetLastMsg(&m, t->js, stream, subj, &o, &jerr);
+    *rev = 0;
+    if (s == NATS_NOT_FOUND)
+        return HOLDER_NONE;
+    if (s != NATS_OK)
+        return HOLDER_UNKNOWN;
+    *rev = natsMsg_GetSequence(m);
+    const char *op = NULL;
+    size_t len = strlen(t->id);
+    holder h = natsMsgHeader_Get(m, "KV-Operation", &op) == NATS_OK ? HOLDER_NONE
+               : (size_t)natsMsg_GetDataLength(m) == len &&
+                       memcmp(natsMsg_GetData(m), t->id, len) == 0
+                   ? HOLDER_US
+                   : HOLDER_OTHER;
+    natsMsg_Destroy(m);
+    return h;
+}
+
+static void drop(kb_transport *t, kb_nats_part *p)
+{
+    kb_bus_lease_changed(t->bus, p->subject, p->n, 0);
+    kb_nats_claim *c = atomic_load(&p->claim);
+    if (c != NULL)
+        atomic_store(&c->fenced, 1);
+    atomic_store(&p->claim, NULL);
+    kb_signal_notify(t->acked);   /* a feeder waiting for room in its ring */
+}
+
+/* Take the lease when it is free, or ours from before (a restart of this
+ * consumer name, a renewal whose answer was lost), on its last revision. */
+static bool acquire(kb_transport *t, kb_nats_part *p, lease_round *rd)
+{
+    uint64_t last = 0, rev = 0;
+    holder h = lease_holder(t, p, &last);
+    natsStatus s = h == HOLDER_NONE || h == HOLDER_US ? lease_put(t, p, last, &rev) : NATS_ERR;
+    rd->stalled = rd->stalled || h == HOLDER_UNKNOWN || (s != NATS_OK && s != NATS_ERR);
+    if (s != NATS_OK)
+        return false;   /* taken, or gone meanwhile: next round */
+    p->lease_rev = rev;
+    p->lease_until_ns = kb_now_ns() + t->lease_ttl_ms * 1000000;
+    kb_bus_lease_changed(t->bus, p->subject, p->n, 1);
+    return true;
+}
+
+/* A renewal refused: when the key still names this process, an earlier
+ * renewal was stored after its answer was given up (the bucket's leader was
+ * being elected) and the lease never left; it is renewed on that revision.
+ * Unverifiable (no answer, or something of the round unanswered already):
+ * as unanswered, it stays until it runs out locally, which another member's
+ * legitimate take cannot precede. */
+static natsStatus recheck_refused(kb_transport *t, kb_nats_part *p, uint64_t *rev, bool *unanswered)
+{
+    uint64_t last = 0;
+    holder h = *unanswered ? HOLDER_UNKNOWN : lease_holder(t, p, &last);
+    natsStatus s = h == HOLDER_US ? lease_put(t, p, last, rev)
+                   : h == HOLDER_UNKNOWN ? NATS_TIMEOUT
+                                        : NATS_ERR;
+    *unanswered = *unanswered || (s != NATS_OK && s != NATS_ERR);
+    return s;
+}
+
+/* The outcome of a lease's renewal (kv_put_all); *unanswered set when the
+ * server left it or its recheck without an answer. */
+static void renewed(kb_transport *t, kb_nats_part *p, natsStatus s, uint64_t rev, int64_t started,
+                    bool *unanswered)
+{
+    if (s == NATS_ERR)
+        s = recheck_refused(t, p, &rev, unanswered);
+    if (s == NATS_OK) {
+        p->lease_rev = rev;
+        p->lease_until_ns = started + t->lease_ttl_ms * 1000000;
+        return;
+    }
+    /* NATS_ERR: someone else holds it now. Otherwise the server is
+     * unreachable and the lease runs out locally. */
+    int64_t margin = t->lease_ttl_ms * 1000000 / 6;
+    if (s == NATS_ERR || kb_now_ns() > p->lease_until_ns - margin) {
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: lease of %s lost (%s)", t->url_safe, p->subject,
+               natsStatus_GetText(s));
+        drop(t, p);
+        p->lease_rev = 0;
+        p->releasing = false;
+    } else {
+        *unanswered = true;
+    }
+}
+
+/* Hand a partition over without duplicates: stop feeding, let the handlers
+ * finish and the frontier be acked, then delete the lease. */
+static void release_step(kb_transport *t, kb_nats_part *p)
+{
+    if (!kb__nats_claims_done(p))
+        return;
+    kvStore_Delete(t->kv, p->lease_key);
+    p->lease_rev = 0;
+    p->releasing = false;
+}
+
+/* Hand over or drop what the partition holds (after its renewal). */
+static void part_keep(kb_transport *t, kb_nats_part *p)
+{
+    bool have = p->lease_rev != 0;
+    if (have && p->releasing)
+        release_step(t, p);
+    else if (have && !p->wanted) {
+        drop(t, p);
+        p->releasing = true;
+    }
+}
+
+/* A consumer is named after its lease revision. When a claim of that
+ * revision existed already (one reset while the lease stayed), the lease is
+ * renewed first for a new revision: a new consumer must never take over an
+ * earlier one's name, and with it its delivery state. */
+static bool fresh_revision(kb_transport *t, kb_nats_part *p, kb_nats_claim *earlier, lease_round *rd)
+{
+    bool used = false;
+    for (kb_nats_claim *c = earlier; c != NULL && !used; c = c->next)
+        used = c->rev == p->lease_rev;
+    if (!used)
+        return true;
+    uint64_t rev = 0;
+    natsStatus s = lease_put(t, p, p->lease_rev, &rev);
+    if (s != NATS_OK) {   /* next round: a renewal will tell whether it is still ours */
+        rd->stalled = rd->stalled || s != NATS_ERR;
+        return false;
+    }
+    p->lease_rev = rev;
+    p->lease_until_ns = kb_now_ns() + t->lease_ttl_ms * 1000000;
+    return true;
+}
+
+/* Take the lease if wanted, and a claim when the lease has none. */
+static void part_take(kb_transport *t, kb_nats_part *p, listing *l)
+{
+    if (p->releasing || atomic_load(&t->stopping))
+        return;
+    bool have = p->lease_rev != 0;
+    if (!have && p->wanted)
+        have = acquire(t, p, l->rd);
+    kb_nats_claim *c = atomic_load(&p->claim);
+    if (have && (c == NULL || atomic_load(&c->fenced)) &&
+        fresh_revision(t, p, atomic_load(&p->claims), l->rd) &&
+        consumers_list(t, p->topic, l)) {
+        kb_nats_claim *nc = open_claim(t, p, p->lease_rev, l);
+        drop(t, p);
+        if (nc != NULL)
+            atomic_store(&p->claim, nc);
+    }
+}
+
 /* Take the topic's wanted, free leases with one pipelined create each; those
  * refused (taken, deleted before, ours from an earlier run) go the slow way
  * in part_take. */
@@ -644,7 +756,7 @@ static void acquire_all(kb_transport *t, kb_nats_topic *tp)
     for (uint32_t i = 0; i < t->partitions; i++) {
         kb_nats_part *p = &tp->parts[i];
         if (p->wanted && p->lease_rev == 0 && !p->releasing)
-            kv_put_add(&puts, p->lease_key, p);
+            kv_put_add(&puts, p->lease_key, p, 0);
     }
     if (puts.n > 0)
         kv_put_all(t, &puts);
@@ -675,9 +787,9 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, listing *l)
             return false;
     }
     for (uint32_t i = 0; i < t->partitions; i++)
-        if (tp->parts[i].lease_rev == 0 && !acquire(t, &tp->parts[i]))
+        if (tp->parts[i].lease_rev == 0 && !acquire(t, &tp->parts[i], l->rd))
             return false;
-    if (!fresh_revision(t, &tp->parts[0], atomic_load(&tp->wide_claims)) ||
+    if (!fresh_revision(t, &tp->parts[0], atomic_load(&tp->wide_claims), l->rd) ||
         !consumers_list(t, tp, l))
         return true;   /* next round */
     const jsConsumerInfoList *list = l->list;
@@ -706,7 +818,9 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, listing *l)
 static void wide_retire(kb_transport *t, kb_nats_topic *tp)
 {
     jsConsumerInfoList *list = NULL;
-    if (js_Consumers(&list, t->js, tp->stream, NULL, NULL) != NATS_OK)
+    jsOptions o;
+    call_opts(t, &o);
+    if (js_Consumers(&list, t->js, tp->stream, &o, NULL) != NATS_OK)
         return;
     uint32_t owned = 0;
     bool *has = calloc(t->partitions, sizeof *has);
@@ -724,19 +838,20 @@ static void wide_retire(kb_transport *t, kb_nats_topic *tp)
     jsConsumerInfoList_Destroy(list);
 }
 
-/* The topic's claims for this round: one wide claim, or one per partition. */
-static void topic_take(kb_transport *t, kb_nats_topic *tp)
+/* The topic's claims for this round: one wide claim, or one per partition
+ * (while the round has time and the server answers). */
+static void topic_take(kb_transport *t, kb_nats_topic *tp, lease_round *rd)
 {
-    listing l = {0};
+    listing l = {.rd = rd};
     if (!atomic_load(&t->stopping))
         acquire_all(t, tp);
     if (!wide_take(t, tp, &l)) {
-        for (uint32_t i = 0; i < t->partitions; i++)
+        for (uint32_t i = 0; i < t->partitions && !rd->stalled && kb_now_ns() <= rd->until; i++)
             part_take(t, &tp->parts[i], &l);
         bool had_wide = false;   /* listed only when claims were taken */
         for (int i = 0; l.list != NULL && i < l.list->Count; i++)
             had_wide = had_wide || kb__nats_consumer_wide(t, l.list->List[i]->Name);
-        if (had_wide)
+        if (had_wide && !rd->stalled)
             wide_retire(t, tp);
     }
     listing_free(&l);
@@ -753,7 +868,10 @@ static void topic_take(kb_transport *t, kb_nats_topic *tp)
 static bool renudge_claim(kb_transport *t, kb_nats_claim *c)
 {
     jsConsumerInfo *ci = NULL;
-    if (js_GetConsumerInfo(&ci, t->js, c->part->topic->stream, c->consumer, NULL, NULL) !=
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Wait = round_wait_ms(t);   /* a consumer whose leader is being elected: next round */
+    if (js_GetConsumerInfo(&ci, t->js, c->part->topic->stream, c->consumer, &o, NULL) !=
         NATS_OK)
         return false;
     if (ci->NumAckPending > 0)
@@ -763,37 +881,72 @@ static bool renudge_claim(kb_transport *t, kb_nats_claim *c)
     return true;
 }
 
-static void renudge_all(kb_transport *t)
+/* Every claim asked once per reconnect; the first unanswered one ends the
+ * round's asking (the rest are asked again next round). */
+static void renudge_all(kb_transport *t, lease_round *rd)
 {
     uint32_t rc = atomic_load(&t->reconnects);
     if (rc == t->reconnects_renudged)
         return;
     bool ok = true;
-    for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
+    for (kb_nats_topic *tp = atomic_load(&t->topics); ok && tp && !atomic_load(&t->closing);
          tp = tp->next)
-        for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++) {
+        for (uint32_t i = 0; ok && atomic_load(&tp->subscribed) && i < t->partitions; i++) {
             kb_nats_claim *c = atomic_load(&tp->parts[i].claim);
             if (c != NULL && c->part == &tp->parts[i] && !atomic_load(&c->fenced))
-                ok = renudge_claim(t, c) && ok;   /* a wide claim once, on partition 0 */
+                ok = renudge_claim(t, c);   /* a wide claim once, on partition 0 */
         }
     if (ok)
         t->reconnects_renudged = rc;
+    rd->stalled = rd->stalled || !ok;
 }
 
-/* One lease round: heartbeats and renewals first, for every topic, then
- * acquisitions for at most a third of the TTL. Taking a partition costs a KV
- * create and a new consumer (about a millisecond of server time each), so
- * hundreds of new topics take several rounds; renewing first keeps that from
- * letting held leases run out (issue 19: 4,352 "lease lost" with 500
- * topics). True when acquisitions are left for the next round. */
-static bool pass(kb_transport *t)
+/* One lease round: heartbeats and renewals first, for every topic, then the
+ * member listing, then acquisitions for at most a third of the TTL. Taking a
+ * partition costs a KV create and a new consumer (about a millisecond of
+ * server time each), so hundreds of new topics take several rounds; renewing
+ * first keeps that from letting held leases run out (issue 19: 4,352 "lease
+ * lost" with 500 topics), and so does a listing that waits for a bucket
+ * without a leader. The wait before the next round: 0 when acquisitions are
+ * left, ROUND_RETRY when the server left something unanswered. */
+#define ROUND_RETRY(t) ((t)->lease_ttl_ms * 1000000 / 12)
+static int64_t pass(kb_transport *t, bool *heartbeat_failing)
 {
-    roster r;
-    bool listed = false;
     kv_puts puts = {NULL, 0, 0};
     int64_t started = kb_now_ns();
     /* back-to-back rounds (acquisitions left over) renew only when due */
     int64_t renew_ns = t->lease_ttl_ms * 1000000 * 2 / 3;
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
+         tp = tp->next) {
+        if (!atomic_load(&tp->subscribed))
+            continue;
+        char mine[2 * KB_NATS_NAME];
+        member_key(t, tp, mine, sizeof mine);
+        kv_put_add(&puts, mine, NULL, 0);
+        for (uint32_t i = 0; i < t->partitions; i++) {
+            kb_nats_part *p = &tp->parts[i];
+            if (p->lease_rev != 0 && started >= p->lease_until_ns - renew_ns)
+                kv_put_add(&puts, p->lease_key, p, p->lease_rev);
+        }
+    }
+    kv_put_all(t, &puts);
+    bool retry = false, heartbeat_failed = false;
+    size_t answered = 0;
+    for (size_t i = 0; i < puts.n; i++) {
+        answered += puts.v[i].s == NATS_OK || puts.v[i].s == NATS_ERR;
+        if (puts.v[i].p != NULL)
+            renewed(t, puts.v[i].p, puts.v[i].s, puts.v[i].rev, started, &retry);
+        else
+            heartbeat_failed = heartbeat_failed || puts.v[i].s != NATS_OK;
+    }
+    if (heartbeat_failed && !*heartbeat_failing)   /* once, not every retry */
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: membership heartbeat failed", t->url_safe);
+    *heartbeat_failing = heartbeat_failed;
+    /* a bucket that answered nothing (no leader): no listing, no takes */
+    lease_round rd = {0, puts.n > 0 && answered == 0};
+    free(puts.v);
+    roster r = {NULL, 0, false};
+    bool listed = rd.stalled;
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
          tp = tp->next) {
         if (!atomic_load(&tp->subscribed))
@@ -804,42 +957,31 @@ static bool pass(kb_transport *t)
         }
         members ms;
         members_load(t, tp, &r, &ms);
-        kv_put_add(&puts, ms.key, NULL);
-        for (uint32_t i = 0; i < t->partitions; i++) {
-            kb_nats_part *p = &tp->parts[i];
-            p->wanted = wanted(&ms, p, p->lease_rev != 0);
-            if (p->lease_rev != 0 && started >= p->lease_until_ns - renew_ns)
-                kv_put_add(&puts, p->lease_key, p);
-        }
+        for (uint32_t i = 0; i < t->partitions; i++)
+            tp->parts[i].wanted = wanted(&ms, &tp->parts[i], tp->parts[i].lease_rev != 0);
         members_free(&ms);
     }
-    if (listed)
-        roster_free(&r);
-    kv_put_all(t, &puts);
-    bool heartbeat_failed = false;
-    for (size_t i = 0; i < puts.n; i++)
-        if (puts.v[i].p != NULL)
-            renewed(t, puts.v[i].p, puts.v[i].s, puts.v[i].rev, started);
-        else
-            heartbeat_failed = heartbeat_failed || puts.v[i].s != NATS_OK;
-    free(puts.v);
-    if (heartbeat_failed)
-        kb_log(t->bus, KB_LOG_WARNING, "nats %s: membership heartbeat failed", t->url_safe);
-    renudge_all(t);
+    roster_free(&r);
+    renudge_all(t, &rd);
+    /* acquisitions stop when a held lease falls due: a take's slowest
+     * call (TTL/3) then still ends before the lease runs out locally */
+    rd.until = kb_now_ns() + t->lease_ttl_ms * 1000000 / 3;
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
          tp = tp->next)
-        for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++)
-            part_keep(t, &tp->parts[i]);
-    int64_t until = kb_now_ns() + t->lease_ttl_ms * 1000000 / 3;
-    for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
-         tp = tp->next) {
-        if (!atomic_load(&tp->subscribed))
-            continue;
-        if (kb_now_ns() > until)
-            return true;
-        topic_take(t, tp);
-    }
-    return false;
+        for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++) {
+            kb_nats_part *p = &tp->parts[i];
+            part_keep(t, p);
+            if (p->lease_rev != 0 && p->lease_until_ns - renew_ns < rd.until)
+                rd.until = p->lease_until_ns - renew_ns;
+        }
+    for (kb_nats_topic *tp = atomic_load(&t->topics);
+         tp && !atomic_load(&t->closing) && !rd.stalled && kb_now_ns() <= rd.until;
+         tp = tp->next)
+        if (atomic_load(&tp->subscribed))
+            topic_take(t, tp, &rd);
+    if (rd.stalled || retry || heartbeat_failed)
+        return ROUND_RETRY(t);
+    return kb_now_ns() > rd.until ? 0 : t->lease_ttl_ms * 1000000 / 3;
 }
 
 static int kicked(void *arg)
@@ -848,15 +990,17 @@ static int kicked(void *arg)
     return atomic_load(&t->lease_kick) || atomic_load(&t->closing);
 }
 
-/* The lease thread, kb-nats-lease: a round every third of the lease TTL, or
- * at once when kicked (a topic subscribed, a claim reset) or closing. */
+/* The lease thread, kb-nats-lease: a round every third of the lease TTL (a
+ * twelfth after one the server left unanswered), or at once when kicked (a
+ * topic subscribed, a claim reset) or closing. */
 static void *leaser(void *arg)
 {
     kb_transport *t = arg;
+    bool heartbeat_failing = false;
     while (!atomic_load(&t->closing)) {
-        bool more = pass(t);
-        if (!more)
-            kb_signal_wait(t->lease_wake, kicked, t, kb_now_ns() + t->lease_ttl_ms * 1000000 / 3);
+        int64_t wait_ns = pass(t, &heartbeat_failing);
+        if (wait_ns > 0)
+            kb_signal_wait(t->lease_wake, kicked, t, kb_now_ns() + wait_ns);
         atomic_store(&t->lease_kick, 0);
     }
     nats_ReleaseThreadMemory();
