@@ -778,7 +778,7 @@ static bool renudge_claim(kb_transport *t, kb_nats_claim *c)
 static void renudge_all(kb_transport *t)
 {
     uint32_t rc = atomic_load(&t->reconnects);
-    if (rc == t->reconnects_renudged)
+    if (rc == t->reconnects_renudged && !atomic_exchange(&t->renudge_wanted, 0))
         return;
     bool ok = true;
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);

@@ -257,6 +257,7 @@ struct kb_transport {
     _Atomic uint32_t nsubs;            /* topics subscribed (sub_id < nsubs) */
     _Atomic uint32_t reconnects;       /* pull requests open before one are lost */
     uint32_t reconnects_renudged;      /* lease thread: claims' pending asked again */
+    _Atomic int renudge_wanted;        /* kb_drain saw a consumer's floor it cannot trust */
     /* lease thread: pending-set probes' replies (nats_probe.c), on <probe_inbox>.<serial>;
      * destroyed only after the connection is closed (nats.c 3.4.1 could crash
      * delivering to a subscription destroyed meanwhile: nats-io/nats.c#637) */
