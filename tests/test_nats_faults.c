@@ -383,12 +383,12 @@ static void kill_one_of_two_consumers_off(void **state)
 #define HOLD_KEYS 20
 #define HOLD_PER_KEY 100
 
-/* A lone member reads the topic through one wide consumer (AckExplicit);
- * one event is held in its handler, so the server's ack floor stays below
- * it while the events of every other key are handled and acked above it.
- * The process is killed (-9); the next one starts at the floor but skips
- * what the server shows acked there (nats_probe.c): it handles the held
- * key's events, not the 1,900 others again. */
+/* A lone member reads the topic through one wide consumer (AckAll); one
+ * event, the stream's first, is held in its handler (retried), so no ack
+ * passes it while the events of every other key are handled. The process
+ * is killed (-9); the next one starts at the floor but settles without a
+ * handler what the killed one's progress record shows handled (Progress per
+ * key): it handles the held key's events, not the 1,900 others again. */
 static void wide_takeover_skips_acked(void **state)
 {
     (void)state;
@@ -410,6 +410,30 @@ static void wide_takeover_skips_acked(void **state)
     uint64_t others = (HOLD_KEYS - 1) * HOLD_PER_KEY;
     distinct = wait_log(log, HOLD_KEYS, others, &dups, &violations, &by_a);
     usleep(200000);   /* their acks on the server */
+    /* one AckAll per finished prefix: the held event (key 0, first in the
+     * stream) keeps the wide consumer's floor below it, however many of the
+     * messages after it are handled */
+    char stream[64];
+    snprintf(stream, sizeof stream, "KB_fault_hold_%08x", kb_fnv1a32(topic, strlen(topic)));
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    jsConsumerInfoList *l = NULL;
+    assert_int_equal(natsConnection_ConnectTo(&nc, s.url), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    assert_int_equal(js_Consumers(&l, js, stream, NULL, NULL), NATS_OK);
+    int wide = 0;
+    for (int i = 0; i < l->Count; i++) {
+        if (strstr(l->List[i]->Name, "_w_") == NULL)
+            continue;
+        wide++;
+        assert_int_equal(l->List[i]->Config->AckPolicy, js_AckAll);
+        assert_int_equal(l->List[i]->AckFloor.Stream, 0);
+        assert_true(l->List[i]->Delivered.Stream > 1);
+    }
+    assert_int_equal(wide, 1);
+    jsConsumerInfoList_Destroy(l);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
     kill(a, SIGKILL);
     waitpid(a, NULL, 0);
     assert_int_equal(distinct, others);

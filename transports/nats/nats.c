@@ -260,7 +260,7 @@ static int nats_close(kb_transport *t, int64_t deadline)
     int rc = KB_OK;
     char why[512] = "";
     if (t->js != NULL && leaser_out && kb_now_ns() < deadline) {
-        kb__nats_ack_pass(t);   /* the last frontier acks */
+        kb__nats_ack_pass(t, true);   /* the last frontier acks and progress records */
         int left = kb_deadline_left_ms(deadline);
         natsStatus s = natsConnection_FlushTimeout(t->nc, left < 0 ? 2000 : left > 0 ? left : 1);
         if (s != NATS_OK)   /* not an error of kb_close: docs/transports-nats.md */

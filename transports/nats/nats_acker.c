@@ -9,12 +9,12 @@
 #include "nats_names.h"
 #include "nats_send.h"
 
-void kb__nats_ack_pass(kb_transport *t)
+void kb__nats_ack_pass(kb_transport *t, bool last)
 {
     int64_t now = kb_now_ns();
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
         if (atomic_load(&tp->subscribed))
-            kb__nats_ack_topic(t, tp, now);
+            kb__nats_ack_topic(t, tp, now, last);
     }
 }
 
@@ -33,7 +33,7 @@ static void *acker(void *arg)
         tick_ns = t->linger_ns > 100000 ? t->linger_ns : 100000;
     while (!atomic_load(&t->closing)) {
         int64_t next = kb_now_ns() + tick_ns;
-        kb__nats_ack_pass(t);
+        kb__nats_ack_pass(t, false);
         kb__nats_resend(t);
         if (frames)
             kb__nats_batch_send_due(t, false);

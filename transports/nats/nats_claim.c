@@ -19,13 +19,7 @@ kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev
     uint32_t cap = 16;
     while (cap < want && cap < (1u << 30))
         cap *= 2;
-    if (c == NULL || (c->ring = calloc(cap, sizeof *c->ring)) == NULL ||
-        (wide && ((c->part_acked = calloc(t->partitions, sizeof *c->part_acked)) == NULL ||
-                  (c->part_blocked = calloc(t->partitions, sizeof *c->part_blocked)) == NULL))) {
-        if (c != NULL) {
-            free(c->ring);
-            free(c->part_acked);
-        }
+    if (c == NULL || (c->ring = calloc(cap, sizeof *c->ring)) == NULL) {
         free(c);
         return NULL;
     }
@@ -108,7 +102,8 @@ void kb__nats_release(kb_transport *t, const kb_delivery *d)
     (void)t;
     if (d->cookie != NULL) {
         kb_nats_entry *e = d->cookie;
-        kb__nats_progress_released(e->claim, e->sseq, d->id);   /* before: settling may free it */
+        /* before: settling may free it */
+        kb__nats_progress_released(e->claim, e->sseq, d->id, d->key, d->key_len);
         kb__nats_settle(e, false);   /* stays unacked: redelivered elsewhere */
     }
 }
@@ -132,63 +127,56 @@ static void free_ring(kb_nats_claim *c)
     atomic_store(&c->freed, 1);
 }
 
-/* The finished prefix of a partition claim's frontier, with one AckAll for
- * its last entry; the new head. Not sent while reconnecting (nats.c buffers
- * nothing then): next tick. */
+/* The ack subject of stream sequence sseq, delivery dseq, of a consumer
+ * ($JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>:
+ * the server reads only the consumer, sseq and dseq); false when too long. */
+static bool ack_subject(char *subj, size_t cap, const char *stream, const char *consumer,
+                        uint64_t sseq, uint64_t dseq)
+{
+    int n = snprintf(subj, cap, "$JS.ACK.%s.%s.1.%llu.%llu.0.0", stream, consumer,
+                     (unsigned long long)sseq, (unsigned long long)dseq);
+    return n > 0 && (size_t)n < cap;
+}
+
+/* The finished prefix of the claim's frontier, with one AckAll for its last
+ * entry (the consumers are AckAll): the new head. An event held by its
+ * handler or its retries is not done, so no later ack covers it. The ack
+ * carries the prefix's newest delivery sequence: after redeliveries (a
+ * server restart) an entry's first one may be below what the server took.
+ * Not sent while reconnecting (nats.c buffers nothing then): next tick. */
 static uint64_t ack_prefix(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint64_t tl)
 {
-    uint64_t h = h0, limit = atomic_load(&c->ack_limit);
+    uint64_t h = h0, limit = atomic_load(&c->ack_limit), dseq = 0;
     c->ack_failed = false;
-    while (h < tl && c->ring[h & (c->cap - 1)].sseq <= limit &&
-           atomic_load_explicit(&c->ring[h & (c->cap - 1)].done, memory_order_acquire))
-        h++;
+    for (; h < tl; h++) {
+        kb_nats_entry *e = &c->ring[h & (c->cap - 1)];
+        if (e->sseq > limit || !atomic_load_explicit(&e->done, memory_order_acquire))
+            break;
+        uint64_t d = atomic_load_explicit(&e->dseq, memory_order_relaxed);
+        dseq = d > dseq ? d : dseq;
+    }
     kb_nats_entry *last = h > h0 ? &c->ring[(h - 1) & (c->cap - 1)] : NULL;
     if (last == NULL)
         return h0;
-    if (natsConnection_PublishString(t->nc, natsMsg_GetReply(last->msg), "+ACK") != NATS_OK) {
+    char subj[3 * KB_NATS_NAME];
+    if (!ack_subject(subj, sizeof subj, c->part->topic->stream, c->consumer, last->sseq, dseq) ||
+        natsConnection_PublishString(t->nc, subj, "+ACK") != NATS_OK) {
         c->ack_failed = true;
         return h0;
     }
+    atomic_store(&c->acked_dseq, dseq);
     atomic_store(&c->acked_to, last->sseq);
     return h;
 }
 
-/* A wide claim acks every finished message by itself: a held event delays
- * only its own partition's acks, as with a consumer per partition. An acked
- * message is freed at once (a held head may keep many entries behind it);
- * the ring is rescanned only when entries settled. The new head: past the
- * prefix acked. */
-static uint64_t ack_each(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint64_t tl)
+bool kb__nats_claim_reack(kb_transport *t, kb_nats_claim *c, uint64_t server_dseq)
 {
-    uint64_t settled = atomic_load(&c->settled), limit = atomic_load(&c->ack_limit);
-    if (settled == c->scan_settled && !c->ack_failed)
-        return h0;
-    c->scan_settled = settled;
-    c->ack_failed = false;
-    uint64_t h = h0;
-    memset(c->part_blocked, 0, t->partitions * sizeof *c->part_blocked);
-    for (uint64_t i = h0; i < tl; i++) {
-        kb_nats_entry *e = &c->ring[i & (c->cap - 1)];
-        bool acked = atomic_load_explicit(&e->acked, memory_order_relaxed);
-        if (!acked && e->sseq <= limit && atomic_load_explicit(&e->done, memory_order_acquire)) {
-            if (natsConnection_PublishString(t->nc, natsMsg_GetReply(e->msg), "+ACK") == NATS_OK) {
-                atomic_store_explicit(&e->acked, true, memory_order_relaxed);
-                acked = true;
-                acked_entry(t, e);
-            } else {
-                c->ack_failed = true;
-            }
-        }
-        if (h == i && acked)
-            h = i + 1;
-        if (e->part >= t->partitions || c->part_blocked[e->part])
-            continue;
-        if (acked)
-            atomic_store(&c->part_acked[e->part], e->sseq);
-        else
-            c->part_blocked[e->part] = true;
-    }
-    return h;
+    uint64_t sseq = atomic_load(&c->acked_to), dseq = atomic_load(&c->acked_dseq);
+    if (dseq <= server_dseq)
+        dseq = server_dseq + 1;   /* the server ignores an AckAll at or below its floor */
+    char subj[3 * KB_NATS_NAME];
+    return ack_subject(subj, sizeof subj, c->part->topic->stream, c->consumer, sseq, dseq) &&
+           natsConnection_PublishString(t->nc, subj, "+ACK") == NATS_OK;
 }
 
 /* Ack what is finished. Acking handled events is right even for a fenced
@@ -201,7 +189,7 @@ void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now)
     uint64_t settled = atomic_load(&c->settled);
     uint64_t h0 = atomic_load(&c->head);
     uint64_t tl = atomic_load_explicit(&c->tail, memory_order_acquire);
-    uint64_t h = c->wide ? ack_each(t, c, h0, tl) : ack_prefix(t, c, h0, tl);
+    uint64_t h = ack_prefix(t, c, h0, tl);
     if (h > h0) {
         for (uint64_t i = h0; i < h; i++)
             acked_entry(t, &c->ring[i & (c->cap - 1)]);
@@ -224,17 +212,21 @@ void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now)
         free_ring(c);
 }
 
-bool kb__nats_claim_acked(const kb_nats_claim *c, uint64_t sseq)
+bool kb__nats_claim_redelivered(kb_nats_claim *c, const kb_nats_meta *meta)
 {
+    /* the ring is in stream order and only its prefix below the head is acked */
     uint64_t h = atomic_load(&c->head), tl = atomic_load(&c->tail);
-    if (h == tl || sseq < c->ring[h & (c->cap - 1)].sseq)
-        return true;   /* below the head: the acked prefix */
-    while (h < tl) {   /* the ring is in stream order */
+    if (h == tl || meta->sseq < c->ring[h & (c->cap - 1)].sseq)
+        return true;
+    while (h < tl) {
         uint64_t mid = h + (tl - h) / 2;
-        const kb_nats_entry *e = &c->ring[mid & (c->cap - 1)];
-        if (e->sseq == sseq)
-            return atomic_load_explicit(&e->acked, memory_order_relaxed);
-        if (e->sseq < sseq)
+        kb_nats_entry *e = &c->ring[mid & (c->cap - 1)];
+        if (e->sseq == meta->sseq) {
+            if (meta->dseq > atomic_load_explicit(&e->dseq, memory_order_relaxed))
+                atomic_store_explicit(&e->dseq, meta->dseq, memory_order_relaxed);
+            break;
+        }
+        if (e->sseq < meta->sseq)
             h = mid + 1;
         else
             tl = mid;
@@ -263,17 +255,12 @@ void kb__nats_nak_range(kb_transport *t, const char *stream, const char *consume
                         uint64_t to, uint64_t dseq)
 {
     char subj[3 * KB_NATS_NAME];
-    int n = snprintf(subj, sizeof subj, "$JS.ACK.%s.%s.1.", stream, consumer);
-    if (n < 0 || (size_t)n + 64 > sizeof subj || to < from || to - from >= KB_NATS_NAK_MAX)
+    if (to < from || to - from >= KB_NATS_NAK_MAX)
         return;   /* the server redelivers them after AckWait anyway */
-    for (uint64_t s = from; s <= to; s++) {
-        size_t o = (size_t)n + kb__nats_put_u64(subj + n, s);
-        subj[o++] = '.';
-        o += kb__nats_put_u64(subj + o, dseq);
-        memcpy(subj + o, ".0.0", 5);
-        if (natsConnection_PublishString(t->nc, subj, "-NAK") != NATS_OK)
+    for (uint64_t s = from; s <= to; s++)
+        if (!ack_subject(subj, sizeof subj, stream, consumer, s, dseq) ||
+            natsConnection_PublishString(t->nc, subj, "-NAK") != NATS_OK)
             return;
-    }
 }
 
 static void claims_free(kb_nats_claim *c)
@@ -282,8 +269,6 @@ static void claims_free(kb_nats_claim *c)
         next = c->next;
         if (!atomic_load(&c->freed))
             free_ring(c);
-        free(c->part_acked);
-        free(c->part_blocked);
         free(c->keep);
         kb__nats_progress_free(c);
         free(c);
@@ -297,16 +282,16 @@ void kb__nats_claims_free(kb_nats_topic *tp, uint32_t partitions)
     claims_free(atomic_load(&tp->wide_claims));
 }
 
-void kb__nats_ack_topic(kb_transport *t, kb_nats_topic *tp, int64_t now)
+void kb__nats_ack_topic(kb_transport *t, kb_nats_topic *tp, int64_t now, bool last)
 {
     for (uint32_t i = 0; i < t->partitions; i++)
         for (kb_nats_claim *c = atomic_load(&tp->parts[i].claims); c; c = c->next) {
             kb__nats_claim_ack(t, c, now);
-            kb__nats_progress_write(t, c, now);
+            kb__nats_progress_write(t, c, now, last);
         }
     for (kb_nats_claim *c = atomic_load(&tp->wide_claims); c; c = c->next) {
         kb__nats_claim_ack(t, c, now);
-        kb__nats_progress_write(t, c, now);
+        kb__nats_progress_write(t, c, now, last);
     }
 }
 
@@ -316,7 +301,7 @@ bool kb__nats_acked_to(const kb_nats_topic *tp, uint32_t n, uint64_t seq)
         if (atomic_load(&c->acked_to) >= seq)
             return true;
     for (kb_nats_claim *c = atomic_load(&tp->wide_claims); c; c = c->next)
-        if (atomic_load(&c->part_acked[n]) >= seq)
+        if (atomic_load(&c->acked_to) >= seq)
             return true;
     return false;
 }

@@ -3,6 +3,7 @@
 #ifndef KB_TRANSPORTS_NATS_CLAIM_H
 #define KB_TRANSPORTS_NATS_CLAIM_H
 
+#include "nats_msg.h"
 #include "nats_types.h"
 
 /* A claim of partition p, or with `wide` of all of p's topic (p is then
@@ -15,9 +16,15 @@ void kb__nats_claim_reset(kb_transport *t, kb_nats_claim *c);
  * handler's message from redelivery, free the ring of a finished fenced
  * claim. The acker thread, or close once the acker has stopped. */
 void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now);
-/* Did the claim ack stream sequence sseq (at most the highest it was
- * delivered)? The feeder, which alone moves the tail. */
-bool kb__nats_claim_acked(const kb_nats_claim *c, uint64_t sseq);
+/* Send the claim's last AckAll again (the server lost it in a restart), with
+ * a delivery sequence above the server's ack floor's server_dseq; false
+ * when it could not be sent. The lease thread. */
+bool kb__nats_claim_reack(kb_transport *t, kb_nats_claim *c, uint64_t server_dseq);
+/* A redelivery of stream sequence meta->sseq (at most the highest the claim
+ * was delivered): true when the claim acked it (to be acked again); else
+ * its entry takes the newer delivery sequence for its ack. The feeder, which
+ * alone moves the tail. */
+bool kb__nats_claim_redelivered(kb_nats_claim *c, const kb_nats_meta *meta);
 /* Was sseq acked by an earlier consumer (skip_to, keep)? Then it comes to
  * this claim only because the claim starts at the floor below it. */
 bool kb__nats_claim_skips(const kb_nats_claim *c, uint64_t sseq);
@@ -29,8 +36,9 @@ bool kb__nats_claim_skips(const kb_nats_claim *c, uint64_t sseq);
 #define KB_NATS_NAK_MAX (1u << 20)
 void kb__nats_nak_range(kb_transport *t, const char *stream, const char *consumer, uint64_t from,
                         uint64_t to, uint64_t dseq);
-/* kb__nats_claim_ack for every claim of the topic (the acker thread). */
-void kb__nats_ack_topic(kb_transport *t, kb_nats_topic *tp, int64_t now);
+/* kb__nats_claim_ack and the progress record for every claim of the topic
+ * (the acker thread; `last`: close, after it). */
+void kb__nats_ack_topic(kb_transport *t, kb_nats_topic *tp, int64_t now, bool last);
 /* Did a claim of this process covering partition n ack up to seq? */
 bool kb__nats_acked_to(const kb_nats_topic *tp, uint32_t n, uint64_t seq);
 /* Is every claim that covered partition p finished (handled, acked, freed)? */

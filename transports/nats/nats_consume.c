@@ -189,7 +189,7 @@ static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta 
     int rc = kb_sink_deliver(tp->sink, &d, -1);   /* waits while the lane is full */
     if (rc == KB_OK)
         return true;
-    kb__nats_progress_released(e->claim, meta->sseq, id);   /* and the frame's rest with it */
+    kb__nats_progress_released(e->claim, meta->sseq, id, NULL, 0);   /* and the frame's rest */
     kb__nats_settle(e, false);
     if (rc != KB_ECLOSED)
         kb_log(t->bus, KB_LOG_ERROR, "nats: delivery of %s on %s failed: %s", id, natsMsg_GetSubject(m),
@@ -283,7 +283,7 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
         /* A redelivery: of an event still in this process (nothing to do),
          * or of one it acked, whose ack the server lost (killed before it
          * stored it): ack it again, it was handled. */
-        if (kb__nats_claim_acked(c, meta->sseq))
+        if (kb__nats_claim_redelivered(c, meta))
             natsConnection_PublishString(t->nc, natsMsg_GetReply(m), "+ACK");
         natsMsg_Destroy(m);
         return false;
@@ -313,7 +313,7 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
     e->claim = c;
     e->sseq = meta->sseq;
     e->part = part;
-    atomic_store_explicit(&e->acked, false, memory_order_relaxed);
+    atomic_store_explicit(&e->dseq, meta->dseq, memory_order_relaxed);
     atomic_store_explicit(&e->runs, false, memory_order_relaxed);
     e->since_ns = kb_now_ns();
     atomic_store(&e->pending, events);

@@ -13,6 +13,7 @@
 
 #include "nats_claim.h"
 #include "nats_drain.h"
+#include "nats_lease.h"
 #include "nats_names.h"
 #include "nats_publish.h"
 
@@ -37,6 +38,13 @@ static void poll_floors(kb_transport *t, kb_nats_topic *tp, uint64_t *target, ch
     }
     for (int i = 0; list != NULL && i < list->Count; i++) {
         const jsConsumerInfo *ci = list->List[i];
+        if (kb__nats_pending_below_floor(ci) > 0) {
+            /* its floor vouches for nothing: wait for its successor (ours:
+             * the lease thread looks at our claims' consumers again) */
+            atomic_store(&t->renudge_wanted, 1);
+            kb__nats_lease_kick(t);
+            continue;
+        }
         long n = kb__nats_consumer_part(t, ci->Name);
         bool wide = kb__nats_consumer_wide(t, ci->Name);
         for (uint32_t p = 0; p < t->partitions; p++)

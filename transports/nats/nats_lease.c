@@ -328,9 +328,9 @@ static bool covers(kb_transport *t, const char *consumer, long n)
 }
 
 /* A claim starts at the highest floor of the earlier consumers, but an
- * AckExplicit one (a wide consumer) may have acked much above its floor: a
- * held event of one partition keeps the topic's floor while the others go
- * on. Its pending set, learned from the server, tells the new claim which
+ * AckExplicit one (a wide consumer made by keybus before its wide consumers
+ * were AckAll) may have acked much above its floor: a held event of one
+ * partition keeps the topic's floor while the others go on. Its pending set, learned from the server, tells the new claim which
  * messages above the floor were handled there: they are acked without a
  * handler. The earlier consumer with the most delivered is asked; when it
  * cannot tell, everything above the floor comes again (duplicates, never
@@ -407,8 +407,9 @@ static bool open_consumer(kb_transport *t, kb_nats_claim *c, listing *l)
     jsConsumerConfig_Init(&cc);
     cc.Durable = c->consumer;
     cc.Description = desc;
-    /* one ack covers the finished prefix; a wide claim acks each message */
-    cc.AckPolicy = c->wide ? js_AckExplicit : js_AckAll;
+    /* one ack covers the finished prefix (AckExplicit wide consumers of
+     * earlier versions are still read by skip_acked) */
+    cc.AckPolicy = js_AckAll;
     cc.AckWait = t->ack_wait_ms * 1000000;
     cc.MaxAckPending = t->max_ack_pending * (c->wide ? t->partitions : 1);
     cc.MaxDeliver = -1;         /* retries are the bus's; the server never gives up */
@@ -860,11 +861,13 @@ static void topic_take(kb_transport *t, kb_nats_topic *tp, lease_round *rd)
 /* After a reconnect the server may hold as pending messages this process
  * acked: it was killed before it stored the acks (nats-server 2.9's file
  * store writes consumer state behind the acks). It would redeliver them only
- * after AckWait, and kb_drain waits for them till then. A NAK of every
- * sequence between the claim's floor and its last delivery makes it
- * redeliver the pending ones now; the feeder acks again those it had acked
- * and drops those it still holds. False when the server could not say (not
- * ready yet after its restart): next round. */
+ * after AckWait, and kb_drain waits for them till then. The claim's last
+ * AckAll, sent again, acks them all. But the state an AckAll consumer comes
+ * back with after a kill can hold messages pending at or below its ack
+ * floor, which no AckAll reaches (more pending than lie between the floor
+ * and the last delivery): such a consumer is given up, and the claim starts
+ * again from its floor with a fresh one. False when the server could not
+ * say (not ready yet after its restart): next round. */
 static bool renudge_claim(kb_transport *t, kb_nats_claim *c)
 {
     jsConsumerInfo *ci = NULL;
@@ -874,11 +877,20 @@ static bool renudge_claim(kb_transport *t, kb_nats_claim *c)
     if (js_GetConsumerInfo(&ci, t->js, c->part->topic->stream, c->consumer, &o, NULL) !=
         NATS_OK)
         return false;
-    if (ci->NumAckPending > 0)
-        kb__nats_nak_range(t, c->part->topic->stream, c->consumer, kb__nats_floor_of(ci) + 1,
-                           ci->Delivered.Stream, ci->Delivered.Consumer);
+    uint64_t below = kb__nats_pending_below_floor(ci);
+    bool ok = true;
+    if (below > 0) {
+        kb_log(t->bus, KB_LOG_WARNING,
+               "nats %s: consumer %s came back from the server's restart with %llu messages "
+               "pending below its ack floor %llu; starting again from there with a new consumer",
+               t->url_safe, c->consumer, (unsigned long long)below,
+               (unsigned long long)ci->AckFloor.Stream);
+        kb__nats_claim_reset(t, c);
+    } else if (ci->AckFloor.Stream < atomic_load(&c->acked_to)) {
+        ok = kb__nats_claim_reack(t, c, ci->AckFloor.Consumer);
+    }
     jsConsumerInfo_Destroy(ci);
-    return true;
+    return ok;
 }
 
 /* Every claim asked once per reconnect; the first unanswered one ends the
@@ -886,7 +898,7 @@ static bool renudge_claim(kb_transport *t, kb_nats_claim *c)
 static void renudge_all(kb_transport *t, lease_round *rd)
 {
     uint32_t rc = atomic_load(&t->reconnects);
-    if (rc == t->reconnects_renudged)
+    if (rc == t->reconnects_renudged && !atomic_exchange(&t->renudge_wanted, 0))
         return;
     bool ok = true;
     for (kb_nats_topic *tp = atomic_load(&t->topics); ok && tp && !atomic_load(&t->closing);

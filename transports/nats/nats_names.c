@@ -92,6 +92,15 @@ uint64_t kb__nats_floor_of(const jsConsumerInfo *ci)
     return ci->AckFloor.Stream > start ? ci->AckFloor.Stream : start;
 }
 
+uint64_t kb__nats_pending_below_floor(const jsConsumerInfo *ci)
+{
+    uint64_t floor = ci->AckFloor.Stream, last = ci->Delivered.Stream;
+    uint64_t above = last > floor ? last - floor : 0;
+    return ci->NumAckPending > 0 && (uint64_t)ci->NumAckPending > above
+               ? (uint64_t)ci->NumAckPending - above
+               : 0;
+}
+
 int kb__nats_never(void *arg)
 {
     (void)arg;

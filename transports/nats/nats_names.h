@@ -26,6 +26,11 @@ long kb__nats_consumer_part(const kb_transport *t, const char *name);
 bool kb__nats_consumer_wide(const kb_transport *t, const char *name);
 /* Where a consumer of the partition stopped: everything up to it is acked. */
 uint64_t kb__nats_floor_of(const jsConsumerInfo *ci);
+/* Messages the consumer holds pending at or below its ack floor (more
+ * pending than lie between the floor and its last delivery): the state an
+ * AckAll consumer of nats-server 2.9 can come back with from a kill. No ack
+ * reaches them, so its floor vouches for nothing; 0 when none. */
+uint64_t kb__nats_pending_below_floor(const jsConsumerInfo *ci);
 
 /* A kb_signal_wait condition that is never met: a wait that only a notify
  * or its deadline ends. */

@@ -8,8 +8,9 @@
  *
  * A released event (declined, fenced, or never delivered) stays unacked and
  * comes again, but its key goes on: a later event of the key may raise the
- * position past it. So the claim keeps its lowest released position, and
- * neither its record nor its own skips reach that far. */
+ * position past it. So the claim keeps the key's lowest released position
+ * (the claim's, for an event whose key it cannot track or does not know),
+ * and neither its record nor its own skips reach that far. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@
 typedef struct slot {
     _Atomic uint64_t hash;     /* the key's; 0: free */
     _Atomic uint64_t pos;      /* stream seq << IDX_BITS | index; 0: none yet */
+    _Atomic uint64_t released; /* the key's lowest released position; 0: none */
     _Atomic uint32_t part;
 } slot;
 
@@ -32,7 +34,8 @@ struct kb_nats_progress {
     /* a position moved since the acker's last write: set by a note only when
      * clear, so executors share its cache line read-only between writes */
     _Atomic bool dirty;
-    _Atomic uint64_t released_min; /* lowest released event's position; UINT64_MAX: none */
+    _Atomic uint64_t released_min; /* lowest released position of an untracked key or
+                                    * of none; UINT64_MAX: none */
     int64_t written_ns;        /* acker */
     uint64_t inherited_to;     /* highest stream seq taken from earlier records */
     slot slot[];
@@ -86,11 +89,24 @@ static uint64_t position(uint64_t sseq, const char *id)
     return idx < (1u << IDX_BITS) ? sseq << IDX_BITS | idx : UINT64_MAX;
 }
 
-/* Positions a record or a skip may vouch for: below every released event. */
-static uint64_t vouched(const struct kb_nats_progress *g, uint64_t pos)
+/* The slot's position as far as a record or a skip may vouch for it: below
+ * every released event of its key and of keys not tracked. */
+static uint64_t vouched(const struct kb_nats_progress *g, const slot *s)
 {
+    uint64_t pos = atomic_load_explicit(&s->pos, memory_order_acquire);
     uint64_t cap = atomic_load_explicit(&g->released_min, memory_order_acquire);
+    uint64_t own = atomic_load_explicit(&s->released, memory_order_acquire);
+    if (own != 0 && own < cap)
+        cap = own;
     return pos < cap ? pos : cap - 1;
+}
+
+/* Lower *at to pos (0 counts as none). */
+static void lower_to(_Atomic uint64_t *at, uint64_t pos)
+{
+    uint64_t have = atomic_load(at);
+    while ((have == 0 || pos < have) && !atomic_compare_exchange_weak(at, &have, pos))
+        ;
 }
 
 bool kb__nats_progress_ready(kb_nats_claim *c)
@@ -124,16 +140,18 @@ void kb__nats_progress_note(const kb_nats_entry *e, const kb_delivery *d)
         atomic_store_explicit(&g->dirty, true, memory_order_release);
 }
 
-void kb__nats_progress_released(kb_nats_claim *c, uint64_t sseq, const char *id)
+void kb__nats_progress_released(kb_nats_claim *c, uint64_t sseq, const char *id,
+                                const void *key, size_t key_len)
 {
     struct kb_nats_progress *g = atomic_load_explicit(&c->progress, memory_order_acquire);
     if (g == NULL)
         return;
-    uint64_t pos = position(sseq, id), have = atomic_load(&g->released_min);
+    uint64_t pos = position(sseq, id);
     if (pos == UINT64_MAX)
         pos = sseq << IDX_BITS;   /* the whole message */
-    while (pos < have && !atomic_compare_exchange_weak(&g->released_min, &have, pos))
-        ;
+    /* a slot taken now: a later event of the key finds the same one */
+    slot *s = key != NULL ? find(g, key_hash(key, key_len), true) : NULL;
+    lower_to(s != NULL ? &s->released : &g->released_min, pos);
 }
 
 bool kb__nats_progress_covers(const kb_nats_claim *c, const void *key, size_t key_len,
@@ -143,9 +161,7 @@ bool kb__nats_progress_covers(const kb_nats_claim *c, const void *key, size_t ke
     if (g == NULL || sseq > g->inherited_to)
         return false;
     const slot *s = find(g, key_hash(key, key_len), false);
-    return s != NULL &&
-           vouched(g, atomic_load_explicit(&s->pos, memory_order_acquire)) >=
-               (sseq << IDX_BITS | idx);
+    return s != NULL && vouched(g, s) >= (sseq << IDX_BITS | idx);
 }
 
 static void record_key(const char *stream, const char *consumer, char *out, size_t len)
@@ -153,10 +169,10 @@ static void record_key(const char *stream, const char *consumer, char *out, size
     snprintf(out, len, "%s.done.%s", stream, consumer);
 }
 
-void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now)
+void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now, bool last)
 {
     struct kb_nats_progress *g = atomic_load_explicit(&c->progress, memory_order_acquire);
-    if (g == NULL || now - g->written_ns < KB_NATS_PROGRESS_MS * 1000000LL ||
+    if (g == NULL || (!last && now - g->written_ns < KB_NATS_PROGRESS_MS * 1000000LL) ||
         !atomic_exchange_explicit(&g->dirty, false, memory_order_seq_cst))
         return;
     /* what fits in one message: a record that leaves keys out only skips less */
@@ -172,7 +188,7 @@ void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now)
     for (uint32_t i = 0; i < g->slots && used + LINE_BYTES <= cap; i++) {
         slot *s = &g->slot[i];
         uint64_t h = atomic_load_explicit(&s->hash, memory_order_acquire);
-        uint64_t pos = vouched(g, atomic_load_explicit(&s->pos, memory_order_acquire));
+        uint64_t pos = vouched(g, s);
         if (h == 0 || pos == 0)
             continue;
         used += (size_t)snprintf(buf + used, cap - used, "%016llx %u %llu %llu\n",

@@ -20,16 +20,20 @@
 bool kb__nats_progress_ready(kb_nats_claim *c);
 /* Executor, before the entry settles: event d of entry e is handled. */
 void kb__nats_progress_note(const kb_nats_entry *e, const kb_delivery *d);
-/* Executor or feeder: event `id` of message sseq is released unhandled
- * (it comes again): no record or skip of this claim reaches it. */
-void kb__nats_progress_released(kb_nats_claim *c, uint64_t sseq, const char *id);
+/* Executor or feeder: event `id` of message sseq, of key `key` (NULL:
+ * unknown, or the message's later events too), is released unhandled (it
+ * comes again): no record or skip of this claim for that key (NULL: for any
+ * key) reaches it. */
+void kb__nats_progress_released(kb_nats_claim *c, uint64_t sseq, const char *id,
+                                const void *key, size_t key_len);
 /* Feeder: did an earlier consumer's handlers finish event `idx` (0: a plain
  * message) of message sseq, of key `key`? */
 bool kb__nats_progress_covers(const kb_nats_claim *c, const void *key, size_t key_len,
                               uint64_t sseq, uint32_t idx);
 /* Acker: the claim's record, when it changed and is KB_NATS_PROGRESS_MS
- * old; sent without waiting (a lost one only means more comes again). */
-void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now);
+ * old (`last`, at close: when it changed); sent without waiting (a lost one
+ * only means more comes again). */
+void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now, bool last);
 /* Lease thread, before c is published: take in the record of consumer
  * `earlier` (the keys of c's partitions). */
 void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier);

@@ -42,8 +42,9 @@ typedef struct kb_nats_entry {
     struct kb_nats_claim *claim;
     uint64_t sseq;
     uint32_t part;                 /* its partition (a wide claim's dead letter: none) */
-    _Atomic bool acked;            /* acker: +ACK sent (wide claims ack one by one); the
-                                    * feeder reads it to ack a redelivery again */
+    /* its newest delivery sequence (feeder): the server ignores an AckAll
+     * whose delivery sequence is below one it already took */
+    _Atomic uint64_t dseq;
     int64_t since_ns;              /* delivered at, for in-progress acks */
     _Atomic uint32_t pending;      /* its events the bus is not finished with */
     _Atomic uint32_t released;     /* one of them was released unhandled */
@@ -54,8 +55,8 @@ typedef struct kb_nats_entry {
 /* One ownership period of one partition: its own consumer, named after the
  * lease revision, so acks from an earlier owner never reach it. A wide claim
  * covers every partition of a topic with one consumer (this process held all
- * of them at once); its `part` is partition 0, which pulls for it, and it
- * acks message by message (AckExplicit) so that partitions stay independent. */
+ * of them at once); its `part` is partition 0, which pulls for it. Both ack
+ * their finished prefix with one AckAll. */
 typedef struct kb_nats_claim {
     struct kb_nats_part *part;
     bool wide;
@@ -72,15 +73,11 @@ typedef struct kb_nats_claim {
     _Atomic int feeder_left;       /* the feeder will not touch it again */
     _Atomic int freed;             /* ring freed by the acker */
     _Atomic uint64_t acked_to;     /* stream sequence of the last AckAll sent */
+    _Atomic uint64_t acked_dseq;   /* ... and its delivery sequence */
     /* nothing above it is acked: a delivery after it was lost in transit
      * (UINT64_MAX: none) */
     _Atomic uint64_t ack_limit;
-    uint64_t scan_settled;         /* acker: `settled` at its last full scan (wide) */
     bool ack_failed;               /* acker: an ack could not be sent (reconnecting) */
-    /* wide claims: per partition, the sequence up to which its entries are
-     * all acked (kb_drain), and the acker's scratch */
-    _Atomic uint64_t *part_acked;
-    bool *part_blocked;
     int64_t last_wpi_ns;           /* acker: last in-progress ack */
     /* set before the claim is published: an earlier consumer acked every
      * sequence up to skip_to that is not in `keep` (its pending set, sorted);
@@ -260,6 +257,7 @@ struct kb_transport {
     _Atomic uint32_t nsubs;            /* topics subscribed (sub_id < nsubs) */
     _Atomic uint32_t reconnects;       /* pull requests open before one are lost */
     uint32_t reconnects_renudged;      /* lease thread: claims' pending asked again */
+    _Atomic int renudge_wanted;        /* kb_drain saw a consumer's floor it cannot trust */
     /* lease thread: pending-set probes' replies (nats_probe.c), on <probe_inbox>.<serial>;
      * destroyed only after the connection is closed (nats.c 3.4.1 could crash
      * delivering to a subscription destroyed meanwhile: nats-io/nats.c#637) */
