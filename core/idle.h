@@ -31,7 +31,7 @@ typedef struct kb_backoff {
  * broker, not mem://). Its work then comes in reads a broker round trip
  * apart, and yielding through those gaps only takes CPU from the reader and
  * the broker on the same CPUs (client CPU per event about halved, 2 vCPUs):
- * its adaptive waits spin briefly, then block. Executors serve one bus, so
+ * its own idle waits spin briefly, then block. Executors serve one bus, so
  * the mark never mixes transports. */
 extern _Thread_local bool kb__idle_fed_by_transport;
 
@@ -40,14 +40,24 @@ static inline void kb__idle_mark_fed_by_transport(void)
     kb__idle_fed_by_transport = true;
 }
 
+/* A wait by `idle`'s phases: a producer facing a full lane, including a
+ * handler publishing from a transport-fed executor. */
 static inline void kb__backoff_init(kb_backoff *w, kb_idle idle)
 {
     w->idle = idle;
     w->steps = 0;
     w->phase_start_ns = 0;
-    bool fed = kb__idle_fed_by_transport;
-    w->spin_ns = fed ? KB_IDLE_FED_SPIN_NS : KB_IDLE_SPIN_NS;
-    w->yield_ns = fed ? KB_IDLE_FED_SPIN_NS : KB_IDLE_YIELD_NS;
+    w->spin_ns = KB_IDLE_SPIN_NS;
+    w->yield_ns = KB_IDLE_YIELD_NS;
+}
+
+/* An executor's wait for work: as kb__backoff_init, with the short spin and
+ * no yield once the executor is transport-fed. */
+static inline void kb__backoff_init_executor(kb_backoff *w, kb_idle idle)
+{
+    kb__backoff_init(w, idle);
+    if (kb__idle_fed_by_transport)
+        w->spin_ns = w->yield_ns = KB_IDLE_FED_SPIN_NS;
 }
 
 /* The awaited thing moved (a consumer made progress): start spinning again. */

@@ -78,16 +78,16 @@ int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, in
     return rc;
 }
 
-static bool delivery_bad(const char *fn, const void *s, const kb_delivery *d)
+/* What is wrong with a delivery, NULL when nothing. */
+static const char *delivery_problem(const void *s, const kb_delivery *d)
 {
     if (s != NULL && d != NULL && d->key != NULL && d->key_len > 0 &&
         (d->payload != NULL || d->payload_len == 0))
-        return false;
-    kb_errf(NULL, 0, "%s: %s", fn, s == NULL ? "sink is NULL"
-                                 : d == NULL ? "delivery is NULL"
-                                 : d->key == NULL || d->key_len == 0 ? "key is NULL or empty"
-                                                                     : "payload is NULL with a length");
-    return true;
+        return NULL;
+    return s == NULL ? "sink is NULL"
+           : d == NULL ? "delivery is NULL"
+           : d->key == NULL || d->key_len == 0 ? "key is NULL or empty"
+                                               : "payload is NULL with a length";
 }
 
 /* Debug builds hold transports to KB_TRANSPORT_F_SINGLE_FEEDER: its lanes use
@@ -116,8 +116,11 @@ static inline void feeding_ends(struct kb_topic *topic, bool single)
 
 int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms)
 {
-    if (delivery_bad("kb_sink_deliver", s, d))
+    const char *problem = delivery_problem(s, d);
+    if (problem != NULL) {
+        kb_errf(NULL, 0, "kb_sink_deliver: %s", problem);
         return KB_EINVAL;
+    }
     struct kb_topic *topic = (struct kb_topic *)s;
     bool single = feeding_begins(topic);
     int rc = kb__sink_put(topic, d, kb_fnv1a32(d->key, d->key_len), timeout_ms);
@@ -128,35 +131,74 @@ int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms)
 /* Deliveries one submit takes at most: its arrays live on the stack. */
 #define SINK_BATCH_MAX 64
 
-/* Records for d[0..n) (n <= SINK_BATCH_MAX) submitted as one batch; *taken
- * receives the accepted prefix, whose records the pool now owns. */
+/* What is left of a call's deadline for one more wait, in ms rounded up: 0
+ * once it passed. */
+static int ms_left(int64_t deadline_ns)
+{
+    int64_t left = deadline_ns - kb__now_ns();
+    return left <= 0 ? 0 : (int)((left + 999999) / 1000000);
+}
+
+/* Delivery i of a batch is refused for `why`: the errstr names it. */
+static void name_bad_delivery(size_t i, const char *why)
+{
+    char text[256];
+    snprintf(text, sizeof text, "%s", why);   /* why may be the errstr itself */
+    kb_errf(NULL, 0, "kb_sink_deliver_batch: delivery %zu: %s", i, text);
+}
+
+/* Records for d[0..n) (n <= SINK_BATCH_MAX; d[0] is delivery `first` of the
+ * call) submitted together; *taken receives the accepted prefix, whose
+ * records the pool now owns. With a deadline (timeout_ms > 0) the batch goes
+ * without waiting and only the item at a full lane waits, for what is left:
+ * the pool would wait up to a whole timeout at each full lane. */
 static int put_batch(struct kb_topic *topic, kb_pool *pool, const kb_delivery *d, size_t n,
-                     int timeout_ms, size_t *taken)
+                     size_t first, int timeout_ms, int64_t deadline_ns, size_t *taken)
 {
     uint32_t hashes[SINK_BATCH_MAX];
     void *items[SINK_BATCH_MAX];
     size_t made = 0;
     int rc = KB_OK;
+    *taken = 0;
     while (made < n) {
-        if (delivery_bad("kb_sink_deliver_batch", topic, &d[made])) {
+        const char *problem = delivery_problem(topic, &d[made]);
+        if (problem != NULL) {
+            name_bad_delivery(first + made, problem);
             rc = KB_EINVAL;
             break;
         }
         kb_rec *r;
-        if ((rc = record_of(topic, &d[made], &r)) != KB_OK)
+        if ((rc = record_of(topic, &d[made], &r)) != KB_OK) {
+            name_bad_delivery(first + made, kb_last_error());
             break;
+        }
         hashes[made] = kb_fnv1a32(d[made].key, d[made].key_len);
         items[made++] = r;
     }
-    size_t accepted = 0;
-    int submitted = kb_pool_submit_batch(pool, hashes, items, made, timeout_ms, &accepted);
-    for (size_t i = accepted; i < made; i++)
+    if (made == 0)
+        return rc;
+    size_t at = 0;
+    int submitted, wait_ms;
+    for (;;) {
+        size_t got = 0;
+        submitted = kb_pool_submit_batch(pool, hashes + at, items + at, made - at,
+                                         timeout_ms > 0 ? 0 : timeout_ms, &got);
+        at += got;
+        if (submitted != KB_EFULL || timeout_ms <= 0 || (wait_ms = ms_left(deadline_ns)) == 0)
+            break;
+        got = 0;
+        submitted = kb_pool_submit_batch(pool, hashes + at, items + at, 1, wait_ms, &got);
+        at += got;
+        if (submitted != KB_OK || at == made)
+            break;
+    }
+    for (size_t i = at; i < made; i++)
         kb__rec_free(items[i]);
     if (submitted != KB_OK) {
-        submit_failed(topic, pool, hashes[accepted], submitted, timeout_ms);
+        submit_failed(topic, pool, hashes[at], submitted, timeout_ms);
         rc = submitted;
     }
-    *taken = accepted;
+    *taken = at;
     return rc;
 }
 
@@ -177,11 +219,12 @@ int kb_sink_deliver_batch(kb_sink *s, const kb_delivery *d, size_t n, int timeou
         rc = KB_ENOTFOUND;
         goto out;
     }
+    int64_t deadline_ns = timeout_ms > 0 ? kb__deadline_ns(timeout_ms) : 0;
     bool single = feeding_begins(topic);
     while (rc == KB_OK && done < n) {
         size_t chunk = n - done < SINK_BATCH_MAX ? n - done : SINK_BATCH_MAX;
         size_t taken;
-        rc = put_batch(topic, pool, d + done, chunk, timeout_ms, &taken);
+        rc = put_batch(topic, pool, d + done, chunk, done, timeout_ms, deadline_ns, &taken);
         done += taken;
     }
     feeding_ends(topic, single);

@@ -84,6 +84,7 @@ typedef struct seen {
     atomic_int next[KEYS];
     atomic_int handled, misordered;
     atomic_int hold;   /* non-zero: handlers wait (lanes fill up) */
+    atomic_int slow;   /* non-zero: each handler run takes 1 ms */
 } seen;
 
 static int handler(const kb_event *ev, void *opaque)
@@ -91,6 +92,8 @@ static int handler(const kb_event *ev, void *opaque)
     seen *s = opaque;
     while (atomic_load(&s->hold))
         usleep(200);
+    if (atomic_load(&s->slow))
+        usleep(1000);
     char text[16] = {0};
     memcpy(text, ev->payload, ev->payload_len < sizeof text ? ev->payload_len : sizeof text - 1);
     int key = ((const char *)ev->key)[1] - '0', seq = atoi(text);
@@ -132,6 +135,7 @@ static kb_bus *open_toy(const char *capacity)
     assert_non_null(c);
     assert_int_equal(kb_conf_set(c, "transport", "toybatch://", err, sizeof err), KB_OK);
     assert_int_equal(kb_conf_set(c, "pool.queue_capacity", capacity, err, sizeof err), KB_OK);
+    assert_int_equal(kb_conf_set(c, "pool.threads", "2", err, sizeof err), KB_OK);
     kb_bus *b = kb_open(c, err, sizeof err);
     kb_conf_destroy(c);
     assert_non_null(b);
@@ -201,6 +205,41 @@ static void full_lanes_take_a_prefix(void **state)
     assert_int_equal(atomic_load(&acks), EVENTS);
 }
 
+/* timeout_ms is one deadline for the whole call. Here the full lane gets
+ * room every 16 handler runs of 1 ms (the executor's lookahead), so waiting up
+ * to timeout_ms each time it is found full would take all 1000 events of one
+ * key: ~1000 ms against 50. */
+static void timeout_is_for_the_whole_call(void **state)
+{
+    (void)state;
+    static char payloads[EVENTS][8];
+    static kb_delivery one_key[EVENTS];
+    for (int i = 0; i < EVENTS; i++) {
+        snprintf(payloads[i], sizeof payloads[i], "%d", i);
+        one_key[i] = (kb_delivery){.topic = "t", .key = "k0", .key_len = 2,
+                                   .payload = payloads[i], .payload_len = strlen(payloads[i]),
+                                   .attempt = 1, .id = "0-1"};
+    }
+    seen s = {0};
+    atomic_store(&acks, 0);
+    kb_bus *b = open_toy("8");
+    assert_int_equal(kb_subscribe(b, "t", handler, &s), KB_OK);
+    atomic_store(&s.slow, 1);
+    size_t accepted = 0;
+    int rc = kb_sink_deliver_batch(the_sink, one_key, EVENTS, 50, &accepted);
+    assert_int_equal(rc, KB_EFULL);
+    assert_true(accepted >= 8 && accepted < EVENTS);   /* the lane's room at least */
+    assert_non_null(strstr(kb_last_error(), "full for 50 ms"));
+    atomic_store(&s.slow, 0);
+    assert_int_equal(kb_sink_deliver_batch(the_sink, one_key + accepted, EVENTS - accepted, -1,
+                                           &accepted), KB_OK);
+    wait_handled(&s, EVENTS);
+    assert_int_equal(atomic_load(&s.misordered), 0);
+    assert_int_equal(atomic_load(&s.next[0]), EVENTS);
+    assert_int_equal(kb_close(b, 5000), KB_OK);
+    assert_int_equal(atomic_load(&acks), EVENTS);
+}
+
 /* A bad delivery stops the batch there: what came before it is taken. */
 static void bad_input_is_refused_after_the_prefix(void **state)
 {
@@ -216,21 +255,26 @@ static void bad_input_is_refused_after_the_prefix(void **state)
     assert_int_equal(kb_sink_deliver_batch(the_sink, NULL, 1, 0, &accepted), KB_EINVAL);
     assert_int_equal(accepted, 0);
 
-    kb_delivery bad[100];
+    kb_delivery bad[200];
     memcpy(bad, deliveries, sizeof bad);
     bad[70].key = NULL;
     assert_int_equal(kb_sink_deliver_batch(the_sink, bad, 100, 0, &accepted), KB_EINVAL);
     assert_int_equal(accepted, 70);
-    assert_non_null(strstr(kb_last_error(), "key is NULL or empty"));
+    assert_non_null(strstr(kb_last_error(), "delivery 70: key is NULL or empty"));
+    bad[70] = deliveries[70];
+    bad[134].payload = NULL;   /* the first of the call's second chunk */
+    assert_int_equal(kb_sink_deliver_batch(the_sink, bad + 70, 100, 0, &accepted), KB_EINVAL);
+    assert_int_equal(accepted, 64);
+    assert_non_null(strstr(kb_last_error(), "delivery 64: payload is NULL with a length"));
+    bad[134] = deliveries[134];
     char long_id[300];
     memset(long_id, '7', sizeof long_id - 1);
     long_id[sizeof long_id - 1] = '\0';
-    bad[70] = deliveries[70];
-    bad[75].id = long_id;
-    assert_int_equal(kb_sink_deliver_batch(the_sink, bad + 70, 30, 0, &accepted), KB_EINVAL);
+    bad[139].id = long_id;
+    assert_int_equal(kb_sink_deliver_batch(the_sink, bad + 134, 30, 0, &accepted), KB_EINVAL);
     assert_int_equal(accepted, 5);
-    assert_non_null(strstr(kb_last_error(), "longer than"));
-    wait_handled(&s, 75);
+    assert_non_null(strstr(kb_last_error(), "delivery 5: delivery ID of 299 bytes is longer than"));
+    wait_handled(&s, 139);
     assert_int_equal(atomic_load(&s.misordered), 0);
     assert_int_equal(kb_close(b, 5000), KB_OK);
 }
@@ -240,6 +284,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(batches_keep_order_and_lose_nothing),
         cmocka_unit_test(full_lanes_take_a_prefix),
+        cmocka_unit_test(timeout_is_for_the_whole_call),
         cmocka_unit_test(bad_input_is_refused_after_the_prefix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

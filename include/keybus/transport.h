@@ -207,15 +207,20 @@ typedef const kb_transport_ops *kb_transport_plugin_fn(void);
  * KB_TRANSPORT_F_SINGLE_FEEDER, any otherwise). */
 KB_EXPORT int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms);
 
-/* As kb_sink_deliver for d[0..n), in order, with one hand-over: the records
- * go on their lanes together and each executor is woken at most once per 64
- * deliveries, where kb_sink_deliver may wake one per delivery (a broker read
- * of many entries). Each full lane is waited for up to timeout_ms. *accepted
- * (not NULL) receives how many the pool took, always a prefix: d[*accepted..n)
- * stay the transport's and can be delivered again without loss or
- * reordering. KB_OK when all n were taken, else the error of delivery
- * *accepted (those of kb_sink_deliver). Copies like kb_sink_deliver; d is
- * only read. Thread: as kb_sink_deliver. */
+/* As kb_sink_deliver for d[0..n), in order, in chunks of up to 64: a chunk's
+ * records go on their lanes together and their lanes are scheduled together,
+ * so an executor is usually woken once per chunk, where kb_sink_deliver may
+ * wake one per delivery (a broker read of many entries); more often when a
+ * chunk spans more than 32 lanes or meets a full lane. timeout_ms is for the
+ * call in all (< 0: until space or close, 0: no wait): the call returns by
+ * then however many full lanes it meets; with timeout_ms > 0 each lane found
+ * full counts once in the topic's `rejected` stat even when it then gets room.
+ * *accepted (not NULL) receives how many the pool took, always a prefix:
+ * d[*accepted..n) stay the transport's and can be delivered again without
+ * loss or reordering. KB_OK when all n were taken, else the error of delivery
+ * *accepted (those of kb_sink_deliver; a bad delivery's KB_EINVAL errstr
+ * names its index in d). Copies like kb_sink_deliver; d is only read.
+ * Thread: as kb_sink_deliver. */
 KB_EXPORT int kb_sink_deliver_batch(kb_sink *s, const kb_delivery *d, size_t n, int timeout_ms,
                                     size_t *accepted);
 

@@ -333,7 +333,7 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
             size_t i = 0;
             int d = KB_REDIS_DELIVERED;
             if (p->waiting == NULL)   /* else these go behind what waits */
-                d = kb__redis_deliver_run(p->tt, p->index, ents, &i, NULL, 0, ro->v[k].epoch, 0);
+                d = kb__redis_deliver_run(p->tt, p->index, ents, &i, NULL, 0, ro->v[k].epoch, 0, false);
             if (d == KB_REDIS_CLOSING)
                 rc = KB_REDIS_CLOSING;
             if ((d == KB_REDIS_LANE_FULL || p->waiting != NULL) && i < ents->elements) {

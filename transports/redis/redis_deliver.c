@@ -124,10 +124,13 @@ static int run_flush(kb_transport_topic *tt, uint32_t part, const redisReply *en
 
 int kb__redis_deliver_run(kb_transport_topic *tt, uint32_t part, const redisReply *ents,
                           size_t *next, const uint32_t *attempts, unsigned flags, uint32_t epoch,
-                          int timeout_ms)
+                          int timeout_ms, bool head_alone)
 {
     run r;
     r.n = 0;
+    /* A head refused before goes alone: while its lane stays full, a try
+     * copies (and frees) one record, not a run's. */
+    size_t run_max = head_alone ? 1 : RUN_MAX;
     kb_redis_entry en;
     size_t i = *next;
     int rc = KB_REDIS_DELIVERED;
@@ -146,9 +149,10 @@ int kb__redis_deliver_run(kb_transport_topic *tt, uint32_t part, const redisRepl
                                       .attempt = en.attempt, .id = en.id,
                                       .cookie = (void *)(uintptr_t)epoch, .flags = flags};
             r.ent[r.n++] = i++;
-            if (r.n == RUN_MAX) {
+            if (r.n == run_max) {
                 rc = run_flush(tt, part, ents, &r, epoch, timeout_ms, &i);
                 timeout_ms = 0;
+                run_max = RUN_MAX;
             }
             continue;
         }
@@ -162,6 +166,7 @@ int kb__redis_deliver_run(kb_transport_topic *tt, uint32_t part, const redisRepl
         }
         rc = kb__redis_deliver(tt, part, ents->element[i], attempt, flags, epoch, timeout_ms);
         timeout_ms = 0;
+        run_max = RUN_MAX;
         if (rc == KB_REDIS_DELIVERED)
             i++;
     }
@@ -240,11 +245,13 @@ void kb__redis_wait_drop(kb_redis_part *p)
  * lane may be waited for up to timeout_ms. */
 int kb__redis_wait_deliver(kb_redis_part *p, int timeout_ms)
 {
+    bool head_refused = true;   /* the first waiting entry's lane was full */
     while (p->waiting != NULL) {
         kb_redis_wait *w = p->waiting;
         int rc = kb__redis_deliver_run(p->tt, p->index, w->ents, &w->next_ent, w->attempts,
                                        w->attempts != NULL ? KB_DELIVERY_F_REDELIVERED : 0,
-                                       w->epoch, timeout_ms);
+                                       w->epoch, timeout_ms, head_refused);
+        head_refused = false;
         if (rc == KB_REDIS_LANE_FULL)
             return KB_REDIS_LANE_FULL;
         if (rc != KB_REDIS_DELIVERED) {

@@ -270,10 +270,11 @@ int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e
                       unsigned flags, uint32_t epoch, int timeout_ms);
 /* Hand ents[*next..] over, in runs (one executor wake per run), until one
  * is not taken: KB_REDIS_*, and *next the first entry not handed over.
- * `attempts`: per entry (a sweep's), NULL: 1 each. */
+ * `attempts`: per entry (a sweep's), NULL: 1 each. head_alone: ents[*next]
+ * was refused for a full lane before; it goes alone, the runs after it. */
 int kb__redis_deliver_run(kb_transport_topic *tt, uint32_t part, const redisReply *ents,
                           size_t *next, const uint32_t *attempts, unsigned flags, uint32_t epoch,
-                          int timeout_ms);
+                          int timeout_ms, bool head_alone);
 /* A reply whose entries wait for lane space in one or more partitions. */
 typedef struct kb_redis_held kb_redis_held;
 kb_redis_held *kb__redis_held_new(redisReply *r);   /* NULL: out of memory (r not taken) */
