@@ -607,7 +607,7 @@ static int has_work(void *arg)
 static void idle(struct kb_executor *ex)
 {
     kb_backoff bo;
-    kb__backoff_init(&bo, ex->sched->idle);
+    kb__backoff_init_executor(&bo, ex->sched->idle);
     int64_t now = kb__now_ns();
     /* Idle, the barrier delays no lane of ours: take it soon rather than
      * wait SETTLE_NS (spin and yield never reach the check before parking). */
