@@ -641,30 +641,13 @@ static bool acquire(kb_transport *t, kb_nats_part *p, lease_round *rd)
     return true;
 }
 
-/* A renewal refused: when the key still names this process, an earlier
- * renewal was stored after its answer was given up (the bucket's leader was
- * being elected) and the lease never left; it is renewed on that revision.
- * Unverifiable (no answer, or something of the round unanswered already):
- * as unanswered, it stays until it runs out locally, which another member's
- * legitimate take cannot precede. */
-static natsStatus recheck_refused(kb_transport *t, kb_nats_part *p, uint64_t *rev, bool *unanswered)
-{
-    uint64_t last = 0;
-    holder h = *unanswered ? HOLDER_UNKNOWN : lease_holder(t, p, &last);
-    natsStatus s = h == HOLDER_US ? lease_put(t, p, last, rev)
-                   : h == HOLDER_UNKNOWN ? NATS_TIMEOUT
-                                        : NATS_ERR;
-    *unanswered = *unanswered || (s != NATS_OK && s != NATS_ERR);
-    return s;
-}
-
 /* The outcome of a lease's renewal (kv_put_all); *unanswered set when the
- * server left it or its recheck without an answer. */
+ * server left it without an answer. A refused renewal is a lost lease, even
+ * when the key names this consumer: the name is shared by every bus of the
+ * process and by a restarted process beside a hung old one. */
 static void renewed(kb_transport *t, kb_nats_part *p, natsStatus s, uint64_t rev, int64_t started,
                     bool *unanswered)
 {
-    if (s == NATS_ERR)
-        s = recheck_refused(t, p, &rev, unanswered);
     if (s == NATS_OK) {
         p->lease_rev = rev;
         p->lease_until_ns = started + t->lease_ttl_ms * 1000000;
