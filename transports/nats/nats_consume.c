@@ -211,7 +211,9 @@ static int ring_room(void *arg)
 }
 
 /* The claim of partition p that delivered a message (by its consumer name),
- * or NULL: an earlier claim's consumer, not ours any more. */
+ * or NULL: an earlier claim's consumer, not ours any more, or one fenced
+ * (leave_fenced may have let the acker free its ring while p->feeding still
+ * names it). */
 static kb_nats_claim *claim_of(feeder *f, kb_nats_part *p, const kb_nats_meta *meta)
 {
     kb_nats_claim *c = p->feeding;
@@ -219,7 +221,10 @@ static kb_nats_claim *claim_of(feeder *f, kb_nats_part *p, const kb_nats_meta *m
         tend(f, p, kb_now_ns());   /* a wide claim's partitions learn of it here */
         c = p->feeding;
     }
-    return c != NULL && strcmp(c->consumer, meta->consumer) == 0 ? c : NULL;
+    if (c == NULL || strcmp(c->consumer, meta->consumer) != 0 ||
+        atomic_load(&c->feeder_left) || atomic_load(&c->fenced))
+        return NULL;
+    return c;
 }
 
 /* A wide claim sees every message of its stream, so a gap between two of its
