@@ -641,6 +641,39 @@ static bool acquire(kb_transport *t, kb_nats_part *p, lease_round *rd)
     return true;
 }
 
+/* When the lease of p runs out locally: TTL - TTL/6 after its last take or
+ * renewal (renewed() drops it then). */
+static int64_t local_expiry(const kb_transport *t, const kb_nats_part *p)
+{
+    return p->lease_until_ns - t->lease_ttl_ms * 1000000 / 6;
+}
+
+/* Claim c stays valid while every lease it covers does: a lease round can
+ * block past that, and the feeder and executors must stop on their own. */
+static void claim_validity(const kb_transport *t, kb_nats_claim *c)
+{
+    int64_t until = local_expiry(t, c->part);
+    kb_nats_part *parts = c->part->topic->parts;
+    for (uint32_t i = 0; c->wide && i < t->partitions; i++) {
+        int64_t e = parts[i].lease_rev != 0 ? local_expiry(t, &parts[i]) : 0;
+        if (e < until)
+            until = e;
+    }
+    atomic_store(&c->valid_until_ns, until);
+}
+
+/* After renewals: every current claim (a wide one once) takes its new
+ * expiry. */
+static void claims_validity(kb_transport *t)
+{
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
+        for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++) {
+            kb_nats_claim *c = atomic_load(&tp->parts[i].claim);
+            if (c != NULL && c->part == &tp->parts[i])
+                claim_validity(t, c);
+        }
+}
+
 /* The outcome of a lease's renewal (kv_put_all); *unanswered set when the
  * server left it without an answer. A refused renewal is a lost lease, even
  * when the key names this consumer: the name is shared by every bus of the
@@ -726,8 +759,10 @@ static void part_take(kb_transport *t, kb_nats_part *p, listing *l)
         consumers_list(t, p->topic, l)) {
         kb_nats_claim *nc = open_claim(t, p, p->lease_rev, l);
         drop(t, p);
-        if (nc != NULL)
+        if (nc != NULL) {
+            claim_validity(t, nc);
             atomic_store(&p->claim, nc);
+        }
     }
 }
 
@@ -788,6 +823,7 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, listing *l)
         if (kb__nats_consumer_wide(t, name) && strcmp(name, w->consumer) != 0)
             consumer_delete(t, tp->stream, name);
     }
+    claim_validity(t, w);
     /* partition 0 pulls for all: it learns of the claim last, so every
      * partition knows it before its first message can come */
     for (uint32_t i = t->partitions; i-- > 0;) {
@@ -937,6 +973,7 @@ static int64_t pass(kb_transport *t, bool *heartbeat_failing)
     if (heartbeat_failed && !*heartbeat_failing)   /* once, not every retry */
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: membership heartbeat failed", t->url_safe);
     *heartbeat_failing = heartbeat_failed;
+    claims_validity(t);
     /* a bucket that answered nothing (no leader): no listing, no takes */
     lease_round rd = {0, puts.n > 0 && answered == 0};
     free(puts.v);

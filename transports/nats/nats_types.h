@@ -71,6 +71,10 @@ typedef struct kb_nats_claim {
     _Atomic uint64_t settled;      /* entries the bus is finished with */
     _Atomic int fenced;            /* lease lost or reset: no acks, no deliveries */
     _Atomic int feeder_left;       /* the feeder will not touch it again */
+    /* monotonic ns when its lease (every partition's, for a wide claim)
+     * runs out locally; past it the claim counts as fenced. The lease
+     * thread sets it before publishing the claim and after each renewal */
+    _Atomic int64_t valid_until_ns;
     _Atomic int freed;             /* ring freed by the acker */
     _Atomic uint64_t acked_to;     /* stream sequence of the last AckAll sent */
     _Atomic uint64_t acked_dseq;   /* ... and its delivery sequence */
