@@ -884,8 +884,9 @@ static void topic_take(kb_transport *t, kb_nats_topic *tp, lease_round *rd)
  * AckAll, sent again, acks them all. But the state an AckAll consumer comes
  * back with after a kill can hold messages pending at or below its ack
  * floor, which no AckAll reaches (more pending than lie between the floor
- * and the last delivery): such a consumer is given up, and the claim starts
- * again from its floor with a fresh one. False when the server could not
+ * and the last delivery), or a delivery point below what the claim had,
+ * which an AckAll would pass: such a consumer is given up, and the claim
+ * starts again from its floor with a fresh one. False when the server could not
  * say (not ready yet after its restart): next round. */
 static bool renudge_claim(kb_transport *t, kb_nats_claim *c)
 {
@@ -897,6 +898,7 @@ static bool renudge_claim(kb_transport *t, kb_nats_claim *c)
         NATS_OK)
         return false;
     uint64_t below = kb__nats_pending_below_floor(ci);
+    uint64_t acked = atomic_load(&c->acked_to), had = atomic_load(&c->delivered_hi);
     bool ok = true;
     if (below > 0) {
         kb_log(t->bus, KB_LOG_WARNING,
@@ -905,7 +907,17 @@ static bool renudge_claim(kb_transport *t, kb_nats_claim *c)
                t->url_safe, c->consumer, (unsigned long long)below,
                (unsigned long long)ci->AckFloor.Stream);
         kb__nats_claim_reset(t, c);
-    } else if (ci->AckFloor.Stream < atomic_load(&c->acked_to)) {
+    } else if (ci->Delivered.Stream < (acked > had ? acked : had)) {
+        /* nats-server 2.9 takes an AckAll past its delivery point: the
+         * floor would pass it and what it delivers again stay pending */
+        kb_log(t->bus, KB_LOG_WARNING,
+               "nats %s: consumer %s came back from the server's restart having delivered up "
+               "to %llu, below the %llu this process had; starting again from its ack floor "
+               "with a new consumer", t->url_safe, c->consumer,
+               (unsigned long long)ci->Delivered.Stream,
+               (unsigned long long)(acked > had ? acked : had));
+        kb__nats_claim_reset(t, c);
+    } else if (ci->AckFloor.Stream < acked) {
         ok = kb__nats_claim_reack(t, c, ci->AckFloor.Consumer);
     }
     jsConsumerInfo_Destroy(ci);

@@ -93,8 +93,10 @@ typedef struct kb_nats_claim {
     /* per key, how far its handlers got, here and before (nats_progress.c) */
     _Atomic(struct kb_nats_progress *) progress;
     uint32_t nmarks;
+    /* highest stream sequence handed to the sink: the feeder's, read by the
+     * lease thread after a reconnect */
+    _Atomic uint64_t delivered_hi;
     /* feeder only */
-    uint64_t delivered_hi;         /* highest stream sequence handed to the sink */
     uint64_t dseq_hi;              /* the consumer's last delivery sequence seen */
     bool pull_open;
     bool pull_got;                 /* a message came since the newest request */
