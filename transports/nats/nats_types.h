@@ -264,6 +264,7 @@ struct kb_transport {
     _Atomic uint32_t reconnects;       /* pull requests open before one are lost */
     uint32_t reconnects_renudged;      /* lease thread: claims' pending asked again */
     _Atomic int renudge_wanted;        /* kb_drain saw a consumer's floor it cannot trust */
+    _Atomic int64_t renudge_asked_ns;  /* kb_drain's last such request (monotonic) */
     /* lease thread: pending-set probes' replies (nats_probe.c), on <probe_inbox>.<serial>;
      * destroyed only after the connection is closed (nats.c 3.4.1 could crash
      * delivering to a subscription destroyed meanwhile: nats-io/nats.c#637) */
