@@ -81,7 +81,8 @@ int kb__nats_ack(kb_transport *t, const kb_delivery *d)
 }
 
 /* Executor, before each handler: is the claim that delivered this still the
- * partition's current, unfenced one? One or two atomic loads, no round trip.
+ * partition's current, unfenced one, its lease not run out locally? A few
+ * atomic loads and a clock read, no round trip.
  * The entry is alive: its ring is freed only once every entry is settled. */
 int kb__nats_still_owned(kb_transport *t, const kb_delivery *d)
 {
@@ -90,7 +91,8 @@ int kb__nats_still_owned(kb_transport *t, const kb_delivery *d)
     if (e == NULL)
         return 1;
     kb_nats_claim *c = e->claim;
-    if (atomic_load_explicit(&c->fenced, memory_order_acquire)) {
+    if (atomic_load_explicit(&c->fenced, memory_order_acquire) ||
+        kb_now_ns() > atomic_load_explicit(&c->valid_until_ns, memory_order_relaxed)) {
         atomic_fetch_add_explicit(&c->part->topic->unowned, 1, memory_order_relaxed);
         return 0;
     }

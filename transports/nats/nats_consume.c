@@ -68,6 +68,19 @@ static void pull(feeder *f, kb_nats_claim *c, int64_t now)
     c->pull_deadline_ns = now + (c->pull_expires_ms + 2000) * 1000000;
 }
 
+/* Is claim c fenced? One whose lease ran out locally (the lease thread
+ * blocked past it) is fenced here, and the lease thread woken: a renewal
+ * it still gets in starts a fresh claim. */
+static bool fenced(kb_transport *t, kb_nats_claim *c, int64_t now)
+{
+    if (atomic_load(&c->fenced))
+        return true;
+    if (now <= atomic_load(&c->valid_until_ns))
+        return false;
+    kb__nats_claim_reset(t, c);
+    return true;
+}
+
 /* Follow the partition's current claim and keep its pulls going. A fenced
  * claim is left for good: once fenced nothing goes into its ring, so a wide
  * claim left through one partition is safe from the others. */
@@ -80,7 +93,7 @@ static void tend(feeder *f, kb_nats_part *p, int64_t now)
     p->feeding = c;
     if (c == NULL)
         return;
-    if (atomic_load(&c->fenced)) {
+    if (fenced(t, c, now)) {
         atomic_store(&c->feeder_left, 1);
         p->feeding = NULL;
     } else if (c->part != p) {
@@ -211,7 +224,9 @@ static int ring_room(void *arg)
 }
 
 /* The claim of partition p that delivered a message (by its consumer name),
- * or NULL: an earlier claim's consumer, not ours any more. */
+ * or NULL: an earlier claim's consumer, not ours any more, or one fenced
+ * (leave_fenced may have let the acker free its ring while p->feeding still
+ * names it). */
 static kb_nats_claim *claim_of(feeder *f, kb_nats_part *p, const kb_nats_meta *meta)
 {
     kb_nats_claim *c = p->feeding;
@@ -219,7 +234,10 @@ static kb_nats_claim *claim_of(feeder *f, kb_nats_part *p, const kb_nats_meta *m
         tend(f, p, kb_now_ns());   /* a wide claim's partitions learn of it here */
         c = p->feeding;
     }
-    return c != NULL && strcmp(c->consumer, meta->consumer) == 0 ? c : NULL;
+    if (c == NULL || strcmp(c->consumer, meta->consumer) != 0 ||
+        atomic_load(&c->feeder_left) || fenced(f->t, c, kb_now_ns()))
+        return NULL;
+    return c;
 }
 
 /* A wide claim sees every message of its stream, so a gap between two of its

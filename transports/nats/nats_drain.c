@@ -20,6 +20,32 @@
 #define KB_NATS_DRAIN_POLL_MAX_MS 200   /* consumer info at least this often */
 #define KB_NATS_DRAIN_CONFIRM_MS 2      /* after our own acks: the server's floor soon */
 
+/* Is consumer `name` one of this process's current claims on tp (none when
+ * it only publishes to tp)? */
+static bool live_claim(const kb_transport *t, kb_nats_topic *tp, const char *name)
+{
+    for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++) {
+        kb_nats_claim *c = atomic_load(&tp->parts[i].claim);
+        if (c != NULL && !atomic_load(&c->fenced) && strcmp(c->consumer, name) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Have the lease thread look at this process's claims' consumers again (it
+ * gives up one with messages pending below its floor), at most once a lease
+ * round: a look costs a consumer info per claim. */
+static void renudge_ask(kb_transport *t)
+{
+    int64_t now = kb_now_ns(), last = atomic_load(&t->renudge_asked_ns);
+    if (last != 0 && now - last < t->lease_ttl_ms * 1000000 / 3)
+        return;
+    if (!atomic_compare_exchange_strong(&t->renudge_asked_ns, &last, now))
+        return;
+    atomic_store(&t->renudge_wanted, 1);
+    kb__nats_lease_kick(t);
+}
+
 /* Clear the targets of tp's partitions that a group consumer's floor on the
  * server reached. A failed listing (server restarting, reconnecting) is not
  * the end of the drain: its reason is kept for the timeout's message. */
@@ -38,15 +64,16 @@ static void poll_floors(kb_transport *t, kb_nats_topic *tp, uint64_t *target, ch
     }
     for (int i = 0; list != NULL && i < list->Count; i++) {
         const jsConsumerInfo *ci = list->List[i];
-        if (kb__nats_pending_below_floor(ci) > 0) {
-            /* its floor vouches for nothing: wait for its successor (ours:
-             * the lease thread looks at our claims' consumers again) */
-            atomic_store(&t->renudge_wanted, 1);
-            kb__nats_lease_kick(t);
-            continue;
-        }
         long n = kb__nats_consumer_part(t, ci->Name);
         bool wide = kb__nats_consumer_wide(t, ci->Name);
+        if (n < 0 && !wide)
+            continue;   /* another group's */
+        if (kb__nats_pending_below_floor(ci) > 0) {
+            /* its floor vouches for nothing: wait for its successor */
+            if (live_claim(t, tp, ci->Name))
+                renudge_ask(t);
+            continue;
+        }
         for (uint32_t p = 0; p < t->partitions; p++)
             if ((wide || (long)p == n) && target[p] != 0 && kb__nats_floor_of(ci) >= target[p])
                 target[p] = 0;

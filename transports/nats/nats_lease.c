@@ -641,30 +641,46 @@ static bool acquire(kb_transport *t, kb_nats_part *p, lease_round *rd)
     return true;
 }
 
-/* A renewal refused: when the key still names this process, an earlier
- * renewal was stored after its answer was given up (the bucket's leader was
- * being elected) and the lease never left; it is renewed on that revision.
- * Unverifiable (no answer, or something of the round unanswered already):
- * as unanswered, it stays until it runs out locally, which another member's
- * legitimate take cannot precede. */
-static natsStatus recheck_refused(kb_transport *t, kb_nats_part *p, uint64_t *rev, bool *unanswered)
+/* When the lease of p runs out locally: TTL - TTL/6 after its last take or
+ * renewal (renewed() drops it then). */
+static int64_t local_expiry(const kb_transport *t, const kb_nats_part *p)
 {
-    uint64_t last = 0;
-    holder h = *unanswered ? HOLDER_UNKNOWN : lease_holder(t, p, &last);
-    natsStatus s = h == HOLDER_US ? lease_put(t, p, last, rev)
-                   : h == HOLDER_UNKNOWN ? NATS_TIMEOUT
-                                        : NATS_ERR;
-    *unanswered = *unanswered || (s != NATS_OK && s != NATS_ERR);
-    return s;
+    return p->lease_until_ns - t->lease_ttl_ms * 1000000 / 6;
+}
+
+/* Claim c stays valid while every lease it covers does: a lease round can
+ * block past that, and the feeder and executors must stop on their own. */
+static void claim_validity(const kb_transport *t, kb_nats_claim *c)
+{
+    int64_t until = local_expiry(t, c->part);
+    kb_nats_part *parts = c->part->topic->parts;
+    for (uint32_t i = 0; c->wide && i < t->partitions; i++) {
+        int64_t e = parts[i].lease_rev != 0 ? local_expiry(t, &parts[i]) : 0;
+        if (e < until)
+            until = e;
+    }
+    atomic_store(&c->valid_until_ns, until);
+}
+
+/* After renewals: every current claim (a wide one once) takes its new
+ * expiry. */
+static void claims_validity(kb_transport *t)
+{
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
+        for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++) {
+            kb_nats_claim *c = atomic_load(&tp->parts[i].claim);
+            if (c != NULL && c->part == &tp->parts[i])
+                claim_validity(t, c);
+        }
 }
 
 /* The outcome of a lease's renewal (kv_put_all); *unanswered set when the
- * server left it or its recheck without an answer. */
+ * server left it without an answer. A refused renewal is a lost lease, even
+ * when the key names this consumer: the name is shared by every bus of the
+ * process and by a restarted process beside a hung old one. */
 static void renewed(kb_transport *t, kb_nats_part *p, natsStatus s, uint64_t rev, int64_t started,
                     bool *unanswered)
 {
-    if (s == NATS_ERR)
-        s = recheck_refused(t, p, &rev, unanswered);
     if (s == NATS_OK) {
         p->lease_rev = rev;
         p->lease_until_ns = started + t->lease_ttl_ms * 1000000;
@@ -743,8 +759,10 @@ static void part_take(kb_transport *t, kb_nats_part *p, listing *l)
         consumers_list(t, p->topic, l)) {
         kb_nats_claim *nc = open_claim(t, p, p->lease_rev, l);
         drop(t, p);
-        if (nc != NULL)
+        if (nc != NULL) {
+            claim_validity(t, nc);
             atomic_store(&p->claim, nc);
+        }
     }
 }
 
@@ -805,6 +823,7 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, listing *l)
         if (kb__nats_consumer_wide(t, name) && strcmp(name, w->consumer) != 0)
             consumer_delete(t, tp->stream, name);
     }
+    claim_validity(t, w);
     /* partition 0 pulls for all: it learns of the claim last, so every
      * partition knows it before its first message can come */
     for (uint32_t i = t->partitions; i-- > 0;) {
@@ -865,8 +884,9 @@ static void topic_take(kb_transport *t, kb_nats_topic *tp, lease_round *rd)
  * AckAll, sent again, acks them all. But the state an AckAll consumer comes
  * back with after a kill can hold messages pending at or below its ack
  * floor, which no AckAll reaches (more pending than lie between the floor
- * and the last delivery): such a consumer is given up, and the claim starts
- * again from its floor with a fresh one. False when the server could not
+ * and the last delivery), or a delivery point below what the claim had,
+ * which an AckAll would pass: such a consumer is given up, and the claim
+ * starts again from its floor with a fresh one. False when the server could not
  * say (not ready yet after its restart): next round. */
 static bool renudge_claim(kb_transport *t, kb_nats_claim *c)
 {
@@ -878,6 +898,7 @@ static bool renudge_claim(kb_transport *t, kb_nats_claim *c)
         NATS_OK)
         return false;
     uint64_t below = kb__nats_pending_below_floor(ci);
+    uint64_t acked = atomic_load(&c->acked_to), had = atomic_load(&c->delivered_hi);
     bool ok = true;
     if (below > 0) {
         kb_log(t->bus, KB_LOG_WARNING,
@@ -886,7 +907,17 @@ static bool renudge_claim(kb_transport *t, kb_nats_claim *c)
                t->url_safe, c->consumer, (unsigned long long)below,
                (unsigned long long)ci->AckFloor.Stream);
         kb__nats_claim_reset(t, c);
-    } else if (ci->AckFloor.Stream < atomic_load(&c->acked_to)) {
+    } else if (ci->Delivered.Stream < (acked > had ? acked : had)) {
+        /* nats-server 2.9 takes an AckAll past its delivery point: the
+         * floor would pass it and what it delivers again stay pending */
+        kb_log(t->bus, KB_LOG_WARNING,
+               "nats %s: consumer %s came back from the server's restart having delivered up "
+               "to %llu, below the %llu this process had; starting again from its ack floor "
+               "with a new consumer", t->url_safe, c->consumer,
+               (unsigned long long)ci->Delivered.Stream,
+               (unsigned long long)(acked > had ? acked : had));
+        kb__nats_claim_reset(t, c);
+    } else if (ci->AckFloor.Stream < acked) {
         ok = kb__nats_claim_reack(t, c, ci->AckFloor.Consumer);
     }
     jsConsumerInfo_Destroy(ci);
@@ -954,6 +985,7 @@ static int64_t pass(kb_transport *t, bool *heartbeat_failing)
     if (heartbeat_failed && !*heartbeat_failing)   /* once, not every retry */
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: membership heartbeat failed", t->url_safe);
     *heartbeat_failing = heartbeat_failed;
+    claims_validity(t);
     /* a bucket that answered nothing (no leader): no listing, no takes */
     lease_round rd = {0, puts.n > 0 && answered == 0};
     free(puts.v);

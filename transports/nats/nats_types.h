@@ -71,6 +71,10 @@ typedef struct kb_nats_claim {
     _Atomic uint64_t settled;      /* entries the bus is finished with */
     _Atomic int fenced;            /* lease lost or reset: no acks, no deliveries */
     _Atomic int feeder_left;       /* the feeder will not touch it again */
+    /* monotonic ns when its lease (every partition's, for a wide claim)
+     * runs out locally; past it the claim counts as fenced. The lease
+     * thread sets it before publishing the claim and after each renewal */
+    _Atomic int64_t valid_until_ns;
     _Atomic int freed;             /* ring freed by the acker */
     _Atomic uint64_t acked_to;     /* stream sequence of the last AckAll sent */
     _Atomic uint64_t acked_dseq;   /* ... and its delivery sequence */
@@ -89,8 +93,10 @@ typedef struct kb_nats_claim {
     /* per key, how far its handlers got, here and before (nats_progress.c) */
     _Atomic(struct kb_nats_progress *) progress;
     uint32_t nmarks;
+    /* highest stream sequence handed to the sink: the feeder's, read by the
+     * lease thread after a reconnect */
+    _Atomic uint64_t delivered_hi;
     /* feeder only */
-    uint64_t delivered_hi;         /* highest stream sequence handed to the sink */
     uint64_t dseq_hi;              /* the consumer's last delivery sequence seen */
     bool pull_open;
     bool pull_got;                 /* a message came since the newest request */
@@ -258,6 +264,7 @@ struct kb_transport {
     _Atomic uint32_t reconnects;       /* pull requests open before one are lost */
     uint32_t reconnects_renudged;      /* lease thread: claims' pending asked again */
     _Atomic int renudge_wanted;        /* kb_drain saw a consumer's floor it cannot trust */
+    _Atomic int64_t renudge_asked_ns;  /* kb_drain's last such request (monotonic) */
     /* lease thread: pending-set probes' replies (nats_probe.c), on <probe_inbox>.<serial>;
      * destroyed only after the connection is closed (nats.c 3.4.1 could crash
      * delivering to a subscription destroyed meanwhile: nats-io/nats.c#637) */
