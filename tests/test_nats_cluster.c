@@ -345,11 +345,12 @@ static void non_leader_killed(void **state)
     assert_int_equal(handled, KEYS * 300);
     assert_int_equal(violations, 0);
     assert_int_equal(concurrent, 0);
-    /* a wide bound, not a timing claim: the killed node's consumer leaders
-     * are elected again (several seconds in nats-server 2.9), and when it led
-     * the lease bucket the leases may run out and come back with new
-     * consumers from the ack floor: 6-9 s seen on one CPU under TSan */
-    assert_true(g.max_gap < 30.0);
+    /* Liveness, not a timing claim: handling resumes within the 120 s wait.
+     * The killed node's consumer leaders are elected again (seconds in
+     * nats-server 2.9); when it led the lease bucket the leases run out and
+     * come back with new consumers from the ack floor: 0-9 s seen plain,
+     * 58 s once under ASan with a CI run beside it. */
+    assert_true(g.max_gap < 110.0);
 }
 
 /* The lease bucket's leader killed under two consumer processes: no key is
