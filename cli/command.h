@@ -64,8 +64,13 @@ int kb_cli_flags(const char *cmd, int argc, char **argv, const char *const *name
  * saying why on stderr, with the exit status in *status. */
 kb_conf *kb_cli_conf_make(int *status);
 
-/* kb_cli_conf_make, then kb_open: NULL after saying why (*status). */
-kb_bus *kb_cli_open(int *status);
+/* kb_open on c (taken: destroyed on failure): NULL after saying why on stderr
+ * as "keybus CMD: <class>: <reason>", with *status KB_CLI_EXIT_USAGE for a
+ * configuration kb_open refused (KB_EINVAL), else KB_CLI_EXIT_ERROR. */
+kb_bus *kb_cli_open_conf(const char *cmd, kb_conf *c, int *status);
+
+/* kb_cli_conf_make, then kb_cli_open_conf. */
+kb_bus *kb_cli_open(const char *cmd, int *status);
 
 /* The transport's scheme ("mem", "redis", ...) the configuration (KEYBUS_*
  * included) names, into buf. */

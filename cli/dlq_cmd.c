@@ -60,7 +60,7 @@ int kb_cli_dlq_list(int argc, char **argv)
     if (argc == 3 && (max = kb_cli_count(argv[2], DLQ_LIST_MAX)) == 0)
         return kb_cli_usage_error(argv[0], "MAX must be a decimal number in 1..%d",
                                   DLQ_LIST_MAX);
-    kb_bus *b = kb_cli_open(&status);
+    kb_bus *b = kb_cli_open(argv[0], &status);
     if (b == NULL)
         return status;
     /* a topic that does not exist is not found, as for stats (on mem://
@@ -97,7 +97,7 @@ static int find_id(const kb_dead_letter *dl, void *opaque)
 int kb_cli_dlq_replay(int argc, char **argv)
 {
     int status = kb_cli_check_args(argv[0], argc, argv, 1, 2, 2, true);
-    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(&status) : NULL;
+    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(argv[0], &status) : NULL;
     if (b == NULL)
         return status;
     struct found f = {.id = argv[2]};
@@ -123,7 +123,7 @@ int kb_cli_dlq_replay(int argc, char **argv)
 int kb_cli_dlq_delete(int argc, char **argv)
 {
     int status = kb_cli_check_args(argv[0], argc, argv, 1, 2, 2, true);
-    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(&status) : NULL;
+    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(argv[0], &status) : NULL;
     if (b == NULL)
         return status;
     int rc = kb_dead_letter_delete(b, argv[1], argv[2]);
@@ -138,7 +138,7 @@ int kb_cli_dlq_delete(int argc, char **argv)
 int kb_cli_dlq_purge(int argc, char **argv)
 {
     int status = kb_cli_check_args(argv[0], argc, argv, 1, 1, 1, true);
-    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(&status) : NULL;
+    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(argv[0], &status) : NULL;
     if (b == NULL)
         return status;
     kb_topic_stats s;

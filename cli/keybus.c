@@ -105,19 +105,24 @@ kb_conf *kb_cli_conf_make(int *status)
     return c;
 }
 
-kb_bus *kb_cli_open(int *status)
+kb_bus *kb_cli_open_conf(const char *cmd, kb_conf *c, int *status)
 {
-    kb_conf *c = kb_cli_conf_make(status);
-    if (c == NULL)
-        return NULL;
     char err[512];
     kb_bus *b = kb_open(c, err, sizeof err);
     if (b == NULL) {
-        fprintf(stderr, "keybus: %s\n", err);
+        int rc = kb_last_error_code();
+        fprintf(stderr, "keybus %s: %s: %s\n", cmd, kb_strerror(rc), err);
         kb_conf_destroy(c);
-        *status = KB_CLI_EXIT_ERROR;
+        /* a value kb_open refused is bad configuration: nothing was connected */
+        *status = rc == KB_EINVAL ? KB_CLI_EXIT_USAGE : KB_CLI_EXIT_ERROR;
     }
     return b;
+}
+
+kb_bus *kb_cli_open(const char *cmd, int *status)
+{
+    kb_conf *c = kb_cli_conf_make(status);
+    return c == NULL ? NULL : kb_cli_open_conf(cmd, c, status);
 }
 
 void kb_cli_scheme(kb_conf *c, char *buf, size_t len)

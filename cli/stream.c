@@ -119,12 +119,11 @@ static int stream_run(kb_conf *c, const struct kb_cli_stream *s)
         kb_conf_destroy(c);
         return KB_CLI_EXIT_ERROR;
     }
-    kb_bus *b = kb_open(c, err, sizeof err);
+    int status;
+    kb_bus *b = kb_cli_open_conf(cmd, c, &status);
     if (b == NULL) {
-        fprintf(stderr, "keybus: %s\n", err);
-        kb_conf_destroy(c);
         close(stop);
-        return KB_CLI_EXIT_ERROR;
+        return status;
     }
     int closed;
     int rc = s->consume ? kb_cli_consume(b, s, stop, &closed) : kb_cli_produce(b, s, stop, &closed);

@@ -124,7 +124,7 @@ int kb_cli_top(int argc, char **argv)
         perror("keybus top: signalfd");
         return KB_CLI_EXIT_ERROR;
     }
-    kb_bus *b = kb_cli_open(&status);
+    kb_bus *b = kb_cli_open(argv[0], &status);
     int n = argc - 1;
     struct sample *cur = calloc((size_t)n, sizeof *cur), *prev = calloc((size_t)n, sizeof *prev);
     if (b == NULL || cur == NULL || prev == NULL) {

@@ -10,7 +10,7 @@
 int kb_cli_publish(int argc, char **argv)
 {
     int status = kb_cli_check_args(argv[0], argc, argv, 1, 2, 3, true);
-    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(&status) : NULL;
+    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(argv[0], &status) : NULL;
     if (b == NULL)
         return status;
     const char *payload = argc == 4 ? argv[3] : "";
@@ -52,7 +52,7 @@ int kb_cli_stats(int argc, char **argv)
     if (set[0] && set[1])
         return kb_cli_usage_error(argv[0], "--json and --text exclude each other");
     status = kb_cli_check_args(argv[0], argc, argv, 1, 1, 1, true);
-    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(&status) : NULL;
+    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(argv[0], &status) : NULL;
     if (b == NULL)
         return status;
     kb_topic_stats s;
@@ -90,7 +90,7 @@ int kb_cli_partitions(int argc, char **argv)
     if ((argc = kb_cli_flags(argv[0], argc, argv, flags, 1, &json)) < 0)
         return KB_CLI_EXIT_USAGE;
     int status = kb_cli_check_args(argv[0], argc, argv, 1, 1, 1, true);
-    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(&status) : NULL;
+    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(argv[0], &status) : NULL;
     if (b == NULL)
         return status;
     kb_topic_stats s;
@@ -112,7 +112,7 @@ int kb_cli_partitions(int argc, char **argv)
 int kb_cli_metrics(int argc, char **argv)
 {
     int status = kb_cli_check_args(argv[0], argc, argv, 1, 0, argc, false);
-    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(&status) : NULL;
+    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(argv[0], &status) : NULL;
     if (b == NULL)
         return status;
     int rc = kb_cli_metrics_print(b, argc - 1, argv + 1);

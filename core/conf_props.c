@@ -73,11 +73,11 @@ const kb_conf_prop kb__core_props[] = {
      "`retry.max_attempts` when the next process of the group on this host starts "
      "(docs/transports.md, \"Attempts are handler runs\"). Empty: "
      "`$XDG_RUNTIME_DIR/keybus-runs`, else `/tmp/keybus-runs-<uid>`; created with mode 0700, and refused when another user owns it."},
-    {"metrics.enabled", KB_CONF_ENUM, "false", 0, 8,
+    {"metrics.enabled", KB_CONF_BOOL, "false", 0, 1,
      "`true`: also keep histograms of publish-to-handle latency and handler duration "
      "(they read the clock at publish and around every handler run: about 120 "
      "instructions per event); the counters and gauges are always kept. docs/metrics.md; "
-     "cost in docs/benchmarks.md.", "true|false"},
+     "cost in docs/benchmarks.md."},
     {"metrics.listen", KB_CONF_TEXT, "", 0, 300,
      "`host:port` (e.g. `127.0.0.1:9464`; `[::1]:9464` for IPv6) of a built-in HTTP "
      "endpoint serving `GET /metrics` (Prometheus text) and `GET /partitions` (JSON); "

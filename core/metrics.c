@@ -85,7 +85,7 @@ const uint8_t kb__hist_from_log2[35] = {
 
 struct kb_topic_metrics *kb__topic_metrics_new(const kb_bus *b)
 {
-    if (strcmp(kb_conf_str(b->conf, "metrics.enabled"), "true") != 0)
+    if (!kb_conf_bool(b->conf, "metrics.enabled"))
         return NULL;
     static pthread_once_t calibrated = PTHREAD_ONCE_INIT;
     pthread_once(&calibrated, tsc_calibrate);

@@ -259,6 +259,38 @@ kb_url *kb_url_parse(const char *url, char *errstr, size_t errlen)
     return u;
 }
 
+/* Whether an authority of len bytes is only "host[:port]" items separated by
+ * ',' (several servers: "n1:4222,n2:4222"), each port all digits. */
+static bool hosts_only(const char *a, size_t len)
+{
+    const char *end = a + len;
+    while (a < end) {
+        size_t item = strcspn(a, ",");
+        if (a + item > end)
+            item = (size_t)(end - a);
+        const char *host_end = a + item;
+        if (a[0] == '[') {
+            const char *close = memchr(a, ']', item);
+            if (close == NULL)
+                return false;
+            host_end = close + 1;
+            if (host_end < a + item && *host_end != ':')
+                return false;
+        } else {
+            const char *colon = memchr(a, ':', item);
+            if (colon != NULL)
+                host_end = colon;
+        }
+        if (host_end < a + item) {   /* ":port" */
+            size_t digits = strspn(host_end + 1, "0123456789");
+            if (digits == 0 || host_end + 1 + digits != a + item)
+                return false;
+        }
+        a += item + 1;
+    }
+    return true;
+}
+
 const char *kb_url_redact(const char *url, char *out, size_t outlen)
 {
     if (outlen == 0)
@@ -282,11 +314,10 @@ const char *kb_url_redact(const char *url, char *out, size_t outlen)
     }
     if (at == NULL && sep) {
         /* "redis://user:secret" (no '@'): after the authority's first ':',
-         * anything but a port may be a password */
+         * anything but a list of host[:port] may be a password */
         size_t alen = strcspn(rest, "/?#");
         const char *colon = memchr(rest, ':', alen);
-        size_t digits = colon ? strspn(colon + 1, "0123456789") : 0;
-        if (colon != NULL && rest[0] != '[' && colon + 1 + digits != rest + alen) {
+        if (colon != NULL && !hosts_only(rest, alen)) {
             snprintf(out, outlen, "%.*s:***%s", (int)(colon - url), url, rest + alen);
             return out;
         }

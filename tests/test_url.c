@@ -149,6 +149,12 @@ static void redact_masks_everything_before_the_last_at(void **state)
         {"redis:/:SECRET@10.0.0.5:6379", "***@10.0.0.5:6379"},
         {"redis:SECRET", "redis:***"},
         {"nats://[::1]:4222", "nats://[::1]:4222"},
+        /* several servers are hosts, not a password */
+        {"nats://n1:4222,n2:4222", "nats://n1:4222,n2:4222"},
+        {"redis-sentinel://h1:26379,h2,[::1]:26380/mymaster",
+         "redis-sentinel://h1:26379,h2,[::1]:26380/mymaster"},
+        {"nats://user:SECRET,n2:4222", "nats://user:***"},
+        {"nats://n1:4222,user:SECRET", "nats://n1:***"},
     };
     char out[128];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
