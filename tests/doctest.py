@@ -57,6 +57,34 @@ def examples(path):
     return found
 
 
+def ini_blocks(path):
+    """(line, text) of every ```ini block: each must load as it is shown."""
+    lines = open(path, encoding="utf-8").read().split("\n")
+    found, i = [], 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        i += 1
+        if not fence:
+            continue
+        start, body = i, []
+        while i < len(lines) and not FENCE.match(lines[i]):
+            body.append(lines[i])
+            i += 1
+        i += 1
+        if fence.group(1) == "ini":
+            found.append((f"{path}:{start}", "\n".join(body) + "\n"))
+    return found
+
+
+def load_ini(text, env, tmp):
+    """`keybus -c FILE conf` on the block: it loads when the exit is 0."""
+    path = os.path.join(tmp, "example.ini")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return subprocess.run(["keybus", "-c", path, "conf"], cwd=tmp, env=env, text=True,
+                          capture_output=True, timeout=60)
+
+
 def run(src, lib, lang, code, env, tmp):
     if lang == "sh":
         return subprocess.run(["bash", "-e", "-c", code], cwd=tmp, env=env, text=True,
@@ -89,6 +117,15 @@ def main():
                 failed += 1
                 print(f"{where} ({lang}, {transport}): exit {got.returncode}\n"
                       f"--- shown\n{want}--- printed\n{got.stdout}--- stderr\n{got.stderr}")
+        if transport != "mem":
+            continue
+        for where, text in ini_blocks(page):
+            ran += 1
+            with tempfile.TemporaryDirectory(prefix="keybus-doctest-") as tmp:
+                got = load_ini(text, env, tmp)
+            if got.returncode != 0:
+                failed += 1
+                print(f"{where} (ini): keybus -c FILE conf exit {got.returncode}\n{got.stderr}")
     print(f"{ran} example(s) on {transport}, {failed} failed")
     if ran == 0:
         sys.exit(f"no example marked for {transport}")
