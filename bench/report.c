@@ -93,14 +93,14 @@ void kb_report_json(FILE *out, const kb_result *r)
     json_ratio(out, "ratio_xadd", r->ratio_xadd);
     fprintf(out, ",\"batch\":%u,\"idle\":", r->batch);
     json_str(out, r->idle);
-    if (r->fail_rate > 0) {
-        fprintf(out, ",\"fail_rate\":%.6f,\"retry_scope\":", r->fail_rate);
-        json_str(out, r->retry_scope);
-    }
     if (r->idle_cpu_pct >= 0)
         fprintf(out, ",\"idle_cpu_pct\":%.3f", r->idle_cpu_pct);
     else
         fputs(",\"idle_cpu_pct\":null", out);
+    if (r->fail_rate > 0) {
+        fprintf(out, ",\"fail_rate\":%.6f,\"retry_scope\":", r->fail_rate);
+        json_str(out, r->retry_scope);
+    }
     fputs("}\n", out);
     fflush(out);
 }

@@ -17,9 +17,11 @@ static bool add_number(cJSON *o, const char *name, double v)
 static bool add_hist(cJSON *o, const char *name, const kb_hist_snap *h)
 {
     cJSON *j = cJSON_AddObjectToObject(o, name);
-    cJSON *buckets = j != NULL ? cJSON_AddArrayToObject(j, "buckets") : NULL;
-    if (buckets == NULL || !add_number(j, "count", (double)h->count) ||
+    if (j == NULL || !add_number(j, "count", (double)h->count) ||
         !add_number(j, "sum_seconds", (double)h->sum_ns / 1e9))
+        return false;
+    cJSON *buckets = cJSON_AddArrayToObject(j, "buckets");
+    if (buckets == NULL)
         return false;
     uint64_t cumulative = 0;
     for (unsigned i = 0; i < KB_HIST_BOUNDS; i++) {
@@ -90,6 +92,8 @@ static bool add_topic(cJSON *topics, const kb_metrics_topic *t)
         {"lanes", s->lanes},
         {"lanes_allocated", s->lanes_allocated},
         {"lane_memory_bytes", (double)s->lane_memory_bytes},
+        {"set_aside", (double)s->set_aside},
+        {"aggregates_waiting", (double)s->aggregates_waiting},
         {"partitions", s->partitions},
         {"partitions_owned", s->partitions_owned},
         {"broker_length", (double)s->broker_length},

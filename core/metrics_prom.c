@@ -51,6 +51,12 @@ static const struct family topic_families[] = {
      POOL, FIELD(lanes_allocated)},
     {"keybus_lane_memory_bytes", "gauge", "Lane table plus allocated lanes and rings.", POOL,
      FIELD(lane_memory_bytes)},
+    {"keybus_events_set_aside", "gauge",
+     "Events set aside now behind their aggregate's retry (retry.scope = key).", POOL,
+     FIELD(set_aside)},
+    {"keybus_aggregates_waiting", "gauge",
+     "Aggregates waiting for a retry now (retry.scope = key).", POOL,
+     FIELD(aggregates_waiting)},
     {"keybus_partitions", "gauge", "Broker partitions of the topic.", BROKER,
      FIELD(partitions)},
     {"keybus_partitions_owned", "gauge", "Partitions this process consumes now.", BROKER,
@@ -63,6 +69,9 @@ static const struct family topic_families[] = {
     {"keybus_broker_lag", "gauge",
      "Not yet delivered to the group (events on redis://, messages on nats://).", BROKER,
      FIELD(broker_lag)},
+    {"keybus_broker_frames", "gauge",
+     "NATS: JetStream messages holding the stored events (frames pack several); 0 elsewhere.",
+     BROKER, FIELD(broker_frames)},
     {"keybus_dead_letters", "gauge", "Dead letters stored now.", ALL, FIELD(dlq_length)},
 };
 

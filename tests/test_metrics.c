@@ -150,6 +150,11 @@ static void exposition_counts_and_promtool(void **state)
     assert_true(sample(text, "keybus_events_rejected_total{topic=\"metrics.expo\"}") == 0);
     assert_true(sample(text, "keybus_queue_depth{topic=\"metrics.expo\"}") == 0);
     assert_true(sample(text, "keybus_lanes_allocated{topic=\"metrics.expo\"}") > 0);
+    /* every kb_topic_stats figure has its family (docs/metrics.md) */
+    assert_true(sample(text, "keybus_events_set_aside{topic=\"metrics.expo\"}") == 0);
+    assert_true(sample(text, "keybus_aggregates_waiting{topic=\"metrics.expo\"}") == 0);
+    if (strcmp(url, "mem://") != 0)
+        assert_non_null(strstr(text, "keybus_broker_frames{topic=\"metrics.expo\"}"));
     assert_non_null(strstr(text, "# TYPE keybus_events_handled_total counter\n"));
     assert_non_null(strstr(text, "# HELP keybus_queue_depth "));
     /* first runs only: every event once; every handler run once */

@@ -413,7 +413,7 @@ typedef struct kb_partition_stats {
     uint64_t lag;             /* not yet delivered (unit as broker_lag) */
     uint64_t redelivered;     /* NATS: messages redelivered; Redis: 0 */
     uint32_t consumers;       /* consumers known to the group */
-    char     owner[128];      /* lease holder ("" when none) */
+    char     owner[128];      /* consumer holding the lease ("" when none) */
 } kb_partition_stats;
 
 /* Broker view of one partition. KB_ENOTFOUND on mem://, for a partition out
