@@ -31,7 +31,8 @@ const struct kb_cli_command kb_cli_commands[] = {
     {"metrics", "[TOPIC]...", "print the Prometheus text of the bus once",
      "The exposition of kb_metrics_write (docs/metrics.md) for every topic\n"
      "this process knows: the TOPICs named are looked up first, so their\n"
-     "broker figures show from a new process.\n",
+     "broker figures show from a new process. Exit 4 for a TOPIC the broker\n"
+     "does not have.\n",
      kb_cli_metrics},
     {"top", "TOPIC...", "a live view: rates, depth and lag, once a second",
      "Per topic: stored events, arrivals and completions per second, pending,\n"
@@ -50,7 +51,8 @@ const struct kb_cli_command kb_cli_commands[] = {
     {"dlq-delete", "TOPIC ID", "remove one dead letter without replaying it",
      "Exit 4 when there is no such dead letter.\n", kb_cli_dlq_delete},
     {"dlq-purge", "TOPIC", "remove every dead letter of the topic",
-     "Prints how many were removed.\n", kb_cli_dlq_purge},
+     "Prints how many were removed. Exit 4 when the topic does not exist.\n",
+     kb_cli_dlq_purge},
     {"produce", "TOPIC [-K DELIM] [--timeout-ms MS]", "publish stdin's KEY<TAB>PAYLOAD lines",
      "One event per line: the key before the first delimiter (a tab, or -K),\n"
      "the payload after it. Stops at EOF or SIGINT/SIGTERM, flushes within\n"

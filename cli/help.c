@@ -37,7 +37,7 @@ static const struct {
 
 void kb_cli_write_usage(FILE *out)
 {
-    fprintf(out, "usage: " SYNOPSIS "\n       keybus -h | --help | -V | --version\n\n%s\n"
+    fprintf(out, "usage: " SYNOPSIS "\n       keybus -h | --help | -V | --version | --man\n\n%s\n"
                  "options:\n",
             description);
     for (const char *s = options; *s != '\0';) {

@@ -9,9 +9,16 @@
 int kb_cli_metrics_print(kb_bus *b, int ntopics, char **topics)
 {
     char err[512];
-    for (int i = 0; i < ntopics; i++)
+    for (int i = 0; i < ntopics; i++) {
         if (kb_topic_get(b, topics[i], err, sizeof err) == NULL)
             return kb_last_error_code();
+        /* a topic the broker does not store would have no samples: not found,
+         * as for stats */
+        kb_topic_stats s;
+        int rc = kb_stats(b, topics[i], &s);
+        if (rc == KB_ENOTFOUND)
+            return rc;
+    }
     size_t need = 0;
     int rc = kb_metrics_write(b, NULL, 0, &need);
     /* the text may grow between the two calls (events, a new topic) */

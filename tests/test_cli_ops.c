@@ -297,6 +297,15 @@ static void dead_letters_listed_replayed_deleted_purged(void **state)
     run(&r, (const char *[]){"dlq-list", "ops.nosuch", NULL});
     assert_int_equal(r.status, 4);
     assert_non_null(strstr(r.err, "keybus dlq-list: not found: "));
+    run(&r, (const char *[]){"metrics", "ops.nosuch", NULL});
+    assert_int_equal(r.status, 4);
+    assert_non_null(strstr(r.err, "keybus metrics: not found: "));
+    assert_string_equal(r.out, "");
+    /* a configuration kb_open refuses: exit 2, its class named */
+    run(&r, (const char *[]){"stats", topic, "-X", "retry.backoff_ms=100", "-X",
+                             "retry.max_backoff_ms=50", NULL});
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "keybus stats: invalid argument: "));
 }
 
 /* ---- top, under tmux ---- */
