@@ -122,6 +122,9 @@ static void another_count_is_refused_and_nothing_lost(void **state)
     assert_int_equal(kb_close(eight, 10000), KB_OK);
 
     kb_bus *four = open_parts("4");
+    kb_topic_stats mis;   /* figures by the wrong count would mislead: refused */
+    assert_int_equal(kb_stats(four, topic, &mis), KB_EINVAL);
+    names_both_counts();
     _Atomic int wrong = 0;
     assert_int_equal(kb_subscribe(four, topic, count, &wrong), KB_EINVAL);
     names_both_counts();
@@ -141,6 +144,16 @@ static void another_count_is_refused_and_nothing_lost(void **state)
     kb_topic_stats st;
     assert_int_equal(kb_stats(eight, topic, &st), KB_OK);
     assert_int_equal(st.broker_length, 10);
+    /* no consumer of the group yet: every stored message is still to deliver */
+    assert_true(st.broker_frames > 0);
+    assert_int_equal(st.broker_lag, st.broker_frames);
+    uint64_t lag = 0;
+    for (uint32_t p = 0; p < 8; p++) {
+        kb_partition_stats ps;
+        assert_int_equal(kb_partition_stats_get(eight, topic, p, &ps), KB_OK);
+        lag += ps.lag;
+    }
+    assert_int_equal(lag, st.broker_frames);
     _Atomic int handled = 0;
     assert_int_equal(kb_subscribe(eight, topic, count, &handled), KB_OK);
     wait_count(&handled, 10);

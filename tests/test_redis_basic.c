@@ -404,6 +404,12 @@ static void partition_count_mismatch(void **state)
     assert_int_equal(kb_close(b, 5000), KB_OK);
 
     b = open_with("partitions", "4", NULL, NULL);
+    kb_topic_stats st;   /* figures by the wrong count would mislead: refused */
+    assert_int_equal(kb_stats(b, topic, &st), KB_EINVAL);
+    assert_non_null(strstr(kb_last_error(), "partitions=8"));
+    assert_non_null(strstr(kb_last_error(), "partitions=4"));
+    kb_partition_stats ps;
+    assert_int_equal(kb_partition_stats_get(b, topic, 0, &ps), KB_EINVAL);
     assert_int_equal(kb_subscribe(b, topic, never, NULL), KB_EINVAL);
     assert_non_null(strstr(kb_last_error(), "partitions=8"));
     assert_int_equal(kb_publish(b, topic, "k", 1, "v", 1), KB_EINVAL);

@@ -8,6 +8,7 @@
 #include "nats_names.h"
 #include "nats_stats.h"
 #include "nats_tally.h"
+#include "nats_topic.h"
 
 /* Messages per subject of the topic's stream; dlq into *dlq, partition `only`
  * (or all partitions when only < 0) into *msgs, and their events into
@@ -29,6 +30,12 @@ static int subject_counts(kb_transport *t, kb_nats_topic *tp, long only, uint64_
     }
     if (s != NATS_OK)
         return kb__nats_errf(tp->stream, s, jerr);
+    uint32_t stated = kb__nats_stated_partitions(si->Config->Description);
+    if (stated != 0 && stated != t->partitions) {
+        /* figures by this process's count would be wrong without a word */
+        jsStreamInfo_Destroy(si);
+        return kb__nats_parts_mismatch(t, tp, stated);
+    }
     *msgs = *dlq = 0;
     for (int i = 0; si->State.Subjects != NULL && i < si->State.Subjects->Count; i++) {
         const jsStreamStateSubject *ss = &si->State.Subjects->List[i];
@@ -75,13 +82,17 @@ int kb__nats_stats(kb_transport *t, kb_nats_topic *tp, kb_topic_stats *out)
     rc = list_consumers(t, tp, &list);
     if (rc != KB_OK)
         return rc;
+    bool consumed = false;
     for (int i = 0; list != NULL && i < list->Count; i++)
         if (kb__nats_consumer_part(t, list->List[i]->Name) >= 0 ||
             kb__nats_consumer_wide(t, list->List[i]->Name)) {
+            consumed = true;
             out->broker_pending += (uint64_t)list->List[i]->NumAckPending;
             out->broker_lag += list->List[i]->NumPending;
         }
     jsConsumerInfoList_Destroy(list);
+    if (!consumed)   /* the group has no consumer yet: nothing was delivered to it */
+        out->broker_lag = out->broker_frames;
     return KB_OK;
 }
 
@@ -116,6 +127,8 @@ int kb__nats_partition_stats(kb_transport *t, kb_nats_topic *tp, uint32_t partit
         out->redelivered += (uint64_t)ci->NumRedelivered;
     }
     jsConsumerInfoList_Destroy(list);
+    if (out->consumers == 0)   /* nothing of the partition was delivered to the group */
+        out->lag = msgs;
     char key[2 * KB_NATS_NAME];
     snprintf(key, sizeof key, "l.%s.%s.%u", tp->stream, t->group, partition);
     kvEntry *e = NULL;

@@ -62,9 +62,7 @@ kb_nats_topic *kb__nats_topic_at(kb_transport *t, uint32_t index)
     return slots != NULL ? slots[index % KB_NATS_TOPIC_CHUNK] : NULL;
 }
 
-/* The partition count a stream's Description states ("keybus partitions=N",
- * anywhere in it), or 0 when it states none. */
-static uint32_t stated_partitions(const char *desc)
+uint32_t kb__nats_stated_partitions(const char *desc)
 {
     const char *at = desc != NULL ? strstr(desc, KB_NATS_PARTS_DESC) : NULL;
     if (at == NULL)
@@ -76,17 +74,23 @@ static uint32_t stated_partitions(const char *desc)
     return (uint32_t)strtoul(at, NULL, 10);
 }
 
+int kb__nats_parts_mismatch(kb_transport *t, kb_nats_topic *tp, uint32_t stated)
+{
+    kb_errf(NULL, 0, "nats: topic %s has partitions=%u in stream %s on %s but this process "
+            "is configured with partitions=%u; use the stored count", tp->name, stated,
+            tp->stream, t->url_safe, t->partitions);
+    return KB_EINVAL;
+}
+
 static int mismatch(kb_transport *t, kb_nats_topic *tp)
 {
-    if (atomic_load(&tp->stored_parts) != t->partitions)
-        kb_errf(NULL, 0, "nats: topic %s has partitions=%u in stream %s on %s but this process "
-                 "is configured with partitions=%u; use the stored count", tp->name,
-                 atomic_load(&tp->stored_parts), tp->stream, t->url_safe, t->partitions);
-    else
-        kb_errf(NULL, 0, "nats: topic %s has replicas=%d in stream %s on %s but this process is "
-                 "configured with nats.replicas=%d; the stream is not changed (set the same "
-                 "count, or change the stream's replicas with the nats CLI)", tp->name,
-                 atomic_load(&tp->stored_replicas), tp->stream, t->url_safe, t->replicas);
+    uint32_t stated = atomic_load(&tp->stored_parts);
+    if (stated != t->partitions)
+        return kb__nats_parts_mismatch(t, tp, stated);
+    kb_errf(NULL, 0, "nats: topic %s has replicas=%d in stream %s on %s but this process is "
+            "configured with nats.replicas=%d; the stream is not changed (set the same "
+            "count, or change the stream's replicas with the nats CLI)", tp->name,
+            atomic_load(&tp->stored_replicas), tp->stream, t->url_safe, t->replicas);
     return KB_EINVAL;
 }
 
@@ -123,7 +127,7 @@ static natsStatus read_count(kb_transport *t, kb_nats_topic *tp, jsErrCode *jerr
     natsStatus s = js_GetStreamInfo(&si, t->js, tp->stream, NULL, jerr);
     if (s != NATS_OK)
         return s;
-    uint32_t n = stated_partitions(si->Config->Description);
+    uint32_t n = kb__nats_stated_partitions(si->Config->Description);
     atomic_store(&tp->stored_replicas, (int)si->Config->Replicas);
     if (n == 0 && (s = adopt(t, tp, si, jerr)) == NATS_OK)
         n = t->partitions;
@@ -162,7 +166,7 @@ int kb__nats_topic_ready(kb_transport *t, kb_nats_topic *tp)
         jsStreamInfo *si = NULL;
         s = js_AddStream(&si, t->js, &cfg, NULL, &jerr);
         if (s == NATS_OK) {
-            atomic_store(&tp->stored_parts, stated_partitions(si->Config->Description));
+            atomic_store(&tp->stored_parts, kb__nats_stated_partitions(si->Config->Description));
             atomic_store(&tp->stored_replicas, (int)si->Config->Replicas);
         }
         jsStreamInfo_Destroy(si);

@@ -15,6 +15,11 @@ kb_nats_topic *kb__nats_topic_at(kb_transport *t, uint32_t index);
  * the first time). KB_OK; KB_EINVAL naming both counts when the stream states
  * another; KB_ETRANSPORT or KB_ENOMEM with nats.c's reason. */
 int kb__nats_topic_ready(kb_transport *t, kb_nats_topic *tp);
+/* The partition count a stream's Description states ("keybus partitions=N",
+ * anywhere in it), or 0 when it states none. */
+uint32_t kb__nats_stated_partitions(const char *desc);
+/* KB_EINVAL, the errstr naming the stream's count `stated` and this process's. */
+int kb__nats_parts_mismatch(kb_transport *t, kb_nats_topic *tp, uint32_t stated);
 /* Does the topic's stream exist? Creates nothing (read-only calls). KB_OK,
  * KB_ENOTFOUND, or KB_ETRANSPORT / KB_ENOMEM with nats.c's reason. */
 int kb__nats_topic_exists(kb_transport *t, kb_nats_topic *tp);

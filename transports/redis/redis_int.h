@@ -426,8 +426,13 @@ void kb__redis_settled(kb_transport *t);
 /* ---- redis_meta.c ---- */
 /* Register the topic and its partition count, or refuse a different count. */
 int kb__redis_check_meta(kb_transport *t, kb_transport_topic *tt);
-/* Does the topic exist (its kb:{topic}:meta, or published or subscribed
- * here)? Read-only: KB_OK, KB_ENOTFOUND, or KB_ETRANSPORT. */
+/* The reply to HGET kb:{topic}:meta partitions: KB_OK when it is this
+ * process's count; KB_ENOTFOUND (no topic), KB_EINVAL (another count, named)
+ * or KB_ETRANSPORT, with the errstr set. */
+int kb__redis_stored_count(kb_transport *t, kb_transport_topic *tt, const redisReply *r);
+/* Does the topic exist with this process's partition count (its
+ * kb:{topic}:meta, or published or subscribed here)? Read-only: KB_OK,
+ * KB_ENOTFOUND, KB_EINVAL (another count) or KB_ETRANSPORT. */
 int kb__redis_topic_known(kb_transport *t, kb_transport_topic *tt);
 /* XGROUP CREATE ... <start> MKSTREAM on every partition (BUSYGROUP is fine):
  * "0" when the server lost the group (nothing published meanwhile is

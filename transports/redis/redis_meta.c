@@ -6,6 +6,28 @@
 
 #include "redis_int.h"
 
+int kb__redis_stored_count(kb_transport *t, kb_transport_topic *tt, const redisReply *r)
+{
+    if (r->type == REDIS_REPLY_NIL) {
+        kb_errf(NULL, 0, "redis: topic %s unknown on %s", tt->name, t->where);
+        return KB_ENOTFOUND;
+    }
+    if (r->type != REDIS_REPLY_STRING) {
+        kb_errf(NULL, 0, "redis: %s: unexpected reply for partitions (%s)", tt->meta,
+                r->type == REDIS_REPLY_ERROR ? r->str : "not a string");
+        return KB_ETRANSPORT;
+    }
+    char parts[16];
+    snprintf(parts, sizeof parts, "%u", t->partitions);
+    if (strcmp(r->str, parts) != 0) {
+        kb_errf(NULL, 0, "redis: topic %s has partitions=%s in %s on %s but this process "
+                "is configured with partitions=%u; use the stored count", tt->name, r->str,
+                tt->meta, t->where, t->partitions);
+        return KB_EINVAL;
+    }
+    return KB_OK;
+}
+
 /* Register the topic and its partition count, or refuse a different count:
  * two processes hashing keys modulo different counts would break per-key order. */
 int kb__redis_check_meta(kb_transport *t, kb_transport_topic *tt)
@@ -27,17 +49,10 @@ int kb__redis_check_meta(kb_transport *t, kb_transport_topic *tt)
         if (got < 3) {
             kb_errf(NULL, 0, "redis: metadata of topic %s on %s: %s", topic, t->where, c->errstr);
             kb__redis_conn_fail(&t->ctl, c->errstr);
-        } else if (r[2]->type != REDIS_REPLY_STRING) {
-            kb_errf(NULL, 0, "redis: %s: unexpected reply for partitions (%s)", meta,
-                     r[2]->type == REDIS_REPLY_ERROR ? r[2]->str : "not a string");
-        } else if (strcmp(r[2]->str, parts) != 0) {
-            kb_errf(NULL, 0, "redis: topic %s has partitions=%s in %s on %s but this process "
-                     "is configured with partitions=%u; use the stored count", topic, r[2]->str,
-                     meta, t->where, t->partitions);
+        } else if ((rc = kb__redis_stored_count(t, tt, r[2])) == KB_EINVAL) {
             kb_log(t->bus, KB_LOG_ERROR, "%s", kb_last_error());
-            rc = KB_EINVAL;
-        } else {
-            rc = KB_OK;
+        } else if (rc == KB_ENOTFOUND) {
+            rc = KB_ETRANSPORT;   /* HSETNX just wrote it: the server is not answering as Redis */
         }
         for (int i = 0; i < got; i++)
             kb__redis_reply_free(r[i]);
@@ -52,22 +67,15 @@ int kb__redis_topic_known(kb_transport *t, kb_transport_topic *tt)
 {
     if (atomic_load(&tt->subscribed) || atomic_load(&tt->published) > 0)
         return KB_OK;
-    const char *argv[] = {"EXISTS", tt->meta};
+    const char *argv[] = {"HGET", tt->meta, "partitions"};
     pthread_mutex_lock(&t->ctl_lock);
-    redisReply *r = kb__redis_cmd(&t->ctl, 2, argv, NULL);
+    redisReply *r = kb__redis_cmd(&t->ctl, 3, argv, NULL);
     pthread_mutex_unlock(&t->ctl_lock);
-    int rc = KB_ETRANSPORT;
-    if (r == NULL)
+    if (r == NULL) {
         kb_errf(NULL, 0, "redis: %s is unreachable", t->where);
-    else if (r->type != REDIS_REPLY_INTEGER)
-        kb_errf(NULL, 0, "redis: EXISTS %s: %s", tt->meta,
-                 r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
-    else if (r->integer == 0) {
-        kb_errf(NULL, 0, "redis: topic %s unknown on %s", tt->name, t->where);
-        rc = KB_ENOTFOUND;
-    } else {
-        rc = KB_OK;
+        return KB_ETRANSPORT;
     }
+    int rc = kb__redis_stored_count(t, tt, r);
     kb__redis_reply_free(r);
     return rc;
 }

@@ -83,7 +83,7 @@ int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out
     redisContext *c = kb__redis_conn_get(&t->ctl, NULL, 0);
     int rc = KB_ETRANSPORT;
     if (c != NULL) {
-        redisAppendCommand(c, "EXISTS kb:{%s}:meta", topic);
+        redisAppendCommand(c, "HGET %s partitions", tt->meta);
         redisAppendCommand(c, "XLEN kb:{%s}:dlq", topic);
         for (uint32_t i = 0; i < t->partitions; i++) {
             redisAppendCommand(c, "XLEN kb:{%s}:p:%u", topic, i);
@@ -94,10 +94,9 @@ int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out
     }
     pthread_mutex_unlock(&t->ctl_lock);
     if (rc == KB_OK) {
-        if (int_of(r[0]) == 0 && !subscribed && out->published == 0) {
-            kb_errf(NULL, 0, "redis: topic %s unknown on %s", topic, t->where);
-            rc = KB_ENOTFOUND;
-        }
+        /* a topic published or subscribed here was checked then */
+        if (!subscribed && out->published == 0)
+            rc = kb__redis_stored_count(t, tt, r[0]);
         out->dlq_length = int_of(r[1]);
         for (uint32_t i = 0; i < t->partitions; i++) {
             uint64_t len = int_of(r[2 + 3 * i]);
