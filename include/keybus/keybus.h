@@ -403,7 +403,9 @@ typedef struct kb_topic_stats {
  * process that opens the bus sees them, also one that never published or
  * subscribed the topic (a monitor); they cost a round trip, and create or
  * change nothing on the broker. KB_ENOTFOUND when neither the pool nor the
- * transport knows the topic; KB_ECLOSED once kb_close has begun. Thread: any. */
+ * transport knows the topic; KB_EINVAL, naming both counts, when the broker
+ * stores it with another partition count than this bus's `partitions`;
+ * KB_ECLOSED once kb_close has begun. Thread: any. */
 KB_EXPORT int kb_stats(kb_bus *b, const char *topic, kb_topic_stats *out);
 
 typedef struct kb_partition_stats {
@@ -418,7 +420,8 @@ typedef struct kb_partition_stats {
 
 /* Broker view of one partition. KB_ENOTFOUND on mem://, for a partition out
  * of range, or for a topic the broker does not have (nothing is created);
- * KB_ECLOSED once kb_close has begun. Costs round trips. Thread: any. */
+ * KB_EINVAL as for kb_stats (another stored partition count); KB_ECLOSED once
+ * kb_close has begun. Costs round trips. Thread: any. */
 KB_EXPORT int kb_partition_stats_get(kb_bus *b, const char *topic, uint32_t partition,
                                      kb_partition_stats *out);
 
