@@ -21,7 +21,8 @@ static const kb_conf_prop redis_props[] = {
      "Redis: `XREADGROUP BLOCK` time; bounds how fast a consumer notices new leases and close."},
     {"redis.batch", KB_CONF_INT, "256", 1, 100000,
      "Redis: starting `COUNT` per `XREADGROUP` (it grows up to 8x while reads come back "
-     "full) and `COUNT` per recovery (`XPENDING`/`XAUTOCLAIM`) page."},
+     "full, within 8x entries per read in all) and `COUNT` per recovery "
+     "(`XPENDING`/`XAUTOCLAIM`) page."},
     {"redis.maxlen", KB_CONF_INT, "0", 0, INT64_MAX,
      "Redis: trim each partition stream with `MAXLEN ~ n` on publish; 0 = no trimming. "
      "Trimming may delete entries nobody acked yet."},
@@ -30,7 +31,7 @@ static const kb_conf_prop redis_props[] = {
      "process's partitions move after about this long."},
     {"redis.fenced_reads", KB_CONF_BOOL, "true", 0, 1,
      "Redis: `true` = each read is validated on the server before its entries are delivered "
-     "(`GET` of the lease and `XPENDING` of each partition it returned entries of; entries "
+     "(one `MGET` of the leases and `XPENDING` of each partition it returned entries of; entries "
      "read after the lease was lost are swept again), so a process "
      "paused past its lease cannot take entries the next owner should get; `false` = plain "
      "`XREADGROUP`, fenced only by the local lease deadline (a pause between that check and "

@@ -1,28 +1,51 @@
 /* The backlog: accepted publishes as the XADD commands the sender writes,
  * kept until the server confirmed each, so a lost connection loses nothing
- * (they are written again). Bytes in one buffer, records in a ring; all
- * under pub_lock. */
+ * (they are written again). Bytes in a list of chunks, records in a ring;
+ * all under pub_lock. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "redis_int.h"
 
-/* Room for `need` more bytes: the confirmed prefix is reclaimed first when it
- * is at least as long as what is left to confirm (so a byte is moved at most
- * about once: a small prefix reclaimed from a full buffer would move the whole
- * backlog for every publish), else the buffer grows. */
+#define CHUNK (256 * 1024)   /* a chunk, unless one record needs more */
+
+/* Room for `need` more bytes at the end of the newest chunk: a chunk is
+ * added (a spare one when it fits) when they do not fit there. */
 static bool bytes_reserve(kb_redis_backlog *bl, size_t need)
 {
-    if (bl->len + need <= bl->cap)
+    if (bl->newest != NULL && bl->newest->cap - bl->newest->len >= need)
         return true;
-    if (bl->head > 0 && bl->head >= bl->len - bl->head) {
-        memmove(bl->buf, bl->buf + bl->head, bl->len - bl->head);
-        bl->sent -= bl->head;
-        bl->len -= bl->head;
-        bl->head = 0;
+    kb_redis_chunk *c = bl->spare;
+    if (c != NULL && c->cap >= need) {
+        bl->spare = c->next;
+    } else {
+        size_t cap = need > CHUNK ? need : CHUNK;
+        if ((c = malloc(sizeof *c + cap)) == NULL)
+            return false;
+        c->cap = cap;
     }
-    return kb_vec_reserve((void **)&bl->buf, &bl->cap, bl->len + need, 1) == KB_OK;
+    c->next = NULL;
+    c->len = 0;
+    if (bl->newest == NULL) {
+        bl->oldest = bl->sending = c;
+        bl->head = bl->sent = 0;
+    } else {
+        bl->newest->next = c;
+    }
+    bl->newest = c;
+    return true;
+}
+
+/* An emptied chunk: kept for reuse when it has the usual size. */
+static void chunk_done(kb_redis_backlog *bl, kb_redis_chunk *c)
+{
+    if (c->cap != CHUNK) {
+        free(c);
+        return;
+    }
+    c->next = bl->spare;
+    bl->spare = c;
 }
 
 static bool rec_reserve(kb_redis_backlog *bl)
@@ -87,8 +110,9 @@ bool kb__redis_backlog_add(kb_redis_backlog *bl, kb_redis_part *p, size_t big, i
     size_t need = kb__redis_backlog_cmd_bytes(argc, lens);
     if (!rec_reserve(bl) || !bytes_reserve(bl, need))
         return false;
-    kb__redis_cmd_put(bl->buf + bl->len, argc, argv, lens);
-    bl->len += need;
+    kb__redis_cmd_put(bl->newest->buf + bl->newest->len, argc, argv, lens);
+    bl->newest->len += need;
+    bl->held += need;
     bl->rec[(bl->first + bl->n++) % bl->rcap] = (kb_redis_pubrec){p, need, big};
     return true;
 }
@@ -98,30 +122,93 @@ kb_redis_pubrec kb__redis_backlog_pop(kb_redis_backlog *bl)
     kb_redis_pubrec r = bl->rec[bl->first];
     bl->first = (bl->first + 1) % bl->rcap;
     bl->n--;
+    bl->held -= r.len;
     bl->head += r.len;
-    if (bl->n == 0)   /* empty: start over at the buffer's start */
-        bl->head = bl->sent = bl->len = 0;
+    if (bl->n == 0) {   /* empty: start over at the newest chunk's start */
+        while (bl->oldest != bl->newest) {
+            kb_redis_chunk *c = bl->oldest;
+            bl->oldest = c->next;
+            chunk_done(bl, c);
+        }
+        bl->newest->len = bl->head = bl->sent = 0;
+        bl->sending = bl->newest;
+    } else if (bl->head == bl->oldest->len) {   /* n > 0: a newer chunk holds the rest */
+        kb_redis_chunk *c = bl->oldest;
+        bl->oldest = c->next;
+        bl->head = 0;
+        if (bl->sending == c) {
+            bl->sending = bl->oldest;
+            bl->sent = 0;
+        }
+        chunk_done(bl, c);
+    }
     return r;
+}
+
+const char *kb__redis_backlog_unsent(kb_redis_backlog *bl, size_t *len)
+{
+    *len = 0;
+    if (bl->sending == NULL)
+        return NULL;
+    if (bl->sent == bl->sending->len && bl->sending->next != NULL) {
+        bl->sending = bl->sending->next;
+        bl->sent = 0;
+    }
+    *len = bl->sending->len - bl->sent;
+    return bl->sending->buf + bl->sent;
+}
+
+void kb__redis_backlog_wrote(kb_redis_backlog *bl, size_t n)
+{
+    bl->sent += n;
+}
+
+bool kb__redis_backlog_due(const kb_redis_backlog *bl)
+{
+    return bl->n > 0 && (bl->sending != bl->oldest || bl->sent > bl->head);
+}
+
+void kb__redis_backlog_rewind(kb_redis_backlog *bl)
+{
+    bl->sending = bl->oldest;
+    bl->sent = bl->head;
+}
+
+const char *kb__redis_backlog_oldest(const kb_redis_backlog *bl)
+{
+    return bl->oldest->buf + bl->head;
 }
 
 uint64_t kb__redis_backlog_drop_over(kb_redis_backlog *bl, size_t max)
 {
-    size_t from = bl->head, to = bl->head, kept = 0, n = bl->n;
+    kb_redis_backlog kept = {.spare = bl->spare, .rec = bl->rec, .first = bl->first, .rcap = bl->rcap};
+    kb_redis_chunk *c = bl->oldest;
+    size_t at = bl->head, n = bl->n;
     uint64_t dropped = 0;
     for (size_t i = 0; i < n; i++) {
         kb_redis_pubrec r = bl->rec[(bl->first + i) % bl->rcap];
+        while (at == c->len) {   /* the record is in a newer chunk */
+            c = c->next;
+            at = 0;
+        }
         if (r.big > max) {
             dropped++;
+        } else if (bytes_reserve(&kept, r.len)) {
+            memcpy(kept.newest->buf + kept.newest->len, c->buf + at, r.len);
+            kept.newest->len += r.len;
+            kept.held += r.len;
+            kept.rec[(kept.first + kept.n++) % kept.rcap] = r;   /* never ahead of i */
         } else {
-            memmove(bl->buf + to, bl->buf + from, r.len);
-            bl->rec[(bl->first + kept++) % bl->rcap] = r;
-            to += r.len;
+            dropped++;   /* out of memory: refused like the oversized ones */
         }
-        from += r.len;
+        at += r.len;
     }
-    bl->n = kept;
-    bl->len = to;
-    bl->sent = bl->head;   /* only after a lost connection: everything is written again */
+    while (bl->oldest != NULL) {
+        kb_redis_chunk *done = bl->oldest;
+        bl->oldest = done->next;
+        chunk_done(&kept, done);
+    }
+    *bl = kept;   /* only after a lost connection: everything is written again */
     return dropped;
 }
 
@@ -135,7 +222,12 @@ uint64_t kb__redis_backlog_events(const kb_redis_backlog *bl)
 
 void kb__redis_backlog_free(kb_redis_backlog *bl)
 {
-    free(bl->buf);
+    for (kb_redis_chunk *lists[2] = {bl->oldest, bl->spare}, **l = lists; l < lists + 2; l++)
+        while (*l != NULL) {
+            kb_redis_chunk *c = *l;
+            *l = c->next;
+            free(c);
+        }
     free(bl->rec);
     memset(bl, 0, sizeof *bl);
 }

@@ -16,7 +16,7 @@ typedef struct rpart {
     kb_redis_part *p;
     uint32_t epoch;
     bool ok;                 /* validated: deliver this partition's entries */
-    bool ahead;              /* its GET and XPENDING went right behind the read */
+    bool ahead;              /* its lease and XPENDING checks went right behind the read */
     bool ahead_ok;           /* and passed */
 } rpart;
 
@@ -34,6 +34,8 @@ typedef struct reader {
     size_t argv_cap;
     size_t *hit;             /* indexes into a rround of the streams a read returned */
     size_t hit_cap;
+    size_t *chk;             /* indexes into a rround of the partitions checked together */
+    size_t chk_cap;
     int count;               /* XREADGROUP COUNT now: redis.batch .. READ_COUNT_GROWTH times it */
     size_t stuck;            /* partitions whose entries wait for lane space */
 } reader;
@@ -41,12 +43,17 @@ typedef struct reader {
 /* A hot partition (one aggregate, say) fills every read: let its reads grow
  * so the per-read cost (a round trip, the lease and XPENDING checks) is spread
  * over more entries, and shrink them back when reads come back well short,
- * so lanes of quiet topics are not flooded. */
+ * so lanes of quiet topics are not flooded. A read grows only while all its
+ * partitions that brought entries (`hits`) could fill it within what one
+ * partition may bring (redis.batch x READ_COUNT_GROWTH): eight full
+ * partitions at 2,048 each made 10 MB replies, whose fresh memory cost the
+ * reader a page fault per 4 KiB. */
 #define READ_COUNT_GROWTH 8
 
-static void adapt_count(reader *rd, int batch, size_t most)
+static void adapt_count(reader *rd, int batch, size_t most, size_t hits)
 {
-    if (most >= (size_t)rd->count && rd->count < batch * READ_COUNT_GROWTH)
+    size_t whole = (size_t)batch * READ_COUNT_GROWTH;
+    if (most >= (size_t)rd->count && (size_t)rd->count * 2 * (hits > 0 ? hits : 1) <= whole)
         rd->count *= 2;
     else if (most < (size_t)rd->count / 4 && rd->count > batch)
         rd->count /= 2;
@@ -58,7 +65,8 @@ static bool reserve(reader *rd, size_t n)
     return kb_vec_reserve((void **)&rd->r[0].v, &rd->r[0].cap, n, sizeof *rd->r[0].v) == KB_OK &&
            kb_vec_reserve((void **)&rd->r[1].v, &rd->r[1].cap, n, sizeof *rd->r[1].v) == KB_OK &&
            kb_vec_reserve((void **)&rd->argv, &rd->argv_cap, 9 + 2 * n, sizeof *rd->argv) == KB_OK &&
-           kb_vec_reserve((void **)&rd->hit, &rd->hit_cap, n, sizeof *rd->hit) == KB_OK;
+           kb_vec_reserve((void **)&rd->hit, &rd->hit_cap, n, sizeof *rd->hit) == KB_OK &&
+           kb_vec_reserve((void **)&rd->chk, &rd->chk_cap, n, sizeof *rd->chk) == KB_OK;
 }
 
 /* Another consumer has entries pending in this partition: `x` is the summary
@@ -78,9 +86,10 @@ static bool foreign_pending(const kb_transport *t, const redisReply *x)
 }
 
 /* Validated reads (redis.fenced_reads = 1, the default): for each partition
- * the read returned entries of, GET its lease and the XPENDING summary, run
- * by the server after the read and read here before any entry is delivered:
- *   - GET still holding our token means the lease was ours when the read ran:
+ * the read returned entries of, its lease (one MGET for all of them) and the
+ * XPENDING summary, run by the server after the read and read here before
+ * any entry is delivered:
+ *   - the lease still holding our token means it was ours when the read ran:
  *     a token is this process's alone, and losing and retaking the lease in
  *     between bumps the local epoch, which deliver() checks. Otherwise the
  *     entries are not delivered: they stay in our PEL for the next owner.
@@ -93,20 +102,33 @@ static bool foreign_pending(const kb_transport *t, const redisReply *x)
  * A partition that returned entries in its previous read has them sent right
  * behind this read (send_round); others that return entries now are checked
  * with a round trip of their own. Partitions that returned nothing cost
- * nothing, so an idle topic adds one stream name to the read and no command. */
-static void append_checks(kb_transport *t, const kb_redis_part *p)
+ * nothing, so an idle topic adds one stream name to the read and no command.
+ * Checks are batched as 1 + n commands for n partitions: the server's cost of
+ * a command (parsing, dispatch, a reply) is paid per command, not per key. */
+static void append_checks(kb_transport *t, reader *rd, const rround *ro, size_t n)
 {
-    const char *get[] = {"GET", p->lease};
-    const char *pend[] = {"XPENDING", p->stream, t->group};
-    redisAppendCommandArgv(t->rconn.c, 2, get, NULL);
-    redisAppendCommandArgv(t->rconn.c, 3, pend, NULL);
+    rd->argv[0] = "MGET";   /* every lease in one command, not a GET each */
+    for (size_t j = 0; j < n; j++)
+        rd->argv[1 + j] = ro->v[rd->chk[j]].p->lease;
+    redisAppendCommandArgv(t->rconn.c, (int)(1 + n), rd->argv, NULL);
+    for (size_t j = 0; j < n; j++) {
+        const char *pend[] = {"XPENDING", ro->v[rd->chk[j]].p->stream, t->group};
+        redisAppendCommandArgv(t->rconn.c, 3, pend, NULL);
+    }
 }
 
-/* One check's reply: `get` the lease's, else the XPENDING summary's. */
-static bool check_passed(kb_transport *t, kb_redis_part *p, const redisReply *y, bool get)
+/* Element j of the MGET holds our token: else the lease is lost. */
+static bool lease_ours(const kb_transport *t, const redisReply *m, size_t j)
 {
-    if (get)
-        return y->type == REDIS_REPLY_STRING && strcmp(y->str, t->token) == 0;   /* else lost */
+    if (m->type != REDIS_REPLY_ARRAY || j >= m->elements)
+        return false;
+    const redisReply *y = m->element[j];
+    return y->type == REDIS_REPLY_STRING && strcmp(y->str, t->token) == 0;
+}
+
+/* An XPENDING summary: no other consumer has entries pending here. */
+static bool none_foreign(kb_transport *t, kb_redis_part *p, const redisReply *y)
+{
     if (foreign_pending(t, y)) {
         p->swept = 0;            /* sweep again before anything newer */
         if (atomic_fetch_add(&t->stray, 1) == 0)
@@ -115,6 +137,37 @@ static bool check_passed(kb_transport *t, kb_redis_part *p, const redisReply *y,
         return false;
     }
     return y->type != REDIS_REPLY_ERROR;
+}
+
+/* The replies of append_checks for rd->chk[0, n): each partition's verdict
+ * in ahead_ok (`ahead`) or ANDed into ok. False: the connection failed
+ * (nothing is delivered: the next sweep finds the entries). */
+static bool read_checks(kb_transport *t, reader *rd, rround *ro, size_t n, bool ahead)
+{
+    redisContext *c = t->rconn.c;
+    redisReply *m = NULL;
+    if (redisGetReply(c, (void **)&m) != REDIS_OK) {
+        kb__redis_conn_fail(&t->rconn, c->errstr);
+        return false;
+    }
+    bool alive = true;
+    for (size_t j = 0; j < n; j++) {
+        rpart *rp = &ro->v[rd->chk[j]];
+        redisReply *y = NULL;
+        if (redisGetReply(c, (void **)&y) != REDIS_OK) {
+            kb__redis_conn_fail(&t->rconn, c->errstr);
+            alive = false;
+            break;
+        }
+        bool passed = none_foreign(t, rp->p, y) && lease_ours(t, m, j);
+        kb__redis_reply_free(y);
+        if (ahead)
+            rp->ahead_ok = passed;
+        else
+            rp->ok &= passed;
+    }
+    kb__redis_reply_free(m);
+    return alive;
 }
 
 /* Send one read: a single XREADGROUP over every live, swept partition of
@@ -170,11 +223,14 @@ static bool send_round(kb_transport *t, reader *rd, rround *ro, bool wait)
      * aggregate): its checks go right behind the read, so they cost no round
      * trip of their own. They still run after the read: the server runs a
      * connection's commands in order, a blocked read first. */
+    size_t hot = 0;
     for (size_t j = 0; t->fenced_reads && j < n; j++)
         if (ro->v[j].p->hot) {
-            append_checks(t, ro->v[j].p);
+            rd->chk[hot++] = j;
             ro->v[j].ahead = true;
         }
+    if (hot > 0)
+        append_checks(t, rd, ro, hot);
     /* on the wire now: the server prepares it while we deliver the previous one */
     for (int done = 0; !done;)
         if (redisBufferWrite(c, &done) != REDIS_OK) {
@@ -197,51 +253,33 @@ static size_t find_part(const rround *ro, const char *stream, size_t from)
     return ro->n;
 }
 
-/* Read the checks sent behind a read, in request order. False: the connection failed. */
-static bool read_ahead_checks(kb_transport *t, rround *ro)
+/* Read the checks sent behind a read. False: the connection failed. */
+static bool read_ahead_checks(kb_transport *t, reader *rd, rround *ro)
 {
-    redisContext *c = t->rconn.c;
-    for (size_t j = 0; j < ro->n; j++) {
-        if (!ro->v[j].ahead)
-            continue;
-        bool ok = true;
-        for (int k = 0; k < 2; k++) {
-            redisReply *y = NULL;
-            if (redisGetReply(c, (void **)&y) != REDIS_OK) {
-                kb__redis_conn_fail(&t->rconn, c->errstr);
-                return false;
-            }
-            ok &= check_passed(t, ro->v[j].p, y, k == 0);
-            kb__redis_reply_free(y);
-        }
-        ro->v[j].ahead_ok = ok;
-    }
-    return true;
+    size_t hot = 0;
+    for (size_t j = 0; j < ro->n; j++)
+        if (ro->v[j].ahead)
+            rd->chk[hot++] = j;
+    return hot == 0 || read_checks(t, rd, ro, hot, true);
 }
 
 /* The checks of the partitions that returned entries: those sent ahead are
  * in; the others get their round trip now. False: the connection failed. */
 static bool validate(kb_transport *t, reader *rd, rround *ro, size_t hits, bool *clean)
 {
-    redisContext *c = t->rconn.c;
+    size_t late = 0;
     for (size_t h = 0; h < hits; h++)
         if (!ro->v[rd->hit[h]].ahead)
-            append_checks(t, ro->v[rd->hit[h]].p);
+            rd->chk[late++] = rd->hit[h];
+    if (late > 0) {
+        append_checks(t, rd, ro, late);
+        if (!read_checks(t, rd, ro, late, false))
+            return false;
+    }
     for (size_t h = 0; h < hits; h++) {
         rpart *rp = &ro->v[rd->hit[h]];
-        if (rp->ahead) {
+        if (rp->ahead)
             rp->ok &= rp->ahead_ok;
-        } else {
-            for (int k = 0; k < 2; k++) {
-                redisReply *y = NULL;
-                if (redisGetReply(c, (void **)&y) != REDIS_OK) {
-                    kb__redis_conn_fail(&t->rconn, c->errstr);
-                    return false;   /* nothing delivered: the next sweep finds the entries */
-                }
-                rp->ok &= check_passed(t, rp->p, y, k == 0);
-                kb__redis_reply_free(y);
-            }
-        }
         *clean &= rp->ok;
     }
     return true;
@@ -258,7 +296,7 @@ static void groups_lost(kb_transport *t)
 }
 
 /* Read a round's reply, validate it and deliver its entries. With `ahead`,
- * the next round is sent first when this one brought entries and needs no
+ * the next round is sent first when this one came back full enough and needs no
  * sweep, so the server reads while this thread delivers (each round is
  * validated on its own). KB_REDIS_CLOSING when the bus no longer takes entries. */
 static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
@@ -273,7 +311,7 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
         kb__redis_conn_fail(&t->rconn, c->errstr);
         return KB_REDIS_PART_GONE;
     }
-    if (!read_ahead_checks(t, ro)) {
+    if (!read_ahead_checks(t, rd, ro)) {
         kb__redis_reply_free(x);
         return KB_REDIS_PART_GONE;
     }
@@ -312,9 +350,16 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
             kb__redis_reply_free(x);
             return KB_REDIS_PART_GONE;
         }
-        if (ahead != NULL && clean)
+        /* Reading ahead lets the server fill the next read while this one is
+         * delivered; it pays while reads come back full. A read well short
+         * of COUNT (under a quarter in every partition: the reader keeps up)
+         * would be followed by one that brings only what arrived during a
+         * round trip, and the server's cost per read (the stream seeks, the
+         * checks, a reply) would be paid for a handful of entries: the next
+         * read goes after this delivery, with BLOCK. */
+        if (ahead != NULL && clean && most >= (size_t)rd->count / 4)
             send_round(t, rd, ahead, false);
-        adapt_count(rd, t->batch, most);
+        adapt_count(rd, t->batch, most, hits);
         size_t h = 0;
         kb_redis_held *hd = NULL;   /* x, once entries of it wait for lane space */
         for (size_t s = 0; rc != KB_REDIS_CLOSING && s < x->elements; s++) {
@@ -463,6 +508,7 @@ static void *reader_main(void *arg)
     free(rd.r[1].v);
     free(rd.argv);
     free(rd.hit);
+    free(rd.chk);
     atomic_store(&t->reader_done, true);
     kb_signal_notify(t->reader_wake);
     return NULL;

@@ -148,13 +148,24 @@ typedef struct kb_redis_pubrec {
     bool lost;
 } kb_redis_pubrec;
 
+/* Bytes of records, filled in order; a record never spans two chunks. */
+typedef struct kb_redis_chunk {
+    struct kb_redis_chunk *next;   /* the newer one */
+    size_t len, cap;               /* bytes of buf used, allocated */
+    char buf[];
+} kb_redis_chunk;
+
 /* Accepted publishes the server has not confirmed, oldest first (pub_lock):
- * their XADDs back to back in buf[head, len), written up to `sent`; one
- * record each in the ring rec (n from `first`). Replies come in order: each
- * confirms the oldest record. A lost connection rewinds `sent` to `head`. */
+ * their XADDs back to back in a list of chunks, from `head` in `oldest` to
+ * the end of `newest`, written up to `sent` in `sending`; one record each in
+ * the ring rec (n from `first`). Replies come in order: each confirms the
+ * oldest record. A lost connection rewinds `sent` to `head`. Records never
+ * move (a buffer compacted by memmove had cost the publisher a copy of every
+ * byte and the page faults of its growth); emptied chunks are kept for reuse. */
 typedef struct kb_redis_backlog {
-    char *buf;
-    size_t head, sent, len, cap;
+    kb_redis_chunk *oldest, *newest, *sending, *spare;
+    size_t head, sent;            /* offsets in oldest, in sending */
+    size_t held;                  /* bytes of the records */
     kb_redis_pubrec *rec;
     size_t first, n, rcap;
 } kb_redis_backlog;
@@ -210,6 +221,8 @@ struct kb_transport {
     kb_thread *sender;            /* started by the first publish (pub_lock) */
     int sender_wake[2];           /* a pipe: publishers and close kick the sender's poll */
     _Atomic bool sender_kicked, sender_stop;
+    bool sender_busy;             /* it owes a write or awaits replies: it comes back to the
+                                   * backlog without a kick (pub_lock) */
     _Atomic int64_t sender_deadline_ns;   /* close: connects end by then */
     int64_t bulk_max;             /* server's proto-max-bulk-len (redis_limit.c; pub_lock) */
     bool bulk_known;              /* read from the server, not assumed (pub_lock) */
@@ -345,8 +358,18 @@ uint64_t kb__redis_backlog_drop_over(kb_redis_backlog *bl, size_t max);
 uint64_t kb__redis_backlog_events(const kb_redis_backlog *bl);
 static inline size_t kb__redis_backlog_bytes(const kb_redis_backlog *bl)
 {
-    return bl->len - bl->head;
+    return bl->held;
 }
+/* The next bytes to write, in one chunk: their length in *len (0: all sent). */
+const char *kb__redis_backlog_unsent(kb_redis_backlog *bl, size_t *len);
+/* `n` of those bytes were written. */
+void kb__redis_backlog_wrote(kb_redis_backlog *bl, size_t n);
+/* Some bytes written are not confirmed yet: replies are due. */
+bool kb__redis_backlog_due(const kb_redis_backlog *bl);
+/* A new connection: everything unconfirmed is written again, oldest first. */
+void kb__redis_backlog_rewind(kb_redis_backlog *bl);
+/* The bytes of the oldest record (n > 0). */
+const char *kb__redis_backlog_oldest(const kb_redis_backlog *bl);
 void kb__redis_backlog_free(kb_redis_backlog *bl);
 /* `id` was added to p by this process: p->last_id is the newest (kb_drain). */
 void kb__redis_note_last(kb_redis_part *p, const char *id);

@@ -95,6 +95,10 @@ int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
         rc = kb__redis_sender_start(t);
     if (rc == KB_OK)
         rc = wait_room(t, tt, kb__redis_backlog_cmd_bytes(n, lens));
+    /* A sender that owes replies or a write comes back to the backlog when
+     * they arrive, and writes this with what follows: no wake-up (a pipe
+     * write and a poll) per publish, and fuller writes for the server. */
+    bool kick = !t->sender_busy;
     if (rc == KB_OK) {
         if (kb__redis_backlog_add(&t->backlog, p, big, n, argv, lens)) {
             atomic_store(&t->pub_held, kb__redis_backlog_bytes(&t->backlog));
@@ -106,7 +110,7 @@ int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
         }
     }
     pthread_mutex_unlock(&t->pub_lock);
-    if (rc == KB_OK)
+    if (rc == KB_OK && kick)
         kb__redis_sender_kick(t);
     return rc;
 }

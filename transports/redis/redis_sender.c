@@ -103,7 +103,7 @@ static void report_keep(struct reports *rs, const kb_redis_backlog *bl, kb_redis
 {
     const char *key;
     size_t key_len;
-    if (!xadd_key(bl->buf + bl->head, bl->rec[bl->first].len, &key, &key_len))
+    if (!xadd_key(kb__redis_backlog_oldest(bl), bl->rec[bl->first].len, &key, &key_len))
         return;
     if (rs->len + key_len > rs->cap) {
         size_t cap = (rs->len + key_len) * 2;
@@ -241,10 +241,14 @@ static int write_some(kb_transport *t, redisContext *c, bool *unsent, bool *due,
     int err = 0;
     pthread_mutex_lock(&t->pub_lock);
     kb_redis_backlog *bl = &t->backlog;
-    while (bl->sent < bl->len || (err == 0 && queue_wait(t))) {
-        ssize_t w = send(c->fd, bl->buf + bl->sent, bl->len - bl->sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+    const char *bytes;
+    size_t len;
+    while (((bytes = kb__redis_backlog_unsent(bl, &len)), len > 0) || (err == 0 && queue_wait(t))) {
+        if (len == 0)
+            continue;   /* the WAIT just queued */
+        ssize_t w = send(c->fd, bytes, len, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (w > 0) {
-            bl->sent += (size_t)w;
+            kb__redis_backlog_wrote(bl, (size_t)w);
             *quiet_since = kb_now_ns();
         } else if (w < 0 && errno == EINTR) {
             continue;
@@ -254,8 +258,10 @@ static int write_some(kb_transport *t, redisContext *c, bool *unsent, bool *due,
             break;
         }
     }
-    *unsent = bl->sent < bl->len;
-    *due = bl->sent > bl->head;
+    kb__redis_backlog_unsent(bl, &len);
+    *unsent = len > 0;
+    *due = kb__redis_backlog_due(bl);
+    t->sender_busy = *unsent || *due;
     pthread_mutex_unlock(&t->pub_lock);
     return err;
 }
@@ -280,7 +286,8 @@ static void lose(kb_transport *t, const char *why_now)
     size_t big = 0;
     pthread_mutex_lock(&t->pub_lock);
     kb_redis_backlog *bl = &t->backlog;
-    bl->sent = bl->head;
+    kb__redis_backlog_rewind(bl);
+    t->sender_busy = false;   /* it may nap now: publishers kick it again */
     uint32_t held = 0;   /* XADDs still held since the previous WAIT */
     for (size_t i = 0; i < bl->n; i++) {
         kb_redis_pubrec *rec = &bl->rec[(bl->first + i) % bl->rcap];
@@ -363,7 +370,7 @@ static redisContext *connection(kb_transport *t)
         return NULL;
     if (c != NULL) {
         pthread_mutex_lock(&t->pub_lock);
-        t->backlog.sent = t->backlog.head;   /* the unconfirmed ones first, in order */
+        kb__redis_backlog_rewind(&t->backlog);   /* the unconfirmed ones first, in order */
         pthread_mutex_unlock(&t->pub_lock);
         state_changed(t, false, t->where);
     }

@@ -82,12 +82,12 @@ int kb__redis_still_owned(kb_transport *t, const kb_delivery *d)
 
 /* ---- the keeper's job ---- */
 
-/* Fencing without a script. A partition's acks are sent only when a GET of
- * its lease, made after a WATCH of that lease, shows our token; they run in
- * one MULTI/EXEC, which the server refuses as a whole if a watched lease
+/* Fencing without a script. A partition's acks are sent only when a read of
+ * its lease (MGET), made after a WATCH of that lease, shows our token; they
+ * run in one MULTI/EXEC, which the server refuses as a whole if a watched lease
  * changed in between (expired, taken): then nothing is acked, everything is
- * tried again, and the next GET tells. Entries' run records (redis_runs.c)
- * go with their acks when the partition's hash exists (it rarely does): a
+ * tried again, and the next MGET tells. Entries' run records (redis_runs.c)
+ * go with their acks when one of the pass's hashes exists (it rarely does): a
  * record is written before its handler runs, so before its ack is queued and
  * before this EXISTS. A Lua script made the same check per call, but passing
  * it 1,000 IDs cost the server more than the XACK itself (Lua strings both
@@ -97,13 +97,16 @@ int kb__redis_still_owned(kb_transport *t, const kb_delivery *d)
 typedef struct fence {
     kb_redis_part *p;
     bool acks;                /* has ack jobs */
-    bool ours;                /* GET showed our token */
-    bool runs;                /* its run-record hash exists */
+    bool ours;                /* the lease showed our token */
+    bool runs;                /* its run-record hash may exist: HDEL with the acks */
     char runs_key[KB_REDIS_KEY_MAX];
 } fence;
 
-/* WATCH the lease of every partition with acks, then GET it and ask whether
- * its run-record hash EXISTS. False: the connection failed. */
+/* WATCH the lease of every partition with acks, then MGET them and ask
+ * whether any of their run-record hashes EXISTS: 3 commands, not a GET and
+ * an EXISTS per partition (the server pays per command). When one exists
+ * (rare: see redis_runs.c) every such partition's records go with its acks.
+ * False: the connection failed. */
 static bool fence_check(kb_transport *t, redisContext *c, fence *f, size_t n)
 {
     size_t watched = 0;
@@ -120,35 +123,38 @@ static bool fence_check(kb_transport *t, redisContext *c, fence *f, size_t n)
         }
         return true;
     }
-    size_t argc = 0;
-    argv[argc++] = "WATCH";
-    for (size_t i = 0; i < n; i++)
-        if (f[i].acks)
-            argv[argc++] = f[i].p->lease;
-    redisAppendCommandArgv(c, (int)argc, argv, NULL);
-    free(argv);
-    for (size_t i = 0; i < n; i++)
-        if (f[i].acks) {
-            redisAppendCommand(c, "GET %s", f[i].p->lease);
-            redisAppendCommand(c, "EXISTS %s", f[i].runs_key);
-        }
-    redisReply *r = NULL;
-    for (size_t i = 0, k = 0; k < 1 + 2 * watched; k++) {
-        if (redisGetReply(c, (void **)&r) != REDIS_OK) {
-            kb__redis_conn_fail(&t->kc, c->errstr);
-            return false;
-        }
-        if (k > 0) {
-            while (!f[i].acks)
-                i++;
-            if (k % 2 == 1)
-                f[i].ours = r->type == REDIS_REPLY_STRING && strcmp(r->str, t->token) == 0;
-            else
-                f[i++].runs = r->type == REDIS_REPLY_INTEGER && r->integer > 0;
-        }
-        kb__redis_reply_free(r);
+    static const char *const cmd[] = {"WATCH", "MGET", "EXISTS"};
+    for (int k = 0; k < 3; k++) {
+        size_t argc = 0;
+        argv[argc++] = cmd[k];
+        for (size_t i = 0; i < n; i++)
+            if (f[i].acks)
+                argv[argc++] = k < 2 ? f[i].p->lease : f[i].runs_key;
+        redisAppendCommandArgv(c, (int)argc, argv, NULL);
     }
-    return true;
+    free(argv);
+    redisReply *r[3] = {NULL, NULL, NULL};
+    bool alive = true;
+    for (int k = 0; k < 3 && alive; k++)
+        if (redisGetReply(c, (void **)&r[k]) != REDIS_OK) {
+            kb__redis_conn_fail(&t->kc, c->errstr);
+            alive = false;
+        }
+    if (alive) {
+        const redisReply *m = r[1];
+        bool runs = r[2]->type == REDIS_REPLY_INTEGER && r[2]->integer > 0;
+        for (size_t i = 0, j = 0; i < n; i++) {
+            if (!f[i].acks)
+                continue;
+            const redisReply *y = m->type == REDIS_REPLY_ARRAY && j < m->elements ? m->element[j] : NULL;
+            f[i].ours = y != NULL && y->type == REDIS_REPLY_STRING && strcmp(y->str, t->token) == 0;
+            f[i].runs = runs;
+            j++;
+        }
+    }
+    for (int k = 0; k < 3; k++)
+        kb__redis_reply_free(r[k]);
+    return alive;
 }
 
 /* One command sent for jobs [from, to) of a partition's `sending`. */
@@ -285,7 +291,7 @@ static bool read_tx(kb_transport *t, redisContext *c, const sent_list *tx, bool 
                         refused = true;
                     }
             } else {
-                /* nil: a watched lease changed (the next GET tells); an error
+                /* nil: a watched lease changed (the next MGET tells); an error
                  * (EXECABORT after LOADING, say): try it all again */
                 for (size_t i = 0; i < tx->n; i++)
                     again_range(&tx->v[i], false);
