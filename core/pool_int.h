@@ -82,7 +82,7 @@ struct kb_executor {
     kb_thread *thread;
     struct kb_lane *run_head, *run_tail;  /* lanes to visit, in order */
     uint32_t run_len;                  /* lanes on the run list */
-    uint32_t empty_visits;             /* visits in a row that found nothing */
+    uint32_t round_visits, round_items;  /* lane visits and items handled this round */
     struct kb_lane *settling;          /* unscheduled, not yet re-checked after a barrier */
     struct kb_lane *settled;           /* those past their cheap looks: the barrier's only */
     int64_t settle_due_ns;             /* when they must be re-checked at the latest */
