@@ -236,7 +236,8 @@ static void ledger_check(const struct ledger *l, const char *what)
 static long json_string(const char *obj, const char *name, char *out, size_t cap)
 {
     char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":\"", name);
+    if ((size_t)snprintf(pat, sizeof pat, "\"%s\":\"", name) >= sizeof pat)
+        return -1;
     const char *s = strstr(obj, pat);
     if (s == NULL)
         return -1;
