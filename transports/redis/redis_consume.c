@@ -136,7 +136,7 @@ static bool none_foreign(kb_transport *t, kb_redis_part *p, const redisReply *y)
                    "after its lease was lost); sweeping it again", p->stream);
         return false;
     }
-    return y->type != REDIS_REPLY_ERROR;
+    return true;
 }
 
 /* The replies of append_checks for rd->chk[0, n): each partition's verdict
@@ -159,7 +159,12 @@ static bool read_checks(kb_transport *t, reader *rd, rround *ro, size_t n, bool 
             alive = false;
             break;
         }
-        bool passed = none_foreign(t, rp->p, y) && lease_ours(t, m, j);
+        /* a refused check (LOADING, say) proves nothing either way: what was
+         * read waits in our PEL, and a sweep (retried while refused) brings it */
+        bool refused = m->type != REDIS_REPLY_ARRAY || y->type == REDIS_REPLY_ERROR;
+        if (refused)
+            rp->p->swept = 0;
+        bool passed = !refused && none_foreign(t, rp->p, y) && lease_ours(t, m, j);
         kb__redis_reply_free(y);
         if (ahead)
             rp->ahead_ok = passed;

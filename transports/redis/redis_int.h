@@ -253,6 +253,7 @@ struct kb_transport {
     _Atomic uint64_t stray;       /* reads that found another consumer's entries: re-swept */
     _Atomic bool duties_now;      /* new topics: take their leases without waiting a tick */
     bool jobs_unsent;             /* keeper only: `sending` left over after a failure */
+    bool check_refused;           /* keeper only: the last lease check before acks was refused */
     /* the keeper settled acks or dead letters on the server (kb_drain and
      * kb_dead_letters wait on it) */
     _Atomic uint64_t settle_rounds;
