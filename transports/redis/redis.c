@@ -21,7 +21,7 @@ static const kb_conf_prop redis_props[] = {
      "Redis: `XREADGROUP BLOCK` time; bounds how fast a consumer notices new leases and close."},
     {"redis.batch", KB_CONF_INT, "256", 1, 100000,
      "Redis: starting `COUNT` per `XREADGROUP` (it grows up to 8x while reads come back "
-     "full, within 8x entries per read in all) and `COUNT` per recovery "
+     "full, and halves back while it times the partitions that bring entries exceeds 8x) and `COUNT` per recovery "
      "(`XPENDING`/`XAUTOCLAIM`) page."},
     {"redis.maxlen", KB_CONF_INT, "0", 0, INT64_MAX,
      "Redis: trim each partition stream with `MAXLEN ~ n` on publish; 0 = no trimming. "
