@@ -21,7 +21,7 @@ static const kb_conf_prop redis_props[] = {
      "Redis: `XREADGROUP BLOCK` time; bounds how fast a consumer notices new leases and close."},
     {"redis.batch", KB_CONF_INT, "256", 1, 100000,
      "Redis: starting `COUNT` per `XREADGROUP` (it grows up to 8x while reads come back "
-     "full, within 8x entries per read in all) and `COUNT` per recovery "
+     "full, and halves back while it times the partitions that bring entries exceeds 8x) and `COUNT` per recovery "
      "(`XPENDING`/`XAUTOCLAIM`) page."},
     {"redis.maxlen", KB_CONF_INT, "0", 0, INT64_MAX,
      "Redis: trim each partition stream with `MAXLEN ~ n` on publish; 0 = no trimming. "
@@ -174,6 +174,7 @@ static int read_conf(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->backoff_max_ms = (int)kb_conf_int(c, "redis.reconnect_max_ms");
     t->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
     t->buffer_bytes = (size_t)kb_conf_int(c, "redis.publish_buffer_bytes");
+    kb__redis_backlog_init(&t->backlog, t->buffer_bytes);
     t->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
     t->wait_replicas = (int)kb_conf_int(c, "redis.wait_replicas");
     t->wait_timeout_ms = (int)kb_conf_int(c, "redis.wait_timeout_ms");

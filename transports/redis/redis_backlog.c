@@ -10,15 +10,24 @@
 
 #define CHUNK (256 * 1024)   /* a chunk, unless one record needs more */
 
+static void chunk_done(kb_redis_backlog *bl, kb_redis_chunk *c);
+
 /* Room for `need` more bytes at the end of the newest chunk: a chunk is
- * added (a spare one when it fits) when they do not fit there. */
+ * added (a spare one when it fits) when they do not fit there. An empty
+ * newest chunk (the backlog emptied) that is too small is retired first: a
+ * chunk of no bytes left before the new one would never be popped past. */
 static bool bytes_reserve(kb_redis_backlog *bl, size_t need)
 {
     if (bl->newest != NULL && bl->newest->cap - bl->newest->len >= need)
         return true;
+    if (bl->newest != NULL && bl->newest->len == 0) {   /* then n == 0: it is the only one */
+        chunk_done(bl, bl->newest);
+        bl->oldest = bl->newest = bl->sending = NULL;
+    }
     kb_redis_chunk *c = bl->spare;
     if (c != NULL && c->cap >= need) {
         bl->spare = c->next;
+        bl->spares--;
     } else {
         size_t cap = need > CHUNK ? need : CHUNK;
         if ((c = malloc(sizeof *c + cap)) == NULL)
@@ -37,15 +46,23 @@ static bool bytes_reserve(kb_redis_backlog *bl, size_t need)
     return true;
 }
 
-/* An emptied chunk: kept for reuse when it has the usual size. */
+/* An emptied chunk: kept for reuse when it has the usual size and the
+ * spares hold less than the bound's worth (spare_max chunks). */
 static void chunk_done(kb_redis_backlog *bl, kb_redis_chunk *c)
 {
-    if (c->cap != CHUNK) {
+    if (c->cap != CHUNK || bl->spares >= bl->spare_max) {
         free(c);
         return;
     }
     c->next = bl->spare;
     bl->spare = c;
+    bl->spares++;
+}
+
+void kb__redis_backlog_init(kb_redis_backlog *bl, size_t bound)
+{
+    memset(bl, 0, sizeof *bl);
+    bl->spare_max = bound / CHUNK;
 }
 
 static bool rec_reserve(kb_redis_backlog *bl)
@@ -181,7 +198,8 @@ const char *kb__redis_backlog_oldest(const kb_redis_backlog *bl)
 
 uint64_t kb__redis_backlog_drop_over(kb_redis_backlog *bl, size_t max)
 {
-    kb_redis_backlog kept = {.spare = bl->spare, .rec = bl->rec, .first = bl->first, .rcap = bl->rcap};
+    kb_redis_backlog kept = {.spare = bl->spare, .spares = bl->spares, .spare_max = bl->spare_max,
+                             .rec = bl->rec, .first = bl->first, .rcap = bl->rcap};
     kb_redis_chunk *c = bl->oldest;
     size_t at = bl->head, n = bl->n;
     uint64_t dropped = 0;

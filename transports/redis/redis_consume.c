@@ -43,19 +43,20 @@ typedef struct reader {
 /* A hot partition (one aggregate, say) fills every read: let its reads grow
  * so the per-read cost (a round trip, the lease and XPENDING checks) is spread
  * over more entries, and shrink them back when reads come back well short,
- * so lanes of quiet topics are not flooded. A read grows only while all its
- * partitions that brought entries (`hits`) could fill it within what one
- * partition may bring (redis.batch x READ_COUNT_GROWTH): eight full
- * partitions at 2,048 each made 10 MB replies, whose fresh memory cost the
- * reader a page fault per 4 KiB. */
+ * so lanes of quiet topics are not flooded. COUNT times the partitions that
+ * brought entries (`hits`) stays within what one partition may bring
+ * (redis.batch x READ_COUNT_GROWTH), COUNT halving each read while over it,
+ * down to redis.batch: eight full partitions at 2,048 each made 10 MB
+ * replies, whose fresh memory cost the reader a page fault per 4 KiB. */
 #define READ_COUNT_GROWTH 8
 
 static void adapt_count(reader *rd, int batch, size_t most, size_t hits)
 {
-    size_t whole = (size_t)batch * READ_COUNT_GROWTH;
-    if (most >= (size_t)rd->count && (size_t)rd->count * 2 * (hits > 0 ? hits : 1) <= whole)
+    size_t whole = (size_t)batch * READ_COUNT_GROWTH, count = (size_t)rd->count;
+    hits = hits > 0 ? hits : 1;
+    if (most >= count && count * 2 * hits <= whole)
         rd->count *= 2;
-    else if (most < (size_t)rd->count / 4 && rd->count > batch)
+    else if ((most < count / 4 || count * hits > whole) && rd->count > batch)
         rd->count /= 2;
 }
 
@@ -136,7 +137,7 @@ static bool none_foreign(kb_transport *t, kb_redis_part *p, const redisReply *y)
                    "after its lease was lost); sweeping it again", p->stream);
         return false;
     }
-    return y->type != REDIS_REPLY_ERROR;
+    return true;
 }
 
 /* The replies of append_checks for rd->chk[0, n): each partition's verdict
@@ -159,7 +160,12 @@ static bool read_checks(kb_transport *t, reader *rd, rround *ro, size_t n, bool 
             alive = false;
             break;
         }
-        bool passed = none_foreign(t, rp->p, y) && lease_ours(t, m, j);
+        /* a refused check (LOADING, say) proves nothing either way: what was
+         * read waits in our PEL, and a sweep (retried while refused) brings it */
+        bool refused = m->type != REDIS_REPLY_ARRAY || y->type == REDIS_REPLY_ERROR;
+        if (refused)
+            rp->p->swept = 0;
+        bool passed = !refused && none_foreign(t, rp->p, y) && lease_ours(t, m, j);
         kb__redis_reply_free(y);
         if (ahead)
             rp->ahead_ok = passed;

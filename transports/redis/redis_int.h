@@ -161,9 +161,11 @@ typedef struct kb_redis_chunk {
  * the ring rec (n from `first`). Replies come in order: each confirms the
  * oldest record. A lost connection rewinds `sent` to `head`. Records never
  * move (a buffer compacted by memmove had cost the publisher a copy of every
- * byte and the page faults of its growth); emptied chunks are kept for reuse. */
+ * byte and the page faults of its growth); emptied chunks are kept for reuse,
+ * up to the bound's worth. */
 typedef struct kb_redis_backlog {
     kb_redis_chunk *oldest, *newest, *sending, *spare;
+    size_t spares, spare_max;     /* chunks in spare, and at most (the bound's worth) */
     size_t head, sent;            /* offsets in oldest, in sending */
     size_t held;                  /* bytes of the records */
     kb_redis_pubrec *rec;
@@ -251,6 +253,7 @@ struct kb_transport {
     _Atomic uint64_t stray;       /* reads that found another consumer's entries: re-swept */
     _Atomic bool duties_now;      /* new topics: take their leases without waiting a tick */
     bool jobs_unsent;             /* keeper only: `sending` left over after a failure */
+    bool check_refused;           /* keeper only: the last lease check before acks was refused */
     /* the keeper settled acks or dead letters on the server (kb_drain and
      * kb_dead_letters wait on it) */
     _Atomic uint64_t settle_rounds;
@@ -347,6 +350,8 @@ size_t kb__redis_backlog_cmd_bytes(int argc, const size_t *lens);
 /* Write that encoding of argv/lens at out (kb__redis_backlog_cmd_bytes of
  * room); the end of what it wrote. Thread: any. */
 char *kb__redis_cmd_put(char *out, int argc, const char **argv, const size_t *lens);
+/* An empty backlog whose emptied chunks are kept for reuse up to `bound` bytes. */
+void kb__redis_backlog_init(kb_redis_backlog *bl, size_t bound);
 /* Append one XADD (RESP of argv/lens) as a record; false when out of memory. */
 bool kb__redis_backlog_add(kb_redis_backlog *bl, kb_redis_part *p, size_t big, int argc,
                            const char **argv, const size_t *lens);

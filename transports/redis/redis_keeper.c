@@ -105,8 +105,9 @@ static void *keeper_main(void *arg)
     members m = {NULL, 0};
     while (!atomic_load(&t->keeper_stop)) {
         if (atomic_load(&t->jobs_queued) > 0 || t->jobs_unsent) {
-            if (kb_now_ns() < last_pass + PASS_SPACING_NS)
-                kb_signal_wait(t->keeper_wake, is_stopping, t, last_pass + PASS_SPACING_NS);
+            if (kb_now_ns() < last_pass + PASS_SPACING_NS &&
+                kb_signal_wait(t->keeper_wake, is_stopping, t, last_pass + PASS_SPACING_NS))
+                break;   /* goodbye() sends what is queued */
             kb__redis_settle_send(t);
             last_pass = kb_now_ns();
         }

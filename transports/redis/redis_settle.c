@@ -102,11 +102,24 @@ typedef struct fence {
     char runs_key[KB_REDIS_KEY_MAX];
 } fence;
 
+/* Every ack of the pass is kept to be sent next time, none counted as
+ * fenced (the dead letters go on). */
+static void acks_again(fence *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; f[i].acks && j < f[i].p->sending.n; j++)
+            f[i].p->sending.v[j].again |= f[i].p->sending.v[j].dead == NULL;
+        f[i].acks = false;
+    }
+}
+
 /* WATCH the lease of every partition with acks, then MGET them and ask
  * whether any of their run-record hashes EXISTS: 3 commands, not a GET and
  * an EXISTS per partition (the server pays per command). When one exists
  * (rare: see redis_runs.c) every such partition's records go with its acks.
- * False: the connection failed. */
+ * Only a lease seen nil or another's fences the acks: a refused command
+ * (LOADING after a restart, say) keeps them all for the next pass. False:
+ * the connection failed. */
 static bool fence_check(kb_transport *t, redisContext *c, fence *f, size_t n)
 {
     size_t watched = 0;
@@ -116,11 +129,7 @@ static bool fence_check(kb_transport *t, redisContext *c, fence *f, size_t n)
         return true;
     const char **argv = malloc((1 + watched) * sizeof *argv);
     if (argv == NULL) {   /* out of memory: every ack is sent next time */
-        for (size_t i = 0; i < n; i++) {
-            for (size_t j = 0; f[i].acks && j < f[i].p->sending.n; j++)
-                f[i].p->sending.v[j].again |= f[i].p->sending.v[j].dead == NULL;
-            f[i].acks = false;
-        }
+        acks_again(f, n);
         return true;
     }
     static const char *const cmd[] = {"WATCH", "MGET", "EXISTS"};
@@ -140,9 +149,23 @@ static bool fence_check(kb_transport *t, redisContext *c, fence *f, size_t n)
             kb__redis_conn_fail(&t->kc, c->errstr);
             alive = false;
         }
-    if (alive) {
+    bool refused = alive && (r[0]->type == REDIS_REPLY_ERROR || r[1]->type != REDIS_REPLY_ARRAY ||
+                             r[2]->type != REDIS_REPLY_INTEGER);
+    if (refused) {
+        const redisReply *e = r[0]->type == REDIS_REPLY_ERROR ? r[0] : r[1]->type == REDIS_REPLY_ERROR ? r[1] : r[2];
+        if (!t->check_refused)   /* once per spell, not every retry */
+            kb_log(t->bus, KB_LOG_WARNING, "redis: the lease check before acks was refused, retrying: %s",
+                   e->type == REDIS_REPLY_ERROR ? e->str : "an unexpected reply");
+        acks_again(f, n);
+        redisReply *u = redisCommand(c, "UNWATCH");   /* what WATCH took, if it did */
+        if (u == NULL) {
+            kb__redis_conn_fail(&t->kc, c->errstr);
+            alive = false;
+        }
+        kb__redis_reply_free(u);
+    } else if (alive) {
         const redisReply *m = r[1];
-        bool runs = r[2]->type == REDIS_REPLY_INTEGER && r[2]->integer > 0;
+        bool runs = r[2]->integer > 0;
         for (size_t i = 0, j = 0; i < n; i++) {
             if (!f[i].acks)
                 continue;
@@ -152,6 +175,8 @@ static bool fence_check(kb_transport *t, redisContext *c, fence *f, size_t n)
             j++;
         }
     }
+    if (alive)
+        t->check_refused = refused;
     for (int k = 0; k < 3; k++)
         kb__redis_reply_free(r[k]);
     return alive;
