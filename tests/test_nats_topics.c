@@ -1,6 +1,6 @@
 /* Many topics on one bus: 200 topics x 10 events (KB_TEST_TOPICS=1000 for the
  * issue's figure) are all handled, and the bus's threads do not grow with the
- * number of topics (one feeder, one lease thread, one connection for all).
+ * number of topics (one feeder, one lease thread, two connections for all).
  * Prints the figures docs/transports-nats.md quotes: time to handle
  * everything, threads, RSS per idle topic, RSS after kb_close. A subscribe
  * whose consumer cannot start fails with KB_ETRANSPORT. */

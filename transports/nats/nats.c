@@ -239,9 +239,12 @@ static int leaser_done(void *arg)
     return atomic_load(&((kb_transport *)arg)->leaser_done);
 }
 
+/* Both connections reported closed (the consumer's if it was made). */
 static int nc_closed(void *arg)
 {
-    return atomic_load(&((kb_transport *)arg)->nc_closed);
+    kb_transport *t = arg;
+    return atomic_load(&t->nc_closed) &&
+           (atomic_load(&t->feed_nc) == NULL || atomic_load(&t->feed_closed));
 }
 
 /* Every step shares the caller's deadline, also when the server answers
@@ -261,8 +264,14 @@ static int nats_close(kb_transport *t, int64_t deadline)
     char why[512] = "";
     if (t->js != NULL && leaser_out && kb_now_ns() < deadline) {
         kb__nats_ack_pass(t, true);   /* the last frontier acks and progress records */
-        int left = kb_deadline_left_ms(deadline);
-        natsStatus s = natsConnection_FlushTimeout(t->nc, left < 0 ? 2000 : left > 0 ? left : 1);
+        /* acks on the consumer's connection, progress records on nc */
+        natsConnection *conns[] = {atomic_load(&t->feed_nc), t->nc};
+        natsStatus s = NATS_OK;
+        for (size_t i = 0; i < 2 && s == NATS_OK; i++) {
+            int left = kb_deadline_left_ms(deadline);
+            if (conns[i] != NULL)
+                s = natsConnection_FlushTimeout(conns[i], left < 0 ? 2000 : left > 0 ? left : 1);
+        }
         if (s != NATS_OK)   /* not an error of kb_close: docs/transports-nats.md */
             kb_log(t->bus, KB_LOG_WARNING, "nats %s: the last acks may be lost (no answer to "
                    "the PING behind them: %s); their events come again to the next owner",
@@ -276,6 +285,8 @@ static int nats_close(kb_transport *t, int64_t deadline)
             snprintf(why, sizeof why, "%s", kb_last_error());
     }
     bool closed = t->nc == NULL;
+    if (atomic_load(&t->feed_nc) != NULL)
+        natsConnection_Close(atomic_load(&t->feed_nc));
     if (t->nc != NULL) {
         natsConnection_Close(t->nc);   /* the lease thread's requests return now */
         /* nats.c's closed callback is the last one: then t may go */
@@ -293,6 +304,8 @@ static int nats_close(kb_transport *t, int64_t deadline)
     natsSubscription_Destroy(t->inbox_sub);
     natsSubscription_Destroy(t->probe_sub);
     natsSubscription_Destroy(t->kv_sub);
+    natsConnection_Destroy(atomic_load(&t->feed_nc));
+    natsOptions_Destroy(t->feed_opts);
     natsConnection_Destroy(t->nc);
     for (kb_nats_topic *tp = atomic_load(&t->topics), *next; tp; tp = next) {
         next = tp->next;

@@ -8,6 +8,7 @@
 
 #include "nats_claim.h"
 #include "nats_msg.h"
+#include "nats_names.h"
 #include "nats_progress.h"
 #include "nats_runs.h"
 
@@ -162,7 +163,7 @@ static uint64_t ack_prefix(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint6
         return h0;
     char subj[3 * KB_NATS_NAME];
     if (!ack_subject(subj, sizeof subj, c->part->topic->stream, c->consumer, last->sseq, dseq) ||
-        natsConnection_PublishString(t->nc, subj, "+ACK") != NATS_OK) {
+        natsConnection_PublishString(kb__nats_feed_conn(t), subj, "+ACK") != NATS_OK) {
         c->ack_failed = true;
         return h0;
     }
@@ -178,7 +179,7 @@ bool kb__nats_claim_reack(kb_transport *t, kb_nats_claim *c, uint64_t server_dse
         dseq = server_dseq + 1;   /* the server ignores an AckAll at or below its floor */
     char subj[3 * KB_NATS_NAME];
     return ack_subject(subj, sizeof subj, c->part->topic->stream, c->consumer, sseq, dseq) &&
-           natsConnection_PublishString(t->nc, subj, "+ACK") == NATS_OK;
+           natsConnection_PublishString(kb__nats_feed_conn(t), subj, "+ACK") == NATS_OK;
 }
 
 /* Ack what is finished. Acking handled events is right even for a fenced
@@ -203,7 +204,7 @@ void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now)
     if (h < tl && !atomic_load(&c->fenced)) {
         kb_nats_entry *e = &c->ring[h & (c->cap - 1)];
         if (now - e->since_ns > third && now - c->last_wpi_ns > third) {
-            natsConnection_PublishString(t->nc, natsMsg_GetReply(e->msg), "+WPI");
+            natsConnection_PublishString(kb__nats_feed_conn(t), natsMsg_GetReply(e->msg), "+WPI");
             c->last_wpi_ns = now;
         }
     }
@@ -261,7 +262,7 @@ void kb__nats_nak_range(kb_transport *t, const char *stream, const char *consume
         return;   /* the server redelivers them after AckWait anyway */
     for (uint64_t s = from; s <= to; s++)
         if (!ack_subject(subj, sizeof subj, stream, consumer, s, dseq) ||
-            natsConnection_PublishString(t->nc, subj, "-NAK") != NATS_OK)
+            natsConnection_PublishString(kb__nats_feed_conn(t), subj, "-NAK") != NATS_OK)
             return;
 }
 

@@ -63,6 +63,35 @@ static void on_reconnected(natsConnection *nc, void *closure)
     kb_bus_state_report(t->bus, KB_STATE_RECONNECTED, t->url_safe);
 }
 
+/* The consumer's connection (t->feed_nc): a reconnect reissues every pull
+ * request (the feeder watches t->reconnects) and acks again what the server
+ * may have lost (the lease thread); no publish goes over it. */
+static void on_feed_disconnected(natsConnection *nc, void *closure)
+{
+    (void)nc;
+    kb_transport *t = closure;
+    if (!atomic_load(&t->closing))
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: consumer connection lost, reconnecting",
+               t->url_safe);
+}
+
+static void on_feed_reconnected(natsConnection *nc, void *closure)
+{
+    (void)nc;
+    kb_transport *t = closure;
+    atomic_fetch_add(&t->reconnects, 1);
+    kb__nats_lease_kick(t);
+    kb_log(t->bus, KB_LOG_INFO, "nats %s: consumer connection reconnected", t->url_safe);
+}
+
+static void on_feed_closed(natsConnection *nc, void *closure)
+{
+    (void)nc;
+    kb_transport *t = closure;
+    atomic_store(&t->feed_closed, 1);
+    kb_signal_notify(t->nc_event);
+}
+
 /* Connected after kb_open's first attempt failed (nats.connect_wait_ms). */
 static void on_connected(natsConnection *nc, void *closure)
 {
@@ -221,6 +250,16 @@ int kb__nats_connect(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     natsStatus s = natsOptions_Create(&o);
     if (s == NATS_OK)
         s = set_options(t, o, c, u);
+    if (s == NATS_OK)
+        s = natsOptions_Create(&t->feed_opts);
+    if (s == NATS_OK)
+        s = set_options(t, t->feed_opts, c, u);
+    if (s == NATS_OK)
+        s = natsOptions_SetDisconnectedCB(t->feed_opts, on_feed_disconnected, t);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectedCB(t->feed_opts, on_feed_reconnected, t);
+    if (s == NATS_OK)
+        s = natsOptions_SetClosedCB(t->feed_opts, on_feed_closed, t);
     kb_url_free(u);
     if (s != NATS_OK) {
         char why[256];

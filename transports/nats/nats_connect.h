@@ -4,8 +4,9 @@
 
 #include "nats_types.h"
 
-/* Connect (t->nc, t->js) as the configuration says; errors carry nats.c's
- * reason. */
+/* Connect (t->nc, t->js) as the configuration says, and make the options of
+ * the consumer's connection (t->feed_opts; connected at the first
+ * subscribe); errors carry nats.c's reason. */
 int kb__nats_connect(kb_transport *t, const kb_conf *c, char *errstr, size_t errlen);
 
 #endif /* KB_TRANSPORTS_NATS_CONNECT_H */

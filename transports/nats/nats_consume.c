@@ -59,7 +59,7 @@ static void pull(feeder *f, kb_nats_claim *c, int64_t now)
     c->pull_serial = ++f->serial;
     snprintf(reply, sizeof reply, "%s.%u.%u.%u", t->inbox, c->part->topic->sub_id, c->part->n,
              c->pull_serial);
-    if (natsConnection_PublishRequestString(t->nc, c->next_subj, reply, body) != NATS_OK)
+    if (natsConnection_PublishRequestString(kb__nats_feed_conn(t), c->next_subj, reply, body) != NATS_OK)
         return;
     c->pull_left = (c->pull_open ? c->pull_left : 0) + batch;
     c->pull_open = true;
@@ -302,7 +302,7 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
          * or of one it acked, whose ack the server lost (killed before it
          * stored it): ack it again, it was handled. */
         if (kb__nats_claim_redelivered(c, meta))
-            natsConnection_PublishString(t->nc, natsMsg_GetReply(m), "+ACK");
+            natsConnection_PublishString(kb__nats_feed_conn(t), natsMsg_GetReply(m), "+ACK");
         natsMsg_Destroy(m);
         return false;
     }
@@ -590,11 +590,32 @@ static void *feed(void *arg)
     return NULL;
 }
 
+/* The consumer's own connection: on nc, pull requests and acks would wait
+ * behind up to nats.publish_max_pending publishes in the socket, and the
+ * server, which reads a connection in order, would start no delivery until it
+ * had stored them (bench/throughput.md, "NATS per-message profile"). */
+static int feed_connect(kb_transport *t)
+{
+    if (atomic_load(&t->feed_nc) != NULL)
+        return KB_OK;
+    natsConnection *nc = NULL;
+    natsStatus s = natsConnection_Connect(&nc, t->feed_opts);
+    if (s != NATS_OK) {
+        int rc = kb__nats_errf("connecting the consumer", s, 0);
+        return rc == KB_ENOMEM ? rc : KB_ETRANSPORT;
+    }
+    atomic_store(&t->feed_nc, nc);
+    return KB_OK;
+}
+
 /* The bus's inbox subscription and feeder thread, at the first subscribe. */
 static int start_feeder(kb_transport *t)
 {
     if (t->feeder != NULL)
         return KB_OK;
+    int rc = feed_connect(t);
+    if (rc != KB_OK)
+        return rc;
     feeder *f = calloc(1, sizeof *f);
     natsInbox *inbox = NULL;
     if (f == NULL || (f->key = malloc(65536)) == NULL || natsInbox_Create(&inbox) != NATS_OK) {
@@ -610,7 +631,7 @@ static int start_feeder(kb_transport *t)
     natsInbox_Destroy(inbox);
     char all[160];
     snprintf(all, sizeof all, "%s.>", t->inbox);
-    natsStatus s = natsConnection_SubscribeSync(&t->inbox_sub, t->nc, all);
+    natsStatus s = natsConnection_SubscribeSync(&t->inbox_sub, atomic_load(&t->feed_nc), all);
     if (s == NATS_OK)   /* bounded by the open pull requests, not by the library */
         s = natsSubscription_SetPendingLimits(t->inbox_sub, -1, -1);
     if (s != NATS_OK) {
@@ -618,7 +639,7 @@ static int start_feeder(kb_transport *t)
         t->inbox_sub = NULL;
         free(f->key);
         free(f);
-        int rc = kb__nats_errf("subscribing the pull inbox", s, 0);
+        rc = kb__nats_errf("subscribing the pull inbox", s, 0);
         return rc == KB_ENOMEM ? rc : KB_ETRANSPORT;
     }
     if (kb__nats_thread_start(&t->feeder, "kb-nats-feed", feed, f, NULL, 0) != KB_OK) {

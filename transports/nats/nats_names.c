@@ -101,6 +101,12 @@ uint64_t kb__nats_pending_below_floor(const jsConsumerInfo *ci)
                : 0;
 }
 
+natsConnection *kb__nats_feed_conn(kb_transport *t)
+{
+    natsConnection *f = atomic_load(&t->feed_nc);
+    return f != NULL ? f : t->nc;
+}
+
 int kb__nats_never(void *arg)
 {
     (void)arg;

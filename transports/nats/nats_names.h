@@ -32,6 +32,10 @@ uint64_t kb__nats_floor_of(const jsConsumerInfo *ci);
  * reaches them, so its floor vouches for nothing; 0 when none. */
 uint64_t kb__nats_pending_below_floor(const jsConsumerInfo *ci);
 
+/* The connection of pull requests, deliveries and acks: feed_nc once the
+ * first subscribe made it, nc before. */
+natsConnection *kb__nats_feed_conn(kb_transport *t);
+
 /* A kb_signal_wait condition that is never met: a wait that only a notify
  * or its deadline ends. */
 int kb__nats_never(void *arg);

@@ -370,8 +370,8 @@ static uint64_t in_msgs(kb_transport *t)
  * nothing read at all for as long with the connection up: take them all
  * back, to be sent again in order. A connection still reading may have acks
  * queued behind a starved ack thread, so reading postpones the verdict; but
- * a consuming process reads all the time, so four such spells without an
- * ack are a stall all the same. */
+ * a subscribing process reads lease answers all the time, so four such spells
+ * without an ack are a stall all the same. */
 static void stalled(kb_transport *t)
 {
     int64_t now = kb_now_ns(), quiet = t->publish_timeout_ms * 1000000;

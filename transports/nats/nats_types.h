@@ -191,6 +191,11 @@ typedef struct kb_nats_resend {
 struct kb_transport {
     kb_bus *bus;
     natsConnection *nc;
+    /* Pull requests, the inbox and acks: a connection of their own from the
+     * first subscribe (feed_opts, made at open), so that they never queue
+     * behind the publish window on nc. Set once, read by every thread. */
+    natsOptions *feed_opts;
+    natsConnection *_Atomic feed_nc;
     jsCtx *js;
     /* the lease bucket: bound at the first subscribe (or a read of an owner),
      * so a bus that only publishes or reads creates none; under kv_lock */
@@ -246,8 +251,9 @@ struct kb_transport {
     _Atomic int stopping;              /* ops->stop: feeders end */
     _Atomic int closing;               /* ops->close: everything ends */
     _Atomic int nc_closed;             /* nats.c ran our closed callback: no more callbacks */
+    _Atomic int feed_closed;           /* the same for feed_nc */
     _Atomic int connected;             /* kb_open's background connect succeeded */
-    kb_signal *nc_event;               /* nc_closed or connected set */
+    kb_signal *nc_event;               /* nc_closed, feed_closed or connected set */
     _Atomic int published_async;       /* js_PublishAsyncGetPendingList crashes before the
                                           first async publish in nats.c 3.4.1 (NULL map) */
     kb_signal *lease_wake;             /* a claim was fenced, a topic subscribed, close */
