@@ -319,6 +319,7 @@ static int nats_close(kb_transport *t, int64_t deadline)
     natsSubscription_Destroy(t->kv_sub);
     natsConnection_Destroy(atomic_load(&t->feed_nc));
     natsOptions_Destroy(t->feed_opts);
+    free(t->creds_file);
     natsConnection_Destroy(t->nc);
     for (kb_nats_topic *tp = atomic_load(&t->topics), *next; tp; tp = next) {
         next = tp->next;
