@@ -1,7 +1,8 @@
 /* NATS faults, each ending with 0 lost and 0 per-key order violations
  * (duplicates are counted and allowed): nats-server killed and restarted
  * mid-stream on file storage; server down at start and up later; kill -9 of
- * one of two consumer processes. Usage: test_nats_faults PATH_TO_HELPER [TEST] */
+ * one of two consumer processes; the consumer's connection alone cut at close.
+ * Usage: test_nats_faults PATH_TO_HELPER [TEST] */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +22,8 @@
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 
+#include "support/gate.h"
+#include "support/proxy.h"
 #include "support/server.h"
 #include "support/tracker.h"
 
@@ -525,6 +528,69 @@ static void lost_lease_releases_queued(void **state)
     kb_test_server_stop(&s);
 }
 
+/* Lease keys ("l.<stream>...") of the bucket keybus_leases. */
+static size_t lease_keys(const char *url)
+{
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    kvStore *kv = NULL;
+    kvKeysList keys = {0};
+    assert_int_equal(natsConnection_ConnectTo(&nc, url), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    assert_int_equal(js_KeyValue(&kv, js, "keybus_leases"), NATS_OK);
+    natsStatus s = kvStore_Keys(&keys, kv, NULL);
+    assert_true(s == NATS_OK || s == NATS_NOT_FOUND);   /* not found: no key at all */
+    size_t n = 0;
+    for (int i = 0; s == NATS_OK && i < keys.Count; i++)
+        n += strncmp(keys.Keys[i], "l.", 2) == 0;
+    kvKeysList_Destroy(&keys);
+    kvStore_Destroy(kv);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    return n;
+}
+
+/* Only the consumer's connection (the bus's second through the proxy, made
+ * at its first subscribe) stops answering before kb_close: the close waits
+ * for it a share of its deadline, not all of it, and the publishing
+ * connection still releases every lease. */
+static void consumer_connection_lost_at_close(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    kb_test_proxy *proxy = kb_test_proxy_start(s.port);
+    assert_non_null(proxy);
+    char url[128];
+    snprintf(url, sizeof url, "nats://127.0.0.1:%d", kb_test_proxy_port(proxy));
+    /* no PINGs to notice the cut: the connection stays "connected" */
+    kb_bus *b = open_bus(url, "nats.ping_interval_ms", "600000");
+    const char *topic = "fault.feedcut";
+    kb_tracker t;
+    kb_tracker_init(&t, KEYS);
+    assert_int_equal(kb_subscribe(b, topic, kb_tracker_handler, &t), KB_OK);
+    for (uint32_t k = 0; k < KEYS; k++)
+        publish_ok(b, topic, k, 1);
+    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    wait_distinct(&t, KEYS, 30);
+    assert_int_equal(kb_tracker_distinct(&t), KEYS);
+    size_t held = lease_keys(s.url);
+
+    kb_test_proxy_blackhole_from(proxy, 1);
+    double t0 = kb_test_now_ms();
+    int closed = kb_close(b, 20000);
+    double took = kb_test_now_ms() - t0;
+    size_t left = lease_keys(s.url);
+    printf("consumer connection cut: kb_close(20 s) = %s after %.0f ms, lease keys %zu -> %zu\n",
+           kb_strerror(closed), took, held, left);
+    assert_true(held > 0);
+    assert_int_equal(left, 0);
+    assert_true(took < 15000.0);   /* a quarter of the deadline for it, not all of it */
+    kb_tracker_destroy(&t);
+    kb_test_proxy_stop(proxy);
+    kb_test_server_stop(&s);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -540,6 +606,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(kill_one_of_two_consumers_off),
         cmocka_unit_test(wide_takeover_skips_acked),
         cmocka_unit_test(lost_lease_releases_queued),
+        cmocka_unit_test(consumer_connection_lost_at_close),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

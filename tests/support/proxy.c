@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +34,7 @@ struct pair {
 struct kb_test_proxy {
     int listen_fd, port, target_port;
     int wake[2];            /* self-pipe: a command is waiting */
-    _Atomic int blackhole, applied, stop;
+    _Atomic int blackhole, applied, stop;   /* blackhole: 0, or 1 + the first pair cut */
     pthread_t thread;
     struct pair pairs[MAX_PAIRS];
 };
@@ -123,20 +124,22 @@ static void *proxy_main(void *arg)
     while (!atomic_load(&p->stop)) {
         int blackhole = atomic_load(&p->blackhole);
         atomic_store(&p->applied, blackhole);
+        int cut_from = blackhole > 0 ? blackhole - 1 : MAX_PAIRS;
         nfds_t n = 0;
         fds[n++] = (struct pollfd){.fd = p->wake[0], .events = POLLIN};
         fds[n++] = (struct pollfd){.fd = p->listen_fd, .events = POLLIN};
         for (int i = 0; i < MAX_PAIRS; i++) {
             struct pair *pr = &p->pairs[i];
+            bool cut = i >= cut_from;
             for (int k = 0; k < 2; k++) {
                 short ev = 0;
-                if (!blackhole && pr->fd[k] >= 0) {
+                if (!cut && pr->fd[k] >= 0) {
                     if (pr->dir[k].len == 0)
                         ev |= POLLIN;          /* room to read from this side */
                     if (pr->dir[1 - k].len > pr->dir[1 - k].off)
                         ev |= POLLOUT;         /* bytes waiting for this side */
                 }
-                fds[n++] = (struct pollfd){.fd = blackhole ? -1 : pr->fd[k], .events = ev};
+                fds[n++] = (struct pollfd){.fd = cut ? -1 : pr->fd[k], .events = ev};
             }
         }
         if (poll(fds, n, 1000) < 0 && errno != EINTR)
@@ -148,9 +151,7 @@ static void *proxy_main(void *arg)
         }
         if (fds[1].revents & POLLIN)
             accept_one(p);
-        if (blackhole)
-            continue;
-        for (int i = 0; i < MAX_PAIRS; i++) {
+        for (int i = 0; i < cut_from; i++) {
             struct pair *pr = &p->pairs[i];
             if (pr->fd[0] < 0)
                 continue;
@@ -198,13 +199,23 @@ int kb_test_proxy_port(const kb_test_proxy *p)
     return p->port;
 }
 
-void kb_test_proxy_blackhole(kb_test_proxy *p, int on)
+static void blackhole_set(kb_test_proxy *p, int v)
 {
-    atomic_store(&p->blackhole, on);
-    while (atomic_load(&p->applied) != on) {
+    atomic_store(&p->blackhole, v);
+    while (atomic_load(&p->applied) != v) {
         (void)!write(p->wake[1], "x", 1);
         usleep(1000);   /* the proxy thread's loop turns within a poll round */
     }
+}
+
+void kb_test_proxy_blackhole(kb_test_proxy *p, int on)
+{
+    blackhole_set(p, on ? 1 : 0);
+}
+
+void kb_test_proxy_blackhole_from(kb_test_proxy *p, int first)
+{
+    blackhole_set(p, first + 1);
 }
 
 void kb_test_proxy_stop(kb_test_proxy *p)

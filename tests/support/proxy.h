@@ -18,6 +18,11 @@ int kb_test_proxy_port(const kb_test_proxy *p);
  * bytes held meanwhile first. Returns when the proxy thread has applied it. */
 void kb_test_proxy_blackhole(kb_test_proxy *p, int on);
 
+/* The same for the connections accepted as the first+1-th and later only
+ * (counted from 0, while none closed), also new ones: one client's second
+ * connection cut, its first still forwarding. */
+void kb_test_proxy_blackhole_from(kb_test_proxy *p, int first);
+
 /* Close every connection and the listener; free. */
 void kb_test_proxy_stop(kb_test_proxy *p);
 

@@ -247,6 +247,14 @@ static int nc_closed(void *arg)
            (atomic_load(&t->feed_nc) == NULL || atomic_load(&t->feed_closed));
 }
 
+/* 1/parts of the time left before deadline for one wait on nats.c: 2 s
+ * without a deadline, at least 1 ms. */
+static int close_share_ms(int64_t deadline, int parts)
+{
+    int left = kb_deadline_left_ms(deadline);
+    return left < 0 ? 2000 / parts : left / parts > 0 ? left / parts : 1;
+}
+
 /* Every step shares the caller's deadline, also when the server answers
  * nothing: the lease thread gets until then to leave its loop; the last acks,
  * lease releases and publish acks wait only for the time left, and are
@@ -264,14 +272,19 @@ static int nats_close(kb_transport *t, int64_t deadline)
     char why[512] = "";
     if (t->js != NULL && leaser_out && kb_now_ns() < deadline) {
         kb__nats_ack_pass(t, true);   /* the last frontier acks and progress records */
-        /* acks on the consumer's connection, progress records on nc */
-        natsConnection *conns[] = {atomic_load(&t->feed_nc), t->nc};
+        /* Acks on the consumer's connection, progress records on nc. A
+         * consumer's connection that is not up gets no share of the deadline
+         * (its acks are lost either way), a slow one a quarter: nc's flush and
+         * the lease releases must still have time. */
+        natsConnection *feed = atomic_load(&t->feed_nc);
         natsStatus s = NATS_OK;
-        for (size_t i = 0; i < 2 && s == NATS_OK; i++) {
-            int left = kb_deadline_left_ms(deadline);
-            if (conns[i] != NULL)
-                s = natsConnection_FlushTimeout(conns[i], left < 0 ? 2000 : left > 0 ? left : 1);
-        }
+        if (feed != NULL && natsConnection_Status(feed) != NATS_CONN_STATUS_CONNECTED)
+            s = NATS_CONNECTION_DISCONNECTED;
+        else if (feed != NULL)
+            s = natsConnection_FlushTimeout(feed, close_share_ms(deadline, 4));
+        natsStatus s_nc = natsConnection_FlushTimeout(t->nc, close_share_ms(deadline, 1));
+        if (s == NATS_OK)
+            s = s_nc;
         if (s != NATS_OK)   /* not an error of kb_close: docs/transports-nats.md */
             kb_log(t->bus, KB_LOG_WARNING, "nats %s: the last acks may be lost (no answer to "
                    "the PING behind them: %s); their events come again to the next owner",
@@ -306,6 +319,7 @@ static int nats_close(kb_transport *t, int64_t deadline)
     natsSubscription_Destroy(t->kv_sub);
     natsConnection_Destroy(atomic_load(&t->feed_nc));
     natsOptions_Destroy(t->feed_opts);
+    free(t->creds_file);
     natsConnection_Destroy(t->nc);
     for (kb_nats_topic *tp = atomic_load(&t->topics), *next; tp; tp = next) {
         next = tp->next;

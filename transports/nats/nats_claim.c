@@ -254,16 +254,17 @@ bool kb__nats_claim_skips(const kb_nats_claim *c, uint64_t sseq)
     return true;
 }
 
-void kb__nats_nak_range(kb_transport *t, const char *stream, const char *consumer, uint64_t from,
+bool kb__nats_nak_range(kb_transport *t, const char *stream, const char *consumer, uint64_t from,
                         uint64_t to, uint64_t dseq)
 {
     char subj[3 * KB_NATS_NAME];
     if (to < from || to - from >= KB_NATS_NAK_MAX)
-        return;   /* the server redelivers them after AckWait anyway */
+        return false;   /* the server redelivers them after AckWait anyway */
     for (uint64_t s = from; s <= to; s++)
         if (!ack_subject(subj, sizeof subj, stream, consumer, s, dseq) ||
             natsConnection_PublishString(kb__nats_feed_conn(t), subj, "-NAK") != NATS_OK)
-            return;
+            return false;
+    return true;
 }
 
 static void claims_free(kb_nats_claim *c)

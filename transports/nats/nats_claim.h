@@ -31,10 +31,12 @@ bool kb__nats_claim_skips(const kb_nats_claim *c, uint64_t sseq);
 /* Ask the server to redeliver now whatever consumer `consumer` holds
  * unacked between stream sequences from and to: a NAK per sequence with
  * the consumer's last delivery sequence dseq (the server checks only that
- * it is in range, and ignores sequences it does not hold). Nothing when
- * the range is over KB_NATS_NAK_MAX (AckWait redelivers them then). */
+ * it is in range, and ignores sequences it does not hold), queued on the
+ * consumer's connection (kb__nats_feed_conn). Nothing when the range is
+ * over KB_NATS_NAK_MAX (AckWait redelivers them then). False unless every
+ * NAK was queued. */
 #define KB_NATS_NAK_MAX (1u << 20)
-void kb__nats_nak_range(kb_transport *t, const char *stream, const char *consumer, uint64_t from,
+bool kb__nats_nak_range(kb_transport *t, const char *stream, const char *consumer, uint64_t from,
                         uint64_t to, uint64_t dseq);
 /* kb__nats_claim_ack and the progress record for every claim of the topic
  * (the acker thread; `last`: close, after it). */

@@ -207,14 +207,30 @@ static natsStatus set_options(kb_transport *t, natsOptions *o, const kb_conf *c,
 
 /* nats.c's reason with the secret file's path replaced by its key's name
  * (nats.creds_file is a secret: messages name the key, never the value). */
-static void reason_of(natsStatus s, const kb_conf *c, char *out, size_t len)
+static void reason_of(natsStatus s, const char *creds, char *out, size_t len)
 {
-    const char *why = kb__nats_reason(s), *creds = kb_conf_str(c, "nats.creds_file");
+    const char *why = kb__nats_reason(s);
     const char *at = creds[0] ? strstr(why, creds) : NULL;
     if (at == NULL)
         snprintf(out, len, "%s", why);
     else
         snprintf(out, len, "%.*snats.creds_file%s", (int)(at - why), why, at + strlen(creds));
+}
+
+int kb__nats_feed_connect(kb_transport *t)
+{
+    if (atomic_load(&t->feed_nc) != NULL)
+        return KB_OK;
+    natsConnection *nc = NULL;
+    natsStatus s = natsConnection_Connect(&nc, t->feed_opts);
+    if (s != NATS_OK) {
+        char why[256];
+        reason_of(s, t->creds_file, why, sizeof why);
+        kb_errf(NULL, 0, "nats %s: cannot connect the consumer: %s", t->url_safe, why);
+        return s == NATS_NO_MEMORY ? KB_ENOMEM : KB_ETRANSPORT;
+    }
+    atomic_store(&t->feed_nc, nc);
+    return KB_OK;
 }
 
 /* Connect; when nats.connect_wait_ms allows, nats.c keeps trying in the
@@ -225,7 +241,7 @@ static int dial(kb_transport *t, natsOptions *o, const kb_conf *c, char *errstr,
     if (s == NATS_OK)
         return KB_OK;
     char why[256];
-    reason_of(s, c, why, sizeof why);
+    reason_of(s, kb_conf_str(c, "nats.creds_file"), why, sizeof why);
     int wait_ms = (int)kb_conf_int(c, "nats.connect_wait_ms");
     if (wait_ms > 0 && s != NATS_NO_MEMORY) {
         int64_t deadline = kb_deadline_ns(wait_ms);
@@ -260,10 +276,16 @@ int kb__nats_connect(kb_transport *t, const kb_conf *c, char *errstr, size_t err
         s = natsOptions_SetReconnectedCB(t->feed_opts, on_feed_reconnected, t);
     if (s == NATS_OK)
         s = natsOptions_SetClosedCB(t->feed_opts, on_feed_closed, t);
+    char feed_name[sizeof t->id + 16];
+    snprintf(feed_name, sizeof feed_name, "%s-consumer", t->id);
+    if (s == NATS_OK)   /* told apart from nc in logs and the server's connz */
+        s = natsOptions_SetName(t->feed_opts, feed_name);
+    if (s == NATS_OK && (t->creds_file = strdup(kb_conf_str(c, "nats.creds_file"))) == NULL)
+        s = NATS_NO_MEMORY;
     kb_url_free(u);
     if (s != NATS_OK) {
         char why[256];
-        reason_of(s, c, why, sizeof why);
+        reason_of(s, kb_conf_str(c, "nats.creds_file"), why, sizeof why);
         kb_errf(errstr, errlen, "nats %s: bad connection options: %s", t->url_safe, why);
         natsOptions_Destroy(o);
         return s == NATS_NO_MEMORY ? KB_ENOMEM : KB_EINVAL;

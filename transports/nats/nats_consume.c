@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "nats_claim.h"
+#include "nats_connect.h"
 #include "nats_consume.h"
 #include "nats_dlq.h"
 #include "nats_frame.h"
@@ -590,30 +591,12 @@ static void *feed(void *arg)
     return NULL;
 }
 
-/* The consumer's own connection: on nc, pull requests and acks would wait
- * behind up to nats.publish_max_pending publishes in the socket, and the
- * server, which reads a connection in order, would start no delivery until it
- * had stored them (bench/throughput.md, "NATS per-message profile"). */
-static int feed_connect(kb_transport *t)
-{
-    if (atomic_load(&t->feed_nc) != NULL)
-        return KB_OK;
-    natsConnection *nc = NULL;
-    natsStatus s = natsConnection_Connect(&nc, t->feed_opts);
-    if (s != NATS_OK) {
-        int rc = kb__nats_errf("connecting the consumer", s, 0);
-        return rc == KB_ENOMEM ? rc : KB_ETRANSPORT;
-    }
-    atomic_store(&t->feed_nc, nc);
-    return KB_OK;
-}
-
 /* The bus's inbox subscription and feeder thread, at the first subscribe. */
 static int start_feeder(kb_transport *t)
 {
     if (t->feeder != NULL)
         return KB_OK;
-    int rc = feed_connect(t);
+    int rc = kb__nats_feed_connect(t);
     if (rc != KB_OK)
         return rc;
     feeder *f = calloc(1, sizeof *f);

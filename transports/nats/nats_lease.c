@@ -701,22 +701,30 @@ static void renewed(kb_transport *t, kb_nats_part *p, natsStatus s, uint64_t rev
 }
 
 /* Hand a partition over without duplicates: stop feeding, let the handlers
- * finish and the frontier be acked, then delete the lease. */
-static void release_step(kb_transport *t, kb_nats_part *p)
+ * finish and the frontier be acked, then delete the lease. The acks wait in
+ * the consumer's connection, the delete goes on nc: the PING answered on the
+ * former says the server has the acks before the next owner can start. Not
+ * answered: the lease stays until a later round, and the round waits on that
+ * connection no more (*feed_down). */
+static void release_step(kb_transport *t, kb_nats_part *p, bool *feed_down)
 {
-    if (!kb__nats_claims_done(p))
+    if (!kb__nats_claims_done(p) || *feed_down)
         return;
+    if (natsConnection_FlushTimeout(kb__nats_feed_conn(t), round_wait_ms(t)) != NATS_OK) {
+        *feed_down = true;
+        return;
+    }
     kvStore_Delete(t->kv, p->lease_key);
     p->lease_rev = 0;
     p->releasing = false;
 }
 
 /* Hand over or drop what the partition holds (after its renewal). */
-static void part_keep(kb_transport *t, kb_nats_part *p)
+static void part_keep(kb_transport *t, kb_nats_part *p, bool *feed_down)
 {
     bool have = p->lease_rev != 0;
     if (have && p->releasing)
-        release_step(t, p);
+        release_step(t, p, feed_down);
     else if (have && !p->wanted) {
         drop(t, p);
         p->releasing = true;
@@ -1010,11 +1018,12 @@ static int64_t pass(kb_transport *t, bool *heartbeat_failing)
     /* acquisitions stop when a held lease falls due: a take's slowest
      * call (TTL/3) then still ends before the lease runs out locally */
     rd.until = kb_now_ns() + t->lease_ttl_ms * 1000000 / 3;
+    bool feed_down = false;
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
          tp = tp->next)
         for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++) {
             kb_nats_part *p = &tp->parts[i];
-            part_keep(t, p);
+            part_keep(t, p, &feed_down);
             if (p->lease_rev != 0 && p->lease_until_ns - renew_ns < rd.until)
                 rd.until = p->lease_until_ns - renew_ns;
         }

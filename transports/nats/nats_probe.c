@@ -130,13 +130,16 @@ bool kb__nats_probe_pending(kb_transport *t, const char *stream, const jsConsume
     bool ok = got != NULL && probe_sub(t) && probe_idle(t, wait_ms);
     if (ok) {
         snprintf(reply_to, sizeof reply_to, "%s.%u", t->probe_inbox, ++t->probe_serial);
-        kb__nats_nak_range(t, stream, ci->Name, floor + 1, to, ci->Delivered.Consumer);
-        /* the NAKs before the pull: flushed and answered by the server */
         char subj[2 * KB_NATS_NAME], body[96];
         snprintf(subj, sizeof subj, "$JS.API.CONSUMER.MSG.NEXT.%s.%s", stream, ci->Name);
         snprintf(body, sizeof body, "{\"batch\":%llu,\"expires\":%lld}",
                  (unsigned long long)want, (long long)wait_ms * 1000000);
-        ok = natsConnection_FlushTimeout(t->nc, wait_ms) == NATS_OK &&
+        /* The NAKs go on the consumer's connection, the pull on nc (where
+         * the probe inbox is subscribed): the server has read the NAKs once
+         * it answers the PING behind them, and only then may the pull go. */
+        ok = kb__nats_nak_range(t, stream, ci->Name, floor + 1, to, ci->Delivered.Consumer) &&
+             natsConnection_FlushTimeout(kb__nats_feed_conn(t), wait_ms) == NATS_OK &&
+             natsConnection_FlushTimeout(t->nc, wait_ms) == NATS_OK &&
              natsConnection_PublishRequestString(t->nc, subj, reply_to, body) == NATS_OK;
         t->probe_open = ok;
     }

@@ -129,7 +129,10 @@ void kb__nats_runs_forget(kb_transport *t, const kb_nats_entry *e)
     natsMsg *m = NULL;
     if (natsMsg_Create(&m, subj, NULL, NULL, 0) == NATS_OK &&
         natsMsgHeader_Set(m, "KV-Operation", "DEL") == NATS_OK)
-        natsConnection_PublishMsg(t->nc, m);   /* lost: it expires with the bucket */
+        /* behind the entry's ack on the same socket: a delete that overtook
+         * it would let a redelivery after a lost ack start from run 1.
+         * Lost: it expires with the bucket. */
+        natsConnection_PublishMsg(kb__nats_feed_conn(t), m);
     natsMsg_Destroy(m);
 }
 

@@ -15,8 +15,9 @@ int kb__nats_runs_open(kb_transport *t, char *errstr, size_t errlen);
 void kb__nats_runs_close(kb_transport *t);
 /* The run_begins hook: record run d->attempt of d before its handler starts. */
 void kb__nats_run_begins(kb_transport *t, const kb_delivery *d);
-/* Acker: entry e is acked, so its message's run record goes (a delete marker,
- * sent without waiting for the answer). */
+/* Acker: entry e is acked, so its message's run record goes (a delete marker
+ * behind the ack on the consumer's connection, sent without waiting for the
+ * answer). */
 void kb__nats_runs_forget(kb_transport *t, const kb_nats_entry *e);
 /* Feeder: the attempt of event `id` of message `sseq`, which the server
  * delivered before (`delivered`: kb__nats_attempt's count): its recorded

@@ -195,6 +195,7 @@ struct kb_transport {
      * first subscribe (feed_opts, made at open), so that they never queue
      * behind the publish window on nc. Set once, read by every thread. */
     natsOptions *feed_opts;
+    char *creds_file;              /* nats.creds_file, masked in nats.c's reasons */
     natsConnection *_Atomic feed_nc;
     jsCtx *js;
     /* the lease bucket: bound at the first subscribe (or a read of an owner),
