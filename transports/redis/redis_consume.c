@@ -118,10 +118,10 @@ static void append_checks(kb_transport *t, reader *rd, const rround *ro, size_t 
     }
 }
 
-/* Element j of the MGET holds our token: else the lease is lost. */
+/* Element j of the MGET array `m` holds our token: else the lease is lost. */
 static bool lease_ours(const kb_transport *t, const redisReply *m, size_t j)
 {
-    if (m->type != REDIS_REPLY_ARRAY || j >= m->elements)
+    if (j >= m->elements)
         return false;
     const redisReply *y = m->element[j];
     return y->type == REDIS_REPLY_STRING && strcmp(y->str, t->token) == 0;

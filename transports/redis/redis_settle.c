@@ -169,7 +169,7 @@ static bool fence_check(kb_transport *t, redisContext *c, fence *f, size_t n)
         for (size_t i = 0, j = 0; i < n; i++) {
             if (!f[i].acks)
                 continue;
-            const redisReply *y = m->type == REDIS_REPLY_ARRAY && j < m->elements ? m->element[j] : NULL;
+            const redisReply *y = j < m->elements ? m->element[j] : NULL;   /* an array: not refused */
             f[i].ours = y != NULL && y->type == REDIS_REPLY_STRING && strcmp(y->str, t->token) == 0;
             f[i].runs = runs;
             j++;
