@@ -28,14 +28,9 @@
 
 #include "bus_int.h"
 #include "conf_int.h"
-#include "hash.h"
-#include "idle.h"
 #include "metrics.h"
-#include "probes.h"
-#include "rec.h"
 #include "registry.h"
 #include "runs.h"
-#include "ring.h"
 
 #define KB_MAX_TOPIC_BYTES 200
 
@@ -442,7 +437,6 @@ static int subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaqu
         kb_errf(NULL, 0, "kb_subscribe %s: %s", topic, why);
         return KB_ENOMEM;
     }
-    pool->skip_ok = true;
     t->fn = fn;
     t->opaque = opaque;
     t->plain = b->ops->still_owned == NULL && b->ops->run_begins == NULL && t->metrics == NULL;
@@ -457,8 +451,9 @@ static int subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaqu
         kb__pool_drain(pool, INT64_MAX);
         /* The executors may still hold its lanes (lingering, settling): it is
          * freed at kb_close, after them. A later kb_subscribe makes a new one. */
-        pool->retired_next = t->retired;
-        t->retired = pool;
+        if (kb_vec_reserve((void **)&t->retired, &t->retired_cap, t->n_retired + 1,
+                           sizeof *t->retired) == KB_OK)
+            t->retired[t->n_retired++] = pool;   /* out of memory: leaked, not freed early */
     }
     pthread_mutex_unlock(&b->subscribe_lock);
     return rc;
@@ -562,21 +557,6 @@ static inline __attribute__((always_inline)) kb_rec *local_rec(struct kb_topic *
     return r;
 }
 
-/* errstr for a submit that failed with `sub` on the lane of `hash`. */
-static __attribute__((cold)) void submit_failed(const struct kb_topic *t, kb_pool *pool, int sub,
-                                                uint32_t hash)
-{
-    uint32_t lane = hash % pool->o.lanes;
-    if (sub == KB_EFULL && kb__on_executor == &pool->sched->ex[kb_pool_executor_of(pool, lane)])
-        kb_errf(NULL, 0, "kb_publish %s: lane %u full, and it belongs to this handler's "
-                 "own executor, which cannot drain it while the handler waits", t->name, lane);
-    else if (sub == KB_EFULL)
-        kb_errf(NULL, 0, "kb_publish %s: lane %u full for %d ms", t->name, lane,
-                 t->bus->enqueue_timeout_ms);
-    else
-        kb_errf(NULL, 0, "kb_publish %s: bus is closing", t->name);
-}
-
 /* mem://: records straight into the topic's pool, no transport call. */
 static int publish_local(struct kb_topic *t, const kb_msg *msgs, size_t n, size_t *done)
 {
@@ -608,7 +588,8 @@ static int publish_local(struct kb_topic *t, const kb_msg *msgs, size_t n, size_
         *done += took;
         if (sub != KB_OK) {
             rc = sub;
-            submit_failed(t, pool, sub, took < k ? hashes[took] : 0);
+            kb__submit_failed(t, "kb_publish", pool, sub, took < k ? hashes[took] : 0,
+                              b->enqueue_timeout_ms);
         }
     }
     return rc;
@@ -670,7 +651,7 @@ static inline __attribute__((always_inline)) int publish_one_locked(struct kb_to
     rc = kb__pool_submit_one(pool, hash, r, b->enqueue_timeout_ms);
     if (rc != KB_OK) {
         kb__rec_free(r);
-        submit_failed(t, pool, rc, hash);
+        kb__submit_failed(t, "kb_publish", pool, rc, hash, b->enqueue_timeout_ms);
     }
     return rc;
 }
@@ -753,32 +734,10 @@ int kb_publish(kb_bus *b, const char *topic, const void *key, size_t key_len,
     return rc;
 }
 
-/* A lane and the items it had taken in when kb_flush began. */
-struct lane_mark {
-    struct kb_lane *lane;
-    uint32_t enqueued;
-};
-
-struct flush_wait {
-    kb_bus *b;
-    struct lane_mark *marks;
-    size_t n;
-};
-
-static int lanes_flushed(const struct flush_wait *w)
+static int bus_closing_now(void *arg)
 {
-    for (size_t i = 0; i < w->n; i++) {
-        uint32_t done = atomic_load_explicit(&w->marks[i].lane->done, memory_order_acquire);
-        if ((int32_t)(done - w->marks[i].enqueued) < 0)
-            return 0;
-    }
-    return 1;
-}
-
-static int flushed_or_closing(void *arg)
-{
-    const struct flush_wait *w = arg;
-    return atomic_load_explicit(&w->b->closing, memory_order_acquire) || lanes_flushed(w);
+    const kb_bus *b = arg;
+    return atomic_load_explicit(&b->closing, memory_order_acquire);
 }
 
 /* mem://: wait until every lane has finished what it held when the call
@@ -787,8 +746,8 @@ static int flushed_or_closing(void *arg)
 static int flush_pools(kb_bus *b, int timeout_ms)
 {
     int64_t deadline = kb__deadline_ns(timeout_ms);
-    struct flush_wait w = {.b = b};
-    size_t cap = 0;
+    kb_pool **pools = NULL;
+    size_t n = 0, cap = 0;
     int rc = KB_OK;
     struct cds_lfht_iter it;
     struct kb_topic *t;
@@ -796,19 +755,16 @@ static int flush_pools(kb_bus *b, int timeout_ms)
     cds_lfht_for_each_entry(b->topics, &it, t, node) {
         KB_TSAN_ACQUIRE(t);   /* a subscribe may be adding topics meanwhile */
         kb_pool *pool = kb__topic_pool(t);
-        for (uint32_t i = 0; pool != NULL && rc == KB_OK && i < pool->o.lanes; i++) {
-            struct kb_lane *lane = atomic_load_explicit(&pool->lanes[i], memory_order_acquire);
-            if (lane != NULL &&
-                (rc = kb_vec_reserve((void **)&w.marks, &cap, w.n + 1, sizeof *w.marks)) == KB_OK)
-                w.marks[w.n++] = (struct lane_mark){lane, kb__ring_enqueued(&lane->ring)};
-        }
+        if (pool != NULL && (rc = kb_vec_reserve((void **)&pools, &cap, n + 1, sizeof *pools)) != KB_OK)
+            break;
+        if (pool != NULL)
+            pools[n++] = pool;
     }
     rcu_read_unlock();
-    if (rc == KB_OK && !kb__signal_wait(&b->sched->progress, flushed_or_closing, &w, deadline))
-        rc = KB_ETIMEDOUT;
-    else if (rc == KB_OK && !lanes_flushed(&w))
-        rc = KB_ECLOSED;
-    free(w.marks);
+    /* Pools live until kb_close, which waits for this call to leave the gate. */
+    if (rc == KB_OK)
+        rc = kb__pools_flush(pools, n, deadline, bus_closing_now, b);
+    free(pools);
     return rc;
 }
 
@@ -835,7 +791,7 @@ static int wait_call(kb_bus *b, int timeout_ms, bool drain)
         kb_errf(NULL, 0, "%s: bus is NULL", who);
         return KB_EINVAL;
     }
-    if (kb__on_executor) {
+    if (kb__on_executor_thread()) {
         /* It would wait for the lane this handler holds up. */
         kb_errf(NULL, 0, "%s: called from a handler; it would wait for its own lane", who);
         return KB_EINVAL;
@@ -1067,7 +1023,7 @@ int kb_close(kb_bus *b, int timeout_ms)
         kb_errf(NULL, 0, "kb_close: bus is NULL");
         return KB_EINVAL;
     }
-    if (kb__on_executor) {
+    if (kb__on_executor_thread()) {
         /* The executors it would stop include the one running this handler. */
         kb_errf(NULL, 0, "kb_close: called from a handler; close the bus from another thread");
         return KB_EINVAL;
@@ -1088,7 +1044,7 @@ int kb_close(kb_bus *b, int timeout_ms)
         return KB_ECLOSED;
     }
     kb__metrics_close(b);   /* the endpoint and the feed: their calls now fail */
-    kb__signal_notify(&b->sched->progress);
+    kb__sched_wake_waiters(b->sched);
     shutdown_pools(b);
     /* 2. Every call in progress has left: the gated ones (a subscribe may
      *    have added a pool meanwhile: shut it too), then the publishers. */
@@ -1122,10 +1078,9 @@ int kb_close(kb_bus *b, int timeout_ms)
     for (size_t i = 0; i < n; i++) {
         if (kb__topic_pool(all[i]) != NULL)
             kb__pool_free(kb__topic_pool(all[i]));
-        for (kb_pool *p = all[i]->retired, *next; p != NULL; p = next) {
-            next = p->retired_next;
-            kb__pool_free(p);
-        }
+        for (size_t k = 0; k < all[i]->n_retired; k++)
+            kb__pool_free(all[i]->retired[k]);
+        free(all[i]->retired);
     }
     int closed = b->ops->close(b->t, deadline);
     if (closed != KB_OK && rc == KB_OK)

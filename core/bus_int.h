@@ -2,10 +2,9 @@
 #ifndef KB_CORE_BUS_INT_H
 #define KB_CORE_BUS_INT_H
 
-/* Included before pool_int.h turns on _LGPL_SOURCE: liburcu-bp's read lock
- * is called out of line except where a file asks for the inline version
- * first (bus.c's publish path): UBSan reports the inline version's access to
- * liburcu's under-aligned reader record. */
+/* liburcu-bp's read lock is called out of line except where a file asks
+ * for the inline version first (bus.c's publish path): UBSan reports the
+ * inline version's access to liburcu's under-aligned reader record. */
 #include <pthread.h>
 #include <urcu-bp.h>
 #include <urcu/rculfhash.h>
@@ -13,9 +12,9 @@
 #include <keybus/pool.h>
 #include <keybus/transport.h>
 
+#include "base/err.h"
 #include "conf_int.h"
-#include "err.h"
-#include "pool_int.h"
+#include "pool/pool_calls.h"
 
 /* A topic of this bus (the public kb_topic handle); once subscribed,
  * transports see it as a kb_sink. Lives until kb_close. */
@@ -25,7 +24,8 @@ struct kb_topic {
     kb_bus *bus;
     kb_transport_topic *tt;            /* the transport's state (topic_open) */
     _Atomic(kb_pool *) pool;           /* set by kb_subscribe; NULL: no handler here */
-    kb_pool *retired;                  /* pools of failed subscribes, freed at kb_close */
+    kb_pool **retired;                 /* pools of failed subscribes, freed at kb_close */
+    size_t n_retired, retired_cap;
     kb_handler_fn fn;                  /* written before pool is published */
     void *opaque;
     /* Handler runs need no more than the handler call: no ownership check or
@@ -68,6 +68,11 @@ static inline kb_pool *kb__topic_pool(struct kb_topic *t)
 {
     return atomic_load_explicit(&t->pool, memory_order_acquire);
 }
+
+/* kb_errf for a submit of `who` ("kb_publish", "topic") that failed with
+ * `rc` on the lane of `hash`, waiting up to timeout_ms for room. */
+void kb__submit_failed(const struct kb_topic *t, const char *who, kb_pool *pool, int rc,
+                       uint32_t hash, int timeout_ms);
 
 /* Copy a delivery into a record and enqueue it on the topic's lane. */
 int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, int timeout_ms);

@@ -11,7 +11,7 @@
 
 #include "conf_int.h"
 #include "conf_value.h"
-#include "err.h"
+#include "base/err.h"
 #include "ini.h"
 #include "registry.h"
 

@@ -92,7 +92,7 @@ struct kb_topic_metrics *kb__topic_metrics_new(const kb_bus *b)
     struct kb_topic_metrics *m = calloc(1, sizeof *m);
     if (m == NULL)
         return NULL;
-    m->n = b->sched->n;
+    m->n = kb__sched_threads(b->sched);
     m->ex = aligned_alloc(KB_CACHELINE, sizeof *m->ex * m->n);
     if (m->ex == NULL) {
         free(m);

@@ -13,7 +13,6 @@
 #endif
 
 #include "bus_int.h"
-#include "sync.h"
 
 /* Upper bounds of the histogram buckets, 1 µs to 10 s in a 1-2.5-5 series;
  * a last bucket (+Inf) takes the rest. */

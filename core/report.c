@@ -2,7 +2,6 @@
  * application's callbacks (kb_conf_set_delivery_cb, kb_conf_set_state_cb). */
 #include "bus_int.h"
 #include "conf_int.h"
-#include "probes.h"
 
 int kb_bus_delivery_wanted(const kb_bus *b)
 {

@@ -312,7 +312,7 @@ int kb_bus_runs_journal(kb_bus *b, const char *broker, kb_run_record_fn *record,
     kb_runs *j = calloc(1, sizeof *j);
     if (j != NULL) {
         j->fd = -1;
-        j->slots = b->sched->n;
+        j->slots = kb__sched_threads(b->sched);
         j->last_topic = calloc(j->slots, sizeof *j->last_topic);
     }
     if (j == NULL || j->last_topic == NULL) {

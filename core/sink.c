@@ -7,10 +7,7 @@
 #include <string.h>
 
 #include "bus_int.h"
-#include "idle.h"
 #include "metrics.h"
-#include "probes.h"
-#include "rec.h"
 #include "runs.h"
 
 #define KB_MAX_ID_BYTES 255
@@ -51,14 +48,20 @@ static kb_pool *pool_of(struct kb_topic *topic)
     return pool;
 }
 
-static void submit_failed(struct kb_topic *topic, kb_pool *pool, uint32_t hash, int rc,
-                          int timeout_ms)
+__attribute__((cold)) void kb__submit_failed(const struct kb_topic *t, const char *who,
+                                              kb_pool *pool, int rc, uint32_t hash,
+                                              int timeout_ms)
 {
-    if (rc == KB_EFULL)
-        kb_errf(NULL, 0, "topic %s: lane %u full for %d ms", topic->name,
-                 hash % pool->o.lanes, timeout_ms);
+    uint32_t lane = kb__pool_lane(pool, hash);
+    if (rc == KB_EFULL && kb__pool_lane_is_ours(pool, lane))
+        kb_errf(NULL, 0, "%s %s: lane %u full, and it belongs to this handler's own executor, "
+                "which cannot drain it while the handler waits", who, t->name, lane);
+    else if (rc == KB_EFULL)
+        kb_errf(NULL, 0, "%s %s: lane %u full for %d ms", who, t->name, lane, timeout_ms);
     else if (rc == KB_ECLOSED)
-        kb_errf(NULL, 0, "topic %s: bus is closing", topic->name);
+        kb_errf(NULL, 0, "%s %s: bus is closing", who, t->name);
+    else if (rc == KB_ENOMEM)
+        kb_errf(NULL, 0, "%s %s: out of memory for lane %u", who, t->name, lane);
 }
 
 int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, int timeout_ms)
@@ -73,7 +76,7 @@ int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, in
     rc = kb__pool_submit_one(pool, hash, r, timeout_ms);
     if (rc != KB_OK) {
         kb__rec_free(r);
-        submit_failed(topic, pool, hash, rc, timeout_ms);
+        kb__submit_failed(topic, "topic", pool, rc, hash, timeout_ms);
     }
     return rc;
 }
@@ -195,7 +198,7 @@ static int put_batch(struct kb_topic *topic, kb_pool *pool, const kb_delivery *d
     for (size_t i = at; i < made; i++)
         kb__rec_free(items[i]);
     if (submitted != KB_OK) {
-        submit_failed(topic, pool, hashes[at], submitted, timeout_ms);
+        kb__submit_failed(topic, "topic", pool, submitted, hashes[at], timeout_ms);
         rc = submitted;
     }
     *taken = at;
@@ -270,7 +273,7 @@ static void run_begins(struct kb_topic *topic, const kb_rec *r, uint32_t total)
 {
     kb_runs *runs = topic->bus->runs;
     if (runs != NULL)
-        kb__runs_begin(runs, kb__on_executor->index, topic->name, r->partition, kb__rec_id(r),
+        kb__runs_begin(runs, kb__executor_index(), topic->name, r->partition, kb__rec_id(r),
                        total);
     const kb_transport_ops *ops = topic->bus->ops;
     if (ops->run_begins != NULL && ((r->flags & KB_DELIVERY_F_REDELIVERED) || total > 1)) {
@@ -318,9 +321,9 @@ run_handler(struct kb_topic *topic, kb_rec *r, uint32_t attempt, bool plain)
     int64_t start = plain ? 0 : kb__metrics_stamp(topic);
     int result = topic->fn(&ev, topic->opaque);
     if (!plain) {
-        kb__metrics_ran(topic, kb__on_executor->index, r->born_ns, start, attempt);
+        kb__metrics_ran(topic, kb__executor_index(), r->born_ns, start, attempt);
         if (topic->bus->runs != NULL)
-            kb__runs_end(topic->bus->runs, kb__on_executor->index);
+            kb__runs_end(topic->bus->runs, kb__executor_index());
     }
     KB_PROBE3(handler_end, topic->name, r, result);
     call->ev = NULL;
@@ -384,8 +387,8 @@ static __attribute__((noinline)) void settle(kb_rec *r, int outcome, uint32_t at
                                              struct kb_topic *topic)
 {
     kb_bus *b = topic->bus;
-    if (kb__on_executor != NULL && !(b->ops->flags & KB_TRANSPORT_F_LOCAL))
-        kb__idle_mark_fed_by_transport();   /* mem:// settles its dead letters here too */
+    if (kb__on_executor_thread() && !(b->ops->flags & KB_TRANSPORT_F_LOCAL))
+        kb__executor_fed_by_transport();   /* mem:// settles its dead letters here too */
     kb_delivery d;
     kb_header headers[KB_MAX_HEADERS];   /* a dead letter keeps them */
     delivery_of(r, attempts ? r->first_attempt + attempts - 1 : r->first_attempt, &d,

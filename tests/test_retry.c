@@ -10,7 +10,7 @@
 
 #include <keybus/pool.h>
 
-#include "core/pool_int.h"   /* KB_POOL_SKIP, the bus's own result */
+#include "core/pool/pool_int.h"   /* KB_POOL_SKIP, skip_ok: a bus pool's own result */
 
 #include "support/gate.h"
 

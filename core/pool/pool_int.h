@@ -12,19 +12,15 @@
 
 #include <keybus/pool.h>
 
+#include "pool_calls.h"
 #include "ring.h"
 #include "sync.h"
 
-typedef struct kb_sched kb_sched;
 struct kb_executor;
 struct kb_parked;
 struct kb_waiting;
 
 #define KB_LANE_LOOKAHEAD 16   /* a power of two: the look-ahead is a circular buffer */
-
-/* The bus's own handle result: give the item back unhandled, as
- * finish(KB_ECLOSED) — a broker partition whose lease was lost. */
-enum { KB_POOL_SKIP = 3 };
 
 /* One lane: a bounded ring of item pointers drained by exactly one executor.
  * Allocated (with its ring) the first time a key routes to it. */
@@ -119,7 +115,6 @@ struct kb_pool {
     _Atomic uint32_t lanes_allocated;
     _Atomic uint64_t rejected;
     _Atomic(struct kb_lane *) *lanes;
-    kb_pool *retired_next;             /* the bus's list of pools it frees at close */
     bool skip_ok;                      /* a bus's pool: KB_POOL_SKIP means give back */
     _Atomic uintptr_t owner;           /* the owning thread's token; 0: none yet */
     _Atomic uint32_t sharing;          /* KB_OWNED, KB_SHARING, KB_SHARED */
@@ -129,23 +124,12 @@ struct kb_pool {
 /* Executors (executor.c). */
 /* The executor this thread is (NULL on other threads): handlers run here. */
 extern _Thread_local struct kb_executor *kb__on_executor;
-kb_sched *kb__sched_new(uint32_t threads, kb_idle idle, char *errstr, size_t errlen);
-/* Stop and join every executor, then free. Work still queued stays queued. */
-void kb__sched_destroy(kb_sched *s);
 /* Put a lane that just became non-empty on its executor's ready queue; the
  * caller then wakes the executor (a fence and kb__signal_poke of its `wake`). */
 void kb__lane_ready(struct kb_lane *lane);
 
 /* Pools on a shared scheduler (pool.c). */
 uint32_t kb__online_cpus(void);   /* the default executor count */
-kb_pool *kb__pool_new_on(kb_sched *s, const kb_pool_options *o, char *errstr, size_t errlen);
-/* kb_pool_submit_hash, called without the exported symbol's indirection
- * and its argument checks (p and item not NULL). */
-int kb__pool_submit_one(kb_pool *p, uint32_t hash, void *item, int timeout_ms);
-/* Wait until nothing is queued or running, up to the deadline. */
-int kb__pool_drain(kb_pool *p, int64_t deadline_ns);
-/* Free a pool whose scheduler is stopped; leftovers finish with KB_ECLOSED. */
-void kb__pool_free(kb_pool *p);
 
 static inline void kb__counter_bump(_Atomic uint64_t *c)
 {

@@ -106,6 +106,7 @@ kb_pool *kb__pool_new_on(kb_sched *s, const kb_pool_options *o, char *errstr, si
     while (p->ring_size <= o->capacity)
         p->ring_size <<= 1;
     p->sched = s;
+    p->skip_ok = true;
     return p;
 }
 
@@ -127,6 +128,7 @@ kb_pool *kb_pool_new(const kb_pool_options *o, char *errstr, size_t errlen)
         return NULL;
     }
     p->own_sched = true;
+    p->skip_ok = false;   /* an application's pool: KB_POOL_SKIP is a retry like any */
     return p;
 }
 
@@ -618,51 +620,92 @@ uint32_t kb_pool_executor_of(const kb_pool *p, uint32_t lane)
     return (uint32_t)(kb_mix64(lane ^ p->o.salt) % p->sched->n);
 }
 
+uint32_t kb__pool_lane(const kb_pool *p, uint32_t hash)
+{
+    return lane_of(p, hash);
+}
+
+bool kb__pool_lane_is_ours(const kb_pool *p, uint32_t lane)
+{
+    return kb__on_executor != NULL &&
+           kb__on_executor == &p->sched->ex[kb_pool_executor_of(p, lane)];
+}
+
 /* ---- waiting for work to finish ---- */
 
+/* What one or more pools on one scheduler must have finished: per lane of
+ * each pool in turn, what its ring had taken in when the wait began. */
 struct flush_target {
-    const kb_pool *p;
-    uint32_t *enqueued;     /* per lane; NULL: "everything", i.e. drain */
+    kb_pool *const *pools;
+    size_t n;
+    uint32_t *enqueued;     /* NULL: "everything", i.e. drain */
+    int (*cut)(void *);     /* NULL: wait for the lanes or the deadline only */
+    void *arg;
 };
 
-static int lanes_caught_up(void *arg)
+static int lanes_caught_up(const struct flush_target *t)
 {
-    struct flush_target *t = arg;
-    const kb_pool *p = t->p;
-    for (uint32_t i = 0; i < p->o.lanes; i++) {
-        struct kb_lane *lane = lane_peek(p, i);
-        if (lane == NULL)
-            continue;
-        uint32_t target = t->enqueued ? t->enqueued[i] : kb__ring_enqueued(&lane->ring);
-        uint32_t done = atomic_load_explicit(&lane->done, memory_order_acquire);
-        if ((int32_t)(done - target) < 0)
-            return 0;
+    const uint32_t *target = t->enqueued;
+    for (size_t k = 0; k < t->n; k++) {
+        const kb_pool *p = t->pools[k];
+        for (uint32_t i = 0; i < p->o.lanes; i++, target += target != NULL) {
+            struct kb_lane *lane = lane_peek(p, i);
+            if (lane == NULL)
+                continue;
+            uint32_t want = target ? *target : kb__ring_enqueued(&lane->ring);
+            uint32_t done = atomic_load_explicit(&lane->done, memory_order_acquire);
+            if ((int32_t)(done - want) < 0)
+                return 0;
+        }
     }
     return 1;
+}
+
+static int caught_up_or_cut(void *arg)
+{
+    const struct flush_target *t = arg;
+    return (t->cut != NULL && t->cut(t->arg)) || lanes_caught_up(t);
+}
+
+int kb__pools_flush(kb_pool *const *pools, size_t n, int64_t deadline_ns, int (*cut)(void *),
+                    void *arg)
+{
+    if (n == 0)
+        return KB_OK;
+    size_t lanes = 0;
+    for (size_t k = 0; k < n; k++)
+        lanes += pools[k]->o.lanes;
+    uint32_t *enqueued = malloc(sizeof(uint32_t) * lanes);
+    if (enqueued == NULL)
+        return KB_ENOMEM;
+    uint32_t *e = enqueued;
+    for (size_t k = 0; k < n; k++)
+        for (uint32_t i = 0; i < pools[k]->o.lanes; i++) {
+            struct kb_lane *lane = lane_peek(pools[k], i);
+            *e++ = lane ? kb__ring_enqueued(&lane->ring) : 0;
+        }
+    struct flush_target t = {.pools = pools, .n = n, .enqueued = enqueued, .cut = cut, .arg = arg};
+    int rc = KB_OK;
+    if (!kb__signal_wait(&pools[0]->sched->progress, caught_up_or_cut, &t, deadline_ns))
+        rc = KB_ETIMEDOUT;
+    else if (!lanes_caught_up(&t))
+        rc = KB_ECLOSED;   /* cut short */
+    free(enqueued);
+    return rc;
 }
 
 int kb_pool_flush(kb_pool *p, int timeout_ms)
 {
     if (p == NULL)
         return KB_EINVAL;
-    uint32_t *enqueued = malloc(sizeof(uint32_t) * p->o.lanes);
-    if (enqueued == NULL)
-        return KB_ENOMEM;
-    for (uint32_t i = 0; i < p->o.lanes; i++) {
-        struct kb_lane *lane = lane_peek(p, i);
-        enqueued[i] = lane ? kb__ring_enqueued(&lane->ring) : 0;
-    }
-    struct flush_target t = {.p = p, .enqueued = enqueued};
-    int ok = kb__signal_wait(&p->sched->progress, lanes_caught_up, &t, kb__deadline_ns(timeout_ms));
-    free(enqueued);
-    return ok ? KB_OK : KB_ETIMEDOUT;
+    return kb__pools_flush(&p, 1, kb__deadline_ns(timeout_ms), NULL, NULL);
 }
 
 int kb__pool_drain(kb_pool *p, int64_t deadline_ns)
 {
-    struct flush_target t = {.p = p, .enqueued = NULL};
-    return kb__signal_wait(&p->sched->progress, lanes_caught_up, &t, deadline_ns) ? KB_OK
-                                                                                 : KB_ETIMEDOUT;
+    struct flush_target t = {.pools = &p, .n = 1};
+    return kb__signal_wait(&p->sched->progress, caught_up_or_cut, &t, deadline_ns) ? KB_OK
+                                                                                  : KB_ETIMEDOUT;
 }
 
 void kb_pool_shutdown(kb_pool *p)

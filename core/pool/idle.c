@@ -4,9 +4,15 @@
 #include <sched.h>
 #include <string.h>
 
+#include "pool_calls.h"
 #include "sync.h"
 
 _Thread_local bool kb__idle_fed_by_transport;
+
+void kb__executor_fed_by_transport(void)
+{
+    kb__idle_fed_by_transport = true;
+}
 
 bool kb__backoff_step(kb_backoff *w, int64_t *now_ns)
 {

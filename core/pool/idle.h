@@ -35,11 +35,6 @@ typedef struct kb_backoff {
  * the mark never mixes transports. */
 extern _Thread_local bool kb__idle_fed_by_transport;
 
-static inline void kb__idle_mark_fed_by_transport(void)
-{
-    kb__idle_fed_by_transport = true;
-}
-
 /* A wait by `idle`'s phases: a producer facing a full lane, including a
  * handler publishing from a transport-fed executor. */
 static inline void kb__backoff_init(kb_backoff *w, kb_idle idle)
@@ -69,8 +64,5 @@ static inline void kb__backoff_reset(kb_backoff *w)
 /* One step of waiting: a pause or a yield. true: stop spinning and block now.
  * `now_ns` is refreshed every 64 steps (for the caller's deadline checks too). */
 bool kb__backoff_step(kb_backoff *w, int64_t *now_ns);
-
-/* Parse "spin" | "yield" | "block" | "adaptive"; -1 when unknown. */
-int kb__idle_parse(const char *s);
 
 #endif /* KB_CORE_IDLE_H */

@@ -1,15 +1,7 @@
-/* Backoff with jitter, and the per-bus generator its jitter and the
- * transports' nonces draw from (never the process's rand()/random()). */
-#include <stdatomic.h>
-
-#include "bus_int.h"
-
-uint64_t kb_bus_random(kb_bus *b)
-{
-    /* splitmix64: a counter stepped atomically, then mixed */
-    return kb_mix64(atomic_fetch_add_explicit(&b->rng, 0x9E3779B97F4A7C15ULL,
-                                              memory_order_relaxed));
-}
+/* The retry delay: exponential backoff with jitter, for the pool's retries
+ * and the transports' reconnects. The jitter comes from the caller
+ * (kb_bus_random), never from the process's rand()/random(). */
+#include <keybus/transport.h>
 
 int64_t kb_backoff_ns(int64_t base_ms, int64_t max_ms, uint32_t failures, uint64_t rnd)
 {

@@ -636,11 +636,13 @@ static void idle(struct kb_executor *ex)
 }
 
 _Thread_local struct kb_executor *kb__on_executor;
+_Thread_local uint32_t kb__executor_number;
 
 static void *executor_main(void *arg)
 {
     struct kb_executor *ex = arg;
     kb__on_executor = ex;
+    kb__executor_number = ex->index + 1;
     while (!atomic_load_explicit(&ex->sched->stop, memory_order_acquire)) {
         if (ex->heap_len > 0)
             run_due_lanes(ex);
@@ -754,4 +756,14 @@ void kb__sched_destroy(kb_sched *s)
     }
     free(s->ex);
     free(s);
+}
+
+uint32_t kb__sched_threads(const kb_sched *s)
+{
+    return s->n;
+}
+
+void kb__sched_wake_waiters(kb_sched *s)
+{
+    kb__signal_notify(&s->progress);
 }
