@@ -1,5 +1,6 @@
 /* The bus: configuration to transport, topic registry (liburcu lock-free hash
- * table, read under RCU on the publish path), publish, flush, stats, close.
+ * table, read under RCU on the publish path), publish, flush, stats, and the
+ * steps of opening and closing that kb_open and kb_close (core/serve/) take.
  *
  * kb_close may start while other threads are inside any call. Publishing runs
  * in an RCU read section, which kb_close waits out with synchronize_rcu; every
@@ -276,8 +277,9 @@ static struct kb_topic *topic_for_call(kb_bus *b, const char *topic, int *rc)
 }
 
 static kb_bus *bus_open(kb_conf *c, int *rc, char *errstr, size_t errlen);
+static void bus_free(kb_bus *b);
 
-kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen)
+kb_bus *kb__bus_new(kb_conf *c, char *errstr, size_t errlen)
 {
     if (c == NULL) {
         kb_errf(errstr, errlen, "kb_open: conf is NULL");
@@ -378,16 +380,31 @@ static kb_bus *bus_open(kb_conf *c, int *rc, char *errstr, size_t errlen)
             kb_errf(errstr, errlen, "kb_open: out of memory for the topic table");
         goto fail;
     }
-    if (ops->run_begins != NULL && (*rc = kb__runs_dir_check(c, errstr, errlen)) != KB_OK)
-        goto fail;
-    if ((*rc = kb__metrics_open(b, errstr, errlen)) != KB_OK)
-        goto fail;
-    if ((*rc = ops->open(&b->t, b, c, errstr, errlen)) != KB_OK)
+    if (ops->run_begins != NULL && (*rc = kb__runs_dir_check(core.runs_dir, errstr, errlen)) != KB_OK)
         goto fail;
     return b;
 
 fail:
-    kb__metrics_close(b);
+    bus_free(b);
+    return NULL;   /* the caller keeps the conf */
+}
+
+int kb__bus_connect(kb_bus *b, char *errstr, size_t errlen)
+{
+    return b->ops->open(&b->t, b, b->conf, errstr, errlen);
+}
+
+void kb__bus_discard(kb_bus *b, int rc)
+{
+    kb_conf *c = b->conf;
+    bus_free(b);
+    kb__err_set_code(rc);
+    kb__conf_give_back(c);
+}
+
+/* What kb__bus_new made, before the transport opened. */
+static void bus_free(kb_bus *b)
+{
     kb__sched_destroy(b->sched);
     kb__runs_close(b->runs);
     if (b->topics != NULL)
@@ -396,7 +413,6 @@ fail:
     pthread_mutex_destroy(&b->gate_lock);
     pthread_cond_destroy(&b->gate_left);
     free(b);
-    return NULL;   /* the caller keeps the conf */
 }
 
 /* kb_subscribe inside the gate. */
@@ -821,6 +837,8 @@ int kb_drain(kb_bus *b, int timeout_ms)
     return wait_call(b, timeout_ms, true);
 }
 
+static int topic_stats(kb_bus *b, struct kb_topic *t, kb_topic_stats *out);
+
 /* kb_stats inside the gate. */
 static int stats(kb_bus *b, const char *topic, kb_topic_stats *out)
 {
@@ -832,6 +850,12 @@ static int stats(kb_bus *b, const char *topic, kb_topic_stats *out)
     }
     if (t == NULL && (t = topic_for_call(b, topic, &rc)) == NULL)
         return rc;
+    return topic_stats(b, t, out);
+}
+
+static int topic_stats(kb_bus *b, struct kb_topic *t, kb_topic_stats *out)
+{
+    int rc;
     kb_pool *pool = kb__topic_pool(t);
     if (pool != NULL) {
         kb_pool_stats ps;
@@ -855,7 +879,7 @@ static int stats(kb_bus *b, const char *topic, kb_topic_stats *out)
     if (pool != NULL && rc == KB_ENOTFOUND)
         rc = KB_OK;
     if (rc == KB_ENOTFOUND)
-        kb_errf(NULL, 0, "kb_stats: topic \"%s\" unknown here", topic);
+        kb_errf(NULL, 0, "kb_stats: topic \"%s\" unknown here", t->name);
     return rc;
 }
 
@@ -894,6 +918,75 @@ int kb_partition_stats_get(kb_bus *b, const char *topic, uint32_t partition,
         rc = b->ops->partition_stats(b->t, t->tt, partition, out);
     gate_leave(b);
     return rc;
+}
+
+/* Topics, one topic's figures and the serving configuration for the serve
+ * floor (bus_calls.h). */
+
+int kb__bus_topics(kb_bus *b, struct kb_topic ***out, size_t *n)
+{
+    struct kb_topic **all = NULL;
+    size_t cap = 0;
+    int rc = KB_OK;
+    struct cds_lfht_iter it;
+    struct kb_topic *t;
+    *n = 0;
+    rcu_read_lock();
+    cds_lfht_for_each_entry(b->topics, &it, t, node) {
+        KB_TSAN_ACQUIRE(t);   /* published by cds_lfht_add */
+        if ((rc = kb_vec_reserve((void **)&all, &cap, *n + 1, sizeof *all)) != KB_OK)
+            break;
+        all[(*n)++] = t;
+    }
+    rcu_read_unlock();
+    *out = all;
+    return rc;
+}
+
+static int closing_now(kb_bus *b, const char *who)
+{
+    if (!atomic_load_explicit(&b->closing, memory_order_acquire))
+        return KB_OK;
+    kb_errf(NULL, 0, "%s: bus is closing", who);
+    return KB_ECLOSED;
+}
+
+int kb__topic_stats(kb_bus *b, struct kb_topic *t, kb_topic_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    int rc = closing_now(b, "kb_stats");
+    return rc != KB_OK ? rc : topic_stats(b, t, out);
+}
+
+int kb__topic_partition_stats(kb_bus *b, struct kb_topic *t, uint32_t partition,
+                              kb_partition_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (b->ops->partition_stats == NULL) {
+        kb_errf(NULL, 0, "%s:// has no partitions", b->ops->scheme);
+        return KB_ENOTFOUND;
+    }
+    int rc = closing_now(b, "kb_partition_stats_get");
+    return rc != KB_OK ? rc : b->ops->partition_stats(b->t, t->tt, partition, out);
+}
+
+void kb__bus_serve_conf(const kb_bus *b, kb_serve_conf *out)
+{
+    out->scheme = b->ops->scheme;
+    out->consumer = b->core.consumer;
+    out->metrics_listen = b->core.metrics_listen;
+    out->stats_interval_ms = b->core.stats_interval_ms;
+    kb__conf_stats_cb(b->conf, &out->stats_fn, &out->stats_opaque);
+}
+
+void kb__bus_set_serve(kb_bus *b, struct kb_serve *s)
+{
+    b->serve = s;
+}
+
+struct kb_serve *kb__bus_serve(const kb_bus *b)
+{
+    return b->serve;
 }
 
 int kb_dead_letters(kb_bus *b, const char *topic, const char *after_id, size_t max,
@@ -1017,7 +1110,7 @@ static void shutdown_pools(kb_bus *b)
     rcu_read_unlock();
 }
 
-int kb_close(kb_bus *b, int timeout_ms)
+int kb__bus_close_begin(kb_bus *b)
 {
     if (b == NULL) {
         kb_errf(NULL, 0, "kb_close: bus is NULL");
@@ -1033,17 +1126,20 @@ int kb_close(kb_bus *b, int timeout_ms)
                 "callback); it would wait for that call");
         return KB_EINVAL;
     }
-    int64_t deadline = kb__deadline_ns(timeout_ms);
-    struct cds_lfht_iter it;
-    struct kb_topic *t;
-
-    /* 1. No new calls or publishes; wake flushers, and publishers and feeders
-     *    blocked on full lanes. */
+    /* 1. No new calls or publishes. */
     if (!gate_close(b)) {
         kb_errf(NULL, 0, "kb_close: the bus is already being closed by another thread");
         return KB_ECLOSED;
     }
-    kb__metrics_close(b);   /* the endpoint and the feed: their calls now fail */
+    return KB_OK;
+}
+
+int kb__bus_close_end(kb_bus *b, int64_t deadline)
+{
+    struct cds_lfht_iter it;
+    struct kb_topic *t;
+
+    /* Wake flushers, and publishers and feeders blocked on full lanes. */
     kb__sched_wake_waiters(b->sched);
     shutdown_pools(b);
     /* 2. Every call in progress has left: the gated ones (a subscribe may

@@ -13,6 +13,7 @@
 #include <keybus/transport.h>
 
 #include "base/err.h"
+#include "bus_calls.h"
 #include "conf_int.h"
 #include "pool/pool_calls.h"
 
@@ -60,8 +61,7 @@ struct kb_bus {
     uint32_t max_key, max_payload, max_attempts, max_headers, max_header_bytes;
     int enqueue_timeout_ms;
     kb_idle idle;
-    struct kb_metrics_http *metrics_http;   /* metrics.listen's endpoint (metrics.h) */
-    struct kb_stats_feed *stats_feed;       /* stats.interval_ms's thread */
+    struct kb_serve *serve;            /* the serve floor's: endpoint, stats feed */
 };
 
 static inline kb_pool *kb__topic_pool(struct kb_topic *t)

@@ -27,6 +27,9 @@ typedef struct kb_core_conf {
     int64_t max_key_bytes, max_payload_bytes, max_headers, max_header_bytes;
     int64_t partitions;
     const char *group, *consumer, *runs_dir;
+    bool metrics_enabled;
+    const char *metrics_listen;
+    int64_t stats_interval_ms;
 } kb_core_conf;
 
 /* How a kb_core_conf member is read: from its C type. */

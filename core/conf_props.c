@@ -108,5 +108,8 @@ const kb_conf_field kb__core_fields[] = {
     KB_CONF_FIELD("group", group),
     KB_CONF_FIELD("consumer", consumer),
     KB_CONF_FIELD("runs.dir", runs_dir),
+    KB_CONF_FIELD("metrics.enabled", metrics_enabled),
+    KB_CONF_FIELD("metrics.listen", metrics_listen),
+    KB_CONF_FIELD("stats.interval_ms", stats_interval_ms),
     {NULL, 0, KB_FIELD_INT},
 };

@@ -1,8 +1,8 @@
-/* Metrics (docs/metrics.md): per-topic histograms of publish-to-handle
- * latency and handler duration, kept per executor so that recording is a
- * plain store by the one thread that owns the slot, and merged on read; the
- * snapshot of every figure that the Prometheus text (metrics_prom.c), the
- * HTTP endpoint (metrics_http.c) and the stats feed (stats_feed.c) share. */
+/* Metrics recording (docs/metrics.md): per-topic histograms of
+ * publish-to-handle latency and handler duration, kept per executor so that
+ * recording is a plain store by the one thread that owns the slot, and
+ * merged on read (kb__topic_view). Collecting and exposing them is the serve
+ * floor's (core/serve/). */
 #ifndef KB_CORE_METRICS_H
 #define KB_CORE_METRICS_H
 
@@ -14,12 +14,7 @@
 
 #include "bus_int.h"
 
-/* Upper bounds of the histogram buckets, 1 µs to 10 s in a 1-2.5-5 series;
- * a last bucket (+Inf) takes the rest. */
-#define KB_HIST_BOUNDS 22
-extern const int64_t kb__hist_bound_ns[KB_HIST_BOUNDS + 2];   /* then INT64_MAX twice */
-extern const char *const kb__hist_bound_text[KB_HIST_BOUNDS];   /* in seconds */
-/* The first bucket whose bound reaches 2^i ns, for i < 35 (2^34 ns > 10 s):
+/* The buckets are bus_calls.h's. The first bucket whose bound reaches 2^i ns, for i < 35 (2^34 ns > 10 s):
  * a value's bucket is then at most two steps on, since neighbouring bounds
  * are at least 2x apart. */
 extern const uint8_t kb__hist_from_log2[35];
@@ -98,75 +93,5 @@ static inline void kb__metrics_ran(const struct kb_topic *t, uint32_t ex, int64_
     int64_t end = kb__metrics_clock();
     kb__hist_add(&m->duration, end > start ? end - start : 0);
 }
-
-/* ---- the snapshot every exposition is built from ---- */
-
-typedef struct kb_hist_snap {
-    uint64_t bucket[KB_HIST_BOUNDS + 1];   /* not cumulative */
-    uint64_t count, sum_ns;
-} kb_hist_snap;
-
-typedef struct kb_metrics_part {
-    kb_partition_stats ps;
-    int rc;                            /* kb_partition_stats_get's result */
-    bool lanes;                        /* the lane counters below are known */
-    uint64_t received, handled, retried, dead_lettered;
-} kb_metrics_part;
-
-typedef struct kb_metrics_topic {
-    char *name;
-    kb_topic_stats s;
-    int rc;                            /* kb_stats's result */
-    bool pool;                         /* subscribed here */
-    bool hist;                         /* latency and duration are recorded */
-    kb_hist_snap latency, duration;
-    uint32_t n_parts;
-    kb_metrics_part *parts;            /* n_parts when `partitions` was asked */
-} kb_metrics_topic;
-
-typedef struct kb_metrics_snap {
-    size_t n;
-    kb_metrics_topic *t;               /* sorted by name */
-} kb_metrics_snap;
-
-/* Every topic the bus knows, with kb_stats figures, histograms and, when
- * `partitions`, the broker's view of each partition. KB_ECLOSED once kb_close
- * has begun, KB_ENOMEM; free with kb__metrics_snap_free either way. */
-int kb__metrics_collect(kb_bus *b, bool partitions, kb_metrics_snap *out);
-void kb__metrics_snap_free(kb_metrics_snap *s);
-
-/* The Prometheus text of a snapshot, malloc'ed, NUL-terminated; NULL on out
- * of memory. */
-char *kb__metrics_prom(const kb_metrics_snap *s, size_t *len);
-
-/* The stats feed document and the /partitions document (cJSON, malloc'ed,
- * NUL-terminated); NULL on out of memory. */
-char *kb__metrics_json(const kb_bus *b, const kb_metrics_snap *s, int64_t interval_ms);
-char *kb__metrics_partitions_json(const kb_metrics_snap *s);
-
-/* ---- the bus's metrics machinery: endpoint and stats feed ---- */
-
-/* Start what the configuration asks for (metrics.listen, stats.interval_ms
- * with a callback). KB_EINVAL for a bad address, KB_ETRANSPORT when it cannot
- * listen (errstr names the address), KB_ENOMEM. */
-int kb__metrics_open(kb_bus *b, char *errstr, size_t errlen);
-/* Stop the endpoint and the feed (waiting for a request or callback in
- * progress). Idempotent. */
-void kb__metrics_close(kb_bus *b);
-
-/* The HTTP endpoint (metrics_http.c) and the feed thread (stats_feed.c). */
-struct kb_metrics_http;
-int kb__metrics_http_start(kb_bus *b, const char *listen, struct kb_metrics_http **out,
-                           char *errstr, size_t errlen);
-void kb__metrics_http_stop(struct kb_metrics_http *h);
-struct kb_stats_feed;
-int kb__stats_feed_start(kb_bus *b, int64_t interval_ms, kb_stats_fn fn, void *opaque,
-                         struct kb_stats_feed **out, char *errstr, size_t errlen);
-void kb__stats_feed_stop(struct kb_stats_feed *f);
-
-/* Enter and leave the gate of public calls (bus.c): false once kb_close has
- * begun. */
-bool kb__bus_enter(kb_bus *b, const char *who);
-void kb__bus_leave(kb_bus *b);
 
 #endif /* KB_CORE_METRICS_H */

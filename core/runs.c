@@ -111,9 +111,8 @@ void kb__runs_close(kb_runs *j)
 
 /* runs.dir, or the default: $XDG_RUNTIME_DIR/keybus-runs, else
  * /tmp/keybus-runs-<uid>. */
-static void runs_dir(const kb_conf *c, char *out, size_t len)
+static void runs_dir(const char *dir, char *out, size_t len)
 {
-    const char *dir = kb_conf_str(c, "runs.dir");
     const char *xdg = getenv("XDG_RUNTIME_DIR");
     if (dir[0] != '\0')
         snprintf(out, len, "%s", dir);
@@ -124,9 +123,10 @@ static void runs_dir(const kb_conf *c, char *out, size_t len)
 }
 
 /* The journal directory, made if missing: KB_OK, or KB_ETRANSPORT naming it. */
-static int usable_dir(const kb_conf *c, char *dir, size_t len, char *errstr, size_t errlen)
+static int usable_dir(const char *configured, char *dir, size_t len, char *errstr,
+                      size_t errlen)
 {
-    runs_dir(c, dir, len);
+    runs_dir(configured, dir, len);
     struct stat st;
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
         kb_errf(errstr, errlen, "runs.dir: cannot create %s: %s", dir, strerror(errno));
@@ -140,10 +140,10 @@ static int usable_dir(const kb_conf *c, char *dir, size_t len, char *errstr, siz
     return KB_OK;
 }
 
-int kb__runs_dir_check(const kb_conf *c, char *errstr, size_t errlen)
+int kb__runs_dir_check(const char *configured, char *errstr, size_t errlen)
 {
     char dir[3840];
-    return usable_dir(c, dir, sizeof dir, errstr, errlen);
+    return usable_dir(configured, dir, sizeof dir, errstr, errlen);
 }
 
 /* scheme NUL broker NUL group NUL, zero-padded; its length. */
@@ -302,7 +302,7 @@ int kb_bus_runs_journal(kb_bus *b, const char *broker, kb_run_record_fn *record,
         return KB_EINVAL;
     }
     char dir[3840], identity[1024], prefix[64];
-    int rc = usable_dir(b->conf, dir, sizeof dir, errstr, errlen);
+    int rc = usable_dir(b->core.runs_dir, dir, sizeof dir, errstr, errlen);
     if (rc != KB_OK)
         return rc;
     size_t id_len = identity_of(b, broker, identity);

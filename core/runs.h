@@ -7,13 +7,13 @@
 #include <stdint.h>
 
 typedef struct kb_runs kb_runs;
-typedef struct kb_conf kb_conf;
 
-/* At kb_open of a transport that records runs: `runs.dir` exists (made if
- * missing) and belongs to this user, so a bad setting fails kb_open even
+/* At kb_open of a transport that records runs: `configured` (runs.dir as
+ * resolved; empty: the default) exists (made if missing) and belongs to
+ * this user, so a bad setting fails kb_open even
  * where the journal itself starts only at the first subscribe. KB_OK or
  * KB_ETRANSPORT naming the directory. Thread: open's. */
-int kb__runs_dir_check(const kb_conf *c, char *errstr, size_t errlen);
+int kb__runs_dir_check(const char *configured, char *errstr, size_t errlen);
 
 /* Executor `slot` starts run `attempt` of delivery `id`. Plain stores into
  * the mapping: no system call. Thread: executor `slot` only. */

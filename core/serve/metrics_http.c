@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "metrics.h"
+#include "serve.h"
 
 #define HTTP_TIMEOUT_S 10
 

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "metrics.h"
+#include "serve.h"
 
 /* Which topics a family has samples for. */
 enum scope {

@@ -8,13 +8,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "metrics.h"
+#include "serve.h"
 
 struct kb_stats_feed {
     kb_bus *bus;
-    int64_t interval_ms;
-    kb_stats_fn fn;
-    void *opaque;
+    const kb_serve_conf *conf;         /* the bus's, as resolved at kb_open */
     kb_thread *thread;
     pthread_mutex_t lock;
     pthread_cond_t wake;               /* on CLOCK_MONOTONIC */
@@ -28,9 +26,9 @@ static void emit(struct kb_stats_feed *f)
     if (!kb__bus_enter(b, "stats feed"))
         return;
     if (kb__metrics_collect(b, true, &s) == KB_OK) {
-        char *json = kb__metrics_json(b, &s, f->interval_ms);
+        char *json = kb__metrics_json(f->conf, &s);
         if (json != NULL)
-            f->fn(b, json, strlen(json), f->opaque);
+            f->conf->stats_fn(b, json, strlen(json), f->conf->stats_opaque);
         else
             kb_log(b, KB_LOG_WARNING, "stats feed: out of memory for the document");
         free(json);
@@ -46,8 +44,8 @@ static void *feed_main(void *arg)
     clock_gettime(CLOCK_MONOTONIC, &due);
     pthread_mutex_lock(&f->lock);
     while (!f->stop) {
-        due.tv_sec += f->interval_ms / 1000;
-        due.tv_nsec += (long)(f->interval_ms % 1000) * 1000000L;
+        due.tv_sec += f->conf->stats_interval_ms / 1000;
+        due.tv_nsec += (long)(f->conf->stats_interval_ms % 1000) * 1000000L;
         if (due.tv_nsec >= 1000000000L) {
             due.tv_sec++;
             due.tv_nsec -= 1000000000L;
@@ -70,8 +68,8 @@ static void *feed_main(void *arg)
     return NULL;
 }
 
-int kb__stats_feed_start(kb_bus *b, int64_t interval_ms, kb_stats_fn fn, void *opaque,
-                         struct kb_stats_feed **out, char *errstr, size_t errlen)
+int kb__stats_feed_start(kb_bus *b, const kb_serve_conf *c, struct kb_stats_feed **out,
+                         char *errstr, size_t errlen)
 {
     struct kb_stats_feed *f = calloc(1, sizeof *f);
     if (f == NULL) {
@@ -79,9 +77,7 @@ int kb__stats_feed_start(kb_bus *b, int64_t interval_ms, kb_stats_fn fn, void *o
         return KB_ENOMEM;
     }
     f->bus = b;
-    f->interval_ms = interval_ms;
-    f->fn = fn;
-    f->opaque = opaque;
+    f->conf = c;
     pthread_mutex_init(&f->lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);

@@ -5,8 +5,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "conf_int.h"
-#include "metrics.h"
+#include "serve.h"
 
 /* cJSON numbers are doubles: counters are exact up to 2^53. */
 static bool add_number(cJSON *o, const char *name, double v)
@@ -118,7 +117,7 @@ static char *print(cJSON *doc, bool ok)
     return text;
 }
 
-char *kb__metrics_json(const kb_bus *b, const kb_metrics_snap *s, int64_t interval_ms)
+char *kb__metrics_json(const kb_serve_conf *c, const kb_metrics_snap *s)
 {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
@@ -127,11 +126,10 @@ char *kb__metrics_json(const kb_bus *b, const kb_metrics_snap *s, int64_t interv
         return NULL;
     cJSON *topics = NULL;
     bool ok = cJSON_AddStringToObject(doc, "version", KB_VERSION_STRING) != NULL &&
-              cJSON_AddStringToObject(doc, "transport", b->ops->scheme) != NULL &&
-              cJSON_AddStringToObject(doc, "consumer", kb_conf_str(b->conf, "consumer")) !=
-                  NULL &&
+              cJSON_AddStringToObject(doc, "transport", c->scheme) != NULL &&
+              cJSON_AddStringToObject(doc, "consumer", c->consumer) != NULL &&
               add_number(doc, "time_ms", (double)now.tv_sec * 1e3 + now.tv_nsec / 1000000) &&
-              add_number(doc, "interval_ms", (double)interval_ms) &&
+              add_number(doc, "interval_ms", (double)c->stats_interval_ms) &&
               (topics = cJSON_AddArrayToObject(doc, "topics")) != NULL;
     for (size_t i = 0; ok && i < s->n; i++)
         ok = add_topic(topics, &s->t[i]);
