@@ -59,6 +59,20 @@ int kb_cli_check_args(const char *cmd, int argc, char **argv, int first, int min
 int kb_cli_flags(const char *cmd, int argc, char **argv, const char *const *names, size_t n,
                  bool *set);
 
+/* The global options (session.c), kept for kb_cli_conf_make: room for
+ * argc of them (false: out of memory), freed at exit. */
+bool kb_cli_settings_init(int argc);
+void kb_cli_settings_free(void);
+void kb_cli_setting_add(char kind, char *value);
+/* -c FILE / -cFILE / -X KV / -XKV at argv[i]: its value (and *used, the
+ * words it takes; *kind 'c' or 'X'), or NULL when argv[i] is no global
+ * option (*used 0) or its value is missing. */
+char *kb_cli_global_option(int argc, char **argv, int i, char *kind, int *used);
+/* Take the global options out of argv[first..argc) (up to a `--`, which is
+ * dropped), into the settings; the new argc, -1 after a usage error, or -2
+ * for -h / --help. */
+int kb_cli_take_global_options(int argc, char **argv, int first);
+
 /* The configuration the global options make (-c FILE, -X key=value, in the
  * order given, over the defaults; kb_open adds KEYBUS_* itself). NULL after
  * saying why on stderr, with the exit status in *status. */
