@@ -1,5 +1,6 @@
 /* Waits that serve an application call (kb_flush, kb_drain), cut short by
- * kb_close: it holds until they return. */
+ * kb_close: it holds until they return; and how long a publish may wait for
+ * room, as the bus resolved it. */
 #include <stdatomic.h>
 
 #include "bus_int.h"
@@ -10,6 +11,11 @@
 int kb_bus_closing(const kb_bus *b)
 {
     return atomic_load_explicit(&b->closing, memory_order_acquire);
+}
+
+int kb_bus_enqueue_timeout_ms(const kb_bus *b)
+{
+    return b->enqueue_timeout_ms;
 }
 
 int kb_bus_wait_sliced(kb_bus *b, int64_t deadline_ns, int (*step)(void *arg, int64_t until_ns),

@@ -354,6 +354,12 @@ KB_EXPORT int kb_deadline_left_ms(int64_t deadline_ns);
  * kb_close is not held by them. Thread: any, while the bus exists. */
 KB_EXPORT int kb_bus_closing(const kb_bus *b);
 
+/* pool.enqueue_timeout_ms as kb_open resolved it: how long a publish waits
+ * for room (a lane, a transport's send buffer) before KB_EFULL. The core's
+ * keys are the core's to read: a transport asks the bus rather than reading
+ * them again. Thread: any, while the bus exists (from ops->open on). */
+KB_EXPORT int kb_bus_enqueue_timeout_ms(const kb_bus *b);
+
 /* A wait that serves an application call (kb_flush's, kb_drain's), in
  * slices: calls step(arg, until_ns) with until_ns at most 100 ms ahead and
  * never past deadline_ns (INT64_MAX: none), again while it returns

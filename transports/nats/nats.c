@@ -8,13 +8,13 @@
  *   helpers:   nats_hdr, nats_frame, nats_msg, nats_names
  * and nats_types.h, the state they share. Layout and choices:
  * docs/transports-nats.md. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
 #include <string.h>
-#include <sys/random.h>
 
 #include "nats_acker.h"
 #include "nats_claim.h"
@@ -157,7 +157,7 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->replicas = (int)kb_conf_int(c, "nats.replicas");
     t->reconnect_wait_ms = kb_conf_int(c, "nats.reconnect_wait_ms");
     t->reconnect_max_ms = kb_conf_int(c, "nats.reconnect_max_wait_ms");
-    t->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
+    t->enqueue_timeout_ms = kb_bus_enqueue_timeout_ms(t->bus);
     t->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
     t->max_headers = (size_t)kb_conf_int(c, "limits.max_headers");
     t->max_header_bytes = (size_t)kb_conf_int(c, "limits.max_header_bytes");
@@ -172,11 +172,7 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
                  "and '=' (it names JetStream consumers and KV keys)", t->group);
         return KB_EINVAL;
     }
-    unsigned char rnd[8] = {0};
-    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
-        memcpy(rnd, &t, sizeof t < sizeof rnd ? sizeof t : sizeof rnd);
-    for (int i = 0; i < 8; i++)
-        snprintf(t->bus_id + 2 * i, 3, "%02x", rnd[i]);
+    snprintf(t->bus_id, sizeof t->bus_id, "%016" PRIx64, kb_bus_random(t->bus));
     return KB_OK;
 }
 

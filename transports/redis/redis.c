@@ -175,7 +175,7 @@ static int read_conf(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
     t->buffer_bytes = (size_t)kb_conf_int(c, "redis.publish_buffer_bytes");
     kb__redis_backlog_init(&t->backlog, t->buffer_bytes);
-    t->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");
+    t->enqueue_timeout_ms = kb_bus_enqueue_timeout_ms(t->bus);
     t->wait_replicas = (int)kb_conf_int(c, "redis.wait_replicas");
     t->wait_timeout_ms = (int)kb_conf_int(c, "redis.wait_timeout_ms");
     if (t->wait_replicas > 0 && t->wait_timeout_ms >= t->read_timeout_ms) {

@@ -37,7 +37,7 @@ int kb__redis_entry_read(const redisReply *e, uint32_t part, uint32_t nparts, ui
     if (kb__redis_headers_of(out->fields, out->headers, &out->n_headers, out->why,
                              sizeof out->why) != KB_OK)
         return dead(out, attempt);
-    uint32_t home = kb_fnv1a32(k->str, k->len) % nparts;
+    uint32_t home = kb_partition_of(k->str, k->len, nparts);
     if (home != part) {
         /* XADDed by another client into the wrong stream: handling it here would
          * race the key's real partition, perhaps owned by another process */
