@@ -465,7 +465,7 @@ static int subscribe(kb_bus *b, const char *topic, kb_handler_fn fn, void *opaqu
         synchronize_rcu();   /* no publisher still holds the pool */
         kb_pool_shutdown(pool);
         kb__pool_drain(pool, INT64_MAX);
-        /* The executors may still hold its lanes (lingering, settling): it is
+        /* The executors may still hold its lanes (lingering, awaiting a re-check): it is
          * freed at kb_close, after them. A later kb_subscribe makes a new one. */
         if (kb_vec_reserve((void **)&t->retired, &t->retired_cap, t->n_retired + 1,
                            sizeof *t->retired) == KB_OK)

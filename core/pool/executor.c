@@ -33,16 +33,16 @@
  * before parking). The cheap looks find a raced item long before; the barrier
  * is the guarantee, and it costs: a membarrier took 22 µs on average (147 at
  * most) in a VM, every lane of the executor waiting meanwhile. */
-#define SETTLE_NS 10000000
+#define RECHECK_NS 10000000
 /* Cheap looks a lane just unscheduled gets before only the fenced check
  * covers it: a push that raced the unscheduling is visible by then (the
  * producer's store buffer drains in well under a µs), while looking at every
  * lane unscheduled since the last barrier costs each visit ~8 more rings at
  * 1M events/s over 100 aggregates. */
-#define SETTLE_LOOKS 4
+#define RECHECK_LOOKS 4
 /* An idle executor takes the barrier this long after it found nothing: long
  * enough that a short gap between bursts costs no membarrier. */
-#define IDLE_SETTLE_NS 50000
+#define IDLE_RECHECK_NS 50000
 
 /* Passes that find only a half-linked ready node before the executor yields. */
 #define BLOCKED_SPINS 64
@@ -408,29 +408,29 @@ static inline void prefetch_lane(const struct kb_lane *lane)
 /* Dekker with kb_pool_submit, asymmetric: a producer pushes, orders with
  * kb__fence_hot() only, then reads `scheduled`; we clear `scheduled`, and
  * before the lane's ring is read for the verdict a kb__fence_rare() (one per
- * batch of lanes, at most SETTLE_NS after the first of them and before
+ * batch of lanes, at most RECHECK_NS after the first of them and before
  * parking) makes the producers' pushes visible. Either the producer saw 0 and
  * scheduled the lane, or we see its item. Meanwhile a few cheap looks catch
  * most such items early. */
-static void settle(struct kb_executor *ex, struct kb_lane *lane)
+static void hold_for_recheck(struct kb_executor *ex, struct kb_lane *lane)
 {
-    if (lane->settling && lane->settle_looks < SETTLE_LOOKS) {
-        lane->settle_looks = 0;   /* unscheduled again: this time raced too */
+    if (lane->rechecking && lane->recheck_looks < RECHECK_LOOKS) {
+        lane->recheck_looks = 0;   /* unscheduled again: this time raced too */
         return;
     }
-    if (lane->settling) {
+    if (lane->rechecking) {
         /* past its looks, then scheduled and unscheduled again: this
          * unscheduling raced its own producers, so it gets looks too */
-        *lane->settled_pprev = lane->settle_next;
-        if (lane->settle_next != NULL)
-            lane->settle_next->settled_pprev = lane->settled_pprev;
-    } else if (ex->settling == NULL && ex->settled == NULL) {
-        ex->settle_due_ns = kb__now_ns() + SETTLE_NS;
+        *lane->fenced_pprev = lane->recheck_next;
+        if (lane->recheck_next != NULL)
+            lane->recheck_next->fenced_pprev = lane->fenced_pprev;
+    } else if (ex->rechecking == NULL && ex->fence_only == NULL) {
+        ex->recheck_due_ns = kb__now_ns() + RECHECK_NS;
     }
-    lane->settling = true;
-    lane->settle_looks = 0;
-    lane->settle_next = ex->settling;
-    ex->settling = lane;
+    lane->rechecking = true;
+    lane->recheck_looks = 0;
+    lane->recheck_next = ex->rechecking;
+    ex->rechecking = lane;
 }
 
 /* Schedule a lane just unscheduled again if it holds items. */
@@ -444,7 +444,7 @@ static bool reschedule_if_filled(struct kb_executor *ex, struct kb_lane *lane)
     return true;
 }
 
-/* Before a barrier: take off a settle list the lanes a producer scheduled
+/* Before a barrier: take off a re-check list the lanes a producer scheduled
  * again (that producer saw the lane idle, so its items are not stranded) and
  * schedule those a plain look finds holding items. Under a steady stream
  * every lane unscheduled is scheduled again within a round of its producer,
@@ -461,25 +461,25 @@ static bool drop_scheduled_again(struct kb_executor *ex, struct kb_lane **list)
         if (reschedule_if_filled(ex, lane)) {
             found = true;
         } else if (atomic_load_explicit(&lane->scheduled, memory_order_relaxed) == 0) {
-            pp = &lane->settle_next;
+            pp = &lane->recheck_next;
             continue;
         }
-        lane->settling = false;
-        *pp = lane->settle_next;
-        if (lane->settle_next != NULL)
-            lane->settle_next->settled_pprev = pp;
+        lane->rechecking = false;
+        *pp = lane->recheck_next;
+        if (lane->recheck_next != NULL)
+            lane->recheck_next->fenced_pprev = pp;
     }
     return found;
 }
 
 /* Re-check the lanes just unscheduled: schedule those holding items, forget
  * those scheduled again. A cheap look covers the lanes that had fewer than
- * SETTLE_LOOKS; the others wait for the fenced check alone. `fenced`: after a
+ * RECHECK_LOOKS; the others wait for the fenced check alone. `fenced`: after a
  * kb__fence_rare(), the verdict on every empty one is final and both lists
  * empty. Returns whether a lane went back on the run list. */
-static bool recheck_settling(struct kb_executor *ex, bool fenced)
+static bool recheck_unscheduled(struct kb_executor *ex, bool fenced)
 {
-    if (ex->settling == NULL && ex->settled == NULL)
+    if (ex->rechecking == NULL && ex->fence_only == NULL)
         return false;
     /* Where the fence is a plain mfence (pool.idle = block, or no
      * membarrier), deferring it saves nothing and only delays a raced item. */
@@ -490,40 +490,40 @@ static bool recheck_settling(struct kb_executor *ex, bool fenced)
     if (fenced && ex->sched->idle == KB_IDLE_BLOCK) {
         kb__fence();        /* its producers fence fully: it parks per burst */
     } else if (fenced) {
-        found = drop_scheduled_again(ex, &ex->settling);
-        found |= drop_scheduled_again(ex, &ex->settled);
-        if (ex->settling == NULL && ex->settled == NULL)
+        found = drop_scheduled_again(ex, &ex->rechecking);
+        found |= drop_scheduled_again(ex, &ex->fence_only);
+        if (ex->rechecking == NULL && ex->fence_only == NULL)
             return found;
         kb__fence_rare();
     }
-    struct kb_lane **pp = &ex->settling;
+    struct kb_lane **pp = &ex->rechecking;
     while (*pp != NULL) {
         struct kb_lane *lane = *pp;
         if (reschedule_if_filled(ex, lane)) {
             found = true;
         } else if (!fenced &&
                    atomic_load_explicit(&lane->scheduled, memory_order_relaxed) == 0) {
-            if (++lane->settle_looks < SETTLE_LOOKS) {
-                pp = &lane->settle_next;
+            if (++lane->recheck_looks < RECHECK_LOOKS) {
+                pp = &lane->recheck_next;
                 continue;
             }
-            *pp = lane->settle_next;        /* on to the fenced check alone */
-            lane->settle_next = ex->settled;
-            if (ex->settled != NULL)
-                ex->settled->settled_pprev = &lane->settle_next;
-            lane->settled_pprev = &ex->settled;
-            ex->settled = lane;
+            *pp = lane->recheck_next;        /* on to the fenced check alone */
+            lane->recheck_next = ex->fence_only;
+            if (ex->fence_only != NULL)
+                ex->fence_only->fenced_pprev = &lane->recheck_next;
+            lane->fenced_pprev = &ex->fence_only;
+            ex->fence_only = lane;
             continue;
         }
-        lane->settling = false;
-        *pp = lane->settle_next;
+        lane->rechecking = false;
+        *pp = lane->recheck_next;
     }
     if (fenced) {
-        for (struct kb_lane *lane = ex->settled; lane != NULL; lane = lane->settle_next) {
+        for (struct kb_lane *lane = ex->fence_only; lane != NULL; lane = lane->recheck_next) {
             found |= reschedule_if_filled(ex, lane);
-            lane->settling = false;
+            lane->rechecking = false;
         }
-        ex->settled = NULL;
+        ex->fence_only = NULL;
     }
     return found;
 }
@@ -573,7 +573,7 @@ static unsigned lane_visit(struct kb_executor *ex, struct kb_lane *lane)
             run_list_push(ex, lane);        /* back of the run list */
         } else {
             atomic_store_explicit(&lane->scheduled, 0, memory_order_release);
-            settle(ex, lane);
+            hold_for_recheck(ex, lane);
             unscheduled = true;
         }
     }
@@ -614,22 +614,22 @@ static int has_work(void *arg)
  * lane, the next delayed lane to come due, or stop. */
 static void idle(struct kb_executor *ex)
 {
-    kb_backoff bo;
-    kb__backoff_init_executor(&bo, ex->sched->idle);
+    kb_idle_wait iw;
+    kb__idle_wait_init_executor(&iw, ex->sched->idle);
     int64_t now = kb__now_ns();
     /* Idle, the barrier delays no lane of ours: take it soon rather than
-     * wait SETTLE_NS (spin and yield never reach the check before parking). */
-    int64_t settle_by = now + IDLE_SETTLE_NS;
+     * wait RECHECK_NS (spin and yield never reach the check before parking). */
+    int64_t recheck_by = now + IDLE_RECHECK_NS;
     for (uint32_t step = 0;; step++) {
         if (has_work(ex) || (ex->heap_len > 0 && ex->heap[0].due_ns <= now))
             return;
         if ((step & 63) == 0 &&
-            recheck_settling(ex, now >= ex->settle_due_ns || now >= settle_by))
+            recheck_unscheduled(ex, now >= ex->recheck_due_ns || now >= recheck_by))
             return;
-        if (kb__backoff_step(&bo, &now))
+        if (kb__idle_wait_step(&iw, &now))
             break;
     }
-    if (recheck_settling(ex, true))   /* nothing may wait unseen while we sleep */
+    if (recheck_unscheduled(ex, true))   /* nothing may wait unseen while we sleep */
         return;
     int64_t deadline = ex->heap_len > 0 ? ex->heap[0].due_ns : INT64_MAX;
     kb__signal_wait(&ex->wake, has_work, ex, deadline);
@@ -673,19 +673,19 @@ static void *executor_main(void *arg)
              * read after visits that ran handlers, which may have been slow,
              * and with the cheap look: read after every empty visit, it made
              * a round over lingering lanes cost a clock read per lane. */
-            if (ex->settling != NULL || ex->settled != NULL) {
-                bool look = (++ex->settle_checks & 7) == 0;
-                if ((look || handled > 0) && kb__now_ns() >= ex->settle_due_ns)
-                    recheck_settling(ex, true);
-                else if (look && ex->settling != NULL)
-                    recheck_settling(ex, false);
+            if (ex->rechecking != NULL || ex->fence_only != NULL) {
+                bool look = (++ex->recheck_visits & 7) == 0;
+                if ((look || handled > 0) && kb__now_ns() >= ex->recheck_due_ns)
+                    recheck_unscheduled(ex, true);
+                else if (look && ex->rechecking != NULL)
+                    recheck_unscheduled(ex, false);
             }
             continue;
         }
         if (ex->heap_len > 0 && ex->heap[0].due_ns <= kb__now_ns()) {
             /* a key retrying back to back must not hold off the barrier */
-            if (ex->settling != NULL || ex->settled != NULL)
-                recheck_settling(ex, kb__now_ns() >= ex->settle_due_ns);
+            if (ex->rechecking != NULL || ex->fence_only != NULL)
+                recheck_unscheduled(ex, kb__now_ns() >= ex->recheck_due_ns);
             continue;
         }
         if (!collected) {
@@ -698,8 +698,8 @@ static void *executor_main(void *arg)
             }
             sched_yield();
             /* lanes just unscheduled keep their deadline meanwhile */
-            if (ex->settling != NULL || ex->settled != NULL)
-                recheck_settling(ex, kb__now_ns() >= ex->settle_due_ns);
+            if (ex->rechecking != NULL || ex->fence_only != NULL)
+                recheck_unscheduled(ex, kb__now_ns() >= ex->recheck_due_ns);
             continue;
         }
         idle(ex);

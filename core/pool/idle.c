@@ -14,7 +14,7 @@ void kb__executor_fed_by_transport(void)
     kb__idle_fed_by_transport = true;
 }
 
-bool kb__backoff_step(kb_backoff *w, int64_t *now_ns)
+bool kb__idle_wait_step(kb_idle_wait *w, int64_t *now_ns)
 {
     if (w->idle == KB_IDLE_BLOCK)
         return true;

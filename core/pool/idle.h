@@ -20,12 +20,12 @@
  * come microseconds apart, the next read a broker round trip later. */
 #define KB_IDLE_FED_SPIN_NS 15000
 
-typedef struct kb_backoff {
+typedef struct kb_idle_wait {
     kb_idle idle;
     uint32_t steps;
     int64_t phase_start_ns;   /* 0: not read yet */
     int64_t spin_ns, yield_ns;   /* adaptive: the ends of its spin and yield phases */
-} kb_backoff;
+} kb_idle_wait;
 
 /* Set on an executor thread once it settled a transport's delivery (a
  * broker, not mem://). Its work then comes in reads a broker round trip
@@ -37,7 +37,7 @@ extern _Thread_local bool kb__idle_fed_by_transport;
 
 /* A wait by `idle`'s phases: a producer facing a full lane, including a
  * handler publishing from a transport-fed executor. */
-static inline void kb__backoff_init(kb_backoff *w, kb_idle idle)
+static inline void kb__idle_wait_init(kb_idle_wait *w, kb_idle idle)
 {
     w->idle = idle;
     w->steps = 0;
@@ -46,23 +46,23 @@ static inline void kb__backoff_init(kb_backoff *w, kb_idle idle)
     w->yield_ns = KB_IDLE_YIELD_NS;
 }
 
-/* An executor's wait for work: as kb__backoff_init, with the short spin and
+/* An executor's wait for work: as kb__idle_wait_init, with the short spin and
  * no yield once the executor is transport-fed. */
-static inline void kb__backoff_init_executor(kb_backoff *w, kb_idle idle)
+static inline void kb__idle_wait_init_executor(kb_idle_wait *w, kb_idle idle)
 {
-    kb__backoff_init(w, idle);
+    kb__idle_wait_init(w, idle);
     if (kb__idle_fed_by_transport)
         w->spin_ns = w->yield_ns = KB_IDLE_FED_SPIN_NS;
 }
 
 /* The awaited thing moved (a consumer made progress): start spinning again. */
-static inline void kb__backoff_reset(kb_backoff *w)
+static inline void kb__idle_wait_reset(kb_idle_wait *w)
 {
     w->phase_start_ns = 0;
 }
 
 /* One step of waiting: a pause or a yield. true: stop spinning and block now.
  * `now_ns` is refreshed every 64 steps (for the caller's deadline checks too). */
-bool kb__backoff_step(kb_backoff *w, int64_t *now_ns);
+bool kb__idle_wait_step(kb_idle_wait *w, int64_t *now_ns);
 
 #endif /* KB_CORE_IDLE_H */

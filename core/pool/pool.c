@@ -293,20 +293,20 @@ static int wait_for_space(struct space_wait *w, int timeout_ms)
         return KB_EFULL;
     int64_t deadline = kb__deadline_ns(timeout_ms), now = kb__now_ns();
     unsigned int taken = ck_pr_load_uint(&w->lane->ring.c_head);
-    kb_backoff bo;
-    kb__backoff_init(&bo, w->p->o.idle);
+    kb_idle_wait iw;
+    kb__idle_wait_init(&iw, w->p->o.idle);
     for (;;) {
         int r = try_push(w);
         if (r != 0)
             return r == 1 ? KB_OK : KB_ECLOSED;
-        if (kb__backoff_step(&bo, &now))
+        if (kb__idle_wait_step(&iw, &now))
             break;
         if (now >= deadline)
             return KB_EFULL;
         unsigned int c = ck_pr_load_uint(&w->lane->ring.c_head);
         if (c != taken) {
             taken = c;
-            kb__backoff_reset(&bo);
+            kb__idle_wait_reset(&iw);
         }
     }
     int r = kb__signal_wait(&w->lane->space, try_push, w, deadline);
@@ -320,7 +320,7 @@ struct touched {
     struct kb_lane *lane[TOUCHED_MAX];
 };
 
-/* Dekker with the executor's unscheduling (executor.c, settle): our pushes
+/* Dekker with the executor's unscheduling (executor.c, hold_for_recheck): our pushes
  * must be ordered before we read `scheduled`. The executor pays the expensive
  * side, once per batch of lanes it unschedules — except with `block`, whose
  * executors park per burst and could not afford it. */

@@ -39,10 +39,10 @@ struct kb_lane {
     /* Written by the executor only (read by stats and flush). */
     _Alignas(KB_CACHELINE) struct cds_wfcq_node ready_node;
     struct kb_lane *run_next;          /* executor's private run list */
-    struct kb_lane *settle_next;       /* executor's lists of lanes just unscheduled */
-    bool settling;                     /* on one of them */
-    uint8_t settle_looks;              /* cheap looks it had there */
-    struct kb_lane **settled_pprev;    /* past its looks: what points to it, to unlink it */
+    struct kb_lane *recheck_next;      /* executor's lists of lanes just unscheduled */
+    bool rechecking;                   /* on one of them */
+    uint8_t recheck_looks;             /* cheap looks it had there */
+    struct kb_lane **fenced_pprev;     /* past its looks: what points to it, to unlink it */
     _Atomic uint32_t done;             /* items finished, wraps like the ring counters */
     _Atomic uint32_t max_depth;        /* deepest the ring was (with the items held) at a refill */
     _Atomic uint64_t taken, handled, retried, dead;
@@ -79,10 +79,10 @@ struct kb_executor {
     struct kb_lane *run_head, *run_tail;  /* lanes to visit, in order */
     uint32_t run_len;                  /* lanes on the run list */
     uint32_t round_visits, round_items;  /* lane visits and items handled this round */
-    struct kb_lane *settling;          /* unscheduled, not yet re-checked after a barrier */
-    struct kb_lane *settled;           /* those past their cheap looks: the barrier's only */
-    int64_t settle_due_ns;             /* when they must be re-checked at the latest */
-    uint32_t settle_checks;            /* lane visits, to pace looking at the clock */
+    struct kb_lane *rechecking;        /* unscheduled, not yet re-checked after a barrier */
+    struct kb_lane *fence_only;        /* those past their cheap looks: the barrier's only */
+    int64_t recheck_due_ns;            /* when they must be re-checked at the latest */
+    uint32_t recheck_visits;           /* lane visits, to pace looking at the clock */
     uint32_t blocked_passes;           /* passes in a row stuck on a half-linked ready node */
     struct kb_timer *heap;             /* delayed lanes and waiting aggregates, min-heap */
     size_t heap_len, heap_cap;

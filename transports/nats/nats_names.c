@@ -78,7 +78,7 @@ bool kb__nats_consumer_wide(const kb_transport *t, const char *name)
 
 /* A consumer that has acked nothing yet reports AckFloor.Stream 0 even though
  * it started at OptStartSeq (nats-server 2.9), so its floor is OptStartSeq - 1.
- * Trusting the reported 0 was the replay storm of issue 19: with a stable
+ * Trusting the reported 0 replayed whole partitions: with a stable
  * consumer name a restarted process takes its leases back at once, so an
  * incarnation killed before its first ack left only such a consumer behind
  * (the older ones were deleted), and the next one started the partition again

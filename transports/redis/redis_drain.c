@@ -114,7 +114,7 @@ static int keeper_settled_more(void *arg)
 
 static int settle_slice(void *t, int64_t until_ns)
 {
-    return kb__redis_pub_settle(t, until_ns, "kb_drain");
+    return kb__redis_pub_confirmed(t, until_ns, "kb_drain");
 }
 
 /* kb_flush's wait, in slices: kb_close ends it (KB_ECLOSED), since the

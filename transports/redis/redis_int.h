@@ -327,7 +327,7 @@ int kb__redis_flush(kb_transport *t, int timeout_ms);
 /* Wait until the server confirmed every accepted publish or the deadline:
  * KB_OK, KB_ETIMEDOUT (still held, to be sent), or KB_ETRANSPORT for what
  * the server refused since the last call (`who` starts the message). */
-int kb__redis_pub_settle(kb_transport *t, int64_t deadline_ns, const char *who);
+int kb__redis_pub_confirmed(kb_transport *t, int64_t deadline_ns, const char *who);
 /* At close: send until the deadline, stop the sender; KB_OK, or
  * KB_ETRANSPORT naming the publishes never confirmed. */
 int kb__redis_pub_close(kb_transport *t, int64_t deadline_ns);

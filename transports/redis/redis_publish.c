@@ -128,7 +128,7 @@ static int all_confirmed(void *arg)
     return atomic_load(&((kb_transport *)arg)->pub_unconfirmed) == 0;
 }
 
-int kb__redis_pub_settle(kb_transport *t, int64_t deadline_ns, const char *who)
+int kb__redis_pub_confirmed(kb_transport *t, int64_t deadline_ns, const char *who)
 {
     kb_signal_wait(t->pub_progress, all_confirmed, t, deadline_ns);
     pthread_mutex_lock(&t->pub_lock);
@@ -159,7 +159,7 @@ int kb__redis_pub_settle(kb_transport *t, int64_t deadline_ns, const char *who)
 
 int kb__redis_flush(kb_transport *t, int timeout_ms)
 {
-    return kb__redis_pub_settle(t, kb_deadline_ns(timeout_ms), "kb_flush");
+    return kb__redis_pub_confirmed(t, kb_deadline_ns(timeout_ms), "kb_flush");
 }
 
 int kb__redis_pub_close(kb_transport *t, int64_t deadline_ns)
