@@ -17,6 +17,7 @@
 #include <keybus/keybus.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/server.h"
 
 #define EVENTS 200
@@ -51,8 +52,7 @@ static void close_with_server_stopped(void **state)
     }
     assert_int_equal(kb_flush(b, 30000), KB_OK);
     /* the consumer holds leases and claims: it has handled everything */
-    for (int i = 0; i < 3000 && atomic_load(&handled) < EVENTS; i++)
-        usleep(10000);
+    kb_wait_until(atomic_load(&handled) >= EVENTS, 30000, "the consumer handled %d events", EVENTS);
     assert_int_equal(atomic_load(&handled), EVENTS);
 
     kb_test_server_signal(&s, SIGSTOP);

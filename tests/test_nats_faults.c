@@ -22,6 +22,7 @@
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 
+#include "support/check.h"
 #include "support/gate.h"
 #include "support/proxy.h"
 #include "support/server.h"
@@ -490,8 +491,7 @@ static void lost_lease_releases_queued(void **state)
     for (uint32_t seq = 1; seq <= PER_KEY; seq++)
         publish_ok(b, topic, 0, seq);
     assert_int_equal(kb_flush(b, 10000), KB_OK);
-    for (int i = 0; i < 500 && atomic_load(&slow_calls) < 5; i++)
-        usleep(10000);
+    kb_wait_until(atomic_load(&slow_calls) >= 5, 5000, "five calls of the slow handler");
     assert_true(atomic_load(&slow_calls) >= 5);
 
     /* The lease key: l.<stream>.<group>.<partition>, stream KB_<topic>_<fnv hex>. */

@@ -22,6 +22,7 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/server.h"
 #include "support/tracker.h"
 
@@ -274,8 +275,8 @@ static void frames_keep_order_and_cut_messages(void **state)
         for (uint32_t k = 0; k < BURST_KEYS; k++)
             assert_int_equal(kb_tracker_publish(b, topic, k, seq, 16), KB_OK);
     assert_int_equal(kb_flush(b, 10000), KB_OK);
-    for (int i = 0; i < 1000 && kb_tracker_distinct(&t) < BURST_KEYS * BURST_PER_KEY; i++)
-        usleep(10000);
+    kb_wait_until(kb_tracker_distinct(&t) >= BURST_KEYS * BURST_PER_KEY, 10000,
+                  "every event of the burst handled");
     assert_int_equal(kb_tracker_distinct(&t), BURST_KEYS * BURST_PER_KEY);
     assert_int_equal(t.order_violations, 0);
     assert_int_equal(t.concurrent, 0);
@@ -862,8 +863,8 @@ static void retried_frame_keeps_every_run(void **state)
         assert_int_equal(kb_publish(b, topic, "k", 1, payload, (size_t)n), KB_OK);
     }
     assert_int_equal(kb_flush(b, 10000), KB_OK);
-    for (int i = 0; i < 3000 && atomic_load(&retried_ok) < RUN_FRAME; i++)
-        usleep(10000);
+    kb_wait_until(atomic_load(&retried_ok) >= RUN_FRAME, 30000,
+                  "every event of the frame handled after its retry");
     assert_int_equal(atomic_load(&retried_ok), RUN_FRAME);
     assert_int_equal(atomic_load(&retried_out_of_order), 0);
     assert_int_equal(atomic_load(&lines_at_last), RUN_FRAME - 1);
@@ -923,8 +924,8 @@ static void declined_event_runs_after_handover(void **state)
 
     kb_bus *next = open_bus(kv);
     assert_int_equal(kb_subscribe(next, topic, decline_five_once, (void *)(intptr_t)1), KB_OK);
-    for (int i = 0; i < 2000 && atomic_load(&declined_runs[1][5]) == 0; i++)
-        usleep(10000);
+    kb_wait_until(atomic_load(&declined_runs[1][5]) != 0, 20000,
+                  "the next bus runs event 5 (declined once)");
     assert_int_equal(atomic_load(&declined_runs[1][5]), 1);
     assert_int_equal(kb_drain(next, 10000), KB_OK);
     assert_int_equal(kb_close(next, 10000), KB_OK);

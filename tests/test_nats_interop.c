@@ -15,6 +15,7 @@
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 
+#include "support/check.h"
 #include "support/suite.h"
 #include "support/tracker.h"
 
@@ -172,8 +173,7 @@ static void foreign_messages_dead_letter_and_replay(void **state)
     /* The keyless one cannot be replayed; the misrouted one can. */
     assert_int_equal(kb_dead_letter_replay(b, topic, seen.ids[keyless]), KB_EINVAL);
     assert_int_equal(kb_dead_letter_replay(b, topic, seen.ids[misrouted]), KB_OK);
-    for (int i = 0; i < 1000 && good_seen < 1; i++)
-        usleep(10000);
+    kb_wait_until(good_seen >= 1, 10000, "the replayed dead letter handled");
     assert_int_equal(good_seen, 1);
     assert_int_equal(kb_stats(b, topic, &st), KB_OK);
     assert_int_equal(st.dlq_length, 2);

@@ -18,6 +18,7 @@
 #include <keybus/keybus.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/server.h"
 #include "support/tracker.h"
 
@@ -91,8 +92,8 @@ static void close_on_silent_server(void **state)
         for (uint32_t k = 0; k < KEYS; k++)
             assert_int_equal(kb_tracker_publish(producer, topic, k, s, 16), KB_OK);
     assert_int_equal(kb_flush(producer, 10000), KB_OK);
-    for (int i = 0; i < 3000 && kb_tracker_distinct(&tr) < (uint64_t)KEYS * PER_KEY; i++)
-        usleep(10000);
+    kb_wait_until(kb_tracker_distinct(&tr) >= (uint64_t)KEYS * PER_KEY, 30000,
+                  "the consumer handled every event");
     assert_int_equal(kb_tracker_distinct(&tr), (uint64_t)KEYS * PER_KEY);
     /* one keeper per bus, one reader for the bus that subscribed */
     assert_int_equal(threads_named("kb-redis-keeper"), 2);

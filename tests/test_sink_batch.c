@@ -17,6 +17,8 @@
 
 #include <keybus/transport.h>
 
+#include "support/check.h"
+
 #define KEYS 5
 #define EVENTS 1000
 
@@ -144,8 +146,7 @@ static kb_bus *open_toy(const char *capacity)
 
 static void wait_handled(seen *s, int n)
 {
-    for (int i = 0; i < 30000 && atomic_load(&s->handled) < n; i++)
-        usleep(1000);
+    kb_wait_until(atomic_load(&s->handled) >= n, 30000, "%d events handled", n);
     assert_int_equal(atomic_load(&s->handled), n);
 }
 
