@@ -14,6 +14,7 @@
 
 #include <keybus/keybus.h>
 
+#include "support/check.h"
 #include "support/gate.h"
 
 struct slow {
@@ -122,8 +123,7 @@ static void close_stops_at_the_deadline(void **state)
     for (int i = 0; i < 100; i++)
         assert_int_equal(kb_publish(b, "t", "k", 1, "x", 1), KB_OK);
     /* the executor is at work (a loaded machine may start it late) */
-    for (int i = 0; i < 3000 && s.handled < 1; i++)
-        usleep(1000);
+    kb_wait_until(s.handled >= 1, 3000, "the executor started on the slow handler");
     double t0 = kb_test_now_ms();
     assert_int_equal(kb_close(b, 150), KB_ETIMEDOUT);
     double took = kb_test_now_ms() - t0;

@@ -17,6 +17,7 @@
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 
+#include "support/check.h"
 #include "support/server.h"
 #include "support/tracker.h"
 
@@ -363,8 +364,7 @@ static void pending_of_dead_consumer(void **state)
     kb_bus *bus = open_with("partitions", "1", "retry.max_attempts", "5");
     struct attempts at = {0, 0};
     assert_int_equal(kb_subscribe(bus, topic, attempts_handler, &at), KB_OK);
-    for (int i = 0; i < 500 && at.attempt_of_a == 0; i++)
-        usleep(10000);
+    kb_wait_until(at.attempt_of_a != 0, 5000, "the handler ran \"a\"");
     int found = 0;
     assert_int_equal(kb_dead_letters(bus, topic, NULL, 10, find_crash_loop, &found), KB_OK);
     assert_int_equal(at.attempt_of_a, 1);   /* delivered 10 times, never run */
