@@ -11,6 +11,7 @@
 
 #include <keybus/pool.h>
 
+#include "support/check.h"
 #include "support/gate.h"
 
 struct gated {
@@ -49,10 +50,10 @@ static void full_lane_times_out_with_efull(void **state)
     kb_pool *p = one_lane_pool(&g, 4);   /* ring of 8: 7 slots */
     static int items[16];
     /* One item is taken by the executor and blocks at the gate; 7 fill the ring. */
-    assert_int_equal(kb_pool_submit(p, "k", 1, &items[0], 0), KB_OK);
+    kb_assert_ok(kb_pool_submit(p, "k", 1, &items[0], 0));
     kb_gate_wait_for_waiter(&g.gate);
     for (int i = 1; i <= 7; i++)
-        assert_int_equal(kb_pool_submit(p, "k", 1, &items[i], 0), KB_OK);
+        kb_assert_ok(kb_pool_submit(p, "k", 1, &items[i], 0));
 
     double t0 = kb_test_now_ms();
     assert_int_equal(kb_pool_submit(p, "k", 1, &items[8], 150), KB_EFULL);
@@ -71,9 +72,9 @@ static void full_lane_times_out_with_efull(void **state)
     assert_int_equal(st.max_depth, 7);
 
     g.gate.open = 1;
-    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 10000));
     assert_int_equal(g.handled, 8);   /* every accepted item, none of the refused */
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 }
 
 /* max_depth is the deepest the lane really was: items handled one at a time
@@ -85,14 +86,14 @@ static void max_depth_follows_the_lane(void **state)
     kb_pool *p = one_lane_pool(&g, 100);   /* ring of 128 */
     static int items[400];
     for (int i = 0; i < 400; i++) {
-        assert_int_equal(kb_pool_submit(p, "k", 1, &items[i], 1000), KB_OK);
-        assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+        kb_assert_ok(kb_pool_submit(p, "k", 1, &items[i], 1000));
+        kb_assert_ok(kb_pool_flush(p, 10000));
     }
     kb_pool_stats st;
     kb_pool_stats_get(p, &st);
     assert_int_equal(st.handled, 400);
     assert_int_equal(st.max_depth, 1);
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 }
 
 struct blocked_submit {
@@ -121,9 +122,9 @@ static void waiting_producer_gets_space(void **state)
     struct gated g = {0};
     kb_pool *p = one_lane_pool(&g, 1);   /* ring of 2: one slot */
     static int items[2];
-    assert_int_equal(kb_pool_submit(p, "k", 1, &items[0], 0), KB_OK);
+    kb_assert_ok(kb_pool_submit(p, "k", 1, &items[0], 0));
     kb_gate_wait_for_waiter(&g.gate);
-    assert_int_equal(kb_pool_submit(p, "k", 1, &items[1], 0), KB_OK);
+    kb_assert_ok(kb_pool_submit(p, "k", 1, &items[1], 0));
 
     struct blocked_submit b = {p, &g.gate, -100, 0, 0};
     pthread_t th;
@@ -132,14 +133,14 @@ static void waiting_producer_gets_space(void **state)
     nanosleep(&nap, NULL);
     g.gate.open = 1;
     pthread_join(th, NULL);
-    assert_int_equal(b.rc, KB_OK);
+    kb_assert_ok(b.rc);
     /* Order, not time: the submit returned only once the gate let the
      * executor free a slot, and well before its own 10 s deadline. */
     assert_true(b.gate_was_open);
     assert_true(b.waited_ms < 5000.0);
-    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 10000));
     assert_int_equal(g.handled, 3);
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 }
 
 /* A batch that meets a full lane takes an exact prefix: nothing after the
@@ -160,7 +161,7 @@ static void batch_takes_an_exact_prefix(void **state)
     assert_non_null(p);
     static int items[8];
     /* lane 0 (hash 0): its first item holds the only executor at the gate */
-    assert_int_equal(kb_pool_submit_hash(p, 0, &items[0], 0), KB_OK);
+    kb_assert_ok(kb_pool_submit_hash(p, 0, &items[0], 0));
     kb_gate_wait_for_waiter(&g.gate);
 
     /* lane 1 takes one item, the second does not fit: the lane-0 items behind
@@ -177,12 +178,12 @@ static void batch_takes_an_exact_prefix(void **state)
 
     /* the rest, resent, goes through once the lanes drain */
     g.gate.open = 1;
-    assert_int_equal(kb_pool_submit_batch(p, hashes + taken, batch + taken, 5 - taken, 5000,
-                                          &taken), KB_OK);
+    kb_assert_ok(kb_pool_submit_batch(p, hashes + taken, batch + taken, 5 - taken, 5000,
+                                      &taken));
     assert_int_equal(taken, 4);
-    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 10000));
     assert_int_equal(g.handled, 6);
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 }
 
 /* Interleaved lanes with room take the whole batch (regrouped by lane); once one of them is
@@ -203,7 +204,7 @@ static void full_lane_still_takes_a_prefix(void **state)
     assert_non_null(p);
     static int items[32];
     /* lane 3 (hash 3): its first item holds the only executor at the gate */
-    assert_int_equal(kb_pool_submit_hash(p, 3, &items[0], 0), KB_OK);
+    kb_assert_ok(kb_pool_submit_hash(p, 3, &items[0], 0));
     kb_gate_wait_for_waiter(&g.gate);
 
     uint32_t hashes[16] = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1};
@@ -211,7 +212,7 @@ static void full_lane_still_takes_a_prefix(void **state)
     for (int i = 0; i < 16; i++)
         batch[i] = &items[1 + i];
     size_t taken = 99;
-    assert_int_equal(kb_pool_submit_batch(p, hashes, batch, 10, 0, &taken), KB_OK);
+    kb_assert_ok(kb_pool_submit_batch(p, hashes, batch, 10, 0, &taken));
     assert_int_equal(taken, 10);   /* 5 on each lane */
     /* each lane has room for 2 more: of 0,1,0,1,0,1 the third 0 does not fit,
      * and the 1 behind it stays out although its lane has room */
@@ -222,9 +223,9 @@ static void full_lane_still_takes_a_prefix(void **state)
     assert_int_equal(st.submitted, 15);
 
     g.gate.open = 1;
-    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 10000));
     assert_int_equal(g.handled, 15);
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 }
 
 /* The same through the bus: pool.enqueue_timeout_ms and an errstr. */
@@ -247,14 +248,14 @@ static void publish_returns_efull_after_timeout(void **state)
     (void)state;
     kb_conf *c = kb_conf_new();
     char err[256];
-    assert_int_equal(kb_conf_set(c, "pool.queue_capacity", "2", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "pool.enqueue_timeout_ms", "100", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "pool.threads", "1", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "pool.queue_capacity", "2", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "pool.enqueue_timeout_ms", "100", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "pool.threads", "1", err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
     struct bus_gated g = {0};
-    assert_int_equal(kb_subscribe(b, "orders.events", bus_handler, &g), KB_OK);
-    assert_int_equal(kb_publish(b, "orders.events", "order-1", 7, "e0", 2), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "orders.events", bus_handler, &g));
+    kb_assert_ok(kb_publish(b, "orders.events", "order-1", 7, "e0", 2));
     kb_gate_wait_for_waiter(&g.gate);
     int accepted = 1;
     while (kb_publish(b, "orders.events", "order-1", 7, "eN", 2) == KB_OK)
@@ -278,12 +279,12 @@ static void publish_returns_efull_after_timeout(void **state)
     assert_non_null(strstr(kb_last_error(), "full"));
 
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, "orders.events", &st), KB_OK);
+    kb_assert_ok(kb_stats(b, "orders.events", &st));
     assert_int_equal(st.rejected, 3);
     g.gate.open = 1;
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_assert_ok(kb_flush(b, 10000));
     assert_int_equal(g.handled, accepted);
-    assert_int_equal(kb_close(b, 1000), KB_OK);
+    kb_assert_ok(kb_close(b, 1000));
 }
 
 /* A handler publishing into a full lane of its own executor gets KB_EFULL at
@@ -312,21 +313,21 @@ static void handler_into_its_own_full_lane_is_refused_at_once(void **state)
     (void)state;
     kb_conf *c = kb_conf_new();
     char err[256];
-    assert_int_equal(kb_conf_set(c, "pool.threads", "1", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "pool.workers", "1", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "pool.queue_capacity", "1", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "pool.enqueue_timeout_ms", "600000", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "pool.threads", "1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "pool.workers", "1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "pool.queue_capacity", "1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "pool.enqueue_timeout_ms", "600000", err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
     struct self_publisher sp = {.b = b, .rcs = {1, 1}};
-    assert_int_equal(kb_subscribe(b, "self", publish_to_self, &sp), KB_OK);
-    assert_int_equal(kb_publish(b, "self", "k", 1, "first", 5), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
-    assert_int_equal(sp.rcs[0], KB_OK);
+    kb_assert_ok(kb_subscribe(b, "self", publish_to_self, &sp));
+    kb_assert_ok(kb_publish(b, "self", "k", 1, "first", 5));
+    kb_assert_ok(kb_drain(b, 30000));
+    kb_assert_ok(sp.rcs[0]);
     assert_int_equal(sp.rcs[1], KB_EFULL);
     assert_non_null(strstr(sp.err, "own executor"));
     assert_int_equal(sp.calls, 2);   /* the first and the one that fitted */
-    assert_int_equal(kb_close(b, 1000), KB_OK);
+    kb_assert_ok(kb_close(b, 1000));
 }
 
 int main(void)

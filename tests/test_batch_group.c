@@ -15,6 +15,8 @@
 
 #include <keybus/pool.h>
 
+#include "support/check.h"
+
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define EVENTS 60000
 #else
@@ -116,12 +118,12 @@ static void run(uint32_t producers, int single_producer, uint32_t capacity)
     }
     for (uint32_t i = 0; i < producers; i++) {
         pthread_join(th[i], NULL);
-        assert_int_equal(pr[i].rc, KB_OK);
+        kb_assert_ok(pr[i].rc);
     }
-    assert_int_equal(kb_pool_flush(p, 60000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 60000));
     assert_int_equal(atomic_load(&ord->handled), (uint64_t)producers * EVENTS);
     assert_int_equal(atomic_load(&ord->violations), 0);
-    assert_int_equal(kb_pool_destroy(p, 10000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 10000));
     for (uint32_t i = 0; i < producers; i++)
         free(pr[i].items);
     free(ord);

@@ -16,6 +16,7 @@
 #include <keybus/keybus.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/gate.h"
 #include "support/proxy.h"
 #include "support/server.h"
@@ -47,7 +48,7 @@ static void blackholed_broker_bounds_every_call_and_loses_nothing(void **state)
     kb_bus *b = kb_test_open(url, strcmp(kind, "redis") == 0 ? settings : nats_settings, NULL);
     kb_tracker tr;
     kb_tracker_init(&tr, KEYS);
-    assert_int_equal(kb_subscribe(b, "bh", kb_tracker_handler, &tr), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "bh", kb_tracker_handler, &tr));
 
     uint32_t next[KEYS];
     uint64_t accepted = 0;
@@ -55,11 +56,11 @@ static void blackholed_broker_bounds_every_call_and_loses_nothing(void **state)
         next[k] = 1;
     for (int i = 0; i < BEFORE; i++)
         for (uint32_t k = 0; k < KEYS; k++) {
-            assert_int_equal(kb_tracker_publish(b, "bh", k, next[k], 64), KB_OK);
+            kb_assert_ok(kb_tracker_publish(b, "bh", k, next[k], 64));
             next[k]++;
             accepted++;
         }
-    assert_int_equal(kb_flush(b, 20000), KB_OK);
+    kb_assert_ok(kb_flush(b, 20000));
 
     /* The network stops answering; the connections stay open. */
     kb_test_proxy_blackhole(proxy, 1);
@@ -109,8 +110,8 @@ static void blackholed_broker_bounds_every_call_and_loses_nothing(void **state)
         assert_true(slowest < 200 + 1200.0);
     assert_int_equal(flushed, KB_ETIMEDOUT);
     assert_true(flush_took < FLUSH_MS + 10000.0);
-    assert_int_equal(drained, KB_OK);
-    assert_int_equal(closed, KB_OK);
+    kb_assert_ok(drained);
+    kb_assert_ok(closed);
     assert_int_equal(kb_tracker_distinct(&tr), accepted);   /* nothing accepted lost */
     assert_int_equal(atomic_load(&tr.order_violations), 0);
     kb_tracker_destroy(&tr);

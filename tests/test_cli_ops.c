@@ -26,6 +26,7 @@
 #include <keybus/keybus.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/cli.h"
 #include "support/suite.h"
 
@@ -114,10 +115,10 @@ static void publish_numbered(const char *topic, int n)
         char key[16], payload[16];
         int kl = snprintf(key, sizeof key, "k%d", i % KEYS);
         int pl = snprintf(payload, sizeof payload, "%d", i);
-        assert_int_equal(kb_publish(b, topic, key, (size_t)kl, payload, (size_t)pl), KB_OK);
+        kb_assert_ok(kb_publish(b, topic, key, (size_t)kl, payload, (size_t)pl));
     }
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_flush(b, 30000));
+    kb_assert_ok(kb_close(b, 30000));
 }
 
 /* consume --json lines: each event once, in order per key, into seen[]. */
@@ -209,9 +210,9 @@ static void consume_prints_headers(void **state)
     kb_header h[2] = {{"traceparent", "00-abc-01", 9}, {"bin", "\xff\x01", 2}};
     kb_msg m = {.key = "k", .key_len = 1, .payload = "p", .payload_len = 1, .headers = h,
                 .n_headers = 2};
-    assert_int_equal(kb_publish_ex(t, &m), KB_OK);
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_publish_ex(t, &m));
+    kb_assert_ok(kb_flush(b, 30000));
+    kb_assert_ok(kb_close(b, 30000));
     static kb_test_cli_result r;
     run(&r, (const char *[]){"consume", topic, "-g", "j", "-n", "1", "--json", NULL});
     if (r.status != 0 ||
@@ -239,7 +240,7 @@ static void dead_letters_listed_replayed_deleted_purged(void **state)
     unique_topic(topic, sizeof topic, "dlq");
     static atomic_int handled;
     kb_bus *b = kb_test_open(url, NULL, NULL);
-    assert_int_equal(kb_subscribe(b, topic, dead_on_arrival, &handled), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, dead_on_arrival, &handled));
     kb_topic *t = kb_topic_get(b, topic, NULL, 0);
     kb_header h = {"traceparent", "00-dead-01", 10};
     for (int i = 0; i < 3; i++) {
@@ -247,14 +248,14 @@ static void dead_letters_listed_replayed_deleted_purged(void **state)
         snprintf(payload, sizeof payload, "p%d", i);
         kb_msg m = {.key = "k0", .key_len = 2, .payload = payload, .payload_len = 2,
                     .headers = &h, .n_headers = 1};
-        assert_int_equal(kb_publish_ex(t, &m), KB_OK);
+        kb_assert_ok(kb_publish_ex(t, &m));
     }
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_drain(b, 30000));
     kb_topic_stats st;
     for (int i = 0; i < 300 && (kb_stats(b, topic, &st) != KB_OK || st.dlq_length < 3); i++)
         usleep(100 * 1000);
     assert_int_equal(st.dlq_length, 3);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
 
     static kb_test_cli_result r;
     run(&r, (const char *[]){"dlq-list", topic, "--json", NULL});

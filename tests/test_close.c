@@ -38,8 +38,8 @@ static kb_bus *open_bus(const char *capacity, const char *timeout_ms)
 {
     kb_conf *c = kb_conf_new();
     char err[256];
-    assert_int_equal(kb_conf_set(c, "pool.queue_capacity", capacity, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "pool.enqueue_timeout_ms", timeout_ms, err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "pool.queue_capacity", capacity, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "pool.enqueue_timeout_ms", timeout_ms, err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
     return b;
@@ -76,10 +76,10 @@ static void blocked_publisher_wakes_with_eclosed(void **state)
     (void)state;
     kb_bus *b = open_bus("1", "60000");
     struct slow s = {0};
-    assert_int_equal(kb_subscribe(b, "t", slow_handler, &s), KB_OK);
-    assert_int_equal(kb_publish(b, "t", "k", 1, "a", 1), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "t", slow_handler, &s));
+    kb_assert_ok(kb_publish(b, "t", "k", 1, "a", 1));
     kb_gate_wait_for_waiter(&s.gate);
-    assert_int_equal(kb_publish(b, "t", "k", 1, "b", 1), KB_OK);   /* fills the lane */
+    kb_assert_ok(kb_publish(b, "t", "k", 1, "b", 1));   /* fills the lane */
 
     struct publisher p = {b, -100, 0};
     pthread_t pub, clo;
@@ -93,7 +93,7 @@ static void blocked_publisher_wakes_with_eclosed(void **state)
     assert_true(p.returned_at - t0 < 20000.0);   /* woken, not the 60 s enqueue timeout */
     s.gate.open = 1;
     pthread_join(clo, NULL);
-    assert_int_equal(c.rc, KB_OK);
+    kb_assert_ok(c.rc);
     assert_int_equal(s.handled, 2);              /* both accepted events drained */
 }
 
@@ -103,13 +103,13 @@ static void close_drains_everything_queued(void **state)
     kb_bus *b = open_bus("1000", "200");
     struct slow s = {.sleep_us = 20};
     s.gate.open = 1;
-    assert_int_equal(kb_subscribe(b, "t", slow_handler, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "t", slow_handler, &s));
     for (int i = 0; i < 2000; i++) {
         char key[16];
         int len = snprintf(key, sizeof key, "k%d", i % 50);
-        assert_int_equal(kb_publish(b, "t", key, (size_t)len, "x", 1), KB_OK);
+        kb_assert_ok(kb_publish(b, "t", key, (size_t)len, "x", 1));
     }
-    assert_int_equal(kb_close(b, -1), KB_OK);
+    kb_assert_ok(kb_close(b, -1));
     assert_int_equal(s.handled, 2000);
 }
 
@@ -119,9 +119,9 @@ static void close_stops_at_the_deadline(void **state)
     kb_bus *b = open_bus("1000", "200");
     struct slow s = {.sleep_us = 20000};   /* 20 ms per event, one key: 2 s of work */
     s.gate.open = 1;
-    assert_int_equal(kb_subscribe(b, "t", slow_handler, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "t", slow_handler, &s));
     for (int i = 0; i < 100; i++)
-        assert_int_equal(kb_publish(b, "t", "k", 1, "x", 1), KB_OK);
+        kb_assert_ok(kb_publish(b, "t", "k", 1, "x", 1));
     /* the executor is at work (a loaded machine may start it late) */
     kb_wait_until(s.handled >= 1, 3000, "the executor started on the slow handler");
     double t0 = kb_test_now_ms();
@@ -165,13 +165,13 @@ static void close_deadline_cuts_the_lookahead_short(void **state)
     (void)state;
     kb_conf *c = kb_conf_new();
     char err[256];
-    assert_int_equal(kb_conf_set(c, "pool.threads", "1", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "pool.threads", "1", err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
     struct timed t = {0};
-    assert_int_equal(kb_subscribe(b, "t", timed_handler, &t), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "t", timed_handler, &t));
     for (int i = 0; i < 20; i++)   /* one key: the executor pops 8 ahead at once */
-        assert_int_equal(kb_publish(b, "t", "k", 1, "x", 1), KB_OK);
+        kb_assert_ok(kb_publish(b, "t", "k", 1, "x", 1));
     t.deadline_ns = mono_ns() + 100 * 1000000LL;
     assert_int_equal(kb_close(b, 100), KB_ETIMEDOUT);
     /* one handler may start between the deadline and the executor's stop */
@@ -204,15 +204,15 @@ static void close_and_flush_from_a_handler_are_refused(void **state)
     (void)state;
     kb_bus *b = open_bus("1000", "200");
     struct reentrant r = {.b = b, .close_rc = 1, .flush_rc = 1};
-    assert_int_equal(kb_subscribe(b, "t", closing_handler, &r), KB_OK);
-    assert_int_equal(kb_publish(b, "t", "k", 1, "x", 1), KB_OK);
-    assert_int_equal(kb_publish(b, "t", "k", 1, "y", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "t", closing_handler, &r));
+    kb_assert_ok(kb_publish(b, "t", "k", 1, "x", 1));
+    kb_assert_ok(kb_publish(b, "t", "k", 1, "y", 1));
+    kb_assert_ok(kb_flush(b, 10000));
     assert_int_equal(r.calls, 2);   /* the bus still works afterwards */
     assert_int_equal(r.close_rc, KB_EINVAL);
     assert_int_equal(r.flush_rc, KB_EINVAL);
     assert_non_null(strstr(r.close_err, "handler"));
-    assert_int_equal(kb_close(b, 1000), KB_OK);
+    kb_assert_ok(kb_close(b, 1000));
 }
 
 static int nop_handler(const kb_event *ev, void *opaque)
@@ -234,15 +234,15 @@ static void idle_bus_uses_no_cpu(void **state)
 {
     (void)state;
     kb_bus *b = open_bus("1000", "200");
-    assert_int_equal(kb_subscribe(b, "t", nop_handler, NULL), KB_OK);
-    assert_int_equal(kb_publish(b, "t", "k", 1, "x", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 1000), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "t", nop_handler, NULL));
+    kb_assert_ok(kb_publish(b, "t", "k", 1, "x", 1));
+    kb_assert_ok(kb_flush(b, 1000));
     usleep(100000);
     double c0 = cpu_ms(), t0 = kb_test_now_ms();
     usleep(500000);
     double used = cpu_ms() - c0, wall = kb_test_now_ms() - t0;
     assert_true(used < wall * 0.05);   /* under 5% of one core */
-    assert_int_equal(kb_close(b, 1000), KB_OK);
+    kb_assert_ok(kb_close(b, 1000));
 }
 
 static void publish_after_close_started_is_refused(void **state)
@@ -250,8 +250,8 @@ static void publish_after_close_started_is_refused(void **state)
     (void)state;
     kb_bus *b = open_bus("1", "60000");
     struct slow s = {0};
-    assert_int_equal(kb_subscribe(b, "t", slow_handler, &s), KB_OK);
-    assert_int_equal(kb_publish(b, "t", "k", 1, "a", 1), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "t", slow_handler, &s));
+    kb_assert_ok(kb_publish(b, "t", "k", 1, "a", 1));
     kb_gate_wait_for_waiter(&s.gate);
     struct closer c = {b, 5000, -100};
     pthread_t clo;
@@ -261,7 +261,7 @@ static void publish_after_close_started_is_refused(void **state)
     assert_int_equal(kb_subscribe(b, "t2", nop_handler, NULL), KB_ECLOSED);
     s.gate.open = 1;
     pthread_join(clo, NULL);
-    assert_int_equal(c.rc, KB_OK);
+    kb_assert_ok(c.rc);
     assert_int_equal(s.handled, 1);
 }
 
@@ -294,14 +294,14 @@ static void close_inside_a_callback_is_refused(void **state)
 {
     (void)state;
     kb_bus *b = open_bus("64", "100");
-    assert_int_equal(kb_subscribe(b, "t", dead_at_once, NULL), KB_OK);
-    assert_int_equal(kb_publish(b, "t", "k", 1, "x", 1), KB_OK);
-    assert_int_equal(kb_drain(b, 10000), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "t", dead_at_once, NULL));
+    kb_assert_ok(kb_publish(b, "t", "k", 1, "x", 1));
+    kb_assert_ok(kb_drain(b, 10000));
     struct inner_close ic = {.b = b, .rc = -1};
-    assert_int_equal(kb_dead_letters(b, "t", NULL, 10, close_from_callback, &ic), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, "t", NULL, 10, close_from_callback, &ic));
     assert_int_equal(ic.rc, KB_EINVAL);
     assert_non_null(strstr(ic.why, "inside another keybus call"));
-    assert_int_equal(kb_close(b, 1000), KB_OK);
+    kb_assert_ok(kb_close(b, 1000));
 }
 
 int main(void)

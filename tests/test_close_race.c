@@ -30,6 +30,7 @@
 #include <keybus/keybus.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/gate.h"
 #include "support/suite.h"
 
@@ -221,8 +222,8 @@ static double one_race(int seq, unsigned *seed)
     snprintf(r.topic, sizeof r.topic, "race.%d.%d", (int)getpid(), seq);
     snprintf(r.fence_topic, sizeof r.fence_topic, "%s.fence", r.topic);
     r.bus = kb_test_open(url, settings, NULL);
-    assert_int_equal(kb_subscribe(r.bus, r.topic, count_handled, &r), KB_OK);
-    assert_int_equal(kb_subscribe(r.bus, r.fence_topic, fence, &r), KB_OK);
+    kb_assert_ok(kb_subscribe(r.bus, r.topic, count_handled, &r));
+    kb_assert_ok(kb_subscribe(r.bus, r.fence_topic, fence, &r));
     pthread_barrier_init(&r.start, NULL, RACERS + 1);
 
     pthread_t threads[RACERS];

@@ -15,10 +15,12 @@
 #include <keybus/keybus.h>
 #include <keybus/transport.h>
 
+#include "support/check.h"
+
 static void assert_value(kb_conf *c, const char *key, const char *want)
 {
     char buf[256];
-    assert_int_equal(kb_conf_get(c, key, buf, sizeof buf), KB_OK);
+    kb_assert_ok(kb_conf_get(c, key, buf, sizeof buf));
     assert_string_equal(buf, want);
 }
 
@@ -39,7 +41,7 @@ static void defaults_match_the_design(void **state)
     assert_value(c, "partitions", "8");
     assert_value(c, "group", "keybus");
     char consumer[128];
-    assert_int_equal(kb_conf_get(c, "consumer", consumer, sizeof consumer), KB_OK);
+    kb_assert_ok(kb_conf_get(c, "consumer", consumer, sizeof consumer));
     char pid[32];
     snprintf(pid, sizeof pid, "-%d", (int)getpid());
     assert_non_null(strstr(consumer, pid));
@@ -93,7 +95,7 @@ static void bad_values_are_refused_and_named(void **state)
     const char *not_decimal[] = {" 64 ", "64 ", "+64", "0x40", "6 4", "--1", "-"};
     for (size_t i = 0; i < sizeof not_decimal / sizeof *not_decimal; i++)
         assert_int_equal(kb_conf_set(c, "pool.workers", not_decimal[i], NULL, 0), KB_EINVAL);
-    assert_int_equal(kb_conf_set(c, "pool.workers", "064", NULL, 0), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "pool.workers", "064", NULL, 0));
     assert_int_equal(kb_conf_int(c, "pool.workers"), 64);
     assert_int_equal(kb_conf_set(c, NULL, "1", NULL, 0), KB_EINVAL);
     assert_int_equal(kb_conf_set(c, "pool.workers", NULL, NULL, 0), KB_EINVAL);
@@ -121,7 +123,7 @@ static void ini_files_load_sections_as_prefixes(void **state)
                      "queue_capacity = 8\n[retry]\nmax_attempts = 3\n");
     kb_conf *c = kb_conf_new();
     char err[256] = "";
-    assert_int_equal(kb_conf_load(c, path, err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_load(c, path, err, sizeof err));
     assert_value(c, "pool.workers", "64");
     assert_value(c, "pool.queue_capacity", "8");
     assert_value(c, "retry.max_attempts", "3");
@@ -214,7 +216,7 @@ static void ini_grammar_has_one_rule_each(void **state)
             if (rc != KB_OK)
                 fail_msg("case %zu: %s", i, err);
             char buf[256];
-            assert_int_equal(kb_conf_get(c, cases[i].key, buf, sizeof buf), KB_OK);
+            kb_assert_ok(kb_conf_get(c, cases[i].key, buf, sizeof buf));
             if (strcmp(buf, cases[i].want) != 0)
                 fail_msg("case %zu: %s is \"%s\", want \"%s\"", i, cases[i].key, buf,
                          cases[i].want);
@@ -245,7 +247,7 @@ static void ini_reads_long_lines_whole_and_stops_at_the_first_error(void **state
     strcpy(text, "group = a\n#");
     memset(text + strlen(text), 'x', 8000);
     strcat(text, "\ngroup = b\n");
-    assert_int_equal(load_text(&c, text, err, sizeof err), KB_OK);
+    kb_assert_ok(load_text(&c, text, err, sizeof err));
     assert_value(c, "group", "b");
     kb_conf_destroy(c);
     strcpy(text, "group = a\n\n#");
@@ -307,16 +309,16 @@ static void environment_overrides_the_file_not_the_code(void **state)
     write_file(path, "[pool]\nworkers = 16\nthreads = 3\n[retry]\nmax_attempts = 2\n");
     kb_conf *c = kb_conf_new();
     char err[256] = "";
-    assert_int_equal(kb_conf_set(c, "pool.workers", "32", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_load(c, path, err, sizeof err), KB_OK);   /* after the code */
+    kb_assert_ok(kb_conf_set(c, "pool.workers", "32", err, sizeof err));
+    kb_assert_ok(kb_conf_load(c, path, err, sizeof err));   /* after the code */
     assert_value(c, "pool.workers", "32");        /* code beats the file */
     assert_value(c, "pool.threads", "3");
     setenv("KEYBUS_POOL_WORKERS", "128", 1);
     setenv("KEYBUS_RETRY_MAX_ATTEMPTS", "7", 1);
-    assert_int_equal(kb_conf_apply_env(c, err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_apply_env(c, err, sizeof err));
     assert_value(c, "pool.workers", "32");        /* code beats the environment */
     assert_value(c, "retry.max_attempts", "7");   /* the environment beats the file */
-    assert_int_equal(kb_conf_load(c, path, err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_load(c, path, err, sizeof err));
     assert_value(c, "retry.max_attempts", "7");   /* a later file does not undo it */
 
     /* a bad value is refused even for a key the code set */
@@ -327,10 +329,10 @@ static void environment_overrides_the_file_not_the_code(void **state)
     assert_null(kb_open(c, err, sizeof err));
     assert_non_null(strstr(err, "KEYBUS_POOL_WORKERS"));
     /* ...unless conf.env is false */
-    assert_int_equal(kb_conf_set(c, "conf.env", "false", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "conf.env", "false", err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
-    assert_int_equal(kb_close(b, 1000), KB_OK);
+    kb_assert_ok(kb_close(b, 1000));
     unsetenv("KEYBUS_POOL_WORKERS");
     unsetenv("KEYBUS_RETRY_MAX_ATTEMPTS");
     unlink(path);
@@ -351,7 +353,7 @@ static void unknown_environment_names_are_reported(void **state)
     assert_int_equal(l.warnings, 1);
     assert_non_null(strstr(l.last, "KEYBUS_POOL_WORKRES"));
     assert_non_null(strstr(l.last, "KEYBUS_POOL_WORKERS"));
-    assert_int_equal(kb_close(b, 1000), KB_OK);
+    kb_assert_ok(kb_close(b, 1000));
 }
 
 static void open_checks_cross_key_rules(void **state)
@@ -359,20 +361,20 @@ static void open_checks_cross_key_rules(void **state)
     (void)state;
     kb_conf *c = kb_conf_new();
     char err[256] = "";
-    assert_int_equal(kb_conf_set(c, "retry.backoff_ms", "100", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.max_backoff_ms", "10", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "retry.backoff_ms", "100", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "retry.max_backoff_ms", "10", err, sizeof err));
     assert_null(kb_open(c, err, sizeof err));   /* caller still owns c */
     assert_non_null(strstr(err, "retry.max_backoff_ms"));
     assert_non_null(strstr(err, "retry.backoff_ms"));
 
-    assert_int_equal(kb_conf_set(c, "retry.max_backoff_ms", "1000", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "retry.max_backoff_ms", "1000", err, sizeof err));
     kb_conf *d = kb_conf_dup(c);
     assert_non_null(d);
     assert_value(d, "retry.backoff_ms", "100");
     kb_conf_destroy(c);
     kb_bus *b = kb_open(d, err, sizeof err);
     assert_non_null(b);
-    assert_int_equal(kb_close(b, 1000), KB_OK);
+    kb_assert_ok(kb_close(b, 1000));
 }
 
 /* pool.idle takes the four strategy names and nothing else. */
@@ -384,7 +386,7 @@ static void idle_strategy_is_one_of_four(void **state)
     assert_value(c, "pool.idle", "adaptive");
     const char *ok[] = {"spin", "yield", "block", "adaptive"};
     for (int i = 0; i < 4; i++) {
-        assert_int_equal(kb_conf_set(c, "pool.idle", ok[i], err, sizeof err), KB_OK);
+        kb_assert_ok(kb_conf_set(c, "pool.idle", ok[i], err, sizeof err));
         assert_value(c, "pool.idle", ok[i]);
     }
     const char *bad[] = {"sleep", "Spin", "spin ", "", "adaptive|spin"};
@@ -409,7 +411,7 @@ static void a_conf_belongs_to_one_open_bus(void **state)
     (void)state;
     kb_conf *c = kb_conf_new();
     char err[256] = "";
-    assert_int_equal(kb_conf_set(c, "pool.workers", "16", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "pool.workers", "16", err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
     assert_null(kb_open(c, err, sizeof err));
@@ -422,11 +424,11 @@ static void a_conf_belongs_to_one_open_bus(void **state)
     unsetenv("KEYBUS_POOL_WORKERS");
     assert_value(c, "pool.workers", "16");
     kb_conf_destroy(c);   /* a no-op while the bus owns it */
-    assert_int_equal(kb_subscribe(b, "t", nop_handler, NULL), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "t", nop_handler, NULL));
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, "t", &st), KB_OK);
+    kb_assert_ok(kb_stats(b, "t", &st));
     assert_int_equal(st.lanes, 16);
-    assert_int_equal(kb_close(b, 1000), KB_OK);   /* frees the conf once */
+    kb_assert_ok(kb_close(b, 1000));   /* frees the conf once */
 }
 
 static void errors_have_names(void **state)
@@ -446,9 +448,9 @@ static void booleans_read_as_booleans(void **state)
     kb_conf *c = kb_conf_new();
     char err[256];
     assert_true(kb_conf_bool(c, "conf.env"));
-    assert_int_equal(kb_conf_set(c, "conf.env", "0", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "conf.env", "0", err, sizeof err));
     assert_false(kb_conf_bool(c, "conf.env"));
-    assert_int_equal(kb_conf_set(c, "conf.env", "true", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "conf.env", "true", err, sizeof err));
     assert_true(kb_conf_bool(c, "conf.env"));
     assert_int_equal(kb_conf_set(c, "conf.env", "yes", err, sizeof err), KB_EINVAL);
     assert_non_null(strstr(err, "conf.env: not a boolean"));

@@ -13,10 +13,12 @@
 
 #include <keybus/keybus.h>
 
+#include "support/check.h"
+
 static void assert_value(kb_conf *c, const char *key, const char *want)
 {
     char buf[256];
-    assert_int_equal(kb_conf_get(c, key, buf, sizeof buf), KB_OK);
+    kb_assert_ok(kb_conf_get(c, key, buf, sizeof buf));
     assert_string_equal(buf, want);
 }
 
@@ -39,7 +41,7 @@ static void enumerated_values_are_checked_when_set(void **state)
         if (kb_conf_get(c, keys[i].key, err, sizeof err) == KB_ENOTFOUND)
             continue;   /* the transport is not built */
         for (size_t j = 0; j < 4 && keys[i].good[j] != NULL; j++)
-            assert_int_equal(kb_conf_set(c, keys[i].key, keys[i].good[j], err, sizeof err), KB_OK);
+            kb_assert_ok(kb_conf_set(c, keys[i].key, keys[i].good[j], err, sizeof err));
         const char *bad[] = {"disk", "", "File", "file ", "yes"};
         for (size_t j = 0; j < sizeof bad / sizeof *bad; j++) {
             err[0] = '\0';
@@ -76,11 +78,10 @@ static void a_shared_file_leaves_other_sections_to_the_application(void **state)
     char err[256] = "";
     kb_conf *c = kb_conf_new();
     /* the [keybus] section may come after the application's */
-    assert_int_equal(load(c, "top = 1\n[app]\nevents = 5\nredis = yes\n[redis]\nhost = db1\n"
-                             "[keybus]\npartitions = 16\ngroup = billing\n"
-                             "[keybus.pool]\nworkers = 64\n",
-                          err, sizeof err),
-                     KB_OK);
+    kb_assert_ok(load(c, "top = 1\n[app]\nevents = 5\nredis = yes\n[redis]\nhost = db1\n"
+                         "[keybus]\npartitions = 16\ngroup = billing\n"
+                         "[keybus.pool]\nworkers = 64\n",
+                      err, sizeof err));
     assert_value(c, "partitions", "16");
     assert_value(c, "group", "billing");
     assert_value(c, "pool.workers", "64");
@@ -120,8 +121,8 @@ static void open_failures_have_a_code(void **state)
     (void)state;
     char err[256];
     kb_conf *c = kb_conf_new();
-    assert_int_equal(kb_conf_set(c, "retry.backoff_ms", "100", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.max_backoff_ms", "10", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "retry.backoff_ms", "100", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "retry.max_backoff_ms", "10", err, sizeof err));
     assert_null(kb_open(c, err, sizeof err));
     assert_int_equal(kb_last_error_code(), KB_EINVAL);
     kb_conf_destroy(c);
@@ -149,7 +150,7 @@ static void open_failures_have_a_code(void **state)
     assert_null(kb_topic_get(b, "bad..name", err, sizeof err));
     assert_int_equal(kb_last_error_code(), KB_EINVAL);
     assert_non_null(kb_topic_get(b, "good.name", err, sizeof err));
-    assert_int_equal(kb_close(b, 1000), KB_OK);
+    kb_assert_ok(kb_close(b, 1000));
 }
 
 int main(void)

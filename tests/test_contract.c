@@ -24,6 +24,7 @@
 
 #include <keybus/keybus.h>
 
+#include "support/check.h"
 #include "support/suite.h"
 #include "support/tracker.h"
 
@@ -39,10 +40,10 @@ static kb_bus *open_bus_with(const char *const *extra)
     char err[256];
     if (plugin != NULL && kb_conf_set(c, "transport.plugins", plugin, err, sizeof err) != KB_OK)
         fail_msg("%s", err);
-    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "pool.queue_capacity", "64", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.backoff_ms", "1", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.max_backoff_ms", "4", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "pool.queue_capacity", "64", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "retry.backoff_ms", "1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "retry.max_backoff_ms", "4", err, sizeof err));
     for (size_t i = 0; extra != NULL && extra[i] != NULL; i += 2)
         if (kb_conf_set(c, extra[i], extra[i + 1], err, sizeof err) != KB_OK)
             fail_msg("%s", err);
@@ -159,7 +160,7 @@ static void order_and_no_loss(void **state)
     unique_topic(topic, sizeof topic, "order");
     kb_tracker t;
     kb_tracker_init(&t, 200);
-    assert_int_equal(kb_subscribe(b, topic, kb_tracker_handler, &t), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &t));
 
     pthread_t th[4];
     struct producer p[4];
@@ -170,10 +171,10 @@ static void order_and_no_loss(void **state)
     for (int i = 0; i < 4; i++)
         pthread_join(th[i], NULL);
     for (int i = 0; i < 4; i++)
-        assert_int_equal(p[i].rc, KB_OK);
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+        kb_assert_ok(p[i].rc);
+    kb_assert_ok(kb_flush(b, 30000));
     wait_seen(&t, 200 * 50);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
 
     assert_int_equal(kb_tracker_distinct(&t), 200 * 50);
     assert_int_equal(t.order_violations, 0);
@@ -212,12 +213,12 @@ static void ordered_retry(void **state)
     unique_topic(topic, sizeof topic, "retry");
     struct retry_state rs = {0};
     kb_tracker_init(&rs.t, 20);
-    assert_int_equal(kb_subscribe(b, topic, retry_handler, &rs), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, retry_handler, &rs));
     struct producer p = {b, topic, 0, 20, 30};
     produce(&p);
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    kb_assert_ok(kb_flush(b, 30000));
     wait_seen(&rs.t, 20 * 30);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
 
     assert_int_equal(kb_tracker_distinct(&rs.t), 20 * 30);
     assert_int_equal(rs.t.order_violations, 0);
@@ -299,21 +300,21 @@ static void dead_letters(void **state)
     char topic[96];
     unique_topic(topic, sizeof topic, "dead");
     struct dead_state ds = {0};
-    assert_int_equal(kb_subscribe(b, topic, poison_handler, &ds), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, poison_handler, &ds));
     int64_t before = unix_ms();
-    assert_int_equal(kb_publish(b, topic, "k1", 2, "poison", 6), KB_OK);
-    assert_int_equal(kb_publish(b, topic, "k2", 2, "flaky", 5), KB_OK);
-    assert_int_equal(kb_publish(b, topic, "k1", 2, "fine", 4), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_publish(b, topic, "k1", 2, "poison", 6));
+    kb_assert_ok(kb_publish(b, topic, "k2", 2, "flaky", 5));
+    kb_assert_ok(kb_publish(b, topic, "k1", 2, "fine", 4));
+    kb_assert_ok(kb_drain(b, 30000));
     int64_t after = unix_ms();
     kb_topic_stats st = {0};
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
     assert_int_equal(st.dead_lettered, 2);
     assert_int_equal(st.dead_letters_lost, 0);
     assert_int_equal(ds.handled, 1);
 
     struct seen_dead sd = {0};
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 100, collect_dead_letter, &sd), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 100, collect_dead_letter, &sd));
     assert_int_equal(sd.n, 2);
     int poison = strcmp(sd.e[0].key, "k1") == 0 ? 0 : 1, flaky = 1 - poison;
     assert_string_equal(sd.e[poison].key, "k1");
@@ -329,7 +330,7 @@ static void dead_letters(void **state)
     }
     /* walking after the first one gives the second */
     struct seen_dead rest = {0};
-    assert_int_equal(kb_dead_letters(b, topic, sd.e[0].id, 100, collect_dead_letter, &rest), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, sd.e[0].id, 100, collect_dead_letter, &rest));
     assert_int_equal(rest.n, 1);
     assert_string_equal(rest.e[0].id, sd.e[1].id);
     /* an ID of no form the transport writes is refused, not read as another */
@@ -340,11 +341,11 @@ static void dead_letters(void **state)
 
     /* replayed, the flaky event now passes and leaves the store */
     ds.flaky_ok = 1;
-    assert_int_equal(kb_dead_letter_replay(b, topic, sd.e[flaky].id), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_dead_letter_replay(b, topic, sd.e[flaky].id));
+    kb_assert_ok(kb_drain(b, 30000));
     assert_int_equal(ds.handled, 2);
     struct seen_dead left = {0};
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 100, collect_dead_letter, &left), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 100, collect_dead_letter, &left));
     assert_int_equal(left.n, 1);
     assert_string_equal(left.e[0].key, "k1");
     assert_int_equal(kb_dead_letter_replay(b, topic, sd.e[flaky].id), KB_ENOTFOUND);
@@ -357,16 +358,16 @@ static void dead_letters(void **state)
         assert_int_equal(rc, KB_ENOTFOUND);
         assert_int_equal(removed, 0);
     } else {
-        assert_int_equal(rc, KB_OK);
+        kb_assert_ok(rc);
         assert_int_equal(removed, 1);
         struct seen_dead gone = {0};
-        assert_int_equal(kb_dead_letters(b, topic, NULL, 100, collect_dead_letter, &gone), KB_OK);
+        kb_assert_ok(kb_dead_letters(b, topic, NULL, 100, collect_dead_letter, &gone));
         assert_int_equal(gone.n, 0);
-        assert_int_equal(kb_dead_letters_purge(b, topic, &removed), KB_OK);
+        kb_assert_ok(kb_dead_letters_purge(b, topic, &removed));
         assert_int_equal(removed, 0);
     }
     assert_int_equal(kb_dead_letter_delete(b, topic, left.e[0].id), KB_ENOTFOUND);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
 }
 
 struct bytes_state {
@@ -396,12 +397,12 @@ static void binary_keys_and_empty_payloads(void **state)
     char topic[96];
     unique_topic(topic, sizeof topic, "bytes");
     struct bytes_state bs = {0};
-    assert_int_equal(kb_subscribe(b, topic, bytes_handler, &bs), KB_OK);
-    assert_int_equal(kb_publish(b, topic, "a\0b", 3, "\0\1", 2), KB_OK);
-    assert_int_equal(kb_publish(b, topic, "z", 1, NULL, 0), KB_OK);
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, bytes_handler, &bs));
+    kb_assert_ok(kb_publish(b, topic, "a\0b", 3, "\0\1", 2));
+    kb_assert_ok(kb_publish(b, topic, "z", 1, NULL, 0));
+    kb_assert_ok(kb_flush(b, 30000));
     wait_for(saw_both, &bs);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
     assert_int_equal(bs.seen_nul_key, 1);
     assert_int_equal(bs.seen_empty, 1);
 }
@@ -454,23 +455,23 @@ static void headers_travel_with_events(void **state)
     char topic[96], err[256];
     unique_topic(topic, sizeof topic, "headers");
     struct header_state hs = {0};
-    assert_int_equal(kb_subscribe(b, topic, headers_handler, &hs), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, headers_handler, &hs));
     kb_topic *t = kb_topic_get(b, topic, err, sizeof err);
     assert_non_null(t);
     kb_msg m = {"order-7", 7, "created", 7, 0, sent, 3};
-    assert_int_equal(kb_publish_ex(t, &m), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_publish_ex(t, &m));
+    kb_assert_ok(kb_drain(b, 30000));
     assert_int_equal(hs.calls, 2);
     int same = 0;
     char id[64] = "";
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 1, dead_letter_headers, &same), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 1, dead_letter_headers, &same));
     assert_int_equal(same, 1);
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 1, dead_letter_id, id), KB_OK);
-    assert_int_equal(kb_dead_letter_replay(b, topic, id), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 1, dead_letter_id, id));
+    kb_assert_ok(kb_dead_letter_replay(b, topic, id));
+    kb_assert_ok(kb_drain(b, 30000));
     assert_int_equal(hs.replayed_ok, 1);
     assert_int_equal(hs.bad, 0);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
 }
 
 /* Topic handles and batches: one handle per name, taken before anyone
@@ -492,7 +493,7 @@ static void batches_through_a_topic_handle(void **state)
     }
     kb_tracker t;
     kb_tracker_init(&t, 200);
-    assert_int_equal(kb_subscribe(b, topic, kb_tracker_handler, &t), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &t));
     assert_ptr_equal(kb_topic_get(b, topic, err, sizeof err), h);
 
     pthread_t th[4];
@@ -504,11 +505,11 @@ static void batches_through_a_topic_handle(void **state)
     for (int i = 0; i < 4; i++)
         pthread_join(th[i], NULL);
     for (int i = 0; i < 4; i++)
-        assert_int_equal(p[i].rc, KB_OK);
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+        kb_assert_ok(p[i].rc);
+    kb_assert_ok(kb_flush(b, 30000));
     wait_seen(&t, 200 * 40);
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
     assert_int_equal(st.published, 200 * 40);
 
     /* a bad event stops the batch there: the ones before it are taken */
@@ -519,9 +520,9 @@ static void batches_through_a_topic_handle(void **state)
     assert_int_equal(kb_publish_batch(h, bad, 3, &taken), KB_EINVAL);
     assert_int_equal(taken, 1);
     assert_non_null(strstr(kb_last_error(), "key is NULL"));
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    kb_assert_ok(kb_flush(b, 30000));
     wait_seen(&t, 200 * 40 + 1);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
 
     assert_int_equal(kb_tracker_distinct(&t), 200 * 40 + 1);
     assert_int_equal(t.order_violations, 0);
@@ -539,19 +540,19 @@ static void stats_and_close(void **state)
     unique_topic(topic, sizeof topic, "stats");
     kb_tracker t;
     kb_tracker_init(&t, 10);
-    assert_int_equal(kb_subscribe(b, topic, kb_tracker_handler, &t), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &t));
     struct producer p = {b, topic, 0, 10, 10, KB_OK};
     produce(&p);
-    assert_int_equal(p.rc, KB_OK);
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    kb_assert_ok(p.rc);
+    kb_assert_ok(kb_flush(b, 30000));
     wait_seen(&t, 100);
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
     assert_int_equal(st.published, 100);
     assert_int_equal(st.handled, 100);
     assert_int_equal(st.lanes, 1024);
     assert_true(st.lanes_allocated >= 1 && st.lanes_allocated <= 10);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
     assert_int_equal(kb_tracker_distinct(&t), 100);
     kb_tracker_destroy(&t);
 }
@@ -625,23 +626,23 @@ static uint32_t one_aggregate_retries(const char *scope)
     static struct level_state ls;
     memset(&ls, 0, sizeof ls);
     kb_tracker_init(&ls.t, LEVEL_KEYS);
-    assert_int_equal(kb_subscribe(b, topic, level_handler, &ls), KB_OK);
-    assert_int_equal(kb_tracker_publish(b, topic, 0, 1, 16), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, level_handler, &ls));
+    kb_assert_ok(kb_tracker_publish(b, topic, 0, 1, 16));
     wait_for(first_run_seen, &ls);
     assert_int_equal(ls.a_runs >= 1, 1);
     ls.rest_published_ns = mono_ns();
     for (uint32_t s = 1; s <= LEVEL_PER_KEY; s++)
         for (uint32_t k = 0; k < LEVEL_KEYS; k++)
             if (k != 0 || s != 1)
-                assert_int_equal(kb_tracker_publish(b, topic, k, s, 16), KB_OK);
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+                kb_assert_ok(kb_tracker_publish(b, topic, k, s, 16));
+    kb_assert_ok(kb_flush(b, 30000));
     wait_seen(&ls.t, LEVEL_KEYS * LEVEL_PER_KEY);
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
     assert_int_equal(st.set_aside, 0);
     assert_int_equal(st.aggregates_waiting, 0);
     assert_int_equal(st.retried, LEVEL_RETRIES);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
 
     /* per-key order for agg-0 too: its later events ran after its retries */
     assert_int_equal(kb_tracker_distinct(&ls.t), LEVEL_KEYS * LEVEL_PER_KEY);
@@ -862,8 +863,8 @@ static void kill_while_set_aside(void **state)
     kb_bus *b = open_bus(NULL, NULL);
     for (uint32_t s = 1; s <= KILL_PER_KEY; s++)
         for (uint32_t k = 0; k < KILL_KEYS; k++)
-            assert_int_equal(kb_tracker_publish(b, topic, k, s, 16), KB_OK);
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+            kb_assert_ok(kb_tracker_publish(b, topic, k, s, 16));
+    kb_assert_ok(kb_flush(b, 30000));
 
     static struct kill_log kl;
     kl.path = log;
@@ -879,7 +880,7 @@ static void kill_while_set_aside(void **state)
     kill(passer, SIGTERM);
     int status = 0;
     assert_int_equal(waitpid(passer, &status, 0), passer);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
     int complete = all_handled(&kl);
     unlink(log);
 

@@ -33,6 +33,7 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/gate.h"
 #include "support/suite.h"
 
@@ -373,9 +374,9 @@ static double publish_and_signal(kb_bus *b, const char *topic, struct proc *p, u
             while ((rc = kb_publish(b, topic, key, (size_t)klen, payload, (size_t)plen)) ==
                    KB_EFULL)
                 ;
-            assert_int_equal(rc, KB_OK);
+            kb_assert_ok(rc);
         }
-        assert_int_equal(kb_flush(b, 30000), KB_OK);
+        kb_assert_ok(kb_flush(b, 30000));
         proc_read(p, seq < total ? 0 : 50);
         if (!signalled && lines(p) >= total / 10) {
             assert_int_equal(kill(p->pid, SIGTERM), 0);
@@ -419,7 +420,7 @@ static void consumer_drains_on_sigterm(const char *const *argv, const char *read
     static const char *const unframed[] = {"nats.publish_batch", "1", NULL};
     kb_bus *b = kb_test_open(url, strcmp(kind, "nats") == 0 ? unframed : NULL, NULL);
     double signalled_ms = publish_and_signal(b, topic, &first, TOTAL);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
     int rc = proc_finish(&first, EXIT_BOUND_MS, &took);
     took = first.ended_ms - signalled_ms;
     if (rc != 0 || took > EXIT_BOUND_MS)

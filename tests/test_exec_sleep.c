@@ -29,6 +29,7 @@
 #include <keybus/keybus.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/gate.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -190,7 +191,7 @@ static void no_executor_sleeps_while_events_are_queued(void **state)
     const char *const settings[] = {"pool.threads", "1", "pool.enqueue_timeout_ms", "60000", NULL};
     kb_bus *b = kb_test_open("mem://", settings, NULL);
     static struct order order;
-    assert_int_equal(kb_subscribe(b, "sleeps", check_order, &order), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "sleeps", check_order, &order));
     char err[256];
     kb_topic *t = kb_topic_get(b, "sleeps", err, sizeof err);
     assert_non_null(t);
@@ -205,7 +206,7 @@ static void no_executor_sleeps_while_events_are_queued(void **state)
         pthread_join(th[i], NULL);
         assert_int_equal(pr[i].errors, 0);
     }
-    assert_int_equal(kb_flush(b, 60000), KB_OK);
+    kb_assert_ok(kb_flush(b, 60000));
 
     uint64_t total = 0;
     for (int k = 0; k < S_KINDS; k++) {
@@ -221,7 +222,7 @@ static void no_executor_sleeps_while_events_are_queued(void **state)
     assert_int_equal(atomic_load(&handled), atomic_load(&published));
     assert_int_equal(atomic_load(&order.violations), 0);
     assert_int_equal(total, 0);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
 }
 
 int main(void)

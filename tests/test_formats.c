@@ -16,6 +16,7 @@
 #include <keybus/keybus.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/cli.h"
 #include "support/suite.h"
 
@@ -54,10 +55,10 @@ static void stats_and_consume_json_match_their_schemas(void **state)
     snprintf(topic, sizeof topic, "formats.%d", (int)getpid());
     const char *const kv[] = {"conf.env", "false", NULL};
     kb_bus *b = kb_test_open(url, kv, NULL);
-    assert_int_equal(kb_publish(b, topic, "order-1", 7, "created", 7), KB_OK);
-    assert_int_equal(kb_publish(b, topic, "\xff\xfe", 2, "\x80", 1), KB_OK);   /* base64 */
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_publish(b, topic, "order-1", 7, "created", 7));
+    kb_assert_ok(kb_publish(b, topic, "\xff\xfe", 2, "\x80", 1));   /* base64 */
+    kb_assert_ok(kb_flush(b, 30000));
+    kb_assert_ok(kb_close(b, 30000));
 
     assert_int_equal(kb_test_sh("%s -X conf.env=false -X transport=%s stats %s > %s", KB_CLI,
                                 url, topic, out),

@@ -15,6 +15,7 @@
 #include <keybus/keybus.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/suite.h"
 
 #define DRAWS 16
@@ -48,14 +49,14 @@ static void random_sequence_survives_a_bus(void **state)
     srandom(20261125);
     static const char *const settings[] = {"partitions", "4", NULL};
     kb_bus *b = kb_test_open(url, settings, NULL);
-    assert_int_equal(kb_subscribe(b, "global.state", on_event, NULL), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "global.state", on_event, NULL));
     for (int i = 0; i < EVENTS; i++) {
         char key[16];
         int n = snprintf(key, sizeof key, "k%d", i % 7);
-        assert_int_equal(kb_publish(b, "global.state", key, (size_t)n, "x", 1), KB_OK);
+        kb_assert_ok(kb_publish(b, "global.state", key, (size_t)n, "x", 1));
     }
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_drain(b, 30000));
+    kb_assert_ok(kb_close(b, 10000));
     assert_int_equal(atomic_load(&handled), EVENTS);
     for (int i = 0; i < DRAWS; i++)
         after[i] = random();

@@ -13,13 +13,15 @@ extern "C" {
 #include <keybus/pool.h>
 #include <keybus/transport.h>
 
+#include "support/check.h"
+
 static std::atomic<int> seen{0};
 
 static void publish_and_handle_from_cxx(void **)
 {
     char err[256];
     kb_conf *c = kb_conf_new();
-    assert_int_equal(kb_conf_set(c, "pool.threads", "1", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "pool.threads", "1", err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
     auto handler = [](const kb_event *ev, void *) -> int {
@@ -27,11 +29,11 @@ static void publish_and_handle_from_cxx(void **)
             seen++;
         return KB_HANDLED;
     };
-    assert_int_equal(kb_subscribe(b, "orders.events", handler, nullptr), KB_OK);
-    assert_int_equal(kb_publish(b, "orders.events", "order-123", 9, "{}", 2), KB_OK);
-    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "orders.events", handler, nullptr));
+    kb_assert_ok(kb_publish(b, "orders.events", "order-123", 9, "{}", 2));
+    kb_assert_ok(kb_flush(b, 5000));
     assert_int_equal(seen.load(), 1);
-    assert_int_equal(kb_close(b, 1000), KB_OK);
+    kb_assert_ok(kb_close(b, 1000));
     assert_int_equal(kb_fnv1a32("a", 1), 0xe40c292cu);
 }
 

@@ -24,6 +24,7 @@
 #include "cli/metrics_cmd.h"
 #include "core/metrics.h"
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/cli.h"
 #include "support/suite.h"
 
@@ -49,14 +50,14 @@ static const char *const base[] = {"retry.backoff_ms", "1", "pool.threads", "2",
 /* Publish EVENTS events to `topic` and wait until they are handled. */
 static void run_events(kb_bus *b, const char *topic)
 {
-    assert_int_equal(kb_subscribe(b, topic, handler, NULL), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, handler, NULL));
     for (int i = 0; i < EVENTS; i++) {
         char key[16];
         snprintf(key, sizeof key, "k%d", i % 64);
         const char *payload = i % 10 == 0 ? "dead" : i % 3 == 0 ? "retry" : "ok";
-        assert_int_equal(kb_publish(b, topic, key, strlen(key), payload, strlen(payload)), KB_OK);
+        kb_assert_ok(kb_publish(b, topic, key, strlen(key), payload, strlen(payload)));
     }
-    assert_int_equal(kb_drain(b, WAIT_MS), KB_OK);
+    kb_assert_ok(kb_drain(b, WAIT_MS));
 }
 
 /* Expected counts of run_events. */
@@ -193,7 +194,7 @@ static void exposition_counts_and_promtool(void **state)
     assert_int_equal(kb_test_sh("promtool check metrics < %s", path), 0);
     unlink(path);
     free(text);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
 }
 
 /* keybus metrics (cli/metrics_cmd.c), its stdout in a file. */
@@ -213,7 +214,7 @@ static void cli_metrics_prints_the_text(void **state)
     fflush(stdout);
     dup2(saved, 1);
     close(saved);
-    assert_int_equal(rc, KB_OK);
+    kb_assert_ok(rc);
     FILE *f = fdopen(fd, "r");
     static char text[1 << 16];
     rewind(f);
@@ -226,7 +227,7 @@ static void cli_metrics_prints_the_text(void **state)
     assert_true(sample(text, "keybus_events_handled_total{topic=\"metrics.cli\"}") == handled);
     char *bad[] = {"no spaces allowed"};
     assert_int_equal(kb_cli_metrics_print(b, 1, bad), KB_EINVAL);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
 }
 
 /* ---- the stats feed ---- */
@@ -283,16 +284,16 @@ static void stats_feed_matches_kb_stats_and_schema(void **state)
     f.log = fdopen(fd, "w");
     kb_conf *c = kb_conf_new();
     char err[512];
-    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "stats.interval_ms", "50", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "stats.interval_ms", "50", err, sizeof err));
     for (int i = 0; base[i] != NULL; i += 2)
-        assert_int_equal(kb_conf_set(c, base[i], base[i + 1], err, sizeof err), KB_OK);
+        kb_assert_ok(kb_conf_set(c, base[i], base[i + 1], err, sizeof err));
     kb_conf_set_stats_cb(c, on_stats, &f);
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
     run_events(b, "metrics.feed");
     kb_topic_stats s;
-    assert_int_equal(kb_stats(b, "metrics.feed", &s), KB_OK);
+    kb_assert_ok(kb_stats(b, "metrics.feed", &s));
     /* a document begun after the drain carries the same counters */
     pthread_mutex_lock(&f.lock);
     int seen = f.docs;
@@ -329,7 +330,7 @@ static void stats_feed_matches_kb_stats_and_schema(void **state)
                      (int)s.partitions);
     cJSON_Delete(doc);
     free(json);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     pthread_mutex_lock(&f.lock);
     int after = f.docs;
     pthread_mutex_unlock(&f.lock);
@@ -387,11 +388,11 @@ static void endpoint_scraped_by_prometheus(void **state)
     /* the same address again: kb_open fails, naming it */
     kb_conf *c = kb_conf_new();
     char err[512];
-    assert_int_equal(kb_conf_set(c, "metrics.listen", listen, err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "metrics.listen", listen, err, sizeof err));
     assert_null(kb_open(c, err, sizeof err));
     assert_int_equal(kb_last_error_code(), KB_ETRANSPORT);
     assert_non_null(strstr(err, listen));
-    assert_int_equal(kb_conf_set(c, "metrics.listen", "no-port-here", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "metrics.listen", "no-port-here", err, sizeof err));
     assert_null(kb_open(c, err, sizeof err));
     assert_int_equal(kb_last_error_code(), KB_EINVAL);
     assert_non_null(strstr(err, "no-port-here"));
@@ -437,7 +438,7 @@ static void endpoint_scraped_by_prometheus(void **state)
     }
     kb_test_server_stop(&prom);
     assert_true(seen == (double)handled);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     /* closed: the port is free again */
     assert_int_equal(http_get(port, "/metrics", body, sizeof body), -1);
 }

@@ -44,13 +44,13 @@ static void close_with_server_stopped(void **state)
     kb_test_server s;
     assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
     kb_bus *b = kb_test_open(s.url, NULL, NULL);
-    assert_int_equal(kb_subscribe(b, "stopped.t", count, NULL), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "stopped.t", count, NULL));
     char key[16];
     for (int i = 0; i < EVENTS; i++) {
         int kl = snprintf(key, sizeof key, "k%d", i % 20);
-        assert_int_equal(kb_publish(b, "stopped.t", key, (size_t)kl, "v", 1), KB_OK);
+        kb_assert_ok(kb_publish(b, "stopped.t", key, (size_t)kl, "v", 1));
     }
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    kb_assert_ok(kb_flush(b, 30000));
     /* the consumer holds leases and claims: it has handled everything */
     kb_wait_until(atomic_load(&handled) >= EVENTS, 30000, "the consumer handled %d events", EVENTS);
     assert_int_equal(atomic_load(&handled), EVENTS);
@@ -58,7 +58,7 @@ static void close_with_server_stopped(void **state)
     kb_test_server_signal(&s, SIGSTOP);
     for (int i = 0; i < 50; i++) {   /* accepted, never acknowledged */
         int kl = snprintf(key, sizeof key, "late%d", i);
-        assert_int_equal(kb_publish(b, "stopped.t", key, (size_t)kl, "v", 1), KB_OK);
+        kb_assert_ok(kb_publish(b, "stopped.t", key, (size_t)kl, "v", 1));
     }
     double t0 = now_s();
     int rc = kb_close(b, 3000);

@@ -29,6 +29,7 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/nats_cluster.h"
 #include "support/suite.h"
 #include "support/tracker.h"
@@ -80,7 +81,7 @@ static void publish_ok(kb_bus *b, const char *topic, uint32_t key, uint32_t seq)
     int rc;
     for (int i = 0; (rc = kb_tracker_publish(b, topic, key, seq, 16)) == KB_EFULL && i < 3000; i++)
         usleep(10000);
-    assert_int_equal(rc, KB_OK);
+    kb_assert_ok(rc);
 }
 
 /* kb_flush until it confirms everything (a leader election can make one time
@@ -189,7 +190,7 @@ static void two_consumers(kb_bus *b, const char *topic, const char *log, pid_t *
     *a = spawn(topic, log, "proc-a", "3000");
     for (uint32_t k = 0; k < KEYS; k++)
         publish_ok(b, topic, k, 1);
-    assert_int_equal(flush_all(b), KB_OK);
+    kb_assert_ok(flush_all(b));
     tally t = {0};
     for (int i = 0; i < 3000 && t.distinct == 0; i++, usleep(10000))
         check_log(log, 1, &t);
@@ -247,7 +248,7 @@ static void stream_leader_killed(void **state)
     int after = stream_leader(stream);
     stop_proc(a);
     stop_proc(c);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     check_log(log, 200, &t);
     print_message("stream leader n%d killed -9 mid-stream, restarted (leader now n%d): %llu "
                   "distinct of %d, %llu duplicates, %llu order violations (%llu never handled), %llu "
@@ -256,8 +257,8 @@ static void stream_leader_killed(void **state)
                   (unsigned long long)t.dups, (unsigned long long)t.violations,
                   (unsigned long long)t.unseen, (unsigned long long)t.switches,
                   (unsigned long long)t.by_b, (unsigned long long)t.lines);
-    assert_int_equal(rc, KB_OK);
-    assert_int_equal(drc, KB_OK);
+    kb_assert_ok(rc);
+    kb_assert_ok(drc);
     /* t.by_b is printed, not asserted: under ThreadSanitizer proc-b has
      * been seen to get no partition before the events ran out */
     assert_int_equal(t.unseen, 0);
@@ -297,10 +298,10 @@ static void non_leader_killed(void **state)
     gap_watch g = {0};
     kb_tracker_init(&g.tr, KEYS);
     pthread_mutex_init(&g.mu, NULL);
-    assert_int_equal(kb_subscribe(b, topic, gap_handler, &g), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, gap_handler, &g));
     for (uint32_t k = 0; k < KEYS; k++)
         publish_ok(b, topic, k, 1);
-    assert_int_equal(flush_all(b), KB_OK);
+    kb_assert_ok(flush_all(b));
     char stream[256];
     kb_test_nats_stream(topic, stream, sizeof stream);
     int leader = stream_leader(stream);
@@ -326,7 +327,7 @@ static void non_leader_killed(void **state)
      * under ThreadSanitizer and load */
     for (int i = 0; i < 12000 && kb_tracker_distinct(&g.tr) < KEYS * 300; i++)
         usleep(10000);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     uint64_t handled = kb_tracker_distinct(&g.tr);
     if (handled < KEYS * 300 && now_s() - g.last > g.max_gap) {   /* still stalled */
         g.max_gap = now_s() - g.last;
@@ -341,7 +342,7 @@ static void non_leader_killed(void **state)
     kb_tracker_destroy(&g.tr);
     pthread_mutex_destroy(&g.mu);
     assert_int_equal(kb_test_nats_cluster_restart(&cluster, victim), 0);
-    assert_int_equal(rc, KB_OK);
+    kb_assert_ok(rc);
     assert_int_equal(handled, KEYS * 300);
     assert_int_equal(violations, 0);
     assert_int_equal(concurrent, 0);
@@ -376,7 +377,7 @@ static void lease_leader_killed(void **state)
     wait_log(log, 200, &t);
     stop_proc(a);
     stop_proc(c);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     check_log(log, 200, &t);
     print_message("lease bucket leader n%d killed -9 (topic stream leader n%d), restarted: %llu "
                   "distinct, %llu duplicates, %llu order violations, %llu owner switches over "
@@ -385,7 +386,7 @@ static void lease_leader_killed(void **state)
                   (unsigned long long)t.dups, (unsigned long long)t.violations,
                   (unsigned long long)t.switches, KEYS, t.max_switches,
                   (unsigned long long)t.by_b, (unsigned long long)t.lines);
-    assert_int_equal(rc, KB_OK);
+    kb_assert_ok(rc);
     assert_int_equal(t.unseen, 0);
     if (bucket_leader != topic_leader)   /* else the stream leader's loss, as above */
         assert_int_equal(t.violations, 0);
@@ -401,16 +402,16 @@ static void replicas_mismatch_named(void **state)
     (void)state;
     const char *topic = "cluster.mismatch";
     kb_bus *b1 = kb_test_open(cluster.url, NULL, NULL);   /* nats.replicas = 1 */
-    assert_int_equal(kb_tracker_publish(b1, topic, 0, 1, 16), KB_OK);
-    assert_int_equal(flush_all(b1), KB_OK);
-    assert_int_equal(kb_close(b1, 10000), KB_OK);
+    kb_assert_ok(kb_tracker_publish(b1, topic, 0, 1, 16));
+    kb_assert_ok(flush_all(b1));
+    kb_assert_ok(kb_close(b1, 10000));
     kb_bus *b3 = kb_test_open(cluster.url, replicas3, NULL);
     assert_int_equal(kb_tracker_publish(b3, topic, 0, 2, 16), KB_EINVAL);
     const char *why = kb_last_error();
     print_message("%s\n", why);
     assert_non_null(strstr(why, "replicas=1"));
     assert_non_null(strstr(why, "nats.replicas=3"));
-    assert_int_equal(kb_close(b3, 10000), KB_OK);
+    kb_assert_ok(kb_close(b3, 10000));
     char stream[256];
     kb_test_nats_stream(topic, stream, sizeof stream);
     natsConnection *nc = NULL;

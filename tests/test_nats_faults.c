@@ -34,10 +34,10 @@ static kb_bus *open_bus(const char *url, const char *k1, const char *v1)
 {
     kb_conf *c = kb_conf_new();
     char err[256];
-    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "nats.publish_timeout_ms", "1000", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "nats.publish_timeout_ms", "1000", err, sizeof err));
     if (k1 != NULL)
-        assert_int_equal(kb_conf_set(c, k1, v1, err, sizeof err), KB_OK);
+        kb_assert_ok(kb_conf_set(c, k1, v1, err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     if (b == NULL)
         fail_msg("kb_open: %s", err);
@@ -49,7 +49,7 @@ static void publish_ok(kb_bus *b, const char *topic, uint32_t key, uint32_t seq)
     int rc;
     for (int i = 0; (rc = kb_tracker_publish(b, topic, key, seq, 16)) == KB_EFULL && i < 1000; i++)
         usleep(10000);
-    assert_int_equal(rc, KB_OK);
+    kb_assert_ok(rc);
 }
 
 static void wait_distinct(kb_tracker *t, uint64_t n, int seconds)
@@ -71,7 +71,7 @@ static void server_restart_mid_stream(void **state)
     kb_bus *b = open_bus(s.url, NULL, NULL);
     kb_tracker t;
     kb_tracker_init(&t, KEYS);
-    assert_int_equal(kb_subscribe(b, "fault.restart", kb_tracker_handler, &t), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "fault.restart", kb_tracker_handler, &t));
     for (uint32_t seq = 1; seq <= PER_KEY; seq++) {
         if (seq == PER_KEY / 2) {
             kb_test_server_signal(&s, SIGKILL);
@@ -82,9 +82,9 @@ static void server_restart_mid_stream(void **state)
             publish_ok(b, "fault.restart", k, seq);
         usleep(2000);
     }
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    kb_assert_ok(kb_flush(b, 30000));
     wait_distinct(&t, KEYS * PER_KEY, 30);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     print_message("restart: %llu distinct, %llu duplicates\n",
                   (unsigned long long)kb_tracker_distinct(&t), (unsigned long long)t.duplicates);
     assert_int_equal(kb_tracker_distinct(&t), KEYS * PER_KEY);
@@ -142,7 +142,7 @@ static void drain_across_server_restarts(void **state)
     kb_tracker t;
     kb_tracker_init(&t, KEYS);
     atomic_store(&slow_us, 200);
-    assert_int_equal(kb_subscribe(b, topic, tracked_slowly, &t), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, tracked_slowly, &t));
     int early[4] = {0};   /* kb_drain while down or just back: OK, ETIMEDOUT, other */
     for (uint32_t seq = 1; seq <= DRAIN_PER_KEY; seq++) {
         if (seq % (DRAIN_PER_KEY / (DRAIN_KILLS + 1)) == 0 && seq < DRAIN_PER_KEY) {
@@ -166,7 +166,7 @@ static void drain_across_server_restarts(void **state)
         rc = kb_drain(b, 10000);
     if (rc != KB_OK)
         print_message("kb_drain: %s\n", kb_last_error());
-    assert_int_equal(rc, KB_OK);
+    kb_assert_ok(rc);
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
     assert_int_equal(natsConnection_ConnectTo(&nc, s.url), NATS_OK);
@@ -191,7 +191,7 @@ static void drain_across_server_restarts(void **state)
     assert_true(t.duplicates <= (uint64_t)DRAIN_KILLS * KEYS * DRAIN_PER_KEY / 10);
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     kb_tracker_destroy(&t);
     kb_test_server_stop(&s);
 }
@@ -231,13 +231,13 @@ static void server_down_at_start(void **state)
     assert_non_null(o.b);
     kb_tracker t;
     kb_tracker_init(&t, KEYS);
-    assert_int_equal(kb_subscribe(o.b, "fault.late", kb_tracker_handler, &t), KB_OK);
+    kb_assert_ok(kb_subscribe(o.b, "fault.late", kb_tracker_handler, &t));
     for (uint32_t seq = 1; seq <= 50; seq++)
         for (uint32_t k = 0; k < KEYS; k++)
             publish_ok(o.b, "fault.late", k, seq);
-    assert_int_equal(kb_flush(o.b, 20000), KB_OK);
+    kb_assert_ok(kb_flush(o.b, 20000));
     wait_distinct(&t, KEYS * 50, 20);
-    assert_int_equal(kb_close(o.b, 10000), KB_OK);
+    kb_assert_ok(kb_close(o.b, 10000));
     assert_int_equal(kb_tracker_distinct(&t), KEYS * 50);
     assert_int_equal(t.order_violations, 0);
     kb_tracker_destroy(&t);
@@ -352,13 +352,13 @@ static void kill_one_of_two(const char *topic_consumer)
             usleep(5000);
     }
     unsetenv("KEYBUS_NATS_TOPIC_CONSUMER");
-    assert_int_equal(kb_flush(b, 20000), KB_OK);
+    kb_assert_ok(kb_flush(b, 20000));
     uint64_t dups = 0, violations = 0, distinct = 0, by_a = 0;
     distinct = wait_log(log, KILL_KEYS, KILL_EVENTS, &dups, &violations, &by_a);
     kill(c, SIGTERM);
     int status = 0;
     waitpid(c, &status, 0);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     check_log(log, KILL_KEYS, &dups, &violations, &by_a);
     print_message("kill -9 (nats.topic_consumer %s): %llu distinct, %llu duplicates, %llu order "
                   "violations, %llu handled by the killed one\n", topic_consumer,
@@ -409,7 +409,7 @@ static void wide_takeover_skips_acked(void **state)
     for (uint32_t seq = 1; seq <= HOLD_PER_KEY; seq++)
         for (uint32_t k = 0; k < HOLD_KEYS; k++)
             publish_ok(b, topic, k, seq);
-    assert_int_equal(kb_flush(b, 20000), KB_OK);
+    kb_assert_ok(kb_flush(b, 20000));
     uint64_t dups = 0, violations = 0, distinct = 0, by_a = 0;
     uint64_t others = (HOLD_KEYS - 1) * HOLD_PER_KEY;
     distinct = wait_log(log, HOLD_KEYS, others, &dups, &violations, &by_a);
@@ -449,7 +449,7 @@ static void wide_takeover_skips_acked(void **state)
     kill(c, SIGTERM);
     int status = 0;
     waitpid(c, &status, 0);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     check_log(log, HOLD_KEYS, &dups, &violations, &by_a);
     print_message("wide takeover: %llu distinct, %llu duplicates (%llu handled above the held "
                   "event before the kill)\n", (unsigned long long)distinct,
@@ -487,10 +487,10 @@ static void lost_lease_releases_queued(void **state)
     kb_tracker t;
     kb_tracker_init(&t, 1);
     atomic_store(&slow_calls, 0);
-    assert_int_equal(kb_subscribe(b, topic, slow_handler, &t), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, slow_handler, &t));
     for (uint32_t seq = 1; seq <= PER_KEY; seq++)
         publish_ok(b, topic, 0, seq);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_assert_ok(kb_flush(b, 10000));
     kb_wait_until(atomic_load(&slow_calls) >= 5, 5000, "five calls of the slow handler");
     assert_true(atomic_load(&slow_calls) >= 5);
 
@@ -517,7 +517,7 @@ static void lost_lease_releases_queued(void **state)
     assert_int_equal(later, fenced_at);   /* queued events released, not handled */
 
     wait_distinct(&t, PER_KEY, 30);   /* the lease comes back after the thief's expires */
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     assert_int_equal(kb_tracker_distinct(&t), PER_KEY);
     assert_int_equal(t.order_violations, 0);
     assert_int_equal(t.concurrent, 0);
@@ -568,10 +568,10 @@ static void consumer_connection_lost_at_close(void **state)
     const char *topic = "fault.feedcut";
     kb_tracker t;
     kb_tracker_init(&t, KEYS);
-    assert_int_equal(kb_subscribe(b, topic, kb_tracker_handler, &t), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &t));
     for (uint32_t k = 0; k < KEYS; k++)
         publish_ok(b, topic, k, 1);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_assert_ok(kb_flush(b, 10000));
     wait_distinct(&t, KEYS, 30);
     assert_int_equal(kb_tracker_distinct(&t), KEYS);
     size_t held = lease_keys(s.url);

@@ -25,9 +25,9 @@ static kb_bus *open_bus(void)
 {
     kb_conf *c = kb_conf_new();
     char err[256];
-    assert_int_equal(kb_conf_set(c, "transport", server.url, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.backoff_ms", "1", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.max_backoff_ms", "2", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", server.url, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "retry.backoff_ms", "1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "retry.max_backoff_ms", "2", err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     if (b == NULL)
         fail_msg("kb_open: %s", err);
@@ -49,7 +49,7 @@ static void plain_client_messages_in_order(void **state)
     const char *topic = "interop.plain";
     kb_tracker t;
     kb_tracker_init(&t, 20);
-    assert_int_equal(kb_subscribe(b, topic, kb_tracker_handler, &t), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &t));
 
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
@@ -73,7 +73,7 @@ static void plain_client_messages_in_order(void **state)
     po.MaxWait = 10000;
     assert_int_equal(js_PublishAsyncComplete(js, &po), NATS_OK);
     wait_distinct(&t, 500);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     assert_int_equal(kb_tracker_distinct(&t), 500);
     assert_int_equal(t.order_violations, 0);
     assert_int_equal(t.concurrent, 0);
@@ -118,7 +118,7 @@ static void foreign_messages_dead_letter_and_replay(void **state)
     kb_bus *b = open_bus();
     const char *topic = "interop.foreign";
     good_seen = 0;
-    assert_int_equal(kb_subscribe(b, topic, count_good, NULL), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, count_good, NULL));
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
     assert_int_equal(natsConnection_ConnectTo(&nc, server.url), NATS_OK);
@@ -144,7 +144,7 @@ static void foreign_messages_dead_letter_and_replay(void **state)
 
     kb_topic_stats st = {0};
     for (int i = 0; i < 1000; i++) {
-        assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+        kb_assert_ok(kb_stats(b, topic, &st));
         if (st.dlq_length == 3 && st.partitions_owned == 8)   /* leases settle under load */
             break;
         usleep(10000);
@@ -153,7 +153,7 @@ static void foreign_messages_dead_letter_and_replay(void **state)
     assert_int_equal(st.partitions, 8);
     assert_int_equal(st.partitions_owned, 8);
     struct dl_seen seen = {0};
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 10, collect, &seen), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 10, collect, &seen));
     assert_int_equal(seen.n, 3);
     /* Partitions are consumed in parallel: the order of the three varies. */
     int keyless = -1, malformed = -1, misrouted = -1;
@@ -168,22 +168,22 @@ static void foreign_messages_dead_letter_and_replay(void **state)
     assert_true(keyless >= 0 && malformed >= 0 && misrouted >= 0);
     /* Paging: after the first one, two remain. */
     struct dl_seen rest = {0};
-    assert_int_equal(kb_dead_letters(b, topic, seen.ids[0], 10, collect, &rest), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, seen.ids[0], 10, collect, &rest));
     assert_int_equal(rest.n, 2);
     /* The keyless one cannot be replayed; the misrouted one can. */
     assert_int_equal(kb_dead_letter_replay(b, topic, seen.ids[keyless]), KB_EINVAL);
-    assert_int_equal(kb_dead_letter_replay(b, topic, seen.ids[misrouted]), KB_OK);
+    kb_assert_ok(kb_dead_letter_replay(b, topic, seen.ids[misrouted]));
     kb_wait_until(good_seen >= 1, 10000, "the replayed dead letter handled");
     assert_int_equal(good_seen, 1);
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
     assert_int_equal(st.dlq_length, 2);
     kb_partition_stats ps;
-    assert_int_equal(kb_partition_stats_get(b, topic, home, &ps), KB_OK);
+    kb_assert_ok(kb_partition_stats_get(b, topic, home, &ps));
     assert_int_equal(ps.length, 1);
     assert_int_equal(ps.consumers, 1);
     assert_true(ps.owner[0] != '\0');
     assert_int_equal(kb_partition_stats_get(b, topic, 8, &ps), KB_ENOTFOUND);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
 }
@@ -196,18 +196,18 @@ static void dotted_topics_do_not_collide(void **state)
     kb_tracker t1, t2;
     kb_tracker_init(&t1, 5);
     kb_tracker_init(&t2, 5);
-    assert_int_equal(kb_subscribe(b, "orders.events", kb_tracker_handler, &t1), KB_OK);
-    assert_int_equal(kb_subscribe(b, "orders_events", kb_tracker_handler, &t2), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "orders.events", kb_tracker_handler, &t1));
+    kb_assert_ok(kb_subscribe(b, "orders_events", kb_tracker_handler, &t2));
     for (uint32_t s = 1; s <= 10; s++)
         for (uint32_t k = 0; k < 5; k++) {
-            assert_int_equal(kb_tracker_publish(b, "orders.events", k, s, 16), KB_OK);
+            kb_assert_ok(kb_tracker_publish(b, "orders.events", k, s, 16));
             if (s <= 4)
-                assert_int_equal(kb_tracker_publish(b, "orders_events", k, s, 16), KB_OK);
+                kb_assert_ok(kb_tracker_publish(b, "orders_events", k, s, 16));
         }
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_assert_ok(kb_flush(b, 10000));
     wait_distinct(&t1, 50);
     wait_distinct(&t2, 20);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     assert_int_equal(kb_tracker_distinct(&t1), 50);
     assert_int_equal(kb_tracker_distinct(&t2), 20);
     assert_int_equal(t1.order_violations + t2.order_violations, 0);
@@ -223,7 +223,7 @@ static void unreachable_server_fails_open(void **state)
     char url[128], err[256] = "";
     snprintf(url, sizeof url, "nats://alice:s3cret@127.0.0.1:%d", kb_test_free_port());
     kb_conf *c = kb_conf_new();
-    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
     assert_null(kb_open(c, err, sizeof err));
     assert_non_null(strstr(err, "127.0.0.1"));
     assert_null(strstr(err, "s3cret"));
@@ -236,19 +236,19 @@ static void memory_storage(void **state)
     (void)state;
     kb_conf *c = kb_conf_new();
     char err[256];
-    assert_int_equal(kb_conf_set(c, "transport", server.url, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "nats.storage", "memory", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", server.url, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "nats.storage", "memory", err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
     kb_tracker t;
     kb_tracker_init(&t, 3);
-    assert_int_equal(kb_subscribe(b, "interop.mem", kb_tracker_handler, &t), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "interop.mem", kb_tracker_handler, &t));
     for (uint32_t s = 1; s <= 5; s++)
         for (uint32_t k = 0; k < 3; k++)
-            assert_int_equal(kb_tracker_publish(b, "interop.mem", k, s, 8), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+            kb_assert_ok(kb_tracker_publish(b, "interop.mem", k, s, 8));
+    kb_assert_ok(kb_flush(b, 10000));
     wait_distinct(&t, 15);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     assert_int_equal(kb_tracker_distinct(&t), 15);
     kb_tracker_destroy(&t);
     natsConnection *nc = NULL;
@@ -293,8 +293,8 @@ static void stream_limits_trim_unread(void **state)
     kb_bus *b = open_bus();
     const char *topic = "interop.trim";
     for (uint32_t seq = 1; seq <= 30; seq++) {
-        assert_int_equal(kb_tracker_publish(b, topic, 0, seq, 16), KB_OK);
-        assert_int_equal(kb_flush(b, 10000), KB_OK);   /* one message per event */
+        kb_assert_ok(kb_tracker_publish(b, topic, 0, seq, 16));
+        kb_assert_ok(kb_flush(b, 10000));   /* one message per event */
     }
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
@@ -311,12 +311,12 @@ static void stream_limits_trim_unread(void **state)
     jsStreamInfo_Destroy(si);
 
     struct seen sn = {0};
-    assert_int_equal(kb_subscribe(b, topic, record_seq, &sn), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, record_seq, &sn));
     for (int i = 0; i < 2000 && atomic_load(&sn.count) < 10; i++)
         usleep(10000);
-    assert_int_equal(kb_drain(b, 10000), KB_OK);
+    kb_assert_ok(kb_drain(b, 10000));
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
     assert_int_equal(atomic_load(&sn.count), 10);
     assert_int_equal(atomic_load(&sn.first), 21);
     assert_int_equal(atomic_load(&sn.last), 30);
@@ -325,7 +325,7 @@ static void stream_limits_trim_unread(void **state)
     assert_int_equal(st.broker_length, 10);
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
 }
 
 int main(void)

@@ -19,6 +19,7 @@
 #include <keybus/keybus.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/server.h"
 
 #define SMALL_MAX 2000   /* max_payload of the small server */
@@ -85,7 +86,7 @@ static void edge(kb_bus *b, const char *topic, const char *key, size_t klen, siz
     snprintf(text, sizeof text, "%zu bytes go to headers and framing", room);
     assert_non_null(strstr(kb_last_error(), text));
     assert_int_equal(kb_publish(b, topic, key, klen, buf, 3000), KB_ETOOBIG);
-    assert_int_equal(kb_publish(b, topic, key, klen, buf, largest), KB_OK);
+    kb_assert_ok(kb_publish(b, topic, key, klen, buf, largest));
     expect[0]++;
 }
 
@@ -109,7 +110,7 @@ static void edge_headers(kb_bus *b, const char *topic, char *buf, int *expect)
     snprintf(text, sizeof text, "and 2 headers, %zu bytes go to headers and framing", room);
     assert_non_null(strstr(kb_last_error(), text));
     m.payload_len = largest;
-    assert_int_equal(kb_publish_ex(t, &m), KB_OK);
+    kb_assert_ok(kb_publish_ex(t, &m));
     expect[0]++;
 }
 
@@ -122,27 +123,27 @@ static void small_max_payload(const char *topic, const char *batch)
     seen_reset();
     const char *const kv[] = {"nats.publish_batch", batch, NULL};
     kb_bus *b = open_bus(&small, kv);
-    assert_int_equal(kb_subscribe(b, topic, record, NULL), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, record, NULL));
     char *buf = calloc(1, 4096);
     assert_non_null(buf);
     int n = 0;
     const char *text_key = "key-1";   /* printable: "Kb-Key: key-1\r\n" */
     edge(b, topic, text_key, 5, 88 + 5, buf, &n);
     for (int i = 0; i < 40; i++, n++)
-        assert_int_equal(kb_publish(b, topic, text_key, 5, buf, 300), KB_OK);
+        kb_assert_ok(kb_publish(b, topic, text_key, 5, buf, 300));
     /* 40 bytes, not printable: "Kb-Bin-Key: <56 base64>\r\n" = 70 bytes */
     char bin_key[40];
     memset(bin_key, 1, sizeof bin_key);
     edge(b, topic, bin_key, sizeof bin_key, 64 + 70, buf, &n);
     edge_headers(b, topic, buf, &n);
-    assert_int_equal(kb_drain(b, 10000), KB_OK);
+    kb_assert_ok(kb_drain(b, 10000));
     assert_int_equal(seen_count(), n);
     assert_int_equal(seen.text, 41);
     assert_int_equal(seen.len[0], SMALL_MAX - 93);
     for (int i = 1; i <= 40; i++)
         assert_int_equal(seen.len[i], 300);
     free(buf);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
 }
 
 static void small_max_payload_frames(void **state)
@@ -168,25 +169,25 @@ static void longest_key(void **state)
     const char *topic = "limits.key";
     const char *const kv[] = {"limits.max_key_bytes", "65535", NULL};
     kb_bus *b = open_bus(&big, kv);
-    assert_int_equal(kb_subscribe(b, topic, dead, NULL), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, dead, NULL));
     char *key = malloc(LONGEST_KEY + 1);
     assert_non_null(key);
     memset(key, 2, LONGEST_KEY + 1);
     assert_int_equal(kb_publish(b, topic, key, LONGEST_KEY + 1, "p", 1), KB_ETOOBIG);
     assert_non_null(strstr(kb_last_error(), "64 KiB header"));
-    assert_int_equal(kb_publish(b, topic, key, LONGEST_KEY, "p", 1), KB_OK);
-    assert_int_equal(kb_publish(b, topic, key, LONGEST_KEY, "q", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_assert_ok(kb_publish(b, topic, key, LONGEST_KEY, "p", 1));
+    kb_assert_ok(kb_publish(b, topic, key, LONGEST_KEY, "q", 1));
+    kb_assert_ok(kb_flush(b, 10000));
     kb_topic_stats st = {0};
     for (int i = 0; i < 1000 && st.dlq_length < 2; i++) {
-        assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+        kb_assert_ok(kb_stats(b, topic, &st));
         usleep(10000);
     }
     assert_int_equal(st.dlq_length, 2);
     assert_int_equal(st.dead_letters_lost, 0);
     assert_int_equal(seen.dead, 2);
     free(key);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
 }
 
 /* Warnings that the PING behind kb_close's last acks got no answer. */
@@ -209,11 +210,11 @@ static void close_reports_unsent(void **state)
     kb_conf *c = kb_test_conf(small.url, NULL, kv);
     kb_conf_set_log(c, on_log, NULL);
     kb_bus *b = kb_test_open_conf(c);
-    assert_int_equal(kb_publish(b, "limits.gone", "k", 1, "v", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_assert_ok(kb_publish(b, "limits.gone", "k", 1, "v", 1));
+    kb_assert_ok(kb_flush(b, 10000));
     kb_test_server_signal(&small, SIGKILL);
     for (int i = 0; i < 5; i++)
-        assert_int_equal(kb_publish(b, "limits.gone", "k", 1, "v", 1), KB_OK);
+        kb_assert_ok(kb_publish(b, "limits.gone", "k", 1, "v", 1));
     assert_int_equal(kb_close(b, 2000), KB_ETRANSPORT);
     assert_non_null(strstr(kb_last_error(), "5 published events never sent"));
     assert_int_equal(atomic_load(&ping_warnings), 1);
@@ -261,10 +262,10 @@ static void shrunk_max_payload_is_reported(void **state)
     kb_bus *b = kb_test_open_conf(c);
     static char payload[3000];
     memset(payload, 'x', sizeof payload);
-    assert_int_equal(kb_publish(b, "limits.shrunk", "k", 1, "v", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_assert_ok(kb_publish(b, "limits.shrunk", "k", 1, "v", 1));
+    kb_assert_ok(kb_flush(b, 10000));
     kb_test_server_signal(&s, SIGKILL);
-    assert_int_equal(kb_publish(b, "limits.shrunk", "big", 3, payload, sizeof payload), KB_OK);
+    kb_assert_ok(kb_publish(b, "limits.shrunk", "big", 3, payload, sizeof payload));
     char path[300];
     snprintf(path, sizeof path, "%s/server.conf", s.dir);
     FILE *f = fopen(path, "w");
@@ -276,7 +277,7 @@ static void shrunk_max_payload_is_reported(void **state)
     assert_non_null(strstr(kb_last_error(), "max_payload"));
     for (int i = 0; i < 100 && refusals_failed() < 1; i++)
         usleep(100 * 1000);   /* the report comes from the acker, maybe just after */
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     kb_test_server_stop(&s);
     assert_int_equal(refusals.failed, 1);
     assert_int_equal(refusals.other, 0);

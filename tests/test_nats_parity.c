@@ -19,6 +19,7 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/suite.h"
 
 static kb_test_server server;
@@ -126,7 +127,7 @@ static void foreign_headers_reach_the_handler(void **state)
     kb_bus *b = open_bus(NULL, NULL);
     struct seen s = {.mu = PTHREAD_MUTEX_INITIALIZER};
     sem_init(&s.posted, 0, 0);
-    assert_int_equal(kb_subscribe(b, topic, record, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, record, &s));
 
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
@@ -166,8 +167,8 @@ static void foreign_headers_reach_the_handler(void **state)
         assert_true(wait_post(&s.posted));
     /* the dead letter was stored before the frame after it was delivered */
     struct dead_seen d = {0};
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 10, dead_reason, &d), KB_OK);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 10, dead_reason, &d));
+    kb_assert_ok(kb_close(b, 10000));
     assert_int_equal(s.n, 3);
     assert_string_equal(s.calls[0], "one|tenant=acme;traceparent=00-4bf92f3577b34da6a3ce929d0e0e"
                                     "4736-00f067aa0ba902b7-01;");
@@ -190,15 +191,15 @@ static void keybus_headers_seen_by_another_client(void **state)
     kb_bus *b = open_bus("nats.publish_batch", "1");
     struct seen s = {.mu = PTHREAD_MUTEX_INITIALIZER};
     sem_init(&s.posted, 0, 0);
-    assert_int_equal(kb_subscribe(b, topic, record, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, record, &s));
     char err[256];
     kb_topic *t = kb_topic_get(b, topic, err, sizeof err);
     assert_non_null(t);
     const kb_header h[3] = {{"traceparent", "00-aa-bb-01", 11}, {"sp", " padded ", 8},
                             {"empty", "", 0}};
     kb_msg msg = {key, strlen(key), "p", 1, 0, h, 3};
-    assert_int_equal(kb_publish_ex(t, &msg), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_publish_ex(t, &msg));
+    kb_assert_ok(kb_drain(b, 30000));
 
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
@@ -219,7 +220,7 @@ static void keybus_headers_seen_by_another_client(void **state)
     assert_string_equal(v, key);
     natsMsg_Destroy(m);
 
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     assert_int_equal(s.n, 1);
     assert_string_equal(s.calls[0], "p|traceparent=00-aa-bb-01;sp= padded ;empty=;");
     jsCtx_Destroy(js);
@@ -268,7 +269,7 @@ static void frames_carry_headers(void **state)
     const char *topic = "parity.frames";
     kb_bus *b = open_bus(NULL, NULL);
     struct mixed mx = {0};
-    assert_int_equal(kb_subscribe(b, topic, check_mixed, &mx), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, check_mixed, &mx));
     char err[256], values[MIXED][16];
     kb_topic *t = kb_topic_get(b, topic, err, sizeof err);
     kb_header h[MIXED];
@@ -280,12 +281,12 @@ static void frames_carry_headers(void **state)
         msgs[i] = (kb_msg){"k", 1, &payload[i], sizeof payload[i], 0, n ? &h[i] : NULL, n};
     }
     size_t taken = 0;
-    assert_int_equal(kb_publish_batch(t, msgs, MIXED, &taken), KB_OK);
+    kb_assert_ok(kb_publish_batch(t, msgs, MIXED, &taken));
     assert_int_equal(taken, MIXED);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_drain(b, 30000));
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
+    kb_assert_ok(kb_close(b, 10000));
     assert_int_equal(mx.handled, MIXED);
     assert_int_equal(mx.wrong, 0);
     assert_true(mx.framed > 0);
@@ -322,7 +323,7 @@ static void drain_waits_for_the_group(void **state)
     for (int i = 0; i < 20; i++) {
         char key[16];
         int kl = snprintf(key, sizeof key, "a-%d", i % 5);
-        assert_int_equal(kb_publish(pub, topic, key, (size_t)kl, "x", 1), KB_OK);
+        kb_assert_ok(kb_publish(pub, topic, key, (size_t)kl, "x", 1));
     }
     /* nobody consumes the topic yet */
     assert_int_equal(kb_drain(pub, 300), KB_ETIMEDOUT);
@@ -330,39 +331,39 @@ static void drain_waits_for_the_group(void **state)
 
     kb_conf *c = kb_conf_new();
     char err[256];
-    assert_int_equal(kb_conf_set(c, "transport", server.url, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.max_attempts", "1000000", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.backoff_ms", "5", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.max_backoff_ms", "20", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", server.url, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "retry.max_attempts", "1000000", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "retry.backoff_ms", "5", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "retry.max_backoff_ms", "20", err, sizeof err));
     /* a consumer per partition: with one for the whole topic (a lone member's
      * default), another process's drain waits for the topic's ack floor */
-    assert_int_equal(kb_conf_set(c, "nats.topic_consumer", "off", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "nats.topic_consumer", "off", err, sizeof err));
     kb_bus *cons = kb_open(c, err, sizeof err);
     assert_non_null(cons);
     struct gate g = {0};
     sem_init(&g.entered, 0, 0);
-    assert_int_equal(kb_subscribe(cons, topic, gated, &g), KB_OK);
-    assert_int_equal(kb_drain(pub, 30000), KB_OK);
+    kb_assert_ok(kb_subscribe(cons, topic, gated, &g));
+    kb_assert_ok(kb_drain(pub, 30000));
     assert_int_equal(g.handled, 20);
 
     /* another bus's event held in its handler does not hold pub's drain */
-    assert_int_equal(kb_publish(other, topic, "a-0", 3, "block", 5), KB_OK);
-    assert_int_equal(kb_flush(other, 10000), KB_OK);
+    kb_assert_ok(kb_publish(other, topic, "a-0", 3, "block", 5));
+    kb_assert_ok(kb_flush(other, 10000));
     assert_true(wait_post(&g.entered));
     /* a key of another partition: the held one's frontier stops at "block"
      * (and another lane: a lane waits for its retried event) */
     char key[16] = "a-1";
     for (int i = 1; kb_fnv1a32(key, strlen(key)) % 8 == kb_fnv1a32("a-0", 3) % 8; i++)
         snprintf(key, sizeof key, "a-%d", i);
-    assert_int_equal(kb_publish(pub, topic, key, strlen(key), "y", 1), KB_OK);
-    assert_int_equal(kb_drain(pub, 30000), KB_OK);
+    kb_assert_ok(kb_publish(pub, topic, key, strlen(key), "y", 1));
+    kb_assert_ok(kb_drain(pub, 30000));
     assert_int_equal(kb_drain(other, 200), KB_ETIMEDOUT);
     g.open = 1;
-    assert_int_equal(kb_drain(other, 30000), KB_OK);
+    kb_assert_ok(kb_drain(other, 30000));
     assert_int_equal(g.handled, 22);
-    assert_int_equal(kb_close(pub, 10000), KB_OK);
-    assert_int_equal(kb_close(other, 10000), KB_OK);
-    assert_int_equal(kb_close(cons, 10000), KB_OK);
+    kb_assert_ok(kb_close(pub, 10000));
+    kb_assert_ok(kb_close(other, 10000));
+    kb_assert_ok(kb_close(cons, 10000));
     sem_destroy(&g.entered);
 }
 
@@ -394,17 +395,17 @@ static void monitor_reads_stats(void **state)
     const char *topic = "parity.monitor";
     kb_bus *b = open_bus(NULL, NULL), *mon = open_bus(NULL, NULL);
     struct once_dead o = {0};
-    assert_int_equal(kb_subscribe(b, topic, first_dead, &o), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, first_dead, &o));
     char err[256];
     kb_topic *t = kb_topic_get(b, topic, err, sizeof err);
     kb_msg msgs[50];
     for (int i = 0; i < 50; i++)
         msgs[i] = (kb_msg){"agg", 3, i == 10 ? "dead" : "live", 4, 0, NULL, 0};
-    assert_int_equal(kb_publish_batch(t, msgs, 50, NULL), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_publish_batch(t, msgs, 50, NULL));
+    kb_assert_ok(kb_drain(b, 30000));
 
     kb_topic_stats st;
-    assert_int_equal(kb_stats(mon, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(mon, topic, &st));
     assert_int_equal(st.published, 0);
     assert_int_equal(st.received, 0);
     assert_int_equal(st.partitions, 8);
@@ -416,7 +417,7 @@ static void monitor_reads_stats(void **state)
     uint32_t home = kb_fnv1a32("agg", 3) % 8;
     for (uint32_t p = 0; p < 8; p++) {
         kb_partition_stats ps;
-        assert_int_equal(kb_partition_stats_get(mon, topic, p, &ps), KB_OK);
+        kb_assert_ok(kb_partition_stats_get(mon, topic, p, &ps));
         assert_int_equal(ps.length, p == home ? 50 : 0);
         if (p == home) {
             assert_int_equal(ps.pending, 0);
@@ -428,20 +429,20 @@ static void monitor_reads_stats(void **state)
     assert_int_equal(kb_partition_stats_get(mon, "parity.never", 0, &ps), KB_ENOTFOUND);
 
     char id[32] = "";
-    assert_int_equal(kb_dead_letters(mon, topic, NULL, 1, first_id, id), KB_OK);
-    assert_int_equal(kb_dead_letter_replay(b, topic, id), KB_OK);
+    kb_assert_ok(kb_dead_letters(mon, topic, NULL, 1, first_id, id));
+    kb_assert_ok(kb_dead_letter_replay(b, topic, id));
     assert_int_equal(kb_dead_letter_replay(b, topic, id), KB_ENOTFOUND);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_drain(b, 30000));
     assert_int_equal(o.calls, 2);
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
     assert_int_equal(st.published, 51);
     assert_int_equal(st.dlq_length, 0);
     assert_int_equal(st.broker_length, 51);
-    assert_int_equal(kb_stats(mon, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(mon, topic, &st));
     assert_int_equal(st.published, 0);
     assert_int_equal(st.broker_length, 51);
-    assert_int_equal(kb_close(mon, 10000), KB_OK);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(mon, 10000));
+    kb_assert_ok(kb_close(b, 10000));
 }
 
 int main(void)

@@ -20,6 +20,7 @@
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 
+#include "support/check.h"
 #include "support/suite.h"
 
 static kb_test_server server, guarded;
@@ -28,7 +29,7 @@ static kb_bus *open_bus_at(const char *url, const char *const *kv)
 {
     kb_conf *c = kb_conf_new();
     char err[256];
-    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
     for (; kv != NULL && kv[0] != NULL; kv += 2)
         if (kb_conf_set(c, kv[0], kv[1], err, sizeof err) != KB_OK)
             fail_msg("%s: %s", kv[0], err);
@@ -116,10 +117,10 @@ static void another_count_is_refused_and_nothing_lost(void **state)
     for (int i = 0; i < 10; i++) {
         char key[16];
         int len = snprintf(key, sizeof key, "order-%d", i);
-        assert_int_equal(kb_publish(eight, topic, key, (size_t)len, "e", 1), KB_OK);
+        kb_assert_ok(kb_publish(eight, topic, key, (size_t)len, "e", 1));
     }
-    assert_int_equal(kb_flush(eight, 10000), KB_OK);
-    assert_int_equal(kb_close(eight, 10000), KB_OK);
+    kb_assert_ok(kb_flush(eight, 10000));
+    kb_assert_ok(kb_close(eight, 10000));
 
     kb_bus *four = open_parts("4");
     kb_topic_stats mis;   /* figures by the wrong count would mislead: refused */
@@ -132,7 +133,7 @@ static void another_count_is_refused_and_nothing_lost(void **state)
     names_both_counts();
     assert_int_equal(kb_publish(four, topic, "k", 1, "v", 1), KB_EINVAL);   /* every time */
     names_both_counts();
-    assert_int_equal(kb_close(four, 10000), KB_OK);
+    kb_assert_ok(kb_close(four, 10000));
     assert_int_equal(atomic_load(&wrong), 0);
 
     client c;
@@ -142,7 +143,7 @@ static void another_count_is_refused_and_nothing_lost(void **state)
 
     eight = open_parts("8");
     kb_topic_stats st;
-    assert_int_equal(kb_stats(eight, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(eight, topic, &st));
     assert_int_equal(st.broker_length, 10);
     /* no consumer of the group yet: every stored message is still to deliver */
     assert_true(st.broker_frames > 0);
@@ -150,14 +151,14 @@ static void another_count_is_refused_and_nothing_lost(void **state)
     uint64_t lag = 0;
     for (uint32_t p = 0; p < 8; p++) {
         kb_partition_stats ps;
-        assert_int_equal(kb_partition_stats_get(eight, topic, p, &ps), KB_OK);
+        kb_assert_ok(kb_partition_stats_get(eight, topic, p, &ps));
         lag += ps.lag;
     }
     assert_int_equal(lag, st.broker_frames);
     _Atomic int handled = 0;
-    assert_int_equal(kb_subscribe(eight, topic, count, &handled), KB_OK);
+    kb_assert_ok(kb_subscribe(eight, topic, count, &handled));
     wait_count(&handled, 10);
-    assert_int_equal(kb_close(eight, 10000), KB_OK);
+    kb_assert_ok(kb_close(eight, 10000));
     assert_int_equal(atomic_load(&handled), 10);
 }
 
@@ -193,7 +194,7 @@ static void foreign_subjects_reach_the_dead_letters(void **state)
     const char *topic = "pt.foreign";
     kb_bus *b = open_parts("8");
     _Atomic int handled = 0;
-    assert_int_equal(kb_subscribe(b, topic, count, &handled), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, count, &handled));
     client c;
     client_open(&c, server.url);
     const char *key = "agg-1";
@@ -211,12 +212,12 @@ static void foreign_subjects_reach_the_dead_letters(void **state)
     for (int i = 0; i < 1000 && (d.n < 2 || atomic_load(&handled) < 1); i++) {
         usleep(10000);
         d.n = 0;
-        assert_int_equal(kb_dead_letters(b, topic, NULL, 10, collect, &d), KB_OK);
+        kb_assert_ok(kb_dead_letters(b, topic, NULL, 10, collect, &d));
     }
-    assert_int_equal(kb_drain(b, 10000), KB_OK);
+    kb_assert_ok(kb_drain(b, 10000));
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
+    kb_assert_ok(kb_close(b, 10000));
     assert_int_equal(atomic_load(&handled), 1);
     assert_int_equal(d.n, 2);
     assert_true(has_reason(&d, "subject 9 is not a partition of the topic (partitions=8)"));
@@ -254,9 +255,9 @@ static void older_stream_takes_the_first_count(void **state)
 
     kb_bus *eight = open_parts("8");
     _Atomic int handled = 0;
-    assert_int_equal(kb_subscribe(eight, topic, count, &handled), KB_OK);
+    kb_assert_ok(kb_subscribe(eight, topic, count, &handled));
     wait_count(&handled, 3);
-    assert_int_equal(kb_close(eight, 10000), KB_OK);
+    kb_assert_ok(kb_close(eight, 10000));
     assert_int_equal(atomic_load(&handled), 3);
     si = NULL;
     assert_int_equal(js_GetStreamInfo(&si, c.js, stream, NULL, NULL), NATS_OK);
@@ -268,7 +269,7 @@ static void older_stream_takes_the_first_count(void **state)
     kb_bus *four = open_parts("4");
     assert_int_equal(kb_publish(four, topic, "k", 1, "v", 1), KB_EINVAL);
     names_both_counts();
-    assert_int_equal(kb_close(four, 10000), KB_OK);
+    kb_assert_ok(kb_close(four, 10000));
 }
 
 static int64_t bucket_ttl_ms(client *c, const char *bucket)
@@ -306,14 +307,14 @@ static void lease_ttl_applied_to_an_existing_bucket(void **state)
     const char *const kv[] = {"nats.lease_bucket", "ttl_leases", "nats.lease_ttl_ms", "3000",
                               NULL};
     kb_bus *b = open_bus_at(server.url, kv);
-    assert_int_equal(kb_publish(b, "pt.ttl", "k", 1, "v", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_assert_ok(kb_publish(b, "pt.ttl", "k", 1, "v", 1));
+    kb_assert_ok(kb_flush(b, 10000));
     assert_int_equal(bucket_ttl_ms(&c, "ttl_leases"), 10000);
     _Atomic int handled = 0;
-    assert_int_equal(kb_subscribe(b, "pt.ttl", count, &handled), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "pt.ttl", count, &handled));
     assert_int_equal(bucket_ttl_ms(&c, "ttl_leases"), 3000);
     wait_count(&handled, 1);   /* leases work in the changed bucket */
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     assert_int_equal(atomic_load(&handled), 1);
     client_close(&c);
 }
@@ -336,7 +337,7 @@ static void lease_ttl_refused_fails_naming_both(void **state)
     assert_int_equal(kb_subscribe(b, "pt.deny", count, &handled), KB_ETRANSPORT);
     assert_non_null(strstr(kb_last_error(), "10000 ms"));
     assert_non_null(strstr(kb_last_error(), "3000 ms"));
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
 }
 
 int main(void)

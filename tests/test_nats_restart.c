@@ -25,6 +25,7 @@
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 
+#include "support/check.h"
 #include "support/server.h"
 #include "support/tracker.h"
 
@@ -184,7 +185,7 @@ static void stable_name_restarts(void **state)
     snprintf(log, sizeof log, "%s/handled.log", s.dir);
     snprintf(stream, sizeof stream, "KB_restart_fixed_%08x", kb_fnv1a32(TOPIC, strlen(TOPIC)));
     kb_conf *c = kb_conf_new();
-    assert_int_equal(kb_conf_set(c, "transport", s.url, err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", s.url, err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
     natsConnection *nc = NULL;
@@ -205,7 +206,7 @@ static void stable_name_restarts(void **state)
             for (int tries = 0; (rc = kb_tracker_publish(b, TOPIC, k, seq, 16)) == KB_EFULL &&
                                 tries < 1000; tries++)
                 usleep(1000);
-            assert_int_equal(rc, KB_OK);
+            kb_assert_ok(rc);
         }
         if (tick == next_kill && restarts < busy_restarts) {
             kill9(consumer);
@@ -215,7 +216,7 @@ static void stable_name_restarts(void **state)
         }
         usleep(10000);
     }
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    kb_assert_ok(kb_flush(b, 30000));
     uint64_t total = (uint64_t)ticks * per_tick;
     tally t;
     double produced = now_s();
@@ -251,11 +252,11 @@ static void stable_name_restarts(void **state)
     assert_int_equal(t.violations, 0);
     assert_true(t.dups <= (uint64_t)restarts * DUPS_PER_RESTART);
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, TOPIC, &st), KB_OK);
+    kb_assert_ok(kb_stats(b, TOPIC, &st));
     assert_int_equal(st.dlq_length, 0);
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     kb_test_server_stop(&s);
 }
 

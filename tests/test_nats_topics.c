@@ -23,6 +23,7 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/suite.h"
 #include "support/tracker.h"
 
@@ -74,8 +75,8 @@ static void thousand_topics(void **state)
     kb_bus *b = open_bus(s.url);
     long threads_open = status_field("Threads:");
     /* nats.c starts its publish-ack thread at the first asynchronous publish */
-    assert_int_equal(kb_publish(b, "many.warm", "k", 1, "v", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_assert_ok(kb_publish(b, "many.warm", "k", 1, "v", 1));
+    kb_assert_ok(kb_flush(b, 10000));
     char topic[64];
     double t0 = now_s();
     long threads_few = 0, rss_few = 0;
@@ -85,7 +86,7 @@ static void thousand_topics(void **state)
             rss_few = status_field("VmRSS:");
         }
         snprintf(topic, sizeof topic, "many.t%d", i);
-        assert_int_equal(kb_subscribe(b, topic, count, NULL), KB_OK);
+        kb_assert_ok(kb_subscribe(b, topic, count, NULL));
     }
     long threads_all = status_field("Threads:");
     long rss_all = status_field("VmRSS:");
@@ -95,14 +96,14 @@ static void thousand_topics(void **state)
             snprintf(topic, sizeof topic, "many.t%d", i);
             char key[16];
             int kl = snprintf(key, sizeof key, "k%d", e);
-            assert_int_equal(kb_publish(b, topic, key, (size_t)kl, "v", 1), KB_OK);
+            kb_assert_ok(kb_publish(b, topic, key, (size_t)kl, "v", 1));
         }
-    assert_int_equal(kb_flush(b, 60000), KB_OK);
+    kb_assert_ok(kb_flush(b, 60000));
     for (int i = 0; i < 18000 && atomic_load(&handled) < (uint64_t)n_topics * EVENTS; i++)
         usleep(10000);
     double t2 = now_s();
     long threads_busy = status_field("Threads:");
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
     long rss_closed = status_field("VmRSS:");
     print_message("%d topics: subscribed in %.2f s, %d events handled %.2f s after the first "
                   "publish (%.2f s in all); threads: %ld after open, %ld with %d topics, %ld with "
@@ -166,7 +167,7 @@ static void wide_consumer_splits(void **state)
     assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
     kb_tracker t;
     kb_tracker_init(&t, SPLIT_KEYS);
-    assert_int_equal(kb_subscribe(a, topic, kb_tracker_handler, &t), KB_OK);
+    kb_assert_ok(kb_subscribe(a, topic, kb_tracker_handler, &t));
     int all = 0, wide = 0;
     for (int i = 0; i < 3000 && !(all == 1 && wide == 1 && owned(a, topic) == 8); i++) {
         consumers_of(js, topic, &all, &wide);
@@ -178,12 +179,12 @@ static void wide_consumer_splits(void **state)
     uint32_t owned_a = 8, owned_b = 0;
     for (uint32_t seq = 1; seq <= SPLIT_SEQS; seq++) {
         for (uint32_t k = 0; k < SPLIT_KEYS; k++)
-            assert_int_equal(kb_tracker_publish(pub, topic, k, seq, 16), KB_OK);
-        assert_int_equal(kb_flush(pub, 10000), KB_OK);
+            kb_assert_ok(kb_tracker_publish(pub, topic, k, seq, 16));
+        kb_assert_ok(kb_flush(pub, 10000));
         if (seq == SPLIT_SEQS / 4) {
             b = kb_test_open(s.url, b_conf, NULL);
             assert_non_null(b);
-            assert_int_equal(kb_subscribe(b, topic, kb_tracker_handler, &t), KB_OK);
+            kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &t));
         }
         usleep(50000);
     }
@@ -206,9 +207,9 @@ static void wide_consumer_splits(void **state)
     assert_int_equal(kb_tracker_distinct(&t), (uint64_t)SPLIT_KEYS * SPLIT_SEQS);
     assert_int_equal(atomic_load(&t.order_violations), 0);
     assert_int_equal(atomic_load(&t.concurrent), 0);
-    assert_int_equal(kb_close(pub, 10000), KB_OK);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
-    assert_int_equal(kb_close(a, 10000), KB_OK);
+    kb_assert_ok(kb_close(pub, 10000));
+    kb_assert_ok(kb_close(b, 10000));
+    kb_assert_ok(kb_close(a, 10000));
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
     kb_tracker_destroy(&t);
@@ -222,7 +223,7 @@ static void subscribe_without_server(void **state)
     kb_test_server s;
     assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
     kb_bus *b = open_bus(s.url);
-    assert_int_equal(kb_subscribe(b, "many.first", count, NULL), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "many.first", count, NULL));
     kb_test_server_signal(&s, SIGKILL);
     assert_int_equal(kb_subscribe(b, "many.later", count, NULL), KB_ETRANSPORT);
     assert_non_null(strstr(kb_last_error(), "nats"));

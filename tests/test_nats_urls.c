@@ -13,6 +13,7 @@
 
 #include <keybus/keybus.h>
 
+#include "support/check.h"
 #include "support/server.h"
 
 #define MARKER "Mk7secretQ"
@@ -62,9 +63,8 @@ static void malformed_urls(void **state)
     }
     kb_conf *c = kb_conf_new();
     char err[256] = "";
-    assert_int_equal(kb_conf_set(c, "transport", "nats://u:p%40ss@127.0.0.1:4222/", err, sizeof err),
-                     KB_OK);
-    assert_int_equal(kb_conf_set(c, "nats.token", MARKER "\n", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", "nats://u:p%40ss@127.0.0.1:4222/", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "nats.token", MARKER "\n", err, sizeof err));
     kb_conf_destroy(c);
 }
 
@@ -73,9 +73,9 @@ static kb_bus *try_open(const char *url, const char *key, const char *value, cha
 {
     kb_conf *c = kb_conf_new();
     kb_conf_set_log(c, log_fn, NULL);
-    assert_int_equal(kb_conf_set(c, "transport", url, err, errlen), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, errlen));
     if (key != NULL)
-        assert_int_equal(kb_conf_set(c, key, value, err, errlen), KB_OK);
+        kb_assert_ok(kb_conf_set(c, key, value, err, errlen));
     kb_bus *b = kb_open(c, err, errlen);
     if (b == NULL)
         kb_conf_destroy(c);
@@ -97,7 +97,7 @@ static void decoded_userinfo(void **state)
     kb_bus *b = try_open(url, NULL, NULL, err, sizeof err);
     if (b == NULL)
         fail_msg("kb_open with a percent-encoded password: %s", err);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
 
     snprintf(url, sizeof url, "nats://alice:wrong" MARKER "@127.0.0.1:%d", s.port);
     assert_null(try_open(url, NULL, NULL, err, sizeof err));
@@ -129,7 +129,7 @@ static void server_list(void **state)
     print_message("nats.replicas=3 on one server: %s\n", kb_last_error());
     assert_non_null(strstr(kb_last_error(), "eplicas"));
     no_marker(kb_last_error());
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     kb_conf *c = kb_conf_new();
     assert_int_equal(kb_conf_set(c, "nats.replicas", "6", err, sizeof err), KB_EINVAL);
     assert_non_null(strstr(err, "nats.replicas"));
@@ -156,7 +156,7 @@ static void wrong_token(void **state)
     kb_bus *b = try_open(s.url, "nats.token", "right-token", err, sizeof err);
     if (b == NULL)
         fail_msg("kb_open with the right token: %s", err);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     kb_test_server_stop(&s);
 }
 

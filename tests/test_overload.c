@@ -17,6 +17,7 @@
 #include <keybus/keybus.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/gate.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -119,7 +120,7 @@ static void overload_is_refused_in_time_and_loses_nothing(void **state)
         "pool.enqueue_timeout_ms", "50", NULL};
     kb_bus *b = kb_test_open("mem://", settings, NULL);
     static struct handled h;
-    assert_int_equal(kb_subscribe(b, "orders", slow_handler, &h), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "orders", slow_handler, &h));
     kb_topic *t = kb_topic_get(b, "orders", NULL, 0);
     assert_non_null(t);
 
@@ -149,7 +150,7 @@ static void overload_is_refused_in_time_and_loses_nothing(void **state)
     for (int i = 0; i < PUBLISHERS; i++)
         pthread_join(th[i], NULL);
     double elapsed_s = (kb_test_now_ms() - start) / 1e3;
-    assert_int_equal(kb_flush(b, 60000), KB_OK);
+    kb_assert_ok(kb_flush(b, 60000));
 
     uint64_t accepted = 0, full = 0;
     for (int i = 0; i < PUBLISHERS; i++) {
@@ -172,7 +173,7 @@ static void overload_is_refused_in_time_and_loses_nothing(void **state)
     assert_int_equal(atomic_load(&h.count), accepted);        /* nothing accepted lost */
     assert_int_equal(atomic_load(&h.violations), 0);          /* per-key order */
     assert_true(rss_peak < rss_early + 64 * 1024);            /* flat: bounded lanes */
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
 }
 
 int main(void)

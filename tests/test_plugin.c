@@ -15,6 +15,8 @@
 #include <string.h>
 
 #include <keybus/keybus.h>
+
+#include "support/check.h"
 #include <keybus/transport.h>   /* kb_conf_int */
 
 static const char *file_so, *bad_abi_so, *no_entry_so;
@@ -68,25 +70,25 @@ static void loaded_twice_and_keys_validated(void **state)
     (void)state;
     kb_conf *a = kb_conf_new(), *b = kb_conf_new();
     char err[512];
-    assert_int_equal(set(a, "transport.plugins", file_so, err, sizeof err), KB_OK);
-    assert_int_equal(set(a, "transport.plugins", file_so, err, sizeof err), KB_OK);
-    assert_int_equal(set(b, "transport.plugins", file_so, err, sizeof err), KB_OK);
+    kb_assert_ok(set(a, "transport.plugins", file_so, err, sizeof err));
+    kb_assert_ok(set(a, "transport.plugins", file_so, err, sizeof err));
+    kb_assert_ok(set(b, "transport.plugins", file_so, err, sizeof err));
 
-    assert_int_equal(set(a, "transport", "file:///tmp/kb-plugin", err, sizeof err), KB_OK);
+    kb_assert_ok(set(a, "transport", "file:///tmp/kb-plugin", err, sizeof err));
     assert_int_equal(set(a, "transport", "file://host/tmp", err, sizeof err), KB_EINVAL);
     assert_non_null(strstr(err, "three slashes"));
     assert_int_equal(set(a, "transport", "file://", err, sizeof err), KB_EINVAL);
     assert_non_null(strstr(err, "needs a directory"));
-    assert_int_equal(set(a, "file.poll_ms", "250", err, sizeof err), KB_OK);
+    kb_assert_ok(set(a, "file.poll_ms", "250", err, sizeof err));
     assert_int_equal(kb_conf_int(a, "file.poll_ms"), 250);
     assert_int_equal(set(a, "file.poll_ms", "0", err, sizeof err), KB_EINVAL);
     assert_non_null(strstr(err, "file.poll_ms"));
-    assert_int_equal(set(a, "file.fsync", "never", err, sizeof err), KB_OK);
+    kb_assert_ok(set(a, "file.fsync", "never", err, sizeof err));
     assert_int_equal(set(a, "file.fsync", "sometimes", err, sizeof err), KB_EINVAL);
     assert_non_null(strstr(err, "file.fsync"));
     /* a conf made after the load knows the keys too */
     kb_conf *c = kb_conf_new();
-    assert_int_equal(set(c, "file.fsync", "never", err, sizeof err), KB_OK);
+    kb_assert_ok(set(c, "file.fsync", "never", err, sizeof err));
     kb_conf_destroy(c);
     kb_conf_destroy(a);
     kb_conf_destroy(b);

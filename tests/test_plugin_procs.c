@@ -24,6 +24,8 @@
 
 #include <keybus/keybus.h>
 
+#include "support/check.h"
+
 #define KEYS 100
 #define PER_KEY 200                 /* sequences 1..PER_KEY; half before the second joins */
 #define EVENTS (KEYS * PER_KEY)
@@ -184,7 +186,7 @@ static void publish_seqs(kb_bus *b, const char *topic, uint32_t from, uint32_t t
             char key[16];
             uint32_t payload[2] = {k, s};
             int len = snprintf(key, sizeof key, "agg-%u", k);
-            assert_int_equal(kb_publish(b, topic, key, (size_t)len, payload, sizeof payload), KB_OK);
+            kb_assert_ok(kb_publish(b, topic, key, (size_t)len, payload, sizeof payload));
         }
 }
 
@@ -213,10 +215,10 @@ static void two_consumers_share_a_topic(void **state)
     spawn_consumer(&second, topic, "second");
     assert_int_equal(wait_owners(b, topic, 2), 2);   /* the first handed half over */
     publish_seqs(b, topic, PER_KEY / 2 + 1, PER_KEY);
-    assert_int_equal(kb_drain(b, 60000), KB_OK);     /* the group settled all of it */
+    kb_assert_ok(kb_drain(b, 60000));     /* the group settled all of it */
     assert_int_equal(stop_consumer(&first), 0);
     assert_int_equal(stop_consumer(&second), 0);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
 
     struct handled *all = calloc(2 * EVENTS, sizeof *all);
     assert_non_null(all);
@@ -253,13 +255,13 @@ static void a_restart_resumes_where_the_group_stopped(void **state)
     struct child before, after;
     spawn_consumer(&before, topic, "before");
     publish_seqs(b, topic, 1, 10);
-    assert_int_equal(kb_drain(b, 60000), KB_OK);
+    kb_assert_ok(kb_drain(b, 60000));
     assert_int_equal(stop_consumer(&before), 0);
     publish_seqs(b, topic, 11, 20);                  /* nobody consumes these yet */
     spawn_consumer(&after, topic, "after");
-    assert_int_equal(kb_drain(b, 60000), KB_OK);
+    kb_assert_ok(kb_drain(b, 60000));
     assert_int_equal(stop_consumer(&after), 0);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
 
     struct handled *h = calloc(2 * EVENTS, sizeof *h);
     assert_non_null(h);
@@ -291,9 +293,9 @@ static void another_partition_count_is_refused(void **state)
     for (int i = 0; i < 10; i++) {
         char key[16];
         int len = snprintf(key, sizeof key, "k%d", i);
-        assert_int_equal(kb_publish(eight, topic, key, (size_t)len, "x", 1), KB_OK);
+        kb_assert_ok(kb_publish(eight, topic, key, (size_t)len, "x", 1));
     }
-    assert_int_equal(kb_close(eight, 10000), KB_OK);
+    kb_assert_ok(kb_close(eight, 10000));
 
     kb_bus *four = open_bus_parts("4", err, sizeof err);
     assert_non_null(four);
@@ -304,16 +306,16 @@ static void another_partition_count_is_refused(void **state)
     assert_int_equal(kb_publish(four, topic, "k", 1, "x", 1), KB_EINVAL);
     assert_non_null(strstr(kb_last_error(), "partitions=8"));
     assert_non_null(strstr(kb_last_error(), "partitions=4"));
-    assert_int_equal(kb_close(four, 10000), KB_OK);
+    kb_assert_ok(kb_close(four, 10000));
     assert_int_equal(atomic_load(&wrong), 0);
 
     eight = open_bus_parts("8", err, sizeof err);
     assert_non_null(eight);
     _Atomic size_t handled = 0;
-    assert_int_equal(kb_subscribe(eight, topic, count_handled, &handled), KB_OK);
+    kb_assert_ok(kb_subscribe(eight, topic, count_handled, &handled));
     for (int i = 0; i < 1000 && atomic_load(&handled) < 10; i++)
         usleep(10000);
-    assert_int_equal(kb_close(eight, 10000), KB_OK);
+    kb_assert_ok(kb_close(eight, 10000));
     assert_int_equal(atomic_load(&handled), 10);
 }
 

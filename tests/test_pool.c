@@ -17,6 +17,8 @@
 
 #include <keybus/pool.h>
 
+#include "support/check.h"
+
 #define KEYS 1000
 #define PRODUCERS 4
 #define PER_KEY 40   /* events per key; each producer owns KEYS/PRODUCERS keys */
@@ -130,8 +132,8 @@ static void run_order_test(int single_producer, kb_idle idle, uint32_t batch)
     for (int t = 0; t < producers; t++)
         pthread_join(th[t], NULL);
     for (int t = 0; t < producers; t++)
-        assert_int_equal(pr[t].rc, KB_OK);
-    assert_int_equal(kb_pool_flush(p, 30000), KB_OK);
+        kb_assert_ok(pr[t].rc);
+    kb_assert_ok(kb_pool_flush(p, 30000));
 
     kb_pool_stats st;
     kb_pool_stats_get(p, &st);
@@ -140,7 +142,7 @@ static void run_order_test(int single_producer, kb_idle idle, uint32_t batch)
     assert_int_equal(st.depth, 0);
     assert_true(st.max_depth <= st.capacity);
     assert_int_equal(st.capacity, 15);   /* 8 rounded up to a 16-slot ring */
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 
     assert_int_equal(c->handled, (uint64_t)KEYS * PER_KEY);
     assert_int_equal(c->finished, (uint64_t)KEYS * PER_KEY);
@@ -215,10 +217,10 @@ static void owner_then_shared_keeps_order(void **state)
         atomic_store(&go, 1);
         pthread_join(t1, NULL);
         pthread_join(t2, NULL);
-        assert_int_equal(first.rc, KB_OK);
-        assert_int_equal(second.rc, KB_OK);
-        assert_int_equal(kb_pool_flush(p, 30000), KB_OK);
-        assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+        kb_assert_ok(first.rc);
+        kb_assert_ok(second.rc);
+        kb_assert_ok(kb_pool_flush(p, 30000));
+        kb_assert_ok(kb_pool_destroy(p, 1000));
         assert_int_equal(c->handled, 2 * N);
         assert_int_equal(c->violations, 0);
         assert_int_equal(c->overlaps, 0);
@@ -266,7 +268,7 @@ static void default_thread_count_leaves_the_publisher_a_cpu(void **state)
     kb_pool_stats st;
     kb_pool_stats_get(p, &st);
     assert_int_equal(st.threads, kb_pool_default_threads(KB_IDLE_ADAPTIVE));
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 }
 
 static int count_handle(void *it, uint32_t attempt, void *opaque)
@@ -311,20 +313,20 @@ static void lanes_allocated_lazily(void **state)
         uint32_t lane = kb_pool_lane_of(p, key, (size_t)len);
         if (!distinct_lanes[lane]++)
             expect++;
-        assert_int_equal(kb_pool_submit(p, key, (size_t)len, &dummy, -1), KB_OK);
+        kb_assert_ok(kb_pool_submit(p, key, (size_t)len, &dummy, -1));
     }
-    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 10000));
     kb_pool_stats_get(p, &st);
     assert_int_equal(st.lanes_allocated, expect);
     /* design: a topic whose events touched 100 aggregates holds about 1 MiB */
     assert_true(st.memory_bytes <= 1024 * 1024);
     assert_int_equal(count, 100);
     kb_lane_stats ls;
-    assert_int_equal(kb_pool_lane_stats(p, kb_pool_lane_of(p, "order-000", 9), &ls), KB_OK);
+    kb_assert_ok(kb_pool_lane_stats(p, kb_pool_lane_of(p, "order-000", 9), &ls));
     assert_int_equal(ls.allocated, 1);
     assert_true(ls.handled >= 1);
     assert_int_equal(kb_pool_lane_stats(p, 1024, &ls), KB_EINVAL);
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 }
 
 static void bad_options_are_named(void **state)
@@ -364,8 +366,8 @@ static void bad_submit_arguments(void **state)
     assert_int_equal(kb_pool_submit(p, NULL, 1, &item, 0), KB_EINVAL);
     assert_int_equal(kb_pool_submit(p, "k", 0, &item, 0), KB_EINVAL);
     assert_int_equal(kb_pool_submit(p, "k", 1, NULL, 0), KB_EINVAL);
-    assert_int_equal(kb_pool_submit(p, "k", 1, &item, 0), KB_OK);
-    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    kb_assert_ok(kb_pool_submit(p, "k", 1, &item, 0));
+    kb_assert_ok(kb_pool_flush(p, 10000));
     assert_int_equal(count, 1);
     /* a batch stops at a NULL item: what came before it is taken */
     uint32_t hashes[3] = {1, 2, 3};
@@ -375,15 +377,15 @@ static void bad_submit_arguments(void **state)
     assert_int_equal(taken, 1);
     assert_int_equal(kb_pool_submit_batch(p, NULL, items, 3, 0, &taken), KB_EINVAL);
     assert_int_equal(taken, 0);
-    assert_int_equal(kb_pool_submit_batch(p, hashes, items, 0, 0, &taken), KB_OK);
+    kb_assert_ok(kb_pool_submit_batch(p, hashes, items, 0, 0, &taken));
     assert_int_equal(taken, 0);
-    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 10000));
     assert_int_equal(count, 2);
     kb_pool_shutdown(p);
     assert_int_equal(kb_pool_submit(p, "k", 1, &item, 0), KB_ECLOSED);
     assert_int_equal(kb_pool_submit_batch(p, hashes, items, 1, 0, &taken), KB_ECLOSED);
     assert_int_equal(taken, 0);
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 }
 
 int main(void)

@@ -26,6 +26,7 @@
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 
+#include "support/check.h"
 #include "support/suite.h"
 
 extern char **environ;
@@ -37,7 +38,7 @@ static kb_bus *open_bus(void)
 {
     kb_conf *c = kb_conf_new();
     char err[256];
-    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     if (b == NULL)
         fail_msg("kb_open: %s", err);
@@ -124,7 +125,7 @@ static void never_used_topic_is_not_found_and_nothing_is_created(void **state)
     const char *id = strcmp(kind, "nats") == 0 ? "1" : "1-1";   /* a well-formed ID */
     assert_int_equal(kb_dead_letter_replay(b, topic, id), KB_ENOTFOUND);
     assert_int_equal(seen, 0);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
 
     assert_int_equal(cli("stats", topic), 4);
     assert_int_equal(cli("dlq-list", topic), 4);
@@ -139,25 +140,25 @@ static void used_topic_reads_from_a_monitor(void **state)
     (void)state;
     const char *topic = "ro.used";
     kb_bus *b = open_bus();
-    assert_int_equal(kb_publish(b, topic, "k", 1, "v", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 5000), KB_OK);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_publish(b, topic, "k", 1, "v", 1));
+    kb_assert_ok(kb_flush(b, 5000));
+    kb_assert_ok(kb_close(b, 5000));
     long before = broker_objects();
     assert_true(before > 0);
 
     kb_bus *monitor = open_bus();
     kb_topic_stats st;
-    assert_int_equal(kb_stats(monitor, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(monitor, topic, &st));
     assert_int_equal(st.broker_length, 1);
     int seen = 0;
-    assert_int_equal(kb_dead_letters(monitor, topic, NULL, 10, count_dead, &seen), KB_OK);
+    kb_assert_ok(kb_dead_letters(monitor, topic, NULL, 10, count_dead, &seen));
     assert_int_equal(seen, 0);
     kb_partition_stats ps;
     uint32_t p = kb_fnv1a32("k", 1) % st.partitions;
-    assert_int_equal(kb_partition_stats_get(monitor, topic, p, &ps), KB_OK);
+    kb_assert_ok(kb_partition_stats_get(monitor, topic, p, &ps));
     assert_int_equal(ps.length, 1);
     assert_string_equal(ps.owner, "");
-    assert_int_equal(kb_close(monitor, 5000), KB_OK);
+    kb_assert_ok(kb_close(monitor, 5000));
     assert_int_equal(cli("stats", topic), 0);
     assert_int_equal(cli("dlq-list", topic), 0);
     assert_int_equal(broker_objects(), before);

@@ -27,10 +27,10 @@ static kb_conf *conf_for(const char *url)
 {
     kb_conf *c = kb_conf_new();
     char err[256];
-    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.backoff_ms", "1", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.max_backoff_ms", "4", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "redis.lease_ttl_ms", "2000", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "retry.backoff_ms", "1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "retry.max_backoff_ms", "4", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.lease_ttl_ms", "2000", err, sizeof err));
     return c;
 }
 
@@ -39,9 +39,9 @@ static kb_bus *open_with(const char *k1, const char *v1, const char *k2, const c
     kb_conf *c = conf_for(server.url);
     char err[256];
     if (k1 != NULL)
-        assert_int_equal(kb_conf_set(c, k1, v1, err, sizeof err), KB_OK);
+        kb_assert_ok(kb_conf_set(c, k1, v1, err, sizeof err));
     if (k2 != NULL)
-        assert_int_equal(kb_conf_set(c, k2, v2, err, sizeof err), KB_OK);
+        kb_assert_ok(kb_conf_set(c, k2, v2, err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     if (b == NULL)
         fail_msg("kb_open: %s", err);
@@ -139,9 +139,9 @@ static void auth_required(void **state)
     kb_bus *b = kb_open(c, err, sizeof err);
     if (b == NULL)
         fail_msg("kb_open with the right password: %s", err);
-    assert_int_equal(kb_publish(b, "auth.t", "k", 1, "v", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 5000), KB_OK);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_publish(b, "auth.t", "k", 1, "v", 1));
+    kb_assert_ok(kb_flush(b, 5000));
+    kb_assert_ok(kb_close(b, 5000));
     /* it went to database 2 */
     redisContext *rc = redisConnect("127.0.0.1", s.port);
     freeReplyObject(redisCommand(rc, "AUTH pa55word"));
@@ -166,7 +166,7 @@ static void not_redis_on_the_port(void **state)
         char url[64], err[256] = "";
         snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
         kb_conf *c = conf_for(url);
-        assert_int_equal(kb_conf_set(c, "redis.read_timeout_ms", "300", err, sizeof err), KB_OK);
+        kb_assert_ok(kb_conf_set(c, "redis.read_timeout_ms", "300", err, sizeof err));
         kb_bus *b = kb_open(c, err, sizeof err);
         kb_test_fake_stop(pid);
         assert_null(b);
@@ -242,14 +242,14 @@ static void interop_plain_xadd_and_malformed(void **state)
     kb_bus *b = open_with(NULL, NULL, NULL, NULL);
     struct seen s = {0};
     kb_tracker_init(&s.t, 10);
-    assert_int_equal(kb_subscribe(b, topic, seen_handler, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, seen_handler, &s));
     for (uint32_t seq = 21; seq <= 40; seq++)   /* and while consuming */
         for (uint32_t k = 0; k < 5; k++)
             xadd_tracked(c, topic, k, seq);
     wait_for(&s.n, 200);
     kb_topic_stats st;
     for (int i = 0; i < 500; i++) {
-        assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+        kb_assert_ok(kb_stats(b, topic, &st));
         if (st.dlq_length == 3 && st.broker_pending == 0)
             break;
         usleep(10000);
@@ -262,12 +262,12 @@ static void interop_plain_xadd_and_malformed(void **state)
     assert_int_equal(st.broker_length, 203);
     assert_int_equal(st.broker_lag, 0);
     struct dl_list l = {0};
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 100, list_dl, &l), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 100, list_dl, &l));
     assert_int_equal(l.n, 3);
     assert_int_equal(l.malformed, 3);
     /* not replayable: no key */
     assert_int_equal(kb_dead_letter_replay(b, topic, l.last_id), KB_EINVAL);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     kb_tracker_destroy(&s.t);
     redisFree(c);
 }
@@ -299,18 +299,18 @@ static void misplaced_entry_dead_lettered(void **state)
     kb_bus *b = open_with(NULL, NULL, NULL, NULL);
     struct seen s = {0};
     kb_tracker_init(&s.t, 4);
-    assert_int_equal(kb_subscribe(b, topic, seen_handler, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, seen_handler, &s));
     wait_for(&s.n, 5);
     kb_topic_stats st;
     for (int i = 0; i < 500; i++) {
-        assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+        kb_assert_ok(kb_stats(b, topic, &st));
         if (st.dlq_length == 1 && st.broker_pending == 0)
             break;
         usleep(10000);
     }
     int misplaced = 0;
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 10, count_misplaced, &misplaced), KB_OK);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 10, count_misplaced, &misplaced));
+    kb_assert_ok(kb_close(b, 5000));
     assert_int_equal(misplaced, 1);
     assert_int_equal(st.dlq_length, 1);
     assert_int_equal(st.broker_pending, 0);   /* acked with its dead letter */
@@ -363,14 +363,14 @@ static void pending_of_dead_consumer(void **state)
 
     kb_bus *bus = open_with("partitions", "1", "retry.max_attempts", "5");
     struct attempts at = {0, 0};
-    assert_int_equal(kb_subscribe(bus, topic, attempts_handler, &at), KB_OK);
+    kb_assert_ok(kb_subscribe(bus, topic, attempts_handler, &at));
     kb_wait_until(at.attempt_of_a != 0, 5000, "the handler ran \"a\"");
     int found = 0;
-    assert_int_equal(kb_dead_letters(bus, topic, NULL, 10, find_crash_loop, &found), KB_OK);
+    kb_assert_ok(kb_dead_letters(bus, topic, NULL, 10, find_crash_loop, &found));
     assert_int_equal(at.attempt_of_a, 1);   /* delivered 10 times, never run */
     assert_int_equal(at.calls, 1);          /* "b" never reached the handler */
     assert_int_equal(found, 1);
-    assert_int_equal(kb_close(bus, 5000), KB_OK);
+    kb_assert_ok(kb_close(bus, 5000));
     /* settled: both records are gone with the ack and the dead letter */
     redisReply *left = NULL;
     for (int i = 0; i < 500; i++) {
@@ -399,9 +399,9 @@ static void partition_count_mismatch(void **state)
     char topic[96];
     unique_topic(topic, sizeof topic, "meta");
     kb_bus *b = open_with(NULL, NULL, NULL, NULL);
-    assert_int_equal(kb_publish(b, topic, "k", 1, "v", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 5000), KB_OK);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_publish(b, topic, "k", 1, "v", 1));
+    kb_assert_ok(kb_flush(b, 5000));
+    kb_assert_ok(kb_close(b, 5000));
 
     b = open_with("partitions", "4", NULL, NULL);
     kb_topic_stats st;   /* figures by the wrong count would mislead: refused */
@@ -414,7 +414,7 @@ static void partition_count_mismatch(void **state)
     assert_non_null(strstr(kb_last_error(), "partitions=8"));
     assert_int_equal(kb_publish(b, topic, "k", 1, "v", 1), KB_EINVAL);
     assert_non_null(strstr(kb_last_error(), "partitions=4"));
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
 }
 
 /* ---- flush reports server errors ---- */
@@ -429,11 +429,11 @@ static void flush_reports_refused_publishes(void **state)
     freeReplyObject(redisCommand(c, "SET %s not-a-stream", key));
     kb_bus *b = open_with(NULL, NULL, NULL, NULL);
     for (int i = 0; i < 10; i++)
-        assert_int_equal(kb_publish(b, topic, "k", 1, "v", 1), KB_OK);   /* no round trip */
+        kb_assert_ok(kb_publish(b, topic, "k", 1, "v", 1));   /* no round trip */
     assert_int_equal(kb_flush(b, 5000), KB_ETRANSPORT);
     assert_non_null(strstr(kb_last_error(), "WRONGTYPE"));
-    assert_int_equal(kb_flush(b, 5000), KB_OK);   /* reported once */
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_flush(b, 5000));   /* reported once */
+    kb_assert_ok(kb_close(b, 5000));
     redisFree(c);
 }
 
@@ -455,8 +455,8 @@ static kb_bus *open_big(const char *url)
 {
     kb_conf *c = conf_for(url);
     char err[256];
-    assert_int_equal(kb_conf_set(c, "limits.max_payload_bytes", "4194304", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "redis.reconnect_min_ms", "1", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "limits.max_payload_bytes", "4194304", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.reconnect_min_ms", "1", err, sizeof err));
     kb_conf_set_log(c, capture_debug, NULL);
     kb_bus *b = kb_open(c, err, sizeof err);
     if (b == NULL)
@@ -492,11 +492,11 @@ static void bulk_limit(void **state)
     assert_int_equal(kb_test_server_start(&s, "redis", known), 0);
     kb_bus *b = open_big(s.url);
     struct seen seen = {0};
-    assert_int_equal(kb_subscribe(b, "bulk", seen_handler, &seen), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "bulk", seen_handler, &seen));
     assert_int_equal(kb_publish(b, "bulk", "k", 1, big, mib + 1), KB_ETOOBIG);
     must_say("refused publish", "proto-max-bulk-len (1048576 bytes");
-    assert_int_equal(kb_publish(b, "bulk", "k", 1, big, mib), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_assert_ok(kb_publish(b, "bulk", "k", 1, big, mib));
+    kb_assert_ok(kb_flush(b, 10000));
     wait_for(&seen.n, 1);
     assert_int_equal(seen.n, 1);
 
@@ -504,17 +504,17 @@ static void bulk_limit(void **state)
     redisContext *rc = redisConnect("127.0.0.1", s.port);
     freeReplyObject(redisCommand(rc, "CONFIG SET proto-max-bulk-len 2mb"));
     assert_int_equal(kb_publish(b, "bulk", "k", 1, big, mib + 1), KB_ETOOBIG);   /* read at open */
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     b = open_big(s.url);
-    assert_int_equal(kb_publish(b, "bulk", "k", 1, big, mib + 1), KB_OK);
+    kb_assert_ok(kb_publish(b, "bulk", "k", 1, big, mib + 1));
     freeReplyObject(redisCommand(rc, "CONFIG SET proto-max-bulk-len 1mb"));
-    assert_int_equal(kb_publish(b, "bulk", "k", 1, big, 2 * mib), KB_OK);
+    kb_assert_ok(kb_publish(b, "bulk", "k", 1, big, 2 * mib));
     assert_int_equal(kb_flush(b, 10000), KB_ETRANSPORT);
     must_say("flush after an oversized entry", "over its proto-max-bulk-len (1048576 bytes)");
     assert_int_equal(publish_when_up(b, "bulk", big, 2 * mib), KB_ETOOBIG);
-    assert_int_equal(publish_when_up(b, "bulk", "v", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(publish_when_up(b, "bulk", "v", 1));
+    kb_assert_ok(kb_flush(b, 10000));
+    kb_assert_ok(kb_close(b, 5000));
     redisFree(rc);
     kb_test_server_stop(&s);
 
@@ -526,7 +526,7 @@ static void bulk_limit(void **state)
     pthread_mutex_lock(&captured_lock);
     assert_non_null(strstr(captured, "CONFIG GET proto-max-bulk-len"));
     pthread_mutex_unlock(&captured_lock);
-    assert_int_equal(kb_publish(b, "bulk", "k", 1, big, 2 * mib), KB_OK);
+    kb_assert_ok(kb_publish(b, "bulk", "k", 1, big, 2 * mib));
     assert_int_equal(kb_close(b, 5000), KB_ETRANSPORT);
     must_say("close", "1 published events never sent");
     must_say("close", "probably over its proto-max-bulk-len");
@@ -561,25 +561,25 @@ static void dead_letter_and_replay(void **state)
     unique_topic(topic, sizeof topic, "replay");
     kb_bus *b = open_with("retry.max_attempts", "3", NULL, NULL);
     struct poison p = {0};
-    assert_int_equal(kb_subscribe(b, topic, poison_handler, &p), KB_OK);
-    assert_int_equal(kb_publish(b, topic, "key-1", 5, "poison", 6), KB_OK);
-    assert_int_equal(kb_publish(b, topic, "key-1", 5, "fine", 4), KB_OK);
-    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, poison_handler, &p));
+    kb_assert_ok(kb_publish(b, topic, "key-1", 5, "poison", 6));
+    kb_assert_ok(kb_publish(b, topic, "key-1", 5, "fine", 4));
+    kb_assert_ok(kb_flush(b, 5000));
     wait_for(&p.handled, 1);
     struct dl_list l = {0};
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 100, list_dl, &l), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 100, list_dl, &l));
     assert_int_equal(l.n, 1);
     assert_int_equal(p.poisoned, 3);
     atomic_store(&p.cure, 1);
-    assert_int_equal(kb_dead_letter_replay(b, topic, l.last_id), KB_OK);
+    kb_assert_ok(kb_dead_letter_replay(b, topic, l.last_id));
     wait_for(&p.handled, 2);
     assert_int_equal(p.handled, 2);
     assert_int_equal(p.last_attempt, 1);
     struct dl_list after = {0};
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 100, list_dl, &after), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 100, list_dl, &after));
     assert_int_equal(after.n, 0);
     assert_int_equal(kb_dead_letter_replay(b, topic, l.last_id), KB_ENOTFOUND);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
 }
 
 /* ---- stats ---- */
@@ -592,15 +592,15 @@ static void stats_and_owner(void **state)
     kb_bus *b = open_with("consumer", "stats-consumer", NULL, NULL);
     struct seen s = {0};
     kb_tracker_init(&s.t, 10);
-    assert_int_equal(kb_subscribe(b, topic, seen_handler, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, seen_handler, &s));
     for (uint32_t seq = 1; seq <= 10; seq++)
         for (uint32_t k = 0; k < 10; k++)
-            assert_int_equal(kb_tracker_publish(b, topic, k, seq, 16), KB_OK);
-    assert_int_equal(kb_flush(b, 5000), KB_OK);
+            kb_assert_ok(kb_tracker_publish(b, topic, k, seq, 16));
+    kb_assert_ok(kb_flush(b, 5000));
     wait_for(&s.n, 100);
     kb_topic_stats st;
     for (int i = 0; i < 500; i++) {
-        assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+        kb_assert_ok(kb_stats(b, topic, &st));
         if (st.broker_pending == 0 && st.partitions_owned == 8)
             break;
         usleep(10000);
@@ -614,7 +614,7 @@ static void stats_and_owner(void **state)
     uint64_t sum = 0;
     for (uint32_t i = 0; i < 8; i++) {
         kb_partition_stats ps;
-        assert_int_equal(kb_partition_stats_get(b, topic, i, &ps), KB_OK);
+        kb_assert_ok(kb_partition_stats_get(b, topic, i, &ps));
         assert_string_equal(ps.owner, "stats-consumer");
         assert_int_equal(ps.consumers, 1);
         sum += ps.length;
@@ -623,7 +623,7 @@ static void stats_and_owner(void **state)
     kb_partition_stats ps;
     assert_int_equal(kb_partition_stats_get(b, topic, 8, &ps), KB_ENOTFOUND);
     assert_int_equal(kb_stats(b, "rb.never.used", &st), KB_ENOTFOUND);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     kb_tracker_destroy(&s.t);
 }
 
@@ -654,9 +654,9 @@ static void consumers_that_left_removed(void **state)
     kb_bus *b = open_with("partitions", "1", "consumer", "left-1");
     struct seen s = {0};
     kb_tracker_init(&s.t, 1);
-    assert_int_equal(kb_subscribe(b, topic, seen_handler, &s), KB_OK);
-    assert_int_equal(kb_publish(b, topic, "key-b", 5, "b", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, seen_handler, &s));
+    kb_assert_ok(kb_publish(b, topic, "key-b", 5, "b", 1));
+    kb_assert_ok(kb_flush(b, 5000));
     wait_for(&s.n, 2);
     for (int i = 0; i < 1000 && group_consumers(c, stream, "ghost") > 0; i++)
         usleep(10000);   /* pruned once per lease TTL (2 s here) */
@@ -664,7 +664,7 @@ static void consumers_that_left_removed(void **state)
     assert_int_equal(group_consumers(c, stream, "ghost"), 0);
     assert_int_equal(group_consumers(c, stream, "left-1"), 1);
     /* a clean close with everything acked leaves the group too */
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     assert_int_equal(group_consumers(c, stream, NULL), 0);
     kb_tracker_destroy(&s.t);
     redisFree(c);
@@ -680,10 +680,10 @@ static void group_lost_on_server(void **state)
     kb_bus *b = open_with(NULL, NULL, NULL, NULL);
     struct seen s = {0};
     kb_tracker_init(&s.t, 4);
-    assert_int_equal(kb_subscribe(b, topic, seen_handler, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, seen_handler, &s));
     for (uint32_t k = 0; k < 4; k++)
-        assert_int_equal(kb_tracker_publish(b, topic, k, 1, 8), KB_OK);
-    assert_int_equal(kb_flush(b, 5000), KB_OK);
+        kb_assert_ok(kb_tracker_publish(b, topic, k, 1, 8));
+    kb_assert_ok(kb_flush(b, 5000));
     wait_for(&s.n, 4);
     redisContext *c = raw();
     freeReplyObject(redisCommand(c, "FLUSHALL"));
@@ -693,7 +693,7 @@ static void group_lost_on_server(void **state)
     wait_for(&s.n, 8);
     assert_int_equal(kb_tracker_distinct(&s.t), 8);
     assert_int_equal(s.t.order_violations, 0);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     kb_tracker_destroy(&s.t);
     redisFree(c);
 }
@@ -738,15 +738,15 @@ static void acks_kept_while_mget_refused(void **state)
     kb_bus *b = open_with(NULL, NULL, NULL, NULL);
     struct seen s = {0};
     kb_tracker_init(&s.t, 10);
-    assert_int_equal(kb_subscribe(b, topic, seen_handler, &s), KB_OK);
-    assert_int_equal(kb_tracker_publish(b, topic, 0, 1, 16), KB_OK);   /* leases taken, groups made */
-    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, seen_handler, &s));
+    kb_assert_ok(kb_tracker_publish(b, topic, 0, 1, 16));   /* leases taken, groups made */
+    kb_assert_ok(kb_flush(b, 5000));
     wait_for(&s.n, 1);
     assert_int_equal(atomic_load(&s.n), 1);
     freeReplyObject(redisCommand(c, "ACL SETUSER default -mget"));
     for (uint32_t seq = 1; seq <= 20; seq++)
         for (uint32_t k = 0; k < 10; k++)
-            assert_int_equal(kb_tracker_publish(b, topic, k, k == 0 ? seq + 1 : seq, 16), KB_OK);
+            kb_assert_ok(kb_tracker_publish(b, topic, k, k == 0 ? seq + 1 : seq, 16));
     int rc = kb_flush(b, 5000);
     for (int i = 0; i < 1000 && kb_tracker_distinct(&s.t) < 201; i++)
         usleep(10000);
@@ -760,8 +760,8 @@ static void acks_kept_while_mget_refused(void **state)
     for (int i = 0; i < 2000 && pending_in(c, topic) > 0; i++)
         usleep(10000);
     long long left = pending_in(c, topic);   /* every ack went, none dropped as fenced */
-    assert_int_equal(kb_close(b, 5000), KB_OK);
-    assert_int_equal(rc, KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
+    kb_assert_ok(rc);
     assert_int_equal(handled, 201);
     assert_true(retried >= 3);
     assert_true(held > 0);
@@ -781,16 +781,16 @@ static void plain_reads(void **state)
     kb_bus *b = open_with("redis.fenced_reads", "0", NULL, NULL);
     struct seen s = {0};
     kb_tracker_init(&s.t, 10);
-    assert_int_equal(kb_subscribe(b, topic, seen_handler, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, seen_handler, &s));
     for (uint32_t seq = 1; seq <= 50; seq++) {
         for (uint32_t k = 0; k < 10; k++)
-            assert_int_equal(kb_tracker_publish(b, topic, k, seq, 16), KB_OK);
+            kb_assert_ok(kb_tracker_publish(b, topic, k, seq, 16));
         if (seq == 25)
             usleep(300000);   /* idle in between: the wait on "$" must wake up */
     }
-    assert_int_equal(kb_flush(b, 5000), KB_OK);
+    kb_assert_ok(kb_flush(b, 5000));
     wait_for(&s.n, 500);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     assert_int_equal(kb_tracker_distinct(&s.t), 500);
     assert_int_equal(s.t.order_violations, 0);
     assert_int_equal(s.t.duplicates, 0);
@@ -804,13 +804,13 @@ static void maxlen_trims(void **state)
     unique_topic(topic, sizeof topic, "maxlen");
     kb_bus *b = open_with("redis.maxlen", "100", "partitions", "1");
     for (int i = 0; i < 5000; i++)
-        assert_int_equal(kb_publish(b, topic, "k", 1, "v", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 5000), KB_OK);
+        kb_assert_ok(kb_publish(b, topic, "k", 1, "v", 1));
+    kb_assert_ok(kb_flush(b, 5000));
     redisContext *c = raw();
     snprintf(key, sizeof key, "kb:{%s}:p:0", topic);
     long long len = raw_int(c, "XLEN %s", key);
     assert_true(len >= 100 && len < 1000);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     redisFree(c);
 }
 
@@ -848,17 +848,17 @@ static void trimmed_while_pending(void **state)
     atomic_store(&trimmed_logged, 0);
     kb_conf *conf = conf_for(server.url);
     char err[256];
-    assert_int_equal(kb_conf_set(conf, "partitions", "1", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(conf, "partitions", "1", err, sizeof err));
     kb_conf_set_log(conf, count_trimmed, NULL);
     kb_bus *b = kb_open(conf, err, sizeof err);
     if (b == NULL)
         fail_msg("kb_open: %s", err);
     _Atomic uint64_t handled = 0;
-    assert_int_equal(kb_subscribe(b, topic, count_handled, &handled), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, count_handled, &handled));
     wait_for(&handled, 5);
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
+    kb_assert_ok(kb_close(b, 5000));
     assert_int_equal(atomic_load(&handled), 5);          /* recovery went on past them */
     assert_int_equal(atomic_load(&trimmed_logged), 10);  /* each one named */
     assert_int_equal(st.broker_trimmed, 10);             /* and counted */

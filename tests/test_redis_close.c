@@ -87,11 +87,11 @@ static void close_on_silent_server(void **state)
     kb_tracker_init(&tr, KEYS);
     kb_bus *consumer = kb_test_open(srv.url, settings, NULL);
     kb_bus *producer = kb_test_open(srv.url, settings, NULL);
-    assert_int_equal(kb_subscribe(consumer, topic, kb_tracker_handler, &tr), KB_OK);
+    kb_assert_ok(kb_subscribe(consumer, topic, kb_tracker_handler, &tr));
     for (uint32_t s = 1; s <= PER_KEY; s++)
         for (uint32_t k = 0; k < KEYS; k++)
-            assert_int_equal(kb_tracker_publish(producer, topic, k, s, 16), KB_OK);
-    assert_int_equal(kb_flush(producer, 10000), KB_OK);
+            kb_assert_ok(kb_tracker_publish(producer, topic, k, s, 16));
+    kb_assert_ok(kb_flush(producer, 10000));
     kb_wait_until(kb_tracker_distinct(&tr) >= (uint64_t)KEYS * PER_KEY, 30000,
                   "the consumer handled every event");
     assert_int_equal(kb_tracker_distinct(&tr), (uint64_t)KEYS * PER_KEY);
@@ -103,7 +103,7 @@ static void close_on_silent_server(void **state)
     stopped = true;
     /* accepted (buffered for the keeper), never answered */
     for (uint32_t k = 0; k < KEYS; k++)
-        assert_int_equal(kb_tracker_publish(producer, topic, k, PER_KEY + 1, 16), KB_OK);
+        kb_assert_ok(kb_tracker_publish(producer, topic, k, PER_KEY + 1, 16));
 
     int64_t t0 = now_ms();
     int rc_consumer = kb_close(consumer, 3000);
@@ -135,15 +135,15 @@ static void close_with_no_time_left(void **state)
     snprintf(topic, sizeof topic, "close.now.%d", (int)getpid());
     kb_bus *producer = kb_test_open(srv.url, settings, NULL);
     for (uint32_t k = 0; k < KEYS; k++)
-        assert_int_equal(kb_publish(producer, topic, "k", 1, "v", 1), KB_OK);
+        kb_assert_ok(kb_publish(producer, topic, "k", 1, "v", 1));
     int64_t t0 = now_ms();
-    assert_int_equal(kb_close(producer, 0), KB_OK);
+    kb_assert_ok(kb_close(producer, 0));
     assert_true(now_ms() - t0 < 5000);
     kb_bus *monitor = kb_test_open(srv.url, settings, NULL);
     kb_topic_stats st;
-    assert_int_equal(kb_stats(monitor, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(monitor, topic, &st));
     assert_int_equal(st.broker_length, KEYS);
-    assert_int_equal(kb_close(monitor, 5000), KB_OK);
+    kb_assert_ok(kb_close(monitor, 5000));
 }
 
 int main(void)

@@ -21,6 +21,7 @@
 
 #include <keybus/keybus.h>
 
+#include "support/check.h"
 #include "support/server.h"
 #include "support/tracker.h"
 
@@ -40,12 +41,12 @@ static int64_t now_ms(void)
 static kb_bus *open_url(const char *url, char *err, size_t errlen)
 {
     kb_conf *c = kb_conf_new();
-    assert_int_equal(kb_conf_set(c, "transport", url, err, errlen), KB_OK);
-    assert_int_equal(kb_conf_set(c, "redis.lease_ttl_ms", TTL_ARG, err, errlen), KB_OK);
-    assert_int_equal(kb_conf_set(c, "redis.reconnect_max_ms", "200", err, errlen), KB_OK);
-    assert_int_equal(kb_conf_set(c, "redis.connect_timeout_ms", "500", err, errlen), KB_OK);
-    assert_int_equal(kb_conf_set(c, "redis.read_timeout_ms", "1000", err, errlen), KB_OK);
-    assert_int_equal(kb_conf_set(c, "consumer", "fault-test", err, errlen), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, errlen));
+    kb_assert_ok(kb_conf_set(c, "redis.lease_ttl_ms", TTL_ARG, err, errlen));
+    kb_assert_ok(kb_conf_set(c, "redis.reconnect_max_ms", "200", err, errlen));
+    kb_assert_ok(kb_conf_set(c, "redis.connect_timeout_ms", "500", err, errlen));
+    kb_assert_ok(kb_conf_set(c, "redis.read_timeout_ms", "1000", err, errlen));
+    kb_assert_ok(kb_conf_set(c, "consumer", "fault-test", err, errlen));
     kb_bus *b = kb_open(c, err, errlen);
     if (b == NULL)
         kb_conf_destroy(c);
@@ -235,7 +236,7 @@ static void pair_stop(struct pair *p, struct verdict *v)
 {
     *v = wait_log(p->log, (uint64_t)KEYS * PER_KEY);
     kb_topic_stats st;
-    assert_int_equal(kb_stats(p->producer, p->topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(p->producer, p->topic, &st));
     fprintf(stderr, "  dead letters %llu, pending %llu\n", (unsigned long long)st.dlq_length,
             (unsigned long long)st.broker_pending);
     for (int i = 0; i < 2; i++) {
@@ -247,7 +248,7 @@ static void pair_stop(struct pair *p, struct verdict *v)
         }
     }
     p->a = p->b = 0;
-    assert_int_equal(kb_close(p->producer, 5000), KB_OK);
+    kb_assert_ok(kb_close(p->producer, 5000));
     p->producer = NULL;
     kb_test_server_stop(&p->server);
     fprintf(stderr, "  distinct %llu, duplicates %llu, order violations %llu\n",
@@ -348,7 +349,7 @@ static kb_bus *durable_server_bus(const char *what, char *topic, size_t len, kb_
     if (b == NULL)
         fail_msg("kb_open: %s", err);
     kb_tracker_init(t, KEYS);
-    assert_int_equal(kb_subscribe(b, topic, handler, t), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, handler, t));
     return b;
 }
 
@@ -364,7 +365,7 @@ static void server_killed_and_restarted(void **state)
     assert_int_equal(kb_test_server_restart(&srv), 0);
     publish_range(b, topic, PER_KEY / 2 + 1, PER_KEY, 1);
     wait_tracker(&t, (uint64_t)KEYS * PER_KEY);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     fprintf(stderr, "  distinct %llu, duplicates %llu, order violations %llu\n",
             (unsigned long long)kb_tracker_distinct(&t), (unsigned long long)t.duplicates,
             (unsigned long long)t.order_violations);
@@ -385,7 +386,7 @@ static uint64_t publish_unflushed(kb_bus *b, const char *topic, uint32_t first, 
             int rc;
             while ((rc = kb_tracker_publish(b, topic, k, s, 16)) == KB_EFULL)
                 full++;
-            assert_int_equal(rc, KB_OK);
+            kb_assert_ok(rc);
         }
     return full;
 }
@@ -418,8 +419,8 @@ static void server_killed_mid_publish(void **state)
             (unsigned long long)t.duplicates, (unsigned long long)t.order_violations,
             (unsigned long long)full);
     assert_int_equal(flushed, KB_ETIMEDOUT);
-    assert_int_equal(drained, KB_OK);
-    assert_int_equal(closed, KB_OK);
+    kb_assert_ok(drained);
+    kb_assert_ok(closed);
     assert_int_equal(kb_tracker_distinct(&t), (uint64_t)KEYS * PER_KEY);
     assert_int_equal(t.order_violations, 0);
     assert_int_equal(t.concurrent, 0);
@@ -448,10 +449,10 @@ static void server_down_at_start(void **state)
     assert_non_null(b);
     kb_tracker t;
     kb_tracker_init(&t, KEYS);
-    assert_int_equal(kb_subscribe(b, topic, kb_tracker_handler, &t), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &t));
     publish_range(b, topic, 1, 10, 0);
     wait_tracker(&t, (uint64_t)KEYS * 10);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     assert_int_equal(kb_tracker_distinct(&t), (uint64_t)KEYS * 10);
     assert_int_equal(t.order_violations, 0);
     kb_tracker_destroy(&t);

@@ -18,6 +18,7 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/server.h"
 
 static kb_test_server server;
@@ -79,9 +80,9 @@ static void dead_letters_keep_every_original_field(void **state)
                                  stream));
     kb_bus *b = open_as("rf-fields");
     _Atomic int calls = 0;
-    assert_int_equal(kb_subscribe(b, topic, dead, &calls), KB_OK);
-    assert_int_equal(kb_publish(b, topic, "agg-1", 5, "mine", 4), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, dead, &calls));
+    kb_assert_ok(kb_publish(b, topic, "agg-1", 5, "mine", 4));
+    kb_assert_ok(kb_drain(b, 30000));
     assert_int_equal(atomic_load(&calls), 2);
 
     redisReply *r = redisCommand(c, "XRANGE %s - +", dlq);
@@ -105,9 +106,9 @@ static void dead_letters_keep_every_original_field(void **state)
 
     /* kb_dead_letters reads keybus's reason, not the original's field */
     char seen[64] = "";
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 1, reason_of, seen), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 1, reason_of, seen));
     assert_string_equal(seen, "refused/1");
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
     redisFree(c);
 }
 
@@ -127,18 +128,18 @@ static void lag_counts_entries_not_yet_delivered(void **state)
     char key[16];
     for (int i = 0; i < 40; i++) {
         int n = snprintf(key, sizeof key, "agg-%d", i);
-        assert_int_equal(kb_publish(pub, topic, key, (size_t)n, "x", 1), KB_OK);
+        kb_assert_ok(kb_publish(pub, topic, key, (size_t)n, "x", 1));
     }
-    assert_int_equal(kb_flush(pub, 30000), KB_OK);
+    kb_assert_ok(kb_flush(pub, 30000));
     /* no group yet: every entry waits */
     kb_topic_stats st;
-    assert_int_equal(kb_stats(pub, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(pub, topic, &st));
     assert_int_equal(st.broker_length, 40);
     assert_int_equal(st.broker_lag, 40);
     uint64_t per_partition = 0;
     for (uint32_t p = 0; p < 8; p++) {
         kb_partition_stats ps;
-        assert_int_equal(kb_partition_stats_get(pub, topic, p, &ps), KB_OK);
+        kb_assert_ok(kb_partition_stats_get(pub, topic, p, &ps));
         assert_int_equal(ps.lag, ps.length);
         per_partition += ps.lag;
     }
@@ -146,10 +147,10 @@ static void lag_counts_entries_not_yet_delivered(void **state)
 
     kb_bus *con = open_as("rf-con");
     _Atomic int calls = 0;
-    assert_int_equal(kb_subscribe(con, topic, handled, &calls), KB_OK);
-    assert_int_equal(kb_drain(pub, 30000), KB_OK);
-    assert_int_equal(kb_close(con, 30000), KB_OK);
-    assert_int_equal(kb_stats(pub, topic, &st), KB_OK);
+    kb_assert_ok(kb_subscribe(con, topic, handled, &calls));
+    kb_assert_ok(kb_drain(pub, 30000));
+    kb_assert_ok(kb_close(con, 30000));
+    kb_assert_ok(kb_stats(pub, topic, &st));
     assert_int_equal(st.broker_lag, 0);
 
     /* a server figure that disagrees with the IDs (as after a restart): the
@@ -171,10 +172,10 @@ static void lag_counts_entries_not_yet_delivered(void **state)
             server_lag = row->element[i + 1]->integer;
     freeReplyObject(r);
     assert_true(server_lag > 0);   /* the server's figure is wrong */
-    assert_int_equal(kb_stats(pub, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(pub, topic, &st));
     assert_int_equal(st.broker_lag, 0);
     redisFree(c);
-    assert_int_equal(kb_close(pub, 30000), KB_OK);
+    kb_assert_ok(kb_close(pub, 30000));
 }
 
 int main(void)

@@ -21,6 +21,7 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/server.h"
 #include "support/tracker.h"
 
@@ -91,26 +92,26 @@ static void drain_waits_for_consumers_elsewhere(void **state)
     kb_bus *pub = open_as("rp-publisher");
     for (uint32_t seq = 1; seq <= 20; seq++)
         for (uint32_t k = 0; k < 10; k++)
-            assert_int_equal(kb_tracker_publish(pub, topic, k, seq, 16), KB_OK);
+            kb_assert_ok(kb_tracker_publish(pub, topic, k, seq, 16));
     assert_int_equal(kb_drain(pub, 200), KB_ETIMEDOUT);   /* no group, no consumer */
 
     kb_bus *con = open_as("rp-consumer");
     struct timed tm = {0};
     kb_tracker_init(&tm.t, 10);
-    assert_int_equal(kb_subscribe(con, topic, timed_handler, &tm), KB_OK);
-    assert_int_equal(kb_drain(pub, 30000), KB_OK);
+    kb_assert_ok(kb_subscribe(con, topic, timed_handler, &tm));
+    kb_assert_ok(kb_drain(pub, 30000));
     report_latency("consumer on another bus, polled", &tm);
     assert_int_equal(kb_tracker_distinct(&tm.t), 200);
 
     /* more while it runs: the second drain waits for those too */
     for (uint32_t k = 0; k < 10; k++)
-        assert_int_equal(kb_tracker_publish(pub, topic, k, 21, 16), KB_OK);
-    assert_int_equal(kb_drain(pub, 30000), KB_OK);
+        kb_assert_ok(kb_tracker_publish(pub, topic, k, 21, 16));
+    kb_assert_ok(kb_drain(pub, 30000));
     assert_int_equal(kb_tracker_distinct(&tm.t), 210);
     assert_int_equal(tm.t.order_violations, 0);
     assert_int_equal(tm.t.duplicates, 0);
-    assert_int_equal(kb_close(con, 30000), KB_OK);
-    assert_int_equal(kb_close(pub, 30000), KB_OK);
+    kb_assert_ok(kb_close(con, 30000));
+    kb_assert_ok(kb_close(pub, 30000));
     kb_tracker_destroy(&tm.t);
 }
 
@@ -127,16 +128,16 @@ static void drain_ignores_foreign_entries(void **state)
     kb_bus *b = open_as("rp-foreign");
     struct timed tm = {0};
     kb_tracker_init(&tm.t, 5);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_drain(b, 30000));
     /* its own events on the same bus, consumed here: woken by its own acks */
-    assert_int_equal(kb_subscribe(b, topic, timed_handler, &tm), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, timed_handler, &tm));
     for (uint32_t seq = 1; seq <= 10; seq++)
         for (uint32_t k = 0; k < 5; k++)
-            assert_int_equal(kb_tracker_publish(b, topic, k, seq, 16), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+            kb_assert_ok(kb_tracker_publish(b, topic, k, seq, 16));
+    kb_assert_ok(kb_drain(b, 30000));
     report_latency("consumer on the same bus, woken by its acks", &tm);
     assert_int_equal(kb_tracker_distinct(&tm.t), 50);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
     kb_tracker_destroy(&tm.t);
     redisFree(c);
 }
@@ -185,7 +186,7 @@ static void headers_interop(void **state)
     redisContext *c = raw();
     kb_bus *b = open_as("rp-hinterop");
     struct header_seen hs = {0};
-    assert_int_equal(kb_subscribe(b, topic, header_handler, &hs), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, header_handler, &hs));
     redisReply *r = redisCommand(c, "XADD %s * k order-1 d created h.traceparent %s h.ce-type %s",
                                  stream, TRACEPARENT, "com.example.order.created");
     assert_int_equal(r->type, REDIS_REPLY_STRING);
@@ -195,8 +196,8 @@ static void headers_interop(void **state)
     assert_non_null(t);
     kb_header h[2] = {{"traceparent", TRACEPARENT, strlen(TRACEPARENT)}, {"empty", "", 0}};
     kb_msg m = {"order-1", 7, "paid", 4, 0, h, 2};
-    assert_int_equal(kb_publish_ex(t, &m), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_publish_ex(t, &m));
+    kb_assert_ok(kb_drain(b, 30000));
     assert_int_equal(hs.calls, 2);
     assert_int_equal(hs.n_headers, 2);   /* the second event's */
     assert_string_equal(hs.names[0], "traceparent");
@@ -214,7 +215,7 @@ static void headers_interop(void **state)
     for (size_t i = 0; i < 10; i++)
         assert_string_equal(f->element[i]->str, want[i]);
     freeReplyObject(r);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
     redisFree(c);
 }
 
@@ -263,12 +264,12 @@ static void malformed_headers_dead_lettered(void **state)
     }
     kb_bus *b = open_as("rp-hbad");
     struct header_seen hs = {0};
-    assert_int_equal(kb_subscribe(b, topic, header_handler, &hs), KB_OK);
-    assert_int_equal(kb_publish(b, topic, "agg-1", 5, "fine", 4), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);   /* covers the entries before ours */
+    kb_assert_ok(kb_subscribe(b, topic, header_handler, &hs));
+    kb_assert_ok(kb_publish(b, topic, "agg-1", 5, "fine", 4));
+    kb_assert_ok(kb_drain(b, 30000));   /* covers the entries before ours */
     assert_int_equal(hs.calls, 1);
     struct dl_seen s = {0};
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 100, collect, &s), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 100, collect, &s));
     assert_int_equal(s.n, 5);
     assert_int_equal(s.malformed, 5);
     assert_non_null(strstr(s.reason[0], "allowed: letters"));
@@ -278,10 +279,10 @@ static void malformed_headers_dead_lettered(void **state)
     assert_non_null(strstr(s.reason[4], "NUL"));
     assert_int_equal(s.n_headers[0], 1);   /* kept as stored */
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
     assert_int_equal(st.dlq_length, 5);
     assert_int_equal(st.broker_pending, 0);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
     redisFree(c);
 }
 
@@ -303,37 +304,37 @@ static void replay_restores_headers_once(void **state)
     unique_topic(topic, sizeof topic, "replay");
     kb_bus *b = open_as("rp-replay");
     struct header_seen hs = {.dead_first = 1};
-    assert_int_equal(kb_subscribe(b, topic, header_handler, &hs), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, header_handler, &hs));
     kb_topic *t = kb_topic_get(b, topic, NULL, 0);
     kb_header h[1] = {{"ce-id", "42", 2}};
     kb_msg m = {"order-9", 7, "x", 1, 0, h, 1};
-    assert_int_equal(kb_publish_ex(t, &m), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_publish_ex(t, &m));
+    kb_assert_ok(kb_drain(b, 30000));
     assert_int_equal(hs.calls, 1);
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
     assert_int_equal(st.published, 1);
     assert_int_equal(st.dlq_length, 1);
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 1, first_id, id), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 1, first_id, id));
     struct dl_seen s = {0};
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 10, collect, &s), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 10, collect, &s));
     assert_int_equal(s.n, 1);
     assert_string_equal(s.reason[0], "first call of order-9");
     assert_int_equal(s.n_headers[0], 1);
 
-    assert_int_equal(kb_dead_letter_replay(b, topic, id), KB_OK);
+    kb_assert_ok(kb_dead_letter_replay(b, topic, id));
     assert_int_equal(kb_dead_letter_replay(b, topic, id), KB_ENOTFOUND);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_drain(b, 30000));
     assert_int_equal(hs.calls, 2);
     assert_int_equal(hs.n_headers, 1);
     assert_string_equal(hs.names[0], "ce-id");
     assert_string_equal(hs.values[0], "42");
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
     assert_int_equal(st.published, 2);
     assert_int_equal(st.dlq_length, 0);
     assert_int_equal(st.broker_length, 2);
     assert_int_equal(st.broker_pending, 0);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
 }
 
 static int time_of(const kb_dead_letter *dl, void *opaque)
@@ -358,21 +359,21 @@ static void monitor_reads_broker_figures(void **state)
     kb_bus *pub = open_as("rp-mpub");
     for (uint32_t seq = 1; seq <= 3; seq++)
         for (uint32_t k = 0; k < 10; k++)
-            assert_int_equal(kb_tracker_publish(pub, topic, k, seq, 16), KB_OK);
-    assert_int_equal(kb_flush(pub, 30000), KB_OK);
-    assert_int_equal(kb_stats(mon, topic, &st), KB_OK);
+            kb_assert_ok(kb_tracker_publish(pub, topic, k, seq, 16));
+    kb_assert_ok(kb_flush(pub, 30000));
+    kb_assert_ok(kb_stats(mon, topic, &st));
     assert_int_equal(st.published, 0);
     assert_int_equal(st.broker_length, 30);
     assert_int_equal(st.partitions, 8);
     assert_int_equal(st.partitions_owned, 0);
     assert_int_equal(st.broker_frames, 0);
-    assert_int_equal(kb_stats(pub, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(pub, topic, &st));
     assert_int_equal(st.published, 30);
 
     kb_bus *con = open_as("rp-mcon");
     kb_tracker t;
     kb_tracker_init(&t, 10);
-    assert_int_equal(kb_subscribe(con, topic, kb_tracker_handler, &t), KB_OK);
+    kb_assert_ok(kb_subscribe(con, topic, kb_tracker_handler, &t));
     /* an entry without payload from another client, dead-lettered, so the
      * DLQ shows up in the monitor too; our next event of its key covers it */
     char stream[160];
@@ -380,9 +381,9 @@ static void monitor_reads_broker_figures(void **state)
     redisContext *c = raw();
     freeReplyObject(redisCommand(c, "XADD %s * k agg-0", stream));
     redisFree(c);
-    assert_int_equal(kb_tracker_publish(pub, topic, 0, 4, 16), KB_OK);
-    assert_int_equal(kb_drain(pub, 30000), KB_OK);
-    assert_int_equal(kb_stats(mon, topic, &st), KB_OK);
+    kb_assert_ok(kb_tracker_publish(pub, topic, 0, 4, 16));
+    kb_assert_ok(kb_drain(pub, 30000));
+    kb_assert_ok(kb_stats(mon, topic, &st));
     assert_int_equal(st.published, 0);
     assert_int_equal(st.broker_length, 32);
     assert_int_equal(st.broker_pending, 0);
@@ -390,19 +391,19 @@ static void monitor_reads_broker_figures(void **state)
     assert_int_equal(st.dlq_length, 1);
     assert_int_equal(st.broker_frames, 0);
     int64_t ms = 0;
-    assert_int_equal(kb_dead_letters(mon, topic, NULL, 1, time_of, &ms), KB_OK);
+    kb_assert_ok(kb_dead_letters(mon, topic, NULL, 1, time_of, &ms));
     assert_true(ms > 0);
     uint32_t owned = 0;
     for (uint32_t p = 0; p < 8; p++) {
         kb_partition_stats ps;
-        assert_int_equal(kb_partition_stats_get(mon, topic, p, &ps), KB_OK);
+        kb_assert_ok(kb_partition_stats_get(mon, topic, p, &ps));
         owned += strcmp(ps.owner, "rp-mcon") == 0;
         assert_int_equal(ps.pending, 0);
     }
     assert_int_equal(owned, 8);
-    assert_int_equal(kb_close(con, 30000), KB_OK);
-    assert_int_equal(kb_close(pub, 30000), KB_OK);
-    assert_int_equal(kb_close(mon, 30000), KB_OK);
+    kb_assert_ok(kb_close(con, 30000));
+    kb_assert_ok(kb_close(pub, 30000));
+    kb_assert_ok(kb_close(mon, 30000));
     assert_int_equal(kb_tracker_distinct(&t), 31);
     kb_tracker_destroy(&t);
 }

@@ -27,6 +27,7 @@
 #include <hiredis/hiredis.h>
 #include <keybus/keybus.h>
 
+#include "support/check.h"
 #include "support/sentinel.h"
 #include "support/tracker.h"
 
@@ -97,11 +98,11 @@ static void url_checked_when_set(void **state)
     }
     char err[512];
     kb_conf *c = kb_conf_new();
-    assert_int_equal(kb_conf_set(c, "transport", "redis-sentinel://u:SECRET@a:1,[::1]:2,b/m-1.x",
-                                 err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", "redis-sentinel://u:SECRET@a:1,[::1]:2,b/m-1.x",
+                             err, sizeof err));
     /* a WAIT longer than the read timeout would look like a silent server */
-    assert_int_equal(kb_conf_set(c, "redis.wait_replicas", "1", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "redis.wait_timeout_ms", "5000", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "redis.wait_replicas", "1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.wait_timeout_ms", "5000", err, sizeof err));
     assert_null(kb_open(c, err, sizeof err));
     assert_non_null(strstr(err, "redis.wait_timeout_ms (5000) must be below redis.read_timeout_ms"));
     kb_conf_destroy(c);
@@ -130,8 +131,8 @@ static void wait_shortfall_named(void **state)
     kb_test_sentinels *s = *state;
     kb_bus *one = open_bus(s->url, "1"), *two = open_bus(s->url, "2");
     for (uint32_t seq = 1; seq <= 50; seq++) {
-        assert_int_equal(kb_tracker_publish(one, TOPIC "-wait", seq % KEYS, seq, 16), KB_OK);
-        assert_int_equal(kb_tracker_publish(two, TOPIC "-wait", seq % KEYS, seq, 16), KB_OK);
+        kb_assert_ok(kb_tracker_publish(one, TOPIC "-wait", seq % KEYS, seq, 16));
+        kb_assert_ok(kb_tracker_publish(two, TOPIC "-wait", seq % KEYS, seq, 16));
     }
     if (kb_flush(one, 5000) != KB_OK)   /* the replica confirms */
         fail_msg("kb_flush: %s", kb_last_error());
@@ -148,9 +149,9 @@ static void wait_shortfall_named(void **state)
     int again = KB_ETRANSPORT;
     for (int i = 0; i < 20 && again == KB_ETRANSPORT; i++)
         again = kb_flush(two, 5000);
-    assert_int_equal(again, KB_OK);
-    assert_int_equal(kb_close(one, 5000), KB_OK);
-    assert_int_equal(kb_close(two, 5000), KB_OK);
+    kb_assert_ok(again);
+    kb_assert_ok(kb_close(one, 5000));
+    kb_assert_ok(kb_close(two, 5000));
 }
 
 /* ---- a failover the Sentinels are asked for: the old primary lives on as a replica ---- */
@@ -184,12 +185,12 @@ static void switch_followed(void **state)
     assert_non_null(log);
     assert_non_null(acked);
     kb_bus *consumer = open_bus(s->url, "0");
-    assert_int_equal(kb_subscribe(consumer, TOPIC "-switch", mark_handled, log), KB_OK);
+    kb_assert_ok(kb_subscribe(consumer, TOPIC "-switch", mark_handled, log));
     kb_bus *pub = open_bus(s->url, "1");
     uint32_t seq = 0;
     for (; seq < 100; seq++)
-        assert_int_equal(kb_tracker_publish(pub, TOPIC "-switch", seq % KEYS, seq + 1, 16), KB_OK);
-    assert_int_equal(kb_flush(pub, 5000), KB_OK);
+        kb_assert_ok(kb_tracker_publish(pub, TOPIC "-switch", seq % KEYS, seq + 1, 16));
+    kb_assert_ok(kb_flush(pub, 5000));
     for (uint32_t i = 1; i <= seq; i++)
         acked[i] = true;
 
@@ -215,16 +216,16 @@ static void switch_followed(void **state)
     for (int tries = 0; tries < 60 && rc != KB_OK; tries++) {
         uint32_t from = seq + 1;
         for (uint32_t k = 0; k < KEYS; k++, seq++)
-            assert_int_equal(kb_tracker_publish(pub, TOPIC "-switch", k, seq + 1, 16), KB_OK);
+            kb_assert_ok(kb_tracker_publish(pub, TOPIC "-switch", k, seq + 1, 16));
         rc = kb_flush(pub, 1000);
         for (uint32_t i = from; rc == KB_OK && i <= seq; i++)
             acked[i] = true;
         if (stored == 0 && (rc == KB_OK || strstr(kb_last_error(), "replicas confirmed") != NULL))
             stored = now_ms();
     }
-    assert_int_equal(rc, KB_OK);
+    kb_assert_ok(rc);
     int64_t acked_ms = now_ms();
-    assert_int_equal(kb_drain(pub, 30000), KB_OK);
+    kb_assert_ok(kb_drain(pub, 30000));
     uint32_t distinct = 0;
     for (uint32_t i = 1; i <= seq; i++) {
         distinct += atomic_load(&log->seen[i]);
@@ -236,8 +237,8 @@ static void switch_followed(void **state)
            "later; %llu handled (%u distinct) of %u published\n",
            (long long)(switched - start), (long long)(stored - switched), (long long)(acked_ms - switched),
            (unsigned long long)atomic_load(&log->handled), distinct, seq);
-    assert_int_equal(kb_close(pub, 5000), KB_OK);
-    assert_int_equal(kb_close(consumer, 5000), KB_OK);
+    kb_assert_ok(kb_close(pub, 5000));
+    kb_assert_ok(kb_close(consumer, 5000));
     free(log);
     free(acked);
 }
@@ -302,7 +303,7 @@ static void primary_killed_mid_stream(void **state)
     assert_true(old == 0 || old == 1);
 
     kb_bus *consumer = open_bus(s->url, "0");
-    assert_int_equal(kb_subscribe(consumer, TOPIC, record, h), KB_OK);
+    kb_assert_ok(kb_subscribe(consumer, TOPIC, record, h));
     kb_bus *pub = open_bus(s->url, "1");
 
     uint32_t round = 0, acked_after = 0;
@@ -312,7 +313,7 @@ static void primary_killed_mid_stream(void **state)
         round++;
         assert_true(round <= ROUNDS_MAX);
         for (uint32_t k = 0; k < KEYS; k++)
-            assert_int_equal(kb_tracker_publish(pub, TOPIC, k, round, 16), KB_OK);
+            kb_assert_ok(kb_tracker_publish(pub, TOPIC, k, round, 16));
         int rc = kb_flush(pub, 1000);
         if (rc == KB_OK) {
             acked[round] = true;
@@ -349,9 +350,9 @@ static void primary_killed_mid_stream(void **state)
     assert_true(acked_handled(h, acked, round));
     /* the leases and the pending entries carried on on the new primary:
      * everything the publisher stored is handled and acked there */
-    assert_int_equal(kb_drain(pub, 30000), KB_OK);
+    kb_assert_ok(kb_drain(pub, 30000));
     kb_topic_stats st;
-    assert_int_equal(kb_stats(consumer, TOPIC, &st), KB_OK);
+    kb_assert_ok(kb_stats(consumer, TOPIC, &st));
     assert_int_equal(st.partitions_owned, st.partitions);
     assert_int_equal(st.broker_pending, 0);
 
@@ -371,8 +372,8 @@ static void primary_killed_mid_stream(void **state)
     assert_int_equal(h->violations, 0);
     pthread_mutex_unlock(&h->lock);
 
-    assert_int_equal(kb_close(pub, 5000), KB_OK);
-    assert_int_equal(kb_close(consumer, 5000), KB_OK);
+    kb_assert_ok(kb_close(pub, 5000));
+    kb_assert_ok(kb_close(consumer, 5000));
     pthread_mutex_destroy(&h->lock);
     free(h);
     free(acked);

@@ -24,6 +24,7 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/server.h"
 
 #define TOPICS 1000
@@ -119,9 +120,9 @@ static void publish_all(kb_bus *b, int from, int to)
             for (int k = 0; k < KEYS; k++) {
                 char key[3] = {'k', (char)('0' + k), '\0'};
                 topic_name(topic, sizeof topic, i);
-                assert_int_equal(kb_publish(b, topic, key, 2, &seq, sizeof seq), KB_OK);
+                kb_assert_ok(kb_publish(b, topic, key, 2, &seq, sizeof seq));
             }
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    kb_assert_ok(kb_flush(b, 30000));
 }
 
 static void many_topics_one_reader(void **state)
@@ -129,7 +130,7 @@ static void many_topics_one_reader(void **state)
     (void)state;
     /* warm up: libraries' own globals (liburcu's threads...) exist from here */
     kb_bus *b = open_bus();
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     int threads0 = threads(), fds0 = fds();
 
     struct rlimit rl;
@@ -157,7 +158,7 @@ static void many_topics_one_reader(void **state)
         fail_msg("kb_subscribe errstr \"%s\" does not say the consumer cannot start", why);
 
     /* one topic: the bus's reader thread and connection exist from here */
-    assert_int_equal(kb_subscribe(b, topic, handler, &rec[0]), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, handler, &rec[0]));
     publish_all(b, 0, 1);
     wait_handled(EVENTS);
     assert_int_equal(atomic_load(&handled_total), EVENTS);
@@ -167,7 +168,7 @@ static void many_topics_one_reader(void **state)
     double t_sub = now_s();
     for (int i = 1; i < TOPICS; i++) {
         topic_name(topic, sizeof topic, i);
-        assert_int_equal(kb_subscribe(b, topic, handler, &rec[i]), KB_OK);
+        kb_assert_ok(kb_subscribe(b, topic, handler, &rec[i]));
     }
     long rss_idle = rss_kib();
     double t0 = now_s();
@@ -187,7 +188,7 @@ static void many_topics_one_reader(void **state)
             fds1 - fds0, TOPICS - 1, rss_idle - rss_before,
             (double)(rss_idle - rss_before) / (TOPICS - 1));
 
-    assert_int_equal(rc, KB_OK);
+    kb_assert_ok(rc);
     assert_int_equal(atomic_load(&handled_total), (uint64_t)TOPICS * EVENTS);
     for (int i = 0; i < TOPICS; i++) {
         assert_int_equal(atomic_load(&rec[i].handled), EVENTS);
@@ -246,11 +247,11 @@ static void slow_and_fast(const char *slow_topic, const char *fast_topic, bool s
     }
     kb_bus *b = open_bus_with(kv);
     struct topic_rec slow = {0};
-    assert_int_equal(kb_subscribe(b, slow_topic, slow_handler, &slow), KB_OK);
-    assert_int_equal(kb_subscribe(b, fast_topic, handler, &fast), KB_OK);
+    kb_assert_ok(kb_subscribe(b, slow_topic, slow_handler, &slow));
+    kb_assert_ok(kb_subscribe(b, fast_topic, handler, &fast));
     for (uint32_t seq = 1; !swept && seq <= 20; seq++)
-        assert_int_equal(kb_publish(b, slow_topic, "k0", 2, &seq, sizeof seq), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+        kb_assert_ok(kb_publish(b, slow_topic, "k0", 2, &seq, sizeof seq));
+    kb_assert_ok(kb_flush(b, 10000));
     /* the reader holds all 20 (read, or claimed from the ghost): some have no room */
     long long ours = 0;
     for (int i = 0; i < 3000 && ours < 20; i++) {
@@ -265,10 +266,10 @@ static void slow_and_fast(const char *slow_topic, const char *fast_topic, bool s
     }
     assert_int_equal(ours, 20);
     for (uint32_t seq = 1; seq <= 5; seq++)
-        assert_int_equal(kb_publish(b, fast_topic, "k1", 2, &seq, sizeof seq), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+        kb_assert_ok(kb_publish(b, fast_topic, "k1", 2, &seq, sizeof seq));
+    kb_assert_ok(kb_flush(b, 10000));
     wait_handled(25);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+    kb_assert_ok(kb_close(b, 10000));
     redisFree(c);
     assert_int_equal(atomic_load(&fast.handled), 5);
     assert_int_equal(atomic_load(&slow_gave_up), 0);   /* fast got through meanwhile */
@@ -305,13 +306,13 @@ static void close_while_entries_wait(void **state)
     const char *kv[] = {"pool.queue_capacity", "1", "pool.workers", "1", "retry.backoff_ms", "10",
                         "retry.max_backoff_ms", "20", "retry.max_attempts", "100000", NULL};
     kb_bus *b = open_bus_with(kv);
-    assert_int_equal(kb_subscribe(b, "hol.stuck", never_done, NULL), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "hol.stuck", never_done, NULL));
     for (uint32_t seq = 1; seq <= 20; seq++)
-        assert_int_equal(kb_publish(b, "hol.stuck", "k0", 2, &seq, sizeof seq), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+        kb_assert_ok(kb_publish(b, "hol.stuck", "k0", 2, &seq, sizeof seq));
+    kb_assert_ok(kb_flush(b, 10000));
     kb_topic_stats st = {0};
     for (int i = 0; i < 3000 && st.broker_pending < 20; i++) {
-        assert_int_equal(kb_stats(b, "hol.stuck", &st), KB_OK);
+        kb_assert_ok(kb_stats(b, "hol.stuck", &st));
         usleep(1000);
     }
     assert_int_equal(st.broker_pending, 20);
@@ -321,8 +322,8 @@ static void close_while_entries_wait(void **state)
     int rc = kb_close(b, 300);
     assert_true(rc == KB_ETIMEDOUT || rc == KB_OK);
     b = open_bus();   /* a monitor: nothing was acked or lost */
-    assert_int_equal(kb_stats(b, "hol.stuck", &st), KB_OK);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_stats(b, "hol.stuck", &st));
+    kb_assert_ok(kb_close(b, 5000));
     assert_int_equal(st.broker_length, 20);
     assert_int_equal(st.broker_pending, 20);
 }

@@ -15,6 +15,7 @@
 #include <keybus/keybus.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/server.h"
 
 #define MARKER "Zq7markerPW"   /* must appear in no message */
@@ -77,7 +78,7 @@ static void wellformed_urls_accepted(void **state)
         if (kb_conf_set(c, "transport", ok[i], err, sizeof err) != KB_OK)
             fail_msg("%s refused: %s", ok[i], err);
     snprintf(url, sizeof url, "redis://%s:%s@h", user, pass);
-    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
     /* a bracketed host that is no IPv6 address: refused at kb_conf_set with
      * a reason; a real one that nothing listens on: at kb_open */
     char v6[400] = "redis://[";
@@ -86,8 +87,8 @@ static void wellformed_urls_accepted(void **state)
     strcat(v6, "1]:6379");
     assert_int_equal(kb_conf_set(c, "transport", v6, err, sizeof err), KB_EINVAL);
     assert_non_null(strstr(err, "IPv6"));
-    assert_int_equal(kb_conf_set(c, "transport", "redis://[::1]:1", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "redis.connect_timeout_ms", "500", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", "redis://[::1]:1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.connect_timeout_ms", "500", err, sizeof err));
     err[0] = '\0';
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_null(b);
@@ -114,14 +115,14 @@ static void encoded_password_on_server(void **state)
     assert_int_equal(kb_test_server_start(&s, "redis", extra), 0);
     snprintf(url, sizeof url, "redis://:%s@127.0.0.1:%d/1", enc, s.port);
     kb_bus *b = kb_test_open(url, NULL, NULL);
-    assert_int_equal(kb_publish(b, "url.t", "k", 1, "v", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 5000), KB_OK);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_publish(b, "url.t", "k", 1, "v", 1));
+    kb_assert_ok(kb_flush(b, 5000));
+    kb_assert_ok(kb_close(b, 5000));
     /* the wrong password: refused, and not quoted */
     snprintf(url, sizeof url, "redis://:%s-wrong@127.0.0.1:%d", MARKER, s.port);
     kb_conf *c = kb_conf_new();
     char err[512] = "";
-    assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
     assert_null(kb_open(c, err, sizeof err));
     assert_non_null(strstr(err, "AUTH"));
     no_marker(err);
@@ -134,10 +135,10 @@ static void reconnect_bounds_checked_at_open(void **state)
     (void)state;
     kb_conf *c = kb_conf_new();
     char err[512] = "";
-    assert_int_equal(kb_conf_set(c, "transport", "redis://:" MARKER "@127.0.0.1:1", err,
-                                 sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "redis.reconnect_min_ms", "300", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "redis.reconnect_max_ms", "200", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", "redis://:" MARKER "@127.0.0.1:1", err,
+                             sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.reconnect_min_ms", "300", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.reconnect_max_ms", "200", err, sizeof err));
     assert_null(kb_open(c, err, sizeof err));
     assert_non_null(strstr(err, "redis.reconnect_min_ms (300) must not exceed "
                                 "redis.reconnect_max_ms (200)"));
@@ -159,7 +160,7 @@ static void malformed_replay_id_is_einval(void **state)
             fail_msg("replay of \"%s\": %d, not KB_EINVAL", bad[i], rc);
     }
     assert_int_equal(kb_dead_letter_replay(b, "url.dlq", "1-1"), KB_ENOTFOUND);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     kb_test_server_stop(&s);
 }
 

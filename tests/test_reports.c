@@ -24,6 +24,7 @@
 #include <keybus/keybus.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/suite.h"
 
 #define EVENTS 50
@@ -88,7 +89,7 @@ static void publish_keys(kb_bus *b, const char *topic, int from, int to)
     for (int i = from; i < to; i++) {
         char key[16];
         int kl = snprintf(key, sizeof key, "key-%d", i);
-        assert_int_equal(kb_publish(b, topic, key, (size_t)kl, "v", 1), KB_OK);
+        kb_assert_ok(kb_publish(b, topic, key, (size_t)kl, "v", 1));
     }
 }
 
@@ -102,10 +103,10 @@ static void every_event_is_reported_once(void **state)
     kb_conf_set_delivery_cb(c, on_report, &rs);
     kb_bus *b = kb_test_open_conf(c);
     publish_keys(b, topic, 0, EVENTS);
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    kb_assert_ok(kb_flush(b, 30000));
     for (int i = 0; i < 300 && reported(&rs) < EVENTS; i++)   /* the ack thread's */
         usleep(100 * 1000);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
     if (rs.stored != EVENTS || rs.failed != 0 || rs.bad != 0)
         fail_msg("%u stored, %u failed, %u bad (%s)", rs.stored, rs.failed, rs.bad, rs.first_bad);
     for (int i = 0; i < EVENTS; i++)
@@ -181,7 +182,7 @@ static void outage_is_reported(void **state)
     assert_int_equal(s.seq[0], KB_STATE_CONNECTED);
     assert_string_equal(s.scheme, kind);
     publish_keys(b, topic, 0, 5);
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
+    kb_assert_ok(kb_flush(b, 30000));
     kb_test_server_signal(&server, SIGKILL);
     /* Redis notices on its publishing connection: publish into the outage */
     for (int i = 0; i < 300 && !saw(&s, KB_STATE_DISCONNECTED); i++) {
@@ -226,14 +227,14 @@ static int consume_as(const char *topic, const char *group, const char *start)
     atomic_store(&n, 0);
     const char *const kv[] = {"group", group, "group.start", start, NULL};
     kb_bus *b = kb_test_open_conf(kb_test_conf(url, no_env, kv));
-    assert_int_equal(kb_subscribe(b, topic, count_handler, &n), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, count_handler, &n));
     kb_topic_stats st = {0};
     for (int i = 0; i < 300 && (kb_stats(b, topic, &st) != KB_OK || st.partitions_owned < 8); i++)
         usleep(100 * 1000);
     assert_int_equal(st.partitions_owned, 8);
     publish_keys(b, topic, 100, 103);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_drain(b, 30000));
+    kb_assert_ok(kb_close(b, 30000));
     return atomic_load(&n);
 }
 
@@ -244,8 +245,8 @@ static void group_start_latest_skips_what_is_stored(void **state)
     unique_topic(topic, sizeof topic, "start");
     kb_bus *b = kb_test_open_conf(kb_test_conf(url, no_env, NULL));
     publish_keys(b, topic, 0, 5);
-    assert_int_equal(kb_flush(b, 30000), KB_OK);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_flush(b, 30000));
+    kb_assert_ok(kb_close(b, 30000));
     assert_int_equal(consume_as(topic, "late", "latest"), 3);
     assert_int_equal(consume_as(topic, "early", "earliest"), 11);   /* 5 + late's 3, and 3 */
     /* a group that exists keeps its place: latest changes nothing for it (early's

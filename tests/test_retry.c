@@ -12,6 +12,7 @@
 
 #include "core/pool/pool_int.h"   /* KB_POOL_SKIP, skip_ok: a bus pool's own result */
 
+#include "support/check.h"
 #include "support/gate.h"
 
 #define MAX_CALLS 64
@@ -86,7 +87,7 @@ static kb_pool *script_pool(struct script *s, uint32_t max_attempts, uint32_t ba
 static void submit_all(kb_pool *p, struct item *items, int n)
 {
     for (int i = 0; i < n; i++)
-        assert_int_equal(kb_pool_submit(p, &items[i].key, 1, &items[i], -1), KB_OK);
+        kb_assert_ok(kb_pool_submit(p, &items[i].key, 1, &items[i], -1));
 }
 
 static void retried_item_runs_before_later_items(void **state)
@@ -96,7 +97,7 @@ static void retried_item_runs_before_later_items(void **state)
     kb_pool *p = script_pool(&s, 5, 5, 100);
     struct item items[] = {{'A', 1}, {'A', 2}, {'A', 3}, {'A', 4}};
     submit_all(p, items, 4);
-    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 10000));
     assert_int_equal(s.n, 6);
     const int seqs[] = {1, 2, 2, 2, 3, 4};
     const uint32_t attempts[] = {1, 1, 2, 3, 1, 1};
@@ -118,7 +119,7 @@ static void retried_item_runs_before_later_items(void **state)
     assert_int_equal(st.retried, 2);
     assert_int_equal(st.handled, 4);
     assert_int_equal(st.dead, 0);
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 }
 
 /* While key A waits 300 ms for its retry, key B on the same executor runs. */
@@ -134,7 +135,7 @@ static void delayed_lane_does_not_stall_others(void **state)
         ;
     double t0 = kb_test_now_ms();
     submit_all(p, bs, 3);
-    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 10000));
     assert_int_equal(s.n, 5);
     /* B's three events ran right away, before A's retry. */
     for (int i = 1; i <= 3; i++) {
@@ -144,7 +145,7 @@ static void delayed_lane_does_not_stall_others(void **state)
     assert_int_equal(s.calls[4].key, 'A');
     assert_int_equal(s.calls[4].attempt, 2);
     assert_true(s.calls[4].at_ms - s.calls[0].at_ms >= 295.0);
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 }
 
 static void exhausted_retries_end_dead(void **state)
@@ -154,7 +155,7 @@ static void exhausted_retries_end_dead(void **state)
     kb_pool *p = script_pool(&s, 3, 0, 0);
     struct item items[] = {{'A', 1}, {'A', 2}};
     submit_all(p, items, 2);
-    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 10000));
     assert_int_equal(s.n, 4);   /* three attempts of 1, then 2 */
     assert_int_equal(s.calls[2].attempt, 3);
     assert_int_equal(s.calls[3].seq, 2);
@@ -166,7 +167,7 @@ static void exhausted_retries_end_dead(void **state)
     kb_pool_stats_get(p, &st);
     assert_int_equal(st.dead, 1);
     assert_int_equal(st.retried, 2);
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 }
 
 static void kb_dead_is_immediate(void **state)
@@ -176,7 +177,7 @@ static void kb_dead_is_immediate(void **state)
     kb_pool *p = script_pool(&s, 5, 1000, 1000);
     struct item items[] = {{'A', 1}, {'A', 2}};
     submit_all(p, items, 2);
-    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 10000));
     assert_int_equal(s.n, 2);
     assert_int_equal(s.finished[0].outcome, KB_DEAD);
     assert_int_equal(s.finished[0].attempts, 1);
@@ -184,7 +185,7 @@ static void kb_dead_is_immediate(void **state)
     kb_pool_stats_get(p, &st);
     assert_int_equal(st.retried, 0);
     assert_int_equal(st.dead, 1);
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 }
 
 /* KB_POOL_SKIP gives the item back unhandled (a lost broker lease) on a
@@ -196,18 +197,18 @@ static void skip_releases_without_counting(void **state)
     kb_pool *alone = script_pool(&r, 5, 1, 1);
     struct item one[] = {{'A', 1}};
     submit_all(alone, one, 1);
-    assert_int_equal(kb_pool_flush(alone, 10000), KB_OK);
+    kb_assert_ok(kb_pool_flush(alone, 10000));
     assert_int_equal(r.n, 2);                              /* retried, then handled */
     assert_int_equal(r.finished[0].outcome, KB_HANDLED);
     assert_int_equal(r.finished[0].attempts, 2);
-    assert_int_equal(kb_pool_destroy(alone, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(alone, 1000));
 
     struct script s = {.fail_seq = 1, .fail_times = 100, .result_on_fail = KB_POOL_SKIP};
     kb_pool *p = script_pool(&s, 5, 1000, 1000);
     p->skip_ok = true;   /* as kb_subscribe sets it */
     struct item items[] = {{'A', 1}, {'A', 2}};
     submit_all(p, items, 2);
-    assert_int_equal(kb_pool_flush(p, 10000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 10000));
     assert_int_equal(s.n, 2);
     assert_int_equal(s.finished[0].outcome, KB_ECLOSED);
     assert_int_equal(s.finished[1].outcome, KB_HANDLED);
@@ -216,7 +217,7 @@ static void skip_releases_without_counting(void **state)
     assert_int_equal(st.handled, 1);
     assert_int_equal(st.dead, 0);
     assert_int_equal(st.retried, 0);
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 }
 
 /* Through the bus: retry.max_attempts counts deliveries; the handler sees them. */
@@ -245,25 +246,25 @@ static void bus_dead_letters_after_max_attempts(void **state)
     (void)state;
     kb_conf *c = kb_conf_new();
     char err[256];
-    assert_int_equal(kb_conf_set(c, "retry.max_attempts", "4", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "retry.backoff_ms", "1", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "retry.max_attempts", "4", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "retry.backoff_ms", "1", err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
     struct bus_script s = {0};
     int dead = 0;
-    assert_int_equal(kb_subscribe(b, "jobs", always_retry, &s), KB_OK);
-    assert_int_equal(kb_publish(b, "jobs", "job-1", 5, "x", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "jobs", always_retry, &s));
+    kb_assert_ok(kb_publish(b, "jobs", "job-1", 5, "x", 1));
+    kb_assert_ok(kb_flush(b, 10000));
     assert_int_equal(s.calls, 4);
     assert_int_equal(s.last_attempt, 4);
-    assert_int_equal(kb_dead_letters(b, "jobs", NULL, 10, count_dead, &dead), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, "jobs", NULL, 10, count_dead, &dead));
     assert_int_equal(dead, 1);
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, "jobs", &st), KB_OK);
+    kb_assert_ok(kb_stats(b, "jobs", &st));
     assert_int_equal(st.retried, 3);
     assert_int_equal(st.dead_lettered, 1);
     assert_int_equal(st.dead_letters_lost, 0);
-    assert_int_equal(kb_close(b, 1000), KB_OK);
+    kb_assert_ok(kb_close(b, 1000));
 }
 
 struct logged {
@@ -294,20 +295,20 @@ static void unstored_dead_letter_is_counted_and_logged(void **state)
     struct logged l = {0};
     kb_conf_set_log(c, capture_log, &l);
     char err[256];
-    assert_int_equal(kb_conf_set(c, "mem.dlq_capacity", "0", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "mem.dlq_capacity", "0", err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
-    assert_int_equal(kb_subscribe(b, "jobs", dead_at_once, NULL), KB_OK);
-    assert_int_equal(kb_publish(b, "jobs", "job-9", 5, "x", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "jobs", dead_at_once, NULL));
+    kb_assert_ok(kb_publish(b, "jobs", "job-9", 5, "x", 1));
+    kb_assert_ok(kb_flush(b, 10000));
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, "jobs", &st), KB_OK);
+    kb_assert_ok(kb_stats(b, "jobs", &st));
     assert_int_equal(st.dead_lettered, 1);
     assert_int_equal(st.dead_letters_lost, 1);
     assert_int_equal(l.warnings, 1);
     assert_non_null(strstr(l.last, "mem.dlq_capacity"));
     assert_non_null(strstr(l.last, "job-9"));
-    assert_int_equal(kb_close(b, 1000), KB_OK);
+    kb_assert_ok(kb_close(b, 1000));
 }
 
 /* A full mem:// store drops its oldest dead letter, counted and logged; where
@@ -321,25 +322,25 @@ static void full_store_drops_the_oldest(void **state)
     char err[256], topic[201];
     memset(topic, 't', 200);   /* the longest topic name */
     topic[200] = '\0';
-    assert_int_equal(kb_conf_set(c, "mem.dlq_capacity", "2", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "mem.dlq_capacity", "2", err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     assert_non_null(b);
-    assert_int_equal(kb_subscribe(b, topic, dead_at_once, NULL), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, dead_at_once, NULL));
     for (char k = '1'; k <= '3'; k++)
-        assert_int_equal(kb_publish(b, topic, &k, 1, "x", 1), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
+        kb_assert_ok(kb_publish(b, topic, &k, 1, "x", 1));
+    kb_assert_ok(kb_flush(b, 10000));
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
     assert_int_equal(st.dead_lettered, 3);
     assert_int_equal(st.dlq_length, 2);
     assert_int_equal(st.dead_letters_lost, 1);
     assert_int_equal(l.warnings, 1);
     assert_non_null(strstr(l.last, "dropped the oldest"));
     int dead = 0;
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 10, count_dead, &dead), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 10, count_dead, &dead));
     assert_int_equal(dead, 2);
     assert_int_equal(kb_dead_letters(b, topic, "x1", 10, count_dead, &dead), KB_EINVAL);
-    assert_int_equal(kb_close(b, 1000), KB_OK);
+    kb_assert_ok(kb_close(b, 1000));
 }
 
 int main(void)

@@ -15,6 +15,8 @@
 
 #include <keybus/pool.h>
 
+#include "support/check.h"
+
 #define MAX_ITEMS 4096
 
 struct item {
@@ -170,9 +172,9 @@ static void waiting_key_leaves_its_lane_flowing(void **state)
     world_reset(&w, "A", 1);
     kb_pool *p = pool_new(&w, KB_RETRY_SCOPE_KEY, 256);
     for (int s = 1; s <= 5; s++)
-        assert_int_equal(submit(p, &w, "A", 1, s, 1000), KB_OK);
+        kb_assert_ok(submit(p, &w, "A", 1, s, 1000));
     for (int s = 1; s <= 50; s++)
-        assert_int_equal(submit(p, &w, "B", 1, s, 1000), KB_OK);
+        kb_assert_ok(submit(p, &w, "B", 1, s, 1000));
     WAIT_UNTIL(handled_of(&w, "B", 1) == 50);
     assert_int_equal(handled_of(&w, "B", 1), 50);
     assert_int_equal(handled_of(&w, "A", 1), 0);
@@ -182,21 +184,21 @@ static void waiting_key_leaves_its_lane_flowing(void **state)
     assert_int_equal(st.set_aside, 4);
     assert_int_equal(st.aggregates_waiting, 1);
     kb_lane_stats ls;
-    assert_int_equal(kb_pool_lane_stats(p, 0, &ls), KB_OK);
+    kb_assert_ok(kb_pool_lane_stats(p, 0, &ls));
     assert_int_equal(ls.set_aside, 4);
     assert_int_equal(ls.aggregates_waiting, 1);
 
     /* a newer item of A, submitted while it waits, runs after the set-aside ones */
-    assert_int_equal(submit(p, &w, "A", 1, 6, 1000), KB_OK);
+    kb_assert_ok(submit(p, &w, "A", 1, 6, 1000));
     atomic_store(&w.release, 1);
-    assert_int_equal(kb_pool_flush(p, 30000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 30000));
     assert_true(in_order(&w, "A", 1, 6));
     assert_true(in_order(&w, "B", 1, 50));
     kb_pool_stats_get(p, &st);
     assert_int_equal(st.set_aside, 0);
     assert_int_equal(st.aggregates_waiting, 0);
     assert_int_equal(st.handled, 56);
-    assert_int_equal(kb_pool_destroy(p, 30000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 30000));
     assert_int_equal(w.finished, 56);
     assert_int_equal(w.closed, 0);
 }
@@ -209,9 +211,9 @@ static void lane_scope_holds_the_lane(void **state)
     world_reset(&w, "A", 1);
     kb_pool *p = pool_new(&w, KB_RETRY_SCOPE_LANE, 256);
     for (int s = 1; s <= 5; s++)
-        assert_int_equal(submit(p, &w, "A", 1, s, 1000), KB_OK);
+        kb_assert_ok(submit(p, &w, "A", 1, s, 1000));
     for (int s = 1; s <= 50; s++)
-        assert_int_equal(submit(p, &w, "B", 1, s, 1000), KB_OK);
+        kb_assert_ok(submit(p, &w, "B", 1, s, 1000));
     WAIT_UNTIL(atomic_load(&w.fail_calls) >= 5);
     assert_true(atomic_load(&w.fail_calls) >= 5);
     assert_int_equal(atomic_load(&w.n_handled), 0);
@@ -220,12 +222,12 @@ static void lane_scope_holds_the_lane(void **state)
     assert_int_equal(st.set_aside, 0);
     assert_int_equal(st.aggregates_waiting, 0);
     atomic_store(&w.release, 1);
-    assert_int_equal(kb_pool_flush(p, 30000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 30000));
     assert_int_equal(w.n_handled, 55);
     assert_true(in_order(&w, "A", 1, 5));
     assert_true(in_order(&w, "B", 1, 50));
     assert_int_equal(w.handled[0]->key[0], 'A');   /* A's first, then everything behind it */
-    assert_int_equal(kb_pool_destroy(p, 30000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 30000));
 }
 
 /* Keys are compared by bytes: "costarring" and "liquid" share their FNV-1a
@@ -244,8 +246,8 @@ static void keys_compared_by_bytes(void **state)
         world_reset(&w, pairs[i].waits, pairs[i].waits_len);
         kb_pool *p = pool_new(&w, KB_RETRY_SCOPE_KEY, 64);
         for (int s = 1; s <= 3; s++) {
-            assert_int_equal(submit(p, &w, pairs[i].waits, pairs[i].waits_len, s, 1000), KB_OK);
-            assert_int_equal(submit(p, &w, pairs[i].flows, pairs[i].flows_len, s, 1000), KB_OK);
+            kb_assert_ok(submit(p, &w, pairs[i].waits, pairs[i].waits_len, s, 1000));
+            kb_assert_ok(submit(p, &w, pairs[i].flows, pairs[i].flows_len, s, 1000));
         }
         WAIT_UNTIL(handled_of(&w, pairs[i].flows, pairs[i].flows_len) == 3);
         assert_int_equal(handled_of(&w, pairs[i].flows, pairs[i].flows_len), 3);
@@ -255,10 +257,10 @@ static void keys_compared_by_bytes(void **state)
         assert_int_equal(st.aggregates_waiting, 1);
         assert_int_equal(st.set_aside, 2);
         atomic_store(&w.release, 1);
-        assert_int_equal(kb_pool_flush(p, 30000), KB_OK);
+        kb_assert_ok(kb_pool_flush(p, 30000));
         assert_true(in_order(&w, pairs[i].waits, pairs[i].waits_len, 3));
         assert_true(in_order(&w, pairs[i].flows, pairs[i].flows_len, 3));
-        assert_int_equal(kb_pool_destroy(p, 30000), KB_OK);
+        kb_assert_ok(kb_pool_destroy(p, 30000));
     }
 }
 
@@ -275,7 +277,7 @@ static void set_aside_items_fill_the_lane(void **state)
     kb_pool_stats st;
     kb_pool_stats_get(p, &st);
     uint32_t capacity = st.capacity;
-    assert_int_equal(submit(p, &w, "A", 1, 1, 1000), KB_OK);
+    kb_assert_ok(submit(p, &w, "A", 1, 1, 1000));
     WAIT_UNTIL(atomic_load(&w.fail_calls) >= 1);
     int accepted = 1, rc = KB_OK;
     for (int s = 2; s < 200 && rc == KB_OK; s++) {
@@ -297,12 +299,12 @@ static void set_aside_items_fill_the_lane(void **state)
     assert_true(st.set_aside + st.aggregates_waiting + st.depth >= capacity);
     assert_true(st.rejected >= 2);
     atomic_store(&w.release, 1);
-    assert_int_equal(kb_pool_flush(p, 30000), KB_OK);
-    assert_int_equal(submit(p, &w, "B", 1, 1, 1000), KB_OK);
-    assert_int_equal(kb_pool_flush(p, 30000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 30000));
+    kb_assert_ok(submit(p, &w, "B", 1, 1, 1000));
+    kb_assert_ok(kb_pool_flush(p, 30000));
     assert_true(in_order(&w, "A", 1, accepted));
     assert_int_equal(handled_of(&w, "B", 1), 1);
-    assert_int_equal(kb_pool_destroy(p, 30000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 30000));
 }
 
 /* Retries run out: the failing item finishes KB_DEAD, then the set-aside items
@@ -351,10 +353,10 @@ static void dead_letter_releases_the_set_aside(void **state)
     kb_pool *p = kb_pool_new(&o, err, sizeof err);
     assert_non_null(p);
     for (int s = 1; s <= 10; s++) {
-        assert_int_equal(submit(p, &w, "A", 1, s, 1000), KB_OK);
-        assert_int_equal(submit(p, &w, "B", 1, s, 1000), KB_OK);
+        kb_assert_ok(submit(p, &w, "A", 1, s, 1000));
+        kb_assert_ok(submit(p, &w, "B", 1, s, 1000));
     }
-    assert_int_equal(kb_pool_flush(p, 30000), KB_OK);
+    kb_assert_ok(kb_pool_flush(p, 30000));
     assert_int_equal(atomic_load(&w.fail_calls), 3);
     assert_int_equal(dead_count, 1);
     assert_int_equal(handled_of(&w, "A", 1), 9);
@@ -368,7 +370,7 @@ static void dead_letter_releases_the_set_aside(void **state)
     assert_int_equal(st.dead, 1);
     assert_int_equal(st.retried, 2);
     assert_int_equal(st.set_aside, 0);
-    assert_int_equal(kb_pool_destroy(p, 30000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 30000));
 }
 
 /* Destroyed while a key waits: its items come back once each, KB_ECLOSED. */
@@ -379,8 +381,8 @@ static void destroy_returns_set_aside_items(void **state)
     world_reset(&w, "A", 1);
     kb_pool *p = pool_new(&w, KB_RETRY_SCOPE_KEY, 64);
     for (int s = 1; s <= 20; s++)
-        assert_int_equal(submit(p, &w, "A", 1, s, 1000), KB_OK);
-    assert_int_equal(submit(p, &w, "B", 1, 1, 1000), KB_OK);
+        kb_assert_ok(submit(p, &w, "A", 1, s, 1000));
+    kb_assert_ok(submit(p, &w, "B", 1, 1, 1000));
     WAIT_UNTIL(handled_of(&w, "B", 1) == 1);
     kb_pool_stats st;
     WAIT_UNTIL((kb_pool_stats_get(p, &st), st.set_aside == 19));

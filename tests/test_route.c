@@ -9,6 +9,8 @@
 
 #include <keybus/pool.h>
 
+#include "support/check.h"
+
 static void fnv1a32_vectors(void **state)
 {
     (void)state;
@@ -55,7 +57,7 @@ static void lanes_are_stable(void **state)
     uint32_t ex = kb_pool_executor_of(p, 794);
     for (int i = 0; i < 100; i++)
         assert_int_equal(kb_pool_executor_of(p, 794), ex);
-    assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+    kb_assert_ok(kb_pool_destroy(p, 1000));
 }
 
 /* A process owning only some broker partitions sees only lanes with
@@ -80,7 +82,7 @@ static void partition_subsets_spread_over_all_executors(void **state)
                                  threads, parts, owned, e);
             }
         }
-        assert_int_equal(kb_pool_destroy(p, 1000), KB_OK);
+        kb_assert_ok(kb_pool_destroy(p, 1000));
     }
 }
 

@@ -23,6 +23,7 @@
 #include <keybus/keybus.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/suite.h"
 #include "support/tracker.h"
 
@@ -82,7 +83,7 @@ static int journals_left(const run_env *e)
 
 static void env_free(const run_env *e)
 {
-    assert_int_equal(kb_close(e->monitor, 10000), KB_OK);
+    kb_assert_ok(kb_close(e->monitor, 10000));
     free(e->v);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", e->dir);
@@ -94,9 +95,9 @@ static void publish(const char *topic, uint32_t keys, uint32_t per_key)
     kb_bus *b = kb_test_open(url, NULL, NULL);
     for (uint32_t s = 1; s <= per_key; s++)
         for (uint32_t k = 0; k < keys; k++)
-            assert_int_equal(kb_tracker_publish(b, topic, k, s, 16), KB_OK);
-    assert_int_equal(kb_flush(b, 10000), KB_OK);
-    assert_int_equal(kb_close(b, 10000), KB_OK);
+            kb_assert_ok(kb_tracker_publish(b, topic, k, s, 16));
+    kb_assert_ok(kb_flush(b, 10000));
+    kb_assert_ok(kb_close(b, 10000));
 }
 
 static pid_t spawn(const char *mode, const run_env *e)
@@ -179,7 +180,7 @@ static dead_seen dead_letters(kb_bus *monitor, const char *topic)
 {
     dead_seen d;
     memset(&d, 0, sizeof d);
-    assert_int_equal(kb_dead_letters(monitor, topic, NULL, 100, collect_dead, &d), KB_OK);
+    kb_assert_ok(kb_dead_letters(monitor, topic, NULL, 100, collect_dead, &d));
     return d;
 }
 
@@ -313,9 +314,9 @@ static void unusable_runs_dir_refused(void **state)
     bool other_user = geteuid() == 0 && chown(tmpl, 65534, 65534) == 0;
     for (size_t i = 0; i < (other_user ? 2u : 1u); i++) {
         kb_conf *c = kb_conf_new();
-        assert_int_equal(kb_conf_set(c, "transport", url, err, sizeof err), KB_OK);
-        assert_int_equal(kb_conf_set(c, "runs.dir", dirs[i], err, sizeof err), KB_OK);
-        assert_int_equal(kb_conf_set(c, "conf.env", "false", err, sizeof err), KB_OK);
+        kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
+        kb_assert_ok(kb_conf_set(c, "runs.dir", dirs[i], err, sizeof err));
+        kb_assert_ok(kb_conf_set(c, "conf.env", "false", err, sizeof err));
         err[0] = '\0';
         assert_null(kb_open(c, err, sizeof err));
         assert_non_null(strstr(err, "runs.dir"));

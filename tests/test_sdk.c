@@ -12,6 +12,8 @@
 
 #include <keybus/transport.h>
 
+#include "support/check.h"
+
 #define PARTS 4096
 
 static void owners(const char *const *members, size_t n, long *out)
@@ -62,7 +64,7 @@ static void vec_grows_and_keeps(void **state)
     int *v = NULL;
     size_t cap = 0;
     for (int i = 0; i < 1000; i++) {
-        assert_int_equal(kb_vec_reserve((void **)&v, &cap, (size_t)i + 1, sizeof *v), KB_OK);
+        kb_assert_ok(kb_vec_reserve((void **)&v, &cap, (size_t)i + 1, sizeof *v));
         v[i] = i;
     }
     assert_true(cap >= 1000);
@@ -164,9 +166,9 @@ static void transport_tables_are_checked(void **state)
     static kb_transport_ops good;
     good = ops;
     good.props = good_props;
-    assert_int_equal(kb_transport_register(&good), KB_OK);
+    kb_assert_ok(kb_transport_register(&good));
     char err[256];
-    assert_int_equal(kb_conf_set(early, "transport", "TOY://", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(early, "transport", "TOY://", err, sizeof err));
     assert_null(kb_open(early, err, sizeof err));      /* the toy refuses to open... */
     assert_int_equal(kb_conf_int(early, "toy.knob"), 7);   /* ...with its defaults in */
     kb_conf_destroy(early);

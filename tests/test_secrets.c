@@ -14,6 +14,8 @@
 #include <keybus/keybus.h>
 #include <keybus/transport.h>
 
+#include "support/check.h"
+
 #define MARK "hunter2MARK"
 
 struct leak_case {
@@ -143,7 +145,7 @@ static void the_environment_never_quotes_a_secret(void **state)
     assert_non_null(b);
     assert_non_null(strstr(logged, "KEYBUS_NATS_TOKNE"));
     assert_clean("log", 0, logged);
-    assert_int_equal(kb_close(b, 1000), KB_OK);
+    kb_assert_ok(kb_close(b, 1000));
 }
 
 /* A transport whose keys hold secrets, to read them back masked. */
@@ -218,21 +220,21 @@ static void collect(const char *key, const char *value, void *arg)
 static void conf_get_masks_secrets(void **state)
 {
     (void)state;
-    assert_int_equal(kb_transport_register(&sec_ops), KB_OK);
+    kb_assert_ok(kb_transport_register(&sec_ops));
     kb_conf *c = kb_conf_new();
     char err[256] = "", buf[256];
     if (kb_conf_set(c, "transport", "sec://u%3A:" MARK "@h:1/0", err, sizeof err) != KB_OK)
         fail_msg("%s", err);
-    assert_int_equal(kb_conf_set(c, "sec.password", MARK, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "sec.token", MARK, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "sec.ca_file", "/etc/ca.pem", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_get(c, "transport", buf, sizeof buf), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "sec.password", MARK, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "sec.token", MARK, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "sec.ca_file", "/etc/ca.pem", err, sizeof err));
+    kb_assert_ok(kb_conf_get(c, "transport", buf, sizeof buf));
     assert_string_equal(buf, "sec://***@h:1/0");
-    assert_int_equal(kb_conf_get(c, "sec.password", buf, sizeof buf), KB_OK);
+    kb_assert_ok(kb_conf_get(c, "sec.password", buf, sizeof buf));
     assert_string_equal(buf, "***");
-    assert_int_equal(kb_conf_get(c, "sec.token", buf, sizeof buf), KB_OK);
+    kb_assert_ok(kb_conf_get(c, "sec.token", buf, sizeof buf));
     assert_string_equal(buf, "***");
-    assert_int_equal(kb_conf_get(c, "sec.ca_file", buf, sizeof buf), KB_OK);
+    kb_assert_ok(kb_conf_get(c, "sec.ca_file", buf, sizeof buf));
     assert_string_equal(buf, "/etc/ca.pem");
     /* transports read the real values */
     assert_string_equal(kb_conf_str(c, "sec.password"), MARK);

@@ -131,13 +131,13 @@ static kb_bus *open_toy(const char *capacity)
 {
     static int registered;
     if (!registered++)
-        assert_int_equal(kb_transport_register(&toy), KB_OK);
+        kb_assert_ok(kb_transport_register(&toy));
     char err[256];
     kb_conf *c = kb_conf_new();
     assert_non_null(c);
-    assert_int_equal(kb_conf_set(c, "transport", "toybatch://", err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "pool.queue_capacity", capacity, err, sizeof err), KB_OK);
-    assert_int_equal(kb_conf_set(c, "pool.threads", "2", err, sizeof err), KB_OK);
+    kb_assert_ok(kb_conf_set(c, "transport", "toybatch://", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "pool.queue_capacity", capacity, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "pool.threads", "2", err, sizeof err));
     kb_bus *b = kb_open(c, err, sizeof err);
     kb_conf_destroy(c);
     assert_non_null(b);
@@ -158,13 +158,13 @@ static void batches_keep_order_and_lose_nothing(void **state)
     seen s = {0};
     atomic_store(&acks, 0);
     kb_bus *b = open_toy("1000");
-    assert_int_equal(kb_subscribe(b, "t", handler, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "t", handler, &s));
     size_t accepted = 99;
-    assert_int_equal(kb_sink_deliver_batch(the_sink, deliveries, 0, 0, &accepted), KB_OK);
+    kb_assert_ok(kb_sink_deliver_batch(the_sink, deliveries, 0, 0, &accepted));
     assert_int_equal(accepted, 0);
     for (size_t at = 0; at < EVENTS;) {
         size_t n = EVENTS - at < 150 ? EVENTS - at : 150;   /* 64 + 64 + 22 */
-        assert_int_equal(kb_sink_deliver_batch(the_sink, deliveries + at, n, -1, &accepted), KB_OK);
+        kb_assert_ok(kb_sink_deliver_batch(the_sink, deliveries + at, n, -1, &accepted));
         assert_int_equal(accepted, n);
         at += n;
     }
@@ -172,7 +172,7 @@ static void batches_keep_order_and_lose_nothing(void **state)
     assert_int_equal(atomic_load(&s.misordered), 0);
     for (int k = 0; k < KEYS; k++)
         assert_int_equal(atomic_load(&s.next[k]), EVENTS / KEYS);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     assert_int_equal(atomic_load(&acks), EVENTS);
 }
 
@@ -185,7 +185,7 @@ static void full_lanes_take_a_prefix(void **state)
     seen s = {0};
     atomic_store(&acks, 0);
     kb_bus *b = open_toy("8");
-    assert_int_equal(kb_subscribe(b, "t", handler, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "t", handler, &s));
     atomic_store(&s.hold, 1);
     size_t at = 0, accepted = 0;
     int rc = kb_sink_deliver_batch(the_sink, deliveries, 200, 0, &accepted);
@@ -202,7 +202,7 @@ static void full_lanes_take_a_prefix(void **state)
     }
     wait_handled(&s, EVENTS);
     assert_int_equal(atomic_load(&s.misordered), 0);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     assert_int_equal(atomic_load(&acks), EVENTS);
 }
 
@@ -224,7 +224,7 @@ static void timeout_is_for_the_whole_call(void **state)
     seen s = {0};
     atomic_store(&acks, 0);
     kb_bus *b = open_toy("8");
-    assert_int_equal(kb_subscribe(b, "t", handler, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "t", handler, &s));
     atomic_store(&s.slow, 1);
     size_t accepted = 0;
     int rc = kb_sink_deliver_batch(the_sink, one_key, EVENTS, 50, &accepted);
@@ -232,12 +232,12 @@ static void timeout_is_for_the_whole_call(void **state)
     assert_true(accepted >= 8 && accepted < EVENTS);   /* the lane's room at least */
     assert_non_null(strstr(kb_last_error(), "full for 50 ms"));
     atomic_store(&s.slow, 0);
-    assert_int_equal(kb_sink_deliver_batch(the_sink, one_key + accepted, EVENTS - accepted, -1,
-                                           &accepted), KB_OK);
+    kb_assert_ok(kb_sink_deliver_batch(the_sink, one_key + accepted, EVENTS - accepted, -1,
+                                       &accepted));
     wait_handled(&s, EVENTS);
     assert_int_equal(atomic_load(&s.misordered), 0);
     assert_int_equal(atomic_load(&s.next[0]), EVENTS);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
     assert_int_equal(atomic_load(&acks), EVENTS);
 }
 
@@ -248,7 +248,7 @@ static void bad_input_is_refused_after_the_prefix(void **state)
     make_events();
     seen s = {0};
     kb_bus *b = open_toy("1000");
-    assert_int_equal(kb_subscribe(b, "t", handler, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, "t", handler, &s));
     size_t accepted = 99;
     assert_int_equal(kb_sink_deliver_batch(NULL, deliveries, 1, 0, &accepted), KB_EINVAL);
     assert_int_equal(accepted, 0);
@@ -277,7 +277,7 @@ static void bad_input_is_refused_after_the_prefix(void **state)
     assert_non_null(strstr(kb_last_error(), "delivery 5: delivery ID of 299 bytes is longer than"));
     wait_handled(&s, 139);
     assert_int_equal(atomic_load(&s.misordered), 0);
-    assert_int_equal(kb_close(b, 5000), KB_OK);
+    kb_assert_ok(kb_close(b, 5000));
 }
 
 int main(void)
