@@ -285,11 +285,6 @@ static void call_run(call *k)
     jsOptions o;
     call_opts(k->t, &o);
     if (k->open != NULL) {
-        /* not the meta leader's full wait: an unanswered creation is tried
-         * again under the same name, which the server answers at once when
-         * it made the consumer meanwhile */
-        int wait = kb__nats_round_wait_ms(k->t);
-        o.Wait = wait > 1000 ? wait : 1000;
         jsConsumerInfo *ci = NULL;
         int64_t start = kb_now_ns();
         k->open->s = js_AddConsumer(&ci, k->t->js, k->stream, &k->open->cc, &o, &k->open->jerr);
@@ -387,11 +382,17 @@ static void delete_all(kb_transport *t, kb_nats_topic *tp, const char **names, s
 void kb__nats_consumers_retire(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l,
                                const kb_nats_opening *o, size_t n)
 {
-    const char **names = calloc((size_t)name_count(l) + 1, sizeof *names);
+    const char **names = calloc((size_t)name_count(l) + n + 1, sizeof *names);
     size_t m = 0;
     for (int i = 0; names != NULL && i < name_count(l); i++)
         if (replaced_by(t, l->names->List[i], o, n))
             names[m++] = l->names->List[i];
+    /* a refused creation under a name tried before (the server made it late,
+     * with what was then the floor): the name is given up, and its consumer
+     * with it, so that no consumer is left behind holding messages */
+    for (size_t i = 0; names != NULL && i < n; i++)
+        if (o[i].s != NATS_OK && o[i].s != NATS_TIMEOUT && o[i].retried)
+            names[m++] = o[i].c->consumer;
     delete_all(t, tp, names, m);
     free(names);
 }
