@@ -1,9 +1,12 @@
 /* nats:// — the NATS JetStream transport: its configuration keys, its URL
  * rules, the ops table, and open/close. The files below it, top-down (a file
  * calls only files listed after it):
- *   concerns:  nats_connect, nats_consume (feeder thread), nats_lease (lease
- *              thread), nats_acker (acker thread), nats_dlq, nats_drain,
- *              nats_stats, nats_publish, nats_runs
+ *   concerns:  nats_connect, nats_consume (feeder thread), nats_leaser (lease
+ *              thread: rounds), nats_acker (acker thread), nats_dlq,
+ *              nats_drain, nats_stats, nats_publish, nats_runs
+ *   leases:    nats_lease (ownership, hand-over, claims), nats_watch
+ *              (membership as it changes), nats_consumers (a claim's
+ *              consumer), nats_kv (the lease bucket, pipelined)
  *   pipes:     nats_batch, nats_send, nats_tally, nats_topic, nats_claim
  *   helpers:   nats_hdr, nats_frame, nats_msg, nats_names
  * and nats_types.h, the state they share. Layout and choices:
@@ -29,6 +32,7 @@
 #include "nats_send.h"
 #include "nats_stats.h"
 #include "nats_topic.h"
+#include "nats_watch.h"
 
 #define MS_HOUR 3600000
 
@@ -193,6 +197,7 @@ static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *er
     pthread_rwlock_init(&t->pub_lock, NULL);
     pthread_mutex_init(&t->tally_mu, NULL);
     pthread_mutex_init(&t->kv_lock, NULL);
+    pthread_mutex_init(&t->watch_mu, NULL);
     t->resent = kb_signal_new();
     t->nc_event = kb_signal_new();
     t->lease_wake = kb_signal_new();
@@ -313,6 +318,8 @@ static int nats_close(kb_transport *t, int64_t deadline)
     natsSubscription_Destroy(t->inbox_sub);
     natsSubscription_Destroy(t->probe_sub);
     natsSubscription_Destroy(t->kv_sub);
+    natsSubscription_Destroy(t->watch_sub);
+    kb__nats_watch_free(t);
     natsConnection_Destroy(atomic_load(&t->feed_nc));
     natsOptions_Destroy(t->feed_opts);
     free(t->creds_file);
@@ -333,6 +340,7 @@ static int nats_close(kb_transport *t, int64_t deadline)
     kb_signal_free(t->acked);
     pthread_mutex_destroy(&t->tally_mu);
     pthread_mutex_destroy(&t->kv_lock);
+    pthread_mutex_destroy(&t->watch_mu);
     pthread_rwlock_destroy(&t->pub_lock);
     pthread_mutex_destroy(&t->resend_lock);
     pthread_mutex_destroy(&t->topics_lock);

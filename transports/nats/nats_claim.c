@@ -12,6 +12,21 @@
 #include "nats_progress.h"
 #include "nats_runs.h"
 
+void kb__nats_claim_name(const kb_transport *t, const kb_nats_part *p, bool wide, uint64_t rev,
+                         char *buf, size_t len)
+{
+    if (wide)
+        snprintf(buf, len, "%s_w_%llu", t->group, (unsigned long long)rev);
+    else
+        snprintf(buf, len, "%s_%u_%llu", t->group, p->n, (unsigned long long)rev);
+}
+
+uint64_t kb__nats_claim_rev(const kb_nats_part *p, bool wide)
+{
+    kb_nats_claim *c = atomic_load(wide ? &p->topic->wide_claims : &p->claims);
+    return c != NULL && c->name_free ? c->rev : p->lease_rev;
+}
+
 kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev, bool wide)
 {
     kb_nats_claim *c = calloc(1, sizeof *c);
@@ -29,11 +44,7 @@ kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev
     c->part = p;
     c->rev = rev;
     c->wide = wide;
-    if (wide)
-        snprintf(c->consumer, sizeof c->consumer, "%s_w_%llu", t->group, (unsigned long long)rev);
-    else
-        snprintf(c->consumer, sizeof c->consumer, "%s_%u_%llu", t->group, p->n,
-                 (unsigned long long)rev);
+    kb__nats_claim_name(t, p, wide, rev, c->consumer, sizeof c->consumer);
     snprintf(c->next_subj, sizeof c->next_subj, "$JS.API.CONSUMER.MSG.NEXT.%s.%s",
              p->topic->stream, c->consumer);
     _Atomic(kb_nats_claim *) *list = wide ? &p->topic->wide_claims : &p->claims;

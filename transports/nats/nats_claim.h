@@ -8,6 +8,13 @@
 
 /* A claim of partition p, or with `wide` of all of p's topic (p is then
  * partition 0); NULL on out of memory. Lease thread. */
+/* The consumer name of a claim of p (wide: of its topic) at lease revision rev. */
+void kb__nats_claim_name(const kb_transport *t, const kb_nats_part *p, bool wide, uint64_t rev,
+                         char *buf, size_t len);
+/* The revision a new claim of p (wide: of its topic) is named after: the
+ * lease's, or the newest claim's when its consumer's creation went
+ * unanswered (the same name is tried again). Thread: the lease thread. */
+uint64_t kb__nats_claim_rev(const kb_nats_part *p, bool wide);
 kb_nats_claim *kb__nats_claim_new(kb_transport *t, kb_nats_part *p, uint64_t rev, bool wide);
 /* Stop feeding a claim and wake the lease thread, which starts a fresh one
  * if it still holds the lease. */

@@ -43,7 +43,26 @@ typedef struct feeder {
  * next one is sent when the open ones have less than a batch left, so the
  * server never waits for a round trip between batches. A request that ends
  * with nothing doubles the next one's expiry (up to 10 s), so idle topics
- * cost the server little; messages still come as soon as they are stored. */
+ * cost the server little; messages still come as soon as they are stored.
+ * The server sends an idle heartbeat (status 100) on an open request every
+ * quarter of its expiry without messages: a request lost with a consumer
+ * leader whose node died is known lost after two missed ones, not after its
+ * expiry (up to 12 s of a partition's pause); an idle partition costs one
+ * heartbeat per 2.5 s. Requests of less than a second (nats.fetch_expires_ms)
+ * ask for none: they are counted lost 2 s after their expiry. */
+static int64_t heartbeat_ms(const kb_nats_claim *c)
+{
+    return c->pull_expires_ms >= 1000 ? c->pull_expires_ms / 4 : 0;
+}
+
+/* When the newest request counts as lost unless a heartbeat or a message
+ * comes first. */
+static int64_t pull_deadline(const kb_nats_claim *c, int64_t now)
+{
+    int64_t hb = heartbeat_ms(c);
+    return now + (hb > 0 ? 2 * hb + 250 : c->pull_expires_ms + 2000) * 1000000;
+}
+
 static void pull(feeder *f, kb_nats_claim *c, int64_t now)
 {
     kb_transport *t = f->t;
@@ -54,9 +73,13 @@ static void pull(feeder *f, kb_nats_claim *c, int64_t now)
         return;   /* the frontier is full: wait for acks (no dribble of small requests) */
     if (c->pull_expires_ms == 0)
         c->pull_expires_ms = t->fetch_expires_ms;
-    char body[96], reply[256];
-    snprintf(body, sizeof body, "{\"batch\":%d,\"expires\":%lld}", batch,
-             (long long)c->pull_expires_ms * 1000000);
+    char body[128], reply[256];
+    int n = snprintf(body, sizeof body, "{\"batch\":%d,\"expires\":%lld", batch,
+                     (long long)c->pull_expires_ms * 1000000);
+    if (heartbeat_ms(c) > 0)
+        n += snprintf(body + n, sizeof body - (size_t)n, ",\"idle_heartbeat\":%lld",
+                      (long long)heartbeat_ms(c) * 1000000);
+    snprintf(body + n, sizeof body - (size_t)n, "}");
     c->pull_serial = ++f->serial;
     snprintf(reply, sizeof reply, "%s.%u.%u.%u", t->inbox, c->part->topic->sub_id, c->part->n,
              c->pull_serial);
@@ -66,7 +89,7 @@ static void pull(feeder *f, kb_nats_claim *c, int64_t now)
     c->pull_open = true;
     c->pull_got = false;
     /* The server ends the request; this only covers a lost one. */
-    c->pull_deadline_ns = now + (c->pull_expires_ms + 2000) * 1000000;
+    c->pull_deadline_ns = pull_deadline(c, now);
 }
 
 /* Is claim c fenced? One whose lease ran out locally (the lease thread
@@ -119,7 +142,9 @@ static void leave_fenced(kb_transport *t, kb_nats_topic *tp)
                 atomic_store(&c->feeder_left, 1);
 }
 
-/* A status reply (408 expired, 404 nothing, 409 ...) closes its request. */
+/* A status reply: 100, an idle heartbeat, says the request is alive; 408
+ * (expired), 404 (nothing), 409, 503 (no leader) close it. Only a request
+ * that expired empty doubles the next one's expiry. */
 static void status_msg(feeder *f, natsMsg *m)
 {
     const char *subj = natsMsg_GetSubject(m);
@@ -132,14 +157,21 @@ static void status_msg(feeder *f, natsMsg *m)
     kb_nats_claim *c = f->by_id[id]->parts[n].feeding;
     if (c == NULL || c->pull_serial != serial)
         return;
+    const char *status = NULL;
+    bool has_status = natsMsgHeader_Get(m, "Status", &status) == NATS_OK && status != NULL;
+    int64_t now = kb_now_ns();
+    if (has_status && strcmp(status, "100") == 0) {
+        c->pull_deadline_ns = pull_deadline(c, now);
+        return;
+    }
     c->pull_open = false;   /* the newest request ended: so did the older */
     c->pull_left = 0;
-    if (!c->pull_got) {
+    if (!c->pull_got && has_status && strcmp(status, "408") == 0) {
         c->pull_expires_ms *= 2;
         if (c->pull_expires_ms > KB_NATS_IDLE_EXPIRES_MS)
             c->pull_expires_ms = KB_NATS_IDLE_EXPIRES_MS;
     }
-    tend(f, c->part, kb_now_ns());
+    tend(f, c->part, now);
 }
 
 /* An event (or the whole message, when unreadable) goes to the dead letters
@@ -289,6 +321,7 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
     kb_transport *t = f->t;
     c->pull_got = true;
     c->pull_expires_ms = t->fetch_expires_ms;
+    c->pull_deadline_ns = pull_deadline(c, kb_now_ns());
     if (c->pull_left > 0 && --c->pull_left == 0)
         c->pull_open = false;
     if (meta->dseq > c->dseq_hi + 1 && !atomic_load(&c->fenced)) {

@@ -1,7 +1,10 @@
-/* Partition leases and membership: the lease thread (kb-nats-lease). */
+/* Partition leases and membership. The bus's entry points (bucket, lease
+ * thread, kick, release at close), then the steps of a lease round that the
+ * lease thread (nats_leaser.c) runs from nats_lease.c. */
 #ifndef KB_TRANSPORTS_NATS_LEASE_H
 #define KB_TRANSPORTS_NATS_LEASE_H
 
+#include "nats_kv.h"
 #include "nats_types.h"
 
 /* The lease KV bucket into *out (when not NULL), bound once per bus. With
@@ -13,10 +16,37 @@ int kb__nats_lease_bucket(kb_transport *t, bool leases, kvStore **out);
 /* Start the lease thread; it runs until t->closing is set and t->lease_wake
  * notified, then sets t->leaser_done. */
 int kb__nats_leaser_start(kb_transport *t, char *errstr, size_t errlen);
-/* Wake the lease thread now (a topic subscribed). */
-void kb__nats_lease_kick(kb_transport *t);
 /* Delete this process's member keys and leases (close, after the lease
  * thread stopped and the last acks went out), by the deadline. */
 void kb__nats_lease_release_all(kb_transport *t, int64_t deadline);
+
+/* A round's acquisitions: they stop at `until`, or once the server left a
+ * request unanswered (stalled: the next round comes soon). */
+typedef struct kb_nats_round {
+    int64_t until;
+    bool stalled;
+    bool again;     /* a claim waits on the server: the next round comes soon */
+    void (*idle)(kb_transport *t);   /* runs while consumers are being made */
+} kb_nats_round;
+
+/* This process's member key of the topic. */
+void kb__nats_member_key(kb_transport *t, kb_nats_topic *tp, char *buf, size_t len);
+/* Which partitions of the topic this process should own, from the roster
+ * (corrected by what the watch saw); unknown roster: keep what it has. */
+void kb__nats_members_rank(kb_transport *t, kb_nats_topic *tp, const kb_nats_roster *r);
+/* The outcome of a lease's renewal; *unanswered set when the server left it
+ * without an answer. */
+void kb__nats_lease_renewed(kb_transport *t, kb_nats_part *p, natsStatus s, uint64_t rev,
+                            int64_t started, bool *unanswered);
+/* Every current claim takes its lease's new local expiry. */
+void kb__nats_claims_validity(kb_transport *t);
+/* Hand over or drop what the partition holds and no longer wants; true while
+ * a hand-over waits for its handlers and acks (*feed_down: the acks'
+ * connection did not answer; no more waiting on it this round). */
+bool kb__nats_part_keep(kb_transport *t, kb_nats_part *p, bool *feed_down);
+/* Take the topic's wanted leases and open their claims. */
+void kb__nats_topic_take(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd);
+/* After a reconnect, every claim's consumer asked once. */
+void kb__nats_renudge_all(kb_transport *t, kb_nats_round *rd);
 
 #endif /* KB_TRANSPORTS_NATS_LEASE_H */

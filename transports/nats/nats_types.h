@@ -71,6 +71,10 @@ typedef struct kb_nats_claim {
     _Atomic uint64_t settled;      /* entries the bus is finished with */
     _Atomic int fenced;            /* lease lost or reset: no acks, no deliveries */
     _Atomic int feeder_left;       /* the feeder will not touch it again */
+    /* lease thread: its consumer's creation went unanswered, so the next
+     * claim of the revision tries the same name again (the server may have
+     * made it late) instead of taking a new revision and a second consumer */
+    bool name_free;
     /* monotonic ns when its lease (every partition's, for a wide claim)
      * runs out locally; past it the claim counts as fenced. The lease
      * thread sets it before publishing the claim and after each renewal */
@@ -137,6 +141,9 @@ typedef struct kb_nats_part {
     int64_t lease_until_ns;        /* local lease expiry */
     bool releasing;
     bool wanted;                   /* lease thread: ranked first here */
+    /* lease thread: since when an earlier consumer's state could not be
+     * read for a claim (0: it could) */
+    int64_t unreadable_since_ns;
     kb_nats_claim *feeding;        /* feeder only: the claim it works on */
 } kb_nats_part;
 
@@ -285,6 +292,13 @@ struct kb_transport {
     natsSubscription *kv_sub;
     char kv_inbox[128];
     uint32_t kv_round;
+    /* membership as the bucket's subjects show it (nats_watch.c): a core
+     * subscription, kept until the connection is closed as above; what it
+     * saw of each member key, under watch_mu */
+    natsSubscription *watch_sub;
+    pthread_mutex_t watch_mu;
+    struct kb_nats_seen *watch_seen;   /* sorted by key */
+    size_t watch_n, watch_cap;
     /* a claim's frontier moved (the acker): kb_drain and a feeder waiting for
      * ring space wake */
     kb_signal *acked;

@@ -1,0 +1,473 @@
+/* The consumers of claims. Every claim gets a consumer of its own, named
+ * after its lease revision (acks of an earlier owner never reach it), which
+ * starts where the earlier consumers of its partitions stopped. Earlier
+ * consumers are found by name (the meta leader's list) and read one by one:
+ * a listing of every consumer's state waits for each consumer's leader, and
+ * timed out while one of them was on a node that was gone. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "nats_claim.h"
+#include "nats_consumers.h"
+#include "nats_kv.h"
+#include "nats_msg.h"
+#include "nats_names.h"
+#include "nats_probe.h"
+#include "nats_progress.h"
+
+/* The wait for a consumer's creation, listing or deletion, which need the
+ * meta leader: a third of the TTL, at least 2 s (a consumer is created in
+ * well under a second, even under ThreadSanitizer), at most 5 s. */
+static void call_opts(const kb_transport *t, jsOptions *o)
+{
+    int64_t ms = t->lease_ttl_ms / 3;
+    jsOptions_Init(o);
+    o->Wait = ms < 2000 ? 2000 : ms > 5000 ? 5000 : ms;
+}
+
+bool kb__nats_listing_load(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l)
+{
+    if (l->listed)
+        return true;
+    jsErrCode jerr = 0;
+    jsOptions o;
+    call_opts(t, &o);
+    natsStatus s = js_ConsumerNames(&l->names, t->js, tp->stream, &o, &jerr);
+    if (s != NATS_OK && s != NATS_NOT_FOUND) {
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: listing consumers of %s: %s; claims wait for "
+               "the next round", t->url_safe, tp->stream, natsStatus_GetText(s));
+        return false;
+    }
+    int n = l->names != NULL ? l->names->Count : 0;
+    if (n > 0 && (l->info = calloc((size_t)n, sizeof *l->info)) == NULL)
+        return false;
+    l->listed = true;
+    return true;
+}
+
+void kb__nats_listing_free(kb_nats_listing *l)
+{
+    for (int i = 0; l->info != NULL && i < l->names->Count; i++)
+        jsConsumerInfo_Destroy(l->info[i]);
+    free(l->info);
+    free(l->pending);
+    jsConsumerNamesList_Destroy(l->names);
+    memset(l, 0, sizeof *l);
+}
+
+static int name_count(const kb_nats_listing *l)
+{
+    return l->names != NULL ? l->names->Count : 0;
+}
+
+bool kb__nats_listing_has(const kb_transport *t, const kb_nats_listing *l, bool wide)
+{
+    for (int i = 0; i < name_count(l); i++)
+        if (wide ? kb__nats_consumer_wide(t, l->names->List[i])
+                 : kb__nats_consumer_part(t, l->names->List[i]) >= 0)
+            return true;
+    return false;
+}
+
+/* Does the consumer's ack floor and delivery history carry over to a claim
+ * of partition n (n < 0: a wide claim, every partition)? */
+static bool covers(const kb_transport *t, const char *consumer, long n)
+{
+    return kb__nats_consumer_wide(t, consumer) ||
+           (n >= 0 && kb__nats_consumer_part(t, consumer) == n);
+}
+
+/* Is it the name the partition's claim would take now (n < 0: the wide
+ * one)? A creation that timed out is tried again under its name (the server
+ * may have made it late): that one is not an earlier consumer. */
+static bool own_name(const kb_transport *t, kb_nats_topic *tp, long n, const char *name)
+{
+    char own[176];
+    kb_nats_part *p = &tp->parts[n < 0 ? 0 : n];
+    kb__nats_claim_name(t, p, n < 0, kb__nats_claim_rev(p, n < 0), own, sizeof own);
+    return strcmp(own, name) == 0;
+}
+
+/* The state of every earlier consumer covering partition n; false when one
+ * could not be read (one gone meanwhile counts as none). */
+static bool read_covering(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l, long n,
+                          const char **unreadable)
+{
+    for (int i = 0; i < name_count(l); i++) {
+        const char *name = l->names->List[i];
+        if (l->info[i] != NULL || !covers(t, name, n) || own_name(t, tp, n, name))
+            continue;
+        jsOptions o;
+        jsOptions_Init(&o);
+        o.Wait = kb__nats_round_wait_ms(t);
+        natsStatus s = js_GetConsumerInfo(&l->info[i], t->js, tp->stream, name, &o, NULL);
+        if (s != NATS_OK && s != NATS_NOT_FOUND) {
+            *unreadable = name;
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Deliveries by earlier consumers, so a redelivery carries its true attempt
+ * count although each claim has a fresh consumer (whose own count starts at 1):
+ * each mark is the highest sequence one earlier consumer delivered; an event
+ * was delivered before once per mark at or above it. The marks travel in the
+ * consumer's Description ("kb-seen m1 m2 ..."), across processes. */
+static void marks_add(kb_nats_claim *c, uint64_t mark, uint64_t floor)
+{
+    if (mark > floor && c->nmarks < KB_NATS_MARKS)
+        c->marks[c->nmarks++] = mark;
+}
+
+static void marks_inherit(kb_nats_claim *c, const jsConsumerInfo *ci, uint64_t floor)
+{
+    const char *d = ci->Config != NULL ? ci->Config->Description : NULL;
+    if (d != NULL && strncmp(d, "kb-seen", 7) == 0)
+        for (char *p = (char *)d + 7, *end; *p; p = end) {
+            uint64_t m = strtoull(p, &end, 10);
+            if (end == p)
+                break;
+            marks_add(c, m, floor);
+        }
+    marks_add(c, ci->Delivered.Stream, floor);
+}
+
+static void marks_describe(const kb_nats_claim *c, char *buf, size_t len)
+{
+    size_t o = (size_t)snprintf(buf, len, "kb-seen");
+    for (uint32_t i = 0; i < c->nmarks && o + 22 < len; i++) {
+        buf[o++] = ' ';
+        o += kb__nats_put_u64(buf + o, c->marks[i]);
+    }
+}
+
+/* A claim starts at the highest floor of the earlier consumers, but an
+ * AckExplicit one (a wide consumer made by keybus before its wide consumers
+ * were AckAll) may have acked much above its floor: a held event of one
+ * partition keeps the topic's floor while the others go on. Its pending set,
+ * learned from the server, tells the new claim which messages above the
+ * floor were handled there: they are acked without a handler. The earlier
+ * consumer with the most delivered is asked; when it cannot tell,
+ * everything above the floor comes again (duplicates, never gaps). */
+static void skip_acked(kb_transport *t, kb_nats_claim *c, kb_nats_listing *l, long n,
+                       uint64_t floor)
+{
+    const jsConsumerInfo *best = NULL;
+    for (int i = 0; i < name_count(l); i++) {
+        const jsConsumerInfo *ci = l->info[i];
+        if (ci == NULL || !covers(t, ci->Name, n) || ci->Config == NULL ||
+            ci->Config->AckPolicy != js_AckExplicit || ci->Delivered.Stream <= floor ||
+            ci->NumAckPending < 0)
+            continue;
+        uint64_t above = ci->Delivered.Stream - kb__nats_floor_of(ci);
+        if ((uint64_t)ci->NumAckPending < above &&
+            (best == NULL || ci->Delivered.Stream > best->Delivered.Stream))
+            best = ci;
+    }
+    if (best == NULL)
+        return;
+    if (l->probed != best) {
+        free(l->pending);
+        l->pending = NULL;
+        l->probed = best;
+        l->probe_ok = kb__nats_probe_pending(t, c->part->topic->stream, best, &l->pending,
+                                             &l->npending);
+    }
+    if (l->probe_ok && l->npending > 0 &&
+        (c->keep = malloc(l->npending * sizeof *c->keep)) != NULL) {
+        memcpy(c->keep, l->pending, l->npending * sizeof *c->keep);
+        c->nkeep = l->npending;
+    }
+    if (!l->probe_ok || (l->npending > 0 && c->keep == NULL)) {
+        kb_log(t->bus, KB_LOG_INFO,
+               "nats %s: consumer %s: could not learn what %s acked above %llu; its messages "
+               "from there come again", t->url_safe, c->consumer, best->Name,
+               (unsigned long long)floor);
+        return;
+    }
+    c->skip_to = best->Delivered.Stream;
+    kb_log(t->bus, KB_LOG_INFO,
+           "nats %s: consumer %s starts at %llu; %s acked every message up to %llu but %u: "
+           "the acked ones are not handled again", t->url_safe, c->consumer,
+           (unsigned long long)floor + 1, best->Name, (unsigned long long)c->skip_to, c->nkeep);
+}
+
+/* An earlier consumer unreadable since when (0: none), per partition: the
+ * claim waits for it at most a lease TTL. */
+static bool wait_for_unreadable(kb_transport *t, kb_nats_part *p, const char *name)
+{
+    int64_t now = kb_now_ns();
+    if (p->unreadable_since_ns == 0) {
+        p->unreadable_since_ns = now;
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: consumer %s of %s: its state cannot be read "
+               "(its leader is being elected, or its node is gone); %s waits for it at most "
+               "%lld ms", t->url_safe, name, p->topic->stream, p->subject,
+               (long long)t->lease_ttl_ms);
+    }
+    if (now - p->unreadable_since_ns < t->lease_ttl_ms * 1000000)
+        return true;
+    kb_log(t->bus, KB_LOG_WARNING, "nats %s: consumer %s still cannot be read: %s starts from "
+           "the floor of the others; what it acked above that comes again", t->url_safe, name,
+           p->subject);
+    return false;
+}
+
+bool kb__nats_earlier_readable(kb_transport *t, kb_nats_part *p, bool wide, kb_nats_listing *l)
+{
+    const char *unreadable = NULL;
+    if (!read_covering(t, p->topic, l, wide ? -1 : (long)p->n, &unreadable) &&
+        wait_for_unreadable(t, p, unreadable))
+        return false;
+    p->unreadable_since_ns = 0;
+    return true;
+}
+
+void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listing *l)
+{
+    kb_nats_claim *c = o->c;
+    kb_nats_part *p = c->part;
+    kb_nats_topic *tp = p->topic;
+    long n = c->wide ? -1 : (long)p->n;
+    uint64_t floor = 0;
+    bool new_group = true;   /* no earlier consumer of the group covers the partition */
+    for (int i = 0; i < name_count(l); i++) {
+        if (!covers(t, l->names->List[i], n) || own_name(t, tp, n, l->names->List[i]))
+            continue;
+        new_group = false;
+        if (l->info[i] != NULL && kb__nats_floor_of(l->info[i]) > floor)
+            floor = kb__nats_floor_of(l->info[i]);
+    }
+    for (int i = 0; i < name_count(l); i++)
+        if (l->info[i] != NULL && covers(t, l->names->List[i], n)) {
+            marks_inherit(c, l->info[i], floor);
+            kb__nats_progress_inherit(t, c, l->names->List[i]);
+        }
+    skip_acked(t, c, l, n, floor);
+    marks_describe(c, o->desc, sizeof o->desc);
+    snprintf(o->filter, sizeof o->filter, "kb.%s.*", tp->name);   /* the stream's, dead letters too */
+    jsConsumerConfig *cc = &o->cc;
+    jsConsumerConfig_Init(cc);
+    cc->Durable = c->consumer;
+    cc->Description = o->desc;
+    /* one ack covers the finished prefix (AckExplicit wide consumers of
+     * earlier versions are still read by skip_acked) */
+    cc->AckPolicy = js_AckAll;
+    cc->AckWait = t->ack_wait_ms * 1000000;
+    cc->MaxAckPending = t->max_ack_pending * (c->wide ? t->partitions : 1);
+    cc->MaxDeliver = -1;         /* retries are the bus's; the server never gives up */
+    cc->FilterSubject = c->wide ? o->filter : p->subject;
+    cc->DeliverPolicy = floor > 0                        ? js_DeliverByStartSequence
+                        : new_group && t->start_latest ? js_DeliverNew
+                                                       : js_DeliverAll;
+    cc->OptStartSeq = floor > 0 ? floor + 1 : 0;
+    c->delivered_hi = floor;   /* a wide claim's first gap starts here (nats_consume.c) */
+}
+
+/* At most this many consumer calls at once: the meta leader orders them
+ * anyway, and a bus with hundreds of new topics should not start hundreds of
+ * threads. */
+#define CALLS_AT_ONCE 16
+
+typedef struct call {
+    kb_transport *t;
+    const char *stream;
+    kb_nats_opening *open;     /* a creation, or */
+    const char *del;           /* a deletion of this consumer */
+    struct batch *batch;
+} call;
+
+static void call_run(call *k)
+{
+    jsOptions o;
+    call_opts(k->t, &o);
+    if (k->open != NULL) {
+        jsConsumerInfo *ci = NULL;
+        int64_t start = kb_now_ns();
+        k->open->s = js_AddConsumer(&ci, k->t->js, k->stream, &k->open->cc, &o, &k->open->jerr);
+        k->open->took_ns = kb_now_ns() - start;
+        jsConsumerInfo_Destroy(ci);
+    } else {
+        js_DeleteConsumer(k->t->js, k->stream, k->del, &o, NULL);
+    }
+}
+
+typedef struct batch {
+    call *k;
+    _Atomic size_t done;
+} batch;
+
+static void *batch_run(void *arg)
+{
+    call *k = arg;
+    call_run(k);
+    nats_ReleaseThreadMemory();
+    atomic_fetch_add(&k->batch->done, 1);
+    return NULL;
+}
+
+/* Run the calls CALLS_AT_ONCE at a time, each on a thread of its own (a lone
+ * call, or one whose thread cannot be started, on the caller's); while they
+ * wait on the server, `idle` runs every few milliseconds (the lease thread's
+ * hand-overs). */
+static void calls_run(call *k, size_t n, void (*idle)(kb_transport *t))
+{
+    for (size_t at = 0; at < n; at += CALLS_AT_ONCE) {
+        pthread_t th[CALLS_AT_ONCE];
+        bool started[CALLS_AT_ONCE];
+        batch b = {k + at, 0};
+        size_t m = n - at < CALLS_AT_ONCE ? n - at : CALLS_AT_ONCE;
+        for (size_t i = 0; i < m; i++) {
+            k[at + i].batch = &b;
+            started[i] = m > 1 && pthread_create(&th[i], NULL, batch_run, &k[at + i]) == 0;
+            if (!started[i])
+                batch_run(&k[at + i]);
+        }
+        while (atomic_load(&b.done) < m) {
+            if (idle != NULL)
+                idle(k->t);
+            nanosleep(&(struct timespec){0, 5000000}, NULL);
+        }
+        for (size_t i = 0; i < m; i++)
+            if (started[i])
+                pthread_join(th[i], NULL);
+    }
+}
+
+void kb__nats_consumers_create(kb_transport *t, kb_nats_opening *o, size_t n,
+                               void (*idle)(kb_transport *t))
+{
+    call *k = calloc(n, sizeof *k);
+    for (size_t i = 0; i < n; i++) {
+        o[i].s = NATS_NO_MEMORY;
+        if (k != NULL)
+            k[i] = (call){t, o[i].c->part->topic->stream, &o[i], NULL, NULL};
+    }
+    if (k != NULL)
+        calls_run(k, n, idle);
+    free(k);
+}
+
+/* Does a claim made now carry on consumer `name`: an earlier partition
+ * consumer of its partition, or (a wide claim) an earlier wide one? Wide
+ * consumers a partition claim carries on stay until every partition has its
+ * own (kb__nats_wide_retire). */
+static bool replaced_by(const kb_transport *t, const char *name, const kb_nats_opening *o, size_t n)
+{
+    long part = kb__nats_consumer_part(t, name);
+    bool wide = kb__nats_consumer_wide(t, name);
+    for (size_t i = 0; i < n; i++)
+        if (o[i].s == NATS_OK && strcmp(name, o[i].c->consumer) != 0 &&
+            (o[i].c->wide ? wide : (long)o[i].c->part->n == part))
+            return true;
+    return false;
+}
+
+/* Delete the consumers, and their progress records, at once. */
+static void delete_all(kb_transport *t, kb_nats_topic *tp, const char **names, size_t n)
+{
+    call *k = calloc(n, sizeof *k);
+    for (size_t i = 0; k != NULL && i < n; i++)
+        k[i] = (call){t, tp->stream, NULL, names[i], NULL};
+    if (k != NULL)
+        calls_run(k, n, NULL);
+    free(k);
+    for (size_t i = 0; i < n; i++)
+        kb__nats_progress_forget(t, tp->stream, names[i]);
+}
+
+void kb__nats_consumers_retire(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l,
+                               const kb_nats_opening *o, size_t n)
+{
+    const char **names = calloc((size_t)name_count(l) + n + 1, sizeof *names);
+    size_t m = 0;
+    for (int i = 0; names != NULL && i < name_count(l); i++)
+        if (replaced_by(t, l->names->List[i], o, n))
+            names[m++] = l->names->List[i];
+    /* a refused creation under a name tried before (the server made it late,
+     * with what was then the floor): the name is given up, and its consumer
+     * with it, so that no consumer is left behind holding messages */
+    for (size_t i = 0; names != NULL && i < n; i++)
+        if (o[i].s != NATS_OK && o[i].s != NATS_TIMEOUT && o[i].retried)
+            names[m++] = o[i].c->consumer;
+    delete_all(t, tp, names, m);
+    free(names);
+}
+
+void kb__nats_wide_retire(kb_transport *t, kb_nats_topic *tp)
+{
+    jsConsumerNamesList *list = NULL;
+    jsOptions o;
+    call_opts(t, &o);
+    if (js_ConsumerNames(&list, t->js, tp->stream, &o, NULL) != NATS_OK)
+        return;
+    uint32_t owned = 0;
+    bool *has = calloc(t->partitions, sizeof *has);
+    const char **wide = calloc((size_t)list->Count + 1, sizeof *wide);
+    size_t nwide = 0;
+    for (int i = 0; has != NULL && wide != NULL && i < list->Count; i++) {
+        long n = kb__nats_consumer_part(t, list->List[i]);
+        if (n >= 0 && !has[n]) {
+            has[n] = true;
+            owned++;
+        }
+        if (kb__nats_consumer_wide(t, list->List[i]))
+            wide[nwide++] = list->List[i];
+    }
+    if (owned == t->partitions)
+        delete_all(t, tp, wide, nwide);
+    free(wide);
+    free(has);
+    jsConsumerNamesList_Destroy(list);
+}
+
+/* After a reconnect the server may hold as pending messages this process
+ * acked: it was killed before it stored the acks (nats-server 2.9's file
+ * store writes consumer state behind the acks). It would redeliver them only
+ * after AckWait, and kb_drain waits for them till then. The claim's last
+ * AckAll, sent again, acks them all. But the state an AckAll consumer comes
+ * back with after a kill can hold messages pending at or below its ack
+ * floor, which no AckAll reaches (more pending than lie between the floor
+ * and the last delivery), or a delivery point below what the claim had,
+ * which an AckAll would pass: such a consumer is given up, and the claim
+ * starts again from its floor with a fresh one. False when the server could not
+ * say (not ready yet after its restart): next round. */
+bool kb__nats_claim_renudge(kb_transport *t, kb_nats_claim *c)
+{
+    jsConsumerInfo *ci = NULL;
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Wait = kb__nats_round_wait_ms(t);   /* a consumer whose leader is being elected: next round */
+    if (js_GetConsumerInfo(&ci, t->js, c->part->topic->stream, c->consumer, &o, NULL) !=
+        NATS_OK)
+        return false;
+    uint64_t below = kb__nats_pending_below_floor(ci);
+    uint64_t acked = atomic_load(&c->acked_to), had = atomic_load(&c->delivered_hi);
+    bool ok = true;
+    if (below > 0) {
+        kb_log(t->bus, KB_LOG_WARNING,
+               "nats %s: consumer %s came back from the server's restart with %llu messages "
+               "pending below its ack floor %llu; starting again from there with a new consumer",
+               t->url_safe, c->consumer, (unsigned long long)below,
+               (unsigned long long)ci->AckFloor.Stream);
+        kb__nats_claim_reset(t, c);
+    } else if (ci->Delivered.Stream < (acked > had ? acked : had)) {
+        /* nats-server 2.9 takes an AckAll past its delivery point: the
+         * floor would pass it and what it delivers again stay pending */
+        kb_log(t->bus, KB_LOG_WARNING,
+               "nats %s: consumer %s came back from the server's restart having delivered up "
+               "to %llu, below the %llu this process had; starting again from its ack floor "
+               "with a new consumer", t->url_safe, c->consumer,
+               (unsigned long long)ci->Delivered.Stream,
+               (unsigned long long)(acked > had ? acked : had));
+        kb__nats_claim_reset(t, c);
+    } else if (ci->AckFloor.Stream < acked) {
+        ok = kb__nats_claim_reack(t, c, ci->AckFloor.Consumer);
+    }
+    jsConsumerInfo_Destroy(ci);
+    return ok;
+}
+

@@ -1,0 +1,73 @@
+/* The JetStream consumers of claims: what earlier consumers of a partition
+ * left (floor, deliveries, acks above the floor, progress), a new consumer per
+ * claim made from it, and the earlier ones deleted. Called by the lease
+ * thread only. */
+#ifndef KB_TRANSPORTS_NATS_CONSUMERS_H
+#define KB_TRANSPORTS_NATS_CONSUMERS_H
+
+#include "nats_types.h"
+
+/* A topic's consumers as one lease round sees them: their names (the meta
+ * leader's list, answered without asking each consumer's leader), and the
+ * state of those a claim needs, read one by one when first needed. */
+typedef struct kb_nats_listing {
+    jsConsumerNamesList *names;
+    bool listed;
+    jsConsumerInfo **info;         /* per name; NULL: not read (yet) */
+    /* a probe takes what it pulls, so the same consumer probed again for the
+     * next partition would answer short: once per listing */
+    const jsConsumerInfo *probed;
+    bool probe_ok;
+    uint64_t *pending;
+    uint32_t npending;
+} kb_nats_listing;
+
+/* The names, once per round; false (logged) when the server did not answer. */
+bool kb__nats_listing_load(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l);
+void kb__nats_listing_free(kb_nats_listing *l);
+/* Does the listing hold a partition consumer (wide: a wide one) of the group? */
+bool kb__nats_listing_has(const kb_transport *t, const kb_nats_listing *l, bool wide);
+
+/* One consumer to create for claim c. */
+typedef struct kb_nats_opening {
+    kb_nats_claim *c;
+    jsConsumerConfig cc;
+    char desc[32 + 22 * KB_NATS_MARKS];
+    char filter[KB_NATS_NAME];
+    bool retried;                  /* its name was tried before, unanswered */
+    natsStatus s;
+    jsErrCode jerr;
+    int64_t took_ns;               /* its creation's round trip */
+} kb_nats_opening;
+
+/* Can a claim of p (wide: of its whole topic) start: has the state of every
+ * earlier consumer covering it been read? False while one cannot be (its
+ * leader being elected): the claim waits for the next round, so that nothing
+ * acked is handled again — until it has stayed unreadable for a lease TTL;
+ * then the claim starts without it (what it acked above the others' floor
+ * comes again: duplicates, never a gap). */
+bool kb__nats_earlier_readable(kb_transport *t, kb_nats_part *p, bool wide, kb_nats_listing *l);
+/* Fill o for its claim: it starts after the highest floor of the earlier
+ * consumers covering its partitions, carries their deliveries and progress,
+ * and settles without a handler what they acked above it. */
+void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listing *l);
+/* Create the consumers of n openings at once, each on a thread of its own
+ * for the call: a replicated consumer takes the server a few hundred
+ * milliseconds (its own Raft group), so claims taken one after the other
+ * cost their sum. Each o->s says how its creation went. `idle` (may be
+ * NULL) runs every few milliseconds meanwhile. */
+void kb__nats_consumers_create(kb_transport *t, kb_nats_opening *o, size_t n,
+                               void (*idle)(kb_transport *t));
+/* Delete the earlier consumers the new claims carry on (partition ones of
+ * the claims' partitions; for a wide claim, the earlier wide ones), at once. */
+void kb__nats_consumers_retire(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l,
+                               const kb_nats_opening *o, size_t n);
+/* Delete the topic's wide consumers once every partition has its own. */
+void kb__nats_wide_retire(kb_transport *t, kb_nats_topic *tp);
+
+/* After a reconnect: does the server still hold claim c's consumer as it
+ * was? Acks it lost are sent again; a consumer that came back unusable is
+ * reset (a new claim next round). False when the server could not say. */
+bool kb__nats_claim_renudge(kb_transport *t, kb_nats_claim *c);
+
+#endif /* KB_TRANSPORTS_NATS_CONSUMERS_H */

@@ -1,0 +1,324 @@
+/* The lease bucket: created or bound once per bus, and read and written by
+ * the lease thread in pipelined batches. Only stream-leader requests (puts,
+ * message gets, stream info): no call here creates a consumer, which the
+ * server may place on a node that is gone and answer only after nats.c's
+ * timeout (the member listing through a KV watcher waited 5 s per round
+ * while a node was down). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nats_kv.h"
+#include "nats_lease.h"
+#include "nats_msg.h"
+#include "nats_names.h"
+
+/* The bucket's TTL is what ends a lease: nats.lease_ttl_ms is applied to an
+ * existing bucket (the MaxAge of its stream KV_<bucket>, with a duplicate
+ * window no longer than that, as the server requires). */
+static int apply_ttl(kb_transport *t, int64_t had_ms)
+{
+    char stream[96];
+    snprintf(stream, sizeof stream, "KV_%s", t->bucket);
+    jsStreamInfo *si = NULL, *upd = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetStreamInfo(&si, t->js, stream, NULL, &jerr);
+    if (s == NATS_OK) {
+        jsStreamConfig cfg = *si->Config;
+        cfg.MaxAge = t->lease_ttl_ms * 1000000;   /* nanoseconds */
+        if (cfg.Duplicates > cfg.MaxAge)
+            cfg.Duplicates = cfg.MaxAge;
+        s = js_UpdateStream(&upd, t->js, &cfg, NULL, &jerr);
+    }
+    jsStreamInfo_Destroy(upd);
+    jsStreamInfo_Destroy(si);
+    if (s != NATS_OK) {
+        kb_errf(NULL, 0, "nats %s: lease bucket %s has a TTL of %lld ms, nats.lease_ttl_ms is "
+                 "%lld ms, and the server refused to change it: %s (jetstream error %d)",
+                 t->url_safe, t->bucket, (long long)had_ms, (long long)t->lease_ttl_ms,
+                 kb__nats_reason(s), (int)jerr);
+        return s == NATS_NO_MEMORY ? KB_ENOMEM : KB_ETRANSPORT;
+    }
+    kb_log(t->bus, KB_LOG_NOTICE, "nats %s: lease bucket %s: TTL %lld ms -> %lld ms "
+           "(nats.lease_ttl_ms)", t->url_safe, t->bucket, (long long)had_ms,
+           (long long)t->lease_ttl_ms);
+    return KB_OK;
+}
+
+int kb__nats_lease_bucket(kb_transport *t, bool leases, kvStore **out)
+{
+    pthread_mutex_lock(&t->kv_lock);
+    int rc = KB_OK;
+    natsStatus s = NATS_OK;
+    if (t->kv == NULL && leases) {
+        kvConfig kc;
+        kvConfig_Init(&kc);
+        kc.Bucket = t->bucket;
+        kc.History = 1;
+        kc.TTL = t->lease_ttl_ms * 1000000;   /* nanoseconds */
+        kc.Replicas = t->replicas;
+        kc.StorageType = js_FileStorage;   /* leases survive a server restart */
+        if (js_CreateKeyValue(&t->kv, t->js, &kc) != NATS_OK)
+            s = js_KeyValue(&t->kv, t->js, t->bucket);   /* it exists, maybe with another TTL */
+    } else if (t->kv == NULL) {
+        s = js_KeyValue(&t->kv, t->js, t->bucket);
+    }
+    if (s != NATS_OK) {
+        kb_errf(NULL, 0, "nats %s: lease bucket %s: %s", t->url_safe, t->bucket,
+                 kb__nats_reason(s));
+        rc = s == NATS_NOT_FOUND ? KB_ENOTFOUND : s == NATS_NO_MEMORY ? KB_ENOMEM : KB_ETRANSPORT;
+    }
+    kvStatus *st = NULL;
+    if (rc == KB_OK && leases && !t->kv_ttl_set) {
+        s = kvStore_Status(&st, t->kv);
+        if (s != NATS_OK) {
+            rc = kb__nats_errf("lease bucket status", s, 0);
+            rc = rc == KB_ENOMEM ? rc : KB_ETRANSPORT;
+        } else if (kvStatus_Replicas(st) != t->replicas) {
+            kb_errf(NULL, 0, "nats %s: lease bucket %s has replicas=%lld but this process is "
+                     "configured with nats.replicas=%d; the bucket is not changed",
+                     t->url_safe, t->bucket, (long long)kvStatus_Replicas(st), t->replicas);
+            rc = KB_EINVAL;
+        } else if (kvStatus_TTL(st) != t->lease_ttl_ms * 1000000) {
+            rc = apply_ttl(t, kvStatus_TTL(st) / 1000000);
+        }
+        kvStatus_Destroy(st);
+        t->kv_ttl_set = rc == KB_OK;
+    }
+    if (out != NULL)
+        *out = rc == KB_OK ? t->kv : NULL;
+    pthread_mutex_unlock(&t->kv_lock);
+    return rc;
+}
+
+/* A sixth of the TTL, at most nats.c's own 5 s. An unanswered round is
+ * retried soon after, so several tries fit in a lease's life, and one node's
+ * loss (its KV leader's election) does not let the leases run out locally
+ * while the thread waits. */
+int kb__nats_round_wait_ms(const kb_transport *t)
+{
+    int64_t ms = t->lease_ttl_ms / 6;
+    return ms > 5000 ? 5000 : (int)ms;
+}
+
+kb_nats_kv_op *kb__nats_kv_add(kb_nats_kv_ops *ops, const char *key, kb_nats_part *p,
+                               uint64_t expect, bool get)
+{
+    void *v = ops->v;
+    if (kb_vec_reserve(&v, &ops->cap, ops->n + 1, sizeof *ops->v) != KB_OK)
+        return NULL;
+    ops->v = v;
+    kb_nats_kv_op *k = &ops->v[ops->n++];
+    snprintf(k->key, sizeof k->key, "%s", key);
+    k->p = p;
+    k->expect = expect;
+    k->get = get;
+    k->s = NATS_TIMEOUT;
+    k->rev = 0;
+    k->ours = false;
+    return k;
+}
+
+/* The value of a JSON string field of a reply (JetStream's own, no escapes
+ * in the fields read here), or NULL. */
+static const char *json_str(const char *d, const char *name, size_t *len)
+{
+    char pat[16];
+    snprintf(pat, sizeof pat, "\"%s\":\"", name);
+    const char *v = strstr(d, pat), *end = v != NULL ? strchr(v + strlen(pat), '"') : NULL;
+    if (end == NULL)
+        return NULL;
+    v += strlen(pat);
+    *len = (size_t)(end - v);
+    return v;
+}
+
+/* A stored message's headers say it is a delete (or a purge). */
+static bool is_delete(const char *d)
+{
+    size_t n = 0;
+    const char *h = json_str(d, "hdrs", &n);
+    char buf[1024];
+    long got = h != NULL ? kb__nats_b64_decode(h, n, buf, sizeof buf - 1) : -1;
+    if (got < 0)
+        return false;
+    buf[got] = '\0';
+    return strstr(buf, "KV-Operation") != NULL;
+}
+
+/* Is the stored value this process's name? */
+static bool names_us(const kb_transport *t, const char *d)
+{
+    size_t n = 0;
+    const char *v = json_str(d, "data", &n);
+    char buf[sizeof t->id];
+    long got = v != NULL ? kb__nats_b64_decode(v, n, buf, sizeof buf) : -1;
+    return got >= 0 && (size_t)got == strlen(t->id) && memcmp(buf, t->id, (size_t)got) == 0;
+}
+
+/* One reply: a publish ack ({"stream":..,"seq":N}) or a refusal (a wrong
+ * revision); for a read, the stored message ({"message":{..,"seq":N,..}}),
+ * "no message found" (10037: expired or never written), or a delete marker.
+ * A status without a body (no responders: a bucket without a leader) is
+ * unanswered. */
+static void kv_reply(const kb_transport *t, kb_nats_kv_op *k, natsMsg *m)
+{
+    const char *d = natsMsg_GetData(m), *seq = d ? strstr(d, "\"seq\":") : NULL;
+    if (natsMsg_GetDataLength(m) == 0) {
+        k->s = NATS_NO_RESPONDERS;
+        return;
+    }
+    if (strstr(d, "\"error\"") != NULL || seq == NULL) {
+        k->s = !k->get ? NATS_ERR : strstr(d, "10037") != NULL ? NATS_NOT_FOUND : NATS_ERR;
+        return;
+    }
+    k->rev = strtoull(seq + 6, NULL, 10);
+    k->s = k->get && is_delete(d) ? NATS_NOT_FOUND : NATS_OK;
+    k->ours = k->get && k->s == NATS_OK && names_us(t, d);
+}
+
+/* The bus's subscription for replies, made at its first batch. */
+static natsStatus kv_sub(kb_transport *t)
+{
+    if (t->kv_sub != NULL)
+        return NATS_OK;
+    natsInbox *inbox = NULL;
+    natsStatus s = natsInbox_Create(&inbox);
+    if (s != NATS_OK)
+        return s;
+    char all[160];
+    snprintf(t->kv_inbox, sizeof t->kv_inbox, "%s", inbox);
+    natsInbox_Destroy(inbox);
+    snprintf(all, sizeof all, "%s.*.*", t->kv_inbox);
+    s = natsConnection_SubscribeSync(&t->kv_sub, t->nc, all);
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(t->kv_sub, -1, -1);
+    return s;
+}
+
+static natsStatus kv_send(kb_transport *t, const kb_nats_kv_op *k, const char *reply)
+{
+    char subj[3 * KB_NATS_NAME], body[3 * KB_NATS_NAME + 32], rev[24];
+    natsMsg *m = NULL;
+    natsStatus s;
+    if (k->get) {
+        snprintf(subj, sizeof subj, "$JS.API.STREAM.MSG.GET.KV_%s", t->bucket);
+        int n = snprintf(body, sizeof body, "{\"last_by_subj\":\"$KV.%s.%s\"}", t->bucket, k->key);
+        s = natsMsg_Create(&m, subj, reply, body, n);
+    } else {
+        snprintf(subj, sizeof subj, "$KV.%s.%s", t->bucket, k->key);
+        s = natsMsg_Create(&m, subj, reply, t->id, (int)strlen(t->id));
+        kb__nats_put_u64(rev, k->expect);
+        if (s == NATS_OK && k->p != NULL)
+            s = natsMsgHeader_Set(m, "Nats-Expected-Last-Subject-Sequence", rev);
+    }
+    if (s == NATS_OK)
+        s = natsConnection_PublishMsg(t->nc, m);
+    natsMsg_Destroy(m);
+    return s;
+}
+
+void kb__nats_kv_run(kb_transport *t, kb_nats_kv_ops *ops)
+{
+    char reply[192], prefix[160];
+    natsStatus s = kv_sub(t);
+    uint32_t batch = ++t->kv_round;   /* replies of earlier batches are dropped */
+    size_t pl = (size_t)snprintf(prefix, sizeof prefix, "%s.%u.", t->kv_inbox, batch);
+    for (size_t i = 0; s == NATS_OK && i < ops->n; i++) {
+        snprintf(reply, sizeof reply, "%s%zu", prefix, i);
+        s = kv_send(t, &ops->v[i], reply);
+    }
+    int64_t deadline = kb_deadline_ns(kb__nats_round_wait_ms(t));
+    for (size_t got = 0; s == NATS_OK && got < ops->n;) {
+        natsMsg *m = NULL;
+        int left = kb_deadline_left_ms(deadline);
+        if (left <= 0 || natsSubscription_NextMsg(&m, t->kv_sub, left) != NATS_OK)
+            break;
+        const char *subject = natsMsg_GetSubject(m);
+        char *end = NULL;
+        unsigned long i = strncmp(subject, prefix, pl) == 0 ? strtoul(subject + pl, &end, 10) : 0;
+        if (end != NULL && *end == '\0' && i < ops->n && ops->v[i].s == NATS_TIMEOUT) {
+            kv_reply(t, &ops->v[i], m);
+            got++;
+        }
+        natsMsg_Destroy(m);
+    }
+}
+
+natsStatus kb__nats_lease_put(kb_transport *t, kb_nats_part *p, uint64_t expect, uint64_t *rev)
+{
+    kb_nats_kv_ops one = {NULL, 0, 0};
+    natsStatus s = NATS_NO_MEMORY;
+    if (kb__nats_kv_add(&one, p->lease_key, p, expect, false) != NULL) {
+        kb__nats_kv_run(t, &one);
+        s = one.v[0].s;
+        *rev = one.v[0].rev;
+    }
+    free(one.v);
+    return s;
+}
+
+/* The member subjects the bucket's stream holds, from its leader's stream
+ * info: deleted and live alike (a delete is a message too). */
+static bool member_subjects(kb_transport *t, kb_nats_kv_ops *ops)
+{
+    char stream[96], filter[160];
+    snprintf(stream, sizeof stream, "KV_%s", t->bucket);
+    snprintf(filter, sizeof filter, "$KV.%s.m.>", t->bucket);
+    size_t pl = strlen(filter) - 3;   /* "$KV.<bucket>." */
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Wait = kb__nats_round_wait_ms(t);
+    o.Stream.Info.SubjectsFilter = filter;
+    jsStreamInfo *si = NULL;
+    if (js_GetStreamInfo(&si, t->js, stream, &o, NULL) != NATS_OK)
+        return false;
+    bool ok = true;
+    const jsStreamStateSubjects *subs = si->State.Subjects;
+    for (int i = 0; ok && subs != NULL && i < subs->Count; i++)
+        if (strlen(subs->List[i].Subject) > pl)
+            ok = kb__nats_kv_add(ops, subs->List[i].Subject + pl, NULL, 0, true) != NULL;
+    jsStreamInfo_Destroy(si);
+    return ok;
+}
+
+void kb__nats_roster_load(kb_transport *t, kb_nats_roster *r)
+{
+    memset(r, 0, sizeof *r);
+    kb_nats_kv_ops ops = {NULL, 0, 0};
+    if (!member_subjects(t, &ops)) {
+        free(ops.v);
+        return;
+    }
+    kb__nats_kv_run(t, &ops);
+    r->ok = true;
+    r->keys = calloc(ops.n + 1, sizeof *r->keys);
+    for (size_t i = 0; r->ok && i < ops.n; i++) {
+        if (ops.v[i].s == NATS_NOT_FOUND)
+            continue;   /* left or expired */
+        if (ops.v[i].s != NATS_OK || r->keys == NULL ||
+            (r->keys[r->n] = strdup(ops.v[i].key)) == NULL)
+            r->ok = false;   /* unknown: the caller keeps what it has */
+        else
+            r->n++;
+    }
+    free(ops.v);
+}
+
+void kb__nats_roster_free(kb_nats_roster *r)
+{
+    for (int i = 0; i < r->n; i++)
+        free(r->keys[i]);
+    free(r->keys);
+}
+
+void kb__nats_kv_delete(kb_transport *t, const char *key)
+{
+    char subj[3 * KB_NATS_NAME];
+    snprintf(subj, sizeof subj, "$KV.%s.%s", t->bucket, key);
+    natsMsg *m = NULL;
+    if (natsMsg_Create(&m, subj, NULL, NULL, 0) == NATS_OK &&
+        natsMsgHeader_Set(m, "KV-Operation", "DEL") == NATS_OK)
+        natsConnection_PublishMsg(t->nc, m);
+    natsMsg_Destroy(m);
+}

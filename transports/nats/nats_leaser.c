@@ -1,0 +1,164 @@
+/* The lease thread, kb-nats-lease: lease rounds (heartbeats and renewals,
+ * the member roster, hand-overs, acquisitions and their consumers) every
+ * third of the lease TTL, at once when kicked (a topic subscribed, a member
+ * came or left, a lease was released, a claim reset), sooner after a round
+ * the server left unanswered; and while a hand-over waits for its handlers,
+ * a look every few milliseconds, so that the next owner starts as soon as
+ * the acks are out instead of a round later. */
+#include <stdlib.h>
+
+#include "nats_lease.h"
+#include "nats_names.h"
+#include "nats_watch.h"
+
+/* A round after one the server left unanswered: several fit in the time a
+ * lease has left. */
+#define ROUND_RETRY(t) ((t)->lease_ttl_ms * 1000000 / 12)
+/* How often a waiting hand-over is looked at: the acker's frontier moves
+ * every nats.ack_interval_ms (2 ms by default). */
+#define HANDOVER_LOOK_NS 5000000
+
+/* Heartbeats of every topic's member key and the renewals that are due, in
+ * one pipelined batch; *retry when a renewal went unanswered. False when
+ * the bucket answered nothing (no leader): no listing, no takes. */
+static bool heartbeat(kb_transport *t, int64_t started, int64_t renew_ns, bool *retry,
+                      bool *heartbeat_failing)
+{
+    kb_nats_kv_ops ops = {NULL, 0, 0};
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
+         tp = tp->next) {
+        if (!atomic_load(&tp->subscribed))
+            continue;
+        char mine[2 * KB_NATS_NAME];
+        kb__nats_member_key(t, tp, mine, sizeof mine);
+        kb__nats_kv_add(&ops, mine, NULL, 0, false);
+        for (uint32_t i = 0; i < t->partitions; i++) {
+            kb_nats_part *p = &tp->parts[i];
+            if (p->lease_rev != 0 && started >= p->lease_until_ns - renew_ns)
+                kb__nats_kv_add(&ops, p->lease_key, p, p->lease_rev, false);
+        }
+    }
+    kb__nats_kv_run(t, &ops);
+    bool failed = false;
+    size_t answered = 0;
+    for (size_t i = 0; i < ops.n; i++) {
+        kb_nats_kv_op *k = &ops.v[i];
+        answered += k->s == NATS_OK || k->s == NATS_ERR;
+        if (k->p != NULL)
+            kb__nats_lease_renewed(t, k->p, k->s, k->rev, started, retry);
+        else
+            failed = failed || k->s != NATS_OK;
+    }
+    if (failed && !*heartbeat_failing)   /* once, not every retry */
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: membership heartbeat failed; leases are kept "
+               "until they run out and the round is tried again every %lld ms", t->url_safe,
+               (long long)(ROUND_RETRY(t) / 1000000));
+    else if (!failed && *heartbeat_failing)
+        kb_log(t->bus, KB_LOG_NOTICE, "nats %s: membership heartbeat answered again", t->url_safe);
+    *heartbeat_failing = failed;
+    *retry = *retry || failed;
+    bool any = ops.n == 0 || answered > 0;
+    free(ops.v);
+    return any;
+}
+
+/* Hand-overs: true while one waits for its handlers and acks. */
+static bool keep_all(kb_transport *t)
+{
+    bool feed_down = false, waiting = false;
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
+         tp = tp->next)
+        for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++)
+            waiting = kb__nats_part_keep(t, &tp->parts[i], &feed_down) || waiting;
+    return waiting;
+}
+
+/* Hand-overs go on while the round's consumers are being made: the next
+ * owner waits for them, not for this process's own claims. */
+static void keep_while_creating(kb_transport *t)
+{
+    keep_all(t);
+}
+
+/* One lease round: heartbeats and renewals first, for every topic, then the
+ * member roster, hand-overs, then acquisitions until a held lease falls due.
+ * Taking a partition costs a KV create and a consumer, so hundreds of new
+ * topics take several rounds; renewing first keeps that from letting held
+ * leases run out. The wait before the next round: 0 when acquisitions are
+ * left, ROUND_RETRY when the server left something unanswered. *handing_over
+ * while a hand-over waits. */
+static int64_t pass(kb_transport *t, bool *heartbeat_failing, bool *handing_over)
+{
+    int64_t started = kb_now_ns();
+    /* back-to-back rounds (acquisitions left over) renew only when due */
+    int64_t renew_ns = t->lease_ttl_ms * 1000000 * 2 / 3;
+    bool retry = false;
+    kb_nats_round rd = {0, false, false, keep_while_creating};
+    if (kb__nats_watch_start(t) != NATS_OK)
+        retry = true;   /* no early news of members: rounds still come */
+    kb__nats_watch_prune(t);
+    rd.stalled = !heartbeat(t, started, renew_ns, &retry, heartbeat_failing);
+    kb__nats_claims_validity(t);
+    kb_nats_roster r = {NULL, 0, false};
+    if (!rd.stalled)
+        kb__nats_roster_load(t, &r);
+    for (kb_nats_topic *tp = atomic_load(&t->topics); r.ok && tp && !atomic_load(&t->closing);
+         tp = tp->next)
+        if (atomic_load(&tp->subscribed))
+            kb__nats_members_rank(t, tp, &r);
+    retry = retry || (!rd.stalled && !r.ok);
+    kb__nats_roster_free(&r);
+    kb__nats_renudge_all(t, &rd);
+    /* acquisitions stop when a held lease falls due: a take's slowest
+     * call (TTL/3) then still ends before the lease runs out locally */
+    rd.until = kb_now_ns() + t->lease_ttl_ms * 1000000 / 3;
+    *handing_over = keep_all(t);
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing); tp = tp->next)
+        for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++) {
+            kb_nats_part *p = &tp->parts[i];
+            if (p->lease_rev != 0 && p->lease_until_ns - renew_ns < rd.until)
+                rd.until = p->lease_until_ns - renew_ns;
+        }
+    for (kb_nats_topic *tp = atomic_load(&t->topics);
+         tp && !atomic_load(&t->closing) && !rd.stalled && kb_now_ns() <= rd.until;
+         tp = tp->next)
+        if (atomic_load(&tp->subscribed))
+            kb__nats_topic_take(t, tp, &rd);
+    if (rd.stalled || rd.again || retry)
+        return ROUND_RETRY(t);
+    return kb_now_ns() > rd.until ? 0 : t->lease_ttl_ms * 1000000 / 3;
+}
+
+static int kicked(void *arg)
+{
+    kb_transport *t = arg;
+    return atomic_load(&t->lease_kick) || atomic_load(&t->closing);
+}
+
+static void *leaser(void *arg)
+{
+    kb_transport *t = arg;
+    bool heartbeat_failing = false, handing_over = false;
+    int64_t next_round = 0;
+    while (!atomic_load(&t->closing)) {
+        int64_t now = kb_now_ns();
+        if (now >= next_round || atomic_exchange(&t->lease_kick, 0))
+            next_round = kb_now_ns() + pass(t, &heartbeat_failing, &handing_over);
+        else if (handing_over)
+            handing_over = keep_all(t);
+        int64_t until = handing_over && next_round > now + HANDOVER_LOOK_NS
+                            ? kb_now_ns() + HANDOVER_LOOK_NS
+                            : next_round;
+        if (until > kb_now_ns())
+            kb_signal_wait(t->lease_wake, kicked, t, until);
+    }
+    nats_ReleaseThreadMemory();
+    atomic_store(&t->leaser_done, 1);
+    kb_signal_notify(t->lease_wake);
+    return NULL;
+}
+
+int kb__nats_leaser_start(kb_transport *t, char *errstr, size_t errlen)
+{
+    return kb__nats_thread_start(&t->leaser, "kb-nats-lease", leaser, t, errstr, errlen);
+}
