@@ -91,6 +91,29 @@ static bool own_name(const kb_transport *t, kb_nats_topic *tp, long n, const cha
     return strcmp(own, name) == 0;
 }
 
+/* This process's own earlier claim of the partition reset for a consumer
+ * without a leader, whose state therefore cannot be read: what the claim
+ * itself knows stands in for it, once the claim is finished (its frontier
+ * final): everything up to its last ack was handled here. NULL otherwise. */
+static jsConsumerInfo *leaderless_own(kb_nats_topic *tp, long n, const char *name)
+{
+    kb_nats_part *p = &tp->parts[n < 0 ? 0 : n];
+    kb_nats_claim *c = atomic_load(n < 0 ? &tp->wide_claims : &p->claims);
+    while (c != NULL && strcmp(c->consumer, name) != 0)
+        c = c->next;
+    if (c == NULL || !atomic_load(&c->leader_lost) || !atomic_load(&c->freed))
+        return NULL;
+    jsConsumerInfo *ci = calloc(1, sizeof *ci);
+    if (ci == NULL || (ci->Name = strdup(name)) == NULL) {
+        free(ci);
+        return NULL;
+    }
+    uint64_t acked = atomic_load(&c->acked_to);
+    ci->AckFloor.Stream = acked > c->start_floor ? acked : c->start_floor;
+    ci->Delivered.Stream = atomic_load(&c->delivered_hi);
+    return ci;
+}
+
 /* The state of every earlier consumer covering partition n; false when one
  * could not be read (one gone meanwhile counts as none). */
 static bool read_covering(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l, long n,
@@ -99,6 +122,8 @@ static bool read_covering(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l
     for (int i = 0; i < name_count(l); i++) {
         const char *name = l->names->List[i];
         if (l->info[i] != NULL || !covers(t, name, n) || own_name(t, tp, n, name))
+            continue;
+        if ((l->info[i] = leaderless_own(tp, n, name)) != NULL)
             continue;
         jsOptions o;
         jsOptions_Init(&o);
@@ -265,6 +290,7 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
                                                        : js_DeliverAll;
     cc->OptStartSeq = floor > 0 ? floor + 1 : 0;
     c->delivered_hi = floor;   /* a wide claim's first gap starts here (nats_consume.c) */
+    c->start_floor = floor;
 }
 
 /* At most this many consumer calls at once: the meta leader orders them
