@@ -18,6 +18,37 @@
  * every nats.ack_interval_ms (2 ms by default). */
 #define HANDOVER_LOOK_NS 5000000
 
+static bool answered(const kb_nats_kv_op *k)
+{
+    return k->s == NATS_OK || k->s == NATS_ERR;
+}
+
+/* Renewals the bucket left unanswered while it answered others (it just
+ * elected a leader: the first requests get "no responders") are sent again
+ * at once, twice at most: a lease whose local time is nearly out is kept
+ * when the bucket is back in time, not dropped for the first reply lost. */
+static void renew_again(kb_transport *t, kb_nats_kv_ops *ops)
+{
+    for (int tries = 0; tries < 2; tries++) {
+        kb_nats_kv_ops again = {NULL, 0, 0};
+        bool any = false;
+        for (size_t i = 0; i < ops->n; i++)
+            any = any || answered(&ops->v[i]);
+        for (size_t i = 0; any && i < ops->n; i++)
+            if (ops->v[i].p != NULL && !answered(&ops->v[i]))
+                kb__nats_kv_add(&again, ops->v[i].key, ops->v[i].p, ops->v[i].expect, false);
+        if (again.n > 0)
+            kb__nats_kv_run(t, &again);
+        for (size_t i = 0, j = 0; i < ops->n && j < again.n; i++)
+            if (ops->v[i].p == again.v[j].p && !answered(&ops->v[i]))
+                ops->v[i] = again.v[j++];
+        bool sent = again.n > 0;
+        free(again.v);
+        if (!sent)
+            return;
+    }
+}
+
 /* Heartbeats of every topic's member key and the renewals that are due, in
  * one pipelined batch; *retry when a renewal went unanswered. False when
  * the bucket answered nothing (no leader): no listing, no takes. */
@@ -39,11 +70,12 @@ static bool heartbeat(kb_transport *t, int64_t started, int64_t renew_ns, bool *
         }
     }
     kb__nats_kv_run(t, &ops);
+    renew_again(t, &ops);
     bool failed = false;
-    size_t answered = 0;
+    size_t n_answered = 0;
     for (size_t i = 0; i < ops.n; i++) {
         kb_nats_kv_op *k = &ops.v[i];
-        answered += k->s == NATS_OK || k->s == NATS_ERR;
+        n_answered += answered(k);
         if (k->p != NULL)
             kb__nats_lease_renewed(t, k->p, k->s, k->rev, started, retry);
         else
@@ -57,7 +89,7 @@ static bool heartbeat(kb_transport *t, int64_t started, int64_t renew_ns, bool *
         kb_log(t->bus, KB_LOG_NOTICE, "nats %s: membership heartbeat answered again", t->url_safe);
     *heartbeat_failing = failed;
     *retry = *retry || failed;
-    bool any = ops.n == 0 || answered > 0;
+    bool any = ops.n == 0 || n_answered > 0;
     free(ops.v);
     return any;
 }
