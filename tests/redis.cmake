@@ -43,3 +43,8 @@ target_link_libraries(test_redis_figures PRIVATE PkgConfig::HIREDIS)
 # never run by processes killed -9 (runs_proc children, one consumer name).
 kb_test(test_runs TESTNAME runs_redis ARGS redis $<TARGET_FILE:runs_proc> TIMEOUT 120 LABELS redis)
 add_dependencies(test_runs runs_proc)
+
+# Entries another client XADDs past the limits: dead-lettered as references,
+# never handed to a handler, peak RSS bounded (issue 40).
+kb_test(test_redis_limits TIMEOUT 180 LABELS redis)
+target_link_libraries(test_redis_limits PRIVATE PkgConfig::HIREDIS)

@@ -16,6 +16,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MAX_ATTEMPTS 5
+/* Small limits, so that fields over them (copied or not: a string over the
+ * cap is kept as its length alone) come up often. */
+static const kb_redis_limits lim = {.key = 24, .payload = 200, .headers = 4,
+                                    .header_bytes = 96, .cap = 256};
 /* An array's element pointers are allocated for whatever length a server
  * announces (hiredis 0.14 has no maxelements yet): a fuzzer's "*999999999"
  * is an allocation of gigabytes, which the sanitizer reports, not a bug of
@@ -37,7 +41,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     redisReader *r = redisReaderCreate();
     if (r == NULL)
         abort();
-    kb__redis_reply_use(r);   /* the transport's reply functions */
+    kb__redis_reply_use(r, lim.cap);   /* the transport's reply functions */
     capped = *r->fn;
     hiredis_array = capped.createArray;
     capped.createArray = create_array;
@@ -63,8 +67,9 @@ static void check_packed(char *dead)
 static void check_event(const kb_redis_entry *en, uint32_t part, uint32_t nparts)
 {
     if (en->key->len == 0 || kb_fnv1a32(en->key->str, en->key->len) % nparts != part ||
-        en->attempt == 0 || en->attempt > MAX_ATTEMPTS ||
-        kb_headers_check(en->headers, en->n_headers, KB_MAX_HEADERS, KB_REDIS_HEADER_BYTES,
+        en->attempt == 0 || en->attempt > MAX_ATTEMPTS || en->key->len > lim.key ||
+        en->payload->len > lim.payload || en->ref ||
+        kb_headers_check(en->headers, en->n_headers, lim.headers, lim.header_bytes,
                          "fuzz") != KB_OK)
         abort();
     kb_delivery dl = {.topic = "fuzz", .key = en->key->str, .key_len = en->key->len,
@@ -80,14 +85,14 @@ static void try_entry(const redisReply *e, uint32_t part, uint32_t nparts, uint3
     if (e->type != REDIS_REPLY_ARRAY)
         return;
     kb_redis_entry en;
-    switch (kb__redis_entry_read(e, part, nparts, attempt, MAX_ATTEMPTS, &en)) {
+    switch (kb__redis_entry_read(e, part, nparts, attempt, MAX_ATTEMPTS, &lim, &en)) {
     case KB_REDIS_ENTRY_EVENT:
         check_event(&en, part, nparts);
         break;
     case KB_REDIS_ENTRY_DEAD:
         if (en.why[0] == '\0')
             abort();   /* a dead letter says why */
-        check_packed(kb__redis_dead_pack_raw(en.fields, part, en.id, en.attempt, en.why));
+        check_packed(kb__redis_dead_pack_raw(en.fields, en.ref, part, en.id, en.attempt, en.why));
         break;
     default:
         break;
@@ -105,6 +110,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     redisReader *r = redisReaderCreateWithFunctions(&capped);
     if (r == NULL)
         return 0;
+    r->privdata = (void *)(uintptr_t)lim.cap;
     if (redisReaderFeed(r, (const char *)data + 1, size - 1) == REDIS_OK) {
         void *reply = NULL;
         while (redisReaderGetReply(r, &reply) == REDIS_OK && reply != NULL) {

@@ -23,7 +23,8 @@ int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const kb_nats_dead 
      * too: store the dead letter without its body (the original stays in the
      * stream at its sequence) rather than have it refused and redelivered for
      * ever, holding up its partition. */
-    bool omit = d->payload_len + KB_NATS_HDR_BASE + KB_NATS_DLQ_ROOM +
+    bool omit = (d->payload == NULL && d->payload_len > 0) ||
+                d->payload_len + KB_NATS_HDR_BASE + KB_NATS_DLQ_ROOM +
                     (d->key_len ? kb__nats_key_hdr_len(d->key, d->key_len) : 0) +
                     kb__nats_hdr_len(d->headers, d->n_headers) >
                 atomic_load(&t->max_payload);

@@ -9,7 +9,8 @@
  * delivery ID: the stream sequence, ".<n>" for the n-th event of a frame. */
 typedef struct kb_nats_dead {
     const char *orig_subject, *orig_id;
-    const void *key, *payload;
+    const void *key, *payload;    /* payload NULL, payload_len > 0: a body not copied (over
+                                   * the limits): stored as its size, like one omitted */
     size_t key_len, payload_len;
     const kb_header *headers;
     size_t n_headers;

@@ -16,13 +16,15 @@
 /* Stored only while our lease holds, and the entry is acked in the same step.
  * The fields are copied from the entry itself on the server, so fields other
  * clients wrote and `a` are kept byte for byte; ARGV[4] counts the fields
- * sent along (k, d, h.*) for an entry the stream no longer holds (trimmed). */
+ * sent along (k, d, h.*) for an entry the stream no longer holds (trimmed),
+ * or is "ref": an entry over the limits, stored as a reference (keybus's
+ * fields only; the entry stays in its stream until trimmed). */
 static const char DEAD_LUA[] =
     "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
     "local n=tonumber(ARGV[4]) "
-    "local e=redis.call('xrange',KEYS[2],ARGV[3],ARGV[3]) "
-    "local f "
-    "if #e>0 then f=e[1][2] else f={unpack(ARGV,5,4+n)} end "
+    "local f={} "
+    "if n then local e=redis.call('xrange',KEYS[2],ARGV[3],ARGV[3]) "
+    "if #e>0 then f=e[1][2] else f={unpack(ARGV,5,4+n)} end else n=0 end "
     "for i=5+n,#ARGV do f[#f+1]=ARGV[i] end "
     "redis.call('xadd',KEYS[3],'*',unpack(f)) "
     "redis.call('hdel',KEYS[4],ARGV[3]) "
@@ -59,11 +61,11 @@ static void put_str(packer *pk, const char *s)
 
 /* The script's arguments after the entry ID: how many fields follow that
  * stand in for a trimmed entry, those fields, then keybus's four. */
-static char *finish(packer *pk, uint32_t partition, const char *id, uint32_t attempts,
+static char *finish(packer *pk, bool ref, uint32_t partition, const char *id, uint32_t attempts,
                     const char *reason)
 {
     char num[3][16];
-    snprintf(num[0], sizeof num[0], "%u", pk->count);
+    snprintf(num[0], sizeof num[0], ref ? "ref" : "%u", pk->count);
     snprintf(num[1], sizeof num[1], "%u", partition);
     snprintf(num[2], sizeof num[2], "%u", attempts);
     put_str(pk, F_PART), put_str(pk, num[1]);
@@ -92,20 +94,20 @@ char *kb__redis_dead_pack(const kb_delivery *d, const char *reason)
         snprintf(f, sizeof f, "%s%s", KB_REDIS_HEADER_PREFIX, d->headers[i].name);
         put_str(&pk, f), put(&pk, d->headers[i].value, d->headers[i].value_len);
     }
-    return finish(&pk, d->partition, d->id, d->attempt, reason);
+    return finish(&pk, false, d->partition, d->id, d->attempt, reason);
 }
 
-char *kb__redis_dead_pack_raw(const redisReply *fields, uint32_t partition, const char *id,
-                              uint32_t attempts, const char *reason)
+char *kb__redis_dead_pack_raw(const redisReply *fields, bool ref, uint32_t partition,
+                              const char *id, uint32_t attempts, const char *reason)
 {
     packer pk = {0};
-    for (size_t i = 0; fields != NULL && fields->type == REDIS_REPLY_ARRAY &&
+    for (size_t i = 0; !ref && fields != NULL && fields->type == REDIS_REPLY_ARRAY &&
                        i + 1 < fields->elements; i += 2) {
         const redisReply *f = fields->element[i], *v = fields->element[i + 1];
         if (f->type == REDIS_REPLY_STRING && v->type == REDIS_REPLY_STRING)
             put(&pk, f->str, f->len), put(&pk, v->str, v->len);
     }
-    return finish(&pk, partition, id, attempts, reason);
+    return finish(&pk, ref, partition, id, attempts, reason);
 }
 
 bool kb__redis_dead_append(redisContext *c, kb_transport *t, kb_redis_part *p,
@@ -278,9 +280,14 @@ int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const 
     const redisReply *f = r->element[0]->element[1];
     const redisReply *k = kb__redis_field(f, "k"), *d = kb__redis_field(f, "d");
     if (k == NULL || k->len == 0 || d == NULL) {
+        const redisReply *oid = own_field(f, F_ID), *why = own_field(f, F_REASON);
+        if (oid != NULL && why != NULL && k == NULL && d == NULL)
+            kb_errf(NULL, 0, "redis: dead letter %s in %s is a reference to entry %.60s (%.200s); "
+                    "nothing to replay", id, dlq, oid->str, why->str);
+        else
+            kb_errf(NULL, 0, "redis: dead letter %s in %s has no key or payload; not replayable",
+                    id, dlq);
         kb__redis_reply_free(r);
-        kb_errf(NULL, 0, "redis: dead letter %s in %s has no key or payload; not replayable",
-                 id, dlq);
         return KB_EINVAL;
     }
     uint32_t part = kb_partition_of(k->str, k->len, t->partitions);

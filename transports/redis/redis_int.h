@@ -56,6 +56,17 @@
 #define KB_REDIS_KEY_MAX 300    /* kb:{topic}:lease:N for a topic of up to 255 bytes */
 #define KB_REDIS_SENTINELS_MAX 16
 #define KB_REDIS_MASTER_MAX 128  /* a Sentinel master name, NUL included */
+/* A string of a reply longer than its connection's cap (kb_redis_limits.cap):
+ * kept as its length alone (`integer`, str NULL), never copied. Not a
+ * hiredis type: code that looks for REDIS_REPLY_STRING passes it by. */
+#define KB_REDIS_REPLY_OVER 100
+
+/* The limits.* an entry read back is held to. `cap`: the longest string a
+ * reply of the transport's connections is copied with, the largest of the
+ * others; a longer one becomes a KB_REDIS_REPLY_OVER. */
+typedef struct kb_redis_limits {
+    size_t key, payload, headers, header_bytes, cap;
+} kb_redis_limits;
 
 /* A host and port: a Sentinel, or the primary it names. */
 typedef struct kb_redis_addr {
@@ -200,6 +211,7 @@ struct kb_transport {
     bool fenced_reads;            /* reads run in a lease-checking script (redis.fenced_reads) */
     int backoff_min_ms, backoff_max_ms;
     uint32_t max_attempts;
+    kb_redis_limits lim;          /* limits.*: entries read are held to them */
 
     _Atomic(kb_transport_topic *) opened;       /* every topic_open */
     _Atomic(kb_transport_topic *) subscribed;   /* what the reader and the keeper serve */
@@ -312,6 +324,8 @@ typedef struct kb_redis_entry {
     kb_header headers[KB_MAX_HEADERS];
     size_t n_headers;
     uint32_t attempt;             /* the event's; a dead letter's attempts so far */
+    bool ref;                     /* a dead letter stored as a reference (ID, size, reason):
+                                   * a field over its limit is not copied */
     char why[300];                /* a dead letter's reason */
 } kb_redis_entry;
 enum { KB_REDIS_ENTRY_NONE, KB_REDIS_ENTRY_EVENT, KB_REDIS_ENTRY_DEAD };
@@ -319,7 +333,7 @@ enum { KB_REDIS_ENTRY_NONE, KB_REDIS_ENTRY_EVENT, KB_REDIS_ENTRY_DEAD };
  * `attempt`: the run a handler would start, raised by the entry's "a" field;
  * above max_attempts the entry is a dead letter: it ran that often. */
 int kb__redis_entry_read(const redisReply *e, uint32_t part, uint32_t nparts, uint32_t attempt,
-                         uint32_t max_attempts, kb_redis_entry *out);
+                         uint32_t max_attempts, const kb_redis_limits *lim, kb_redis_entry *out);
 
 /* ---- redis_publish.c ---- */
 int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m);
@@ -423,9 +437,11 @@ void kb__redis_members_leave(kb_transport *t, kb_transport_topic *tt);
 /* ---- redis_dlq.c ---- */
 /* Fields of a dead letter packed for the keeper. */
 char *kb__redis_dead_pack(const kb_delivery *d, const char *reason);
-/* Same for an entry as read (`fields`: the field/value array, or NULL). */
-char *kb__redis_dead_pack_raw(const redisReply *fields, uint32_t partition, const char *id,
-                              uint32_t attempts, const char *reason);
+/* Same for an entry as read (`fields`: the field/value array, or NULL). With
+ * `ref` none of its fields: the dead letter is a reference to the entry
+ * (partition, ID, reason with the size), which stays in its stream. */
+char *kb__redis_dead_pack_raw(const redisReply *fields, bool ref, uint32_t partition,
+                              const char *id, uint32_t attempts, const char *reason);
 /* Append the fenced XADD+XACK script for one dead letter; false: out of memory. */
 bool kb__redis_dead_append(redisContext *c, kb_transport *t, kb_redis_part *p,
                            const kb_redis_job *j);
@@ -529,8 +545,9 @@ int kb__redis_url_db(const kb_url *u);
 
 /* Every connection of the transport builds its replies with these (set on its
  * reader right after connecting); free them with kb__redis_reply_free, never
- * freeReplyObject. */
-void kb__redis_reply_use(redisReader *r);
+ * freeReplyObject. A string over `cap` bytes (0: none) is kept as a
+ * KB_REDIS_REPLY_OVER of its length. */
+void kb__redis_reply_use(redisReader *r, size_t cap);
 void kb__redis_reply_free(void *reply);
 
 /* ---- redis_fields.c ---- */

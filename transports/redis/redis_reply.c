@@ -7,6 +7,7 @@
  * kb__redis_reply_free, never freeReplyObject. */
 #include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,8 +161,18 @@ static redisReply *object(const redisReadTask *task, int type, size_t extra, siz
     return r;
 }
 
+/* The reader's privdata is the connection's cap: an entry another client
+ * wrote past the limits (60 MB, say) costs hiredis's read buffer once, while
+ * it is parsed, and no copy. */
 static void *create_string(const redisReadTask *task, char *str, size_t len)
 {
+    size_t cap = (size_t)(uintptr_t)task->privdata;
+    if (cap > 0 && len > cap && task->type == REDIS_REPLY_STRING) {
+        redisReply *r = object(task, KB_REDIS_REPLY_OVER, 0, 0);
+        if (r != NULL)
+            r->integer = (long long)len;
+        return r;
+    }
     redisReply *r = object(task, task->type, len + 1, 0);
     if (r == NULL)
         return NULL;
@@ -214,7 +225,8 @@ static redisReplyObjectFunctions reply_functions = {
     create_string, create_array, create_integer, create_nil, kb__redis_reply_free,
 };
 
-void kb__redis_reply_use(redisReader *r)
+void kb__redis_reply_use(redisReader *r, size_t cap)
 {
     r->fn = &reply_functions;
+    r->privdata = (void *)(uintptr_t)cap;
 }
