@@ -48,3 +48,7 @@ add_dependencies(test_runs runs_proc)
 # never handed to a handler, peak RSS bounded (issue 40).
 kb_test(test_redis_limits TIMEOUT 180 LABELS redis)
 target_link_libraries(test_redis_limits PRIVATE PkgConfig::HIREDIS)
+
+# Forged coordination data: future members, a foreign `a`, DLQ fields (issue 40).
+kb_test(test_redis_forged TIMEOUT 120 LABELS redis)
+target_link_libraries(test_redis_forged PRIVATE PkgConfig::HIREDIS)

@@ -183,8 +183,26 @@ static const redisReply *own_field(const redisReply *f, const char *name)
     return NULL;
 }
 
-/* An entry of the DLQ as kb_dead_letter; `headers` holds KB_MAX_HEADERS. */
-static kb_dead_letter dead_letter_of(const redisReply *e, kb_header *headers)
+/* A decimal field of a dead letter, when it is one below `limit` (anyone may
+ * write the DLQ stream); else `dflt`. */
+static uint32_t number_below(const redisReply *v, uint32_t limit, uint32_t dflt)
+{
+    if (v == NULL || v->len == 0 || v->len > 10)
+        return dflt;
+    uint64_t n = 0;
+    for (size_t i = 0; i < v->len; i++) {
+        if (v->str[i] < '0' || v->str[i] > '9')
+            return dflt;
+        n = n * 10 + (uint64_t)(v->str[i] - '0');
+    }
+    return n < limit ? (uint32_t)n : dflt;
+}
+
+/* An entry of the DLQ as kb_dead_letter; `headers` holds KB_MAX_HEADERS. Its
+ * partition is the one its key hashes to (where a replay sends it): the
+ * stored field when it says so, else that one. */
+static kb_dead_letter dead_letter_of(const kb_transport *t, const redisReply *e,
+                                     kb_header *headers)
 {
     const redisReply *f = e->element[1];
     const redisReply *k = kb__redis_field(f, "k"), *d = kb__redis_field(f, "d"),
@@ -196,9 +214,10 @@ static kb_dead_letter dead_letter_of(const redisReply *e, kb_header *headers)
         .id = e->element[0]->str,
         .key = k ? k->str : "", .key_len = k ? k->len : 0,
         .payload = d ? d->str : "", .payload_len = d ? d->len : 0,
-        .partition = p ? (uint32_t)strtoul(p->str, NULL, 10) : 0,
+        .partition = k ? kb_partition_of(k->str, k->len, t->partitions)
+                       : number_below(p, t->partitions, 0),
         .original_id = oid ? oid->str : "",
-        .attempts = n ? (uint32_t)strtoul(n->str, NULL, 10) : 0,
+        .attempts = number_below(n, UINT32_MAX, 0),
         .reason = why ? why->str : "",
         .time_ms = strtoll(e->element[0]->str, NULL, 10),   /* the ID's ms: when stored */
         .headers = n_headers > 0 ? headers : NULL, .n_headers = n_headers,
@@ -242,7 +261,7 @@ int kb__redis_dead_letters(kb_transport *t, kb_transport_topic *tt, const char *
             if (e->type != REDIS_REPLY_ARRAY || e->elements < 2 ||
                 e->element[0]->type != REDIS_REPLY_STRING)
                 continue;
-            kb_dead_letter dl = dead_letter_of(e, headers);
+            kb_dead_letter dl = dead_letter_of(t, e, headers);
             seen++;
             snprintf(start, sizeof start, "(%s", dl.id);
             if (fn(&dl, opaque) != 0) {
@@ -327,6 +346,15 @@ int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const 
         rc = KB_ENOTFOUND;
     } else {
         kb__redis_pub_note(t, tt, part, x->str);   /* kb_drain waits for it too */
+        const redisReply *was = own_field(f, F_PART);
+        uint32_t said = number_below(was, UINT32_MAX, UINT32_MAX);
+        if (said != part)
+            kb_log(t->bus, KB_LOG_WARNING, "redis: dead letter %s of %s replayed to partition %u "
+                   "(%s), where its key hashes, as %s; its partition field said \"%.24s\"", id,
+                   tt->name, part, stream, x->str, was != NULL ? was->str : "");
+        else
+            kb_log(t->bus, KB_LOG_INFO, "redis: dead letter %s of %s replayed to partition %u "
+                   "(%s) as %s", id, tt->name, part, stream, x->str);
     }
     kb__redis_reply_free(x);
     kb__redis_reply_free(r);

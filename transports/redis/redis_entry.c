@@ -94,9 +94,11 @@ int kb__redis_entry_read(const redisReply *e, uint32_t part, uint32_t nparts, ui
         return dead(out, attempt);
     }
     if (a != NULL) {
+        /* anyone may write `a`: it raises the count at most to the last run
+         * allowed, so only runs recorded by keybus can dead-letter an entry */
         unsigned long n = strtoul(a->str, NULL, 10);
-        if (n > attempt && n < 1000000)
-            attempt = (uint32_t)n;
+        if (n > attempt)
+            attempt = n < max_attempts ? (uint32_t)n : max_attempts > attempt ? max_attempts : attempt;
     }
     if (attempt > max_attempts) {
         /* Handlers began it that often without an ack: likely one that kills

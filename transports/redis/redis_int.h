@@ -56,6 +56,7 @@
 #define KB_REDIS_KEY_MAX 300    /* kb:{topic}:lease:N for a topic of up to 255 bytes */
 #define KB_REDIS_SENTINELS_MAX 16
 #define KB_REDIS_MASTER_MAX 128  /* a Sentinel master name, NUL included */
+#define KB_REDIS_SKEW_MS 60000  /* clock skew between members' hosts tolerated in scores */
 /* A string of a reply longer than its connection's cap (kb_redis_limits.cap):
  * kept as its length alone (`integer`, str NULL), never copied. Not a
  * hiredis type: code that looks for REDIS_REPLY_STRING passes it by. */
@@ -263,6 +264,7 @@ struct kb_transport {
     _Atomic uint64_t fenced;      /* acks / dead letters refused: lease lost */
     _Atomic uint64_t unowned;     /* deliveries released by still_owned: lease lost */
     _Atomic uint64_t stray;       /* reads that found another consumer's entries: re-swept */
+    _Atomic uint64_t forged_members; /* heartbeats that removed members scored in the future */
     _Atomic bool duties_now;      /* new topics: take their leases without waiting a tick */
     bool jobs_unsent;             /* keeper only: `sending` left over after a failure */
     bool check_refused;           /* keeper only: the last lease check before acks was refused */
