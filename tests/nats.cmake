@@ -50,3 +50,8 @@ kb_test(test_nats_cluster ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 300 LAB
 set_tests_properties(test_nats_cluster PROPERTIES RUN_SERIAL ON)
 target_sources(test_nats_cluster PRIVATE support/nats_cluster.c)
 target_link_libraries(test_nats_cluster PRIVATE PkgConfig::NATS)
+
+# Forged coordination data: a progress record past what its consumer was
+# delivered, or out of form, is ignored and logged (issue 40).
+kb_test(test_nats_forged TIMEOUT 120 LABELS nats)
+target_link_libraries(test_nats_forged PRIVATE PkgConfig::NATS)
