@@ -52,3 +52,9 @@ target_link_libraries(test_redis_limits PRIVATE PkgConfig::HIREDIS)
 # Forged coordination data: future members, a foreign `a`, DLQ fields (issue 40).
 kb_test(test_redis_forged TIMEOUT 120 LABELS redis)
 target_link_libraries(test_redis_forged PRIVATE PkgConfig::HIREDIS)
+
+# The README example through a local stunnel4 tunnel to a TLS-only
+# redis-server (docs/deployment.md, "Redis over TLS").
+add_test(NAME redis_tls COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/redis_tls.sh
+         $<TARGET_FILE:example_hello>)
+set_tests_properties(redis_tls PROPERTIES TIMEOUT 180 LABELS redis ENVIRONMENT "${KB_TEST_ENV}")
