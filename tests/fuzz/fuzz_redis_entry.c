@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../transports/redis/redis_int.h"
+#include "redis_reader.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -20,32 +20,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
  * cap is kept as its length alone) come up often. */
 static const kb_redis_limits lim = {.key = 24, .payload = 200, .headers = 4,
                                     .header_bytes = 96, .cap = 256};
-/* An array's element pointers are allocated for whatever length a server
- * announces (hiredis 0.14 has no maxelements yet): a fuzzer's "*999999999"
- * is an allocation of gigabytes, which the sanitizer reports, not a bug of
- * ours. Longer arrays are refused here as out of memory, the answer the
- * reader gives when that allocation fails. */
-#define MAX_ELEMENTS 4096
-
-static redisReplyObjectFunctions capped;
-static void *(*hiredis_array)(const redisReadTask *, int);
-
-static void *create_array(const redisReadTask *task, int elements)
-{
-    return elements < 0 || elements > MAX_ELEMENTS ? NULL : hiredis_array(task, elements);
-}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
-    redisReader *r = redisReaderCreate();
-    if (r == NULL)
-        abort();
-    kb__redis_reply_use(r, lim.cap);   /* the transport's reply functions */
-    capped = *r->fn;
-    hiredis_array = capped.createArray;
-    capped.createArray = create_array;
-    redisReaderFree(r);
+    fuzz_reader_init(lim.cap);
     return 0;
 }
 
@@ -107,10 +86,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     uint32_t nparts = 1u + (data[0] & 7u), part = (uint32_t)(data[0] >> 3) % nparts;
     uint32_t attempt = 1u + (data[0] >> 6);   /* a sweep's redelivery: above 1 */
-    redisReader *r = redisReaderCreateWithFunctions(&capped);
+    redisReader *r = fuzz_reader_new(lim.cap);
     if (r == NULL)
         return 0;
-    r->privdata = (void *)(uintptr_t)lim.cap;
     if (redisReaderFeed(r, (const char *)data + 1, size - 1) == REDIS_OK) {
         void *reply = NULL;
         while (redisReaderGetReply(r, &reply) == REDIS_OK && reply != NULL) {

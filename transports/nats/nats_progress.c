@@ -206,7 +206,7 @@ void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now, boo
     free(buf);
 }
 
-/* Decimal digits at *p, at most `max`, no sign or blank; *p moved past. */
+/* Digits at *p in `base`, at most `max`, no sign or blank; *p moved past. */
 static bool digits(const char **p, const char *end, unsigned base, uint64_t max, uint64_t *out)
 {
     const char *q = *p;
@@ -219,7 +219,8 @@ static bool digits(const char **p, const char *end, unsigned base, uint64_t max,
             break;
         v = v * base + d;
     }
-    if (q == *p || (q < end && *q != ' ' && *q != '\n'))
+    if (q == *p || (q < end && *q != ' ' && *q != '\n') ||
+        (base == 10 && **p == '0' && q - *p > 1))   /* as written: no leading zero */
         return false;
     *p = q;
     *out = v;

@@ -198,11 +198,9 @@ static uint32_t number_below(const redisReply *v, uint32_t limit, uint32_t dflt)
     return n < limit ? (uint32_t)n : dflt;
 }
 
-/* An entry of the DLQ as kb_dead_letter; `headers` holds KB_MAX_HEADERS. Its
- * partition is the one its key hashes to (where a replay sends it): the
- * stored field when it says so, else that one. */
-static kb_dead_letter dead_letter_of(const kb_transport *t, const redisReply *e,
-                                     kb_header *headers)
+/* Its partition is the one its key hashes to (where a replay sends it). */
+kb_dead_letter kb__redis_dead_letter_of(const kb_transport *t, const redisReply *e,
+                                        kb_header *headers)
 {
     const redisReply *f = e->element[1];
     const redisReply *k = kb__redis_field(f, "k"), *d = kb__redis_field(f, "d"),
@@ -261,7 +259,7 @@ int kb__redis_dead_letters(kb_transport *t, kb_transport_topic *tt, const char *
             if (e->type != REDIS_REPLY_ARRAY || e->elements < 2 ||
                 e->element[0]->type != REDIS_REPLY_STRING)
                 continue;
-            kb_dead_letter dl = dead_letter_of(t, e, headers);
+            kb_dead_letter dl = kb__redis_dead_letter_of(t, e, headers);
             seen++;
             snprintf(start, sizeof start, "(%s", dl.id);
             if (fn(&dl, opaque) != 0) {

@@ -293,6 +293,16 @@ void kb__redis_keeper_stop(kb_transport *t, int64_t deadline_ns);
 enum { KB_REDIS_DELIVERED, KB_REDIS_PART_GONE, KB_REDIS_CLOSING, KB_REDIS_LANE_FULL };
 /* Deliver partition `part`'s pending entries (its PEL) under lease `epoch`. */
 int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch);
+/* The sweep script's reply [runs, [cursor, entries, deleted IDs]], read: its
+ * parts point into r; `ents` and `gone` NULL when not arrays, `cursor` NULL
+ * on the last page. False: not that shape. Pure (tests/fuzz/fuzz_redis_reply.c). */
+typedef struct kb_redis_swept {
+    const redisReply *runs, *ents, *gone;
+    const char *cursor;
+} kb_redis_swept;
+bool kb__redis_sweep_reply(const redisReply *r, kb_redis_swept *out);
+/* The attempt of claimed entry i: its recorded runs + 1, saturated. */
+uint32_t kb__redis_sweep_attempt(const redisReply *runs, size_t i);
 
 /* ---- redis_deliver.c ---- */
 /* Hand one entry ([id, fields]) to the pool: KB_REDIS_* */
@@ -451,11 +461,23 @@ int kb__redis_dead_letters(kb_transport *t, kb_transport_topic *tt, const char *
                            kb_dead_letter_fn fn, void *opaque);
 int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const char *id);
 int kb__redis_dead_letter_delete(kb_transport *t, kb_transport_topic *tt, const char *id);
+/* A DLQ entry ([id, fields], checked to be one) as kb_dead_letter, its
+ * fields range-checked; strings point into e; `headers` holds
+ * KB_MAX_HEADERS. Pure (tests/fuzz/fuzz_redis_reply.c). */
+kb_dead_letter kb__redis_dead_letter_of(const kb_transport *t, const redisReply *e,
+                                        kb_header *headers);
 
 /* ---- redis_drain.c ---- */
 int kb__redis_drain(kb_transport *t, int timeout_ms);
 
 /* ---- redis_stats.c ---- */
+/* Our group's figures from an XINFO GROUPS reply (`last_id`: the stream's
+ * last-generated-id reply). Pure (tests/fuzz/fuzz_redis_reply.c). */
+typedef struct kb_redis_group_info {
+    uint64_t pending, lag, consumers;
+} kb_redis_group_info;
+kb_redis_group_info kb__redis_group_figures(const kb_transport *t, const redisReply *groups,
+                                            uint64_t length, const redisReply *last_id);
 int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out);
 int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t partition,
                               kb_partition_stats *out);
@@ -558,6 +580,11 @@ void kb__redis_reply_free(void *reply);
 const redisReply *kb__redis_map_get(const redisReply *m, const char *name);
 /* The same, only when the value is a string (entry fields always are). */
 const redisReply *kb__redis_field(const redisReply *fields, const char *name);
+/* An XPENDING summary ([count, min, max, [[consumer, count]...]]) names
+ * another consumer than ours. */
+bool kb__redis_foreign_pending(const kb_transport *t, const redisReply *x);
+/* Element j of an MGET reply of leases is exactly our token. */
+bool kb__redis_lease_ours(const kb_transport *t, const redisReply *m, size_t j);
 /* Our group's row of an XINFO GROUPS reply, or NULL. */
 const redisReply *kb__redis_group_row(const kb_transport *t, const redisReply *groups);
 /* Compare stream IDs "ms-seq" numerically. */
