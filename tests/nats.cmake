@@ -55,3 +55,9 @@ target_link_libraries(test_nats_cluster PRIVATE PkgConfig::NATS)
 # delivered, or out of form, is ignored and logged (issue 40).
 kb_test(test_nats_forged TIMEOUT 120 LABELS nats)
 target_link_libraries(test_nats_forged PRIVATE PkgConfig::NATS)
+
+# The contract suite as the least-privileged user of docs/security.md.
+add_test(NAME least_privilege_nats COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/least_privilege.sh
+         nats $<TARGET_FILE:test_contract>)
+set_tests_properties(least_privilege_nats PROPERTIES TIMEOUT 300 LABELS nats
+                     ENVIRONMENT "${KB_TEST_ENV}")

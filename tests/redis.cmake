@@ -58,3 +58,9 @@ target_link_libraries(test_redis_forged PRIVATE PkgConfig::HIREDIS)
 add_test(NAME redis_tls COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/redis_tls.sh
          $<TARGET_FILE:example_hello>)
 set_tests_properties(redis_tls PROPERTIES TIMEOUT 180 LABELS redis ENVIRONMENT "${KB_TEST_ENV}")
+
+# The contract suite as the least-privileged ACL user of docs/security.md.
+add_test(NAME least_privilege_redis COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/least_privilege.sh
+         redis $<TARGET_FILE:test_contract>)
+set_tests_properties(least_privilege_redis PROPERTIES TIMEOUT 300 LABELS redis
+                     ENVIRONMENT "${KB_TEST_ENV}")
