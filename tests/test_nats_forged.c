@@ -2,7 +2,8 @@
  * progress record (<stream>.done.<consumer> in the runs bucket), which a
  * takeover reads to settle events without a handler, is taken only line by
  * line where well formed and within what the server delivered to that
- * consumer: a forged one causes duplicates at worst, never a skip. */
+ * consumer: a forged one causes duplicates at worst, never a skip. Dead
+ * letters another client published are range-checked when listed. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -137,6 +138,64 @@ static void forged_progress_is_ignored(void **state)
     assert_int_equal(kb_close(p, 30000), KB_OK);
 }
 
+typedef struct one {
+    char id[32];
+    uint32_t partition, attempts;
+} one;
+
+static int first(const kb_dead_letter *dl, void *opaque)
+{
+    one *o = opaque;
+    snprintf(o->id, sizeof o->id, "%s", dl->id);
+    o->partition = dl->partition;
+    o->attempts = dl->attempts;
+    return 1;
+}
+
+/* A dead letter another client published with Kb-Partition 999 (of 8) and
+ * an attempt count past 64 bits: listed with its key's partition and 0
+ * attempts; its replay goes to the key's partition and says so. */
+static void forged_dead_letter_fields_are_range_checked(void **state)
+{
+    (void)state;
+    char topic[64], subject[96];
+    snprintf(topic, sizeof topic, "nfg.dlq.%d", (int)getpid());
+    snprintf(subject, sizeof subject, "kb.%s.dlq", topic);
+    _Atomic int handled = 0;
+    kb_bus *b = open_as("fd");
+    assert_int_equal(kb_subscribe(b, topic, count, &handled), KB_OK);   /* makes the stream */
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    natsMsg *m = NULL;
+    assert_int_equal(natsConnection_ConnectTo(&nc, server.url), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    assert_int_equal(natsMsg_Create(&m, subject, NULL, "x", 1), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(m, "Kb-Key", "agg-d"), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(m, "Kb-Partition", "999"), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(m, "Kb-Attempts", "99999999999999999999999"), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(m, "Kb-Orig-Id", "1"), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(m, "Kb-Reason", "forged"), NATS_OK);
+    jsPubAck *pa = NULL;
+    assert_int_equal(js_PublishMsg(&pa, js, m, NULL, NULL), NATS_OK);
+    jsPubAck_Destroy(pa);
+    natsMsg_Destroy(m);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+
+    one o = {0};
+    assert_int_equal(kb_dead_letters(b, topic, NULL, 1, first, &o), KB_OK);
+    uint32_t home = kb_partition_of("agg-d", 5, 8);
+    assert_int_equal(o.partition, home);
+    assert_int_equal(o.attempts, 0);
+    assert_int_equal(kb_dead_letter_replay(b, topic, o.id), KB_OK);
+    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    assert_int_equal(atomic_load(&handled), 1);
+    char said[64];
+    snprintf(said, sizeof said, "replayed to partition %u", home);
+    assert_true(was_logged(said));
+    assert_int_equal(kb_close(b, 30000), KB_OK);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -154,6 +213,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(forged_progress_is_ignored),
+        cmocka_unit_test(forged_dead_letter_fields_are_range_checked),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -191,12 +191,14 @@ static void longest_key(void **state)
 
 typedef struct refs {
     int n, payload, key, omitted;
+    char first[32];
 } refs;
 
 static int count_ref(const kb_dead_letter *dl, void *opaque)
 {
     refs *r = opaque;
-    r->n++;
+    if (r->n++ == 0)
+        snprintf(r->first, sizeof r->first, "%s", dl->id);
     r->payload += strstr(dl->reason, "limits.max_payload_bytes") != NULL;
     r->key += strstr(dl->reason, "limits.max_key_bytes") != NULL;
     r->omitted += dl->payload_len == 0 && dl->key_len == 0;
@@ -238,6 +240,9 @@ static void over_the_consumers_limits(const char *topic, const char *batch)
     assert_int_equal(r.payload, 1);
     assert_int_equal(r.key, 1);
     assert_int_equal(r.omitted, 2);
+    /* a reference holds nothing to replay: refused, saying so */
+    assert_int_equal(kb_dead_letter_replay(c, topic, r.first), KB_EINVAL);
+    assert_non_null(strstr(kb_last_error(), "reference"));
     free(buf);
     assert_int_equal(kb_close(p, 10000), KB_OK);
     assert_int_equal(kb_close(c, 10000), KB_OK);

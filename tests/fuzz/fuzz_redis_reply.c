@@ -54,8 +54,8 @@ static void try_reply(const redisReply *x, int depth)
         x->element[0]->type == REDIS_REPLY_STRING) {
         kb_header headers[KB_MAX_HEADERS];
         kb_dead_letter dl = kb__redis_dead_letter_of(&t, x, headers);
-        if (dl.key_len > 0 && dl.partition >= t.partitions)
-            abort();   /* where a replay sends it */
+        if (dl.partition >= t.partitions)
+            abort();   /* range-checked */
         if (dl.n_headers > KB_MAX_HEADERS || strlen(dl.reason) > CAP || strlen(dl.original_id) > CAP)
             abort();
     }

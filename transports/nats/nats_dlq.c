@@ -170,14 +170,23 @@ int kb__nats_dead_letters(kb_transport *t, kb_nats_topic *tp, const char *after_
             h->n = 0;   /* listed without them; a replay says why */
         char id[24];
         snprintf(id, sizeof id, "%llu", (unsigned long long)at);
+        /* anyone may publish on the dead-letter subject: a partition out of
+         * range reads as the key's (where a replay sends it), else 0; counts
+         * decimal or 0 */
+        uint64_t part = 0, attempts = 0;
+        const char *p = hdr(m, "Kb-Partition");
+        if (strcmp(p, "0") != 0 && (!kb__nats_seq_parse(p, &part) || part >= t->partitions))
+            part = klen > 0 ? kb_partition_of(key, (size_t)klen, t->partitions) : 0;
+        if (!kb__nats_seq_parse(hdr(m, "Kb-Attempts"), &attempts) || attempts > UINT32_MAX)
+            attempts = 0;
         kb_dead_letter dl = {
             .id = id,
             .key = key, .key_len = klen > 0 ? (size_t)klen : 0,
             .payload = natsMsg_GetData(m) ? natsMsg_GetData(m) : "",
             .payload_len = (size_t)natsMsg_GetDataLength(m),
-            .partition = (uint32_t)strtoul(hdr(m, "Kb-Partition"), NULL, 10),
+            .partition = (uint32_t)part,
             .original_id = hdr(m, "Kb-Orig-Id"),
-            .attempts = (uint32_t)strtoul(hdr(m, "Kb-Attempts"), NULL, 10),
+            .attempts = (uint32_t)attempts,
             .reason = hdr(m, "Kb-Reason"),
             .time_ms = stamp_ms(m),
             .headers = h->n ? h->h : NULL, .n_headers = h->n,
@@ -250,9 +259,10 @@ int kb__nats_dead_letter_replay(kb_transport *t, kb_nats_topic *tp, const char *
     if (klen > 0 && kb__nats_hdr_get(t, m, h, &why) != 0)
         klen = -1;
     const char *omitted = NULL;
-    if (klen > 0 && natsMsgHeader_Get(m, KB_NATS_OMITTED_HDR, &omitted) == NATS_OK) {
+    if (key && h && natsMsgHeader_Get(m, KB_NATS_OMITTED_HDR, &omitted) == NATS_OK) {
         klen = -1;
-        why = "its body was too large to keep with the dead letter (see Kb-Orig-Id)";
+        why = "it is a reference: its body was not kept with it (over a limit, or too large "
+              "for the server); the original is at Kb-Orig-Id";
     }
     if (klen <= 0) {
         natsMsg_Destroy(m);
@@ -268,6 +278,10 @@ int kb__nats_dead_letter_replay(kb_transport *t, kb_nats_topic *tp, const char *
     rc = kb__nats_publish(t, tp, &msg);
     if (rc == KB_OK)
         rc = kb__nats_flush(t, (int)t->publish_timeout_ms);
+    if (rc == KB_OK)
+        kb_log(t->bus, KB_LOG_INFO, "nats %s: dead letter %s of %s replayed to partition %u "
+               "(its key's)", t->url_safe, id, tp->name, kb_partition_of(key, (size_t)klen,
+                                                                          t->partitions));
     if (rc == KB_OK && (s = js_DeleteMsg(t->js, tp->stream, seq, NULL, &jerr)) != NATS_OK)
         rc = kb__nats_errf("removing the replayed dead letter", s, jerr);
     natsMsg_Destroy(m);

@@ -198,7 +198,8 @@ static uint32_t number_below(const redisReply *v, uint32_t limit, uint32_t dflt)
     return n < limit ? (uint32_t)n : dflt;
 }
 
-/* Its partition is the one its key hashes to (where a replay sends it). */
+/* A partition out of range reads as the one its key hashes to (where a
+ * replay sends it). */
 kb_dead_letter kb__redis_dead_letter_of(const kb_transport *t, const redisReply *e,
                                         kb_header *headers)
 {
@@ -212,8 +213,8 @@ kb_dead_letter kb__redis_dead_letter_of(const kb_transport *t, const redisReply 
         .id = e->element[0]->str,
         .key = k ? k->str : "", .key_len = k ? k->len : 0,
         .payload = d ? d->str : "", .payload_len = d ? d->len : 0,
-        .partition = k ? kb_partition_of(k->str, k->len, t->partitions)
-                       : number_below(p, t->partitions, 0),
+        .partition = number_below(p, t->partitions,
+                                  k ? kb_partition_of(k->str, k->len, t->partitions) : 0),
         .original_id = oid ? oid->str : "",
         .attempts = number_below(n, UINT32_MAX, 0),
         .reason = why ? why->str : "",
