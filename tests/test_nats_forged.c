@@ -9,7 +9,6 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -22,38 +21,17 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
+#include "support/forged.h"
 #include "support/server.h"
 #include "support/suite.h"
 
 static kb_test_server server;
 
-static struct {
-    pthread_mutex_t mu;
-    char text[8192];
-} logged = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static void on_log(int level, const char *msg, void *opaque)
-{
-    (void)level, (void)opaque;
-    pthread_mutex_lock(&logged.mu);
-    size_t n = strlen(logged.text);
-    snprintf(logged.text + n, sizeof logged.text - n, "%s\n", msg);
-    pthread_mutex_unlock(&logged.mu);
-}
-
-static bool was_logged(const char *what)
-{
-    pthread_mutex_lock(&logged.mu);
-    bool yes = strstr(logged.text, what) != NULL;
-    pthread_mutex_unlock(&logged.mu);
-    return yes;
-}
-
 static kb_bus *open_as(const char *consumer)
 {
     const char *const kv[] = {"consumer", consumer, "nats.lease_ttl_ms", "1000", NULL};
     kb_conf *c = kb_test_conf(server.url, kv, NULL);
-    kb_conf_set_log(c, on_log, NULL);
+    kb_test_log_capture(c);
     return kb_test_open_conf(c);
 }
 
@@ -132,24 +110,10 @@ static void forged_progress_is_ignored(void **state)
         usleep(10000);
     assert_int_equal(kb_drain(b, 30000), KB_OK);
     assert_int_equal(atomic_load(&second), 5);
-    assert_true(was_logged("of progress record"));
-    assert_true(was_logged("stream sequence past the last one"));
+    assert_true(kb_test_logged("of progress record"));
+    assert_true(kb_test_logged("stream sequence past the last one"));
     assert_int_equal(kb_close(b, 30000), KB_OK);
     assert_int_equal(kb_close(p, 30000), KB_OK);
-}
-
-typedef struct one {
-    char id[32];
-    uint32_t partition, attempts;
-} one;
-
-static int first(const kb_dead_letter *dl, void *opaque)
-{
-    one *o = opaque;
-    snprintf(o->id, sizeof o->id, "%s", dl->id);
-    o->partition = dl->partition;
-    o->attempts = dl->attempts;
-    return 1;
 }
 
 /* A dead letter another client published with Kb-Partition 999 (of 8) and
@@ -182,17 +146,7 @@ static void forged_dead_letter_fields_are_range_checked(void **state)
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
 
-    one o = {0};
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 1, first, &o), KB_OK);
-    uint32_t home = kb_partition_of("agg-d", 5, 8);
-    assert_int_equal(o.partition, home);
-    assert_int_equal(o.attempts, 0);
-    assert_int_equal(kb_dead_letter_replay(b, topic, o.id), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
-    assert_int_equal(atomic_load(&handled), 1);
-    char said[64];
-    snprintf(said, sizeof said, "replayed to partition %u", home);
-    assert_true(was_logged(said));
+    kb_test_forged_dead_letter_replays(b, topic, "agg-d", &handled);
     assert_int_equal(kb_close(b, 30000), KB_OK);
 }
 

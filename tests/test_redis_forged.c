@@ -8,7 +8,6 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -22,6 +21,7 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
+#include "support/forged.h"
 #include "support/server.h"
 
 static kb_test_server server;
@@ -53,33 +53,11 @@ static int handled(const kb_event *ev, void *opaque)
     return KB_HANDLED;
 }
 
-static struct {
-    pthread_mutex_t mu;
-    char text[4096];
-} logged = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static void on_log(int level, const char *msg, void *opaque)
-{
-    (void)level, (void)opaque;
-    pthread_mutex_lock(&logged.mu);
-    size_t n = strlen(logged.text);
-    snprintf(logged.text + n, sizeof logged.text - n, "%s\n", msg);
-    pthread_mutex_unlock(&logged.mu);
-}
-
-static bool was_logged(const char *what)
-{
-    pthread_mutex_lock(&logged.mu);
-    bool yes = strstr(logged.text, what) != NULL;
-    pthread_mutex_unlock(&logged.mu);
-    return yes;
-}
-
 static kb_bus *open_logged(const char *consumer)
 {
     const char *const kv[] = {"consumer", consumer, "redis.lease_ttl_ms", "1000", NULL};
     kb_conf *c = kb_test_conf(server.url, kv, NULL);
-    kb_conf_set_log(c, on_log, NULL);
+    kb_test_log_capture(c);
     return kb_test_open_conf(c);
 }
 
@@ -112,7 +90,7 @@ static void future_members_are_dropped(void **state)
     for (size_t i = 0; i < r->elements; i++)
         assert_null(strstr(r->element[i]->str, "ghost"));
     freeReplyObject(r);
-    assert_true(was_logged("scored past now"));
+    assert_true(kb_test_logged("scored past now"));
     assert_int_equal(kb_close(b, 30000), KB_OK);
     redisFree(c);
 }
@@ -142,20 +120,6 @@ static void foreign_attempt_is_capped(void **state)
     redisFree(c);
 }
 
-typedef struct one {
-    char id[64];
-    uint32_t partition, attempts;
-} one;
-
-static int first(const kb_dead_letter *dl, void *opaque)
-{
-    one *o = opaque;
-    snprintf(o->id, sizeof o->id, "%s", dl->id);
-    o->partition = dl->partition;
-    o->attempts = dl->attempts;
-    return 1;
-}
-
 /* A dead letter whose partition says 999 (of 8) and attempts 11 digits: it
  * lists with the key's partition and 0 attempts; the replay goes to the
  * key's partition and says so. */
@@ -171,18 +135,8 @@ static void forged_dead_letter_fields_are_range_checked(void **state)
     kb_bus *b = open_logged("rfg-dlq");
     seen s = {0};
     assert_int_equal(kb_subscribe(b, topic, handled, &s), KB_OK);
-    one o = {0};
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 1, first, &o), KB_OK);
-    uint32_t home = kb_fnv1a32("agg-d", 5) % 8;
-    assert_int_equal(o.partition, home);
-    assert_int_equal(o.attempts, 0);
-    assert_int_equal(kb_dead_letter_replay(b, topic, o.id), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
-    assert_int_equal(atomic_load(&s.calls), 1);
-    char said[64];
-    snprintf(said, sizeof said, "replayed to partition %u", home);
-    assert_true(was_logged(said));
-    assert_true(was_logged("its partition field said \"999\""));
+    kb_test_forged_dead_letter_replays(b, topic, "agg-d", &s.calls);
+    assert_true(kb_test_logged("its partition field said \"999\""));
     assert_int_equal(kb_close(b, 30000), KB_OK);
     redisFree(c);
 }
