@@ -19,12 +19,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* Small limits, so that fields over them (copied or not: a string over the
  * cap is kept as its length alone) come up often. */
 static const kb_redis_limits lim = {.key = 24, .payload = 200, .headers = 4,
-                                    .header_bytes = 96, .cap = 256};
+                                    .header_bytes = 96, .cap = 256, .entry = 400};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
-    fuzz_reader_init(lim.cap);
+    fuzz_reader_init();
     return 0;
 }
 
@@ -86,7 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     uint32_t nparts = 1u + (data[0] & 7u), part = (uint32_t)(data[0] >> 3) % nparts;
     uint32_t attempt = 1u + (data[0] >> 6);   /* a sweep's redelivery: above 1 */
-    redisReader *r = fuzz_reader_new(lim.cap);
+    redisReader *r = fuzz_reader_new(&lim);
     if (r == NULL)
         return 0;
     if (redisReaderFeed(r, (const char *)data + 1, size - 1) == REDIS_OK) {

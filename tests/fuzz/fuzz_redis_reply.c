@@ -16,13 +16,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define CAP 256            /* longer strings: KB_REDIS_REPLY_OVER */
+static const kb_redis_limits lim = {.key = 64, .payload = 128, .headers = 4,
+                                    .header_bytes = 64, .cap = CAP, .entry = 1024};
 
 static kb_transport t;     /* the fields these readers look at */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
-    fuzz_reader_init(CAP);
+    fuzz_reader_init();
     strcpy(t.group, "g");
     strcpy(t.consumer, "c1");
     strcpy(t.token, "c1#0001");
@@ -65,7 +67,7 @@ static void try_reply(const redisReply *x, int depth)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    redisReader *r = fuzz_reader_new(CAP);
+    redisReader *r = fuzz_reader_new(&lim);
     if (r == NULL)
         return 0;
     if (redisReaderFeed(r, (const char *)data, size) == REDIS_OK) {

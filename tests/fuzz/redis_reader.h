@@ -1,5 +1,5 @@
 /* The reply objects of the Redis fuzz targets: the transport's own
- * (redis_reply.c, strings over `cap` kept as their length) with arrays over
+ * (redis_reply.c, strings over the limits kept as their length) with arrays over
  * MAX_ELEMENTS refused. An array's element pointers are allocated for
  * whatever length a server announces (hiredis 0.14 has no maxelements yet): a
  * fuzzer's "*999999999" is an allocation of gigabytes, which the sanitizer
@@ -24,24 +24,25 @@ static void *create_array(const redisReadTask *task, int elements)
 }
 
 /* Once, from LLVMFuzzerInitialize. */
-static void fuzz_reader_init(size_t cap)
+static void fuzz_reader_init(void)
 {
     redisReader *r = redisReaderCreate();
     if (r == NULL)
         abort();
-    kb__redis_reply_use(r, cap);
+    kb__redis_reply_use(r, NULL);
     capped = *r->fn;
     hiredis_array = capped.createArray;
     capped.createArray = create_array;
     redisReaderFree(r);
 }
 
-/* A reader for one input: the capped objects, strings over `cap` not copied. */
-static redisReader *fuzz_reader_new(size_t cap)
+/* A reader for one input: the capped objects, strings over `lim` not
+ * copied (`lim` outlives it). */
+static redisReader *fuzz_reader_new(const kb_redis_limits *lim)
 {
     redisReader *r = redisReaderCreateWithFunctions(&capped);
     if (r != NULL)
-        r->privdata = (void *)(uintptr_t)cap;
+        r->privdata = (void *)(uintptr_t)lim;
     return r;
 }
 

@@ -184,6 +184,7 @@ static int read_conf(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     l->cap = l->key > l->cap ? l->key : l->cap;
     l->cap = l->payload > l->cap ? l->payload : l->cap;
     l->cap = l->header_bytes > l->cap ? l->header_bytes : l->cap;
+    l->entry = l->key + l->payload + l->header_bytes + KB_REDIS_HEADER_BYTES;
     t->buffer_bytes = (size_t)kb_conf_int(c, "redis.publish_buffer_bytes");
     kb__redis_backlog_init(&t->backlog, t->buffer_bytes);
     t->enqueue_timeout_ms = (int)kb_conf_int(c, "pool.enqueue_timeout_ms");

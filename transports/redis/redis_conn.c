@@ -52,7 +52,7 @@ static redisContext *connect_to(const kb_transport *t, const char *host, int por
 {
     redisContext *c = redisConnectWithTimeout(host, port, tv);
     if (c != NULL)
-        kb__redis_reply_use(c->reader, t->lim.cap);
+        kb__redis_reply_use(c->reader, &t->lim);
     return c;
 }
 

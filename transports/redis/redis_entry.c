@@ -46,9 +46,15 @@ static bool over_limits(const kb_redis_entry *en, const kb_redis_limits *lim, ch
                                                name->len != 1 || size <= max))
             continue;   /* header bytes are summed by kb_headers_check */
         bool named = name != NULL && name->type == REDIS_REPLY_STRING;
-        snprintf(why, len, "%s: %s \"%.40s\" of %zu bytes is over the limit (%zu); not "
-                 "copied: the entry stays in its stream under its ID", rule,
-                 named ? "field" : "a field name", named ? name->str : "", size, max);
+        if (size <= max)   /* not copied for the entry's total */
+            snprintf(why, len, "limits: the entry's fields are over %zu bytes "
+                     "(limits.max_key_bytes + max_payload_bytes + max_header_bytes + 64 KiB) "
+                     "at %s \"%.40s\"; not copied: the entry stays in its stream under its ID",
+                     lim->entry, named ? "field" : "a field name", named ? name->str : "");
+        else
+            snprintf(why, len, "%s: %s \"%.40s\" of %zu bytes is over the limit (%zu); not "
+                     "copied: the entry stays in its stream under its ID", rule,
+                     named ? "field" : "a field name", named ? name->str : "", size, max);
         return true;
     }
     return false;

@@ -57,16 +57,19 @@
 #define KB_REDIS_SENTINELS_MAX 16
 #define KB_REDIS_MASTER_MAX 128  /* a Sentinel master name, NUL included */
 #define KB_REDIS_SKEW_MS 60000  /* clock skew between members' hosts tolerated in scores */
-/* A string of a reply longer than its connection's cap (kb_redis_limits.cap):
- * kept as its length alone (`integer`, str NULL), never copied. Not a
- * hiredis type: code that looks for REDIS_REPLY_STRING passes it by. */
+/* A string of a reply longer than its connection's cap (kb_redis_limits.cap),
+ * or that would take an entry's fields past kb_redis_limits.entry: kept as
+ * its length alone (`integer`, str NULL), never copied. Not a hiredis type:
+ * code that looks for REDIS_REPLY_STRING passes it by. */
 #define KB_REDIS_REPLY_OVER 100
 
 /* The limits.* an entry read back is held to. `cap`: the longest string a
  * reply of the transport's connections is copied with, the largest of the
- * others; a longer one becomes a KB_REDIS_REPLY_OVER. */
+ * others (64 KiB at least); `entry`: the bytes of strings copied for the
+ * fields of one entry ([id, fields]), key + payload + header bytes + 64 KiB
+ * (field names, `a`, a dead letter's own fields). */
 typedef struct kb_redis_limits {
-    size_t key, payload, headers, header_bytes, cap;
+    size_t key, payload, headers, header_bytes, cap, entry;
 } kb_redis_limits;
 
 /* A host and port: a Sentinel, or the primary it names. */
@@ -569,9 +572,10 @@ int kb__redis_url_db(const kb_url *u);
 
 /* Every connection of the transport builds its replies with these (set on its
  * reader right after connecting); free them with kb__redis_reply_free, never
- * freeReplyObject. A string over `cap` bytes (0: none) is kept as a
- * KB_REDIS_REPLY_OVER of its length. */
-void kb__redis_reply_use(redisReader *r, size_t cap);
+ * freeReplyObject. A string over lim->cap bytes, or past lim->entry for an
+ * entry's fields, is kept as a KB_REDIS_REPLY_OVER of its length; `lim`
+ * (NULL: none) outlives the reader. */
+void kb__redis_reply_use(redisReader *r, const kb_redis_limits *lim);
 void kb__redis_reply_free(void *reply);
 
 /* ---- redis_fields.c ---- */

@@ -4,10 +4,11 @@
  * element. The reader thread spent about half its time in malloc and free
  * building and dropping those objects. The objects are plain redisReply
  * structs, so every reader of a reply is unchanged; only the free differs:
- * kb__redis_reply_free, never freeReplyObject. */
+ * kb__redis_reply_free, never freeReplyObject. Strings past the limits are
+ * not copied (KB_REDIS_REPLY_OVER), so what another client wrote bounds
+ * nothing but hiredis's read buffer. */
 #include <pthread.h>
 #include <stddef.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -161,13 +162,31 @@ static redisReply *object(const redisReadTask *task, int type, size_t extra, siz
     return r;
 }
 
-/* The reader's privdata is the connection's cap: an entry another client
- * wrote past the limits (60 MB, say) costs hiredis's read buffer once, while
- * it is parsed, and no copy. */
+/* A string of an entry's fields (element 1 of a 2-element array: [id,
+ * fields]) that would take them past `entry` bytes; else counted in the
+ * fields array's `integer`, which arrays do not use. Many fields each under
+ * the cap must not add up to what one field may not be. */
+static bool entry_full(const redisReadTask *task, size_t len, size_t entry)
+{
+    const redisReadTask *f = task->parent;
+    if (f == NULL || f->parent == NULL || f->idx != 1 || f->parent->elements != 2)
+        return false;
+    redisReply *fields = f->obj;
+    size_t used = (size_t)fields->integer;
+    if (len > entry - used)
+        return true;
+    fields->integer = (long long)(used + len);
+    return false;
+}
+
+/* The reader's privdata is the connection's limits: an entry another client
+ * wrote past them (60 MB, say) costs hiredis's read buffer once, while it
+ * is parsed, and no copy. */
 static void *create_string(const redisReadTask *task, char *str, size_t len)
 {
-    size_t cap = (size_t)(uintptr_t)task->privdata;
-    if (cap > 0 && len > cap && task->type == REDIS_REPLY_STRING) {
+    const kb_redis_limits *lim = task->privdata;
+    if (lim != NULL && task->type == REDIS_REPLY_STRING &&
+        (len > lim->cap || entry_full(task, len, lim->entry))) {
         redisReply *r = object(task, KB_REDIS_REPLY_OVER, 0, 0);
         if (r != NULL)
             r->integer = (long long)len;
@@ -225,8 +244,8 @@ static redisReplyObjectFunctions reply_functions = {
     create_string, create_array, create_integer, create_nil, kb__redis_reply_free,
 };
 
-void kb__redis_reply_use(redisReader *r, size_t cap)
+void kb__redis_reply_use(redisReader *r, const kb_redis_limits *lim)
 {
     r->fn = &reply_functions;
-    r->privdata = (void *)(uintptr_t)cap;
+    r->privdata = (void *)lim;
 }
