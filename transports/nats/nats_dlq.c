@@ -126,6 +126,36 @@ static int64_t stamp_ms(natsMsg *m)
     return ms;
 }
 
+kb_dead_letter kb__nats_dead_letter_of(const kb_transport *t, natsMsg *m, const char *id,
+                                      char *key, kb_nats_hdrs *h)
+{
+    const char *why = NULL;
+    int klen = kb__nats_get_key(m, key, KB_NATS_DLQ_KEY_CAP, &why);
+    if (kb__nats_hdr_get(t, m, h, &why) != 0)
+        h->n = 0;   /* listed without them; a replay says why */
+    /* anyone may publish on the dead-letter subject: a partition out of
+     * range reads as the key's (where a replay sends it), else 0; counts
+     * decimal or 0 */
+    uint64_t part = 0, attempts = 0;
+    const char *p = hdr(m, "Kb-Partition");
+    if (strcmp(p, "0") != 0 && (!kb__nats_seq_parse(p, &part) || part >= t->partitions))
+        part = klen > 0 ? kb_partition_of(key, (size_t)klen, t->partitions) : 0;
+    if (!kb__nats_seq_parse(hdr(m, "Kb-Attempts"), &attempts) || attempts > UINT32_MAX)
+        attempts = 0;
+    return (kb_dead_letter){
+        .id = id,
+        .key = key, .key_len = klen > 0 ? (size_t)klen : 0,
+        .payload = natsMsg_GetData(m) ? natsMsg_GetData(m) : "",
+        .payload_len = (size_t)natsMsg_GetDataLength(m),
+        .partition = (uint32_t)part,
+        .original_id = hdr(m, "Kb-Orig-Id"),
+        .attempts = (uint32_t)attempts,
+        .reason = hdr(m, "Kb-Reason"),
+        .time_ms = stamp_ms(m),
+        .headers = h->n ? h->h : NULL, .n_headers = h->n,
+    };
+}
+
 int kb__nats_dead_letters(kb_transport *t, kb_nats_topic *tp, const char *after_id, size_t max,
                           kb_dead_letter_fn fn, void *opaque)
 {
@@ -142,7 +172,7 @@ int kb__nats_dead_letters(kb_transport *t, kb_nats_topic *tp, const char *after_
     if (after == UINT64_MAX)
         return KB_OK;   /* nothing comes after the last sequence */
     uint64_t seq = after + 1;
-    char *key = malloc(65536);
+    char *key = malloc(KB_NATS_DLQ_KEY_CAP);
     kb_nats_hdrs *h = calloc(1, sizeof *h);
     if (key == NULL || h == NULL) {
         free(key);
@@ -164,33 +194,9 @@ int kb__nats_dead_letters(kb_transport *t, kb_nats_topic *tp, const char *after_
             break;
         }
         uint64_t at = strtoull(hdr(m, "Nats-Sequence"), NULL, 10);
-        const char *why = NULL;
-        int klen = kb__nats_get_key(m, key, 65536, &why);
-        if (kb__nats_hdr_get(t, m, h, &why) != 0)
-            h->n = 0;   /* listed without them; a replay says why */
         char id[24];
         snprintf(id, sizeof id, "%llu", (unsigned long long)at);
-        /* anyone may publish on the dead-letter subject: a partition out of
-         * range reads as the key's (where a replay sends it), else 0; counts
-         * decimal or 0 */
-        uint64_t part = 0, attempts = 0;
-        const char *p = hdr(m, "Kb-Partition");
-        if (strcmp(p, "0") != 0 && (!kb__nats_seq_parse(p, &part) || part >= t->partitions))
-            part = klen > 0 ? kb_partition_of(key, (size_t)klen, t->partitions) : 0;
-        if (!kb__nats_seq_parse(hdr(m, "Kb-Attempts"), &attempts) || attempts > UINT32_MAX)
-            attempts = 0;
-        kb_dead_letter dl = {
-            .id = id,
-            .key = key, .key_len = klen > 0 ? (size_t)klen : 0,
-            .payload = natsMsg_GetData(m) ? natsMsg_GetData(m) : "",
-            .payload_len = (size_t)natsMsg_GetDataLength(m),
-            .partition = (uint32_t)part,
-            .original_id = hdr(m, "Kb-Orig-Id"),
-            .attempts = (uint32_t)attempts,
-            .reason = hdr(m, "Kb-Reason"),
-            .time_ms = stamp_ms(m),
-            .headers = h->n ? h->h : NULL, .n_headers = h->n,
-        };
+        kb_dead_letter dl = kb__nats_dead_letter_of(t, m, id, key, h);
         int stop = fn(&dl, opaque);
         natsMsg_Destroy(m);
         if (stop || at == 0)
@@ -252,10 +258,10 @@ int kb__nats_dead_letter_replay(kb_transport *t, kb_nats_topic *tp, const char *
         return rc;
     jsErrCode jerr = 0;
     natsStatus s;
-    char *key = malloc(65536);
+    char *key = malloc(KB_NATS_DLQ_KEY_CAP);
     kb_nats_hdrs *h = calloc(1, sizeof *h);
     const char *why = "out of memory";
-    int klen = key && h ? kb__nats_get_key(m, key, 65536, &why) : -1;
+    int klen = key && h ? kb__nats_get_key(m, key, KB_NATS_DLQ_KEY_CAP, &why) : -1;
     if (klen > 0 && kb__nats_hdr_get(t, m, h, &why) != 0)
         klen = -1;
     const char *omitted = NULL;
