@@ -11,6 +11,7 @@ packages=(
   clang libclang-rt-dev
   gnuplot-nox jq
   tmux   # test_cli_ops drives `keybus top` in a terminal
+  stunnel4 openssl   # redis_tls: keybus through a local TLS tunnel to a TLS-only redis-server
   libcjson-dev libmicrohttpd-dev systemtap-sdt-dev prometheus bpftrace
 )
 

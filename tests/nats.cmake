@@ -50,3 +50,14 @@ kb_test(test_nats_cluster ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 300 LAB
 set_tests_properties(test_nats_cluster PROPERTIES RUN_SERIAL ON)
 target_sources(test_nats_cluster PRIVATE support/nats_cluster.c)
 target_link_libraries(test_nats_cluster PRIVATE PkgConfig::NATS)
+
+# Forged coordination data: a progress record past what its consumer was
+# delivered, or out of form, is ignored and logged (issue 40).
+kb_test(test_nats_forged TIMEOUT 120 LABELS nats)
+target_link_libraries(test_nats_forged PRIVATE PkgConfig::NATS)
+
+# The contract suite as the least-privileged user of docs/security.md.
+add_test(NAME least_privilege_nats COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/least_privilege.sh
+         nats $<TARGET_FILE:test_contract>)
+set_tests_properties(least_privilege_nats PROPERTIES TIMEOUT 300 LABELS nats
+                     ENVIRONMENT "${KB_TEST_ENV}")

@@ -43,3 +43,24 @@ target_link_libraries(test_redis_figures PRIVATE PkgConfig::HIREDIS)
 # never run by processes killed -9 (runs_proc children, one consumer name).
 kb_test(test_runs TESTNAME runs_redis ARGS redis $<TARGET_FILE:runs_proc> TIMEOUT 120 LABELS redis)
 add_dependencies(test_runs runs_proc)
+
+# Entries another client XADDs past the limits: dead-lettered as references,
+# never handed to a handler, peak RSS bounded (issue 40).
+kb_test(test_redis_limits TIMEOUT 180 LABELS redis)
+target_link_libraries(test_redis_limits PRIVATE PkgConfig::HIREDIS)
+
+# Forged coordination data: future members, a foreign `a`, DLQ fields (issue 40).
+kb_test(test_redis_forged TIMEOUT 120 LABELS redis)
+target_link_libraries(test_redis_forged PRIVATE PkgConfig::HIREDIS)
+
+# The README example through a local stunnel4 tunnel to a TLS-only
+# redis-server (docs/deployment.md, "Redis over TLS").
+add_test(NAME redis_tls COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/redis_tls.sh
+         $<TARGET_FILE:example_hello>)
+set_tests_properties(redis_tls PROPERTIES TIMEOUT 180 LABELS redis ENVIRONMENT "${KB_TEST_ENV}")
+
+# The contract suite as the least-privileged ACL user of docs/security.md.
+add_test(NAME least_privilege_redis COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/least_privilege.sh
+         redis $<TARGET_FILE:test_contract>)
+set_tests_properties(least_privilege_redis PROPERTIES TIMEOUT 300 LABELS redis
+                     ENVIRONMENT "${KB_TEST_ENV}")

@@ -2,8 +2,9 @@
  * transport: `test_contract mem|redis|nats`, or `test_contract plugin
  * /path/libkb_x.so URL` for a transport loaded with `transport.plugins`
  * (ctest runs examples/transport's file:// this way, built against an
- * installed keybus). Broker runs start a real server through the harness in
- * tests/support. Threads other than the main one only record what they saw:
+ * installed keybus), or `test_contract redis|nats URL` on a broker the caller
+ * started (tests/least_privilege.sh: as a user with the least privileges).
+ * Other broker runs start a real server through the harness in tests/support. Threads other than the main one only record what they saw:
  * cmocka's assertions may only fail on the main thread. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -915,6 +916,8 @@ int main(int argc, char **argv)
         }
         plugin = argv[2];
         snprintf(url, sizeof url, "%s", argv[3]);
+    } else if (argc == 3) {   /* a broker of the caller's: tests/least_privilege.sh */
+        snprintf(url, sizeof url, "%s", argv[2]);
     } else if (kb_test_broker_for(kind, &server, url, sizeof url) != 0) {
         return 1;
     }

@@ -190,6 +190,77 @@ static void longest_key(void **state)
     kb_assert_ok(kb_close(b, 10000));
 }
 
+typedef struct refs {
+    int n, payload, key, omitted;
+    char first[32];
+} refs;
+
+static int count_ref(const kb_dead_letter *dl, void *opaque)
+{
+    refs *r = opaque;
+    if (r->n++ == 0)
+        snprintf(r->first, sizeof r->first, "%s", dl->id);
+    r->payload += strstr(dl->reason, "limits.max_payload_bytes") != NULL;
+    r->key += strstr(dl->reason, "limits.max_key_bytes") != NULL;
+    r->omitted += dl->payload_len == 0 && dl->key_len == 0;
+    return 0;
+}
+
+/* Events another process published within its limits but over this
+ * consumer's limits.max_payload_bytes / max_key_bytes: dead-lettered as
+ * references (no body, no key; the reason names the limit and the size),
+ * never handed to a handler; the events after them are. Plain and framed. */
+static void over_the_consumers_limits(const char *topic, const char *batch)
+{
+    seen_reset();
+    const char *const pk[] = {"nats.publish_batch", batch, "limits.max_key_bytes", "4096", NULL};
+    const char *const ck[] = {"limits.max_payload_bytes", "1024", "limits.max_key_bytes", "1024",
+                              NULL};
+    kb_bus *p = open_bus(&big, pk), *c = open_bus(&big, ck);
+    assert_int_equal(kb_subscribe(c, topic, record, NULL), KB_OK);
+    char *buf = calloc(1, 4096);
+    assert_non_null(buf);
+    assert_int_equal(kb_publish(p, topic, "key-1", 5, buf, 4096), KB_OK);
+    char key[2000];
+    memset(key, 'k', sizeof key);
+    assert_int_equal(kb_publish(p, topic, key, sizeof key, "p", 1), KB_OK);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(kb_publish(p, topic, "key-1", 5, buf, 100), KB_OK);
+    assert_int_equal(kb_flush(p, 10000), KB_OK);
+    refs r = {0};
+    for (int i = 0; i < 1000 && (seen_count() < 10 || r.n < 2); i++) {
+        r = (refs){0};
+        assert_int_equal(kb_dead_letters(c, topic, NULL, 10, count_ref, &r), KB_OK);
+        usleep(10000);
+    }
+    assert_int_equal(seen_count(), 10);
+    assert_int_equal(seen.text, 10);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(seen.len[i], 100);
+    assert_int_equal(r.n, 2);
+    assert_int_equal(r.payload, 1);
+    assert_int_equal(r.key, 1);
+    assert_int_equal(r.omitted, 2);
+    /* a reference holds nothing to replay: refused, saying so */
+    assert_int_equal(kb_dead_letter_replay(c, topic, r.first), KB_EINVAL);
+    assert_non_null(strstr(kb_last_error(), "reference"));
+    free(buf);
+    assert_int_equal(kb_close(p, 10000), KB_OK);
+    assert_int_equal(kb_close(c, 10000), KB_OK);
+}
+
+static void over_the_consumers_limits_plain(void **state)
+{
+    (void)state;
+    over_the_consumers_limits("limits.over.plain", "1");
+}
+
+static void over_the_consumers_limits_frames(void **state)
+{
+    (void)state;
+    over_the_consumers_limits("limits.over.frames", "64");
+}
+
 /* Warnings that the PING behind kb_close's last acks got no answer. */
 static atomic_int ping_warnings;
 
@@ -295,6 +366,8 @@ int main(void)
         cmocka_unit_test(small_max_payload_frames),
         cmocka_unit_test(small_max_payload_plain),
         cmocka_unit_test(longest_key),
+        cmocka_unit_test(over_the_consumers_limits_plain),
+        cmocka_unit_test(over_the_consumers_limits_frames),
         cmocka_unit_test(close_reports_unsent),
         cmocka_unit_test(shrunk_max_payload_is_reported),
     };

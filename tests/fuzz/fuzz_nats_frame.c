@@ -7,13 +7,15 @@
  * natsMsg_create, the constructor nats.c's parser calls for an HMSG, from a
  * raw header block, so nats.c lifts the headers exactly as it does for a
  * delivery. What reads back is written again (kb__nats_entry_put,
- * kb__nats_set_key, kb__nats_hdr_set) and must read back the same.
+ * kb__nats_set_key, kb__nats_hdr_set) and must read back the same. The
+ * message is also read as a dead letter (kb__nats_dead_letter_of).
  * Input: u16 header block length, u8 reply length, the reply subject, the
  * header block ("NATS/1.0\r\n..."), the body. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../transports/nats/nats_dlq.h"
 #include "../../transports/nats/nats_frame.h"
 #include "../../transports/nats/nats_hdr.h"
 #include "../../transports/nats/nats_msg.h"
@@ -42,6 +44,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         abort();
     t.max_headers = 16;
     t.max_header_bytes = 4096;
+    t.partitions = 8;
     return 0;
 }
 
@@ -116,6 +119,18 @@ static void single(natsMsg *m, kb_nats_hdrs *h)
     free(key2);
 }
 
+/* The same message read back as a dead letter (the listing): anyone may
+ * publish on that subject, so its Kb-* headers come out range-checked. */
+static void dead_letter(natsMsg *m, kb_nats_hdrs *h)
+{
+    kb__nats_hdrs_free(h);
+    memset(h, 0, sizeof *h);
+    kb_dead_letter dl = kb__nats_dead_letter_of(&t, m, "1", key, h);
+    if (dl.partition >= t.partitions || dl.key_len > KEY_CAP || dl.n_headers > KB_MAX_HEADERS ||
+        dl.reason == NULL || dl.original_id == NULL)
+        abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 3)
@@ -142,6 +157,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         frame(m, count, h);
     else
         single(m, h);
+    dead_letter(m, h);
     kb__nats_hdrs_free(h);
     free(h);
     natsMsg_free(m);

@@ -10,38 +10,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../transports/redis/redis_int.h"
+#include "redis_reader.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MAX_ATTEMPTS 5
-/* An array's element pointers are allocated for whatever length a server
- * announces (hiredis 0.14 has no maxelements yet): a fuzzer's "*999999999"
- * is an allocation of gigabytes, which the sanitizer reports, not a bug of
- * ours. Longer arrays are refused here as out of memory, the answer the
- * reader gives when that allocation fails. */
-#define MAX_ELEMENTS 4096
-
-static redisReplyObjectFunctions capped;
-static void *(*hiredis_array)(const redisReadTask *, int);
-
-static void *create_array(const redisReadTask *task, int elements)
-{
-    return elements < 0 || elements > MAX_ELEMENTS ? NULL : hiredis_array(task, elements);
-}
+/* Small limits, so that fields over them (copied or not: a string over the
+ * cap is kept as its length alone) come up often. */
+static const kb_redis_limits lim = {.key = 24, .payload = 200, .headers = 4,
+                                    .header_bytes = 96, .cap = 256, .entry = 400};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
-    redisReader *r = redisReaderCreate();
-    if (r == NULL)
-        abort();
-    kb__redis_reply_use(r);   /* the transport's reply functions */
-    capped = *r->fn;
-    hiredis_array = capped.createArray;
-    capped.createArray = create_array;
-    redisReaderFree(r);
+    fuzz_reader_init();
     return 0;
 }
 
@@ -63,8 +46,9 @@ static void check_packed(char *dead)
 static void check_event(const kb_redis_entry *en, uint32_t part, uint32_t nparts)
 {
     if (en->key->len == 0 || kb_fnv1a32(en->key->str, en->key->len) % nparts != part ||
-        en->attempt == 0 || en->attempt > MAX_ATTEMPTS ||
-        kb_headers_check(en->headers, en->n_headers, KB_MAX_HEADERS, KB_REDIS_HEADER_BYTES,
+        en->attempt == 0 || en->attempt > MAX_ATTEMPTS || en->key->len > lim.key ||
+        en->payload->len > lim.payload || en->ref ||
+        kb_headers_check(en->headers, en->n_headers, lim.headers, lim.header_bytes,
                          "fuzz") != KB_OK)
         abort();
     kb_delivery dl = {.topic = "fuzz", .key = en->key->str, .key_len = en->key->len,
@@ -80,14 +64,14 @@ static void try_entry(const redisReply *e, uint32_t part, uint32_t nparts, uint3
     if (e->type != REDIS_REPLY_ARRAY)
         return;
     kb_redis_entry en;
-    switch (kb__redis_entry_read(e, part, nparts, attempt, MAX_ATTEMPTS, &en)) {
+    switch (kb__redis_entry_read(e, part, nparts, attempt, MAX_ATTEMPTS, &lim, &en)) {
     case KB_REDIS_ENTRY_EVENT:
         check_event(&en, part, nparts);
         break;
     case KB_REDIS_ENTRY_DEAD:
         if (en.why[0] == '\0')
             abort();   /* a dead letter says why */
-        check_packed(kb__redis_dead_pack_raw(en.fields, part, en.id, en.attempt, en.why));
+        check_packed(kb__redis_dead_pack_raw(en.fields, en.ref, part, en.id, en.attempt, en.why));
         break;
     default:
         break;
@@ -102,7 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     uint32_t nparts = 1u + (data[0] & 7u), part = (uint32_t)(data[0] >> 3) % nparts;
     uint32_t attempt = 1u + (data[0] >> 6);   /* a sweep's redelivery: above 1 */
-    redisReader *r = redisReaderCreateWithFunctions(&capped);
+    redisReader *r = fuzz_reader_new(&lim);
     if (r == NULL)
         return 0;
     if (redisReaderFeed(r, (const char *)data + 1, size - 1) == REDIS_OK) {

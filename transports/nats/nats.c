@@ -165,6 +165,8 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
     t->max_headers = (size_t)kb_conf_int(c, "limits.max_headers");
     t->max_header_bytes = (size_t)kb_conf_int(c, "limits.max_header_bytes");
+    t->max_key_bytes = (size_t)kb_conf_int(c, "limits.max_key_bytes");
+    t->max_payload_bytes = (size_t)kb_conf_int(c, "limits.max_payload_bytes");
     t->batch_events = (uint32_t)kb_conf_int(c, "nats.publish_batch");
     t->linger_ns = kb_conf_int(c, "nats.publish_linger_us") * 1000;
     snprintf(t->id, sizeof t->id, "%s", kb_conf_str(c, "consumer"));

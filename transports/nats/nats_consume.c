@@ -237,6 +237,19 @@ static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta 
 {
     kb_transport *t = f->t;
     const kb_nats_hdrs *h = &f->hdrs;
+    if (ev->key_len > t->max_key_bytes || ev->payload_len > t->max_payload_bytes) {
+        /* another client's, over the limits: a reference (ID, size, reason),
+         * not a copy, and never a handler's */
+        bool key = ev->key_len > t->max_key_bytes;
+        char why[200];
+        snprintf(why, sizeof why, "%s: %s of %zu bytes is over the limit (%zu); not copied",
+                 key ? "limits.max_key_bytes" : "limits.max_payload_bytes", key ? "key" : "payload",
+                 key ? ev->key_len : ev->payload_len, key ? t->max_key_bytes : t->max_payload_bytes);
+        kb_nats_event ref = {"", NULL, 0, ev->payload_len};
+        dead_on_arrival(f, e, m, n, id, &ref, NULL, why,
+                        kb__nats_attempt(e->claim, meta->sseq, meta->delivered));
+        return true;
+    }
     uint32_t home = kb_partition_of(ev->key, ev->key_len, t->partitions);
     if (foreign != NULL || home != n) {
         char why[160];

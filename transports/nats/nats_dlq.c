@@ -23,7 +23,8 @@ int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const kb_nats_dead 
      * too: store the dead letter without its body (the original stays in the
      * stream at its sequence) rather than have it refused and redelivered for
      * ever, holding up its partition. */
-    bool omit = d->payload_len + KB_NATS_HDR_BASE + KB_NATS_DLQ_ROOM +
+    bool omit = (d->payload == NULL && d->payload_len > 0) ||
+                d->payload_len + KB_NATS_HDR_BASE + KB_NATS_DLQ_ROOM +
                     (d->key_len ? kb__nats_key_hdr_len(d->key, d->key_len) : 0) +
                     kb__nats_hdr_len(d->headers, d->n_headers) >
                 atomic_load(&t->max_payload);
@@ -125,6 +126,36 @@ static int64_t stamp_ms(natsMsg *m)
     return ms;
 }
 
+kb_dead_letter kb__nats_dead_letter_of(const kb_transport *t, natsMsg *m, const char *id,
+                                      char *key, kb_nats_hdrs *h)
+{
+    const char *why = NULL;
+    int klen = kb__nats_get_key(m, key, KB_NATS_DLQ_KEY_CAP, &why);
+    if (kb__nats_hdr_get(t, m, h, &why) != 0)
+        h->n = 0;   /* listed without them; a replay says why */
+    /* anyone may publish on the dead-letter subject: a partition out of
+     * range reads as the key's (where a replay sends it), else 0; counts
+     * decimal or 0 */
+    uint64_t part = 0, attempts = 0;
+    const char *p = hdr(m, "Kb-Partition");
+    if (strcmp(p, "0") != 0 && (!kb__nats_seq_parse(p, &part) || part >= t->partitions))
+        part = klen > 0 ? kb_partition_of(key, (size_t)klen, t->partitions) : 0;
+    if (!kb__nats_seq_parse(hdr(m, "Kb-Attempts"), &attempts) || attempts > UINT32_MAX)
+        attempts = 0;
+    return (kb_dead_letter){
+        .id = id,
+        .key = key, .key_len = klen > 0 ? (size_t)klen : 0,
+        .payload = natsMsg_GetData(m) ? natsMsg_GetData(m) : "",
+        .payload_len = (size_t)natsMsg_GetDataLength(m),
+        .partition = (uint32_t)part,
+        .original_id = hdr(m, "Kb-Orig-Id"),
+        .attempts = (uint32_t)attempts,
+        .reason = hdr(m, "Kb-Reason"),
+        .time_ms = stamp_ms(m),
+        .headers = h->n ? h->h : NULL, .n_headers = h->n,
+    };
+}
+
 int kb__nats_dead_letters(kb_transport *t, kb_nats_topic *tp, const char *after_id, size_t max,
                           kb_dead_letter_fn fn, void *opaque)
 {
@@ -141,7 +172,7 @@ int kb__nats_dead_letters(kb_transport *t, kb_nats_topic *tp, const char *after_
     if (after == UINT64_MAX)
         return KB_OK;   /* nothing comes after the last sequence */
     uint64_t seq = after + 1;
-    char *key = malloc(65536);
+    char *key = malloc(KB_NATS_DLQ_KEY_CAP);
     kb_nats_hdrs *h = calloc(1, sizeof *h);
     if (key == NULL || h == NULL) {
         free(key);
@@ -163,24 +194,9 @@ int kb__nats_dead_letters(kb_transport *t, kb_nats_topic *tp, const char *after_
             break;
         }
         uint64_t at = strtoull(hdr(m, "Nats-Sequence"), NULL, 10);
-        const char *why = NULL;
-        int klen = kb__nats_get_key(m, key, 65536, &why);
-        if (kb__nats_hdr_get(t, m, h, &why) != 0)
-            h->n = 0;   /* listed without them; a replay says why */
         char id[24];
         snprintf(id, sizeof id, "%llu", (unsigned long long)at);
-        kb_dead_letter dl = {
-            .id = id,
-            .key = key, .key_len = klen > 0 ? (size_t)klen : 0,
-            .payload = natsMsg_GetData(m) ? natsMsg_GetData(m) : "",
-            .payload_len = (size_t)natsMsg_GetDataLength(m),
-            .partition = (uint32_t)strtoul(hdr(m, "Kb-Partition"), NULL, 10),
-            .original_id = hdr(m, "Kb-Orig-Id"),
-            .attempts = (uint32_t)strtoul(hdr(m, "Kb-Attempts"), NULL, 10),
-            .reason = hdr(m, "Kb-Reason"),
-            .time_ms = stamp_ms(m),
-            .headers = h->n ? h->h : NULL, .n_headers = h->n,
-        };
+        kb_dead_letter dl = kb__nats_dead_letter_of(t, m, id, key, h);
         int stop = fn(&dl, opaque);
         natsMsg_Destroy(m);
         if (stop || at == 0)
@@ -242,16 +258,17 @@ int kb__nats_dead_letter_replay(kb_transport *t, kb_nats_topic *tp, const char *
         return rc;
     jsErrCode jerr = 0;
     natsStatus s;
-    char *key = malloc(65536);
+    char *key = malloc(KB_NATS_DLQ_KEY_CAP);
     kb_nats_hdrs *h = calloc(1, sizeof *h);
     const char *why = "out of memory";
-    int klen = key && h ? kb__nats_get_key(m, key, 65536, &why) : -1;
+    int klen = key && h ? kb__nats_get_key(m, key, KB_NATS_DLQ_KEY_CAP, &why) : -1;
     if (klen > 0 && kb__nats_hdr_get(t, m, h, &why) != 0)
         klen = -1;
     const char *omitted = NULL;
-    if (klen > 0 && natsMsgHeader_Get(m, KB_NATS_OMITTED_HDR, &omitted) == NATS_OK) {
+    if (key && h && natsMsgHeader_Get(m, KB_NATS_OMITTED_HDR, &omitted) == NATS_OK) {
         klen = -1;
-        why = "its body was too large to keep with the dead letter (see Kb-Orig-Id)";
+        why = "it is a reference: its body was not kept with it (over a limit, or too large "
+              "for the server); the original is at Kb-Orig-Id";
     }
     if (klen <= 0) {
         natsMsg_Destroy(m);
@@ -267,6 +284,10 @@ int kb__nats_dead_letter_replay(kb_transport *t, kb_nats_topic *tp, const char *
     rc = kb__nats_publish(t, tp, &msg);
     if (rc == KB_OK)
         rc = kb__nats_flush(t, (int)t->publish_timeout_ms);
+    if (rc == KB_OK)
+        kb_log(t->bus, KB_LOG_INFO, "nats %s: dead letter %s of %s replayed to partition %u "
+               "(its key's)", t->url_safe, id, tp->name, kb_partition_of(key, (size_t)klen,
+                                                                          t->partitions));
     if (rc == KB_OK && (s = js_DeleteMsg(t->js, tp->stream, seq, NULL, &jerr)) != NATS_OK)
         rc = kb__nats_errf("removing the replayed dead letter", s, jerr);
     natsMsg_Destroy(m);

@@ -206,25 +206,88 @@ void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now, boo
     free(buf);
 }
 
-/* One line of a record: into the table when its partition is c's. */
-static void inherit_line(kb_transport *t, kb_nats_claim *c, struct kb_nats_progress *g,
-                         const char *line)
+/* Digits at *p in `base`, at most `max`, no sign or blank; *p moved past. */
+static bool digits(const char **p, const char *end, unsigned base, uint64_t max, uint64_t *out)
 {
-    unsigned long long h = 0, sseq = 0, idx = 0;
-    unsigned part = 0;
-    if (sscanf(line, "%llx %u %llu %llu", &h, &part, &sseq, &idx) != 4 || h == 0 ||
-        idx >= (1u << IDX_BITS) || sseq >= (1ULL << (64 - IDX_BITS)) || part >= t->partitions ||
-        (!c->wide && part != c->part->n))
-        return;
-    slot *s = find(g, h, true);
-    if (s == NULL)
-        return;
-    raise_to(s, (uint64_t)sseq << IDX_BITS | idx, part);
-    if (sseq > g->inherited_to)
-        g->inherited_to = sseq;
-    atomic_store_explicit(&g->dirty, true, memory_order_relaxed);   /* carried on */
+    const char *q = *p;
+    uint64_t v = 0;
+    for (; q < end; q++) {
+        unsigned d = *q >= '0' && *q <= '9' ? (unsigned)(*q - '0')
+                     : base == 16 && *q >= 'a' && *q <= 'f' ? (unsigned)(*q - 'a' + 10)
+                                                            : base;
+        if (d >= base || v > (max - d) / base)
+            break;
+        v = v * base + d;
+    }
+    if (q == *p || (q < end && *q != ' ' && *q != '\n') ||
+        (base == 10 && **p == '0' && q - *p > 1))   /* as written: no leading zero */
+        return false;
+    *p = q;
+    *out = v;
+    return true;
 }
 
+const char *kb__nats_progress_parse(const char *line, size_t len, uint32_t partitions,
+                                    uint64_t max_sseq, kb_nats_progress_line *out)
+{
+    const char *p = line, *end = line + len;
+    uint64_t part = 0;
+    if (len != 16 && (len < 17 || line[16] != ' '))
+        return "malformed";
+    if (!digits(&p, line + 16, 16, UINT64_MAX, &out->hash) || p != line + 16 || out->hash == 0)
+        return "malformed key hash";
+    if (p == end || *p++ != ' ' || !digits(&p, end, 10, UINT32_MAX, &part) || p == end ||
+        *p++ != ' ' || !digits(&p, end, 10, UINT64_MAX >> IDX_BITS, &out->sseq) || p == end ||
+        *p++ != ' ' || !digits(&p, end, 10, (1u << IDX_BITS) - 1, &out->idx) || p != end)
+        return "malformed";
+    if (part >= partitions)
+        return "partition out of range";
+    out->part = (uint32_t)part;
+    if (out->sseq == 0 || out->sseq > max_sseq)
+        return "stream sequence past the last one its consumer was delivered";
+    return NULL;
+}
+
+/* One line of a record: into the table when its partition is c's; else
+ * why it is not taken (NULL: taken, or another partition's). */
+static const char *inherit_line(kb_transport *t, kb_nats_claim *c, struct kb_nats_progress *g,
+                                const char *line, size_t len, uint64_t max_sseq)
+{
+    kb_nats_progress_line pl;
+    const char *why = kb__nats_progress_parse(line, len, t->partitions, max_sseq, &pl);
+    if (why != NULL || (!c->wide && pl.part != c->part->n))
+        return why;
+    slot *s = find(g, pl.hash, true);
+    if (s == NULL)
+        return NULL;
+    raise_to(s, pl.sseq << IDX_BITS | pl.idx, pl.part);
+    if (pl.sseq > g->inherited_to)
+        g->inherited_to = pl.sseq;
+    atomic_store_explicit(&g->dirty, true, memory_order_relaxed);   /* carried on */
+    return NULL;
+}
+
+/* The highest stream sequence the server delivered to consumer `name` of
+ * the stream: a record of its handlers' progress cannot go past it. 0 when
+ * it is not a consumer of the stream (nothing of its record is taken). */
+static uint64_t delivered_to(kb_transport *t, const char *stream, const char *name)
+{
+    jsConsumerInfo *ci = NULL;
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Wait = 5000;
+    uint64_t hi = 0;
+    if (js_GetConsumerInfo(&ci, t->js, stream, name, &o, NULL) == NATS_OK && ci != NULL)
+        hi = ci->Delivered.Stream;
+    jsConsumerInfo_Destroy(ci);
+    return hi;
+}
+
+/* A record is another process's word that events were handled: taken only
+ * line by line where it is well formed, of this claim's partitions, and
+ * within what the server delivered to that consumer (anyone who can write
+ * the runs bucket could else have events of a key settled unhandled). What
+ * is refused comes again: a duplicate at worst. */
 void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier)
 {
     char key[3 * KB_NATS_NAME];
@@ -233,14 +296,25 @@ void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *ea
     if (t->runs_kv == NULL || kvStore_Get(&e, t->runs_kv, key) != NATS_OK)
         return;   /* none: its events above the floor come again */
     const char *v = kvEntry_ValueString(e);
+    uint64_t max_sseq = v != NULL && v[0] != '\0' ? delivered_to(t, c->part->topic->stream, earlier)
+                                                  : 0;
+    const char *why = NULL;
+    unsigned refused = 0;
     if (v != NULL && kb__nats_progress_ready(c)) {
         struct kb_nats_progress *g = atomic_load(&c->progress);
         for (const char *l = v; *l != '\0';) {
-            inherit_line(t, c, g, l);
             const char *nl = strchr(l, '\n');
-            l = nl != NULL ? nl + 1 : l + strlen(l);
+            size_t len = nl != NULL ? (size_t)(nl - l) : strlen(l);
+            const char *bad = inherit_line(t, c, g, l, len, max_sseq);
+            if (bad != NULL && refused++ == 0)
+                why = bad;
+            l = nl != NULL ? nl + 1 : l + len;
         }
     }
+    if (refused > 0)
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: %u lines of progress record %s ignored (first: "
+               "%s; %s was delivered up to %llu): their events come again", t->url_safe,
+               refused, key, why, earlier, (unsigned long long)max_sseq);
     kvEntry_Destroy(e);
 }
 

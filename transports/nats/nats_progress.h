@@ -35,8 +35,19 @@ bool kb__nats_progress_covers(const kb_nats_claim *c, const void *key, size_t ke
  * only means more comes again). */
 void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now, bool last);
 /* Lease thread, before c is published: take in the record of consumer
- * `earlier` (the keys of c's partitions). */
+ * `earlier` (the keys of c's partitions): only its well-formed lines within
+ * what the server delivered to `earlier`; others are logged and ignored. */
 void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier);
+/* One line of a record ("<key hash, 16 hex> <partition> <stream seq> <event
+ * index>", no newline), parsed strictly: NULL, or why it is refused (out of
+ * form, a partition of `partitions` or more, a sequence past `max_sseq`).
+ * Pure: tests/fuzz/fuzz_nats_kv.c runs it. */
+typedef struct kb_nats_progress_line {
+    uint64_t hash, sseq, idx;
+    uint32_t part;
+} kb_nats_progress_line;
+const char *kb__nats_progress_parse(const char *line, size_t len, uint32_t partitions,
+                                    uint64_t max_sseq, kb_nats_progress_line *out);
 /* Lease thread: consumer `name` of `stream` is deleted, and so its record. */
 void kb__nats_progress_forget(kb_transport *t, const char *stream, const char *name);
 /* Close, with the claim. */

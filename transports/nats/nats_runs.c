@@ -48,6 +48,37 @@ static uint32_t runs_in(const char *value, const char *id)
     return 0;
 }
 
+const char *kb__nats_runs_check(const char *value, uint64_t sseq)
+{
+    char own[24];
+    size_t n = (size_t)snprintf(own, sizeof own, "%llu", (unsigned long long)sseq);
+    for (const char *l = value; *l != '\0';) {
+        const char *end = strchr(l, '\n');
+        if (end == NULL)
+            return "a line without its newline";
+        if (strncmp(l, own, n) != 0)
+            return "a line of another message";
+        const char *p = l + n;
+        if (*p == '.') {   /* the event's index in its frame: 1..KB_NATS_BATCH_MAX */
+            unsigned long i = 0;
+            size_t d = 0;
+            for (p++; *p >= '0' && *p <= '9' && d < 5; p++, d++)
+                i = i * 10 + (unsigned long)(*p - '0');
+            if (d == 0 || i == 0 || i > KB_NATS_BATCH_MAX)
+                return "an event index out of range";
+        }
+        size_t d = 0;
+        if (*p++ != ' ')
+            return "malformed";
+        for (; *p >= '0' && *p <= '9' && d < 8; p++, d++)
+            ;
+        if (d == 0 || p != end)
+            return "a count of runs out of form (1 to 8 digits)";
+        l = end + 1;
+    }
+    return NULL;
+}
+
 /* `value` with `id`'s line set to `runs`; false when it would not fit. */
 static bool runs_set(const char *value, const char *id, uint32_t runs, char *out, size_t len)
 {
@@ -146,10 +177,12 @@ uint32_t kb__nats_runs_attempt(kb_transport *t, const kb_nats_topic *tp, uint64_
         kvEntry *e = NULL;
         natsStatus s = kvStore_Get(&e, t->runs_kv, key);
         const char *why = s != NATS_OK && s != NATS_NOT_FOUND ? kb__nats_reason(s) : NULL;
-        if (s == NATS_OK && strlen(kvEntry_ValueString(e)) >= sizeof c->value) {
+        if (s == NATS_OK && strlen(kvEntry_ValueString(e)) >= sizeof c->value)
             why = "longer than this process reads";   /* never cut: lines would be lost */
+        else if (s == NATS_OK)
+            why = kb__nats_runs_check(kvEntry_ValueString(e), sseq);   /* anyone may write it */
+        if (why != NULL && s == NATS_OK)
             kvEntry_Destroy(e);
-        }
         if (why != NULL) {
             /* deliveries are not runs (NAKs of probes and reconnects add to
              * them): never enough to dead-letter an event no handler ran */

@@ -23,6 +23,11 @@ void kb__nats_runs_forget(kb_transport *t, const kb_nats_entry *e);
  * delivered before (`delivered`: kb__nats_attempt's count): its recorded
  * runs + 1, or `delivered` when the records cannot be read. One KV read per
  * message (the events of a frame share it). */
+/* NULL when `value` is a well-formed record of message `sseq` (lines
+ * "<sseq>[.<index>] <runs>\n", index 1..KB_NATS_BATCH_MAX, runs of 1 to 8
+ * digits), else why not: such a record is not taken (the attempt comes from
+ * the delivery count, as for one unread). Pure: tests/fuzz/fuzz_nats_kv.c. */
+const char *kb__nats_runs_check(const char *value, uint64_t sseq);
 uint32_t kb__nats_runs_attempt(kb_transport *t, const kb_nats_topic *tp, uint64_t sseq,
                                const char *id, uint32_t delivered);
 

@@ -241,6 +241,7 @@ struct kb_transport {
     int enqueue_timeout_ms;
     uint32_t max_attempts;         /* retry.max_attempts */
     size_t max_headers, max_header_bytes;   /* limits.*: other clients' headers too */
+    size_t max_key_bytes, max_payload_bytes;   /* limits.*: other clients' events too */
     /* topics: append-only list and index table, read without a lock */
     _Atomic(kb_nats_topic *) topics;
     _Atomic(kb_nats_topic **) topic_chunks[KB_NATS_TOPIC_CHUNKS];

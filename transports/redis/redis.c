@@ -173,6 +173,18 @@ static int read_conf(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->backoff_min_ms = (int)kb_conf_int(c, "redis.reconnect_min_ms");
     t->backoff_max_ms = (int)kb_conf_int(c, "redis.reconnect_max_ms");
     t->max_attempts = (uint32_t)kb_conf_int(c, "retry.max_attempts");
+    kb_redis_limits *l = &t->lim;
+    l->key = (size_t)kb_conf_int(c, "limits.max_key_bytes");
+    l->payload = (size_t)kb_conf_int(c, "limits.max_payload_bytes");
+    l->headers = (size_t)kb_conf_int(c, "limits.max_headers");
+    l->header_bytes = (size_t)kb_conf_int(c, "limits.max_header_bytes");
+    /* never below 64 KiB: lease tokens, XINFO rows and scripts' answers are
+     * copied whatever the limits of events */
+    l->cap = KB_REDIS_HEADER_BYTES;
+    l->cap = l->key > l->cap ? l->key : l->cap;
+    l->cap = l->payload > l->cap ? l->payload : l->cap;
+    l->cap = l->header_bytes > l->cap ? l->header_bytes : l->cap;
+    l->entry = l->key + l->payload + l->header_bytes + KB_REDIS_HEADER_BYTES;
     t->buffer_bytes = (size_t)kb_conf_int(c, "redis.publish_buffer_bytes");
     kb__redis_backlog_init(&t->backlog, t->buffer_bytes);
     t->enqueue_timeout_ms = kb_bus_enqueue_timeout_ms(t->bus);

@@ -45,12 +45,14 @@ static struct timeval bounded(const kb_redis_conn *k, int ms)
     return timeout_until(ms, k->deadline_ns);
 }
 
-/* Every connection builds its replies with redis_reply.c's objects. */
-static redisContext *connect_to(const char *host, int port, struct timeval tv)
+/* Every connection builds its replies with redis_reply.c's objects, no
+ * string longer than the limits copied. */
+static redisContext *connect_to(const kb_transport *t, const char *host, int port,
+                                struct timeval tv)
 {
     redisContext *c = redisConnectWithTimeout(host, port, tv);
     if (c != NULL)
-        kb__redis_reply_use(c->reader);
+        kb__redis_reply_use(c->reader, &t->lim);
     return c;
 }
 
@@ -65,7 +67,7 @@ static redisContext *connect_to(const char *host, int port, struct timeval tv)
 redisContext *kb__redis_sentinel_connect(const kb_transport *t, const kb_redis_addr *s,
                                          int64_t deadline_ns, char *why, size_t len)
 {
-    redisContext *c = connect_to(s->host, s->port, timeout_until(t->connect_timeout_ms, deadline_ns));
+    redisContext *c = connect_to(t, s->host, s->port, timeout_until(t->connect_timeout_ms, deadline_ns));
     if (c == NULL) {
         snprintf(why, len, "out of memory");
     } else if (c->err ||
@@ -254,7 +256,7 @@ redisContext *kb__redis_conn_force(kb_redis_conn *k, char *errstr, size_t errlen
     uint32_t gen = 0;
     if (!kb__redis_primary((kb_transport *)t, k->deadline_ns, &at, &gen, why, sizeof why))
         err = why;
-    else if ((c = connect_to(at.host, at.port, bounded(k, t->connect_timeout_ms))) == NULL)
+    else if ((c = connect_to(t, at.host, at.port, bounded(k, t->connect_timeout_ms))) == NULL)
         err = "out of memory";
     else if (c->err)
         err = c->errstr[0] ? c->errstr : strerror(errno);

@@ -70,22 +70,6 @@ static bool reserve(reader *rd, size_t n)
            kb_vec_reserve((void **)&rd->chk, &rd->chk_cap, n, sizeof *rd->chk) == KB_OK;
 }
 
-/* Another consumer has entries pending in this partition: `x` is the summary
- * form of XPENDING ([count, min, max, [[consumer, count]...]]). */
-static bool foreign_pending(const kb_transport *t, const redisReply *x)
-{
-    if (x->type != REDIS_REPLY_ARRAY || x->elements < 4 || x->element[3]->type != REDIS_REPLY_ARRAY)
-        return false;
-    const redisReply *cs = x->element[3];
-    for (size_t i = 0; i < cs->elements; i++) {
-        const redisReply *c = cs->element[i];
-        if (c->type == REDIS_REPLY_ARRAY && c->elements >= 2 &&
-            c->element[0]->type == REDIS_REPLY_STRING && strcmp(c->element[0]->str, t->consumer) != 0)
-            return true;
-    }
-    return false;
-}
-
 /* Validated reads (redis.fenced_reads = 1, the default): for each partition
  * the read returned entries of, its lease (one MGET for all of them) and the
  * XPENDING summary, run by the server after the read and read here before
@@ -118,19 +102,10 @@ static void append_checks(kb_transport *t, reader *rd, const rround *ro, size_t 
     }
 }
 
-/* Element j of the MGET array `m` holds our token: else the lease is lost. */
-static bool lease_ours(const kb_transport *t, const redisReply *m, size_t j)
-{
-    if (j >= m->elements)
-        return false;
-    const redisReply *y = m->element[j];
-    return y->type == REDIS_REPLY_STRING && strcmp(y->str, t->token) == 0;
-}
-
 /* An XPENDING summary: no other consumer has entries pending here. */
 static bool none_foreign(kb_transport *t, kb_redis_part *p, const redisReply *y)
 {
-    if (foreign_pending(t, y)) {
+    if (kb__redis_foreign_pending(t, y)) {
         p->swept = 0;            /* sweep again before anything newer */
         if (atomic_fetch_add(&t->stray, 1) == 0)
             kb_log(t->bus, KB_LOG_WARNING, "redis: %s has entries pending for another consumer (a read "
@@ -165,7 +140,7 @@ static bool read_checks(kb_transport *t, reader *rd, rround *ro, size_t n, bool 
         bool refused = m->type != REDIS_REPLY_ARRAY || y->type == REDIS_REPLY_ERROR;
         if (refused)
             rp->p->swept = 0;
-        bool passed = !refused && none_foreign(t, rp->p, y) && lease_ours(t, m, j);
+        bool passed = !refused && none_foreign(t, rp->p, y) && kb__redis_lease_ours(t, m, j);
         kb__redis_reply_free(y);
         if (ahead)
             rp->ahead_ok = passed;

@@ -25,10 +25,10 @@ void kb__redis_reader_nap(kb_transport *t, uint64_t taken, int ms)
 }
 
 static void dead_now(kb_transport_topic *tt, uint32_t part, const char *id,
-                     const redisReply *fields, uint32_t attempts, const char *reason)
+                     const redisReply *fields, bool ref, uint32_t attempts, const char *reason)
 {
     kb_transport *t = tt->t;
-    char *dead = kb__redis_dead_pack_raw(fields, part, id, attempts, reason);
+    char *dead = kb__redis_dead_pack_raw(fields, ref, part, id, attempts, reason);
     if (dead == NULL)
         return;   /* out of memory: stays pending and comes back on the next sweep */
     kb_log(t->bus, KB_LOG_WARNING, "redis: %s entry %s to the dead-letter stream: %s",
@@ -47,7 +47,7 @@ int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e
     kb_transport *t = tt->t;
     kb_redis_part *p = &tt->parts[part];
     kb_redis_entry en;
-    int what = kb__redis_entry_read(e, part, tt->nparts, attempt, t->max_attempts, &en);
+    int what = kb__redis_entry_read(e, part, tt->nparts, attempt, t->max_attempts, &t->lim, &en);
     if (what == KB_REDIS_ENTRY_NONE)
         return KB_REDIS_DELIVERED;
     /* Count first, then look: the keeper sets DRAINING, then waits for 0. */
@@ -58,7 +58,7 @@ int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e
     }
     if (what == KB_REDIS_ENTRY_DEAD) {
         atomic_fetch_sub(&p->inflight, 1);
-        dead_now(tt, part, en.id, en.fields, en.attempt, en.why);
+        dead_now(tt, part, en.id, en.fields, en.ref, en.attempt, en.why);
         return KB_REDIS_DELIVERED;
     }
     kb_delivery dl = {.topic = tt->name, .tt = tt, .key = en.key->str, .key_len = en.key->len,
@@ -74,7 +74,7 @@ int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e
         return KB_REDIS_CLOSING;
     if (rc == KB_EFULL)
         return KB_REDIS_LANE_FULL;
-    dead_now(tt, part, en.id, en.fields, en.attempt, "refused by the pool");
+    dead_now(tt, part, en.id, en.fields, false, en.attempt, "refused by the pool");
     return KB_REDIS_DELIVERED;
 }
 
@@ -116,8 +116,8 @@ static int run_flush(kb_transport_topic *tt, uint32_t part, const redisReply *en
         return KB_REDIS_LANE_FULL;
     kb_redis_entry en;
     kb__redis_entry_read(ents->element[*i], part, tt->nparts, r->dl[taken].attempt,
-                         tt->t->max_attempts, &en);
-    dead_now(tt, part, en.id, en.fields, en.attempt, "refused by the pool");
+                         tt->t->max_attempts, &tt->t->lim, &en);
+    dead_now(tt, part, en.id, en.fields, false, en.attempt, "refused by the pool");
     ++*i;
     return KB_REDIS_DELIVERED;
 }
@@ -137,7 +137,7 @@ int kb__redis_deliver_run(kb_transport_topic *tt, uint32_t part, const redisRepl
     while (rc == KB_REDIS_DELIVERED && i < ents->elements) {
         uint32_t attempt = attempts != NULL ? attempts[i] : 1;
         int what = kb__redis_entry_read(ents->element[i], part, tt->nparts, attempt,
-                                        tt->t->max_attempts, &en);
+                                        tt->t->max_attempts, &tt->t->lim, &en);
         if (what == KB_REDIS_ENTRY_NONE) {
             i++;
             continue;

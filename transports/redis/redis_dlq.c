@@ -16,13 +16,15 @@
 /* Stored only while our lease holds, and the entry is acked in the same step.
  * The fields are copied from the entry itself on the server, so fields other
  * clients wrote and `a` are kept byte for byte; ARGV[4] counts the fields
- * sent along (k, d, h.*) for an entry the stream no longer holds (trimmed). */
+ * sent along (k, d, h.*) for an entry the stream no longer holds (trimmed),
+ * or is "ref": an entry over the limits, stored as a reference (keybus's
+ * fields only; the entry stays in its stream until trimmed). */
 static const char DEAD_LUA[] =
     "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
     "local n=tonumber(ARGV[4]) "
-    "local e=redis.call('xrange',KEYS[2],ARGV[3],ARGV[3]) "
-    "local f "
-    "if #e>0 then f=e[1][2] else f={unpack(ARGV,5,4+n)} end "
+    "local f={} "
+    "if n then local e=redis.call('xrange',KEYS[2],ARGV[3],ARGV[3]) "
+    "if #e>0 then f=e[1][2] else f={unpack(ARGV,5,4+n)} end else n=0 end "
     "for i=5+n,#ARGV do f[#f+1]=ARGV[i] end "
     "redis.call('xadd',KEYS[3],'*',unpack(f)) "
     "redis.call('hdel',KEYS[4],ARGV[3]) "
@@ -59,11 +61,11 @@ static void put_str(packer *pk, const char *s)
 
 /* The script's arguments after the entry ID: how many fields follow that
  * stand in for a trimmed entry, those fields, then keybus's four. */
-static char *finish(packer *pk, uint32_t partition, const char *id, uint32_t attempts,
+static char *finish(packer *pk, bool ref, uint32_t partition, const char *id, uint32_t attempts,
                     const char *reason)
 {
     char num[3][16];
-    snprintf(num[0], sizeof num[0], "%u", pk->count);
+    snprintf(num[0], sizeof num[0], ref ? "ref" : "%u", pk->count);
     snprintf(num[1], sizeof num[1], "%u", partition);
     snprintf(num[2], sizeof num[2], "%u", attempts);
     put_str(pk, F_PART), put_str(pk, num[1]);
@@ -92,20 +94,20 @@ char *kb__redis_dead_pack(const kb_delivery *d, const char *reason)
         snprintf(f, sizeof f, "%s%s", KB_REDIS_HEADER_PREFIX, d->headers[i].name);
         put_str(&pk, f), put(&pk, d->headers[i].value, d->headers[i].value_len);
     }
-    return finish(&pk, d->partition, d->id, d->attempt, reason);
+    return finish(&pk, false, d->partition, d->id, d->attempt, reason);
 }
 
-char *kb__redis_dead_pack_raw(const redisReply *fields, uint32_t partition, const char *id,
-                              uint32_t attempts, const char *reason)
+char *kb__redis_dead_pack_raw(const redisReply *fields, bool ref, uint32_t partition,
+                              const char *id, uint32_t attempts, const char *reason)
 {
     packer pk = {0};
-    for (size_t i = 0; fields != NULL && fields->type == REDIS_REPLY_ARRAY &&
+    for (size_t i = 0; !ref && fields != NULL && fields->type == REDIS_REPLY_ARRAY &&
                        i + 1 < fields->elements; i += 2) {
         const redisReply *f = fields->element[i], *v = fields->element[i + 1];
         if (f->type == REDIS_REPLY_STRING && v->type == REDIS_REPLY_STRING)
             put(&pk, f->str, f->len), put(&pk, v->str, v->len);
     }
-    return finish(&pk, partition, id, attempts, reason);
+    return finish(&pk, ref, partition, id, attempts, reason);
 }
 
 bool kb__redis_dead_append(redisContext *c, kb_transport *t, kb_redis_part *p,
@@ -181,8 +183,25 @@ static const redisReply *own_field(const redisReply *f, const char *name)
     return NULL;
 }
 
-/* An entry of the DLQ as kb_dead_letter; `headers` holds KB_MAX_HEADERS. */
-static kb_dead_letter dead_letter_of(const redisReply *e, kb_header *headers)
+/* A decimal field of a dead letter, when it is one below `limit` (anyone may
+ * write the DLQ stream); else `dflt`. */
+static uint32_t number_below(const redisReply *v, uint32_t limit, uint32_t dflt)
+{
+    if (v == NULL || v->len == 0 || v->len > 10)
+        return dflt;
+    uint64_t n = 0;
+    for (size_t i = 0; i < v->len; i++) {
+        if (v->str[i] < '0' || v->str[i] > '9')
+            return dflt;
+        n = n * 10 + (uint64_t)(v->str[i] - '0');
+    }
+    return n < limit ? (uint32_t)n : dflt;
+}
+
+/* A partition out of range reads as the one its key hashes to (where a
+ * replay sends it). */
+kb_dead_letter kb__redis_dead_letter_of(const kb_transport *t, const redisReply *e,
+                                        kb_header *headers)
 {
     const redisReply *f = e->element[1];
     const redisReply *k = kb__redis_field(f, "k"), *d = kb__redis_field(f, "d"),
@@ -194,9 +213,10 @@ static kb_dead_letter dead_letter_of(const redisReply *e, kb_header *headers)
         .id = e->element[0]->str,
         .key = k ? k->str : "", .key_len = k ? k->len : 0,
         .payload = d ? d->str : "", .payload_len = d ? d->len : 0,
-        .partition = p ? (uint32_t)strtoul(p->str, NULL, 10) : 0,
+        .partition = number_below(p, t->partitions,
+                                  k ? kb_partition_of(k->str, k->len, t->partitions) : 0),
         .original_id = oid ? oid->str : "",
-        .attempts = n ? (uint32_t)strtoul(n->str, NULL, 10) : 0,
+        .attempts = number_below(n, UINT32_MAX, 0),
         .reason = why ? why->str : "",
         .time_ms = strtoll(e->element[0]->str, NULL, 10),   /* the ID's ms: when stored */
         .headers = n_headers > 0 ? headers : NULL, .n_headers = n_headers,
@@ -240,7 +260,7 @@ int kb__redis_dead_letters(kb_transport *t, kb_transport_topic *tt, const char *
             if (e->type != REDIS_REPLY_ARRAY || e->elements < 2 ||
                 e->element[0]->type != REDIS_REPLY_STRING)
                 continue;
-            kb_dead_letter dl = dead_letter_of(e, headers);
+            kb_dead_letter dl = kb__redis_dead_letter_of(t, e, headers);
             seen++;
             snprintf(start, sizeof start, "(%s", dl.id);
             if (fn(&dl, opaque) != 0) {
@@ -278,9 +298,14 @@ int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const 
     const redisReply *f = r->element[0]->element[1];
     const redisReply *k = kb__redis_field(f, "k"), *d = kb__redis_field(f, "d");
     if (k == NULL || k->len == 0 || d == NULL) {
+        const redisReply *oid = own_field(f, F_ID), *why = own_field(f, F_REASON);
+        if (oid != NULL && why != NULL && k == NULL && d == NULL)
+            kb_errf(NULL, 0, "redis: dead letter %s in %s is a reference to entry %.60s (%.200s); "
+                    "nothing to replay", id, dlq, oid->str, why->str);
+        else
+            kb_errf(NULL, 0, "redis: dead letter %s in %s has no key or payload; not replayable",
+                    id, dlq);
         kb__redis_reply_free(r);
-        kb_errf(NULL, 0, "redis: dead letter %s in %s has no key or payload; not replayable",
-                 id, dlq);
         return KB_EINVAL;
     }
     uint32_t part = kb_partition_of(k->str, k->len, t->partitions);
@@ -320,6 +345,15 @@ int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const 
         rc = KB_ENOTFOUND;
     } else {
         kb__redis_pub_note(t, tt, part, x->str);   /* kb_drain waits for it too */
+        const redisReply *was = own_field(f, F_PART);
+        uint32_t said = number_below(was, UINT32_MAX, UINT32_MAX);
+        if (said != part)
+            kb_log(t->bus, KB_LOG_WARNING, "redis: dead letter %s of %s replayed to partition %u "
+                   "(%s), where its key hashes, as %s; its partition field said \"%.24s\"", id,
+                   tt->name, part, stream, x->str, was != NULL ? was->str : "");
+        else
+            kb_log(t->bus, KB_LOG_INFO, "redis: dead letter %s of %s replayed to partition %u "
+                   "(%s) as %s", id, tt->name, part, stream, x->str);
     }
     kb__redis_reply_free(x);
     kb__redis_reply_free(r);

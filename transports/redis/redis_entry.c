@@ -14,15 +14,64 @@ static int dead(kb_redis_entry *out, uint32_t attempts)
     return KB_REDIS_ENTRY_DEAD;
 }
 
+/* The limit a field of this name is held to, for the reason. */
+static const char *limit_of(const redisReply *name, const kb_redis_limits *lim, size_t *max)
+{
+    bool str = name != NULL && name->type == REDIS_REPLY_STRING;
+    if (str && name->len == 1 && name->str[0] == 'k')
+        return *max = lim->key, "limits.max_key_bytes";
+    if (str && name->len == 1 && name->str[0] == 'd')
+        return *max = lim->payload, "limits.max_payload_bytes";
+    if (str && strncmp(name->str, KB_REDIS_HEADER_PREFIX, sizeof KB_REDIS_HEADER_PREFIX - 1) == 0)
+        return *max = lim->header_bytes, "limits.max_header_bytes";
+    return *max = lim->cap, "the largest of limits.max_payload_bytes, max_key_bytes and "
+                            "max_header_bytes";
+}
+
+/* Another client's entry with a field over its limit: dead-lettered as a
+ * reference (copying it would exceed the limit), never handed to a handler.
+ * A field the reply did not copy (KB_REDIS_REPLY_OVER) or a key or payload
+ * over its limit. */
+static bool over_limits(const kb_redis_entry *en, const kb_redis_limits *lim, char *why,
+                        size_t len)
+{
+    const redisReply *f = en->fields;
+    for (size_t i = 0; f->type == REDIS_REPLY_ARRAY && i < f->elements; i++) {
+        const redisReply *v = f->element[i];
+        const redisReply *name = i % 2 == 1 ? f->element[i - 1] : NULL;
+        size_t max, size = v->type == KB_REDIS_REPLY_OVER ? (size_t)v->integer
+                           : v->type == REDIS_REPLY_STRING ? v->len : 0;
+        const char *rule = limit_of(name, lim, &max);
+        if (v->type != KB_REDIS_REPLY_OVER && (name == NULL || name->type != REDIS_REPLY_STRING ||
+                                               name->len != 1 || size <= max))
+            continue;   /* header bytes are summed by kb_headers_check */
+        bool named = name != NULL && name->type == REDIS_REPLY_STRING;
+        if (size <= max)   /* not copied for the entry's total */
+            snprintf(why, len, "limits: the entry's fields are over %zu bytes "
+                     "(limits.max_key_bytes + max_payload_bytes + max_header_bytes + 64 KiB) "
+                     "at %s \"%.40s\"; not copied: the entry stays in its stream under its ID",
+                     lim->entry, named ? "field" : "a field name", named ? name->str : "");
+        else
+            snprintf(why, len, "%s: %s \"%.40s\" of %zu bytes is over the limit (%zu); not "
+                     "copied: the entry stays in its stream under its ID", rule,
+                     named ? "field" : "a field name", named ? name->str : "", size, max);
+        return true;
+    }
+    return false;
+}
+
 int kb__redis_entry_read(const redisReply *e, uint32_t part, uint32_t nparts, uint32_t attempt,
-                         uint32_t max_attempts, kb_redis_entry *out)
+                         uint32_t max_attempts, const kb_redis_limits *lim, kb_redis_entry *out)
 {
     if (e->type != REDIS_REPLY_ARRAY || e->elements < 2 || e->element[0]->type != REDIS_REPLY_STRING)
         return KB_REDIS_ENTRY_NONE;   /* not an entry at all: nothing to ack */
     out->id = e->element[0]->str;
     out->fields = e->element[1];
     out->n_headers = 0;
+    out->ref = false;
     out->why[0] = '\0';
+    if ((out->ref = over_limits(out, lim, out->why, sizeof out->why)))
+        return dead(out, attempt);
     const redisReply *k = kb__redis_field(out->fields, "k"), *d = kb__redis_field(out->fields, "d"),
                      *a = kb__redis_field(out->fields, "a");
     if (k == NULL || k->len == 0 || d == NULL) {
@@ -37,6 +86,11 @@ int kb__redis_entry_read(const redisReply *e, uint32_t part, uint32_t nparts, ui
     if (kb__redis_headers_of(out->fields, out->headers, &out->n_headers, out->why,
                              sizeof out->why) != KB_OK)
         return dead(out, attempt);
+    if (kb_headers_check(out->headers, out->n_headers, lim->headers, lim->header_bytes,
+                         "header fields over the limits") != KB_OK) {
+        snprintf(out->why, sizeof out->why, "%s", kb_last_error());
+        return dead(out, attempt);
+    }
     uint32_t home = kb_partition_of(k->str, k->len, nparts);
     if (home != part) {
         /* XADDed by another client into the wrong stream: handling it here would
@@ -46,9 +100,11 @@ int kb__redis_entry_read(const redisReply *e, uint32_t part, uint32_t nparts, ui
         return dead(out, attempt);
     }
     if (a != NULL) {
+        /* anyone may write `a`: it raises the count at most to the last run
+         * allowed, so only runs recorded by keybus can dead-letter an entry */
         unsigned long n = strtoul(a->str, NULL, 10);
-        if (n > attempt && n < 1000000)
-            attempt = (uint32_t)n;
+        if (n > attempt)
+            attempt = n < max_attempts ? (uint32_t)n : max_attempts > attempt ? max_attempts : attempt;
     }
     if (attempt > max_attempts) {
         /* Handlers began it that often without an ack: likely one that kills

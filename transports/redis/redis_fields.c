@@ -37,6 +37,32 @@ const redisReply *kb__redis_group_row(const kb_transport *t, const redisReply *g
     return NULL;   /* an error reply: no stream yet */
 }
 
+/* Another consumer has entries pending in this partition: `x` is the summary
+ * form of XPENDING ([count, min, max, [[consumer, count]...]]). */
+bool kb__redis_foreign_pending(const kb_transport *t, const redisReply *x)
+{
+    if (x->type != REDIS_REPLY_ARRAY || x->elements < 4 || x->element[3]->type != REDIS_REPLY_ARRAY)
+        return false;
+    const redisReply *cs = x->element[3];
+    for (size_t i = 0; i < cs->elements; i++) {
+        const redisReply *c = cs->element[i];
+        if (c->type == REDIS_REPLY_ARRAY && c->elements >= 2 &&
+            c->element[0]->type == REDIS_REPLY_STRING && strcmp(c->element[0]->str, t->consumer) != 0)
+            return true;
+    }
+    return false;
+}
+
+/* Element j of the MGET array `m` holds our token: else the lease is lost. */
+bool kb__redis_lease_ours(const kb_transport *t, const redisReply *m, size_t j)
+{
+    if (j >= m->elements)
+        return false;
+    const redisReply *y = m->element[j];
+    return y->type == REDIS_REPLY_STRING && y->len == strlen(t->token) &&
+           memcmp(y->str, t->token, y->len) == 0;
+}
+
 /* The decimal number at *s (0 when none; saturated past 64 bits), *s moved
  * after it. By hand, as is the comparison below: strtoull cost the sender
  * ~900 instructions per XADD reply (kb__redis_note_last), more than the rest

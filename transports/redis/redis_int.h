@@ -56,6 +56,21 @@
 #define KB_REDIS_KEY_MAX 300    /* kb:{topic}:lease:N for a topic of up to 255 bytes */
 #define KB_REDIS_SENTINELS_MAX 16
 #define KB_REDIS_MASTER_MAX 128  /* a Sentinel master name, NUL included */
+#define KB_REDIS_SKEW_MS 60000  /* clock skew between members' hosts tolerated in scores */
+/* A string of a reply longer than its connection's cap (kb_redis_limits.cap),
+ * or that would take an entry's fields past kb_redis_limits.entry: kept as
+ * its length alone (`integer`, str NULL), never copied. Not a hiredis type:
+ * code that looks for REDIS_REPLY_STRING passes it by. */
+#define KB_REDIS_REPLY_OVER 100
+
+/* The limits.* an entry read back is held to. `cap`: the longest string a
+ * reply of the transport's connections is copied with, the largest of the
+ * others (64 KiB at least); `entry`: the bytes of strings copied for the
+ * fields of one entry ([id, fields]), key + payload + header bytes + 64 KiB
+ * (field names, `a`, a dead letter's own fields). */
+typedef struct kb_redis_limits {
+    size_t key, payload, headers, header_bytes, cap, entry;
+} kb_redis_limits;
 
 /* A host and port: a Sentinel, or the primary it names. */
 typedef struct kb_redis_addr {
@@ -200,6 +215,7 @@ struct kb_transport {
     bool fenced_reads;            /* reads run in a lease-checking script (redis.fenced_reads) */
     int backoff_min_ms, backoff_max_ms;
     uint32_t max_attempts;
+    kb_redis_limits lim;          /* limits.*: entries read are held to them */
 
     _Atomic(kb_transport_topic *) opened;       /* every topic_open */
     _Atomic(kb_transport_topic *) subscribed;   /* what the reader and the keeper serve */
@@ -251,6 +267,7 @@ struct kb_transport {
     _Atomic uint64_t fenced;      /* acks / dead letters refused: lease lost */
     _Atomic uint64_t unowned;     /* deliveries released by still_owned: lease lost */
     _Atomic uint64_t stray;       /* reads that found another consumer's entries: re-swept */
+    _Atomic uint64_t forged_members; /* heartbeats that removed members scored in the future */
     _Atomic bool duties_now;      /* new topics: take their leases without waiting a tick */
     bool jobs_unsent;             /* keeper only: `sending` left over after a failure */
     bool check_refused;           /* keeper only: the last lease check before acks was refused */
@@ -279,6 +296,16 @@ void kb__redis_keeper_stop(kb_transport *t, int64_t deadline_ns);
 enum { KB_REDIS_DELIVERED, KB_REDIS_PART_GONE, KB_REDIS_CLOSING, KB_REDIS_LANE_FULL };
 /* Deliver partition `part`'s pending entries (its PEL) under lease `epoch`. */
 int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch);
+/* The sweep script's reply [runs, [cursor, entries, deleted IDs]], read: its
+ * parts point into r; `ents` and `gone` NULL when not arrays, `cursor` NULL
+ * on the last page. False: not that shape. Pure (tests/fuzz/fuzz_redis_reply.c). */
+typedef struct kb_redis_swept {
+    const redisReply *runs, *ents, *gone;
+    const char *cursor;
+} kb_redis_swept;
+bool kb__redis_sweep_reply(const redisReply *r, kb_redis_swept *out);
+/* The attempt of claimed entry i: its recorded runs + 1, saturated. */
+uint32_t kb__redis_sweep_attempt(const redisReply *runs, size_t i);
 
 /* ---- redis_deliver.c ---- */
 /* Hand one entry ([id, fields]) to the pool: KB_REDIS_* */
@@ -312,6 +339,8 @@ typedef struct kb_redis_entry {
     kb_header headers[KB_MAX_HEADERS];
     size_t n_headers;
     uint32_t attempt;             /* the event's; a dead letter's attempts so far */
+    bool ref;                     /* a dead letter stored as a reference (ID, size, reason):
+                                   * a field over its limit is not copied */
     char why[300];                /* a dead letter's reason */
 } kb_redis_entry;
 enum { KB_REDIS_ENTRY_NONE, KB_REDIS_ENTRY_EVENT, KB_REDIS_ENTRY_DEAD };
@@ -319,7 +348,7 @@ enum { KB_REDIS_ENTRY_NONE, KB_REDIS_ENTRY_EVENT, KB_REDIS_ENTRY_DEAD };
  * `attempt`: the run a handler would start, raised by the entry's "a" field;
  * above max_attempts the entry is a dead letter: it ran that often. */
 int kb__redis_entry_read(const redisReply *e, uint32_t part, uint32_t nparts, uint32_t attempt,
-                         uint32_t max_attempts, kb_redis_entry *out);
+                         uint32_t max_attempts, const kb_redis_limits *lim, kb_redis_entry *out);
 
 /* ---- redis_publish.c ---- */
 int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m);
@@ -423,9 +452,11 @@ void kb__redis_members_leave(kb_transport *t, kb_transport_topic *tt);
 /* ---- redis_dlq.c ---- */
 /* Fields of a dead letter packed for the keeper. */
 char *kb__redis_dead_pack(const kb_delivery *d, const char *reason);
-/* Same for an entry as read (`fields`: the field/value array, or NULL). */
-char *kb__redis_dead_pack_raw(const redisReply *fields, uint32_t partition, const char *id,
-                              uint32_t attempts, const char *reason);
+/* Same for an entry as read (`fields`: the field/value array, or NULL). With
+ * `ref` none of its fields: the dead letter is a reference to the entry
+ * (partition, ID, reason with the size), which stays in its stream. */
+char *kb__redis_dead_pack_raw(const redisReply *fields, bool ref, uint32_t partition,
+                              const char *id, uint32_t attempts, const char *reason);
 /* Append the fenced XADD+XACK script for one dead letter; false: out of memory. */
 bool kb__redis_dead_append(redisContext *c, kb_transport *t, kb_redis_part *p,
                            const kb_redis_job *j);
@@ -433,11 +464,23 @@ int kb__redis_dead_letters(kb_transport *t, kb_transport_topic *tt, const char *
                            kb_dead_letter_fn fn, void *opaque);
 int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const char *id);
 int kb__redis_dead_letter_delete(kb_transport *t, kb_transport_topic *tt, const char *id);
+/* A DLQ entry ([id, fields], checked to be one) as kb_dead_letter, its
+ * fields range-checked; strings point into e; `headers` holds
+ * KB_MAX_HEADERS. Pure (tests/fuzz/fuzz_redis_reply.c). */
+kb_dead_letter kb__redis_dead_letter_of(const kb_transport *t, const redisReply *e,
+                                        kb_header *headers);
 
 /* ---- redis_drain.c ---- */
 int kb__redis_drain(kb_transport *t, int timeout_ms);
 
 /* ---- redis_stats.c ---- */
+/* Our group's figures from an XINFO GROUPS reply (`last_id`: the stream's
+ * last-generated-id reply). Pure (tests/fuzz/fuzz_redis_reply.c). */
+typedef struct kb_redis_group_info {
+    uint64_t pending, lag, consumers;
+} kb_redis_group_info;
+kb_redis_group_info kb__redis_group_figures(const kb_transport *t, const redisReply *groups,
+                                            uint64_t length, const redisReply *last_id);
 int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out);
 int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t partition,
                               kb_partition_stats *out);
@@ -529,8 +572,10 @@ int kb__redis_url_db(const kb_url *u);
 
 /* Every connection of the transport builds its replies with these (set on its
  * reader right after connecting); free them with kb__redis_reply_free, never
- * freeReplyObject. */
-void kb__redis_reply_use(redisReader *r);
+ * freeReplyObject. A string over lim->cap bytes, or past lim->entry for an
+ * entry's fields, is kept as a KB_REDIS_REPLY_OVER of its length; `lim`
+ * (NULL: none) outlives the reader. */
+void kb__redis_reply_use(redisReader *r, const kb_redis_limits *lim);
 void kb__redis_reply_free(void *reply);
 
 /* ---- redis_fields.c ---- */
@@ -539,6 +584,11 @@ void kb__redis_reply_free(void *reply);
 const redisReply *kb__redis_map_get(const redisReply *m, const char *name);
 /* The same, only when the value is a string (entry fields always are). */
 const redisReply *kb__redis_field(const redisReply *fields, const char *name);
+/* An XPENDING summary ([count, min, max, [[consumer, count]...]]) names
+ * another consumer than ours. */
+bool kb__redis_foreign_pending(const kb_transport *t, const redisReply *x);
+/* Element j of an MGET reply of leases is exactly our token. */
+bool kb__redis_lease_ours(const kb_transport *t, const redisReply *m, size_t j);
 /* Our group's row of an XINFO GROUPS reply, or NULL. */
 const redisReply *kb__redis_group_row(const kb_transport *t, const redisReply *groups);
 /* Compare stream IDs "ms-seq" numerically. */

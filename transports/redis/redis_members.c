@@ -43,24 +43,37 @@ bool kb__redis_members_beat(kb_transport *t, kb_transport_topic *tt, redisReply 
     redisContext *c = kb__redis_conn_get(&t->kc, NULL, 0);
     if (c == NULL)
         return false;
-    char now[24], dead_before[24];
+    char now[24], dead_before[24], future[24];
     int64_t wall = wall_ms();
     snprintf(now, sizeof now, "%lld", (long long)wall);
     snprintf(dead_before, sizeof dead_before, "(%lld", (long long)(wall - t->lease_ttl_ms));
+    /* A live member's score is its clock's now: never past ours by more than
+     * the TTL and the clocks' skew. One past that was not written by keybus;
+     * kept, it would own partitions no process serves for as long as it
+     * stays. Dropped, so its worst is TTL + skew + TTL of such a delay. */
+    snprintf(future, sizeof future, "(%lld",
+             (long long)(wall + t->lease_ttl_ms + KB_REDIS_SKEW_MS));
     redisAppendCommand(c, "ZADD %s %s %s", tt->members, now, t->consumer);
     redisAppendCommand(c, "ZREMRANGEBYSCORE %s -inf %s", tt->members, dead_before);
-    redisAppendCommand(c, "ZRANGEBYSCORE %s %s +inf", tt->members, dead_before);
-    redisReply *r[3] = {NULL, NULL, NULL};
-    for (int i = 0; i < 3; i++)
+    redisAppendCommand(c, "ZREMRANGEBYSCORE %s %s +inf", tt->members, future + 1);
+    redisAppendCommand(c, "ZRANGEBYSCORE %s %s %s", tt->members, dead_before, future);
+    redisReply *r[4] = {NULL, NULL, NULL, NULL};
+    for (int i = 0; i < 4; i++)
         if (redisGetReply(c, (void **)&r[i]) != REDIS_OK) {
             for (int j = 0; j < i; j++)
                 kb__redis_reply_free(r[j]);
             kb__redis_conn_fail(&t->kc, c->errstr);
             return false;
         }
+    if (r[2]->type == REDIS_REPLY_INTEGER && r[2]->integer > 0 &&
+        atomic_fetch_add(&t->forged_members, 1) == 0)
+        kb_log(t->bus, KB_LOG_WARNING, "redis: removed %lld members of %s scored past now + "
+               "redis.lease_ttl_ms + %d ms of clock skew: not written by a keybus heartbeat "
+               "(logged once)", r[2]->integer, tt->members, KB_REDIS_SKEW_MS);
     kb__redis_reply_free(r[0]);
     kb__redis_reply_free(r[1]);
-    redisReply *m = r[2];
+    kb__redis_reply_free(r[2]);
+    redisReply *m = r[3];
     if (m->type != REDIS_REPLY_ARRAY ||
         kb_vec_reserve((void **)names, cap, m->elements, sizeof **names) != KB_OK) {
         kb__redis_reply_free(m);

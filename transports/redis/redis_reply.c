@@ -4,7 +4,9 @@
  * element. The reader thread spent about half its time in malloc and free
  * building and dropping those objects. The objects are plain redisReply
  * structs, so every reader of a reply is unchanged; only the free differs:
- * kb__redis_reply_free, never freeReplyObject. */
+ * kb__redis_reply_free, never freeReplyObject. Strings past the limits are
+ * not copied (KB_REDIS_REPLY_OVER), so what another client wrote bounds
+ * nothing but hiredis's read buffer. */
 #include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -160,8 +162,36 @@ static redisReply *object(const redisReadTask *task, int type, size_t extra, siz
     return r;
 }
 
+/* A string of an entry's fields (element 1 of a 2-element array: [id,
+ * fields]) that would take them past `entry` bytes; else counted in the
+ * fields array's `integer`, which arrays do not use. Many fields each under
+ * the cap must not add up to what one field may not be. */
+static bool entry_full(const redisReadTask *task, size_t len, size_t entry)
+{
+    const redisReadTask *f = task->parent;
+    if (f == NULL || f->parent == NULL || f->idx != 1 || f->parent->elements != 2)
+        return false;
+    redisReply *fields = f->obj;
+    size_t used = (size_t)fields->integer;
+    if (len > entry - used)
+        return true;
+    fields->integer = (long long)(used + len);
+    return false;
+}
+
+/* The reader's privdata is the connection's limits: an entry another client
+ * wrote past them (60 MB, say) costs hiredis's read buffer once, while it
+ * is parsed, and no copy. */
 static void *create_string(const redisReadTask *task, char *str, size_t len)
 {
+    const kb_redis_limits *lim = task->privdata;
+    if (lim != NULL && task->type == REDIS_REPLY_STRING &&
+        (len > lim->cap || entry_full(task, len, lim->entry))) {
+        redisReply *r = object(task, KB_REDIS_REPLY_OVER, 0, 0);
+        if (r != NULL)
+            r->integer = (long long)len;
+        return r;
+    }
     redisReply *r = object(task, task->type, len + 1, 0);
     if (r == NULL)
         return NULL;
@@ -214,7 +244,8 @@ static redisReplyObjectFunctions reply_functions = {
     create_string, create_array, create_integer, create_nil, kb__redis_reply_free,
 };
 
-void kb__redis_reply_use(redisReader *r)
+void kb__redis_reply_use(redisReader *r, const kb_redis_limits *lim)
 {
     r->fn = &reply_functions;
+    r->privdata = (void *)lim;
 }

@@ -7,10 +7,6 @@
 
 #include "redis_int.h"
 
-typedef struct group_info {
-    uint64_t pending, lag, consumers;
-} group_info;
-
 static uint64_t int_of(const redisReply *r)
 {
     return r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer > 0 ? (uint64_t)r->integer : 0;
@@ -27,10 +23,10 @@ static const char LAST_ID_LUA[] =
  * delivered to the group: all of them before the group exists, none once it
  * has delivered the stream's last ID; else the server's figure (or, when it
  * has none after deletions, length - entries-read), never over the length. */
-static group_info group_of(const kb_transport *t, const redisReply *groups, uint64_t length,
-                           const redisReply *last_id)
+kb_redis_group_info kb__redis_group_figures(const kb_transport *t, const redisReply *groups,
+                                            uint64_t length, const redisReply *last_id)
 {
-    group_info g = {0, length, 0};
+    kb_redis_group_info g = {0, length, 0};
     const redisReply *row = kb__redis_group_row(t, groups);
     if (row == NULL)
         return g;
@@ -100,7 +96,7 @@ int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out
         out->dlq_length = int_of(r[1]);
         for (uint32_t i = 0; i < t->partitions; i++) {
             uint64_t len = int_of(r[2 + 3 * i]);
-            group_info g = group_of(t, r[3 + 3 * i], len, r[4 + 3 * i]);
+            kb_redis_group_info g = kb__redis_group_figures(t, r[3 + 3 * i], len, r[4 + 3 * i]);
             out->broker_length += len;
             out->broker_pending += g.pending;
             out->broker_lag += g.lag;
@@ -140,7 +136,7 @@ int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t 
     if (rc != KB_OK)
         return rc;
     out->length = int_of(r[0]);
-    group_info g = group_of(t, r[1], out->length, r[3]);
+    kb_redis_group_info g = kb__redis_group_figures(t, r[1], out->length, r[3]);
     out->pending = g.pending;
     out->lag = g.lag;
     out->consumers = (uint32_t)g.consumers;

@@ -20,11 +20,28 @@ static const char SWEEP_LUA[] =
 
 /* The attempt of claimed entry i: its recorded handler runs + 1 (an entry
  * that only sat in a dead process's read batch has none). */
-static uint32_t attempt_of(const redisReply *runs, size_t i)
+uint32_t kb__redis_sweep_attempt(const redisReply *runs, size_t i)
 {
     long long n = i < runs->elements && runs->element[i]->type == REDIS_REPLY_INTEGER
                       ? runs->element[i]->integer : 0;
     return n <= 0 ? 1 : n < 1000000 ? (uint32_t)n + 1 : 1000001;   /* saturate, never reset */
+}
+
+bool kb__redis_sweep_reply(const redisReply *r, kb_redis_swept *out)
+{
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type != REDIS_REPLY_ARRAY ||
+        r->element[1]->type != REDIS_REPLY_ARRAY || r->element[1]->elements < 2)
+        return false;
+    const redisReply *ac = r->element[1];
+    out->runs = r->element[0];
+    out->ents = ac->element[1]->type == REDIS_REPLY_ARRAY ? ac->element[1] : NULL;
+    out->gone = ac->elements >= 3 && ac->element[2]->type == REDIS_REPLY_ARRAY ? ac->element[2]
+                                                                              : NULL;
+    bool last = ac->element[0]->type != REDIS_REPLY_STRING ||
+                strcmp(ac->element[0]->str, "0-0") == 0;
+    out->cursor = last ? NULL : ac->element[0]->str;
+    return true;
 }
 
 /* Entries deleted while pending (trimmed by redis.maxlen, or XDEL by another
@@ -56,7 +73,7 @@ static bool sweep_wait(kb_redis_part *p, redisReply *r, const redisReply *ents, 
         return false;
     }
     for (size_t i = from; i < ents->elements; i++)
-        att[i] = attempt_of(runs, i);
+        att[i] = kb__redis_sweep_attempt(runs, i);
     bool queued = kb__redis_wait_push(p, h, ents, from, epoch, att);
     if (!queued)
         free(att);
@@ -86,9 +103,8 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
         const char *argv[] = {"EVAL", SWEEP_LUA, "3", p->lease, p->stream, runs_key, t->token,
                               t->group, t->consumer, p->sweep_cursor, count};
         redisReply *r = kb__redis_cmd(&t->rconn, 11, argv, NULL);
-        if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-            r->element[0]->type != REDIS_REPLY_ARRAY ||
-            r->element[1]->type != REDIS_REPLY_ARRAY || r->element[1]->elements < 2) {
+        kb_redis_swept sw;
+        if (!kb__redis_sweep_reply(r, &sw)) {
             p->sweeping = 0;   /* start over next time */
             if (r == NULL)
                 return KB_REDIS_PART_GONE;
@@ -101,19 +117,15 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
             kb__redis_reader_nap(t, atomic_load(&t->leases_taken), 100);   /* e.g. LOADING after a restart */
             return KB_REDIS_PART_GONE;
         }
-        const redisReply *runs = r->element[0], *ac = r->element[1];
-        const redisReply *ents = ac->element[1];
-        if (ac->elements >= 3) {
-            uint64_t gone = trimmed(t, p, ac->element[2]);
+        const redisReply *runs = sw.runs, *ents = sw.ents;
+        if (sw.gone != NULL) {
+            uint64_t gone = trimmed(t, p, sw.gone);
             atomic_fetch_add(&tt->trimmed, gone);
             deleted += gone;
         }
-        bool last = ac->element[0]->type != REDIS_REPLY_STRING ||
-                    strcmp(ac->element[0]->str, "0-0") == 0;
-        snprintf(p->sweep_cursor, sizeof p->sweep_cursor, "%s", last ? "" : ac->element[0]->str);
-        for (size_t i = 0; rc == KB_REDIS_DELIVERED && ents->type == REDIS_REPLY_ARRAY &&
-                           i < ents->elements; i++) {
-            rc = kb__redis_deliver(tt, part, ents->element[i], attempt_of(runs, i),
+        snprintf(p->sweep_cursor, sizeof p->sweep_cursor, "%s", sw.cursor ? sw.cursor : "");
+        for (size_t i = 0; rc == KB_REDIS_DELIVERED && ents != NULL && i < ents->elements; i++) {
+            rc = kb__redis_deliver(tt, part, ents->element[i], kb__redis_sweep_attempt(runs, i),
                                    KB_DELIVERY_F_REDELIVERED, epoch, 0);
             claimed += rc == KB_REDIS_DELIVERED;
             if (rc == KB_REDIS_LANE_FULL) {
