@@ -269,7 +269,7 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
     for (int i = 0; i < name_count(l); i++)
         if (l->info[i] != NULL && covers(t, l->names->List[i], n)) {
             marks_inherit(c, l->info[i], floor);
-            kb__nats_progress_inherit(t, c, l->names->List[i]);
+            kb__nats_progress_inherit(t, c, l->names->List[i], l->info[i]->Delivered.Stream);
         }
     skip_acked(t, c, l, n, floor);
     marks_describe(c, o->desc, sizeof o->desc);

@@ -267,28 +267,13 @@ static const char *inherit_line(kb_transport *t, kb_nats_claim *c, struct kb_nat
     return NULL;
 }
 
-/* The highest stream sequence the server delivered to consumer `name` of
- * the stream: a record of its handlers' progress cannot go past it. 0 when
- * it is not a consumer of the stream (nothing of its record is taken). */
-static uint64_t delivered_to(kb_transport *t, const char *stream, const char *name)
-{
-    jsConsumerInfo *ci = NULL;
-    jsOptions o;
-    jsOptions_Init(&o);
-    o.Wait = 5000;
-    uint64_t hi = 0;
-    if (js_GetConsumerInfo(&ci, t->js, stream, name, &o, NULL) == NATS_OK && ci != NULL)
-        hi = ci->Delivered.Stream;
-    jsConsumerInfo_Destroy(ci);
-    return hi;
-}
-
 /* A record is another process's word that events were handled: taken only
  * line by line where it is well formed, of this claim's partitions, and
  * within what the server delivered to that consumer (anyone who can write
  * the runs bucket could else have events of a key settled unhandled). What
  * is refused comes again: a duplicate at worst. */
-void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier)
+void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier,
+                               uint64_t delivered)
 {
     char key[3 * KB_NATS_NAME];
     record_key(c->part->topic->stream, earlier, key, sizeof key);
@@ -296,8 +281,7 @@ void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *ea
     if (t->runs_kv == NULL || kvStore_Get(&e, t->runs_kv, key) != NATS_OK)
         return;   /* none: its events above the floor come again */
     const char *v = kvEntry_ValueString(e);
-    uint64_t max_sseq = v != NULL && v[0] != '\0' ? delivered_to(t, c->part->topic->stream, earlier)
-                                                  : 0;
+    uint64_t max_sseq = delivered;
     const char *why = NULL;
     unsigned refused = 0;
     if (v != NULL && kb__nats_progress_ready(c)) {

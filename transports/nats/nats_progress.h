@@ -36,8 +36,11 @@ bool kb__nats_progress_covers(const kb_nats_claim *c, const void *key, size_t ke
 void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now, bool last);
 /* Lease thread, before c is published: take in the record of consumer
  * `earlier` (the keys of c's partitions): only its well-formed lines within
- * what the server delivered to `earlier`; others are logged and ignored. */
-void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier);
+ * `delivered`, the highest stream sequence the server delivered to `earlier`
+ * (from its consumer info, read once by the caller); others are logged and
+ * ignored. */
+void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier,
+                               uint64_t delivered);
 /* One line of a record ("<key hash, 16 hex> <partition> <stream seq> <event
  * index>", no newline), parsed strictly: NULL, or why it is refused (out of
  * form, a partition of `partitions` or more, a sequence past `max_sseq`).
