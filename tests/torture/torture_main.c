@@ -32,7 +32,7 @@
 typedef struct opts {
     const char *broker, *dir, *check, *consumer;
     uint64_t seed;
-    int have_seed, have_max_pause, json, keep;
+    int have_seed, have_max_pause, json, keep, plan_only;
     int duration_s, warmup_s, drain_s, consumers, max_consumers, rate, lease_ttl_ms;
     int min_gap_ms, max_gap_ms;
     kb_torture_params p;
@@ -251,9 +251,8 @@ static kb_test_server *node(int i)
 
 static void node_start(int i)
 {
-    int rc = strcmp(o.p.broker, "nats") == 0 ? kb_test_nats_cluster_restart(&cluster, i)
-                                             : kb_test_server_restart(&redis);
-    if (rc != 0)
+    /* not waiting for it to be healthy: the schedule goes on meanwhile */
+    if (kb_test_server_restart(node(i)) != 0)
         fprintf(nemesis_log, "# node %d did not come back\n", i);
 }
 
@@ -329,7 +328,7 @@ static void usage(void)
             "         [--consumers N] [--max-consumers N] [--partitions N] [--keys N] [--rate EV/S]\n"
             "         [--lease-ttl-ms MS] [--min-gap-ms MS] [--max-gap-ms MS] [--warmup S]\n"
             "         [--drain S] [--max-pause-ms MS] [--max-ack-pending N] [--rtt-ms MS]\n"
-            "         [--dir DIR] [--keep] [--json] [--consumer PATH]\n"
+            "         [--dir DIR] [--keep] [--json] [--consumer PATH] [--plan]\n"
             "       keybus-torture --check DIR [--json] [--max-pause-ms MS]\n");
 }
 
@@ -344,6 +343,9 @@ static int parse(int argc, char **argv)
             used = 0;
         } else if (strcmp(a, "--keep") == 0) {
             o.keep = 1;
+            used = 0;
+        } else if (strcmp(a, "--plan") == 0) {
+            o.plan_only = 1;
             used = 0;
         } else if (v == NULL) {
             usage();
@@ -459,6 +461,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "torture: no schedule\n");
         return 2;
     }
+    fprintf(stderr, "torture: %s, seed %" PRIu64 ", %d s, %d consumers (up to %d), %u partitions, "
+                    "%u keys, %d events/s, lease TTL %d ms\n",
+            o.broker, o.p.seed, o.duration_s, o.consumers, o.max_consumers, o.p.partitions,
+            o.p.keys, o.rate, o.lease_ttl_ms);
+    fprintf(stderr, "torture: schedule (s from the start of the nemesis):");
+    for (size_t i = 0; i < plan.n; i++)
+        fprintf(stderr, " %.1f:%s:%d", (double)plan.steps[i].at_ms / 1000,
+                kb_torture_op_name(plan.steps[i].op), plan.steps[i].target);
+    fprintf(stderr, "\n");
+    if (o.plan_only) {
+        kb_torture_plan_free(&plan);
+        return 0;
+    }
     if (o.dir != NULL) {
         snprintf(dir, sizeof dir, "%s", o.dir);
         if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
@@ -472,15 +487,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    fprintf(stderr, "torture: %s, seed %" PRIu64 ", %d s, %d consumers (up to %d), %u partitions, "
-                    "%u keys, %d events/s, lease TTL %d ms; history in %s\n",
-            o.broker, o.p.seed, o.duration_s, o.consumers, o.max_consumers, o.p.partitions,
-            o.p.keys, o.rate, o.lease_ttl_ms, dir);
-    fprintf(stderr, "torture: schedule (s from the start of the nemesis):");
-    for (size_t i = 0; i < plan.n; i++)
-        fprintf(stderr, " %.1f:%s:%d", (double)plan.steps[i].at_ms / 1000,
-                kb_torture_op_name(plan.steps[i].op), plan.steps[i].target);
-    fprintf(stderr, "\n");
+    fprintf(stderr, "torture: history in %s\n", dir);
 
     char path[4200], url[512];
     snprintf(path, sizeof path, "%s/nemesis.log", dir);
