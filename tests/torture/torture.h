@@ -68,11 +68,19 @@ typedef struct kb_torture_params {
 int kb_torture_params_write(const char *dir, const kb_torture_params *p);
 int kb_torture_params_read(const char *dir, kb_torture_params *p);
 
+/* What the checker found (torture_check.c says how each is counted). */
+typedef struct kb_torture_result {
+    uint64_t accepted, handled, distinct, lost, unhandled, phantom, order_violations,
+        duplicates, duplicate_bound;   /* duplicate_bound: NATS only, else 0 */
+    int64_t max_pause_ms;
+} kb_torture_result;
+
 /* Read the history in `dir`, print the findings on `out` (text, or one JSON
- * document when json is set) and the summary line. Returns 0 when nothing
- * was lost, no order was broken and no pause passed max_pause_ms, 1 when
- * something was, 2 when the history could not be read. */
-int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE *out);
+ * document when json is set) and the summary line, fill *res (may be NULL).
+ * Returns 0 when nothing was lost, no order was broken and no pause passed
+ * max_pause_ms, 1 when something was, 2 when the history could not be read. */
+int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE *out,
+                     kb_torture_result *res);
 
 /* Monotonic and wall clock, in ns. */
 int64_t kb_torture_mono_ns(void);

@@ -179,7 +179,8 @@ static uint32_t next_pow2(uint32_t v)
     return r;
 }
 
-int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE *out)
+int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE *out,
+                     kb_torture_result *res)
 {
     history h = {0};
     h.accepted = calloc(p->keys, sizeof *h.accepted);
@@ -246,16 +247,23 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
     int64_t *t = malloc((h.n + 1) * sizeof *t);
     if (t == NULL)
         goto out;
+    uint32_t *part_of = malloc(p->keys * sizeof *part_of);
+    if (part_of == NULL) {
+        free(t);
+        goto out;
+    }
+    for (uint32_t k = 0; k < p->keys; k++) {
+        char key[32];
+        int len = snprintf(key, sizeof key, "agg-%u", k);   /* kb_tracker_publish's keys */
+        part_of[k] = kb_partition_of(key, (size_t)len, p->partitions);
+    }
     int64_t worst = 0;
     uint32_t worst_p = 0;
     for (uint32_t part = 0; part < p->partitions; part++) {
         size_t n = 0;
-        for (size_t i = 0; i < h.n; i++) {
-            char key[32];
-            int len = snprintf(key, sizeof key, "agg-%u", h.r[i].key);
-            if (kb_partition_of(key, (size_t)len, p->partitions) == part)
+        for (size_t i = 0; i < h.n; i++)
+            if (part_of[h.r[i].key] == part)
                 t[n++] = h.r[i].mono;
-        }
         qsort(t, n, sizeof *t, cmp_i64);
         int64_t prev = h.ws;
         for (size_t i = 0; i <= n && prev < h.we; i++) {
@@ -275,6 +283,7 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
         }
     }
     free(t);
+    free(part_of);
 
     /* docs/transports-nats.md, "Replay after a takeover": per departure at most
      * min(partitions x R x B, H x T + U) handled again */
@@ -352,6 +361,9 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
             " max_pause_ms=%lld accepted=%" PRIu64 " handled=%zu drain=%s\n",
             p->broker, p->seed, pass ? "PASS" : "FAIL", lost, order, dups, (long long)worst_ms,
             accepted, h.n, kb_strerror(h.drain_rc));
+    if (res != NULL)
+        *res = (kb_torture_result){accepted, h.n, distinct, lost, unhandled, phantom, order, dups,
+                                   bound, worst_ms};
     status = pass ? 0 : 1;
 out:
     free(h.r);

@@ -449,7 +449,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "torture: %s/run.conf unreadable\n", o.check);
             return 2;
         }
-        return kb_torture_check(o.check, &o.p, o.json, stdout);
+        return kb_torture_check(o.check, &o.p, o.json, stdout, NULL);
     }
     snprintf(o.p.broker, sizeof o.p.broker, "%s", o.broker);
     if (!o.have_seed)
@@ -575,7 +575,7 @@ int main(int argc, char **argv)
     fclose(nemesis_log);
     kb_torture_plan_free(&plan);
 
-    int rc = kb_torture_check(dir, &o.p, o.json, stdout);
+    int rc = kb_torture_check(dir, &o.p, o.json, stdout, NULL);
     if (rc == 0 && !o.keep && o.dir == NULL)
         nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     else
