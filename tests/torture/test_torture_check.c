@@ -92,6 +92,15 @@ static void clean_history_passes(void **state)
     assert_int_equal(r.lost + r.order_violations + r.phantom, 0);
     assert_int_equal(r.duplicates, 3);
     assert_int_equal(r.max_pause_ms, 1000);   /* the window's start to the first, and so on */
+
+    /* a consumer that crashed, or a sanitizer's report, fails the same history */
+    put("nemesis.log", "N 1 kill9 0 1\nX 2 123 unasked signal 11\n");
+    assert_int_equal(check(&r, 10000), 1);
+    assert_int_equal(r.crashes, 1);
+    put("nemesis.log", "N 1 kill9 0 1\n");
+    put("c0-1.err", "==1==ERROR: AddressSanitizer: heap-use-after-free\n");
+    assert_int_equal(check(&r, 10000), 1);
+    assert_int_equal(r.crashes, 1);
 }
 
 /* A process killed after handling 1..3 of key 0 (acked up to 1), the next one

@@ -7,6 +7,7 @@
  *   c<slot>-<n>.log  H <mono_ns> <wall_ns> <name> <pid> <key> <seq> <attempt>
  *                    one write(2) per handled event, before the handler returns
  *   nemesis.log      N <mono_ns> <what> <target> <departures>
+ *                    X <mono_ns> <pid> <when> exit|signal <code>   a consumer crashed
  *   run.conf         the parameters the checker needs (key value lines) */
 #ifndef KB_TORTURE_H
 #define KB_TORTURE_H
@@ -71,7 +72,8 @@ int kb_torture_params_read(const char *dir, kb_torture_params *p);
 /* What the checker found (torture_check.c says how each is counted). */
 typedef struct kb_torture_result {
     uint64_t accepted, handled, distinct, lost, unhandled, phantom, order_violations,
-        duplicates, duplicate_bound;   /* duplicate_bound: NATS only, else 0 */
+        duplicates, duplicate_bound,   /* duplicate_bound: NATS only, else 0 */
+        crashes;                       /* consumers crashed, sanitizer reports */
     int64_t max_pause_ms;
 } kb_torture_result;
 

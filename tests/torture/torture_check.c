@@ -36,6 +36,8 @@ typedef struct history {
     int flush_rc, drain_rc;
     uint64_t steps[KB_T_HEAL + 1];
     uint64_t departures;
+    uint64_t crashes;            /* consumers that ended unasked, or by a signal */
+    uint64_t sanitizer;          /* sanitizer reports in the consumers' stderr */
 } history;
 
 static int by_key_time(const void *a, const void *b)
@@ -99,6 +101,8 @@ static void read_nemesis(const char *dir, history *h)
         long long t;
         int target;
         unsigned dep;
+        if (line[0] == 'X')
+            h->crashes++;
         if (sscanf(line, "N %lld %63s %d %u", &t, what, &target, &dep) != 4)
             continue;
         for (int op = 0; op <= KB_T_HEAL; op++)
@@ -107,6 +111,29 @@ static void read_nemesis(const char *dir, history *h)
         h->departures += dep;
     }
     fclose(f);
+}
+
+/* A sanitizer's report in a consumer's stderr (its exit status can look like
+ * kb_close's own 1). */
+static void read_stderr(const char *dir, history *h)
+{
+    char pattern[4200], line[1024];
+    snprintf(pattern, sizeof pattern, "%s/c*.err", dir);
+    glob_t g;
+    if (glob(pattern, 0, NULL, &g) != 0)
+        return;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        FILE *f = fopen(g.gl_pathv[i], "r");
+        while (f != NULL && fgets(line, sizeof line, f) != NULL)
+            if (strstr(line, "Sanitizer") != NULL || strstr(line, "runtime error:") != NULL) {
+                fprintf(stderr, "torture: %s: %s", g.gl_pathv[i], line);
+                h->sanitizer++;
+                break;
+            }
+        if (f != NULL)
+            fclose(f);
+    }
+    globfree(&g);
 }
 
 static int read_consumers(const char *dir, const kb_torture_params *p, history *h)
@@ -196,6 +223,7 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
         goto out;
     }
     read_nemesis(dir, &h);
+    read_stderr(dir, &h);
     if (read_consumers(dir, p, &h) != 0)
         goto out;
     qsort(h.r, h.n, sizeof *h.r, by_key_time);
@@ -296,7 +324,8 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
         bound = h.departures * (first < second ? first : second);
     }
     int64_t worst_ms = worst / 1000000;
-    int pass = lost == 0 && order == 0 && phantom == 0 && worst_ms <= p->max_pause_ms;
+    int pass = lost == 0 && order == 0 && phantom == 0 && h.crashes == 0 && h.sanitizer == 0 &&
+               worst_ms <= p->max_pause_ms;
     double window_s = (double)(h.we - h.ws) / 1e9;
 
     if (json) {
@@ -306,10 +335,11 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
                      ", \"reports_failed\": %" PRIu64 ", \"handled\": %zu, \"distinct\": %" PRIu64
                      ", \"lost\": %" PRIu64 ", \"unhandled\": %" PRIu64 ", \"phantom\": %" PRIu64
                      ", \"order_violations\": %" PRIu64 ", \"duplicates\": %" PRIu64
-                     ", \"duplicates_attempt_1\": %" PRIu64 ", \"departures\": %" PRIu64 ", ",
+                     ", \"duplicates_attempt_1\": %" PRIu64 ", \"departures\": %" PRIu64
+                     ", \"crashes\": %" PRIu64 ", \"sanitizer_reports\": %" PRIu64 ", ",
                 p->broker, p->seed, p->partitions, p->keys, window_s, h.procs, accepted,
                 h.publish_refused, ok_reports, failed, h.n, distinct, lost, unhandled, phantom,
-                order, dups, dups_first_attempt, h.departures);
+                order, dups, dups_first_attempt, h.departures, h.crashes, h.sanitizer);
         if (nats)
             fprintf(out, "\"duplicate_bound\": %" PRIu64 ", ", bound);
         else
@@ -341,6 +371,9 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
         fprintf(out, "order violations: %" PRIu64 "%s%s\n", order, or_len ? ", e.g." : "", order_ex);
         if (phantom)
             fprintf(out, "handled but never accepted: %" PRIu64 "\n", phantom);
+        if (h.crashes + h.sanitizer > 0)
+            fprintf(out, "consumer crashes: %" PRIu64 " (X lines of nemesis.log), sanitizer reports: %" PRIu64
+                         "\n", h.crashes, h.sanitizer);
         if (nats)
             fprintf(out, "duplicates: %" PRIu64 " (%" PRIu64 " with attempt 1), documented bound %" PRIu64
                          " (%" PRIu64 " departures, peak %" PRIu64 " events/s per process)%s\n",
@@ -363,7 +396,7 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
             accepted, h.n, kb_strerror(h.drain_rc));
     if (res != NULL)
         *res = (kb_torture_result){accepted, h.n, distinct, lost, unhandled, phantom, order, dups,
-                                   bound, worst_ms};
+                                   bound, h.crashes + h.sanitizer, worst_ms};
     status = pass ? 0 : 1;
 out:
     free(h.r);

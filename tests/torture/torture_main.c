@@ -184,25 +184,37 @@ static void stop_slot(int s, int sig)
     slots[s].pid = 0;
 }
 
-/* Reap what exited: a SIGTERMed process (its kb_close result), or one that
- * died on its own (kb_open failed while the broker was down): that slot is
- * started again a second later, as the plan has it up. */
+/* A consumer that ended otherwise than asked: an `X` line, which fails the check. */
+static void crashed(pid_t pid, int status, const char *when)
+{
+    fprintf(nemesis_log, "X %lld %d %s %s %d\n", (long long)kb_torture_mono_ns(), (int)pid, when,
+            WIFEXITED(status) ? "exit" : "signal",
+            WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+}
+
+/* Reap what exited: a SIGTERMed process (exit 0, or 1 when kb_close did not
+ * return KB_OK: its deadline passed while the broker was away), or one that
+ * ended on its own, started again a second later as the plan has it up: exit
+ * 2 (kb_open failed while the broker was down) is expected, anything else is
+ * a crash. */
 static void reap(void)
 {
     int status;
     for (size_t i = 0; i < sizeof stopping / sizeof *stopping; i++)
         if (stopping[i] > 0 && waitpid(stopping[i], &status, WNOHANG) == stopping[i]) {
-            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-                fprintf(nemesis_log, "# pid %d after SIGTERM: %s %d\n", (int)stopping[i],
-                        WIFEXITED(status) ? "exit" : "signal",
-                        WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+            if (WIFEXITED(status) && WEXITSTATUS(status) == 1)
+                fprintf(nemesis_log, "# pid %d: kb_close did not return KB_OK\n", (int)stopping[i]);
+            else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+                crashed(stopping[i], status, "after-sigterm");
             stopping[i] = 0;
         }
     for (int s = 0; s < KB_TORTURE_MAX_SLOTS; s++)
         if (slots[s].pid > 0 && waitpid(slots[s].pid, &status, WNOHANG) == slots[s].pid) {
-            fprintf(nemesis_log, "# c%d-%d died on its own (%s %d): started again in 1 s\n", s,
-                    slots[s].incarnation, WIFEXITED(status) ? "exit" : "signal",
-                    WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+            if (WIFEXITED(status) && WEXITSTATUS(status) == 2)
+                fprintf(nemesis_log, "# c%d-%d: no bus (exit 2): started again in 1 s\n", s,
+                        slots[s].incarnation);
+            else
+                crashed(slots[s].pid, status, "unasked");
             slots[s].pid = 0;
             slots[s].respawn_at = kb_torture_mono_ns() + 1000000000;
         } else if (slots[s].pid == 0 && slots[s].wanted && slots[s].respawn_at != 0 &&
