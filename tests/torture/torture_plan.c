@@ -1,6 +1,8 @@
 /* The nemesis's schedule: drawn from the seed alone, by playing the moves
  * against a model of which consumers and nodes are up, so the same seed and
- * arguments give the same steps whatever the run's timings. */
+ * arguments give the same steps whatever the run's timings. A node is left
+ * down only in the second half: no node can be killed after it (the cluster
+ * keeps its quorum), and the first half kills and restarts them. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -91,7 +93,7 @@ int kb_torture_plan_make(kb_torture_plan *p, uint64_t seed, int nodes, int consu
         int w[7] = {
             n_live >= 2 ? W_KILL9 : 0, n_live >= 2 ? W_TERM : 0, n_free > 0 ? W_JOIN : 0,
             n_live >= 2 ? W_LEAVE : 0, !left_down && node_up_from <= t ? W_NODE_KILL : 0,
-            nodes > 1 && !left_down && node_up_from <= t ? W_NODE_DOWN : 0,
+            nodes > 1 && !left_down && node_up_from <= t && t >= duration_ms / 2 ? W_NODE_DOWN : 0,
             cut_until <= t ? W_CUT : 0};
         int total = 0;
         for (int i = 0; i < 7; i++)
