@@ -345,10 +345,10 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
         else
             fprintf(out, "\"duplicate_bound\": null, ");
         fprintf(out, "\"peak_rate\": %" PRIu64 ", \"flush_rc\": %d, \"drain_rc\": %d, "
-                     "\"max_pause_ms\": %lld, \"max_pause_partition\": %u, \"max_pause_bound_ms\": %lld, "
-                     "\"pauses_ms\": [",
+                     "\"max_pause_ms\": %lld, \"max_pause_partition\": %u, \"max_pause_from_s\": %.1f, "
+                     "\"max_pause_bound_ms\": %lld, \"pauses_ms\": [",
                 rate, h.flush_rc, h.drain_rc, (long long)worst_ms, worst_p,
-                (long long)p->max_pause_ms);
+                (double)pause_at[worst_p] / 1e9, (long long)p->max_pause_ms);
         for (uint32_t part = 0; part < p->partitions; part++)
             fprintf(out, "%s%lld", part ? ", " : "", (long long)(pause[part] / 1000000));
         fprintf(out, "], \"nemesis\": {");
