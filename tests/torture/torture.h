@@ -3,7 +3,9 @@
  * (docs/testing.md, "Torture"). Files of one run, all in its directory:
  *   producer.log     P <mono_ns> <key> <seq> <rc>      one per kb_publish (rc 0: accepted)
  *                    D <mono_ns> <key> <result>        one per delivery report
- *                    W <start_ns> <end_ns> <flush_rc> <drain_rc>   the producing window
+ *                    W <start_ns> <end_ns> <flush_rc> <drain_rc> <drained_ns>
+ *                    the producing window, kb_flush's and kb_drain's results, when the
+ *                    latter returned
  *   c<slot>-<n>.log  H <mono_ns> <wall_ns> <name> <pid> <key> <seq> <attempt>
  *                    one write(2) per handled event, before the handler returns
  *   nemesis.log      N <mono_ns> <what> <target> <departures>

@@ -9,8 +9,9 @@
  *     process; an event handled before is a duplicate (a redelivery re-runs
  *     a suffix of the key's events); one never handled before whose seq is
  *     below the highest seq already handled of its key is an order violation;
- *   - a partition's pause: the longest stretch of the producing window
- *     without a handled event of its keys (the window's start counts as one). */
+ *   - a partition's pause: the longest gap between two handled events of its
+ *     keys that began while the producer was producing (the window's start
+ *     counts as one), however long it lasted. */
 #include <glob.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -33,6 +34,7 @@ typedef struct history {
     uint64_t *reports_ok, *reports_failed;
     uint64_t publish_refused;    /* kb_publish results other than KB_OK */
     int64_t ws, we;              /* the producing window */
+    int64_t drained;             /* when kb_drain returned; 0: not recorded */
     int flush_rc, drain_rc;
     uint64_t steps[KB_T_HEAL + 1];
     uint64_t departures;
@@ -67,7 +69,7 @@ static int read_producer(const char *dir, const kb_torture_params *p, history *h
     while (fgets(line, sizeof line, f) != NULL) {
         long long t, a, b;
         unsigned key, seq;
-        int rc, r2;
+        int rc, r2, got;
         if (sscanf(line, "P %lld %u %u %d", &t, &key, &seq, &rc) == 4 && key < p->keys) {
             if (rc != KB_OK)
                 h->publish_refused++;
@@ -78,11 +80,12 @@ static int read_producer(const char *dir, const kb_torture_params *p, history *h
                 h->reports_ok[key]++;
             else
                 h->reports_failed[key]++;
-        } else if (sscanf(line, "W %lld %lld %d %d", &a, &b, &rc, &r2) == 4) {
+        } else if ((got = sscanf(line, "W %lld %lld %d %d %lld", &a, &b, &rc, &r2, &t)) >= 4) {
             h->ws = a;
             h->we = b;
             h->flush_rc = rc;
             h->drain_rc = r2;
+            h->drained = got == 5 ? t : 0;
             have_window = 1;
         }
     }
@@ -294,16 +297,14 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
                 t[n++] = h.r[i].mono;
         qsort(t, n, sizeof *t, cmp_i64);
         int64_t prev = h.ws;
-        for (size_t i = 0; i <= n && prev < h.we; i++) {
-            int64_t next = i < n ? t[i] : h.we;
-            if (next <= prev)
+        for (size_t i = 0; i < n && prev < h.we; i++) {
+            if (t[i] <= prev)
                 continue;
-            int64_t gap = (next < h.we ? next : h.we) - prev;
-            if (gap > pause[part]) {
-                pause[part] = gap;
+            if (t[i] - prev > pause[part]) {
+                pause[part] = t[i] - prev;
                 pause_at[part] = prev - h.ws;
             }
-            prev = next;
+            prev = t[i];
         }
         if (pause[part] > worst) {
             worst = pause[part];
@@ -327,6 +328,8 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
     int pass = lost == 0 && order == 0 && phantom == 0 && h.crashes == 0 && h.sanitizer == 0 &&
                worst_ms <= p->max_pause_ms;
     double window_s = (double)(h.we - h.ws) / 1e9;
+    /* from the producer's last publish to kb_drain's return (-1: not recorded) */
+    long long drain_ms = h.drained > 0 ? (long long)((h.drained - h.we) / 1000000) : -1;
 
     if (json) {
         fprintf(out, "{\"broker\": \"%s\", \"seed\": %" PRIu64 ", \"partitions\": %u, \"keys\": %u, "
@@ -345,9 +348,9 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
         else
             fprintf(out, "\"duplicate_bound\": null, ");
         fprintf(out, "\"peak_rate\": %" PRIu64 ", \"flush_rc\": %d, \"drain_rc\": %d, "
-                     "\"max_pause_ms\": %lld, \"max_pause_partition\": %u, \"max_pause_from_s\": %.1f, "
+                     "\"drain_ms\": %lld, \"max_pause_ms\": %lld, \"max_pause_partition\": %u, \"max_pause_from_s\": %.1f, "
                      "\"max_pause_bound_ms\": %lld, \"pauses_ms\": [",
-                rate, h.flush_rc, h.drain_rc, (long long)worst_ms, worst_p,
+                rate, h.flush_rc, h.drain_rc, drain_ms, (long long)worst_ms, worst_p,
                 (double)pause_at[worst_p] / 1e9, (long long)p->max_pause_ms);
         for (uint32_t part = 0; part < p->partitions; part++)
             fprintf(out, "%s%lld", part ? ", " : "", (long long)(pause[part] / 1000000));
@@ -365,6 +368,8 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
             fprintf(out, " %s %" PRIu64, kb_torture_op_name(op), h.steps[op]);
         fprintf(out, "\nlost: %" PRIu64 " (%" PRIu64 " accepted never handled)%s%s\n", lost,
                 unhandled, lo_len ? ", e.g." : "", lost_ex);
+        fprintf(out, "kb_flush %s; kb_drain %s, %lld ms after the last publish\n",
+                kb_strerror(h.flush_rc), kb_strerror(h.drain_rc), drain_ms);
         if (unhandled > 0 && h.drain_rc != KB_OK)
             fprintf(out, "      kb_drain did not finish (%s): they may be held up, not gone\n",
                     kb_strerror(h.drain_rc));
@@ -391,9 +396,9 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
     }
     fprintf(json ? stderr : out,
             "torture %s seed=%" PRIu64 ": %s lost=%" PRIu64 " order=%" PRIu64 " dups=%" PRIu64
-            " max_pause_ms=%lld accepted=%" PRIu64 " handled=%zu drain=%s\n",
+            " max_pause_ms=%lld drain_ms=%lld accepted=%" PRIu64 " handled=%zu\n",
             p->broker, p->seed, pass ? "PASS" : "FAIL", lost, order, dups, (long long)worst_ms,
-            accepted, h.n, kb_strerror(h.drain_rc));
+            drain_ms, accepted, h.n);
     if (res != NULL)
         *res = (kb_torture_result){accepted, h.n, distinct, lost, unhandled, phantom, order, dups,
                                    bound, h.crashes + h.sanitizer, worst_ms};

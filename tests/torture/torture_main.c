@@ -116,8 +116,8 @@ static void *produce(void *arg)
     int drain_rc = kb_drain(b, o.drain_s * 1000);
     fprintf(stderr, "torture: kb_flush %s, kb_drain %s after %.1f s\n", kb_strerror(flush_rc),
             kb_strerror(drain_rc), (double)(kb_torture_mono_ns() - window_end) / 1e9);
-    fprintf(producer_log, "W %lld %lld %d %d\n", (long long)window_start, (long long)window_end,
-            flush_rc, drain_rc);
+    fprintf(producer_log, "W %lld %lld %d %d %lld\n", (long long)window_start,
+            (long long)window_end, flush_rc, drain_rc, (long long)kb_torture_mono_ns());
     free(next);
     return NULL;
 }
