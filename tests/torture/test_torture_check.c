@@ -23,8 +23,9 @@ static void put(const char *file, const char *text)
     assert_int_equal(fclose(f), 0);
 }
 
-/* A producer log accepting seq 1..n of keys 0..keys-1 in a window of 0..10 s. */
-static void accepted(uint32_t keys, uint32_t n, const char *more)
+/* A producer log accepting seq 1..n of keys 0..keys-1 in a window of 0..10 s,
+ * kb_drain returning at drained_s (0: not recorded). */
+static void accepted_until(uint32_t keys, uint32_t n, const char *more, int drained_s)
 {
     char buf[8192];
     size_t at = 0;
@@ -32,8 +33,17 @@ static void accepted(uint32_t keys, uint32_t n, const char *more)
         for (uint32_t s = 1; s <= n; s++)
             at += (size_t)snprintf(buf + at, sizeof buf - at, "P %lld %u %u 0\n",
                                    (long long)s * S / 10, k, s);
-    snprintf(buf + at, sizeof buf - at, "%sW 0 %lld 0 0\n", more, (long long)10 * S);
+    if (drained_s > 0)
+        snprintf(buf + at, sizeof buf - at, "%sW 0 %lld 0 -8 %lld\n", more, (long long)10 * S,
+                 (long long)drained_s * S);
+    else
+        snprintf(buf + at, sizeof buf - at, "%sW 0 %lld 0 0\n", more, (long long)10 * S);
     put("producer.log", buf);
+}
+
+static void accepted(uint32_t keys, uint32_t n, const char *more)
+{
+    accepted_until(keys, n, more, 0);
 }
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
@@ -155,6 +165,12 @@ static void pause_over_the_bound_fails(void **state)
     assert_int_equal(check(&r, 7000), 0);
     assert_int_equal(r.max_pause_ms, 6000);
     assert_int_equal(check(&r, 5000), 1);
+
+    /* seq 5 never handled: the partition's last gap lasts until kb_drain gave up */
+    accepted_until(1, 5, "", 20);
+    assert_int_equal(check(&r, 60000), 1);
+    assert_int_equal(r.lost, 1);
+    assert_int_equal(r.max_pause_ms, 11000);
 }
 
 static void schedule_is_the_seeds(void **state)

@@ -11,7 +11,8 @@
  *     below the highest seq already handled of its key is an order violation;
  *   - a partition's pause: the longest gap between two handled events of its
  *     keys that began while the producer was producing (the window's start
- *     counts as one), however long it lasted. */
+ *     counts as one), however long it lasted; one that never closed (events
+ *     of the partition never handled) lasts to the end of the run. */
 #include <glob.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -231,6 +232,18 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
         goto out;
     qsort(h.r, h.n, sizeof *h.r, by_key_time);
 
+    uint32_t *part_of = malloc(p->keys * sizeof *part_of);
+    uint64_t *part_unhandled = calloc(p->partitions, sizeof *part_unhandled);
+    if (part_of == NULL || part_unhandled == NULL) {
+        free(part_of);
+        free(part_unhandled);
+        goto out;
+    }
+    for (uint32_t k = 0; k < p->keys; k++) {
+        char key[32];
+        int len = snprintf(key, sizeof key, "agg-%u", k);   /* kb_tracker_publish's keys */
+        part_of[k] = kb_partition_of(key, (size_t)len, p->partitions);
+    }
     uint64_t accepted = 0, lost = 0, unhandled = 0, failed = 0, ok_reports = 0, dups = 0,
              dups_first_attempt = 0, order = 0, phantom = 0, distinct = 0;
     char lost_ex[512] = "", order_ex[512] = "";
@@ -238,8 +251,11 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
     for (uint32_t k = 0, i = 0; k < p->keys; k++) {
         uint32_t a = h.accepted[k], max = 0;
         unsigned char *seen = calloc((size_t)a + 1, 1);
-        if (seen == NULL)
+        if (seen == NULL) {
+            free(part_of);
+            free(part_unhandled);
             goto out;
+        }
         accepted += a;
         failed += h.reports_failed[k];
         ok_reports += h.reports_ok[k];
@@ -270,24 +286,20 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
                                                " agg-%u:%u;", k, s);
             }
         unhandled += miss;
+        part_unhandled[part_of[k]] += miss;
         lost += miss > h.reports_failed[k] ? miss - h.reports_failed[k] : 0;
         free(seen);
     }
 
     /* pauses: each partition's handled times, the window's start as the first */
-    int64_t *t = malloc((h.n + 1) * sizeof *t);
-    if (t == NULL)
-        goto out;
-    uint32_t *part_of = malloc(p->keys * sizeof *part_of);
-    if (part_of == NULL) {
-        free(t);
+    int64_t *t = malloc((h.n + 1) * sizeof *t), end = h.drained;
+    if (t == NULL) {
+        free(part_of);
+        free(part_unhandled);
         goto out;
     }
-    for (uint32_t k = 0; k < p->keys; k++) {
-        char key[32];
-        int len = snprintf(key, sizeof key, "agg-%u", k);   /* kb_tracker_publish's keys */
-        part_of[k] = kb_partition_of(key, (size_t)len, p->partitions);
-    }
+    for (size_t i = 0; i < h.n; i++)
+        end = h.r[i].mono > end ? h.r[i].mono : end;
     int64_t worst = 0;
     uint32_t worst_p = 0;
     for (uint32_t part = 0; part < p->partitions; part++) {
@@ -306,6 +318,11 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
             }
             prev = t[i];
         }
+        /* never handled again: the gap lasts to the end of the run */
+        if (part_unhandled[part] > 0 && prev < h.we && end - prev > pause[part]) {
+            pause[part] = end - prev;
+            pause_at[part] = prev - h.ws;
+        }
         if (pause[part] > worst) {
             worst = pause[part];
             worst_p = part;
@@ -313,6 +330,7 @@ int kb_torture_check(const char *dir, const kb_torture_params *p, int json, FILE
     }
     free(t);
     free(part_of);
+    free(part_unhandled);
 
     /* docs/transports-nats.md, "Replay after a takeover": per departure at most
      * min(partitions x R x B, H x T + U) handled again */
