@@ -192,8 +192,9 @@ static void crashed(pid_t pid, int status, const char *when)
             WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 }
 
-/* Reap what exited: a SIGTERMed process (exit 0, or 1 when kb_close did not
- * return KB_OK: its deadline passed while the broker was away), or one that
+/* Reap what exited: a SIGTERMed process (exit 0, 1 when kb_close did not
+ * return KB_OK: its deadline passed while the broker was away, 2 when it was
+ * still waiting in kb_open and that failed), or one that
  * ended on its own, started again a second later as the plan has it up: exit
  * 2 (kb_open failed while the broker was down) is expected, anything else is
  * a crash. */
@@ -204,6 +205,8 @@ static void reap(void)
         if (stopping[i] > 0 && waitpid(stopping[i], &status, WNOHANG) == stopping[i]) {
             if (WIFEXITED(status) && WEXITSTATUS(status) == 1)
                 fprintf(nemesis_log, "# pid %d: kb_close did not return KB_OK\n", (int)stopping[i]);
+            else if (WIFEXITED(status) && WEXITSTATUS(status) == 2)
+                fprintf(nemesis_log, "# pid %d: SIGTERM before it had a bus\n", (int)stopping[i]);
             else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
                 crashed(stopping[i], status, "after-sigterm");
             stopping[i] = 0;
