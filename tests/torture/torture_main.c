@@ -22,7 +22,6 @@
 
 #include <keybus/keybus.h>
 
-#include "support/child.h"
 #include "support/nats_cluster.h"
 #include "support/proxy.h"
 #include "support/server.h"

@@ -5,7 +5,6 @@
  * keeps its quorum), and the first half kills and restarts them. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "torture.h"
 
@@ -20,20 +19,6 @@ uint64_t kb_torture_rand(uint64_t *state)
 static int64_t between(uint64_t *rs, int64_t lo, int64_t hi)
 {
     return lo + (int64_t)(kb_torture_rand(rs) % (uint64_t)(hi - lo + 1));
-}
-
-int64_t kb_torture_mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-int64_t kb_torture_wall_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 const char *kb_torture_op_name(kb_torture_op op)
