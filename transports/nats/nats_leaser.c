@@ -23,10 +23,11 @@ static bool answered(const kb_nats_kv_op *k)
     return k->s == NATS_OK || k->s == NATS_ERR;
 }
 
-/* Renewals the bucket left unanswered while it answered others (it just
- * elected a leader: the first requests get "no responders") are sent again
- * at once, twice at most: a lease whose local time is nearly out is kept
- * when the bucket is back in time, not dropped for the first reply lost. */
+/* Renewals answered "no responders" while the bucket answered others (it
+ * just elected a leader) are sent again at once, twice at most: a lease
+ * whose local time is nearly out is kept when the bucket is back in time.
+ * Only those: one left without an answer may have been stored, and sent
+ * again on the same revision it would be refused as another's. */
 static void renew_again(kb_transport *t, kb_nats_kv_ops *ops)
 {
     for (int tries = 0; tries < 2; tries++) {
@@ -35,12 +36,12 @@ static void renew_again(kb_transport *t, kb_nats_kv_ops *ops)
         for (size_t i = 0; i < ops->n; i++)
             any = any || answered(&ops->v[i]);
         for (size_t i = 0; any && i < ops->n; i++)
-            if (ops->v[i].p != NULL && !answered(&ops->v[i]))
+            if (ops->v[i].p != NULL && ops->v[i].s == NATS_NO_RESPONDERS)
                 kb__nats_kv_add(&again, ops->v[i].key, ops->v[i].p, ops->v[i].expect, false);
         if (again.n > 0)
             kb__nats_kv_run(t, &again);
         for (size_t i = 0, j = 0; i < ops->n && j < again.n; i++)
-            if (ops->v[i].p == again.v[j].p && !answered(&ops->v[i]))
+            if (ops->v[i].p == again.v[j].p && ops->v[i].s == NATS_NO_RESPONDERS)
                 ops->v[i] = again.v[j++];
         bool sent = again.n > 0;
         free(again.v);
