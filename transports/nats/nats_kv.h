@@ -24,6 +24,7 @@ typedef struct kb_nats_kv_op {
     natsStatus s;
     uint64_t rev;                  /* the key's (new) revision; a delete's, 0 when absent */
     bool ours;                     /* a read: the value is this process's name */
+    bool this_bus;                 /* a read: the value was put by this very bus */
 } kb_nats_kv_op;
 
 typedef struct kb_nats_kv_ops {

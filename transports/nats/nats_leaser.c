@@ -50,6 +50,34 @@ static void renew_again(kb_transport *t, kb_nats_kv_ops *ops)
     }
 }
 
+/* A renewal refused for a wrong revision may have been refused by a put of
+ * this very bus that the bucket stored after its answer was given up (a
+ * loaded server). The key is read: when this bus put its value, its revision
+ * is this bus's own and the lease is kept (its local expiry unchanged: the
+ * next renewal extends it); otherwise it is another's, and lost. */
+static void refused_check(kb_transport *t, kb_nats_kv_ops *ops)
+{
+    kb_nats_kv_ops reads = {NULL, 0, 0};
+    for (size_t i = 0; i < ops->n; i++)
+        if (ops->v[i].p != NULL && ops->v[i].s == NATS_ERR)
+            kb__nats_kv_add(&reads, ops->v[i].key, ops->v[i].p, ops->v[i].expect, true);
+    if (reads.n > 0)
+        kb__nats_kv_run(t, &reads);
+    for (size_t i = 0, j = 0; i < ops->n && j < reads.n; i++) {
+        if (ops->v[i].p != reads.v[j].p || ops->v[i].s != NATS_ERR)
+            continue;
+        kb_nats_kv_op *r = &reads.v[j++];
+        if (r->s == NATS_OK && r->this_bus && r->rev > ops->v[i].expect) {
+            kb_log(t->bus, KB_LOG_DEBUG, "nats %s: lease of %s: an earlier renewal was stored "
+                   "after its answer was given up; revision %llu is this bus's", t->url_safe,
+                   r->p->subject, (unsigned long long)r->rev);
+            r->p->lease_rev = r->rev;
+            ops->v[i].s = NATS_TIMEOUT;   /* unanswered: kept until its local expiry */
+        }
+    }
+    free(reads.v);
+}
+
 /* Heartbeats of every topic's member key and the renewals that are due, in
  * one pipelined batch; *retry when a renewal went unanswered. False when
  * the bucket answered nothing (no leader): no listing, no takes. */
@@ -72,6 +100,7 @@ static bool heartbeat(kb_transport *t, int64_t started, int64_t renew_ns, bool *
     }
     kb__nats_kv_run(t, &ops);
     renew_again(t, &ops);
+    refused_check(t, &ops);
     bool failed = false;
     size_t n_answered = 0;
     for (size_t i = 0; i < ops.n; i++) {
