@@ -328,13 +328,15 @@ void kb__nats_roster_free(kb_nats_roster *r)
     free(r->keys);
 }
 
-void kb__nats_kv_delete(kb_transport *t, const char *key)
+void kb__nats_kv_delete(kb_transport *t, const char *key, uint64_t expect)
 {
-    char subj[3 * KB_NATS_NAME];
+    char subj[3 * KB_NATS_NAME], rev[24];
     snprintf(subj, sizeof subj, "$KV.%s.%s", t->bucket, key);
+    kb__nats_put_u64(rev, expect);
     natsMsg *m = NULL;
     if (natsMsg_Create(&m, subj, NULL, NULL, 0) == NATS_OK &&
-        natsMsgHeader_Set(m, "KV-Operation", "DEL") == NATS_OK)
+        natsMsgHeader_Set(m, "KV-Operation", "DEL") == NATS_OK &&
+        (expect == 0 || natsMsgHeader_Set(m, "Nats-Expected-Last-Subject-Sequence", rev) == NATS_OK))
         natsConnection_PublishMsg(t->nc, m);
     natsMsg_Destroy(m);
 }

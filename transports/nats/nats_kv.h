@@ -54,7 +54,9 @@ void kb__nats_roster_load(kb_transport *t, kb_nats_roster *r);
 void kb__nats_roster_free(kb_nats_roster *r);
 
 /* A delete of `key` as a plain publish: no round trip, so close releases
- * every lease within its deadline. */
-void kb__nats_kv_delete(kb_transport *t, const char *key);
+ * every lease within its deadline. With `expect` (not 0) only while the key
+ * is at that revision: a lease this bus lost meanwhile is another's, and its
+ * delete must not take it from them. */
+void kb__nats_kv_delete(kb_transport *t, const char *key, uint64_t expect);
 
 #endif /* KB_TRANSPORTS_NATS_KV_H */

@@ -50,11 +50,12 @@ static void renew_again(kb_transport *t, kb_nats_kv_ops *ops)
     }
 }
 
-/* A renewal refused for a wrong revision may have been refused by a put of
- * this very bus that the bucket stored after its answer was given up (a
- * loaded server). The key is read: when this bus put its value, its revision
- * is this bus's own and the lease is kept (its local expiry unchanged: the
- * next renewal extends it); otherwise it is another's, and lost. */
+/* A renewal refused may have been refused for a put of this very bus that
+ * the bucket stored after its answer was given up (a loaded server), or for
+ * a passing error of the bucket (an election). The key is read: when its
+ * value is still this bus's own put, the lease is kept (its local expiry
+ * unchanged: the next renewal extends it); otherwise it is another's, and
+ * lost. */
 static void refused_check(kb_transport *t, kb_nats_kv_ops *ops)
 {
     kb_nats_kv_ops reads = {NULL, 0, 0};
@@ -67,10 +68,10 @@ static void refused_check(kb_transport *t, kb_nats_kv_ops *ops)
         if (ops->v[i].p != reads.v[j].p || ops->v[i].s != NATS_ERR)
             continue;
         kb_nats_kv_op *r = &reads.v[j++];
-        if (r->s == NATS_OK && r->this_bus && r->rev > ops->v[i].expect) {
-            kb_log(t->bus, KB_LOG_DEBUG, "nats %s: lease of %s: an earlier renewal was stored "
-                   "after its answer was given up; revision %llu is this bus's", t->url_safe,
-                   r->p->subject, (unsigned long long)r->rev);
+        if (r->s == NATS_OK && r->this_bus && r->rev >= ops->v[i].expect) {
+            kb_log(t->bus, KB_LOG_DEBUG, "nats %s: lease of %s: renewal refused, but revision "
+                   "%llu is this bus's own put: kept", t->url_safe, r->p->subject,
+                   (unsigned long long)r->rev);
             r->p->lease_rev = r->rev;
             ops->v[i].s = NATS_TIMEOUT;   /* unanswered: kept until its local expiry */
         }
