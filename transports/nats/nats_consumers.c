@@ -304,12 +304,19 @@ typedef struct call {
     kb_nats_opening *open;     /* a creation, or */
     const char *del;           /* a deletion of this consumer */
     struct batch *batch;
+    int64_t until;             /* a creation waits at most until then (0: no bound) */
 } call;
 
+/* A creation that goes unanswered is tried again next round under its name,
+ * so it need not wait past the round's end: the lease thread's renewals
+ * come first (at least 200 ms, a creation's usual time on a loaded cluster). */
 static void call_run(call *k)
 {
     jsOptions o;
     call_opts(k->t, &o);
+    int64_t left_ms = k->until > 0 ? (k->until - kb_now_ns()) / 1000000 : o.Wait;
+    if (left_ms < o.Wait)
+        o.Wait = left_ms > 200 ? left_ms : 200;
     if (k->open != NULL) {
         jsConsumerInfo *ci = NULL;
         int64_t start = kb_now_ns();
@@ -363,14 +370,14 @@ static void calls_run(call *k, size_t n, void (*idle)(kb_transport *t))
     }
 }
 
-void kb__nats_consumers_create(kb_transport *t, kb_nats_opening *o, size_t n,
+void kb__nats_consumers_create(kb_transport *t, kb_nats_opening *o, size_t n, int64_t until,
                                void (*idle)(kb_transport *t))
 {
     call *k = calloc(n, sizeof *k);
     for (size_t i = 0; i < n; i++) {
         o[i].s = NATS_NO_MEMORY;
         if (k != NULL)
-            k[i] = (call){t, o[i].c->part->topic->stream, &o[i], NULL, NULL};
+            k[i] = (call){t, o[i].c->part->topic->stream, &o[i], NULL, NULL, until};
     }
     if (k != NULL)
         calls_run(k, n, idle);
@@ -397,7 +404,7 @@ static void delete_all(kb_transport *t, kb_nats_topic *tp, const char **names, s
 {
     call *k = calloc(n, sizeof *k);
     for (size_t i = 0; k != NULL && i < n; i++)
-        k[i] = (call){t, tp->stream, NULL, names[i], NULL};
+        k[i] = (call){t, tp->stream, NULL, names[i], NULL, 0};
     if (k != NULL)
         calls_run(k, n, NULL);
     free(k);

@@ -54,9 +54,10 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
 /* Create the consumers of n openings at once, each on a thread of its own
  * for the call: a replicated consumer takes the server a few hundred
  * milliseconds (its own Raft group), so claims taken one after the other
- * cost their sum. Each o->s says how its creation went. `idle` (may be
- * NULL) runs every few milliseconds meanwhile. */
-void kb__nats_consumers_create(kb_transport *t, kb_nats_opening *o, size_t n,
+ * cost their sum. Each o->s says how its creation went; none waits past
+ * `until` (monotonic ns; at least 200 ms). `idle` (may be NULL) runs every
+ * few milliseconds meanwhile. */
+void kb__nats_consumers_create(kb_transport *t, kb_nats_opening *o, size_t n, int64_t until,
                                void (*idle)(kb_transport *t));
 /* Delete the earlier consumers the new claims carry on (partition ones of
  * the claims' partitions; for a wide claim, the earlier wide ones), at once. */

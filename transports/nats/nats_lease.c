@@ -395,7 +395,7 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l, kb
     if (!opening_new(t, &tp->parts[0], true, &o))
         return false;   /* one partition at a time, then */
     kb__nats_opening_prepare(t, &o, l);
-    kb__nats_consumers_create(t, &o, 1, rd->idle);
+    kb__nats_consumers_create(t, &o, 1, rd->until, rd->idle);
     claims_publish(t, &o, 1, rd);
     kb__nats_consumers_retire(t, tp, l, &o, 1);
     names_free(&o, 1);
@@ -426,7 +426,7 @@ void kb__nats_topic_take(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd)
             if (opening_new(t, p, false, &o[n]))
                 kb__nats_opening_prepare(t, &o[n++], &l);
         }
-        kb__nats_consumers_create(t, o, n, rd->idle);
+        kb__nats_consumers_create(t, o, n, rd->until, rd->idle);
         claims_publish(t, o, n, rd);
         kb__nats_consumers_retire(t, tp, &l, o, n);
         names_free(o, n);
