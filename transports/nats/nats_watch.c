@@ -19,11 +19,18 @@ static int cmp_key(const void *key, const void *seen)
     return strcmp(key, ((const kb_nats_seen *)seen)->key);
 }
 
+/* The entry of `key`, or NULL. Under watch_mu. */
+static kb_nats_seen *find(kb_transport *t, const char *key)
+{
+    return t->watch_n > 0 ? bsearch(key, t->watch_seen, t->watch_n, sizeof *t->watch_seen, cmp_key)
+                          : NULL;
+}
+
 /* The entry of `key`, inserted when absent (NULL: out of memory). Under watch_mu. */
 static kb_nats_seen *seen_get(kb_transport *t, const char *key, bool *inserted)
 {
     *inserted = false;
-    kb_nats_seen *s = bsearch(key, t->watch_seen, t->watch_n, sizeof *s, cmp_key);
+    kb_nats_seen *s = find(t, key);
     if (s != NULL)
         return s;
     void *v = t->watch_seen;
@@ -121,7 +128,7 @@ static int verdict(const kb_transport *t, const kb_nats_seen *s, int64_t now)
 int kb__nats_watch_member(kb_transport *t, const char *key)
 {
     pthread_mutex_lock(&t->watch_mu);
-    kb_nats_seen *s = bsearch(key, t->watch_seen, t->watch_n, sizeof *s, cmp_key);
+    kb_nats_seen *s = find(t, key);
     int v = s != NULL ? verdict(t, s, kb_now_ns()) : -1;
     pthread_mutex_unlock(&t->watch_mu);
     return v;
