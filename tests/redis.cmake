@@ -43,3 +43,8 @@ target_link_libraries(test_redis_figures PRIVATE PkgConfig::HIREDIS)
 # never run by processes killed -9 (runs_proc children, one consumer name).
 kb_test(test_runs TESTNAME runs_redis ARGS redis $<TARGET_FILE:runs_proc> TIMEOUT 120 LABELS redis)
 add_dependencies(test_runs runs_proc)
+
+# Membership changes under load (issue 38): a join, a leave, a rolling
+# restart; 0 lost, per-key order, the longest partition pause bounded.
+kb_test(test_redis_membership ARGS $<TARGET_FILE:kb_membership_proc> TIMEOUT 300 LABELS redis)
+add_dependencies(test_redis_membership kb_membership_proc)
