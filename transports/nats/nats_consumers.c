@@ -314,9 +314,10 @@ static void *batch_run(void *arg)
     return NULL;
 }
 
-/* Run the calls CALLS_AT_ONCE at a time, each on a thread of its own (on the
- * caller's when a thread cannot be started); while they wait on the server,
- * `idle` runs every few milliseconds (the lease thread's hand-overs). */
+/* Run the calls CALLS_AT_ONCE at a time, each on a thread of its own (a lone
+ * call, or one whose thread cannot be started, on the caller's); while they
+ * wait on the server, `idle` runs every few milliseconds (the lease thread's
+ * hand-overs). */
 static void calls_run(call *k, size_t n, void (*idle)(kb_transport *t))
 {
     for (size_t at = 0; at < n; at += CALLS_AT_ONCE) {
@@ -326,7 +327,7 @@ static void calls_run(call *k, size_t n, void (*idle)(kb_transport *t))
         size_t m = n - at < CALLS_AT_ONCE ? n - at : CALLS_AT_ONCE;
         for (size_t i = 0; i < m; i++) {
             k[at + i].batch = &b;
-            started[i] = pthread_create(&th[i], NULL, batch_run, &k[at + i]) == 0;
+            started[i] = m > 1 && pthread_create(&th[i], NULL, batch_run, &k[at + i]) == 0;
             if (!started[i])
                 batch_run(&k[at + i]);
         }
@@ -355,12 +356,17 @@ void kb__nats_consumers_create(kb_transport *t, kb_nats_opening *o, size_t n,
     free(k);
 }
 
+/* Does a claim made now carry on consumer `name`: an earlier partition
+ * consumer of its partition, or (a wide claim) an earlier wide one? Wide
+ * consumers a partition claim carries on stay until every partition has its
+ * own (kb__nats_wide_retire). */
 static bool replaced_by(const kb_transport *t, const char *name, const kb_nats_opening *o, size_t n)
 {
     long part = kb__nats_consumer_part(t, name);
+    bool wide = kb__nats_consumer_wide(t, name);
     for (size_t i = 0; i < n; i++)
-        if (o[i].s == NATS_OK && !o[i].c->wide && (long)o[i].c->part->n == part &&
-            strcmp(name, o[i].c->consumer) != 0)
+        if (o[i].s == NATS_OK && strcmp(name, o[i].c->consumer) != 0 &&
+            (o[i].c->wide ? wide : (long)o[i].c->part->n == part))
             return true;
     return false;
 }

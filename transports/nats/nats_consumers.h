@@ -58,7 +58,7 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
 void kb__nats_consumers_create(kb_transport *t, kb_nats_opening *o, size_t n,
                                void (*idle)(kb_transport *t));
 /* Delete the earlier consumers the new claims carry on (partition ones of
- * the claims' partitions, other than the claims' own), at once. */
+ * the claims' partitions; for a wide claim, the earlier wide ones), at once. */
 void kb__nats_consumers_retire(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l,
                                const kb_nats_opening *o, size_t n);
 /* Delete the topic's wide consumers once every partition has its own. */

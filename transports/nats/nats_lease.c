@@ -65,7 +65,7 @@ static bool members_load(kb_transport *t, kb_nats_topic *tp, const kb_nats_roste
     kb__nats_member_key(t, tp, ms->mine, sizeof ms->mine);
     ms->pl = strlen(pre);
     ms->n = 0;
-    ms->cap = r->n + 64;
+    ms->cap = r->n + (int)t->watch_n + 1;   /* watch_n only grows while we read it */
     ms->keys = r->ok ? calloc((size_t)ms->cap, sizeof *ms->keys) : NULL;
     if (ms->keys == NULL)
         return false;
@@ -380,10 +380,7 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l, kb
     kb__nats_opening_prepare(t, &o, l);
     kb__nats_consumers_create(t, &o, 1, rd->idle);
     claims_publish(t, &o, 1, rd);
-    if (o.s != NATS_OK)
-        return true;
-    if (kb__nats_listing_has(t, l, true))
-        kb__nats_wide_retire(t, tp);
+    kb__nats_consumers_retire(t, tp, l, &o, 1);
     return true;
 }
 
@@ -436,7 +433,7 @@ void kb__nats_renudge_all(kb_transport *t, kb_nats_round *rd)
         }
     if (ok)
         t->reconnects_renudged = rc;
-    rd->stalled = rd->stalled || !ok;
+    rd->again = rd->again || !ok;   /* asked again soon; acquisitions go on */
 }
 
 void kb__nats_lease_release_all(kb_transport *t, int64_t deadline)

@@ -16,9 +16,6 @@ int kb__nats_lease_bucket(kb_transport *t, bool leases, kvStore **out);
 /* Start the lease thread; it runs until t->closing is set and t->lease_wake
  * notified, then sets t->leaser_done. */
 int kb__nats_leaser_start(kb_transport *t, char *errstr, size_t errlen);
-/* Wake the lease thread now (a topic subscribed, a member came or left, a
- * lease was released, a claim reset). Thread: any. */
-void kb__nats_lease_kick(kb_transport *t);
 /* Delete this process's member keys and leases (close, after the lease
  * thread stopped and the last acks went out), by the deadline. */
 void kb__nats_lease_release_all(kb_transport *t, int64_t deadline);

@@ -18,12 +18,6 @@
  * every nats.ack_interval_ms (2 ms by default). */
 #define HANDOVER_LOOK_NS 5000000
 
-void kb__nats_lease_kick(kb_transport *t)
-{
-    atomic_store(&t->lease_kick, 1);
-    kb_signal_notify(t->lease_wake);
-}
-
 /* Heartbeats of every topic's member key and the renewals that are due, in
  * one pipelined batch; *retry when a renewal went unanswered. False when
  * the bucket answered nothing (no leader): no listing, no takes. */

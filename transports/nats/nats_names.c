@@ -1,4 +1,4 @@
-/* Broker names and nats.c status texts. */
+/* Broker names, nats.c status texts, thread starts and the lease thread's wake-up. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,4 +123,10 @@ int kb__nats_thread_start(kb_thread **th, const char *name, void *(*fn)(void *),
         kb_errf(errstr, errlen, "nats: cannot start thread %s: %s", name, why);
     }
     return rc;
+}
+
+void kb__nats_lease_kick(kb_transport *t)
+{
+    atomic_store(&t->lease_kick, 1);
+    kb_signal_notify(t->lease_wake);
 }

@@ -36,6 +36,10 @@ uint64_t kb__nats_pending_below_floor(const jsConsumerInfo *ci);
  * first subscribe made it, nc before. */
 natsConnection *kb__nats_feed_conn(kb_transport *t);
 
+/* Wake the lease thread now (a topic subscribed, a member came or left, a
+ * lease was released, a claim reset). Thread: any. */
+void kb__nats_lease_kick(kb_transport *t);
+
 /* A kb_signal_wait condition that is never met: a wait that only a notify
  * or its deadline ends. */
 int kb__nats_never(void *arg);

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nats_lease.h"
+#include "nats_names.h"
 #include "nats_watch.h"
 
 static int cmp_key(const void *key, const void *seen)
