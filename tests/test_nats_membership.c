@@ -3,7 +3,7 @@
  * for good (the topic stream's leader, the lease bucket's leader, a node that
  * leads neither), a rolling restart of the two consumer processes, a second
  * process joining. keybus-membership (bench/membership.c) runs a producer at
- * 1,000 events/s over 200 keys and the consumer processes. Each case asserts
+ * 250 events/s over 100 keys and the consumer processes. Each case asserts
  * no event lost, per-key order, and the longest pause of one partition within
  * a wide bound: a node lost 3 x (lease TTL + 2 s), a membership change 8 s
  * (the targets are TTL + 2 s and 2 s). The measured figures are printed

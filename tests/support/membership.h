@@ -22,7 +22,7 @@ typedef struct kb_test_mship {
     int nspawned;
 } kb_test_mship;
 
-/* The service: a producer at 1,000 events/s over 200 keys for 12 s, 16
+/* The service: a producer at 250 events/s over 100 keys for 12 s, 16
  * partitions (KEYBUS_PARTITIONS, set by kb_test_mship_init with
  * KEYBUS_GROUP); c1, and c2 unless the change is a join, share the
  * partitions 2 s before it starts; the change is made 4 s into it. */
