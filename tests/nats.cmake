@@ -54,7 +54,7 @@ target_link_libraries(test_nats_cluster PRIVATE PkgConfig::NATS)
 # Membership changes under load (issue 38): a node lost for good (stream
 # leader, lease bucket leader, neither), a rolling restart, a join; 0 lost,
 # per-key order, the longest partition pause bounded.
-kb_test(test_nats_membership ARGS $<TARGET_FILE:kb_membership_proc> TIMEOUT 400 LABELS nats)
+kb_test(test_nats_membership ARGS $<TARGET_FILE:kb_membership_proc> TIMEOUT 600 LABELS nats)
 target_sources(test_nats_membership PRIVATE support/nats_cluster.c)
 target_link_libraries(test_nats_membership PRIVATE PkgConfig::NATS)
 add_dependencies(test_nats_membership kb_membership_proc)
