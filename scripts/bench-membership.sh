@@ -53,7 +53,18 @@ nats_node() {   # I: start node i on its ports and dir (again after a kill)
     npid[$1]=$!
     pids+=($!)
 }
+# nats_up: the three nodes on free ports, healthy; a port taken meanwhile by
+# someone else makes a node fail, and then three fresh ports are tried (3 times)
 nats_up() {
+    local attempt
+    for attempt in 1 2 3; do
+        nats_try && return 0
+        for p in "${npid[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+        rm -rf "$run"/n?
+    done
+    return 1
+}
+nats_try() {
     nport=() nhttp=() nroute=() npid=()
     for i in 0 1 2; do nport+=("$(free_port)"); nhttp+=("$(free_port)"); nroute+=("$(free_port)"); done
     for i in 0 1 2; do
@@ -69,7 +80,7 @@ cluster { name: kbmship, listen: 127.0.0.1:${nroute[$i]}, routes: [ $r ] }
 EOF
         nats_node "$i"
     done
-    for i in 0 1 2; do nats_healthy "${nhttp[$i]}"; done
+    for i in 0 1 2; do nats_healthy "${nhttp[$i]}" || return 1; done
     url="nats://127.0.0.1:${nport[0]},127.0.0.1:${nport[1]},127.0.0.1:${nport[2]}"
     export KEYBUS_NATS_REPLICAS=3
 }

@@ -29,12 +29,12 @@ free_port() {
 }
 
 # nats_healthy HTTP_PORT: wait (up to 30 s) until nats-server's /healthz answers
-# 200 (JetStream current, a meta leader known); exit 1 if it does not
+# 200 (JetStream current, a meta leader known); 1 (said on stderr) if it does not
 nats_healthy() {
     for _ in $(seq 300); do
         [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/healthz")" = 200 ] && return 0
         sleep 0.1
     done
     echo "$me: nats-server with monitoring port $1 not healthy" >&2
-    exit 1
+    return 1
 }
