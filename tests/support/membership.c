@@ -294,7 +294,8 @@ int kb_test_mship_history(const kb_test_mship *m, unsigned partitions, double si
     }
     if (d != NULL)
         closedir(d);
-    qsort(hs, n, sizeof *hs, by_time);
+    if (n > 0)   /* hs is NULL without a line */
+        qsort(hs, n, sizeof *hs, by_time);
     for (size_t i = 0; i < n; i++) {
         char key[16];
         int kl = snprintf(key, sizeof key, "k%u", hs[i].key);
