@@ -142,6 +142,29 @@ static void leave_fenced(kb_transport *t, kb_nats_topic *tp)
                 atomic_store(&c->feeder_left, 1);
 }
 
+/* The claim's consumer has no leader ("no responders": its leader's node is
+ * gone and the rest of its group has not elected another, which nats-server
+ * does after 4-9 s). Pulls are tried again every LEADERLESS_RETRY_MS; after
+ * LEADERLESS_RESET_MS the claim is reset, and the next one, a new consumer
+ * (created in well under a second), starts from this claim's own frontier. */
+#define LEADERLESS_RETRY_MS 100
+#define LEADERLESS_RESET_MS 1000
+static void leaderless(kb_transport *t, kb_nats_claim *c, int64_t now)
+{
+    if (c->leaderless_since_ns == 0)
+        c->leaderless_since_ns = now;
+    if (now - c->leaderless_since_ns < LEADERLESS_RESET_MS * 1000000) {
+        c->pull_open = true;   /* the next pull after the retry delay */
+        c->pull_deadline_ns = now + LEADERLESS_RETRY_MS * 1000000;
+        return;
+    }
+    kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s has had no leader for %d ms; %s starts "
+           "again from its frontier with a new consumer", t->url_safe, c->consumer,
+           LEADERLESS_RESET_MS, c->part->subject);
+    atomic_store(&c->leader_lost, 1);
+    kb__nats_claim_reset(t, c);
+}
+
 /* A status reply: 100, an idle heartbeat, says the request is alive; 408
  * (expired), 404 (nothing), 409, 503 (no leader) close it. Only a request
  * that expired empty doubles the next one's expiry. */
@@ -162,10 +185,16 @@ static void status_msg(feeder *f, natsMsg *m)
     int64_t now = kb_now_ns();
     if (has_status && strcmp(status, "100") == 0) {
         c->pull_deadline_ns = pull_deadline(c, now);
+        c->leaderless_since_ns = 0;
         return;
     }
     c->pull_open = false;   /* the newest request ended: so did the older */
     c->pull_left = 0;
+    if (has_status && strcmp(status, "503") == 0) {
+        leaderless(f->t, c, now);
+        return;
+    }
+    c->leaderless_since_ns = 0;
     if (!c->pull_got && has_status && strcmp(status, "408") == 0) {
         c->pull_expires_ms *= 2;
         if (c->pull_expires_ms > KB_NATS_IDLE_EXPIRES_MS)
@@ -322,6 +351,7 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
     c->pull_got = true;
     c->pull_expires_ms = t->fetch_expires_ms;
     c->pull_deadline_ns = pull_deadline(c, kb_now_ns());
+    c->leaderless_since_ns = 0;
     if (c->pull_left > 0 && --c->pull_left == 0)
         c->pull_open = false;
     if (meta->dseq > c->dseq_hi + 1 && !atomic_load(&c->fenced)) {

@@ -91,6 +91,29 @@ static bool own_name(const kb_transport *t, kb_nats_topic *tp, long n, const cha
     return strcmp(own, name) == 0;
 }
 
+/* This process's own earlier claim of the partition reset for a consumer
+ * without a leader, whose state therefore cannot be read: what the claim
+ * itself knows stands in for it, once the claim is finished (its frontier
+ * final): everything up to its last ack was handled here. NULL otherwise. */
+static jsConsumerInfo *leaderless_own(kb_nats_topic *tp, long n, const char *name)
+{
+    kb_nats_part *p = &tp->parts[n < 0 ? 0 : n];
+    kb_nats_claim *c = atomic_load(n < 0 ? &tp->wide_claims : &p->claims);
+    while (c != NULL && strcmp(c->consumer, name) != 0)
+        c = c->next;
+    if (c == NULL || !atomic_load(&c->leader_lost) || !atomic_load(&c->freed))
+        return NULL;
+    jsConsumerInfo *ci = calloc(1, sizeof *ci);
+    if (ci == NULL || (ci->Name = strdup(name)) == NULL) {
+        free(ci);
+        return NULL;
+    }
+    uint64_t acked = atomic_load(&c->acked_to);
+    ci->AckFloor.Stream = acked > c->start_floor ? acked : c->start_floor;
+    ci->Delivered.Stream = atomic_load(&c->delivered_hi);
+    return ci;
+}
+
 /* The state of every earlier consumer covering partition n; false when one
  * could not be read (one gone meanwhile counts as none). */
 static bool read_covering(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l, long n,
@@ -99,6 +122,8 @@ static bool read_covering(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l
     for (int i = 0; i < name_count(l); i++) {
         const char *name = l->names->List[i];
         if (l->info[i] != NULL || !covers(t, name, n) || own_name(t, tp, n, name))
+            continue;
+        if ((l->info[i] = leaderless_own(tp, n, name)) != NULL)
             continue;
         jsOptions o;
         jsOptions_Init(&o);
@@ -265,6 +290,7 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
                                                        : js_DeliverAll;
     cc->OptStartSeq = floor > 0 ? floor + 1 : 0;
     c->delivered_hi = floor;   /* a wide claim's first gap starts here (nats_consume.c) */
+    c->start_floor = floor;
 }
 
 /* At most this many consumer calls at once: the meta leader orders them
@@ -285,11 +311,6 @@ static void call_run(call *k)
     jsOptions o;
     call_opts(k->t, &o);
     if (k->open != NULL) {
-        /* not the meta leader's full wait: an unanswered creation is tried
-         * again under the same name, which the server answers at once when
-         * it made the consumer meanwhile */
-        int wait = kb__nats_round_wait_ms(k->t);
-        o.Wait = wait > 1000 ? wait : 1000;
         jsConsumerInfo *ci = NULL;
         int64_t start = kb_now_ns();
         k->open->s = js_AddConsumer(&ci, k->t->js, k->stream, &k->open->cc, &o, &k->open->jerr);
@@ -387,11 +408,17 @@ static void delete_all(kb_transport *t, kb_nats_topic *tp, const char **names, s
 void kb__nats_consumers_retire(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l,
                                const kb_nats_opening *o, size_t n)
 {
-    const char **names = calloc((size_t)name_count(l) + 1, sizeof *names);
+    const char **names = calloc((size_t)name_count(l) + n + 1, sizeof *names);
     size_t m = 0;
     for (int i = 0; names != NULL && i < name_count(l); i++)
         if (replaced_by(t, l->names->List[i], o, n))
             names[m++] = l->names->List[i];
+    /* a refused creation under a name tried before (the server made it late,
+     * with what was then the floor): the name is given up, and its consumer
+     * with it, so that no consumer is left behind holding messages */
+    for (size_t i = 0; names != NULL && i < n; i++)
+        if (o[i].s != NATS_OK && o[i].s != NATS_TIMEOUT && o[i].retried)
+            names[m++] = o[i].c->consumer;
     delete_all(t, tp, names, m);
     free(names);
 }

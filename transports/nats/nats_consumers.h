@@ -34,6 +34,7 @@ typedef struct kb_nats_opening {
     jsConsumerConfig cc;
     char desc[32 + 22 * KB_NATS_MARKS];
     char filter[KB_NATS_NAME];
+    bool retried;                  /* its name was tried before, unanswered */
     natsStatus s;
     jsErrCode jerr;
     int64_t took_ns;               /* its creation's round trip */

@@ -65,7 +65,7 @@ static bool members_load(kb_transport *t, kb_nats_topic *tp, const kb_nats_roste
     kb__nats_member_key(t, tp, ms->mine, sizeof ms->mine);
     ms->pl = strlen(pre);
     ms->n = 0;
-    ms->cap = r->n + (int)t->watch_n + 1;   /* watch_n only grows while we read it */
+    ms->cap = r->n + (int)kb__nats_watch_count(t) + 64;   /* it may grow meanwhile */
     ms->keys = r->ok ? calloc((size_t)ms->cap, sizeof *ms->keys) : NULL;
     if (ms->keys == NULL)
         return false;
@@ -314,11 +314,11 @@ static void claims_publish(kb_transport *t, kb_nats_opening *o, size_t n, kb_nat
         kb_nats_claim *c = o[i].c;
         if (o[i].s != NATS_OK) {
             kb_log(t->bus, KB_LOG_WARNING, "nats %s: consumer %s: %s (error %d); %s is claimed "
-                   "again next round", t->url_safe, c->consumer, natsStatus_GetText(o[i].s),
-                   (int)o[i].jerr, c->part->subject);
+                   "again next round%s", t->url_safe, c->consumer, natsStatus_GetText(o[i].s),
+                   (int)o[i].jerr, c->part->subject,
+                   o[i].s == NATS_TIMEOUT ? ", under the same name" : "");
             atomic_store(&c->fenced, 1);
             atomic_store(&c->feeder_left, 1);
-            c->name_free = o[i].s == NATS_TIMEOUT;
             rd->again = true;
             continue;
         }
@@ -339,6 +339,24 @@ static void claims_publish(kb_transport *t, kb_nats_opening *o, size_t n, kb_nat
             atomic_store(&c->part->claim, c);
         }
     }
+}
+
+/* A new claim of p (wide: of its topic) for opening o; false on out of memory. */
+static bool opening_new(kb_transport *t, kb_nats_part *p, bool wide, kb_nats_opening *o)
+{
+    kb_nats_claim *prev = atomic_load(wide ? &p->topic->wide_claims : &p->claims);
+    o->retried = prev != NULL && prev->name_free;
+    o->c = kb__nats_claim_new(t, p, kb__nats_claim_rev(p, wide), wide);
+    return o->c != NULL;
+}
+
+/* A claim whose consumer's creation went unanswered leaves its name to the
+ * next claim of its revision (the server may have made the consumer late):
+ * never a second consumer for one claim. */
+static void names_free(kb_nats_opening *o, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        o[i].c->name_free = o[i].s == NATS_TIMEOUT;
 }
 
 /* One consumer for the whole topic when this process takes every partition
@@ -373,14 +391,14 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l, kb
         rd->again = true;
         return true;
     }
-    kb_nats_opening o = {
-        .c = kb__nats_claim_new(t, &tp->parts[0], kb__nats_claim_rev(&tp->parts[0], true), true)};
-    if (o.c == NULL)
+    kb_nats_opening o = {0};
+    if (!opening_new(t, &tp->parts[0], true, &o))
         return false;   /* one partition at a time, then */
     kb__nats_opening_prepare(t, &o, l);
     kb__nats_consumers_create(t, &o, 1, rd->idle);
     claims_publish(t, &o, 1, rd);
     kb__nats_consumers_retire(t, tp, l, &o, 1);
+    names_free(&o, 1);
     return true;
 }
 
@@ -405,12 +423,13 @@ void kb__nats_topic_take(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd)
                 rd->again = true;   /* the other partitions go on */
                 continue;
             }
-            if ((o[n].c = kb__nats_claim_new(t, p, kb__nats_claim_rev(p, false), false)) != NULL)
+            if (opening_new(t, p, false, &o[n]))
                 kb__nats_opening_prepare(t, &o[n++], &l);
         }
         kb__nats_consumers_create(t, o, n, rd->idle);
         claims_publish(t, o, n, rd);
         kb__nats_consumers_retire(t, tp, &l, o, n);
+        names_free(o, n);
         if (n > 0 && !rd->stalled && kb__nats_listing_has(t, &l, true))
             kb__nats_wide_retire(t, tp);
         free(o);

@@ -100,7 +100,14 @@ typedef struct kb_nats_claim {
     /* highest stream sequence handed to the sink: the feeder's, read by the
      * lease thread after a reconnect */
     _Atomic uint64_t delivered_hi;
+    /* the floor it started from (set before it is published) */
+    uint64_t start_floor;
+    /* the feeder reset it because its consumer had no leader (a node gone):
+     * the next claim starts from this claim's own frontier instead of
+     * waiting for the old consumer's state (nats_consumers.c) */
+    _Atomic int leader_lost;
     /* feeder only */
+    int64_t leaderless_since_ns;   /* pulls answered "no responders" since (0: not) */
     uint64_t dseq_hi;              /* the consumer's last delivery sequence seen */
     bool pull_open;
     bool pull_got;                 /* a message came since the newest request */

@@ -124,6 +124,14 @@ int kb__nats_watch_member(kb_transport *t, const char *key)
     return v;
 }
 
+size_t kb__nats_watch_count(kb_transport *t)
+{
+    pthread_mutex_lock(&t->watch_mu);
+    size_t n = t->watch_n;
+    pthread_mutex_unlock(&t->watch_mu);
+    return n;
+}
+
 void kb__nats_watch_members(kb_transport *t, const char *prefix,
                             void (*fn)(const char *key, void *arg), void *arg)
 {

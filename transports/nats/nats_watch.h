@@ -21,6 +21,9 @@ void kb__nats_watch_prune(kb_transport *t);
  * 1 (a heartbeat, no delete after it), 0 (a delete after its last
  * heartbeat), -1 (nothing recent: the roster decides). */
 int kb__nats_watch_member(kb_transport *t, const char *key);
+/* How many member keys the watch holds (a bound on what
+ * kb__nats_watch_members calls fn for, until the next prune). */
+size_t kb__nats_watch_count(kb_transport *t);
 /* Call fn for every key under `prefix` the watch counts as a member. */
 void kb__nats_watch_members(kb_transport *t, const char *prefix,
                             void (*fn)(const char *key, void *arg), void *arg);
