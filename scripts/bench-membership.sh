@@ -56,10 +56,12 @@ nats_node() {   # I: start node i on its ports and dir (again after a kill)
 # nats_up: the three nodes on free ports, healthy; a port taken meanwhile by
 # someone else makes a node fail, and then three fresh ports are tried (3 times)
 nats_up() {
-    local attempt
-    for attempt in 1 2 3; do
+    for _ in 1 2 3; do
         nats_try && return 0
-        for p in "${npid[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+        for p in "${npid[@]}"; do
+            kill -9 "$p" 2>/dev/null || continue
+            wait "$p" 2>/dev/null || true
+        done
         rm -rf "$run"/n?
     done
     return 1
