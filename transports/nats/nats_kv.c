@@ -116,6 +116,7 @@ kb_nats_kv_op *kb__nats_kv_add(kb_nats_kv_ops *ops, const char *key, kb_nats_par
     k->s = NATS_TIMEOUT;
     k->rev = 0;
     k->ours = false;
+    k->this_bus = false;
     return k;
 }
 
@@ -133,17 +134,26 @@ static const char *json_str(const char *d, const char *name, size_t *len)
     return v;
 }
 
-/* A stored message's headers say it is a delete (or a purge). */
-static bool is_delete(const char *d)
+/* A stored message's headers, decoded into buf (empty when none). */
+static void stored_headers(const char *d, char *buf, size_t cap)
 {
     size_t n = 0;
     const char *h = json_str(d, "hdrs", &n);
-    char buf[1024];
-    long got = h != NULL ? kb__nats_b64_decode(h, n, buf, sizeof buf - 1) : -1;
-    if (got < 0)
-        return false;
-    buf[got] = '\0';
-    return strstr(buf, "KV-Operation") != NULL;
+    long got = h != NULL ? kb__nats_b64_decode(h, n, buf, cap - 1) : -1;
+    buf[got > 0 ? got : 0] = '\0';
+}
+
+/* Which bus put a lease: its Kb-Bus header. A put whose answer was lost and
+ * that the server stored anyway is this bus's own, and only this bus's: not
+ * another bus of the same consumer name (another bus of the process, or a
+ * process restarted beside a hung one), whose leases must stay theirs. */
+#define KB_BUS_HDR "Kb-Bus"
+
+static bool put_by(const kb_transport *t, const char *hdrs)
+{
+    char want[64];
+    snprintf(want, sizeof want, KB_BUS_HDR ": %s\r\n", t->bus_id);
+    return strstr(hdrs, want) != NULL;
 }
 
 /* Is the stored value this process's name? */
@@ -173,8 +183,12 @@ static void kv_reply(const kb_transport *t, kb_nats_kv_op *k, natsMsg *m)
         return;
     }
     k->rev = strtoull(seq + 6, NULL, 10);
-    k->s = k->get && is_delete(d) ? NATS_NOT_FOUND : NATS_OK;
+    char hdrs[1024] = "";
+    if (k->get)
+        stored_headers(d, hdrs, sizeof hdrs);
+    k->s = k->get && strstr(hdrs, "KV-Operation") != NULL ? NATS_NOT_FOUND : NATS_OK;
     k->ours = k->get && k->s == NATS_OK && names_us(t, d);
+    k->this_bus = k->ours && put_by(t, hdrs);
 }
 
 /* The bus's subscription for replies, made at its first batch. */
@@ -211,6 +225,8 @@ static natsStatus kv_send(kb_transport *t, const kb_nats_kv_op *k, const char *r
         kb__nats_put_u64(rev, k->expect);
         if (s == NATS_OK && k->p != NULL)
             s = natsMsgHeader_Set(m, "Nats-Expected-Last-Subject-Sequence", rev);
+        if (s == NATS_OK && k->p != NULL)
+            s = natsMsgHeader_Set(m, KB_BUS_HDR, t->bus_id);
     }
     if (s == NATS_OK)
         s = natsConnection_PublishMsg(t->nc, m);
@@ -312,13 +328,15 @@ void kb__nats_roster_free(kb_nats_roster *r)
     free(r->keys);
 }
 
-void kb__nats_kv_delete(kb_transport *t, const char *key)
+void kb__nats_kv_delete(kb_transport *t, const char *key, uint64_t expect)
 {
-    char subj[3 * KB_NATS_NAME];
+    char subj[3 * KB_NATS_NAME], rev[24];
     snprintf(subj, sizeof subj, "$KV.%s.%s", t->bucket, key);
+    kb__nats_put_u64(rev, expect);
     natsMsg *m = NULL;
     if (natsMsg_Create(&m, subj, NULL, NULL, 0) == NATS_OK &&
-        natsMsgHeader_Set(m, "KV-Operation", "DEL") == NATS_OK)
+        natsMsgHeader_Set(m, "KV-Operation", "DEL") == NATS_OK &&
+        (expect == 0 || natsMsgHeader_Set(m, "Nats-Expected-Last-Subject-Sequence", rev) == NATS_OK))
         natsConnection_PublishMsg(t->nc, m);
     natsMsg_Destroy(m);
 }

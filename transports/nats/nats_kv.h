@@ -24,6 +24,7 @@ typedef struct kb_nats_kv_op {
     natsStatus s;
     uint64_t rev;                  /* the key's (new) revision; a delete's, 0 when absent */
     bool ours;                     /* a read: the value is this process's name */
+    bool this_bus;                 /* a read: the value was put by this very bus */
 } kb_nats_kv_op;
 
 typedef struct kb_nats_kv_ops {
@@ -53,7 +54,9 @@ void kb__nats_roster_load(kb_transport *t, kb_nats_roster *r);
 void kb__nats_roster_free(kb_nats_roster *r);
 
 /* A delete of `key` as a plain publish: no round trip, so close releases
- * every lease within its deadline. */
-void kb__nats_kv_delete(kb_transport *t, const char *key);
+ * every lease within its deadline. With `expect` (not 0) only while the key
+ * is at that revision: a lease this bus lost meanwhile is another's, and its
+ * delete must not take it from them. */
+void kb__nats_kv_delete(kb_transport *t, const char *key, uint64_t expect);
 
 #endif /* KB_TRANSPORTS_NATS_KV_H */

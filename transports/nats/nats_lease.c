@@ -203,7 +203,7 @@ static bool release_step(kb_transport *t, kb_nats_part *p, bool *feed_down)
         *feed_down = true;
         return true;
     }
-    kb__nats_kv_delete(t, p->lease_key);
+    kb__nats_kv_delete(t, p->lease_key, p->lease_rev);
     kb_log(t->bus, KB_LOG_DEBUG, "nats %s: lease of %s handed over", t->url_safe, p->subject);
     lease_gone(t, p);
     return false;
@@ -462,10 +462,10 @@ void kb__nats_lease_release_all(kb_transport *t, int64_t deadline)
             continue;
         char mine[2 * KB_NATS_NAME];
         kb__nats_member_key(t, tp, mine, sizeof mine);
-        kb__nats_kv_delete(t, mine);
+        kb__nats_kv_delete(t, mine, 0);
         for (uint32_t i = 0; i < t->partitions; i++)
             if (tp->parts[i].lease_rev != 0) {
-                kb__nats_kv_delete(t, tp->parts[i].lease_key);
+                kb__nats_kv_delete(t, tp->parts[i].lease_key, tp->parts[i].lease_rev);
                 kb_bus_lease_changed(t->bus, tp->parts[i].subject, tp->parts[i].n, 0);
                 tp->parts[i].lease_rev = 0;
             }

@@ -18,6 +18,67 @@
  * every nats.ack_interval_ms (2 ms by default). */
 #define HANDOVER_LOOK_NS 5000000
 
+static bool answered(const kb_nats_kv_op *k)
+{
+    return k->s == NATS_OK || k->s == NATS_ERR;
+}
+
+/* Renewals answered "no responders" while the bucket answered others (it
+ * just elected a leader) are sent again at once, twice at most: a lease
+ * whose local time is nearly out is kept when the bucket is back in time.
+ * Only those: one left without an answer may have been stored, and sent
+ * again on the same revision it would be refused as another's. */
+static void renew_again(kb_transport *t, kb_nats_kv_ops *ops)
+{
+    for (int tries = 0; tries < 2; tries++) {
+        kb_nats_kv_ops again = {NULL, 0, 0};
+        bool any = false;
+        for (size_t i = 0; i < ops->n; i++)
+            any = any || answered(&ops->v[i]);
+        for (size_t i = 0; any && i < ops->n; i++)
+            if (ops->v[i].p != NULL && ops->v[i].s == NATS_NO_RESPONDERS)
+                kb__nats_kv_add(&again, ops->v[i].key, ops->v[i].p, ops->v[i].expect, false);
+        if (again.n > 0)
+            kb__nats_kv_run(t, &again);
+        for (size_t i = 0, j = 0; i < ops->n && j < again.n; i++)
+            if (ops->v[i].p == again.v[j].p && ops->v[i].s == NATS_NO_RESPONDERS)
+                ops->v[i] = again.v[j++];
+        bool sent = again.n > 0;
+        free(again.v);
+        if (!sent)
+            return;
+    }
+}
+
+/* A renewal refused may have been refused for a put of this very bus that
+ * the bucket stored after its answer was given up (a loaded server), or for
+ * a passing error of the bucket (an election). The key is read: when its
+ * value is still this bus's own put, the lease is kept (its local expiry
+ * unchanged: the next renewal extends it); otherwise it is another's, and
+ * lost. */
+static void refused_check(kb_transport *t, kb_nats_kv_ops *ops)
+{
+    kb_nats_kv_ops reads = {NULL, 0, 0};
+    for (size_t i = 0; i < ops->n; i++)
+        if (ops->v[i].p != NULL && ops->v[i].s == NATS_ERR)
+            kb__nats_kv_add(&reads, ops->v[i].key, ops->v[i].p, ops->v[i].expect, true);
+    if (reads.n > 0)
+        kb__nats_kv_run(t, &reads);
+    for (size_t i = 0, j = 0; i < ops->n && j < reads.n; i++) {
+        if (ops->v[i].p != reads.v[j].p || ops->v[i].s != NATS_ERR)
+            continue;
+        kb_nats_kv_op *r = &reads.v[j++];
+        if (r->s == NATS_OK && r->this_bus && r->rev >= ops->v[i].expect) {
+            kb_log(t->bus, KB_LOG_DEBUG, "nats %s: lease of %s: renewal refused, but revision "
+                   "%llu is this bus's own put: kept", t->url_safe, r->p->subject,
+                   (unsigned long long)r->rev);
+            r->p->lease_rev = r->rev;
+            ops->v[i].s = NATS_TIMEOUT;   /* unanswered: kept until its local expiry */
+        }
+    }
+    free(reads.v);
+}
+
 /* Heartbeats of every topic's member key and the renewals that are due, in
  * one pipelined batch; *retry when a renewal went unanswered. False when
  * the bucket answered nothing (no leader): no listing, no takes. */
@@ -39,11 +100,13 @@ static bool heartbeat(kb_transport *t, int64_t started, int64_t renew_ns, bool *
         }
     }
     kb__nats_kv_run(t, &ops);
+    renew_again(t, &ops);
+    refused_check(t, &ops);
     bool failed = false;
-    size_t answered = 0;
+    size_t n_answered = 0;
     for (size_t i = 0; i < ops.n; i++) {
         kb_nats_kv_op *k = &ops.v[i];
-        answered += k->s == NATS_OK || k->s == NATS_ERR;
+        n_answered += answered(k);
         if (k->p != NULL)
             kb__nats_lease_renewed(t, k->p, k->s, k->rev, started, retry);
         else
@@ -57,7 +120,7 @@ static bool heartbeat(kb_transport *t, int64_t started, int64_t renew_ns, bool *
         kb_log(t->bus, KB_LOG_NOTICE, "nats %s: membership heartbeat answered again", t->url_safe);
     *heartbeat_failing = failed;
     *retry = *retry || failed;
-    bool any = ops.n == 0 || answered > 0;
+    bool any = ops.n == 0 || n_answered > 0;
     free(ops.v);
     return any;
 }

@@ -62,7 +62,10 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *
             kick = s->del_ns <= s->put_ns;   /* a leave, not a repeated delete */
             s->del_ns = now;
         } else if (s != NULL) {
-            kick = inserted || s->del_ns > s->put_ns;   /* a joiner, or one back */
+            size_t idl = strlen(t->id);
+            bool mine = (size_t)natsMsg_GetDataLength(m) == idl &&
+                        memcmp(natsMsg_GetData(m), t->id, idl) == 0;   /* heartbeats carry the name */
+            kick = !mine && (inserted || s->del_ns > s->put_ns);   /* a joiner, or one back */
             s->put_ns = now;
         }
         pthread_mutex_unlock(&t->watch_mu);
