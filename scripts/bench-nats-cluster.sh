@@ -18,15 +18,6 @@ start() {
     pids+=($!)
 }
 
-healthy() {
-    for _ in $(seq 300); do
-        [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/healthz")" = 200 ] && return 0
-        sleep 0.1
-    done
-    echo "bench-nats-cluster.sh: nats-server with monitoring port $1 not healthy" >&2
-    exit 1
-}
-
 single=$(free_port) single_http=$(free_port)
 start single "listen: 127.0.0.1:$single
 http: 127.0.0.1:$single_http
@@ -44,8 +35,8 @@ jetstream { store_dir: \"$dir/n$i/js\" }
 cluster { name: kbbench, listen: 127.0.0.1:${routes[$i]}, routes: [$r
   ] }"
 done
-healthy "$single_http"
-for i in 0 1 2; do healthy "${https[$i]}"; done
+nats_healthy "$single_http"
+for i in 0 1 2; do nats_healthy "${https[$i]}"; done
 cluster="nats://127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}"
 
 # run LABEL URL REPLICAS: one keybus-bench run, events/s on stdout (a lease

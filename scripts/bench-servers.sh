@@ -2,7 +2,7 @@
 # their arguments, the keybus-bench binary, a temp dir and the servers started
 # there, stopped by PID at exit. Before sourcing, set `me` (the script's name)
 # and `tag` (the temp dir's name). Then: $events $repeat $bench $dir, pids+=(PID),
-# free_port.
+# free_port, nats_healthy.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 events=${1:-200000}
 repeat=${2:-3}
@@ -26,4 +26,15 @@ free_port() {
         p=$((20000 + RANDOM % 40000))
         (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
     done
+}
+
+# nats_healthy HTTP_PORT: wait (up to 30 s) until nats-server's /healthz answers
+# 200 (JetStream current, a meta leader known); 1 (said on stderr) if it does not
+nats_healthy() {
+    for _ in $(seq 300); do
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/healthz")" = 200 ] && return 0
+        sleep 0.1
+    done
+    echo "$me: nats-server with monitoring port $1 not healthy" >&2
+    return 1
 }

@@ -61,3 +61,13 @@ add_test(NAME least_privilege_nats COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/leas
          nats $<TARGET_FILE:test_contract>)
 set_tests_properties(least_privilege_nats PROPERTIES TIMEOUT 300 LABELS nats
                      ENVIRONMENT "${KB_TEST_ENV}")
+
+# Membership changes under load (issue 38): a node lost for good (stream
+# leader, lease bucket leader, neither), a rolling restart, a join; 0 lost,
+# per-key order, the longest partition pause bounded.
+kb_test(test_nats_membership ARGS $<TARGET_FILE:kb_membership_proc> TIMEOUT 600 LABELS nats)
+target_sources(test_nats_membership PRIVATE support/nats_cluster.c)
+target_link_libraries(test_nats_membership PRIVATE PkgConfig::NATS)
+add_dependencies(test_nats_membership kb_membership_proc)
+# Three servers and three processes under load, their pauses measured: alone.
+set_tests_properties(test_nats_membership PROPERTIES RUN_SERIAL ON)

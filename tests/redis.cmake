@@ -64,3 +64,8 @@ add_test(NAME least_privilege_redis COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/lea
          redis $<TARGET_FILE:test_contract>)
 set_tests_properties(least_privilege_redis PROPERTIES TIMEOUT 300 LABELS redis
                      ENVIRONMENT "${KB_TEST_ENV}")
+
+# Membership changes under load (issue 38): a join, a leave, a rolling
+# restart; 0 lost, per-key order, the longest partition pause bounded.
+kb_test(test_redis_membership ARGS $<TARGET_FILE:kb_membership_proc> TIMEOUT 300 LABELS redis)
+add_dependencies(test_redis_membership kb_membership_proc)

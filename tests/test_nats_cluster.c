@@ -49,33 +49,6 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* The node leading `stream` (its server_name's index), asked of any node that
- * answers; -1 when none names one within 15 s. */
-static int stream_leader(const char *stream)
-{
-    for (int tries = 0; tries < 150; tries++) {
-        for (int i = 0; i < KB_TEST_CLUSTER_NODES; i++) {
-            if (cluster.node[i].pid <= 0)
-                continue;
-            natsConnection *nc = NULL;
-            jsCtx *js = NULL;
-            jsStreamInfo *si = NULL;
-            int leader = -1;
-            if (natsConnection_ConnectTo(&nc, cluster.node[i].url) == NATS_OK &&
-                natsConnection_JetStream(&js, nc, NULL) == NATS_OK &&
-                js_GetStreamInfo(&si, js, stream, NULL, NULL) == NATS_OK && si->Cluster != NULL)
-                leader = kb_test_nats_cluster_index(si->Cluster->Leader);
-            jsStreamInfo_Destroy(si);
-            jsCtx_Destroy(js);
-            natsConnection_Destroy(nc);
-            if (leader >= 0)
-                return leader;
-        }
-        usleep(100000);
-    }
-    return -1;
-}
-
 static void publish_ok(kb_bus *b, const char *topic, uint32_t key, uint32_t seq)
 {
     int rc;
@@ -210,7 +183,7 @@ static int produce(kb_bus *b, const char *topic, int per_key, int kill_at, int r
             publish_ok(b, topic, k, (uint32_t)seq);
         if (seq == kill_at) {
             if (victim < 0)
-                victim = stream_leader(stream);
+                victim = kb_test_nats_cluster_leader(&cluster, stream);
             assert_in_range(victim, 0, KB_TEST_CLUSTER_NODES - 1);
             kb_test_server_signal(&cluster.node[victim], SIGKILL);
             *killed_at = now_s();
@@ -245,7 +218,7 @@ static void stream_leader_killed(void **state)
     print_message("kb_drain after the leader's restart: %d in %.2f s%s%s\n", drc, now_s() - d0,
                   drc != KB_OK ? ": " : "", drc != KB_OK ? kb_last_error() : "");
     wait_log(log, 200, &t);
-    int after = stream_leader(stream);
+    int after = kb_test_nats_cluster_leader(&cluster, stream);
     stop_proc(a);
     stop_proc(c);
     kb_assert_ok(kb_close(b, 10000));
@@ -304,7 +277,7 @@ static void non_leader_killed(void **state)
     kb_assert_ok(flush_all(b));
     char stream[256];
     kb_test_nats_stream(topic, stream, sizeof stream);
-    int leader = stream_leader(stream);
+    int leader = kb_test_nats_cluster_leader(&cluster, stream);
     assert_in_range(leader, 0, KB_TEST_CLUSTER_NODES - 1);
     int victim = (leader + 1) % KB_TEST_CLUSTER_NODES;
     double killed_at = 0;
@@ -367,10 +340,10 @@ static void lease_leader_killed(void **state)
     pid_t a, c;
     two_consumers(b, topic, log, &a, &c);
     tally t = {0};
-    int bucket_leader = stream_leader("KV_keybus_leases");
+    int bucket_leader = kb_test_nats_cluster_leader(&cluster, "KV_keybus_leases");
     char stream[256];
     kb_test_nats_stream(topic, stream, sizeof stream);
-    int topic_leader = stream_leader(stream);
+    int topic_leader = kb_test_nats_cluster_leader(&cluster, stream);
     double killed_at = 0;
     produce(b, topic, 200, 60, 160, bucket_leader, &killed_at);
     int rc = flush_all(b);

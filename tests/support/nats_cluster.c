@@ -9,6 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <nats/nats.h>
+
 /* One HTTP/1.0 GET of `path` on 127.0.0.1:port: the status code, or -1. */
 static int http_status(int port, const char *path)
 {
@@ -44,6 +46,31 @@ int kb_test_nats_cluster_index(const char *name)
         name[1] >= '0' + KB_TEST_CLUSTER_NODES || name[2] != '\0')
         return -1;
     return name[1] - '0';
+}
+
+int kb_test_nats_cluster_leader(const kb_test_nats_cluster *c, const char *stream)
+{
+    for (int tries = 0; tries < 150; tries++) {
+        for (int i = 0; i < KB_TEST_CLUSTER_NODES; i++) {
+            if (c->node[i].pid <= 0)
+                continue;
+            natsConnection *nc = NULL;
+            jsCtx *js = NULL;
+            jsStreamInfo *si = NULL;
+            int leader = -1;
+            if (natsConnection_ConnectTo(&nc, c->node[i].url) == NATS_OK &&
+                natsConnection_JetStream(&js, nc, NULL) == NATS_OK &&
+                js_GetStreamInfo(&si, js, stream, NULL, NULL) == NATS_OK && si->Cluster != NULL)
+                leader = kb_test_nats_cluster_index(si->Cluster->Leader);
+            jsStreamInfo_Destroy(si);
+            jsCtx_Destroy(js);
+            natsConnection_Destroy(nc);
+            if (leader >= 0)
+                return leader;
+        }
+        usleep(100000);
+    }
+    return -1;
 }
 
 static int write_conf(const kb_test_nats_cluster *c, int i)

@@ -30,6 +30,10 @@ int kb_test_nats_cluster_restart(kb_test_nats_cluster *c, int i);
  * leader known): 0, or -1 after timeout_ms. */
 int kb_test_nats_cluster_healthy(const kb_test_nats_cluster *c, int i, int timeout_ms);
 
+/* The node leading JetStream stream `stream` (its index), asked of any node
+ * running; -1 when none names one within 15 s. */
+int kb_test_nats_cluster_leader(const kb_test_nats_cluster *c, const char *stream);
+
 /* Index of the node whose server_name is `name` ("n0".."n2"), or -1. */
 int kb_test_nats_cluster_index(const char *name);
 
