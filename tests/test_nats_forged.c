@@ -21,6 +21,7 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/forged.h"
 #include "support/server.h"
 #include "support/suite.h"
@@ -88,12 +89,12 @@ static void forged_progress_is_ignored(void **state)
     snprintf(topic, sizeof topic, "nfg.progress.%d", (int)getpid());
     _Atomic int first = 0, second = 0;
     kb_bus *a = open_as("fa");
-    assert_int_equal(kb_subscribe(a, topic, count, &first), KB_OK);
+    kb_assert_ok(kb_subscribe(a, topic, count, &first));
     for (int i = 0; i < 5; i++)
-        assert_int_equal(kb_publish(a, topic, "agg-f", 5, "x", 1), KB_OK);
-    assert_int_equal(kb_drain(a, 30000), KB_OK);
+        kb_assert_ok(kb_publish(a, topic, "agg-f", 5, "x", 1));
+    kb_assert_ok(kb_drain(a, 30000));
     assert_int_equal(atomic_load(&first), 5);
-    assert_int_equal(kb_close(a, 30000), KB_OK);
+    kb_assert_ok(kb_close(a, 30000));
 
     char value[256];
     snprintf(value, sizeof value, "%016llx %u 1000000 0\nnot a line\n",
@@ -102,18 +103,18 @@ static void forged_progress_is_ignored(void **state)
 
     kb_bus *p = open_as("fp");
     for (int i = 0; i < 5; i++)
-        assert_int_equal(kb_publish(p, topic, "agg-f", 5, "y", 1), KB_OK);
-    assert_int_equal(kb_flush(p, 30000), KB_OK);
+        kb_assert_ok(kb_publish(p, topic, "agg-f", 5, "y", 1));
+    kb_assert_ok(kb_flush(p, 30000));
     kb_bus *b = open_as("fb");
-    assert_int_equal(kb_subscribe(b, topic, count, &second), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, count, &second));
     for (int i = 0; i < 2000 && atomic_load(&second) < 5; i++)
         usleep(10000);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_drain(b, 30000));
     assert_int_equal(atomic_load(&second), 5);
     assert_true(kb_test_logged("of progress record"));
     assert_true(kb_test_logged("stream sequence past the last one"));
-    assert_int_equal(kb_close(b, 30000), KB_OK);
-    assert_int_equal(kb_close(p, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
+    kb_assert_ok(kb_close(p, 30000));
 }
 
 /* A dead letter another client published with Kb-Partition 999 (of 8) and
@@ -127,7 +128,7 @@ static void forged_dead_letter_fields_are_range_checked(void **state)
     snprintf(subject, sizeof subject, "kb.%s.dlq", topic);
     _Atomic int handled = 0;
     kb_bus *b = open_as("fd");
-    assert_int_equal(kb_subscribe(b, topic, count, &handled), KB_OK);   /* makes the stream */
+    kb_assert_ok(kb_subscribe(b, topic, count, &handled));   /* makes the stream */
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
     natsMsg *m = NULL;
@@ -147,7 +148,7 @@ static void forged_dead_letter_fields_are_range_checked(void **state)
     natsConnection_Destroy(nc);
 
     kb_test_forged_dead_letter_replays(b, topic, "agg-d", &handled);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
 }
 
 static int setup(void **state)

@@ -217,20 +217,20 @@ static void over_the_consumers_limits(const char *topic, const char *batch)
     const char *const ck[] = {"limits.max_payload_bytes", "1024", "limits.max_key_bytes", "1024",
                               NULL};
     kb_bus *p = open_bus(&big, pk), *c = open_bus(&big, ck);
-    assert_int_equal(kb_subscribe(c, topic, record, NULL), KB_OK);
+    kb_assert_ok(kb_subscribe(c, topic, record, NULL));
     char *buf = calloc(1, 4096);
     assert_non_null(buf);
-    assert_int_equal(kb_publish(p, topic, "key-1", 5, buf, 4096), KB_OK);
+    kb_assert_ok(kb_publish(p, topic, "key-1", 5, buf, 4096));
     char key[2000];
     memset(key, 'k', sizeof key);
-    assert_int_equal(kb_publish(p, topic, key, sizeof key, "p", 1), KB_OK);
+    kb_assert_ok(kb_publish(p, topic, key, sizeof key, "p", 1));
     for (int i = 0; i < 10; i++)
-        assert_int_equal(kb_publish(p, topic, "key-1", 5, buf, 100), KB_OK);
-    assert_int_equal(kb_flush(p, 10000), KB_OK);
+        kb_assert_ok(kb_publish(p, topic, "key-1", 5, buf, 100));
+    kb_assert_ok(kb_flush(p, 10000));
     refs r = {0};
     for (int i = 0; i < 1000 && (seen_count() < 10 || r.n < 2); i++) {
         r = (refs){0};
-        assert_int_equal(kb_dead_letters(c, topic, NULL, 10, count_ref, &r), KB_OK);
+        kb_assert_ok(kb_dead_letters(c, topic, NULL, 10, count_ref, &r));
         usleep(10000);
     }
     assert_int_equal(seen_count(), 10);
@@ -245,8 +245,8 @@ static void over_the_consumers_limits(const char *topic, const char *batch)
     assert_int_equal(kb_dead_letter_replay(c, topic, r.first), KB_EINVAL);
     assert_non_null(strstr(kb_last_error(), "reference"));
     free(buf);
-    assert_int_equal(kb_close(p, 10000), KB_OK);
-    assert_int_equal(kb_close(c, 10000), KB_OK);
+    kb_assert_ok(kb_close(p, 10000));
+    kb_assert_ok(kb_close(c, 10000));
 }
 
 static void over_the_consumers_limits_plain(void **state)

@@ -21,6 +21,7 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/forged.h"
 #include "support/server.h"
 
@@ -77,13 +78,13 @@ static void future_members_are_dropped(void **state)
                                  year, year, year));
     kb_bus *b = open_logged("rfg-members");
     seen s = {0};
-    assert_int_equal(kb_subscribe(b, topic, handled, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, handled, &s));
     for (int i = 0; i < 16; i++) {
         char key[16];
         int n = snprintf(key, sizeof key, "agg-%d", i);
-        assert_int_equal(kb_publish(b, topic, key, (size_t)n, "x", 1), KB_OK);
+        kb_assert_ok(kb_publish(b, topic, key, (size_t)n, "x", 1));
     }
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_drain(b, 30000));
     assert_int_equal(atomic_load(&s.calls), 16);
     redisReply *r = redisCommand(c, "ZRANGE %s 0 -1", members);
     assert_int_equal(r->type, REDIS_REPLY_ARRAY);
@@ -91,7 +92,7 @@ static void future_members_are_dropped(void **state)
         assert_null(strstr(r->element[i]->str, "ghost"));
     freeReplyObject(r);
     assert_true(kb_test_logged("scored past now"));
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
     redisFree(c);
 }
 
@@ -107,16 +108,16 @@ static void foreign_attempt_is_capped(void **state)
     freeReplyObject(redisCommand(c, "XADD %s * k agg-a d x a 99", stream));
     kb_bus *b = open_logged("rfg-attempt");
     seen s = {0};
-    assert_int_equal(kb_subscribe(b, topic, handled, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, handled, &s));
     for (int i = 0; i < 300 && atomic_load(&s.calls) == 0; i++)
         usleep(20000);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_drain(b, 30000));
     assert_int_equal(atomic_load(&s.calls), 1);
     assert_int_equal(atomic_load(&s.max_attempt), 5);
     kb_topic_stats st;
-    assert_int_equal(kb_stats(b, topic, &st), KB_OK);
+    kb_assert_ok(kb_stats(b, topic, &st));
     assert_int_equal(st.dlq_length, 0);
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
     redisFree(c);
 }
 
@@ -134,10 +135,10 @@ static void forged_dead_letter_fields_are_range_checked(void **state)
                                     "attempts 99999999999 reason forged", dlq));
     kb_bus *b = open_logged("rfg-dlq");
     seen s = {0};
-    assert_int_equal(kb_subscribe(b, topic, handled, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, handled, &s));
     kb_test_forged_dead_letter_replays(b, topic, "agg-d", &s.calls);
     assert_true(kb_test_logged("its partition field said \"999\""));
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
     redisFree(c);
 }
 

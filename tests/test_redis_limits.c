@@ -20,6 +20,7 @@
 #include <keybus/pool.h>
 
 #include "support/bus.h"
+#include "support/check.h"
 #include "support/server.h"
 
 #define MB (1024 * 1024)
@@ -156,14 +157,14 @@ static void foreign_entries_over_the_limits_are_references(void **state)
     seen s = {0};
     long before = status_kb("VmRSS");
     reset_peak();
-    assert_int_equal(kb_subscribe(b, topic, handler, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, handler, &s));
     /* later events of the same keys and others are handled */
     for (int i = 0; i < 40; i++) {
         char key[16];
         int kl = snprintf(key, sizeof key, i < 3 ? "big-%d" : "agg-%d", i);
-        assert_int_equal(kb_publish(b, topic, key, (size_t)kl, "later", 5), KB_OK);
+        kb_assert_ok(kb_publish(b, topic, key, (size_t)kl, "later", 5));
     }
-    assert_int_equal(kb_drain(b, 60000), KB_OK);
+    kb_assert_ok(kb_drain(b, 60000));
     long peak = status_kb("VmHWM");
     print_message("RSS before subscribing %ld kB, peak while reading 135 MB of oversized "
                   "entries %ld kB (+%ld kB)\n", before, peak, peak - before);
@@ -175,7 +176,7 @@ static void foreign_entries_over_the_limits_are_references(void **state)
     assert_true(peak - before < 200 * 1024);
 
     listed l = {0};
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 100, list_one, &l), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 100, list_one, &l));
     assert_int_equal(l.n, 5);
     assert_int_equal(l.refs, 5);
     int payload = 0, key = 0, fields = 0;
@@ -189,10 +190,10 @@ static void foreign_entries_over_the_limits_are_references(void **state)
     assert_int_equal(fields, 1);
     /* a reference holds nothing to replay: refused, naming why */
     first_id[0] = '\0';
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 1, first_of, NULL), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 1, first_of, NULL));
     assert_int_equal(kb_dead_letter_replay(b, topic, first_id), KB_EINVAL);
     assert_non_null(strstr(kb_last_error(), "reference"));
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
 }
 
 /* Header fields over limits.max_headers / max_header_bytes (as configured,
@@ -214,17 +215,17 @@ static void header_fields_over_the_limits_are_dead_letters(void **state)
                              "limits.max_headers", "2", "limits.max_header_bytes", "512", NULL},
                              NULL);
     seen s = {0};
-    assert_int_equal(kb_subscribe(b, topic, handler, &s), KB_OK);
+    kb_assert_ok(kb_subscribe(b, topic, handler, &s));
     for (int i = 0; i < 200 && atomic_load(&s.calls) < 1; i++)
         usleep(50000);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_drain(b, 30000));
     assert_int_equal(atomic_load(&s.calls), 1);
     listed l = {0};
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 100, list_one, &l), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 100, list_one, &l));
     assert_int_equal(l.n, 2);
     assert_non_null(strstr(l.reasons[0], "limits.max_headers"));
     assert_non_null(strstr(l.reasons[1], "limits.max_header_bytes"));
-    assert_int_equal(kb_close(b, 30000), KB_OK);
+    kb_assert_ok(kb_close(b, 30000));
 }
 
 static int setup(void **state)

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "check.h"
 #include "forged.h"
 
 static struct {
@@ -54,12 +55,12 @@ void kb_test_forged_dead_letter_replays(kb_bus *b, const char *topic, const char
                                         _Atomic int *calls)
 {
     one o = {0};
-    assert_int_equal(kb_dead_letters(b, topic, NULL, 1, first, &o), KB_OK);
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 1, first, &o));
     uint32_t home = kb_partition_of(key, strlen(key), 8);
     assert_int_equal(o.partition, home);
     assert_int_equal(o.attempts, 0);
-    assert_int_equal(kb_dead_letter_replay(b, topic, o.id), KB_OK);
-    assert_int_equal(kb_drain(b, 30000), KB_OK);
+    kb_assert_ok(kb_dead_letter_replay(b, topic, o.id));
+    kb_assert_ok(kb_drain(b, 30000));
     assert_int_equal(atomic_load(calls), 1);
     char said[64];
     snprintf(said, sizeof said, "replayed to partition %u", home);
