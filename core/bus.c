@@ -315,6 +315,8 @@ static kb_bus *bus_open(kb_conf *c, int *rc, char *errstr, size_t errlen)
     /* keys of transports registered after the conf was made */
     if ((*rc = kb__conf_sync(c, errstr, errlen)) != KB_OK)
         return NULL;
+    if ((*rc = kb__conf_env_loads_no_code(errstr, errlen)) != KB_OK)
+        return NULL;
     bool env = kb_conf_bool(c, "conf.env");
     if (env && (*rc = kb__conf_env(c, errstr, errlen)) != KB_OK)
         return NULL;

@@ -379,20 +379,33 @@ static void env_name(const char *key, char *buf, size_t len)
     buf[o] = '\0';
 }
 
+int kb__conf_env_loads_no_code(char *errstr, size_t errlen)
+{
+    if (secure_getenv("KEYBUS_TRANSPORT_PLUGINS") == NULL)
+        return KB_OK;
+    kb_errf(errstr, errlen, "environment KEYBUS_TRANSPORT_PLUGINS: refused: transport.plugins "
+            "is taken from code and configuration files only, never from the environment "
+            "(whoever can set a variable must not choose code to run; unset it)");
+    return KB_EINVAL;
+}
+
 int kb__conf_env(kb_conf *c, char *errstr, size_t errlen)
 {
     if (c == NULL) {
         kb_errf(errstr, errlen, "kb_conf_apply_env: conf is NULL");
         return KB_EINVAL;
     }
+    int rc = kb__conf_env_loads_no_code(errstr, errlen);
+    if (rc != KB_OK)
+        return rc;
     for (size_t i = 0; i < c->n; i++) {
         char name[160];
         env_name(c->e[i].prop->name, name, sizeof name);
-        const char *value = getenv(name);
+        const char *value = secure_getenv(name);
         if (value == NULL)
             continue;
         char why[256];
-        int rc = store_in(c, i, value, FROM_ENV, why, sizeof why);
+        rc = store_in(c, i, value, FROM_ENV, why, sizeof why);
         if (rc != KB_OK) {
             kb_errf(errstr, errlen, "environment %s: %s", name, why);
             return rc;
@@ -583,7 +596,9 @@ void kb_conf_write_reference(FILE *out)
                  "(`kb_conf_set()`, the CLI's `-X`). `conf.env = false` turns the environment\n"
                  "off. Every `KEYBUS_*` value is validated even when code overrides it, and a\n"
                  "`KEYBUS_*` name that is no key is reported through the log callback with the\n"
-                 "nearest key.\n\n"
+                 "nearest key. Variables are read with `secure_getenv()`. The environment never\n"
+                 "chooses code to load: `KEYBUS_TRANSPORT_PLUGINS` is refused (an error naming\n"
+                 "the rule), even with `conf.env = false`.\n\n"
                  "Integers are strictly decimal: an optional `-` and digits, nothing else (no\n"
                  "blanks, `+`, hex or octal). Rules between keys (a minimum at most its\n"
                  "maximum, such as `retry.backoff_ms` <= `retry.max_backoff_ms`) are checked by\n"
@@ -654,7 +669,11 @@ void kb_conf_write_reference(FILE *out)
             continue;   /* redis:// and rediss:// share a table */
         for (const kb_conf_prop *p = t; p != NULL && p->name; p++) {
             char env[160], range[64];
-            env_name(p->name, env, sizeof env);
+            env_name(p->name, env + 1, sizeof env - 2);
+            env[0] = '`';
+            strcat(env, "`");
+            if (strcmp(p->name, "transport.plugins") == 0)
+                snprintf(env, sizeof env, "refused");
             if (p->type == KB_CONF_INT)
                 snprintf(range, sizeof range, "%" PRId64 " .. %" PRId64, p->min, p->max);
             else if (p->type == KB_CONF_ENUM)
@@ -663,7 +682,7 @@ void kb_conf_write_reference(FILE *out)
                 snprintf(range, sizeof range, "true, false (1, 0)");
             else
                 snprintf(range, sizeof range, "up to %" PRId64 " bytes", p->max);
-            fprintf(out, "| `%s` | %s | %s%s%s | %s | `%s` | %s |\n", p->name, type_name(p->type),
+            fprintf(out, "| `%s` | %s | %s%s%s | %s | %s | %s |\n", p->name, type_name(p->type),
                     p->def ? "`" : "", p->def ? (p->def[0] ? p->def : "(empty)") : "computed",
                     p->def ? "`" : "", range, env, p->doc);
         }

@@ -61,6 +61,10 @@ int kb__conf_sync(kb_conf *c, char *errstr, size_t errlen);
  * kb_close, which calls kb__conf_free. */
 bool kb__conf_take(kb_conf *c);
 void kb__conf_give_back(kb_conf *c);   /* kb_open failed: the caller's again */
+/* KB_EINVAL (errstr says why) when KEYBUS_TRANSPORT_PLUGINS is set: code is
+ * never chosen by the environment, whatever conf.env says. */
+int kb__conf_env_loads_no_code(char *errstr, size_t errlen);
+
 /* kb_conf_apply_env for kb_open, on a conf it has taken. */
 int kb__conf_env(kb_conf *c, char *errstr, size_t errlen);
 void kb__conf_free(kb_conf *c);

@@ -11,7 +11,10 @@ const kb_conf_prop kb__core_props[] = {
     {"transport.plugins", KB_CONF_TEXT, "", 0, 4096,
      "Comma-separated paths of transport plugins (shared objects exporting "
      "`kb_transport_plugin`, docs/transports.md) to load when this key is set; their "
-     "schemes and `<scheme>.*` keys are known from then on."},
+     "schemes and `<scheme>.*` keys are known from then on. Code and configuration files "
+     "only: `KEYBUS_TRANSPORT_PLUGINS` is refused. Absolute paths only; a file or directory "
+     "that is group- or world-writable, or owned by a user other than root and this one, is "
+     "refused before it is loaded."},
     {"transport", KB_CONF_URL, "mem://", 0, 4096,
      "Transport URL; the scheme picks the transport: `mem://`, "
      "`redis://[user:pass@]host:port[/db]`, `nats://[user:pass@]host:port`."},

@@ -114,7 +114,10 @@ KB_EXPORT int kb_conf_load(kb_conf *c, const char *path, char *errstr, size_t er
  * e.g. KEYBUS_TRANSPORT, KEYBUS_POOL_WORKERS. kb_open calls this itself (unless
  * conf.env is false). Precedence, whatever the order of the calls: defaults <
  * INI file < environment < kb_conf_set. Every value is validated, also one that
- * code overrides. KB_EINVAL on a conf an open bus owns. */
+ * code overrides. Variables are read with secure_getenv (none in a setuid
+ * process). KEYBUS_TRANSPORT_PLUGINS is refused (KB_EINVAL), here and by
+ * kb_open even with conf.env false: the environment never chooses code to
+ * load. KB_EINVAL on a conf an open bus owns. */
 KB_EXPORT int kb_conf_apply_env(kb_conf *c, char *errstr, size_t errlen);
 
 /* Severity of a log line (syslog's numbers). */
