@@ -977,6 +977,9 @@ void kb__bus_serve_conf(const kb_bus *b, kb_serve_conf *out)
     out->scheme = b->ops->scheme;
     out->consumer = b->core.consumer;
     out->metrics_listen = b->core.metrics_listen;
+    out->metrics_max_connections = b->core.metrics_max_connections;
+    out->metrics_max_per_client = b->core.metrics_max_per_client;
+    out->metrics_min_interval_ms = b->core.metrics_min_interval_ms;
     out->stats_interval_ms = b->core.stats_interval_ms;
     kb__conf_stats_cb(b->conf, &out->stats_fn, &out->stats_opaque);
 }

@@ -29,6 +29,9 @@ typedef struct kb_core_conf {
     const char *group, *consumer, *runs_dir;
     bool metrics_enabled;
     const char *metrics_listen;
+    int64_t metrics_max_connections;
+    int64_t metrics_max_per_client;
+    int64_t metrics_min_interval_ms;
     int64_t stats_interval_ms;
 } kb_core_conf;
 
