@@ -320,6 +320,8 @@ static kb_bus *bus_open(kb_conf *c, int *rc, char *errstr, size_t errlen)
     bool env = kb_conf_bool(c, "conf.env");
     if (env && (*rc = kb__conf_env(c, errstr, errlen)) != KB_OK)
         return NULL;
+    if ((*rc = kb__conf_secret_files(c, errstr, errlen)) != KB_OK)
+        return NULL;
     kb_core_conf core;
     kb__conf_core(c, &core);
     *rc = KB_EINVAL;

@@ -64,6 +64,11 @@ int kb__conf_sync(kb_conf *c, char *errstr, size_t errlen);
  * kb_close, which calls kb__conf_free. */
 bool kb__conf_take(kb_conf *c);
 void kb__conf_give_back(kb_conf *c);   /* kb_open failed: the caller's again */
+/* For each set `<key>_file` whose <key> is a secret: <key> from the file (at
+ * kb_open, once). KB_EINVAL naming the file when it cannot be read, or when
+ * <key> is set too. */
+int kb__conf_secret_files(kb_conf *c, char *errstr, size_t errlen);
+
 /* KB_EINVAL (errstr says why) when KEYBUS_TRANSPORT_PLUGINS is set: code is
  * never chosen by the environment, whatever conf.env says. */
 int kb__conf_env_loads_no_code(char *errstr, size_t errlen);

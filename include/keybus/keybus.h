@@ -130,9 +130,13 @@ typedef enum kb_log_level {
 } kb_log_level;
 
 /* Log sink for what the bus reports out of band (lost dead letters,
- * reconnects, unknown KEYBUS_* names). `msg` is valid only during the call.
- * The callback runs on internal threads: it must be thread-safe. Default:
- * lines on stderr for KB_LOG_WARNING and worse. */
+ * reconnects, unknown KEYBUS_* names). `msg` is valid only during the call,
+ * one line of well-formed UTF-8 without control characters: text from
+ * outside (broker keys and errors, environment names) has every control
+ * byte (C0, DEL, C1) and every byte of ill-formed UTF-8 written as \xHH, so
+ * a callback may print it as it is. The callback runs on internal threads:
+ * it must be thread-safe. Default: lines on stderr for KB_LOG_WARNING and
+ * worse, the same text. */
 typedef void (*kb_log_fn)(int level, const char *msg, void *opaque);
 KB_EXPORT void kb_conf_set_log(kb_conf *c, kb_log_fn fn, void *opaque);
 

@@ -53,6 +53,11 @@ static const kb_conf_prop redis_props[] = {
      "Redis: first reconnect delay; doubles per failure, with jitter."},
     {"redis.reconnect_max_ms", KB_CONF_INT, "5000", 1, 600000,
      "Redis: cap on the reconnect delay."},
+    {"redis.password", KB_CONF_SECRET, "", 0, 4096,
+     "Password for AUTH (with the URL's user name, if any), instead of one in the URL. "
+     "Never logged."},
+    {"redis.password_file", KB_CONF_TEXT, "", 0, 4096,
+     "File holding `redis.password` (one final newline dropped), read once by `kb_open`."},
     {NULL, KB_CONF_INT, NULL, 0, 0, NULL},
 };
 
@@ -228,6 +233,22 @@ static int read_url(kb_transport *t, const char *url, char *errstr, size_t errle
     return KB_OK;
 }
 
+/* redis.password into the URL's place, which the handshake reads. */
+static int take_password(kb_transport *t, const char *password, char *errstr, size_t errlen)
+{
+    if (password[0] == '\0')
+        return KB_OK;
+    if (t->url->password != NULL) {
+        kb_errf(errstr, errlen, "redis.password: the transport URL has a password too: set one");
+        return KB_EINVAL;
+    }
+    if ((t->url->password = strdup(password)) == NULL) {
+        kb_errf(errstr, errlen, "redis: out of memory");
+        return KB_ENOMEM;
+    }
+    return KB_OK;
+}
+
 static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *errstr,
                       size_t errlen)
 {
@@ -259,6 +280,8 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     int rc = read_url(t, kb_conf_str(c, "transport"), errstr, errlen);
     if (rc == KB_OK)
         rc = read_conf(t, c, errstr, errlen);
+    if (rc == KB_OK)
+        rc = take_password(t, kb_conf_str(c, "redis.password"), errstr, errlen);
     if (rc != KB_OK) {
         transport_free(t);
         return rc;
