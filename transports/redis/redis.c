@@ -131,11 +131,13 @@ static void transport_free(kb_transport *t)
             close(t->sender_wake[i]);
     kb__redis_conn_close(&t->pub);
     kb__redis_conn_close(&t->ctl);
+    kb__redis_conn_close(&t->stats);
     kb__redis_conn_close(&t->kc);
     kb__redis_conn_close(&t->rconn);
     pthread_mutex_destroy(&t->primary_lock);
     pthread_mutex_destroy(&t->pub_lock);
     pthread_mutex_destroy(&t->ctl_lock);
+    pthread_mutex_destroy(&t->stats_lock);
     kb_signal_free(t->reader_wake);
     kb_signal_free(t->keeper_wake);
     kb_signal_free(t->settled);
@@ -260,9 +262,11 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     t->bus = bus;
     pthread_mutex_init(&t->pub_lock, NULL);
     pthread_mutex_init(&t->ctl_lock, NULL);
+    pthread_mutex_init(&t->stats_lock, NULL);
     pthread_mutex_init(&t->primary_lock, NULL);
     kb__redis_conn_init(&t->pub, t, "publish");
     kb__redis_conn_init(&t->ctl, t, "control");
+    kb__redis_conn_init(&t->stats, t, "figures");
     kb__redis_conn_init(&t->kc, t, "keeper");
     kb__redis_conn_init(&t->rconn, t, "consumer");
     t->reader_wake = kb_signal_new();
