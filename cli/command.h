@@ -63,7 +63,13 @@ int kb_cli_flags(const char *cmd, int argc, char **argv, const char *const *name
  * argc of them (false: out of memory), freed at exit. */
 bool kb_cli_settings_init(int argc);
 void kb_cli_settings_free(void);
-void kb_cli_setting_add(char kind, char *value);
+/* Keep a copy of `value` (false: out of memory). A secret-bearing -X value
+ * (a key named like a secret, a URL with userinfo, no '=' at all) is then
+ * overwritten with '*' in place, so /proc/PID/cmdline no longer shows it,
+ * and the process stops dumping core (kb_cli_hold_secret). */
+bool kb_cli_setting_add(char kind, char *value);
+/* Core dumps off (not dumpable, RLIMIT_CORE 0): this process holds a secret. */
+void kb_cli_hold_secret(void);
 /* -c FILE / -cFILE / -X KV / -XKV at argv[i]: its value (and *used, the
  * words it takes; *kind 'c' or 'X'), or NULL when argv[i] is no global
  * option (*used 0) or its value is missing. */

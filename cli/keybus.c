@@ -48,7 +48,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "keybus: -%c needs an argument (see: keybus --help)\n", kind);
             return KB_CLI_EXIT_USAGE;
         }
-        kb_cli_setting_add(kind, value);
+        if (!kb_cli_setting_add(kind, value)) {
+            kb_cli_settings_free();
+            return KB_CLI_EXIT_ERROR;
+        }
         first += used - 1;
     }
     if (first < argc && strcmp(argv[first], "--") == 0)

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 
 #include <keybus/keybus.h>
 
@@ -28,14 +30,53 @@ bool kb_cli_settings_init(int argc)
 
 void kb_cli_settings_free(void)
 {
+    for (int i = 0; settings != NULL && i < n_settings; i++) {
+        explicit_bzero(settings[i].arg, strlen(settings[i].arg));
+        free(settings[i].arg);
+    }
     free(settings);
     settings = NULL;
     n_settings = 0;
 }
 
-void kb_cli_setting_add(char kind, char *value)
+void kb_cli_hold_secret(void)
 {
-    settings[n_settings++] = (struct setting){kind, value};
+    static const struct rlimit none = {0, 0};
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    setrlimit(RLIMIT_CORE, &none);
+}
+
+/* Where the secret of a -X key=value starts, or NULL: the value of a key
+ * named like a secret (the library's rule: token, password, secret in its
+ * last part), a value with userinfo ('@'), and all of a word with no '='. */
+static char *secret_part(char *kv)
+{
+    char *eq = strchr(kv, '=');
+    if (eq == NULL)
+        return kv;
+    *eq = '\0';
+    const char *dot = strrchr(kv, '.');
+    const char *last = dot != NULL ? dot + 1 : kv;
+    bool named = strstr(last, "token") != NULL || strstr(last, "password") != NULL ||
+                 strstr(last, "secret") != NULL;
+    *eq = '=';
+    return named || strchr(eq + 1, '@') != NULL ? eq + 1 : NULL;
+}
+
+bool kb_cli_setting_add(char kind, char *value)
+{
+    char *copy = strdup(value);
+    if (copy == NULL) {
+        fprintf(stderr, "keybus: out of memory\n");
+        return false;
+    }
+    settings[n_settings++] = (struct setting){kind, copy};
+    char *secret = kind == 'X' ? secret_part(value) : NULL;
+    if (secret != NULL && *secret != '\0') {
+        memset(secret, '*', strlen(secret));
+        kb_cli_hold_secret();
+    }
+    return true;
 }
 
 int kb_cli_usage_error(const char *cmd, const char *fmt, ...)
@@ -86,6 +127,31 @@ int kb_cli_flags(const char *cmd, int argc, char **argv, const char *const *name
     return out;
 }
 
+/* kb_conf_each shows a secret as "***", a URL's userinfo as "***@". */
+static void note_secret(const char *key, const char *value, void *held)
+{
+    (void)key;
+    if (strstr(value, "***") != NULL)
+        *(bool *)held = true;
+}
+
+/* A KEYBUS_* variable kb_open may take a secret from. */
+static bool secret_in_environment(void)
+{
+    extern char **environ;
+    for (char **ev = environ; ev != NULL && *ev != NULL; ev++) {
+        const char *eq = strchr(*ev, '=');
+        if (strncmp(*ev, "KEYBUS_", 7) != 0 || eq == NULL)
+            continue;
+        char name[160];
+        snprintf(name, sizeof name, "%.*s", (int)(eq - *ev), *ev);
+        if (strstr(name, "TOKEN") != NULL || strstr(name, "PASSWORD") != NULL ||
+            strstr(name, "SECRET") != NULL || strchr(eq, '@') != NULL)
+            return true;
+    }
+    return false;
+}
+
 kb_conf *kb_cli_conf_make(int *status)
 {
     kb_conf *c = kb_conf_new();
@@ -118,6 +184,10 @@ kb_conf *kb_cli_conf_make(int *status)
             return NULL;
         }
     }
+    bool held = secret_in_environment();
+    kb_conf_each(c, note_secret, &held);
+    if (held)
+        kb_cli_hold_secret();
     return c;
 }
 
@@ -205,7 +275,8 @@ int kb_cli_take_global_options(int argc, char **argv, int first)
             fprintf(stderr, "keybus: -%c needs an argument (see: keybus --help)\n", kind);
             return -1;
         }
-        settings[n_settings++] = (struct setting){kind, value};
+        if (!kb_cli_setting_add(kind, value))
+            return -1;
         i += used;
     }
     argv[out] = NULL;

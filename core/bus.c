@@ -315,8 +315,12 @@ static kb_bus *bus_open(kb_conf *c, int *rc, char *errstr, size_t errlen)
     /* keys of transports registered after the conf was made */
     if ((*rc = kb__conf_sync(c, errstr, errlen)) != KB_OK)
         return NULL;
+    if ((*rc = kb__conf_env_loads_no_code(errstr, errlen)) != KB_OK)
+        return NULL;
     bool env = kb_conf_bool(c, "conf.env");
     if (env && (*rc = kb__conf_env(c, errstr, errlen)) != KB_OK)
+        return NULL;
+    if ((*rc = kb__conf_secret_files(c, errstr, errlen)) != KB_OK)
         return NULL;
     kb_core_conf core;
     kb__conf_core(c, &core);
@@ -975,6 +979,9 @@ void kb__bus_serve_conf(const kb_bus *b, kb_serve_conf *out)
     out->scheme = b->ops->scheme;
     out->consumer = b->core.consumer;
     out->metrics_listen = b->core.metrics_listen;
+    out->metrics_max_connections = b->core.metrics_max_connections;
+    out->metrics_max_per_client = b->core.metrics_max_per_client;
+    out->metrics_min_interval_ms = b->core.metrics_min_interval_ms;
     out->stats_interval_ms = b->core.stats_interval_ms;
     kb__conf_stats_cb(b->conf, &out->stats_fn, &out->stats_opaque);
 }

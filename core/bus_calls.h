@@ -45,6 +45,7 @@ typedef struct kb_serve_conf {
     const char *scheme;              /* the transport's */
     const char *consumer;
     const char *metrics_listen;      /* "": no endpoint */
+    int64_t metrics_max_connections, metrics_max_per_client, metrics_min_interval_ms;
     int64_t stats_interval_ms;       /* 0: no feed */
     kb_stats_fn stats_fn;            /* NULL: no feed */
     void *stats_opaque;

@@ -379,20 +379,100 @@ static void env_name(const char *key, char *buf, size_t len)
     buf[o] = '\0';
 }
 
+/* The content of a secret's file: at most `max` bytes, one final newline
+ * dropped. KB_OK, or KB_EINVAL with errstr naming the file. */
+static int read_secret_file(const char *key, const char *path, int64_t max, char **out,
+                            char *errstr, size_t errlen)
+{
+    FILE *f = fopen(path, "re");
+    if (f == NULL) {
+        kb_errf(errstr, errlen, "%s: cannot read %s: %s", key, path, strerror(errno));
+        return KB_EINVAL;
+    }
+    char *buf = calloc(1, (size_t)max + 3);
+    size_t n = buf != NULL ? fread(buf, 1, (size_t)max + 2, f) : 0;
+    int err = ferror(f) ? errno : 0;
+    fclose(f);
+    if (buf == NULL) {
+        kb_errf(errstr, errlen, "%s: out of memory", key);
+        return KB_ENOMEM;
+    }
+    if (n > 0 && buf[n - 1] == '\n')
+        buf[--n] = '\0';
+    if (n > 0 && buf[n - 1] == '\r')
+        buf[--n] = '\0';
+    const char *why = err != 0 ? strerror(err) : n == 0 ? "the file is empty"
+                      : (int64_t)n > max ? "the file is over the key's limit"
+                      : strlen(buf) != n ? "the file holds a NUL byte" : NULL;
+    if (why != NULL) {
+        kb_errf(errstr, errlen, "%s: cannot read %s: %s", key, path, why);
+        explicit_bzero(buf, (size_t)max + 3);
+        free(buf);
+        return KB_EINVAL;
+    }
+    *out = buf;
+    return KB_OK;
+}
+
+int kb__conf_secret_files(kb_conf *c, char *errstr, size_t errlen)
+{
+    for (size_t i = 0; i < c->n; i++) {
+        const char *name = c->e[i].prop->name, *path = c->e[i].value;
+        size_t len = strlen(name);
+        if (len <= 5 || len >= 160 || strcmp(name + len - 5, "_file") != 0 || path[0] == '\0')
+            continue;
+        char base[160];
+        snprintf(base, sizeof base, "%.*s", (int)(len - 5), name);
+        struct conf_entry *s = find(c, base);
+        if (s == NULL || s->prop->type != KB_CONF_SECRET)
+            continue;   /* nats.creds_file: a file, not a secret's */
+        if (s->value[0] != '\0') {
+            kb_errf(errstr, errlen, "%s and %s are both set: set one", base, name);
+            return KB_EINVAL;
+        }
+        char *secret = NULL;
+        int rc = read_secret_file(name, path, s->prop->max, &secret, errstr, errlen);
+        if (rc == KB_OK) {
+            char why[256];
+            rc = store(s, secret, FROM_CODE, why, sizeof why);
+            if (rc != KB_OK)
+                kb_errf(errstr, errlen, "%s: %s holds no valid value: %s", name, path, why);
+            explicit_bzero(secret, strlen(secret));
+            free(secret);
+        }
+        if (rc != KB_OK)
+            return rc;
+    }
+    return KB_OK;
+}
+
+int kb__conf_env_loads_no_code(char *errstr, size_t errlen)
+{
+    if (secure_getenv("KEYBUS_TRANSPORT_PLUGINS") == NULL)
+        return KB_OK;
+    kb_errf(errstr, errlen, "environment KEYBUS_TRANSPORT_PLUGINS: refused: transport.plugins "
+            "is taken from code and configuration files only, never from the environment "
+            "(whoever can set a variable must not choose code to run; unset it)");
+    return KB_EINVAL;
+}
+
 int kb__conf_env(kb_conf *c, char *errstr, size_t errlen)
 {
     if (c == NULL) {
         kb_errf(errstr, errlen, "kb_conf_apply_env: conf is NULL");
         return KB_EINVAL;
     }
+    int rc = kb__conf_env_loads_no_code(errstr, errlen);
+    if (rc != KB_OK)
+        return rc;
     for (size_t i = 0; i < c->n; i++) {
         char name[160];
         env_name(c->e[i].prop->name, name, sizeof name);
-        const char *value = getenv(name);
+        const char *value = secure_getenv(name);
         if (value == NULL)
             continue;
         char why[256];
-        int rc = store_in(c, i, value, FROM_ENV, why, sizeof why);
+        rc = store_in(c, i, value, FROM_ENV, why, sizeof why);
         if (rc != KB_OK) {
             kb_errf(errstr, errlen, "environment %s: %s", name, why);
             return rc;
@@ -583,7 +663,9 @@ void kb_conf_write_reference(FILE *out)
                  "(`kb_conf_set()`, the CLI's `-X`). `conf.env = false` turns the environment\n"
                  "off. Every `KEYBUS_*` value is validated even when code overrides it, and a\n"
                  "`KEYBUS_*` name that is no key is reported through the log callback with the\n"
-                 "nearest key.\n\n"
+                 "nearest key. Variables are read with `secure_getenv()`. The environment never\n"
+                 "chooses code to load: `KEYBUS_TRANSPORT_PLUGINS` is refused (an error naming\n"
+                 "the rule), even with `conf.env = false`.\n\n"
                  "Integers are strictly decimal: an optional `-` and digits, nothing else (no\n"
                  "blanks, `+`, hex or octal). Rules between keys (a minimum at most its\n"
                  "maximum, such as `retry.backoff_ms` <= `retry.max_backoff_ms`) are checked by\n"
@@ -644,6 +726,13 @@ void kb_conf_write_reference(FILE *out)
                  "nats.token:x`, a typo for `=`) is not quoted. `kb_conf_get()` shows them the\n"
                  "same way (`***`, URLs without userinfo), as does `keybus conf`; transports\n"
                  "read the real values.\n\n"
+                 "Each secret key `K` that holds the secret itself has a `K_file` twin\n"
+                 "(`redis.password_file`, `nats.token_file`; `nats.creds_file` is a file\n"
+                 "already): a file `kb_open()` reads once into `K` (at most `K`'s length; one\n"
+                 "final newline dropped). An unreadable, empty or oversized file\n"
+                 "fails `kb_open()` with `KB_EINVAL` naming the file and why, as does setting\n"
+                 "both `K` and `K_file`. The log callback gets text from outside (broker keys\n"
+                 "and errors) with every control byte and ill-formed UTF-8 byte as `\\xHH`.\n\n"
                  "## Keys\n\n"
                  "| key | type | default | range | environment | meaning |\n"
                  "|---|---|---|---|---|---|\n");
@@ -654,7 +743,11 @@ void kb_conf_write_reference(FILE *out)
             continue;   /* redis:// and rediss:// share a table */
         for (const kb_conf_prop *p = t; p != NULL && p->name; p++) {
             char env[160], range[64];
-            env_name(p->name, env, sizeof env);
+            env_name(p->name, env + 1, sizeof env - 2);
+            env[0] = '`';
+            strcat(env, "`");
+            if (strcmp(p->name, "transport.plugins") == 0)
+                snprintf(env, sizeof env, "refused");
             if (p->type == KB_CONF_INT)
                 snprintf(range, sizeof range, "%" PRId64 " .. %" PRId64, p->min, p->max);
             else if (p->type == KB_CONF_ENUM)
@@ -663,7 +756,7 @@ void kb_conf_write_reference(FILE *out)
                 snprintf(range, sizeof range, "true, false (1, 0)");
             else
                 snprintf(range, sizeof range, "up to %" PRId64 " bytes", p->max);
-            fprintf(out, "| `%s` | %s | %s%s%s | %s | `%s` | %s |\n", p->name, type_name(p->type),
+            fprintf(out, "| `%s` | %s | %s%s%s | %s | %s | %s |\n", p->name, type_name(p->type),
                     p->def ? "`" : "", p->def ? (p->def[0] ? p->def : "(empty)") : "computed",
                     p->def ? "`" : "", range, env, p->doc);
         }

@@ -29,6 +29,9 @@ typedef struct kb_core_conf {
     const char *group, *consumer, *runs_dir;
     bool metrics_enabled;
     const char *metrics_listen;
+    int64_t metrics_max_connections;
+    int64_t metrics_max_per_client;
+    int64_t metrics_min_interval_ms;
     int64_t stats_interval_ms;
 } kb_core_conf;
 
@@ -61,6 +64,15 @@ int kb__conf_sync(kb_conf *c, char *errstr, size_t errlen);
  * kb_close, which calls kb__conf_free. */
 bool kb__conf_take(kb_conf *c);
 void kb__conf_give_back(kb_conf *c);   /* kb_open failed: the caller's again */
+/* For each set `<key>_file` whose <key> is a secret: <key> from the file (at
+ * kb_open, once). KB_EINVAL naming the file when it cannot be read, or when
+ * <key> is set too. */
+int kb__conf_secret_files(kb_conf *c, char *errstr, size_t errlen);
+
+/* KB_EINVAL (errstr says why) when KEYBUS_TRANSPORT_PLUGINS is set: code is
+ * never chosen by the environment, whatever conf.env says. */
+int kb__conf_env_loads_no_code(char *errstr, size_t errlen);
+
 /* kb_conf_apply_env for kb_open, on a conf it has taken. */
 int kb__conf_env(kb_conf *c, char *errstr, size_t errlen);
 void kb__conf_free(kb_conf *c);

@@ -11,7 +11,10 @@ const kb_conf_prop kb__core_props[] = {
     {"transport.plugins", KB_CONF_TEXT, "", 0, 4096,
      "Comma-separated paths of transport plugins (shared objects exporting "
      "`kb_transport_plugin`, docs/transports.md) to load when this key is set; their "
-     "schemes and `<scheme>.*` keys are known from then on."},
+     "schemes and `<scheme>.*` keys are known from then on. Code and configuration files "
+     "only: `KEYBUS_TRANSPORT_PLUGINS` is refused. Absolute paths only; a file or directory "
+     "that is group- or world-writable, or owned by a user other than root and this one, is "
+     "refused before it is loaded."},
     {"transport", KB_CONF_URL, "mem://", 0, 4096,
      "Transport URL; the scheme picks the transport: `mem://`, "
      "`redis://[user:pass@]host:port[/db]`, `nats://[user:pass@]host:port`."},
@@ -82,6 +85,17 @@ const kb_conf_prop kb__core_props[] = {
      "`host:port` (e.g. `127.0.0.1:9464`; `[::1]:9464` for IPv6) of a built-in HTTP "
      "endpoint serving `GET /metrics` (Prometheus text) and `GET /partitions` (JSON); "
      "empty: none. `kb_open` fails when it cannot listen there. docs/metrics.md."},
+    {"metrics.max_connections", KB_CONF_INT, "64", 1, 1024,
+     "Connections the `metrics.listen` endpoint holds at once; more wait in the "
+     "kernel's backlog. A request must arrive whole within 5 s of its connection (or of "
+     "the previous answer) or the connection is closed. docs/metrics.md."},
+    {"metrics.max_connections_per_client", KB_CONF_INT, "8", 1, 1024,
+     "Connections one client address may hold at the `metrics.listen` endpoint; more "
+     "are closed at once."},
+    {"metrics.min_interval_ms", KB_CONF_INT, "1000", 0, MS_HOUR,
+     "The endpoint answers from a snapshot collected on a thread of its own, at most "
+     "once per this many ms whatever the number of scrapes (the broker's figures cost "
+     "commands per partition)."},
     {"stats.interval_ms", KB_CONF_INT, "0", 0, MS_DAY,
      "Period of the stats feed: every that many ms the callback of "
      "`kb_conf_set_stats_cb` gets one JSON document (docs/formats.md); 0 = off."},
@@ -110,6 +124,9 @@ const kb_conf_field kb__core_fields[] = {
     KB_CONF_FIELD("runs.dir", runs_dir),
     KB_CONF_FIELD("metrics.enabled", metrics_enabled),
     KB_CONF_FIELD("metrics.listen", metrics_listen),
+    KB_CONF_FIELD("metrics.max_connections", metrics_max_connections),
+    KB_CONF_FIELD("metrics.max_connections_per_client", metrics_max_per_client),
+    KB_CONF_FIELD("metrics.min_interval_ms", metrics_min_interval_ms),
     KB_CONF_FIELD("stats.interval_ms", stats_interval_ms),
     {NULL, 0, KB_FIELD_INT},
 };

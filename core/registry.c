@@ -3,11 +3,17 @@
  * `transport.plugins`. Each transport brings its own configuration keys
  * (kb_transport_ops.props). */
 #include <dlfcn.h>
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "conf_value.h"
 #include "registry.h"
@@ -113,10 +119,68 @@ int kb_transport_register(const kb_transport_ops *ops)
     return register_ops(ops, NULL, 0);
 }
 
+/* Why `st` (the file or directory `what`) may not be trusted with code,
+ * or NULL: anyone else who can write it could replace what is loaded. */
+static const char *untrusted(const struct stat *st, char *buf, size_t len)
+{
+    if (st->st_mode & S_IWOTH)
+        return "is world-writable";
+    if (st->st_mode & S_IWGRP)
+        return "is group-writable";
+    if (st->st_uid != 0 && st->st_uid != geteuid()) {
+        snprintf(buf, len, "is owned by uid %u, neither root nor this process's user (%u)",
+                 (unsigned)st->st_uid, (unsigned)geteuid());
+        return buf;
+    }
+    return NULL;
+}
+
+/* The checks before dlopen runs any of the file's code: an absolute path to
+ * a regular file which, like its directory, only root or this user can
+ * write. The resolved path (symlinks followed) is the one checked and loaded. */
+static int trusted_path(const char *path, char *real, char *errstr, size_t errlen)
+{
+    if (path[0] != '/') {
+        kb_errf(errstr, errlen, "transport.plugins: \"%s\" is not an absolute path (a bare "
+                "name would be searched for in LD_LIBRARY_PATH and the current directory)",
+                path);
+        return KB_EINVAL;
+    }
+    struct stat st;
+    if (realpath(path, real) == NULL || stat(real, &st) != 0) {
+        kb_errf(errstr, errlen, "transport.plugins: %s: %s", path, strerror(errno));
+        return KB_EINVAL;
+    }
+    char why[128], dir[PATH_MAX];
+    const char *bad = S_ISREG(st.st_mode) ? untrusted(&st, why, sizeof why)
+                                           : "is not a regular file";
+    if (bad != NULL) {
+        kb_errf(errstr, errlen, "transport.plugins: %s %s; refused before loading it", real,
+                bad);
+        return KB_EINVAL;
+    }
+    snprintf(dir, sizeof dir, "%s", real);
+    const char *d = dirname(dir);
+    if (stat(d, &st) != 0) {
+        kb_errf(errstr, errlen, "transport.plugins: %s: %s", d, strerror(errno));
+        return KB_EINVAL;
+    }
+    if ((bad = untrusted(&st, why, sizeof why)) != NULL) {
+        kb_errf(errstr, errlen, "transport.plugins: %s: its directory %s %s; refused before "
+                "loading it", real, d, bad);
+        return KB_EINVAL;
+    }
+    return KB_OK;
+}
+
 /* Load one plugin. The handle is never closed: the ops table and its code
  * must outlive every bus, as kb_transport_register requires. */
-static int load_plugin(const char *path, char *errstr, size_t errlen)
+static int load_plugin(const char *named, char *errstr, size_t errlen)
 {
+    char path[PATH_MAX];
+    int rc = trusted_path(named, path, errstr, errlen);
+    if (rc != KB_OK)
+        return rc;
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (h == NULL) {
         kb_errf(errstr, errlen, "transport.plugins: %s", dlerror());

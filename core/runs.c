@@ -113,7 +113,7 @@ void kb__runs_close(kb_runs *j)
  * /tmp/keybus-runs-<uid>. */
 static void runs_dir(const char *dir, char *out, size_t len)
 {
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    const char *xdg = secure_getenv("XDG_RUNTIME_DIR");
     if (dir[0] != '\0')
         snprintf(out, len, "%s", dir);
     else if (xdg != NULL && xdg[0] == '/')

@@ -52,13 +52,16 @@ target_include_directories(kb_plugin_bad_abi PRIVATE ${PROJECT_SOURCE_DIR}/inclu
 add_library(kb_plugin_no_entry MODULE test_plugin_fixture.c)
 target_compile_definitions(kb_plugin_no_entry PRIVATE KB_FIXTURE_NO_ENTRY)
 target_include_directories(kb_plugin_no_entry PRIVATE ${PROJECT_SOURCE_DIR}/include)
+add_library(kb_plugin_marker MODULE test_plugin_fixture.c)
+target_compile_definitions(kb_plugin_marker PRIVATE KB_FIXTURE_NO_ENTRY KB_FIXTURE_MARKER)
+target_include_directories(kb_plugin_marker PRIVATE ${PROJECT_SOURCE_DIR}/include)
 add_executable(test_plugin test_plugin.c)
 target_link_libraries(test_plugin PRIVATE kb_test_support keybus::internal)
 # It links the static library (for the conf-doc writer): exporting its
 # symbols lets the plugin bind to this copy rather than load the installed one.
 set_target_properties(test_plugin PROPERTIES ENABLE_EXPORTS ON)
 kb_plugin_test(test_plugin test_plugin ${KB_PLUGIN_SO} $<TARGET_FILE:kb_plugin_bad_abi>
-               $<TARGET_FILE:kb_plugin_no_entry>)
+               $<TARGET_FILE:kb_plugin_no_entry> $<TARGET_FILE:kb_plugin_marker>)
 
 # Consumers in two processes share a topic through file://: per-key order
 # across the hand-over of partitions, nothing lost, nothing twice; a restart

@@ -8,7 +8,9 @@
 #include <cmocka.h>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,6 +187,67 @@ static void text_is_escaped_and_json_exact(void **state)
     free(buf);
 }
 
+/* The whole of /proc/PID/FILE (NULs kept) into buf; its length. */
+static size_t proc_file(pid_t pid, const char *file, char *buf, size_t len)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
+    FILE *f = fopen(path, "rb");
+    size_t n = f != NULL ? fread(buf, 1, len - 1, f) : 0;
+    if (f != NULL)
+        fclose(f);
+    buf[n] = '\0';
+    return n;
+}
+
+static bool holds(const char *buf, size_t n, const char *what)
+{
+    return memmem(buf, n, what, strlen(what)) != NULL;
+}
+
+/* A running produce no longer shows a secret of -X in /proc/PID/cmdline,
+ * shows the other values, and dumps no core. */
+static void secrets_leave_the_command_line(void **state)
+{
+    (void)state;
+    char *const args[] = {(char *)KB_CLI, "-X", (char *)"nats.token=" MARK, "produce",
+                          "-X", (char *)"pool.workers=4", "cli.argv", NULL};
+    int devnull = open("/dev/null", O_RDWR), in[2];
+    assert_int_equal(pipe(in), 0);   /* produce waits for its first line */
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_addclose(&fa, in[1]);
+    posix_spawn_file_actions_adddup2(&fa, devnull, 1);
+    posix_spawn_file_actions_adddup2(&fa, devnull, 2);
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, KB_CLI, &fa, NULL, args, NULL), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    close(devnull);
+    close(in[0]);
+    static char cmdline[4096], limits[8192];
+    size_t n = 0;
+    for (int waited = 0; waited < 10000; waited += 50) {
+        n = proc_file(pid, "cmdline", cmdline, sizeof cmdline);
+        if (holds(cmdline, n, "nats.token=*"))
+            break;
+        usleep(50000);
+    }
+    proc_file(pid, "limits", limits, sizeof limits);
+    close(in[1]);   /* end of input: produce exits */
+    for (size_t i = 0; i < n; i++)
+        cmdline[i] = cmdline[i] == '\0' ? ' ' : cmdline[i];
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (holds(cmdline, n, MARK) || !holds(cmdline, n, "nats.token=***********") ||
+        !holds(cmdline, n, "produce") || !holds(cmdline, n, "pool.workers=4"))
+        fail_msg("cmdline still shows the secret, or lost the rest: %.*s", (int)n, cmdline);
+    const char *core = strstr(limits, "Max core file size");
+    assert_non_null(core);
+    if (strncmp(core + strcspn(core, "0123456789u"), "0 ", 2) != 0)
+        fail_msg("core dumps still on: %.80s", core);
+}
+
 int main(void)
 {
     unsetenv("KEYBUS_TRANSPORT");
@@ -192,6 +255,7 @@ int main(void)
         cmocka_unit_test(arguments_are_checked_before_the_bus_opens),
         cmocka_unit_test(no_secret_is_printed),
         cmocka_unit_test(text_is_escaped_and_json_exact),
+        cmocka_unit_test(secrets_leave_the_command_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

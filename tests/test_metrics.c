@@ -9,13 +9,18 @@
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -348,16 +353,25 @@ static void stats_feed_matches_kb_stats_and_schema(void **state)
 
 /* ---- the endpoint ---- */
 
-/* GET path from 127.0.0.1:port; the HTTP status, body in buf. */
-static int http_get(int port, const char *path, char *buf, size_t len)
+/* A socket connected to 127.0.0.1:port, or -1. */
+static int connect_local(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         close(fd);
-        return -1;
+        fd = -1;
     }
+    return fd;
+}
+
+/* GET path from 127.0.0.1:port; the HTTP status, body in buf. */
+static int http_get(int port, const char *path, char *buf, size_t len)
+{
+    int fd = connect_local(port);
+    if (fd < 0)
+        return -1;
     char req[512];
     int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
     assert_int_equal(write(fd, req, (size_t)n), n);
@@ -376,14 +390,25 @@ static int http_get(int port, const char *path, char *buf, size_t len)
     return status;
 }
 
+/* A bus on `url` with metrics.listen on a free port of 127.0.0.1 (in
+ * *port), plus the pairs of `more` (NULL-terminated, at most 4 pairs). */
+static kb_bus *open_with_endpoint(int *port, char *listen, size_t len,
+                                  const char *const *more)
+{
+    *port = kb_test_free_port();
+    snprintf(listen, len, "127.0.0.1:%d", *port);
+    const char *extra[11] = {"metrics.listen", listen};
+    for (int i = 0; more != NULL && more[i] != NULL && i < 8; i++)
+        extra[2 + i] = more[i];
+    return kb_test_open(url, base, extra);
+}
+
 static void endpoint_scraped_by_prometheus(void **state)
 {
     (void)state;
-    int port = kb_test_free_port();
+    int port;
     char listen[64];
-    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
-    const char *const extra[] = {"metrics.listen", listen, NULL};
-    kb_bus *b = kb_test_open(url, base, extra);
+    kb_bus *b = open_with_endpoint(&port, listen, sizeof listen, NULL);
 
     /* the same address again: kb_open fails, naming it */
     kb_conf *c = kb_conf_new();
@@ -443,6 +468,174 @@ static void endpoint_scraped_by_prometheus(void **state)
     assert_int_equal(http_get(port, "/metrics", body, sizeof body), -1);
 }
 
+/* Descriptors this process holds. */
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    while (readdir(d) != NULL)
+        n++;
+    closedir(d);
+    return n - 3;   /* ".", ".." and the directory's own */
+}
+
+#define SLOW_CLIENTS 1100
+#define SLOW_SECONDS 10
+
+/* The attacker, in a child process (its sockets are not the bus's): from
+ * 127.0.0.2, SLOW_CLIENTS connections that each send one header line every
+ * 2 s. Writes to `out` how many the endpoint still held at the end. */
+static void slow_clients(int port, int out)
+{
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    static int fds[SLOW_CLIENTS];
+    struct sockaddr_in from = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000002)};
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    for (int i = 0; i < SLOW_CLIENTS; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        if (fds[i] < 0 || bind(fds[i], (struct sockaddr *)&from, sizeof from) != 0 ||
+            connect(fds[i], (struct sockaddr *)&to, sizeof to) != 0 ||
+            send(fds[i], "GET /metrics HTTP/1.1\r\n", 23, MSG_NOSIGNAL) != 23) {
+            if (fds[i] >= 0)
+                close(fds[i]);
+            fds[i] = -1;
+        }
+    }
+    for (int round = 0; round < SLOW_SECONDS / 2; round++) {
+        sleep(2);
+        for (int i = 0; i < SLOW_CLIENTS; i++)
+            if (fds[i] >= 0 && send(fds[i], "X-Slow: 1\r\n", 11, MSG_NOSIGNAL) != 11) {
+                close(fds[i]);
+                fds[i] = -1;
+            }
+    }
+    int held = 0;
+    for (int i = 0; i < SLOW_CLIENTS; i++) {
+        char c;
+        if (fds[i] >= 0 && recv(fds[i], &c, 1, MSG_DONTWAIT) < 0 && errno == EAGAIN)
+            held++;
+    }
+    assert_int_equal(write(out, &held, sizeof held), (ssize_t)sizeof held);
+    _exit(0);
+}
+
+/* 1,100 slow connections from one address: a scrape from another answers at
+ * once, the process holds at most metrics.max_connections + 50 more
+ * descriptors, and every slow connection is cut by the request deadline. */
+static void endpoint_survives_slow_clients(void **state)
+{
+    (void)state;
+    int port;
+    char listen[64];
+    kb_bus *b = open_with_endpoint(&port, listen, sizeof listen, NULL);
+    static char body[1 << 17];
+    assert_int_equal(http_get(port, "/metrics", body, sizeof body), 200);
+    int before = open_fds(), pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        slow_clients(port, pipefd[1]);
+    close(pipefd[1]);
+    sleep(3);   /* the attack is under way */
+    int during = open_fds();
+    int64_t t0 = kb_now_ns();
+    int status = http_get(port, "/metrics", body, sizeof body);
+    double took = (double)(kb_now_ns() - t0) / 1e9;
+    fprintf(stderr, "slow clients: scrape %d in %.3f s; descriptors %d before, %d during\n",
+            status, took, before, during);
+    assert_int_equal(status, 200);
+    assert_true(took < 3.0);   /* the target is < 1 s; this box is shared */
+    assert_true(during - before <= 64 + 50);
+    int held = -1;
+    assert_int_equal(read(pipefd[0], &held, sizeof held), (ssize_t)sizeof held);
+    close(pipefd[0]);
+    int wstatus;
+    assert_int_equal(waitpid(pid, &wstatus, 0), pid);
+    fprintf(stderr, "slow clients: %d still held after %d s\n", held, SLOW_SECONDS);
+    assert_int_equal(held, 0);
+    kb_assert_ok(kb_close(b, 10000));
+}
+
+/* The commands the Redis server at `port` has run (INFO commandstats, less
+ * the INFO calls themselves). */
+static long redis_commands(int port)
+{
+    int fd = connect_local(port);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "INFO commandstats\r\n", 19), 19);
+    static char buf[1 << 16];
+    size_t got = 0;
+    long want = -1;
+    ssize_t r;
+    while (got < sizeof buf - 1 && (r = read(fd, buf + got, sizeof buf - 1 - got)) > 0) {
+        got += (size_t)r;
+        buf[got] = '\0';
+        char *nl = strstr(buf, "\r\n");
+        if (want < 0 && nl != NULL)
+            want = strtol(buf + 1, NULL, 10) + (long)(nl - buf) + 4;
+        if (want >= 0 && (long)got >= want)
+            break;
+    }
+    close(fd);
+    long total = 0;
+    for (char *p = strstr(buf, "cmdstat_"); p != NULL; p = strstr(p + 1, "cmdstat_")) {
+        char *calls = strstr(p, "calls=");
+        if (calls != NULL && strncmp(p, "cmdstat_info:", 13) != 0)
+            total += strtol(calls + 6, NULL, 10);
+    }
+    return total;
+}
+
+static int redis_port(void)
+{
+    const char *colon = strrchr(url, ':');
+    return colon != NULL ? atoi(colon + 1) : 0;
+}
+
+/* 100 scrapes within a second cost the broker at most two collections. */
+static void scrapes_share_one_collection(void **state)
+{
+    (void)state;
+    if (strcmp(kind, "redis") != 0)
+        skip();   /* INFO commandstats counts them */
+    int port;
+    char listen[64];
+    const char *const more[] = {"partitions", "16", NULL};
+    kb_bus *b = open_with_endpoint(&port, listen, sizeof listen, more);
+    run_events(b, "metrics.cost");
+    static char body[1 << 17];
+    struct timespec gap = {1, 200000000};   /* over metrics.min_interval_ms */
+
+    nanosleep(&gap, NULL);
+    long idle0 = redis_commands(redis_port());
+    nanosleep(&gap, NULL);
+    long idle = redis_commands(redis_port()) - idle0;   /* what the bus runs anyway */
+    long one0 = redis_commands(redis_port());
+    assert_int_equal(http_get(port, "/metrics", body, sizeof body), 200);
+    long one = redis_commands(redis_port()) - one0;
+    nanosleep(&gap, NULL);
+    long many0 = redis_commands(redis_port());
+    int64_t t0 = kb_now_ns();
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(http_get(port, i % 2 ? "/partitions" : "/metrics", body, sizeof body),
+                         200);
+    double took = (double)(kb_now_ns() - t0) / 1e9;
+    long many = redis_commands(redis_port()) - many0;
+    fprintf(stderr, "scrape cost: one %ld commands, 100 in %.2f s %ld, idle %.1f s %ld\n", one,
+            took, many, 1.2, idle);
+    assert_true(one > 16);   /* per partition: the figures are the broker's */
+    /* a collection per started min_interval, plus what runs anyway */
+    long collections = (long)took + 2;
+    assert_true(many <= collections * one + idle * ((long)took + 2) + 10);
+    kb_assert_ok(kb_close(b, 10000));
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
@@ -456,10 +649,12 @@ int main(int argc, char **argv)
         cmocka_unit_test(cli_metrics_prints_the_text),
         cmocka_unit_test(stats_feed_matches_kb_stats_and_schema),
         cmocka_unit_test(endpoint_scraped_by_prometheus),
+        cmocka_unit_test(endpoint_survives_slow_clients),
     };
     const struct CMUnitTest broker_tests[] = {
         cmocka_unit_test(exposition_counts_and_promtool),
         cmocka_unit_test(stats_feed_matches_kb_stats_and_schema),
+        cmocka_unit_test(scrapes_share_one_collection),
     };
     if (strcmp(kind, "mem") == 0)
         return kb_test_run_group("metrics", kind, mem_tests, sizeof mem_tests / sizeof *mem_tests,

@@ -4,7 +4,11 @@
  * the problem; the same plugin may be named again; once loaded, its scheme
  * and its `<scheme>.*` keys are validated like built-in ones and the
  * configuration reference documents them.
- *   test_plugin LIBKB_FILE_SO BAD_ABI_SO NO_ENTRY_SO */
+ * A plugin that is not an absolute path, is group- or world-writable, lies
+ * in such a directory or belongs to another user, or is named by
+ * KEYBUS_TRANSPORT_PLUGINS, is refused before any of its code runs: the
+ * MARKER_SO fixture's constructor would create a file.
+ *   test_plugin LIBKB_FILE_SO BAD_ABI_SO NO_ENTRY_SO MARKER_SO */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,13 +17,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <keybus/keybus.h>
 
 #include "support/check.h"
 #include <keybus/transport.h>   /* kb_conf_int */
 
-static const char *file_so, *bad_abi_so, *no_entry_so;
+static const char *file_so, *bad_abi_so, *no_entry_so, *marker_so;
 
 /* kb_conf_set's result; its message in err. */
 static int set(kb_conf *c, const char *key, const char *value, char *err, size_t errlen)
@@ -94,6 +100,79 @@ static void loaded_twice_and_keys_validated(void **state)
     kb_conf_destroy(b);
 }
 
+/* A copy of the marker fixture at dir/libkb_marker.so, with `mode`. */
+static void copy_marker(const char *dir, char *path, size_t len, mode_t mode)
+{
+    snprintf(path, len, "%s/libkb_marker.so", dir);
+    FILE *in = fopen(marker_so, "rb"), *out = fopen(path, "wb");
+    assert_non_null(in);
+    assert_non_null(out);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        assert_int_equal(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    fclose(out);
+    assert_int_equal(chmod(path, mode), 0);
+}
+
+static bool exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static void untrusted_code_never_runs(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kb-plugin-XXXXXX", marker[300], so[300];
+    assert_non_null(mkdtemp(dir));
+    snprintf(marker, sizeof marker, "%s/marker", dir);
+    setenv("KB_TEST_MARKER", marker, 1);
+    copy_marker(dir, so, sizeof so, 0644);
+
+    refused("libkb_marker.so", "libkb_marker.so", "not an absolute path");
+    assert_int_equal(chmod(so, 0646), 0);
+    refused(so, so, "is world-writable; refused before loading it");
+    assert_int_equal(chmod(so, 0664), 0);
+    refused(so, so, "is group-writable");
+    assert_int_equal(chmod(so, 0644), 0);
+    assert_int_equal(chmod(dir, 0777), 0);
+    refused(so, dir, "is world-writable");
+    assert_int_equal(chmod(dir, 0700), 0);
+    if (geteuid() == 0) {   /* only root can give the file away */
+        assert_int_equal(chown(so, 65534, 65534), 0);
+        refused(so, so, "is owned by uid 65534");
+        assert_int_equal(chown(so, 0, 0), 0);
+    }
+    assert_false(exists(marker));
+
+    /* the environment: refused by kb_conf_apply_env and, with conf.env
+     * false, by kb_open */
+    setenv("KEYBUS_TRANSPORT_PLUGINS", so, 1);
+    kb_conf *c = kb_conf_new();
+    char err[1024];
+    assert_int_equal(kb_conf_apply_env(c, err, sizeof err), KB_EINVAL);
+    assert_non_null(strstr(err, "KEYBUS_TRANSPORT_PLUGINS"));
+    assert_non_null(strstr(err, "never from the environment"));
+    kb_assert_ok(set(c, "conf.env", "false", err, sizeof err));
+    err[0] = '\0';
+    assert_null(kb_open(c, err, sizeof err));
+    assert_int_equal(kb_last_error_code(), KB_EINVAL);
+    assert_non_null(strstr(err, "never from the environment"));
+    kb_conf_destroy(c);
+    unsetenv("KEYBUS_TRANSPORT_PLUGINS");
+    assert_false(exists(marker));
+
+    /* the same file, trusted and named in code, runs: the marker can appear */
+    refused(so, so, "exports no kb_transport_plugin()");
+    assert_true(exists(marker));
+    unlink(marker);
+    unlink(so);
+    rmdir(dir);
+    unsetenv("KB_TEST_MARKER");
+}
+
 static void configuration_reference_documents_the_keys(void **state)
 {
     (void)state;
@@ -112,17 +191,19 @@ static void configuration_reference_documents_the_keys(void **state)
 
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: test_plugin LIBKB_FILE_SO BAD_ABI_SO NO_ENTRY_SO\n");
+    if (argc != 5) {
+        fprintf(stderr, "usage: test_plugin LIBKB_FILE_SO BAD_ABI_SO NO_ENTRY_SO MARKER_SO\n");
         return 2;
     }
     file_so = argv[1];
     bad_abi_so = argv[2];
     no_entry_so = argv[3];
+    marker_so = argv[4];
     const struct CMUnitTest tests[] = {   /* in this order: the first runs before any load */
         cmocka_unit_test(unknown_before_loading),
         cmocka_unit_test(bad_plugins_are_refused_by_name),
         cmocka_unit_test(loaded_twice_and_keys_validated),
+        cmocka_unit_test(untrusted_code_never_runs),
         cmocka_unit_test(configuration_reference_documents_the_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -130,6 +130,45 @@ static void encoded_password_on_server(void **state)
     kb_test_server_stop(&s);
 }
 
+/* redis.password, and redis.password_file read at kb_open; an unreadable
+ * file and a password set twice are refused by name. */
+static void password_key_and_file_on_server(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    const char *extra[] = {"--requirepass", MARKER, NULL};
+    assert_int_equal(kb_test_server_start(&s, "redis", extra), 0);
+    const char *const by_key[] = {"redis.password", MARKER, NULL};
+    kb_bus *b = kb_test_open(s.url, by_key, NULL);
+    kb_assert_ok(kb_publish(b, "url.pw", "k", 1, "v", 1));
+    kb_assert_ok(kb_close(b, 5000));
+
+    char path[] = "/tmp/kb-redis-pw-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, MARKER "\n", strlen(MARKER) + 1), (ssize_t)strlen(MARKER) + 1);
+    close(fd);
+    const char *const by_file[] = {"redis.password_file", path, NULL};
+    b = kb_test_open(s.url, by_file, NULL);
+    kb_assert_ok(kb_publish(b, "url.pw", "k", 1, "v", 1));
+    kb_assert_ok(kb_close(b, 5000));
+
+    char err[512] = "";
+    kb_conf *c = kb_test_conf(s.url, by_file, NULL);
+    kb_assert_ok(kb_conf_set(c, "redis.password", "other", err, sizeof err));
+    assert_null(kb_open(c, err, sizeof err));
+    assert_non_null(strstr(err, "redis.password and redis.password_file are both set"));
+    kb_conf_destroy(c);
+    unlink(path);
+    c = kb_test_conf(s.url, by_file, NULL);
+    assert_null(kb_open(c, err, sizeof err));
+    assert_int_equal(kb_last_error_code(), KB_EINVAL);
+    assert_non_null(strstr(err, path));
+    assert_non_null(strstr(err, "No such file"));
+    kb_conf_destroy(c);
+    kb_test_server_stop(&s);
+}
+
 static void reconnect_bounds_checked_at_open(void **state)
 {
     (void)state;
@@ -170,6 +209,7 @@ int main(void)
         cmocka_unit_test(malformed_urls_refused_at_set),
         cmocka_unit_test(wellformed_urls_accepted),
         cmocka_unit_test(encoded_password_on_server),
+        cmocka_unit_test(password_key_and_file_on_server),
         cmocka_unit_test(reconnect_bounds_checked_at_open),
         cmocka_unit_test(malformed_replay_id_is_einval),
     };

@@ -256,6 +256,53 @@ static void conf_get_masks_secrets(void **state)
     kb_conf_destroy(c);
 }
 
+/* nats.token_file: read at kb_open into nats.token (masked); a missing
+ * file and a token set twice are refused naming the file or both keys. */
+static void secret_files_read_at_open(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/kb-token-XXXXXX", err[512];
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, MARK "\n", strlen(MARK) + 1), (ssize_t)strlen(MARK) + 1);
+    close(fd);
+    kb_conf *c = kb_conf_new();
+    kb_assert_ok(kb_conf_set(c, "nats.token_file", path, err, sizeof err));
+    kb_conf *twice = kb_conf_dup(c);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    assert_non_null(b);
+    kb_assert_ok(kb_close(b, 5000));
+    kb_assert_ok(kb_conf_set(twice, "nats.token", "x", err, sizeof err));
+    assert_null(kb_open(twice, err, sizeof err));
+    assert_non_null(strstr(err, "nats.token and nats.token_file are both set"));
+    kb_conf_destroy(twice);
+    unlink(path);
+    c = kb_conf_new();
+    kb_assert_ok(kb_conf_set(c, "nats.token_file", path, err, sizeof err));
+    assert_null(kb_open(c, err, sizeof err));
+    assert_int_equal(kb_last_error_code(), KB_EINVAL);
+    if (strstr(err, path) == NULL || strstr(err, "No such file") == NULL)
+        fail_msg("an unreadable token file: \"%s\"", err);
+    kb_conf_destroy(c);
+}
+
+/* What the log callback gets: control bytes (C0, DEL, C1) and ill-formed
+ * UTF-8 as \xHH, well-formed UTF-8 as it is. */
+static void log_lines_are_escaped(void **state)
+{
+    (void)state;
+    kb_conf *c = kb_conf_new();
+    kb_conf_set_log(c, capture_log, NULL);
+    char err[256];
+    kb_bus *b = kb_open(c, err, sizeof err);
+    assert_non_null(b);
+    logged[0] = '\0';
+    kb_log(b, KB_LOG_WARNING, "broker says %s", "a\nb\x1b[31mc\x7f\xc3\xa9\xc2\x9b" "d\xff\xe2\x82");
+    assert_string_equal(logged, "broker says a\\x0Ab\\x1B[31mc\\x7F\xc3\xa9\\xC2\\x9Bd"
+                                "\\xFF\\xE2\\x82");
+    kb_assert_ok(kb_close(b, 5000));
+}
+
 int main(void)
 {
     unsetenv("KEYBUS_TRANSPORT");
@@ -264,6 +311,8 @@ int main(void)
         cmocka_unit_test(ini_files_never_quote_a_secret),
         cmocka_unit_test(the_environment_never_quotes_a_secret),
         cmocka_unit_test(conf_get_masks_secrets),
+        cmocka_unit_test(secret_files_read_at_open),
+        cmocka_unit_test(log_lines_are_escaped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

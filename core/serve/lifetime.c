@@ -4,6 +4,7 @@
  * fails kb_open without touching the broker) and stopped first at close
  * (their calls then fail fast instead of holding kb_close up). */
 #include <stdlib.h>
+#include <time.h>
 
 #include "serve.h"
 
@@ -12,6 +13,15 @@ struct kb_serve {
     struct kb_metrics_http *http;      /* metrics.listen's endpoint */
     struct kb_stats_feed *feed;        /* stats.interval_ms's thread */
 };
+
+void kb__serve_cond_init(pthread_cond_t *c)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(c, &ca);
+    pthread_condattr_destroy(&ca);
+}
 
 static void serve_stop(kb_bus *b)
 {
@@ -37,7 +47,7 @@ static int serve_start(kb_bus *b, char *errstr, size_t errlen)
     kb__bus_serve_conf(b, &s->conf);
     int rc = KB_OK;
     if (s->conf.metrics_listen[0] != '\0')
-        rc = kb__metrics_http_start(b, s->conf.metrics_listen, &s->http, errstr, errlen);
+        rc = kb__metrics_http_start(b, &s->conf, &s->http, errstr, errlen);
     if (rc == KB_OK && s->conf.stats_fn != NULL && s->conf.stats_interval_ms != 0)
         rc = kb__stats_feed_start(b, &s->conf, &s->feed, errstr, errlen);
     return rc;

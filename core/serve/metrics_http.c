@@ -1,23 +1,120 @@
-/* metrics.listen: a libmicrohttpd endpoint on its own thread serving
- * GET /metrics (Prometheus text) and GET /partitions (JSON). keybus binds the
+/* metrics.listen: a libmicrohttpd endpoint serving GET /metrics (Prometheus
+ * text) and GET /partitions (JSON) from the scrape cache, one thread per
+ * connection. It cannot be starved: metrics.max_connections in all,
+ * metrics.max_connections_per_client per address, and a request must arrive
+ * whole within REQUEST_DEADLINE_S of its connection or of the previous
+ * answer (a reaper thread cuts slower ones: MHD's own timeout is for idle
+ * connections, which a line every few seconds never is). keybus binds the
  * socket itself, so a failure names the address and the system's reason. */
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "serve.h"
 
-#define HTTP_TIMEOUT_S 10
+#define REQUEST_DEADLINE_S 5
+#define REAP_EVERY_MS 250
+
+/* A connection, from MHD's start notice to its close notice. */
+struct conn {
+    struct conn *next, **prev;
+    int fd;
+    int64_t since_ns;                  /* when its request began to arrive */
+    bool answering;                    /* its request arrived: no deadline */
+    bool cut;
+};
 
 struct kb_metrics_http {
     struct MHD_Daemon *daemon;
+    struct kb_scrape_cache *cache;
+    pthread_mutex_t lock;              /* conns, stop */
+    pthread_cond_t wake;               /* the reaper: stop; CLOCK_MONOTONIC */
+    struct conn *conns;
+    bool stop;
+    kb_thread *reaper;
 };
+
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    struct kb_metrics_http *h = cls;
+    struct conn *c = *socket_context;
+    pthread_mutex_lock(&h->lock);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci != NULL && (c = calloc(1, sizeof *c)) != NULL) {
+            c->fd = ci->connect_fd;
+            c->since_ns = kb_now_ns();
+            c->next = h->conns;
+            c->prev = &h->conns;
+            if (h->conns != NULL)
+                h->conns->prev = &c->next;
+            h->conns = c;
+            *socket_context = c;
+        }
+    } else if (c != NULL) {   /* closed: MHD closes the descriptor after this returns */
+        *c->prev = c->next;
+        if (c->next != NULL)
+            c->next->prev = c->prev;
+        free(c);
+        *socket_context = NULL;
+    }
+    pthread_mutex_unlock(&h->lock);
+}
+
+static struct conn *conn_of(struct MHD_Connection *mc)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci != NULL ? ci->socket_context : NULL;
+}
+
+/* Answered (or abandoned): the next request on the connection has its own deadline. */
+static void on_completed(void *cls, struct MHD_Connection *mc, void **req,
+                         enum MHD_RequestTerminationCode code)
+{
+    (void)req;
+    (void)code;
+    struct kb_metrics_http *h = cls;
+    pthread_mutex_lock(&h->lock);
+    struct conn *c = conn_of(mc);
+    if (c != NULL) {
+        c->answering = false;
+        c->since_ns = kb_now_ns();
+    }
+    pthread_mutex_unlock(&h->lock);
+}
+
+/* Cut the connections whose request is overdue. shutdown, under the lock the
+ * close notice takes, so the descriptor is still theirs; MHD then reads the
+ * end of the stream and closes it. */
+static void *reaper_main(void *arg)
+{
+    struct kb_metrics_http *h = arg;
+    pthread_mutex_lock(&h->lock);
+    while (!h->stop) {
+        int64_t now = kb_now_ns(), late = now - (int64_t)REQUEST_DEADLINE_S * 1000000000;
+        for (struct conn *c = h->conns; c != NULL; c = c->next)
+            if (!c->answering && !c->cut && c->since_ns < late) {
+                shutdown(c->fd, SHUT_RDWR);
+                c->cut = true;
+            }
+        int64_t due_ns = now + (int64_t)REAP_EVERY_MS * 1000000;
+        struct timespec due = {(time_t)(due_ns / 1000000000), (long)(due_ns % 1000000000)};
+        pthread_cond_timedwait(&h->wake, &h->lock, &due);
+    }
+    pthread_mutex_unlock(&h->lock);
+    return NULL;
+}
 
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *type,
                              char *body, size_t len)
@@ -48,24 +145,26 @@ static enum MHD_Result serve(void *cls, struct MHD_Connection *c, const char *ur
     (void)upload;
     (void)upload_size;
     (void)state;
-    kb_bus *b = cls;
+    struct kb_metrics_http *h = cls;
+    pthread_mutex_lock(&h->lock);
+    struct conn *conn = conn_of(c);
+    if (conn != NULL)
+        conn->answering = true;
+    pthread_mutex_unlock(&h->lock);
     bool metrics = strcmp(url, "/metrics") == 0, partitions = strcmp(url, "/partitions") == 0;
     if (!metrics && !partitions)
         return text_reply(c, MHD_HTTP_NOT_FOUND, "keybus serves /metrics and /partitions\n");
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return text_reply(c, MHD_HTTP_METHOD_NOT_ALLOWED, "GET only\n");
-    kb_metrics_snap s;
-    int rc = kb__metrics_collect(b, true, &s);
     size_t len = 0;
-    char *body = NULL;
-    if (rc == KB_OK && metrics)
-        body = kb__metrics_prom(&s, &len);
-    else if (rc == KB_OK && (body = kb__metrics_partitions_json(&s)) != NULL)
-        len = strlen(body);
-    kb__metrics_snap_free(&s);
+    int rc;
+    char *body = kb__scrape_cache_get(h->cache, partitions, &len, &rc);
     if (body == NULL)
         return text_reply(c, MHD_HTTP_SERVICE_UNAVAILABLE,
-                          rc == KB_ECLOSED ? "bus closing\n" : "out of memory\n");
+                          rc == KB_ECLOSED    ? "bus closing\n"
+                          : rc == KB_ENOMEM   ? "out of memory\n"
+                          : rc == KB_ETIMEDOUT ? "collecting the first snapshot; ask again\n"
+                                              : "the transport's figures failed; ask again\n");
     return reply(c, MHD_HTTP_OK,
                  metrics ? "text/plain; version=0.0.4; charset=utf-8" : "application/json", body,
                  len);
@@ -111,9 +210,27 @@ static int listen_on(const char *addr, bool *v6, char *errstr, size_t errlen)
     return fd;
 }
 
-int kb__metrics_http_start(kb_bus *b, const char *addr, struct kb_metrics_http **out,
+static void http_free(struct kb_metrics_http *h)
+{
+    kb__scrape_cache_free(h->cache);
+    pthread_cond_destroy(&h->wake);
+    pthread_mutex_destroy(&h->lock);
+    free(h);
+}
+
+static void reaper_stop(struct kb_metrics_http *h)
+{
+    pthread_mutex_lock(&h->lock);
+    h->stop = true;
+    pthread_cond_signal(&h->wake);
+    pthread_mutex_unlock(&h->lock);
+    kb_thread_join(h->reaper);
+}
+
+int kb__metrics_http_start(kb_bus *b, const kb_serve_conf *conf, struct kb_metrics_http **out,
                            char *errstr, size_t errlen)
 {
+    const char *addr = conf->metrics_listen;
     bool v6 = false;
     int fd = listen_on(addr, &v6, errstr, errlen);
     if (fd < 0)
@@ -124,18 +241,35 @@ int kb__metrics_http_start(kb_bus *b, const char *addr, struct kb_metrics_http *
         kb_errf(errstr, errlen, "metrics.listen %s: out of memory", addr);
         return KB_ENOMEM;
     }
-    /* The daemon's thread inherits the mask: signals stay the application's. */
+    pthread_mutex_init(&h->lock, NULL);
+    kb__serve_cond_init(&h->wake);
+    int rc = kb__scrape_cache_start(b, conf->metrics_min_interval_ms, &h->cache, errstr, errlen);
+    if (rc != KB_OK) {
+        close(fd);
+        http_free(h);
+        return rc;
+    }
+    /* The daemon's threads inherit the mask: signals stay the application's. */
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    h->daemon = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | (v6 ? MHD_USE_IPv6 : 0), 0, NULL,
-                                 NULL, serve, b, MHD_OPTION_LISTEN_SOCKET, fd,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_TIMEOUT_S,
-                                 MHD_OPTION_END);
+    rc = kb_thread_start(&h->reaper, "kb-http-reap", reaper_main, h);
+    if (rc == KB_OK)
+        h->daemon = MHD_start_daemon(
+            MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+                (v6 ? MHD_USE_IPv6 : 0),
+            0, NULL, NULL, serve, h, MHD_OPTION_LISTEN_SOCKET, fd,
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned)conf->metrics_max_connections,
+            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)conf->metrics_max_per_client,
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)REQUEST_DEADLINE_S,
+            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (h->daemon == NULL) {
         close(fd);
-        free(h);
+        if (rc == KB_OK)
+            reaper_stop(h);
+        http_free(h);
         kb_errf(errstr, errlen, "metrics.listen %s: cannot start the HTTP server", addr);
         return KB_ETRANSPORT;
     }
@@ -147,6 +281,8 @@ void kb__metrics_http_stop(struct kb_metrics_http *h)
 {
     if (h == NULL)
         return;
-    MHD_stop_daemon(h->daemon);   /* waits for a request in progress; closes the socket */
-    free(h);
+    kb__scrape_cache_halt(h->cache);   /* a scrape waiting for a snapshot answers 503 now */
+    MHD_stop_daemon(h->daemon);        /* joins the connections' threads; closes the socket */
+    reaper_stop(h);
+    http_free(h);
 }

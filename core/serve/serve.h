@@ -6,6 +6,7 @@
 #ifndef KB_CORE_SERVE_H
 #define KB_CORE_SERVE_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -55,9 +56,27 @@ char *kb__metrics_partitions_json(const kb_metrics_snap *s);
 
 /* ---- what kb_open starts ---- */
 
+/* A condition variable whose timed waits take CLOCK_MONOTONIC deadlines
+ * (kb_now_ns), for the threads below. */
+void kb__serve_cond_init(pthread_cond_t *c);
+
+/* The endpoint's answers (scrape_cache.c): a collector thread and the last
+ * snapshot's texts. _get returns a malloc'ed copy of the Prometheus text or,
+ * with `partitions`, the /partitions JSON, fresh within min_interval_ms when
+ * the collector manages it within a few seconds; NULL with *rc KB_ECLOSED
+ * (halted), KB_ENOMEM, KB_ETIMEDOUT (no snapshot yet) or the collection's
+ * error. Thread: any. _halt wakes every waiter and joins the collector;
+ * _free halts and frees, after the last _get has returned. */
+struct kb_scrape_cache;
+int kb__scrape_cache_start(kb_bus *b, int64_t min_interval_ms, struct kb_scrape_cache **out,
+                           char *errstr, size_t errlen);
+char *kb__scrape_cache_get(struct kb_scrape_cache *c, bool partitions, size_t *len, int *rc);
+void kb__scrape_cache_halt(struct kb_scrape_cache *c);
+void kb__scrape_cache_free(struct kb_scrape_cache *c);
+
 /* The HTTP endpoint (metrics_http.c) and the feed thread (stats_feed.c). */
 struct kb_metrics_http;
-int kb__metrics_http_start(kb_bus *b, const char *listen, struct kb_metrics_http **out,
+int kb__metrics_http_start(kb_bus *b, const kb_serve_conf *c, struct kb_metrics_http **out,
                            char *errstr, size_t errlen);
 void kb__metrics_http_stop(struct kb_metrics_http *h);
 struct kb_stats_feed;

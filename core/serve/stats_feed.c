@@ -79,11 +79,7 @@ int kb__stats_feed_start(kb_bus *b, const kb_serve_conf *c, struct kb_stats_feed
     f->bus = b;
     f->conf = c;
     pthread_mutex_init(&f->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&f->wake, &ca);
-    pthread_condattr_destroy(&ca);
+    kb__serve_cond_init(&f->wake);
     int rc = kb_thread_start(&f->thread, "kb-stats", feed_main, f);
     if (rc != KB_OK) {
         kb_errf(errstr, errlen, "stats feed: %s", kb_last_error());

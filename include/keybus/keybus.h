@@ -114,7 +114,10 @@ KB_EXPORT int kb_conf_load(kb_conf *c, const char *path, char *errstr, size_t er
  * e.g. KEYBUS_TRANSPORT, KEYBUS_POOL_WORKERS. kb_open calls this itself (unless
  * conf.env is false). Precedence, whatever the order of the calls: defaults <
  * INI file < environment < kb_conf_set. Every value is validated, also one that
- * code overrides. KB_EINVAL on a conf an open bus owns. */
+ * code overrides. Variables are read with secure_getenv (none in a setuid
+ * process). KEYBUS_TRANSPORT_PLUGINS is refused (KB_EINVAL), here and by
+ * kb_open even with conf.env false: the environment never chooses code to
+ * load. KB_EINVAL on a conf an open bus owns. */
 KB_EXPORT int kb_conf_apply_env(kb_conf *c, char *errstr, size_t errlen);
 
 /* Severity of a log line (syslog's numbers). */
@@ -127,9 +130,13 @@ typedef enum kb_log_level {
 } kb_log_level;
 
 /* Log sink for what the bus reports out of band (lost dead letters,
- * reconnects, unknown KEYBUS_* names). `msg` is valid only during the call.
- * The callback runs on internal threads: it must be thread-safe. Default:
- * lines on stderr for KB_LOG_WARNING and worse. */
+ * reconnects, unknown KEYBUS_* names). `msg` is valid only during the call,
+ * one line of well-formed UTF-8 without control characters: text from
+ * outside (broker keys and errors, environment names) has every control
+ * byte (C0, DEL, C1) and every byte of ill-formed UTF-8 written as \xHH, so
+ * a callback may print it as it is. The callback runs on internal threads:
+ * it must be thread-safe. Default: lines on stderr for KB_LOG_WARNING and
+ * worse, the same text. */
 typedef void (*kb_log_fn)(int level, const char *msg, void *opaque);
 KB_EXPORT void kb_conf_set_log(kb_conf *c, kb_log_fn fn, void *opaque);
 

@@ -103,6 +103,8 @@ static const kb_conf_prop nats_props[] = {
      "taken as gone, as with `nats.write_deadline_ms`."},
     {"nats.token", KB_CONF_SECRET, "", 0, 4096,
      "Authentication token (instead of one in the URL). Never logged."},
+    {"nats.token_file", KB_CONF_TEXT, "", 0, 4096,
+     "File holding `nats.token` (one final newline dropped), read once by `kb_open`."},
     {"nats.creds_file", KB_CONF_SECRET, "", 0, 4096,
      "User credentials file (JWT and NKey seed)."},
     {"nats.tls_ca", KB_CONF_TEXT, "", 0, 4096,

@@ -53,6 +53,11 @@ static const kb_conf_prop redis_props[] = {
      "Redis: first reconnect delay; doubles per failure, with jitter."},
     {"redis.reconnect_max_ms", KB_CONF_INT, "5000", 1, 600000,
      "Redis: cap on the reconnect delay."},
+    {"redis.password", KB_CONF_SECRET, "", 0, 4096,
+     "Password for AUTH (with the URL's user name, if any), instead of one in the URL. "
+     "Never logged."},
+    {"redis.password_file", KB_CONF_TEXT, "", 0, 4096,
+     "File holding `redis.password` (one final newline dropped), read once by `kb_open`."},
     {NULL, KB_CONF_INT, NULL, 0, 0, NULL},
 };
 
@@ -126,11 +131,13 @@ static void transport_free(kb_transport *t)
             close(t->sender_wake[i]);
     kb__redis_conn_close(&t->pub);
     kb__redis_conn_close(&t->ctl);
+    kb__redis_conn_close(&t->stats);
     kb__redis_conn_close(&t->kc);
     kb__redis_conn_close(&t->rconn);
     pthread_mutex_destroy(&t->primary_lock);
     pthread_mutex_destroy(&t->pub_lock);
     pthread_mutex_destroy(&t->ctl_lock);
+    pthread_mutex_destroy(&t->stats_lock);
     kb_signal_free(t->reader_wake);
     kb_signal_free(t->keeper_wake);
     kb_signal_free(t->settled);
@@ -240,6 +247,22 @@ static int read_url(kb_transport *t, const char *url, char *errstr, size_t errle
     return KB_OK;
 }
 
+/* redis.password into the URL's place, which the handshake reads. */
+static int take_password(kb_transport *t, const char *password, char *errstr, size_t errlen)
+{
+    if (password[0] == '\0')
+        return KB_OK;
+    if (t->url->password != NULL) {
+        kb_errf(errstr, errlen, "redis.password: the transport URL has a password too: set one");
+        return KB_EINVAL;
+    }
+    if ((t->url->password = strdup(password)) == NULL) {
+        kb_errf(errstr, errlen, "redis: out of memory");
+        return KB_ENOMEM;
+    }
+    return KB_OK;
+}
+
 static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *errstr,
                       size_t errlen)
 {
@@ -251,9 +274,11 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     t->bus = bus;
     pthread_mutex_init(&t->pub_lock, NULL);
     pthread_mutex_init(&t->ctl_lock, NULL);
+    pthread_mutex_init(&t->stats_lock, NULL);
     pthread_mutex_init(&t->primary_lock, NULL);
     kb__redis_conn_init(&t->pub, t, "publish");
     kb__redis_conn_init(&t->ctl, t, "control");
+    kb__redis_conn_init(&t->stats, t, "figures");
     kb__redis_conn_init(&t->kc, t, "keeper");
     kb__redis_conn_init(&t->rconn, t, "consumer");
     t->reader_wake = kb_signal_new();
@@ -271,6 +296,8 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     int rc = read_url(t, kb_conf_str(c, "transport"), errstr, errlen);
     if (rc == KB_OK)
         rc = read_conf(t, c, errstr, errlen);
+    if (rc == KB_OK)
+        rc = take_password(t, kb_conf_str(c, "redis.password"), errstr, errlen);
     if (rc != KB_OK) {
         transport_free(t);
         return rc;

@@ -124,6 +124,7 @@ uint32_t kb__redis_primary_named(kb_transport *t, size_t from, const kb_redis_ad
                a->host, a->port, old.host, old.port);
         kb__redis_conn_kick(&t->pub, gen);
         kb__redis_conn_kick(&t->ctl, gen);
+        kb__redis_conn_kick(&t->stats, gen);
         kb__redis_conn_kick(&t->kc, gen);
         kb__redis_conn_kick(&t->rconn, gen);
     }

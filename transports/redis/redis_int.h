@@ -35,8 +35,10 @@
  *     subscribed topics, on its own connection;
  *   - kb-redis-keeper: sends fenced XACKs and dead letters,
  *     heartbeats membership, takes and renews leases, on its own connection;
- *   - application calls that need an answer (subscribe, stats, DLQ listing):
- *     the control connection under ctl_lock;
+ *   - application calls that need an answer (subscribe, DLQ listing):
+ *     the control connection under ctl_lock; kb_stats and
+ *     kb_partition_stats_get (the metrics endpoint's collector) on a
+ *     connection of their own under stats_lock;
  *   - kb-redis-watch (redis-sentinel:// only): listens for +switch-master
  *     on a Sentinel and cuts the connections to a primary that is no more. */
 #ifndef KB_REDIS_INT_H
@@ -248,6 +250,10 @@ struct kb_transport {
     /* control */
     pthread_mutex_t ctl_lock;
     kb_redis_conn ctl;
+    /* the figures' own (redis_stats.c): a scrape of many partitions never
+     * holds ctl_lock, which dead-lettering and draining take */
+    pthread_mutex_t stats_lock;
+    kb_redis_conn stats;
 
     /* the reader */
     kb_thread *reader;

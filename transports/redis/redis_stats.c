@@ -47,13 +47,13 @@ kb_redis_group_info kb__redis_group_figures(const kb_transport *t, const redisRe
     return g;
 }
 
-/* Run `n` appended commands on the control connection; replies in r[]. */
+/* Run `n` appended commands on the figures' connection; replies in r[]. */
 static int ctl_run(kb_transport *t, redisContext *c, redisReply **r, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (redisGetReply(c, (void **)&r[i]) != REDIS_OK) {
             kb_errf(NULL, 0, "redis: stats from %s: %s", t->where, c->errstr);
-            kb__redis_conn_fail(&t->ctl, c->errstr);
+            kb__redis_conn_fail(&t->stats, c->errstr);
             for (size_t j = 0; j < i; j++)
                 kb__redis_reply_free(r[j]);
             return KB_ETRANSPORT;
@@ -75,8 +75,8 @@ int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out
     redisReply **r = calloc(n, sizeof *r);
     if (r == NULL)
         return KB_ENOMEM;
-    pthread_mutex_lock(&t->ctl_lock);
-    redisContext *c = kb__redis_conn_get(&t->ctl, NULL, 0);
+    pthread_mutex_lock(&t->stats_lock);
+    redisContext *c = kb__redis_conn_get(&t->stats, NULL, 0);
     int rc = KB_ETRANSPORT;
     if (c != NULL) {
         redisAppendCommand(c, "HGET %s partitions", tt->meta);
@@ -88,7 +88,7 @@ int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out
         }
         rc = ctl_run(t, c, r, n);
     }
-    pthread_mutex_unlock(&t->ctl_lock);
+    pthread_mutex_unlock(&t->stats_lock);
     if (rc == KB_OK) {
         /* a topic published or subscribed here was checked then */
         if (!subscribed && out->published == 0)
@@ -122,8 +122,8 @@ int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t 
     if (known != KB_OK)
         return known;
     redisReply *r[4] = {NULL, NULL, NULL, NULL};
-    pthread_mutex_lock(&t->ctl_lock);
-    redisContext *c = kb__redis_conn_get(&t->ctl, NULL, 0);
+    pthread_mutex_lock(&t->stats_lock);
+    redisContext *c = kb__redis_conn_get(&t->stats, NULL, 0);
     int rc = KB_ETRANSPORT;
     if (c != NULL) {
         redisAppendCommand(c, "XLEN kb:{%s}:p:%u", topic, partition);
@@ -132,7 +132,7 @@ int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t 
         redisAppendCommand(c, "EVAL %s 1 kb:{%s}:p:%u", LAST_ID_LUA, topic, partition);
         rc = ctl_run(t, c, r, 4);
     }
-    pthread_mutex_unlock(&t->ctl_lock);
+    pthread_mutex_unlock(&t->stats_lock);
     if (rc != KB_OK)
         return rc;
     out->length = int_of(r[0]);
