@@ -69,6 +69,11 @@ kb_conf *kb_cli_conf_make(int *status);
  * configuration kb_open refused (KB_EINVAL), else KB_CLI_EXIT_ERROR. */
 kb_bus *kb_cli_open_conf(const char *cmd, kb_conf *c, int *status);
 
+/* Turn off the keys that serve a running service, not a command:
+ * metrics.listen and stats.interval_ms (docs/cli.md, "A service's
+ * configuration file"). kb_cli_open_conf calls it. */
+void kb_cli_drop_service_keys(kb_conf *c);
+
 /* kb_cli_conf_make, then kb_cli_open_conf. */
 kb_bus *kb_cli_open(const char *cmd, int *status);
 
