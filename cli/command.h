@@ -77,6 +77,10 @@ void kb_cli_drop_service_keys(kb_conf *c);
 /* kb_cli_conf_make, then kb_cli_open_conf. */
 kb_bus *kb_cli_open(const char *cmd, int *status);
 
+/* kb_cli_open, with the consumer group the bus reads for (the `group` key,
+ * KEYBUS_GROUP and -X included) into group: what reading commands name. */
+kb_bus *kb_cli_open_group(const char *cmd, char *group, size_t len, int *status);
+
 /* The transport's scheme ("mem", "redis", ...) the configuration (KEYBUS_*
  * included) names, into buf. */
 void kb_cli_scheme(kb_conf *c, char *buf, size_t len);
