@@ -89,8 +89,17 @@ kb_conf *kb_cli_conf_make(int *status);
  * configuration kb_open refused (KB_EINVAL), else KB_CLI_EXIT_ERROR. */
 kb_bus *kb_cli_open_conf(const char *cmd, kb_conf *c, int *status);
 
+/* Turn off the keys that serve a running service, not a command:
+ * metrics.listen and stats.interval_ms (docs/cli.md, "A service's
+ * configuration file"). kb_cli_open_conf calls it. */
+void kb_cli_drop_service_keys(kb_conf *c);
+
 /* kb_cli_conf_make, then kb_cli_open_conf. */
 kb_bus *kb_cli_open(const char *cmd, int *status);
+
+/* kb_cli_open, with the consumer group the bus reads for (the `group` key,
+ * KEYBUS_GROUP and -X included) into group: what reading commands name. */
+kb_bus *kb_cli_open_group(const char *cmd, char *group, size_t len, int *status);
 
 /* The transport's scheme ("mem", "redis", ...) the configuration (KEYBUS_*
  * included) names, into buf. */

@@ -19,12 +19,15 @@ const struct kb_cli_command kb_cli_commands[] = {
      kb_cli_publish},
     {"stats", "TOPIC [--json | --text]", "the topic's counters and broker figures",
      "--json (the default): one JSON line (docs/formats.md). --text: one\n"
-     "`name value` line per figure. Reads only: nothing is created on the\n"
-     "broker; exit 4 when the topic does not exist there.\n",
+     "`name value` line per figure. Pending and lag are those of the group\n"
+     "the `group` key names (-X group=G), which the output names. Reads only:\n"
+     "nothing is created on the broker; exit 4 when the topic does not exist\n"
+     "there.\n",
      kb_cli_stats},
     {"partitions", "TOPIC [--json]", "one row per broker partition",
      "Length, pending, lag, redelivered, consumers and the lease owner of\n"
-     "each partition, as a table; --json: one JSON object per partition and\n"
+     "each partition for the group the `group` key names (-X group=G; the\n"
+     "output names it), as a table; --json: one JSON object per partition and\n"
      "line. Exit 4 on mem:// (no partitions) or for a topic the broker does\n"
      "not have.\n",
      kb_cli_partitions},
@@ -36,7 +39,8 @@ const struct kb_cli_command kb_cli_commands[] = {
      kb_cli_metrics},
     {"top", "TOPIC...", "a live view: rates, depth and lag, once a second",
      "Per topic: stored events, arrivals and completions per second, pending,\n"
-     "lag and dead letters. Plain text (redrawn in place on a terminal);\n"
+     "lag (of the group the `group` key names, shown at the top) and dead\n"
+     "letters. Plain text (redrawn in place on a terminal);\n"
      "q or SIGINT/SIGTERM ends it.\n",
      kb_cli_top},
     {"dlq-list", "TOPIC [MAX] [--json]", "dead letters, oldest first (MAX 1..1000000, default 100)",

@@ -194,6 +194,7 @@ kb_conf *kb_cli_conf_make(int *status)
 kb_bus *kb_cli_open_conf(const char *cmd, kb_conf *c, int *status)
 {
     char err[512];
+    kb_cli_drop_service_keys(c);
     kb_bus *b = kb_open(c, err, sizeof err);
     if (b == NULL) {
         int rc = kb_last_error_code();

@@ -45,15 +45,17 @@ static double rate(uint64_t now, uint64_t before, double seconds)
     return now > before && seconds > 0 ? (double)(now - before) / seconds : 0.0;
 }
 
-static void draw(char **topics, int n, const struct sample *cur, const struct sample *prev,
-                 bool tty)
+static void draw(char **topics, int n, const char *group, const struct sample *cur,
+                 const struct sample *prev, bool tty)
 {
     if (tty)
         fputs("\033[H\033[2J", stdout);   /* home, clear: a redraw in place */
     time_t wall = time(NULL);
     char when[32];
     strftime(when, sizeof when, "%H:%M:%S", localtime(&wall));
-    printf("keybus top %s  (every %d ms; q or Ctrl-C quits)\n", when, TOP_INTERVAL_MS);
+    printf("keybus top %s  group ", when);
+    kb_cli_escape(stdout, group, strlen(group));
+    printf("  (every %d ms; q or Ctrl-C quits)\n", TOP_INTERVAL_MS);
     printf("%-32s %5s %12s %10s %10s %10s %10s %8s\n", "TOPIC", "PARTS", "LENGTH", "IN/s",
            "DONE/s", "PENDING", "LAG", "DLQ");
     for (int i = 0; i < n; i++) {
@@ -124,7 +126,8 @@ int kb_cli_top(int argc, char **argv)
         perror("keybus top: signalfd");
         return KB_CLI_EXIT_ERROR;
     }
-    kb_bus *b = kb_cli_open(argv[0], &status);
+    char group[256];
+    kb_bus *b = kb_cli_open_group(argv[0], group, sizeof group, &status);
     int n = argc - 1;
     struct sample *cur = calloc((size_t)n, sizeof *cur), *prev = calloc((size_t)n, sizeof *prev);
     if (b == NULL || cur == NULL || prev == NULL) {
@@ -153,7 +156,7 @@ int kb_cli_top(int argc, char **argv)
             cur[i].rc = kb_stats(b, argv[i + 1], &cur[i].s);
             cur[i].at = now_s();
         }
-        draw(argv + 1, n, cur, prev, tty);
+        draw(argv + 1, n, group, cur, prev, tty);
         if (ferror(stdout)) {
             fprintf(stderr, "keybus top: writing to stdout failed\n");
             status = KB_CLI_EXIT_ERROR;

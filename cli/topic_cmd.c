@@ -20,10 +20,12 @@ int kb_cli_publish(int argc, char **argv)
     return kb_cli_close(b, argv[0], kb_cli_status_of(argv[0], rc));
 }
 
-static void stats_json(const char *topic, const kb_topic_stats *s)
+static void stats_json(const char *topic, const char *group, const kb_topic_stats *s)
 {
     fputs("{\"topic\":", stdout);
     kb_cli_json_string(stdout, topic, strlen(topic));
+    fputs(",\"group\":", stdout);
+    kb_cli_json_string(stdout, group, strlen(group));
     printf(",\"published\":%" PRIu64 ",\"partitions\":%" PRIu32 ",\"broker_length\":%" PRIu64
            ",\"broker_pending\":%" PRIu64 ",\"broker_lag\":%" PRIu64 ",\"dlq_length\":%" PRIu64
            "}\n",
@@ -31,10 +33,12 @@ static void stats_json(const char *topic, const kb_topic_stats *s)
            s->dlq_length);
 }
 
-static void stats_text(const char *topic, const kb_topic_stats *s)
+static void stats_text(const char *topic, const char *group, const kb_topic_stats *s)
 {
     fputs("topic ", stdout);
     kb_cli_escape(stdout, topic, strlen(topic));
+    fputs("\ngroup ", stdout);
+    kb_cli_escape(stdout, group, strlen(group));
     printf("\npublished %" PRIu64 "\npartitions %" PRIu32 "\npartitions_owned %" PRIu32
            "\nbroker_length %" PRIu64 "\nbroker_pending %" PRIu64 "\nbroker_lag %" PRIu64
            "\ndlq_length %" PRIu64 "\n",
@@ -52,20 +56,24 @@ int kb_cli_stats(int argc, char **argv)
     if (set[0] && set[1])
         return kb_cli_usage_error(argv[0], "--json and --text exclude each other");
     status = kb_cli_check_args(argv[0], argc, argv, 1, 1, 1, true);
-    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(argv[0], &status) : NULL;
+    char group[256];
+    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open_group(argv[0], group, sizeof group, &status)
+                                         : NULL;
     if (b == NULL)
         return status;
     kb_topic_stats s;
     int rc = kb_stats(b, argv[1], &s);
     if (rc == KB_OK)
-        (set[1] ? stats_text : stats_json)(argv[1], &s);
+        (set[1] ? stats_text : stats_json)(argv[1], group, &s);
     return kb_cli_close(b, argv[0], kb_cli_status_of(argv[0], rc));
 }
 
-static void partition_json(const char *topic, const kb_partition_stats *p)
+static void partition_json(const char *topic, const char *group, const kb_partition_stats *p)
 {
     fputs("{\"topic\":", stdout);
     kb_cli_json_string(stdout, topic, strlen(topic));
+    fputs(",\"group\":", stdout);
+    kb_cli_json_string(stdout, group, strlen(group));
     printf(",\"partition\":%" PRIu32 ",\"length\":%" PRIu64 ",\"pending\":%" PRIu64
            ",\"lag\":%" PRIu64 ",\"redelivered\":%" PRIu64 ",\"consumers\":%" PRIu32
            ",\"owner\":",
@@ -90,7 +98,9 @@ int kb_cli_partitions(int argc, char **argv)
     if ((argc = kb_cli_flags(argv[0], argc, argv, flags, 1, &json)) < 0)
         return KB_CLI_EXIT_USAGE;
     int status = kb_cli_check_args(argv[0], argc, argv, 1, 1, 1, true);
-    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(argv[0], &status) : NULL;
+    char group[256];
+    kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open_group(argv[0], group, sizeof group, &status)
+                                         : NULL;
     if (b == NULL)
         return status;
     kb_topic_stats s;
@@ -99,12 +109,17 @@ int kb_cli_partitions(int argc, char **argv)
         kb_cli_errf("topic %s: the transport has no partitions", argv[1]);
         rc = KB_ENOTFOUND;
     }
-    if (rc == KB_OK && !json)
-        printf("partition       length    pending        lag redelivered consumers  owner\n");
+    if (rc == KB_OK && !json) {
+        fputs("topic ", stdout);
+        kb_cli_escape(stdout, argv[1], strlen(argv[1]));
+        fputs("  group ", stdout);
+        kb_cli_escape(stdout, group, strlen(group));
+        printf("\npartition       length    pending        lag redelivered consumers  owner\n");
+    }
     for (uint32_t i = 0; rc == KB_OK && i < s.partitions; i++) {
         kb_partition_stats p;
         if ((rc = kb_partition_stats_get(b, argv[1], i, &p)) == KB_OK)
-            json ? partition_json(argv[1], &p) : partition_row(&p);
+            json ? partition_json(argv[1], group, &p) : partition_row(&p);
     }
     return kb_cli_close(b, argv[0], kb_cli_status_of(argv[0], rc));
 }

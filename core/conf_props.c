@@ -17,7 +17,11 @@ const kb_conf_prop kb__core_props[] = {
      "refused before it is loaded."},
     {"transport", KB_CONF_URL, "mem://", 0, 4096,
      "Transport URL; the scheme picks the transport: `mem://`, "
-     "`redis://[user:pass@]host:port[/db]`, `nats://[user:pass@]host:port`."},
+     "`redis://[user:pass@]host:port[/db]`, "
+     "`redis-sentinel://[user:pass@]host1:26379,host2:26379/<master-name>`, "
+     "`nats://[user:pass@]host:port`, or NATS seed servers "
+     "`nats://[user:pass@]host1:4222,host2:4222` (also written "
+     "`nats://host1:4222,nats://host2:4222`)."},
     {"pool.workers", KB_CONF_INT, "1024", 1, 1 << 20,
      "Lanes per topic. An aggregate always maps to lane `fnv1a32(key) % pool.workers`."},
     {"pool.threads", KB_CONF_INT, "0", 0, 1024,

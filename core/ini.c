@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -113,6 +114,8 @@ struct reader {
     void *arg;
     bool shared;          /* the file has keybus sections: the rest is the application's */
     bool ours;            /* the current section is keybus's */
+    int bad_line;         /* the first pass's first bad line (0: none) and why */
+    char bad_why[384];
     char section[KEY_MAX / 2];
     char value[KB_INI_LINE_MAX + 1];
 };
@@ -134,6 +137,13 @@ static int enter_section(struct reader *r, const char *s, size_t n, char *why, s
     int rc = parse_section(s, n, r->section, why, whylen);
     if (rc != KB_OK)
         return rc;
+    /* [KeyBus.pool] would silently be the application's section */
+    if (strncasecmp(r->section, "keybus", 6) == 0 && strncmp(r->section, "keybus", 6) != 0 &&
+        (r->section[6] == '\0' || r->section[6] == '.')) {
+        kb_errf(why, whylen, "section [%s]: keybus's sections are spelled in lower case "
+                "([keybus], [keybus.NAME])", r->section);
+        return KB_EINVAL;
+    }
     bool own = keybus_section(r->section);
     if (r->fn == NULL)
         r->shared |= own;
@@ -183,8 +193,9 @@ static int parse_line(struct reader *r, const char *s, size_t n, char *why, size
 }
 
 /* One pass over the lines; the first error names its line. The first pass
- * (no fn) only looks for keybus sections and reads on past errors: the
- * second reports them, with the pairs above them set. */
+ * (no fn) only looks for keybus sections and reads on past errors, keeping
+ * the first bad line; the second reports errors, with the pairs above them
+ * set. */
 static int parse_text(struct reader *r, const char *name, const char *text, size_t len,
                       char *errstr, size_t errlen)
 {
@@ -205,8 +216,17 @@ static int parse_text(struct reader *r, const char *name, const char *text, size
         } else {
             rc = parse_line(r, s, n, why, sizeof why);
         }
-        if (rc != KB_OK && r->fn != NULL)
+        if (rc != KB_OK && r->fn != NULL && !r->shared && r->bad_line > line) {
+            /* a pair refused above a bad line: that line (an unclosed
+             * `[keybus`) may be why the pair was taken for keybus's */
+            kb_errf(errstr, errlen, "%s:%d: %s", name, r->bad_line, r->bad_why);
+            rc = KB_EINVAL;
+        } else if (rc != KB_OK && r->fn != NULL) {
             kb_errf(errstr, errlen, "%s:%d: %s", name, line, why);
+        } else if (rc != KB_OK && r->bad_line == 0) {
+            r->bad_line = line;
+            snprintf(r->bad_why, sizeof r->bad_why, "%s", why);
+        }
     }
     return rc;
 }

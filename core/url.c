@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <keybus/transport.h>
 
@@ -199,6 +200,32 @@ static const char *parse_hosts(kb_url *u, const char *h, const char *hend, int *
     return u->host == NULL ? "" : NULL;
 }
 
+/* `url` with the scheme written again before later entries of a host list
+ * dropped ("nats://h1:1,nats://h2:2" -> "nats://h1:1,h2:2", the form the
+ * NATS tools use), into buf (at least strlen(url) + 1 bytes); the authority
+ * ends at the first '/', '?' or '#' not part of such a prefix. url itself
+ * when it has no "://" or nothing to drop. */
+static const char *drop_repeated_schemes(const char *url, char *buf)
+{
+    const char *sep = strstr(url, "://");
+    if (sep == NULL)
+        return url;
+    size_t slen = (size_t)(sep - url), o = (size_t)(sep + 3 - url);
+    const char *p = sep + 3;
+    memcpy(buf, url, o);
+    bool dropped = false;
+    for (; *p != '\0' && strchr("/?#", *p) == NULL; p++) {
+        buf[o++] = *p;
+        if (*p == ',' && strncasecmp(p + 1, url, slen) == 0 &&
+            strncmp(p + 1 + slen, "://", 3) == 0) {
+            p += slen + 3;
+            dropped = true;
+        }
+    }
+    strcpy(buf + o, p);
+    return dropped ? buf : url;
+}
+
 kb_url *kb_url_parse(const char *url, char *errstr, size_t errlen)
 {
     int oom = 0;
@@ -211,6 +238,8 @@ kb_url *kb_url_parse(const char *url, char *errstr, size_t errlen)
         if (isspace((unsigned char)url[i]) || iscntrl((unsigned char)url[i]))
             return fail(NULL, 0, errstr, errlen,
                         "URL has whitespace or a control character (percent-encode it)");
+    char same[URL_MAX + 1];
+    url = drop_repeated_schemes(url, same);
     const char *sep = strstr(url, "://");
     size_t slen = sep ? (size_t)(sep - url) : 0;
     for (size_t i = 0; i < slen; i++)
@@ -299,6 +328,9 @@ const char *kb_url_redact(const char *url, char *out, size_t outlen)
         snprintf(out, outlen, "(null)");
         return out;
     }
+    char same[URL_MAX + 1];
+    if (strnlen(url, URL_MAX + 1) <= URL_MAX)
+        url = drop_repeated_schemes(url, same);
     const char *sep = strstr(url, "://");
     const char *rest = sep ? sep + 3 : url;
     /* Any '@' may end a password, also one typed unencoded in a path or after

@@ -25,11 +25,19 @@ int main(void)
         kb_conf_destroy(conf);
         return 1;
     }
-    int last = 0;
-    kb_subscribe(bus, "orders.events", on_order, &last);
-    for (char seq = '1'; seq <= '3'; seq++)
-        kb_publish(bus, "orders.events", "order-123", strlen("order-123"), &seq, 1);
-    kb_drain(bus, 10000);   /* handled, on every transport (kb_flush: stored) */
-    printf("handled %d events of order-123 in order\n", last);
-    return kb_close(bus, 5000) == KB_OK ? 0 : 1;
+    /* every call returns KB_OK or a KB_E* code; kb_last_error() says why */
+    int last = 0, rc = kb_subscribe(bus, "orders.events", on_order, &last);
+    for (char seq = '1'; seq <= '3' && rc == KB_OK; seq++)
+        rc = kb_publish(bus, "orders.events", "order-123", strlen("order-123"), &seq, 1);
+    if (rc == KB_OK)
+        rc = kb_drain(bus, 10000);   /* handled, on every transport (kb_flush: stored) */
+    if (rc == KB_OK)
+        printf("handled %d events of order-123 in order\n", last);
+    else
+        fprintf(stderr, "%s: %s\n", kb_strerror(rc), kb_last_error());
+    if (kb_close(bus, 5000) != KB_OK) {
+        fprintf(stderr, "kb_close: %s\n", kb_last_error());
+        return 1;
+    }
+    return rc == KB_OK ? 0 : 1;
 }

@@ -7,13 +7,16 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <netinet/in.h>
 #include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -248,6 +251,36 @@ static void secrets_leave_the_command_line(void **state)
         fail_msg("core dumps still on: %.80s", core);
 }
 
+/* A service's file names its metrics endpoint, which the service holds:
+ * the CLI reads the file without listening there (nor starting the feed). */
+static void the_service_keys_are_left_to_the_service(void **state)
+{
+    (void)state;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 1), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &alen), 0);
+    char path[] = "/tmp/keybus-svc-XXXXXX", text[256];
+    int f = mkstemp(path);
+    assert_true(f >= 0);
+    int n = snprintf(text, sizeof text, "[app]\nx = 1\n[keybus]\nmetrics.listen = 127.0.0.1:%d\n"
+                     "stats.interval_ms = 100\n", ntohs(a.sin_port));
+    assert_int_equal(write(f, text, (size_t)n), n);
+    close(f);
+    kb_test_cli_result r;
+    cli(&r, (const char *const[]){"-c", path, "metrics", NULL});
+    if (r.status != 0 || r.err[0] != '\0')
+        fail_msg("metrics with the service's file: exit %d, stderr %s", r.status, r.err);
+    /* conf still shows the file's values: they are the service's */
+    cli(&r, (const char *const[]){"-c", path, "conf", NULL});
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "stats.interval_ms = 100"));
+    unlink(path);
+    close(fd);
+}
+
 int main(void)
 {
     unsetenv("KEYBUS_TRANSPORT");
@@ -256,6 +289,7 @@ int main(void)
         cmocka_unit_test(no_secret_is_printed),
         cmocka_unit_test(text_is_escaped_and_json_exact),
         cmocka_unit_test(secrets_leave_the_command_line),
+        cmocka_unit_test(the_service_keys_are_left_to_the_service),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -169,7 +169,8 @@ static void consume_n_takes_exactly_n(void **state)
             fail_msg("event %d printed %d times", i, seen[i]);
     /* and acknowledged: nothing pending or waiting for the group */
     run(&r, (const char *[]){"stats", topic, "--text", "-X", "group=ops", NULL});
-    if (r.status != 0 || strstr(r.out, "\nbroker_pending 0\n") == NULL ||
+    if (r.status != 0 || strstr(r.out, "\ngroup ops\n") == NULL ||
+        strstr(r.out, "\nbroker_pending 0\n") == NULL ||
         strstr(r.out, "\nbroker_lag 0\n") == NULL)
         fail_msg("stats after both: exit %d: %s%s", r.status, r.out, r.err);
 
@@ -185,7 +186,8 @@ static void consume_n_takes_exactly_n(void **state)
         snprintf(line, sizeof line, "%.*s", (int)(nl - s), s);
         if (line[0] != '{' || line[strlen(line) - 1] != '}' || json_number(line, "partition") != i ||
             json_number(line, "pending") != 0 || json_number(line, "lag") != 0 ||
-            json_number(line, "redelivered") < 0 || strstr(line, "\"owner\":\"") == NULL)
+            json_number(line, "redelivered") < 0 || strstr(line, "\"owner\":\"") == NULL ||
+            strstr(line, "\"group\":\"ops\"") == NULL)
             fail_msg("partition %d: %s", i, line);
         length += json_number(line, "length");
     }
@@ -193,10 +195,11 @@ static void consume_n_takes_exactly_n(void **state)
         assert_int_equal(length, TOTAL);   /* entries; NATS counts messages (frames) */
     else
         assert_true(length > 0 && length <= TOTAL);
-    run(&r, (const char *[]){"partitions", topic, NULL});
+    run(&r, (const char *[]){"partitions", topic, "-X", "group=ops", NULL});
     assert_int_equal(r.status, 0);
-    assert_int_equal(count_lines(r.out), 9);   /* a header, then the rows */
+    assert_int_equal(count_lines(r.out), 10);   /* the topic and group, a header, the rows */
     assert_non_null(strstr(r.out, "redelivered"));
+    assert_non_null(strstr(r.out, "  group ops\n"));
 }
 
 static void consume_prints_headers(void **state)

@@ -113,6 +113,23 @@ static void a_shared_file_leaves_other_sections_to_the_application(void **state)
     /* [keybusx] is no keybus section */
     assert_int_equal(load(c, "[keybusx]\nworkers = 8\n", err, sizeof err), KB_ENOTFOUND);
     kb_conf_destroy(c);
+
+    /* an unclosed header is reported at its own line, not as the pair above */
+    c = kb_conf_new();
+    assert_int_equal(load(c, "[app]\nevents = 5\n[keybus\ngroup = g\n", err, sizeof err),
+                     KB_EINVAL);
+    assert_non_null(strstr(err, ":3: "));
+    assert_non_null(strstr(err, "without ']'"));
+    /* keybus's sections in another letter case are an error naming them */
+    assert_int_equal(load(c, "[app]\nevents = 5\n[KeyBus.pool]\nworkers = 8\n", err, sizeof err),
+                     KB_EINVAL);
+    assert_non_null(strstr(err, ":3: "));
+    assert_non_null(strstr(err, "[KeyBus.pool]"));
+    assert_int_equal(load(c, "[KEYBUS]\ngroup = g\n", err, sizeof err), KB_EINVAL);
+    assert_non_null(strstr(err, "[KEYBUS]"));
+    /* the keys below them are not set */
+    assert_value(c, "group", "keybus");
+    kb_conf_destroy(c);
 }
 
 /* kb_open returns NULL: the class of the failure is still observable. */

@@ -41,6 +41,26 @@ static void hello_prints_the_same_everywhere(void **state)
     }
 }
 
+/* A call that fails is said on stderr, with kb_last_error(), and the exit
+ * status is 1: here kb_publish refuses the key (limits.max_key_bytes). */
+static void hello_says_why_it_fails(void **state)
+{
+    (void)state;
+    char out[512];
+    setenv("KEYBUS_LIMITS_MAX_KEY_BYTES", "4", 1);
+    setenv("KEYBUS_TRANSPORT", url, 1);
+    FILE *p = popen(KB_EXAMPLE_HELLO " 2>&1", "r");
+    unsetenv("KEYBUS_TRANSPORT");
+    unsetenv("KEYBUS_LIMITS_MAX_KEY_BYTES");
+    assert_non_null(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 1 ||
+        strstr(out, "limits.max_key_bytes") == NULL || strstr(out, "handled") != NULL)
+        fail_msg("%s: status %d, output \"%s\"", url, status, out);
+}
+
 int main(int argc, char **argv)
 {
     static kb_test_server server;
@@ -50,6 +70,7 @@ int main(int argc, char **argv)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hello_prints_the_same_everywhere),
+        cmocka_unit_test(hello_says_why_it_fails),
     };
-    return kb_test_run_group("examples", kind, tests, 1, &server);
+    return kb_test_run_group("examples", kind, tests, 2, &server);
 }

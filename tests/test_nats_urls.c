@@ -130,6 +130,15 @@ static void server_list(void **state)
     assert_non_null(strstr(kb_last_error(), "eplicas"));
     no_marker(kb_last_error());
     kb_assert_ok(kb_close(b, 5000));
+    /* the form the NATS tools use: the scheme again before every server */
+    snprintf(url, sizeof url, "nats://alice:" MARKER "@127.0.0.1:%d,nats://127.0.0.1:%d",
+             kb_test_free_port(), s.port);
+    b = try_open(url, "nats.replicas", "1", err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open with nats:// before every seed: %s", err);
+    kb_assert_ok(kb_publish(b, "urls.list", "k", 1, "v", 1));
+    kb_assert_ok(kb_flush(b, 10000));
+    kb_assert_ok(kb_close(b, 5000));
     kb_conf *c = kb_conf_new();
     assert_int_equal(kb_conf_set(c, "nats.replicas", "6", err, sizeof err), KB_EINVAL);
     assert_non_null(strstr(err, "nats.replicas"));

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -459,6 +460,55 @@ static void server_down_at_start(void **state)
     kb_test_server_stop(&srv);
 }
 
+struct opener {
+    const char *url;
+    kb_bus *b;
+    char err[256];
+};
+
+static void *open_waiting(void *arg)
+{
+    struct opener *o = arg;
+    kb_conf *c = kb_conf_new();
+    kb_conf_set(c, "transport", o->url, o->err, sizeof o->err);
+    kb_conf_set(c, "redis.connect_timeout_ms", "500", o->err, sizeof o->err);
+    kb_conf_set(c, "redis.reconnect_max_ms", "200", o->err, sizeof o->err);
+    kb_conf_set(c, "redis.connect_wait_ms", "20000", o->err, sizeof o->err);
+    o->b = kb_open(c, o->err, sizeof o->err);
+    if (o->b == NULL)
+        kb_conf_destroy(c);
+    return NULL;
+}
+
+/* The server is down when the bus opens: with redis.connect_wait_ms the open
+ * waits for it, as nats.connect_wait_ms does; nothing published is lost. */
+static void server_down_open_waits(void **state)
+{
+    (void)state;
+    assert_int_equal(kb_test_server_start(&srv, "redis", NULL), 0);
+    kb_test_server_signal(&srv, SIGKILL);
+    char topic[64];
+    snprintf(topic, sizeof topic, "fault.wait.%d", (int)getpid());
+    struct opener o = {srv.url, NULL, ""};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, open_waiting, &o), 0);
+    usleep(800000);
+    assert_int_equal(kb_test_server_restart(&srv), 0);
+    pthread_join(th, NULL);
+    if (o.b == NULL)
+        fail_msg("kb_open: %s", o.err);
+    kb_tracker t;
+    kb_tracker_init(&t, KEYS);
+    kb_assert_ok(kb_subscribe(o.b, topic, kb_tracker_handler, &t));
+    publish_range(o.b, topic, 1, 10, 0);
+    wait_tracker(&t, (uint64_t)KEYS * 10);
+    kb_assert_ok(kb_close(o.b, 5000));
+    assert_int_equal(kb_tracker_distinct(&t), (uint64_t)KEYS * 10);
+    assert_int_equal(t.order_violations, 0);
+    kb_tracker_destroy(&t);
+    kb_test_server_stop(&srv);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -468,6 +518,7 @@ int main(void)
         cmocka_unit_test_teardown(server_killed_and_restarted, teardown),
         cmocka_unit_test_teardown(server_killed_mid_publish, teardown),
         cmocka_unit_test_teardown(server_down_at_start, teardown),
+        cmocka_unit_test_teardown(server_down_open_waits, teardown),
     };
     return cmocka_run_group_tests_name("redis_faults", tests, NULL, NULL);
 }

@@ -40,6 +40,10 @@ static void parts_are_split_and_decoded(void **state)
         {"nats://[::ffff:10.0.0.1]:65535", "nats", NULL, NULL, "::ffff:10.0.0.1", 65535, "", NULL},
         {"x://h:007", "x", NULL, NULL, "h", 7, "", NULL},
         {"x://u:p@h1:1,[::1]:2,h3/m", "x", "u", "p", "h1:1,[::1]:2,h3", 0, "/m", NULL},
+        /* the scheme may be written again before each server (the NATS tools' form) */
+        {"nats://h1:1,nats://h2:2,NATS://[::1]:3", "nats", NULL, NULL, "h1:1,h2:2,[::1]:3", 0, "",
+         NULL},
+        {"x://u:p@h1:1,x://h2/m,x://y", "x", "u", "p", "h1:1,h2", 0, "/m,x://y", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char err[256] = "";
@@ -82,6 +86,8 @@ static void bad_parts_are_named_without_the_password(void **state)
         {"redis://h:1,,h2", "host list"},
         {"redis://h:1,h2:0", "port"},
         {"redis://h:1,h^2", "host"},
+        {"nats://h:1,nats://", "host list"},
+        {"nats://h:1,tls://h2:2", "port"},   /* another scheme is no server of this list */
         {"redis://[zz::1]:1", "host"},
         {"redis://[]:1", "host"},
         {"redis://[::1]x", "host"},
@@ -155,6 +161,7 @@ static void redact_masks_everything_before_the_last_at(void **state)
          "redis-sentinel://h1:26379,h2,[::1]:26380/mymaster"},
         {"nats://user:SECRET,n2:4222", "nats://user:***"},
         {"nats://n1:4222,user:SECRET", "nats://n1:***"},
+        {"nats://n1:4222,nats://n2:4222", "nats://n1:4222,n2:4222"},
     };
     char out[128];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)

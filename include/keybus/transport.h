@@ -99,8 +99,10 @@ typedef struct kb_url {
     char    *user;        /* NULL when absent */
     char    *password;    /* NULL when absent */
     char    *host;        /* "" when absent; IPv6 without brackets. Several hosts
-                           * ("h1:p1,[::1]:p2"): the list as written, each entry
-                           * checked like a single host[:port], and port 0 */
+                           * ("h1:p1,[::1]:p2"): the list as written (the scheme
+                           * repeated before an entry, "nats://h1,nats://h2", is
+                           * dropped), each entry checked like a single
+                           * host[:port], and port 0 */
     int      port;        /* 0 when absent, else 1..65535 */
     char    *path;        /* "" or "/..." */
     char    *query;       /* NULL when absent; text after '?', not decoded */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "redis_int.h"
@@ -49,6 +50,9 @@ static const kb_conf_prop redis_props[] = {
     {"redis.wait_timeout_ms", KB_CONF_INT, "1000", 1, 600000,
      "Redis: how long each `WAIT` (`redis.wait_replicas`) waits for the replicas; below "
      "`redis.read_timeout_ms`."},
+    {"redis.connect_wait_ms", KB_CONF_INT, "0", 0, 3600000,
+     "How long `kb_open` keeps trying an unreachable server (with the reconnect "
+     "backoff); 0 = fail at once with `KB_ETRANSPORT`."},
     {"redis.reconnect_min_ms", KB_CONF_INT, "50", 1, 60000,
      "Redis: first reconnect delay; doubles per failure, with jitter."},
     {"redis.reconnect_max_ms", KB_CONF_INT, "5000", 1, 600000,
@@ -263,6 +267,29 @@ static int take_password(kb_transport *t, const char *password, char *errstr, si
     return KB_OK;
 }
 
+/* The control connection, tried until redis.connect_wait_ms has passed (0:
+ * once), so a service may start before its server: an unreachable server
+ * or a refused AUTH is a kb_open error only then. */
+static redisContext *connect_first(kb_transport *t, int64_t wait_ms, char *errstr, size_t errlen)
+{
+    int64_t deadline = kb_deadline_ns((int)wait_ms);
+    pthread_mutex_lock(&t->ctl_lock);
+    redisContext *ctx;
+    while ((ctx = kb__redis_conn_force(&t->ctl, errstr, errlen)) == NULL && wait_ms > 0) {
+        int64_t now = kb_now_ns(), until = t->ctl.next_try_ns;
+        if (now >= deadline)
+            break;
+        if (until > deadline)
+            until = deadline;
+        if (until <= now)
+            continue;
+        struct timespec ts = {(until - now) / 1000000000, (until - now) % 1000000000};
+        nanosleep(&ts, NULL);
+    }
+    pthread_mutex_unlock(&t->ctl_lock);
+    return ctx;
+}
+
 static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *errstr,
                       size_t errlen)
 {
@@ -305,11 +332,7 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     /* The nonce tells this process's leases from a restarted namesake's. */
     snprintf(t->token, sizeof t->token, "%s#%016" PRIx64, t->consumer, kb_bus_random(t->bus));
 
-    /* Fail fast: an unreachable server or a refused AUTH is a kb_open error. */
-    pthread_mutex_lock(&t->ctl_lock);
-    redisContext *ctx = kb__redis_conn_force(&t->ctl, errstr, errlen);
-    pthread_mutex_unlock(&t->ctl_lock);
-    if (ctx == NULL) {
+    if (connect_first(t, kb_conf_int(c, "redis.connect_wait_ms"), errstr, errlen) == NULL) {
         transport_free(t);
         return KB_ETRANSPORT;
     }
