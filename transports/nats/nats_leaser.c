@@ -95,7 +95,10 @@ static bool heartbeat(kb_transport *t, int64_t started, int64_t renew_ns, bool *
         kb__nats_kv_add(&ops, mine, NULL, 0, false);
         for (uint32_t i = 0; i < t->partitions; i++) {
             kb_nats_part *p = &tp->parts[i];
-            if (p->lease_rev != 0 && started >= p->lease_until_ns - renew_ns)
+            /* due now or within a twelfth of the TTL: renewing a little early
+             * keeps the leases' renewals together in one batch */
+            if (p->lease_rev != 0 && started + t->lease_ttl_ms * 1000000 / 12 >=
+                                         p->lease_until_ns - renew_ns)
                 kb__nats_kv_add(&ops, p->lease_key, p, p->lease_rev, false);
         }
     }
@@ -189,7 +192,10 @@ static int64_t pass(kb_transport *t, bool *heartbeat_failing, bool *handing_over
             kb__nats_topic_take(t, tp, &rd);
     if (rd.stalled || rd.again || retry)
         return ROUND_RETRY(t);
-    return kb_now_ns() > rd.until ? 0 : t->lease_ttl_ms * 1000000 / 3;
+    /* the next round comes when the next renewal falls due at the latest: a
+     * round woken early (a member came) must not push renewals back */
+    int64_t left = rd.until - kb_now_ns();
+    return left > 0 ? left : 0;
 }
 
 static int kicked(void *arg)
