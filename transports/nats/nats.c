@@ -245,11 +245,14 @@ static int leaser_done(void *arg)
 }
 
 /* Both connections reported closed (the consumer's if it was made). */
+/* nats.c's closed callbacks have run and the membership watch's last
+ * message callback has returned: no callback of nats.c touches t again. */
 static int nc_closed(void *arg)
 {
     kb_transport *t = arg;
     return atomic_load(&t->nc_closed) &&
-           (atomic_load(&t->feed_nc) == NULL || atomic_load(&t->feed_closed));
+           (atomic_load(&t->feed_nc) == NULL || atomic_load(&t->feed_closed)) &&
+           kb__nats_watch_done(t);
 }
 
 /* 1/parts of the time left before deadline for one wait on nats.c: 2 s
@@ -323,7 +326,8 @@ static int nats_close(kb_transport *t, int64_t deadline)
     natsSubscription_Destroy(t->probe_sub);
     natsSubscription_Destroy(t->kv_sub);
     natsSubscription_Destroy(t->watch_sub);
-    kb__nats_watch_free(t);
+    if (closed)
+        kb__nats_watch_free(t);
     natsConnection_Destroy(atomic_load(&t->feed_nc));
     natsOptions_Destroy(t->feed_opts);
     free(t->creds_file);
@@ -339,12 +343,14 @@ static int nats_close(kb_transport *t, int64_t deadline)
     for (size_t i = 0; i < KB_NATS_TOPIC_CHUNKS; i++)
         free(atomic_load(&t->topic_chunks[i]));
     kb_signal_free(t->resent);
-    kb_signal_free(t->lease_wake);
+    if (closed)   /* else the watch may still kick the lease thread */
+        kb_signal_free(t->lease_wake);
     kb_signal_free(t->acker_wake);
     kb_signal_free(t->acked);
     pthread_mutex_destroy(&t->tally_mu);
     pthread_mutex_destroy(&t->kv_lock);
-    pthread_mutex_destroy(&t->watch_mu);
+    if (closed)
+        pthread_mutex_destroy(&t->watch_mu);
     pthread_rwlock_destroy(&t->pub_lock);
     pthread_mutex_destroy(&t->resend_lock);
     pthread_mutex_destroy(&t->topics_lock);

@@ -98,17 +98,23 @@ int kb__nats_ack(kb_transport *t, const kb_delivery *d)
  * The entry is alive: its ring is freed only once every entry is settled. */
 int kb__nats_still_owned(kb_transport *t, const kb_delivery *d)
 {
-    (void)t;
     const kb_nats_entry *e = d->cookie;
     if (e == NULL)
         return 1;
     kb_nats_claim *c = e->claim;
-    if (atomic_load_explicit(&c->fenced, memory_order_acquire) ||
-        kb_now_ns() > atomic_load_explicit(&c->valid_until_ns, memory_order_relaxed)) {
-        atomic_fetch_add_explicit(&c->part->topic->unowned, 1, memory_order_relaxed);
-        return 0;
+    if (atomic_load_explicit(&c->fenced, memory_order_acquire))
+        goto unowned;
+    if (kb_now_ns() > atomic_load_explicit(&c->valid_until_ns, memory_order_relaxed)) {
+        /* expired for good: a late renewal must not bring the claim back
+         * after this event of its key was released (its next one would then
+         * be handled before it) */
+        kb__nats_claim_reset(t, c);
+        goto unowned;
     }
     return 1;
+unowned:
+    atomic_fetch_add_explicit(&c->part->topic->unowned, 1, memory_order_relaxed);
+    return 0;
 }
 
 void kb__nats_release(kb_transport *t, const kb_delivery *d)

@@ -95,10 +95,11 @@ static bool own_name(const kb_transport *t, kb_nats_topic *tp, long n, const cha
  * without a leader, whose state therefore cannot be read: what the claim
  * itself knows stands in for it, once the claim is finished (its frontier
  * final): everything up to its last ack was handled here. NULL otherwise. */
-static jsConsumerInfo *leaderless_own(kb_nats_topic *tp, long n, const char *name)
+static jsConsumerInfo *leaderless_own(const kb_transport *t, kb_nats_topic *tp, long n,
+                                      const char *name)
 {
     kb_nats_part *p = &tp->parts[n < 0 ? 0 : n];
-    kb_nats_claim *c = atomic_load(n < 0 ? &tp->wide_claims : &p->claims);
+    kb_nats_claim *c = atomic_load(kb__nats_consumer_wide(t, name) ? &tp->wide_claims : &p->claims);
     while (c != NULL && strcmp(c->consumer, name) != 0)
         c = c->next;
     if (c == NULL || !atomic_load(&c->leader_lost) || !atomic_load(&c->freed))
@@ -123,7 +124,7 @@ static bool read_covering(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l
         const char *name = l->names->List[i];
         if (l->info[i] != NULL || !covers(t, name, n) || own_name(t, tp, n, name))
             continue;
-        if ((l->info[i] = leaderless_own(tp, n, name)) != NULL)
+        if ((l->info[i] = leaderless_own(t, tp, n, name)) != NULL)
             continue;
         jsOptions o;
         jsOptions_Init(&o);

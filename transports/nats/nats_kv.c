@@ -240,6 +240,7 @@ void kb__nats_kv_run(kb_transport *t, kb_nats_kv_ops *ops)
     natsStatus s = kv_sub(t);
     uint32_t batch = ++t->kv_round;   /* replies of earlier batches are dropped */
     size_t pl = (size_t)snprintf(prefix, sizeof prefix, "%s.%u.", t->kv_inbox, batch);
+    ops->sent_ns = kb_now_ns();   /* a lease's server TTL starts after this */
     for (size_t i = 0; s == NATS_OK && i < ops->n; i++) {
         snprintf(reply, sizeof reply, "%s%zu", prefix, i);
         s = kv_send(t, &ops->v[i], reply);
@@ -261,14 +262,16 @@ void kb__nats_kv_run(kb_transport *t, kb_nats_kv_ops *ops)
     }
 }
 
-natsStatus kb__nats_lease_put(kb_transport *t, kb_nats_part *p, uint64_t expect, uint64_t *rev)
+natsStatus kb__nats_lease_put(kb_transport *t, kb_nats_part *p, uint64_t expect, uint64_t *rev,
+                              int64_t *sent_ns)
 {
-    kb_nats_kv_ops one = {NULL, 0, 0};
+    kb_nats_kv_ops one = {NULL, 0, 0, 0};
     natsStatus s = NATS_NO_MEMORY;
     if (kb__nats_kv_add(&one, p->lease_key, p, expect, false) != NULL) {
         kb__nats_kv_run(t, &one);
         s = one.v[0].s;
         *rev = one.v[0].rev;
+        *sent_ns = one.sent_ns;
     }
     free(one.v);
     return s;
@@ -301,7 +304,7 @@ static bool member_subjects(kb_transport *t, kb_nats_kv_ops *ops)
 void kb__nats_roster_load(kb_transport *t, kb_nats_roster *r)
 {
     memset(r, 0, sizeof *r);
-    kb_nats_kv_ops ops = {NULL, 0, 0};
+    kb_nats_kv_ops ops = {NULL, 0, 0, 0};
     if (!member_subjects(t, &ops)) {
         free(ops.v);
         return;

@@ -30,6 +30,7 @@ typedef struct kb_nats_kv_op {
 typedef struct kb_nats_kv_ops {
     kb_nats_kv_op *v;
     size_t n, cap;
+    int64_t sent_ns;               /* when kb__nats_kv_run sent them (monotonic) */
 } kb_nats_kv_ops;
 
 /* Append one operation (NULL on out of memory); free the batch's v. */
@@ -40,7 +41,8 @@ kb_nats_kv_op *kb__nats_kv_add(kb_nats_kv_ops *ops, const char *key, kb_nats_par
  * a round trip per key. Thread: the lease thread. */
 void kb__nats_kv_run(kb_transport *t, kb_nats_kv_ops *ops);
 /* One put of the partition's lease key on revision `expect` (0: create). */
-natsStatus kb__nats_lease_put(kb_transport *t, kb_nats_part *p, uint64_t expect, uint64_t *rev);
+natsStatus kb__nats_lease_put(kb_transport *t, kb_nats_part *p, uint64_t expect, uint64_t *rev,
+                              int64_t *sent_ns);
 
 /* Every live member key of the bucket ("m.>"): the stream's subjects under
  * it, then each one's last value read in one pipelined batch (a member that

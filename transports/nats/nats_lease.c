@@ -110,10 +110,13 @@ static void claim_end(kb_transport *t, kb_nats_part *p)
     kb_signal_notify(t->acked);   /* a feeder waiting for room in its ring */
 }
 
-static void lease_taken(kb_transport *t, kb_nats_part *p, uint64_t rev)
+/* The lease at revision rev, put at sent_ns or later: its local expiry
+ * counts from the send, not from the answer (the server's TTL runs from
+ * when it stored the put). */
+static void lease_taken(kb_transport *t, kb_nats_part *p, uint64_t rev, int64_t sent_ns)
 {
     p->lease_rev = rev;
-    p->lease_until_ns = kb_now_ns() + t->lease_ttl_ms * 1000000;
+    p->lease_until_ns = sent_ns + t->lease_ttl_ms * 1000000;
     kb_bus_lease_changed(t->bus, p->subject, p->n, 1);
     kb_log(t->bus, KB_LOG_DEBUG, "nats %s: lease of %s taken (revision %llu)", t->url_safe,
            p->subject, (unsigned long long)rev);
@@ -235,13 +238,14 @@ static bool fresh_revision(kb_transport *t, kb_nats_part *p, kb_nats_claim *earl
     if (!used)
         return true;
     uint64_t rev = 0;
-    natsStatus s = kb__nats_lease_put(t, p, p->lease_rev, &rev);
+    int64_t sent = 0;
+    natsStatus s = kb__nats_lease_put(t, p, p->lease_rev, &rev, &sent);
     if (s != NATS_OK) {   /* next round: a renewal will tell whether it is still ours */
         rd->stalled = rd->stalled || s != NATS_ERR;
         return false;
     }
     p->lease_rev = rev;
-    p->lease_until_ns = kb_now_ns() + t->lease_ttl_ms * 1000000;
+    p->lease_until_ns = sent + t->lease_ttl_ms * 1000000;
     return true;
 }
 
@@ -253,7 +257,7 @@ static bool taken(kb_transport *t, const kb_nats_kv_ops *ops)
     for (size_t i = 0; i < ops->n; i++) {
         answered += ops->v[i].s == NATS_OK || ops->v[i].s == NATS_ERR;
         if (ops->v[i].s == NATS_OK)
-            lease_taken(t, ops->v[i].p, ops->v[i].rev);
+            lease_taken(t, ops->v[i].p, ops->v[i].rev, ops->sent_ns);
     }
     return ops->n == 0 || answered > 0;
 }
@@ -268,7 +272,7 @@ static bool taken(kb_transport *t, const kb_nats_kv_ops *ops)
  * partition. */
 static void acquire_all(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd)
 {
-    kb_nats_kv_ops creates = {NULL, 0, 0}, reads = {NULL, 0, 0}, puts = {NULL, 0, 0};
+    kb_nats_kv_ops creates = {NULL, 0, 0, 0}, reads = {NULL, 0, 0, 0}, puts = {NULL, 0, 0, 0};
     for (uint32_t i = 0; i < t->partitions; i++) {
         kb_nats_part *p = &tp->parts[i];
         if (p->wanted && p->lease_rev == 0 && !p->releasing)

@@ -31,7 +31,7 @@ static bool answered(const kb_nats_kv_op *k)
 static void renew_again(kb_transport *t, kb_nats_kv_ops *ops)
 {
     for (int tries = 0; tries < 2; tries++) {
-        kb_nats_kv_ops again = {NULL, 0, 0};
+        kb_nats_kv_ops again = {NULL, 0, 0, 0};
         bool any = false;
         for (size_t i = 0; i < ops->n; i++)
             any = any || answered(&ops->v[i]);
@@ -58,7 +58,7 @@ static void renew_again(kb_transport *t, kb_nats_kv_ops *ops)
  * lost. */
 static void refused_check(kb_transport *t, kb_nats_kv_ops *ops)
 {
-    kb_nats_kv_ops reads = {NULL, 0, 0};
+    kb_nats_kv_ops reads = {NULL, 0, 0, 0};
     for (size_t i = 0; i < ops->n; i++)
         if (ops->v[i].p != NULL && ops->v[i].s == NATS_ERR)
             kb__nats_kv_add(&reads, ops->v[i].key, ops->v[i].p, ops->v[i].expect, true);
@@ -85,7 +85,7 @@ static void refused_check(kb_transport *t, kb_nats_kv_ops *ops)
 static bool heartbeat(kb_transport *t, int64_t started, int64_t renew_ns, bool *retry,
                       bool *heartbeat_failing)
 {
-    kb_nats_kv_ops ops = {NULL, 0, 0};
+    kb_nats_kv_ops ops = {NULL, 0, 0, 0};
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
          tp = tp->next) {
         if (!atomic_load(&tp->subscribed))

@@ -304,6 +304,7 @@ struct kb_transport {
      * subscription, kept until the connection is closed as above; what it
      * saw of each member key, under watch_mu */
     natsSubscription *watch_sub;
+    _Atomic int watch_done;            /* its last callback has returned (nats.c's completion) */
     pthread_mutex_t watch_mu;
     struct kb_nats_seen *watch_seen;   /* sorted by key */
     size_t watch_n, watch_cap;

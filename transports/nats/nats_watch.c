@@ -87,6 +87,15 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *
     natsMsg_Destroy(m);
 }
 
+/* nats.c calls this once the subscription is closed and its last message
+ * callback has returned: from then on nothing of the watch touches t. */
+static void on_complete(void *closure)
+{
+    kb_transport *t = closure;
+    atomic_store(&t->watch_done, 1);
+    kb_signal_notify(t->nc_event);
+}
+
 natsStatus kb__nats_watch_start(kb_transport *t)
 {
     if (t->watch_sub != NULL)
@@ -94,9 +103,16 @@ natsStatus kb__nats_watch_start(kb_transport *t)
     char subj[96];
     snprintf(subj, sizeof subj, "$KV.%s.>", t->bucket);
     natsStatus s = natsConnection_Subscribe(&t->watch_sub, t->nc, subj, on_msg, t);
+    if (s == NATS_OK)
+        s = natsSubscription_SetOnCompleteCB(t->watch_sub, on_complete, t);
     if (s == NATS_OK)   /* every renewal passes here too: never drop one for a slow callback */
         s = natsSubscription_SetPendingLimits(t->watch_sub, -1, -1);
     return s;
+}
+
+bool kb__nats_watch_done(const kb_transport *t)
+{
+    return t->watch_sub == NULL || atomic_load(&t->watch_done);
 }
 
 void kb__nats_watch_prune(kb_transport *t)

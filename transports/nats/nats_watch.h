@@ -27,7 +27,10 @@ size_t kb__nats_watch_count(kb_transport *t);
 /* Call fn for every key under `prefix` the watch counts as a member. */
 void kb__nats_watch_members(kb_transport *t, const char *prefix,
                             void (*fn)(const char *key, void *arg), void *arg);
-/* Free what it saw (close, after the connection is closed). */
+/* Has its last callback returned (close: after the connection is closed,
+ * before anything the callback uses goes)? True when it never started. */
+bool kb__nats_watch_done(const kb_transport *t);
+/* Free what it saw (close, once kb__nats_watch_done). */
 void kb__nats_watch_free(kb_transport *t);
 
 #endif /* KB_TRANSPORTS_NATS_WATCH_H */
