@@ -14,15 +14,6 @@ struct kb_serve {
     struct kb_stats_feed *feed;        /* stats.interval_ms's thread */
 };
 
-void kb__serve_cond_init(pthread_cond_t *c)
-{
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(c, &ca);
-    pthread_condattr_destroy(&ca);
-}
-
 static void serve_stop(kb_bus *b)
 {
     struct kb_serve *s = kb__bus_serve(b);

@@ -57,7 +57,7 @@ char *kb__metrics_partitions_json(const kb_metrics_snap *s);
 /* ---- what kb_open starts ---- */
 
 /* A condition variable whose timed waits take CLOCK_MONOTONIC deadlines
- * (kb_now_ns), for the threads below. */
+ * (kb_now_ns), for the threads below (cond.c). */
 void kb__serve_cond_init(pthread_cond_t *c);
 
 /* The endpoint's answers (scrape_cache.c): a collector thread and the last
