@@ -358,12 +358,13 @@ static void lost_in_transit(feeder *f, kb_nats_claim *c, const kb_nats_meta *met
 /* Count the message against its pull and wait for room in the claim's ring;
  * false (message destroyed) for a redelivery of one still here, or when the
  * claim or the bus stopped. */
-static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta)
+static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
+                  int64_t now)
 {
     kb_transport *t = f->t;
     c->pull_got = true;
     c->pull_expires_ms = t->fetch_expires_ms;
-    c->pull_deadline_ns = pull_deadline(c, kb_now_ns());
+    c->pull_deadline_ns = pull_deadline(c, now);
     c->leaderless_since_ns = 0;
     if (c->pull_left > 0 && --c->pull_left == 0)
         c->pull_open = false;
@@ -397,9 +398,9 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
 }
 
 /* The message's entry at the end of the ring, `events` of it to settle (0:
- * nothing to handle, done at once). */
+ * nothing to handle, done at once), delivered at `now`. */
 static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
-                           uint32_t part, uint32_t events)
+                           uint32_t part, uint32_t events, int64_t now)
 {
     c->delivered_hi = meta->sseq;
     uint64_t slot = atomic_load(&c->tail);
@@ -410,7 +411,7 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
     e->part = part;
     atomic_store_explicit(&e->dseq, meta->dseq, memory_order_relaxed);
     atomic_store_explicit(&e->runs, false, memory_order_relaxed);
-    e->since_ns = kb_now_ns();
+    e->since_ns = now;
     atomic_store(&e->pending, events);
     atomic_store(&e->released, 0);
     atomic_store(&e->done, events == 0);
@@ -437,8 +438,9 @@ static void unread_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_m
         return;
     }
     if (strcmp(natsMsg_GetSubject(m), tp->dlq_subject) == 0) {
-        if (admit(f, c, m, meta))
-            push(c, m, meta, UINT32_MAX, 0);
+        int64_t now = kb_now_ns();
+        if (admit(f, c, m, meta, now))
+            push(c, m, meta, UINT32_MAX, 0, now);
         return;
     }
     char why[160];
@@ -467,13 +469,14 @@ static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta
                      unsigned n, uint32_t part, const char *foreign)
 {
     kb_transport *t = f->t;
-    if (!admit(f, c, m, meta))
+    int64_t now = kb_now_ns();   /* one clock read per message */
+    if (!admit(f, c, m, meta, now))
         return;
     /* handled under an earlier consumer: another process's (its pending set
      * says so), or one of this process's, whose acks a restarted server lost */
     if (kb__nats_claim_skips(c, meta->sseq) ||
         (part != UINT32_MAX && kb__nats_acked_to(c->part->topic, part, meta->sseq))) {
-        push(c, m, meta, part, 0);
+        push(c, m, meta, part, 0, now);
         return;
     }
     /* Read the message before it is in the ring: once there, its events may
@@ -493,7 +496,7 @@ static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta
     }
     uint32_t events = bad ? 1 : frame.left;
     kb__nats_progress_ready(c);   /* before the first delivery: executors note into it */
-    kb_nats_entry *e = push(c, m, meta, part, events);
+    kb_nats_entry *e = push(c, m, meta, part, events, now);
 
     /* From here on `m` lives until the last of its events settles: the
      * pending count keeps the acker from destroying it before. The delivery

@@ -120,6 +120,11 @@ kb_nats_kv_op *kb__nats_kv_add(kb_nats_kv_ops *ops, const char *key, kb_nats_par
     return k;
 }
 
+bool kb__nats_kv_answered(const kb_nats_kv_op *k)
+{
+    return k->s == NATS_OK || k->s == NATS_ERR;
+}
+
 /* The value of a JSON string field of a reply (JetStream's own, no escapes
  * in the fields read here), or NULL. */
 static const char *json_str(const char *d, const char *name, size_t *len)

@@ -36,6 +36,8 @@ typedef struct kb_nats_kv_ops {
 /* Append one operation (NULL on out of memory); free the batch's v. */
 kb_nats_kv_op *kb__nats_kv_add(kb_nats_kv_ops *ops, const char *key, kb_nats_part *p,
                                uint64_t expect, bool get);
+/* Did the bucket answer it (stored, or refused: not left unanswered)? */
+bool kb__nats_kv_answered(const kb_nats_kv_op *k);
 /* Send every operation at once and collect the replies on one inbox until
  * all came or a round's wait passed: one wait for the whole batch instead of
  * a round trip per key. Thread: the lease thread. */

@@ -255,7 +255,7 @@ static bool taken(kb_transport *t, const kb_nats_kv_ops *ops)
 {
     size_t answered = 0;
     for (size_t i = 0; i < ops->n; i++) {
-        answered += ops->v[i].s == NATS_OK || ops->v[i].s == NATS_ERR;
+        answered += kb__nats_kv_answered(&ops->v[i]);
         if (ops->v[i].s == NATS_OK)
             lease_taken(t, ops->v[i].p, ops->v[i].rev, ops->sent_ns);
     }

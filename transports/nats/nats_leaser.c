@@ -18,11 +18,6 @@
  * every nats.ack_interval_ms (2 ms by default). */
 #define HANDOVER_LOOK_NS 5000000
 
-static bool answered(const kb_nats_kv_op *k)
-{
-    return k->s == NATS_OK || k->s == NATS_ERR;
-}
-
 /* Renewals answered "no responders" while the bucket answered others (it
  * just elected a leader) are sent again at once, twice at most: a lease
  * whose local time is nearly out is kept when the bucket is back in time.
@@ -34,7 +29,7 @@ static void renew_again(kb_transport *t, kb_nats_kv_ops *ops)
         kb_nats_kv_ops again = {NULL, 0, 0, 0};
         bool any = false;
         for (size_t i = 0; i < ops->n; i++)
-            any = any || answered(&ops->v[i]);
+            any = any || kb__nats_kv_answered(&ops->v[i]);
         for (size_t i = 0; any && i < ops->n; i++)
             if (ops->v[i].p != NULL && ops->v[i].s == NATS_NO_RESPONDERS)
                 kb__nats_kv_add(&again, ops->v[i].key, ops->v[i].p, ops->v[i].expect, false);
@@ -109,7 +104,7 @@ static bool heartbeat(kb_transport *t, int64_t started, int64_t renew_ns, bool *
     size_t n_answered = 0;
     for (size_t i = 0; i < ops.n; i++) {
         kb_nats_kv_op *k = &ops.v[i];
-        n_answered += answered(k);
+        n_answered += kb__nats_kv_answered(k);
         if (k->p != NULL)
             kb__nats_lease_renewed(t, k->p, k->s, k->rev, started, retry);
         else
