@@ -161,7 +161,6 @@ static void leaderless(kb_transport *t, kb_nats_claim *c, int64_t now)
     kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s has had no leader for %d ms; %s starts "
            "again from its frontier with a new consumer", t->url_safe, c->consumer,
            LEADERLESS_RESET_MS, c->part->subject);
-    atomic_store(&c->leader_lost, 1);
     kb__nats_claim_reset(t, c);
 }
 

@@ -91,53 +91,6 @@ static bool own_name(const kb_transport *t, kb_nats_topic *tp, long n, const cha
     return strcmp(own, name) == 0;
 }
 
-/* This process's own earlier claim of the partition reset for a consumer
- * without a leader, whose state therefore cannot be read: what the claim
- * itself knows stands in for it, once the claim is finished (its frontier
- * final): everything up to its last ack was handled here. NULL otherwise. */
-static jsConsumerInfo *leaderless_own(const kb_transport *t, kb_nats_topic *tp, long n,
-                                      const char *name)
-{
-    kb_nats_part *p = &tp->parts[n < 0 ? 0 : n];
-    kb_nats_claim *c = atomic_load(kb__nats_consumer_wide(t, name) ? &tp->wide_claims : &p->claims);
-    while (c != NULL && strcmp(c->consumer, name) != 0)
-        c = c->next;
-    if (c == NULL || !atomic_load(&c->leader_lost) || !atomic_load(&c->freed))
-        return NULL;
-    jsConsumerInfo *ci = calloc(1, sizeof *ci);
-    if (ci == NULL || (ci->Name = strdup(name)) == NULL) {
-        free(ci);
-        return NULL;
-    }
-    uint64_t acked = atomic_load(&c->acked_to);
-    ci->AckFloor.Stream = acked > c->start_floor ? acked : c->start_floor;
-    ci->Delivered.Stream = atomic_load(&c->delivered_hi);
-    return ci;
-}
-
-/* The state of every earlier consumer covering partition n; false when one
- * could not be read (one gone meanwhile counts as none). */
-static bool read_covering(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l, long n,
-                          const char **unreadable)
-{
-    for (int i = 0; i < name_count(l); i++) {
-        const char *name = l->names->List[i];
-        if (l->info[i] != NULL || !covers(t, name, n) || own_name(t, tp, n, name))
-            continue;
-        if ((l->info[i] = leaderless_own(t, tp, n, name)) != NULL)
-            continue;
-        jsOptions o;
-        jsOptions_Init(&o);
-        o.Wait = kb__nats_round_wait_ms(t);
-        natsStatus s = js_GetConsumerInfo(&l->info[i], t->js, tp->stream, name, &o, NULL);
-        if (s != NATS_OK && s != NATS_NOT_FOUND) {
-            *unreadable = name;
-            return false;
-        }
-    }
-    return true;
-}
-
 /* Deliveries by earlier consumers, so a redelivery carries its true attempt
  * count although each claim has a fresh consumer (whose own count starts at 1):
  * each mark is the highest sequence one earlier consumer delivered; an event
@@ -169,6 +122,63 @@ static void marks_describe(const kb_nats_claim *c, char *buf, size_t len)
         buf[o++] = ' ';
         o += kb__nats_put_u64(buf + o, c->marks[i]);
     }
+}
+
+/* This process's own earlier claim of the partition, once finished (its
+ * frontier final): what the claim itself knows stands in for its consumer's
+ * state, which is not read. Only this process acked on that consumer, and
+ * everything up to its last ack was handled here; its delivery marks are the
+ * claim's own. This matters when the consumer's leader is gone (its state
+ * cannot be read for seconds) and after a lease ran out while the bucket
+ * elected a leader: the partition is taken again at once, from where it
+ * stopped, without waiting for a consumer nobody else used. A delivery the
+ * server counted but that never arrived is no attempt here. NULL otherwise. */
+static jsConsumerInfo *own_finished(const kb_transport *t, kb_nats_topic *tp, long n,
+                                    const char *name)
+{
+    kb_nats_part *p = &tp->parts[n < 0 ? 0 : n];
+    kb_nats_claim *c = atomic_load(kb__nats_consumer_wide(t, name) ? &tp->wide_claims : &p->claims);
+    while (c != NULL && strcmp(c->consumer, name) != 0)
+        c = c->next;
+    if (c == NULL || !atomic_load(&c->freed))
+        return NULL;
+    char desc[sizeof ((kb_nats_opening *)0)->desc];
+    marks_describe(c, desc, sizeof desc);
+    jsConsumerInfo *ci = calloc(1, sizeof *ci);
+    if (ci == NULL || (ci->Name = strdup(name)) == NULL ||
+        (ci->Config = calloc(1, sizeof *ci->Config)) == NULL ||
+        (ci->Config->Description = strdup(desc)) == NULL) {
+        jsConsumerInfo_Destroy(ci);
+        return NULL;
+    }
+    ci->Config->AckPolicy = js_AckAll;   /* nothing acked above the floor to learn */
+    uint64_t acked = atomic_load(&c->acked_to);
+    ci->AckFloor.Stream = acked > c->start_floor ? acked : c->start_floor;
+    ci->Delivered.Stream = atomic_load(&c->delivered_hi);
+    return ci;
+}
+
+/* The state of every earlier consumer covering partition n; false when one
+ * could not be read (one gone meanwhile counts as none). */
+static bool read_covering(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l, long n,
+                          const char **unreadable)
+{
+    for (int i = 0; i < name_count(l); i++) {
+        const char *name = l->names->List[i];
+        if (l->info[i] != NULL || !covers(t, name, n) || own_name(t, tp, n, name))
+            continue;
+        if ((l->info[i] = own_finished(t, tp, n, name)) != NULL)
+            continue;
+        jsOptions o;
+        jsOptions_Init(&o);
+        o.Wait = kb__nats_round_wait_ms(t);
+        natsStatus s = js_GetConsumerInfo(&l->info[i], t->js, tp->stream, name, &o, NULL);
+        if (s != NATS_OK && s != NATS_NOT_FOUND) {
+            *unreadable = name;
+            return false;
+        }
+    }
+    return true;
 }
 
 /* A claim starts at the highest floor of the earlier consumers, but an

@@ -116,6 +116,7 @@ static void claim_end(kb_transport *t, kb_nats_part *p)
 static void lease_taken(kb_transport *t, kb_nats_part *p, uint64_t rev, int64_t sent_ns)
 {
     p->lease_rev = rev;
+    p->lease_rev_unsure = false;
     p->lease_until_ns = sent_ns + t->lease_ttl_ms * 1000000;
     kb_bus_lease_changed(t->bus, p->subject, p->n, 1);
     kb_log(t->bus, KB_LOG_DEBUG, "nats %s: lease of %s taken (revision %llu)", t->url_safe,
@@ -173,6 +174,7 @@ void kb__nats_claims_validity(kb_transport *t)
 void kb__nats_lease_renewed(kb_transport *t, kb_nats_part *p, natsStatus s, uint64_t rev,
                             int64_t started, bool *unanswered)
 {
+    p->lease_rev_unsure = s != NATS_OK && s != NATS_ERR;
     if (s == NATS_OK) {
         p->lease_rev = rev;
         p->lease_until_ns = started + t->lease_ttl_ms * 1000000;
@@ -187,6 +189,28 @@ void kb__nats_lease_renewed(kb_transport *t, kb_nats_part *p, natsStatus s, uint
     } else {
         *unanswered = true;
     }
+}
+
+/* The leases' revisions for their deletes. After a renewal left unanswered
+ * the bucket may have stored it: a delete on the older revision would be
+ * refused and the next owner would wait for the key to run out (a TTL). Such
+ * keys are read, in one batch, and a value that is this bus's own put gives
+ * the revision. */
+static void current_revs(kb_transport *t, kb_nats_part **parts, size_t n)
+{
+    kb_nats_kv_ops reads = {NULL, 0, 0, 0};
+    for (size_t i = 0; i < n; i++)
+        if (parts[i]->lease_rev_unsure)
+            kb__nats_kv_add(&reads, parts[i]->lease_key, parts[i], parts[i]->lease_rev, true);
+    if (reads.n > 0)
+        kb__nats_kv_run(t, &reads);
+    for (size_t i = 0; i < reads.n; i++) {
+        kb_nats_kv_op *r = &reads.v[i];
+        if (r->s == NATS_OK && r->this_bus && r->rev > r->p->lease_rev)
+            r->p->lease_rev = r->rev;
+        r->p->lease_rev_unsure = false;
+    }
+    free(reads.v);
 }
 
 /* Hand a partition over without duplicates: stop feeding, let the handlers
@@ -206,6 +230,7 @@ static bool release_step(kb_transport *t, kb_nats_part *p, bool *feed_down)
         *feed_down = true;
         return true;
     }
+    current_revs(t, &p, 1);
     kb__nats_kv_delete(t, p->lease_key, p->lease_rev);
     kb_log(t->bus, KB_LOG_DEBUG, "nats %s: lease of %s handed over", t->url_safe, p->subject);
     lease_gone(t, p);
@@ -464,6 +489,15 @@ void kb__nats_lease_release_all(kb_transport *t, int64_t deadline)
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
         if (!atomic_load(&tp->subscribed))
             continue;
+        int left = kb_deadline_left_ms(deadline);
+        kb_nats_part **held = malloc(t->partitions * sizeof *held);
+        size_t n = 0;
+        for (uint32_t i = 0; held != NULL && i < t->partitions; i++)
+            if (tp->parts[i].lease_rev != 0)
+                held[n++] = &tp->parts[i];
+        if (left < 0 || left > 2 * kb__nats_round_wait_ms(t))
+            current_revs(t, held, n);   /* else each delete on what it has */
+        free(held);
         char mine[2 * KB_NATS_NAME];
         kb__nats_member_key(t, tp, mine, sizeof mine);
         kb__nats_kv_delete(t, mine, 0);

@@ -105,7 +105,6 @@ typedef struct kb_nats_claim {
     /* the feeder reset it because its consumer had no leader (a node gone):
      * the next claim starts from this claim's own frontier instead of
      * waiting for the old consumer's state (nats_consumers.c) */
-    _Atomic int leader_lost;
     /* feeder only */
     int64_t leaderless_since_ns;   /* pulls answered "no responders" since (0: not) */
     uint64_t dseq_hi;              /* the consumer's last delivery sequence seen */
@@ -145,6 +144,7 @@ typedef struct kb_nats_part {
     _Atomic(kb_nats_claim *) claim;   /* current claim, NULL when not owned */
     _Atomic(kb_nats_claim *) claims;  /* every claim, newest first (freed at close) */
     uint64_t lease_rev;            /* lease thread only */
+    bool lease_rev_unsure;         /* the last renewal went unanswered: stored or not */
     int64_t lease_until_ns;        /* local lease expiry */
     bool releasing;
     bool wanted;                   /* lease thread: ranked first here */
