@@ -322,6 +322,7 @@ static int nats_close(kb_transport *t, int64_t deadline)
     kvStore_Destroy(t->kv);
     kb__nats_runs_close(t);
     jsCtx_Destroy(t->js);
+    jsCtx_Destroy(t->js_round);
     natsSubscription_Destroy(t->inbox_sub);
     natsSubscription_Destroy(t->probe_sub);
     natsSubscription_Destroy(t->kv_sub);

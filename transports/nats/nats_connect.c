@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "nats_connect.h"
+#include "nats_kv.h"
 #include "nats_lease.h"
 #include "nats_names.h"
 #include "nats_send.h"
@@ -303,6 +304,10 @@ int kb__nats_connect(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     jo.PublishAsync.StallWait = t->enqueue_timeout_ms > 0 ? t->enqueue_timeout_ms : 1;
     jsCtx *js = NULL;
     s = natsConnection_JetStream(&js, t->nc, &jo);
+    jsOptions_Init(&jo);
+    jo.Wait = kb__nats_round_wait_ms(t);   /* a bucket without a leader holds no round up */
+    if (s == NATS_OK)
+        s = natsConnection_JetStream(&t->js_round, t->nc, &jo);
     pthread_rwlock_wrlock(&t->pub_lock);   /* the disconnect callback reads it */
     t->js = js;
     pthread_rwlock_unlock(&t->pub_lock);

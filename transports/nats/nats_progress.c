@@ -278,7 +278,7 @@ void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *ea
     char key[3 * KB_NATS_NAME];
     record_key(c->part->topic->stream, earlier, key, sizeof key);
     kvEntry *e = NULL;
-    if (t->runs_kv == NULL || kvStore_Get(&e, t->runs_kv, key) != NATS_OK)
+    if (t->runs_kv_round == NULL || kvStore_Get(&e, t->runs_kv_round, key) != NATS_OK)
         return;   /* none: its events above the floor come again */
     const char *v = kvEntry_ValueString(e);
     uint64_t max_sseq = delivered;
@@ -306,8 +306,8 @@ void kb__nats_progress_forget(kb_transport *t, const char *stream, const char *n
 {
     char key[3 * KB_NATS_NAME];
     record_key(stream, name, key, sizeof key);
-    if (t->runs_kv != NULL)
-        kvStore_Delete(t->runs_kv, key);
+    if (t->runs_kv_round != NULL)
+        kvStore_Delete(t->runs_kv_round, key);
 }
 
 void kb__nats_progress_free(kb_nats_claim *c)

@@ -232,6 +232,8 @@ int kb__nats_runs_open(kb_transport *t, char *errstr, size_t errlen)
     natsStatus s = js_CreateKeyValue(&t->runs_kv, t->js, &kc);
     if (s != NATS_OK)   /* it exists: use it */
         s = js_KeyValue(&t->runs_kv, t->js, bucket);
+    if (s == NATS_OK)
+        s = js_KeyValue(&t->runs_kv_round, t->js_round, bucket);
     if (s != NATS_OK) {
         kb_errf(errstr, errlen, "nats %s: runs bucket %s: %s", t->url_safe, bucket,
                 kb__nats_reason(s));
@@ -240,14 +242,15 @@ int kb__nats_runs_open(kb_transport *t, char *errstr, size_t errlen)
     int rc = kb_bus_runs_journal(t->bus, t->url_safe, adopt, t, errstr, errlen);
     if (rc != KB_OK) {   /* unbound again: the next subscribe tries the journal too */
         kvStore_Destroy(t->runs_kv);
-        t->runs_kv = NULL;
+        kvStore_Destroy(t->runs_kv_round);
+        t->runs_kv = t->runs_kv_round = NULL;
     }
     return rc;
 }
 
 void kb__nats_runs_close(kb_transport *t)
 {
-    if (t->runs_kv != NULL)
-        kvStore_Destroy(t->runs_kv);
+    kvStore_Destroy(t->runs_kv);
+    kvStore_Destroy(t->runs_kv_round);
     free(t->runs_cache);
 }

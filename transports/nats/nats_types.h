@@ -212,12 +212,14 @@ struct kb_transport {
     char *creds_file;              /* nats.creds_file, masked in nats.c's reasons */
     natsConnection *_Atomic feed_nc;
     jsCtx *js;
+    jsCtx *js_round;               /* the lease thread's KV reads: a round's wait, not 5 s */
     /* the lease bucket: bound at the first subscribe (or a read of an owner),
      * so a bus that only publishes or reads creates none; under kv_lock */
     kvStore *kv;
     bool kv_ttl_set;                  /* nats.lease_ttl_ms applied to it */
     pthread_mutex_t kv_lock;
     kvStore *runs_kv;              /* handler runs (nats_runs.c) */
+    kvStore *runs_kv_round;        /* the same bucket through js_round (progress records) */
     struct kb_nats_runs_cache *runs_cache;   /* the feeder's last read of it */
     char url_safe[512];            /* URL without credentials, for messages */
     char id[128];                  /* this process's consumer name */
