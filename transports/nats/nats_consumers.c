@@ -304,6 +304,53 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
     c->start_floor = floor;
 }
 
+/* After a reconnect the server may hold as pending messages this process
+ * acked: it was killed before it stored the acks (nats-server 2.9's file
+ * store writes consumer state behind the acks). It would redeliver them only
+ * after AckWait, and kb_drain waits for them till then. The claim's last
+ * AckAll, sent again, acks them all. But the state an AckAll consumer comes
+ * back with after a kill can hold messages pending at or below its ack
+ * floor, which no AckAll reaches (more pending than lie between the floor
+ * and the last delivery), or a delivery point below what the claim had,
+ * which an AckAll would pass: such a consumer is given up, and the claim
+ * starts again from its floor with a fresh one. False when the server could not
+ * say (not ready yet after its restart): next round. */
+static bool claim_renudge(kb_transport *t, kb_nats_claim *c)
+{
+    jsConsumerInfo *ci = NULL;
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Wait = kb__nats_round_wait_ms(t);   /* a consumer whose leader is being elected: next round */
+    if (js_GetConsumerInfo(&ci, t->js, c->part->topic->stream, c->consumer, &o, NULL) !=
+        NATS_OK)
+        return false;
+    uint64_t below = kb__nats_pending_below_floor(ci);
+    uint64_t acked = atomic_load(&c->acked_to), had = atomic_load(&c->delivered_hi);
+    bool ok = true;
+    if (below > 0) {
+        kb_log(t->bus, KB_LOG_WARNING,
+               "nats %s: consumer %s came back from the server's restart with %llu messages "
+               "pending below its ack floor %llu; starting again from there with a new consumer",
+               t->url_safe, c->consumer, (unsigned long long)below,
+               (unsigned long long)ci->AckFloor.Stream);
+        kb__nats_claim_reset(t, c);
+    } else if (ci->Delivered.Stream < (acked > had ? acked : had)) {
+        /* nats-server 2.9 takes an AckAll past its delivery point: the
+         * floor would pass it and what it delivers again stay pending */
+        kb_log(t->bus, KB_LOG_WARNING,
+               "nats %s: consumer %s came back from the server's restart having delivered up "
+               "to %llu, below the %llu this process had; starting again from its ack floor "
+               "with a new consumer", t->url_safe, c->consumer,
+               (unsigned long long)ci->Delivered.Stream,
+               (unsigned long long)(acked > had ? acked : had));
+        kb__nats_claim_reset(t, c);
+    } else if (ci->AckFloor.Stream < acked) {
+        ok = kb__nats_claim_reack(t, c, ci->AckFloor.Consumer);
+    }
+    jsConsumerInfo_Destroy(ci);
+    return ok;
+}
+
 /* At most this many consumer calls at once: the meta leader orders them
  * anyway, and a bus with hundreds of new topics should not start hundreds of
  * threads. */
@@ -313,7 +360,9 @@ typedef struct call {
     kb_transport *t;
     const char *stream;
     kb_nats_opening *open;     /* a creation, or */
-    const char *del;           /* a deletion of this consumer */
+    const char *del;           /* a deletion of this consumer, or */
+    kb_nats_claim *renudge;    /* a look at this claim's consumer after a reconnect */
+    bool ok;                   /* the look's answer came */
     struct batch *batch;
     int64_t until;             /* a creation waits at most until then (0: no bound) */
 } call;
@@ -334,8 +383,10 @@ static void call_run(call *k)
         k->open->s = js_AddConsumer(&ci, k->t->js, k->stream, &k->open->cc, &o, &k->open->jerr);
         k->open->took_ns = kb_now_ns() - start;
         jsConsumerInfo_Destroy(ci);
-    } else {
+    } else if (k->del != NULL) {
         js_DeleteConsumer(k->t->js, k->stream, k->del, &o, NULL);
+    } else {
+        k->ok = claim_renudge(k->t, k->renudge);
     }
 }
 
@@ -388,7 +439,7 @@ void kb__nats_consumers_create(kb_transport *t, kb_nats_opening *o, size_t n, in
     for (size_t i = 0; i < n; i++) {
         o[i].s = NATS_NO_MEMORY;
         if (k != NULL)
-            k[i] = (call){t, o[i].c->part->topic->stream, &o[i], NULL, NULL, until};
+            k[i] = (call){t, o[i].c->part->topic->stream, &o[i], NULL, NULL, false, NULL, until};
     }
     if (k != NULL)
         calls_run(k, n, idle);
@@ -415,7 +466,7 @@ static void delete_all(kb_transport *t, kb_nats_topic *tp, const char **names, s
 {
     call *k = calloc(n, sizeof *k);
     for (size_t i = 0; k != NULL && i < n; i++)
-        k[i] = (call){t, tp->stream, NULL, names[i], NULL, 0};
+        k[i] = (call){t, tp->stream, NULL, names[i], NULL, false, NULL, 0};
     if (k != NULL)
         calls_run(k, n, NULL);
     free(k);
@@ -468,50 +519,22 @@ void kb__nats_wide_retire(kb_transport *t, kb_nats_topic *tp)
     jsConsumerNamesList_Destroy(list);
 }
 
-/* After a reconnect the server may hold as pending messages this process
- * acked: it was killed before it stored the acks (nats-server 2.9's file
- * store writes consumer state behind the acks). It would redeliver them only
- * after AckWait, and kb_drain waits for them till then. The claim's last
- * AckAll, sent again, acks them all. But the state an AckAll consumer comes
- * back with after a kill can hold messages pending at or below its ack
- * floor, which no AckAll reaches (more pending than lie between the floor
- * and the last delivery), or a delivery point below what the claim had,
- * which an AckAll would pass: such a consumer is given up, and the claim
- * starts again from its floor with a fresh one. False when the server could not
- * say (not ready yet after its restart): next round. */
-bool kb__nats_claim_renudge(kb_transport *t, kb_nats_claim *c)
+
+
+bool kb__nats_claims_renudge(kb_transport *t, kb_nats_claim **claims, size_t n,
+                             void (*idle)(kb_transport *t))
 {
-    jsConsumerInfo *ci = NULL;
-    jsOptions o;
-    jsOptions_Init(&o);
-    o.Wait = kb__nats_round_wait_ms(t);   /* a consumer whose leader is being elected: next round */
-    if (js_GetConsumerInfo(&ci, t->js, c->part->topic->stream, c->consumer, &o, NULL) !=
-        NATS_OK)
+    if (n == 0)
+        return true;
+    call *k = calloc(n, sizeof *k);
+    if (k == NULL)
         return false;
-    uint64_t below = kb__nats_pending_below_floor(ci);
-    uint64_t acked = atomic_load(&c->acked_to), had = atomic_load(&c->delivered_hi);
+    for (size_t i = 0; i < n; i++)
+        k[i] = (call){t, claims[i]->part->topic->stream, NULL, NULL, claims[i], false, NULL, 0};
+    calls_run(k, n, idle);
     bool ok = true;
-    if (below > 0) {
-        kb_log(t->bus, KB_LOG_WARNING,
-               "nats %s: consumer %s came back from the server's restart with %llu messages "
-               "pending below its ack floor %llu; starting again from there with a new consumer",
-               t->url_safe, c->consumer, (unsigned long long)below,
-               (unsigned long long)ci->AckFloor.Stream);
-        kb__nats_claim_reset(t, c);
-    } else if (ci->Delivered.Stream < (acked > had ? acked : had)) {
-        /* nats-server 2.9 takes an AckAll past its delivery point: the
-         * floor would pass it and what it delivers again stay pending */
-        kb_log(t->bus, KB_LOG_WARNING,
-               "nats %s: consumer %s came back from the server's restart having delivered up "
-               "to %llu, below the %llu this process had; starting again from its ack floor "
-               "with a new consumer", t->url_safe, c->consumer,
-               (unsigned long long)ci->Delivered.Stream,
-               (unsigned long long)(acked > had ? acked : had));
-        kb__nats_claim_reset(t, c);
-    } else if (ci->AckFloor.Stream < acked) {
-        ok = kb__nats_claim_reack(t, c, ci->AckFloor.Consumer);
-    }
-    jsConsumerInfo_Destroy(ci);
+    for (size_t i = 0; i < n; i++)
+        ok = ok && k[i].ok;
+    free(k);
     return ok;
 }
-

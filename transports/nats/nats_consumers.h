@@ -66,9 +66,13 @@ void kb__nats_consumers_retire(kb_transport *t, kb_nats_topic *tp, kb_nats_listi
 /* Delete the topic's wide consumers once every partition has its own. */
 void kb__nats_wide_retire(kb_transport *t, kb_nats_topic *tp);
 
-/* After a reconnect: does the server still hold claim c's consumer as it
+/* After a reconnect: does the server still hold each claim's consumer as it
  * was? Acks it lost are sent again; a consumer that came back unusable is
- * reset (a new claim next round). False when the server could not say. */
-bool kb__nats_claim_renudge(kb_transport *t, kb_nats_claim *c);
+ * reset (a new claim next round). Asked all at once, as creations are: a
+ * consumer whose leader is being elected holds up no other, and the whole
+ * look waits one round's wait. False when the server could not say for one
+ * (they are all asked again next round). */
+bool kb__nats_claims_renudge(kb_transport *t, kb_nats_claim **claims, size_t n,
+                             void (*idle)(kb_transport *t));
 
 #endif /* KB_TRANSPORTS_NATS_CONSUMERS_H */

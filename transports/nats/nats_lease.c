@@ -471,14 +471,25 @@ void kb__nats_renudge_all(kb_transport *t, kb_nats_round *rd)
     uint32_t rc = atomic_load(&t->reconnects);
     if (rc == t->reconnects_renudged && !atomic_exchange(&t->renudge_wanted, 0))
         return;
+    size_t n = 0, cap = 0;
+    kb_nats_claim **claims = NULL;
     bool ok = true;
     for (kb_nats_topic *tp = atomic_load(&t->topics); ok && tp && !atomic_load(&t->closing);
          tp = tp->next)
         for (uint32_t i = 0; ok && atomic_load(&tp->subscribed) && i < t->partitions; i++) {
             kb_nats_claim *c = atomic_load(&tp->parts[i].claim);
-            if (c != NULL && c->part == &tp->parts[i] && !atomic_load(&c->fenced))
-                ok = kb__nats_claim_renudge(t, c);   /* a wide claim once, on partition 0 */
+            if (c == NULL || c->part != &tp->parts[i] || atomic_load(&c->fenced))
+                continue;   /* a wide claim once, on partition 0 */
+            if (n == cap) {
+                kb_nats_claim **more = realloc(claims, (cap = cap ? 2 * cap : 16) * sizeof *more);
+                ok = more != NULL;
+                claims = ok ? more : claims;
+            }
+            if (ok)
+                claims[n++] = c;
         }
+    ok = ok && kb__nats_claims_renudge(t, claims, n, rd->idle);
+    free(claims);
     if (ok)
         t->reconnects_renudged = rc;
     rd->again = rd->again || !ok;   /* asked again soon; acquisitions go on */
