@@ -248,6 +248,14 @@ static void json(const unsigned char *s, size_t n)
     same_text(cJSON_GetObjectItemCaseSensitive(j, "text"), s, n);
     cJSON_Delete(j);
     free(o.p);
+    /* what follows a NUL is compared too: again with 0x01 (also \u00XX) */
+    unsigned char *no_nul = memchr(s, '\0', n) != NULL ? malloc(n) : NULL;
+    if (no_nul != NULL) {
+        for (size_t i = 0; i < n; i++)
+            no_nul[i] = s[i] != '\0' ? s[i] : 1;
+        json(no_nul, n);
+        free(no_nul);
+    }
 }
 
 static void headers(const unsigned char *s, size_t n)
