@@ -61,13 +61,20 @@ void kb_cli_json_string(FILE *out, const void *data, size_t len)
 {
     const unsigned char *s = data;
     fputc('"', out);
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] == '"' || s[i] == '\\')
+    uint32_t cp = 0;
+    for (size_t i = 0, run; i < len; i++) {
+        if (s[i] >= 0x80 && (run = utf8_sequence(s + i, len - i, &cp)) > 0) {
+            fwrite(s + i, 1, run, out);
+            i += run - 1;
+        } else if (s[i] >= 0x80) {
+            fputs("\\ufffd", out);   /* JSON is UTF-8: a broker's stray byte must not break it */
+        } else if (s[i] == '"' || s[i] == '\\') {
             fprintf(out, "\\%c", s[i]);
-        else if (s[i] < 0x20)
+        } else if (s[i] < 0x20) {
             fprintf(out, "\\u%04x", s[i]);
-        else
+        } else {
             fputc(s[i], out);
+        }
     }
     fputc('"', out);
 }

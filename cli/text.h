@@ -14,7 +14,10 @@
  * controls U+0080..U+009F; valid UTF-8 text passes unchanged. */
 void kb_cli_escape(FILE *out, const void *data, size_t len);
 
-/* A JSON string, quotes included (RFC 8259 escapes, bytes otherwise exact). */
+/* A JSON string, quotes included (RFC 8259 escapes, bytes otherwise exact),
+ * for text (names, IDs, reasons): a byte that is not part of valid UTF-8 is
+ * written as U+FFFD, so the line stays UTF-8. Bytes that must survive
+ * exactly go through kb_cli_json_bytes. */
 void kb_cli_json_string(FILE *out, const void *data, size_t len);
 
 /* `"name":"..."` for bytes that are valid UTF-8, else `"name_base64":"..."`

@@ -168,9 +168,12 @@ static void text_is_escaped_and_json_exact(void **state)
     kb_cli_escape(f, raw, sizeof raw - 1);
     fputc('|', f);
     kb_cli_json_string(f, "q\"b\\s\n\x01\xc3\xa9", 9);
+    fputc('|', f);
+    kb_cli_json_string(f, "r\xffs\xe2\x82", 5);   /* text that is not UTF-8 (a reason) */
     fclose(f);
     assert_string_equal(buf, "a\\nb\\tc\\rd\\\\e\\x1B[31mf\\x7Fg\xc3\xa9h\\xC2\\x9Bi\\xFFj\\xE2\\x82k"
-                             "\\x00l|\"q\\\"b\\\\s\\u000a\\u0001\xc3\xa9\"");
+                             "\\x00l|\"q\\\"b\\\\s\\u000a\\u0001\xc3\xa9\"|"
+                             "\"r\\ufffds\\ufffd\\ufffd\"");
     free(buf);
 
     /* consume --json: UTF-8 (C1 controls and NUL included) as a string,

@@ -154,11 +154,20 @@ static void stored_headers(const char *d, char *buf, size_t cap)
  * process restarted beside a hung one), whose leases must stay theirs. */
 #define KB_BUS_HDR "Kb-Bus"
 
-static bool put_by(const kb_transport *t, const char *hdrs)
+/* Does a header line of the block begin with `start`? Only whole lines: a
+ * value or a longer name that holds the text is another header. */
+static bool header_line(const char *hdrs, const char *start)
 {
     char want[64];
-    snprintf(want, sizeof want, KB_BUS_HDR ": %s\r\n", t->bus_id);
+    snprintf(want, sizeof want, "\r\n%s", start);   /* the status line comes first */
     return strstr(hdrs, want) != NULL;
+}
+
+static bool put_by(const kb_transport *t, const char *hdrs)
+{
+    char want[48];
+    snprintf(want, sizeof want, KB_BUS_HDR ": %s\r\n", t->bus_id);
+    return header_line(hdrs, want);
 }
 
 /* Is the stored value this process's name? */
@@ -176,7 +185,7 @@ static bool names_us(const kb_transport *t, const char *d)
  * "no message found" (10037: expired or never written), or a delete marker.
  * A status without a body (no responders: a bucket without a leader) is
  * unanswered. */
-static void kv_reply(const kb_transport *t, kb_nats_kv_op *k, natsMsg *m)
+void kb__nats_kv_reply(const kb_transport *t, kb_nats_kv_op *k, natsMsg *m)
 {
     const char *d = natsMsg_GetData(m), *seq = d ? strstr(d, "\"seq\":") : NULL;
     if (natsMsg_GetDataLength(m) == 0) {
@@ -191,7 +200,7 @@ static void kv_reply(const kb_transport *t, kb_nats_kv_op *k, natsMsg *m)
     char hdrs[1024] = "";
     if (k->get)
         stored_headers(d, hdrs, sizeof hdrs);
-    k->s = k->get && strstr(hdrs, "KV-Operation") != NULL ? NATS_NOT_FOUND : NATS_OK;
+    k->s = k->get && header_line(hdrs, "KV-Operation:") ? NATS_NOT_FOUND : NATS_OK;
     k->ours = k->get && k->s == NATS_OK && names_us(t, d);
     k->this_bus = k->ours && put_by(t, hdrs);
 }
@@ -260,7 +269,7 @@ void kb__nats_kv_run(kb_transport *t, kb_nats_kv_ops *ops)
         char *end = NULL;
         unsigned long i = strncmp(subject, prefix, pl) == 0 ? strtoul(subject + pl, &end, 10) : 0;
         if (end != NULL && *end == '\0' && i < ops->n && ops->v[i].s == NATS_TIMEOUT) {
-            kv_reply(t, &ops->v[i], m);
+            kb__nats_kv_reply(t, &ops->v[i], m);
             got++;
         }
         natsMsg_Destroy(m);

@@ -38,6 +38,10 @@ kb_nats_kv_op *kb__nats_kv_add(kb_nats_kv_ops *ops, const char *key, kb_nats_par
                                uint64_t expect, bool get);
 /* Did the bucket answer it (stored, or refused: not left unanswered)? */
 bool kb__nats_kv_answered(const kb_nats_kv_op *k);
+/* Fill k's answer (s, rev, ours, this_bus) from the bucket's reply m to it.
+ * The reply may come from anyone who can publish to the inbox, the value and
+ * headers from anyone who can write the bucket. */
+void kb__nats_kv_reply(const kb_transport *t, kb_nats_kv_op *k, natsMsg *m);
 /* Send every operation at once and collect the replies on one inbox until
  * all came or a round's wait passed: one wait for the whole batch instead of
  * a round trip per key. Thread: the lease thread. */
