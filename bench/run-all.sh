@@ -45,6 +45,17 @@ brun() {   # name, JSON lines file, environment ("" or VAR=value), then keybus-b
         status=1
     }
 }
+# Latency at everyday load on a broker: the raw client and keybus back to back, five times,
+# each paced by --rate from producers that sleep to their send times (spinning, the producer
+# would hold one of the two CPUs the server and the consumers need); 10 s at 1k/s.
+LJ=$res/broker-latency.jsonl
+broker_latency() {   # broker (redis | nats), URL
+    for point in 1000:10000 10000:50000 50000:200000; do   # rate:events, 10 s .. 4 s a run
+        rate=${point%:*}
+        brun "$1-latency-$rate" "$LJ" "" --transport "$2" --scenario multi --events "${point#*:}" \
+            --rate "$rate" --pace sleep --baselines=broker --repeat 5 --cdf "$res/cdf-$1-$rate.dat"
+    done
+}
 # The targets are quoted as the median of five same-run ratios: one run on a
 # shared 2-vCPU machine can be off by 2x either way.
 run scenarios --scenario all --repeat 5 ${threads:+--threads "$threads"}
@@ -109,6 +120,7 @@ if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>
         # (raw, xadd and keybus back to back), medians in the summary
         brun redis-scenarios "$RJ" "" --transport "$rurl" --scenario all --large-events 200000 --repeat 5
         brun redis-batch "$RJB" "" --transport "$rurl" --scenario all --events 200000 --batch 64 --repeat 5
+        broker_latency redis "$rurl"
         redis-cli -p "$rport" flushall >/dev/null
         # 1M events (100 keys x 10k), one producer process, two consumer processes
         # (tests/redis_consumer_proc: 8 partitions shared by lease, each handled
@@ -174,6 +186,7 @@ if command -v nats-server >/dev/null 2>&1; then
     brun nats-plain "$NJP" KEYBUS_NATS_PUBLISH_BATCH=1 --transport "$nurl" --scenario all \
         --large-events 0 --repeat 5
     brun nats-batch "$NJB" "" --transport "$nurl" --scenario all --events 200000 --batch 64 --repeat 5
+    broker_latency nats "$nurl"
     stop_nats
     trap - EXIT INT TERM
 fi
@@ -241,6 +254,23 @@ brokers() {   # mode, JSON lines file, keybus URL prefix, raw baseline -> summar
         + "| \($m | n0) | \($kb | map(.events_per_s / $m) | min | r2)-\($kb | map(.events_per_s / $m) | max | r2) "
         + "| \($kb | map(.ratio_raw // empty) | med | r2) | \($kb | map(.ratio_xadd // empty) | med | r2) "
         + "| \($kb | map(select(.order_violations + .lost + .duplicates > 0)) | length) |"' "$2"
+}
+latency_rows() {   # broker URL prefix, raw baseline -> rows: medians, and keybus over the raw run just before it
+    [ -s "$LJ" ] || { echo "| $1 | not run | | | | | | | | | |"; return; }
+    jq -rs --arg k "$1" --arg raw "$2" '
+      def med: sort | if length == 0 then null elif length % 2 == 1 then .[length / 2 | floor]
+               else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+      def r2: if . == null then "" else (. * 100 | round / 100 | tostring) end;
+      def n0: if . == null then "" else (round | tostring) end;
+      . as $all | [range(0; length) | select($all[.].transport | startswith($k)) as $i
+        | $all[$i] as $b | ([$all[0:$i][] | select(.transport == $raw and .rate == $b.rate)] | last) as $r
+        | select($r) | {rate: $b.rate, b: $b, r: $r}] | group_by(.rate)[]
+      | "| \($k | rtrimstr("://")) | \(.[0].rate) | \(length) "
+        + "| \(map(.r.p50_us) | med | r2) | \(map(.r.p99_us) | med | r2) "
+        + "| \(map(.b.p50_us) | med | r2) | \(map(.b.p99_us) | med | r2) "
+        + "| \(map(.b.p50_us / .r.p50_us) | med | r2) | \(map(.b.p99_us / .r.p99_us) | med | r2) "
+        + "| \(map(.r.cpu_ns_per_event / 1000) | med | n0) / \(map(.b.cpu_ns_per_event / 1000) | med | n0) "
+        + "| \(map(select(.b.order_violations + .b.lost + .b.duplicates + .r.order_violations + .r.lost + .r.duplicates > 0)) | length) |"' "$LJ"
 }
 r500='.kind == "fixed-rate" and .rate == 500000 and .handler_us == 0'
 r1m='.kind == "fixed-rate" and .rate == 1000000 and .handler_us == 0'
@@ -463,6 +493,25 @@ $(brokers "nats per-message" "$NJP" "nats://" "baseline:nats-raw")
 $(brokers "nats batched" "$NJB" "nats://" "baseline:nats-raw")
 
 $(cat "$src/bench/throughput.md")
+
+## Brokers: latency at everyday load (1,000, 10,000 and 50,000 events/s)
+
+Multi (100 aggregates), one producer that sleeps to each send time (\`--pace sleep\`), five
+alternating runs per point: the raw client (\`baseline:redis-raw\` / \`baseline:nats-raw\`),
+paced by \`--rate\` exactly as keybus is (the same driver calls both), then keybus, on the same
+server. Latency is publish-to-handle from the scheduled send time. The ratios are keybus's
+figure over the raw run just before it, then the median over the five; CPU is the process's
+(user + system, every thread) over the events. Targets at 1k and 10k/s: p50 ≤ 1.5 × and p99
+≤ 2 × raw. \`keybus-bench --transport URL --scenario multi --events N --rate R --pace sleep
+--baselines=broker --repeat 5 --cdf cdf-BROKER-R.dat\` with N = 10,000, 50,000 and 200,000.
+
+| broker | events/s offered | runs | raw p50 µs | raw p99 µs | keybus p50 µs | keybus p99 µs | p50 × raw | p99 × raw | CPU µs/event raw / keybus | runs with order/lost/dup |
+|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|
+$(latency_rows "redis://" "baseline:redis-raw")
+$(latency_rows "nats://" "baseline:nats-raw")
+
+$(for b in redis nats; do [ -s "$img/latency_cdf_$b.png" ] && printf '![%s latency CDF](img/latency_cdf_%s.png)\n\n' "$b" "$b"; done)
+$(cat "$src/bench/latency.md")
 
 ## Redis Streams
 

@@ -9,7 +9,8 @@
 // each message; the handler checks each aggregate's order and counts. It
 // prints one JSON line per run: events/s from the first publish to the last
 // handled event and process CPU (getrusage) per event, as keybus-bench's
-// rows. Build and run: cd bench/origin_go && go run . -scenario multi.
+// rows. Build and run: cd bench/origin_go && go build -o /tmp/origin-go . &&
+// /tmp/origin-go -scenario multi -events 1000000.
 package main
 
 import (
