@@ -87,6 +87,23 @@ echo "run-all.sh: keybus-gbench" >&2
 timeout 240 "$gbench" --benchmark_min_time=0.2 --benchmark_color=false \
     --benchmark_out="$res/gbench.json" --benchmark_out_format=json >"$res/gbench.txt" 2>&1 || status=1
 
+# --- The origin's pool rebuilt in Go (bench/origin_go): only when go exists -----
+# keybus and the Go pool alternately, five times per scenario; each ratio is taken
+# within its pair.
+GJ=$res/origin-go.jsonl
+go_note="not run: go not found"
+if command -v go >/dev/null 2>&1 &&
+   (cd "$src/bench/origin_go" && go build -o "$build/origin-go" .) >/dev/null 2>&1; then
+    go_note="$(go version | cut -d' ' -f3), GOMAXPROCS = $(nproc)"
+    echo "run-all.sh: mem:// against bench/origin_go, 5 alternating runs per scenario" >&2
+    for i in 1 2 3 4 5; do
+        for s in single multi mixed; do
+            timeout 300 "$bench" --scenario "$s" --events 1000000 --no-baselines --json "$GJ" >/dev/null || status=1
+            timeout 300 "$build/origin-go" -scenario "$s" -events 1000000 >>"$GJ" || status=1
+        done
+    done
+fi
+
 # --- Redis Streams: only when redis-server exists; own server, stopped by PID --
 RJ=$res/redis.jsonl
 RJB=$res/redis-batch.jsonl
@@ -254,6 +271,21 @@ brokers() {   # mode, JSON lines file, keybus URL prefix, raw baseline -> summar
         + "| \($m | n0) | \($kb | map(.events_per_s / $m) | min | r2)-\($kb | map(.events_per_s / $m) | max | r2) "
         + "| \($kb | map(.ratio_raw // empty) | med | r2) | \($kb | map(.ratio_xadd // empty) | med | r2) "
         + "| \($kb | map(select(.order_violations + .lost + .duplicates > 0)) | length) |"' "$2"
+}
+go_rows() {   # -> rows: medians per scenario, mem:// over the Go run right after it
+    [ -s "$GJ" ] || { echo "| $go_note | | | | | |"; return; }
+    jq -rs '
+      def med: sort | if length == 0 then null elif length % 2 == 1 then .[length / 2 | floor]
+               else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+      def r2: if . == null then "" else (. * 100 | round / 100 | tostring) end;
+      def n0: if . == null then "" else (round | tostring) end;
+      . as $all | [range(0; length) | select($all[.].transport == "mem://") as $i | $all[$i] as $k
+        | ([$all[$i + 1:][] | select(.transport == "baseline:origin-go" and .scenario == $k.scenario)] | first) as $g
+        | select($g) | {s: $k.scenario, k: $k, g: $g}] | group_by(.s)[]
+      | "| \(.[0].s) | \(length) | \(map(.k.events_per_s) | med | n0) | \(map(.g.events_per_s) | med | n0) "
+        + "| \(map(.k.events_per_s / .g.events_per_s) | med | r2) (\(map(.k.events_per_s / .g.events_per_s) | min | r2)-\(map(.k.events_per_s / .g.events_per_s) | max | r2)) "
+        + "| \(map(.k.cpu_ns_per_event) | med | n0) / \(map(.g.cpu_ns_per_event) | med | n0) "
+        + "| \(map(select(.k.order_violations + .k.lost + .k.duplicates + .g.order_violations > 0)) | length) |"' "$GJ"
 }
 latency_rows() {   # broker URL prefix, raw baseline -> rows: medians, and keybus over the raw run just before it
     [ -s "$LJ" ] || { echo "| $1 | not run | | | | | | | | | |"; return; }
@@ -470,6 +502,20 @@ $(table '.kind == "fixed-rate" and .handler_us == 0')
 $(table '.handler_us == 2')
 
 ![latency CDF](img/latency_cdf.png)
+
+## Against the origin's pool in Go
+
+\`bench/origin_go\` is seed 001's \`KeyedWorkerPool\` rebuilt as written there (1024
+goroutines, a channel of 1,000 each, FNV-32a, \`ProcessMessage\` with a 200 ms
+\`time.After\`), driven by the same plan as keybus-bench (keys, rounds, the mixed shuffle, a
+64-byte payload per event, the order checked per aggregate, CPU per event by \`getrusage\`).
+$go_note. Five alternating pairs per scenario, \`keybus-bench --scenario S --events 1000000
+--no-baselines\` then \`origin-go -scenario S -events 1000000\`; × origin-go is taken within
+each pair, then the median (range in brackets). Target: ≥ 3 × in every scenario.
+
+| scenario | pairs | mem:// events/s | origin-go events/s | × origin-go | CPU ns/event mem:// / origin-go | pairs with order/lost/dup |
+|---|--:|--:|--:|--:|--:|--:|
+$(go_rows)
 
 ## Brokers: keybus against the raw baselines
 
