@@ -76,22 +76,22 @@ for broker in redis nats; do
     files=$(ls "$res"/cdf-$broker-*.dat 2>/dev/null | sort -t- -k3 -n) || true
     [ -n "$files" ] || continue
     gnuplot <<GP
-set terminal pngcairo size 900,540 font "sans,11" noenhanced
+set terminal pngcairo size 900,620 font "sans,11" noenhanced
 set grid xtics mxtics ytics
 set output "$img/latency_cdf_$broker.png"
 set title "$broker: publish-to-handle latency CDF at fixed offered loads (multi, 100 aggregates)"
 set logscale x
-set format x "%g"
-set xtics autofreq
+set xtics ("10 µs" 10, "100 µs" 100, "1 ms" 1000, "10 ms" 10000, "100 ms" 100000, "1 s" 1000000, "10 s" 10000000)
 set mxtics 10
-set xlabel "latency, us (log)"
+set xlabel "publish-to-handle latency (log)"
 set ylabel "fraction of events handled within"
 set yrange [0:1]
 set ytics 0.1
-set key bottom right
+set key outside below maxrows 3 width 2
 files = "$(echo $files)"
 label(f, i) = system("grep '^# ' '" . f . "' | sed -n " . i . "p | awk '{sub(/events=.* rate=/, \"\"); print \$3 \" @ \" \$4 \"/s\"}'")
-plot for [f in files] f index 0 using 1:2 with lines lw 2 dt 2 title label(f, 1), \
-     for [f in files] f index 1 using 1:2 with lines lw 2 title label(f, 2)
+# one colour per rate: the raw client dashed, keybus solid
+plot for [i=1:words(files)] word(files, i) index 0 using 1:2 with lines lw 2 dt 2 lc i title label(word(files, i), 1), \
+     for [i=1:words(files)] word(files, i) index 1 using 1:2 with lines lw 2 lc i title label(word(files, i), 2)
 GP
 done
