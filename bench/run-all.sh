@@ -49,7 +49,9 @@ brun() {   # name, JSON lines file, environment ("" or VAR=value), then keybus-b
 # each paced by --rate from producers that sleep to their send times (spinning, the producer
 # would hold one of the two CPUs the server and the consumers need); 10 s at 1k/s.
 LJ=$res/broker-latency.jsonl
+lat_load=""
 broker_latency() {   # broker (redis | nats), URL
+    lat_load="$lat_load${lat_load:+; }$1 from $(cut -d' ' -f1-3 /proc/loadavg)"
     for point in 1000:10000 10000:50000 50000:200000; do   # rate:events, 10 s .. 4 s a run
         rate=${point%:*}
         brun "$1-latency-$rate" "$LJ" "" --transport "$2" --scenario multi --events "${point#*:}" \
@@ -94,7 +96,7 @@ GJ=$res/origin-go.jsonl
 go_note="not run: go not found"
 if command -v go >/dev/null 2>&1 &&
    (cd "$src/bench/origin_go" && go build -o "$build/origin-go" .) >/dev/null 2>&1; then
-    go_note="$(go version | cut -d' ' -f3), GOMAXPROCS = $(nproc)"
+    go_note="$(go version | cut -d' ' -f3), GOMAXPROCS = $(nproc), load average $(cut -d' ' -f1-3 /proc/loadavg) at the start"
     echo "run-all.sh: mem:// against bench/origin_go, 5 alternating runs per scenario" >&2
     for i in 1 2 3 4 5; do
         for s in single multi mixed; do
@@ -346,6 +348,8 @@ KEYBUS_RETRY_BACKOFF_MS=100 keybus-bench --scenario multi --aggregates 10000 --e
 KEYBUS_RETRY_BACKOFF_MS=100 keybus-bench --scenario multi --aggregates 10000 --events 300000 --rate 100000 --handler-fail-rate 0.001 --repeat 3 --no-baselines
 keybus-gbench                         # google-benchmark micro-benchmarks
 keybus-bench --transport redis://localhost:6379 --scenario all   # any transport, same scenarios
+keybus-bench --transport URL --scenario multi --events 10000 --rate 1000 --pace sleep --baselines=broker --repeat 5   # broker latency (also 10k/s, 50k/s)
+(cd bench/origin_go && go build -o /tmp/origin-go .) && /tmp/origin-go -scenario single -events 1000000   # the origin's pool in Go
 \`\`\`
 
 ## How it measures
@@ -548,7 +552,8 @@ paced by \`--rate\` exactly as keybus is (the same driver calls both), then keyb
 server. Latency is publish-to-handle from the scheduled send time. The ratios are keybus's
 figure over the raw run just before it, then the median over the five; CPU is the process's
 (user + system, every thread) over the events. Targets at 1k and 10k/s: p50 ≤ 1.5 × and p99
-≤ 2 × raw. \`keybus-bench --transport URL --scenario multi --events N --rate R --pace sleep
+≤ 2 × raw. Load average at the start of each broker's runs: ${lat_load:-not run}.
+\`keybus-bench --transport URL --scenario multi --events N --rate R --pace sleep
 --baselines=broker --repeat 5 --cdf cdf-BROKER-R.dat\` with N = 10,000, 50,000 and 200,000.
 
 | broker | events/s offered | runs | raw p50 µs | raw p99 µs | keybus p50 µs | keybus p99 µs | p50 × raw | p99 × raw | CPU µs/event raw / keybus | runs with order/lost/dup |
