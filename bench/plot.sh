@@ -73,7 +73,10 @@ GP
 # One latency CDF per broker: its raw client and keybus at each offered rate (the first of
 # the repeats), from run-all.sh's cdf-BROKER-RATE.dat. Skipped for a broker not run.
 for broker in redis nats; do
-    files=$(ls "$res"/cdf-$broker-*.dat 2>/dev/null | sort -t- -k3 -n) || true
+    files=""
+    for rate in 1000 10000 50000; do   # run-all.sh's points, in order
+        if [ -s "$res/cdf-$broker-$rate.dat" ]; then files="$files $res/cdf-$broker-$rate.dat"; fi
+    done
     [ -n "$files" ] || continue
     gnuplot <<GP
 set terminal pngcairo size 900,620 font "sans,11" noenhanced
