@@ -561,7 +561,7 @@ figure over the raw run just before it, then the median over the five; CPU is th
 $(latency_rows "redis://" "baseline:redis-raw")
 $(latency_rows "nats://" "baseline:nats-raw")
 
-$(for b in redis nats; do [ -s "$img/latency_cdf_$b.png" ] && printf '![%s latency CDF](img/latency_cdf_%s.png)\n\n' "$b" "$b"; done)
+$(for b in redis nats; do if [ -s "$res/cdf-$b-1000.dat" ]; then printf '![%s latency CDF](img/latency_cdf_%s.png)\n\n' "$b" "$b"; fi; done)
 $(cat "$src/bench/latency.md")
 
 ## Redis Streams
