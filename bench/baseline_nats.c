@@ -37,6 +37,8 @@
 struct raw_req {
     unsigned serial;
     int left;               /* messages this request may still bring */
+    int64_t expires_ns;     /* the server drops it then: a request that brought some
+                             * messages may end without a status (paced, at 1k/s) */
 };
 
 struct raw_ctx {
@@ -93,6 +95,7 @@ static int pull(struct raw_ctx *c, struct raw_req *r, unsigned serial)
         return -1;
     r->serial = serial;
     r->left = RAW_BATCH;
+    r->expires_ns = kb_now_ns() + RAW_EXPIRES_NS;
     return 0;
 }
 
@@ -103,8 +106,9 @@ static void *consume(void *opaque)
     unsigned serial = 0;
     size_t il = strlen(c->inbox);
     while (!atomic_load_explicit(&c->stop, memory_order_relaxed)) {
+        int64_t now = kb_now_ns();
         for (int i = 0; i < RAW_REQS; i++)
-            if (reqs[i].left <= 0 && pull(c, &reqs[i], ++serial) != 0) {
+            if ((reqs[i].left <= 0 || now >= reqs[i].expires_ns) && pull(c, &reqs[i], ++serial) != 0) {
                 fprintf(stderr, "baseline:nats-raw: pull request failed\n");
                 c->sub_error = 1;
                 return NULL;

@@ -4,7 +4,10 @@
  * connection loops `XREADGROUP ... COUNT n BLOCK ms >`, hands each entry to the
  * same checker as every runner, and acks each batch with one `XACK` pipelined
  * ahead of the next read. One stream keeps every aggregate in order, so the
- * order check applies as to the other runners. Run only for redis:// URLs.
+ * order check applies as to the other runners. Flat out the XADDs go out a
+ * window at a time; under --rate each is written when the driver publishes it,
+ * paced exactly as keybus's producers are (the window then only bounds the
+ * replies left unread). Run only for redis:// URLs.
  *
  * baseline:redis-xadd, the server's ceiling for appending: the same pipelined
  * XADDs and nothing else (no reader). Its events/s is the events over the time
@@ -39,6 +42,7 @@ struct raw_ctx {
     char stream[96];
     redisContext *pub;
     uint64_t appended, unanswered, total;
+    bool paced;                 /* under --rate: each XADD is written when it is published */
     uint64_t last_reply_ns;     /* xadd: the last XADD answered */
     int pub_error;
     redisContext *sub;
@@ -127,14 +131,16 @@ static int publish(void *opaque, const void *key, size_t key_len, const void *pa
     const size_t lens[] = {4, strlen(c->stream), 1, 1, key_len, 1, len};
     redisAppendCommandArgv(c->pub, 7, argv, lens);
     c->unanswered++;
-    bool last = ++c->appended == c->total;
-    if (c->appended % RAW_WINDOW == 0 || last) {
+    bool last = ++c->appended == c->total, window = c->appended % RAW_WINDOW == 0;
+    if (window || last || c->paced) {
         int done = 0;
         while (!done)
             if (redisBufferWrite(c->pub, &done) != REDIS_OK) {
                 c->pub_error = 1;
                 return KB_ETRANSPORT;
             }
+    }
+    if (window || last) {   /* paced, the replies of the window are already in by now */
         if (drain(c, last ? 0 : RAW_WINDOW) != 0) {
             c->pub_error = 1;
             return KB_ETRANSPORT;
@@ -261,6 +267,7 @@ static void run(const kb_plan *plan, const char *url, kb_result *r, bool xadd_on
     snprintf(c->stream, sizeof c->stream, "kbbench:%s:%s:%ld:%u", xadd_only ? "xadd" : "raw",
              kb_scenario_name(p.scenario), (long)getpid(), run_no++);
     c->total = p.events;
+    c->paced = p.rate > 0;   /* paced as keybus is: a paced XADD waits for no window */
     c->pub = connect_to(c);
     c->sub = c->pub && !xadd_only ? connect_to(c) : NULL;
     redisReply *g = c->sub ? redisCommand(c->sub, "XGROUP CREATE %s bench 0 MKSTREAM", c->stream)

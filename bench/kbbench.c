@@ -43,8 +43,12 @@ static const char usage[] =
     "  --cdf FILE            append latency CDF blocks for gnuplot\n"
     "  --no-baselines        skip baseline:ring and baseline:mutex (--baselines: on, default),\n"
     "                        and baseline:redis-raw + baseline:redis-xadd / baseline:nats-raw\n"
-    "                        (with redis:// or nats://)\n"
+    "                        (with redis:// or nats://); --baselines=broker: only the\n"
+    "                        broker's raw baseline. Under --rate baseline:redis-xadd is left\n"
+    "                        out (paced, it would measure the rate, not the server's ceiling)\n"
     "Numbers take k/M suffixes. Exit 1 when a run lost, duplicated or reordered events or failed.\n";
+
+enum { BASE_LOCAL = 1, BASE_BROKER = 2 };   /* ring + mutex; the broker's raw client */
 
 struct cli {
     kb_bus_opts bus;
@@ -53,7 +57,7 @@ struct cli {
     uint32_t aggregates, payload_bytes, producers, handler_us, batch, repeat;
     bool pace_sleep;
     double fail_rate;
-    int baselines;
+    int baselines;              /* BASE_* bits */
     const char *sweep, *json_path, *cdf_path;
     FILE *table, *json, *cdf;
     int failed;
@@ -189,7 +193,7 @@ static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t agg
         r[i].kind = kind;
         r[i].idle_cpu_pct = -1;
     }
-    if (c->baselines) {
+    if (c->baselines & BASE_LOCAL) {
         kb_run_ring(&p, &r[0]);
         r[0].batch = 1;   /* baselines publish one by one */
         emit(c, &r[0]);
@@ -199,18 +203,20 @@ static void run_once(struct cli *c, kb_scenario s, uint64_t events, uint32_t agg
     }
 #ifdef KB_BENCH_REDIS
     /* baseline:redis-raw: plain hiredis on the same server (redis:// runs only) */
-    if (c->baselines && bus.transport && strncmp(bus.transport, "redis://", 8) == 0) {
+    if ((c->baselines & BASE_BROKER) && bus.transport && strncmp(bus.transport, "redis://", 8) == 0) {
         kb_run_redis_raw(&p, bus.transport, &r[3]);
         r[3].batch = 1;   /* baselines publish one by one */
         emit(c, &r[3]);
-        kb_run_redis_xadd(&p, bus.transport, &r[4]);
-        r[4].batch = 1;
-        emit(c, &r[4]);
+        if (p.rate == 0) {
+            kb_run_redis_xadd(&p, bus.transport, &r[4]);
+            r[4].batch = 1;
+            emit(c, &r[4]);
+        }
     }
 #endif
 #ifdef KB_BENCH_NATS
     /* baseline:nats-raw: plain nats.c on the same server (nats:// runs only) */
-    if (c->baselines && bus.transport && strncmp(bus.transport, "nats://", 7) == 0) {
+    if ((c->baselines & BASE_BROKER) && bus.transport && strncmp(bus.transport, "nats://", 7) == 0) {
         kb_run_nats_raw(&p, bus.transport, &r[3]);
         r[3].batch = 1;   /* baselines publish one by one */
         emit(c, &r[3]);
@@ -297,7 +303,7 @@ static FILE *open_out(const char *path, FILE *dash)
 int main(int argc, char **argv)
 {
     struct cli c = {.scenarios = 7, .large_events = 1000000, .sweep_max = 10000000,
-                    .payload_bytes = 64, .producers = 1, .baselines = 1, .repeat = 1};
+                    .payload_bytes = 64, .producers = 1, .baselines = BASE_LOCAL | BASE_BROKER, .repeat = 1};
     enum { O_TRANSPORT = 256, O_CONFIG, O_SCENARIO, O_EVENTS, O_AGGS, O_LARGE, O_PAYLOAD,
            O_PRODUCERS, O_THREADS, O_HANDLER, O_RATE, O_SWEEP, O_SWEEP_MAX, O_JSON, O_CDF,
            O_BASE, O_NOBASE, O_HELP, O_BATCH, O_IDLE, O_IDLE_CPU, O_REPEAT, O_FAIL_RATE, O_PACE };
@@ -309,7 +315,7 @@ int main(int argc, char **argv)
         {"threads", 1, 0, O_THREADS},     {"handler-us", 1, 0, O_HANDLER},
         {"rate", 1, 0, O_RATE},           {"sweep", 1, 0, O_SWEEP},
         {"sweep-max", 1, 0, O_SWEEP_MAX}, {"json", 1, 0, O_JSON},
-        {"cdf", 1, 0, O_CDF},             {"baselines", 0, 0, O_BASE},
+        {"cdf", 1, 0, O_CDF},             {"baselines", 2, 0, O_BASE},
         {"no-baselines", 0, 0, O_NOBASE}, {"help", 0, 0, O_HELP},
         {"batch", 1, 0, O_BATCH},         {"idle", 1, 0, O_IDLE},
         {"idle-cpu", 0, 0, O_IDLE_CPU},   {"repeat", 1, 0, O_REPEAT},
@@ -356,7 +362,13 @@ int main(int argc, char **argv)
         case O_SWEEP_MAX: c.sweep_max = v; break;
         case O_JSON: c.json_path = optarg; break;
         case O_CDF: c.cdf_path = optarg; break;
-        case O_BASE: c.baselines = 1; break;
+        case O_BASE:
+            if (optarg != NULL && strcmp(optarg, "broker") != 0) {
+                fprintf(stderr, "keybus-bench: --baselines=%s: only 'broker'\n%s", optarg, usage);
+                return 2;
+            }
+            c.baselines = optarg ? BASE_BROKER : BASE_LOCAL | BASE_BROKER;
+            break;
         case O_NOBASE: c.baselines = 0; break;
         case O_BATCH: c.batch = (uint32_t)v; break;
         case O_IDLE:

@@ -58,6 +58,8 @@ set output "$img/latency_cdf.png"
 set title "Publish-to-handle latency CDF at a fixed offered load of 1M events/s (multi)"
 set logscale x
 set format x "%g"
+set xtics autofreq   # the threads plot's "xtics 1" on a log axis left it without numbers
+set mxtics 10
 set xlabel "latency, us (log)"
 set ylabel "fraction of events handled within"
 set format y "%g"
@@ -67,3 +69,32 @@ titles = system("grep '^# ' '$res/cdf.dat' | awk '{print \$3}'")
 n = words(titles) > 3 ? 3 : words(titles)   # the first repeat: ring, mutex, keybus
 plot for [i=1:n] "$res/cdf.dat" index (i-1) using 1:2 with lines lw 2 title word(titles, i)
 GP
+
+# One latency CDF per broker: its raw client and keybus at each offered rate (the first of
+# the repeats), from run-all.sh's cdf-BROKER-RATE.dat. Skipped for a broker not run.
+for broker in redis nats; do
+    files=""
+    for rate in 1000 10000 50000; do   # run-all.sh's points, in order
+        if [ -s "$res/cdf-$broker-$rate.dat" ]; then files="$files $res/cdf-$broker-$rate.dat"; fi
+    done
+    [ -n "$files" ] || continue
+    gnuplot <<GP
+set terminal pngcairo size 900,620 font "sans,11" noenhanced
+set grid xtics mxtics ytics
+set output "$img/latency_cdf_$broker.png"
+set title "$broker: publish-to-handle latency CDF at fixed offered loads (multi, 100 aggregates)"
+set logscale x
+set xtics ("10 µs" 10, "100 µs" 100, "1 ms" 1000, "10 ms" 10000, "100 ms" 100000, "1 s" 1000000, "10 s" 10000000)
+set mxtics 10
+set xlabel "publish-to-handle latency (log)"
+set ylabel "fraction of events handled within"
+set yrange [0:1]
+set ytics 0.1
+set key outside below maxrows 3 width 2
+files = "$(echo $files)"
+label(f, i) = system("grep '^# ' '" . f . "' | sed -n " . i . "p | awk '{sub(/events=.* rate=/, \"\"); print \$3 \" @ \" \$4 \"/s\"}'")
+# one colour per rate: the raw client dashed, keybus solid
+plot for [i=1:words(files)] word(files, i) index 0 using 1:2 with lines lw 2 dt 2 lc i title label(word(files, i), 1), \
+     for [i=1:words(files)] word(files, i) index 1 using 1:2 with lines lw 2 lc i title label(word(files, i), 2)
+GP
+done

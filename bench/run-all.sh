@@ -45,6 +45,19 @@ brun() {   # name, JSON lines file, environment ("" or VAR=value), then keybus-b
         status=1
     }
 }
+# Latency at everyday load on a broker: the raw client and keybus back to back, five times,
+# each paced by --rate from producers that sleep to their send times (spinning, the producer
+# would hold one of the two CPUs the server and the consumers need); 10 s at 1k/s.
+LJ=$res/broker-latency.jsonl
+lat_load=""
+broker_latency() {   # broker (redis | nats), URL
+    lat_load="$lat_load${lat_load:+; }$1 from $(cut -d' ' -f1-3 /proc/loadavg)"
+    for point in 1000:10000 10000:50000 50000:200000; do   # rate:events, 10 s .. 4 s a run
+        rate=${point%:*}
+        brun "$1-latency-$rate" "$LJ" "" --transport "$2" --scenario multi --events "${point#*:}" \
+            --rate "$rate" --pace sleep --baselines=broker --repeat 5 --cdf "$res/cdf-$1-$rate.dat"
+    done
+}
 # The targets are quoted as the median of five same-run ratios: one run on a
 # shared 2-vCPU machine can be off by 2x either way.
 run scenarios --scenario all --repeat 5 ${threads:+--threads "$threads"}
@@ -75,6 +88,23 @@ done
 echo "run-all.sh: keybus-gbench" >&2
 timeout 240 "$gbench" --benchmark_min_time=0.2 --benchmark_color=false \
     --benchmark_out="$res/gbench.json" --benchmark_out_format=json >"$res/gbench.txt" 2>&1 || status=1
+
+# --- The origin's pool rebuilt in Go (bench/origin_go): only when go exists -----
+# keybus and the Go pool alternately, five times per scenario; each ratio is taken
+# within its pair.
+GJ=$res/origin-go.jsonl
+go_note="not run: go not found"
+if command -v go >/dev/null 2>&1 &&
+   (cd "$src/bench/origin_go" && go build -o "$build/origin-go" .) >/dev/null 2>&1; then
+    go_note="$(go version | cut -d' ' -f3), GOMAXPROCS = $(nproc), load average $(cut -d' ' -f1-3 /proc/loadavg) at the start"
+    echo "run-all.sh: mem:// against bench/origin_go, 5 alternating runs per scenario" >&2
+    for i in 1 2 3 4 5; do
+        for s in single multi mixed; do
+            timeout 300 "$bench" --scenario "$s" --events 1000000 --no-baselines --json "$GJ" >/dev/null || status=1
+            timeout 300 "$build/origin-go" -scenario "$s" -events 1000000 >>"$GJ" || status=1
+        done
+    done
+fi
 
 # --- Redis Streams: only when redis-server exists; own server, stopped by PID --
 RJ=$res/redis.jsonl
@@ -109,6 +139,7 @@ if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>
         # (raw, xadd and keybus back to back), medians in the summary
         brun redis-scenarios "$RJ" "" --transport "$rurl" --scenario all --large-events 200000 --repeat 5
         brun redis-batch "$RJB" "" --transport "$rurl" --scenario all --events 200000 --batch 64 --repeat 5
+        broker_latency redis "$rurl"
         redis-cli -p "$rport" flushall >/dev/null
         # 1M events (100 keys x 10k), one producer process, two consumer processes
         # (tests/redis_consumer_proc: 8 partitions shared by lease, each handled
@@ -174,6 +205,7 @@ if command -v nats-server >/dev/null 2>&1; then
     brun nats-plain "$NJP" KEYBUS_NATS_PUBLISH_BATCH=1 --transport "$nurl" --scenario all \
         --large-events 0 --repeat 5
     brun nats-batch "$NJB" "" --transport "$nurl" --scenario all --events 200000 --batch 64 --repeat 5
+    broker_latency nats "$nurl"
     stop_nats
     trap - EXIT INT TERM
 fi
@@ -242,6 +274,38 @@ brokers() {   # mode, JSON lines file, keybus URL prefix, raw baseline -> summar
         + "| \($kb | map(.ratio_raw // empty) | med | r2) | \($kb | map(.ratio_xadd // empty) | med | r2) "
         + "| \($kb | map(select(.order_violations + .lost + .duplicates > 0)) | length) |"' "$2"
 }
+go_rows() {   # -> rows: medians per scenario, mem:// over the Go run right after it
+    [ -s "$GJ" ] || { echo "| $go_note | | | | | |"; return; }
+    jq -rs '
+      def med: sort | if length == 0 then null elif length % 2 == 1 then .[length / 2 | floor]
+               else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+      def r2: if . == null then "" else (. * 100 | round / 100 | tostring) end;
+      def n0: if . == null then "" else (round | tostring) end;
+      . as $all | [range(0; length) | select($all[.].transport == "mem://") as $i | $all[$i] as $k
+        | ([$all[$i + 1:][] | select(.transport == "baseline:origin-go" and .scenario == $k.scenario)] | first) as $g
+        | select($g) | {s: $k.scenario, k: $k, g: $g}] | group_by(.s)[]
+      | "| \(.[0].s) | \(length) | \(map(.k.events_per_s) | med | n0) | \(map(.g.events_per_s) | med | n0) "
+        + "| \(map(.k.events_per_s / .g.events_per_s) | med | r2) (\(map(.k.events_per_s / .g.events_per_s) | min | r2)-\(map(.k.events_per_s / .g.events_per_s) | max | r2)) "
+        + "| \(map(.k.cpu_ns_per_event) | med | n0) / \(map(.g.cpu_ns_per_event) | med | n0) "
+        + "| \(map(select(.k.order_violations + .k.lost + .k.duplicates + .g.order_violations > 0)) | length) |"' "$GJ"
+}
+latency_rows() {   # broker URL prefix, raw baseline -> rows: medians, and keybus over the raw run just before it
+    [ -s "$LJ" ] || { echo "| $1 | not run | | | | | | | | | |"; return; }
+    jq -rs --arg k "$1" --arg raw "$2" '
+      def med: sort | if length == 0 then null elif length % 2 == 1 then .[length / 2 | floor]
+               else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+      def r2: if . == null then "" else (. * 100 | round / 100 | tostring) end;
+      def n0: if . == null then "" else (round | tostring) end;
+      . as $all | [range(0; length) | select($all[.].transport | startswith($k)) as $i
+        | $all[$i] as $b | ([$all[0:$i][] | select(.transport == $raw and .rate == $b.rate)] | last) as $r
+        | select($r) | {rate: $b.rate, b: $b, r: $r}] | group_by(.rate)[]
+      | "| \($k | rtrimstr("://")) | \(.[0].rate) | \(length) "
+        + "| \(map(.r.p50_us) | med | r2) | \(map(.r.p99_us) | med | r2) "
+        + "| \(map(.b.p50_us) | med | r2) | \(map(.b.p99_us) | med | r2) "
+        + "| \(map(.b.p50_us / .r.p50_us) | med | r2) | \(map(.b.p99_us / .r.p99_us) | med | r2) "
+        + "| \(map(.r.cpu_ns_per_event / 1000) | med | n0) / \(map(.b.cpu_ns_per_event / 1000) | med | n0) "
+        + "| \(map(select(.b.order_violations + .b.lost + .b.duplicates + .r.order_violations + .r.lost + .r.duplicates > 0)) | length) |"' "$LJ"
+}
 r500='.kind == "fixed-rate" and .rate == 500000 and .handler_us == 0'
 r1m='.kind == "fixed-rate" and .rate == 1000000 and .handler_us == 0'
 flat_multi='.kind == "large" and .scenario == "multi"'
@@ -284,6 +348,8 @@ KEYBUS_RETRY_BACKOFF_MS=100 keybus-bench --scenario multi --aggregates 10000 --e
 KEYBUS_RETRY_BACKOFF_MS=100 keybus-bench --scenario multi --aggregates 10000 --events 300000 --rate 100000 --handler-fail-rate 0.001 --repeat 3 --no-baselines
 keybus-gbench                         # google-benchmark micro-benchmarks
 keybus-bench --transport redis://localhost:6379 --scenario all   # any transport, same scenarios
+keybus-bench --transport URL --scenario multi --events 10000 --rate 1000 --pace sleep --baselines=broker --repeat 5   # broker latency (also 10k/s, 50k/s)
+(cd bench/origin_go && go build -o /tmp/origin-go .) && /tmp/origin-go -scenario single -events 1000000   # the origin's pool in Go
 \`\`\`
 
 ## How it measures
@@ -441,6 +507,20 @@ $(table '.handler_us == 2')
 
 ![latency CDF](img/latency_cdf.png)
 
+## Against the origin's pool in Go
+
+\`bench/origin_go\` is seed 001's \`KeyedWorkerPool\` rebuilt as written there (1024
+goroutines, a channel of 1,000 each, FNV-32a, \`ProcessMessage\` with a 200 ms
+\`time.After\`), driven by the same plan as keybus-bench (keys, rounds, the mixed shuffle, a
+64-byte payload per event, the order checked per aggregate, CPU per event by \`getrusage\`).
+$go_note. Five alternating pairs per scenario, \`keybus-bench --scenario S --events 1000000
+--no-baselines\` then \`origin-go -scenario S -events 1000000\`; × origin-go is taken within
+each pair, then the median (range in brackets). Target: ≥ 3 × in every scenario.
+
+| scenario | pairs | mem:// events/s | origin-go events/s | × origin-go | CPU ns/event mem:// / origin-go | pairs with order/lost/dup |
+|---|--:|--:|--:|--:|--:|--:|
+$(go_rows)
+
 ## Brokers: keybus against the raw baselines
 
 One line per broker, mode and point: the median of five alternating runs (each run puts the
@@ -463,6 +543,26 @@ $(brokers "nats per-message" "$NJP" "nats://" "baseline:nats-raw")
 $(brokers "nats batched" "$NJB" "nats://" "baseline:nats-raw")
 
 $(cat "$src/bench/throughput.md")
+
+## Brokers: latency at everyday load (1,000, 10,000 and 50,000 events/s)
+
+Multi (100 aggregates), one producer that sleeps to each send time (\`--pace sleep\`), five
+alternating runs per point: the raw client (\`baseline:redis-raw\` / \`baseline:nats-raw\`),
+paced by \`--rate\` exactly as keybus is (the same driver calls both), then keybus, on the same
+server. Latency is publish-to-handle from the scheduled send time. The ratios are keybus's
+figure over the raw run just before it, then the median over the five; CPU is the process's
+(user + system, every thread) over the events. Targets at 1k and 10k/s: p50 ≤ 1.5 × and p99
+≤ 2 × raw. Load average at the start of each broker's runs: ${lat_load:-not run}.
+\`keybus-bench --transport URL --scenario multi --events N --rate R --pace sleep
+--baselines=broker --repeat 5 --cdf cdf-BROKER-R.dat\` with N = 10,000, 50,000 and 200,000.
+
+| broker | events/s offered | runs | raw p50 µs | raw p99 µs | keybus p50 µs | keybus p99 µs | p50 × raw | p99 × raw | CPU µs/event raw / keybus | runs with order/lost/dup |
+|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|
+$(latency_rows "redis://" "baseline:redis-raw")
+$(latency_rows "nats://" "baseline:nats-raw")
+
+$(for b in redis nats; do if [ -s "$res/cdf-$b-1000.dat" ]; then printf '![%s latency CDF](img/latency_cdf_%s.png)\n\n' "$b" "$b"; fi; done)
+$(cat "$src/bench/latency.md")
 
 ## Redis Streams
 

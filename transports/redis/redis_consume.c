@@ -50,6 +50,9 @@ typedef struct reader {
  * replies, whose fresh memory cost the reader a page fault per 4 KiB. */
 #define READ_COUNT_GROWTH 8
 
+#define WARM_NS 1000000000LL   /* a partition with entries this recently: checks behind a blocking read */
+#define WARM_AHEAD_MAX 16
+
 static void adapt_count(reader *rd, int batch, size_t most, size_t hits)
 {
     size_t whole = (size_t)batch * READ_COUNT_GROWTH, count = (size_t)rd->count;
@@ -203,13 +206,23 @@ static bool send_round(kb_transport *t, reader *rd, rround *ro, bool wait)
     /* A partition that returned entries last time likely does again (one hot
      * aggregate): its checks go right behind the read, so they cost no round
      * trip of their own. They still run after the read: the server runs a
-     * connection's commands in order, a blocked read first. */
-    size_t hot = 0;
-    for (size_t j = 0; t->fenced_reads && j < n; j++)
-        if (ro->v[j].p->hot) {
+     * connection's commands in order, a blocked read first. A blocking read
+     * is sparse traffic, one event a read, rarely from the partition of the
+     * read before: there the partitions that brought entries within
+     * WARM_NS go behind it too (at most WARM_AHEAD_MAX, so many quiet topics
+     * add no commands), or each event would wait for a round trip of checks. */
+    size_t hot = 0, warm = 0;
+    int64_t now = block_now && t->fenced_reads ? kb_now_ns() : 0;
+    for (size_t j = 0; t->fenced_reads && j < n; j++) {
+        const kb_redis_part *p = ro->v[j].p;
+        bool w = !p->hot && block_now && p->warm_ns != 0 && now - p->warm_ns < WARM_NS &&
+                 warm < WARM_AHEAD_MAX;
+        if (p->hot || w) {
             rd->chk[hot++] = j;
             ro->v[j].ahead = true;
+            warm += w;
         }
+    }
     if (hot > 0)
         append_checks(t, rd, ro, hot);
     /* on the wire now: the server prepares it while we deliver the previous one */
@@ -322,6 +335,7 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
                 continue;
             ro->v[j].ok = true;
             ro->v[j].p->hot = true;
+            ro->v[j].p->warm_ns = kb_now_ns();
             rd->hit[hits++] = j;
             if (sr->element[1]->elements > most)
                 most = sr->element[1]->elements;

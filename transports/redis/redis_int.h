@@ -119,6 +119,7 @@ typedef struct kb_redis_part {
     uint32_t swept;               /* reader only: epoch whose sweep is done; 0 = sweep due */
     struct kb_redis_wait *waiting; /* reader only: entries read, their lane full (deliver.c) */
     bool hot;                     /* reader only: its last read returned entries */
+    int64_t warm_ns;              /* reader only: when a read last returned entries of it */
     uint32_t sweeping;            /* reader only: epoch of a sweep paused on a full lane */
     char sweep_cursor[KB_REDIS_ID_MAX];   /* where that sweep goes on; "" = its last page */
     uint32_t index;               /* N */

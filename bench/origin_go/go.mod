@@ -1,0 +1,3 @@
+module keybus/bench/origin_go
+
+go 1.19
