@@ -133,8 +133,11 @@ typedef struct kb_transport_ops {
      * looks a topic up by name. Must not wait for the broker. */
     int  (*topic_open)(kb_transport *t, const char *topic, kb_transport_topic **out,
                        char *errstr, size_t errlen);
-    /* Copy what it needs; must not wait for a broker round trip. m->hash is
-     * set. kb_publish_batch calls it once per event, in order, and stops at
+    /* Copy what it needs; must not wait for a broker round trip, except
+     * once per topic: the first publish (like the first subscribe) may make
+     * one bounded round trip to check the partition count the broker
+     * stores, and keeps the answer (another count: KB_EINVAL every time;
+     * unreachable: asked again next time). m->hash is set. kb_publish_batch calls it once per event, in order, and stops at
      * the first error. NULL only with KB_TRANSPORT_F_LOCAL. */
     int  (*publish)(kb_transport *t, kb_transport_topic *tt, const kb_msg *m);
     /* Start feeding `sink`; the sink lives until close. KB_ETRANSPORT when the
