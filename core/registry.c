@@ -29,10 +29,12 @@ static kb_transport_ops padded[MAX_REGISTERED];
 static _Atomic size_t n_registered;     /* entries below it are immutable */
 static pthread_mutex_t register_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* How much of the table a version has: ABI 5 ended before stop_by. */
+/* How much of the table a version has: ABI 5 ended with close, whatever
+ * ABI 6 added after it. */
 static size_t table_size(int abi)
 {
-    return abi >= 6 ? sizeof(kb_transport_ops) : offsetof(kb_transport_ops, stop_by);
+    return abi >= 6 ? sizeof(kb_transport_ops)
+                    : offsetof(kb_transport_ops, close) + sizeof(((kb_transport_ops *)0)->close);
 }
 
 /* Schemes compare without case, as RFC 3986 says (kb_url_parse lowers them). */
