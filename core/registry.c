@@ -104,10 +104,11 @@ static int register_ops(const kb_transport_ops *ops, char *errstr, size_t errlen
 {
     char buf[512];
     kb_transport_ops view = {0};
-    if (ops != NULL && ops->abi_version >= KB_TRANSPORT_ABI_MIN &&
-        ops->abi_version < KB_TRANSPORT_ABI)
+    bool older = ops != NULL && ops->abi_version >= KB_TRANSPORT_ABI_MIN &&
+                 ops->abi_version < KB_TRANSPORT_ABI;
+    if (older)
         memcpy(&view, ops, table_size(ops->abi_version));
-    const kb_transport_ops *full = ops != NULL && ops->abi_version < KB_TRANSPORT_ABI ? &view : ops;
+    const kb_transport_ops *full = older ? &view : ops;
     const char *why = bad_table(full, buf, sizeof buf);
     if (why != NULL) {
         kb_errf(errstr, errlen, "kb_transport_register: %s", why);
