@@ -372,6 +372,7 @@ static kb_bus *bus_open(kb_conf *c, int *rc, char *errstr, size_t errlen)
     b->idle = (kb_idle)kb__idle_parse(core.pool_idle);
     pthread_mutex_init(&b->subscribe_lock, NULL);
     pthread_mutex_init(&b->gate_lock, NULL);
+    pthread_mutex_init(&b->pub_fail_lock, NULL);
     pthread_cond_init(&b->gate_left, NULL);
 
     b->topics = cds_lfht_new(16, 16, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, NULL);
@@ -415,6 +416,7 @@ static void bus_free(kb_bus *b)
         cds_lfht_destroy(b->topics, NULL);
     pthread_mutex_destroy(&b->subscribe_lock);
     pthread_mutex_destroy(&b->gate_lock);
+    pthread_mutex_destroy(&b->pub_fail_lock);
     pthread_cond_destroy(&b->gate_left);
     free(b);
 }
@@ -822,6 +824,8 @@ static int wait_call(kb_bus *b, int timeout_ms, bool drain)
     int rc = op == NULL ? flush_pools(b, timeout_ms)
              : drain    ? op(b->t, timeout_ms)
                         : flush_transport(b, timeout_ms);
+    if (rc == KB_OK && !drain)
+        rc = kb__publish_failures_take(b, who);
     gate_leave(b);
     if (rc == KB_ETIMEDOUT)
         kb_errf(NULL, 0, "%s: %d ms deadline passed%s", who, timeout_ms,
@@ -1155,7 +1159,9 @@ int kb__bus_close_end(kb_bus *b, int64_t deadline)
     shutdown_pools(b);
     synchronize_rcu();
     /* 3. Brokers stop reading; what they delivered stays queued. */
-    if (b->ops->stop != NULL)
+    if (b->ops->stop_by != NULL)
+        b->ops->stop_by(b->t, deadline);
+    else if (b->ops->stop != NULL)
         b->ops->stop(b->t);
     /* 4. Handle what is queued, up to the deadline. */
     int rc = KB_OK;
@@ -1188,6 +1194,8 @@ int kb__bus_close_end(kb_bus *b, int64_t deadline)
     int closed = b->ops->close(b->t, deadline);
     if (closed != KB_OK && rc == KB_OK)
         rc = closed;
+    if (rc == KB_OK)
+        rc = kb__publish_failures_take(b, "kb_close");
     kb__runs_close(b->runs);
     for (size_t i = 0; i < n; i++) {
         kb__topic_metrics_free(all[i]->metrics);
@@ -1199,6 +1207,7 @@ int kb__bus_close_end(kb_bus *b, int64_t deadline)
     kb__conf_free(b->conf);
     pthread_mutex_destroy(&b->subscribe_lock);
     pthread_mutex_destroy(&b->gate_lock);
+    pthread_mutex_destroy(&b->pub_fail_lock);
     pthread_cond_destroy(&b->gate_left);
     free(b);
     return rc;

@@ -62,6 +62,12 @@ struct kb_bus {
     int enqueue_timeout_ms;
     kb_idle idle;
     struct kb_serve *serve;            /* the serve floor's: endpoint, stats feed */
+    /* Accepted publishes the transport said failed (kb_bus_publish_failed)
+     * since the last kb_flush: the latest one's code and text. */
+    pthread_mutex_t pub_fail_lock;
+    uint64_t pub_failed;
+    int pub_fail_rc;
+    char pub_fail_error[256];
 };
 
 static inline kb_pool *kb__topic_pool(struct kb_topic *t)
@@ -73,6 +79,11 @@ static inline kb_pool *kb__topic_pool(struct kb_topic *t)
  * `rc` on the lane of `hash`, waiting up to timeout_ms for room. */
 void kb__submit_failed(const struct kb_topic *t, const char *who, kb_pool *pool, int rc,
                        uint32_t hash, int timeout_ms);
+
+/* KB_OK when no accepted publish failed since the last call; else the
+ * latest failure's code, with a text for `who` (kb_flush, kb_close) counting
+ * them, and the count starts again. Thread: any. */
+int kb__publish_failures_take(kb_bus *b, const char *who);
 
 /* Copy a delivery into a record and enqueue it on the topic's lane. */
 int kb__sink_put(struct kb_topic *topic, const kb_delivery *d, uint32_t hash, int timeout_ms);

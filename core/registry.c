@@ -8,6 +8,8 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,9 +21,21 @@
 #include "registry.h"
 
 #define MAX_REGISTERED 16
-static const kb_transport_ops *registered[MAX_REGISTERED];
+static const kb_transport_ops *registered[MAX_REGISTERED];   /* the bus's view */
+static const kb_transport_ops *given[MAX_REGISTERED];        /* as registered */
+/* Tables of an older ABI, copied up to their own end and zero-padded: the
+ * bus reads the ops added since as NULL, never past the caller's table. */
+static kb_transport_ops padded[MAX_REGISTERED];
 static _Atomic size_t n_registered;     /* entries below it are immutable */
 static pthread_mutex_t register_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* How much of the table a version has: ABI 5 ended with close, whatever
+ * ABI 6 added after it. */
+static size_t table_size(int abi)
+{
+    return abi >= 6 ? sizeof(kb_transport_ops)
+                    : offsetof(kb_transport_ops, close) + sizeof(((kb_transport_ops *)0)->close);
+}
 
 /* Schemes compare without case, as RFC 3986 says (kb_url_parse lowers them). */
 static int scheme_is(const kb_transport_ops *ops, const char *scheme, size_t len)
@@ -66,15 +80,16 @@ static const char *bad_table(const kb_transport_ops *ops, char *why, size_t whyl
 {
     if (ops == NULL)
         return "ops is NULL";
-    if (ops->abi_version != KB_TRANSPORT_ABI)
-        return "abi_version is not KB_TRANSPORT_ABI";
+    if (ops->abi_version < KB_TRANSPORT_ABI_MIN || ops->abi_version > KB_TRANSPORT_ABI)
+        return "abi_version is not between KB_TRANSPORT_ABI_MIN and KB_TRANSPORT_ABI";
     if (ops->scheme == NULL || ops->scheme[0] == '\0')
         return "no scheme";
     if (ops->open == NULL || ops->topic_open == NULL || ops->subscribe == NULL ||
         ops->dead_letter == NULL || ops->close == NULL)
         return "open, topic_open, subscribe, dead_letter and close are required";
-    if (!(ops->flags & KB_TRANSPORT_F_LOCAL) && (ops->publish == NULL || ops->stop == NULL))
-        return "publish and stop are required without KB_TRANSPORT_F_LOCAL";
+    if (!(ops->flags & KB_TRANSPORT_F_LOCAL) &&
+        (ops->publish == NULL || (ops->stop == NULL && ops->stop_by == NULL)))
+        return "publish and stop (or stop_by) are required without KB_TRANSPORT_F_LOCAL";
     for (const kb_conf_prop *p = ops->props; p != NULL && p->name != NULL; p++) {
         size_t sl = strlen(ops->scheme);
         if (strncmp(p->name, ops->scheme, sl) != 0 || p->name[sl] != '.')
@@ -88,7 +103,13 @@ static const char *bad_table(const kb_transport_ops *ops, char *why, size_t whyl
 static int register_ops(const kb_transport_ops *ops, char *errstr, size_t errlen)
 {
     char buf[512];
-    const char *why = bad_table(ops, buf, sizeof buf);
+    kb_transport_ops view = {0};
+    bool older = ops != NULL && ops->abi_version >= KB_TRANSPORT_ABI_MIN &&
+                 ops->abi_version < KB_TRANSPORT_ABI;
+    if (older)
+        memcpy(&view, ops, table_size(ops->abi_version));
+    const kb_transport_ops *full = older ? &view : ops;
+    const char *why = bad_table(full, buf, sizeof buf);
     if (why != NULL) {
         kb_errf(errstr, errlen, "kb_transport_register: %s", why);
         return KB_EINVAL;
@@ -97,7 +118,10 @@ static int register_ops(const kb_transport_ops *ops, char *errstr, size_t errlen
     int rc = KB_OK;
     size_t n = atomic_load_explicit(&n_registered, memory_order_relaxed);
     const kb_transport_ops *have = kb__transport_find(ops->scheme, strlen(ops->scheme));
-    if (have == ops) {
+    bool again = false;
+    for (size_t i = 0; i < n && !again; i++)
+        again = given[i] == ops;
+    if (again) {
         /* the same plugin named again (another conf, or twice): already here */
     } else if (have != NULL) {
         kb_errf(errstr, errlen, "kb_transport_register: scheme \"%s\" is taken", ops->scheme);
@@ -107,7 +131,12 @@ static int register_ops(const kb_transport_ops *ops, char *errstr, size_t errlen
                 MAX_REGISTERED);
         rc = KB_EINVAL;
     } else {
-        registered[n] = ops;
+        given[n] = ops;
+        if (full == &view) {
+            padded[n] = view;
+            full = &padded[n];
+        }
+        registered[n] = full;
         atomic_store_explicit(&n_registered, n + 1, memory_order_release);
     }
     pthread_mutex_unlock(&register_lock);
@@ -117,6 +146,11 @@ static int register_ops(const kb_transport_ops *ops, char *errstr, size_t errlen
 int kb_transport_register(const kb_transport_ops *ops)
 {
     return register_ops(ops, NULL, 0);
+}
+
+const kb_transport_ops *kb_transport_find(const char *scheme)
+{
+    return scheme != NULL ? kb__transport_find(scheme, strlen(scheme)) : NULL;
 }
 
 /* Why `st` (the file or directory `what`) may not be trusted with code,
@@ -195,10 +229,11 @@ static int load_plugin(const char *named, char *errstr, size_t errlen)
         return KB_EINVAL;
     }
     const kb_transport_ops *ops = entry();
-    if (ops != NULL && ops->abi_version != KB_TRANSPORT_ABI) {
+    if (ops != NULL &&
+        (ops->abi_version < KB_TRANSPORT_ABI_MIN || ops->abi_version > KB_TRANSPORT_ABI)) {
         kb_errf(errstr, errlen, "transport.plugins: %s was built for transport ABI %d, this "
-                "keybus speaks %d (rebuild it against these headers)", path, ops->abi_version,
-                KB_TRANSPORT_ABI);
+                "keybus loads ABI %d to %d (rebuild it against these headers)", path,
+                ops->abi_version, KB_TRANSPORT_ABI_MIN, KB_TRANSPORT_ABI);
         dlclose(h);
         return KB_EINVAL;
     }

@@ -117,6 +117,16 @@ static inline void feeding_ends(struct kb_topic *topic, bool single)
         atomic_store(&topic->feeding, 0);
 }
 
+void kb_sink_dead_letters_lost(kb_sink *s, uint64_t n, const char *why)
+{
+    struct kb_topic *topic = (struct kb_topic *)s;
+    if (topic == NULL || n == 0)
+        return;
+    atomic_fetch_add_explicit(&topic->dead_letter_failures, n, memory_order_relaxed);
+    kb_log(topic->bus, KB_LOG_WARNING, "topic %s: %llu dead letters not stored: %s", topic->name,
+           (unsigned long long)n, why != NULL ? why : "the transport failed to store them");
+}
+
 int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms)
 {
     const char *problem = delivery_problem(s, d);
@@ -393,10 +403,15 @@ static __attribute__((noinline)) void settle(kb_rec *r, int outcome, uint32_t at
     kb_header headers[KB_MAX_HEADERS];   /* a dead letter keeps them */
     delivery_of(r, attempts ? r->first_attempt + attempts - 1 : r->first_attempt, &d,
                 outcome == KB_DEAD ? headers : NULL);
+    /* A failed ack or dead letter is logged (and a dead letter counted),
+     * never retried: the transport owns what happens to the event next
+     * (transport.h, ack). */
     if (outcome == KB_HANDLED) {
+        kb_err_clear();
         int rc = b->ops->ack != NULL ? b->ops->ack(b->t, &d) : KB_OK;
         if (rc != KB_OK)
-            kb_log(b, KB_LOG_WARNING, "topic %s: ack of %s failed: %s", topic->name, d.id, kb_strerror(rc));
+            kb_log(b, KB_LOG_WARNING, "topic %s: ack of %s failed: %s", topic->name, d.id,
+                   kb_last_error()[0] ? kb_last_error() : kb_strerror(rc));
     } else if (outcome == KB_DEAD) {
         const char *reason = r->dead_reason ? r->dead_reason : "dead-lettered";
         KB_PROBE4(dead_letter, topic->name, r, d.attempt, reason);

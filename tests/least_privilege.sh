@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The contract suite (tests/test_contract.c) as a user with the least
+# The contract suite (keybus-contract, contract/cases.c) as a user with the least
 # privileges docs/security.md gives: on Redis an ACL user limited to kb:*
 # keys and the commands keybus sends; on NATS a user of an account of its
 # own, limited to keybus's subjects, the JetStream API and its KV buckets.
 # The default user / other accounts keep full rights; nothing else is run.
-#   tests/least_privilege.sh redis|nats TEST_CONTRACT
+#   tests/least_privilege.sh redis|nats KEYBUS_CONTRACT
 set -euo pipefail
 
 kind=$1
@@ -35,7 +35,7 @@ EOF
   pid=$!
   wait_port "$port"
   status=0
-  "$contract" redis "redis://keybus:kb-secret@127.0.0.1:$port" || status=$?
+  "$contract" -K redis.lease_ttl_ms=1000 "redis://keybus:kb-secret@127.0.0.1:$port" || status=$?
   # nothing refused, even what keybus would get over (the ACL log names it)
   denied=$(redis-cli -p "$port" --user admin --pass admin-secret --no-auth-warning ACL LOG)
   if [ -n "$denied" ]; then
@@ -69,7 +69,8 @@ nats-server -c "$dir/server.conf" -l "$dir/server.log" &
 pid=$!
 wait_port "$port"
 status=0
-"$contract" nats "nats://keybus:kb-secret@127.0.0.1:$port" || status=$?
+"$contract" -K nats.lease_ttl_ms=1000 -K nats.ack_wait_ms=2000 \
+  "nats://keybus:kb-secret@127.0.0.1:$port" || status=$?
 # nothing refused, even what keybus would get over (the server logs it)
 if grep -qi "permissions violation" "$dir/server.log"; then
   echo "FAIL: the server refused keybus:" >&2

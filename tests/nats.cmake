@@ -1,9 +1,11 @@
 # NATS JetStream transport tests: each starts its own nats-server -js.
-kb_test(test_contract TESTNAME contract_nats ARGS nats TIMEOUT 120 LABELS nats)
+kb_contract_test(contract_nats $<TARGET_FILE:with_broker> nats $<TARGET_FILE:keybus-contract>
+                 -K nats.lease_ttl_ms=1000 -K nats.ack_wait_ms=2000 @URL@)
 # The same contract with frames off (every event its own JetStream message).
-kb_test(test_contract TESTNAME contract_nats_plain ARGS nats TIMEOUT 120 LABELS nats)
-set_tests_properties(contract_nats_plain PROPERTIES
-  ENVIRONMENT "${KB_TEST_ENV};KEYBUS_NATS_PUBLISH_BATCH=1")
+kb_contract_test(contract_nats_plain $<TARGET_FILE:with_broker> nats
+                 $<TARGET_FILE:keybus-contract> -X nats.publish_batch=1
+                 -K nats.lease_ttl_ms=1000 -K nats.ack_wait_ms=2000 @URL@)
+set_tests_properties(contract_nats contract_nats_plain PROPERTIES LABELS nats)
 kb_test(test_nats_interop TIMEOUT 90 LABELS nats)
 target_link_libraries(test_nats_interop PRIVATE PkgConfig::NATS)
 kb_test(test_nats_frames TIMEOUT 90 LABELS nats)
@@ -58,7 +60,7 @@ target_link_libraries(test_nats_forged PRIVATE PkgConfig::NATS)
 
 # The contract suite as the least-privileged user of docs/security.md.
 add_test(NAME least_privilege_nats COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/least_privilege.sh
-         nats $<TARGET_FILE:test_contract>)
+         nats $<TARGET_FILE:keybus-contract>)
 set_tests_properties(least_privilege_nats PROPERTIES TIMEOUT 300 LABELS nats
                      ENVIRONMENT "${KB_TEST_ENV}")
 

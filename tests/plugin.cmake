@@ -37,13 +37,10 @@ function(kb_plugin_test name)
                        ENVIRONMENT "${KB_TEST_ENV}")
 endfunction()
 
-# The contract suite as an application runs it: linked with libkeybus.so,
-# which the plugin (linked with the installed one, same soname) shares.
-add_executable(test_contract_shared test_contract.c support/tracker.c support/server.c support/suite.c)
-target_include_directories(test_contract_shared PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-target_link_libraries(test_contract_shared PRIVATE keybus_shared PkgConfig::CMOCKA Threads::Threads)
-kb_plugin_test(contract_file test_contract_shared plugin ${KB_PLUGIN_SO}
-               file://${KB_PLUGIN_ROOT}/data/contract)
+# The contract suite as a plugin's author runs it: the installed
+# keybus-contract on the plugin built against the installed package.
+kb_plugin_test(contract_file ${KB_PLUGIN_ROOT}/prefix/${CMAKE_INSTALL_BINDIR}/keybus-contract
+               -p ${KB_PLUGIN_SO} -X file.poll_ms=20 file://${KB_PLUGIN_ROOT}/data/contract)
 
 # Plugins that must not load, and the loading rules.
 add_library(kb_plugin_bad_abi MODULE test_plugin_fixture.c)

@@ -1,5 +1,7 @@
 # Redis transport tests: each starts its own redis-server through tests/support.
-kb_test(test_contract TESTNAME contract_redis ARGS redis LABELS redis)
+kb_contract_test(contract_redis $<TARGET_FILE:with_broker> redis $<TARGET_FILE:keybus-contract>
+                 -K redis.lease_ttl_ms=1000 @URL@)
+set_tests_properties(contract_redis PROPERTIES LABELS redis)
 kb_test(test_redis_basic TIMEOUT 120 LABELS redis)
 target_link_libraries(test_redis_basic PRIVATE PkgConfig::HIREDIS)
 
@@ -61,7 +63,7 @@ set_tests_properties(redis_tls PROPERTIES TIMEOUT 180 LABELS redis ENVIRONMENT "
 
 # The contract suite as the least-privileged ACL user of docs/security.md.
 add_test(NAME least_privilege_redis COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/least_privilege.sh
-         redis $<TARGET_FILE:test_contract>)
+         redis $<TARGET_FILE:keybus-contract>)
 set_tests_properties(least_privilege_redis PROPERTIES TIMEOUT 300 LABELS redis
                      ENVIRONMENT "${KB_TEST_ENV}")
 

@@ -6,6 +6,8 @@
 #include <pthread.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -108,12 +110,41 @@ kb_signal *kb_signal_new(void)
 
 void kb_signal_free(kb_signal *s)
 {
+    if (s != NULL && atomic_load(&s->efd) > 0)
+        close(atomic_load(&s->efd) - 1);
     free(s);
 }
 
 void kb_signal_notify(kb_signal *s)
 {
     kb__signal_notify(s);
+    int efd = atomic_load_explicit(&s->efd, memory_order_acquire);
+    if (efd > 0) {
+        /* after the futex side: the change is published, a poller re-checks
+         * it once the descriptor is readable; a counter at its maximum
+         * (EAGAIN) is readable already */
+        uint64_t one = 1;
+        ssize_t w = write(efd - 1, &one, sizeof one);
+        (void)w;
+    }
+}
+
+int kb_signal_fd(kb_signal *s)
+{
+    int efd = atomic_load_explicit(&s->efd, memory_order_acquire);
+    if (efd > 0)
+        return efd - 1;
+    int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) {
+        kb_errf(NULL, 0, "kb_signal_fd: eventfd: %s", strerror(errno));
+        return KB_ENOMEM;
+    }
+    int none = 0;
+    if (!atomic_compare_exchange_strong(&s->efd, &none, fd + 1)) {
+        close(fd);   /* another thread made it first */
+        return none - 1;
+    }
+    return fd;
 }
 
 int kb_signal_wait(kb_signal *s, int (*ready)(void *arg), void *arg, int64_t deadline_ns)

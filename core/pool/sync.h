@@ -89,6 +89,8 @@ typedef struct kb_signal {
     _Atomic uint32_t seq;
     _Atomic uint32_t waiters;
     uint32_t hot_pokers;   /* 1: pokers fence with kb__fence_hot(), waiters pay the rest */
+    _Atomic int efd;       /* kb_signal_fd's eventfd + 1 (0: none); only the SDK's
+                            * kb_signal_notify writes it */
 } kb_signal;
 
 /* Wake the waiters, if any. The caller has already issued a fence after

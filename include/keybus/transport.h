@@ -6,7 +6,8 @@
  *
  * Life of a bus, as a transport sees it:
  *   open -> topic_open (once per topic) -> (publish | subscribe | flush | drain |
- *   stats)* -> stop -> (ack | dead_letter | release)* while the pools drain -> close.
+ *   stats)* -> stop or stop_by -> (ack | dead_letter | release)* while the pools
+ *   drain -> close.
  * ack, dead_letter, release, still_owned and run_begins run on executor threads,
  * concurrently with each other and with publish (release also on the
  * kb_close caller's thread, for deliveries never handled); everything else
@@ -28,7 +29,14 @@
 extern "C" {
 #endif
 
-#define KB_TRANSPORT_ABI 5
+/* The ops table's version. A table may say an older version the bus still
+ * loads: its ops end where that version's did, and the ones added since read
+ * as NULL (docs/transports.md, "Compatibility").
+ *   5: the table up to `close`.
+ *   6: `stop_by` added at the end (stop with kb_close's deadline). */
+#define KB_TRANSPORT_ABI 6
+/* The oldest table version kb_transport_register and transport.plugins take. */
+#define KB_TRANSPORT_ABI_MIN 5
 
 typedef struct kb_transport kb_transport;              /* the transport's state per bus */
 typedef struct kb_transport_topic kb_transport_topic;  /* the transport's state per topic */
@@ -125,8 +133,11 @@ typedef struct kb_transport_ops {
      * looks a topic up by name. Must not wait for the broker. */
     int  (*topic_open)(kb_transport *t, const char *topic, kb_transport_topic **out,
                        char *errstr, size_t errlen);
-    /* Copy what it needs; must not wait for a broker round trip. m->hash is
-     * set. kb_publish_batch calls it once per event, in order, and stops at
+    /* Copy what it needs; must not wait for a broker round trip, except
+     * once per topic: the first publish (like the first subscribe) may make
+     * one bounded round trip to check the partition count the broker
+     * stores, and keeps the answer (another count: KB_EINVAL every time;
+     * unreachable: asked again next time). m->hash is set. kb_publish_batch calls it once per event, in order, and stops at
      * the first error. NULL only with KB_TRANSPORT_F_LOCAL. */
     int  (*publish)(kb_transport *t, kb_transport_topic *tt, const kb_msg *m);
     /* Start feeding `sink`; the sink lives until close. KB_ETRANSPORT when the
@@ -136,7 +147,17 @@ typedef struct kb_transport_ops {
      * dead_letter run on executors, which kb_close joins before close: they
      * must not wait on the broker longer than a short, bounded time (queue
      * the work for a transport thread instead), or kb_close overruns its
-     * deadline by that much. */
+     * deadline by that much.
+     * Errors: the bus calls nothing else for the delivery after either hook,
+     * whatever it returns, so the hook frees the cookie in every case. An ack
+     * that fails is logged (a warning with kb_last_error's text) and not
+     * retried: the event stays unsettled on the broker and comes back to the
+     * group (at least once). A dead_letter that fails is logged the same way
+     * and counted in the topic's dead_letters_lost; whether the event then
+     * stays unsettled (it runs again) or is settled anyway (it is gone) is
+     * the transport's rule to document. A dead letter queued by the hook
+     * (KB_OK) whose store fails later is counted with
+     * kb_sink_dead_letters_lost. */
     int  (*ack)(kb_transport *t, const kb_delivery *d);
     int  (*dead_letter)(kb_transport *t, const kb_delivery *d, const char *reason);
     /* Optional: the bus gives up on an unhandled delivery at close; leave it
@@ -176,7 +197,8 @@ typedef struct kb_transport_ops {
     void (*run_begins)(kb_transport *t, const kb_delivery *d);
     /* Stop consuming: no kb_sink_deliver after it returns (the pools are freed
      * later in kb_close). Acks still flow. Required unless
-     * KB_TRANSPORT_F_LOCAL. */
+     * KB_TRANSPORT_F_LOCAL or stop_by is set (the bus then calls stop_by
+     * instead). */
     void (*stop)(kb_transport *t);
     /* Send what is buffered (acks included), release leases, disconnect and
      * free everything (topic states included), all before `deadline_ns`
@@ -184,12 +206,32 @@ typedef struct kb_transport_ops {
      * nothing. KB_OK, or an error (its text through kb_errf) when events that
      * publish accepted could not be sent; kb_close then returns it. */
     int  (*close)(kb_transport *t, int64_t deadline_ns);
+
+    /* ---- Added in ABI 6 (a table of ABI 5 ends above: these read NULL) ---- */
+
+    /* Optional: stop, told kb_close's deadline (kb_now_ns() clock; INT64_MAX:
+     * none), the same one close gets; when set the bus calls it instead of
+     * stop. It returns by the deadline even when the broker answers nothing:
+     * a reader blocked in a synchronous call (a blocking read, libpq's
+     * PQexec) is woken by shutdown(2) of its socket (SHUT_RDWR) once the
+     * deadline comes, then joined. What comes after (the pools draining,
+     * close) keeps to the same deadline. */
+    void (*stop_by)(kb_transport *t, int64_t deadline_ns);
 } kb_transport_ops;
 
 /* Make a transport available by its scheme (built-ins are registered already).
- * `ops` must outlive the process's use of keybus. KB_EINVAL on a bad table, an
- * ABI other than KB_TRANSPORT_ABI, or a scheme already taken. Thread: any. */
+ * `ops` must outlive the process's use of keybus; a table of an older ABI
+ * (KB_TRANSPORT_ABI_MIN and up) is read only as far as that version's ops
+ * go. KB_EINVAL on a bad table, an ABI outside KB_TRANSPORT_ABI_MIN ..
+ * KB_TRANSPORT_ABI, or a scheme already taken. Thread: any. */
 KB_EXPORT int kb_transport_register(const kb_transport_ops *ops);
+
+/* The table of the transport `scheme` names (built-in, registered or loaded
+ * by transport.plugins; case-insensitive), or NULL. It is the bus's view of
+ * the table, always of KB_TRANSPORT_ABI: the ops a table of an older ABI
+ * lacks read NULL, so a tool tells which optional hooks a transport has
+ * (keybus-contract does). Lives as long as the process. Thread: any. */
+KB_EXPORT const kb_transport_ops *kb_transport_find(const char *scheme);
 
 /* A transport built as a shared object exports this symbol; the
  * `transport.plugins` key dlopens each listed file, calls it and registers
@@ -226,6 +268,13 @@ KB_EXPORT int kb_sink_deliver(kb_sink *s, const kb_delivery *d, int timeout_ms);
 KB_EXPORT int kb_sink_deliver_batch(kb_sink *s, const kb_delivery *d, size_t n, int timeout_ms,
                                     size_t *accepted);
 
+/* Count n dead letters of the sink's topic that the transport failed to
+ * store after its dead_letter hook had returned KB_OK (a writer thread that
+ * queued them): they go into the topic's dead_letters_lost, as the ones
+ * whose hook failed do, and one warning naming the topic and `why` is
+ * logged. Thread: any, until close returns. */
+KB_EXPORT void kb_sink_dead_letters_lost(kb_sink *s, uint64_t n, const char *why);
+
 /* Sink subscribed to `topic` in this bus, or NULL. Only valid while the caller
  * is inside publish or holds the sink already (mem:// uses this). */
 KB_EXPORT kb_sink *kb_bus_sink(kb_bus *b, const char *topic);
@@ -242,6 +291,17 @@ KB_EXPORT int kb_bus_delivery_wanted(const kb_bus *b);
  * set: nothing). Call it from a transport thread, never inside publish, once
  * per event accepted by publish. Thread: any. */
 KB_EXPORT void kb_bus_delivery_report(kb_bus *b, const kb_delivery_report *r);
+
+/* An event publish accepted (KB_OK) failed for good later (r->result, a
+ * negative KB_E* code; r->error why): reports it as kb_bus_delivery_report
+ * does (the one report of this event: do not report it again), and the bus
+ * remembers it, so the next kb_flush (or kb_close, when no kb_flush came
+ * since) returns r->result with a text counting the failures since the
+ * last kb_flush and quoting the latest — unless the transport's own flush
+ * or close already failed. A transport that calls it keeps no count of its
+ * own. Thread: any transport thread, never inside publish, no lock held
+ * (the callback may publish). */
+KB_EXPORT void kb_bus_publish_failed(kb_bus *b, const kb_delivery_report *r);
 
 /* Tell the application's state callback that the connection changed (none
  * set: nothing); `reason` never holds a password. Thread: any. */
@@ -391,6 +451,15 @@ KB_EXPORT void       kb_signal_notify(kb_signal *s);
  * value. Thread: any. */
 KB_EXPORT int        kb_signal_wait(kb_signal *s, int (*ready)(void *arg), void *arg,
                                     int64_t deadline_ns);
+/* A descriptor that polls readable after kb_signal_notify, for a thread that
+ * waits on a broker socket and on the signal at once (poll(2), epoll): an
+ * eventfd (non-blocking, close-on-exec), made at the first call and the
+ * same afterwards, closed by kb_signal_free. From the first call on every
+ * notify also writes it (one system call). The waiter reads it (8 bytes:
+ * resets it), then checks its condition, then polls; notifies meanwhile
+ * are never lost. >= 0, or KB_ENOMEM (errno's text in kb_last_error).
+ * Thread: any. */
+KB_EXPORT int        kb_signal_fd(kb_signal *s);
 
 /* ---------------------------------------------------------------------------
  * Small shared mechanisms: one copy each, for every transport.
