@@ -130,6 +130,8 @@ static void transport_free(kb_transport *t)
         tt = next;
     }
     kb__redis_backlog_free(&t->backlog);
+    kb__redis_reports_free(&t->reports);
+    kb__redis_reports_free(&t->unvouched);
     for (int i = 0; i < 2; i++)
         if (t->sender_wake[i] >= 0)
             close(t->sender_wake[i]);
