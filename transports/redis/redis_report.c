@@ -10,7 +10,7 @@
 
 #include "redis_int.h"
 
-#define WHY_MAX 512   /* bytes of a reason kept (a server's error can be long) */
+#define WHY_MAX 512   /* bytes of a reason kept, with the NUL (a server's error can be long) */
 
 /* The key of the XADD at buf[0, len) (RESP: the argument after "*" and "k"). */
 static bool xadd_key(const char *buf, size_t len, const char **key, size_t *key_len)
@@ -50,7 +50,7 @@ static bool room(kb_redis_reports *rs, size_t bytes)
 
 bool kb__redis_reports_init(kb_redis_reports *rs, size_t key_max)
 {
-    return room(rs, key_max + KB_REDIS_ID_MAX + WHY_MAX + 1);
+    return room(rs, key_max + KB_REDIS_ID_MAX + WHY_MAX + 2);   /* as kb__redis_reports_fits asks */
 }
 
 static size_t put(kb_redis_reports *rs, const void *s, size_t n)
