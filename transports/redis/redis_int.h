@@ -248,6 +248,7 @@ struct kb_transport {
     uint64_t pub_failed;          /* refused by the server since the last flush (pub_lock) */
     int wait_replicas, wait_timeout_ms;   /* redis.wait_replicas, redis.wait_timeout_ms */
     uint64_t wait_short;          /* stored, but fewer replicas confirmed, since the last flush (pub_lock) */
+    uint64_t wait_pending;        /* stored, no WAIT answered since (pub_lock) */
     char wait_error[300];         /* the last shortfall (pub_lock) */
     char pub_error[1024];         /* why the last one was refused (pub_lock) */
     char pub_lost[512];           /* why the publish connection last dropped (pub_lock) */

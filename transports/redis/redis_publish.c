@@ -213,6 +213,13 @@ int kb__redis_pub_close(kb_transport *t, int64_t deadline_ns)
                 t->pub_failed > 0 ? t->pub_error : "");
         kb_log(t->bus, KB_LOG_ERROR, "%s", kb_last_error());
         rc = KB_ETRANSPORT;
+    } else if (t->wait_pending > 0) {
+        /* reported failed: the close's result says so too */
+        kb_errf(NULL, 0, "redis: %llu published events stored on %s but not confirmed on %d "
+                "replicas: kb_close gave up before a WAIT answered (redis.wait_replicas)",
+                (unsigned long long)t->wait_pending, t->where, t->wait_replicas);
+        kb_log(t->bus, KB_LOG_ERROR, "%s", kb_last_error());
+        rc = KB_ETRANSPORT;
     }
     pthread_mutex_unlock(&t->pub_lock);
     return rc;

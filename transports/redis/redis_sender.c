@@ -151,8 +151,10 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
             bool confirmed = wait_answered(t, &rec, r[i]);
             if (wanted)
                 vouched(t, confirmed);
+            t->wait_pending = 0;
         } else if (is_id) {
             kb__redis_note_last(rec.p, r[i]->str);
+            t->wait_pending += t->wait_replicas > 0;
         } else if (r[i]->type == REDIS_REPLY_ERROR) {
             t->pub_failed++;
             snprintf(t->pub_error, sizeof t->pub_error, "XADD refused: %s", r[i]->str);
