@@ -8,7 +8,9 @@
  * (an error reply, an argument over its proto-max-bulk-len) counts as failed.
  * With redis.wait_replicas, each time it has written everything it appends a
  * WAIT for the XADDs since the previous one: its answer says how many
- * replicas have them, and a shortfall is kb_flush's error. A primary that
+ * replicas have them, and a shortfall is kb_flush's error. Each event gets
+ * one delivery report (redis_report.c): on its XADD's reply, or with
+ * redis.wait_replicas on the WAIT's answer after it. A primary that
  * became a replica (-READONLY, a failover) is left like a broken connection. */
 #include <errno.h>
 #include <fcntl.h>
