@@ -344,11 +344,12 @@ static void report_orphans(kb_transport *t)
 }
 
 /* A publish ack that failed: transport trouble is sent again (the Msg-Id makes
- * it idempotent); a rejection by the server is counted for kb_flush to report
- * (its reason in why: true). */
-static bool pub_err(kb_transport *t, jsPubAckErr *pae, char *why, size_t len)
+ * it idempotent): KB_OK; a rejection by the server, or no memory for the
+ * resend, is counted for kb_flush to report: the code of its failed report,
+ * its reason in why. */
+static int pub_err(kb_transport *t, jsPubAckErr *pae, char *why, size_t len)
 {
-    bool refused = false;
+    int failed = KB_OK;
     pthread_mutex_lock(&t->resend_lock);
     if (pae->ErrCode == 0 && pae->Err != NATS_INVALID_ARG) {
         natsMsg *c = kb__nats_msg_clone(pae->Msg);
@@ -358,16 +359,16 @@ static bool pub_err(kb_transport *t, jsPubAckErr *pae, char *why, size_t len)
         } else {
             snprintf(why, len, "out of memory copying a resend");
             reject(t, pae->Msg, why);
-            refused = true;
+            failed = KB_ENOMEM;
         }
     } else {
         snprintf(why, len, "%s (jetstream error %d)",
                  pae->ErrText ? pae->ErrText : natsStatus_GetText(pae->Err), (int)pae->ErrCode);
         reject(t, pae->Msg, why);
-        refused = true;
+        failed = KB_ETRANSPORT;
     }
     pthread_mutex_unlock(&t->resend_lock);
-    return refused;
+    return failed;
 }
 
 /* The connection broke (nats.c's callback thread): take back what is not
@@ -506,8 +507,9 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
         report_delivery(t, msg, pa->Sequence, NULL);
     } else if (pae != NULL) {
         pae->Msg = msg;   /* not set on this path */
-        if (pub_err(t, pae, why, sizeof why) && msg != NULL)
-            report_delivery(t, msg, 0, why);
+        int failed = pub_err(t, pae, why, sizeof why);
+        if (failed != KB_OK && msg != NULL)
+            report_as(t, msg, 0, failed, why);
     }
     natsMsg_Destroy(msg);
 }
