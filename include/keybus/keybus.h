@@ -226,7 +226,9 @@ KB_EXPORT kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen);
  * the rest unacked on brokers, stop threads, free everything.
  * Returns KB_ETIMEDOUT when the deadline cut the drain short, or the
  * transport's error (KB_ETRANSPORT, text in kb_last_error) when events that
- * kb_publish accepted could not be sent to the broker. Call once, from a
+ * kb_publish accepted could not be sent to the broker; each of them has had
+ * its failed delivery report by then (kb_conf_set_delivery_cb: the callback
+ * runs on this thread, its time on top of the deadline). Call once, from a
  * thread that is not a handler and not inside another keybus call (a
  * dead-letter or log callback): KB_EINVAL there; a second kb_close racing
  * the first returns KB_ECLOSED. `b` is invalid afterwards. */
