@@ -1,6 +1,7 @@
 /* The Redis publish backlog (redis_backlog.c) on its own, no server: records
  * in chunks that never move, written, confirmed (popped), rewound after a
- * lost connection and filtered by drop_over, with their bytes checked each
+ * lost connection and filtered by drop_over (in place: a record it cannot
+ * report stays), with their bytes checked each
  * time, and the chunks it holds bounded under a load that never lets it
  * empty. */
 #include <setjmp.h>
@@ -105,7 +106,7 @@ static void big_record_after_drain(void **state)
     oldest_is(&bl, 3, 100);
     assert_int_equal(kb__redis_backlog_bytes(&bl), small);
 
-    assert_int_equal(kb__redis_backlog_drop_over(&bl, SIZE_MAX), 0);
+    assert_int_equal(kb__redis_backlog_drop_over(&bl, SIZE_MAX, NULL, NULL), 0);
     assert_int_equal(bl.n, 1);
     oldest_is(&bl, 3, 100);
     kb__redis_backlog_unsent(&bl, &len);
@@ -114,6 +115,72 @@ static void big_record_after_drain(void **state)
     kb__redis_backlog_pop(&bl);
     assert_int_equal(bl.n, 0);
     assert_int_equal(kb__redis_backlog_bytes(&bl), 0);
+    kb__redis_backlog_free(&bl);
+}
+
+/* drop_over's callback: refuses every third record over the limit (its
+ * report found no memory), counting what it was shown. */
+static bool every_third_stays(void *arg, const kb_redis_pubrec *r, const char *bytes)
+{
+    size_t *seen = arg;
+    assert_non_null(bytes);
+    assert_memory_equal(bytes, "*7\r\n", 4);
+    assert_true(r->big > 100 * KIB);
+    return (*seen)++ % 3 != 2;
+}
+
+/* Records of 100 B and of 150 KiB (a chunk holds one or two), written, the
+ * first three confirmed, the connection lost: drop_over takes the big ones
+ * its callback agrees to drop, in place, and what stays comes out whole, in
+ * order, written again from the oldest; then the backlog empties and works
+ * as before. */
+static void drop_over_in_place(void **state)
+{
+    (void)state;
+    kb_redis_backlog bl;
+    kb__redis_backlog_init(&bl, 4096 * KIB);
+    size_t plen[40], bytes[40];
+    for (size_t i = 0; i < 40; i++) {
+        plen[i] = i % 3 == 1 ? 150 * KIB : 100;
+        bytes[i] = add(&bl, i, plen[i]);
+    }
+    write_all(&bl, 64 * KIB);
+    for (size_t i = 0; i < 3; i++) {
+        oldest_is(&bl, i, plen[i]);
+        kb__redis_backlog_pop(&bl);
+    }
+    kb__redis_backlog_rewind(&bl);
+    size_t seen = 0;
+    uint64_t dropped = kb__redis_backlog_drop_over(&bl, 100 * KIB, every_third_stays, &seen);
+    size_t over = 0, stays = 0, kept_bytes = 0;
+    bool keep[40] = {false};
+    for (size_t i = 3; i < 40; i++) {
+        keep[i] = plen[i] <= 100 * KIB || over++ % 3 == 2;
+        stays += keep[i];
+        kept_bytes += keep[i] ? bytes[i] : 0;
+    }
+    assert_int_equal(seen, over);
+    assert_int_equal(dropped, 37 - stays);
+    assert_int_equal(bl.n, stays);
+    assert_int_equal(kb__redis_backlog_bytes(&bl), kept_bytes);
+    assert_int_equal(write_all(&bl, 10 * KIB), kept_bytes);
+    for (size_t i = 3; i < 40; i++)
+        if (keep[i]) {
+            oldest_is(&bl, i, plen[i]);
+            kb__redis_backlog_pop(&bl);
+        }
+    assert_int_equal(bl.n, 0);
+    assert_int_equal(kb__redis_backlog_bytes(&bl), 0);
+    /* all dropped, then the backlog in use again */
+    add(&bl, 50, 150 * KIB);
+    add(&bl, 51, 150 * KIB);
+    assert_int_equal(kb__redis_backlog_drop_over(&bl, 100 * KIB, NULL, NULL), 2);
+    assert_int_equal(bl.n, 0);
+    assert_int_equal(write_all(&bl, SIZE_MAX), 0);
+    size_t small = add(&bl, 52, 100);
+    assert_int_equal(write_all(&bl, SIZE_MAX), small);
+    oldest_is(&bl, 52, 100);
+    kb__redis_backlog_pop(&bl);
     kb__redis_backlog_free(&bl);
 }
 
@@ -175,6 +242,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(big_record_after_drain),
+        cmocka_unit_test(drop_over_in_place),
         cmocka_unit_test(steady_load_recycles_chunks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

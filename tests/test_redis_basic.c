@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -451,10 +452,32 @@ static void capture_debug(int level, const char *msg, void *opaque)
     pthread_mutex_unlock(&captured_lock);
 }
 
+/* Delivery reports of the bus open_big made last: each accepted event gets
+ * one, also one the server refuses for its size or kb_close gives up on. */
+static atomic_uint big_stored, big_failed;
+
+static void count_report(const kb_delivery_report *r, void *opaque)
+{
+    (void)opaque;
+    atomic_fetch_add(r->result == KB_OK ? &big_stored : &big_failed, 1);
+}
+
+/* `events` reports, at least `failed` of them failed. */
+static void reports_are(unsigned events, unsigned failed)
+{
+    unsigned s = atomic_load(&big_stored), f = atomic_load(&big_failed);
+    if (s + f != events || f < failed)
+        fail_msg("%u stored, %u failed reported; want %u, %u of them failed at least", s, f,
+                 events, failed);
+}
+
 static kb_bus *open_big(const char *url)
 {
     kb_conf *c = conf_for(url);
     char err[256];
+    atomic_store(&big_stored, 0);
+    atomic_store(&big_failed, 0);
+    kb_conf_set_delivery_cb(c, count_report, NULL);
     kb_assert_ok(kb_conf_set(c, "limits.max_payload_bytes", "4194304", err, sizeof err));
     kb_assert_ok(kb_conf_set(c, "redis.reconnect_min_ms", "1", err, sizeof err));
     kb_conf_set_log(c, capture_debug, NULL);
@@ -505,6 +528,7 @@ static void bulk_limit(void **state)
     freeReplyObject(redisCommand(rc, "CONFIG SET proto-max-bulk-len 2mb"));
     assert_int_equal(kb_publish(b, "bulk", "k", 1, big, mib + 1), KB_ETOOBIG);   /* read at open */
     kb_assert_ok(kb_close(b, 5000));
+    reports_are(1, 0);
     b = open_big(s.url);
     kb_assert_ok(kb_publish(b, "bulk", "k", 1, big, mib + 1));
     freeReplyObject(redisCommand(rc, "CONFIG SET proto-max-bulk-len 1mb"));
@@ -515,6 +539,10 @@ static void bulk_limit(void **state)
     kb_assert_ok(publish_when_up(b, "bulk", "v", 1));
     kb_assert_ok(kb_flush(b, 10000));
     kb_assert_ok(kb_close(b, 5000));
+    /* three accepted, the 2 MiB one failed (refused, or dropped after the
+     * lost connection); the one of 1 MiB + 1 may have gone out before the
+     * limit was lowered */
+    reports_are(3, 1);
     redisFree(rc);
     kb_test_server_stop(&s);
 
@@ -530,6 +558,7 @@ static void bulk_limit(void **state)
     assert_int_equal(kb_close(b, 5000), KB_ETRANSPORT);
     must_say("close", "1 published events never sent");
     must_say("close", "probably over its proto-max-bulk-len");
+    reports_are(1, 1);   /* before kb_close returned */
     kb_test_server_stop(&s);
     free(big);
 }

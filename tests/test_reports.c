@@ -3,6 +3,11 @@
  *   - kb_conf_set_delivery_cb: one report per published event, stored with
  *     its broker ID, key and partition; on redis:// an XADD the server
  *     refuses is reported failed with the server's reason;
+ *   - with the broker killed -9 mid-stream, every event kb_publish accepted
+ *     is reported exactly once (stored or failed) by the time kb_close
+ *     returns (on redis:// also with redis.wait_replicas); on redis:// with
+ *     redis.wait_replicas and no replica, every event is reported failed,
+ *     naming the replicas;
  *   - kb_conf_set_state_cb: CONNECTED at kb_open, DISCONNECTED when the
  *     server dies, RECONNECTED when it is back;
  *   - group.start = latest: a new group skips what is stored, earliest (the
@@ -139,6 +144,188 @@ static void a_refused_event_is_reported_failed(void **state)
         fail_msg("%u stored, %u failed (%s), %u bad", rs.stored, rs.failed, rs.error, rs.bad);
 }
 
+/* ---- one report per accepted event, whatever happens ---- */
+
+#define MANY 4000000   /* keys a publisher may try; it stops long before */
+
+struct tally {
+    atomic_uint stored, failed, twice, bad;
+    unsigned char *seen;   /* MANY */
+    pthread_mutex_t lock;
+    char error[256];
+};
+
+static void on_tally(const kb_delivery_report *r, void *opaque)
+{
+    struct tally *t = opaque;
+    char key[32];
+    unsigned k = MANY;
+    snprintf(key, sizeof key, "%.*s", (int)(r->key_len < 31 ? r->key_len : 31),
+             (const char *)r->key);
+    if (sscanf(key, "u%u", &k) != 1 || k >= MANY) {
+        atomic_fetch_add(&t->bad, 1);
+        return;
+    }
+    pthread_mutex_lock(&t->lock);
+    if (t->seen[k]++ > 0)
+        atomic_fetch_add(&t->twice, 1);
+    if (r->result != KB_OK && t->error[0] == '\0')
+        snprintf(t->error, sizeof t->error, "%s", r->error);
+    pthread_mutex_unlock(&t->lock);
+    if (r->result == KB_OK && r->id[0] != '\0')
+        atomic_fetch_add(&t->stored, 1);
+    else if (r->result != KB_OK && r->error[0] != '\0' && r->id[0] == '\0')
+        atomic_fetch_add(&t->failed, 1);
+    else
+        atomic_fetch_add(&t->bad, 1);
+}
+
+struct publisher {
+    kb_bus *b;
+    const char *topic;
+    atomic_bool stop;
+    unsigned tried;
+    unsigned char *accepted;   /* MANY */
+    unsigned n_accepted;
+};
+
+static void *publish_until_stopped(void *arg)
+{
+    struct publisher *p = arg;
+    while (!atomic_load(&p->stop) && p->tried < MANY) {
+        char key[16];
+        int kl = snprintf(key, sizeof key, "u%u", p->tried);
+        if (kb_publish(p->b, p->topic, key, (size_t)kl, "payload", 7) == KB_OK) {
+            p->accepted[p->tried] = 1;
+            p->n_accepted++;
+        }
+        p->tried++;
+    }
+    return NULL;
+}
+
+/* Every accepted key reported exactly once, no other key at all. */
+static void check_once_each(const struct tally *t, const struct publisher *p)
+{
+    unsigned missing = 0, unasked = 0, first_missing = MANY;
+    for (unsigned k = 0; k < MANY; k++) {
+        if (p->accepted[k] && t->seen[k] == 0 && missing++ == 0)
+            first_missing = k;
+        if (!p->accepted[k] && t->seen[k] > 0)
+            unasked++;
+    }
+    unsigned stored = atomic_load(&t->stored), failed = atomic_load(&t->failed);
+    print_message("%s: %u tried, %u accepted, %u stored + %u failed reported; "
+                  "%u missing (first u%u), %u twice, %u never accepted, %u bad (%s)\n", kind,
+                  p->tried, p->n_accepted, stored, failed, missing, first_missing,
+                  atomic_load(&t->twice), unasked, atomic_load(&t->bad), t->error);
+    assert_int_equal(missing, 0);
+    assert_int_equal(atomic_load(&t->twice), 0);
+    assert_int_equal(unasked, 0);
+    assert_int_equal(atomic_load(&t->bad), 0);
+    assert_int_equal(stored + failed, p->n_accepted);
+}
+
+/* A bus with `kv` whose reports go to t, publishing to a new topic (named
+ * into topic[96]) through p. */
+static void open_tallied(struct tally *t, struct publisher *p, char *topic, const char *name,
+                         const char *const *kv)
+{
+    t->seen = calloc(MANY, 1);
+    p->accepted = calloc(MANY, 1);
+    assert_non_null(t->seen);
+    assert_non_null(p->accepted);
+    unique_topic(topic, 96, name);
+    kb_conf *c = kb_test_conf(url, no_env, kv);
+    kb_conf_set_delivery_cb(c, on_tally, t);
+    p->b = kb_test_open_conf(c);
+    p->topic = topic;
+}
+
+/* Publish unique keys from a thread, kill the broker -9 mid-stream, close:
+ * every accepted event reported exactly once by the time kb_close returned. */
+static void killed_mid_stream(const char *name, const char *const *kv, bool some_stored)
+{
+    static struct tally t;
+    memset(&t, 0, sizeof t);
+    pthread_mutex_init(&t.lock, NULL);
+    struct publisher p = {0};
+    char topic[96];
+    open_tallied(&t, &p, topic, name, kv);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, publish_until_stopped, &p), 0);
+    for (int i = 0; i < 600 && atomic_load(&t.stored) + atomic_load(&t.failed) < 20000; i++)
+        usleep(10 * 1000);
+    kb_test_server_signal(&server, SIGKILL);   /* mid-stream */
+    usleep(500 * 1000);
+    atomic_store(&p.stop, true);
+    pthread_join(th, NULL);
+    int rc = kb_close(p.b, 1000);   /* gives up on what the dead server never took */
+    print_message("kb_close: %d (%s)\n", rc, rc != KB_OK ? kb_last_error() : "");
+    assert_int_equal(kb_test_server_restart(&server), 0);
+    check_once_each(&t, &p);
+    assert_true(!some_stored || atomic_load(&t.stored) > 0);
+    assert_true(atomic_load(&t.failed) > 0);   /* the server died with events unconfirmed */
+    free(t.seen);
+    free(p.accepted);
+    pthread_mutex_destroy(&t.lock);
+}
+
+static void every_accepted_event_is_reported_when_the_broker_dies(void **state)
+{
+    (void)state;
+    /* a short wait for room: the publisher keeps trying through the outage */
+    const char *const kv[] = {"pool.enqueue_timeout_ms", "5", NULL};
+    killed_mid_stream("killed", kv, true);
+}
+
+/* The same with redis.wait_replicas and no replica: events stored before
+ * the kill wait for a WAIT (failed, naming the replicas), those confirmed on
+ * the lost connection too; each is reported once. */
+static void every_accepted_event_is_reported_when_the_broker_dies_waiting(void **state)
+{
+    (void)state;
+    if (strcmp(kind, "redis") != 0)
+        skip();   /* a Redis setting */
+    const char *const kv[] = {"pool.enqueue_timeout_ms", "5", "redis.wait_replicas", "1",
+                              "redis.wait_timeout_ms", "20", NULL};
+    killed_mid_stream("killed.wait", kv, false);
+}
+
+/* redis.wait_replicas with no replica: stored on the primary, reported
+ * failed, the report naming the replicas; kb_flush says so too. */
+static void a_replica_shortfall_is_reported_failed(void **state)
+{
+    (void)state;
+    if (strcmp(kind, "redis") != 0)
+        skip();   /* a Redis setting */
+    static struct tally t = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    struct publisher p = {0};
+    char topic[96];
+    const char *const kv[] = {"redis.wait_replicas", "1", "redis.wait_timeout_ms", "50", NULL};
+    open_tallied(&t, &p, topic, "replicas", kv);
+    for (p.tried = 0; p.tried < 200; p.tried++) {
+        char key[16];
+        int kl = snprintf(key, sizeof key, "u%u", p.tried);
+        kb_assert_ok(kb_publish(p.b, topic, key, (size_t)kl, "v", 1));
+        p.accepted[p.tried] = 1;
+        p.n_accepted++;
+    }
+    int rc = kb_flush(p.b, 30000);
+    assert_int_equal(rc, KB_ETRANSPORT);
+    assert_non_null(strstr(kb_last_error(), "replicas"));
+    /* the WAIT's answer settled them */
+    for (int i = 0; i < 300 && atomic_load(&t.failed) < 200; i++)
+        usleep(10 * 1000);
+    assert_int_equal(atomic_load(&t.failed), 200);
+    kb_close(p.b, 10000);
+    assert_int_equal(atomic_load(&t.stored), 0);
+    assert_non_null(strstr(t.error, "of 1 replicas"));
+    check_once_each(&t, &p);
+    free(t.seen);
+    free(p.accepted);
+}
+
 /* ---- connection state ---- */
 
 struct states {
@@ -264,6 +451,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(a_refused_event_is_reported_failed),
         cmocka_unit_test(group_start_latest_skips_what_is_stored),
         cmocka_unit_test(outage_is_reported),
+        cmocka_unit_test(a_replica_shortfall_is_reported_failed),
+        cmocka_unit_test(every_accepted_event_is_reported_when_the_broker_dies),
+        cmocka_unit_test(every_accepted_event_is_reported_when_the_broker_dies_waiting),
     };
     return kb_test_run_group("reports", kind, tests, sizeof tests / sizeof *tests, &server);
 }

@@ -166,16 +166,22 @@ typedef struct kb_delivery_report {
 } kb_delivery_report;
 typedef void (*kb_delivery_fn)(const kb_delivery_report *r, void *opaque);
 
-/* Call fn once per event kb_publish* accepted on a broker transport, when the
- * broker confirmed it (result KB_OK, with its ID) or refused it for good
- * (what kb_flush then reports too); an event sent again after a broken
- * connection is reported once, when it is settled. Events kb_close gives up
- * on (its deadline, an unreachable broker) get no report: its result says
- * so; nor does an event a transport drops for lack of memory (kb_flush says
- * so). mem:// reports nothing: its kb_publish result is the outcome. fn runs
- * on a transport thread, never inside kb_publish, so it must be thread-safe
- * and quick; it may publish (with the backlog full, that fails with KB_EFULL
- * after pool.enqueue_timeout_ms: this thread is the one that makes room) but
+/* Call fn exactly once per event kb_publish* accepted on a broker transport
+ * (librdkafka's contract): result KB_OK with its ID once the broker stored it
+ * (with redis.wait_replicas > 0: once WAIT confirmed it on that many
+ * replicas), or a KB_E* code and a reason once it failed for good: refused
+ * by the broker (what kb_flush then reports too), a replica shortfall (the
+ * reason names the replicas; the event is stored on the primary), dropped
+ * for lack of memory (KB_ENOMEM), or given up by kb_close (its deadline, an
+ * unreachable broker): those are reported during kb_close, before it
+ * returns, on its thread. A failed report means "not confirmed", not "not
+ * stored": the broker may have stored an event whose answer was lost, and
+ * keeps it. An event sent again after a broken connection is reported once,
+ * when it is settled. mem:// reports nothing: its kb_publish result is the
+ * outcome. fn runs on a transport thread (or kb_close's), never inside
+ * kb_publish, so it must be thread-safe and quick; it may publish (with the
+ * backlog full, that fails with KB_EFULL after pool.enqueue_timeout_ms: this
+ * thread is the one that makes room; during kb_close, with KB_ECLOSED) but
  * not call kb_close, kb_flush or kb_drain. NULL: no reports (the default). */
 KB_EXPORT void kb_conf_set_delivery_cb(kb_conf *c, kb_delivery_fn fn, void *opaque);
 
@@ -220,7 +226,9 @@ KB_EXPORT kb_bus *kb_open(kb_conf *c, char *errstr, size_t errlen);
  * the rest unacked on brokers, stop threads, free everything.
  * Returns KB_ETIMEDOUT when the deadline cut the drain short, or the
  * transport's error (KB_ETRANSPORT, text in kb_last_error) when events that
- * kb_publish accepted could not be sent to the broker. Call once, from a
+ * kb_publish accepted could not be sent to the broker; each of them has had
+ * its failed delivery report by then (kb_conf_set_delivery_cb: the callback
+ * runs on this thread, its time on top of the deadline). Call once, from a
  * thread that is not a handler and not inside another keybus call (a
  * dead-letter or log callback): KB_EINVAL there; a second kb_close racing
  * the first returns KB_ECLOSED. `b` is invalid afterwards. */

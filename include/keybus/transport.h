@@ -288,8 +288,10 @@ KB_EXPORT kb_sink *kb_bus_sink(kb_bus *b, const char *topic);
 KB_EXPORT int kb_bus_delivery_wanted(const kb_bus *b);
 
 /* Hand one event's outcome to the application's delivery callback (none
- * set: nothing). Call it from a transport thread, never inside publish, once
- * per event accepted by publish. Thread: any. */
+ * set: nothing). Call it exactly once per event accepted by publish, from a
+ * transport thread (or from close, for what close gives up on, before it
+ * returns), never inside publish and holding no lock publish takes.
+ * Thread: any. */
 KB_EXPORT void kb_bus_delivery_report(kb_bus *b, const kb_delivery_report *r);
 
 /* An event publish accepted (KB_OK) failed for good later (r->result, a

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "nats_acker.h"
+#include "nats_batch.h"
 #include "nats_claim.h"
 #include "nats_connect.h"
 #include "nats_consume.h"
@@ -318,7 +319,15 @@ static int nats_close(kb_transport *t, int64_t deadline)
      * its wait short: nothing it uses (KV, JetStream, the connection) goes
      * before it has left. Its calls fail at once on the closed connection. */
     kb_thread_join(t->leaser);
-    uint64_t unsent = kb__nats_resend_free(t);
+    /* what close gives up on is reported failed before it returns */
+    char gave_up[700];
+    if (why[0])
+        snprintf(gave_up, sizeof gave_up, "kb_close gave up: %s", why);
+    else
+        snprintf(gave_up, sizeof gave_up, "kb_close gave up: nats %s unreachable at close",
+                 t->url_safe);
+    uint64_t unsent = kb__nats_resend_free(t, gave_up);
+    kb__nats_batch_give_up(t, gave_up);
     kvStore_Destroy(t->kv);
     kb__nats_runs_close(t);
     jsCtx_Destroy(t->js);

@@ -181,3 +181,20 @@ int kb__nats_batch_send_due(kb_transport *t, bool all)
         }
     return rc;
 }
+
+void kb__nats_batch_give_up(kb_transport *t, const char *why)
+{
+    bool wanted = kb_bus_delivery_wanted(t->bus);
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
+        for (uint32_t i = 0; tp->batches != NULL && i < t->partitions; i++) {
+            kb_nats_batch *b = &tp->batches[i];
+            kb_nats_frame f = {b->buf, b->buf + b->len, b->count, b->v2 ? 2 : 1};
+            kb_nats_event ev;
+            while (wanted && kb__nats_frame_next(&f, &ev)) {
+                kb_delivery_report r = {.topic = tp->name, .key = ev.key, .key_len = ev.key_len,
+                                        .partition = i, .result = KB_ETRANSPORT, .id = "",
+                                        .error = why};
+                kb_bus_delivery_report(t->bus, &r);
+            }
+        }
+}

@@ -73,9 +73,15 @@ static void push(kb_transport *t, natsMsg *m)
 {
     kb_nats_resend *r = malloc(sizeof *r);
     if (r == NULL) {
-        /* no report: this may be kb_publish's thread, under pub_lock */
+        /* reported by the acker: this may be kb_publish's thread, under pub_lock */
         reject(t, m, "out of memory queueing a resend");
-        natsMsg_Destroy(m);
+        if (t->n_orphans < KB_NATS_ORPHANS) {
+            t->orphans[t->n_orphans++] = m;
+        } else {
+            kb_log(t->bus, KB_LOG_ERROR, "nats %s: a publish of %s dropped unreported: out of "
+                   "memory", t->url_safe, natsMsg_GetSubject(m));
+            natsMsg_Destroy(m);
+        }
         return;
     }
     r->msg = m;
@@ -279,16 +285,16 @@ static void note_stored(kb_transport *t, natsMsg *msg, uint64_t seq)
 }
 
 /* One delivery report per event of a message the server stored at `seq`
- * (error NULL) or refused for good; IDs as consumers see them ("<seq>", or
- * "<seq>.<i>" from 1 in a frame). Ack thread, no lock held. */
-static void report_delivery(kb_transport *t, natsMsg *msg, uint64_t seq, const char *error)
+ * (error NULL) or that failed for good (`code`, why); IDs as consumers see
+ * them ("<seq>", or "<seq>.<i>" from 1 in a frame). No lock held. */
+static void report_as(kb_transport *t, natsMsg *msg, uint64_t seq, int code, const char *error)
 {
     uint32_t part;
     kb_nats_topic *tp = kb_bus_delivery_wanted(t->bus) ? published_to(t, msg, &part) : NULL;
     if (tp == NULL)
         return;
     kb_delivery_report r = {.topic = tp->name, .partition = part,
-                            .result = error != NULL ? KB_ETRANSPORT : KB_OK,
+                            .result = error != NULL ? code : KB_OK,
                             .error = error != NULL ? error : ""};
     char id[48];
     size_t base = kb__nats_put_u64(id, seq);
@@ -306,19 +312,44 @@ static void report_delivery(kb_transport *t, natsMsg *msg, uint64_t seq, const c
         }
         return;
     }
-    char *key = malloc(65536);
-    int klen = key != NULL ? kb__nats_get_key(msg, key, 65536, &why) : -1;
+    /* the usual keys fit on the stack; a longer one is read again into its own */
+    char small[1024], *key = small;
+    int klen = kb__nats_get_key(msg, small, sizeof small, &why);
+    if (klen < 0 && (key = malloc(65536)) != NULL)
+        klen = kb__nats_get_key(msg, key, 65536, &why);
     r.key = key, r.key_len = klen > 0 ? (size_t)klen : 0, r.id = error != NULL ? "" : id;
     kb_bus_delivery_report(t->bus, &r);
-    free(key);
+    if (key != small)
+        free(key);
+}
+
+static void report_delivery(kb_transport *t, natsMsg *msg, uint64_t seq, const char *error)
+{
+    report_as(t, msg, seq, KB_ETRANSPORT, error);
+}
+
+/* Report the publishes push() could not queue (out of memory), failed. */
+static void report_orphans(kb_transport *t)
+{
+    natsMsg *m[KB_NATS_ORPHANS];
+    pthread_mutex_lock(&t->resend_lock);
+    size_t n = t->n_orphans;
+    memcpy(m, t->orphans, n * sizeof *m);
+    t->n_orphans = 0;
+    pthread_mutex_unlock(&t->resend_lock);
+    for (size_t i = 0; i < n; i++) {
+        report_as(t, m[i], 0, KB_ENOMEM, "out of memory queueing a resend");
+        natsMsg_Destroy(m[i]);
+    }
 }
 
 /* A publish ack that failed: transport trouble is sent again (the Msg-Id makes
- * it idempotent); a rejection by the server is counted for kb_flush to report
- * (its reason in why: true). */
-static bool pub_err(kb_transport *t, jsPubAckErr *pae, char *why, size_t len)
+ * it idempotent): KB_OK; a rejection by the server, or no memory for the
+ * resend, is counted for kb_flush to report: the code of its failed report,
+ * its reason in why. */
+static int pub_err(kb_transport *t, jsPubAckErr *pae, char *why, size_t len)
 {
-    bool refused = false;
+    int failed = KB_OK;
     pthread_mutex_lock(&t->resend_lock);
     if (pae->ErrCode == 0 && pae->Err != NATS_INVALID_ARG) {
         natsMsg *c = kb__nats_msg_clone(pae->Msg);
@@ -328,16 +359,16 @@ static bool pub_err(kb_transport *t, jsPubAckErr *pae, char *why, size_t len)
         } else {
             snprintf(why, len, "out of memory copying a resend");
             reject(t, pae->Msg, why);
-            refused = true;
+            failed = KB_ENOMEM;
         }
     } else {
         snprintf(why, len, "%s (jetstream error %d)",
                  pae->ErrText ? pae->ErrText : natsStatus_GetText(pae->Err), (int)pae->ErrCode);
         reject(t, pae->Msg, why);
-        refused = true;
+        failed = KB_ETRANSPORT;
     }
     pthread_mutex_unlock(&t->resend_lock);
-    return refused;
+    return failed;
 }
 
 /* The connection broke (nats.c's callback thread): take back what is not
@@ -396,6 +427,8 @@ static void stalled(kb_transport *t)
 /* Send the queued publishes again, in order, once connected. Acker thread. */
 void kb__nats_resend(kb_transport *t)
 {
+    if (atomic_load_explicit(&t->n_orphans, memory_order_relaxed) > 0)
+        report_orphans(t);
     stalled(t);
     if (!atomic_load(&t->gated) || natsConnection_Status(t->nc) != NATS_CONN_STATUS_CONNECTED)
         return;
@@ -438,12 +471,14 @@ void kb__nats_resend(kb_transport *t)
     kb_signal_notify(t->resent);
 }
 
-uint64_t kb__nats_resend_free(kb_transport *t)
+uint64_t kb__nats_resend_free(kb_transport *t, const char *why)
 {
     uint64_t lost = 0;
+    report_orphans(t);
     for (kb_nats_resend *r = t->resend_head, *next; r; r = next) {
         next = r->next;
         lost += kb__nats_events_in(r->msg);
+        report_delivery(t, r->msg, 0, why);
         natsMsg_Destroy(r->msg);
         free(r);
     }
@@ -451,8 +486,10 @@ uint64_t kb__nats_resend_free(kb_transport *t)
     natsMsgList l = {0};
     if (t->js != NULL && atomic_load(&t->published_async) &&
         js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK) {
-        for (int i = 0; i < l.Count; i++)
+        for (int i = 0; i < l.Count; i++) {
             lost += kb__nats_events_in(l.Msgs[i]);
+            report_delivery(t, l.Msgs[i], 0, why);
+        }
         natsMsgList_Destroy(&l);
     }
     return lost;
@@ -470,8 +507,9 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
         report_delivery(t, msg, pa->Sequence, NULL);
     } else if (pae != NULL) {
         pae->Msg = msg;   /* not set on this path */
-        if (pub_err(t, pae, why, sizeof why) && msg != NULL)
-            report_delivery(t, msg, 0, why);
+        int failed = pub_err(t, pae, why, sizeof why);
+        if (failed != KB_OK && msg != NULL)
+            report_as(t, msg, 0, failed, why);
     }
     natsMsg_Destroy(msg);
 }

@@ -20,7 +20,8 @@ void kb__nats_disconnected(natsConnection *nc, void *closure);
 /* Send the queued publishes again, in order, once connected. */
 void kb__nats_resend(kb_transport *t);
 /* Events never sent: queued for a resend, or published and not acked (taken
- * back from nats.c). Frees them; close only. */
-uint64_t kb__nats_resend_free(kb_transport *t);
+ * back from nats.c), each reported failed with `why`. Frees them; close
+ * only, with no callback of nats.c to come. */
+uint64_t kb__nats_resend_free(kb_transport *t, const char *why);
 
 #endif /* KB_TRANSPORTS_NATS_SEND_H */

@@ -195,6 +195,8 @@ struct kb_transport_topic {
 #define KB_NATS_TOPIC_CHUNK 1024
 #define KB_NATS_TOPIC_CHUNKS 1024   /* at most 1,048,576 topics per bus */
 
+#define KB_NATS_ORPHANS 256
+
 /* A publish that must be sent again, in order. */
 typedef struct kb_nats_resend {
     natsMsg *msg;
@@ -262,6 +264,10 @@ struct kb_transport {
     uint64_t stall_in_msgs;            /* acker: messages the connection had read */
     int64_t stall_read_ns;             /* acker: when that count last moved */
     _Atomic uint64_t pub_rejected;     /* not yet reported by flush */
+    /* publishes a resend could not be queued for (out of memory): reported
+     * failed by the acker's next tick, or by close (under resend_lock) */
+    natsMsg *orphans[KB_NATS_ORPHANS];
+    _Atomic size_t n_orphans;          /* read without the lock: a hint */
     char pub_error[256];               /* last rejection, under resend_lock */
     kb_signal *resent;                 /* the resend queue shrank or emptied, or a
                                         * partition's publish was confirmed */

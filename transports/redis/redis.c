@@ -44,8 +44,9 @@ static const kb_conf_prop redis_props[] = {
     {"redis.wait_replicas", KB_CONF_INT, "0", 0, 100,
      "Redis: after the `XADD`s of each publish batch, `WAIT` until this many replicas "
      "confirmed them; `kb_flush` fails with `KB_ETRANSPORT` naming the shortfall (\"1 of 2 "
-     "replicas confirmed within 500 ms\") when fewer did within `redis.wait_timeout_ms`. "
-     "Replication stays asynchronous: this narrows the window a failover can lose, it does "
+     "replicas confirmed within 500 ms\") when fewer did within `redis.wait_timeout_ms`, "
+     "and the delivery callback reports each such event failed with that reason (an event "
+     "is reported stored only once its `WAIT` confirmed it). Replication stays asynchronous: this narrows the window a failover can lose, it does "
      "not close it. 0 = no `WAIT`."},
     {"redis.wait_timeout_ms", KB_CONF_INT, "1000", 1, 600000,
      "Redis: how long each `WAIT` (`redis.wait_replicas`) waits for the replicas; below "
@@ -130,6 +131,8 @@ static void transport_free(kb_transport *t)
         tt = next;
     }
     kb__redis_backlog_free(&t->backlog);
+    kb__redis_reports_free(&t->reports);
+    kb__redis_reports_free(&t->unvouched);
     for (int i = 0; i < 2; i++)
         if (t->sender_wake[i] >= 0)
             close(t->sender_wake[i]);

@@ -196,12 +196,18 @@ const char *kb__redis_backlog_oldest(const kb_redis_backlog *bl)
     return bl->oldest->buf + bl->head;
 }
 
-uint64_t kb__redis_backlog_drop_over(kb_redis_backlog *bl, size_t max)
+/* In place: a kept record moves towards the oldest end, never past one not
+ * read yet (the write point trails the read point in the same chunk, and
+ * an earlier chunk was read whole), so dropping needs no memory. */
+uint64_t kb__redis_backlog_drop_over(kb_redis_backlog *bl, size_t max,
+                                     bool (*drop)(void *arg, const kb_redis_pubrec *r,
+                                                  const char *bytes),
+                                     void *arg)
 {
-    kb_redis_backlog kept = {.spare = bl->spare, .spares = bl->spares, .spare_max = bl->spare_max,
-                             .rec = bl->rec, .first = bl->first, .rcap = bl->rcap};
-    kb_redis_chunk *c = bl->oldest;
-    size_t at = bl->head, n = bl->n;
+    if (bl->n == 0)
+        return 0;
+    kb_redis_chunk *c = bl->oldest, *w = bl->oldest;
+    size_t at = bl->head, wat = bl->head, n = bl->n, kept = 0;
     uint64_t dropped = 0;
     for (size_t i = 0; i < n; i++) {
         kb_redis_pubrec r = bl->rec[(bl->first + i) % bl->rcap];
@@ -209,25 +215,65 @@ uint64_t kb__redis_backlog_drop_over(kb_redis_backlog *bl, size_t max)
             c = c->next;
             at = 0;
         }
-        if (r.big > max) {
+        if (r.big > max && (drop == NULL || drop(arg, &r, c->buf + at))) {
             dropped++;
-        } else if (bytes_reserve(&kept, r.len)) {
-            memcpy(kept.newest->buf + kept.newest->len, c->buf + at, r.len);
-            kept.newest->len += r.len;
-            kept.held += r.len;
-            kept.rec[(kept.first + kept.n++) % kept.rcap] = r;   /* never ahead of i */
+            bl->held -= r.len;
         } else {
-            dropped++;   /* out of memory: refused like the oversized ones */
+            while (w != c && w->cap - wat < r.len) {   /* w was read whole: reuse what follows */
+                w->len = wat;
+                w = w->next;
+                wat = 0;
+            }
+            memmove(w->buf + wat, c->buf + at, r.len);
+            wat += r.len;
+            bl->rec[(bl->first + kept++) % bl->rcap] = r;   /* never ahead of i */
         }
         at += r.len;
     }
-    while (bl->oldest != NULL) {
-        kb_redis_chunk *done = bl->oldest;
-        bl->oldest = done->next;
-        chunk_done(&kept, done);
+    w->len = wat;
+    while (w->next != NULL) {   /* emptied */
+        kb_redis_chunk *done = w->next;
+        w->next = done->next;
+        chunk_done(bl, done);
     }
-    *bl = kept;   /* only after a lost connection: everything is written again */
+    bl->newest = w;
+    bl->n = kept;
+    if (kept == 0)   /* w is the oldest: start over at its start */
+        w->len = bl->head = 0;
+    /* chunks w passed that kept no record go: a chunk of none would stop
+     * the sender's walk and pop's (the oldest one's records start at head) */
+    for (kb_redis_chunk **l = &bl->oldest; *l != w;) {
+        kb_redis_chunk *o = *l;
+        if (o->len > (l == &bl->oldest ? bl->head : 0)) {
+            l = &o->next;
+            continue;
+        }
+        *l = o->next;
+        if (l == &bl->oldest)
+            bl->head = 0;
+        chunk_done(bl, o);
+    }
+    /* only after a lost connection: everything is written again */
+    bl->sending = bl->oldest;
+    bl->sent = bl->head;
     return dropped;
+}
+
+void kb__redis_backlog_each(const kb_redis_backlog *bl,
+                            void (*fn)(void *arg, const kb_redis_pubrec *r, const char *bytes),
+                            void *arg)
+{
+    const kb_redis_chunk *c = bl->oldest;
+    size_t at = bl->head;
+    for (size_t i = 0; i < bl->n; i++) {
+        const kb_redis_pubrec *r = &bl->rec[(bl->first + i) % bl->rcap];
+        while (at == c->len) {   /* the record is in a newer chunk */
+            c = c->next;
+            at = 0;
+        }
+        fn(arg, r, c->buf + at);
+        at += r->len;
+    }
 }
 
 uint64_t kb__redis_backlog_events(const kb_redis_backlog *bl)

@@ -15,6 +15,7 @@
  *   redis_stats.c      broker figures per topic and partition
  *   redis_publish.c    kb_publish appends XADDs to the backlog; flush; close
  *   redis_sender.c     the sender thread: writes the backlog, reads replies, resends
+ *   redis_report.c     delivery reports of publishes: kept under pub_lock, sent after
  *   redis_backlog.c    accepted publishes until the server confirmed them; RESP encoding
  *   redis_lease.c      take, renew, hand back partition leases (keeper job)
  *   redis_members.c    membership heartbeat and departed consumers (keeper job)
@@ -190,6 +191,21 @@ typedef struct kb_redis_backlog {
     size_t first, n, rcap;
 } kb_redis_backlog;
 
+/* One delivery report kept: offsets of its strings in the batch's bytes. */
+typedef struct kb_redis_report {
+    kb_redis_part *p;
+    int result;
+    size_t key, key_len, id, why;
+} kb_redis_report;
+
+/* Reports kept while pub_lock is held, sent once it is released. */
+typedef struct kb_redis_reports {
+    kb_redis_report *v;
+    size_t n, cap;
+    char *bytes;
+    size_t len, bcap;
+} kb_redis_reports;
+
 struct kb_transport {
     kb_bus *bus;
     kb_url *url;                  /* host, port, user, password (never logged), path */
@@ -233,9 +249,15 @@ struct kb_transport {
     uint64_t pub_failed;          /* refused by the server since the last flush (pub_lock) */
     int wait_replicas, wait_timeout_ms;   /* redis.wait_replicas, redis.wait_timeout_ms */
     uint64_t wait_short;          /* stored, but fewer replicas confirmed, since the last flush (pub_lock) */
+    uint64_t wait_pending;        /* stored, no WAIT answered since (pub_lock) */
     char wait_error[300];         /* the last shortfall (pub_lock) */
     char pub_error[1024];         /* why the last one was refused (pub_lock) */
     char pub_lost[512];           /* why the publish connection last dropped (pub_lock) */
+    /* delivery reports, with a delivery callback (redis_report.c) */
+    kb_redis_reports reports;     /* the sender's batch (pub_lock; sent outside it) */
+    kb_redis_reports unvouched;   /* stored, reported once a WAIT answers (pub_lock) */
+    size_t unvouched_lost;        /* the first ones of them were confirmed on a connection
+                                   * lost since: no WAIT can vouch for them (pub_lock) */
     bool pub_down;                /* sender only: DISCONNECTED reported, RECONNECTED not yet */
     kb_signal *pub_progress;      /* records confirmed or failed: flush and room waiters */
     kb_redis_conn pub;            /* the sender's own */
@@ -380,6 +402,32 @@ void kb__redis_sender_kick(kb_transport *t);
  * unconfirmed the server is silent: the connection is cut. */
 void kb__redis_sender_stop(kb_transport *t);
 
+/* ---- redis_report.c (a batch is its owner's: under pub_lock, or the sender's) ---- */
+/* Room in a batch (zeroed, or in use) for one report of a key up to
+ * key_max bytes, kept however it is used; false when out of memory. */
+bool kb__redis_reports_init(kb_redis_reports *rs, size_t key_max);
+/* Keep the report of the XADD at xadd[0, len) to p: `result` KB_OK with its
+ * ID, or a KB_E* code and why. False when the batch cannot grow. */
+bool kb__redis_report_keep(kb_redis_reports *rs, kb_redis_part *p, const char *xadd, size_t len,
+                           int result, const char *id, const char *why);
+/* Will report i of `from` fit in rs (it may grow for it)? */
+bool kb__redis_reports_fits(kb_redis_reports *rs, const kb_redis_reports *from, size_t i);
+/* Copy report i of `from` into rs (it fits), as stored with its ID when
+ * result is KB_OK, else failed with `why`. */
+void kb__redis_reports_move(kb_redis_reports *to, kb_redis_reports *from, size_t i, int result,
+                            const char *why);
+/* Hand every report to the application's callback, emptying the batch.
+ * Caller holds no lock. */
+void kb__redis_reports_send(kb_transport *t, kb_redis_reports *rs);
+/* The same, every one failed with `code` and `why` (they were stored, but
+ * what they waited for never came). */
+void kb__redis_reports_fail(kb_transport *t, kb_redis_reports *rs, int code, const char *why);
+/* Report the XADD at xadd[0, len) to p failed at once (close: the sender has
+ * stopped, the backlog's bytes stay put). Caller holds no lock. */
+void kb__redis_report_now(kb_transport *t, kb_redis_part *p, const char *xadd, size_t len,
+                          int code, const char *why);
+void kb__redis_reports_free(kb_redis_reports *rs);
+
 /* ---- redis_backlog.c (caller holds pub_lock, but for the RESP encoding) ---- */
 /* Bytes of one command in the backlog (its RESP encoding). Thread: any. */
 size_t kb__redis_backlog_cmd_bytes(int argc, const size_t *lens);
@@ -393,8 +441,16 @@ bool kb__redis_backlog_add(kb_redis_backlog *bl, kb_redis_part *p, size_t big, i
                            const char **argv, const size_t *lens);
 /* The oldest record is confirmed: taken off. */
 kb_redis_pubrec kb__redis_backlog_pop(kb_redis_backlog *bl);
-/* Take off every record whose largest argument exceeds `max`; the count. */
-uint64_t kb__redis_backlog_drop_over(kb_redis_backlog *bl, size_t max);
+/* Take off every record whose largest argument exceeds `max` and that
+ * `drop` (NULL: all) takes, with its XADD's bytes; the count. Needs no memory. */
+uint64_t kb__redis_backlog_drop_over(kb_redis_backlog *bl, size_t max,
+                                     bool (*drop)(void *arg, const kb_redis_pubrec *r,
+                                                  const char *bytes),
+                                     void *arg);
+/* Call fn for every record, oldest first, with its bytes. */
+void kb__redis_backlog_each(const kb_redis_backlog *bl,
+                            void (*fn)(void *arg, const kb_redis_pubrec *r, const char *bytes),
+                            void *arg);
 /* Publishes held (records other than WAITs). */
 uint64_t kb__redis_backlog_events(const kb_redis_backlog *bl);
 static inline size_t kb__redis_backlog_bytes(const kb_redis_backlog *bl)

@@ -162,6 +162,35 @@ int kb__redis_flush(kb_transport *t, int timeout_ms)
     return kb__redis_pub_confirmed(t, kb_deadline_ns(timeout_ms), "kb_flush");
 }
 
+struct given_up {
+    kb_transport *t;
+    char why[700];
+};
+
+static void report_given_up(void *arg, const kb_redis_pubrec *r, const char *xadd)
+{
+    struct given_up *g = arg;
+    if (r->p != NULL)   /* not a WAIT */
+        kb__redis_report_now(g->t, r->p, xadd, r->len, KB_ETRANSPORT, g->why);
+}
+
+/* What close gives up on is reported failed before it returns: the events
+ * still held, and those stored but not yet vouched for by a WAIT. The
+ * sender has stopped and the bus lets no publisher in any more: nothing
+ * moves the backlog, and no lock is held while the callback runs. */
+static void report_held(kb_transport *t)
+{
+    if (!kb_bus_delivery_wanted(t->bus))
+        return;
+    struct given_up g = {t, ""};
+    snprintf(g.why, sizeof g.why, "kb_close gave up: not confirmed by %s before its deadline%s%.300s",
+             t->where, t->pub_lost[0] ? "; connection lost: " : "", t->pub_lost);
+    kb__redis_backlog_each(&t->backlog, report_given_up, &g);
+    snprintf(g.why, sizeof g.why, "kb_close gave up: stored on %s, but no WAIT confirmed it on %d "
+             "replicas before its deadline", t->where, t->wait_replicas);
+    kb__redis_reports_fail(t, &t->unvouched, KB_ETRANSPORT, g.why);
+}
+
 int kb__redis_pub_close(kb_transport *t, int64_t deadline_ns)
 {
     if (t->sender != NULL) {
@@ -169,6 +198,7 @@ int kb__redis_pub_close(kb_transport *t, int64_t deadline_ns)
         kb__redis_sender_kick(t);
         kb_signal_wait(t->pub_progress, all_confirmed, t, deadline_ns);
         kb__redis_sender_stop(t);
+        report_held(t);
     }
     pthread_mutex_lock(&t->pub_lock);
     uint64_t held = kb__redis_backlog_events(&t->backlog);
@@ -181,6 +211,13 @@ int kb__redis_pub_close(kb_transport *t, int64_t deadline_ns)
                 held > 0 && t->pub_lost[0] ? ": " : "", held > 0 ? t->pub_lost : "",
                 (unsigned long long)t->pub_failed, t->pub_failed > 0 ? ": " : "",
                 t->pub_failed > 0 ? t->pub_error : "");
+        kb_log(t->bus, KB_LOG_ERROR, "%s", kb_last_error());
+        rc = KB_ETRANSPORT;
+    } else if (t->wait_pending > 0) {
+        /* reported failed: the close's result says so too */
+        kb_errf(NULL, 0, "redis: %llu published events stored on %s but not confirmed on %d "
+                "replicas: kb_close gave up before a WAIT answered (redis.wait_replicas)",
+                (unsigned long long)t->wait_pending, t->where, t->wait_replicas);
         kb_log(t->bus, KB_LOG_ERROR, "%s", kb_last_error());
         rc = KB_ETRANSPORT;
     }

@@ -8,7 +8,9 @@
  * (an error reply, an argument over its proto-max-bulk-len) counts as failed.
  * With redis.wait_replicas, each time it has written everything it appends a
  * WAIT for the XADDs since the previous one: its answer says how many
- * replicas have them, and a shortfall is kb_flush's error. A primary that
+ * replicas have them, and a shortfall is kb_flush's error. Each event gets
+ * one delivery report (redis_report.c): on its XADD's reply, or with
+ * redis.wait_replicas on the WAIT's answer after it. A primary that
  * became a replica (-READONLY, a failover) is left like a broken connection. */
 #include <errno.h>
 #include <fcntl.h>
@@ -45,11 +47,11 @@ static bool transient(const redisReply *r)
 }
 
 /* The answer to a WAIT record (caller holds pub_lock): a shortfall counts
- * its events for kb_flush. */
-static void wait_answered(kb_transport *t, const kb_redis_pubrec *rec, const redisReply *r)
+ * its events for kb_flush. True when the replicas confirmed them. */
+static bool wait_answered(kb_transport *t, const kb_redis_pubrec *rec, const redisReply *r)
 {
     if (r->type == REDIS_REPLY_INTEGER && !rec->lost && r->integer >= t->wait_replicas)
-        return;
+        return true;
     t->wait_short += rec->events;
     if (rec->lost)
         snprintf(t->wait_error, sizeof t->wait_error, "the connection was lost before %d replicas "
@@ -60,91 +62,77 @@ static void wait_answered(kb_transport *t, const kb_redis_pubrec *rec, const red
     else
         snprintf(t->wait_error, sizeof t->wait_error, "WAIT refused: %.200s",
                  r->type == REDIS_REPLY_ERROR ? r->str : "not a number");
-}
-
-/* Delivery reports of one apply(), handed to the application once pub_lock
- * is released (its callback may publish). */
-struct reports {
-    size_t n;
-    struct {
-        kb_redis_part *p;
-        const redisReply *r;      /* the reply: the entry's ID or the refusal */
-        size_t key_off, key_len;  /* in keys */
-    } one[REPLIES_MAX];
-    char *keys;
-    size_t len, cap;
-};
-
-/* The key of the XADD at buf[0, len) (RESP: the argument after "*" and "k"). */
-static bool xadd_key(const char *buf, size_t len, const char **key, size_t *key_len)
-{
-    const char *p = memchr(buf, '\n', len), *end = buf + len;
-    bool star = false, k = false;
-    while (p != NULL && ++p < end && *p == '$') {
-        size_t n = strtoul(p + 1, NULL, 10);
-        const char *data = memchr(p, '\n', (size_t)(end - p));
-        if (data == NULL || ++data + n > end)
-            return false;
-        if (star && k) {
-            *key = data, *key_len = n;
-            return true;
-        }
-        k = star && n == 1 && *data == 'k';
-        star = star || (n == 1 && *data == '*');
-        p = data + n + 1;   /* the '\n' after the argument */
-    }
     return false;
 }
 
-/* Keep what the report of the oldest record needs (caller holds pub_lock,
- * before popping it); a record whose key cannot be had is left out. */
-static void report_keep(struct reports *rs, const kb_redis_backlog *bl, kb_redis_part *p,
-                        const redisReply *r)
+/* Hand the batch to the application with pub_lock released (its callback
+ * may publish); caller holds pub_lock, held again on return. */
+static void reports_flush(kb_transport *t)
 {
-    const char *key;
-    size_t key_len;
-    if (!xadd_key(kb__redis_backlog_oldest(bl), bl->rec[bl->first].len, &key, &key_len))
-        return;
-    if (rs->len + key_len > rs->cap) {
-        size_t cap = (rs->len + key_len) * 2;
-        char *more = realloc(rs->keys, cap);
-        if (more == NULL)
-            return;
-        rs->keys = more, rs->cap = cap;
-    }
-    memcpy(rs->keys + rs->len, key, key_len);
-    rs->one[rs->n].p = p, rs->one[rs->n].r = r;
-    rs->one[rs->n].key_off = rs->len, rs->one[rs->n].key_len = key_len;
-    rs->len += key_len;
-    rs->n++;
+    pthread_mutex_unlock(&t->pub_lock);
+    kb__redis_reports_send(t, &t->reports);
+    pthread_mutex_lock(&t->pub_lock);
 }
 
-static void report_send(kb_transport *t, struct reports *rs)
+/* Keep the report of the oldest record, about to be popped (caller holds
+ * pub_lock). A batch that cannot grow is sent first: an empty one has room. */
+static void report_oldest(kb_transport *t, kb_redis_part *p, int result, const char *id,
+                          const char *why)
 {
-    for (size_t i = 0; i < rs->n; i++) {
-        const redisReply *r = rs->one[i].r;
-        bool stored = r->type == REDIS_REPLY_STRING;
-        kb_delivery_report d = {
-            .topic = rs->one[i].p->tt->name, .key = rs->keys + rs->one[i].key_off,
-            .key_len = rs->one[i].key_len, .partition = rs->one[i].p->index,
-            .result = stored ? KB_OK : KB_ETRANSPORT, .id = stored ? r->str : "",
-            .error = stored ? "" : r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply"};
-        kb_bus_delivery_report(t->bus, &d);
-    }
-    free(rs->keys);
+    const kb_redis_backlog *bl = &t->backlog;
+    while (!kb__redis_report_keep(&t->reports, p, kb__redis_backlog_oldest(bl),
+                                  bl->rec[bl->first].len, result, id, why))
+        reports_flush(t);
 }
 
-/* Replies to the oldest records: IDs noted, refusals counted. A protocol
- * error (the server closes after it) is explained by the argument's size.
- * False at a transient error: that record and the ones after it stay
- * unconfirmed, to be written again on a new connection. */
+/* The oldest record's XADD was stored: reported now, or with
+ * redis.wait_replicas once the next WAIT answered (caller holds pub_lock). */
+static void stored(kb_transport *t, kb_redis_part *p, const char *id)
+{
+    const kb_redis_backlog *bl = &t->backlog;
+    if (t->wait_replicas == 0)
+        report_oldest(t, p, KB_OK, id, "");
+    else if (!kb__redis_report_keep(&t->unvouched, p, kb__redis_backlog_oldest(bl),
+                                    bl->rec[bl->first].len, KB_OK, id, ""))
+        report_oldest(t, p, KB_ENOMEM, "", "stored, but out of memory to wait for the replicas");
+}
+
+/* A WAIT answered: the stored XADDs before it are reported, stored when the
+ * replicas confirmed them; those confirmed on a connection lost since, or
+ * all after a shortfall, failed (caller holds pub_lock). */
+static void vouched(kb_transport *t, bool confirmed)
+{
+    char lost[120];
+    snprintf(lost, sizeof lost, "the connection was lost before %d replicas confirmed",
+             t->wait_replicas);
+    kb_redis_reports *u = &t->unvouched;
+    uint64_t failed = 0;
+    for (size_t i = 0; i < u->n; i++) {
+        bool ok = confirmed && i >= t->unvouched_lost;
+        while (!kb__redis_reports_fits(&t->reports, u, i))
+            reports_flush(t);
+        kb__redis_reports_move(&t->reports, u, i, ok ? KB_OK : KB_ETRANSPORT,
+                               i < t->unvouched_lost ? lost : t->wait_error);
+        failed += !ok;
+    }
+    /* kb_flush counts what was reported failed */
+    if (confirmed && failed > 0) {
+        t->wait_short += failed;
+        snprintf(t->wait_error, sizeof t->wait_error, "%s", lost);
+    }
+    u->n = u->len = 0;
+    t->unvouched_lost = 0;
+}
+
+/* Replies to the oldest records: IDs noted, refusals counted, reports kept
+ * and sent once pub_lock is released. A protocol error (the server closes
+ * after it) is explained by the argument's size. False at a transient
+ * error: that record and the ones after it stay unconfirmed, to be written
+ * again on a new connection. */
 static bool apply(kb_transport *t, redisReply **r, size_t n)
 {
     size_t proto_big = 0;
     bool ok = true;
-    static _Thread_local struct reports rs;   /* the sender's: too big for its stack */
-    rs.n = rs.len = rs.cap = 0;
-    rs.keys = NULL;
     bool wanted = kb_bus_delivery_wanted(t->bus);
     pthread_mutex_lock(&t->pub_lock);
     for (size_t i = 0; i < n && t->backlog.n > 0; i++) {
@@ -154,13 +142,21 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
             break;
         }
         kb_redis_part *p = t->backlog.rec[t->backlog.first].p;
-        if (wanted && p != NULL)
-            report_keep(&rs, &t->backlog, p, r[i]);
+        bool is_id = r[i]->type == REDIS_REPLY_STRING;
+        if (wanted && p != NULL && is_id)
+            stored(t, p, r[i]->str);
+        else if (wanted && p != NULL)
+            report_oldest(t, p, KB_ETRANSPORT, "",
+                          r[i]->type == REDIS_REPLY_ERROR ? r[i]->str : "unexpected reply");
         kb_redis_pubrec rec = kb__redis_backlog_pop(&t->backlog);
         if (rec.p == NULL) {
-            wait_answered(t, &rec, r[i]);
-        } else if (r[i]->type == REDIS_REPLY_STRING) {
+            bool confirmed = wait_answered(t, &rec, r[i]);
+            if (wanted)
+                vouched(t, confirmed);
+            t->wait_pending = 0;
+        } else if (is_id) {
             kb__redis_note_last(rec.p, r[i]->str);
+            t->wait_pending += t->wait_replicas > 0;
         } else if (r[i]->type == REDIS_REPLY_ERROR) {
             t->pub_failed++;
             snprintf(t->pub_error, sizeof t->pub_error, "XADD refused: %s", r[i]->str);
@@ -168,9 +164,13 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
                 proto_big = rec.big;
         }
     }
+    atomic_store(&t->pub_held, kb__redis_backlog_bytes(&t->backlog));
+    pthread_mutex_unlock(&t->pub_lock);
+    /* reported before kb_flush can see them confirmed */
+    kb__redis_reports_send(t, &t->reports);
+    pthread_mutex_lock(&t->pub_lock);
     publish_counts(t);
     pthread_mutex_unlock(&t->pub_lock);
-    report_send(t, &rs);
     for (size_t i = 0; i < n; i++)
         kb__redis_reply_free(r[i]);
     if (proto_big > 0) {
@@ -276,6 +276,20 @@ static void state_changed(kb_transport *t, bool down, const char *why)
     kb_bus_state_report(t->bus, down ? KB_STATE_DISCONNECTED : KB_STATE_RECONNECTED, why);
 }
 
+/* drop_over's verdict on a record over the server's limit (caller holds
+ * pub_lock): its report is kept, else (the batch cannot grow under the
+ * lock) it stays, to be tried again. */
+struct over {
+    kb_transport *t;
+    char why[sizeof ((kb_transport *)0)->pub_error];
+};
+
+static bool report_over(void *arg, const kb_redis_pubrec *rec, const char *xadd)
+{
+    struct over *o = arg;
+    return kb__redis_report_keep(&o->t->reports, rec->p, xadd, rec->len, KB_ETOOBIG, "", o->why);
+}
+
 /* The connection is gone: everything unconfirmed is written again on the
  * next one. An argument over the server's limit (it drops the connection
  * rather than answer) is refused, never resent for ever. */
@@ -299,6 +313,7 @@ static void lose(kb_transport *t, const char *why_now)
         if (rec->p == NULL)
             held = 0;
     }
+    t->unvouched_lost = t->unvouched.n;   /* a WAIT on the next connection cannot vouch for them */
     snprintf(t->pub_lost, sizeof t->pub_lost, "%s", why);
     pthread_mutex_unlock(&t->pub_lock);
     kb__redis_conn_fail(&t->pub, why);
@@ -307,15 +322,19 @@ static void lose(kb_transport *t, const char *why_now)
     size_t max = kb__redis_limit_explain(t, big, cause, sizeof cause);
     if (max == SIZE_MAX)
         return;
+    static _Thread_local struct over o;   /* the sender's: too big for its stack */
+    o.t = t;
+    snprintf(o.why, sizeof o.why, "%.600sconnection to %.200s lost: %.200s", cause, t->where, why);
     pthread_mutex_lock(&t->pub_lock);
-    uint64_t dropped = kb__redis_backlog_drop_over(bl, max);
+    uint64_t dropped = kb__redis_backlog_drop_over(bl, max, kb_bus_delivery_wanted(t->bus) ?
+                                                   report_over : NULL, &o);
     if (dropped > 0) {
         t->pub_failed += dropped;
-        snprintf(t->pub_error, sizeof t->pub_error, "%.600sconnection to %.200s lost: %.200s", cause,
-                 t->where, why);
+        snprintf(t->pub_error, sizeof t->pub_error, "%s", o.why);
         publish_counts(t);
     }
     pthread_mutex_unlock(&t->pub_lock);
+    kb__redis_reports_send(t, &t->reports);
     kb_signal_notify(t->pub_progress);
 }
 
@@ -430,6 +449,10 @@ static void *sender_main(void *arg)
 
 int kb__redis_sender_start(kb_transport *t)
 {
+    if (kb_bus_delivery_wanted(t->bus) && !kb__redis_reports_init(&t->reports, t->lim.key)) {
+        kb_errf(NULL, 0, "redis: cannot start the sender: out of memory");
+        return KB_ENOMEM;
+    }
     if (pipe2(t->sender_wake, O_NONBLOCK | O_CLOEXEC) != 0) {
         kb_errf(NULL, 0, "redis: cannot start the sender: pipe: %s", strerror(errno));
         t->sender_wake[0] = t->sender_wake[1] = -1;
