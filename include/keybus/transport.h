@@ -184,6 +184,28 @@ typedef struct kb_transport_ops {
      * nothing. KB_OK, or an error (its text through kb_errf) when events that
      * publish accepted could not be sent; kb_close then returns it. */
     int  (*close)(kb_transport *t, int64_t deadline_ns);
+
+    /* ---- Optional administration hooks (keybus.h, "Administration"); NULL:
+     * not supported, the call returns KB_ENOTFOUND naming the transport. They
+     * serve an application call (the operator's commands): a round trip or a
+     * few are fine, but nothing on the broker may change but what
+     * group_delete removes. Arrays and strings they return are malloc'ed,
+     * one block each, and freed by the core with free() (kb_groups_free,
+     * kb_topics_free); the core sorts them. ---- */
+    /* kb_groups: every group of the topic. KB_ENOTFOUND for a topic the
+     * broker does not store. */
+    int  (*groups)(kb_transport *t, kb_transport_topic *tt, kb_group_info **out, size_t *n);
+    /* kb_group_delete (flags KB_GROUP_DELETE_F_*): refuse with KB_EINVAL
+     * while a consumer of the group holds a lease, unless forced. */
+    int  (*group_delete)(kb_transport *t, kb_transport_topic *tt, const char *group,
+                         unsigned flags);
+    /* kb_topics: every topic the broker stores. */
+    int  (*topics)(kb_transport *t, kb_topic_info **out, size_t *n);
+    /* kb_peek: `group` is never NULL (the core puts the `group` key in),
+     * max is 1..10000; fn is called on the caller's thread, with no lock of
+     * the transport held. */
+    int  (*peek)(kb_transport *t, kb_transport_topic *tt, const char *group, size_t max,
+                 kb_peek_fn fn, void *opaque);
 } kb_transport_ops;
 
 /* Make a transport available by its scheme (built-ins are registered already).
