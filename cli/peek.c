@@ -61,7 +61,7 @@ static int peek_args(int argc, char **argv, struct peek_args *a)
     a->topic = argv[optind];
     char why[512];
     if (kb_topic_name_check(a->topic, why, sizeof why) != KB_OK)
-        return kb_cli_usage_error(cmd, "TOPIC: %s", why);
+        return kb_cli_usage_error(cmd, "%s", why);
     return KB_CLI_EXIT_OK;
 }
 

@@ -334,6 +334,10 @@ static void top_redraws_and_quits_on_q(void **state)
     char topic[96], sock[64], done[128];
     unique_topic(topic, sizeof topic, "top");
     publish_numbered(topic, 40);
+    /* top reports the `group` key's group, which must exist */
+    static kb_test_cli_result r;
+    run(&r, (const char *[]){"consume", topic, "-g", "keybus", "-n", "1", NULL});
+    assert_int_equal(r.status, 0);
     snprintf(sock, sizeof sock, "kbtop%d", (int)getpid());
     snprintf(done, sizeof done, "/tmp/keybus-top-%d.status", (int)getpid());
     unlink(done);

@@ -3,7 +3,9 @@
  * n) and <group>_w_<rev> (every partition) on the topic's stream, its
  * leases the keys l.<stream>.<group>.<n> of the lease bucket. Listings are
  * the stream and consumer lists; a peek reads messages with direct gets by
- * subject from the group's ack floor (no consumer is made, nothing acked);
+ * subject from the group's ack floor (no consumer is made, nothing acked),
+ * leaving out what its consumers' progress records say was handled above
+ * the floor (the next owner settles those without a handler);
  * a group is removed by deleting its consumers, refused while a lease key
  * of the group lives. */
 #include <stdio.h>
@@ -16,6 +18,7 @@
 #include "nats_lease.h"
 #include "nats_msg.h"
 #include "nats_names.h"
+#include "nats_progress.h"
 #include "nats_topic.h"
 
 #define KEY_CAP 65536   /* a key read off a message: the largest limits.max_key_bytes */
@@ -319,6 +322,7 @@ int kb__nats_topics(kb_transport *t, kb_topic_info **out, size_t *n)
 typedef struct peeked {
     natsMsg *m;
     uint64_t seq;
+    uint32_t part;
     bool pending;
 } peeked;
 
@@ -377,16 +381,78 @@ static int read_partition(kb_transport *t, kb_nats_topic *tp, uint32_t n, uint64
             natsMsg_Destroy(m);
             return KB_ENOMEM;
         }
-        (*v)[(*nv)++] = (peeked){m, from, from <= delivered};
+        (*v)[(*nv)++] = (peeked){m, from, n, from <= delivered};
         events += kb__nats_events_in(m);
     }
     return KB_OK;
 }
 
+/* "Every event of the key hashed `hash` on partition `part` up to message
+ * sseq, event idx, is handled": a line of a progress record. */
+typedef struct done_marks {
+    kb_nats_progress_line *v;
+    size_t n, cap;
+} done_marks;
+
+/* The progress records of the group's consumers, each line held to what
+ * the server delivered to its consumer (as the next owner takes them in). */
+static int read_marks(kb_transport *t, kb_nats_topic *tp, const jsConsumerInfoList *list,
+                      const char *group, done_marks *out)
+{
+    char bucket[sizeof t->bucket + 8];
+    snprintf(bucket, sizeof bucket, "%s_runs", t->bucket);
+    kvStore *kv = NULL;
+    if (js_KeyValue(&kv, t->js, bucket) != NATS_OK)
+        return KB_OK;   /* no bucket: no records (nothing is created) */
+    int rc = KB_OK;
+    for (int i = 0; rc == KB_OK && list != NULL && i < list->Count; i++) {
+        const jsConsumerInfo *ci = list->List[i];
+        long part;
+        char key[3 * KB_NATS_NAME];
+        kvEntry *e = NULL;
+        if (!of_group(ci, group, &part))
+            continue;
+        kb__nats_progress_record_key(tp->stream, ci->Name, key, sizeof key);
+        if (kvStore_Get(&e, kv, key) != NATS_OK)
+            continue;
+        const char *v = kvEntry_ValueString(e);
+        for (const char *l = v != NULL ? v : ""; rc == KB_OK && *l != '\0';) {
+            const char *nl = strchr(l, '\n');
+            size_t len = nl != NULL ? (size_t)(nl - l) : strlen(l);
+            kb_nats_progress_line pl;
+            if (kb__nats_progress_parse(l, len, t->partitions, ci->Delivered.Stream, &pl) == NULL) {
+                if (kb_vec_reserve((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v) != KB_OK)
+                    rc = KB_ENOMEM;
+                else
+                    out->v[out->n++] = pl;
+            }
+            l += len + (nl != NULL);
+        }
+        kvEntry_Destroy(e);
+    }
+    kvStore_Destroy(kv);
+    return rc;
+}
+
+/* Did a record vouch for event idx (0: a plain message) of message sseq? */
+static bool marked(const done_marks *d, uint32_t part, const void *key, size_t len, uint64_t sseq,
+                   uint64_t idx)
+{
+    uint64_t h = d->n > 0 ? kb__nats_progress_key_hash(key, len) : 0;
+    for (size_t i = 0; i < d->n; i++) {
+        const kb_nats_progress_line *m = &d->v[i];
+        if (m->hash == h && m->part == part &&
+            (sseq < m->sseq || (sseq == m->sseq && idx <= m->idx)))
+            return true;
+    }
+    return false;
+}
+
 /* Hand the events of message p to fn, up to *left; false when fn asked to
- * stop. An event keybus would dead-letter (malformed) is left out. */
-static bool hand_out(kb_transport *t, kb_nats_topic *tp, const peeked *p, char *key,
-                     kb_nats_hdrs *hdrs, size_t *left, kb_peek_fn fn, void *opaque)
+ * stop. An event keybus would dead-letter (malformed) is left out, and so
+ * is one a progress record says was handled. */
+static bool hand_out(kb_transport *t, kb_nats_topic *tp, const peeked *p, const done_marks *d,
+                     char *key, kb_nats_hdrs *hdrs, size_t *left, kb_peek_fn fn, void *opaque)
 {
     const char *count = NULL, *why = NULL;
     bool framed = natsMsgHeader_Get(p->m, KB_NATS_BATCH_HDR, &count) == NATS_OK && count != NULL;
@@ -413,6 +479,8 @@ static bool hand_out(kb_transport *t, kb_nats_topic *tp, const peeked *p, char *
             if (kb__nats_hdr_frame(t, &ev, hdrs, &why) != 0)
                 continue;
         }
+        if (marked(d, p->part, ev.key, ev.key_len, p->seq, framed ? i : 0))
+            continue;
         kb_event e = {.topic = tp->name, .key = ev.key, .key_len = ev.key_len,
                       .payload = ev.payload, .payload_len = ev.payload_len, .attempt = 1,
                       .id = id, .headers = hdrs->h, .n_headers = hdrs->n};
@@ -443,6 +511,9 @@ int kb__nats_peek(kb_transport *t, kb_nats_topic *tp, const char *group, size_t 
         standing(list, group, n, &floor, &delivered);
         rc = read_partition(t, tp, n, floor, delivered, max, &v, &nv, &cap);
     }
+    done_marks d = {0};
+    if (rc == KB_OK && exists)
+        rc = read_marks(t, tp, list, group, &d);
     jsConsumerInfoList_Destroy(list);
     char *key = rc == KB_OK ? malloc(KEY_CAP) : NULL;
     kb_nats_hdrs hdrs;
@@ -453,11 +524,12 @@ int kb__nats_peek(kb_transport *t, kb_nats_topic *tp, const char *group, size_t 
         qsort(v, nv, sizeof *v, by_seq);
     size_t left = max;
     for (size_t i = 0; rc == KB_OK && i < nv && left > 0; i++)
-        if (!hand_out(t, tp, &v[i], key, &hdrs, &left, fn, opaque))
+        if (!hand_out(t, tp, &v[i], &d, key, &hdrs, &left, fn, opaque))
             break;
     if (rc == KB_ENOMEM)
         kb_errf(NULL, 0, "nats: out of memory for a peek");
     kb__nats_hdrs_free(&hdrs);
+    free(d.v);
     free(key);
     for (size_t i = 0; i < nv; i++)
         natsMsg_Destroy(v[i].m);

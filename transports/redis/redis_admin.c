@@ -120,15 +120,26 @@ static void append_consumers(redisContext *c, void *arg)
                                a->groups->v[g]);
 }
 
-/* Does the XINFO CONSUMERS reply `r` name the consumer name[0..len)? */
-static bool has_consumer(const redisReply *r, const char *name, size_t len)
+/* Add the consumers an XINFO CONSUMERS reply names. */
+static int add_consumers(names *s, const redisReply *r)
 {
-    for (size_t i = 0; len > 0 && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+    int rc = KB_OK;
+    for (size_t i = 0; rc == KB_OK && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
         const redisReply *n = kb__redis_field(r->element[i], "name");
-        if (n != NULL && n->len == len && memcmp(n->str, name, len) == 0)
-            return true;
+        if (n != NULL)
+            rc = names_add(s, n->str, n->len);
     }
-    return false;
+    return rc;
+}
+
+/* Is lease value `lease` held by one of `consumers`? Leases are the topic's,
+ * not a group's: a holder counts for the group that knows it as a consumer
+ * (on any partition: a consumer appears on a partition when it first reads
+ * there). */
+static bool held_by(const names *consumers, const redisReply *lease)
+{
+    size_t len = holder_len(lease);
+    return len > 0 && names_has(consumers, lease->str, len);
 }
 
 /* Group g's row of the answer: figures per partition, its consumers, and
@@ -148,14 +159,10 @@ static int group_of(kb_transport *t, redisReply **fig, redisReply **cons, const 
         out->partitions++;
         out->pending += f.pending;
         out->lag += f.lag;
-        const redisReply *c = cons[i];
-        for (size_t j = 0; rc == KB_OK && c->type == REDIS_REPLY_ARRAY && j < c->elements; j++) {
-            const redisReply *n = kb__redis_field(c->element[j], "name");
-            if (n != NULL)
-                rc = names_add(&consumers, n->str, n->len);
-        }
-        out->leases += has_consumer(c, p[3]->str, holder_len(p[3]));
+        rc = add_consumers(&consumers, cons[i]);
     }
+    for (uint32_t i = 0; rc == KB_OK && i < t->partitions; i++)
+        out->leases += held_by(&consumers, fig[4 * (size_t)i + 3]);
     out->consumers = consumers.v;
     out->n_consumers = consumers.n;
     if (rc == KB_ENOMEM)
@@ -248,19 +255,23 @@ int kb__redis_group_delete(kb_transport *t, kb_transport_topic *tt, const char *
         return rc;
     }
     uint32_t found = 0;
-    for (uint32_t i = 0; i < t->partitions; i++) {
+    names consumers = {0};
+    for (uint32_t i = 0; rc == KB_OK && i < t->partitions; i++) {
         redisReply **p = r + 3 * (size_t)i;
-        if (kb__redis_group_row_of(p[0], group) == NULL)
-            continue;
-        found++;
-        size_t len = holder_len(p[2]);
-        if (rc == KB_OK && !(flags & KB_GROUP_DELETE_F_FORCE) && has_consumer(p[1], p[2]->str, len)) {
+        found += kb__redis_group_row_of(p[0], group) != NULL;
+        rc = add_consumers(&consumers, p[1]);
+    }
+    for (uint32_t i = 0; rc == KB_OK && !(flags & KB_GROUP_DELETE_F_FORCE) && i < t->partitions;
+         i++) {
+        const redisReply *lease = r[3 * (size_t)i + 2];
+        if (held_by(&consumers, lease)) {
             kb_errf(NULL, 0, "group %s of topic %s: partition %u is leased by its consumer "
                              "%.*s, a live member; stop it first (or force)",
-                    group, tt->name, i, (int)len, p[2]->str);
+                    group, tt->name, i, (int)holder_len(lease), lease->str);
             rc = KB_EINVAL;
         }
     }
+    names_free(&consumers);
     free_replies(r, n);
     if (rc != KB_OK)
         return rc;
