@@ -57,6 +57,22 @@ static void run(kb_test_cli_result *r, const char *const *args)
     kb_test_cli(r, KB_CLI, argv);
 }
 
+/* `text` (JSON lines) matches docs/schemas/<schema> and docs/formats.md
+ * names its fields (tests/check_schema.py). */
+static void check_schema(const char *schema, const char *text)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/keybus-cli-admin-%d.json", (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    int rc = kb_test_sh("python3 %s/tests/check_schema.py %s/docs/schemas/%s %s %s/docs/formats.md",
+                        KB_SOURCE_DIR, KB_SOURCE_DIR, schema, path, KB_SOURCE_DIR);
+    unlink(path);
+    assert_int_equal(rc, 0);
+}
+
 static size_t count_lines(const char *s)
 {
     size_t n = 0;
@@ -227,6 +243,7 @@ static void groups_topics_and_metrics_list_the_broker(void **state)
     if (r.status != 0 || count_lines(r.out) != 1 || strncmp(r.out, want, strlen(want)) != 0 ||
         strstr(r.out, "\"consumers\":[") == NULL)
         fail_msg("groups --json: exit %d: %s%s", r.status, r.out, r.err);
+    check_schema("keybus-groups.json", r.out);
     run(&r, (const char *[]){"groups", topic, NULL});
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "\nbilling "));
@@ -239,6 +256,7 @@ static void groups_topics_and_metrics_list_the_broker(void **state)
              "\"groups\":[\"billing\"]}\n", topic, EVENTS);
     if (strstr(r.out, want) == NULL)
         fail_msg("topics --json lacks %s: %s", want, r.out);
+    check_schema("keybus-topics.json", r.out);
     run(&r, (const char *[]){"topics", NULL});
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, topic));
