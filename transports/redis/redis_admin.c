@@ -436,10 +436,12 @@ typedef struct peeked {
     uint32_t partition, attempt;
 } peeked;
 
+/* By entry ID; equal IDs (one millisecond, two partitions) by partition. */
 static int by_id(const void *a, const void *b)
 {
-    return kb__redis_id_cmp(((const peeked *)a)->e->element[0]->str,
-                            ((const peeked *)b)->e->element[0]->str);
+    const peeked *x = a, *y = b;
+    int c = kb__redis_id_cmp(x->e->element[0]->str, y->e->element[0]->str);
+    return c != 0 ? c : (x->partition > y->partition) - (x->partition < y->partition);
 }
 
 struct peek_arg {
