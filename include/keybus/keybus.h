@@ -528,7 +528,9 @@ typedef struct kb_group_info {
  * *n entries (none: *out NULL, *n 0); the caller frees it with
  * kb_groups_free. Costs round trips; creates or changes nothing.
  * KB_ENOTFOUND on mem:// and for a topic the broker does not store;
- * KB_ECLOSED once kb_close has begun. Thread: any. */
+ * KB_EINVAL as for kb_stats (redis:// stores the topic with another
+ * partition count than this bus's); KB_ECLOSED once kb_close has begun.
+ * Thread: any. */
 KB_EXPORT int kb_groups(kb_bus *b, const char *topic, kb_group_info **out, size_t *n);
 /* Free what kb_groups returned (NULL: nothing). Thread: any. */
 KB_EXPORT void kb_groups_free(kb_group_info *groups, size_t n);
@@ -541,7 +543,8 @@ KB_EXPORT void kb_groups_free(kb_group_info *groups, size_t n);
  * KB_EINVAL, naming the partition and the holder, while one of the group's
  * consumers holds a partition's lease (a live member would go on consuming
  * into a group that is gone), unless flags has KB_GROUP_DELETE_F_FORCE.
- * KB_ENOTFOUND on mem://, or when the topic or the group does not exist.
+ * KB_ENOTFOUND on mem://, or when the topic or the group does not exist;
+ * KB_EINVAL also as for kb_groups. KB_ECLOSED once kb_close has begun.
  * Thread: any. */
 KB_EXPORT int kb_group_delete(kb_bus *b, const char *topic, const char *group, unsigned flags);
 
@@ -571,16 +574,20 @@ KB_EXPORT void kb_topics_free(kb_topic_info *topics, size_t n);
 typedef int (*kb_peek_fn)(const kb_event *ev, void *opaque);
 
 /* The next `max` (1..10000) events consumer group `group` (NULL: the
- * `group` key) would be handed on `topic`, in the order it would get them
- * per partition: first the entries it holds pending (delivered, not acked),
- * then those not yet delivered; across partitions by broker ID (Redis) or
- * stream sequence (NATS). For a group that does not exist, what a new group
- * would get (group.start). Entries that would go to the dead letters are
- * left out. Reads only: acknowledges, claims and creates nothing, moves no
- * lease or delivery count, on any broker. fn runs on the caller's thread,
- * after the reads; it may not call kb_close. KB_ENOTFOUND on mem:// and for
- * a topic the broker does not store; KB_EINVAL for a bad max or group name;
- * KB_ECLOSED once kb_close has begun. Thread: any. */
+ * `group` key) would be handed on `topic`: first the entries it holds
+ * pending (delivered, not acked: what a partition's next owner takes
+ * first), then those not yet delivered, each kind oldest first over all
+ * partitions (Redis: by entry ID; NATS: by stream sequence). For a group
+ * that does not exist, what a new group would get (group.start). Left out:
+ * entries keybus would dead-letter (malformed, misplaced) and, on NATS,
+ * events a progress record says were handled above the group's ack floor.
+ * ev->attempt is the run its next delivery would be (Redis: runs recorded
+ * + 1; NATS: 1). Reads only: acknowledges, claims and creates nothing,
+ * moves no lease, position or delivery count, on any broker. fn runs on
+ * the caller's thread after the reads, borrowing the event for the call;
+ * it may not call kb_close. KB_ENOTFOUND on mem:// and for a topic the
+ * broker does not store; KB_EINVAL for a bad max or group name, and as for
+ * kb_groups; KB_ECLOSED once kb_close has begun. Thread: any. */
 KB_EXPORT int kb_peek(kb_bus *b, const char *topic, const char *group, size_t max,
                       kb_peek_fn fn, void *opaque);
 

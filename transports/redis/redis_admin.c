@@ -375,7 +375,7 @@ static void append_parts(redisContext *c, void *arg)
 static int topic_info(kb_transport *t, const redisReply *meta, kb_topic_info *out)
 {
     unsigned long parts = meta->type == REDIS_REPLY_STRING ? strtoul(meta->str, NULL, 10) : 0;
-    out->partitions = parts <= 1024 ? (uint32_t)parts : 0;
+    out->partitions = parts <= 4096 ? (uint32_t)parts : 0;   /* the `partitions` key's range */
     if (out->partitions == 0)
         return KB_OK;
     size_t n = 2 * (size_t)out->partitions;
