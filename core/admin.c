@@ -1,6 +1,7 @@
 /* Administration calls (keybus.h, "Administration"): the checks, the gate
- * and the sorting around the transport's optional hooks. The transport
- * reads the broker; nothing here keeps state. */
+ * and the sorting around the transport's optional hooks, and the name sets
+ * the hooks fill their answers with (kb_names_add). The transport reads the
+ * broker; nothing here keeps state. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,11 +66,26 @@ static int by_string(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static void free_strings(char **s, size_t n)
+int kb_names_add(char ***names, size_t *n, size_t *cap, const char *name, size_t len)
 {
-    for (size_t i = 0; s != NULL && i < n; i++)
-        free(s[i]);
-    free(s);
+    for (size_t i = 0; i < *n; i++)
+        if (strlen((*names)[i]) == len && memcmp((*names)[i], name, len) == 0)
+            return KB_OK;
+    char *copy = strndup(name, len);
+    if (copy == NULL || kb_vec_reserve((void **)names, cap, *n + 1, sizeof **names) != KB_OK) {
+        free(copy);
+        kb_errf(NULL, 0, "out of memory for a list of names");
+        return KB_ENOMEM;
+    }
+    (*names)[(*n)++] = copy;
+    return KB_OK;
+}
+
+void kb_names_free(char **names, size_t n)
+{
+    for (size_t i = 0; names != NULL && i < n; i++)
+        free(names[i]);
+    free(names);
 }
 
 int kb_groups(kb_bus *b, const char *topic, kb_group_info **out, size_t *n)
@@ -105,7 +121,7 @@ void kb_groups_free(kb_group_info *groups, size_t n)
 {
     for (size_t i = 0; groups != NULL && i < n; i++) {
         free(groups[i].name);
-        free_strings(groups[i].consumers, groups[i].n_consumers);
+        kb_names_free(groups[i].consumers, groups[i].n_consumers);
     }
     free(groups);
 }
@@ -163,7 +179,7 @@ void kb_topics_free(kb_topic_info *topics, size_t n)
 {
     for (size_t i = 0; topics != NULL && i < n; i++) {
         free(topics[i].name);
-        free_strings(topics[i].groups, topics[i].n_groups);
+        kb_names_free(topics[i].groups, topics[i].n_groups);
     }
     free(topics);
 }

@@ -77,6 +77,24 @@ static void vec_grows_and_keeps(void **state)
     assert_true(kb_mix64(1) != kb_mix64(2));
 }
 
+/* A name set keeps each name once, in the order first added, copied. */
+static void names_keep_each_once(void **state)
+{
+    (void)state;
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    kb_assert_ok(kb_names_add(&names, &n, &cap, "billing-x", 7));
+    kb_assert_ok(kb_names_add(&names, &n, &cap, "audit", 5));
+    kb_assert_ok(kb_names_add(&names, &n, &cap, "billing", 7));
+    kb_assert_ok(kb_names_add(&names, &n, &cap, "bill", 4));
+    assert_int_equal(n, 3);
+    assert_string_equal(names[0], "billing");
+    assert_string_equal(names[1], "audit");
+    assert_string_equal(names[2], "bill");
+    kb_names_free(names, n);
+    kb_names_free(NULL, 0);
+}
+
 static void error_text_may_quote_itself(void **state)
 {
     (void)state;
@@ -179,6 +197,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(rendezvous_moves_little_and_agrees),
         cmocka_unit_test(vec_grows_and_keeps),
+        cmocka_unit_test(names_keep_each_once),
         cmocka_unit_test(error_text_may_quote_itself),
         cmocka_unit_test(redaction_hides_every_password_form),
         cmocka_unit_test(transport_tables_are_checked),

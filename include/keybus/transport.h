@@ -445,6 +445,15 @@ KB_EXPORT long kb_rendezvous_owner(const char *const *members, size_t n, uint32_
  * unchanged). */
 KB_EXPORT int kb_vec_reserve(void **items, size_t *cap, size_t need, size_t elem_size);
 
+/* A set of names as kb_group_info and kb_topic_info hold them (an array of
+ * malloc'ed strings): add a copy of name[0..len) unless the set holds it
+ * already (a linear search: for the few names of a listing). *names, *n and
+ * *cap are updated; KB_OK or KB_ENOMEM (the set unchanged). Thread: the
+ * set's owner. */
+KB_EXPORT int kb_names_add(char ***names, size_t *n, size_t *cap, const char *name, size_t len);
+/* Free the strings of a set and the array (NULL: nothing). */
+KB_EXPORT void kb_names_free(char **names, size_t n);
+
 /* Headers a transport reads off the wire: KB_OK, or KB_EINVAL / KB_ETOOBIG
  * with kb_last_error naming the header and the rule (`what` starts it). */
 KB_EXPORT int kb_headers_check(const kb_header *h, size_t n, size_t max_n, size_t max_bytes,

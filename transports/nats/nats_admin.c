@@ -50,7 +50,7 @@ static size_t group_of_consumer(const char *name, long *part)
     return (size_t)(p - name);
 }
 
-/* A name list that grows; names copied, each once. */
+/* A set of names being gathered (kb_names_add), each once. */
 typedef struct names {
     char **v;
     size_t n, cap;
@@ -58,23 +58,7 @@ typedef struct names {
 
 static int names_add(names *s, const char *name, size_t len)
 {
-    for (size_t i = 0; i < s->n; i++)
-        if (strlen(s->v[i]) == len && memcmp(s->v[i], name, len) == 0)
-            return KB_OK;
-    if (kb_vec_reserve((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v) != KB_OK ||
-        (s->v[s->n] = strndup(name, len)) == NULL) {
-        kb_errf(NULL, 0, "nats: out of memory for names");
-        return KB_ENOMEM;
-    }
-    s->n++;
-    return KB_OK;
-}
-
-static void names_free(names *s)
-{
-    for (size_t i = 0; i < s->n; i++)
-        free(s->v[i]);
-    free(s->v);
+    return kb_names_add(&s->v, &s->n, &s->cap, name, len);
 }
 
 /* Every consumer of the topic's stream (NULL when there is none). */
@@ -176,7 +160,7 @@ int kb__nats_groups(kb_transport *t, kb_nats_topic *tp, kb_group_info **out, siz
     }
     if (rc == KB_ENOMEM)
         kb_errf(NULL, 0, "nats: out of memory for the groups of %s", tp->name);
-    names_free(&groups);
+    kb_names_free(groups.v, groups.n);
     jsConsumerInfoList_Destroy(list);
     return rc;
 }

@@ -44,11 +44,16 @@ static uint64_t int_of(const redisReply *r)
     return r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer > 0 ? (uint64_t)r->integer : 0;
 }
 
-/* A name list that grows; names copied, each once. */
+/* A set of names being gathered (kb_names_add), each once. */
 typedef struct names {
     char **v;
     size_t n, cap;
 } names;
+
+static int names_add(names *s, const char *name, size_t len)
+{
+    return kb_names_add(&s->v, &s->n, &s->cap, name, len);
+}
 
 static bool names_has(const names *s, const char *name, size_t len)
 {
@@ -56,27 +61,6 @@ static bool names_has(const names *s, const char *name, size_t len)
         if (strlen(s->v[i]) == len && memcmp(s->v[i], name, len) == 0)
             return true;
     return false;
-}
-
-/* Add name[0..len) unless there: KB_OK or KB_ENOMEM. */
-static int names_add(names *s, const char *name, size_t len)
-{
-    if (names_has(s, name, len))
-        return KB_OK;
-    if (kb_vec_reserve((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v) != KB_OK ||
-        (s->v[s->n] = strndup(name, len)) == NULL) {
-        kb_errf(NULL, 0, "redis: out of memory for names");
-        return KB_ENOMEM;
-    }
-    s->n++;
-    return KB_OK;
-}
-
-static void names_free(names *s)
-{
-    for (size_t i = 0; i < s->n; i++)
-        free(s->v[i]);
-    free(s->v);
 }
 
 /* The consumer a lease value names (consumer#nonce), its length. */
@@ -210,7 +194,7 @@ int kb__redis_groups(kb_transport *t, kb_transport_topic *tt, kb_group_info **ou
     }
     free_replies(cons, cons != NULL ? nc : 0);
     free_replies(fig, nf);
-    names_free(&groups);
+    kb_names_free(groups.v, groups.n);
     return rc;
 }
 
@@ -271,7 +255,7 @@ int kb__redis_group_delete(kb_transport *t, kb_transport_topic *tt, const char *
             rc = KB_EINVAL;
         }
     }
-    names_free(&consumers);
+    kb_names_free(consumers.v, consumers.n);
     free_replies(r, n);
     if (rc != KB_OK)
         return rc;
@@ -424,7 +408,7 @@ int kb__redis_topics(kb_transport *t, kb_topic_info **out, size_t *n)
         rc = topic_info(t, meta[i], &(*out)[i]);
     }
     free_replies(meta, meta != NULL ? topics.n : 0);
-    names_free(&topics);
+    kb_names_free(topics.v, topics.n);
     return rc;
 }
 
