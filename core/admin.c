@@ -66,28 +66,35 @@ static int by_string(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-int kb_names_add(char ***names, size_t *n, size_t *cap, const char *name, size_t len)
+bool kb_names_has(const kb_names *s, const char *name, size_t len)
 {
-    for (size_t i = 0; i < *n; i++)
-        if (strlen((*names)[i]) == len && memcmp((*names)[i], name, len) == 0)
-            return KB_OK;
+    for (size_t i = 0; i < s->n; i++)
+        if (strlen(s->v[i]) == len && memcmp(s->v[i], name, len) == 0)
+            return true;
+    return false;
+}
+
+int kb_names_add(kb_names *s, const char *name, size_t len)
+{
+    if (kb_names_has(s, name, len))
+        return KB_OK;
     char *copy = strndup(name, len);
-    if (copy == NULL || kb_vec_reserve((void **)names, cap, *n + 1, sizeof **names) != KB_OK) {
+    if (copy == NULL || kb_vec_reserve((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v) != KB_OK) {
         free(copy);
         kb_errf(NULL, 0, "out of memory for a list of names");
         return KB_ENOMEM;
     }
-    (*names)[(*n)++] = copy;
+    s->v[s->n++] = copy;
     return KB_OK;
 }
 
-void kb_names_free(char **names, size_t n)
+void kb_names_free(kb_names *s)
 {
-    for (size_t i = 0; names != NULL && i < n; i++)
-        free(names[i]);
-    free(names);
+    for (size_t i = 0; s->v != NULL && i < s->n; i++)
+        free(s->v[i]);
+    free(s->v);
+    *s = (kb_names){0};
 }
-
 int kb_groups(kb_bus *b, const char *topic, kb_group_info **out, size_t *n)
 {
     if (b == NULL || out == NULL || n == NULL) {
@@ -121,7 +128,7 @@ void kb_groups_free(kb_group_info *groups, size_t n)
 {
     for (size_t i = 0; groups != NULL && i < n; i++) {
         free(groups[i].name);
-        kb_names_free(groups[i].consumers, groups[i].n_consumers);
+        kb_names_free(&(kb_names){groups[i].consumers, groups[i].n_consumers, 0});
     }
     free(groups);
 }
@@ -179,7 +186,7 @@ void kb_topics_free(kb_topic_info *topics, size_t n)
 {
     for (size_t i = 0; topics != NULL && i < n; i++) {
         free(topics[i].name);
-        kb_names_free(topics[i].groups, topics[i].n_groups);
+        kb_names_free(&(kb_names){topics[i].groups, topics[i].n_groups, 0});
     }
     free(topics);
 }

@@ -47,51 +47,12 @@ static void unique_topic(char *buf, size_t len, const char *name)
 /* Run the command with args and `-X transport=URL` after them. */
 static void run(kb_test_cli_result *r, const char *const *args)
 {
-    const char *argv[32];
-    size_t n = 0;
-    for (; args[n] != NULL && n < 28; n++)
-        argv[n] = args[n];
-    argv[n++] = "-X";
-    argv[n++] = transport;
-    argv[n] = NULL;
-    kb_test_cli(r, KB_CLI, argv);
-}
-
-/* `text` (JSON lines) matches docs/schemas/<schema> and docs/formats.md
- * names its fields (tests/check_schema.py). */
-static void check_schema(const char *schema, const char *text)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/keybus-cli-admin-%d.json", (int)getpid());
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-    int rc = kb_test_sh("python3 %s/tests/check_schema.py %s/docs/schemas/%s %s %s/docs/formats.md",
-                        KB_SOURCE_DIR, KB_SOURCE_DIR, schema, path, KB_SOURCE_DIR);
-    unlink(path);
-    assert_int_equal(rc, 0);
-}
-
-static size_t count_lines(const char *s)
-{
-    size_t n = 0;
-    for (; *s != '\0'; s++)
-        n += *s == '\n';
-    return n;
+    kb_test_cli_x(r, KB_CLI, args, transport);
 }
 
 static void publish_numbered(const char *topic, int n)
 {
-    kb_bus *b = kb_test_open(url, strcmp(kind, "nats") == 0 ? unframed : NULL, NULL);
-    for (int i = 0; i < n; i++) {
-        char key[16], payload[16];
-        int kl = snprintf(key, sizeof key, "k%d", i % KEYS);
-        int pl = snprintf(payload, sizeof payload, "%d", i);
-        kb_assert_ok(kb_publish(b, topic, key, (size_t)kl, payload, (size_t)pl));
-    }
-    kb_assert_ok(kb_flush(b, 30000));
-    kb_assert_ok(kb_close(b, 30000));
+    kb_test_publish_numbered(url, strcmp(kind, "nats") == 0 ? unframed : NULL, topic, n, KEYS);
 }
 
 /* What the broker holds for the group, for a before/after comparison:
@@ -166,9 +127,9 @@ static void peek_leaves_everything_as_it_was(void **state)
     static kb_test_cli_result r;
     /* a group that does not exist: what a new one gets, said on stderr */
     run(&r, (const char *[]){"peek", topic, "-g", "fresh", "-n", "100", NULL});
-    if (r.status != 0 || count_lines(r.out) != EVENTS ||
+    if (r.status != 0 || kb_test_lines(r.out) != EVENTS ||
         strstr(r.err, "group fresh does not exist on topic") == NULL)
-        fail_msg("peek of a new group: exit %d, %zu lines: %s", r.status, count_lines(r.out),
+        fail_msg("peek of a new group: exit %d, %zu lines: %s", r.status, kb_test_lines(r.out),
                  r.err);
     run(&r, (const char *[]){"groups", topic, "--json", NULL});
     assert_int_equal(r.status, 0);
@@ -178,15 +139,15 @@ static void peek_leaves_everything_as_it_was(void **state)
      * them unacknowledged (pending) */
     run(&r, (const char *[]){"consume", topic, "-g", "ops", "-n", "5", NULL});
     assert_int_equal(r.status, 0);
-    assert_int_equal(count_lines(r.out), 5);
+    assert_int_equal(kb_test_lines(r.out), 5);
     static char consumed[sizeof r.out];
     memcpy(consumed, r.out, sizeof consumed);
 
     static char before[65536], after[65536];
     snapshot(topic, "ops", before, sizeof before);
     run(&r, (const char *[]){"peek", topic, "-g", "ops", "-n", "100", NULL});
-    if (r.status != 0 || count_lines(r.out) != EVENTS - 5 || r.err[0] != '\0')
-        fail_msg("peek: exit %d, %zu lines: %s%s", r.status, count_lines(r.out), r.out, r.err);
+    if (r.status != 0 || kb_test_lines(r.out) != EVENTS - 5 || r.err[0] != '\0')
+        fail_msg("peek: exit %d, %zu lines: %s%s", r.status, kb_test_lines(r.out), r.out, r.err);
     /* printed as consume prints: key, payload, partition, id, attempt */
     for (const char *s = r.out, *nl; (nl = strchr(s, '\n')) != NULL; s = nl + 1) {
         char line[256], key[16];
@@ -203,7 +164,7 @@ static void peek_leaves_everything_as_it_was(void **state)
     }
     run(&r, (const char *[]){"peek", topic, "-g", "ops", "-n", "3", "--json", NULL});
     assert_int_equal(r.status, 0);
-    assert_int_equal(count_lines(r.out), 3);
+    assert_int_equal(kb_test_lines(r.out), 3);
     assert_non_null(strstr(r.out, "{\"topic\":\""));
     assert_non_null(strstr(r.out, "\"attempt\":"));
     snapshot(topic, "ops", after, sizeof after);
@@ -212,8 +173,8 @@ static void peek_leaves_everything_as_it_was(void **state)
     /* the rest is still the group's: a consumer gets exactly it */
     run(&r, (const char *[]){"consume", topic, "-g", "ops", "-n", "15", "--timeout-ms", "30000",
                              NULL});
-    if (r.status != 0 || count_lines(r.out) != EVENTS - 5)
-        fail_msg("consume the rest: exit %d, %zu lines: %s", r.status, count_lines(r.out),
+    if (r.status != 0 || kb_test_lines(r.out) != EVENTS - 5)
+        fail_msg("consume the rest: exit %d, %zu lines: %s", r.status, kb_test_lines(r.out),
                  r.err);
     run(&r, (const char *[]){"peek", topic, "-g", "ops", NULL});
     assert_int_equal(r.status, 0);
@@ -233,17 +194,17 @@ static void groups_topics_and_metrics_list_the_broker(void **state)
     static kb_test_cli_result r;
     run(&r, (const char *[]){"groups", topic, NULL});
     assert_int_equal(r.status, 0);
-    assert_int_equal(count_lines(r.out), 2);   /* the topic and the header: no group yet */
+    assert_int_equal(kb_test_lines(r.out), 2);   /* the topic and the header: no group yet */
     run(&r, (const char *[]){"consume", topic, "-g", "billing", "-n", "3", NULL});
     assert_int_equal(r.status, 0);
     run(&r, (const char *[]){"groups", topic, "--json", NULL});
     char want[256];
     snprintf(want, sizeof want, "{\"topic\":\"%s\",\"group\":\"billing\",\"partitions\":8,"
              "\"leases\":0,", topic);
-    if (r.status != 0 || count_lines(r.out) != 1 || strncmp(r.out, want, strlen(want)) != 0 ||
+    if (r.status != 0 || kb_test_lines(r.out) != 1 || strncmp(r.out, want, strlen(want)) != 0 ||
         strstr(r.out, "\"consumers\":[") == NULL)
         fail_msg("groups --json: exit %d: %s%s", r.status, r.out, r.err);
-    check_schema("keybus-groups.json", r.out);
+    kb_test_check_schema(KB_SOURCE_DIR, "keybus-groups.json", r.out);
     run(&r, (const char *[]){"groups", topic, NULL});
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "\nbilling "));
@@ -256,7 +217,7 @@ static void groups_topics_and_metrics_list_the_broker(void **state)
              "\"groups\":[\"billing\"]}\n", topic, EVENTS);
     if (strstr(r.out, want) == NULL)
         fail_msg("topics --json lacks %s: %s", want, r.out);
-    check_schema("keybus-topics.json", r.out);
+    kb_test_check_schema(KB_SOURCE_DIR, "keybus-topics.json", r.out);
     run(&r, (const char *[]){"topics", NULL});
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, topic));

@@ -81,18 +81,20 @@ static void vec_grows_and_keeps(void **state)
 static void names_keep_each_once(void **state)
 {
     (void)state;
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    kb_assert_ok(kb_names_add(&names, &n, &cap, "billing-x", 7));
-    kb_assert_ok(kb_names_add(&names, &n, &cap, "audit", 5));
-    kb_assert_ok(kb_names_add(&names, &n, &cap, "billing", 7));
-    kb_assert_ok(kb_names_add(&names, &n, &cap, "bill", 4));
-    assert_int_equal(n, 3);
-    assert_string_equal(names[0], "billing");
-    assert_string_equal(names[1], "audit");
-    assert_string_equal(names[2], "bill");
-    kb_names_free(names, n);
-    kb_names_free(NULL, 0);
+    kb_names s = {0};
+    kb_assert_ok(kb_names_add(&s, "billing-x", 7));
+    kb_assert_ok(kb_names_add(&s, "audit", 5));
+    kb_assert_ok(kb_names_add(&s, "billing", 7));
+    kb_assert_ok(kb_names_add(&s, "bill", 4));
+    assert_int_equal(s.n, 3);
+    assert_string_equal(s.v[0], "billing");
+    assert_string_equal(s.v[1], "audit");
+    assert_string_equal(s.v[2], "bill");
+    assert_true(kb_names_has(&s, "audit", 5));
+    assert_false(kb_names_has(&s, "audi", 4));
+    kb_names_free(&s);
+    assert_int_equal(s.n, 0);
+    assert_null(s.v);
 }
 
 static void error_text_may_quote_itself(void **state)

@@ -445,14 +445,21 @@ KB_EXPORT long kb_rendezvous_owner(const char *const *members, size_t n, uint32_
  * unchanged). */
 KB_EXPORT int kb_vec_reserve(void **items, size_t *cap, size_t need, size_t elem_size);
 
-/* A set of names as kb_group_info and kb_topic_info hold them (an array of
- * malloc'ed strings): add a copy of name[0..len) unless the set holds it
- * already (a linear search: for the few names of a listing). *names, *n and
- * *cap are updated; KB_OK or KB_ENOMEM (the set unchanged). Thread: the
- * set's owner. */
-KB_EXPORT int kb_names_add(char ***names, size_t *n, size_t *cap, const char *name, size_t len);
-/* Free the strings of a set and the array (NULL: nothing). */
-KB_EXPORT void kb_names_free(char **names, size_t n);
+/* A set of names as kb_group_info and kb_topic_info hold them: v[0..n), an
+ * array of malloc'ed strings (room for cap), each name once. Start it as
+ * {0}; hand v and n on to the answer, or free it with kb_names_free. */
+typedef struct kb_names {
+    char **v;
+    size_t n, cap;
+} kb_names;
+/* Add a copy of name[0..len) unless the set holds it already (a linear
+ * search: for the few names of a listing). KB_OK or KB_ENOMEM (the set
+ * unchanged). Thread: the set's owner. */
+KB_EXPORT int kb_names_add(kb_names *s, const char *name, size_t len);
+/* Is name[0..len) in the set? */
+KB_EXPORT bool kb_names_has(const kb_names *s, const char *name, size_t len);
+/* Free the strings and the array; the set is empty again. */
+KB_EXPORT void kb_names_free(kb_names *s);
 
 /* Headers a transport reads off the wire: KB_OK, or KB_EINVAL / KB_ETOOBIG
  * with kb_last_error naming the header and the rule (`what` starts it). */

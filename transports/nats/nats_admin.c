@@ -50,18 +50,6 @@ static size_t group_of_consumer(const char *name, long *part)
     return (size_t)(p - name);
 }
 
-/* A set of names being gathered (kb_names_add), each once. */
-typedef struct names {
-    char **v;
-    size_t n, cap;
-} names;
-
-static int names_add(names *s, const char *name, size_t len)
-{
-    return kb_names_add(&s->v, &s->n, &s->cap, name, len);
-}
-
-/* Every consumer of the topic's stream (NULL when there is none). */
 static int consumers_of(kb_transport *t, kb_nats_topic *tp, jsConsumerInfoList **list)
 {
     *list = NULL;
@@ -123,7 +111,7 @@ static int group_info(kb_transport *t, kb_nats_topic *tp, const jsConsumerInfoLi
         for (uint32_t n = 0; n < t->partitions; n++)
             covered[n] |= part < 0 || part == (long)n;
     }
-    names holders = {0};
+    kb_names holders = {0};
     int rc = KB_OK;
     for (uint32_t n = 0; rc == KB_OK && n < t->partitions; n++) {
         out->partitions += covered[n];
@@ -131,7 +119,7 @@ static int group_info(kb_transport *t, kb_nats_topic *tp, const jsConsumerInfoLi
         lease_holder(kv, tp, name, n, holder, sizeof holder);
         if (holder[0] != '\0') {
             out->leases++;
-            rc = names_add(&holders, holder, strlen(holder));
+            rc = kb_names_add(&holders, holder, strlen(holder));
         }
     }
     free(covered);
@@ -144,12 +132,12 @@ int kb__nats_groups(kb_transport *t, kb_nats_topic *tp, kb_group_info **out, siz
 {
     jsConsumerInfoList *list;
     int rc = consumers_of(t, tp, &list);
-    names groups = {0};
+    kb_names groups = {0};
     for (int i = 0; rc == KB_OK && list != NULL && i < list->Count; i++) {
         long part;
         size_t len = group_of_consumer(list->List[i]->Name, &part);
         if (len > 0)
-            rc = names_add(&groups, list->List[i]->Name, len);
+            rc = kb_names_add(&groups, list->List[i]->Name, len);
     }
     if (rc == KB_OK && groups.n > 0 && (*out = calloc(groups.n, sizeof **out)) == NULL)
         rc = KB_ENOMEM;
@@ -160,7 +148,7 @@ int kb__nats_groups(kb_transport *t, kb_nats_topic *tp, kb_group_info **out, siz
     }
     if (rc == KB_ENOMEM)
         kb_errf(NULL, 0, "nats: out of memory for the groups of %s", tp->name);
-    kb_names_free(groups.v, groups.n);
+    kb_names_free(&groups);
     jsConsumerInfoList_Destroy(list);
     return rc;
 }
@@ -251,13 +239,13 @@ static int topic_info(kb_transport *t, const jsStreamInfo *si, kb_topic_info *ou
     s = js_ConsumerNames(&cn, t->js, si->Config->Name, NULL, &jerr);
     if (s != NATS_OK && s != NATS_NOT_FOUND)
         return kb__nats_errf("consumer names", s, jerr);
-    names groups = {0};
+    kb_names groups = {0};
     int rc = KB_OK;
     for (int i = 0; rc == KB_OK && cn != NULL && i < cn->Count; i++) {
         long part;
         size_t len = group_of_consumer(cn->List[i], &part);
         if (len > 0)
-            rc = names_add(&groups, cn->List[i], len);
+            rc = kb_names_add(&groups, cn->List[i], len);
     }
     jsConsumerNamesList_Destroy(cn);
     out->groups = groups.v;

@@ -44,25 +44,6 @@ static uint64_t int_of(const redisReply *r)
     return r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer > 0 ? (uint64_t)r->integer : 0;
 }
 
-/* A set of names being gathered (kb_names_add), each once. */
-typedef struct names {
-    char **v;
-    size_t n, cap;
-} names;
-
-static int names_add(names *s, const char *name, size_t len)
-{
-    return kb_names_add(&s->v, &s->n, &s->cap, name, len);
-}
-
-static bool names_has(const names *s, const char *name, size_t len)
-{
-    for (size_t i = 0; i < s->n; i++)
-        if (strlen(s->v[i]) == len && memcmp(s->v[i], name, len) == 0)
-            return true;
-    return false;
-}
-
 /* The consumer a lease value names (consumer#nonce), its length. */
 static size_t holder_len(const redisReply *lease)
 {
@@ -91,7 +72,7 @@ static void append_groups(redisContext *c, void *arg)
 struct consumers_arg {
     kb_transport *t;
     const char *topic;
-    const names *groups;
+    const kb_names *groups;
 };
 
 /* XINFO CONSUMERS of every group on every partition. */
@@ -105,13 +86,13 @@ static void append_consumers(redisContext *c, void *arg)
 }
 
 /* Add the consumers an XINFO CONSUMERS reply names. */
-static int add_consumers(names *s, const redisReply *r)
+static int add_consumers(kb_names *s, const redisReply *r)
 {
     int rc = KB_OK;
     for (size_t i = 0; rc == KB_OK && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
         const redisReply *n = kb__redis_field(r->element[i], "name");
         if (n != NULL)
-            rc = names_add(s, n->str, n->len);
+            rc = kb_names_add(s, n->str, n->len);
     }
     return rc;
 }
@@ -120,10 +101,10 @@ static int add_consumers(names *s, const redisReply *r)
  * not a group's: a holder counts for the group that knows it as a consumer
  * (on any partition: a consumer appears on a partition when it first reads
  * there). */
-static bool held_by(const names *consumers, const redisReply *lease)
+static bool held_by(const kb_names *consumers, const redisReply *lease)
 {
     size_t len = holder_len(lease);
-    return len > 0 && names_has(consumers, lease->str, len);
+    return len > 0 && kb_names_has(consumers, lease->str, len);
 }
 
 /* Group g's row of the answer: figures per partition, its consumers, and
@@ -132,7 +113,7 @@ static bool held_by(const names *consumers, const redisReply *lease)
 static int group_of(kb_transport *t, redisReply **fig, redisReply **cons, const char *name,
                     kb_group_info *out)
 {
-    names consumers = {0};
+    kb_names consumers = {0};
     int rc = (out->name = strdup(name)) != NULL ? KB_OK : KB_ENOMEM;
     for (uint32_t i = 0; rc == KB_OK && i < t->partitions; i++) {
         redisReply **p = fig + 4 * (size_t)i;
@@ -168,13 +149,13 @@ int kb__redis_groups(kb_transport *t, kb_transport_topic *tt, kb_group_info **ou
         free(fig);
         return rc;
     }
-    names groups = {0};
+    kb_names groups = {0};
     for (uint32_t i = 0; rc == KB_OK && i < t->partitions; i++) {
         const redisReply *g = fig[4 * (size_t)i + 1];
         for (size_t j = 0; rc == KB_OK && g->type == REDIS_REPLY_ARRAY && j < g->elements; j++) {
             const redisReply *name = kb__redis_field(g->element[j], "name");
             if (name != NULL)
-                rc = names_add(&groups, name->str, name->len);
+                rc = kb_names_add(&groups, name->str, name->len);
         }
     }
     size_t nc = groups.n * t->partitions;
@@ -194,7 +175,7 @@ int kb__redis_groups(kb_transport *t, kb_transport_topic *tt, kb_group_info **ou
     }
     free_replies(cons, cons != NULL ? nc : 0);
     free_replies(fig, nf);
-    kb_names_free(groups.v, groups.n);
+    kb_names_free(&groups);
     return rc;
 }
 
@@ -239,7 +220,7 @@ int kb__redis_group_delete(kb_transport *t, kb_transport_topic *tt, const char *
         return rc;
     }
     uint32_t found = 0;
-    names consumers = {0};
+    kb_names consumers = {0};
     for (uint32_t i = 0; rc == KB_OK && i < t->partitions; i++) {
         redisReply **p = r + 3 * (size_t)i;
         found += kb__redis_group_row_of(p[0], group) != NULL;
@@ -255,7 +236,7 @@ int kb__redis_group_delete(kb_transport *t, kb_transport_topic *tt, const char *
             rc = KB_EINVAL;
         }
     }
-    kb_names_free(consumers.v, consumers.n);
+    kb_names_free(&consumers);
     free_replies(r, n);
     if (rc != KB_OK)
         return rc;
@@ -303,7 +284,7 @@ static bool topic_of_key(const redisReply *k, const char **topic, size_t *len)
 }
 
 /* Every topic name a kb:{T}:... key holds (SCAN of the whole keyspace). */
-static int scan_topics(kb_transport *t, names *out)
+static int scan_topics(kb_transport *t, kb_names *out)
 {
     char cursor[32] = "0";
     int rc = KB_OK;
@@ -327,7 +308,7 @@ static int scan_topics(kb_transport *t, names *out)
             const char *topic;
             size_t len;
             if (topic_of_key(keys->element[i], &topic, &len))
-                rc = names_add(out, topic, len);
+                rc = kb_names_add(out, topic, len);
         }
         kb__redis_reply_free(r);
     } while (rc == KB_OK && strcmp(cursor, "0") != 0);
@@ -336,7 +317,7 @@ static int scan_topics(kb_transport *t, names *out)
 
 static void append_meta(redisContext *c, void *arg)
 {
-    const names *topics = arg;
+    const kb_names *topics = arg;
     for (size_t i = 0; i < topics->n; i++)
         redisAppendCommand(c, "HGET kb:{%s}:meta partitions", topics->v[i]);
 }
@@ -372,14 +353,14 @@ static int topic_info(kb_transport *t, const redisReply *meta, kb_topic_info *ou
         free(r);
         return rc;
     }
-    names groups = {0};
+    kb_names groups = {0};
     for (uint32_t i = 0; rc == KB_OK && i < out->partitions; i++) {
         out->length += int_of(r[2 * i]);
         const redisReply *g = r[2 * i + 1];
         for (size_t j = 0; rc == KB_OK && g->type == REDIS_REPLY_ARRAY && j < g->elements; j++) {
             const redisReply *name = kb__redis_field(g->element[j], "name");
             if (name != NULL)
-                rc = names_add(&groups, name->str, name->len);
+                rc = kb_names_add(&groups, name->str, name->len);
         }
     }
     out->groups = groups.v;
@@ -390,7 +371,7 @@ static int topic_info(kb_transport *t, const redisReply *meta, kb_topic_info *ou
 
 int kb__redis_topics(kb_transport *t, kb_topic_info **out, size_t *n)
 {
-    names topics = {0};
+    kb_names topics = {0};
     int rc = scan_topics(t, &topics);
     redisReply **meta = topics.n > 0 ? calloc(topics.n, sizeof *meta) : NULL;
     if (rc == KB_OK && topics.n > 0 && meta == NULL)
@@ -408,7 +389,7 @@ int kb__redis_topics(kb_transport *t, kb_topic_info **out, size_t *n)
         rc = topic_info(t, meta[i], &(*out)[i]);
     }
     free_replies(meta, meta != NULL ? topics.n : 0);
-    kb_names_free(topics.v, topics.n);
+    kb_names_free(&topics);
     return rc;
 }
 
