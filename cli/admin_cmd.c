@@ -78,6 +78,8 @@ int kb_cli_groups(int argc, char **argv)
     bool json = false;
     if ((argc = kb_cli_flags(argv[0], argc, argv, flags, 1, &json)) < 0)
         return KB_CLI_EXIT_USAGE;
+    if (argc != 2)
+        return kb_cli_usage_error(argv[0], "wants exactly one TOPIC");
     int status = kb_cli_check_args(argv[0], argc, argv, 1, 1, 1, true);
     kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(argv[0], &status) : NULL;
     if (b == NULL)
@@ -104,6 +106,8 @@ int kb_cli_group_delete(int argc, char **argv)
     bool force = false;
     if ((argc = kb_cli_flags(argv[0], argc, argv, flags, 1, &force)) < 0)
         return KB_CLI_EXIT_USAGE;
+    if (argc != 3)
+        return kb_cli_usage_error(argv[0], "wants TOPIC and GROUP");
     int status = kb_cli_check_args(argv[0], argc, argv, 1, 2, 2, true);
     /* the group as the `group` key takes it, before any connection */
     kb_conf *c = status == KB_CLI_EXIT_OK ? kb_cli_conf_make(&status) : NULL;
@@ -152,7 +156,9 @@ int kb_cli_topics(int argc, char **argv)
     bool json = false;
     if ((argc = kb_cli_flags(argv[0], argc, argv, flags, 1, &json)) < 0)
         return KB_CLI_EXIT_USAGE;
-    int status = kb_cli_check_args(argv[0], argc, argv, 1, 0, 0, false);
+    if (argc != 1)
+        return kb_cli_usage_error(argv[0], "takes no arguments (only --json)");
+    int status = KB_CLI_EXIT_OK;
     kb_bus *b = status == KB_CLI_EXIT_OK ? kb_cli_open(argv[0], &status) : NULL;
     if (b == NULL)
         return status;
