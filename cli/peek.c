@@ -11,7 +11,6 @@
 #include "text.h"
 
 #define PEEK_DEFAULT 10
-#define PEEK_MAX 10000
 
 struct peek_args {
     const char *topic, *group;   /* group NULL: the `group` key */
@@ -44,8 +43,8 @@ static int peek_args(int argc, char **argv, struct peek_args *a)
             a->group = optarg;
             break;
         case 'n':
-            if ((a->count = kb_cli_count(optarg, PEEK_MAX)) == 0)
-                return kb_cli_usage_error(cmd, "-n wants a decimal count in 1..%d", PEEK_MAX);
+            if ((a->count = kb_cli_count(optarg, KB_PEEK_MAX)) == 0)
+                return kb_cli_usage_error(cmd, "-n wants a decimal count in 1..%d", KB_PEEK_MAX);
             break;
         case 'j':
             a->json = true;

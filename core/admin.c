@@ -7,7 +7,6 @@
 
 #include "bus_int.h"
 
-#define KB_PEEK_MAX 10000
 #define KB_GROUP_MAX 128   /* the `group` key's longest value */
 
 /* A group name as the `group` key takes it: 1..128 bytes, no whitespace or

@@ -569,17 +569,19 @@ KB_EXPORT int kb_topics(kb_bus *b, kb_topic_info **out, size_t *n);
 /* Free what kb_topics returned (NULL: nothing). Thread: any. */
 KB_EXPORT void kb_topics_free(kb_topic_info *topics, size_t n);
 
+#define KB_PEEK_MAX 10000   /* the most events one kb_peek hands out */
+
 /* Called by kb_peek per event; the event is valid only during the call
  * (ev->attempt: the run its next delivery would be). Non-zero stops. */
 typedef int (*kb_peek_fn)(const kb_event *ev, void *opaque);
 
-/* The next `max` (1..10000) events consumer group `group` (NULL: the
+/* The next `max` (1..KB_PEEK_MAX) events consumer group `group` (NULL: the
  * `group` key) would be handed on `topic`: first the entries it holds
  * pending (delivered, not acked: what a partition's next owner takes
  * first), then those not yet delivered, each kind oldest first over all
  * partitions (Redis: by entry ID; NATS: by stream sequence). For a group
  * that does not exist, what a new group would get (group.start). Left out:
- * entries keybus would dead-letter (malformed, misplaced) and, on NATS,
+ * entries keybus would dead-letter on arrival (malformed) and, on NATS,
  * events a progress record says were handled above the group's ack floor.
  * ev->attempt is the run its next delivery would be (Redis: runs recorded
  * + 1; NATS: 1). Reads only: acknowledges, claims and creates nothing,

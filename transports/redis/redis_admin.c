@@ -12,8 +12,6 @@
 
 #include "redis_int.h"
 
-#define SCAN_COUNT 1000
-
 /* Run commands appended by `append` on the figures' connection; replies in
  * r[0..n). */
 static int run(kb_transport *t, redisReply **r, size_t n,
@@ -289,6 +287,7 @@ static int scan_topics(kb_transport *t, kb_names *out)
     char cursor[32] = "0";
     int rc = KB_OK;
     do {
+        /* COUNT: keys the server looks at per call, a round trip per 1000 */
         const char *argv[] = {"SCAN", cursor, "MATCH", "kb:{*}:*", "COUNT", "1000"};
         pthread_mutex_lock(&t->stats_lock);
         redisReply *r = kb__redis_cmd(&t->stats, 6, argv, NULL);
