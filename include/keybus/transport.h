@@ -454,11 +454,12 @@ typedef struct kb_names {
 } kb_names;
 /* Add a copy of name[0..len) unless the set holds it already (a linear
  * search: for the few names of a listing). KB_OK or KB_ENOMEM (the set
- * unchanged). Thread: the set's owner. */
+ * unchanged). Thread: the set's owner (no other call on it meanwhile), as
+ * for the two below. */
 KB_EXPORT int kb_names_add(kb_names *s, const char *name, size_t len);
 /* Is name[0..len) in the set? */
 KB_EXPORT bool kb_names_has(const kb_names *s, const char *name, size_t len);
-/* Free the strings and the array; the set is empty again. */
+/* Free the strings and the array (what the set owns); it is empty again. */
 KB_EXPORT void kb_names_free(kb_names *s);
 
 /* Headers a transport reads off the wire: KB_OK, or KB_EINVAL / KB_ETOOBIG
