@@ -38,7 +38,8 @@ const struct kb_cli_command *kb_cli_command_find(const char *name);
 /* The commands (one file per concern). */
 kb_cli_main_fn kb_cli_conf_doc, kb_cli_conf, kb_cli_publish, kb_cli_stats, kb_cli_partitions,
     kb_cli_top, kb_cli_dlq_list, kb_cli_dlq_replay, kb_cli_dlq_delete, kb_cli_dlq_purge,
-    kb_cli_stream_main, kb_cli_help, kb_cli_metrics;
+    kb_cli_stream_main, kb_cli_help, kb_cli_metrics, kb_cli_groups, kb_cli_group_delete,
+    kb_cli_topics, kb_cli_peek;
 
 /* An argument error: one line, "keybus CMD: <text> (see: keybus help CMD)",
  * on stderr. Returns KB_CLI_EXIT_USAGE. */
@@ -100,6 +101,21 @@ kb_bus *kb_cli_open(const char *cmd, int *status);
 /* kb_cli_open, with the consumer group the bus reads for (the `group` key,
  * KEYBUS_GROUP and -X included) into group: what reading commands name. */
 kb_bus *kb_cli_open_group(const char *cmd, char *group, size_t len, int *status);
+
+/* kb_cli_open_conf on c (taken), with its `group` key into group, as
+ * kb_cli_open_group. */
+kb_bus *kb_cli_open_conf_group(const char *cmd, kb_conf *c, char *group, size_t len,
+                               int *status);
+
+/* kb_groups of `topic`: *exists when `group` is one of them. KB_OK, or
+ * kb_groups's error (KB_ENOTFOUND on mem://, or for a topic not stored). */
+int kb_cli_group_find(kb_bus *b, const char *topic, const char *group, bool *exists);
+
+/* KB_OK when consumer group `group` exists on `topic` (or the transport
+ * keeps no groups to ask); else KB_ENOTFOUND, with "group G does not exist
+ * on topic T" for kb_cli_report: the figures of a group nobody made count
+ * every event as lag. Call it after kb_stats found the topic. */
+int kb_cli_group_check(kb_bus *b, const char *topic, const char *group);
 
 /* The transport's scheme ("mem", "redis", ...) the configuration (KEYBUS_*
  * included) names, into buf. */

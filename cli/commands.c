@@ -32,10 +32,10 @@ const struct kb_cli_command kb_cli_commands[] = {
      "not have.\n",
      kb_cli_partitions},
     {"metrics", "[TOPIC]...", "print the Prometheus text of the bus once",
-     "The exposition of kb_metrics_write (docs/metrics.md) for every topic\n"
-     "this process knows: the TOPICs named are looked up first, so their\n"
-     "broker figures show from a new process. Exit 4 for a TOPIC the broker\n"
-     "does not have.\n",
+     "The exposition of kb_metrics_write (docs/metrics.md) for the TOPICs\n"
+     "named, or without one for every topic the broker stores (as `topics`\n"
+     "lists them; on mem:// none). Exit 4 for a TOPIC the broker does not\n"
+     "have.\n",
      kb_cli_metrics},
     {"top", "TOPIC...", "a live view: rates, depth and lag, once a second",
      "Per topic: stored events, arrivals and completions per second, pending,\n"
@@ -43,6 +43,29 @@ const struct kb_cli_command kb_cli_commands[] = {
      "letters. Plain text (redrawn in place on a terminal);\n"
      "q or SIGINT/SIGTERM ends it.\n",
      kb_cli_top},
+    {"peek", "TOPIC [-g GROUP] [-n N] [--json]", "the next events a group would be handed",
+     "The next N (1..10000, default 10) events the group (-g, else the\n"
+     "`group` key) would be handed: its pending entries first, then those\n"
+     "not yet delivered; for a group that does not exist, what a new group\n"
+     "would get (said on stderr). Printed as consume prints them (--json: one\n"
+     "object per line). Reads only: acknowledges, claims and creates\n"
+     "nothing. Exit 4 on mem:// or for a topic the broker does not have.\n",
+     kb_cli_peek},
+    {"groups", "TOPIC [--json]", "the topic's consumer groups",
+     "One row per group: partitions it exists on, leases its consumers hold,\n"
+     "pending, lag and the consumers' names; --json: one object per group and\n"
+     "line. Exit 4 on mem:// or for a topic the broker does not have.\n",
+     kb_cli_groups},
+    {"group-delete", "TOPIC GROUP [--force]", "remove a consumer group from the broker",
+     "Removes the group's position, pending entries and consumers (the\n"
+     "events stay). Refused (exit 1) while one of its consumers holds a\n"
+     "partition's lease, unless --force. Exit 4 on mem://, or when the topic\n"
+     "or the group does not exist.\n",
+     kb_cli_group_delete},
+    {"topics", "[--json]", "every topic the broker stores",
+     "One row per topic: its partitions, entries stored and consumer groups;\n"
+     "--json: one object per topic and line. Exit 4 on mem://.\n",
+     kb_cli_topics},
     {"dlq-list", "TOPIC [MAX] [--json]", "dead letters, oldest first (MAX 1..1000000, default 100)",
      "Text: one tab-separated line per dead letter. --json: one object per\n"
      "line with headers, time and reason (docs/formats.md). Exit 4 when the\n"

@@ -27,47 +27,6 @@ struct consumer {
     _Atomic int out_errno;     /* stdout failed (a closed pipe, a full disk): stop */
 };
 
-/* The event's partition as text: the key's, or `none` without partitions. */
-static const char *partition(const struct consumer *c, const kb_event *ev, char buf[16],
-                             const char *none)
-{
-    if (c->partitions == 0)
-        return none;
-    snprintf(buf, 16, "%u", kb_partition_of(ev->key, ev->key_len, c->partitions));
-    return buf;
-}
-
-static void print_text(const struct consumer *c, const kb_event *ev)
-{
-    char buf[16];
-    kb_cli_escape(stdout, ev->key, ev->key_len);
-    fputc('\t', stdout);
-    kb_cli_escape(stdout, ev->payload, ev->payload_len);
-    printf("\tpartition=%s", partition(c, ev, buf, "-"));
-    fputs("\tid=", stdout);
-    kb_cli_escape(stdout, ev->id, strlen(ev->id));
-    printf("\tattempt=%u", ev->attempt);
-    kb_cli_text_headers(stdout, ev->headers, ev->n_headers);
-    fputc('\n', stdout);
-}
-
-static void print_json(const struct consumer *c, const kb_event *ev)
-{
-    fputs("{\"topic\":", stdout);
-    kb_cli_json_string(stdout, ev->topic, strlen(ev->topic));
-    fputc(',', stdout);
-    kb_cli_json_bytes(stdout, "key", ev->key, ev->key_len);
-    fputc(',', stdout);
-    kb_cli_json_bytes(stdout, "payload", ev->payload, ev->payload_len);
-    char buf[16];
-    printf(",\"partition\":%s", partition(c, ev, buf, "null"));
-    fputs(",\"id\":", stdout);
-    kb_cli_json_string(stdout, ev->id, strlen(ev->id));
-    printf(",\"attempt\":%u,", ev->attempt);
-    kb_cli_json_headers(stdout, ev->headers, ev->n_headers);
-    fputs("}\n", stdout);
-}
-
 static int on_event(const kb_event *ev, void *opaque)
 {
     struct consumer *c = opaque;
@@ -77,10 +36,7 @@ static int on_event(const kb_event *ev, void *opaque)
         (c->s->count != 0 && atomic_fetch_add(&c->taken, 1) >= c->s->count))
         return KB_DECLINE;
     flockfile(stdout);   /* one whole line per event, whatever lane prints */
-    if (c->s->json)
-        print_json(c, ev);
-    else
-        print_text(c, ev);
+    kb_cli_event_print(ev, c->partitions, c->s->json);
     bool failed = fflush(stdout) != 0 || ferror(stdout);
     int err = errno;
     funlockfile(stdout);

@@ -4,7 +4,9 @@
 #ifndef KB_CLI_TEXT_H
 #define KB_CLI_TEXT_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include <keybus/keybus.h>
@@ -30,6 +32,13 @@ void kb_cli_json_headers(FILE *out, const kb_header *h, size_t n);
 
 /* `<TAB>header.NAME=VALUE` per header, in order, the value escaped. */
 void kb_cli_text_headers(FILE *out, const kb_header *h, size_t n);
+
+/* One event on stdout as `keybus consume` prints it (docs/cli.md): a
+ * tab-separated text line, or with json one JSON object per line
+ * (docs/schemas/keybus-consume.json). `partitions`: the topic's (0 on
+ * mem://: no partition shown). The caller locks stdout when threads share
+ * it. */
+void kb_cli_event_print(const kb_event *ev, uint32_t partitions, bool json);
 
 /* The CLI's own reason for a failure it returns as a KB_E* code (stdout
  * failed, lines skipped), for kb_cli_report; the library's error text is

@@ -149,8 +149,15 @@ int kb_cli_top(int argc, char **argv)
         t.c_cc[VTIME] = 0;
         tcsetattr(0, TCSANOW, &t);
     }
+    /* a group nobody made would show every event as lag: refused, as by
+     * stats (a topic not stored yet shows "not found" and may appear) */
+    for (int i = 0; i < n && status == KB_CLI_EXIT_OK; i++) {
+        kb_topic_stats s;
+        if (kb_stats(b, argv[i + 1], &s) == KB_OK)
+            status = kb_cli_status_of(argv[0], kb_cli_group_check(b, argv[i + 1], group));
+    }
     bool tty = isatty(1);
-    for (double next = now_s();; next += TOP_INTERVAL_MS / 1000.0) {
+    for (double next = now_s(); status == KB_CLI_EXIT_OK; next += TOP_INTERVAL_MS / 1000.0) {
         for (int i = 0; i < n; i++) {
             prev[i] = cur[i];
             cur[i].rc = kb_stats(b, argv[i + 1], &cur[i].s);

@@ -64,6 +64,8 @@ int kb_cli_stats(int argc, char **argv)
     kb_topic_stats s;
     int rc = kb_stats(b, argv[1], &s);
     if (rc == KB_OK)
+        rc = kb_cli_group_check(b, argv[1], group);
+    if (rc == KB_OK)
         (set[1] ? stats_text : stats_json)(argv[1], group, &s);
     return kb_cli_close(b, argv[0], kb_cli_status_of(argv[0], rc));
 }
@@ -109,6 +111,8 @@ int kb_cli_partitions(int argc, char **argv)
         kb_cli_errf("topic %s: the transport has no partitions", argv[1]);
         rc = KB_ENOTFOUND;
     }
+    if (rc == KB_OK)
+        rc = kb_cli_group_check(b, argv[1], group);
     if (rc == KB_OK && !json) {
         fputs("topic ", stdout);
         kb_cli_escape(stdout, argv[1], strlen(argv[1]));

@@ -46,22 +46,7 @@ static void unique_topic(char *buf, size_t len, const char *name)
 /* Run the command with args and `-X transport=URL` after them. */
 static void run(kb_test_cli_result *r, const char *const *args)
 {
-    const char *argv[32];
-    size_t n = 0;
-    for (; args[n] != NULL && n < 28; n++)
-        argv[n] = args[n];
-    argv[n++] = "-X";
-    argv[n++] = transport;
-    argv[n] = NULL;
-    kb_test_cli(r, KB_CLI, argv);
-}
-
-static size_t count_lines(const char *s)
-{
-    size_t n = 0;
-    for (; *s != '\0'; s++)
-        n += *s == '\n';
-    return n;
+    kb_test_cli_x(r, KB_CLI, args, transport);
 }
 
 /* The number after "name": in a JSON line, or -1. */
@@ -92,33 +77,9 @@ static void json_text(const char *obj, const char *name, char *out, size_t cap)
 static const char *const unframed[] = {"nats.publish_batch", "1", NULL};
 
 
-/* `text` (JSON lines) matches docs/schemas/<schema> and docs/formats.md
- * names its fields (tests/check_schema.py). */
-static void check_schema(const char *schema, const char *text)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/keybus-cli-ops-%d.json", (int)getpid());
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-    int rc = kb_test_sh("python3 %s/tests/check_schema.py %s/docs/schemas/%s %s %s/docs/formats.md",
-                KB_SOURCE_DIR, KB_SOURCE_DIR, schema, path, KB_SOURCE_DIR);
-    unlink(path);
-    assert_int_equal(rc, 0);
-}
-
 static void publish_numbered(const char *topic, int n)
 {
-    kb_bus *b = kb_test_open(url, strcmp(kind, "nats") == 0 ? unframed : NULL, NULL);
-    for (int i = 0; i < n; i++) {
-        char key[16], payload[16];
-        int kl = snprintf(key, sizeof key, "k%d", i % KEYS);
-        int pl = snprintf(payload, sizeof payload, "%d", i);
-        kb_assert_ok(kb_publish(b, topic, key, (size_t)kl, payload, (size_t)pl));
-    }
-    kb_assert_ok(kb_flush(b, 30000));
-    kb_assert_ok(kb_close(b, 30000));
+    kb_test_publish_numbered(url, strcmp(kind, "nats") == 0 ? unframed : NULL, topic, n, KEYS);
 }
 
 /* consume --json lines: each event once, in order per key, into seen[]. */
@@ -153,16 +114,16 @@ static void consume_n_takes_exactly_n(void **state)
     for (int k = 0; k < KEYS; k++)
         last[k] = -1;
     run(&r, (const char *[]){"consume", topic, "-g", "ops", "-n", "7", "--json", NULL});
-    if (r.status != 0 || count_lines(r.out) != FIRST || strstr(r.err, "7 events handled") == NULL)
-        fail_msg("consume -n 7: exit %d, %zu lines; stderr: %s", r.status, count_lines(r.out),
+    if (r.status != 0 || kb_test_lines(r.out) != FIRST || strstr(r.err, "7 events handled") == NULL)
+        fail_msg("consume -n 7: exit %d, %zu lines; stderr: %s", r.status, kb_test_lines(r.out),
                  r.err);
     note_events(r.out, seen, TOTAL, last);
     /* the rest is the group's: the next consumer gets exactly it */
     run(&r, (const char *[]){"consume", topic, "-g", "ops", "-n", "93", "--json",
                              "--timeout-ms", "30000", NULL});
-    if (r.status != 0 || count_lines(r.out) != TOTAL - FIRST)
+    if (r.status != 0 || kb_test_lines(r.out) != TOTAL - FIRST)
         fail_msg("consume -n 93: exit %d, %zu lines; stderr: %s", r.status,
-                 count_lines(r.out), r.err);
+                 kb_test_lines(r.out), r.err);
     note_events(r.out, seen, TOTAL, last);
     for (int i = 0; i < TOTAL; i++)
         if (seen[i] != 1)
@@ -177,8 +138,8 @@ static void consume_n_takes_exactly_n(void **state)
     /* partitions --json: one object per partition, parsed back */
     run(&r, (const char *[]){"partitions", topic, "--json", "-X", "group=ops", NULL});
     assert_int_equal(r.status, 0);
-    assert_int_equal(count_lines(r.out), 8);
-    check_schema("keybus-partitions.json", r.out);
+    assert_int_equal(kb_test_lines(r.out), 8);
+    kb_test_check_schema(KB_SOURCE_DIR, "keybus-partitions.json", r.out);
     long long length = 0;
     int i = 0;
     for (const char *s = r.out, *nl; (nl = strchr(s, '\n')) != NULL; s = nl + 1, i++) {
@@ -197,7 +158,7 @@ static void consume_n_takes_exactly_n(void **state)
         assert_true(length > 0 && length <= TOTAL);
     run(&r, (const char *[]){"partitions", topic, "-X", "group=ops", NULL});
     assert_int_equal(r.status, 0);
-    assert_int_equal(count_lines(r.out), 10);   /* the topic and group, a header, the rows */
+    assert_int_equal(kb_test_lines(r.out), 10);   /* the topic and group, a header, the rows */
     assert_non_null(strstr(r.out, "redelivered"));
     assert_non_null(strstr(r.out, "  group ops\n"));
 }
@@ -263,8 +224,8 @@ static void dead_letters_listed_replayed_deleted_purged(void **state)
     static kb_test_cli_result r;
     run(&r, (const char *[]){"dlq-list", topic, "--json", NULL});
     assert_int_equal(r.status, 0);
-    assert_int_equal(count_lines(r.out), 3);
-    check_schema("keybus-dlq-list.json", r.out);
+    assert_int_equal(kb_test_lines(r.out), 3);
+    kb_test_check_schema(KB_SOURCE_DIR, "keybus-dlq-list.json", r.out);
     char ids[3][64];
     int i = 0;
     for (const char *s = r.out, *nl; (nl = strchr(s, '\n')) != NULL; s = nl + 1, i++) {
@@ -334,6 +295,10 @@ static void top_redraws_and_quits_on_q(void **state)
     char topic[96], sock[64], done[128];
     unique_topic(topic, sizeof topic, "top");
     publish_numbered(topic, 40);
+    /* top reports the `group` key's group, which must exist */
+    static kb_test_cli_result r;
+    run(&r, (const char *[]){"consume", topic, "-g", "keybus", "-n", "1", NULL});
+    assert_int_equal(r.status, 0);
     snprintf(sock, sizeof sock, "kbtop%d", (int)getpid());
     snprintf(done, sizeof done, "/tmp/keybus-top-%d.status", (int)getpid());
     unlink(done);

@@ -3,6 +3,7 @@
  * `keybus stats` / `dlq-list` / `conf` on a topic that was never used say
  * "not found" (KB_ENOTFOUND, exit status 4) and leave the server empty: no
  * stream, no lease bucket on NATS; no key on Redis.
+ * `keybus peek` / `groups` / `topics` on a used topic change nothing either.
  *   test_readonly nats | redis */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -159,8 +160,13 @@ static void used_topic_reads_from_a_monitor(void **state)
     assert_int_equal(ps.length, 1);
     assert_string_equal(ps.owner, "");
     kb_assert_ok(kb_close(monitor, 5000));
-    assert_int_equal(cli("stats", topic), 0);
+    /* no group consumes it: stats refuses the default group, creating none */
+    assert_int_equal(cli("stats", topic), 4);
     assert_int_equal(cli("dlq-list", topic), 0);
+    /* peek shows what a new group would get, and makes none */
+    assert_int_equal(cli("peek", topic), 0);
+    assert_int_equal(cli("groups", topic), 0);
+    assert_int_equal(cli("topics", NULL), 0);
     assert_int_equal(broker_objects(), before);
 }
 

@@ -77,6 +77,26 @@ static void vec_grows_and_keeps(void **state)
     assert_true(kb_mix64(1) != kb_mix64(2));
 }
 
+/* A name set keeps each name once, in the order first added, copied. */
+static void names_keep_each_once(void **state)
+{
+    (void)state;
+    kb_names s = {0};
+    kb_assert_ok(kb_names_add(&s, "billing-x", 7));
+    kb_assert_ok(kb_names_add(&s, "audit", 5));
+    kb_assert_ok(kb_names_add(&s, "billing", 7));
+    kb_assert_ok(kb_names_add(&s, "bill", 4));
+    assert_int_equal(s.n, 3);
+    assert_string_equal(s.v[0], "billing");
+    assert_string_equal(s.v[1], "audit");
+    assert_string_equal(s.v[2], "bill");
+    assert_true(kb_names_has(&s, "audit", 5));
+    assert_false(kb_names_has(&s, "audi", 4));
+    kb_names_free(&s);
+    assert_int_equal(s.n, 0);
+    assert_null(s.v);
+}
+
 static void error_text_may_quote_itself(void **state)
 {
     (void)state;
@@ -179,6 +199,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(rendezvous_moves_little_and_agrees),
         cmocka_unit_test(vec_grows_and_keeps),
+        cmocka_unit_test(names_keep_each_once),
         cmocka_unit_test(error_text_may_quote_itself),
         cmocka_unit_test(redaction_hides_every_password_form),
         cmocka_unit_test(transport_tables_are_checked),

@@ -510,6 +510,97 @@ KB_EXPORT int kb_dead_letter_delete(kb_bus *b, const char *topic, const char *id
  * topic without dead letters is KB_OK with 0). Thread: any. */
 KB_EXPORT int kb_dead_letters_purge(kb_bus *b, const char *topic, uint64_t *removed);
 
+/* ---------------------------------------------------------------------------
+ * Administration: what a broker stores, read without changing it, and
+ * removing a consumer group (the operator's commands: `keybus topics`,
+ * `groups`, `group-delete`, `peek`). On mem://, which keeps no groups or
+ * stored topics, each returns KB_ENOTFOUND, its text naming the transport.
+ * ------------------------------------------------------------------------- */
+
+/* One consumer group of a topic. Strings are owned by the array
+ * (kb_groups_free). */
+typedef struct kb_group_info {
+    char     *name;           /* the group (the `group` key of its consumers) */
+    uint32_t  partitions;     /* partitions the group exists on */
+    uint32_t  leases;         /* of those, partitions whose lease one of the group's
+                                 consumers holds now (a live member) */
+    uint64_t  pending;        /* delivered, not acked (unit as broker_pending) */
+    uint64_t  lag;            /* not yet delivered (unit as broker_lag) */
+    size_t    n_consumers;
+    char    **consumers;      /* the names of the consumers the broker knows in the
+                                 group, sorted (Redis: the group's consumers; NATS:
+                                 the holders of its leases) */
+} kb_group_info;
+
+/* The consumer groups of `topic`, sorted by name, into a new array *out of
+ * *n entries (none: *out NULL, *n 0); the caller frees it with
+ * kb_groups_free. Costs round trips; creates or changes nothing.
+ * KB_ENOTFOUND on mem:// and for a topic the broker does not store;
+ * KB_EINVAL as for kb_stats (redis:// stores the topic with another
+ * partition count than this bus's); KB_ECLOSED once kb_close has begun.
+ * Thread: any. */
+KB_EXPORT int kb_groups(kb_bus *b, const char *topic, kb_group_info **out, size_t *n);
+/* Free what kb_groups returned (NULL: nothing). Thread: any. */
+KB_EXPORT void kb_groups_free(kb_group_info *groups, size_t n);
+
+/* kb_group_delete's flags. */
+#define KB_GROUP_DELETE_F_FORCE 1u   /* delete even while a live member holds a lease */
+
+/* Remove consumer group `group` of `topic` from the broker: its position,
+ * pending entries and consumers (the events stay stored). Refused with
+ * KB_EINVAL, naming the partition and the holder, while one of the group's
+ * consumers holds a partition's lease (a live member would go on consuming
+ * into a group that is gone), unless flags has KB_GROUP_DELETE_F_FORCE.
+ * KB_ENOTFOUND on mem://, or when the topic or the group does not exist;
+ * KB_EINVAL also as for kb_groups. KB_ECLOSED once kb_close has begun.
+ * Thread: any. */
+KB_EXPORT int kb_group_delete(kb_bus *b, const char *topic, const char *group, unsigned flags);
+
+/* One topic the broker stores. Strings are owned by the array
+ * (kb_topics_free). */
+typedef struct kb_topic_info {
+    char     *name;
+    uint32_t  partitions;     /* the topic's stored partition count (0: none recorded) */
+    uint64_t  length;         /* entries stored over all partitions: events on
+                                 redis://, JetStream messages on nats:// (a frame
+                                 holds several events) */
+    size_t    n_groups;
+    char    **groups;         /* its consumer groups, sorted */
+} kb_topic_info;
+
+/* Every topic the broker stores (whatever this bus's `partitions`), sorted
+ * by name, into a new array *out of *n entries (none: *out NULL, *n 0);
+ * the caller frees it with kb_topics_free. Costs round trips (a scan of the
+ * broker's keyspace or stream list); creates or changes nothing.
+ * KB_ENOTFOUND on mem://; KB_ECLOSED once kb_close has begun. Thread: any. */
+KB_EXPORT int kb_topics(kb_bus *b, kb_topic_info **out, size_t *n);
+/* Free what kb_topics returned (NULL: nothing). Thread: any. */
+KB_EXPORT void kb_topics_free(kb_topic_info *topics, size_t n);
+
+#define KB_PEEK_MAX 10000   /* the most events one kb_peek hands out */
+
+/* Called by kb_peek per event; the event is valid only during the call
+ * (ev->attempt: the run its next delivery would be). Non-zero stops. */
+typedef int (*kb_peek_fn)(const kb_event *ev, void *opaque);
+
+/* The next `max` (1..KB_PEEK_MAX) events consumer group `group` (NULL: the
+ * `group` key) would be handed on `topic`: first the entries it holds
+ * pending (delivered, not acked: what a partition's next owner takes
+ * first), then those not yet delivered, each kind oldest first over all
+ * partitions (Redis: by entry ID; NATS: by stream sequence). For a group
+ * that does not exist, what a new group would get (group.start). Left out:
+ * entries keybus would dead-letter on arrival (malformed) and, on NATS,
+ * events a progress record says were handled above the group's ack floor.
+ * ev->attempt is the run its next delivery would be (Redis: runs recorded
+ * + 1; NATS: 1). Reads only: acknowledges, claims and creates nothing,
+ * moves no lease, position or delivery count, on any broker. fn runs on
+ * the caller's thread after the reads, borrowing the event for the call;
+ * it may not call kb_close. KB_ENOTFOUND on mem:// and for a topic the
+ * broker does not store; KB_EINVAL for a bad max or group name, and as for
+ * kb_groups; KB_ECLOSED once kb_close has begun. Thread: any. */
+KB_EXPORT int kb_peek(kb_bus *b, const char *topic, const char *group, size_t max,
+                      kb_peek_fn fn, void *opaque);
+
 #ifdef __cplusplus
 }
 #endif

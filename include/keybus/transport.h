@@ -33,7 +33,8 @@ extern "C" {
  * loads: its ops end where that version's did, and the ones added since read
  * as NULL (docs/transports.md, "Compatibility").
  *   5: the table up to `close`.
- *   6: `stop_by` added at the end (stop with kb_close's deadline). */
+ *   6: `stop_by` (stop with kb_close's deadline) and the administration hooks
+ *      `groups`, `group_delete`, `topics`, `peek` added at the end. */
 #define KB_TRANSPORT_ABI 6
 /* The oldest table version kb_transport_register and transport.plugins take. */
 #define KB_TRANSPORT_ABI_MIN 5
@@ -217,6 +218,28 @@ typedef struct kb_transport_ops {
      * deadline comes, then joined. What comes after (the pools draining,
      * close) keeps to the same deadline. */
     void (*stop_by)(kb_transport *t, int64_t deadline_ns);
+
+    /* Optional administration hooks (keybus.h, "Administration"); NULL:
+     * not supported, the call returns KB_ENOTFOUND naming the transport. They
+     * serve an application call (the operator's commands): a round trip or a
+     * few are fine, but nothing on the broker may change but what
+     * group_delete removes. Arrays and strings they return are malloc'ed,
+     * one block each, and freed by the core with free() (kb_groups_free,
+     * kb_topics_free); the core sorts them. */
+    /* kb_groups: every group of the topic. KB_ENOTFOUND for a topic the
+     * broker does not store. */
+    int  (*groups)(kb_transport *t, kb_transport_topic *tt, kb_group_info **out, size_t *n);
+    /* kb_group_delete (flags KB_GROUP_DELETE_F_*): refuse with KB_EINVAL
+     * while a consumer of the group holds a lease, unless forced. */
+    int  (*group_delete)(kb_transport *t, kb_transport_topic *tt, const char *group,
+                         unsigned flags);
+    /* kb_topics: every topic the broker stores. */
+    int  (*topics)(kb_transport *t, kb_topic_info **out, size_t *n);
+    /* kb_peek: `group` is never NULL (the core puts the `group` key in),
+     * max is 1..10000; fn is called on the caller's thread, with no lock of
+     * the transport held. */
+    int  (*peek)(kb_transport *t, kb_transport_topic *tt, const char *group, size_t max,
+                 kb_peek_fn fn, void *opaque);
 } kb_transport_ops;
 
 /* Make a transport available by its scheme (built-ins are registered already).
@@ -493,6 +516,23 @@ KB_EXPORT long kb_rendezvous_owner(const char *const *members, size_t n, uint32_
  * (doubling). *items and *cap are updated; KB_OK or KB_ENOMEM (the array is
  * unchanged). */
 KB_EXPORT int kb_vec_reserve(void **items, size_t *cap, size_t need, size_t elem_size);
+
+/* A set of names as kb_group_info and kb_topic_info hold them: v[0..n), an
+ * array of malloc'ed strings (room for cap), each name once. Start it as
+ * {0}; hand v and n on to the answer, or free it with kb_names_free. */
+typedef struct kb_names {
+    char **v;
+    size_t n, cap;
+} kb_names;
+/* Add a copy of name[0..len) unless the set holds it already (a linear
+ * search: for the few names of a listing). KB_OK or KB_ENOMEM (the set
+ * unchanged). Thread: the set's owner (no other call on it meanwhile), as
+ * for the two below. */
+KB_EXPORT int kb_names_add(kb_names *s, const char *name, size_t len);
+/* Is name[0..len) in the set? */
+KB_EXPORT bool kb_names_has(const kb_names *s, const char *name, size_t len);
+/* Free the strings and the array (what the set owns); it is empty again. */
+KB_EXPORT void kb_names_free(kb_names *s);
 
 /* Headers a transport reads off the wire: KB_OK, or KB_EINVAL / KB_ETOOBIG
  * with kb_last_error naming the header and the rule (`what` starts it). */

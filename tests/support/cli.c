@@ -1,4 +1,6 @@
 #include "cli.h"
+#include "bus.h"
+#include "check.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -61,4 +63,53 @@ int kb_test_sh(const char *fmt, ...)
     va_end(ap);
     int rc = system(cmd);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+void kb_test_cli_x(kb_test_cli_result *r, const char *cli, const char *const *args,
+                   const char *setting)
+{
+    const char *argv[32];
+    size_t n = 0;
+    for (; args[n] != NULL && n < 28; n++)
+        argv[n] = args[n];
+    argv[n++] = "-X";
+    argv[n++] = setting;
+    argv[n] = NULL;
+    kb_test_cli(r, cli, argv);
+}
+
+size_t kb_test_lines(const char *s)
+{
+    size_t n = 0;
+    for (; *s != '\0'; s++)
+        n += *s == '\n';
+    return n;
+}
+
+void kb_test_check_schema(const char *source_dir, const char *schema, const char *text)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/keybus-schema-%d.json", (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    int rc = kb_test_sh("python3 %s/tests/check_schema.py %s/docs/schemas/%s %s %s/docs/formats.md",
+                        source_dir, source_dir, schema, path, source_dir);
+    unlink(path);
+    assert_int_equal(rc, 0);
+}
+
+void kb_test_publish_numbered(const char *url, const char *const *settings, const char *topic,
+                              int n, int keys)
+{
+    kb_bus *b = kb_test_open(url, settings, NULL);
+    for (int i = 0; i < n; i++) {
+        char key[16], payload[16];
+        int kl = snprintf(key, sizeof key, "k%d", i % keys);
+        int pl = snprintf(payload, sizeof payload, "%d", i);
+        kb_assert_ok(kb_publish(b, topic, key, (size_t)kl, payload, (size_t)pl));
+    }
+    kb_assert_ok(kb_flush(b, 30000));
+    kb_assert_ok(kb_close(b, 30000));
 }

@@ -3,7 +3,8 @@
  * calls only files listed after it):
  *   concerns:  nats_connect, nats_consume (feeder thread), nats_leaser (lease
  *              thread: rounds), nats_acker (acker thread), nats_dlq,
- *              nats_drain, nats_stats, nats_publish, nats_runs
+ *              nats_drain, nats_stats, nats_admin (the operator's
+ *              listings, group removal, peek), nats_publish, nats_runs
  *   leases:    nats_lease (ownership, hand-over, claims), nats_watch
  *              (membership as it changes), nats_consumers (a claim's
  *              consumer), nats_kv (the lease bucket, pipelined)
@@ -20,6 +21,7 @@
 #include <string.h>
 
 #include "nats_acker.h"
+#include "nats_admin.h"
 #include "nats_batch.h"
 #include "nats_claim.h"
 #include "nats_connect.h"
@@ -409,4 +411,8 @@ const kb_transport_ops kb__nats_ops = {
     .dead_letter_delete = kb__nats_dead_letter_delete,
     .stop = kb__nats_stop,
     .close = nats_close,
+    .groups = kb__nats_groups,
+    .group_delete = kb__nats_group_delete,
+    .topics = kb__nats_topics,
+    .peek = kb__nats_peek,
 };

@@ -302,6 +302,17 @@ void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *ea
     kvEntry_Destroy(e);
 }
 
+uint64_t kb__nats_progress_key_hash(const void *key, size_t len)
+{
+    return key_hash(key, len);
+}
+
+void kb__nats_progress_record_key(const char *stream, const char *consumer, char *out,
+                                  size_t len)
+{
+    record_key(stream, consumer, out, len);
+}
+
 void kb__nats_progress_forget(kb_transport *t, const char *stream, const char *name)
 {
     char key[3 * KB_NATS_NAME];

@@ -51,6 +51,11 @@ typedef struct kb_nats_progress_line {
 } kb_nats_progress_line;
 const char *kb__nats_progress_parse(const char *line, size_t len, uint32_t partitions,
                                     uint64_t max_sseq, kb_nats_progress_line *out);
+/* For readers of records (a peek): the hash a line names a key by, and the
+ * runs-bucket key of consumer `consumer`'s record. */
+uint64_t kb__nats_progress_key_hash(const void *key, size_t len);
+void kb__nats_progress_record_key(const char *stream, const char *consumer, char *out,
+                                  size_t len);
 /* Lease thread: consumer `name` of `stream` is deleted, and so its record. */
 void kb__nats_progress_forget(kb_transport *t, const char *stream, const char *name);
 /* Close, with the claim. */

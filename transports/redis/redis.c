@@ -379,7 +379,11 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     .still_owned = kb__redis_still_owned,                               \
     .run_begins = kb__redis_run_begins,                                 \
     .stop = redis_stop,                                                 \
-    .close = redis_close
+    .close = redis_close,                                               \
+    .groups = kb__redis_groups,                                         \
+    .group_delete = kb__redis_group_delete,                             \
+    .topics = kb__redis_topics,                                         \
+    .peek = kb__redis_peek
 
 const kb_transport_ops kb__redis_ops = {REDIS_HOOKS, .scheme = "redis"};
 

@@ -27,14 +27,19 @@ const redisReply *kb__redis_field(const redisReply *fields, const char *name)
     return v != NULL && v->type == REDIS_REPLY_STRING ? v : NULL;
 }
 
-const redisReply *kb__redis_group_row(const kb_transport *t, const redisReply *groups)
+const redisReply *kb__redis_group_row_of(const redisReply *groups, const char *group)
 {
     for (size_t i = 0; groups->type == REDIS_REPLY_ARRAY && i < groups->elements; i++) {
         const redisReply *name = kb__redis_field(groups->element[i], "name");
-        if (name != NULL && strcmp(name->str, t->group) == 0)
+        if (name != NULL && strcmp(name->str, group) == 0)
             return groups->element[i];
     }
     return NULL;   /* an error reply: no stream yet */
+}
+
+const redisReply *kb__redis_group_row(const kb_transport *t, const redisReply *groups)
+{
+    return kb__redis_group_row_of(groups, t->group);
 }
 
 /* Another consumer has entries pending in this partition: `x` is the summary

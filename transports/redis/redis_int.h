@@ -12,6 +12,7 @@
  *   redis_runs.c       handler runs recorded on the server; the crash journal
  *   redis_dlq.c        dead letters: packed, stored (fenced), listed, replayed
  *   redis_drain.c      kb_drain: wait until the group settled what we added
+ *   redis_admin.c      groups, topics, group removal and peek (the operator's)
  *   redis_stats.c      broker figures per topic and partition
  *   redis_publish.c    kb_publish appends XADDs to the backlog; flush; close
  *   redis_sender.c     the sender thread: writes the backlog, reads replies, resends
@@ -533,6 +534,14 @@ int kb__redis_dead_letter_delete(kb_transport *t, kb_transport_topic *tt, const 
 kb_dead_letter kb__redis_dead_letter_of(const kb_transport *t, const redisReply *e,
                                         kb_header *headers);
 
+/* ---- redis_admin.c: the administration hooks (keybus.h) ---- */
+int kb__redis_groups(kb_transport *t, kb_transport_topic *tt, kb_group_info **out, size_t *n);
+int kb__redis_group_delete(kb_transport *t, kb_transport_topic *tt, const char *group,
+                           unsigned flags);
+int kb__redis_topics(kb_transport *t, kb_topic_info **out, size_t *n);
+int kb__redis_peek(kb_transport *t, kb_transport_topic *tt, const char *group, size_t max,
+                   kb_peek_fn fn, void *opaque);
+
 /* ---- redis_drain.c ---- */
 int kb__redis_drain(kb_transport *t, int timeout_ms);
 
@@ -544,6 +553,16 @@ typedef struct kb_redis_group_info {
 } kb_redis_group_info;
 kb_redis_group_info kb__redis_group_figures(const kb_transport *t, const redisReply *groups,
                                             uint64_t length, const redisReply *last_id);
+/* The same from one group's row (NULL: the group does not exist). */
+kb_redis_group_info kb__redis_row_figures(const redisReply *row, uint64_t length,
+                                          const redisReply *last_id);
+/* A script returning a stream's last-generated-id (an error when there is no
+ * stream): EVAL it with the stream as KEYS[1]. */
+extern const char kb__redis_last_id_lua[];
+/* Read the replies of `n` commands appended on c, the stats connection
+ * (caller holds stats_lock), into r[] (free each with
+ * kb__redis_reply_free). KB_ETRANSPORT drops the connection. */
+int kb__redis_stats_run(kb_transport *t, redisContext *c, redisReply **r, size_t n);
 int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out);
 int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t partition,
                               kb_partition_stats *out);
@@ -654,6 +673,8 @@ bool kb__redis_foreign_pending(const kb_transport *t, const redisReply *x);
 bool kb__redis_lease_ours(const kb_transport *t, const redisReply *m, size_t j);
 /* Our group's row of an XINFO GROUPS reply, or NULL. */
 const redisReply *kb__redis_group_row(const kb_transport *t, const redisReply *groups);
+/* The row of group `group`, or NULL. */
+const redisReply *kb__redis_group_row_of(const redisReply *groups, const char *group);
 /* Compare stream IDs "ms-seq" numerically. */
 int kb__redis_id_cmp(const char *a, const char *b);
 /* Is `id` a full stream ID "ms-seq" (decimal, each part within 64 bits)? */

@@ -14,7 +14,7 @@ static uint64_t int_of(const redisReply *r)
 
 /* The stream's last-generated-id, ID-only (XINFO STREAM also carries the
  * first and last entries whole); an error reply when there is no stream. */
-static const char LAST_ID_LUA[] =
+const char kb__redis_last_id_lua[] =
     "local s=redis.call('xinfo','stream',KEYS[1]) "
     "for i=1,#s,2 do if s[i]=='last-generated-id' then return s[i+1] end end "
     "return false";
@@ -26,8 +26,13 @@ static const char LAST_ID_LUA[] =
 kb_redis_group_info kb__redis_group_figures(const kb_transport *t, const redisReply *groups,
                                             uint64_t length, const redisReply *last_id)
 {
+    return kb__redis_row_figures(kb__redis_group_row(t, groups), length, last_id);
+}
+
+kb_redis_group_info kb__redis_row_figures(const redisReply *row, uint64_t length,
+                                          const redisReply *last_id)
+{
     kb_redis_group_info g = {0, length, 0};
-    const redisReply *row = kb__redis_group_row(t, groups);
     if (row == NULL)
         return g;
     g.pending = int_of(kb__redis_map_get(row, "pending"));
@@ -47,8 +52,7 @@ kb_redis_group_info kb__redis_group_figures(const kb_transport *t, const redisRe
     return g;
 }
 
-/* Run `n` appended commands on the figures' connection; replies in r[]. */
-static int ctl_run(kb_transport *t, redisContext *c, redisReply **r, size_t n)
+int kb__redis_stats_run(kb_transport *t, redisContext *c, redisReply **r, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (redisGetReply(c, (void **)&r[i]) != REDIS_OK) {
@@ -84,9 +88,9 @@ int kb__redis_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out
         for (uint32_t i = 0; i < t->partitions; i++) {
             redisAppendCommand(c, "XLEN kb:{%s}:p:%u", topic, i);
             redisAppendCommand(c, "XINFO GROUPS kb:{%s}:p:%u", topic, i);
-            redisAppendCommand(c, "EVAL %s 1 kb:{%s}:p:%u", LAST_ID_LUA, topic, i);
+            redisAppendCommand(c, "EVAL %s 1 kb:{%s}:p:%u", kb__redis_last_id_lua, topic, i);
         }
-        rc = ctl_run(t, c, r, n);
+        rc = kb__redis_stats_run(t, c, r, n);
     }
     pthread_mutex_unlock(&t->stats_lock);
     if (rc == KB_OK) {
@@ -129,8 +133,8 @@ int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t 
         redisAppendCommand(c, "XLEN kb:{%s}:p:%u", topic, partition);
         redisAppendCommand(c, "XINFO GROUPS kb:{%s}:p:%u", topic, partition);
         redisAppendCommand(c, "GET kb:{%s}:lease:%u", topic, partition);
-        redisAppendCommand(c, "EVAL %s 1 kb:{%s}:p:%u", LAST_ID_LUA, topic, partition);
-        rc = ctl_run(t, c, r, 4);
+        redisAppendCommand(c, "EVAL %s 1 kb:{%s}:p:%u", kb__redis_last_id_lua, topic, partition);
+        rc = kb__redis_stats_run(t, c, r, 4);
     }
     pthread_mutex_unlock(&t->stats_lock);
     if (rc != KB_OK)
