@@ -262,6 +262,26 @@ bool kb__nats_earlier_readable(kb_transport *t, kb_nats_part *p, bool wide, kb_n
     return true;
 }
 
+/* Where a new group that starts at the latest event starts: after the
+ * stream's last sequence, named as a start sequence rather than asked as
+ * DeliverNew, so that the next claim knows this consumer's floor even when it
+ * acked nothing (a DeliverNew consumer reports an ack floor of 0, and the
+ * next claim would hand the group the whole stream). 0 when it could not be
+ * read: DeliverNew then. */
+static uint64_t stream_last(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l)
+{
+    if (l->last_state == 0) {
+        jsStreamInfo *si = NULL;
+        jsOptions o;
+        jsOptions_Init(&o);
+        o.Wait = kb__nats_round_wait_ms(t);
+        l->last_state = js_GetStreamInfo(&si, t->js, tp->stream, &o, NULL) == NATS_OK ? 1 : -1;
+        l->last_seq = si != NULL ? si->State.LastSeq : 0;
+        jsStreamInfo_Destroy(si);
+    }
+    return l->last_state > 0 ? l->last_seq : 0;
+}
+
 void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listing *l)
 {
     kb_nats_claim *c = o->c;
@@ -277,6 +297,8 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
         if (l->info[i] != NULL && kb__nats_floor_of(l->info[i]) > floor)
             floor = kb__nats_floor_of(l->info[i]);
     }
+    if (floor == 0 && new_group && t->start_latest)
+        floor = stream_last(t, tp, l);
     for (int i = 0; i < name_count(l); i++)
         if (l->info[i] != NULL && covers(t, l->names->List[i], n)) {
             marks_inherit(c, l->info[i], floor);
@@ -407,10 +429,12 @@ static void *batch_run(void *arg)
 /* Run the calls CALLS_AT_ONCE at a time, each on a thread of its own (a lone
  * call, or one whose thread cannot be started, on the caller's); while they
  * wait on the server, `idle` runs every few milliseconds (the lease thread's
- * hand-overs). */
-static void calls_run(call *k, size_t n, void (*idle)(kb_transport *t))
+ * hand-overs). No batch starts after start_by (0: no bound): the calls left
+ * are not made. */
+static void calls_run(call *k, size_t n, void (*idle)(kb_transport *t), int64_t start_by)
 {
-    for (size_t at = 0; at < n; at += CALLS_AT_ONCE) {
+    for (size_t at = 0; at < n && (start_by == 0 || kb_now_ns() < start_by);
+         at += CALLS_AT_ONCE) {
         pthread_t th[CALLS_AT_ONCE];
         bool started[CALLS_AT_ONCE];
         batch b = {k + at, 0};
@@ -442,7 +466,7 @@ void kb__nats_consumers_create(kb_transport *t, kb_nats_opening *o, size_t n, in
             k[i] = (call){t, o[i].c->part->topic->stream, &o[i], NULL, NULL, false, NULL, until};
     }
     if (k != NULL)
-        calls_run(k, n, idle);
+        calls_run(k, n, idle, 0);
     free(k);
 }
 
@@ -468,7 +492,7 @@ static void delete_all(kb_transport *t, kb_nats_topic *tp, const char **names, s
     for (size_t i = 0; k != NULL && i < n; i++)
         k[i] = (call){t, tp->stream, NULL, names[i], NULL, false, NULL, 0};
     if (k != NULL)
-        calls_run(k, n, NULL);
+        calls_run(k, n, NULL, 0);
     free(k);
     for (size_t i = 0; i < n; i++)
         kb__nats_progress_forget(t, tp->stream, names[i]);
@@ -519,9 +543,7 @@ void kb__nats_wide_retire(kb_transport *t, kb_nats_topic *tp)
     jsConsumerNamesList_Destroy(list);
 }
 
-
-
-bool kb__nats_claims_renudge(kb_transport *t, kb_nats_claim **claims, size_t n,
+bool kb__nats_claims_renudge(kb_transport *t, kb_nats_claim **claims, size_t n, int64_t until,
                              void (*idle)(kb_transport *t))
 {
     if (n == 0)
@@ -531,7 +553,7 @@ bool kb__nats_claims_renudge(kb_transport *t, kb_nats_claim **claims, size_t n,
         return false;
     for (size_t i = 0; i < n; i++)
         k[i] = (call){t, claims[i]->part->topic->stream, NULL, NULL, claims[i], false, NULL, 0};
-    calls_run(k, n, idle);
+    calls_run(k, n, idle, until);
     bool ok = true;
     for (size_t i = 0; i < n; i++)
         ok = ok && k[i].ok;

@@ -20,6 +20,10 @@ typedef struct kb_nats_listing {
     bool probe_ok;
     uint64_t *pending;
     uint32_t npending;
+    /* the stream's last sequence, for a new group starting at the latest:
+     * read once per listing (0 unknown, 1 read, -1 could not be read) */
+    int last_state;
+    uint64_t last_seq;
 } kb_nats_listing;
 
 /* The names, once per round; false (logged) when the server did not answer. */
@@ -68,11 +72,12 @@ void kb__nats_wide_retire(kb_transport *t, kb_nats_topic *tp);
 
 /* After a reconnect: does the server still hold each claim's consumer as it
  * was? Acks it lost are sent again; a consumer that came back unusable is
- * reset (a new claim next round). Asked all at once, as creations are: a
- * consumer whose leader is being elected holds up no other, and the whole
- * look waits one round's wait. False when the server could not say for one
- * (they are all asked again next round). */
-bool kb__nats_claims_renudge(kb_transport *t, kb_nats_claim **claims, size_t n,
+ * reset (a new claim next round). Asked in parallel, as creations are, 16 at
+ * a time, each waiting a round's wait at most: a consumer whose leader is
+ * being elected holds up no other. No batch starts after `until` (a held
+ * lease falls due). False when the server could not say for one, or one was
+ * not asked (they are all asked again next round). */
+bool kb__nats_claims_renudge(kb_transport *t, kb_nats_claim **claims, size_t n, int64_t until,
                              void (*idle)(kb_transport *t));
 
 #endif /* KB_TRANSPORTS_NATS_CONSUMERS_H */

@@ -174,7 +174,8 @@ void kb__nats_claims_validity(kb_transport *t)
 void kb__nats_lease_renewed(kb_transport *t, kb_nats_part *p, natsStatus s, uint64_t rev,
                             int64_t started, bool *unanswered)
 {
-    p->lease_rev_unsure = s != NATS_OK && s != NATS_ERR;
+    /* no responders: not stored (no leader took it) */
+    p->lease_rev_unsure = s != NATS_OK && s != NATS_ERR && s != NATS_NO_RESPONDERS;
     if (s == NATS_OK) {
         p->lease_rev = rev;
         p->lease_until_ns = started + t->lease_ttl_ms * 1000000;
@@ -265,6 +266,7 @@ static bool fresh_revision(kb_transport *t, kb_nats_part *p, kb_nats_claim *earl
     uint64_t rev = 0;
     int64_t sent = 0;
     natsStatus s = kb__nats_lease_put(t, p, p->lease_rev, &rev, &sent);
+    p->lease_rev_unsure = s != NATS_OK && s != NATS_ERR && s != NATS_NO_RESPONDERS;
     if (s != NATS_OK) {   /* next round: a renewal will tell whether it is still ours */
         rd->stalled = rd->stalled || s != NATS_ERR;
         return false;
@@ -488,7 +490,7 @@ void kb__nats_renudge_all(kb_transport *t, kb_nats_round *rd)
             if (ok)
                 claims[n++] = c;
         }
-    ok = ok && kb__nats_claims_renudge(t, claims, n, rd->idle);
+    ok = ok && kb__nats_claims_renudge(t, claims, n, rd->until, rd->idle);
     free(claims);
     if (ok)
         t->reconnects_renudged = rc;

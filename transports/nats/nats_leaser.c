@@ -169,17 +169,18 @@ static int64_t pass(kb_transport *t, bool *heartbeat_failing, bool *handing_over
             kb__nats_members_rank(t, tp, &r);
     retry = retry || (!rd.stalled && !r.ok);
     kb__nats_roster_free(&r);
-    kb__nats_renudge_all(t, &rd);
-    /* acquisitions stop when a held lease falls due: a take's slowest
-     * call (TTL/3) then still ends before the lease runs out locally */
+    /* the consumer looks and acquisitions stop when a held lease falls due:
+     * a take's slowest call (TTL/3) then still ends before the lease runs
+     * out locally */
     rd.until = kb_now_ns() + t->lease_ttl_ms * 1000000 / 3;
-    *handing_over = keep_all(t);
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing); tp = tp->next)
         for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++) {
             kb_nats_part *p = &tp->parts[i];
             if (p->lease_rev != 0 && p->lease_until_ns - renew_ns < rd.until)
                 rd.until = p->lease_until_ns - renew_ns;
         }
+    kb__nats_renudge_all(t, &rd);
+    *handing_over = keep_all(t);
     for (kb_nats_topic *tp = atomic_load(&t->topics);
          tp && !atomic_load(&t->closing) && !rd.stalled && kb_now_ns() <= rd.until;
          tp = tp->next)

@@ -267,6 +267,13 @@ static const char *inherit_line(kb_transport *t, kb_nats_claim *c, struct kb_nat
     return NULL;
 }
 
+/* The runs bucket as the lease thread reads it: a round's wait per call
+ * when that handle could be made. */
+static kvStore *round_kv(const kb_transport *t)
+{
+    return t->runs_kv_round != NULL ? t->runs_kv_round : t->runs_kv;
+}
+
 /* A record is another process's word that events were handled: taken only
  * line by line where it is well formed, of this claim's partitions, and
  * within what the server delivered to that consumer (anyone who can write
@@ -278,7 +285,7 @@ void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *ea
     char key[3 * KB_NATS_NAME];
     record_key(c->part->topic->stream, earlier, key, sizeof key);
     kvEntry *e = NULL;
-    if (t->runs_kv_round == NULL || kvStore_Get(&e, t->runs_kv_round, key) != NATS_OK)
+    if (round_kv(t) == NULL || kvStore_Get(&e, round_kv(t), key) != NATS_OK)
         return;   /* none: its events above the floor come again */
     const char *v = kvEntry_ValueString(e);
     uint64_t max_sseq = delivered;
@@ -317,8 +324,8 @@ void kb__nats_progress_forget(kb_transport *t, const char *stream, const char *n
 {
     char key[3 * KB_NATS_NAME];
     record_key(stream, name, key, sizeof key);
-    if (t->runs_kv_round != NULL)
-        kvStore_Delete(t->runs_kv_round, key);
+    if (round_kv(t) != NULL)
+        kvStore_Delete(round_kv(t), key);
 }
 
 void kb__nats_progress_free(kb_nats_claim *c)

@@ -232,8 +232,10 @@ int kb__nats_runs_open(kb_transport *t, char *errstr, size_t errlen)
     natsStatus s = js_CreateKeyValue(&t->runs_kv, t->js, &kc);
     if (s != NATS_OK)   /* it exists: use it */
         s = js_KeyValue(&t->runs_kv, t->js, bucket);
-    if (s == NATS_OK)
-        s = js_KeyValue(&t->runs_kv_round, t->js_round, bucket);
+    /* the lease thread's handle: its lookup waits a round only, and when it
+     * fails the lease thread uses runs_kv (nats_progress.c) */
+    if (s == NATS_OK && js_KeyValue(&t->runs_kv_round, t->js_round, bucket) != NATS_OK)
+        t->runs_kv_round = NULL;
     if (s != NATS_OK) {
         kb_errf(errstr, errlen, "nats %s: runs bucket %s: %s", t->url_safe, bucket,
                 kb__nats_reason(s));

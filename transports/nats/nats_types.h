@@ -102,9 +102,6 @@ typedef struct kb_nats_claim {
     _Atomic uint64_t delivered_hi;
     /* the floor it started from (set before it is published) */
     uint64_t start_floor;
-    /* the feeder reset it because its consumer had no leader (a node gone):
-     * the next claim starts from this claim's own frontier instead of
-     * waiting for the old consumer's state (nats_consumers.c) */
     /* feeder only */
     int64_t leaderless_since_ns;   /* pulls answered "no responders" since (0: not) */
     uint64_t dseq_hi;              /* the consumer's last delivery sequence seen */
@@ -221,7 +218,8 @@ struct kb_transport {
     bool kv_ttl_set;                  /* nats.lease_ttl_ms applied to it */
     pthread_mutex_t kv_lock;
     kvStore *runs_kv;              /* handler runs (nats_runs.c) */
-    kvStore *runs_kv_round;        /* the same bucket through js_round (progress records) */
+    kvStore *runs_kv_round;        /* the same bucket through js_round (progress records);
+                                    * NULL when its lookup failed: runs_kv then */
     struct kb_nats_runs_cache *runs_cache;   /* the feeder's last read of it */
     char url_safe[512];            /* URL without credentials, for messages */
     char id[128];                  /* this process's consumer name */
