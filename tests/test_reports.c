@@ -441,6 +441,32 @@ static void group_start_latest_skips_what_is_stored(void **state)
     assert_int_equal(consume_as(topic, "late", "latest"), 6);
 }
 
+/* A latest group whose first owner handled nothing keeps its place: the next
+ * owner does not get what was stored before the group began (a JetStream
+ * DeliverNew consumer that acked nothing reports an ack floor of 0). */
+static void group_start_latest_kept_by_an_owner_that_handled_nothing(void **state)
+{
+    (void)state;
+    char topic[96];
+    unique_topic(topic, sizeof topic, "idle");
+    kb_bus *b = kb_test_open_conf(kb_test_conf(url, no_env, NULL));
+    publish_keys(b, topic, 0, 5);
+    kb_assert_ok(kb_flush(b, 30000));
+    kb_assert_ok(kb_close(b, 30000));
+    static atomic_int n;
+    const char *const kv[] = {"group", "idle", "group.start", "latest", NULL};
+    kb_bus *first = kb_test_open_conf(kb_test_conf(url, no_env, kv));
+    kb_assert_ok(kb_subscribe(first, topic, count_handler, &n));
+    kb_topic_stats st = {0};
+    for (int i = 0; i < 300 && (kb_stats(first, topic, &st) != KB_OK || st.partitions_owned < 8);
+         i++)
+        usleep(100 * 1000);
+    assert_int_equal(st.partitions_owned, 8);
+    kb_assert_ok(kb_close(first, 30000));
+    assert_int_equal(atomic_load(&n), 0);
+    assert_int_equal(consume_as(topic, "idle", "latest"), 3);
+}
+
 int main(int argc, char **argv)
 {
     kind = argc > 1 ? argv[1] : "redis";
@@ -450,6 +476,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(every_event_is_reported_once),
         cmocka_unit_test(a_refused_event_is_reported_failed),
         cmocka_unit_test(group_start_latest_skips_what_is_stored),
+        cmocka_unit_test(group_start_latest_kept_by_an_owner_that_handled_nothing),
         cmocka_unit_test(outage_is_reported),
         cmocka_unit_test(a_replica_shortfall_is_reported_failed),
         cmocka_unit_test(every_accepted_event_is_reported_when_the_broker_dies),
