@@ -425,15 +425,21 @@ static int consume_as(const char *topic, const char *group, const char *start)
     return atomic_load(&n);
 }
 
-static void group_start_latest_skips_what_is_stored(void **state)
+/* A new topic with 5 events stored, before any group. */
+static void stored_topic(char *topic, size_t cap, const char *prefix)
 {
-    (void)state;
-    char topic[96];
-    unique_topic(topic, sizeof topic, "start");
+    unique_topic(topic, cap, prefix);
     kb_bus *b = kb_test_open_conf(kb_test_conf(url, no_env, NULL));
     publish_keys(b, topic, 0, 5);
     kb_assert_ok(kb_flush(b, 30000));
     kb_assert_ok(kb_close(b, 30000));
+}
+
+static void group_start_latest_skips_what_is_stored(void **state)
+{
+    (void)state;
+    char topic[96];
+    stored_topic(topic, sizeof topic, "start");
     assert_int_equal(consume_as(topic, "late", "latest"), 3);
     assert_int_equal(consume_as(topic, "early", "earliest"), 11);   /* 5 + late's 3, and 3 */
     /* a group that exists keeps its place: latest changes nothing for it (early's
@@ -448,11 +454,7 @@ static void group_start_latest_kept_by_an_owner_that_handled_nothing(void **stat
 {
     (void)state;
     char topic[96];
-    unique_topic(topic, sizeof topic, "idle");
-    kb_bus *b = kb_test_open_conf(kb_test_conf(url, no_env, NULL));
-    publish_keys(b, topic, 0, 5);
-    kb_assert_ok(kb_flush(b, 30000));
-    kb_assert_ok(kb_close(b, 30000));
+    stored_topic(topic, sizeof topic, "idle");
     static atomic_int n;
     const char *const kv[] = {"group", "idle", "group.start", "latest", NULL};
     kb_bus *first = kb_test_open_conf(kb_test_conf(url, no_env, kv));
