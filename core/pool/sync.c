@@ -117,8 +117,12 @@ void kb_signal_free(kb_signal *s)
 
 void kb_signal_notify(kb_signal *s)
 {
-    kb__signal_notify(s);
+    /* read before the wake-up: a waiter it wakes may free s at once (its
+     * condition was published before this call). A descriptor made after
+     * this read misses this write, but its poller checks its condition
+     * after making it (kb_signal_fd). */
     int efd = atomic_load_explicit(&s->efd, memory_order_acquire);
+    kb__signal_notify(s);
     if (efd > 0) {
         /* after the futex side: the change is published, a poller re-checks
          * it once the descriptor is readable; a counter at its maximum
