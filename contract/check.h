@@ -34,6 +34,11 @@ typedef struct kc_case {
 extern const kc_case kc_cases[];
 extern const size_t kc_n_cases;
 
+/* Run one case on this thread, printing its outcome: KC_PASSED, KC_FAILED or
+ * KC_SKIPPED. */
+enum { KC_PASSED, KC_FAILED, KC_SKIPPED };
+int kc_run_case(const kc_case *c);
+
 /* The crash case's consumer process: `keybus-contract --child TOPIC LOG MODE
  * OPTIONS... URL` (the runner parsed OPTIONS into kc). Its exit status. */
 int kc_child_main(const char *topic, const char *log, const char *mode);
