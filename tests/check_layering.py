@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The layering of docs/architecture.md, checked: the floors of the core
-(base < pool < bus < serve) and the transports beside serve on the SDK.
+(base < pool < bus < kit < serve) and the transports beside serve on the SDK.
 
   check_layering.py SRC OBJECTS    check the tree SRC and the parts' objects
   check_layering.py --self-test SRC OBJECTS
@@ -37,6 +37,8 @@ CORE_PARTS = {
     "base": ("core/base", "keybus_base", 0, []),
     "pool": ("core/pool", "keybus_pool", 1, []),
     "bus": ("core", "keybus_core", 2, ["pool", "base"]),
+    # the consumer-group kit: on the SDK alone, under the transports that use it
+    "kit": ("core/kit", "keybus_kit", 2.5, []),
     "serve": ("core/serve", "keybus_serve", 3, ["bus"]),
 }
 # The generated list of built-in transports (cmake/builtin_transports.c.in,

@@ -12,6 +12,7 @@ extern "C" {
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 #include <keybus/transport.h>
+#include <keybus/kit.h>
 
 #include "support/check.h"
 

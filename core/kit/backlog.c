@@ -1,0 +1,270 @@
+/* The publish backlog: events in ticket order, a bounded count, one report
+ * each. An event stays linked until its report has run, so `floor` (every
+ * ticket below it is reported) only passes an event after its report: a
+ * flush that returns has seen the reports of everything up to its ticket. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kit_int.h"
+
+struct entry {
+    kb_kit_item it;               /* first: kb_kit_item * is the entry */
+    struct entry *prev, *next;
+    int in_flight;                /* taken by the sender, not done yet */
+    int64_t due;                  /* not before (a backoff) */
+};
+
+struct kb_kit_backlog {
+    kb_kit_backlog_conf c;
+    pthread_mutex_t lock;
+    struct entry *head, *tail;    /* ticket order */
+    uint64_t next_ticket;         /* under lock */
+    _Atomic uint64_t last_ticket; /* the last one given out */
+    _Atomic uint64_t floor;       /* every ticket below it is reported */
+    _Atomic size_t count;
+    _Atomic int closed;
+    kb_signal *room;              /* count fell, or closed: publishers look again */
+    kb_signal *reported;          /* floor moved: flushes look again */
+    kb_signal *wake;              /* an event to send, or closed: the sender */
+};
+
+kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c)
+{
+    if (c->bus == NULL || c->capacity == 0 || c->max_attempts == 0) {
+        kb_errf(NULL, 0, "kit: a backlog needs a bus, a capacity and max_attempts > 0");
+        return NULL;
+    }
+    kb_kit_backlog *b = calloc(1, sizeof *b);
+    if (b != NULL) {
+        b->c = *c;
+        b->room = kb_signal_new();
+        b->reported = kb_signal_new();
+        b->wake = kb_signal_new();
+    }
+    if (b == NULL || b->room == NULL || b->reported == NULL || b->wake == NULL) {
+        if (b != NULL) {
+            kb_signal_free(b->room);
+            kb_signal_free(b->reported);
+            kb_signal_free(b->wake);
+            free(b);
+        }
+        kb_errf(NULL, 0, "kit: out of memory for a backlog");
+        return NULL;
+    }
+    pthread_mutex_init(&b->lock, NULL);
+    b->next_ticket = 1;
+    atomic_init(&b->floor, 1);
+    return b;
+}
+
+static void entry_free(kb_kit_backlog *b, struct entry *e)
+{
+    if (b->c.free_data != NULL)
+        b->c.free_data(e->it.data);
+    free((void *)e->it.key);
+    free(e);
+}
+
+void kb_kit_backlog_free(kb_kit_backlog *b)
+{
+    if (b == NULL)
+        return;
+    for (struct entry *e = b->head, *next; e != NULL; e = next) {
+        next = e->next;
+        entry_free(b, e);
+    }
+    kb_signal_free(b->room);
+    kb_signal_free(b->reported);
+    kb_signal_free(b->wake);
+    pthread_mutex_destroy(&b->lock);
+    free(b);
+}
+
+static int has_room(void *arg)
+{
+    kb_kit_backlog *b = arg;
+    return atomic_load(&b->closed) || atomic_load(&b->count) < b->c.capacity;
+}
+
+int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topic, uint32_t partition,
+                       const void *key, size_t key_len, uint64_t *ticket)
+{
+    struct entry *e = calloc(1, sizeof *e);
+    void *kcopy = NULL;
+    if (e != NULL && kb_bus_delivery_wanted(b->c.bus) && key_len > 0) {
+        kcopy = malloc(key_len);   /* only a report reads it */
+        if (kcopy != NULL)
+            memcpy(kcopy, key, key_len);
+    }
+    if (e == NULL || (kb_bus_delivery_wanted(b->c.bus) && key_len > 0 && kcopy == NULL)) {
+        free(e);
+        kb_errf(NULL, 0, "kit: out of memory for an event of topic %s", topic);
+        return KB_ENOMEM;
+    }
+    *e = (struct entry){.it = {.data = data, .partition = partition, .topic = topic,
+                               .key = kcopy, .key_len = kcopy != NULL ? key_len : 0}};
+    int64_t deadline = kb_deadline_ns(b->c.timeout_ms);
+    for (;;) {
+        pthread_mutex_lock(&b->lock);
+        int closed = atomic_load(&b->closed);
+        if (!closed && atomic_load(&b->count) < b->c.capacity) {
+            e->it.ticket = b->next_ticket++;
+            e->prev = b->tail;
+            if (b->tail != NULL)
+                b->tail->next = e;
+            else
+                b->head = e;
+            b->tail = e;
+            atomic_fetch_add(&b->count, 1);
+            atomic_store(&b->last_ticket, e->it.ticket);
+            pthread_mutex_unlock(&b->lock);
+            if (ticket != NULL)
+                *ticket = e->it.ticket;
+            kb_signal_notify(b->wake);
+            return KB_OK;
+        }
+        pthread_mutex_unlock(&b->lock);
+        int rc = closed ? KB_ECLOSED : KB_EFULL;
+        if (closed || kb_now_ns() >= deadline ||
+            (!kb_signal_wait(b->room, has_room, b, deadline) && kb_now_ns() >= deadline)) {
+            free(kcopy);
+            free(e);
+            if (rc == KB_EFULL)
+                kb_errf(NULL, 0, "kit: topic %s: the publish backlog held %zu events for %d ms",
+                        topic, b->c.capacity, b->c.timeout_ms);
+            else
+                kb_errf(NULL, 0, "kit: topic %s: the publish backlog is closed", topic);
+            return rc;
+        }
+    }
+}
+
+size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max, int64_t now)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&b->lock);
+    for (struct entry *e = b->head; e != NULL && n < max; e = e->next)
+        if (!e->in_flight && e->due <= now) {
+            e->in_flight = 1;
+            e->it.attempts++;
+            out[n++] = &e->it;
+        }
+    pthread_mutex_unlock(&b->lock);
+    return n;
+}
+
+int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
+{
+    int64_t due = INT64_MAX;
+    pthread_mutex_lock(&b->lock);
+    for (struct entry *e = b->head; e != NULL; e = e->next)
+        if (!e->in_flight && e->due < due)
+            due = e->due;
+    pthread_mutex_unlock(&b->lock);
+    return due;
+}
+
+static void report(kb_kit_backlog *b, const struct entry *e, int result, const char *id,
+                   const char *error)
+{
+    kb_delivery_report r = {
+        .topic = e->it.topic, .key = e->it.key, .key_len = e->it.key_len,
+        .partition = e->it.partition, .result = result,
+        .id = result == KB_OK && id != NULL ? id : "",
+        .error = result == KB_OK ? "" : (error != NULL ? error : kb_strerror(result)),
+    };
+    if (result == KB_OK)
+        kb_bus_delivery_report(b->c.bus, &r);
+    else
+        kb_bus_publish_failed(b->c.bus, &r);
+}
+
+/* Unlink an entry whose report ran; the floor moves to the oldest one left. */
+static void unlink_reported(kb_kit_backlog *b, struct entry *e)
+{
+    pthread_mutex_lock(&b->lock);
+    if (e->prev != NULL)
+        e->prev->next = e->next;
+    else
+        b->head = e->next;
+    if (e->next != NULL)
+        e->next->prev = e->prev;
+    else
+        b->tail = e->prev;
+    atomic_fetch_sub(&b->count, 1);
+    atomic_store(&b->floor, b->head != NULL ? b->head->it.ticket : b->next_ticket);
+    pthread_mutex_unlock(&b->lock);
+    entry_free(b, e);
+    kb_signal_notify(b->room);
+    kb_signal_notify(b->reported);
+}
+
+void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int retry,
+                         const char *id, const char *error)
+{
+    struct entry *e = (struct entry *)it;
+    if (result != KB_OK && retry && it->attempts < b->c.max_attempts) {
+        int64_t delay = kb_backoff_ns(b->c.backoff_ms, b->c.max_backoff_ms, it->attempts,
+                                      kb_bus_random(b->c.bus));
+        pthread_mutex_lock(&b->lock);
+        e->due = kb_now_ns() + delay;
+        e->in_flight = 0;
+        pthread_mutex_unlock(&b->lock);
+        return;   /* the sender finds it due with kb_kit_backlog_next_due */
+    }
+    report(b, e, result, id, error);   /* linked, so the floor waits for it */
+    unlink_reported(b, e);
+}
+
+uint64_t kb_kit_backlog_last_ticket(kb_kit_backlog *b)
+{
+    return atomic_load(&b->last_ticket);
+}
+
+struct flush_wait {
+    kb_kit_backlog *b;
+    uint64_t ticket;
+};
+
+static int flushed(void *arg)
+{
+    struct flush_wait *w = arg;
+    return atomic_load(&w->b->floor) > w->ticket;
+}
+
+int kb_kit_backlog_flush(kb_kit_backlog *b, uint64_t ticket, int64_t deadline_ns)
+{
+    struct flush_wait w = {b, ticket};
+    if (kb_signal_wait(b->reported, flushed, &w, deadline_ns))
+        return KB_OK;
+    kb_errf(NULL, 0, "kit: %zu events not reported by the deadline", kb_kit_backlog_length(b));
+    return KB_ETIMEDOUT;
+}
+
+size_t kb_kit_backlog_length(kb_kit_backlog *b)
+{
+    return atomic_load(&b->count);
+}
+
+kb_signal *kb_kit_backlog_signal(kb_kit_backlog *b)
+{
+    return b->wake;
+}
+
+void kb_kit_backlog_fail_all(kb_kit_backlog *b, int result, const char *why)
+{
+    atomic_store(&b->closed, 1);
+    kb_signal_notify(b->room);   /* publishers waiting for room: closed now */
+    kb_signal_notify(b->wake);
+    for (;;) {
+        pthread_mutex_lock(&b->lock);
+        struct entry *e = b->head;
+        pthread_mutex_unlock(&b->lock);
+        if (e == NULL)
+            return;
+        report(b, e, result, NULL, why);
+        unlink_reported(b, e);
+    }
+}

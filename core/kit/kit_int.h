@@ -1,0 +1,25 @@
+/* The consumer-group kit, a floor of its own between the bus and the
+ * transports: it sees <keybus/kit.h> and <keybus/transport.h> only, and
+ * transports (in the tree or plugins) call it by its public names.
+ *
+ * Files, top-down (a file calls only files below it):
+ *   members.c   the lease manager: ticks, takes, renewals, hand-overs
+ *   share.c     the fair share: bounded rendezvous ranking of partitions
+ *   queue.c     the settled-prefix pending queue (members.c asks it if idle)
+ *   backlog.c   the publish backlog, tickets and reports (stands alone)
+ *
+ * Threads: none of its own. A queue is fed by one thread and settled by any;
+ * the lease manager runs on the transport's thread (tick) and answers
+ * still_owned on executors; the backlog takes publishes from any thread and
+ * sends on the transport's sender thread. */
+#ifndef KB_KIT_INT_H
+#define KB_KIT_INT_H
+
+#include <keybus/kit.h>
+
+/* share.c: mine[p] = 1 for the partitions whose fair owner among
+ * members[0..n) is `me`. n == 0: every partition is ours to try. */
+void kb__kit_share(const char *const *members, size_t n, const char *me, uint32_t partitions,
+                   unsigned char *mine);
+
+#endif /* KB_KIT_INT_H */

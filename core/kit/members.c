@@ -1,0 +1,181 @@
+/* The lease manager: one round per kb_kit_members_tick on the transport's
+ * thread. Per partition a state (free, held, leaving) and a generation that
+ * changes at every take, published with atomics so executors answer
+ * still_owned without a lock. Hand-over waits for the partition's queue to
+ * be idle: the next owner then starts at a committed offset that covers
+ * everything this member delivered, so per-key order holds across it. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kit_int.h"
+
+enum { PART_FREE = 0, PART_HELD = 1, PART_LEAVING = 2 };
+
+struct kit_part {
+    _Atomic int state;
+    _Atomic uint64_t generation;   /* 0 while free */
+    _Atomic int64_t deadline;      /* INT64_MAX with lease_ns 0 */
+};
+
+struct kb_kit_members {
+    kb_kit_members_conf c;
+    char *me;
+    struct kit_part *parts;
+    unsigned char *mine;
+    uint64_t generations;          /* the last one handed out (tick thread) */
+    _Atomic uint32_t held, live;
+};
+
+kb_kit_members *kb_kit_members_new(const kb_kit_members_conf *c)
+{
+    if (c->me == NULL || c->partitions == 0 || c->queues == NULL ||
+        c->broker.try_take == NULL || c->broker.give_back == NULL || c->broker.members == NULL ||
+        (c->lease_ns > 0 && c->broker.renew == NULL)) {
+        kb_errf(NULL, 0, "kit: a lease manager needs a name, partitions, their queues and the "
+                "try_take, give_back and members callbacks (renew with a lease time)");
+        return NULL;
+    }
+    kb_kit_members *m = calloc(1, sizeof *m);
+    if (m != NULL) {
+        m->c = *c;
+        m->me = strdup(c->me);
+        m->parts = calloc(c->partitions, sizeof *m->parts);
+        m->mine = calloc(c->partitions, 1);
+    }
+    if (m == NULL || m->me == NULL || m->parts == NULL || m->mine == NULL) {
+        kb_kit_members_free(m);
+        kb_errf(NULL, 0, "kit: out of memory for a lease manager");
+        return NULL;
+    }
+    m->c.me = m->me;
+    return m;
+}
+
+void kb_kit_members_free(kb_kit_members *m)
+{
+    if (m == NULL)
+        return;
+    free(m->me);
+    free(m->parts);
+    free(m->mine);
+    free(m);
+}
+
+static void changed(kb_kit_members *m, uint32_t p, int gained)
+{
+    if (m->c.bus != NULL && m->c.names != NULL)
+        kb_bus_lease_changed(m->c.bus, m->c.names[p], p, gained);
+}
+
+/* Not held any more: executors holding deliveries of it see still_owned 0. */
+static void drop(kb_kit_members *m, uint32_t p)
+{
+    struct kit_part *s = &m->parts[p];
+    atomic_store_explicit(&s->generation, 0, memory_order_release);
+    atomic_store_explicit(&s->state, PART_FREE, memory_order_release);
+    atomic_fetch_sub(&m->held, 1);
+    changed(m, p, 0);
+}
+
+static void take(kb_kit_members *m, uint32_t p, int64_t now)
+{
+    struct kit_part *s = &m->parts[p];
+    /* deliveries of an earlier lease still out: they must come back first */
+    if (kb_kit_queue_outstanding(m->c.queues[p]) != 0)
+        return;
+    if (m->c.broker.try_take(m->c.broker.opaque, p) != 1)
+        return;
+    atomic_store_explicit(&s->deadline, m->c.lease_ns > 0 ? now + m->c.lease_ns : INT64_MAX,
+                          memory_order_relaxed);
+    atomic_store_explicit(&s->generation, ++m->generations, memory_order_release);
+    atomic_store_explicit(&s->state, PART_HELD, memory_order_release);
+    atomic_fetch_add(&m->held, 1);
+    changed(m, p, 1);
+}
+
+/* 1 while still held after the renewal. */
+static int renew(kb_kit_members *m, uint32_t p, int64_t now)
+{
+    struct kit_part *s = &m->parts[p];
+    if (m->c.lease_ns == 0)
+        return 1;
+    int r = m->c.broker.renew(m->c.broker.opaque, p);
+    if (r == 1)
+        atomic_store_explicit(&s->deadline, now + m->c.lease_ns, memory_order_release);
+    if (r == 0 || (r < 0 && now >= atomic_load(&s->deadline))) {
+        drop(m, p);
+        if (m->c.broker.lost != NULL)
+            m->c.broker.lost(m->c.broker.opaque, p);
+        return 0;
+    }
+    return 1;
+}
+
+uint32_t kb_kit_members_tick(kb_kit_members *m, int64_t now)
+{
+    kb_names live = {0};
+    if (m->c.broker.members(m->c.broker.opaque, &live) == KB_OK) {
+        kb__kit_share((const char *const *)live.v, live.n, m->me, m->c.partitions, m->mine);
+        atomic_store(&m->live, live.n > 0 ? (uint32_t)live.n : 1);
+    }
+    kb_names_free(&live);   /* a failed listing keeps the last share */
+    for (uint32_t p = 0; p < m->c.partitions; p++) {
+        struct kit_part *s = &m->parts[p];
+        int st = atomic_load_explicit(&s->state, memory_order_relaxed);
+        if (st == PART_FREE) {
+            if (m->mine[p])
+                take(m, p, now);
+            continue;
+        }
+        if (!renew(m, p, now))
+            continue;
+        if (st == PART_HELD && !m->mine[p])
+            atomic_store_explicit(&s->state, st = PART_LEAVING, memory_order_release);
+        else if (st == PART_LEAVING && m->mine[p])
+            atomic_store_explicit(&s->state, st = PART_HELD, memory_order_release);
+        if (st == PART_LEAVING && kb_kit_queue_outstanding(m->c.queues[p]) == 0) {
+            m->c.broker.give_back(m->c.broker.opaque, p);
+            drop(m, p);
+        }
+    }
+    return atomic_load(&m->held);
+}
+
+void kb_kit_members_leave(kb_kit_members *m)
+{
+    for (uint32_t p = 0; p < m->c.partitions; p++)
+        if (atomic_load(&m->parts[p].state) != PART_FREE) {
+            m->c.broker.give_back(m->c.broker.opaque, p);
+            drop(m, p);
+        }
+}
+
+uint64_t kb_kit_members_generation(const kb_kit_members *m, uint32_t p)
+{
+    return atomic_load_explicit(&m->parts[p].generation, memory_order_acquire);
+}
+
+int kb_kit_members_still_owned(const kb_kit_members *m, uint32_t p, uint64_t generation,
+                               int64_t now)
+{
+    const struct kit_part *s = &m->parts[p];
+    return generation != 0 &&
+           atomic_load_explicit(&s->generation, memory_order_acquire) == generation &&
+           now < atomic_load_explicit(&s->deadline, memory_order_acquire);
+}
+
+int kb_kit_members_reading(const kb_kit_members *m, uint32_t p)
+{
+    return atomic_load_explicit(&m->parts[p].state, memory_order_acquire) == PART_HELD;
+}
+
+uint32_t kb_kit_members_held(const kb_kit_members *m)
+{
+    return atomic_load(&((kb_kit_members *)m)->held);
+}
+
+uint32_t kb_kit_members_live(const kb_kit_members *m)
+{
+    return atomic_load(&((kb_kit_members *)m)->live);
+}

@@ -1,0 +1,260 @@
+/*
+ * The consumer-group kit: the parts every partitioned transport needs, written
+ * once (docs/transports.md, "The consumer-group kit"). A transport may use any
+ * of the three on its own:
+ *
+ *   kb_kit_queue    the settled-prefix pending queue and committed offset of
+ *                   one partition: deliveries pushed in log order, settled in
+ *                   any order; the committed offset only passes a prefix of
+ *                   settled events.
+ *   kb_kit_members  membership and leases over a few broker callbacks: a fair
+ *                   share per live member (rendezvous ranking, bounded at
+ *                   ceil(partitions / members)), hand-over only once the
+ *                   partition's queue is idle, a generation per lease for
+ *                   still_owned, kb_bus_lease_changed. It owns no thread: the
+ *                   transport calls kb_kit_members_tick from its own, so a
+ *                   blocking client fits.
+ *   kb_kit_backlog  a bounded publish backlog: tickets, flush by ticket,
+ *                   publish waiting for room up to pool.enqueue_timeout_ms
+ *                   then KB_EFULL, resends with backoff, and exactly one
+ *                   delivery report per accepted event.
+ *
+ * Handles are opaque, made by *_new and freed by *_free. Errors are KB_E*
+ * codes with kb_last_error saying why, as in <keybus/transport.h>.
+ */
+#ifndef KEYBUS_KIT_H
+#define KEYBUS_KIT_H
+
+#include <keybus/transport.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------
+ * The pending queue of one partition.
+ *
+ * Each delivery handed to a sink gets an entry, pushed in log order; its
+ * pointer is the delivery's cookie. ack and dead_letter settle it, release
+ * gives it back; the committed offset is the `end` of the last entry of the
+ * settled prefix, so a restart from it repeats events (at least once) but
+ * never skips one.
+ *
+ * Who frees an entry: the queue, always. A settled entry is freed when the
+ * prefix passes it; a released one stays (it blocks the prefix: the next
+ * owner delivers it again) and is freed by kb_kit_queue_restart or
+ * kb_kit_queue_free. The transport never frees a cookie of the kit.
+ * ------------------------------------------------------------------------- */
+typedef struct kb_kit_queue kb_kit_queue;
+typedef struct kb_kit_pending kb_kit_pending;
+
+/* A queue for `partition`, starting at `committed`. `moved` (may be NULL,
+ * borrowed until free) is notified whenever the committed offset moves (what
+ * kb_drain waits on). NULL on out of memory. */
+KB_EXPORT kb_kit_queue *kb_kit_queue_new(uint32_t partition, uint64_t committed,
+                                         kb_signal *moved);
+/* Free the queue and every entry still in it (released or never settled).
+ * Thread: one, once no delivery of it can come back (close, after the
+ * executors stopped). */
+KB_EXPORT void kb_kit_queue_free(kb_kit_queue *q);
+
+/* Append a delivery whose log position just past it is `end` (greater than
+ * every `end` pushed before); *out is the cookie to hand to the sink.
+ * `generation` is the lease generation it was read under
+ * (kb_kit_members_generation; 0 without a lease manager).
+ * KB_OK or KB_ENOMEM. Thread: the one feeder of the partition. */
+KB_EXPORT int kb_kit_queue_push(kb_kit_queue *q, uint64_t end, uint64_t generation,
+                                kb_kit_pending **out);
+/* Take back the entry pushed last, which the sink refused (it is read again
+ * later); it is freed. Thread: the feeder. */
+KB_EXPORT void kb_kit_queue_cancel(kb_kit_queue *q, kb_kit_pending *pe);
+
+/* Acked or dead-lettered: the entry is settled; the committed offset moves
+ * over the settled prefix. Returns 1 when it moved, else 0. Each entry is
+ * settled or released once. Thread: any (executors, in any order). */
+KB_EXPORT int kb_kit_settle(kb_kit_pending *pe);
+/* Given back unhandled (the release hook, a lease lost): the entry stays
+ * unsettled and stops the committed offset; the queue frees it later.
+ * Thread: any. */
+KB_EXPORT void kb_kit_release(kb_kit_pending *pe);
+
+/* The entry's partition, position and lease generation. Thread: any, while
+ * the entry is the caller's (before settle or release). */
+KB_EXPORT uint32_t kb_kit_pending_partition(const kb_kit_pending *pe);
+KB_EXPORT uint64_t kb_kit_pending_end(const kb_kit_pending *pe);
+KB_EXPORT uint64_t kb_kit_pending_generation(const kb_kit_pending *pe);
+
+/* The committed offset: the end of the settled prefix. Thread: any. */
+KB_EXPORT uint64_t kb_kit_queue_committed(const kb_kit_queue *q);
+/* Entries handed out and neither settled nor released. 0: idle, nothing of
+ * the partition is with the bus, so its lease may be handed over. Thread: any. */
+KB_EXPORT size_t kb_kit_queue_outstanding(const kb_kit_queue *q);
+/* Start again at `committed` (the partition taken, perhaps after another
+ * owner): frees the released entries. KB_OK, or KB_EINVAL while deliveries
+ * are outstanding (they must come back first). Thread: the feeder. */
+KB_EXPORT int kb_kit_queue_restart(kb_kit_queue *q, uint64_t committed);
+
+/* ---------------------------------------------------------------------------
+ * Membership and leases.
+ *
+ * Every tick the manager lists the live members, computes this member's fair
+ * share — each partition goes, in order, to the highest-ranked member
+ * (kb_rendezvous_owner) that has fewer than ceil(partitions / members)
+ * already, so every process computes the same assignment from the same
+ * member set, and a member joining or leaving moves few partitions — then:
+ * renews what it holds; tries to take what is its share and free; marks what
+ * is no longer its share as leaving (read no more) and gives it back once
+ * its queue is idle (hand-over once settled, so per-key order holds across
+ * processes). A partition whose queue still has deliveries outstanding from
+ * an earlier lease is not taken again until they came back.
+ * ------------------------------------------------------------------------- */
+typedef struct kb_kit_members kb_kit_members;
+
+/* The broker's side, called only from kb_kit_members_tick and
+ * kb_kit_members_leave, on the caller's thread (so they may block). */
+typedef struct kb_kit_broker {
+    void *opaque;
+    /* Take partition p's lease for this member: 1 taken (the transport sets
+     * its read position: kb_kit_queue_restart at the group's committed
+     * offset), 0 another member holds it, < 0 an error (tried again next tick). */
+    int (*try_take)(void *opaque, uint32_t p);
+    /* Keep partition p's lease: 1 still ours, 0 lost, < 0 no answer (kept
+     * until its deadline, then lost). NULL: a lease is never lost while held
+     * (a flock). */
+    int (*renew)(void *opaque, uint32_t p);
+    /* Hand partition p's lease back (store the committed offset first): its
+     * queue is idle, or the member is leaving. */
+    void (*give_back)(void *opaque, uint32_t p);
+    /* Optional: partition p was lost (renew said 0, or its deadline passed). */
+    void (*lost)(void *opaque, uint32_t p);
+    /* The live members' names, this one included, into *out (an empty set
+     * on entry; the manager frees it). KB_OK or a KB_E* code (the tick then
+     * changes no share). */
+    int (*members)(void *opaque, kb_names *out);
+} kb_kit_broker;
+
+typedef struct kb_kit_members_conf {
+    kb_bus *bus;                 /* kb_bus_lease_changed; NULL: not called */
+    const char *me;              /* this member's name as `members` lists it (copied) */
+    uint32_t partitions;
+    kb_kit_queue *const *queues; /* queues[p] per partition: asked whether idle (borrowed) */
+    const char *const *names;    /* names[p]: the partition's broker name for
+                                    kb_bus_lease_changed (borrowed); NULL: not called */
+    int64_t lease_ns;            /* how long a take or renew holds the lease, from the
+                                    tick's `now`, margin already taken off; 0: until
+                                    given back (renew may be NULL) */
+    kb_kit_broker broker;
+} kb_kit_members_conf;
+
+/* NULL on out of memory or a bad conf (kb_last_error says which). */
+KB_EXPORT kb_kit_members *kb_kit_members_new(const kb_kit_members_conf *c);
+/* Free it; call kb_kit_members_leave first to give the leases back. */
+KB_EXPORT void kb_kit_members_free(kb_kit_members *m);
+
+/* One round at time `now` (kb_now_ns()): members, renewals, takes,
+ * hand-overs. Returns the partitions held afterwards. Thread: one (the
+ * transport's), never concurrently with itself or leave. */
+KB_EXPORT uint32_t kb_kit_members_tick(kb_kit_members *m, int64_t now);
+/* Give back every partition held, settled or not (close: the executors have
+ * stopped, what is unsettled is delivered again by the next owner). Thread:
+ * as tick. */
+KB_EXPORT void kb_kit_members_leave(kb_kit_members *m);
+
+/* Partition p's lease generation: a number that changes every time this
+ * member takes it, 0 while not held. Stamp it on each delivery
+ * (kb_kit_queue_push). Thread: any. */
+KB_EXPORT uint64_t kb_kit_members_generation(const kb_kit_members *m, uint32_t p);
+/* still_owned: 1 when partition p is still held under `generation` and its
+ * deadline has not passed at `now`, else 0. Thread: any. */
+KB_EXPORT int kb_kit_members_still_owned(const kb_kit_members *m, uint32_t p,
+                                         uint64_t generation, int64_t now);
+/* 1 when p is held and not being handed over: the feeder reads it. Thread: any. */
+KB_EXPORT int kb_kit_members_reading(const kb_kit_members *m, uint32_t p);
+/* Partitions held now; live members seen at the last tick. Thread: any. */
+KB_EXPORT uint32_t kb_kit_members_held(const kb_kit_members *m);
+KB_EXPORT uint32_t kb_kit_members_live(const kb_kit_members *m);
+
+/* ---------------------------------------------------------------------------
+ * The publish backlog.
+ *
+ * publish adds an event and returns (no round trip); a sender thread of the
+ * transport takes batches, sends them and says how each went. Each event gets
+ * a ticket (1, 2, ...); flush waits until every event up to a ticket has its
+ * report. Exactly one report per event added: kb_bus_delivery_report when
+ * stored, kb_bus_publish_failed when it failed for good (attempts used up,
+ * refused, or given up by kb_kit_backlog_fail_all at close).
+ * ------------------------------------------------------------------------- */
+typedef struct kb_kit_backlog kb_kit_backlog;
+
+/* One event in the backlog. `data` is the transport's (its encoded entry);
+ * the rest is what the report says. Read-only to the transport. */
+typedef struct kb_kit_item {
+    void *data;
+    uint64_t ticket;
+    uint32_t partition;
+    uint32_t attempts;     /* sends so far */
+    const char *topic;     /* borrowed: the topic's name outlives the backlog */
+    const void *key;       /* a copy, only when the bus wants reports */
+    size_t key_len;
+} kb_kit_item;
+
+typedef struct kb_kit_backlog_conf {
+    kb_bus *bus;            /* reports, kb_bus_random for the backoff */
+    size_t capacity;        /* events held at most (> 0) */
+    int timeout_ms;         /* how long add waits for room before KB_EFULL:
+                               kb_bus_enqueue_timeout_ms(bus) */
+    uint32_t max_attempts;  /* sends before an event fails for good (> 0) */
+    int64_t backoff_ms, max_backoff_ms;   /* between sends of one event (kb_backoff_ns) */
+    void (*free_data)(void *data);        /* frees kb_kit_item.data; NULL: nothing */
+} kb_kit_backlog_conf;
+
+/* NULL on out of memory or a bad conf. */
+KB_EXPORT kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c);
+/* Free it and every event left (call kb_kit_backlog_fail_all first: each
+ * still needs its report). Thread: one, once no other call runs. */
+KB_EXPORT void kb_kit_backlog_free(kb_kit_backlog *b);
+
+/* Add an event; the backlog owns `data` from KB_OK on. Waits while the
+ * backlog is full, up to timeout_ms, then KB_EFULL (data stays the
+ * caller's); KB_ECLOSED once closed. *ticket (may be NULL) is the event's.
+ * Thread: any (publish). */
+KB_EXPORT int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topic,
+                                 uint32_t partition, const void *key, size_t key_len,
+                                 uint64_t *ticket);
+
+/* Up to `max` events due at `now` (not waiting out a backoff), oldest first,
+ * into out[]: they are in flight until kb_kit_backlog_done. Returns how many.
+ * Thread: the sender (one). */
+KB_EXPORT size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max,
+                                     int64_t now);
+/* How a taken event went: result KB_OK with the broker's `id` (stored: its
+ * report), or a KB_E* code with `error`. `retry` non-zero: send again after
+ * the backoff, unless max_attempts are used up; else it failed for good.
+ * Reports run here, with no lock held. Thread: the sender. */
+KB_EXPORT void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int retry,
+                                   const char *id, const char *error);
+/* When the next event is due (a backoff ending), or INT64_MAX when none
+ * waits: how long the sender may sleep. Thread: the sender. */
+KB_EXPORT int64_t kb_kit_backlog_next_due(kb_kit_backlog *b);
+
+/* The ticket of the last event added (0: none): flush waits for it. Thread: any. */
+KB_EXPORT uint64_t kb_kit_backlog_last_ticket(kb_kit_backlog *b);
+/* Wait until every event up to `ticket` has its report: KB_OK, or
+ * KB_ETIMEDOUT at deadline_ns. Thread: any. */
+KB_EXPORT int kb_kit_backlog_flush(kb_kit_backlog *b, uint64_t ticket, int64_t deadline_ns);
+/* Events added and not yet reported. Thread: any. */
+KB_EXPORT size_t kb_kit_backlog_length(kb_kit_backlog *b);
+/* The sender's wake-up: notified when an event is added or closes. Borrowed
+ * until free. */
+KB_EXPORT kb_signal *kb_kit_backlog_signal(kb_kit_backlog *b);
+
+/* Close: refuse new events (KB_ECLOSED), then report every event left,
+ * in flight or not, as failed (`result`, `why`: given up by close). Call it
+ * once the sender stopped (no kb_kit_backlog_done after it). Thread: close's. */
+KB_EXPORT void kb_kit_backlog_fail_all(kb_kit_backlog *b, int result, const char *why);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KEYBUS_KIT_H */

@@ -1,0 +1,238 @@
+/* The kit's publish backlog on a mem:// bus (for its delivery callback):
+ * exactly one report per event through resends, refusals and close; flush
+ * by ticket; KB_EFULL after the timed wait; KB_ECLOSED after close. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <keybus/kit.h>
+
+#include "support/bus.h"
+#include "support/check.h"
+
+#define EVENTS 3000
+#define PRODUCERS 3
+
+struct reports {
+    _Atomic int ok[EVENTS], failed[EVENTS];
+    _Atomic int other;   /* a report whose key is no event of ours */
+};
+
+static void on_report(const kb_delivery_report *r, void *opaque)
+{
+    struct reports *rep = opaque;
+    int i = -1;
+    if (r->key_len == sizeof i)
+        memcpy(&i, r->key, sizeof i);
+    if (i < 0 || i >= EVENTS) {
+        atomic_fetch_add(&rep->other, 1);
+        return;
+    }
+    atomic_fetch_add(r->result == KB_OK ? &rep->ok[i] : &rep->failed[i], 1);
+}
+
+static kb_bus *open_bus(struct reports *rep)
+{
+    kb_conf *c = kb_test_conf("mem://", NULL, NULL);
+    kb_conf_set_delivery_cb(c, on_report, rep);
+    return kb_test_open_conf(c);
+}
+
+struct world {
+    kb_kit_backlog *b;
+    _Atomic int stop;
+    _Atomic int sends;
+};
+
+/* The broker's answers, by event: every 10th refuses its first two sends
+ * (stored at the third), every 50th fails every send (max_attempts then
+ * gives up), every 50th + 9 is refused for good at once. */
+static void answer(int i, const kb_kit_item *it, int *result, int *retry)
+{
+    *result = KB_OK;
+    *retry = 0;
+    if (i % 50 == 7 || (i % 10 == 3 && it->attempts < 3))
+        *result = KB_ETRANSPORT, *retry = 1;
+    else if (i % 50 == 9)
+        *result = KB_EINVAL;
+}
+
+static int due_or_stop(void *arg)
+{
+    struct world *w = arg;
+    return atomic_load(&w->stop) || kb_kit_backlog_next_due(w->b) <= kb_now_ns();
+}
+
+static void *sender(void *arg)
+{
+    struct world *w = arg;
+    kb_kit_item *items[16];
+    while (!atomic_load(&w->stop)) {
+        size_t n = kb_kit_backlog_take(w->b, items, 16, kb_now_ns());
+        for (size_t k = 0; k < n; k++) {
+            int i = *(int *)items[k]->data, result, retry;
+            answer(i, items[k], &result, &retry);
+            char id[32];
+            snprintf(id, sizeof id, "1-%d", i);
+            atomic_fetch_add(&w->sends, 1);
+            kb_kit_backlog_done(w->b, items[k], result, retry, id, "refused by the fake broker");
+        }
+        if (n == 0) {
+            int64_t due = kb_kit_backlog_next_due(w->b), limit = kb_deadline_ns(20);
+            kb_signal_wait(kb_kit_backlog_signal(w->b), due_or_stop, w, due < limit ? due : limit);
+        }
+    }
+    return NULL;
+}
+
+struct producer {
+    struct world *w;
+    int first;
+};
+
+static void *produce(void *arg)
+{
+    struct producer *p = arg;
+    for (int i = p->first; i < EVENTS; i += PRODUCERS) {
+        int *data = malloc(sizeof *data);
+        *data = i;
+        int rc;
+        while ((rc = kb_kit_backlog_add(p->w->b, data, "orders", (uint32_t)i % 8, data,
+                                        sizeof *data, NULL)) == KB_EFULL)
+            ;   /* full for the whole wait: the test waits on */
+        if (rc != KB_OK)
+            abort();
+    }
+    return NULL;
+}
+
+static void one_report_per_event(void **state)
+{
+    (void)state;
+    struct reports *rep = calloc(1, sizeof *rep);
+    kb_bus *bus = open_bus(rep);
+    kb_kit_backlog_conf c = {.bus = bus, .capacity = 64, .timeout_ms = 50, .max_attempts = 4,
+                             .backoff_ms = 1, .max_backoff_ms = 4, .free_data = free};
+    struct world w = {.b = kb_kit_backlog_new(&c)};
+    assert_non_null(w.b);
+    pthread_t s, p[PRODUCERS];
+    struct producer args[PRODUCERS];
+    assert_int_equal(pthread_create(&s, NULL, sender, &w), 0);
+    for (int k = 0; k < PRODUCERS; k++) {
+        args[k] = (struct producer){&w, k};
+        assert_int_equal(pthread_create(&p[k], NULL, produce, &args[k]), 0);
+    }
+    for (int k = 0; k < PRODUCERS; k++)
+        pthread_join(p[k], NULL);
+    uint64_t last = kb_kit_backlog_last_ticket(w.b);
+    assert_int_equal(last, EVENTS);
+    kb_assert_ok(kb_kit_backlog_flush(w.b, last, kb_deadline_ns(30000)));
+    assert_int_equal(kb_kit_backlog_length(w.b), 0);
+    int ok = 0, failed = 0;
+    for (int i = 0; i < EVENTS; i++) {
+        assert_int_equal(rep->ok[i] + rep->failed[i], 1);   /* exactly one each */
+        int fails = i % 50 == 7 || i % 50 == 9;
+        assert_int_equal(rep->failed[i], fails);
+        ok += rep->ok[i];
+        failed += rep->failed[i];
+    }
+    assert_int_equal(rep->other, 0);
+    assert_int_equal(failed, 2 * EVENTS / 50);
+    /* each 10th + 3 took 3 sends, each 50th + 7 max_attempts (4), the rest 1 */
+    assert_int_equal(atomic_load(&w.sends), EVENTS + 2 * (EVENTS / 10) + 3 * (EVENTS / 50));
+    /* the failures are the bus's to tell at the next kb_flush */
+    assert_int_equal(kb_flush(bus, 1000), KB_ETRANSPORT);
+    atomic_store(&w.stop, 1);
+    kb_signal_notify(kb_kit_backlog_signal(w.b));
+    pthread_join(s, NULL);
+    kb_kit_backlog_fail_all(w.b, KB_ETIMEDOUT, "closing");
+    kb_kit_backlog_free(w.b);
+    kb_close(bus, 1000);
+    free(rep);
+}
+
+static void flush_by_ticket(void **state)
+{
+    (void)state;
+    struct reports *rep = calloc(1, sizeof *rep);
+    kb_bus *bus = open_bus(rep);
+    kb_kit_backlog_conf c = {.bus = bus, .capacity = 16, .timeout_ms = 50, .max_attempts = 1,
+                             .free_data = free};
+    kb_kit_backlog *b = kb_kit_backlog_new(&c);
+    assert_non_null(b);
+    uint64_t t[3];
+    for (int i = 0; i < 3; i++) {
+        int *data = malloc(sizeof *data);
+        *data = i;
+        kb_assert_ok(kb_kit_backlog_add(b, data, "orders", 0, data, sizeof *data, &t[i]));
+        assert_int_equal(t[i], (uint64_t)i + 1);
+    }
+    kb_kit_item *items[3];
+    assert_int_equal(kb_kit_backlog_take(b, items, 3, kb_now_ns()), 3);
+    assert_int_equal(kb_kit_backlog_take(b, items, 3, kb_now_ns()), 0);   /* in flight */
+    kb_kit_backlog_done(b, items[1], KB_OK, 0, "1-1", NULL);   /* the second first */
+    assert_int_equal(kb_kit_backlog_flush(b, t[1], kb_deadline_ns(30)), KB_ETIMEDOUT);
+    kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-0", NULL);
+    kb_assert_ok(kb_kit_backlog_flush(b, t[1], kb_deadline_ns(1000)));   /* 1 and 2: done */
+    assert_int_equal(kb_kit_backlog_flush(b, t[2], kb_deadline_ns(30)), KB_ETIMEDOUT);
+    assert_int_equal(rep->ok[0] + rep->ok[1], 2);
+    assert_int_equal(kb_kit_backlog_length(b), 1);
+    /* close gives up on the third (in flight: the sender stopped) */
+    kb_kit_backlog_fail_all(b, KB_ETIMEDOUT, "given up by close");
+    assert_int_equal(rep->failed[2], 1);
+    kb_assert_ok(kb_kit_backlog_flush(b, t[2], kb_deadline_ns(1000)));
+    int *data = malloc(sizeof *data);
+    *data = 3;
+    assert_int_equal(kb_kit_backlog_add(b, data, "orders", 0, data, sizeof *data, NULL),
+                     KB_ECLOSED);
+    free(data);
+    kb_kit_backlog_free(b);
+    kb_close(bus, 1000);
+    free(rep);
+}
+
+static void full_after_the_wait(void **state)
+{
+    (void)state;
+    struct reports *rep = calloc(1, sizeof *rep);
+    kb_bus *bus = open_bus(rep);
+    kb_kit_backlog_conf c = {.bus = bus, .capacity = 4, .timeout_ms = 100, .max_attempts = 1,
+                             .free_data = free};
+    kb_kit_backlog *b = kb_kit_backlog_new(&c);
+    assert_non_null(b);
+    for (int i = 0; i < 4; i++) {
+        int *data = malloc(sizeof *data);
+        *data = i;
+        kb_assert_ok(kb_kit_backlog_add(b, data, "orders", 0, data, sizeof *data, NULL));
+    }
+    int *data = malloc(sizeof *data);
+    *data = 4;
+    int64_t t0 = kb_now_ns();
+    assert_int_equal(kb_kit_backlog_add(b, data, "orders", 0, data, sizeof *data, NULL), KB_EFULL);
+    assert_true(kb_now_ns() - t0 >= 90 * 1000000LL);   /* it waited (wide slack above) */
+    free(data);   /* refused: still ours */
+    kb_kit_backlog_fail_all(b, KB_ETIMEDOUT, "given up by close");
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(rep->failed[i], 1);
+    assert_int_equal(rep->failed[4] + rep->ok[4], 0);   /* refused: no report */
+    kb_kit_backlog_free(b);
+    kb_close(bus, 1000);
+    free(rep);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(one_report_per_event),
+        cmocka_unit_test(flush_by_ticket),
+        cmocka_unit_test(full_after_the_wait),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
