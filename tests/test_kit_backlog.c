@@ -45,6 +45,43 @@ static kb_bus *open_bus(struct reports *rep)
     return kb_test_open_conf(c);
 }
 
+struct fixture {
+    struct reports *rep;
+    kb_bus *bus;
+    kb_kit_backlog *b;
+};
+
+static void setup(struct fixture *f, size_t capacity, int timeout_ms, uint32_t max_attempts)
+{
+    f->rep = calloc(1, sizeof *f->rep);
+    assert_non_null(f->rep);
+    f->bus = open_bus(f->rep);
+    kb_kit_backlog_conf c = {.bus = f->bus, .capacity = capacity, .timeout_ms = timeout_ms,
+                             .max_attempts = max_attempts, .backoff_ms = 1, .max_backoff_ms = 4,
+                             .free_data = free};
+    f->b = kb_kit_backlog_new(&c);
+    assert_non_null(f->b);
+}
+
+static void teardown(struct fixture *f)
+{
+    kb_kit_backlog_free(f->b);
+    kb_close(f->bus, 1000);
+    free(f->rep);
+}
+
+/* Event i: its data and its key are one malloc'ed int. */
+static int add_event(kb_kit_backlog *b, int i, uint64_t *ticket)
+{
+    int *data = malloc(sizeof *data);
+    assert_non_null(data);
+    *data = i;
+    int rc = kb_kit_backlog_add(b, data, "orders", (uint32_t)i % 8, data, sizeof *data, ticket);
+    if (rc != KB_OK)
+        free(data);   /* refused: still ours */
+    return rc;
+}
+
 struct world {
     kb_kit_backlog *b;
     _Atomic int stop;
@@ -101,11 +138,8 @@ static void *produce(void *arg)
 {
     struct producer *p = arg;
     for (int i = p->first; i < EVENTS; i += PRODUCERS) {
-        int *data = malloc(sizeof *data);
-        *data = i;
         int rc;
-        while ((rc = kb_kit_backlog_add(p->w->b, data, "orders", (uint32_t)i % 8, data,
-                                        sizeof *data, NULL)) == KB_EFULL)
+        while ((rc = add_event(p->w->b, i, NULL)) == KB_EFULL)
             ;   /* full for the whole wait: the test waits on */
         if (rc != KB_OK)
             abort();
@@ -116,12 +150,10 @@ static void *produce(void *arg)
 static void one_report_per_event(void **state)
 {
     (void)state;
-    struct reports *rep = calloc(1, sizeof *rep);
-    kb_bus *bus = open_bus(rep);
-    kb_kit_backlog_conf c = {.bus = bus, .capacity = 64, .timeout_ms = 50, .max_attempts = 4,
-                             .backoff_ms = 1, .max_backoff_ms = 4, .free_data = free};
-    struct world w = {.b = kb_kit_backlog_new(&c)};
-    assert_non_null(w.b);
+    struct fixture f;
+    setup(&f, 64, 50, 4);
+    struct reports *rep = f.rep;
+    struct world w = {.b = f.b};
     pthread_t s, p[PRODUCERS];
     struct producer args[PRODUCERS];
     assert_int_equal(pthread_create(&s, NULL, sender, &w), 0);
@@ -148,30 +180,23 @@ static void one_report_per_event(void **state)
     /* each 10th + 3 took 3 sends, each 50th + 7 max_attempts (4), the rest 1 */
     assert_int_equal(atomic_load(&w.sends), EVENTS + 2 * (EVENTS / 10) + 3 * (EVENTS / 50));
     /* the failures are the bus's to tell at the next kb_flush */
-    assert_int_equal(kb_flush(bus, 1000), KB_ETRANSPORT);
+    assert_int_equal(kb_flush(f.bus, 1000), KB_ETRANSPORT);
     atomic_store(&w.stop, 1);
     kb_signal_notify(kb_kit_backlog_signal(w.b));
     pthread_join(s, NULL);
-    kb_kit_backlog_fail_all(w.b, KB_ETIMEDOUT, "closing");
-    kb_kit_backlog_free(w.b);
-    kb_close(bus, 1000);
-    free(rep);
+    teardown(&f);
 }
 
 static void flush_by_ticket(void **state)
 {
     (void)state;
-    struct reports *rep = calloc(1, sizeof *rep);
-    kb_bus *bus = open_bus(rep);
-    kb_kit_backlog_conf c = {.bus = bus, .capacity = 16, .timeout_ms = 50, .max_attempts = 1,
-                             .free_data = free};
-    kb_kit_backlog *b = kb_kit_backlog_new(&c);
-    assert_non_null(b);
+    struct fixture f;
+    setup(&f, 16, 50, 1);
+    kb_kit_backlog *b = f.b;
+    struct reports *rep = f.rep;
     uint64_t t[3];
     for (int i = 0; i < 3; i++) {
-        int *data = malloc(sizeof *data);
-        *data = i;
-        kb_assert_ok(kb_kit_backlog_add(b, data, "orders", 0, data, sizeof *data, &t[i]));
+        kb_assert_ok(add_event(b, i, &t[i]));
         assert_int_equal(t[i], (uint64_t)i + 1);
     }
     kb_kit_item *items[3];
@@ -188,43 +213,27 @@ static void flush_by_ticket(void **state)
     kb_kit_backlog_fail_all(b, KB_ETIMEDOUT, "given up by close");
     assert_int_equal(rep->failed[2], 1);
     kb_assert_ok(kb_kit_backlog_flush(b, t[2], kb_deadline_ns(1000)));
-    int *data = malloc(sizeof *data);
-    *data = 3;
-    assert_int_equal(kb_kit_backlog_add(b, data, "orders", 0, data, sizeof *data, NULL),
-                     KB_ECLOSED);
-    free(data);
-    kb_kit_backlog_free(b);
-    kb_close(bus, 1000);
-    free(rep);
+    assert_int_equal(add_event(b, 3, NULL), KB_ECLOSED);
+    teardown(&f);
 }
 
 static void full_after_the_wait(void **state)
 {
     (void)state;
-    struct reports *rep = calloc(1, sizeof *rep);
-    kb_bus *bus = open_bus(rep);
-    kb_kit_backlog_conf c = {.bus = bus, .capacity = 4, .timeout_ms = 100, .max_attempts = 1,
-                             .free_data = free};
-    kb_kit_backlog *b = kb_kit_backlog_new(&c);
-    assert_non_null(b);
-    for (int i = 0; i < 4; i++) {
-        int *data = malloc(sizeof *data);
-        *data = i;
-        kb_assert_ok(kb_kit_backlog_add(b, data, "orders", 0, data, sizeof *data, NULL));
-    }
-    int *data = malloc(sizeof *data);
-    *data = 4;
+    struct fixture f;
+    setup(&f, 4, 100, 1);
+    kb_kit_backlog *b = f.b;
+    struct reports *rep = f.rep;
+    for (int i = 0; i < 4; i++)
+        kb_assert_ok(add_event(b, i, NULL));
     int64_t t0 = kb_now_ns();
-    assert_int_equal(kb_kit_backlog_add(b, data, "orders", 0, data, sizeof *data, NULL), KB_EFULL);
+    assert_int_equal(add_event(b, 4, NULL), KB_EFULL);
     assert_true(kb_now_ns() - t0 >= 90 * 1000000LL);   /* it waited (wide slack above) */
-    free(data);   /* refused: still ours */
     kb_kit_backlog_fail_all(b, KB_ETIMEDOUT, "given up by close");
     for (int i = 0; i < 4; i++)
         assert_int_equal(rep->failed[i], 1);
     assert_int_equal(rep->failed[4] + rep->ok[4], 0);   /* refused: no report */
-    kb_kit_backlog_free(b);
-    kb_close(bus, 1000);
-    free(rep);
+    teardown(&f);
 }
 
 int main(void)

@@ -182,12 +182,11 @@ static void topic_free(kb_transport_topic *tt)
 {
     for (uint32_t i = 0; tt->parts != NULL && i < tt->partitions; i++) {
         struct kb__file_part *p = &tt->parts[i];
-        kb__file_pending_free_all(p);
+        kb_kit_queue_free(p->queue);   /* and the released deliveries still in it */
         if (p->log_fd >= 0)
             close(p->log_fd);
         if (p->offset_fd >= 0)
             close(p->offset_fd);
-        pthread_mutex_destroy(&p->lock);
     }
     if (tt->dlq_fd >= 0)
         close(tt->dlq_fd);
@@ -195,6 +194,7 @@ static void topic_free(kb_transport_topic *tt)
         close(tt->dlq_mark_fd);
     pthread_mutex_destroy(&tt->dlq_lock);
     free(tt->parts);
+    free(tt->queues);
     free(tt->member_path);
     free(tt->dir);
     free(tt->name);
@@ -219,7 +219,8 @@ static int file_topic_open(kb_transport *t, const char *topic, kb_transport_topi
     tt->name = strdup(topic);
     tt->dir = malloc(dlen);
     tt->parts = calloc(tt->partitions, sizeof *tt->parts);
-    if (tt->name == NULL || tt->dir == NULL || tt->parts == NULL) {
+    tt->queues = calloc(tt->partitions, sizeof *tt->queues);
+    if (tt->name == NULL || tt->dir == NULL || tt->parts == NULL || tt->queues == NULL) {
         free(tt->parts);
         tt->parts = NULL;   /* topic_free: no partition to close */
         topic_free(tt);
@@ -227,13 +228,20 @@ static int file_topic_open(kb_transport *t, const char *topic, kb_transport_topi
         return KB_ENOMEM;
     }
     snprintf(tt->dir, dlen, "%s/%s", t->dir, topic);   /* keybus topic names hold no '/' */
+    int rc = KB_OK;
     for (uint32_t i = 0; i < tt->partitions; i++) {
         struct kb__file_part *p = &tt->parts[i];
         p->index = i;
         p->log_fd = p->offset_fd = p->lease_fd = -1;
-        pthread_mutex_init(&p->lock, NULL);
+        /* settling notifies t->settled, which kb_drain waits on */
+        p->queue = tt->queues[i] = kb_kit_queue_new(i, 0, t->settled);
+        if (p->queue == NULL && rc == KB_OK) {
+            kb_errf(errstr, errlen, "file: out of memory for topic %s", topic);
+            rc = KB_ENOMEM;
+        }
     }
-    int rc = open_files(tt, errstr, errlen);
+    if (rc == KB_OK)
+        rc = open_files(tt, errstr, errlen);
     if (rc != KB_OK) {
         topic_free(tt);
         return rc;
@@ -254,9 +262,7 @@ static int file_close(kb_transport *t, int64_t deadline_ns)
     int rc = kb__file_flush(t, kb_deadline_left_ms(deadline_ns));
     for (kb_transport_topic *tt = atomic_load(&t->topics), *next; tt != NULL; tt = next) {
         next = atomic_load(&tt->next);
-        for (uint32_t i = 0; i < tt->partitions; i++)
-            kb__file_lease_release(tt, &tt->parts[i]);   /* commit, then unlock */
-        kb__file_member_leave(tt);
+        kb__file_member_leave(tt);   /* commit, unlock every lease, leave */
         topic_free(tt);
     }
     file_free(t);

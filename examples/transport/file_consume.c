@@ -29,13 +29,14 @@ static int read_partition(struct reader *rd, kb_transport_topic *tt, kb_sink *si
         if (rc == KB_ENOTFOUND)
             break;   /* the end for now */
         if (rc != KB_OK) {
-            p->leaving = 1;   /* stop here: the next owner meets the same damage */
+            p->stalled = 1;   /* stop here: the next owner meets the same damage */
             kb_log(rd->t->bus, KB_LOG_ERROR, "topic %s: partition %u: %s; reading stopped",
                    tt->name, p->index, kb_last_error());
             break;
         }
-        struct kb__file_pending *pe;
-        if (kb__file_pending_push(p, r.end, &pe) != KB_OK)
+        kb_kit_pending *pe;
+        if (kb_kit_queue_push(p->queue, r.end, kb_kit_members_generation(tt->members, p->index),
+                              &pe) != KB_OK)
             break;   /* try again next tick */
         char id[48];
         snprintf(id, sizeof id, "%u-%llu", p->index, (unsigned long long)r.offset);
@@ -51,7 +52,7 @@ static int read_partition(struct reader *rd, kb_transport_topic *tt, kb_sink *si
         if (rc == KB_ECLOSED)
             return -1;   /* pe stays unsettled, freed at close */
         if (rc != KB_OK) {
-            kb__file_pending_cancel(p, pe);   /* out of memory: read it again next tick */
+            kb_kit_queue_cancel(p->queue, pe);   /* out of memory: read it again next tick */
             kb_log(rd->t->bus, KB_LOG_WARNING, "topic %s: partition %u: %s", tt->name,
                    p->index, kb_last_error());
             break;
@@ -74,7 +75,7 @@ static void keep_leases(kb_transport *t)
     for (kb_transport_topic *tt = atomic_load(&t->topics); tt != NULL; tt = atomic_load(&tt->next)) {
         if (atomic_load(&tt->sink) == NULL)
             continue;
-        kb__file_lease_tick(tt);
+        kb_kit_members_tick(tt->members, kb_now_ns());   /* fair share, hand-overs */
         for (uint32_t i = 0; i < tt->partitions; i++)
             if (tt->parts[i].lease_fd >= 0 && kb__file_commit_write(&tt->parts[i]) != KB_OK)
                 kb_log(t->bus, KB_LOG_WARNING, "topic %s: %s", tt->name, kb_last_error());
@@ -98,7 +99,7 @@ static void *reader_main(void *arg)
             kb_sink *sink = atomic_load(&tt->sink);
             for (uint32_t i = 0; sink != NULL && i < tt->partitions && !closing; i++) {
                 struct kb__file_part *p = &tt->parts[i];
-                if (p->lease_fd < 0 || p->leaving)
+                if (!kb_kit_members_reading(tt->members, i) || p->stalled)
                     continue;
                 int n = read_partition(rd, tt, sink, p);
                 closing = n < 0;
@@ -151,7 +152,8 @@ int kb__file_subscribe(kb_transport *t, kb_transport_topic *tt, kb_sink *sink)
 
 int kb__file_ack(kb_transport *t, const kb_delivery *d)
 {
-    kb__file_settle(t, d->cookie);
+    (void)t;
+    kb_kit_settle(d->cookie);   /* the queue notifies t->settled when the offset moves */
     return KB_OK;
 }
 

@@ -19,8 +19,9 @@
 /* Executor threads. Storing the dead letter settles the delivery, as an ack. */
 int kb__file_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason)
 {
+    (void)t;
     kb_transport_topic *tt = d->tt;
-    struct kb__file_pending *pe = d->cookie;
+    kb_kit_pending *pe = d->cookie;
     struct kb__file_rec head = {
         .attempts = d->attempt, .partition = d->partition,
         .time_ms = (int64_t)kb__file_unix_ms(), .original = UINT64_MAX,
@@ -32,8 +33,9 @@ int kb__file_dead_letter(kb_transport *t, const kb_delivery *d, const char *reas
     uint64_t end;
     int rc = kb__file_append(tt->dlq_fd, &head, &m, reason, &end);
     if (rc == KB_OK)
-        kb__file_settle(t, pe);
-    /* not stored: left unsettled, so the next owner delivers it again */
+        kb_kit_settle(pe);
+    else
+        kb_kit_release(pe);   /* not stored: unsettled, so the next owner delivers it again */
     return rc;
 }
 

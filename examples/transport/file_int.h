@@ -11,7 +11,7 @@
  *   file.c                        the ops table, open/close, topic_open
  *   file_dlq.c                    dead letters (replays through file_publish.c)
  *   file_publish.c file_consume.c file_stats.c
- *   file_lease.c   file_settle.c
+ *   file_lease.c   file_settle.c   (over the kit: <keybus/kit.h>)
  *   file_log.c                    record format, append and read
  *   <keybus/transport.h>          the SDK */
 #ifndef KB_FILE_INT_H
@@ -21,38 +21,26 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include <keybus/transport.h>
+#include <keybus/kit.h>
 
-/* A delivered event the group has not settled yet; the cookie of its
- * kb_delivery. Queued per partition in log order, so the committed offset
- * only passes events that are all settled. */
-struct kb__file_pending {
-    struct kb__file_pending *next;
-    struct kb__file_part *part;
-    uint64_t end;        /* log offset just past the event */
-    int done;            /* acked or dead-lettered */
-};
-
-/* One partition of a topic. */
+/* One partition of a topic. Its pending queue and lease come from the
+ * consumer-group kit (<keybus/kit.h>): the cookie of a delivery is its
+ * kb_kit_pending entry. */
 struct kb__file_part {
     uint32_t index;
     int log_fd;                     /* O_APPEND: one write() per record */
     int offset_fd;                  /* the group's committed offset */
     _Atomic int dirty;              /* appended since the last fsync */
     _Atomic uint64_t published_end; /* end of this process's last append: kb_drain waits for it */
+    kb_kit_queue *queue;            /* deliveries in log order; the settled prefix */
 
-    /* Consumer side. lease_fd, leaving and read_off belong to the reader
+    /* Consumer side. lease_fd, stalled and read_off belong to the reader
      * thread (and to close, after the reader stopped). */
     int lease_fd;                   /* -1: not owned */
-    int leaving;                    /* over our fair share: read no more, hand over when settled */
+    int stalled;                    /* a damaged record: read no further */
     uint64_t read_off;              /* next record to deliver */
     _Atomic int owned;              /* lease_fd >= 0, for other threads */
-    _Atomic uint64_t committed;     /* settled prefix, while owned */
     uint64_t committed_written;     /* what offset_fd holds (reader thread) */
-
-    pthread_mutex_t lock;           /* the pending queue */
-    struct kb__file_pending *head, *tail;
-    size_t in_flight;
 };
 
 struct kb_transport_topic {
@@ -71,8 +59,8 @@ struct kb_transport_topic {
     /* membership (file_lease.c), reader thread */
     _Atomic int member_fd;             /* -1 until subscribe; kb_partition_stats_get reads it */
     char *member_path;
-    uint32_t live_members;
-    _Atomic uint32_t partitions_owned;
+    kb_kit_members *members;           /* the kit's lease manager, from subscribe on */
+    kb_kit_queue **queues;             /* parts[i].queue again: the manager asks them */
 };
 
 struct kb_transport {
@@ -124,20 +112,15 @@ int kb__file_append(int fd, const struct kb__file_rec *head, const kb_msg *m,
 int kb__file_read_at(int fd, uint64_t offset, struct kb__file_buf *buf, struct kb__file_read *r);
 uint64_t kb__file_unix_ms(void);
 
-/* file_settle.c: the pending queue and the committed offset. */
-int  kb__file_pending_push(struct kb__file_part *p, uint64_t end, struct kb__file_pending **out);
-void kb__file_pending_cancel(struct kb__file_part *p, struct kb__file_pending *pe);
-void kb__file_settle(kb_transport *t, struct kb__file_pending *pe);
-void kb__file_pending_free_all(struct kb__file_part *p);
+/* file_settle.c: the committed offset on disk (the queue is the kit's). */
 int  kb__file_commit_write(struct kb__file_part *p);
 uint64_t kb__file_committed(struct kb__file_part *p);
 
-/* file_lease.c: membership and partition leases (reader thread and close). */
+/* file_lease.c: membership and the flocks under the kit's lease manager
+ * (reader thread and close). */
 int  kb__file_member_join(kb_transport_topic *tt, char *errstr, size_t errlen);
 void kb__file_member_leave(kb_transport_topic *tt);
-uint32_t kb__file_members(kb_transport_topic *tt, int tidy);
-void kb__file_lease_tick(kb_transport_topic *tt);
-void kb__file_lease_release(kb_transport_topic *tt, struct kb__file_part *p);
+uint32_t kb__file_members(kb_transport_topic *tt);
 /* "" or the consumer holding partition p's lease, into out. */
 void kb__file_lease_owner(kb_transport_topic *tt, uint32_t p, char *out, size_t outlen);
 

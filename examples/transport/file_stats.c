@@ -28,10 +28,7 @@ static int count_records(int fd, uint64_t committed, struct counts *c)
 /* Delivered here and not settled yet. */
 static uint64_t pending_here(struct kb__file_part *p)
 {
-    pthread_mutex_lock(&p->lock);
-    uint64_t n = p->in_flight;
-    pthread_mutex_unlock(&p->lock);
-    return n;
+    return kb_kit_queue_outstanding(p->queue);
 }
 
 int kb__file_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out)
@@ -39,9 +36,9 @@ int kb__file_stats(kb_transport *t, kb_transport_topic *tt, kb_topic_stats *out)
     (void)t;
     out->published = atomic_load(&tt->published);
     out->partitions = tt->partitions;
-    out->partitions_owned = atomic_load(&tt->partitions_owned);
     for (uint32_t i = 0; i < tt->partitions; i++) {
         struct kb__file_part *p = &tt->parts[i];
+        out->partitions_owned += (uint32_t)atomic_load(&p->owned);
         struct counts c = {0};
         int rc = count_records(p->log_fd, kb__file_committed(p), &c);
         if (rc != KB_OK)
@@ -76,6 +73,6 @@ int kb__file_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t p
     out->pending = pending_here(p);
     out->lag = c.unsettled > out->pending ? c.unsettled - out->pending : 0;
     kb__file_lease_owner(tt, partition, out->owner, sizeof out->owner);
-    out->consumers = kb__file_members(tt, 0);
+    out->consumers = kb__file_members(tt);
     return KB_OK;
 }
