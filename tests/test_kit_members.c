@@ -36,7 +36,7 @@ static int try_take(void *opaque, uint32_t p)
     if (me->br->owner[p] != NULL && me->br->owner[p] != me->name)
         return 0;
     me->br->owner[p] = me->name;
-    return kb_kit_queue_restart(me->queues[p], 0) == KB_OK;
+    return me->queues[p] == NULL || kb_kit_queue_restart(me->queues[p], 0) == KB_OK;
 }
 
 static int renew(void *opaque, uint32_t p)
@@ -47,11 +47,12 @@ static int renew(void *opaque, uint32_t p)
     return me->br->renew_answer;
 }
 
-static void give_back(void *opaque, uint32_t p)
+static int give_back(void *opaque, uint32_t p)
 {
     struct member *me = opaque;
     if (me->br->owner[p] == me->name)
         me->br->owner[p] = NULL;
+    return KB_OK;
 }
 
 static void lost(void *opaque, uint32_t p)
@@ -228,12 +229,93 @@ static void generations(void **state)
     member_fini(&a);
 }
 
+/* A broker that answers a tick in one round, knows idleness without a
+ * queue (an in-flight count, as redis:// keeps) and is told of each new
+ * generation. */
+struct batched {
+    struct member me;
+    int rounds, gained;
+    size_t last_round;
+    int inflight[PARTS];
+};
+
+static void round_cb(void *opaque, kb_kit_lease_op *ops, size_t n)
+{
+    struct batched *b = opaque;
+    b->rounds++;
+    b->last_round = n;
+    for (size_t i = 0; i < n; i++)
+        ops[i].result = ops[i].take ? try_take(&b->me, ops[i].partition)
+                                    : renew(&b->me, ops[i].partition);
+}
+
+static int idle_cb(void *opaque, uint32_t p)
+{
+    return ((struct batched *)opaque)->inflight[p] == 0;
+}
+
+static void gained_cb(void *opaque, uint32_t p)
+{
+    (void)p;
+    ((struct batched *)opaque)->gained++;
+}
+
+static int give_back_b(void *opaque, uint32_t p)
+{
+    return give_back(&((struct batched *)opaque)->me, p);
+}
+
+static int members_b(void *opaque, kb_names *out)
+{
+    return members(&((struct batched *)opaque)->me, out);
+}
+
+static void one_round_per_tick(void **state)
+{
+    (void)state;
+    struct broker br = {.renew_answer = 1, .live = {"alpha-1"}};
+    struct batched b = {.me = {.br = &br, .name = "alpha-1"}};
+    kb_kit_members_conf c = {
+        .me = "alpha-1", .partitions = PARTS, .lease_ns = 1000,
+        .broker = {.opaque = &b, .round = round_cb, .give_back = give_back_b,
+                   .gained = gained_cb, .idle = idle_cb, .members = members_b},
+    };
+    kb_kit_members *m = kb_kit_members_new(&c);
+    assert_non_null(m);
+    b.inflight[5] = 1;   /* out from an earlier lease: not taken yet */
+    kb_kit_members_tick(m, 0);
+    assert_int_equal(b.rounds, 1);
+    assert_int_equal(b.last_round, PARTS - 1);
+    assert_int_equal(b.gained, PARTS - 1);
+    assert_int_equal(kb_kit_members_generation(m, 5), 0);
+    b.inflight[5] = 0;
+    kb_kit_members_tick(m, 100);   /* seven renewals and one take, one round */
+    assert_int_equal(b.rounds, 2);
+    assert_int_equal(b.last_round, PARTS);
+    assert_int_equal(kb_kit_members_held(m), PARTS);
+    /* silent past the deadline, then answering: a lapse is a new generation */
+    uint64_t g = kb_kit_members_generation(m, 0);
+    br.renew_answer = -1;
+    kb_kit_members_tick(m, 500);
+    br.renew_answer = 1;
+    b.gained = 0;
+    kb_kit_members_tick(m, 1101);   /* renewed or taken at 100: deadlines at 1100 */
+    assert_int_equal(kb_kit_members_held(m), PARTS);
+    assert_int_equal(b.gained, PARTS);
+    assert_true(kb_kit_members_generation(m, 0) != g);
+    assert_false(kb_kit_members_still_owned(m, 0, g, 1101));
+    assert_true(kb_kit_members_still_owned(m, 0, kb_kit_members_generation(m, 0), 1101));
+    kb_kit_members_leave(m);
+    kb_kit_members_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fair_share),
         cmocka_unit_test(hand_over_once_settled),
         cmocka_unit_test(generations),
+        cmocka_unit_test(one_round_per_tick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,9 +1,9 @@
 /* The lease manager: one round per kb_kit_members_tick on the transport's
  * thread. Per partition a state (free, held, leaving) and a generation that
  * changes at every take, published with atomics so executors answer
- * still_owned without a lock. Hand-over waits for the partition's queue to
- * be idle: the next owner then starts at a committed offset that covers
- * everything this member delivered, so per-key order holds across it. */
+ * still_owned without a lock. Hand-over waits for the partition to be idle:
+ * the next owner then starts at a committed offset that covers everything
+ * this member delivered, so per-key order holds across it. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,17 +23,20 @@ struct kb_kit_members {
     char *me;
     struct kit_part *parts;
     unsigned char *mine;
+    kb_kit_lease_op *ops;          /* a tick's requests (tick thread) */
     uint64_t generations;          /* the last one handed out (tick thread) */
     _Atomic uint32_t held, live;
 };
 
 kb_kit_members *kb_kit_members_new(const kb_kit_members_conf *c)
 {
-    if (c->me == NULL || c->partitions == 0 || c->queues == NULL ||
-        c->broker.try_take == NULL || c->broker.give_back == NULL || c->broker.members == NULL ||
-        (c->lease_ns > 0 && c->broker.renew == NULL)) {
-        kb_errf(NULL, 0, "kit: a lease manager needs a name, partitions, their queues and the "
-                "try_take, give_back and members callbacks (renew with a lease time)");
+    const kb_kit_broker *br = &c->broker;
+    if (c->me == NULL || c->partitions == 0 || (c->queues == NULL && br->idle == NULL) ||
+        (br->try_take == NULL && br->round == NULL) || br->give_back == NULL ||
+        br->members == NULL || (c->lease_ns > 0 && br->renew == NULL && br->round == NULL)) {
+        kb_errf(NULL, 0, "kit: a lease manager needs a name, partitions, their queues (or "
+                "idle) and the try_take (or round), give_back and members callbacks (renew "
+                "or round with a lease time)");
         return NULL;
     }
     kb_kit_members *m = calloc(1, sizeof *m);
@@ -42,8 +45,9 @@ kb_kit_members *kb_kit_members_new(const kb_kit_members_conf *c)
         m->me = strdup(c->me);
         m->parts = calloc(c->partitions, sizeof *m->parts);
         m->mine = calloc(c->partitions, 1);
+        m->ops = calloc(c->partitions, sizeof *m->ops);
     }
-    if (m == NULL || m->me == NULL || m->parts == NULL || m->mine == NULL) {
+    if (m == NULL || m->me == NULL || m->parts == NULL || m->mine == NULL || m->ops == NULL) {
         kb_kit_members_free(m);
         kb_errf(NULL, 0, "kit: out of memory for a lease manager");
         return NULL;
@@ -59,6 +63,7 @@ void kb_kit_members_free(kb_kit_members *m)
     free(m->me);
     free(m->parts);
     free(m->mine);
+    free(m->ops);
     free(m);
 }
 
@@ -66,6 +71,13 @@ static void changed(kb_kit_members *m, uint32_t p, int gained)
 {
     if (m->c.bus != NULL && m->c.names != NULL)
         kb_bus_lease_changed(m->c.bus, m->c.names[p], p, gained);
+}
+
+static int idle(const kb_kit_members *m, uint32_t p)
+{
+    const kb_kit_broker *br = &m->c.broker;
+    return br->idle != NULL ? br->idle(br->opaque, p)
+                            : kb_kit_queue_outstanding(m->c.queues[p]) == 0;
 }
 
 /* Not held any more: executors holding deliveries of it see still_owned 0. */
@@ -78,38 +90,65 @@ static void drop(kb_kit_members *m, uint32_t p)
     changed(m, p, 0);
 }
 
-static void take(kb_kit_members *m, uint32_t p, int64_t now)
+/* A new generation of p's lease: taken, or renewed after a lapse. */
+static void gain(kb_kit_members *m, uint32_t p, int64_t now)
 {
     struct kit_part *s = &m->parts[p];
-    /* deliveries of an earlier lease still out: they must come back first */
-    if (kb_kit_queue_outstanding(m->c.queues[p]) != 0)
-        return;
-    if (m->c.broker.try_take(m->c.broker.opaque, p) != 1)
-        return;
     atomic_store_explicit(&s->deadline, m->c.lease_ns > 0 ? now + m->c.lease_ns : INT64_MAX,
                           memory_order_relaxed);
     atomic_store_explicit(&s->generation, ++m->generations, memory_order_release);
-    atomic_store_explicit(&s->state, PART_HELD, memory_order_release);
-    atomic_fetch_add(&m->held, 1);
+    if (atomic_load_explicit(&s->state, memory_order_relaxed) == PART_FREE) {
+        atomic_store_explicit(&s->state, PART_HELD, memory_order_release);
+        atomic_fetch_add(&m->held, 1);
+    }
     changed(m, p, 1);
+    if (m->c.broker.gained != NULL)
+        m->c.broker.gained(m->c.broker.opaque, p);
 }
 
-/* 1 while still held after the renewal. */
-static int renew(kb_kit_members *m, uint32_t p, int64_t now)
+static void renewed(kb_kit_members *m, uint32_t p, int r, int64_t now)
 {
     struct kit_part *s = &m->parts[p];
-    if (m->c.lease_ns == 0)
-        return 1;
-    int r = m->c.broker.renew(m->c.broker.opaque, p);
-    if (r == 1)
+    int64_t deadline = atomic_load_explicit(&s->deadline, memory_order_relaxed);
+    if (r == 1 && now >= deadline) {
+        gain(m, p, now);   /* a lapse: still_owned said 0 meanwhile */
+    } else if (r == 1) {
         atomic_store_explicit(&s->deadline, now + m->c.lease_ns, memory_order_release);
-    if (r == 0 || (r < 0 && now >= atomic_load(&s->deadline))) {
+    } else if (r == 0 || now >= deadline) {
         drop(m, p);
         if (m->c.broker.lost != NULL)
             m->c.broker.lost(m->c.broker.opaque, p);
-        return 0;
     }
-    return 1;
+}
+
+/* The takes and renewals of this tick, in one round when the broker can. */
+static void requests(kb_kit_members *m, int64_t now)
+{
+    const kb_kit_broker *br = &m->c.broker;
+    size_t n = 0;
+    for (uint32_t p = 0; p < m->c.partitions; p++) {
+        int st = atomic_load_explicit(&m->parts[p].state, memory_order_relaxed);
+        /* deliveries of an earlier lease still out: they must come back first */
+        if (st == PART_FREE && m->mine[p] && idle(m, p))
+            m->ops[n++] = (kb_kit_lease_op){p, 1, 0};
+        else if (st != PART_FREE && m->c.lease_ns > 0)
+            m->ops[n++] = (kb_kit_lease_op){p, 0, 0};
+    }
+    if (n == 0)
+        return;
+    if (br->round != NULL)
+        br->round(br->opaque, m->ops, n);
+    else
+        for (size_t i = 0; i < n; i++)
+            m->ops[i].result = m->ops[i].take ? br->try_take(br->opaque, m->ops[i].partition)
+                                              : br->renew(br->opaque, m->ops[i].partition);
+    for (size_t i = 0; i < n; i++) {
+        const kb_kit_lease_op *op = &m->ops[i];
+        if (!op->take)
+            renewed(m, op->partition, op->result, now);
+        else if (op->result == 1)
+            gain(m, op->partition, now);
+    }
 }
 
 uint32_t kb_kit_members_tick(kb_kit_members *m, int64_t now)
@@ -120,24 +159,19 @@ uint32_t kb_kit_members_tick(kb_kit_members *m, int64_t now)
         atomic_store(&m->live, live.n > 0 ? (uint32_t)live.n : 1);
     }
     kb_names_free(&live);   /* a failed listing keeps the last share */
+    requests(m, now);
     for (uint32_t p = 0; p < m->c.partitions; p++) {
         struct kit_part *s = &m->parts[p];
         int st = atomic_load_explicit(&s->state, memory_order_relaxed);
-        if (st == PART_FREE) {
-            if (m->mine[p])
-                take(m, p, now);
-            continue;
-        }
-        if (!renew(m, p, now))
+        if (st == PART_FREE)
             continue;
         if (st == PART_HELD && !m->mine[p])
             atomic_store_explicit(&s->state, st = PART_LEAVING, memory_order_release);
         else if (st == PART_LEAVING && m->mine[p])
             atomic_store_explicit(&s->state, st = PART_HELD, memory_order_release);
-        if (st == PART_LEAVING && kb_kit_queue_outstanding(m->c.queues[p]) == 0) {
-            m->c.broker.give_back(m->c.broker.opaque, p);
+        if (st == PART_LEAVING && idle(m, p) &&
+            m->c.broker.give_back(m->c.broker.opaque, p) == KB_OK)
             drop(m, p);
-        }
     }
     return atomic_load(&m->held);
 }
@@ -146,7 +180,7 @@ void kb_kit_members_leave(kb_kit_members *m)
 {
     for (uint32_t p = 0; p < m->c.partitions; p++)
         if (atomic_load(&m->parts[p].state) != PART_FREE) {
-            m->c.broker.give_back(m->c.broker.opaque, p);
+            m->c.broker.give_back(m->c.broker.opaque, p);   /* failed: it expires */
             drop(m, p);
         }
 }

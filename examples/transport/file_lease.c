@@ -103,7 +103,7 @@ static int take_cb(void *opaque, uint32_t i)
 }
 
 /* Store the committed offset, then unlock: the next owner starts there. */
-static void give_back_cb(void *opaque, uint32_t i)
+static int give_back_cb(void *opaque, uint32_t i)
 {
     kb_transport_topic *tt = opaque;
     struct kb__file_part *p = &tt->parts[i];
@@ -115,6 +115,7 @@ static void give_back_cb(void *opaque, uint32_t i)
         kb_log(tt->t->bus, KB_LOG_DEBUG, "file: partition %u: owner not cleared", p->index);
     close(p->lease_fd);
     p->lease_fd = -1;
+    return KB_OK;
 }
 
 /* The kit's lease manager over the flocks: no renew (a flock is never lost

@@ -106,27 +106,47 @@ KB_EXPORT int kb_kit_queue_restart(kb_kit_queue *q, uint64_t committed);
  * is no longer its share as leaving (read no more) and gives it back once
  * its queue is idle (hand-over once settled, so per-key order holds across
  * processes). A partition whose queue still has deliveries outstanding from
- * an earlier lease is not taken again until they came back.
+ * an earlier lease is not taken again until they came back. A renewal that
+ * succeeds only after the lease's deadline passed starts a new generation.
  * ------------------------------------------------------------------------- */
 typedef struct kb_kit_members kb_kit_members;
+
+/* One lease request of a tick, for kb_kit_broker.round. */
+typedef struct kb_kit_lease_op {
+    uint32_t partition;
+    int take;      /* 1: take it (as try_take), 0: renew it (as renew) */
+    int result;    /* set by round: what try_take or renew would return */
+} kb_kit_lease_op;
 
 /* The broker's side, called only from kb_kit_members_tick and
  * kb_kit_members_leave, on the caller's thread (so they may block). */
 typedef struct kb_kit_broker {
     void *opaque;
-    /* Take partition p's lease for this member: 1 taken (the transport sets
-     * its read position: kb_kit_queue_restart at the group's committed
-     * offset), 0 another member holds it, < 0 an error (tried again next tick). */
+    /* Take partition p's lease for this member (or keep it, when this member
+     * holds it already): 1 taken (the transport sets its read position, e.g.
+     * kb_kit_queue_restart at the group's committed offset), 0 another
+     * member holds it, < 0 an error (tried again next tick). */
     int (*try_take)(void *opaque, uint32_t p);
     /* Keep partition p's lease: 1 still ours, 0 lost, < 0 no answer (kept
      * until its deadline, then lost). NULL: a lease is never lost while held
      * (a flock). */
     int (*renew)(void *opaque, uint32_t p);
+    /* Optional: a tick's takes and renewals in one go (a pipeline: one round
+     * trip), in place of try_take and renew: fill ops[i].result for each. */
+    void (*round)(void *opaque, kb_kit_lease_op *ops, size_t n);
     /* Hand partition p's lease back (store the committed offset first): its
-     * queue is idle, or the member is leaving. */
-    void (*give_back)(void *opaque, uint32_t p);
+     * deliveries are all back, or the member is leaving. KB_OK, or a KB_E*
+     * code: still held, tried again next tick (at leave: dropped anyway). */
+    int (*give_back)(void *opaque, uint32_t p);
+    /* Optional: partition p has a new generation — taken, or renewed only
+     * after its deadline had passed (a lapse: deliveries of the old one are
+     * no longer owned) — so the transport reads it again from the start. */
+    void (*gained)(void *opaque, uint32_t p);
     /* Optional: partition p was lost (renew said 0, or its deadline passed). */
     void (*lost)(void *opaque, uint32_t p);
+    /* Optional: 1 when none of p's deliveries is with the bus. NULL: the
+     * partition's queue is asked (kb_kit_queue_outstanding). */
+    int (*idle)(void *opaque, uint32_t p);
     /* The live members' names, this one included, into *out (an empty set
      * on entry; the manager frees it). KB_OK or a KB_E* code (the tick then
      * changes no share). */
@@ -137,7 +157,8 @@ typedef struct kb_kit_members_conf {
     kb_bus *bus;                 /* kb_bus_lease_changed; NULL: not called */
     const char *me;              /* this member's name as `members` lists it (copied) */
     uint32_t partitions;
-    kb_kit_queue *const *queues; /* queues[p] per partition: asked whether idle (borrowed) */
+    kb_kit_queue *const *queues; /* queues[p] per partition: asked whether idle (borrowed);
+                                    NULL with broker.idle */
     const char *const *names;    /* names[p]: the partition's broker name for
                                     kb_bus_lease_changed (borrowed); NULL: not called */
     int64_t lease_ns;            /* how long a take or renew holds the lease, from the
