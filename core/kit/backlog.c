@@ -91,14 +91,12 @@ static int has_room(void *arg)
 int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topic, uint32_t partition,
                        const void *key, size_t key_len, uint64_t *ticket)
 {
+    int keep_key = kb_bus_delivery_wanted(b->c.bus) && key_len > 0;   /* only a report reads it */
     struct entry *e = calloc(1, sizeof *e);
-    void *kcopy = NULL;
-    if (e != NULL && kb_bus_delivery_wanted(b->c.bus) && key_len > 0) {
-        kcopy = malloc(key_len);   /* only a report reads it */
-        if (kcopy != NULL)
-            memcpy(kcopy, key, key_len);
-    }
-    if (e == NULL || (kb_bus_delivery_wanted(b->c.bus) && key_len > 0 && kcopy == NULL)) {
+    void *kcopy = e != NULL && keep_key ? malloc(key_len) : NULL;
+    if (kcopy != NULL)
+        memcpy(kcopy, key, key_len);
+    if (e == NULL || (keep_key && kcopy == NULL)) {
         free(e);
         kb_errf(NULL, 0, "kit: out of memory for an event of topic %s", topic);
         return KB_ENOMEM;

@@ -206,10 +206,10 @@ int kb_kit_members_reading(const kb_kit_members *m, uint32_t p)
 
 uint32_t kb_kit_members_held(const kb_kit_members *m)
 {
-    return atomic_load(&((kb_kit_members *)m)->held);
+    return atomic_load(&m->held);
 }
 
 uint32_t kb_kit_members_live(const kb_kit_members *m)
 {
-    return atomic_load(&((kb_kit_members *)m)->live);
+    return atomic_load(&m->live);
 }

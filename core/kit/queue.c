@@ -21,8 +21,7 @@ struct kb_kit_pending {
 struct kb_kit_queue {
     pthread_mutex_t lock;
     kb_kit_pending *head, *tail;  /* log order */
-    size_t outstanding;           /* PENDING_OUT entries */
-    _Atomic size_t outstanding_seen;   /* the same, for readers without the lock */
+    _Atomic size_t outstanding;   /* PENDING_OUT entries: changed under lock, read without */
     _Atomic uint64_t committed;
     uint32_t partition;
     kb_signal *moved;
@@ -76,7 +75,7 @@ int kb_kit_queue_push(kb_kit_queue *q, uint64_t end, uint64_t generation, kb_kit
     else
         q->head = pe;
     q->tail = pe;
-    atomic_store_explicit(&q->outstanding_seen, ++q->outstanding, memory_order_release);
+    atomic_fetch_add_explicit(&q->outstanding, 1, memory_order_relaxed);
     pthread_mutex_unlock(&q->lock);
     *out = pe;
     return KB_OK;
@@ -92,7 +91,7 @@ void kb_kit_queue_cancel(kb_kit_queue *q, kb_kit_pending *pe)
     }
     *link = NULL;   /* pe is the tail: the feeder pushed it last */
     q->tail = prev;
-    atomic_store_explicit(&q->outstanding_seen, --q->outstanding, memory_order_release);
+    atomic_fetch_sub_explicit(&q->outstanding, 1, memory_order_release);
     pthread_mutex_unlock(&q->lock);
     free(pe);
 }
@@ -103,7 +102,6 @@ int kb_kit_settle(kb_kit_pending *pe)
     int moved = 0;
     pthread_mutex_lock(&q->lock);
     pe->state = PENDING_SETTLED;
-    atomic_store_explicit(&q->outstanding_seen, --q->outstanding, memory_order_release);
     while (q->head != NULL && q->head->state == PENDING_SETTLED) {
         kb_kit_pending *first = q->head;
         /* release: a reader of the offset (drain, the offset's writer) sees
@@ -115,6 +113,8 @@ int kb_kit_settle(kb_kit_pending *pe)
         free(first);
         moved = 1;
     }
+    /* after the offset: whoever sees the queue idle reads the offset it left */
+    atomic_fetch_sub_explicit(&q->outstanding, 1, memory_order_release);
     pthread_mutex_unlock(&q->lock);
     if (moved && q->moved != NULL)
         kb_signal_notify(q->moved);
@@ -126,7 +126,7 @@ void kb_kit_release(kb_kit_pending *pe)
     kb_kit_queue *q = pe->q;
     pthread_mutex_lock(&q->lock);
     pe->state = PENDING_RELEASED;
-    atomic_store_explicit(&q->outstanding_seen, --q->outstanding, memory_order_release);
+    atomic_fetch_sub_explicit(&q->outstanding, 1, memory_order_release);
     pthread_mutex_unlock(&q->lock);
 }
 
@@ -152,13 +152,13 @@ uint64_t kb_kit_queue_committed(const kb_kit_queue *q)
 
 size_t kb_kit_queue_outstanding(const kb_kit_queue *q)
 {
-    return atomic_load_explicit(&q->outstanding_seen, memory_order_acquire);
+    return atomic_load_explicit(&q->outstanding, memory_order_acquire);
 }
 
 int kb_kit_queue_restart(kb_kit_queue *q, uint64_t committed)
 {
     pthread_mutex_lock(&q->lock);
-    size_t out = q->outstanding;
+    size_t out = atomic_load_explicit(&q->outstanding, memory_order_relaxed);
     if (out == 0) {
         free_entries(q);   /* released ones: the new read position covers them */
         atomic_store_explicit(&q->committed, committed, memory_order_release);

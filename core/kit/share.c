@@ -18,9 +18,9 @@ void kb__kit_share(const char *const *members, size_t n, const char *me, uint32_
     }
     size_t cap = (partitions + n - 1) / n;
     size_t *load = calloc(n, sizeof *load);
-    const char **open = calloc(n, sizeof *open);
+    const char **room = calloc(n, sizeof *room);
     size_t *index = calloc(n, sizeof *index);
-    if (load == NULL || open == NULL || index == NULL) {
+    if (load == NULL || room == NULL || index == NULL) {
         /* out of memory: plain rendezvous, unbounded but still agreed on */
         for (uint32_t p = 0; p < partitions; p++) {
             long o = kb_rendezvous_owner(members, n, p);
@@ -31,15 +31,15 @@ void kb__kit_share(const char *const *members, size_t n, const char *me, uint32_
             size_t k = 0;
             for (size_t i = 0; i < n; i++)
                 if (load[i] < cap) {
-                    open[k] = members[i];
+                    room[k] = members[i];
                     index[k++] = i;
                 }
-            long o = kb_rendezvous_owner(open, k, p);   /* k > 0: cap * n >= partitions */
+            long o = kb_rendezvous_owner(room, k, p);   /* k > 0: cap * n >= partitions */
             load[index[o]]++;
-            mine[p] = strcmp(open[o], me) == 0;
+            mine[p] = strcmp(room[o], me) == 0;
         }
     }
     free(load);
-    free(open);
+    free(room);
     free(index);
 }
