@@ -83,8 +83,8 @@ struct race {
     kb_kit_queue *q;
     kb_kit_pending *_Atomic pe[EVENTS];
     _Atomic unsigned char settled[EVENTS];
+    _Atomic int pushed;
     _Atomic int done;
-    int index;
 };
 
 /* The feeder: pushes in log order, event i ending at i + 1. */
@@ -96,6 +96,7 @@ static void *feeder(void *arg)
         if (kb_kit_queue_push(r->q, (uint64_t)i + 1, 1, &pe) != KB_OK)
             abort();
         atomic_store_explicit(&r->pe[i], pe, memory_order_release);
+        atomic_store_explicit(&r->pushed, i + 1, memory_order_release);
     }
     return NULL;
 }
@@ -118,13 +119,18 @@ static void *settler(void *arg)
     return NULL;
 }
 
-/* Every event at or below the committed offset must be settled already. */
+/* Every event at or below the committed offset must be settled already;
+ * and a queue seen idle has its offset past everything pushed before (what
+ * a hand-over stores for the next owner). */
 static void *watcher(void *arg)
 {
     struct race *r = arg;
     uint64_t verified = 0;
     long violations = 0;
     while (!atomic_load(&r->done) || verified < kb_kit_queue_committed(r->q)) {
+        uint64_t pushed = (uint64_t)atomic_load_explicit(&r->pushed, memory_order_acquire);
+        if (kb_kit_queue_outstanding(r->q) == 0 && kb_kit_queue_committed(r->q) < pushed)
+            violations++;
         uint64_t c = kb_kit_queue_committed(r->q);
         for (; verified < c; verified++)
             violations += !atomic_load(&r->settled[verified]);
