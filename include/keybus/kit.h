@@ -182,7 +182,7 @@ KB_EXPORT uint32_t kb_kit_members_tick(kb_kit_members *m, int64_t now);
 KB_EXPORT void kb_kit_members_leave(kb_kit_members *m);
 
 /* Partition p's lease generation: a number that changes every time this
- * member takes it, 0 while not held. Stamp it on each delivery
+ * member takes it (or renews it after a lapse), 0 while not held. Stamp it on each delivery
  * (kb_kit_queue_push). Thread: any. */
 KB_EXPORT uint64_t kb_kit_members_generation(const kb_kit_members *m, uint32_t p);
 /* still_owned: 1 when partition p is still held under `generation` and its
