@@ -2,8 +2,10 @@
  * into its partition's open frame, which becomes one XADD in the backlog when
  * it holds redis.publish_batch events, when the next event would take its
  * body past the size budget, at once when the partition was quiet for
- * redis.publish_linger_us (sparse traffic pays no delay), or once it is a
- * linger old (the sender looks). The server's work per entry (parse, the
+ * redis.publish_linger_us (sparse traffic pays no delay), or when the sender
+ * looks: once it is a linger old, or as soon as nothing written waits for
+ * the server's reply (the frames fill while the server works, so a frame
+ * holds what came during a round trip, and an idle sender adds no delay). The server's work per entry (parse, the
  * stream's radix tree, the reply, the read, the ack) is divided among the
  * frame's events. A frame of one event goes out as a plain entry (k, d, a,
  * h.*), which any client reads. */
@@ -106,6 +108,8 @@ int kb__redis_batch_add(kb_transport *t, kb_redis_part *p, const kb_msg *m, bool
         f->first_ns = now;
         t->frames_open++;
         *opened = true;
+        if (now + t->linger_ns < t->frames_due_ns)
+            t->frames_due_ns = now + t->linger_ns;
     }
     if (f->count >= (uint32_t)t->publish_batch || now - f->last_send_ns >= t->linger_ns) {
         emit(t, p, now);   /* out of memory: stays open for the sender */
@@ -120,6 +124,8 @@ int64_t kb__redis_frames_due(kb_transport *t, bool all)
     if (t->frames_open == 0)
         return next;
     int64_t now = kb_now_ns();
+    if (!all && now < t->frames_due_ns)
+        return t->frames_due_ns;   /* none due yet: no walk over every partition */
     for (kb_transport_topic *tt = atomic_load(&t->opened); tt != NULL && t->frames_open > 0;
          tt = tt->opened_next)
         for (uint32_t i = 0; i < tt->nparts; i++) {
@@ -132,6 +138,7 @@ int64_t kb__redis_frames_due(kb_transport *t, bool all)
             if (due < next)
                 next = due;
         }
+    t->frames_due_ns = next;
     return next;
 }
 

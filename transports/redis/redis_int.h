@@ -301,6 +301,7 @@ struct kb_transport {
     int64_t linger_ns;            /* redis.publish_linger_us */
     size_t frames_open;           /* partitions with an open frame (pub_lock) */
     size_t frames_bytes;          /* bytes of the open frames (pub_lock) */
+    int64_t frames_due_ns;        /* no open frame is due before (pub_lock) */
     int enqueue_timeout_ms;       /* pool.enqueue_timeout_ms: wait for room, then KB_EFULL */
     _Atomic size_t pub_held;      /* backlog and open frames' bytes, for publishers waiting for room */
     _Atomic uint64_t pub_unconfirmed;   /* backlog records and open frames, for kb_flush */

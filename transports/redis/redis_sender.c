@@ -237,10 +237,13 @@ static int write_some(kb_transport *t, redisContext *c, bool *unsent, bool *due,
     int err = 0;
     pthread_mutex_lock(&t->pub_lock);
     kb_redis_backlog *bl = &t->backlog;
-    *frame_due = kb__redis_frames_due(t, false);   /* open frames a linger old go now */
-    kb__redis_pub_counts(t);
+    /* open frames a linger old go now, and all of them when nothing is in
+     * flight: the frames fill while the server works on what was written */
     const char *bytes;
     size_t len;
+    kb__redis_backlog_unsent(bl, &len);
+    *frame_due = kb__redis_frames_due(t, len == 0 && !kb__redis_backlog_due(bl));
+    kb__redis_pub_counts(t);
     while (((bytes = kb__redis_backlog_unsent(bl, &len)), len > 0) || (err == 0 && queue_wait(t))) {
         if (len == 0)
             continue;   /* the WAIT just queued */
