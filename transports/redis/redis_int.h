@@ -143,7 +143,8 @@ typedef struct kb_redis_fstate {
     uint32_t epoch;               /* the lease it was read under */
     uint32_t events;
     char id[KB_REDIS_ID_MAX];
-    _Atomic int64_t noted_ns;     /* its progress last queued (redis_progress.c) */
+    _Atomic int64_t unrecorded_ns; /* its first event settled since its progress was last
+                                   * queued; 0: none (redis_progress.c) */
     _Atomic uint64_t settled[];   /* a bit per event settled (handled or dead-lettered) */
 } kb_redis_fstate;
 
@@ -629,7 +630,8 @@ int kb__redis_runs_start(kb_transport *t, char *errstr, size_t errlen);
 /* A frame's state for `events` events (refs 1, the reader's); NULL when out of memory. */
 kb_redis_fstate *kb__redis_fstate_new(const char *id, uint32_t epoch, uint32_t events);
 /* Event d of its frame is settled: noted, and the frame's progress queued
- * for the keeper when it was last queued KB_REDIS_PROGRESS_MS ago. */
+ * for the keeper when an event settled KB_REDIS_PROGRESS_MS ago or more is
+ * not recorded yet. */
 #define KB_REDIS_PROGRESS_MS 10
 void kb__redis_progress_note(kb_transport *t, kb_redis_part *p, kb_redis_fstate *fs,
                              const kb_delivery *d);

@@ -4,8 +4,9 @@
  * executor that settled it; the bitmap goes to the keeper, which records it
  * fenced with the acks in kb:{T}:done:N (field: entry ID, value: the bitmap,
  * bit j of byte j / 8 for event j), when the frame goes back unacked with
- * events settled, and at most every KB_REDIS_PROGRESS_MS while a frame's
- * events are settled (so a crash replays at most that much of a frame). The
+ * events settled, and when an event is settled KB_REDIS_PROGRESS_MS or more
+ * after the first one not recorded yet (so a crash replays at most that
+ * much of a frame; most frames settle sooner and get no record). The
  * entry's ack deletes its record; the hash expires a week after its last
  * write, as the run records do. Per-key order makes this per-key progress:
  * an event settled means every earlier event of its key was. */
@@ -27,7 +28,6 @@ kb_redis_fstate *kb__redis_fstate_new(const char *id, uint32_t epoch, uint32_t e
     fs->events = events;
     size_t n = strnlen(id, sizeof fs->id - 1);
     memcpy(fs->id, id, n);
-    atomic_init(&fs->noted_ns, kb_now_ns());
     return fs;
 }
 
@@ -58,9 +58,15 @@ void kb__redis_progress_note(kb_transport *t, kb_redis_part *p, kb_redis_fstate 
         return;
     atomic_fetch_or_explicit(&fs->settled[j / WORD_BITS], (uint64_t)1 << (j % WORD_BITS),
                              memory_order_relaxed);
-    int64_t now = kb_now_ns(), noted = atomic_load_explicit(&fs->noted_ns, memory_order_relaxed);
-    if (now - noted < (int64_t)KB_REDIS_PROGRESS_MS * 1000000 ||
-        !atomic_compare_exchange_strong(&fs->noted_ns, &noted, now))
+    /* A frame settled within KB_REDIS_PROGRESS_MS of its first unrecorded
+     * event (the usual case) is acked with no record at all. */
+    int64_t now = kb_now_ns(), since = atomic_load_explicit(&fs->unrecorded_ns, memory_order_relaxed);
+    if (since == 0) {
+        atomic_compare_exchange_strong(&fs->unrecorded_ns, &since, now);
+        return;
+    }
+    if (now - since < (int64_t)KB_REDIS_PROGRESS_MS * 1000000 ||
+        !atomic_compare_exchange_strong(&fs->unrecorded_ns, &since, 0))
         return;
     kb__redis_progress_queue(t, p, fs);
 }

@@ -127,6 +127,7 @@ typedef struct fence {
     bool acks;                /* has ack jobs */
     bool ours;                /* the lease showed our token */
     bool runs;                /* its run-record hash may exist: HDEL with the acks */
+    bool done;                /* its frames' progress hash may exist: HDEL with the acks */
     char runs_key[KB_REDIS_KEY_MAX];
 } fence;
 
@@ -160,31 +161,29 @@ static bool fence_check(kb_transport *t, redisContext *c, fence *f, size_t n)
         acks_again(f, n);
         return true;
     }
-    static const char *const cmd[] = {"WATCH", "MGET", "EXISTS"};
-    for (int k = 0; k < 3; k++) {
+    /* frames' progress records (redis_progress.c) are asked about alike */
+    static const char *const cmd[] = {"WATCH", "MGET", "EXISTS", "EXISTS"};
+    for (int k = 0; k < 4; k++) {
         size_t argc = 0;
         argv[argc++] = cmd[k];
-        for (size_t i = 0; i < n; i++) {
-            if (!f[i].acks)
-                continue;
-            argv[argc++] = k < 2 ? f[i].p->lease : f[i].runs_key;
-            if (k == 2)
-                argv[argc++] = f[i].p->done;   /* frames' progress records: the same rule */
-        }
+        for (size_t i = 0; i < n; i++)
+            if (f[i].acks)
+                argv[argc++] = k < 2 ? f[i].p->lease : k == 2 ? f[i].runs_key : f[i].p->done;
         redisAppendCommandArgv(c, (int)argc, argv, NULL);
     }
     free(argv);
-    redisReply *r[3] = {NULL, NULL, NULL};
+    redisReply *r[4] = {NULL, NULL, NULL, NULL};
     bool alive = true;
-    for (int k = 0; k < 3 && alive; k++)
+    for (int k = 0; k < 4 && alive; k++)
         if (redisGetReply(c, (void **)&r[k]) != REDIS_OK) {
             kb__redis_conn_fail(&t->kc, c->errstr);
             alive = false;
         }
     bool refused = alive && (r[0]->type == REDIS_REPLY_ERROR || r[1]->type != REDIS_REPLY_ARRAY ||
-                             r[2]->type != REDIS_REPLY_INTEGER);
+                             r[2]->type != REDIS_REPLY_INTEGER || r[3]->type != REDIS_REPLY_INTEGER);
     if (refused) {
-        const redisReply *e = r[0]->type == REDIS_REPLY_ERROR ? r[0] : r[1]->type == REDIS_REPLY_ERROR ? r[1] : r[2];
+        const redisReply *e = r[0]->type == REDIS_REPLY_ERROR ? r[0] : r[1]->type == REDIS_REPLY_ERROR ? r[1]
+                              : r[2]->type == REDIS_REPLY_ERROR ? r[2] : r[3];
         if (!t->check_refused)   /* once per spell, not every retry */
             kb_log(t->bus, KB_LOG_WARNING, "redis: the lease check before acks was refused, retrying: %s",
                    e->type == REDIS_REPLY_ERROR ? e->str : "an unexpected reply");
@@ -197,19 +196,20 @@ static bool fence_check(kb_transport *t, redisContext *c, fence *f, size_t n)
         kb__redis_reply_free(u);
     } else if (alive) {
         const redisReply *m = r[1];
-        bool runs = r[2]->integer > 0;
+        bool runs = r[2]->integer > 0, done = r[3]->integer > 0;
         for (size_t i = 0, j = 0; i < n; i++) {
             if (!f[i].acks)
                 continue;
             const redisReply *y = j < m->elements ? m->element[j] : NULL;   /* an array: not refused */
             f[i].ours = y != NULL && y->type == REDIS_REPLY_STRING && strcmp(y->str, t->token) == 0;
             f[i].runs = runs;
+            f[i].done = done;
             j++;
         }
     }
     if (alive)
         t->check_refused = refused;
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 4; k++)
         kb__redis_reply_free(r[k]);
     return alive;
 }
@@ -457,9 +457,10 @@ void kb__redis_settle_send(kb_transport *t)
                 append_ids(c, &f[i], "XACK", f[i].p->stream, t->group, false, &tx);
                 if (f[i].runs) {
                     append_ids(c, &f[i], "HDEL", f[i].runs_key, NULL, false, &tx);
-                    append_ids(c, &f[i], "HDEL", f[i].p->done, NULL, true, &tx);
                     append_event_runs(c, &f[i], &tx);
                 }
+                if (f[i].done)
+                    append_ids(c, &f[i], "HDEL", f[i].p->done, NULL, true, &tx);
             }
         redisAppendCommand(c, "EXEC");
     } else if (watching) {

@@ -12,7 +12,8 @@
  * entries would sit there, skipped, while later ones of their keys are handled. */
 /* A frame's events' runs are recorded under "<ID>.<index>": its element of
  * `runs` is then an array, one per event, and its progress record last
- * (redis_progress.c; nil when none). */
+ * (redis_progress.c; nil when none). HGET, as every command docs/security.md
+ * grants (no HMGET). */
 static const char SWEEP_LUA[] =
     "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
     "local c = redis.call('xautoclaim',KEYS[2],ARGV[2],ARGV[3],0,ARGV[4],'COUNT',ARGV[5]) "
@@ -25,9 +26,8 @@ static const char SWEEP_LUA[] =
     "if x == 'k' then k = true elseif x == 'f' then f = true "
     "elseif x == 'n' then n = tonumber(e[2][j+1]) end end "
     "if n and f and not k and n >= 1 and n <= 4096 then "
-    "local ids = {} for j = 0, n - 1 do ids[j+1] = e[1] .. '.' .. j end "
-    "local v = redis.call('hmget',KEYS[3],unpack(ids)) r = {} "
-    "for j = 1, n do r[j] = tonumber(v[j] or '0') or 0 end "
+    "r = {} for j = 0, n - 1 do "
+    "r[j+1] = tonumber(redis.call('hget',KEYS[3],e[1] .. '.' .. j) or '0') or 0 end "
     "r[n+1] = redis.call('hget',KEYS[4],e[1]) "
     "else r = tonumber(redis.call('hget',KEYS[3],e[1]) or '0') end end "
     "runs[i] = r end "
