@@ -94,16 +94,18 @@ static bool emit(kb_transport *t, kb_redis_part *p, int64_t now)
 int kb__redis_batch_add(kb_transport *t, kb_redis_part *p, const kb_msg *m, bool *opened)
 {
     kb_redis_pframe *f = &p->frame;
-    int64_t now = kb_now_ns();
     size_t need = kb__redis_frame_event_size(m);
     *opened = false;
-    if (f->count > 0 && f->len + need > budget(t) && !emit(t, p, now))
+    /* the clock only when a frame opens or goes: an open frame is never
+     * quiet (it would be due) */
+    if (f->count > 0 && f->len + need > budget(t) && !emit(t, p, kb_now_ns()))
         return KB_ENOMEM;
     if (kb_vec_reserve((void **)&f->buf, &f->cap, f->len + need, 1) != KB_OK)
         return KB_ENOMEM;
     kb__redis_frame_event_put(f->buf + f->len, m);
     f->len += need;
     t->frames_bytes += need;
+    int64_t now = f->count == 0 || f->count + 1 >= (uint32_t)t->publish_batch ? kb_now_ns() : 0;
     if (f->count++ == 0) {
         f->first_ns = now;
         t->frames_open++;
@@ -111,7 +113,8 @@ int kb__redis_batch_add(kb_transport *t, kb_redis_part *p, const kb_msg *m, bool
         if (now + t->linger_ns < t->frames_due_ns)
             t->frames_due_ns = now + t->linger_ns;
     }
-    if (f->count >= (uint32_t)t->publish_batch || now - f->last_send_ns >= t->linger_ns) {
+    if (f->count >= (uint32_t)t->publish_batch ||
+        (f->count == 1 && now - f->last_send_ns >= t->linger_ns)) {
         emit(t, p, now);   /* out of memory: stays open for the sender */
         *opened = false;
     }
