@@ -57,6 +57,7 @@ static bool emit(kb_transport *t, kb_redis_part *p, int64_t now)
 {
     kb_redis_pframe *f = &p->frame;
     kb_redis_args a;
+    char count[16];   /* argv points here until the backlog copied it */
     int n = 0;
     size_t big;
     if (f->count == 1) {
@@ -70,7 +71,6 @@ static bool emit(kb_transport *t, kb_redis_part *p, int64_t now)
         n = kb__redis_xadd_args(t, p, &m, &a);
         big = ev.key_len > ev.payload_len ? ev.key_len : ev.payload_len;
     } else {
-        char count[16];
         snprintf(count, sizeof count, "%u", f->count);
         n = kb__redis_xadd_args(t, p, NULL, &a);
         const char *more[] = {"f", "1", "n", count, "b", f->buf};
