@@ -71,3 +71,17 @@ set_tests_properties(least_privilege_redis PROPERTIES TIMEOUT 300 LABELS redis
 # restart; 0 lost, per-key order, the longest partition pause bounded.
 kb_test(test_redis_membership ARGS $<TARGET_FILE:kb_membership_proc> TIMEOUT 300 LABELS redis)
 add_dependencies(test_redis_membership kb_membership_proc)
+
+# Tests that count stream entries (broker_length, pending, lag, MAXLEN) as
+# events: one entry per event (redis.publish_batch = 1); frames have their
+# own tests (test_redis_frames).
+set_property(TEST test_redis_basic test_redis_topics test_redis_parity test_redis_close
+             test_redis_figures APPEND PROPERTY ENVIRONMENT KEYBUS_REDIS_PUBLISH_BATCH=1)
+
+# Frames (redis.publish_batch): round trip under concurrency and a hand-over,
+# frames and plain entries mixed, a dead letter inside a frame, the replay
+# after a consumer killed mid-frame, and Node decoding keybus-written frames
+# (tests/interop/redis_frames.mjs; skipped without node).
+kb_test(test_redis_frames TIMEOUT 120 LABELS redis)
+target_link_libraries(test_redis_frames PRIVATE PkgConfig::HIREDIS)
+target_compile_definitions(test_redis_frames PRIVATE KB_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

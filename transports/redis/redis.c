@@ -41,6 +41,14 @@ static const kb_conf_prop redis_props[] = {
      "Redis: bound on the publishes held until the server confirms them (their `XADD` "
      "commands, in bytes); they are sent again after a lost connection. When it is full, "
      "`kb_publish` waits up to `pool.enqueue_timeout_ms`, then returns `KB_EFULL`."},
+    {"redis.publish_batch", KB_CONF_INT, "64", 1, KB_REDIS_BATCH_MAX,
+     "Redis: events of one partition packed into one stream entry (a frame), which divides "
+     "the server's per-entry work among them; 1 sends each event as its own entry with the "
+     "fields `k`/`d`/`a`/`h.*`. A lone event always goes out as a plain entry. See "
+     "docs/transports-redis.md."},
+    {"redis.publish_linger_us", KB_CONF_INT, "1000", 0, 1000000,
+     "Redis: how long a frame that is not full may wait for more events. The first event "
+     "after a quiet spell of this long is sent at once, so sparse traffic is not delayed."},
     {"redis.wait_replicas", KB_CONF_INT, "0", 0, 100,
      "Redis: after the `XADD`s of each publish batch, `WAIT` until this many replicas "
      "confirmed them; `kb_flush` fails with `KB_ETRANSPORT` naming the shortfall (\"1 of 2 "
@@ -73,6 +81,7 @@ static void topic_free(kb_transport_topic *tt)
     for (uint32_t i = 0; tt->parts != NULL && i < tt->nparts; i++) {
         kb__redis_jobs_free(&tt->parts[i].jobs);
         kb__redis_jobs_free(&tt->parts[i].sending);
+        free(tt->parts[i].frame.buf);
         pthread_mutex_destroy(&tt->parts[i].lock);
     }
     free(tt->parts);
@@ -107,6 +116,7 @@ static int redis_topic_open(kb_transport *t, const char *topic, kb_transport_top
         pthread_mutex_init(&p->lock, NULL);
         snprintf(p->stream, sizeof p->stream, "kb:{%s}:p:%u", topic, i);
         snprintf(p->lease, sizeof p->lease, "kb:{%s}:lease:%u", topic, i);
+        snprintf(p->done, sizeof p->done, "kb:{%s}:done:%u", topic, i);
     }
     /* topic_open is serialised by the bus: no other writer */
     tt->opened_next = atomic_load(&t->opened);
@@ -200,6 +210,8 @@ static int read_conf(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     l->cap = l->header_bytes > l->cap ? l->header_bytes : l->cap;
     l->entry = l->key + l->payload + l->header_bytes + KB_REDIS_HEADER_BYTES;
     t->buffer_bytes = (size_t)kb_conf_int(c, "redis.publish_buffer_bytes");
+    t->publish_batch = (int)kb_conf_int(c, "redis.publish_batch");
+    t->linger_ns = kb_conf_int(c, "redis.publish_linger_us") * 1000;
     kb__redis_backlog_init(&t->backlog, t->buffer_bytes);
     t->enqueue_timeout_ms = kb_bus_enqueue_timeout_ms(t->bus);
     t->wait_replicas = (int)kb_conf_int(c, "redis.wait_replicas");

@@ -497,7 +497,12 @@ static int add_entry(kb_transport *t, const redisReply *e, uint32_t part, uint32
         return KB_ENOMEM;
     int kind = kb__redis_entry_read(e, part, t->partitions, attempt, t->max_attempts, &t->lim, en);
     free(en);
-    if (kind != KB_REDIS_ENTRY_EVENT)
+    kb_redis_frame f;
+    char why[160];
+    bool frame = e->type == REDIS_REPLY_ARRAY && e->elements >= 2 &&
+                 e->element[0]->type == REDIS_REPLY_STRING && kb__redis_is_frame(e->element[1]) &&
+                 kb__redis_frame_open(e->element[1], &f, why, sizeof why) == 0;
+    if (kind != KB_REDIS_ENTRY_EVENT && !frame)
         return KB_OK;
     if (kb_vec_reserve((void **)v, cap, *n + 1, sizeof **v) != KB_OK)
         return KB_ENOMEM;
@@ -505,16 +510,46 @@ static int add_entry(kb_transport *t, const redisReply *e, uint32_t part, uint32
     return KB_OK;
 }
 
+/* Hand the events of frame entry v to fn (those keybus would dead-letter
+ * left out), up to *left; false when fn asked to stop. */
+static bool hand_out_frame(kb_transport *t, const char *topic, const peeked *v, size_t *left,
+                           kb_peek_fn fn, void *opaque, kb_redis_event *ck)
+{
+    kb_redis_frame f;
+    char why[160], id[KB_REDIS_EVENT_ID_MAX];
+    kb_redis_fevent fe;
+    kb__redis_frame_open(v->e->element[1], &f, why, sizeof why);   /* checked by add_entry */
+    bool go = true;
+    for (uint32_t j = 0; go && *left > 0 && kb__redis_frame_next(&f, &fe); j++) {
+        if (kb__redis_event_read(&fe, v->partition, t->partitions, v->attempt, t->max_attempts,
+                                 &t->lim, ck) != KB_REDIS_ENTRY_EVENT)
+            continue;
+        snprintf(id, sizeof id, "%s.%u", v->e->element[0]->str, j);
+        kb_event ev = {.topic = topic, .key = fe.key, .key_len = fe.key_len,
+                       .payload = fe.payload, .payload_len = fe.payload_len,
+                       .attempt = ck->attempt, .id = id, .headers = ck->headers,
+                       .n_headers = ck->n_headers};
+        (*left)--;
+        go = fn(&ev, opaque) == 0;
+    }
+    return go;
+}
+
 /* Sort the entries of one kind (pending, then undelivered) and hand up to
- * *left of them to fn; false when fn asked to stop. */
+ * *left of their events to fn; false when fn asked to stop. */
 static bool hand_out(kb_transport *t, const char *topic, peeked *v, size_t n, size_t *left,
                      kb_peek_fn fn, void *opaque)
 {
     if (n > 1)
         qsort(v, n, sizeof *v, by_id);
     kb_redis_entry *en = malloc(sizeof *en);
-    bool go = en != NULL;
+    kb_redis_event *ck = malloc(sizeof *ck);
+    bool go = en != NULL && ck != NULL;
     for (size_t i = 0; go && i < n && *left > 0; i++) {
+        if (kb__redis_is_frame(v[i].e->element[1])) {
+            go = hand_out_frame(t, topic, &v[i], left, fn, opaque, ck);
+            continue;
+        }
         kb__redis_entry_read(v[i].e, v[i].partition, t->partitions, v[i].attempt,
                              t->max_attempts, &t->lim, en);
         kb_event ev = {.topic = topic, .key = en->key->str, .key_len = en->key->len,
@@ -525,6 +560,7 @@ static bool hand_out(kb_transport *t, const char *topic, peeked *v, size_t n, si
         go = fn(&ev, opaque) == 0;
     }
     free(en);
+    free(ck);
     return go;
 }
 

@@ -130,7 +130,7 @@ bool kb__redis_backlog_add(kb_redis_backlog *bl, kb_redis_part *p, size_t big, i
     kb__redis_cmd_put(bl->newest->buf + bl->newest->len, argc, argv, lens);
     bl->newest->len += need;
     bl->held += need;
-    bl->rec[(bl->first + bl->n++) % bl->rcap] = (kb_redis_pubrec){p, need, big};
+    bl->rec[(bl->first + bl->n++) % bl->rcap] = (kb_redis_pubrec){p, need, big, p != NULL, false};
     return true;
 }
 
@@ -279,8 +279,10 @@ void kb__redis_backlog_each(const kb_redis_backlog *bl,
 uint64_t kb__redis_backlog_events(const kb_redis_backlog *bl)
 {
     uint64_t n = 0;
-    for (size_t i = 0; i < bl->n; i++)
-        n += bl->rec[(bl->first + i) % bl->rcap].p != NULL;
+    for (size_t i = 0; i < bl->n; i++) {
+        const kb_redis_pubrec *r = &bl->rec[(bl->first + i) % bl->rcap];
+        n += r->p != NULL ? r->events : 0;
+    }
     return n;
 }
 

@@ -2,7 +2,9 @@
  * stream (redis_entry.c) delivered or dead-lettered, and the entries of a
  * partition that wait for lane space while the reader serves the other
  * partitions. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "redis_int.h"
 
@@ -34,7 +36,23 @@ static void dead_now(kb_transport_topic *tt, uint32_t part, const char *id,
     kb_log(t->bus, KB_LOG_WARNING, "redis: %s entry %s to the dead-letter stream: %s",
            tt->parts[part].stream, id, reason);
     atomic_fetch_add(&t->dead_queued, 1);
-    kb__redis_job_push(t, &tt->parts[part], id, dead);
+    kb__redis_job_push(t, &tt->parts[part], id, dead, 0);
+}
+
+/* Count first, then look: the keeper sets DRAINING, then waits for 0. True
+ * when the partition is still ours under `epoch` (n counted in inflight). */
+static bool hold(kb_redis_part *p, uint32_t epoch, size_t n)
+{
+    atomic_fetch_add(&p->inflight, n);
+    if (kb__redis_part_live(p) && atomic_load(&p->epoch) == epoch)
+        return true;
+    atomic_fetch_sub(&p->inflight, n);
+    return false;
+}
+
+static uint32_t attempt_of(const redisReply *runs, size_t i)
+{
+    return runs != NULL ? kb__redis_sweep_attempt(runs, i) : 1;
 }
 
 /* `attempt`: the run the handler would start (recorded runs + 1); `flags`:
@@ -50,12 +68,8 @@ int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e
     int what = kb__redis_entry_read(e, part, tt->nparts, attempt, t->max_attempts, &t->lim, &en);
     if (what == KB_REDIS_ENTRY_NONE)
         return KB_REDIS_DELIVERED;
-    /* Count first, then look: the keeper sets DRAINING, then waits for 0. */
-    atomic_fetch_add(&p->inflight, 1);
-    if (!kb__redis_part_live(p) || atomic_load(&p->epoch) != epoch) {
-        atomic_fetch_sub(&p->inflight, 1);
+    if (!hold(p, epoch, 1))
         return KB_REDIS_PART_GONE;   /* stays in our PEL; the next owner claims it */
-    }
     if (what == KB_REDIS_ENTRY_DEAD) {
         atomic_fetch_sub(&p->inflight, 1);
         dead_now(tt, part, en.id, en.fields, en.ref, en.attempt, en.why);
@@ -64,7 +78,7 @@ int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e
     kb_delivery dl = {.topic = tt->name, .tt = tt, .key = en.key->str, .key_len = en.key->len,
                       .payload = en.payload->str, .payload_len = en.payload->len,
                       .partition = part, .attempt = en.attempt, .id = en.id,
-                      .cookie = (void *)(uintptr_t)epoch,   /* checked by still_owned */
+                      .cookie = kb__redis_cookie_plain(epoch),   /* checked by still_owned */
                       .headers = en.headers, .n_headers = en.n_headers, .flags = flags};
     int rc = kb_sink_deliver(tt->sink, &dl, timeout_ms);
     if (rc == KB_OK)
@@ -85,7 +99,8 @@ int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e
 
 typedef struct run {
     kb_delivery dl[RUN_MAX];
-    size_t ent[RUN_MAX];   /* dl[j] is entry ent[j] */
+    size_t ent[RUN_MAX];   /* dl[j] is entry ent[j] (a frame's: its event) */
+    char ids[RUN_MAX][KB_REDIS_EVENT_ID_MAX];   /* a frame's events' */
     size_t n;
 } run;
 
@@ -97,10 +112,7 @@ static int run_flush(kb_transport_topic *tt, uint32_t part, const redisReply *en
     kb_redis_part *p = &tt->parts[part];
     size_t n = r->n;
     r->n = 0;
-    /* Count first, then look: the keeper sets DRAINING, then waits for 0. */
-    atomic_fetch_add(&p->inflight, n);
-    if (!kb__redis_part_live(p) || atomic_load(&p->epoch) != epoch) {
-        atomic_fetch_sub(&p->inflight, n);
+    if (!hold(p, epoch, n)) {
         *i = r->ent[0];
         return KB_REDIS_PART_GONE;   /* stays in our PEL; the next owner claims it */
     }
@@ -122,11 +134,193 @@ static int run_flush(kb_transport_topic *tt, uint32_t part, const redisReply *en
     return KB_REDIS_DELIVERED;
 }
 
+/* ---- frames: each event a delivery of its own, the entry acked once all
+ * are settled (redis_settle.c) ---- */
+
+/* The reader is done with p's frame in hand: every event taken, or (`back`)
+ * the rest stays in the PEL, so the entry must not be acked. */
+static void frame_let_go(kb_transport *t, kb_redis_part *p, bool back)
+{
+    kb_redis_fstate *fs = p->fcur.fs;
+    if (fs == NULL)
+        return;
+    p->fcur.fs = NULL;
+    p->fcur.next = 0;
+    if (back)
+        atomic_store(&fs->released, true);
+    kb__redis_frame_unref(t, p, fs);
+    atomic_fetch_sub(&p->inflight, 1);   /* the reader's hold, after its ack is queued */
+}
+
+/* An event of the frame goes to the dead letters alone, as a plain entry. */
+static void frame_dead(kb_transport_topic *tt, kb_redis_part *p, const kb_delivery *d,
+                       const char *why)
+{
+    kb_transport *t = tt->t;
+    char *dead = kb__redis_dead_pack(d, why);
+    if (dead == NULL) {   /* out of memory: the frame stays pending and comes back */
+        atomic_store(&p->fcur.fs->released, true);
+        return;
+    }
+    kb_log(t->bus, KB_LOG_WARNING, "redis: %s event %s to the dead-letter stream: %s", p->stream,
+           d->id, why);
+    atomic_fetch_add(&t->dead_queued, 1);
+    kb__redis_job_push(t, p, d->id, dead, 0);
+    kb__redis_progress_note(t, p, p->fcur.fs, d);
+}
+
+/* Hand the frame's staged events over (r->ent: their indexes). */
+static int frame_flush(kb_transport_topic *tt, kb_redis_part *p, run *r, int timeout_ms)
+{
+    kb_redis_fstate *fs = p->fcur.fs;
+    size_t n = r->n, taken = 0;
+    r->n = 0;
+    atomic_fetch_add(&fs->refs, (uint32_t)n);
+    atomic_fetch_add(&p->inflight, n);   /* the reader's hold keeps the lease's check valid */
+    int rc = kb_sink_deliver_batch(tt->sink, r->dl, n, timeout_ms, &taken);
+    atomic_fetch_sub(&fs->refs, (uint32_t)(n - taken));   /* the reader's hold keeps it above 0 */
+    atomic_fetch_sub(&p->inflight, n - taken);
+    p->fcur.next = (uint32_t)(taken < n ? r->ent[taken] : r->ent[n - 1] + 1);
+    if (rc == KB_OK)
+        return KB_REDIS_DELIVERED;
+    if (rc == KB_ECLOSED)
+        return KB_REDIS_CLOSING;
+    if (rc == KB_EFULL)
+        return KB_REDIS_LANE_FULL;
+    frame_dead(tt, p, &r->dl[taken], "refused by the pool");
+    p->fcur.next++;
+    return KB_REDIS_DELIVERED;
+}
+
+/* "<entry ID>.<j>" at out (KB_REDIS_EVENT_ID_MAX bytes); `len`: the ID's. */
+static void event_id(char *out, const char *id, size_t len, uint32_t j)
+{
+    char digits[12];
+    size_t n = 0;
+    do
+        digits[n++] = (char)('0' + j % 10);
+    while ((j /= 10) > 0);
+    memcpy(out, id, len);
+    out[len] = '.';
+    for (size_t k = 0; k < n; k++)
+        out[len + 1 + k] = digits[n - 1 - k];
+    out[len + 1 + n] = '\0';
+}
+
+/* One pass over the frame's events from p->fcur.next: KB_REDIS_*, and
+ * *again when the pool refused one of a run (the pass stops there). */
+static int frame_pass(kb_transport_topic *tt, kb_redis_part *p, kb_redis_frame f,
+                      const char *id, const redisReply *runs, size_t i, unsigned flags,
+                      uint32_t epoch, int timeout_ms, bool *again)
+{
+    run r;
+    kb_redis_event ck;
+    kb_transport *t = tt->t;
+    size_t id_len = strlen(id);
+    kb_redis_fevent ev;
+    *again = false;
+    for (uint32_t j = 0; j < p->fcur.next; j++)
+        kb__redis_frame_next(&f, &ev);
+    r.n = 0;
+    int rc = KB_REDIS_DELIVERED;
+    for (uint32_t j = p->fcur.next; kb__redis_frame_next(&f, &ev); j++) {
+        if (!kb__redis_part_live(p) || atomic_load(&p->epoch) != epoch) {
+            rc = KB_REDIS_PART_GONE;
+            break;
+        }
+        if (kb__redis_progress_covers(runs, i, j)) {   /* settled before it came again */
+            atomic_fetch_or(&p->fcur.fs->settled[j / 64], (uint64_t)1 << (j % 64));
+            if (r.n == 0)
+                p->fcur.next = j + 1;
+            continue;
+        }
+        uint32_t attempt = runs != NULL ? kb__redis_sweep_event_attempt(runs, i, j) : 1;
+        int what = kb__redis_event_read(&ev, p->index, tt->nparts, attempt, t->max_attempts,
+                                        &t->lim, &ck);
+        bool alone = what != KB_REDIS_ENTRY_EVENT || ck.n_headers > 0;
+        /* headers (their array is per event) or a dead letter: after the run */
+        if (alone && r.n > 0) {
+            if ((rc = frame_flush(tt, p, &r, timeout_ms)) != KB_REDIS_DELIVERED)
+                break;
+            timeout_ms = 0;
+            if ((*again = p->fcur.next != j))
+                break;
+        }
+        event_id(r.ids[r.n], id, id_len, j);
+        kb_delivery d = {.topic = tt->name, .tt = tt, .key = ev.key, .key_len = ev.key_len,
+                         .payload = ev.payload, .payload_len = ev.payload_len,
+                         .partition = p->index, .attempt = ck.attempt, .id = r.ids[r.n],
+                         .cookie = p->fcur.fs, .headers = ck.n_headers ? ck.headers : NULL,
+                         .n_headers = ck.n_headers, .flags = flags};
+        if (what == KB_REDIS_ENTRY_DEAD) {
+            frame_dead(tt, p, &d, ck.why);
+            p->fcur.next = j + 1;
+            continue;
+        }
+        r.dl[r.n] = d;
+        r.ent[r.n++] = j;
+        if (alone || r.n == RUN_MAX) {
+            if ((rc = frame_flush(tt, p, &r, timeout_ms)) != KB_REDIS_DELIVERED)
+                break;
+            timeout_ms = 0;
+            if ((*again = p->fcur.next != j + 1))
+                break;
+        }
+    }
+    if (rc == KB_REDIS_DELIVERED && r.n > 0 && !*again) {
+        uint32_t end = (uint32_t)r.ent[r.n - 1] + 1;
+        rc = frame_flush(tt, p, &r, timeout_ms);
+        *again = rc == KB_REDIS_DELIVERED && p->fcur.next != end;
+    }
+    return rc;
+}
+
+/* Frame entry ents[i]: its events from p->fcur.next on, in runs;
+ * KB_REDIS_*. A stop in the middle (a full lane) keeps p->fcur for the
+ * next call. */
+static int deliver_frame(kb_transport_topic *tt, kb_redis_part *p, const redisReply *e,
+                         const redisReply *runs, size_t i, unsigned flags, uint32_t epoch,
+                         int timeout_ms)
+{
+    const char *id = e->element[0]->str;
+    const redisReply *fields = e->element[1];
+    kb_redis_frame f;
+    char why[300];
+    if (kb__redis_frame_open(fields, &f, why, sizeof why) != 0) {
+        if (!hold(p, epoch, 1))
+            return KB_REDIS_PART_GONE;
+        atomic_fetch_sub(&p->inflight, 1);
+        dead_now(tt, p->index, id, fields, false, attempt_of(runs, i), why);
+        return KB_REDIS_DELIVERED;
+    }
+    if (p->fcur.fs == NULL) {
+        kb_redis_fstate *fs = kb__redis_fstate_new(id, epoch, f.left);
+        if (fs == NULL)
+            return KB_REDIS_PART_GONE;   /* out of memory: swept again */
+        if (!hold(p, epoch, 1)) {
+            free(fs);
+            return KB_REDIS_PART_GONE;
+        }
+        p->fcur.fs = fs;
+        p->fcur.next = 0;
+    }
+    bool again = true;
+    int rc = KB_REDIS_DELIVERED;
+    while (rc == KB_REDIS_DELIVERED && again) {
+        rc = frame_pass(tt, p, f, id, runs, i, flags, epoch, timeout_ms, &again);
+        timeout_ms = 0;
+    }
+    if (rc != KB_REDIS_LANE_FULL)
+        frame_let_go(tt->t, p, rc != KB_REDIS_DELIVERED);
+    return rc;
+}
+
 int kb__redis_deliver_run(kb_transport_topic *tt, uint32_t part, const redisReply *ents,
-                          size_t *next, const uint32_t *attempts, unsigned flags, uint32_t epoch,
+                          size_t *next, const redisReply *runs, unsigned flags, uint32_t epoch,
                           int timeout_ms, bool head_alone)
 {
     run r;
+    kb_redis_part *p = &tt->parts[part];
     r.n = 0;
     /* A head refused before goes alone: while its lane stays full, a try
      * copies (and frees) one record, not a run's. */
@@ -135,9 +329,25 @@ int kb__redis_deliver_run(kb_transport_topic *tt, uint32_t part, const redisRepl
     size_t i = *next;
     int rc = KB_REDIS_DELIVERED;
     while (rc == KB_REDIS_DELIVERED && i < ents->elements) {
-        uint32_t attempt = attempts != NULL ? attempts[i] : 1;
-        int what = kb__redis_entry_read(ents->element[i], part, tt->nparts, attempt,
-                                        tt->t->max_attempts, &tt->t->lim, &en);
+        const redisReply *e = ents->element[i];
+        uint32_t attempt = attempt_of(runs, i);
+        if (e->type == REDIS_REPLY_ARRAY && e->elements >= 2 &&
+            e->element[0]->type == REDIS_REPLY_STRING && kb__redis_is_frame(e->element[1])) {
+            if (r.n > 0) {   /* the plain ones before it first */
+                size_t at = i;
+                rc = run_flush(tt, part, ents, &r, epoch, timeout_ms, &i);
+                timeout_ms = 0;
+                if (rc != KB_REDIS_DELIVERED || i != at)
+                    continue;
+            }
+            rc = deliver_frame(tt, p, e, runs, i, flags, epoch, timeout_ms);
+            timeout_ms = 0;
+            if (rc == KB_REDIS_DELIVERED)
+                i++;
+            continue;
+        }
+        int what = kb__redis_entry_read(e, part, tt->nparts, attempt, tt->t->max_attempts,
+                                        &tt->t->lim, &en);
         if (what == KB_REDIS_ENTRY_NONE) {
             i++;
             continue;
@@ -147,7 +357,7 @@ int kb__redis_deliver_run(kb_transport_topic *tt, uint32_t part, const redisRepl
                                       .key_len = en.key->len, .payload = en.payload->str,
                                       .payload_len = en.payload->len, .partition = part,
                                       .attempt = en.attempt, .id = en.id,
-                                      .cookie = (void *)(uintptr_t)epoch, .flags = flags};
+                                      .cookie = kb__redis_cookie_plain(epoch), .flags = flags};
             r.ent[r.n++] = i++;
             if (r.n == run_max) {
                 rc = run_flush(tt, part, ents, &r, epoch, timeout_ms, &i);
@@ -164,7 +374,7 @@ int kb__redis_deliver_run(kb_transport_topic *tt, uint32_t part, const redisRepl
             if (rc != KB_REDIS_DELIVERED || i != at)
                 continue;
         }
-        rc = kb__redis_deliver(tt, part, ents->element[i], attempt, flags, epoch, timeout_ms);
+        rc = kb__redis_deliver(tt, part, e, attempt, flags, epoch, timeout_ms);
         timeout_ms = 0;
         run_max = RUN_MAX;
         if (rc == KB_REDIS_DELIVERED)
@@ -192,7 +402,7 @@ typedef struct kb_redis_wait {
     const redisReply *ents;
     size_t next_ent;
     uint32_t epoch;
-    uint32_t *attempts;   /* a sweep's: per entry of ents (redelivered); NULL: a read's (1) */
+    const redisReply *runs;   /* a sweep's: runs per entry of ents (redelivered); NULL: a read's */
 } kb_redis_wait;
 
 kb_redis_held *kb__redis_held_new(redisReply *r)
@@ -214,12 +424,12 @@ void kb__redis_held_unref(kb_redis_held *h)
 /* Queue ents[from..] behind what already waits; false when out of memory
  * (the caller stops delivering the partition: the next sweep finds them). */
 bool kb__redis_wait_push(kb_redis_part *p, kb_redis_held *h, const redisReply *ents, size_t from,
-                         uint32_t epoch, uint32_t *attempts)
+                         uint32_t epoch, const redisReply *runs)
 {
     kb_redis_wait *w = malloc(sizeof *w);
     if (w == NULL)
         return false;
-    *w = (kb_redis_wait){NULL, h, ents, from, epoch, attempts};
+    *w = (kb_redis_wait){NULL, h, ents, from, epoch, runs};
     h->refs++;
     kb_redis_wait **tail = &p->waiting;
     while (*tail != NULL)
@@ -232,11 +442,11 @@ bool kb__redis_wait_push(kb_redis_part *p, kb_redis_held *h, const redisReply *e
  * delivers them); before every sweep of the partition. */
 void kb__redis_wait_drop(kb_redis_part *p)
 {
+    frame_let_go(p->tt->t, p, true);   /* its events not handed out come again */
     while (p->waiting != NULL) {
         kb_redis_wait *w = p->waiting;
         p->waiting = w->next;
         kb__redis_held_unref(w->h);
-        free(w->attempts);
         free(w);
     }
 }
@@ -248,8 +458,8 @@ int kb__redis_wait_deliver(kb_redis_part *p, int timeout_ms)
     bool head_refused = true;   /* the first waiting entry's lane was full */
     while (p->waiting != NULL) {
         kb_redis_wait *w = p->waiting;
-        int rc = kb__redis_deliver_run(p->tt, p->index, w->ents, &w->next_ent, w->attempts,
-                                       w->attempts != NULL ? KB_DELIVERY_F_REDELIVERED : 0,
+        int rc = kb__redis_deliver_run(p->tt, p->index, w->ents, &w->next_ent, w->runs,
+                                       w->runs != NULL ? KB_DELIVERY_F_REDELIVERED : 0,
                                        w->epoch, timeout_ms, head_refused);
         head_refused = false;
         if (rc == KB_REDIS_LANE_FULL)
@@ -262,7 +472,6 @@ int kb__redis_wait_deliver(kb_redis_part *p, int timeout_ms)
         timeout_ms = 0;
         p->waiting = w->next;
         kb__redis_held_unref(w->h);
-        free(w->attempts);
         free(w);
     }
     return KB_REDIS_DELIVERED;

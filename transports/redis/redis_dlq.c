@@ -30,6 +30,15 @@ static const char DEAD_LUA[] =
     "redis.call('hdel',KEYS[4],ARGV[3]) "
     "return redis.call('xack',KEYS[2],ARGV[2],ARGV[3])";
 
+/* A frame's event ("<entry ID>.<index>"): its fields are sent along (the
+ * entry holds others' too), and the entry is acked with its last event, not
+ * here. */
+static const char DEAD_EVENT_LUA[] =
+    "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
+    "redis.call('xadd',KEYS[3],'*',unpack(ARGV,5)) "
+    "redis.call('hdel',KEYS[4],ARGV[3]) "
+    "return 1";
+
 /* Packed fields: uint32 count of strings, then per string uint32 length + bytes. */
 typedef struct packer {
     char *buf;
@@ -125,7 +134,8 @@ bool kb__redis_dead_append(redisContext *c, kb_transport *t, kb_redis_part *p,
     }
     char runs[KB_REDIS_KEY_MAX];
     kb__redis_runs_key(runs, sizeof runs, p->tt->name, p->index);
-    const char *head[] = {"EVAL", DEAD_LUA, "4", p->lease, p->stream, p->tt->dlq, runs, t->token,
+    const char *script = strchr(j->id, '.') != NULL ? DEAD_EVENT_LUA : DEAD_LUA;
+    const char *head[] = {"EVAL", script, "4", p->lease, p->stream, p->tt->dlq, runs, t->token,
                           t->group, j->id};
     for (size_t i = 0; i < 10; i++)
         argv[i] = head[i], lens[i] = strlen(head[i]);

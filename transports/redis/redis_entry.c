@@ -116,3 +116,44 @@ int kb__redis_entry_read(const redisReply *e, uint32_t part, uint32_t nparts, ui
     out->attempt = attempt;
     return KB_REDIS_ENTRY_EVENT;
 }
+
+int kb__redis_event_read(const kb_redis_fevent *ev, uint32_t part, uint32_t nparts,
+                         uint32_t attempt, uint32_t max_attempts, const kb_redis_limits *lim,
+                         kb_redis_event *out)
+{
+    out->n_headers = 0;
+    out->attempt = attempt;
+    out->why[0] = '\0';
+    int nh = kb__redis_frame_headers(ev, out->headers, lim->headers, out->names);
+    if (ev->key_len == 0 || ev->key_len > lim->key || ev->payload_len > lim->payload) {
+        snprintf(out->why, sizeof out->why, "%s", ev->key_len == 0 ? "malformed: an empty key"
+                 : ev->key_len > lim->key ? "limits.max_key_bytes: the key is over the limit"
+                 : "limits.max_payload_bytes: the payload is over the limit");
+        return KB_REDIS_ENTRY_DEAD;
+    }
+    if (nh < 0) {
+        snprintf(out->why, sizeof out->why, "headers: %u are over limits.max_headers (%zu), or a "
+                 "name's length is out of the rules", ev->nh, lim->headers);
+        return KB_REDIS_ENTRY_DEAD;
+    }
+    out->n_headers = (size_t)nh;
+    if (kb_headers_check(out->headers, out->n_headers, lim->headers, lim->header_bytes,
+                         "header fields over the limits") != KB_OK) {
+        snprintf(out->why, sizeof out->why, "%s", kb_last_error());
+        out->n_headers = 0;
+        return KB_REDIS_ENTRY_DEAD;
+    }
+    uint32_t home = kb_partition_of(ev->key, ev->key_len, nparts);
+    if (home != part) {
+        snprintf(out->why, sizeof out->why,
+                 "partition is another one: the key hashes to partition %u", home);
+        return KB_REDIS_ENTRY_DEAD;
+    }
+    if (attempt > max_attempts) {
+        snprintf(out->why, sizeof out->why,
+                 "retry.max_attempts reached: %u handler runs without an ack", attempt - 1);
+        out->attempt = attempt - 1;
+        return KB_REDIS_ENTRY_DEAD;
+    }
+    return KB_REDIS_ENTRY_EVENT;
+}

@@ -8,13 +8,16 @@
  *   redis_sweep.c      recovery of a partition just taken (its pending list)
  *   redis_deliver.c    an entry checked and handed to the pool; lane-full waiting
  *   redis_entry.c      an entry read: its event, or why it is a dead letter (pure)
+ *   redis_frame.c      the frame layout: events packed in one entry, read and written (pure)
  *   redis_settle.c     ack, dead_letter, release, still_owned; the keeper's send job
  *   redis_runs.c       handler runs recorded on the server; the crash journal
+ *   redis_progress.c   which events of a frame are settled: kept, recorded, skipped
  *   redis_dlq.c        dead letters: packed, stored (fenced), listed, replayed
  *   redis_drain.c      kb_drain: wait until the group settled what we added
  *   redis_admin.c      groups, topics, group removal and peek (the operator's)
  *   redis_stats.c      broker figures per topic and partition
  *   redis_publish.c    kb_publish appends XADDs to the backlog; flush; close
+ *   redis_batch.c      frames filled on the publish path: events of a partition, one XADD
  *   redis_sender.c     the sender thread: writes the backlog, reads replies, resends
  *   redis_report.c     delivery reports of publishes: kept under pub_lock, sent after
  *   redis_backlog.c    accepted publishes until the server confirmed them; RESP encoding
@@ -60,7 +63,12 @@
 #define KB_REDIS_KEY_MAX 300    /* kb:{topic}:lease:N for a topic of up to 255 bytes */
 #define KB_REDIS_SENTINELS_MAX 16
 #define KB_REDIS_MASTER_MAX 128  /* a Sentinel master name, NUL included */
-#define KB_REDIS_SKEW_MS 60000  /* clock skew between members' hosts tolerated in scores */
+#define KB_REDIS_BATCH_MAX 4096  /* redis.publish_batch's ceiling: events in one frame */
+#define KB_REDIS_EVENT_ID_MAX (KB_REDIS_ID_MAX + 6)   /* a frame's event: "<entry ID>.<index>" */
+#define KB_REDIS_SKEW_MS 60000
+/* Records of entries nobody settles (deleted while pending) go with their
+ * hash (runs, frames' progress): a week after its last write. */
+#define KB_REDIS_RECORD_TTL_MS "604800000"  /* clock skew between members' hosts tolerated in scores */
 /* A string of a reply longer than its connection's cap (kb_redis_limits.cap),
  * or that would take an entry's fields past kb_redis_limits.entry: kept as
  * its length alone (`integer`, str NULL), never copied. Not a hiredis type:
@@ -100,8 +108,11 @@ typedef struct kb_redis_conn {
 
 /* An ack or a dead letter waiting for the keeper. */
 typedef struct kb_redis_job {
-    char id[KB_REDIS_ID_MAX];
+    char id[KB_REDIS_EVENT_ID_MAX]; /* an entry's; a dead letter's may be a frame's event's */
     char *dead;                   /* NULL: ack. Else malloc'd dead-letter fields (see dlq) */
+    uint32_t events;              /* an ack of a frame: its events (their run records go) */
+    char *done;                   /* a frame's progress: malloc'd bitmap of its settled
+                                   * events (redis_progress.c), else NULL */
     bool again;                   /* keeper: the server refused it for now (LOADING...) */
 } kb_redis_job;
 
@@ -111,6 +122,43 @@ typedef struct kb_redis_jobs {
 } kb_redis_jobs;
 
 enum { KB_PART_FREE, KB_PART_OWNED, KB_PART_DRAINING };
+
+/* Events of a partition waiting to go out as one entry, in the frame
+ * layout (redis_frame.c); pub_lock. */
+typedef struct kb_redis_pframe {
+    char *buf;
+    size_t len, cap;
+    uint32_t count;
+    int64_t first_ns;             /* when its first event came */
+    int64_t last_send_ns;         /* when the partition last sent one: quiet since */
+} kb_redis_pframe;
+
+/* A frame entry read: its events are deliveries of their own, whose cookie
+ * points here; the entry is acked once every one is settled, and stays
+ * pending when one was released unsettled. */
+typedef struct kb_redis_fstate {
+    _Atomic uint32_t refs;        /* events handed out and not settled, + 1 while the reader
+                                   * hands them out */
+    _Atomic bool released;        /* an event went back unsettled: no ack */
+    uint32_t epoch;               /* the lease it was read under */
+    uint32_t events;
+    char id[KB_REDIS_ID_MAX];
+    _Atomic int64_t unrecorded_ns; /* its first event settled since its progress was last
+                                   * queued; 0: none (redis_progress.c) */
+    _Atomic uint64_t settled[];   /* a bit per event settled (handled or dead-lettered) */
+} kb_redis_fstate;
+
+/* A delivery's cookie: a frame's event's is its kb_redis_fstate (aligned),
+ * a plain entry's the lease epoch it was read under, tagged in the low bit. */
+static inline void *kb__redis_cookie_plain(uint32_t epoch)
+{
+    return (void *)((uintptr_t)epoch << 1 | 1);
+}
+
+static inline kb_redis_fstate *kb__redis_cookie_frame(const void *cookie)
+{
+    return ((uintptr_t)cookie & 1) ? NULL : (kb_redis_fstate *)(uintptr_t)cookie;
+}
 
 /* A partition of a topic, as this process sees it. */
 typedef struct kb_redis_part {
@@ -123,6 +171,10 @@ typedef struct kb_redis_part {
     bool hot;                     /* reader only: its last read returned entries */
     int64_t warm_ns;              /* reader only: when a read last returned entries of it */
     uint32_t sweeping;            /* reader only: epoch of a sweep paused on a full lane */
+    struct {
+        kb_redis_fstate *fs;      /* reader only: the frame whose events are being handed out */
+        uint32_t next;            /* its first event not handed out */
+    } fcur;
     char sweep_cursor[KB_REDIS_ID_MAX];   /* where that sweep goes on; "" = its last page */
     uint32_t index;               /* N */
     struct kb_transport_topic *tt;
@@ -130,8 +182,10 @@ typedef struct kb_redis_part {
     kb_redis_jobs jobs;
     kb_redis_jobs sending;        /* keeper only: taken from jobs, not yet confirmed */
     char last_id[KB_REDIS_ID_MAX]; /* newest entry this process added, "" for none (pub_lock) */
+    kb_redis_pframe frame;        /* the events to go out next (pub_lock) */
     char stream[KB_REDIS_KEY_MAX];   /* kb:{topic}:p:N */
     char lease[KB_REDIS_KEY_MAX];    /* kb:{topic}:lease:N */
+    char done[KB_REDIS_KEY_MAX];     /* kb:{topic}:done:N: progress of frames (redis_progress.c) */
 } kb_redis_part;
 
 /* A topic this bus used: made
@@ -165,7 +219,7 @@ struct kb_transport_topic {
 typedef struct kb_redis_pubrec {
     kb_redis_part *p;
     size_t len, big;
-    uint32_t events;
+    uint32_t events;              /* an XADD's: the events in its entry (a frame's n) */
     bool lost;
 } kb_redis_pubrec;
 
@@ -245,9 +299,14 @@ struct kb_transport {
     pthread_mutex_t pub_lock;
     kb_redis_backlog backlog;     /* pub_lock */
     size_t buffer_bytes;          /* redis.publish_buffer_bytes: the backlog's bound */
+    int publish_batch;            /* redis.publish_batch: events per frame at most */
+    int64_t linger_ns;            /* redis.publish_linger_us */
+    size_t frames_open;           /* partitions with an open frame (pub_lock) */
+    size_t frames_bytes;          /* bytes of the open frames (pub_lock) */
+    int64_t frames_due_ns;        /* no open frame is due before (pub_lock) */
     int enqueue_timeout_ms;       /* pool.enqueue_timeout_ms: wait for room, then KB_EFULL */
-    _Atomic size_t pub_held;      /* backlog bytes, for publishers waiting for room */
-    _Atomic uint64_t pub_unconfirmed;   /* backlog records, for kb_flush */
+    _Atomic size_t pub_held;      /* backlog and open frames' bytes, for publishers waiting for room */
+    _Atomic uint64_t pub_unconfirmed;   /* backlog records and open frames, for kb_flush */
     uint64_t pub_failed;          /* refused by the server since the last flush (pub_lock) */
     int wait_replicas, wait_timeout_ms;   /* redis.wait_replicas, redis.wait_timeout_ms */
     uint64_t wait_short;          /* stored, but fewer replicas confirmed, since the last flush (pub_lock) */
@@ -337,17 +396,20 @@ typedef struct kb_redis_swept {
 bool kb__redis_sweep_reply(const redisReply *r, kb_redis_swept *out);
 /* The attempt of claimed entry i: its recorded runs + 1, saturated. */
 uint32_t kb__redis_sweep_attempt(const redisReply *runs, size_t i);
+/* The same for event j of claimed frame i. */
+uint32_t kb__redis_sweep_event_attempt(const redisReply *runs, size_t i, uint32_t j);
 
 /* ---- redis_deliver.c ---- */
 /* Hand one entry ([id, fields]) to the pool: KB_REDIS_* */
 int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e, uint32_t attempt,
                       unsigned flags, uint32_t epoch, int timeout_ms);
 /* Hand ents[*next..] over, in runs (one executor wake per run), until one
- * is not taken: KB_REDIS_*, and *next the first entry not handed over.
- * `attempts`: per entry (a sweep's), NULL: 1 each. head_alone: ents[*next]
+ * is not taken: KB_REDIS_*, and *next the first entry not handed over (a
+ * frame stopped in the middle: p->fcur says where). `runs`: a sweep's
+ * recorded runs per entry (kb__redis_sweep_attempt), NULL: 1 each. head_alone: ents[*next]
  * was refused for a full lane before; it goes alone, the runs after it. */
 int kb__redis_deliver_run(kb_transport_topic *tt, uint32_t part, const redisReply *ents,
-                          size_t *next, const uint32_t *attempts, unsigned flags, uint32_t epoch,
+                          size_t *next, const redisReply *runs, unsigned flags, uint32_t epoch,
                           int timeout_ms, bool head_alone);
 /* A reply whose entries wait for lane space in one or more partitions. */
 typedef struct kb_redis_held kb_redis_held;
@@ -355,7 +417,7 @@ kb_redis_held *kb__redis_held_new(redisReply *r);   /* NULL: out of memory (r no
 void kb__redis_held_unref(kb_redis_held *h);
 /* Queue ents[from..] behind what waits in p; false when out of memory. */
 bool kb__redis_wait_push(kb_redis_part *p, kb_redis_held *h, const redisReply *ents, size_t from,
-                         uint32_t epoch, uint32_t *attempts);
+                         uint32_t epoch, const redisReply *runs);
 void kb__redis_wait_drop(kb_redis_part *p);
 int kb__redis_wait_deliver(kb_redis_part *p, int timeout_ms);
 /* Wait up to ms, until stop or a lease taken since t->leases_taken was `taken`. */
@@ -380,6 +442,72 @@ enum { KB_REDIS_ENTRY_NONE, KB_REDIS_ENTRY_EVENT, KB_REDIS_ENTRY_DEAD };
  * above max_attempts the entry is a dead letter: it ran that often. */
 int kb__redis_entry_read(const redisReply *e, uint32_t part, uint32_t nparts, uint32_t attempt,
                          uint32_t max_attempts, const kb_redis_limits *lim, kb_redis_entry *out);
+struct kb_redis_fevent;
+/* A frame's event checked as entries are: KB_REDIS_ENTRY_EVENT with its
+ * headers (pointing into ev and out->names), or _DEAD with why. */
+typedef struct kb_redis_event {
+    kb_header headers[KB_MAX_HEADERS];
+    size_t n_headers;
+    char names[KB_MAX_HEADERS * (KB_MAX_HEADER_NAME + 1)];
+    uint32_t attempt;
+    char why[300];
+} kb_redis_event;
+int kb__redis_event_read(const struct kb_redis_fevent *ev, uint32_t part, uint32_t nparts,
+                         uint32_t attempt, uint32_t max_attempts, const kb_redis_limits *lim,
+                         kb_redis_event *out);
+
+/* ---- redis_frame.c: the frame layout (pure) ---- */
+typedef struct kb_redis_fevent {
+    const char *key, *payload;
+    size_t key_len, payload_len;
+    const char *hdrs;              /* its header block */
+    uint32_t nh;                   /* headers in it */
+} kb_redis_fevent;
+typedef struct kb_redis_frame {
+    const char *p, *end;
+    uint32_t left;                 /* events not yet read */
+} kb_redis_frame;
+/* Bytes of m in a frame's body, and m written there. */
+size_t kb__redis_frame_event_size(const kb_msg *m);
+void kb__redis_frame_event_put(char *p, const kb_msg *m);
+/* The next event of a checked frame (or of one being filled); false at its end. */
+bool kb__redis_frame_next(kb_redis_frame *f, kb_redis_fevent *ev);
+/* An event's headers as kb_header (names copied, NUL-terminated, into
+ * `names`, KB_MAX_HEADER_NAME + 1 bytes each): their count, or -1 when more
+ * than max or a name's length is out of the rules. */
+int kb__redis_frame_headers(const kb_redis_fevent *ev, kb_header *out, size_t max, char *names);
+/* Entry fields ([name, value, ...]) of a frame: no "k", an "f". */
+bool kb__redis_is_frame(const redisReply *fields);
+/* Check a frame's fields: 0 with *f ready, or -1 with why. */
+int kb__redis_frame_open(const redisReply *fields, kb_redis_frame *f, char *why, size_t len);
+
+/* ---- redis_batch.c: frames filled on the publish path (caller holds pub_lock) ---- */
+/* One XADD's arguments. */
+typedef struct kb_redis_args {
+    const char *argv[12 + 2 * KB_MAX_HEADERS];
+    size_t lens[12 + 2 * KB_MAX_HEADERS];
+    char names[KB_MAX_HEADERS * (KB_MAX_HEADER_NAME + 3)];   /* "h." + name, NUL */
+    char maxlen[24];
+} kb_redis_args;
+/* XADD p->stream [MAXLEN ~ n] * and, for m (NULL: none, a frame's fields
+ * follow), k, d, a, h.*: the count of arguments. Thread: any. */
+int kb__redis_xadd_args(const kb_transport *t, const kb_redis_part *p, const kb_msg *m,
+                        kb_redis_args *a);
+/* m into p's open frame, sent on when full or after a quiet spell;
+ * *opened: it opened a frame that waits (the sender's timer). */
+int kb__redis_batch_add(kb_transport *t, kb_redis_part *p, const kb_msg *m, bool *opened);
+/* Open frames a linger old (all: every one) into the backlog; when the next
+ * one is due (INT64_MAX: none open). */
+int64_t kb__redis_frames_due(kb_transport *t, bool all);
+/* Call fn for every event of the open frames (close: reported failed). */
+void kb__redis_frames_each(kb_transport *t, void (*fn)(void *arg, kb_redis_part *p,
+                                                         const kb_redis_fevent *ev), void *arg);
+/* Bytes and records held, for waiters. */
+static inline void kb__redis_pub_counts(kb_transport *t)
+{
+    atomic_store(&t->pub_held, t->backlog.held + t->frames_bytes);
+    atomic_store(&t->pub_unconfirmed, (uint64_t)(t->backlog.n + t->frames_open));
+}
 
 /* ---- redis_publish.c ---- */
 int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m);
@@ -405,11 +533,13 @@ void kb__redis_sender_kick(kb_transport *t);
 void kb__redis_sender_stop(kb_transport *t);
 
 /* ---- redis_report.c (a batch is its owner's: under pub_lock, or the sender's) ---- */
-/* Room in a batch (zeroed, or in use) for one report of a key up to
- * key_max bytes, kept however it is used; false when out of memory. */
-bool kb__redis_reports_init(kb_redis_reports *rs, size_t key_max);
-/* Keep the report of the XADD at xadd[0, len) to p: `result` KB_OK with its
- * ID, or a KB_E* code and why. False when the batch cannot grow. */
+/* Room in a batch (zeroed, or in use) for the reports of one XADD of up to
+ * `events` events whose keys take up to key_max bytes, kept however it is
+ * used; false when out of memory. */
+bool kb__redis_reports_init(kb_redis_reports *rs, size_t key_max, size_t events);
+/* Keep the reports of the XADD at xadd[0, len) to p, one per event in its
+ * entry: `result` KB_OK with the entry's ID, or a KB_E* code and why. False
+ * when the batch cannot grow. */
 bool kb__redis_report_keep(kb_redis_reports *rs, kb_redis_part *p, const char *xadd, size_t len,
                            int result, const char *id, const char *why);
 /* Will report i of `from` fit in rs (it may grow for it)? */
@@ -424,9 +554,13 @@ void kb__redis_reports_send(kb_transport *t, kb_redis_reports *rs);
 /* The same, every one failed with `code` and `why` (they were stored, but
  * what they waited for never came). */
 void kb__redis_reports_fail(kb_transport *t, kb_redis_reports *rs, int code, const char *why);
-/* Report the XADD at xadd[0, len) to p failed at once (close: the sender has
- * stopped, the backlog's bytes stay put). Caller holds no lock. */
+/* Report every event of the XADD at xadd[0, len) to p failed at once
+ * (close: the sender has stopped, the backlog's bytes stay put). Caller
+ * holds no lock. */
 void kb__redis_report_now(kb_transport *t, kb_redis_part *p, const char *xadd, size_t len,
+                          int code, const char *why);
+/* The same for one event of key `key` (an open frame's). */
+void kb__redis_report_key(kb_transport *t, kb_redis_part *p, const char *key, size_t key_len,
                           int code, const char *why);
 void kb__redis_reports_free(kb_redis_reports *rs);
 
@@ -478,6 +612,9 @@ int kb__redis_ack(kb_transport *t, const kb_delivery *d);
 int kb__redis_dead_letter(kb_transport *t, const kb_delivery *d, const char *reason);
 void kb__redis_release(kb_transport *t, const kb_delivery *d);
 int kb__redis_still_owned(kb_transport *t, const kb_delivery *d);
+/* One event of frame fs is settled or released (the reader's hold too):
+ * the last one queues the entry's ack unless one was released, and frees fs. */
+void kb__redis_frame_unref(kb_transport *t, kb_redis_part *p, kb_redis_fstate *fs);
 /* Keeper job: send every queued ack and dead letter, pipelined. */
 void kb__redis_settle_send(kb_transport *t);
 
@@ -489,6 +626,20 @@ void kb__redis_runs_key(char *out, size_t len, const char *topic, uint32_t part)
 void kb__redis_run_begins(kb_transport *t, const kb_delivery *d);
 /* At open, on the control connection: adopt dead processes' journals, start ours. */
 int kb__redis_runs_start(kb_transport *t, char *errstr, size_t errlen);
+
+/* ---- redis_progress.c ---- */
+/* A frame's state for `events` events (refs 1, the reader's); NULL when out of memory. */
+kb_redis_fstate *kb__redis_fstate_new(const char *id, uint32_t epoch, uint32_t events);
+/* Event d of its frame is settled: noted, and the frame's progress queued
+ * for the keeper when an event settled KB_REDIS_PROGRESS_MS ago or more is
+ * not recorded yet. */
+#define KB_REDIS_PROGRESS_MS 10
+void kb__redis_progress_note(kb_transport *t, kb_redis_part *p, kb_redis_fstate *fs,
+                             const kb_delivery *d);
+/* Queue fs's progress now (the frame goes back unacked with events settled). */
+void kb__redis_progress_queue(kb_transport *t, kb_redis_part *p, kb_redis_fstate *fs);
+/* Was event j of a claimed frame settled before (the sweep's record of it)? */
+bool kb__redis_progress_covers(const redisReply *runs, size_t i, uint32_t j);
 
 /* ---- redis_lease.c ---- */
 /* Keeper job, through the kit's lease manager: renew what we hold, take our
@@ -569,8 +720,13 @@ int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t 
                               kb_partition_stats *out);
 
 /* ---- redis_jobs.c: each partition's queue of acks and dead letters ---- */
-/* Queue a job and wake the keeper; `dead` is taken (freed on failure). */
-void kb__redis_job_push(kb_transport *t, kb_redis_part *p, const char *id, char *dead);
+/* Queue a job and wake the keeper; `dead` is taken (freed on failure);
+ * `events`: an ack of a frame's entry, its events (else 0). */
+void kb__redis_job_push(kb_transport *t, kb_redis_part *p, const char *id, char *dead,
+                        uint32_t events);
+/* Queue frame `id`'s progress (`done`, a bitmap of `events` bits, is taken). */
+void kb__redis_job_progress(kb_transport *t, kb_redis_part *p, const char *id, uint32_t events,
+                            char *done);
 /* Move the queued jobs into p->sending (keeper); false when out of memory. */
 bool kb__redis_jobs_take(kb_transport *t, kb_redis_part *p);
 void kb__redis_jobs_free(kb_redis_jobs *j);

@@ -5,13 +5,15 @@
 
 #include "redis_int.h"
 
-void kb__redis_job_push(kb_transport *t, kb_redis_part *p, const char *id, char *dead)
+static void push(kb_transport *t, kb_redis_part *p, const char *id, char *dead,
+                 uint32_t events, char *done)
 {
     pthread_mutex_lock(&p->lock);
     if (kb_vec_reserve((void **)&p->jobs.v, &p->jobs.cap, p->jobs.n + 1, sizeof *p->jobs.v) !=
         KB_OK) {
         pthread_mutex_unlock(&p->lock);
         free(dead);   /* unacked: redelivered after a failover or restart */
+        free(done);
         return;
     }
     kb_redis_job *j = &p->jobs.v[p->jobs.n++];
@@ -19,10 +21,24 @@ void kb__redis_job_push(kb_transport *t, kb_redis_part *p, const char *id, char 
     memcpy(j->id, id, n);
     j->id[n] = '\0';
     j->dead = dead;
+    j->events = events;
+    j->done = done;
     j->again = false;
     pthread_mutex_unlock(&p->lock);
     if (atomic_fetch_add(&t->jobs_queued, 1) == 0)
         kb_signal_notify(t->keeper_wake);
+}
+
+void kb__redis_job_push(kb_transport *t, kb_redis_part *p, const char *id, char *dead,
+                        uint32_t events)
+{
+    push(t, p, id, dead, events, NULL);
+}
+
+void kb__redis_job_progress(kb_transport *t, kb_redis_part *p, const char *id, uint32_t events,
+                            char *done)
+{
+    push(t, p, id, NULL, events, done);
 }
 
 bool kb__redis_jobs_take(kb_transport *t, kb_redis_part *p)
@@ -45,8 +61,10 @@ bool kb__redis_jobs_take(kb_transport *t, kb_redis_part *p)
 
 void kb__redis_jobs_free(kb_redis_jobs *j)
 {
-    for (size_t i = 0; i < j->n; i++)
+    for (size_t i = 0; i < j->n; i++) {
         free(j->v[i].dead);
+        free(j->v[i].done);
+    }
     free(j->v);
 }
 

@@ -59,31 +59,17 @@ static int wait_room(kb_transport *t, kb_transport_topic *tt, size_t need)
 
 int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
 {
-    char maxlen[24];
     kb_redis_part *p = &tt->parts[kb_partition_of_hash(m->hash, t->partitions)];
     /* the core checked the headers: at most KB_MAX_HEADERS, names of the rules */
-    char names[KB_MAX_HEADERS * KB_REDIS_HEADER_FIELD_MAX];
-    const char *argv[12 + 2 * KB_MAX_HEADERS];
-    size_t lens[12 + 2 * KB_MAX_HEADERS];
+    kb_redis_args a;
     int n = 0;
-#define ARG(s, l) (argv[n] = (s), lens[n] = (l), n++)
-    ARG("XADD", 4);
-    ARG(p->stream, strlen(p->stream));
-    if (t->maxlen > 0) {   /* approximate trimming: whole macro nodes, cheap */
-        snprintf(maxlen, sizeof maxlen, "%lld", (long long)t->maxlen);
-        ARG("MAXLEN", 6);
-        ARG("~", 1);
-        ARG(maxlen, strlen(maxlen));
+    size_t need;
+    if (t->publish_batch == 1) {
+        n = kb__redis_xadd_args(t, p, m, &a);
+        need = kb__redis_backlog_cmd_bytes(n, a.lens);
+    } else {
+        need = kb__redis_frame_event_size(m);
     }
-    ARG("*", 1);
-    ARG("k", 1);
-    ARG(m->key, m->key_len);
-    ARG("d", 1);
-    ARG(m->payload_len ? m->payload : "", m->payload_len);
-    ARG("a", 1);
-    ARG("1", 1);
-#undef ARG
-    n += (int)kb__redis_headers_args(m->headers, m->n_headers, names, argv + n, lens + n);
     size_t big = m->key_len > m->payload_len ? m->key_len : m->payload_len;
 
     int rc = meta_checked(t, tt);
@@ -94,19 +80,25 @@ int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
     if ((rc = kb__redis_limit_check(t, tt->name, m)) == KB_OK && t->sender == NULL)
         rc = kb__redis_sender_start(t);
     if (rc == KB_OK)
-        rc = wait_room(t, tt, kb__redis_backlog_cmd_bytes(n, lens));
+        rc = wait_room(t, tt, need);
     /* A sender that owes replies or a write comes back to the backlog when
      * they arrive, and writes this with what follows: no wake-up (a pipe
      * write and a poll) per publish, and fuller writes for the server. */
-    bool kick = !t->sender_busy;
+    bool kick = !t->sender_busy, opened = false;
     if (rc == KB_OK) {
-        if (kb__redis_backlog_add(&t->backlog, p, big, n, argv, lens)) {
-            atomic_store(&t->pub_held, kb__redis_backlog_bytes(&t->backlog));
-            atomic_store(&t->pub_unconfirmed, (uint64_t)t->backlog.n);
+        size_t records = t->backlog.n;
+        if (t->publish_batch > 1)
+            rc = kb__redis_batch_add(t, p, m, &opened);
+        else if (!kb__redis_backlog_add(&t->backlog, p, big, n, a.argv, a.lens))
+            rc = KB_ENOMEM;
+        if (rc == KB_OK) {
+            kb__redis_pub_counts(t);
             atomic_fetch_add_explicit(&tt->published, 1, memory_order_relaxed);
+            /* an open frame waits for the sender's timer only when nothing
+             * else brings it back to the backlog */
+            kick = kick && (opened || t->backlog.n != records);
         } else {
             kb_errf(NULL, 0, "kb_publish %s: out of memory", tt->name);
-            rc = KB_ENOMEM;
         }
     }
     pthread_mutex_unlock(&t->pub_lock);
@@ -128,8 +120,24 @@ static int all_confirmed(void *arg)
     return atomic_load(&((kb_transport *)arg)->pub_unconfirmed) == 0;
 }
 
+/* Every open frame into the backlog, now: flush, drain and close wait for
+ * no linger. */
+static void frames_out(kb_transport *t)
+{
+    pthread_mutex_lock(&t->pub_lock);
+    bool any = t->frames_open > 0;
+    if (any) {
+        kb__redis_frames_due(t, true);
+        kb__redis_pub_counts(t);
+    }
+    pthread_mutex_unlock(&t->pub_lock);
+    if (any)
+        kb__redis_sender_kick(t);
+}
+
 int kb__redis_pub_confirmed(kb_transport *t, int64_t deadline_ns, const char *who)
 {
+    frames_out(t);
     kb_signal_wait(t->pub_progress, all_confirmed, t, deadline_ns);
     pthread_mutex_lock(&t->pub_lock);
     int rc = KB_OK;
@@ -174,6 +182,12 @@ static void report_given_up(void *arg, const kb_redis_pubrec *r, const char *xad
         kb__redis_report_now(g->t, r->p, xadd, r->len, KB_ETRANSPORT, g->why);
 }
 
+static void report_unsent(void *arg, kb_redis_part *p, const kb_redis_fevent *ev)
+{
+    struct given_up *g = arg;
+    kb__redis_report_key(g->t, p, ev->key, ev->key_len, KB_ETRANSPORT, g->why);
+}
+
 /* What close gives up on is reported failed before it returns: the events
  * still held, and those stored but not yet vouched for by a WAIT. The
  * sender has stopped and the bus lets no publisher in any more: nothing
@@ -186,6 +200,7 @@ static void report_held(kb_transport *t)
     snprintf(g.why, sizeof g.why, "kb_close gave up: not confirmed by %s before its deadline%s%.300s",
              t->where, t->pub_lost[0] ? "; connection lost: " : "", t->pub_lost);
     kb__redis_backlog_each(&t->backlog, report_given_up, &g);
+    kb__redis_frames_each(t, report_unsent, &g);   /* frames out of memory to go out */
     snprintf(g.why, sizeof g.why, "kb_close gave up: stored on %s, but no WAIT confirmed it on %d "
              "replicas before its deadline", t->where, t->wait_replicas);
     kb__redis_reports_fail(t, &t->unvouched, KB_ETRANSPORT, g.why);
@@ -194,6 +209,7 @@ static void report_held(kb_transport *t)
 int kb__redis_pub_close(kb_transport *t, int64_t deadline_ns)
 {
     if (t->sender != NULL) {
+        frames_out(t);
         atomic_store(&t->sender_deadline_ns, deadline_ns);
         kb__redis_sender_kick(t);
         kb_signal_wait(t->pub_progress, all_confirmed, t, deadline_ns);

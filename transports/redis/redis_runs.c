@@ -9,9 +9,7 @@
 
 #include "redis_int.h"
 
-/* Records of entries nobody settles (deleted while pending) go with the
- * hash: a week after its last write. */
-#define RUNS_TTL_MS "604800000"
+#define RUNS_TTL_MS KB_REDIS_RECORD_TTL_MS
 
 /* Only ever raised: a late adoption must not lower a newer count. */
 static const char RUN_LUA[] =

@@ -26,13 +26,6 @@
 
 #define REPLIES_MAX 256   /* replies applied per pub_lock hold */
 
-/* Backlog figures for waiters; caller holds pub_lock. */
-static void publish_counts(kb_transport *t)
-{
-    atomic_store(&t->pub_held, kb__redis_backlog_bytes(&t->backlog));
-    atomic_store(&t->pub_unconfirmed, (uint64_t)t->backlog.n);
-}
-
 /* Errors that say "not now" rather than "never": a server still loading its
  * data after a restart, busy with a script, without its replicas, or a
  * replica now (the primary is elsewhere). */
@@ -52,7 +45,7 @@ static bool wait_answered(kb_transport *t, const kb_redis_pubrec *rec, const red
 {
     if (r->type == REDIS_REPLY_INTEGER && !rec->lost && r->integer >= t->wait_replicas)
         return true;
-    t->wait_short += rec->events;
+    t->wait_short += rec->events;   /* a WAIT's: the events of the XADDs before it */
     if (rec->lost)
         snprintf(t->wait_error, sizeof t->wait_error, "the connection was lost before %d replicas "
                  "confirmed", t->wait_replicas);
@@ -158,18 +151,18 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
             kb__redis_note_last(rec.p, r[i]->str);
             t->wait_pending += t->wait_replicas > 0;
         } else if (r[i]->type == REDIS_REPLY_ERROR) {
-            t->pub_failed++;
+            t->pub_failed += rec.events;
             snprintf(t->pub_error, sizeof t->pub_error, "XADD refused: %s", r[i]->str);
             if (strstr(r[i]->str, "Protocol error") != NULL)
                 proto_big = rec.big;
         }
     }
-    atomic_store(&t->pub_held, kb__redis_backlog_bytes(&t->backlog));
+    atomic_store(&t->pub_held, t->backlog.held + t->frames_bytes);
     pthread_mutex_unlock(&t->pub_lock);
     /* reported before kb_flush can see them confirmed */
     kb__redis_reports_send(t, &t->reports);
     pthread_mutex_lock(&t->pub_lock);
-    publish_counts(t);
+    kb__redis_pub_counts(t);
     pthread_mutex_unlock(&t->pub_lock);
     for (size_t i = 0; i < n; i++)
         kb__redis_reply_free(r[i]);
@@ -220,7 +213,7 @@ static bool queue_wait(kb_transport *t)
     if (t->wait_replicas == 0)
         return false;
     for (size_t i = bl->n; i > 0 && bl->rec[(bl->first + i - 1) % bl->rcap].p != NULL; i--)
-        events++;
+        events += bl->rec[(bl->first + i - 1) % bl->rcap].events;
     if (events == 0)
         return false;
     char replicas[16], ms[16];
@@ -231,18 +224,26 @@ static bool queue_wait(kb_transport *t)
     if (!kb__redis_backlog_add(bl, NULL, 0, 3, argv, lens))
         return false;   /* out of memory: the next batch's WAIT covers these too */
     bl->rec[(bl->first + bl->n - 1) % bl->rcap].events = events;
-    publish_counts(t);
+    kb__redis_pub_counts(t);
     return true;
 }
 
-/* Write what the socket takes now; the errno that broke it, or 0. */
-static int write_some(kb_transport *t, redisContext *c, bool *unsent, bool *due, int64_t *quiet_since)
+/* Open frames a linger old into the backlog, then write what the socket
+ * takes now; the errno that broke it, or 0. *frame_due: when the next open
+ * frame is due (INT64_MAX: none). */
+static int write_some(kb_transport *t, redisContext *c, bool *unsent, bool *due, int64_t *quiet_since,
+                      int64_t *frame_due)
 {
     int err = 0;
     pthread_mutex_lock(&t->pub_lock);
     kb_redis_backlog *bl = &t->backlog;
+    /* open frames a linger old go now, and all of them when nothing is in
+     * flight: the frames fill while the server works on what was written */
     const char *bytes;
     size_t len;
+    kb__redis_backlog_unsent(bl, &len);
+    *frame_due = kb__redis_frames_due(t, len == 0 && !kb__redis_backlog_due(bl));
+    kb__redis_pub_counts(t);
     while (((bytes = kb__redis_backlog_unsent(bl, &len)), len > 0) || (err == 0 && queue_wait(t))) {
         if (len == 0)
             continue;   /* the WAIT just queued */
@@ -307,7 +308,7 @@ static void lose(kb_transport *t, const char *why_now)
         kb_redis_pubrec *rec = &bl->rec[(bl->first + i) % bl->rcap];
         if (rec->big > big)
             big = rec->big;
-        held += rec->p != NULL;
+        held += rec->p != NULL ? rec->events : 0;
         if (rec->p == NULL && held < rec->events)
             rec->lost = true;   /* some of its XADDs were confirmed on the lost connection */
         if (rec->p == NULL)
@@ -331,7 +332,7 @@ static void lose(kb_transport *t, const char *why_now)
     if (dropped > 0) {
         t->pub_failed += dropped;
         snprintf(t->pub_error, sizeof t->pub_error, "%s", o.why);
-        publish_counts(t);
+        kb__redis_pub_counts(t);
     }
     pthread_mutex_unlock(&t->pub_lock);
     kb__redis_reports_send(t, &t->reports);
@@ -411,7 +412,8 @@ static void *sender_main(void *arg)
         if (!busy)
             quiet_since = kb_now_ns();
         bool unsent, due;
-        int err = write_some(t, c, &unsent, &due, &quiet_since);
+        int64_t frame_due;
+        int err = write_some(t, c, &unsent, &due, &quiet_since, &frame_due);
         if (err != 0) {
             lose(t, strerror(err));
             busy = false;
@@ -424,6 +426,11 @@ static void *sender_main(void *arg)
         if (busy) {
             int64_t left = quiet_since + patience - kb_now_ns();
             ms = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
+        }
+        if (frame_due != INT64_MAX) {   /* back when the next open frame is due */
+            int64_t left = frame_due - kb_now_ns();
+            int fms = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
+            ms = ms < 0 || fms < ms ? fms : ms;
         }
         if (poll(p, 2, ms) < 0)
             continue;   /* EINTR */
@@ -449,7 +456,9 @@ static void *sender_main(void *arg)
 
 int kb__redis_sender_start(kb_transport *t)
 {
-    if (kb_bus_delivery_wanted(t->bus) && !kb__redis_reports_init(&t->reports, t->lim.key)) {
+    size_t keys = t->lim.key > t->lim.payload ? t->lim.key : t->lim.payload;   /* a frame's are in its body */
+    if (kb_bus_delivery_wanted(t->bus) &&
+        !kb__redis_reports_init(&t->reports, keys, (size_t)t->publish_batch)) {
         kb_errf(NULL, 0, "redis: cannot start the sender: out of memory");
         return KB_ENOMEM;
     }

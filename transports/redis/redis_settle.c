@@ -13,11 +13,27 @@
 /* ---- executor threads ---- */
 
 /* The bus hands back the delivery's topic (d->tt); its cookie is the lease
- * epoch it was read under (see kb__redis_deliver). */
+ * epoch it was read under, or its frame's state (kb__redis_cookie_*). */
 static kb_redis_part *delivery_part(const kb_delivery *d)
 {
     kb_transport_topic *tt = d->tt;
     return d->partition < tt->nparts ? &tt->parts[d->partition] : NULL;
+}
+
+void kb__redis_frame_unref(kb_transport *t, kb_redis_part *p, kb_redis_fstate *fs)
+{
+    if (atomic_fetch_sub(&fs->refs, 1) != 1)
+        return;
+    if (!atomic_load(&fs->released)) {
+        kb__redis_job_push(t, p, fs->id, NULL, fs->events);
+    } else {   /* back unacked: what was settled is skipped when it comes again */
+        bool any = false;
+        for (uint32_t w = 0; !any && w < (fs->events + 63) / 64; w++)
+            any = atomic_load(&fs->settled[w]) != 0;
+        if (any)
+            kb__redis_progress_queue(t, p, fs);
+    }
+    free(fs);
 }
 
 static void settle(kb_transport *t, const kb_delivery *d, char *dead)
@@ -28,8 +44,16 @@ static void settle(kb_transport *t, const kb_delivery *d, char *dead)
         return;
     }
     /* the push comes first: the keeper hands a lease back only once inflight
-     * is 0, and then finds every job of the partition queued */
-    kb__redis_job_push(t, p, d->id, dead);
+     * is 0, and then finds every job of the partition queued. A frame's event
+     * queues its dead letter alone (the entry's ack comes with its last
+     * event, after it). */
+    kb_redis_fstate *fs = kb__redis_cookie_frame(d->cookie);
+    if (fs == NULL || dead != NULL)
+        kb__redis_job_push(t, p, d->id, dead, 0);
+    if (fs != NULL) {
+        kb__redis_progress_note(t, p, fs, d);
+        kb__redis_frame_unref(t, p, fs);
+    }
     atomic_fetch_sub(&p->inflight, 1);
 }
 
@@ -43,9 +67,7 @@ int kb__redis_dead_letter(kb_transport *t, const kb_delivery *d, const char *rea
 {
     char *dead = kb__redis_dead_pack(d, reason);
     if (dead == NULL) {
-        kb_redis_part *p = delivery_part(d);
-        if (p != NULL)
-            atomic_fetch_sub(&p->inflight, 1);
+        kb__redis_release(t, d);
         kb_errf(NULL, 0, "redis: out of memory for a dead letter");
         return KB_ENOMEM;   /* left unacked: redelivered later */
     }
@@ -56,10 +78,15 @@ int kb__redis_dead_letter(kb_transport *t, const kb_delivery *d, const char *rea
 
 void kb__redis_release(kb_transport *t, const kb_delivery *d)
 {
-    (void)t;
     kb_redis_part *p = delivery_part(d);
-    if (p != NULL)
-        atomic_fetch_sub(&p->inflight, 1);   /* stays pending on the broker */
+    if (p == NULL)
+        return;
+    kb_redis_fstate *fs = kb__redis_cookie_frame(d->cookie);
+    if (fs != NULL) {   /* the frame stays pending too */
+        atomic_store(&fs->released, true);
+        kb__redis_frame_unref(t, p, fs);
+    }
+    atomic_fetch_sub(&p->inflight, 1);   /* stays pending on the broker */
 }
 
 /* Executor, just before the handler: is the lease the entry was read under
@@ -71,8 +98,9 @@ int kb__redis_still_owned(kb_transport *t, const kb_delivery *d)
     kb_redis_part *p = delivery_part(d);
     if (p == NULL)
         return 0;
-    if (atomic_load(&p->state) == KB_PART_FREE ||
-        atomic_load(&p->epoch) != (uint32_t)(uintptr_t)d->cookie ||
+    kb_redis_fstate *fs = kb__redis_cookie_frame(d->cookie);
+    uint32_t epoch = fs != NULL ? fs->epoch : (uint32_t)((uintptr_t)d->cookie >> 1);
+    if (atomic_load(&p->state) == KB_PART_FREE || atomic_load(&p->epoch) != epoch ||
         kb_now_ns() >= atomic_load(&p->deadline_ns)) {
         atomic_fetch_add_explicit(&t->unowned, 1, memory_order_relaxed);
         return 0;
@@ -99,6 +127,7 @@ typedef struct fence {
     bool acks;                /* has ack jobs */
     bool ours;                /* the lease showed our token */
     bool runs;                /* its run-record hash may exist: HDEL with the acks */
+    bool done;                /* its frames' progress hash may exist: HDEL with the acks */
     char runs_key[KB_REDIS_KEY_MAX];
 } fence;
 
@@ -127,32 +156,34 @@ static bool fence_check(kb_transport *t, redisContext *c, fence *f, size_t n)
         watched += f[i].acks;
     if (watched == 0)
         return true;
-    const char **argv = malloc((1 + watched) * sizeof *argv);
+    const char **argv = malloc((1 + 2 * watched) * sizeof *argv);
     if (argv == NULL) {   /* out of memory: every ack is sent next time */
         acks_again(f, n);
         return true;
     }
-    static const char *const cmd[] = {"WATCH", "MGET", "EXISTS"};
-    for (int k = 0; k < 3; k++) {
+    /* frames' progress records (redis_progress.c) are asked about alike */
+    static const char *const cmd[] = {"WATCH", "MGET", "EXISTS", "EXISTS"};
+    for (int k = 0; k < 4; k++) {
         size_t argc = 0;
         argv[argc++] = cmd[k];
         for (size_t i = 0; i < n; i++)
             if (f[i].acks)
-                argv[argc++] = k < 2 ? f[i].p->lease : f[i].runs_key;
+                argv[argc++] = k < 2 ? f[i].p->lease : k == 2 ? f[i].runs_key : f[i].p->done;
         redisAppendCommandArgv(c, (int)argc, argv, NULL);
     }
     free(argv);
-    redisReply *r[3] = {NULL, NULL, NULL};
+    redisReply *r[4] = {NULL, NULL, NULL, NULL};
     bool alive = true;
-    for (int k = 0; k < 3 && alive; k++)
+    for (int k = 0; k < 4 && alive; k++)
         if (redisGetReply(c, (void **)&r[k]) != REDIS_OK) {
             kb__redis_conn_fail(&t->kc, c->errstr);
             alive = false;
         }
     bool refused = alive && (r[0]->type == REDIS_REPLY_ERROR || r[1]->type != REDIS_REPLY_ARRAY ||
-                             r[2]->type != REDIS_REPLY_INTEGER);
+                             r[2]->type != REDIS_REPLY_INTEGER || r[3]->type != REDIS_REPLY_INTEGER);
     if (refused) {
-        const redisReply *e = r[0]->type == REDIS_REPLY_ERROR ? r[0] : r[1]->type == REDIS_REPLY_ERROR ? r[1] : r[2];
+        const redisReply *e = r[0]->type == REDIS_REPLY_ERROR ? r[0] : r[1]->type == REDIS_REPLY_ERROR ? r[1]
+                              : r[2]->type == REDIS_REPLY_ERROR ? r[2] : r[3];
         if (!t->check_refused)   /* once per spell, not every retry */
             kb_log(t->bus, KB_LOG_WARNING, "redis: the lease check before acks was refused, retrying: %s",
                    e->type == REDIS_REPLY_ERROR ? e->str : "an unexpected reply");
@@ -165,19 +196,20 @@ static bool fence_check(kb_transport *t, redisContext *c, fence *f, size_t n)
         kb__redis_reply_free(u);
     } else if (alive) {
         const redisReply *m = r[1];
-        bool runs = r[2]->integer > 0;
+        bool runs = r[2]->integer > 0, done = r[3]->integer > 0;
         for (size_t i = 0, j = 0; i < n; i++) {
             if (!f[i].acks)
                 continue;
             const redisReply *y = j < m->elements ? m->element[j] : NULL;   /* an array: not refused */
             f[i].ours = y != NULL && y->type == REDIS_REPLY_STRING && strcmp(y->str, t->token) == 0;
             f[i].runs = runs;
+            f[i].done = done;
             j++;
         }
     }
     if (alive)
         t->check_refused = refused;
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 4; k++)
         kb__redis_reply_free(r[k]);
     return alive;
 }
@@ -224,10 +256,11 @@ static bool append_argv(redisContext *c, int argc, const char **argv, size_t *le
     return rc == REDIS_OK;
 }
 
-/* Queue `cmd key [group] id...` for the ack jobs of f->p in batches. A batch
- * left out (out of memory) is marked to be sent again. */
+/* Queue `cmd key [group] id...` for the ack jobs of f->p (only those of
+ * frames: `frames`) in batches. A batch left out (out of memory) is marked
+ * to be sent again. */
 static void append_ids(redisContext *c, const fence *f, const char *cmd, const char *key,
-                       const char *group, sent_list *tx)
+                       const char *group, bool frames, sent_list *tx)
 {
     const char *argv[3 + ACKS_PER_CALL];
     size_t lens[3 + ACKS_PER_CALL];
@@ -245,7 +278,7 @@ static void append_ids(redisContext *c, const fence *f, const char *cmd, const c
         }
         if (end)
             break;
-        if (js->v[i].dead != NULL)
+        if (js->v[i].dead != NULL || js->v[i].done != NULL || (frames && js->v[i].events == 0))
             continue;
         if (argc == 0) {
             from = i;
@@ -255,6 +288,62 @@ static void append_ids(redisContext *c, const fence *f, const char *cmd, const c
                 argv[argc++] = group;
         }
         argv[argc++] = js->v[i].id;
+    }
+}
+
+/* HSET the progress of f->p's frames that have a job for it (the hash's
+ * expiry renewed with them). */
+static void append_progress(redisContext *c, const fence *f, sent_list *tx)
+{
+    const kb_redis_jobs *js = &f->p->sending;
+    bool any = false;
+    for (size_t i = 0; i < js->n; i++) {
+        const kb_redis_job *j = &js->v[i];
+        if (j->done == NULL)
+            continue;
+        const char *argv[] = {"HSET", f->p->done, j->id, j->done};
+        size_t lens[] = {4, strlen(f->p->done), strlen(j->id), (j->events + 7) / 8};
+        if (redisAppendCommandArgv(c, 4, argv, lens) == REDIS_OK)
+            sent_add(tx, f->p, i, i + 1);
+        else
+            f->p->sending.v[i].again = true;
+        any = true;
+    }
+    if (any && redisAppendCommand(c, "PEXPIRE %s %s", f->p->done, KB_REDIS_RECORD_TTL_MS) == REDIS_OK)
+        sent_add(tx, f->p, 0, 0);
+}
+
+/* HDEL the run records of the events of f->p's frame acks ("<ID>.<index>"),
+ * one command per frame. */
+static void append_event_runs(redisContext *c, const fence *f, sent_list *tx)
+{
+    const kb_redis_jobs *js = &f->p->sending;
+    for (size_t i = 0; i < js->n; i++) {
+        const kb_redis_job *j = &js->v[i];
+        if (j->dead != NULL || j->done != NULL || j->events == 0)
+            continue;
+        size_t argc = 2 + j->events, len = strlen(j->id);
+        const char **argv = malloc(argc * sizeof *argv);
+        size_t *lens = malloc(argc * sizeof *lens);
+        char *ids = malloc((size_t)j->events * KB_REDIS_EVENT_ID_MAX);
+        bool ok = argv != NULL && lens != NULL && ids != NULL;
+        if (ok) {
+            argv[0] = "HDEL";
+            argv[1] = f->runs_key;
+            for (uint32_t e = 0; e < j->events; e++) {
+                char *id = ids + (size_t)e * KB_REDIS_EVENT_ID_MAX;
+                snprintf(id, KB_REDIS_EVENT_ID_MAX, "%.*s.%u", (int)len, j->id, e);
+                argv[2 + e] = id;
+            }
+            ok = append_argv(c, (int)argc, argv, lens);
+        }
+        if (ok)
+            sent_add(tx, f->p, i, i + 1);
+        else
+            f->p->sending.v[i].again = true;   /* out of memory: the ack goes again */
+        free(argv);
+        free(lens);
+        free(ids);
     }
 }
 
@@ -280,6 +369,8 @@ static bool jobs_done(kb_transport *t, kb_redis_part *p)
         } else if (j->dead != NULL) {
             free(j->dead);
             atomic_fetch_sub(&t->dead_queued, 1);
+        } else {
+            free(j->done);
         }
     }
     p->sending.n = kept;
@@ -362,9 +453,14 @@ void kb__redis_settle_send(kb_transport *t)
         redisAppendCommand(c, "MULTI");
         for (size_t i = 0; i < n; i++)
             if (f[i].acks && f[i].ours) {
-                append_ids(c, &f[i], "XACK", f[i].p->stream, t->group, &tx);
-                if (f[i].runs)
-                    append_ids(c, &f[i], "HDEL", f[i].runs_key, NULL, &tx);
+                append_progress(c, &f[i], &tx);
+                append_ids(c, &f[i], "XACK", f[i].p->stream, t->group, false, &tx);
+                if (f[i].runs) {
+                    append_ids(c, &f[i], "HDEL", f[i].runs_key, NULL, false, &tx);
+                    append_event_runs(c, &f[i], &tx);
+                }
+                if (f[i].done)
+                    append_ids(c, &f[i], "HDEL", f[i].p->done, NULL, true, &tx);
             }
         redisAppendCommand(c, "EXEC");
     } else if (watching) {

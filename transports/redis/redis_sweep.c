@@ -10,12 +10,27 @@
 /* Reads are fenced on the server: a process that lost its lease (paused, say)
  * must not move entries into its PEL after the new owner swept it, or those
  * entries would sit there, skipped, while later ones of their keys are handled. */
+/* A frame's events' runs are recorded under "<ID>.<index>": its element of
+ * `runs` is then an array, one per event, and its progress record last
+ * (redis_progress.c; nil when none). HGET, as every command docs/security.md
+ * grants (no HMGET). */
 static const char SWEEP_LUA[] =
     "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
     "local c = redis.call('xautoclaim',KEYS[2],ARGV[2],ARGV[3],0,ARGV[4],'COUNT',ARGV[5]) "
     "local runs = {} "
     "for i, e in ipairs(c[2]) do "
-    "runs[i] = type(e) == 'table' and tonumber(redis.call('hget',KEYS[3],e[1]) or '0') or 0 end "
+    "local r = 0 "
+    "if type(e) == 'table' and type(e[2]) == 'table' then "
+    "local n, k, f = nil, false, false "
+    "for j = 1, #e[2], 2 do local x = e[2][j] "
+    "if x == 'k' then k = true elseif x == 'f' then f = true "
+    "elseif x == 'n' then n = tonumber(e[2][j+1]) end end "
+    "if n and f and not k and n >= 1 and n <= 4096 then "
+    "r = {} for j = 0, n - 1 do "
+    "r[j+1] = tonumber(redis.call('hget',KEYS[3],e[1] .. '.' .. j) or '0') or 0 end "
+    "r[n+1] = redis.call('hget',KEYS[4],e[1]) "
+    "else r = tonumber(redis.call('hget',KEYS[3],e[1]) or '0') end end "
+    "runs[i] = r end "
     "return {runs, c}";
 
 /* The attempt of claimed entry i: its recorded handler runs + 1 (an entry
@@ -25,6 +40,14 @@ uint32_t kb__redis_sweep_attempt(const redisReply *runs, size_t i)
     long long n = i < runs->elements && runs->element[i]->type == REDIS_REPLY_INTEGER
                       ? runs->element[i]->integer : 0;
     return n <= 0 ? 1 : n < 1000000 ? (uint32_t)n + 1 : 1000001;   /* saturate, never reset */
+}
+
+uint32_t kb__redis_sweep_event_attempt(const redisReply *runs, size_t i, uint32_t j)
+{
+    const redisReply *e = i < runs->elements ? runs->element[i] : NULL;
+    if (e == NULL || e->type != REDIS_REPLY_ARRAY)
+        return 1;
+    return kb__redis_sweep_attempt(e, j);
 }
 
 bool kb__redis_sweep_reply(const redisReply *r, kb_redis_swept *out)
@@ -60,23 +83,16 @@ static uint64_t trimmed(kb_transport *t, const kb_redis_part *p, const redisRepl
 }
 
 /* A sweep page's entries from `from` on wait for lane space, with their
- * attempts; the page's reply `r` is theirs now. False when out of memory. */
+ * runs; the page's reply `r` is theirs now. False when out of memory. */
 static bool sweep_wait(kb_redis_part *p, redisReply *r, const redisReply *ents, size_t from,
                        const redisReply *runs, uint32_t epoch)
 {
-    uint32_t *att = malloc(ents->elements * sizeof *att);
-    kb_redis_held *h = att != NULL ? kb__redis_held_new(r) : NULL;
-    if (att == NULL || h == NULL) {
-        free(att);
-        free(h);
+    kb_redis_held *h = kb__redis_held_new(r);
+    if (h == NULL) {
         kb__redis_reply_free(r);
         return false;
     }
-    for (size_t i = from; i < ents->elements; i++)
-        att[i] = kb__redis_sweep_attempt(runs, i);
-    bool queued = kb__redis_wait_push(p, h, ents, from, epoch, att);
-    if (!queued)
-        free(att);
+    bool queued = kb__redis_wait_push(p, h, ents, from, epoch, runs);
     kb__redis_held_unref(h);   /* the waiting entries hold it now, if queued */
     return queued;
 }
@@ -100,9 +116,9 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
     uint64_t claimed = 0, deleted = 0;
     int rc = KB_REDIS_DELIVERED;
     while (rc == KB_REDIS_DELIVERED && p->sweep_cursor[0] != '\0') {
-        const char *argv[] = {"EVAL", SWEEP_LUA, "3", p->lease, p->stream, runs_key, t->token,
-                              t->group, t->consumer, p->sweep_cursor, count};
-        redisReply *r = kb__redis_cmd(&t->rconn, 11, argv, NULL);
+        const char *argv[] = {"EVAL", SWEEP_LUA, "4", p->lease, p->stream, runs_key, p->done,
+                              t->token, t->group, t->consumer, p->sweep_cursor, count};
+        redisReply *r = kb__redis_cmd(&t->rconn, 12, argv, NULL);
         kb_redis_swept sw;
         if (!kb__redis_sweep_reply(r, &sw)) {
             p->sweeping = 0;   /* start over next time */
@@ -124,17 +140,18 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
             deleted += gone;
         }
         snprintf(p->sweep_cursor, sizeof p->sweep_cursor, "%s", sw.cursor ? sw.cursor : "");
-        for (size_t i = 0; rc == KB_REDIS_DELIVERED && ents != NULL && i < ents->elements; i++) {
-            rc = kb__redis_deliver(tt, part, ents->element[i], kb__redis_sweep_attempt(runs, i),
-                                   KB_DELIVERY_F_REDELIVERED, epoch, 0);
-            claimed += rc == KB_REDIS_DELIVERED;
-            if (rc == KB_REDIS_LANE_FULL) {
-                if (!sweep_wait(p, r, ents, i, runs, epoch)) {
-                    p->sweeping = 0;   /* out of memory: from the start next time */
-                    return KB_REDIS_PART_GONE;
-                }
-                r = NULL;
+        size_t i = 0;
+        if (ents != NULL)
+            rc = kb__redis_deliver_run(tt, part, ents, &i, runs, KB_DELIVERY_F_REDELIVERED,
+                                       epoch, 0, false);
+        claimed += i;
+        if (rc == KB_REDIS_LANE_FULL) {
+            if (!sweep_wait(p, r, ents, i, runs, epoch)) {
+                kb__redis_wait_drop(p);
+                p->sweeping = 0;   /* out of memory: from the start next time */
+                return KB_REDIS_PART_GONE;
             }
+            r = NULL;
         }
         kb__redis_reply_free(r);
     }
