@@ -102,7 +102,10 @@ static void marks_add(kb_nats_claim *c, uint64_t mark, uint64_t floor)
         c->marks[c->nmarks++] = mark;
 }
 
-static void marks_inherit(kb_nats_claim *c, const jsConsumerInfo *ci, uint64_t floor)
+/* `finished`: the consumer's own deliveries ran only as its progress record
+ * says (kb__nats_progress_final), so its own mark is not taken. */
+static void marks_inherit(kb_nats_claim *c, const jsConsumerInfo *ci, uint64_t floor,
+                          bool finished)
 {
     const char *d = ci->Config != NULL ? ci->Config->Description : NULL;
     if (d != NULL && strncmp(d, "kb-seen", 7) == 0)
@@ -112,7 +115,8 @@ static void marks_inherit(kb_nats_claim *c, const jsConsumerInfo *ci, uint64_t f
                 break;
             marks_add(c, m, floor);
         }
-    marks_add(c, ci->Delivered.Stream, floor);
+    if (!finished)
+        marks_add(c, ci->Delivered.Stream, floor);
 }
 
 static void marks_describe(const kb_nats_claim *c, char *buf, size_t len)
@@ -133,14 +137,21 @@ static void marks_describe(const kb_nats_claim *c, char *buf, size_t len)
  * elected a leader: the partition is taken again at once, from where it
  * stopped, without waiting for a consumer nobody else used. A delivery the
  * server counted but that never arrived is no attempt here. NULL otherwise. */
-static jsConsumerInfo *own_finished(const kb_transport *t, kb_nats_topic *tp, long n,
-                                    const char *name)
+static kb_nats_claim *own_claim(const kb_transport *t, kb_nats_topic *tp, long n,
+                                const char *name)
 {
     kb_nats_part *p = &tp->parts[n < 0 ? 0 : n];
     kb_nats_claim *c = atomic_load(kb__nats_consumer_wide(t, name) ? &tp->wide_claims : &p->claims);
     while (c != NULL && strcmp(c->consumer, name) != 0)
         c = c->next;
-    if (c == NULL || !atomic_load(&c->freed))
+    return c != NULL && atomic_load(&c->freed) ? c : NULL;
+}
+
+static jsConsumerInfo *own_finished(const kb_transport *t, kb_nats_topic *tp, long n,
+                                    const char *name)
+{
+    kb_nats_claim *c = own_claim(t, tp, n, name);
+    if (c == NULL)
         return NULL;
     char desc[sizeof ((kb_nats_opening *)0)->desc];
     marks_describe(c, desc, sizeof desc);
@@ -301,8 +312,14 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
         floor = stream_last(t, tp, l);
     for (int i = 0; i < name_count(l); i++)
         if (l->info[i] != NULL && covers(t, l->names->List[i], n)) {
-            marks_inherit(c, l->info[i], floor);
-            kb__nats_progress_inherit(t, c, l->names->List[i], l->info[i]->Delivered.Stream);
+            const char *name = l->names->List[i];
+            bool finished = kb__nats_progress_inherit(t, c, name, l->info[i]->Delivered.Stream);
+            /* this process's own finished claim: what it released after a
+             * run is all it could leave uncounted */
+            kb_nats_claim *own = own_claim(t, tp, n, name);
+            if (own != NULL && !atomic_load(&own->released_ran))
+                finished = true;
+            marks_inherit(c, l->info[i], floor, finished);
         }
     skip_acked(t, c, l, n, floor);
     marks_describe(c, o->desc, sizeof o->desc);

@@ -16,6 +16,7 @@
 #include "nats_consumers.h"
 #include "nats_lease.h"
 #include "nats_names.h"
+#include "nats_progress.h"
 #include "nats_watch.h"
 
 static void member_prefix(kb_transport *t, kb_nats_topic *tp, char *buf, size_t len)
@@ -214,6 +215,19 @@ static void current_revs(kb_transport *t, kb_nats_part **parts, size_t n)
     free(reads.v);
 }
 
+/* The final progress records of the partition's last claim and of the
+ * wide claims, stored before the lease goes: the next owner then settles
+ * what they handled and takes the rest as first deliveries
+ * (kb__nats_progress_final). One not stored costs it only time. */
+static void final_records(kb_transport *t, kb_nats_part *p)
+{
+    kb_nats_claim *last = atomic_load(&p->claims);
+    if (last != NULL)
+        kb__nats_progress_final(t, last);
+    for (kb_nats_claim *c = atomic_load(&p->topic->wide_claims); c; c = c->next)
+        kb__nats_progress_final(t, c);
+}
+
 /* Hand a partition over without duplicates: stop feeding, let the handlers
  * finish and the frontier be acked, then delete the lease. The acks wait in
  * the consumer's connection, the delete goes on nc: the PING answered on the
@@ -231,6 +245,7 @@ static bool release_step(kb_transport *t, kb_nats_part *p, bool *feed_down)
         *feed_down = true;
         return true;
     }
+    final_records(t, p);
     current_revs(t, &p, 1);
     kb__nats_kv_delete(t, p->lease_key, p->lease_rev);
     kb_log(t->bus, KB_LOG_DEBUG, "nats %s: lease of %s handed over", t->url_safe, p->subject);
@@ -508,8 +523,13 @@ void kb__nats_lease_release_all(kb_transport *t, int64_t deadline)
         for (uint32_t i = 0; held != NULL && i < t->partitions; i++)
             if (tp->parts[i].lease_rev != 0)
                 held[n++] = &tp->parts[i];
-        if (left < 0 || left > 2 * kb__nats_round_wait_ms(t))
+        if (left < 0 || left > 2 * kb__nats_round_wait_ms(t)) {
+            for (size_t i = 0; i < n; i++)   /* while time is left for the deletes */
+                if (kb_deadline_left_ms(deadline) < 0 ||
+                    kb_deadline_left_ms(deadline) > 2 * kb__nats_round_wait_ms(t))
+                    final_records(t, held[i]);
             current_revs(t, held, n);   /* else each delete on what it has */
+        }
         free(held);
         char mine[2 * KB_NATS_NAME];
         kb__nats_member_key(t, tp, mine, sizeof mine);

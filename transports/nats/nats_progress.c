@@ -11,6 +11,7 @@
  * position past it. So the claim keeps the key's lowest released position
  * (the claim's, for an event whose key it cannot track or does not know),
  * and neither its record nor its own skips reach that far. */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,10 @@ struct kb_nats_progress {
     _Atomic bool dirty;
     _Atomic uint64_t released_min; /* lowest released position of an untracked key or
                                     * of none; UINT64_MAX: none */
+    /* the final record is written (the lease thread, at a hand-over): the
+     * acker writes no more; `writing` keeps the two from overlapping */
+    _Atomic bool final;
+    _Atomic bool writing;
     int64_t written_ns;        /* acker */
     uint64_t inherited_to;     /* highest stream seq taken from earlier records */
     slot slot[];
@@ -164,27 +169,29 @@ bool kb__nats_progress_covers(const kb_nats_claim *c, const void *key, size_t ke
     return s != NULL && vouched(g, s) >= (sseq << IDX_BITS | idx);
 }
 
+/* The runs bucket as the lease thread reads it: a round's wait per call
+ * when that handle could be made. */
+static kvStore *round_kv(const kb_transport *t)
+{
+    return t->runs_kv_round != NULL ? t->runs_kv_round : t->runs_kv;
+}
+
 static void record_key(const char *stream, const char *consumer, char *out, size_t len)
 {
     snprintf(out, len, "%s.done.%s", stream, consumer);
 }
 
-void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now, bool last)
+/* The record's text, "final" first when `final` (what does not fit is
+ * left out: it only skips less); malloc'ed, its length in *len. */
+static char *record_text(kb_transport *t, struct kb_nats_progress *g, bool final, size_t *len)
 {
-    struct kb_nats_progress *g = atomic_load_explicit(&c->progress, memory_order_acquire);
-    if (g == NULL || (!last && now - g->written_ns < KB_NATS_PROGRESS_MS * 1000000LL) ||
-        !atomic_exchange_explicit(&g->dirty, false, memory_order_seq_cst))
-        return;
-    /* what fits in one message: a record that leaves keys out only skips less */
-    size_t room = atomic_load(&t->max_payload) / 2, cap = (size_t)g->slots * LINE_BYTES;
+    size_t room = atomic_load(&t->max_payload) / 2, cap = (size_t)g->slots * LINE_BYTES + 8;
     if (cap > room)
         cap = room;
-    char *buf = malloc(cap), key[3 * KB_NATS_NAME], subj[sizeof key + sizeof t->bucket + 16];
-    if (buf == NULL) {
-        atomic_store(&g->dirty, true);
-        return;
-    }
-    size_t used = 0;
+    char *buf = malloc(cap);
+    if (buf == NULL)
+        return NULL;
+    size_t used = final ? (size_t)snprintf(buf, cap, "%s\n", KB_NATS_PROGRESS_FINAL) : 0;
     for (uint32_t i = 0; i < g->slots && used + LINE_BYTES <= cap; i++) {
         slot *s = &g->slot[i];
         uint64_t h = atomic_load_explicit(&s->hash, memory_order_acquire);
@@ -197,13 +204,57 @@ void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now, boo
                                  (unsigned long long)(pos >> IDX_BITS),
                                  (unsigned long long)(pos & ((1u << IDX_BITS) - 1)));
     }
+    *len = used;
+    return buf;
+}
+
+void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now, bool last)
+{
+    struct kb_nats_progress *g = atomic_load_explicit(&c->progress, memory_order_acquire);
+    if (g == NULL || (!last && now - g->written_ns < KB_NATS_PROGRESS_MS * 1000000LL) ||
+        atomic_exchange(&g->writing, true))
+        return;
+    if (!atomic_load(&g->final) && atomic_exchange_explicit(&g->dirty, false, memory_order_seq_cst)) {
+        size_t used = 0;
+        char *buf = record_text(t, g, false, &used), key[3 * KB_NATS_NAME],
+             subj[sizeof key + sizeof t->bucket + 16];
+        record_key(c->part->topic->stream, c->consumer, key, sizeof key);
+        snprintf(subj, sizeof subj, "$KV.%s_runs.%s", t->bucket, key);
+        if (buf != NULL && natsConnection_Publish(t->nc, subj, buf, (int)used) == NATS_OK)
+            g->written_ns = now;
+        else
+            atomic_store(&g->dirty, true);   /* reconnecting, or no memory: next tick */
+        free(buf);
+    }
+    atomic_store(&g->writing, false);
+}
+
+bool kb__nats_progress_final(kb_transport *t, kb_nats_claim *c)
+{
+    /* finished: freed by the acker, or (at close) the feeder gone and every
+     * entry settled: nothing runs or can start */
+    bool finished = atomic_load(&c->freed) ||
+                    (atomic_load(&c->feeder_left) && atomic_load(&c->settled) == atomic_load(&c->tail));
+    if (!finished || atomic_load(&c->released_ran) || round_kv(t) == NULL ||
+        !kb__nats_progress_ready(c))
+        return false;
+    struct kb_nats_progress *g = atomic_load_explicit(&c->progress, memory_order_acquire);
+    if (atomic_load(&g->final))
+        return true;
+    /* the acker's write in progress (a publish, microseconds) goes first: on
+     * the same connection and subject, it is stored before this one */
+    while (atomic_exchange(&g->writing, true))
+        sched_yield();
+    size_t used = 0;
+    char *buf = record_text(t, g, true, &used), key[3 * KB_NATS_NAME];
     record_key(c->part->topic->stream, c->consumer, key, sizeof key);
-    snprintf(subj, sizeof subj, "$KV.%s_runs.%s", t->bucket, key);
-    if (natsConnection_Publish(t->nc, subj, buf, (int)used) == NATS_OK)
-        g->written_ns = now;
-    else
-        atomic_store(&g->dirty, true);   /* reconnecting: next tick */
+    uint64_t rev = 0;
+    bool stored = buf != NULL && kvStore_Put(&rev, round_kv(t), key, buf, (int)used) == NATS_OK;
     free(buf);
+    /* not stored: the acker goes on, and the next owner keeps the mark */
+    atomic_store(&g->final, stored);
+    atomic_store(&g->writing, false);
+    return stored;
 }
 
 /* Digits at *p in `base`, at most `max`, no sign or blank; *p moved past. */
@@ -267,36 +318,33 @@ static const char *inherit_line(kb_transport *t, kb_nats_claim *c, struct kb_nat
     return NULL;
 }
 
-/* The runs bucket as the lease thread reads it: a round's wait per call
- * when that handle could be made. */
-static kvStore *round_kv(const kb_transport *t)
-{
-    return t->runs_kv_round != NULL ? t->runs_kv_round : t->runs_kv;
-}
-
 /* A record is another process's word that events were handled: taken only
  * line by line where it is well formed, of this claim's partitions, and
  * within what the server delivered to that consumer (anyone who can write
  * the runs bucket could else have events of a key settled unhandled). What
  * is refused comes again: a duplicate at worst. */
-void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier,
+bool kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier,
                                uint64_t delivered)
 {
     char key[3 * KB_NATS_NAME];
     record_key(c->part->topic->stream, earlier, key, sizeof key);
     kvEntry *e = NULL;
     if (round_kv(t) == NULL || kvStore_Get(&e, round_kv(t), key) != NATS_OK)
-        return;   /* none: its events above the floor come again */
+        return false;   /* none: its events above the floor come again */
     const char *v = kvEntry_ValueString(e);
     uint64_t max_sseq = delivered;
     const char *why = NULL;
     unsigned refused = 0;
+    bool final = false;
     if (v != NULL && kb__nats_progress_ready(c)) {
         struct kb_nats_progress *g = atomic_load(&c->progress);
         for (const char *l = v; *l != '\0';) {
             const char *nl = strchr(l, '\n');
             size_t len = nl != NULL ? (size_t)(nl - l) : strlen(l);
-            const char *bad = inherit_line(t, c, g, l, len, max_sseq);
+            bool final_line = l == v && len == strlen(KB_NATS_PROGRESS_FINAL) &&
+                              memcmp(l, KB_NATS_PROGRESS_FINAL, len) == 0;
+            final |= final_line;
+            const char *bad = final_line ? NULL : inherit_line(t, c, g, l, len, max_sseq);
             if (bad != NULL && refused++ == 0)
                 why = bad;
             l = nl != NULL ? nl + 1 : l + len;
@@ -307,6 +355,7 @@ void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *ea
                "%s; %s was delivered up to %llu): their events come again", t->url_safe,
                refused, key, why, earlier, (unsigned long long)max_sseq);
     kvEntry_Destroy(e);
+    return final;
 }
 
 uint64_t kb__nats_progress_key_hash(const void *key, size_t len)

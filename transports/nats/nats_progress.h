@@ -12,6 +12,7 @@
 #define KB_NATS_PROGRESS_WIDE 1024     /* keys tracked by a wide claim */
 #define KB_NATS_PROGRESS_PART 256      /* keys tracked by a partition's claim */
 #define KB_NATS_PROGRESS_MS 10         /* a claim's record is written at most this often */
+#define KB_NATS_PROGRESS_FINAL "final" /* a finished claim's record starts with this line */
 
 /* The claim's table, made when absent: by the feeder before its first
  * delivery, or by the lease thread before the claim is published. False
@@ -34,12 +35,22 @@ bool kb__nats_progress_covers(const kb_nats_claim *c, const void *key, size_t ke
  * old (`last`, at close: when it changed); sent without waiting (a lost one
  * only means more comes again). */
 void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now, bool last);
+/* Lease thread, at a hand-over, once claim c is finished (its ring freed):
+ * its record written and stored, starting with the line "final": no event
+ * its consumer delivered ran here other than those the record covers, and
+ * those whose runs are in the runs bucket under an earlier consumer's mark.
+ * So the next owner drops this consumer's delivery mark, and the events
+ * above the record come again as first deliveries, without a runs read
+ * and record each. False (nothing final) when an event was released after
+ * a run (its runs may be counted under this consumer's mark only), or the
+ * record could not be stored within a round. */
+bool kb__nats_progress_final(kb_transport *t, kb_nats_claim *c);
 /* Lease thread, before c is published: take in the record of consumer
  * `earlier` (the keys of c's partitions): only its well-formed lines within
  * `delivered`, the highest stream sequence the server delivered to `earlier`
  * (from its consumer info, read once by the caller); others are logged and
- * ignored. */
-void kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier,
+ * ignored. True when the record is final (kb__nats_progress_final). */
+bool kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier,
                                uint64_t delivered);
 /* One line of a record ("<key hash, 16 hex> <partition> <stream seq> <event
  * index>", no newline), parsed strictly: NULL, or why it is refused (out of

@@ -102,6 +102,9 @@ typedef struct kb_nats_claim {
     _Atomic uint64_t delivered_hi;
     /* the floor it started from (set before it is published) */
     uint64_t start_floor;
+    /* an event released after a run of it (its runs may be in the runs
+     * bucket only): the claim's final record may not drop its mark */
+    _Atomic bool released_ran;
     /* feeder only */
     int64_t leaderless_since_ns;   /* pulls answered "no responders" since (0: not) */
     uint64_t dseq_hi;              /* the consumer's last delivery sequence seen */
