@@ -53,15 +53,15 @@ static kb_nats_topic *published_to(kb_transport *t, natsMsg *msg, uint32_t *part
 /* published_to for a publish the server stored in stream `stream`. By its ack
  * the message is cold (up to nats.publish_max_pending publishes ago), and its
  * header table several cache misses away: the topic of the last ack, matched
- * by the stream's name in the ack just parsed, spares that lookup. nats.c's
- * ack thread only. */
+ * by the stream's name in the ack just parsed, spares that lookup. Topics
+ * live as long as the transport. */
 static kb_nats_topic *acked_to(kb_transport *t, natsMsg *msg, const char *stream, uint32_t *part)
 {
-    kb_nats_topic *tp = t->acked_topic;
+    kb_nats_topic *tp = atomic_load_explicit(&t->acked_topic, memory_order_relaxed);
     if (tp != NULL && stream != NULL && strcmp(stream, tp->stream) == 0)
         return partition_of(t, tp, msg, part);
     if ((tp = published_to(t, msg, part)) != NULL)
-        t->acked_topic = tp;
+        atomic_store_explicit(&t->acked_topic, tp, memory_order_relaxed);
     return tp;
 }
 
