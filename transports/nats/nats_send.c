@@ -22,20 +22,46 @@ static uint64_t msg_seq(natsMsg *m)
     return strtoull(dash + 1, NULL, 10);
 }
 
+/* The partition of tp a publish went to, from the last token of its subject
+ * (kb.<topic>.<n>); NULL for another subject of the stream (a dead letter). */
+static kb_nats_topic *partition_of(kb_transport *t, kb_nats_topic *tp, natsMsg *msg,
+                                   uint32_t *part)
+{
+    const char *dot = strrchr(natsMsg_GetSubject(msg), '.');
+    if (tp == NULL || dot == NULL || dot[1] < '0' || dot[1] > '9')
+        return NULL;
+    char *end = NULL;
+    unsigned long n = strtoul(dot + 1, &end, 10);
+    if (*end != '\0' || n >= t->partitions)
+        return NULL;
+    *part = (uint32_t)n;
+    return tp;
+}
+
 /* The partition a publish of this process went to (NULL: not ours). */
 static kb_nats_topic *published_to(kb_transport *t, natsMsg *msg, uint32_t *part)
 {
-    const char *id = NULL, *subj = natsMsg_GetSubject(msg), *dot = strrchr(subj, '.');
+    const char *id = NULL;
     size_t bl = strlen(t->bus_id);
     if (natsMsgHeader_Get(msg, "Nats-Msg-Id", &id) != NATS_OK || id == NULL ||
-        strncmp(id, t->bus_id, bl) != 0 || id[bl] != '.' || dot == NULL)
+        strncmp(id, t->bus_id, bl) != 0 || id[bl] != '.')
         return NULL;
-    kb_nats_topic *tp = kb__nats_topic_at(t, (uint32_t)strtoul(id + bl + 1, NULL, 10));
-    char *end = NULL;
-    unsigned long n = strtoul(dot + 1, &end, 10);
-    if (tp == NULL || *end != '\0' || n >= t->partitions)
-        return NULL;
-    *part = (uint32_t)n;
+    return partition_of(t, kb__nats_topic_at(t, (uint32_t)strtoul(id + bl + 1, NULL, 10)), msg,
+                        part);
+}
+
+/* published_to for a publish the server stored in stream `stream`. By its ack
+ * the message is cold (up to nats.publish_max_pending publishes ago), and its
+ * header table several cache misses away: the topic of the last ack, matched
+ * by the stream's name in the ack just parsed, spares that lookup. Topics
+ * live as long as the transport. */
+static kb_nats_topic *acked_to(kb_transport *t, natsMsg *msg, const char *stream, uint32_t *part)
+{
+    kb_nats_topic *tp = atomic_load_explicit(&t->acked_topic, memory_order_relaxed);
+    if (tp != NULL && stream != NULL && strcmp(stream, tp->stream) == 0)
+        return partition_of(t, tp, msg, part);
+    if ((tp = published_to(t, msg, part)) != NULL)
+        atomic_store_explicit(&t->acked_topic, tp, memory_order_relaxed);
     return tp;
 }
 
@@ -273,9 +299,9 @@ int kb__nats_send(kb_transport *t, natsMsg *msg)
 
 /* The stream sequence a publish was stored at: kb_drain's target for its
  * partition. */
-static void note_stored(kb_transport *t, natsMsg *msg, uint64_t seq)
+static void note_stored(kb_transport *t, kb_nats_topic *tp, uint32_t part, uint64_t seq)
 {
-    kb_nats_batch *b = batch_of(t, msg);
+    kb_nats_batch *b = tp != NULL && tp->batches != NULL ? &tp->batches[part] : NULL;
     if (b == NULL)
         return;
     uint64_t cur = atomic_load(&b->stored_seq);
@@ -284,14 +310,14 @@ static void note_stored(kb_transport *t, natsMsg *msg, uint64_t seq)
     settled(t, b);
 }
 
-/* One delivery report per event of a message the server stored at `seq`
- * (error NULL) or that failed for good (`code`, why); IDs as consumers see
- * them ("<seq>", or "<seq>.<i>" from 1 in a frame). No lock held. */
-static void report_as(kb_transport *t, natsMsg *msg, uint64_t seq, int code, const char *error)
+/* One delivery report per event of message msg, published to partition
+ * `part` of tp, which the server stored at `seq` (error NULL) or that failed
+ * for good (`code`, why); IDs as consumers see them ("<seq>", or "<seq>.<i>"
+ * from 1 in a frame). No lock held. */
+static void report_to(kb_transport *t, kb_nats_topic *tp, uint32_t part, natsMsg *msg,
+                      uint64_t seq, int code, const char *error)
 {
-    uint32_t part;
-    kb_nats_topic *tp = kb_bus_delivery_wanted(t->bus) ? published_to(t, msg, &part) : NULL;
-    if (tp == NULL)
+    if (tp == NULL || !kb_bus_delivery_wanted(t->bus))
         return;
     kb_delivery_report r = {.topic = tp->name, .partition = part,
                             .result = error != NULL ? code : KB_OK,
@@ -321,6 +347,14 @@ static void report_as(kb_transport *t, natsMsg *msg, uint64_t seq, int code, con
     kb_bus_delivery_report(t->bus, &r);
     if (key != small)
         free(key);
+}
+
+/* report_to for a message of this bus: its partition read from it. */
+static void report_as(kb_transport *t, natsMsg *msg, uint64_t seq, int code, const char *error)
+{
+    uint32_t part = 0;
+    kb_nats_topic *tp = kb_bus_delivery_wanted(t->bus) ? published_to(t, msg, &part) : NULL;
+    report_to(t, tp, part, msg, seq, code, error);
 }
 
 static void report_delivery(kb_transport *t, natsMsg *msg, uint64_t seq, const char *error)
@@ -503,8 +537,10 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
     atomic_fetch_sub(&t->pub_out, 1);
     atomic_store(&t->pub_moved_ns, kb_now_ns());
     if (pa != NULL && msg != NULL) {
-        note_stored(t, msg, pa->Sequence);
-        report_delivery(t, msg, pa->Sequence, NULL);
+        uint32_t part = 0;
+        kb_nats_topic *tp = acked_to(t, msg, pa->Stream, &part);
+        note_stored(t, tp, part, pa->Sequence);
+        report_to(t, tp, part, msg, pa->Sequence, KB_OK, NULL);
     } else if (pae != NULL) {
         pae->Msg = msg;   /* not set on this path */
         int failed = pub_err(t, pae, why, sizeof why);

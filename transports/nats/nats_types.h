@@ -262,6 +262,7 @@ struct kb_transport {
     _Atomic int64_t pub_out;           /* publishes nats.c holds unacked (nats_send.c) */
     _Atomic int64_t pub_moved_ns;      /* last publish ack, or the first publish after none
                                           were out: a stall is measured from it */
+    _Atomic(kb_nats_topic *) acked_topic;   /* the topic of the last publish ack (nats_send.c) */
     uint64_t stall_in_msgs;            /* acker: messages the connection had read */
     int64_t stall_read_ns;             /* acker: when that count last moved */
     _Atomic uint64_t pub_rejected;     /* not yet reported by flush */
