@@ -1,6 +1,7 @@
 /* The kit's publish backlog on a mem:// bus (for its delivery callback):
  * exactly one report per event through resends, refusals and close; flush
- * by ticket; KB_EFULL after the timed wait; KB_ECLOSED after close. */
+ * by ticket; KB_EFULL after the timed wait; KB_ECLOSED after close; one
+ * partition's events sent in order through a backoff. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -56,9 +57,9 @@ static void setup(struct fixture *f, size_t capacity, int timeout_ms, uint32_t m
     f->rep = calloc(1, sizeof *f->rep);
     assert_non_null(f->rep);
     f->bus = open_bus(f->rep);
-    kb_kit_backlog_conf c = {.bus = f->bus, .capacity = capacity, .timeout_ms = timeout_ms,
-                             .max_attempts = max_attempts, .backoff_ms = 1, .max_backoff_ms = 4,
-                             .free_data = free};
+    kb_kit_backlog_conf c = {.size = sizeof c, .bus = f->bus, .capacity = capacity,
+                             .timeout_ms = timeout_ms, .max_attempts = max_attempts,
+                             .backoff_ms = 1, .max_backoff_ms = 4, .free_data = free};
     f->b = kb_kit_backlog_new(&c);
     assert_non_null(f->b);
 }
@@ -236,12 +237,43 @@ static void full_after_the_wait(void **state)
     teardown(&f);
 }
 
+/* While an event waits out its backoff, the later events of its partition
+ * wait behind it (another partition's go): one key's events stay in order. */
+static void backoff_keeps_partition_order(void **state)
+{
+    (void)state;
+    struct fixture f;
+    setup(&f, 16, 50, 3);
+    kb_kit_backlog *b = f.b;
+    kb_kit_item *items[4];
+    kb_assert_ok(add_event(b, 0, NULL));   /* events i go to partition i % 8 */
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns()), 1);
+    int64_t t0 = kb_now_ns();
+    kb_kit_backlog_done(b, items[0], KB_ETRANSPORT, 1, NULL, "refused once");
+    kb_assert_ok(add_event(b, 8, NULL));   /* partition 0, behind event 0 */
+    kb_assert_ok(add_event(b, 1, NULL));   /* partition 1 */
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, t0), 1);
+    assert_int_equal(*(int *)items[0]->data, 1);
+    kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-1", NULL);
+    int64_t due = kb_kit_backlog_next_due(b);
+    assert_true(due > t0 && due < INT64_MAX);   /* event 0's backoff, not event 8's 0 */
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, due), 2);
+    assert_int_equal(*(int *)items[0]->data, 0);   /* in order */
+    assert_int_equal(*(int *)items[1]->data, 8);
+    for (int i = 0; i < 2; i++)
+        kb_kit_backlog_done(b, items[i], KB_OK, 0, "1-2", NULL);
+    assert_int_equal(f.rep->ok[0] + f.rep->ok[8] + f.rep->ok[1], 3);
+    assert_int_equal(kb_kit_backlog_length(b), 0);
+    teardown(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(one_report_per_event),
         cmocka_unit_test(flush_by_ticket),
         cmocka_unit_test(full_after_the_wait),
+        cmocka_unit_test(backoff_keeps_partition_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,9 @@
 /* The kit's lease manager over a fake broker of callbacks (an in-memory
  * owner per partition and a member list): fair share among two and three
  * managers, hand-over only once the partition's queue is idle, generations
- * for still_owned, and leases lost to silence or to another owner. */
+ * for still_owned, leases lost to silence or to another owner, a late
+ * renewal handled as a loss, and a hand-back finished when the share
+ * changes back. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,7 +29,8 @@ struct member {
     const char *name;
     kb_kit_queue *queues[PARTS];
     kb_kit_members *m;
-    int lost;
+    int lost, gained;
+    int64_t answer_at;           /* the clock once a tick's answers are in; 0: the tick's now */
 };
 
 static int try_take(void *opaque, uint32_t p)
@@ -61,6 +64,17 @@ static void lost(void *opaque, uint32_t p)
     ((struct member *)opaque)->lost++;
 }
 
+static void gained(void *opaque, uint32_t p)
+{
+    (void)p;
+    ((struct member *)opaque)->gained++;
+}
+
+static int64_t clock_cb(void *opaque)
+{
+    return ((struct member *)opaque)->answer_at;
+}
+
 static int members(void *opaque, kb_names *out)
 {
     struct member *me = opaque;
@@ -78,9 +92,10 @@ static void member_init(struct member *me, struct broker *br, const char *name, 
         assert_non_null(me->queues[p]);
     }
     kb_kit_members_conf c = {
-        .me = name, .partitions = PARTS, .queues = me->queues, .lease_ns = lease_ns,
+        .size = sizeof c, .me = name, .partitions = PARTS, .queues = me->queues,
+        .lease_ns = lease_ns,
         .broker = {.opaque = me, .try_take = try_take, .renew = renew, .give_back = give_back,
-                   .lost = lost, .members = members},
+                   .gained = gained, .lost = lost, .members = members, .now = clock_cb},
     };
     me->m = kb_kit_members_new(&c);
     assert_non_null(me->m);
@@ -149,38 +164,53 @@ static void fair_share(void **state)
         member_fini(&ms[i]);
 }
 
+/* a holds every partition with a delivery out on each (pe[p], read under
+ * g[p]) when b joins: b's share is leaving, nothing moves yet. */
+struct busy {
+    struct broker br;
+    struct member a, b;
+    kb_kit_pending *pe[PARTS];
+    uint64_t g[PARTS];
+};
+
+static void joined_while_busy(struct busy *w)
+{
+    w->br.renew_answer = 1;
+    member_init(&w->a, &w->br, "alpha-1", 0);
+    member_init(&w->b, &w->br, "beta-2", 0);
+    w->br.live[0] = w->a.name;
+    rounds(&w->a, 1, 0);
+    for (uint32_t p = 0; p < PARTS; p++) {
+        w->g[p] = kb_kit_members_generation(w->a.m, p);
+        kb_assert_ok(kb_kit_queue_push(w->a.queues[p], 1, w->g[p], &w->pe[p]));
+    }
+    w->br.live[1] = w->b.name;
+    struct member both[2] = {w->a, w->b};
+    rounds(both, 2, 0);
+    assert_int_equal(kb_kit_members_held(w->a.m), PARTS);   /* nothing settled: nothing moves */
+    assert_int_equal(kb_kit_members_held(w->b.m), 0);
+    uint32_t leaving = 0;
+    for (uint32_t p = 0; p < PARTS; p++)
+        leaving += !kb_kit_members_reading(w->a.m, p);   /* b's share: a reads no more */
+    assert_int_equal(leaving, PARTS / 2);
+}
+
 static void hand_over_once_settled(void **state)
 {
     (void)state;
-    struct broker br = {.renew_answer = 1};
-    struct member a, b;
-    member_init(&a, &br, "alpha-1", 0);
-    member_init(&b, &br, "beta-2", 0);
-    br.live[0] = a.name;
-    rounds(&a, 1, 0);
-    /* a delivery out on every partition of a */
-    kb_kit_pending *pe[PARTS];
-    for (uint32_t p = 0; p < PARTS; p++)
-        kb_assert_ok(kb_kit_queue_push(a.queues[p], 1, kb_kit_members_generation(a.m, p), &pe[p]));
-    br.live[1] = b.name;
-    struct member both[2] = {a, b};
-    rounds(both, 2, 0);
-    assert_int_equal(kb_kit_members_held(a.m), PARTS);   /* nothing settled: nothing moves */
-    assert_int_equal(kb_kit_members_held(b.m), 0);
-    uint32_t leaving = 0;
-    for (uint32_t p = 0; p < PARTS; p++)
-        leaving += !kb_kit_members_reading(a.m, p);   /* b's share: a reads no more */
-    assert_int_equal(leaving, PARTS / 2);
+    struct busy w = {0};
+    joined_while_busy(&w);
+    struct member both[2] = {w.a, w.b};
     for (uint32_t p = 0; p < PARTS; p++) {
-        int moving = !kb_kit_members_reading(a.m, p);
-        kb_kit_settle(pe[p]);
+        int moving = !kb_kit_members_reading(w.a.m, p);
+        kb_kit_settle(w.pe[p]);
         rounds(both, 2, 0);
-        assert_ptr_equal(br.owner[p], moving ? b.name : a.name);   /* once settled: b's */
+        assert_ptr_equal(w.br.owner[p], moving ? w.b.name : w.a.name);   /* once settled: b's */
     }
-    assert_int_equal(kb_kit_members_held(a.m), PARTS / 2);
-    assert_int_equal(kb_kit_members_held(b.m), PARTS / 2);
-    member_fini(&a);
-    member_fini(&b);
+    assert_int_equal(kb_kit_members_held(w.a.m), PARTS / 2);
+    assert_int_equal(kb_kit_members_held(w.b.m), PARTS / 2);
+    member_fini(&w.a);
+    member_fini(&w.b);
 }
 
 static void generations(void **state)
@@ -234,7 +264,7 @@ static void generations(void **state)
  * generation. */
 struct batched {
     struct member me;
-    int rounds, gained;
+    int rounds;
     size_t last_round;
     int inflight[PARTS];
 };
@@ -256,8 +286,17 @@ static int idle_cb(void *opaque, uint32_t p)
 
 static void gained_cb(void *opaque, uint32_t p)
 {
-    (void)p;
-    ((struct batched *)opaque)->gained++;
+    gained(&((struct batched *)opaque)->me, p);
+}
+
+static void lost_cb(void *opaque, uint32_t p)
+{
+    lost(&((struct batched *)opaque)->me, p);
+}
+
+static int64_t clock_b(void *opaque)
+{
+    return clock_cb(&((struct batched *)opaque)->me);
 }
 
 static int give_back_b(void *opaque, uint32_t p)
@@ -270,43 +309,140 @@ static int members_b(void *opaque, kb_names *out)
     return members(&((struct batched *)opaque)->me, out);
 }
 
+static kb_kit_members *batched_new(struct batched *b)
+{
+    kb_kit_members_conf c = {
+        .size = sizeof c, .me = "alpha-1", .partitions = PARTS, .lease_ns = 1000,
+        .broker = {.opaque = b, .round = round_cb, .give_back = give_back_b,
+                   .gained = gained_cb, .lost = lost_cb, .idle = idle_cb, .members = members_b,
+                   .now = clock_b},
+    };
+    kb_kit_members *m = kb_kit_members_new(&c);
+    assert_non_null(m);
+    return m;
+}
+
 static void one_round_per_tick(void **state)
 {
     (void)state;
     struct broker br = {.renew_answer = 1, .live = {"alpha-1"}};
     struct batched b = {.me = {.br = &br, .name = "alpha-1"}};
-    kb_kit_members_conf c = {
-        .me = "alpha-1", .partitions = PARTS, .lease_ns = 1000,
-        .broker = {.opaque = &b, .round = round_cb, .give_back = give_back_b,
-                   .gained = gained_cb, .idle = idle_cb, .members = members_b},
-    };
-    kb_kit_members *m = kb_kit_members_new(&c);
-    assert_non_null(m);
+    kb_kit_members *m = batched_new(&b);
     b.inflight[5] = 1;   /* out from an earlier lease: not taken yet */
     kb_kit_members_tick(m, 0);
     assert_int_equal(b.rounds, 1);
     assert_int_equal(b.last_round, PARTS - 1);
-    assert_int_equal(b.gained, PARTS - 1);
+    assert_int_equal(b.me.gained, PARTS - 1);
     assert_int_equal(kb_kit_members_generation(m, 5), 0);
     b.inflight[5] = 0;
     kb_kit_members_tick(m, 100);   /* seven renewals and one take, one round */
     assert_int_equal(b.rounds, 2);
     assert_int_equal(b.last_round, PARTS);
     assert_int_equal(kb_kit_members_held(m), PARTS);
-    /* silent past the deadline, then answering: a lapse is a new generation */
+    /* silent past the deadline, then answering: a lapse is a loss, and the
+     * next tick takes it again with a new generation */
     uint64_t g = kb_kit_members_generation(m, 0);
     br.renew_answer = -1;
     kb_kit_members_tick(m, 500);
     br.renew_answer = 1;
-    b.gained = 0;
+    b.me.gained = 0;
     kb_kit_members_tick(m, 1101);   /* renewed or taken at 100: deadlines at 1100 */
+    assert_int_equal(kb_kit_members_held(m), 0);
+    assert_int_equal(b.me.lost, PARTS);
+    assert_int_equal(b.me.gained, 0);
+    kb_kit_members_tick(m, 1102);
     assert_int_equal(kb_kit_members_held(m), PARTS);
-    assert_int_equal(b.gained, PARTS);
+    assert_int_equal(b.me.gained, PARTS);
     assert_true(kb_kit_members_generation(m, 0) != g);
-    assert_false(kb_kit_members_still_owned(m, 0, g, 1101));
-    assert_true(kb_kit_members_still_owned(m, 0, kb_kit_members_generation(m, 0), 1101));
+    assert_false(kb_kit_members_still_owned(m, 0, g, 1102));
+    assert_true(kb_kit_members_still_owned(m, 0, kb_kit_members_generation(m, 0), 1102));
     kb_kit_members_leave(m);
     kb_kit_members_free(m);
+}
+
+/* A tick that starts before the deadline and hears back after it: a lapse,
+ * judged by when the answer came. The partition with a delivery of the old
+ * generation still out is taken again only once it came back. */
+static void late_renewal_is_a_loss(void **state)
+{
+    (void)state;
+    struct broker br = {.renew_answer = 1, .live = {"alpha-1"}};
+    struct batched b = {.me = {.br = &br, .name = "alpha-1"}};
+    kb_kit_members *m = batched_new(&b);
+    kb_kit_members_tick(m, 0);   /* every partition taken: deadlines at 1000 */
+    assert_int_equal(b.me.gained, PARTS);
+    uint64_t g = kb_kit_members_generation(m, 0);
+    b.inflight[0] = 1;           /* a delivery of generation g still out */
+    b.me.answer_at = 1200;
+    kb_kit_members_tick(m, 900);
+    assert_int_equal(b.me.lost, PARTS);
+    assert_int_equal(b.me.gained, PARTS);   /* no gained while a delivery is out */
+    assert_int_equal(kb_kit_members_held(m), 0);
+    assert_false(kb_kit_members_still_owned(m, 0, g, 900));
+    b.me.answer_at = 0;
+    kb_kit_members_tick(m, 1300);
+    assert_int_equal(kb_kit_members_held(m), PARTS - 1);
+    assert_int_equal(kb_kit_members_generation(m, 0), 0);   /* not while its delivery is out */
+    b.inflight[0] = 0;
+    kb_kit_members_tick(m, 1400);
+    assert_int_equal(kb_kit_members_held(m), PARTS);
+    assert_int_equal(b.me.gained, 2 * PARTS);
+    uint64_t g2 = kb_kit_members_generation(m, 0);
+    assert_true(g2 != 0 && g2 != g);
+    kb_kit_members_leave(m);
+    kb_kit_members_free(m);
+}
+
+/* A joiner leaves while partitions are leaving: they are not flipped back
+ * without a word (the feeder may have refused deliveries while they
+ * drained); handed back once idle, they are taken again with a new
+ * generation and `gained`. */
+static void leaving_finishes_the_hand_back(void **state)
+{
+    (void)state;
+    struct busy w = {0};
+    joined_while_busy(&w);
+    int leaving[PARTS];
+    for (uint32_t p = 0; p < PARTS; p++)
+        leaving[p] = !kb_kit_members_reading(w.a.m, p);
+    w.br.live[1] = NULL;   /* the joiner goes: every partition is a's share again */
+    kb_kit_members_leave(w.b.m);
+    w.a.gained = 0;
+    rounds(&w.a, 1, 0);
+    for (uint32_t p = 0; p < PARTS; p++)
+        assert_int_equal(kb_kit_members_reading(w.a.m, p), !leaving[p]);   /* still draining */
+    assert_int_equal(w.a.gained, 0);
+    for (uint32_t p = 0; p < PARTS; p++)
+        kb_kit_settle(w.pe[p]);
+    rounds(&w.a, 1, 0);
+    assert_int_equal(kb_kit_members_held(w.a.m), PARTS);
+    assert_int_equal(w.a.gained, PARTS / 2);
+    for (uint32_t p = 0; p < PARTS; p++) {
+        assert_true(kb_kit_members_reading(w.a.m, p));
+        uint64_t now_g = kb_kit_members_generation(w.a.m, p);
+        assert_true(leaving[p] ? now_g != w.g[p] : now_g == w.g[p]);
+    }
+    member_fini(&w.a);
+    member_fini(&w.b);
+}
+
+/* The conf's size is checked: a struct of another layout is refused. */
+static void conf_size_checked(void **state)
+{
+    (void)state;
+    kb_kit_queue *q = kb_kit_queue_new(0, 0, NULL);
+    assert_non_null(q);
+    kb_kit_members_conf c = {
+        .size = sizeof c - 1, .me = "alpha-1", .partitions = 1, .queues = &q,
+        .broker = {.try_take = try_take, .give_back = give_back, .members = members},
+    };
+    assert_null(kb_kit_members_new(&c));
+    assert_non_null(strstr(kb_last_error(), "size"));
+    c.size = sizeof c;
+    kb_kit_members *m = kb_kit_members_new(&c);
+    assert_non_null(m);
+    kb_kit_members_free(m);
+    kb_kit_queue_free(q);
 }
 
 int main(void)
@@ -316,6 +452,9 @@ int main(void)
         cmocka_unit_test(hand_over_once_settled),
         cmocka_unit_test(generations),
         cmocka_unit_test(one_round_per_tick),
+        cmocka_unit_test(late_renewal_is_a_loss),
+        cmocka_unit_test(leaving_finishes_the_hand_back),
+        cmocka_unit_test(conf_size_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

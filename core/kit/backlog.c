@@ -32,6 +32,11 @@ struct kb_kit_backlog {
 
 kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c)
 {
+    if (c->size != sizeof *c) {
+        kb_errf(NULL, 0, "kit: kb_kit_backlog_conf.size is %zu, this kit's is %zu (set it to "
+                "sizeof the struct)", c->size, sizeof *c);
+        return NULL;
+    }
     if (c->bus == NULL || c->capacity == 0 || c->max_attempts == 0) {
         kb_errf(NULL, 0, "kit: a backlog needs a bus, a capacity and max_attempts > 0");
         return NULL;
@@ -139,27 +144,70 @@ int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topic, uint32_
     }
 }
 
+/* Partitions with an event waiting out a backoff, seen so far in one scan:
+ * their later events wait too, so one key's events reach the broker in
+ * order. Past HELD_MAX of them the scan stops (later events wait a little). */
+#define HELD_MAX 64
+struct held {
+    uint32_t p[HELD_MAX];
+    size_t n;
+};
+
+static int held_back(const struct held *h, uint32_t partition)
+{
+    for (size_t i = 0; i < h->n; i++)
+        if (h->p[i] == partition)
+            return 1;
+    return 0;
+}
+
+/* 0 when the scan must stop: too many partitions held back to remember. */
+static int hold_back(struct held *h, uint32_t partition)
+{
+    if (held_back(h, partition))
+        return 1;
+    if (h->n == HELD_MAX)
+        return 0;
+    h->p[h->n++] = partition;
+    return 1;
+}
+
 size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max, int64_t now)
 {
     size_t n = 0;
+    struct held h = {.n = 0};
     pthread_mutex_lock(&b->lock);
-    for (struct entry *e = b->head; e != NULL && n < max; e = e->next)
-        if (!e->in_flight && e->due <= now) {
-            e->in_flight = 1;
-            e->it.attempts++;
-            out[n++] = &e->it;
+    for (struct entry *e = b->head; e != NULL && n < max; e = e->next) {
+        if (e->in_flight)
+            continue;
+        if (e->due > now || held_back(&h, e->it.partition)) {
+            if (!hold_back(&h, e->it.partition))
+                break;
+            continue;
         }
+        e->in_flight = 1;
+        e->it.attempts++;
+        out[n++] = &e->it;
+    }
     pthread_mutex_unlock(&b->lock);
     return n;
 }
 
+/* The first waiting event of each partition decides: a later one is due no
+ * sooner (it waits behind it). */
 int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
 {
     int64_t due = INT64_MAX;
+    struct held h = {.n = 0};
     pthread_mutex_lock(&b->lock);
-    for (struct entry *e = b->head; e != NULL; e = e->next)
-        if (!e->in_flight && e->due < due)
+    for (struct entry *e = b->head; e != NULL; e = e->next) {
+        if (e->in_flight || held_back(&h, e->it.partition))
+            continue;
+        if (e->due < due)
             due = e->due;
+        if (e->due > 0 && !hold_back(&h, e->it.partition))
+            break;
+    }
     pthread_mutex_unlock(&b->lock);
     return due;
 }

@@ -31,6 +31,11 @@ struct kb_kit_members {
 kb_kit_members *kb_kit_members_new(const kb_kit_members_conf *c)
 {
     const kb_kit_broker *br = &c->broker;
+    if (c->size != sizeof *c) {
+        kb_errf(NULL, 0, "kit: kb_kit_members_conf.size is %zu, this kit's is %zu (set it to "
+                "sizeof the struct)", c->size, sizeof *c);
+        return NULL;
+    }
     if (c->me == NULL || c->partitions == 0 || (c->queues == NULL && br->idle == NULL) ||
         (br->try_take == NULL && br->round == NULL) || br->give_back == NULL ||
         br->members == NULL || (c->lease_ns > 0 && br->renew == NULL && br->round == NULL)) {
@@ -90,35 +95,45 @@ static void drop(kb_kit_members *m, uint32_t p)
     changed(m, p, 0);
 }
 
-/* A new generation of p's lease: taken, or renewed after a lapse. */
+/* A new generation of p's lease: taken (free and idle). */
 static void gain(kb_kit_members *m, uint32_t p, int64_t now)
 {
     struct kit_part *s = &m->parts[p];
     atomic_store_explicit(&s->deadline, m->c.lease_ns > 0 ? now + m->c.lease_ns : INT64_MAX,
                           memory_order_relaxed);
     atomic_store_explicit(&s->generation, ++m->generations, memory_order_release);
-    if (atomic_load_explicit(&s->state, memory_order_relaxed) == PART_FREE) {
-        atomic_store_explicit(&s->state, PART_HELD, memory_order_release);
-        atomic_fetch_add(&m->held, 1);
-    }
+    atomic_store_explicit(&s->state, PART_HELD, memory_order_release);
+    atomic_fetch_add(&m->held, 1);
     changed(m, p, 1);
     if (m->c.broker.gained != NULL)
         m->c.broker.gained(m->c.broker.opaque, p);
 }
 
-static void renewed(kb_kit_members *m, uint32_t p, int r, int64_t now)
+/* Lost: renew said 0, or its deadline passed before an answer came. A
+ * renewal answered only after the deadline is lost too (a lapse): deliveries
+ * of the old generation may still be out, so the partition is taken again by
+ * the normal path, once idle, with a new generation. */
+static void renewed(kb_kit_members *m, uint32_t p, int r, int64_t now, int64_t answered)
 {
     struct kit_part *s = &m->parts[p];
     int64_t deadline = atomic_load_explicit(&s->deadline, memory_order_relaxed);
-    if (r == 1 && now >= deadline) {
-        gain(m, p, now);   /* a lapse: still_owned said 0 meanwhile */
-    } else if (r == 1) {
-        atomic_store_explicit(&s->deadline, now + m->c.lease_ns, memory_order_release);
-    } else if (r == 0 || now >= deadline) {
-        drop(m, p);
-        if (m->c.broker.lost != NULL)
-            m->c.broker.lost(m->c.broker.opaque, p);
+    if (r != 0 && answered < deadline) {
+        if (r == 1)
+            atomic_store_explicit(&s->deadline, now + m->c.lease_ns, memory_order_release);
+        return;
     }
+    drop(m, p);
+    if (m->c.broker.lost != NULL)
+        m->c.broker.lost(m->c.broker.opaque, p);
+}
+
+/* When the round's answers came: a tick that starts before a deadline and
+ * hears back after it has lapsed. */
+static int64_t answered_at(const kb_kit_members *m, int64_t now)
+{
+    const kb_kit_broker *br = &m->c.broker;
+    int64_t t = br->now != NULL ? br->now(br->opaque) : kb_now_ns();
+    return t > now ? t : now;
 }
 
 /* The takes and renewals of this tick, in one round when the broker can. */
@@ -142,10 +157,11 @@ static void requests(kb_kit_members *m, int64_t now)
         for (size_t i = 0; i < n; i++)
             m->ops[i].result = m->ops[i].take ? br->try_take(br->opaque, m->ops[i].partition)
                                               : br->renew(br->opaque, m->ops[i].partition);
+    int64_t answered = answered_at(m, now);
     for (size_t i = 0; i < n; i++) {
         const kb_kit_lease_op *op = &m->ops[i];
         if (!op->take)
-            renewed(m, op->partition, op->result, now);
+            renewed(m, op->partition, op->result, now, answered);
         else if (op->result == 1)
             gain(m, op->partition, now);
     }
@@ -165,10 +181,11 @@ uint32_t kb_kit_members_tick(kb_kit_members *m, int64_t now)
         int st = atomic_load_explicit(&s->state, memory_order_relaxed);
         if (st == PART_FREE)
             continue;
+        /* leaving stays leaving when the share changes back: the feeder may
+         * have refused deliveries meanwhile; handed back once idle, the next
+         * tick takes it again with a new generation and `gained` */
         if (st == PART_HELD && !m->mine[p])
             atomic_store_explicit(&s->state, st = PART_LEAVING, memory_order_release);
-        else if (st == PART_LEAVING && m->mine[p])
-            atomic_store_explicit(&s->state, st = PART_HELD, memory_order_release);
         if (st == PART_LEAVING && idle(m, p) &&
             m->c.broker.give_back(m->c.broker.opaque, p) == KB_OK)
             drop(m, p);

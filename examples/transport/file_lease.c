@@ -123,6 +123,7 @@ static int give_back_cb(void *opaque, uint32_t i)
 static int manager_new(kb_transport_topic *tt)
 {
     kb_kit_members_conf c = {
+        .size = sizeof c,
         .me = strrchr(tt->member_path, '/') + 1,
         .partitions = tt->partitions,
         .queues = tt->queues,

@@ -21,6 +21,12 @@
  *
  * Handles are opaque, made by *_new and freed by *_free. Errors are KB_E*
  * codes with kb_last_error saying why, as in <keybus/transport.h>.
+ *
+ * The config structs (kb_kit_members_conf, kb_kit_backlog_conf) start with
+ * `size`: the caller sets it to sizeof the struct it was built with. A later
+ * kit may add fields at their end (kb_kit_broker is the last member of
+ * kb_kit_members_conf, so its new callbacks come there too) and reads the
+ * ones past an older caller's `size` as zero: not set.
  */
 #ifndef KEYBUS_KIT_H
 #define KEYBUS_KIT_H
@@ -48,9 +54,10 @@ extern "C" {
 typedef struct kb_kit_queue kb_kit_queue;
 typedef struct kb_kit_pending kb_kit_pending;
 
-/* A queue for `partition`, starting at `committed`. `moved` (may be NULL,
- * borrowed until free) is notified whenever the committed offset moves (what
- * kb_drain waits on). NULL on out of memory. */
+/* A queue for `partition`, starting at `committed`; the caller owns it
+ * (kb_kit_queue_free). `moved` (may be NULL, borrowed until free) is notified
+ * whenever the committed offset moves (what kb_drain waits on). NULL on out
+ * of memory. Thread: any (the transport's topic_open, say). */
 KB_EXPORT kb_kit_queue *kb_kit_queue_new(uint32_t partition, uint64_t committed,
                                          kb_signal *moved);
 /* Free the queue and every entry still in it (released or never settled).
@@ -62,7 +69,10 @@ KB_EXPORT void kb_kit_queue_free(kb_kit_queue *q);
  * every `end` pushed before); *out is the cookie to hand to the sink.
  * `generation` is the lease generation it was read under
  * (kb_kit_members_generation; 0 without a lease manager).
- * KB_OK or KB_ENOMEM. Thread: the one feeder of the partition. */
+ * KB_OK or KB_ENOMEM. Thread: the one feeder of the partition. With a
+ * lease manager the feeder is the thread that ticks it: the tick marks a
+ * partition leaving, then reads kb_kit_queue_outstanding to hand it over,
+ * with nothing ordering that against a push from another thread. */
 KB_EXPORT int kb_kit_queue_push(kb_kit_queue *q, uint64_t end, uint64_t generation,
                                 kb_kit_pending **out);
 /* Take back the entry pushed last, which the sink refused (it is read again
@@ -74,7 +84,10 @@ KB_EXPORT void kb_kit_queue_cancel(kb_kit_queue *q, kb_kit_pending *pe);
  * settled or released once. Thread: any (executors, in any order). */
 KB_EXPORT int kb_kit_settle(kb_kit_pending *pe);
 /* Given back unhandled (the release hook, a lease lost): the entry stays
- * unsettled and stops the committed offset; the queue frees it later.
+ * unsettled and stops the committed offset; the queue frees it later. A
+ * released entry at the head holds the committed offset where it is for as
+ * long as the partition is kept (nothing behind it is committed): only
+ * kb_kit_queue_restart, after the partition is taken again, moves past it.
  * Thread: any. */
 KB_EXPORT void kb_kit_release(kb_kit_pending *pe);
 
@@ -91,7 +104,9 @@ KB_EXPORT uint64_t kb_kit_queue_committed(const kb_kit_queue *q);
 KB_EXPORT size_t kb_kit_queue_outstanding(const kb_kit_queue *q);
 /* Start again at `committed` (the partition taken, perhaps after another
  * owner): frees the released entries. KB_OK, or KB_EINVAL while deliveries
- * are outstanding (they must come back first). Thread: the feeder. */
+ * are outstanding (they must come back first). Thread: the feeder's — with
+ * a lease manager the tick's, from try_take or gained (the lease manager
+ * takes a partition only once it is idle, so there it returns KB_OK). */
 KB_EXPORT int kb_kit_queue_restart(kb_kit_queue *q, uint64_t committed);
 
 /* ---------------------------------------------------------------------------
@@ -105,13 +120,20 @@ KB_EXPORT int kb_kit_queue_restart(kb_kit_queue *q, uint64_t committed);
  * renews what it holds; tries to take what is its share and free; marks what
  * is no longer its share as leaving (read no more) and gives it back once
  * its queue is idle (hand-over once settled, so per-key order holds across
- * processes). A partition whose queue still has deliveries outstanding from
- * an earlier lease is not taken again until they came back. A renewal that
- * succeeds only after the lease's deadline passed starts a new generation.
+ * processes). A leaving partition stays leaving even when the member set
+ * changes back: it is handed back once idle and taken again by the next
+ * tick, with a new generation and `gained`. A partition whose queue still
+ * has deliveries outstanding from an earlier lease is not taken again until
+ * they came back. A renewal whose answer comes at or after the lease's
+ * deadline (judged by the clock read once the answers are in, not by the
+ * tick's `now`) is a lapse, handled as a loss: the partition is dropped
+ * (`lost`, kb_bus_lease_changed 0) and taken again by the normal path, once
+ * idle, with a new generation (`gained`).
  * ------------------------------------------------------------------------- */
 typedef struct kb_kit_members kb_kit_members;
 
-/* One lease request of a tick, for kb_kit_broker.round. */
+/* One lease request of a tick, for kb_kit_broker.round: the kit owns the
+ * array, the transport indexes it, so its layout is fixed for good. */
 typedef struct kb_kit_lease_op {
     uint32_t partition;
     int take;      /* 1: take it (as try_take), 0: renew it (as renew) */
@@ -119,16 +141,19 @@ typedef struct kb_kit_lease_op {
 } kb_kit_lease_op;
 
 /* The broker's side, called only from kb_kit_members_tick and
- * kb_kit_members_leave, on the caller's thread (so they may block). */
+ * kb_kit_members_leave, on the caller's thread (so they may block). Copied
+ * by kb_kit_members_new; `opaque` is borrowed until kb_kit_members_free. */
 typedef struct kb_kit_broker {
     void *opaque;
     /* Take partition p's lease for this member (or keep it, when this member
-     * holds it already): 1 taken (the transport sets its read position, e.g.
-     * kb_kit_queue_restart at the group's committed offset), 0 another
-     * member holds it, < 0 an error (tried again next tick). */
+     * holds it already, e.g. after a lapse): 1 taken (the transport sets its
+     * read position, e.g. kb_kit_queue_restart at the group's committed
+     * offset: p is idle), 0 another member holds it, < 0 an error (tried
+     * again next tick). */
     int (*try_take)(void *opaque, uint32_t p);
     /* Keep partition p's lease: 1 still ours, 0 lost, < 0 no answer (kept
-     * until its deadline, then lost). NULL: a lease is never lost while held
+     * until its deadline, then lost). An answer that comes at or after the
+     * deadline is a lapse: lost. NULL: a lease is never lost while held
      * (a flock). */
     int (*renew)(void *opaque, uint32_t p);
     /* Optional: a tick's takes and renewals in one go (a pipeline: one round
@@ -138,11 +163,13 @@ typedef struct kb_kit_broker {
      * deliveries are all back, or the member is leaving. KB_OK, or a KB_E*
      * code: still held, tried again next tick (at leave: dropped anyway). */
     int (*give_back)(void *opaque, uint32_t p);
-    /* Optional: partition p has a new generation — taken, or renewed only
-     * after its deadline had passed (a lapse: deliveries of the old one are
-     * no longer owned) — so the transport reads it again from the start. */
+    /* Optional: partition p was taken and has a new generation (p is idle:
+     * no delivery of an earlier lease is out), so the transport reads it
+     * again from its start (kb_kit_queue_restart returns KB_OK here). */
     void (*gained)(void *opaque, uint32_t p);
-    /* Optional: partition p was lost (renew said 0, or its deadline passed). */
+    /* Optional: partition p was lost (renew said 0, its deadline passed, or
+     * the renewal's answer came only after it: a lapse). Deliveries of it may
+     * still be out; it is taken again only once they came back. */
     void (*lost)(void *opaque, uint32_t p);
     /* Optional: 1 when none of p's deliveries is with the bus. NULL: the
      * partition's queue is asked (kb_kit_queue_outstanding). */
@@ -151,30 +178,43 @@ typedef struct kb_kit_broker {
      * on entry; the manager frees it). KB_OK or a KB_E* code (the tick then
      * changes no share). */
     int (*members)(void *opaque, kb_names *out);
+    /* Optional: the clock the tick's `now` comes from, read once a tick's
+     * answers are in to judge lapses. NULL: kb_now_ns. */
+    int64_t (*now)(void *opaque);
 } kb_kit_broker;
 
+/* Copied by kb_kit_members_new; what it points to is borrowed until
+ * kb_kit_members_free unless it says otherwise. */
 typedef struct kb_kit_members_conf {
-    kb_bus *bus;                 /* kb_bus_lease_changed; NULL: not called */
+    size_t size;                 /* first: sizeof(kb_kit_members_conf), set by the caller */
+    kb_bus *bus;                 /* kb_bus_lease_changed (borrowed until free); NULL: not
+                                    called */
     const char *me;              /* this member's name as `members` lists it (copied) */
     uint32_t partitions;
-    kb_kit_queue *const *queues; /* queues[p] per partition: asked whether idle (borrowed);
-                                    NULL with broker.idle */
+    kb_kit_queue *const *queues; /* queues[p] per partition: asked whether idle (the array
+                                    and the queues borrowed until free); NULL with
+                                    broker.idle */
     const char *const *names;    /* names[p]: the partition's broker name for
-                                    kb_bus_lease_changed (borrowed); NULL: not called */
+                                    kb_bus_lease_changed (borrowed until free); NULL: not
+                                    called */
     int64_t lease_ns;            /* how long a take or renew holds the lease, from the
                                     tick's `now`, margin already taken off; 0: until
                                     given back (renew may be NULL) */
-    kb_kit_broker broker;
+    kb_kit_broker broker;        /* last: a later kit adds callbacks at its end */
 } kb_kit_members_conf;
 
-/* NULL on out of memory or a bad conf (kb_last_error says which). */
+/* A lease manager holding no lease; the caller owns it (kb_kit_members_free).
+ * NULL on out of memory or a bad conf (a `size` this kit does not know among
+ * them; kb_last_error says which). Thread: any, before the first tick. */
 KB_EXPORT kb_kit_members *kb_kit_members_new(const kb_kit_members_conf *c);
-/* Free it; call kb_kit_members_leave first to give the leases back. */
+/* Free it; call kb_kit_members_leave first to give the leases back. Thread:
+ * the tick's, once no other call on it runs (executors asking still_owned
+ * have stopped). */
 KB_EXPORT void kb_kit_members_free(kb_kit_members *m);
 
-/* One round at time `now` (kb_now_ns()): members, renewals, takes,
- * hand-overs. Returns the partitions held afterwards. Thread: one (the
- * transport's), never concurrently with itself or leave. */
+/* One round at time `now` (kb_now_ns(), or broker.now's clock): members,
+ * renewals, takes, hand-overs. Returns the partitions held afterwards.
+ * Thread: one (the transport's), never concurrently with itself or leave. */
 KB_EXPORT uint32_t kb_kit_members_tick(kb_kit_members *m, int64_t now);
 /* Give back every partition held, settled or not (close: the executors have
  * stopped, what is unsettled is delivered again by the next owner). Thread:
@@ -182,14 +222,15 @@ KB_EXPORT uint32_t kb_kit_members_tick(kb_kit_members *m, int64_t now);
 KB_EXPORT void kb_kit_members_leave(kb_kit_members *m);
 
 /* Partition p's lease generation: a number that changes every time this
- * member takes it (or renews it after a lapse), 0 while not held. Stamp it on each delivery
- * (kb_kit_queue_push). Thread: any. */
+ * member takes it (a lapse is a loss, then a take), 0 while not held. Stamp
+ * it on each delivery (kb_kit_queue_push). Thread: any. */
 KB_EXPORT uint64_t kb_kit_members_generation(const kb_kit_members *m, uint32_t p);
 /* still_owned: 1 when partition p is still held under `generation` and its
  * deadline has not passed at `now`, else 0. Thread: any. */
 KB_EXPORT int kb_kit_members_still_owned(const kb_kit_members *m, uint32_t p,
                                          uint64_t generation, int64_t now);
-/* 1 when p is held and not being handed over: the feeder reads it. Thread: any. */
+/* 1 when p is held and not being handed over: the feeder reads it (on the
+ * tick's thread, see kb_kit_queue_push). Thread: any. */
 KB_EXPORT int kb_kit_members_reading(const kb_kit_members *m, uint32_t p);
 /* Partitions held now; live members seen at the last tick. Thread: any. */
 KB_EXPORT uint32_t kb_kit_members_held(const kb_kit_members *m);
@@ -208,7 +249,9 @@ KB_EXPORT uint32_t kb_kit_members_live(const kb_kit_members *m);
 typedef struct kb_kit_backlog kb_kit_backlog;
 
 /* One event in the backlog. `data` is the transport's (its encoded entry);
- * the rest is what the report says. Read-only to the transport. */
+ * the rest is what the report says. Read-only to the transport, which only
+ * holds pointers to it (the kit allocates it, so a later kit may add fields
+ * at its end). */
 typedef struct kb_kit_item {
     void *data;
     uint64_t ticket;
@@ -219,8 +262,11 @@ typedef struct kb_kit_item {
     size_t key_len;
 } kb_kit_item;
 
+/* Copied by kb_kit_backlog_new. */
 typedef struct kb_kit_backlog_conf {
-    kb_bus *bus;            /* reports, kb_bus_random for the backoff */
+    size_t size;            /* first: sizeof(kb_kit_backlog_conf), set by the caller */
+    kb_bus *bus;            /* reports, kb_bus_random for the backoff (borrowed until
+                               free) */
     size_t capacity;        /* events held at most (> 0) */
     int timeout_ms;         /* how long add waits for room before KB_EFULL:
                                kb_bus_enqueue_timeout_ms(bus) */
@@ -229,7 +275,9 @@ typedef struct kb_kit_backlog_conf {
     void (*free_data)(void *data);        /* frees kb_kit_item.data; NULL: nothing */
 } kb_kit_backlog_conf;
 
-/* NULL on out of memory or a bad conf. */
+/* An empty backlog; the caller owns it (kb_kit_backlog_free). NULL on out of
+ * memory or a bad conf (a `size` this kit does not know among them).
+ * Thread: any (topic_open, say). */
 KB_EXPORT kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c);
 /* Free it and every event left (call kb_kit_backlog_fail_all first: each
  * still needs its report). Thread: one, once no other call runs. */
@@ -243,8 +291,10 @@ KB_EXPORT int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topi
                                  uint32_t partition, const void *key, size_t key_len,
                                  uint64_t *ticket);
 
-/* Up to `max` events due at `now` (not waiting out a backoff), oldest first,
- * into out[]: they are in flight until kb_kit_backlog_done. Returns how many.
+/* Up to `max` events due at `now`, oldest first, into out[]: they are in
+ * flight until kb_kit_backlog_done. An event waiting out a backoff is not
+ * due, and neither is any later event of its partition (one key's events
+ * reach the broker in order). Returns how many.
  * Thread: the sender (one). */
 KB_EXPORT size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max,
                                      int64_t now);
@@ -265,8 +315,9 @@ KB_EXPORT uint64_t kb_kit_backlog_last_ticket(kb_kit_backlog *b);
 KB_EXPORT int kb_kit_backlog_flush(kb_kit_backlog *b, uint64_t ticket, int64_t deadline_ns);
 /* Events added and not yet reported. Thread: any. */
 KB_EXPORT size_t kb_kit_backlog_length(kb_kit_backlog *b);
-/* The sender's wake-up: notified when an event is added or closes. Borrowed
- * until free. */
+/* The sender's wake-up: notified when an event is added or the backlog
+ * closes. The backlog owns it: borrowed until kb_kit_backlog_free. Thread:
+ * any (the sender waits on it). */
 KB_EXPORT kb_signal *kb_kit_backlog_signal(kb_kit_backlog *b);
 
 /* Close: refuse new events (KB_ECLOSED), then report every event left,
