@@ -177,10 +177,11 @@ static void wide_consumer_splits(void **state)
     kb_test_server s;
     assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
     const char *topic = "split.wide";
-    static const char *const a_conf[] = {"nats.lease_ttl_ms", "1500", "consumer", "member-a", NULL};
-    static const char *const b_conf[] = {"nats.lease_ttl_ms", "1500", "consumer", "member-b", NULL};
-    /* the first bus makes the lease bucket, with its TTL: short for all */
-    static const char *const p_conf[] = {"nats.lease_ttl_ms", "1500", NULL};
+    static const char *const a_conf[] = {"nats.lease_ttl_ms", "6000", "consumer", "member-a", NULL};
+    static const char *const b_conf[] = {"nats.lease_ttl_ms", "6000", "consumer", "member-b", NULL};
+    /* the first bus makes the lease bucket, with its TTL, for all: a round
+     * (a sixth of it) gives the final record's put a second on a loaded box */
+    static const char *const p_conf[] = {"nats.lease_ttl_ms", "6000", NULL};
     kb_bus *pub = kb_test_open(s.url, p_conf, NULL), *a = kb_test_open(s.url, a_conf, NULL);
     kb_bus *b = NULL;
     natsConnection *nc = NULL;

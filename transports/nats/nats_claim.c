@@ -122,8 +122,8 @@ void kb__nats_release(kb_transport *t, const kb_delivery *d)
     (void)t;
     if (d->cookie != NULL) {
         kb_nats_entry *e = d->cookie;
-        if (d->attempt > 1)
-            atomic_store(&e->claim->released_ran, true);
+        if (d->attempt > 1 || (d->flags & KB_DELIVERY_F_REDELIVERED))
+            atomic_store(&e->claim->released_ran, true);   /* its runs may be recorded */
         /* before: settling may free it */
         kb__nats_progress_released(e->claim, e->sseq, d->id, d->key, d->key_len);
         kb__nats_settle(e, false);   /* stays unacked: redelivered elsewhere */

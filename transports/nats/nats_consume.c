@@ -276,6 +276,8 @@ static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta 
     int rc = kb_sink_deliver(tp->sink, &d, -1);   /* waits while the lane is full */
     if (rc == KB_OK)
         return true;
+    if (attempt > 1 || flags != 0)   /* delivered before: no final record of this claim */
+        atomic_store(&e->claim->released_ran, true);
     kb__nats_progress_released(e->claim, meta->sseq, id, NULL, 0);   /* and the frame's rest */
     kb__nats_settle(e, false);
     if (rc != KB_ECLOSED)

@@ -78,6 +78,8 @@ int kb__nats_dlq_publish(kb_transport *t, kb_nats_topic *tp, const kb_nats_dead 
 void kb__nats_dlq_settle(kb_transport *t, kb_nats_entry *e, int rc)
 {
     kb_nats_claim *c = e->claim;
+    if (rc == KB_ETIMEDOUT)   /* it ran up to retry.max_attempts: no final record */
+        atomic_store(&c->released_ran, true);
     kb__nats_settle(e, rc != KB_ETIMEDOUT);   /* `e` may be reused from here on */
     if (rc == KB_ETIMEDOUT)
         kb__nats_claim_reset(t, c);

@@ -224,8 +224,16 @@ static void final_records(kb_transport *t, kb_nats_part *p)
     kb_nats_claim *last = atomic_load(&p->claims);
     if (last != NULL)
         kb__nats_progress_final(t, last);
-    for (kb_nats_claim *c = atomic_load(&p->topic->wide_claims); c; c = c->next)
-        kb__nats_progress_final(t, c);
+    /* a wide claim whose consumer creation timed out left its name to the
+     * next: only the newest claim of a name speaks for that consumer */
+    for (kb_nats_claim *c = atomic_load(&p->topic->wide_claims); c; c = c->next) {
+        bool newer_of_name = false;
+        for (kb_nats_claim *n = atomic_load(&p->topic->wide_claims); n != c && !newer_of_name;
+             n = n->next)
+            newer_of_name = strcmp(n->consumer, c->consumer) == 0;
+        if (!newer_of_name)
+            kb__nats_progress_final(t, c);
+    }
 }
 
 /* Hand a partition over without duplicates: stop feeding, let the handlers

@@ -41,6 +41,7 @@ struct kb_nats_progress {
      * acker writes no more; `writing` keeps the two from overlapping */
     _Atomic bool final;
     _Atomic bool writing;
+    bool final_tried;          /* once per claim: a failed put is not tried again */
     int64_t written_ns;        /* acker */
     uint64_t inherited_to;     /* highest stream seq taken from earlier records */
     slot slot[];
@@ -235,12 +236,14 @@ bool kb__nats_progress_final(kb_transport *t, kb_nats_claim *c)
      * entry settled: nothing runs or can start */
     bool finished = atomic_load(&c->freed) ||
                     (atomic_load(&c->feeder_left) && atomic_load(&c->settled) == atomic_load(&c->tail));
-    if (!finished || atomic_load(&c->released_ran) || round_kv(t) == NULL ||
-        !kb__nats_progress_ready(c))
+    /* only through the handle that waits a round (nats.c's own waits 5 s) */
+    if (!finished || atomic_load(&c->released_ran) || t->runs_kv_round == NULL ||
+        kb_now_ns() < t->finals_off_until_ns || !kb__nats_progress_ready(c))
         return false;
     struct kb_nats_progress *g = atomic_load_explicit(&c->progress, memory_order_acquire);
-    if (atomic_load(&g->final))
-        return true;
+    if (g->final_tried)
+        return atomic_load(&g->final);
+    g->final_tried = true;
     /* the acker's write in progress (a publish, microseconds) goes first: on
      * the same connection and subject, it is stored before this one */
     while (atomic_exchange(&g->writing, true))
@@ -249,8 +252,10 @@ bool kb__nats_progress_final(kb_transport *t, kb_nats_claim *c)
     char *buf = record_text(t, g, true, &used), key[3 * KB_NATS_NAME];
     record_key(c->part->topic->stream, c->consumer, key, sizeof key);
     uint64_t rev = 0;
-    bool stored = buf != NULL && kvStore_Put(&rev, round_kv(t), key, buf, (int)used) == NATS_OK;
+    bool stored = buf != NULL && kvStore_Put(&rev, t->runs_kv_round, key, buf, (int)used) == NATS_OK;
     free(buf);
+    if (!stored)   /* the bucket does not answer: no more finals for a lease's time */
+        t->finals_off_until_ns = kb_now_ns() + t->lease_ttl_ms * 1000000;
     /* not stored: the acker goes on, and the next owner keeps the mark */
     atomic_store(&g->final, stored);
     atomic_store(&g->writing, false);

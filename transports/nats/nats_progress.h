@@ -35,15 +35,17 @@ bool kb__nats_progress_covers(const kb_nats_claim *c, const void *key, size_t ke
  * old (`last`, at close: when it changed); sent without waiting (a lost one
  * only means more comes again). */
 void kb__nats_progress_write(kb_transport *t, kb_nats_claim *c, int64_t now, bool last);
-/* Lease thread, at a hand-over, once claim c is finished (its ring freed):
+/* Lease thread at a hand-over, or kb_close's after it, once claim c is
+ * finished (its ring freed, or its feeder gone and every entry settled):
  * its record written and stored, starting with the line "final": no event
- * its consumer delivered ran here other than those the record covers, and
- * those whose runs are in the runs bucket under an earlier consumer's mark.
+ * its consumer delivered has runs recorded that only this consumer's mark
+ * would lead the next owner to (what it released had not run before).
  * So the next owner drops this consumer's delivery mark, and the events
  * above the record come again as first deliveries, without a runs read
  * and record each. False (nothing final) when an event was released after
- * a run (its runs may be counted under this consumer's mark only), or the
- * record could not be stored within a round. */
+ * a run or a delivery before (its runs may be counted under this consumer's
+ * mark only), or the record could not be stored within a round (tried once
+ * per claim; a failure stops finals for a lease TTL). */
 bool kb__nats_progress_final(kb_transport *t, kb_nats_claim *c);
 /* Lease thread, before c is published: take in the record of consumer
  * `earlier` (the keys of c's partitions): only its well-formed lines within

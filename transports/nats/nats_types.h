@@ -221,6 +221,10 @@ struct kb_transport {
     bool kv_ttl_set;                  /* nats.lease_ttl_ms applied to it */
     pthread_mutex_t kv_lock;
     kvStore *runs_kv;              /* handler runs (nats_runs.c) */
+    /* final progress records are not tried before this (kb_now_ns): one
+     * failed put (the runs bucket without a leader) stops them for a lease's
+     * time; lease thread, then close */
+    int64_t finals_off_until_ns;
     kvStore *runs_kv_round;        /* the same bucket through js_round (progress records);
                                     * NULL when its lookup failed: runs_kv then */
     struct kb_nats_runs_cache *runs_cache;   /* the feeder's last read of it */
