@@ -36,7 +36,7 @@ static void dead_now(kb_transport_topic *tt, uint32_t part, const char *id,
     kb_log(t->bus, KB_LOG_WARNING, "redis: %s entry %s to the dead-letter stream: %s",
            tt->parts[part].stream, id, reason);
     atomic_fetch_add(&t->dead_queued, 1);
-    kb__redis_job_push(t, &tt->parts[part], id, dead, 0);
+    (void)kb__redis_job_push(t, &tt->parts[part], id, dead, 0);   /* lost: stays pending */
 }
 
 /* Count first, then look: the keeper sets DRAINING, then waits for 0. True
@@ -165,8 +165,10 @@ static void frame_dead(kb_transport_topic *tt, kb_redis_part *p, const kb_delive
     kb_log(t->bus, KB_LOG_WARNING, "redis: %s event %s to the dead-letter stream: %s", p->stream,
            d->id, why);
     atomic_fetch_add(&t->dead_queued, 1);
-    kb__redis_job_push(t, p, d->id, dead, 0);
-    kb__redis_progress_note(t, p, p->fcur.fs, d);
+    if (kb__redis_job_push(t, p, d->id, dead, 0))
+        kb__redis_progress_note(t, p, p->fcur.fs, d);
+    else   /* lost: its bit stays clear, the frame pending */
+        atomic_store(&p->fcur.fs->released, true);
 }
 
 /* Hand the frame's staged events over (r->ent: their indexes). */

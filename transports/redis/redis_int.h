@@ -114,6 +114,8 @@ typedef struct kb_redis_job {
     char *done;                   /* a frame's progress: malloc'd bitmap of its settled
                                    * events (redis_progress.c), else NULL */
     bool again;                   /* keeper: the server refused it for now (LOADING...) */
+    bool held;                    /* keeper: a frame's ack or progress waiting this pass for
+                                   * a dead letter of one of its events (redis_settle.c) */
 } kb_redis_job;
 
 typedef struct kb_redis_jobs {
@@ -719,9 +721,10 @@ int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t 
                               kb_partition_stats *out);
 
 /* ---- redis_jobs.c: each partition's queue of acks and dead letters ---- */
-/* Queue a job and wake the keeper; `dead` is taken (freed on failure);
- * `events`: an ack of a frame's entry, its events (else 0). */
-void kb__redis_job_push(kb_transport *t, kb_redis_part *p, const char *id, char *dead,
+/* Queue a job and wake the keeper; `dead` is taken (freed, and uncounted
+ * from t->dead_queued, on failure); `events`: an ack of a frame's entry, its
+ * events (else 0). False when out of memory: nothing is queued. */
+bool kb__redis_job_push(kb_transport *t, kb_redis_part *p, const char *id, char *dead,
                         uint32_t events);
 /* Queue frame `id`'s progress (`done`, a bitmap of `events` bits, is taken). */
 void kb__redis_job_progress(kb_transport *t, kb_redis_part *p, const char *id, uint32_t events,
