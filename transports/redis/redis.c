@@ -116,7 +116,8 @@ static int redis_topic_open(kb_transport *t, const char *topic, kb_transport_top
         pthread_mutex_init(&p->lock, NULL);
         snprintf(p->stream, sizeof p->stream, "kb:{%s}:p:%u", topic, i);
         snprintf(p->lease, sizeof p->lease, "kb:{%s}:lease:%u", topic, i);
-        snprintf(p->done, sizeof p->done, "kb:{%s}:done:%u", topic, i);
+        /* per group: each group settles its own copy of the entry */
+        snprintf(p->done, sizeof p->done, "kb:{%s}:done:%s:%u", topic, t->group, i);
     }
     /* topic_open is serialised by the bus: no other writer */
     tt->opened_next = atomic_load(&t->opened);

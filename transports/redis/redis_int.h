@@ -187,7 +187,8 @@ typedef struct kb_redis_part {
     kb_redis_pframe frame;        /* the events to go out next (pub_lock) */
     char stream[KB_REDIS_KEY_MAX];   /* kb:{topic}:p:N */
     char lease[KB_REDIS_KEY_MAX];    /* kb:{topic}:lease:N */
-    char done[KB_REDIS_KEY_MAX];     /* kb:{topic}:done:N: progress of frames (redis_progress.c) */
+    char done[KB_REDIS_KEY_MAX + 130]; /* kb:{topic}:done:<group>:N: the group's progress of
+                                        * frames (redis_progress.c) */
 } kb_redis_part;
 
 /* A topic this bus used: made

@@ -2,7 +2,7 @@
  * dead-lettered), so that a frame that comes again (a hand-over, a close that
  * released the rest, a crash) skips them. A bit per event, set by the
  * executor that settled it; the bitmap goes to the keeper, which records it
- * fenced with the acks in kb:{T}:done:N (field: entry ID, value: the bitmap,
+ * fenced with the acks in kb:{T}:done:<group>:N (field: entry ID, value: the bitmap,
  * bit j of byte j / 8 for event j), when the frame goes back unacked with
  * events settled, and when an event is settled KB_REDIS_PROGRESS_MS or more
  * after the first one not recorded yet (so a crash replays at most that
