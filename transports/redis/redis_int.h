@@ -10,7 +10,7 @@
  *   redis_entry.c      an entry read: its event, or why it is a dead letter (pure)
  *   redis_frame.c      the frame layout: events packed in one entry, read and written (pure)
  *   redis_settle.c     ack, dead_letter, release, still_owned; the keeper's send job
- *   redis_runs.c       handler runs recorded on the server; the crash journal
+ *   redis_runs.c       handler runs recorded on the server; the crash journal; attempts of a sweep
  *   redis_progress.c   which events of a frame are settled: kept, recorded, skipped
  *   redis_dlq.c        dead letters: packed, stored (fenced), listed, replayed
  *   redis_drain.c      kb_drain: wait until the group settled what we added
@@ -396,10 +396,6 @@ typedef struct kb_redis_swept {
     const char *cursor;
 } kb_redis_swept;
 bool kb__redis_sweep_reply(const redisReply *r, kb_redis_swept *out);
-/* The attempt of claimed entry i: its recorded runs + 1, saturated. */
-uint32_t kb__redis_sweep_attempt(const redisReply *runs, size_t i);
-/* The same for event j of claimed frame i. */
-uint32_t kb__redis_sweep_event_attempt(const redisReply *runs, size_t i, uint32_t j);
 
 /* ---- redis_deliver.c ---- */
 /* Hand one entry ([id, fields]) to the pool: KB_REDIS_* */
@@ -628,6 +624,10 @@ void kb__redis_runs_key(char *out, size_t len, const char *topic, uint32_t part)
 void kb__redis_run_begins(kb_transport *t, const kb_delivery *d);
 /* At open, on the control connection: adopt dead processes' journals, start ours. */
 int kb__redis_runs_start(kb_transport *t, char *errstr, size_t errlen);
+/* Of a sweep's reply (kb__redis_sweep_reply's runs): the attempt of claimed
+ * entry i, its recorded runs + 1, saturated; and of event j of claimed frame i. */
+uint32_t kb__redis_sweep_attempt(const redisReply *runs, size_t i);
+uint32_t kb__redis_sweep_event_attempt(const redisReply *runs, size_t i, uint32_t j);
 
 /* ---- redis_progress.c ---- */
 /* A frame's state for `events` events (refs 1, the reader's); NULL when out of memory. */
