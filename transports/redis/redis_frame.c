@@ -113,6 +113,22 @@ bool kb__redis_is_frame(const redisReply *fields)
     return kb__redis_field(fields, "k") == NULL && kb__redis_field(fields, "f") != NULL;
 }
 
+/* n: 1 to 4 decimal digits, 1..KB_REDIS_BATCH_MAX; no sign, no spaces
+ * (strtoul would take " +4"). */
+static bool count_of(const redisReply *n, uint32_t *out)
+{
+    if (n == NULL || n->len < 1 || n->len > 4)
+        return false;
+    uint32_t v = 0;
+    for (size_t i = 0; i < n->len; i++) {
+        if (n->str[i] < '0' || n->str[i] > '9')
+            return false;
+        v = v * 10 + (uint32_t)(n->str[i] - '0');
+    }
+    *out = v;
+    return v >= 1 && v <= KB_REDIS_BATCH_MAX;
+}
+
 int kb__redis_frame_open(const redisReply *fields, kb_redis_frame *f, char *why, size_t len)
 {
     const redisReply *v = kb__redis_field(fields, "f"), *n = kb__redis_field(fields, "n"),
@@ -121,21 +137,19 @@ int kb__redis_frame_open(const redisReply *fields, kb_redis_frame *f, char *why,
         snprintf(why, len, "malformed frame: unknown version in field \"f\" (1 is known)");
         return -1;
     }
-    char *end = NULL;
-    unsigned long count = n != NULL ? strtoul(n->str, &end, 10) : 0;
-    if (n == NULL || end == n->str || *end != '\0' || count < 1 || count > KB_REDIS_BATCH_MAX ||
-        b == NULL) {
+    uint32_t count = 0;
+    if (!count_of(n, &count) || b == NULL) {
         snprintf(why, len, "malformed frame: field \"n\" is not a count of 1..%d, or no field \"b\"",
                  KB_REDIS_BATCH_MAX);
         return -1;
     }
-    kb_redis_frame probe = {b->str, b->str + b->len, (uint32_t)count};
+    kb_redis_frame probe = {b->str, b->str + b->len, count};
     *f = probe;
     kb_redis_fevent ev;
     while (kb__redis_frame_next(&probe, &ev))
         ;
     if (probe.left != 0 || probe.p != probe.end) {
-        snprintf(why, len, "malformed frame: the lengths in field \"b\" do not add up to %lu events",
+        snprintf(why, len, "malformed frame: the lengths in field \"b\" do not add up to %u events",
                  count);
         return -1;
     }
