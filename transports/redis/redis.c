@@ -48,7 +48,8 @@ static const kb_conf_prop redis_props[] = {
      "docs/transports-redis.md."},
     {"redis.publish_linger_us", KB_CONF_INT, "1000", 0, 1000000,
      "Redis: how long a frame that is not full may wait for more events. The first event "
-     "after a quiet spell of this long is sent at once, so sparse traffic is not delayed."},
+     "after a quiet spell of this long is sent at once, so sparse traffic is not delayed. "
+     "0 sends every event at once, as a plain entry: no frames."},
     {"redis.wait_replicas", KB_CONF_INT, "0", 0, 100,
      "Redis: after the `XADD`s of each publish batch, `WAIT` until this many replicas "
      "confirmed them; `kb_flush` fails with `KB_ETRANSPORT` naming the shortfall (\"1 of 2 "
