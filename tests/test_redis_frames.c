@@ -390,7 +390,8 @@ static void malformed_frames_are_dead_lettered(void **state)
     kb_assert_ok(kb_close(b, 5000));
     assert_int_equal(r.n, (int)nbad);
     assert_int_equal(r.malformed, (int)nbad);
-    assert_int_equal(atomic_load(&handled_ok), 2);   /* the good frame and entry after them */
+    /* the good frame and entry after them (again after a lease lost under load) */
+    assert_true(atomic_load(&handled_ok) >= 2);
     assert_int_equal(st.broker_pending, 0);          /* every entry acked */
 }
 
