@@ -113,22 +113,6 @@ bool kb__redis_is_frame(const redisReply *fields)
     return kb__redis_field(fields, "k") == NULL && kb__redis_field(fields, "f") != NULL;
 }
 
-/* n: 1 to 4 decimal digits, 1..KB_REDIS_BATCH_MAX; no sign, no spaces
- * (strtoul would take " +4"). */
-static bool count_of(const redisReply *n, uint32_t *out)
-{
-    if (n == NULL || n->len < 1 || n->len > 4)
-        return false;
-    uint32_t v = 0;
-    for (size_t i = 0; i < n->len; i++) {
-        if (n->str[i] < '0' || n->str[i] > '9')
-            return false;
-        v = v * 10 + (uint32_t)(n->str[i] - '0');
-    }
-    *out = v;
-    return v >= 1 && v <= KB_REDIS_BATCH_MAX;
-}
-
 int kb__redis_frame_open(const redisReply *fields, kb_redis_frame *f, char *why, size_t len)
 {
     const redisReply *v = kb__redis_field(fields, "f"), *n = kb__redis_field(fields, "n"),
@@ -137,8 +121,8 @@ int kb__redis_frame_open(const redisReply *fields, kb_redis_frame *f, char *why,
         snprintf(why, len, "malformed frame: unknown version in field \"f\" (1 is known)");
         return -1;
     }
-    uint32_t count = 0;
-    if (!count_of(n, &count) || b == NULL) {
+    uint32_t count = kb__redis_number_below(n, KB_REDIS_BATCH_MAX + 1, 0);
+    if (count == 0 || b == NULL) {
         snprintf(why, len, "malformed frame: field \"n\" is not a count of 1..%d, or no field \"b\"",
                  KB_REDIS_BATCH_MAX);
         return -1;

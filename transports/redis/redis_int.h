@@ -835,6 +835,10 @@ bool kb__redis_lease_ours(const kb_transport *t, const redisReply *m, size_t j);
 const redisReply *kb__redis_group_row(const kb_transport *t, const redisReply *groups);
 /* The row of group `group`, or NULL. */
 const redisReply *kb__redis_group_row_of(const redisReply *groups, const char *group);
+/* A field written by anyone (a dead letter's, a frame's count) read as a
+ * number: decimal digits only (no sign, no spaces, at most 10), below
+ * `limit`; else `dflt`. Not strtoul, which takes " +4". */
+uint32_t kb__redis_number_below(const redisReply *v, uint32_t limit, uint32_t dflt);
 /* Compare stream IDs "ms-seq" numerically. */
 int kb__redis_id_cmp(const char *a, const char *b);
 /* Is `id` a full stream ID "ms-seq" (decimal, each part within 64 bits)? */
