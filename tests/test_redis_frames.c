@@ -1,7 +1,8 @@
 /* Redis frames (redis.publish_batch): events of a partition in one stream
  * entry, against a real redis-server. Per-key order and nothing lost with
  * many producers and two buses sharing a topic through a hand-over; frames
- * and plain entries on one stream; a dead letter inside a frame; the replay
+ * and plain entries on one stream; a dead letter inside a frame; malformed
+ * frames another client wrote dead-lettered whole; the replay
  * after a consumer killed mid-frame bounded per key; publish_batch = 1
  * writing plain entries; Node decoding keybus-written frames
  * (tests/interop/redis_frames.mjs, docs/formats.md). */
@@ -286,6 +287,10 @@ static void dead_letter_inside_a_frame(void **state)
     }
     kb_topic_stats st;
     kb_assert_ok(kb_stats(b, topic, &st));
+    for (int i = 0; i < 500 && st.broker_pending != 0; i++) {   /* the ack follows the dead letter */
+        usleep(10000);
+        kb_assert_ok(kb_stats(b, topic, &st));
+    }
     redisContext *c = raw();
     redisReply *r = redisCommand(c, "XRANGE kb:{%s}:dlq - +", topic);
     assert_int_equal(r->elements, 1);
@@ -308,6 +313,86 @@ static void dead_letter_inside_a_frame(void **state)
     assert_int_equal(st.broker_pending, 0);   /* the frame was acked */
     assert_int_equal(t.handled, 32);
     kb_tracker_destroy(&t);
+}
+
+/* ---- malformed frames another client wrote ---- */
+
+static atomic_int handled_ok;
+
+static int count_handler(const kb_event *ev, void *opaque)
+{
+    (void)ev;
+    (void)opaque;
+    atomic_fetch_add(&handled_ok, 1);
+    return KB_OK;
+}
+
+struct reasons {
+    int n, malformed;
+};
+
+static int list_reasons(const kb_dead_letter *d, void *opaque)
+{
+    struct reasons *r = opaque;
+    r->n++;
+    r->malformed += strncmp(d->reason, "malformed frame", 15) == 0;
+    return 0;
+}
+
+/* Each goes to the DLQ whole, acked, and what follows it is handled. */
+static void malformed_frames_are_dead_lettered(void **state)
+{
+    (void)state;
+    char topic[96], body[64];
+    unique_topic(topic, sizeof topic, "bad");
+    size_t one = put_event(body, "ok", "x", 1);   /* a good event, then one more byte */
+    body[one] = 'z';
+    const struct {
+        const char *f, *n;
+        size_t len;
+    } bad[] = {
+        {"2", "1", one},       /* unknown version */
+        {"1", "0", one},       /* bad counts */
+        {"1", "4097", one},
+        {"1", "x", one},
+        {"1", " 1", one},
+        {"1", "+1", one},
+        {"1", "1", one - 1},   /* truncated body */
+        {"1", "1", one + 1},   /* trailing bytes */
+        {"1", "2", one},       /* n disagrees with the body */
+    };
+    size_t nbad = sizeof bad / sizeof bad[0];
+    redisContext *c = raw();
+    uint32_t part = kb_fnv1a32("ok", 2) % 8;
+    for (size_t i = 0; i < nbad; i++) {
+        redisReply *x = redisCommand(c, "XADD kb:{%s}:p:%u * f %s n %s b %b", topic, part,
+                                     bad[i].f, bad[i].n, body, bad[i].len);
+        assert_int_equal(x->type, REDIS_REPLY_STRING);
+        freeReplyObject(x);
+    }
+    redisReply *x = redisCommand(c, "XADD kb:{%s}:p:%u * f 1 n 1 b %b", topic, part, body, one);
+    freeReplyObject(x);
+    x = redisCommand(c, "XADD kb:{%s}:p:%u * k ok d y", topic, part);
+    freeReplyObject(x);
+    redisFree(c);
+    atomic_store(&handled_ok, 0);
+    kb_bus *b = kb_test_open(server.url, fast, NULL);
+    kb_assert_ok(kb_subscribe(b, topic, count_handler, NULL));
+    struct reasons r = {0};
+    kb_topic_stats st = {0};
+    for (int i = 0; i < 1000 && (r.n < (int)nbad || atomic_load(&handled_ok) < 2 ||
+                                 st.broker_pending != 0); i++) {
+        usleep(10000);
+        r = (struct reasons){0};
+        kb_assert_ok(kb_dead_letters(b, topic, NULL, 100, list_reasons, &r));
+        kb_assert_ok(kb_stats(b, topic, &st));
+    }
+    kb_assert_ok(kb_close(b, 5000));
+    assert_int_equal(r.n, (int)nbad);
+    assert_int_equal(r.malformed, (int)nbad);
+    /* the good frame and entry after them (again after a lease lost under load) */
+    assert_true(atomic_load(&handled_ok) >= 2);
+    assert_int_equal(st.broker_pending, 0);          /* every entry acked */
 }
 
 /* ---- a consumer killed mid-frame: the replay is bounded per key ---- */
@@ -471,6 +556,7 @@ int main(void)
         cmocka_unit_test(round_trip_under_concurrency_and_hand_over),
         cmocka_unit_test(mixed_frames_and_plain_entries),
         cmocka_unit_test(dead_letter_inside_a_frame),
+        cmocka_unit_test(malformed_frames_are_dead_lettered),
         cmocka_unit_test(crash_replay_is_bounded_per_key),
         cmocka_unit_test(publish_batch_one_writes_plain_entries),
         cmocka_unit_test(node_decodes_frames),

@@ -48,7 +48,8 @@ static const kb_conf_prop redis_props[] = {
      "docs/transports-redis.md."},
     {"redis.publish_linger_us", KB_CONF_INT, "1000", 0, 1000000,
      "Redis: how long a frame that is not full may wait for more events. The first event "
-     "after a quiet spell of this long is sent at once, so sparse traffic is not delayed."},
+     "after a quiet spell of this long is sent at once, so sparse traffic is not delayed. "
+     "0 sends every event at once, as a plain entry: no frames."},
     {"redis.wait_replicas", KB_CONF_INT, "0", 0, 100,
      "Redis: after the `XADD`s of each publish batch, `WAIT` until this many replicas "
      "confirmed them; `kb_flush` fails with `KB_ETRANSPORT` naming the shortfall (\"1 of 2 "
@@ -116,7 +117,8 @@ static int redis_topic_open(kb_transport *t, const char *topic, kb_transport_top
         pthread_mutex_init(&p->lock, NULL);
         snprintf(p->stream, sizeof p->stream, "kb:{%s}:p:%u", topic, i);
         snprintf(p->lease, sizeof p->lease, "kb:{%s}:lease:%u", topic, i);
-        snprintf(p->done, sizeof p->done, "kb:{%s}:done:%u", topic, i);
+        /* per group: each group settles its own copy of the entry */
+        snprintf(p->done, sizeof p->done, "kb:{%s}:done:%s:%u", topic, t->group, i);
     }
     /* topic_open is serialised by the bus: no other writer */
     tt->opened_next = atomic_load(&t->opened);

@@ -36,7 +36,7 @@ static void dead_now(kb_transport_topic *tt, uint32_t part, const char *id,
     kb_log(t->bus, KB_LOG_WARNING, "redis: %s entry %s to the dead-letter stream: %s",
            tt->parts[part].stream, id, reason);
     atomic_fetch_add(&t->dead_queued, 1);
-    kb__redis_job_push(t, &tt->parts[part], id, dead, 0);
+    (void)kb__redis_job_push(t, &tt->parts[part], id, dead, 0);   /* lost: stays pending */
 }
 
 /* Count first, then look: the keeper sets DRAINING, then waits for 0. True
@@ -158,15 +158,20 @@ static void frame_dead(kb_transport_topic *tt, kb_redis_part *p, const kb_delive
 {
     kb_transport *t = tt->t;
     char *dead = kb__redis_dead_pack(d, why);
-    if (dead == NULL) {   /* out of memory: the frame stays pending and comes back */
+    if (dead == NULL) {   /* out of memory: the frame stays pending, swept again */
         atomic_store(&p->fcur.fs->released, true);
+        p->swept = 0;
         return;
     }
     kb_log(t->bus, KB_LOG_WARNING, "redis: %s event %s to the dead-letter stream: %s", p->stream,
            d->id, why);
     atomic_fetch_add(&t->dead_queued, 1);
-    kb__redis_job_push(t, p, d->id, dead, 0);
-    kb__redis_progress_note(t, p, p->fcur.fs, d);
+    if (kb__redis_job_push(t, p, d->id, dead, 0)) {
+        kb__redis_progress_note(t, p, p->fcur.fs, d);
+    } else {   /* lost: its bit stays clear, the frame pending, swept again */
+        atomic_store(&p->fcur.fs->released, true);
+        p->swept = 0;
+    }
 }
 
 /* Hand the frame's staged events over (r->ent: their indexes). */
@@ -295,8 +300,10 @@ static int deliver_frame(kb_transport_topic *tt, kb_redis_part *p, const redisRe
     }
     if (p->fcur.fs == NULL) {
         kb_redis_fstate *fs = kb__redis_fstate_new(id, epoch, f.left);
-        if (fs == NULL)
-            return KB_REDIS_PART_GONE;   /* out of memory: swept again */
+        if (fs == NULL) {
+            p->swept = 0;   /* out of memory: swept again, from our PEL, before newer ones */
+            return KB_REDIS_PART_GONE;
+        }
         if (!hold(p, epoch, 1)) {
             free(fs);
             return KB_REDIS_PART_GONE;

@@ -193,21 +193,6 @@ static const redisReply *own_field(const redisReply *f, const char *name)
     return NULL;
 }
 
-/* A decimal field of a dead letter, when it is one below `limit` (anyone may
- * write the DLQ stream); else `dflt`. */
-static uint32_t number_below(const redisReply *v, uint32_t limit, uint32_t dflt)
-{
-    if (v == NULL || v->len == 0 || v->len > 10)
-        return dflt;
-    uint64_t n = 0;
-    for (size_t i = 0; i < v->len; i++) {
-        if (v->str[i] < '0' || v->str[i] > '9')
-            return dflt;
-        n = n * 10 + (uint64_t)(v->str[i] - '0');
-    }
-    return n < limit ? (uint32_t)n : dflt;
-}
-
 /* A partition out of range reads as the one its key hashes to (where a
  * replay sends it). */
 kb_dead_letter kb__redis_dead_letter_of(const kb_transport *t, const redisReply *e,
@@ -223,10 +208,10 @@ kb_dead_letter kb__redis_dead_letter_of(const kb_transport *t, const redisReply 
         .id = e->element[0]->str,
         .key = k ? k->str : "", .key_len = k ? k->len : 0,
         .payload = d ? d->str : "", .payload_len = d ? d->len : 0,
-        .partition = number_below(p, t->partitions,
+        .partition = kb__redis_number_below(p, t->partitions,
                                   k ? kb_partition_of(k->str, k->len, t->partitions) : 0),
         .original_id = oid ? oid->str : "",
-        .attempts = number_below(n, UINT32_MAX, 0),
+        .attempts = kb__redis_number_below(n, UINT32_MAX, 0),
         .reason = why ? why->str : "",
         .time_ms = strtoll(e->element[0]->str, NULL, 10),   /* the ID's ms: when stored */
         .headers = n_headers > 0 ? headers : NULL, .n_headers = n_headers,
@@ -356,7 +341,7 @@ int kb__redis_dead_letter_replay(kb_transport *t, kb_transport_topic *tt, const 
     } else {
         kb__redis_pub_note(t, tt, part, x->str);   /* kb_drain waits for it too */
         const redisReply *was = own_field(f, F_PART);
-        uint32_t said = number_below(was, UINT32_MAX, UINT32_MAX);
+        uint32_t said = kb__redis_number_below(was, UINT32_MAX, UINT32_MAX);
         if (said != part)
             kb_log(t->bus, KB_LOG_WARNING, "redis: dead letter %s of %s replayed to partition %u "
                    "(%s), where its key hashes, as %s; its partition field said \"%.24s\"", id,

@@ -93,6 +93,19 @@ static size_t plain_digits(const char *s)
     return n == 0 || n > 19 || (s[0] == '0' && n > 1) ? 0 : n;
 }
 
+uint32_t kb__redis_number_below(const redisReply *v, uint32_t limit, uint32_t dflt)
+{
+    if (v == NULL || v->len == 0 || v->len > 10)
+        return dflt;
+    uint64_t n = 0;
+    for (size_t i = 0; i < v->len; i++) {
+        if (v->str[i] < '0' || v->str[i] > '9')
+            return dflt;
+        n = n * 10 + (uint64_t)(v->str[i] - '0');
+    }
+    return n < limit ? (uint32_t)n : dflt;
+}
+
 int kb__redis_id_cmp(const char *a, const char *b)
 {
     /* IDs as the server writes them order by length, then bytes */

@@ -121,21 +121,19 @@ int kb__redis_frame_open(const redisReply *fields, kb_redis_frame *f, char *why,
         snprintf(why, len, "malformed frame: unknown version in field \"f\" (1 is known)");
         return -1;
     }
-    char *end = NULL;
-    unsigned long count = n != NULL ? strtoul(n->str, &end, 10) : 0;
-    if (n == NULL || end == n->str || *end != '\0' || count < 1 || count > KB_REDIS_BATCH_MAX ||
-        b == NULL) {
+    uint32_t count = kb__redis_number_below(n, KB_REDIS_BATCH_MAX + 1, 0);
+    if (count == 0 || b == NULL) {
         snprintf(why, len, "malformed frame: field \"n\" is not a count of 1..%d, or no field \"b\"",
                  KB_REDIS_BATCH_MAX);
         return -1;
     }
-    kb_redis_frame probe = {b->str, b->str + b->len, (uint32_t)count};
+    kb_redis_frame probe = {b->str, b->str + b->len, count};
     *f = probe;
     kb_redis_fevent ev;
     while (kb__redis_frame_next(&probe, &ev))
         ;
     if (probe.left != 0 || probe.p != probe.end) {
-        snprintf(why, len, "malformed frame: the lengths in field \"b\" do not add up to %lu events",
+        snprintf(why, len, "malformed frame: the lengths in field \"b\" do not add up to %u events",
                  count);
         return -1;
     }

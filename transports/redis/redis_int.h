@@ -10,7 +10,7 @@
  *   redis_entry.c      an entry read: its event, or why it is a dead letter (pure)
  *   redis_frame.c      the frame layout: events packed in one entry, read and written (pure)
  *   redis_settle.c     ack, dead_letter, release, still_owned; the keeper's send job
- *   redis_runs.c       handler runs recorded on the server; the crash journal
+ *   redis_runs.c       handler runs recorded on the server; the crash journal; attempts of a sweep
  *   redis_progress.c   which events of a frame are settled: kept, recorded, skipped
  *   redis_dlq.c        dead letters: packed, stored (fenced), listed, replayed
  *   redis_drain.c      kb_drain: wait until the group settled what we added
@@ -114,6 +114,8 @@ typedef struct kb_redis_job {
     char *done;                   /* a frame's progress: malloc'd bitmap of its settled
                                    * events (redis_progress.c), else NULL */
     bool again;                   /* keeper: the server refused it for now (LOADING...) */
+    bool held;                    /* keeper: a frame's ack or progress waiting this pass for
+                                   * a dead letter of one of its events (redis_settle.c) */
 } kb_redis_job;
 
 typedef struct kb_redis_jobs {
@@ -185,7 +187,8 @@ typedef struct kb_redis_part {
     kb_redis_pframe frame;        /* the events to go out next (pub_lock) */
     char stream[KB_REDIS_KEY_MAX];   /* kb:{topic}:p:N */
     char lease[KB_REDIS_KEY_MAX];    /* kb:{topic}:lease:N */
-    char done[KB_REDIS_KEY_MAX];     /* kb:{topic}:done:N: progress of frames (redis_progress.c) */
+    char done[KB_REDIS_KEY_MAX + 130]; /* kb:{topic}:done:<group>:N: the group's progress of
+                                        * frames (redis_progress.c) */
 } kb_redis_part;
 
 /* A topic this bus used: made
@@ -393,10 +396,6 @@ typedef struct kb_redis_swept {
     const char *cursor;
 } kb_redis_swept;
 bool kb__redis_sweep_reply(const redisReply *r, kb_redis_swept *out);
-/* The attempt of claimed entry i: its recorded runs + 1, saturated. */
-uint32_t kb__redis_sweep_attempt(const redisReply *runs, size_t i);
-/* The same for event j of claimed frame i. */
-uint32_t kb__redis_sweep_event_attempt(const redisReply *runs, size_t i, uint32_t j);
 
 /* ---- redis_deliver.c ---- */
 /* Hand one entry ([id, fields]) to the pool: KB_REDIS_* */
@@ -625,6 +624,10 @@ void kb__redis_runs_key(char *out, size_t len, const char *topic, uint32_t part)
 void kb__redis_run_begins(kb_transport *t, const kb_delivery *d);
 /* At open, on the control connection: adopt dead processes' journals, start ours. */
 int kb__redis_runs_start(kb_transport *t, char *errstr, size_t errlen);
+/* Of a sweep's reply (kb__redis_sweep_reply's runs): the attempt of claimed
+ * entry i, its recorded runs + 1, saturated; and of event j of claimed frame i. */
+uint32_t kb__redis_sweep_attempt(const redisReply *runs, size_t i);
+uint32_t kb__redis_sweep_event_attempt(const redisReply *runs, size_t i, uint32_t j);
 
 /* ---- redis_progress.c ---- */
 /* A frame's state for `events` events (refs 1, the reader's); NULL when out of memory. */
@@ -719,9 +722,10 @@ int kb__redis_partition_stats(kb_transport *t, kb_transport_topic *tt, uint32_t 
                               kb_partition_stats *out);
 
 /* ---- redis_jobs.c: each partition's queue of acks and dead letters ---- */
-/* Queue a job and wake the keeper; `dead` is taken (freed on failure);
- * `events`: an ack of a frame's entry, its events (else 0). */
-void kb__redis_job_push(kb_transport *t, kb_redis_part *p, const char *id, char *dead,
+/* Queue a job and wake the keeper; `dead` is taken (freed, and uncounted
+ * from t->dead_queued, on failure); `events`: an ack of a frame's entry, its
+ * events (else 0). False when out of memory: nothing is queued. */
+bool kb__redis_job_push(kb_transport *t, kb_redis_part *p, const char *id, char *dead,
                         uint32_t events);
 /* Queue frame `id`'s progress (`done`, a bitmap of `events` bits, is taken). */
 void kb__redis_job_progress(kb_transport *t, kb_redis_part *p, const char *id, uint32_t events,
@@ -831,6 +835,10 @@ bool kb__redis_lease_ours(const kb_transport *t, const redisReply *m, size_t j);
 const redisReply *kb__redis_group_row(const kb_transport *t, const redisReply *groups);
 /* The row of group `group`, or NULL. */
 const redisReply *kb__redis_group_row_of(const redisReply *groups, const char *group);
+/* A field written by anyone (a dead letter's, a frame's count) read as a
+ * number: decimal digits only (no sign, no spaces, at most 10), below
+ * `limit`; else `dflt`. Not strtoul, which takes " +4". */
+uint32_t kb__redis_number_below(const redisReply *v, uint32_t limit, uint32_t dflt);
 /* Compare stream IDs "ms-seq" numerically. */
 int kb__redis_id_cmp(const char *a, const char *b);
 /* Is `id` a full stream ID "ms-seq" (decimal, each part within 64 bits)? */

@@ -5,16 +5,18 @@
 
 #include "redis_int.h"
 
-static void push(kb_transport *t, kb_redis_part *p, const char *id, char *dead,
+static bool push(kb_transport *t, kb_redis_part *p, const char *id, char *dead,
                  uint32_t events, char *done)
 {
     pthread_mutex_lock(&p->lock);
     if (kb_vec_reserve((void **)&p->jobs.v, &p->jobs.cap, p->jobs.n + 1, sizeof *p->jobs.v) !=
         KB_OK) {
         pthread_mutex_unlock(&p->lock);
+        if (dead != NULL)   /* counted by the caller: kb_drain must not wait for it */
+            atomic_fetch_sub(&t->dead_queued, 1);
         free(dead);   /* unacked: redelivered after a failover or restart */
         free(done);
-        return;
+        return false;
     }
     kb_redis_job *j = &p->jobs.v[p->jobs.n++];
     size_t n = strnlen(id, sizeof j->id - 1);   /* not snprintf: ~600 instructions an ack */
@@ -24,21 +26,23 @@ static void push(kb_transport *t, kb_redis_part *p, const char *id, char *dead,
     j->events = events;
     j->done = done;
     j->again = false;
+    j->held = false;
     pthread_mutex_unlock(&p->lock);
     if (atomic_fetch_add(&t->jobs_queued, 1) == 0)
         kb_signal_notify(t->keeper_wake);
+    return true;
 }
 
-void kb__redis_job_push(kb_transport *t, kb_redis_part *p, const char *id, char *dead,
+bool kb__redis_job_push(kb_transport *t, kb_redis_part *p, const char *id, char *dead,
                         uint32_t events)
 {
-    push(t, p, id, dead, events, NULL);
+    return push(t, p, id, dead, events, NULL);
 }
 
 void kb__redis_job_progress(kb_transport *t, kb_redis_part *p, const char *id, uint32_t events,
                             char *done)
 {
-    push(t, p, id, NULL, events, done);
+    (void)push(t, p, id, NULL, events, done);   /* lost: more comes again, never less */
 }
 
 bool kb__redis_jobs_take(kb_transport *t, kb_redis_part *p)

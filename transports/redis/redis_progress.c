@@ -2,11 +2,12 @@
  * dead-lettered), so that a frame that comes again (a hand-over, a close that
  * released the rest, a crash) skips them. A bit per event, set by the
  * executor that settled it; the bitmap goes to the keeper, which records it
- * fenced with the acks in kb:{T}:done:N (field: entry ID, value: the bitmap,
+ * fenced with the acks in kb:{T}:done:<group>:N (field: entry ID, value: the bitmap,
  * bit j of byte j / 8 for event j), when the frame goes back unacked with
  * events settled, and when an event is settled KB_REDIS_PROGRESS_MS or more
- * after the first one not recorded yet (so a crash replays at most that
- * much of a frame; most frames settle sooner and get no record). The
+ * after the first one not recorded yet (no timer: a crash replays at most
+ * one such window of a frame, however old when nothing of the frame settled
+ * since; most frames settle sooner and get no record). The
  * entry's ack deletes its record; the hash expires a week after its last
  * write, as the run records do. Per-key order makes this per-key progress:
  * an event settled means every earlier event of its key was. */

@@ -17,6 +17,24 @@ static const char RUN_LUA[] =
     "if tonumber(ARGV[2]) > n then redis.call('hset',KEYS[1],ARGV[1],ARGV[2]) end "
     "redis.call('pexpire',KEYS[1],ARGV[3]) return 1";
 
+/* Pure readers of the runs a sweep's script returned (redis_sweep.c), for
+ * the delivery (redis_deliver.c), below both. The attempt of claimed entry i: its recorded handler runs + 1 (an entry
+ * that only sat in a dead process's read batch has none). */
+uint32_t kb__redis_sweep_attempt(const redisReply *runs, size_t i)
+{
+    long long n = i < runs->elements && runs->element[i]->type == REDIS_REPLY_INTEGER
+                      ? runs->element[i]->integer : 0;
+    return n <= 0 ? 1 : n < 1000000 ? (uint32_t)n + 1 : 1000001;   /* saturate, never reset */
+}
+
+uint32_t kb__redis_sweep_event_attempt(const redisReply *runs, size_t i, uint32_t j)
+{
+    const redisReply *e = i < runs->elements ? runs->element[i] : NULL;
+    if (e == NULL || e->type != REDIS_REPLY_ARRAY)
+        return 1;
+    return kb__redis_sweep_attempt(e, j);
+}
+
 void kb__redis_runs_key(char *out, size_t len, const char *topic, uint32_t part)
 {
     snprintf(out, len, "kb:{%s}:runs:%u", topic, part);

@@ -25,7 +25,7 @@ void kb__redis_frame_unref(kb_transport *t, kb_redis_part *p, kb_redis_fstate *f
     if (atomic_fetch_sub(&fs->refs, 1) != 1)
         return;
     if (!atomic_load(&fs->released)) {
-        kb__redis_job_push(t, p, fs->id, NULL, fs->events);
+        (void)kb__redis_job_push(t, p, fs->id, NULL, fs->events);   /* lost: stays pending */
     } else {   /* back unacked: what was settled is skipped when it comes again */
         bool any = false;
         for (uint32_t w = 0; !any && w < (fs->events + 63) / 64; w++)
@@ -48,10 +48,14 @@ static void settle(kb_transport *t, const kb_delivery *d, char *dead)
      * queues its dead letter alone (the entry's ack comes with its last
      * event, after it). */
     kb_redis_fstate *fs = kb__redis_cookie_frame(d->cookie);
-    if (fs == NULL || dead != NULL)
-        kb__redis_job_push(t, p, d->id, dead, 0);
+    bool queued = true;
+    if (fs == NULL || dead != NULL)   /* false: out of memory, the entry comes again */
+        queued = kb__redis_job_push(t, p, d->id, dead, 0);
     if (fs != NULL) {
-        kb__redis_progress_note(t, p, fs, d);
+        if (queued)
+            kb__redis_progress_note(t, p, fs, d);
+        else   /* its dead letter was lost: the frame stays pending and comes again */
+            atomic_store(&fs->released, true);
         kb__redis_frame_unref(t, p, fs);
     }
     atomic_fetch_sub(&p->inflight, 1);
@@ -214,6 +218,40 @@ static bool fence_check(kb_transport *t, redisContext *c, fence *f, size_t n)
     return alive;
 }
 
+/* A frame's ack and progress go only after the dead letters of its events
+ * ("<entry ID>.<j>") were stored: a dead letter of an event acks nothing, so
+ * an ack or a bit that reached the server first would lose the event if its
+ * dead letter then failed. Held jobs wait for a later pass. */
+static bool is_entry_of(const kb_redis_job *j, const char *id, size_t len)
+{
+    return strncmp(j->id, id, len) == 0 && j->id[len] == '\0';
+}
+
+static bool hold_frames(kb_redis_jobs *js)
+{
+    bool any = false;
+    for (size_t i = 0; i < js->n; i++) {
+        const char *dot = js->v[i].dead != NULL ? strrchr(js->v[i].id, '.') : NULL;
+        for (size_t k = 0; dot != NULL && k < js->n; k++) {
+            kb_redis_job *j = &js->v[k];
+            if (j->dead == NULL && (j->events > 0 || j->done != NULL) &&
+                is_entry_of(j, js->v[i].id, (size_t)(dot - js->v[i].id)))
+                any = j->held = j->again = true;
+        }
+    }
+    return any;
+}
+
+/* The dead letter of event job `ev` was fenced: its frame's held ack and
+ * progress are dropped, the entry left pending for the next owner. */
+static void drop_held(kb_redis_jobs *js, const kb_redis_job *ev)
+{
+    const char *dot = strrchr(ev->id, '.');
+    for (size_t k = 0; dot != NULL && k < js->n; k++)
+        if (js->v[k].held && is_entry_of(&js->v[k], ev->id, (size_t)(dot - ev->id)))
+            js->v[k].again = false;
+}
+
 /* One command sent for jobs [from, to) of a partition's `sending`. */
 typedef struct sent_cmd {
     kb_redis_part *p;
@@ -278,7 +316,8 @@ static void append_ids(redisContext *c, const fence *f, const char *cmd, const c
         }
         if (end)
             break;
-        if (js->v[i].dead != NULL || js->v[i].done != NULL || (frames && js->v[i].events == 0))
+        if (js->v[i].dead != NULL || js->v[i].done != NULL || js->v[i].held ||
+            (frames && js->v[i].events == 0))
             continue;
         if (argc == 0) {
             from = i;
@@ -299,7 +338,7 @@ static void append_progress(redisContext *c, const fence *f, sent_list *tx)
     bool any = false;
     for (size_t i = 0; i < js->n; i++) {
         const kb_redis_job *j = &js->v[i];
-        if (j->done == NULL)
+        if (j->done == NULL || j->held)
             continue;
         const char *argv[] = {"HSET", f->p->done, j->id, j->done};
         size_t lens[] = {4, strlen(f->p->done), strlen(j->id), (j->events + 7) / 8};
@@ -320,7 +359,7 @@ static void append_event_runs(redisContext *c, const fence *f, sent_list *tx)
     const kb_redis_jobs *js = &f->p->sending;
     for (size_t i = 0; i < js->n; i++) {
         const kb_redis_job *j = &js->v[i];
-        if (j->dead != NULL || j->done != NULL || j->events == 0)
+        if (j->dead != NULL || j->done != NULL || j->held || j->events == 0)
             continue;
         size_t argc = 2 + j->events, len = strlen(j->id);
         const char **argv = malloc(argc * sizeof *argv);
@@ -364,7 +403,7 @@ static bool jobs_done(kb_transport *t, kb_redis_part *p)
     for (size_t i = 0; i < p->sending.n; i++) {
         kb_redis_job *j = &p->sending.v[i];
         if (j->again) {
-            j->again = false;
+            j->again = j->held = false;
             p->sending.v[kept++] = *j;
         } else if (j->dead != NULL) {
             free(j->dead);
@@ -420,12 +459,14 @@ static bool read_tx(kb_transport *t, redisContext *c, const sent_list *tx, bool 
     return true;
 }
 
-void kb__redis_settle_send(kb_transport *t)
+/* One pass; true when it held frames' acks back and was read to the end. */
+static bool send_pass(kb_transport *t)
 {
     redisContext *c = kb__redis_conn_get(&t->kc, NULL, 0);
     t->jobs_unsent = true;   /* until every reply is read */
     if (c == NULL)
-        return;
+        return false;
+    bool held = false, read = false;
     fence *f = NULL;
     size_t n = 0, cap = 0;
     for (kb_transport_topic *tt = atomic_load(&t->subscribed); tt != NULL; tt = tt->sub_next)
@@ -437,8 +478,9 @@ void kb__redis_settle_send(kb_transport *t)
                 goto out;   /* jobs_unsent: taken again next time */
             fence *e = &f[n++];
             *e = (fence){.p = p};
+            held |= hold_frames(&p->sending);
             for (size_t j = 0; j < p->sending.n && !e->acks; j++)
-                e->acks = p->sending.v[j].dead == NULL;
+                e->acks = p->sending.v[j].dead == NULL && !p->sending.v[j].held;
             kb__redis_runs_key(e->runs_key, sizeof e->runs_key, tt->name, p->index);
         }
     if (!fence_check(t, c, f, n))
@@ -495,6 +537,10 @@ void kb__redis_settle_send(kb_transport *t)
             /* UNWATCH */
         } else if (r->type == REDIS_REPLY_INTEGER && r->integer < 0) {
             note_fenced(t);
+            if (d < dead.n)
+                drop_held(&dead.v[d].p->sending, &dead.v[d].p->sending.v[dead.v[d].from]);
+            else
+                again = true;   /* unmapped (out of memory): all is resent below */
         } else if (r->type == REDIS_REPLY_ERROR) {
             /* LOADING after a restart and the like: try again, or the entries
              * would sit handled but pending on the server */
@@ -514,6 +560,7 @@ void kb__redis_settle_send(kb_transport *t)
         for (uint32_t i = 0; i < tt->nparts; i++)
             again |= jobs_done(t, &tt->parts[i]);
     t->jobs_unsent = again;
+    read = true;
     if (tx.cmds + dead.cmds > 0 || n > 0)
         kb__redis_settled(t);   /* kb_drain and kb_dead_letters look again */
 out_lists:
@@ -521,4 +568,11 @@ out_lists:
     free(dead.v);
 out:
     free(f);
+    return held && read;
+}
+
+void kb__redis_settle_send(kb_transport *t)
+{
+    if (send_pass(t))   /* the held acks follow their dead letters at once */
+        send_pass(t);
 }

@@ -33,23 +33,6 @@ static const char SWEEP_LUA[] =
     "runs[i] = r end "
     "return {runs, c}";
 
-/* The attempt of claimed entry i: its recorded handler runs + 1 (an entry
- * that only sat in a dead process's read batch has none). */
-uint32_t kb__redis_sweep_attempt(const redisReply *runs, size_t i)
-{
-    long long n = i < runs->elements && runs->element[i]->type == REDIS_REPLY_INTEGER
-                      ? runs->element[i]->integer : 0;
-    return n <= 0 ? 1 : n < 1000000 ? (uint32_t)n + 1 : 1000001;   /* saturate, never reset */
-}
-
-uint32_t kb__redis_sweep_event_attempt(const redisReply *runs, size_t i, uint32_t j)
-{
-    const redisReply *e = i < runs->elements ? runs->element[i] : NULL;
-    if (e == NULL || e->type != REDIS_REPLY_ARRAY)
-        return 1;
-    return kb__redis_sweep_attempt(e, j);
-}
-
 bool kb__redis_sweep_reply(const redisReply *r, kb_redis_swept *out)
 {
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
