@@ -80,23 +80,13 @@ static void try_entry(const redisReply *e, uint32_t part, uint32_t nparts, uint3
         try_entry(e->element[i], part, nparts, attempt, depth + 1);
 }
 
+static void try_reply(const redisReply *reply, uint32_t part, uint32_t nparts, uint32_t attempt)
+{
+    try_entry(reply, part, nparts, attempt, 0);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (size < 1)
-        return 0;
-    uint32_t nparts = 1u + (data[0] & 7u), part = (uint32_t)(data[0] >> 3) % nparts;
-    uint32_t attempt = 1u + (data[0] >> 6);   /* a sweep's redelivery: above 1 */
-    redisReader *r = fuzz_reader_new(&lim);
-    if (r == NULL)
-        return 0;
-    if (redisReaderFeed(r, (const char *)data + 1, size - 1) == REDIS_OK) {
-        void *reply = NULL;
-        while (redisReaderGetReply(r, &reply) == REDIS_OK && reply != NULL) {
-            try_entry(reply, part, nparts, attempt, 0);
-            kb__redis_reply_free(reply);
-            reply = NULL;
-        }
-    }
-    redisReaderFree(r);
+    fuzz_entries(data, size, &lim, try_reply);
     return 0;
 }

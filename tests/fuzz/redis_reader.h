@@ -46,4 +46,31 @@ static redisReader *fuzz_reader_new(const kb_redis_limits *lim)
     return r;
 }
 
+/* The entry targets' input: one byte of partition layout (partitions 1 + its
+ * low 3 bits, the partition its next 3 bits modulo that, attempt 1 + its top
+ * 2 bits: a sweep's redelivery above 1), then RESP; each reply the reader
+ * makes of it goes to `fn`. */
+typedef void fuzz_entry_fn(const redisReply *reply, uint32_t part, uint32_t nparts,
+                           uint32_t attempt);
+static inline void fuzz_entries(const uint8_t *data, size_t size, const kb_redis_limits *lim,
+                                fuzz_entry_fn *fn)
+{
+    if (size < 1)
+        return;
+    uint32_t nparts = 1u + (data[0] & 7u), part = (uint32_t)(data[0] >> 3) % nparts;
+    uint32_t attempt = 1u + (data[0] >> 6);
+    redisReader *r = fuzz_reader_new(lim);
+    if (r == NULL)
+        return;
+    if (redisReaderFeed(r, (const char *)data + 1, size - 1) == REDIS_OK) {
+        void *reply = NULL;
+        while (redisReaderGetReply(r, &reply) == REDIS_OK && reply != NULL) {
+            fn(reply, part, nparts, attempt);
+            kb__redis_reply_free(reply);
+            reply = NULL;
+        }
+    }
+    redisReaderFree(r);
+}
+
 #endif /* KB_FUZZ_REDIS_READER_H */
