@@ -22,6 +22,8 @@ done
 
 # The JSON Schema validator of tests/check_formats.sh: any copy python3 imports will do.
 python3 -c 'import jsonschema' 2>/dev/null || missing+=(python3-jsonschema)
+# Node reads keybus-written Redis frames in test_redis_frames: any node on PATH will do.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
 
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "keybus: installing ${missing[*]}" >&2
