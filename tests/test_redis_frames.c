@@ -432,6 +432,16 @@ static int heir_handler(const kb_event *ev, void *opaque)
     return KB_HANDLED;
 }
 
+/* Key k's last event was handled: by the heir, or, when the child's
+ * executors got through the whole key before the kill (one executor stays
+ * on a lane for up to 64 events), by the child, and then the heir has none
+ * of it. */
+static bool key_finished(int k)
+{
+    uint32_t last = atomic_load(&heir_last[k]);
+    return last == CRASH_PER_KEY || (last == 0 && atomic_load(&child_runs[k]) >= CRASH_PER_KEY);
+}
+
 static void crash_replay_is_bounded_per_key(void **state)
 {
     (void)state;
@@ -470,7 +480,7 @@ static void crash_replay_is_bounded_per_key(void **state)
     for (int i = 0; i < 1500; i++) {
         bool done = true;
         for (int k = 0; k < CRASH_KEYS; k++)
-            done &= atomic_load(&heir_last[k]) == CRASH_PER_KEY;
+            done &= key_finished(k);
         if (done)
             break;
         usleep(10000);
@@ -479,7 +489,7 @@ static void crash_replay_is_bounded_per_key(void **state)
     kb_assert_ok(kb_close(b, 10000));
     uint32_t worst = 0, again = 0;
     for (int k = 0; k < CRASH_KEYS; k++) {
-        assert_int_equal(atomic_load(&heir_last[k]), CRASH_PER_KEY);   /* nothing lost */
+        assert_true(key_finished(k));   /* nothing lost */
         assert_true(atomic_load(&child_runs[k]) + atomic_load(&heir_runs[k]) >= CRASH_PER_KEY);
         uint32_t twice = atomic_load(&child_runs[k]) + atomic_load(&heir_runs[k]) - CRASH_PER_KEY;
         worst = twice > worst ? twice : worst;
@@ -521,10 +531,8 @@ static void publish_batch_one_writes_plain_entries(void **state)
 static void node_decodes_frames(void **state)
 {
     (void)state;
-    if (system("node --version > /dev/null 2>&1") != 0) {
-        fprintf(stderr, "node not found: skipped\n");
-        skip();
-    }
+    if (system("node --version > /dev/null 2>&1") != 0)
+        fail_msg("node not found (scripts/deps.sh installs nodejs)");
     char topic[96];
     unique_topic(topic, sizeof topic, "node");
     const kb_header h[] = {{"trace", "t-1", 3}};
