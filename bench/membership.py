@@ -13,6 +13,7 @@ the processes). Times are CLOCK_MONOTONIC seconds (time.monotonic() here).
         lost, order, duplicates, pauses of one run: printed, and as JSON in RESULT
   membership.py row LABEL RESULT...             the Markdown row of several runs
 """
+import http.client
 import json
 import statistics
 import sys
@@ -38,9 +39,14 @@ def stream_of(topic):
 
 
 def jsz(port, what):
+    """A node killed while it answers cuts its reply short: that is an OSError
+    to every caller, as a node that does not answer at all."""
     url = "http://127.0.0.1:%s/jsz?%s" % (port, what)
-    with urllib.request.urlopen(url, timeout=2) as r:
-        return json.load(r)
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return json.load(r)
+    except (http.client.HTTPException, ValueError) as e:
+        raise OSError(str(e)) from e
 
 
 def streams(ports):
@@ -94,8 +100,12 @@ def cmd_bystander(stream, ports):
 
 
 def cmd_consumers(stream, out, ports):
+    """Each consumer of the stream when first seen, in OUT; each change of a
+    consumer's leader (as the first node that answers sees it) in OUT.leaders,
+    so a pause can be laid beside the consumer elections."""
     seen = set()
-    with open(out, "a") as f:
+    leader = {}
+    with open(out, "a") as f, open(out + ".leaders", "a") as fl:
         while True:
             for p in ports:
                 try:
@@ -107,10 +117,16 @@ def cmd_consumers(stream, out, ports):
                         if s["name"] != stream:
                             continue
                         for c in s.get("consumer_detail", []) or []:
+                            now = time.monotonic()
                             if c["name"] not in seen:
                                 seen.add(c["name"])
-                                f.write("%.4f %s\n" % (time.monotonic(), c["name"]))
+                                f.write("%.4f %s\n" % (now, c["name"]))
                                 f.flush()
+                            lead = (c.get("cluster") or {}).get("leader") or "-"
+                            if leader.get(c["name"]) != lead:
+                                leader[c["name"]] = lead
+                                fl.write("%.4f %s %s\n" % (now, c["name"], lead))
+                                fl.flush()
                 break
             time.sleep(0.25)
 

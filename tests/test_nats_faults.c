@@ -591,6 +591,106 @@ static void consumer_connection_lost_at_close(void **state)
     kb_test_server_stop(&s);
 }
 
+static _Atomic int refills;
+
+static void count_refills(int level, const char *msg, void *opaque)
+{
+    (void)level;
+    (void)opaque;
+    if (strstr(msg, "read again from the stream") != NULL)
+        atomic_fetch_add(&refills, 1);
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The names of the stream's consumers, sorted, into out. */
+static void consumer_names(const char *url, const char *topic, char *out, size_t cap)
+{
+    char stream[64];
+    snprintf(stream, sizeof stream, "KB_%s_%08x", "fault_wire", kb_fnv1a32(topic, strlen(topic)));
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    jsConsumerNamesList *l = NULL;
+    assert_int_equal(natsConnection_ConnectTo(&nc, url), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    assert_int_equal(js_ConsumerNames(&l, js, stream, NULL, NULL), NATS_OK);
+    qsort(l->List, (size_t)l->Count, sizeof *l->List, by_name);
+    out[0] = '\0';
+    for (int i = 0; i < l->Count; i++)
+        snprintf(out + strlen(out), cap - strlen(out), "%s ", l->List[i]);
+    jsConsumerNamesList_Destroy(l);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+}
+
+/* The consumer's connection breaks with deliveries on the wire (the proxy
+ * drops what it held for it, as a node killed under the connection would).
+ * The server counts them delivered and would send them again only after
+ * AckWait; the first delivery after the reconnect shows the gap, and the
+ * feeder reads the lost ones again from the stream, in order, and carries on
+ * with the same consumers: none is created, nothing is lost, every key in
+ * order. */
+static void lost_deliveries_read_again(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    kb_test_proxy *proxy = kb_test_proxy_start(s.port);
+    assert_non_null(proxy);
+    char url[128], err[256];
+    snprintf(url, sizeof url, "nats://127.0.0.1:%d", kb_test_proxy_port(proxy));
+    kb_conf *c = kb_conf_new();
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "nats.topic_consumer", "off", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "nats.ack_wait_ms", "600000", err, sizeof err));
+    kb_conf_set_log(c, count_refills, NULL);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    const char *topic = "fault.wire";
+    kb_tracker t;
+    kb_tracker_init(&t, KEYS);
+    kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &t));
+    for (uint32_t k = 0; k < KEYS; k++)
+        publish_ok(b, topic, k, 1);
+    kb_assert_ok(kb_flush(b, 10000));
+    wait_distinct(&t, KEYS, 30);
+    assert_int_equal(kb_tracker_distinct(&t), KEYS);
+    char before[2048], after[2048];
+    consumer_names(s.url, topic, before, sizeof before);
+
+    kb_test_proxy_blackhole_from(proxy, 1);   /* the consumer's connection */
+    for (uint32_t k = 0; k < KEYS; k++)
+        publish_ok(b, topic, k, 2);
+    kb_assert_ok(kb_flush(b, 10000));
+    usleep(500000);   /* delivered into the held connection */
+    kb_test_proxy_drop_from(proxy, 1);
+    uint32_t last = 2;
+    for (int i = 0; i < 1000 && kb_tracker_distinct(&t) < 2 * KEYS; i++) {
+        if (i % 50 == 0)
+            last++;
+        for (uint32_t k = 0; i % 50 == 0 && k < KEYS; k++)
+            publish_ok(b, topic, k, last);   /* deliveries that show the gap */
+        usleep(10000);
+    }
+    kb_assert_ok(kb_flush(b, 10000));
+    wait_distinct(&t, (uint64_t)KEYS * last, 20);
+    consumer_names(s.url, topic, after, sizeof after);
+    print_message("lost on the wire: %llu distinct, %d refills, consumers '%s' -> '%s'\n",
+                  (unsigned long long)kb_tracker_distinct(&t), atomic_load(&refills), before, after);
+    assert_int_equal(kb_tracker_distinct(&t), (uint64_t)KEYS * last);
+    assert_int_equal(atomic_load(&t.order_violations), 0);
+    assert_true(atomic_load(&refills) > 0);
+    assert_string_equal(before, after);
+    kb_assert_ok(kb_close(b, 10000));
+    kb_tracker_destroy(&t);
+    kb_test_proxy_stop(proxy);
+    kb_test_server_stop(&s);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -607,6 +707,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(wide_takeover_skips_acked),
         cmocka_unit_test(lost_lease_releases_queued),
         cmocka_unit_test(consumer_connection_lost_at_close),
+        cmocka_unit_test(lost_deliveries_read_again),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

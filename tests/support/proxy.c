@@ -35,6 +35,7 @@ struct kb_test_proxy {
     int listen_fd, port, target_port;
     int wake[2];            /* self-pipe: a command is waiting */
     _Atomic int blackhole, applied, stop;   /* blackhole: 0, or 1 + the first pair cut */
+    _Atomic int drop;                       /* 0, or 1 + the first pair to close */
     pthread_t thread;
     struct pair pairs[MAX_PAIRS];
 };
@@ -122,6 +123,11 @@ static void *proxy_main(void *arg)
     kb_test_proxy *p = arg;
     struct pollfd fds[2 + 2 * MAX_PAIRS];
     while (!atomic_load(&p->stop)) {
+        int drop = atomic_load(&p->drop);
+        for (int i = drop - 1; drop > 0 && i < MAX_PAIRS; i++)
+            pair_close(&p->pairs[i]);
+        if (drop > 0)
+            atomic_store(&p->drop, 0);
         int blackhole = atomic_load(&p->blackhole);
         atomic_store(&p->applied, blackhole);
         int cut_from = blackhole > 0 ? blackhole - 1 : MAX_PAIRS;
@@ -216,6 +222,16 @@ void kb_test_proxy_blackhole(kb_test_proxy *p, int on)
 void kb_test_proxy_blackhole_from(kb_test_proxy *p, int first)
 {
     blackhole_set(p, first + 1);
+}
+
+void kb_test_proxy_drop_from(kb_test_proxy *p, int first)
+{
+    atomic_store(&p->drop, first + 1);
+    while (atomic_load(&p->drop) != 0) {
+        (void)!write(p->wake[1], "x", 1);
+        usleep(1000);
+    }
+    blackhole_set(p, 0);
 }
 
 void kb_test_proxy_stop(kb_test_proxy *p)

@@ -23,6 +23,12 @@ void kb_test_proxy_blackhole(kb_test_proxy *p, int on);
  * connection cut, its first still forwarding. */
 void kb_test_proxy_blackhole_from(kb_test_proxy *p, int first);
 
+/* Close the connections accepted as the first+1-th and later, dropping the
+ * bytes held for them (what the broker sent them is lost on the wire, as
+ * when the node under a connection dies), then forward everything again:
+ * their clients reconnect through the proxy. */
+void kb_test_proxy_drop_from(kb_test_proxy *p, int first);
+
 /* Close every connection and the listener; free. */
 void kb_test_proxy_stop(kb_test_proxy *p);
 

@@ -18,6 +18,7 @@
 #include "nats_msg.h"
 #include "nats_names.h"
 #include "nats_progress.h"
+#include "nats_refill.h"
 #include "nats_runs.h"
 #include "nats_topic.h"
 
@@ -37,6 +38,7 @@ typedef struct feeder {
     kb_nats_hdrs hdrs;       /* the current event's headers */
     uint32_t serial;         /* of pull requests, for every claim: a late status for an
                                 earlier claim's request never matches a newer one's */
+    int64_t refill_off_until; /* a read of the stream went unanswered: none till then */
 } feeder;
 
 /* Keep up to two pull requests of nats.fetch_batch open per partition: the
@@ -356,6 +358,73 @@ static void lost_in_transit(feeder *f, kb_nats_claim *c, const kb_nats_meta *met
     kb__nats_claim_reset(f->t, c);
 }
 
+static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
+                     unsigned n, uint32_t part, const char *foreign);
+
+/* A partition's consumer delivers its subject's messages in stream order, so
+ * what never arrived before `meta` is every message of the partition's subject
+ * between the last one the claim had and meta's: when the stream holds exactly
+ * as many there as deliveries were lost, they are those deliveries, in order.
+ * Each is read again from the stream and handled under the delivery sequence
+ * it was sent with (its ack and progress say the consumer's own numbers), and
+ * the claim carries on with its consumer: a new one costs seconds on a cluster
+ * that just lost a node, the node this process was connected to. The reads
+ * are bounded (REFILL_WAIT_MS in all; after one goes unanswered, no refill for
+ * REFILL_OFF_MS, so a stream electing its leader stalls the feeder once). False:
+ * not so (more or fewer there, no answer), and the caller restarts the claim. */
+#define REFILL_MAX 1024
+#define REFILL_WAIT_MS 500
+#define REFILL_OFF_MS 5000
+static bool refill(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
+{
+    kb_transport *t = f->t;
+    uint64_t lost = meta->dseq - c->dseq_hi - 1, from = c->delivered_hi + 1;
+    if (c->wide || lost > REFILL_MAX || meta->delivered != 1 || meta->sseq <= from ||
+        kb_now_ns() < f->refill_off_until)
+        return false;
+    natsMsg **got = malloc((size_t)lost * sizeof *got);
+    uint64_t *seq = malloc((size_t)lost * sizeof *seq), k = 0;
+    int64_t deadline = kb_deadline_ns(REFILL_WAIT_MS);
+    int r = got != NULL && seq != NULL ? 1 : -1;
+    while (r == 1) {
+        natsMsg *m = NULL;
+        uint64_t s = 0;
+        int left = kb_deadline_left_ms(deadline);
+        r = left > 0 ? kb__nats_stream_next(t, c->part->topic->stream, c->part->subject, from,
+                                            c->consumer, c->dseq_hi + 1 + k, left, &m, &s)
+                     : -1;
+        if (r == 1 && (s >= meta->sseq || k == lost)) {
+            natsMsg_Destroy(m);
+            r = s >= meta->sseq ? 0 : -1;   /* 0: the window is read; -1: more than were lost */
+        } else if (r == 1) {
+            got[k] = m;
+            seq[k++] = s;
+            from = s + 1;
+        }
+    }
+    if (r < 0 && kb_deadline_left_ms(deadline) <= 0)
+        f->refill_off_until = kb_now_ns() + (int64_t)REFILL_OFF_MS * 1000000;
+    bool ok = r == 0 && k == lost;
+    if (ok)
+        kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s: deliveries %llu..%llu never arrived; "
+               "read again from the stream", t->url_safe, c->consumer,
+               (unsigned long long)c->dseq_hi + 1, (unsigned long long)meta->dseq - 1);
+    for (uint64_t i = 0; i < k; i++) {
+        if (!ok) {
+            natsMsg_Destroy(got[i]);
+            continue;
+        }
+        kb_nats_meta one = *meta;
+        one.delivered = 1;
+        one.sseq = seq[i];
+        one.dseq = c->dseq_hi + 1;
+        read_msg(f, c, got[i], &one, c->part->n, c->part->n, NULL);
+    }
+    free(got);
+    free(seq);
+    return ok && c->dseq_hi + 1 == meta->dseq;
+}
+
 /* Count the message against its pull and wait for room in the claim's ring;
  * false (message destroyed) for a redelivery of one still here, or when the
  * claim or the bus stopped. */
@@ -369,7 +438,7 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
     c->leaderless_since_ns = 0;
     if (c->pull_left > 0 && --c->pull_left == 0)
         c->pull_open = false;
-    if (meta->dseq > c->dseq_hi + 1 && !atomic_load(&c->fenced)) {
+    if (meta->dseq > c->dseq_hi + 1 && !atomic_load(&c->fenced) && !refill(f, c, meta)) {
         lost_in_transit(f, c, meta);
         natsMsg_Destroy(m);
         return false;
@@ -422,8 +491,6 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
     return e;
 }
 
-static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
-                     unsigned n, uint32_t part, const char *foreign);
 
 /* A message on a subject of the stream that is not a partition, delivered to
  * a wide claim, whose filter covers the whole stream. A dead letter

@@ -125,25 +125,11 @@ bool kb__nats_kv_answered(const kb_nats_kv_op *k)
     return k->s == NATS_OK || k->s == NATS_ERR;
 }
 
-/* The value of a JSON string field of a reply (JetStream's own, no escapes
- * in the fields read here), or NULL. */
-static const char *json_str(const char *d, const char *name, size_t *len)
-{
-    char pat[16];
-    snprintf(pat, sizeof pat, "\"%s\":\"", name);
-    const char *v = strstr(d, pat), *end = v != NULL ? strchr(v + strlen(pat), '"') : NULL;
-    if (end == NULL)
-        return NULL;
-    v += strlen(pat);
-    *len = (size_t)(end - v);
-    return v;
-}
-
 /* A stored message's headers, decoded into buf (empty when none). */
 static void stored_headers(const char *d, char *buf, size_t cap)
 {
     size_t n = 0;
-    const char *h = json_str(d, "hdrs", &n);
+    const char *h = kb__nats_json_str(d, "hdrs", &n);
     long got = h != NULL ? kb__nats_b64_decode(h, n, buf, cap - 1) : -1;
     buf[got > 0 ? got : 0] = '\0';
 }
@@ -174,7 +160,7 @@ static bool put_by(const kb_transport *t, const char *hdrs)
 static bool names_us(const kb_transport *t, const char *d)
 {
     size_t n = 0;
-    const char *v = json_str(d, "data", &n);
+    const char *v = kb__nats_json_str(d, "data", &n);
     char buf[sizeof t->id];
     long got = v != NULL ? kb__nats_b64_decode(v, n, buf, sizeof buf) : -1;
     return got >= 0 && (size_t)got == strlen(t->id) && memcmp(buf, t->id, (size_t)got) == 0;

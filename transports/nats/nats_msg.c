@@ -188,6 +188,18 @@ int kb__nats_parse_ack(const char *reply, kb_nats_meta *out)
     return out->sseq ? 0 : -1;
 }
 
+const char *kb__nats_json_str(const char *d, const char *name, size_t *len)
+{
+    char pat[16];
+    snprintf(pat, sizeof pat, "\"%s\":\"", name);
+    const char *v = strstr(d, pat), *end = v != NULL ? strchr(v + strlen(pat), '"') : NULL;
+    if (end == NULL)
+        return NULL;
+    v += strlen(pat);
+    *len = (size_t)(end - v);
+    return v;
+}
+
 /* A copy of a publish (subject, every header, body) we may send again. */
 natsMsg *kb__nats_msg_clone(natsMsg *m)
 {

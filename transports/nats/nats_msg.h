@@ -29,5 +29,9 @@ typedef struct kb_nats_meta {
 /* 0, or -1 when `reply` is not a $JS.ACK subject (a status reply). */
 int kb__nats_parse_ack(const char *reply, kb_nats_meta *out);
 natsMsg *kb__nats_msg_clone(natsMsg *m);
+/* The value of JSON string field `name` (at most 12 characters) in d, a
+ * JetStream API reply, or NULL: only for fields that hold no escapes
+ * (subjects, base64, names). Not NUL-terminated: *len says its length. */
+const char *kb__nats_json_str(const char *d, const char *name, size_t *len);
 
 #endif /* KB_TRANSPORTS_NATS_MSG_H */

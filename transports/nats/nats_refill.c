@@ -1,0 +1,93 @@
+/* Stored messages read again from the stream's leader (see nats_refill.h).
+ * The reply is JetStream's own JSON: the fields read here (subject, base64
+ * headers and body) hold no escapes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nats_msg.h"
+#include "nats_refill.h"
+
+/* Base64 field `name` of d decoded into a new NUL-terminated buffer (*len
+ * bytes); an absent field is empty. NULL when malformed or out of memory. */
+static char *field(const char *d, const char *name, long *len)
+{
+    size_t n = 0;
+    const char *v = kb__nats_json_str(d, name, &n);
+    char *buf = malloc(n / 4 * 3 + 1);
+    *len = v != NULL && buf != NULL ? kb__nats_b64_decode(v, n, buf, n / 4 * 3) : 0;
+    if (buf == NULL || *len < 0) {
+        free(buf);
+        return NULL;
+    }
+    buf[*len] = '\0';
+    return buf;
+}
+
+/* The stored header block ("NATS/1.0\r\nName: value\r\n...\r\n\r\n") onto m. */
+static natsStatus headers(natsMsg *m, char *block)
+{
+    char *line = strstr(block, "\r\n");
+    while (line != NULL) {
+        line += 2;
+        char *end = strstr(line, "\r\n"), *colon = strchr(line, ':');
+        if (end == NULL || end == line)
+            return NATS_OK;   /* the blank line that ends the block */
+        *end = '\0';
+        if (colon == NULL || colon > end)
+            return NATS_PROTOCOL_ERROR;
+        *colon = '\0';
+        const char *value = colon + 1 + strspn(colon + 1, " ");
+        natsStatus s = natsMsgHeader_Add(m, line, value);
+        if (s != NATS_OK)
+            return s;
+        line = end;
+    }
+    return NATS_OK;
+}
+
+static int stored(const char *d, const char *stream, const char *subject, const char *consumer,
+                  uint64_t dseq, natsMsg **out, uint64_t *seq)
+{
+    if (strstr(d, "\"error\"") != NULL)
+        return strstr(d, "10037") != NULL ? 0 : -1;   /* "no message found" */
+    size_t sl = 0;
+    const char *s = kb__nats_json_str(d, "subject", &sl), *q = strstr(d, "\"seq\":");
+    if (s == NULL || q == NULL || sl != strlen(subject) || memcmp(s, subject, sl) != 0)
+        return -1;
+    *seq = strtoull(q + 6, NULL, 10);
+    char reply[3 * KB_NATS_NAME];   /* $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending> */
+    snprintf(reply, sizeof reply, "$JS.ACK.%s.%s.1.%llu.%llu.0.0", stream, consumer,
+             (unsigned long long)*seq, (unsigned long long)dseq);
+    long bl = 0, hl = 0;
+    char *body = field(d, "data", &bl), *hdrs = field(d, "hdrs", &hl);
+    natsStatus st = body != NULL && hdrs != NULL && *seq != 0
+                        ? natsMsg_Create(out, subject, reply, body, (int)bl)
+                        : NATS_ERR;
+    if (st == NATS_OK && hl > 0 && headers(*out, hdrs) != NATS_OK) {
+        natsMsg_Destroy(*out);
+        st = NATS_ERR;
+    }
+    free(body);
+    free(hdrs);
+    return st == NATS_OK ? 1 : -1;
+}
+
+int kb__nats_stream_next(kb_transport *t, const char *stream, const char *subject, uint64_t from,
+                         const char *consumer, uint64_t dseq, int wait_ms, natsMsg **out,
+                         uint64_t *seq)
+{
+    char api[2 * KB_NATS_NAME], body[KB_NATS_NAME + 64];
+    snprintf(api, sizeof api, "$JS.API.STREAM.MSG.GET.%s", stream);
+    snprintf(body, sizeof body, "{\"seq\":%llu,\"next_by_subj\":\"%s\"}", (unsigned long long)from,
+             subject);
+    natsMsg *r = NULL;
+    *out = NULL;
+    if (natsConnection_RequestString(&r, t->nc, api, body, wait_ms) != NATS_OK)
+        return -1;
+    const char *d = natsMsg_GetData(r);
+    int rc = natsMsg_GetDataLength(r) > 0 && d != NULL ? stored(d, stream, subject, consumer, dseq, out, seq)
+                                                       : -1;   /* a status: no stream leader */
+    natsMsg_Destroy(r);
+    return rc;
+}
