@@ -360,11 +360,13 @@ static bool claim_renudge(kb_transport *t, kb_nats_claim *c)
     jsOptions o;
     jsOptions_Init(&o);
     o.Wait = kb__nats_round_wait_ms(t);   /* a consumer whose leader is being elected: next round */
+    /* what the claim had before it asked: deliveries keep coming while the
+     * answer travels, and a healthy consumer's answer is at least this */
+    uint64_t acked = atomic_load(&c->acked_to), had = atomic_load(&c->delivered_hi);
     if (js_GetConsumerInfo(&ci, t->js, c->part->topic->stream, c->consumer, &o, NULL) !=
         NATS_OK)
         return false;
     uint64_t below = kb__nats_pending_below_floor(ci);
-    uint64_t acked = atomic_load(&c->acked_to), had = atomic_load(&c->delivered_hi);
     bool ok = true;
     if (below > 0) {
         kb_log(t->bus, KB_LOG_WARNING,
