@@ -77,6 +77,18 @@ static void count_entries(redisContext *c, const char *topic, long long *frames,
     }
 }
 
+/* Events of `keys` keys, `per_key` each, published with a long linger so
+ * that they travel in frames (but each partition's first goes alone). */
+static void publish_lingered(const char *topic, uint32_t keys, uint32_t per_key)
+{
+    const char *const lg[] = {"redis.publish_linger_us", "1000000", NULL};
+    kb_bus *p = kb_test_open(server.url, fast, lg);
+    for (uint32_t seq = 1; seq <= per_key; seq++)
+        for (uint32_t k = 0; k < keys; k++)
+            kb_assert_ok(kb_tracker_publish(p, topic, k, seq, 8));
+    kb_assert_ok(kb_close(p, 5000));
+}
+
 /* ---- many producers, two buses, a hand-over ---- */
 
 #define PRODUCERS 4
@@ -451,12 +463,7 @@ static void crash_replay_is_bounded_per_key(void **state)
     unique_topic(topic, sizeof topic, "crash");
     child_runs = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     assert_true(child_runs != MAP_FAILED);
-    const char *const lg[] = {"redis.publish_linger_us", "1000000", NULL};
-    kb_bus *p = kb_test_open(server.url, fast, lg);
-    for (uint32_t seq = 1; seq <= CRASH_PER_KEY; seq++)
-        for (uint32_t k = 0; k < CRASH_KEYS; k++)
-            kb_assert_ok(kb_tracker_publish(p, topic, k, seq, 8));
-    kb_assert_ok(kb_close(p, 5000));
+    publish_lingered(topic, CRASH_KEYS, CRASH_PER_KEY);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -542,12 +549,7 @@ static void sweep_reads_no_runs_without_records(void **state)
     (void)state;
     char topic[96];
     unique_topic(topic, sizeof topic, "sweep");
-    const char *const lg[] = {"redis.publish_linger_us", "1000000", NULL};
-    kb_bus *p = kb_test_open(server.url, fast, lg);
-    for (uint32_t seq = 1; seq <= SWEEP_PER_KEY; seq++)
-        for (uint32_t k = 0; k < SWEEP_KEYS; k++)
-            kb_assert_ok(kb_tracker_publish(p, topic, k, seq, 8));
-    kb_assert_ok(kb_close(p, 5000));
+    publish_lingered(topic, SWEEP_KEYS, SWEEP_PER_KEY);
     /* a consumer read every entry and died before a handler ran: all of
      * them pending, no run record anywhere */
     redisContext *c = raw();
@@ -584,11 +586,7 @@ static void deleted_frame_leaves_no_progress(void **state)
     (void)state;
     char topic[96];
     unique_topic(topic, sizeof topic, "gone");
-    const char *const lg[] = {"redis.publish_linger_us", "1000000", NULL};
-    kb_bus *p = kb_test_open(server.url, fast, lg);
-    for (uint32_t seq = 1; seq <= 10; seq++)
-        kb_assert_ok(kb_tracker_publish(p, topic, 0, seq, 8));
-    kb_assert_ok(kb_close(p, 5000));
+    publish_lingered(topic, 1, 10);
     redisContext *c = raw();
     read_by_ghost(c, topic);
     /* the dead consumer settled the frame's first event (its progress

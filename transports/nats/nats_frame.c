@@ -12,17 +12,6 @@
 
 #include "nats_frame.h"
 
-bool kb__nats_frame_next(kb_nats_frame *f, kb_nats_event *ev)
-{
-    const char *next =
-        f->left > 0 ? kb_frame_event_read(f->p, f->end, f->version == 2, ev) : NULL;
-    if (next == NULL || ev->key_len == 0)   /* an event of a frame has a key */
-        return false;
-    f->p = next;
-    f->left--;
-    return true;
-}
-
 int kb__nats_frame_open(natsMsg *m, const char *count, kb_nats_frame *f, const char **why)
 {
     char *end = NULL;

@@ -15,7 +15,18 @@ typedef struct kb_nats_frame {
 /* Check a frame whose Kb-Batch header is `count` (and its Kb-Frame version);
  * -1 with *why when malformed. */
 int kb__nats_frame_open(natsMsg *m, const char *count, kb_nats_frame *f, const char **why);
-bool kb__nats_frame_next(kb_nats_frame *f, kb_nats_event *ev);
+/* The next event of a checked frame; false at its end. Inline: it runs per
+ * event on the feeder's path. */
+static inline bool kb__nats_frame_next(kb_nats_frame *f, kb_nats_event *ev)
+{
+    const char *next =
+        f->left > 0 ? kb_frame_event_read(f->p, f->end, f->version == 2, ev) : NULL;
+    if (next == NULL || ev->key_len == 0)   /* an event of a frame has a key */
+        return false;
+    f->p = next;
+    f->left--;
+    return true;
+}
 /* Events in a message: its Kb-Batch count, or 1. */
 uint32_t kb__nats_events_in(natsMsg *m);
 

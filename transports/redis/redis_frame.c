@@ -12,16 +12,6 @@
 
 #include "redis_int.h"
 
-bool kb__redis_frame_next(kb_redis_frame *f, kb_redis_fevent *ev)
-{
-    const char *next = f->left > 0 ? kb_frame_event_read(f->p, f->end, true, ev) : NULL;
-    if (next == NULL)
-        return false;
-    f->p = next;
-    f->left--;
-    return true;
-}
-
 bool kb__redis_is_frame(const redisReply *fields)
 {
     return kb__redis_field(fields, "k") == NULL && kb__redis_field(fields, "f") != NULL;

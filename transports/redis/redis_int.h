@@ -461,8 +461,17 @@ typedef struct kb_redis_frame {
     const char *p, *end;
     uint32_t left;                 /* events not yet read */
 } kb_redis_frame;
-/* The next event of a checked frame (or of one being filled); false at its end. */
-bool kb__redis_frame_next(kb_redis_frame *f, kb_redis_fevent *ev);
+/* The next event of a checked frame (or of one being filled); false at its
+ * end. Inline: it runs per event on the reader's path. */
+static inline bool kb__redis_frame_next(kb_redis_frame *f, kb_redis_fevent *ev)
+{
+    const char *next = f->left > 0 ? kb_frame_event_read(f->p, f->end, true, ev) : NULL;
+    if (next == NULL)
+        return false;
+    f->p = next;
+    f->left--;
+    return true;
+}
 /* Entry fields ([name, value, ...]) of a frame: no "k", an "f". */
 bool kb__redis_is_frame(const redisReply *fields);
 /* Check a frame's fields: 0 with *f ready, or -1 with why. */
