@@ -3,7 +3,9 @@
  * many producers and two buses sharing a topic through a hand-over; frames
  * and plain entries on one stream; a dead letter inside a frame; malformed
  * frames another client wrote dead-lettered whole; the replay
- * after a consumer killed mid-frame bounded per key; publish_batch = 1
+ * after a consumer killed mid-frame bounded per key; a recovery sweep
+ * reading no run records when there are none, and deleting the progress
+ * record of a frame deleted while pending; publish_batch = 1
  * writing plain entries; Node decoding keybus-written frames
  * (tests/interop/redis_frames.mjs, docs/formats.md). */
 #include <setjmp.h>
@@ -73,6 +75,18 @@ static void count_entries(redisContext *c, const char *topic, long long *frames,
         }
         freeReplyObject(r);
     }
+}
+
+/* Events of `keys` keys, `per_key` each, published with a long linger so
+ * that they travel in frames (but each partition's first goes alone). */
+static void publish_lingered(const char *topic, uint32_t keys, uint32_t per_key)
+{
+    const char *const lg[] = {"redis.publish_linger_us", "1000000", NULL};
+    kb_bus *p = kb_test_open(server.url, fast, lg);
+    for (uint32_t seq = 1; seq <= per_key; seq++)
+        for (uint32_t k = 0; k < keys; k++)
+            kb_assert_ok(kb_tracker_publish(p, topic, k, seq, 8));
+    kb_assert_ok(kb_close(p, 5000));
 }
 
 /* ---- many producers, two buses, a hand-over ---- */
@@ -449,12 +463,7 @@ static void crash_replay_is_bounded_per_key(void **state)
     unique_topic(topic, sizeof topic, "crash");
     child_runs = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     assert_true(child_runs != MAP_FAILED);
-    const char *const lg[] = {"redis.publish_linger_us", "1000000", NULL};
-    kb_bus *p = kb_test_open(server.url, fast, lg);
-    for (uint32_t seq = 1; seq <= CRASH_PER_KEY; seq++)
-        for (uint32_t k = 0; k < CRASH_KEYS; k++)
-            kb_assert_ok(kb_tracker_publish(p, topic, k, seq, 8));
-    kb_assert_ok(kb_close(p, 5000));
+    publish_lingered(topic, CRASH_KEYS, CRASH_PER_KEY);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -503,6 +512,124 @@ static void crash_replay_is_bounded_per_key(void **state)
      * keeper pass); 2 executors at 2 ms an event make a handful */
     assert_true(worst <= 16);
     munmap((void *)child_runs, 4096);
+}
+
+/* ---- the recovery sweep reads no run records when there are none ---- */
+
+#define SWEEP_KEYS 8
+#define SWEEP_PER_KEY 100
+
+/* HGET calls the server counted, commands of scripts included. */
+static long long hget_calls(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "INFO commandstats");
+    assert_true(r != NULL && r->type == REDIS_REPLY_STRING);
+    const char *s = strstr(r->str, "cmdstat_hget:calls=");
+    long long n = s != NULL ? atoll(s + strlen("cmdstat_hget:calls=")) : 0;
+    freeReplyObject(r);
+    return n;
+}
+
+/* A consumer of the default group reads every entry of the topic and dies:
+ * all of them are pending, none acked. */
+static void read_by_ghost(redisContext *c, const char *topic)
+{
+    for (uint32_t part = 0; part < 8; part++) {
+        freeReplyObject(redisCommand(c, "XGROUP CREATE kb:{%s}:p:%u keybus 0 MKSTREAM", topic,
+                                     part));
+        redisReply *r = redisCommand(c, "XREADGROUP GROUP keybus ghost COUNT 100000 STREAMS "
+                                     "kb:{%s}:p:%u >", topic, part);
+        assert_true(r != NULL && r->type != REDIS_REPLY_ERROR);
+        freeReplyObject(r);
+    }
+}
+
+static void sweep_reads_no_runs_without_records(void **state)
+{
+    (void)state;
+    char topic[96];
+    unique_topic(topic, sizeof topic, "sweep");
+    publish_lingered(topic, SWEEP_KEYS, SWEEP_PER_KEY);
+    /* a consumer read every entry and died before a handler ran: all of
+     * them pending, no run record anywhere */
+    redisContext *c = raw();
+    read_by_ghost(c, topic);
+    long long frames, plain;
+    count_entries(c, topic, &frames, &plain);
+    long long before = hget_calls(c);
+    kb_tracker t;
+    kb_tracker_init(&t, SWEEP_KEYS);
+    const char *const kv[] = {"consumer", "sweep-heir", NULL};
+    kb_bus *b = kb_test_open(server.url, fast, kv);
+    kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &t));
+    wait_distinct(&t, SWEEP_KEYS * SWEEP_PER_KEY, 15);
+    kb_assert_ok(kb_drain(b, 10000));
+    kb_assert_ok(kb_close(b, 10000));
+    long long hgets = hget_calls(c) - before;
+    redisFree(c);
+    fprintf(stderr, "%d events in %lld frames and %lld plain entries swept: %lld HGETs\n",
+            SWEEP_KEYS * SWEEP_PER_KEY, frames, plain, hgets);
+    assert_int_equal(kb_tracker_distinct(&t), SWEEP_KEYS * SWEEP_PER_KEY);
+    assert_int_equal(t.order_violations, 0);
+    assert_true(frames > 0);
+    /* each redelivered event's run is recorded (one HGET, redis_runs.c) and
+     * the sweep reads each frame's progress record; reading every event's
+     * absent run record too would double the count */
+    assert_true(hgets < SWEEP_KEYS * SWEEP_PER_KEY * 3 / 2);
+    kb_tracker_destroy(&t);
+}
+
+/* ---- a frame deleted while pending leaves no progress record ---- */
+
+static void deleted_frame_leaves_no_progress(void **state)
+{
+    (void)state;
+    char topic[96];
+    unique_topic(topic, sizeof topic, "gone");
+    publish_lingered(topic, 1, 10);
+    redisContext *c = raw();
+    read_by_ghost(c, topic);
+    /* the dead consumer settled the frame's first event (its progress
+     * record), then the frame was deleted (XDEL, or a trim) while pending */
+    uint32_t part = 0;
+    char id[64] = "";
+    for (; part < 8 && id[0] == '\0'; part++) {
+        redisReply *r = redisCommand(c, "XRANGE kb:{%s}:p:%u - +", topic, part);
+        assert_non_null(r);
+        for (size_t i = 0; i < r->elements; i++) {   /* the first event went alone: plain */
+            const redisReply *f = r->element[i]->element[1];
+            if (strcmp(f->element[0]->str, "f") == 0)
+                snprintf(id, sizeof id, "%s", r->element[i]->element[0]->str);
+        }
+        freeReplyObject(r);
+    }
+    assert_true(id[0] != '\0');
+    part--;
+    redisReply *r = redisCommand(c, "HSET kb:{%s}:done:keybus:%u %s \x01", topic, part, id);
+    assert_true(r != NULL && r->type == REDIS_REPLY_INTEGER);
+    freeReplyObject(r);
+    r = redisCommand(c, "XDEL kb:{%s}:p:%u %s", topic, part, id);
+    assert_true(r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer == 1);
+    freeReplyObject(r);
+    kb_tracker t;
+    kb_tracker_init(&t, 1);
+    const char *const kv[] = {"consumer", "gone-heir", NULL};
+    kb_bus *b = kb_test_open(server.url, fast, kv);
+    kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &t));
+    kb_topic_stats st = {0};
+    for (int i = 0; i < 1500 && st.broker_trimmed == 0; i++) {
+        usleep(10000);
+        kb_assert_ok(kb_stats(b, topic, &st));
+    }
+    assert_int_equal(st.broker_trimmed, 1);   /* the sweep found it deleted */
+    kb_assert_ok(kb_close(b, 10000));
+    r = redisCommand(c, "HEXISTS kb:{%s}:done:keybus:%u %s", topic, part, id);
+    assert_true(r != NULL && r->type == REDIS_REPLY_INTEGER);
+    assert_int_equal(r->integer, 0);
+    freeReplyObject(r);
+    redisFree(c);
+    assert_true(t.handled <= 1);   /* the frame's events went with it */
+    kb_tracker_destroy(&t);
 }
 
 /* ---- redis.publish_batch = 1: plain entries ---- */
@@ -566,6 +693,8 @@ int main(void)
         cmocka_unit_test(dead_letter_inside_a_frame),
         cmocka_unit_test(malformed_frames_are_dead_lettered),
         cmocka_unit_test(crash_replay_is_bounded_per_key),
+        cmocka_unit_test(sweep_reads_no_runs_without_records),
+        cmocka_unit_test(deleted_frame_leaves_no_progress),
         cmocka_unit_test(publish_batch_one_writes_plain_entries),
         cmocka_unit_test(node_decodes_frames),
     };

@@ -545,6 +545,36 @@ KB_EXPORT size_t kb_headers_packed_size(const kb_header *h, size_t n);
 KB_EXPORT void   kb_headers_pack(char *dst, const kb_header *h, size_t n);
 KB_EXPORT void   kb_headers_unpack(const char *src, size_t n, kb_header *out);
 
+/* The events of a frame: several events of one partition in one broker
+ * message, back to back in publish order, as redis:// and nats:// write them
+ * (docs/formats.md). Per event, integers little endian:
+ *     u32 key length | key | u32 payload length | payload
+ * and in the layout with headers then
+ *     u16 header count | per header: u8 name length | name | u32 value length | value
+ * What surrounds the events (their count, which layout) is the transport's.
+ * Pure functions on bytes: any thread. */
+typedef struct kb_frame_event {
+    const char *key, *payload;     /* point into the frame */
+    size_t key_len, payload_len;
+    const char *hdrs;              /* its header block; NULL in the layout without */
+    uint32_t nh;                   /* headers in the block */
+} kb_frame_event;
+/* Bytes of m's event (with_headers: and its header block, of headers that
+ * passed kb_headers_check), and m's event written at dst (that many bytes,
+ * the caller's). */
+KB_EXPORT size_t kb_frame_event_size(const kb_msg *m, bool with_headers);
+KB_EXPORT void   kb_frame_event_put(char *dst, const kb_msg *m, bool with_headers);
+/* Read the event at p, none of it past end: the byte after it with *ev
+ * pointing into [p, end), or NULL when its lengths run past end. */
+KB_EXPORT const char *kb_frame_event_read(const char *p, const char *end, bool with_headers,
+                                          kb_frame_event *ev);
+/* The headers of an event read with its block: names copied, NUL-terminated,
+ * into `names` (KB_MAX_HEADER_NAME + 1 bytes each, the caller's), values
+ * pointing into the frame; their count, or -1 when over `max` or a name is
+ * empty or over KB_MAX_HEADER_NAME bytes. */
+KB_EXPORT int kb_frame_headers(const kb_frame_event *ev, kb_header *out, size_t max,
+                               char *names);
+
 #ifdef __cplusplus
 }
 #endif

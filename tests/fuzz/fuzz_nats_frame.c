@@ -6,7 +6,7 @@
  * $JS.ACK reply subject (kb__nats_parse_ack). The message is made by
  * natsMsg_create, the constructor nats.c's parser calls for an HMSG, from a
  * raw header block, so nats.c lifts the headers exactly as it does for a
- * delivery. What reads back is written again (kb__nats_entry_put,
+ * delivery. What reads back is written again (kb_frame_event_put,
  * kb__nats_set_key, kb__nats_hdr_set) and must read back the same. The
  * message is also read as a dead letter (kb__nats_dead_letter_of).
  * Input: u16 header block length, u8 reply length, the reply subject, the
@@ -80,11 +80,11 @@ static void frame(natsMsg *m, const char *count, kb_nats_hdrs *h)
         if (kb__nats_hdr_frame(&t, &ev, h, &why) != 0)
             continue;   /* dead-lettered, the next event goes on */
         kb_msg msg = {ev.key, ev.key_len, ev.payload, ev.payload_len, 0, h->h, h->n};
-        size_t n = kb__nats_entry_size(&msg, f.version == 2);
+        size_t n = kb_frame_event_size(&msg, f.version == 2);
         char *again = malloc(n);
         if (again == NULL)
             abort();
-        kb__nats_entry_put(again, &msg, f.version == 2);
+        kb_frame_event_put(again, &msg, f.version == 2);
         if (n != (size_t)(f.p - at) || memcmp(again, at, n) != 0)
             abort();
         free(again);

@@ -91,14 +91,14 @@ static int send_locked(kb_transport *t, kb_nats_topic *tp, uint32_t n, kb_nats_b
 
 static int append(kb_nats_batch *b, const kb_msg *m)
 {
-    size_t need = kb__nats_entry_size(m, b->v2);
+    size_t need = kb_frame_event_size(m, b->v2);
     void *buf = b->buf;
     if (kb_vec_reserve(&buf, &b->cap, b->len + need, 1) != KB_OK) {
         kb_errf(NULL, 0, "nats: out of memory buffering a publish");
         return KB_ENOMEM;
     }
     b->buf = buf;
-    kb__nats_entry_put(b->buf + b->len, m, b->v2);
+    kb_frame_event_put(b->buf + b->len, m, b->v2);
     b->len += need;
     b->count++;
     return KB_OK;
@@ -117,7 +117,7 @@ int kb__nats_batch_add(kb_transport *t, kb_nats_topic *tp, const kb_msg *m)
     size_t budget = atomic_load_explicit(&t->batch_bytes, memory_order_relaxed);
     /* A version 1 frame cannot take headers: send it, the next one is v2. */
     bool upgrade = m->n_headers > 0 && !b->v2;
-    size_t need = kb__nats_entry_size(m, b->v2 || upgrade);
+    size_t need = kb_frame_event_size(m, b->v2 || upgrade);
     /* full while its partition's last publish is unconfirmed: wait */
     int64_t deadline = 0;
     while (full(t, b, need, budget, upgrade) && held(t, b)) {
@@ -133,7 +133,7 @@ int kb__nats_batch_add(kb_transport *t, kb_nats_topic *tp, const kb_msg *m)
         kb_signal_wait(t->resent, confirmed, b, deadline);
         pthread_mutex_lock(&b->mu);
         upgrade = m->n_headers > 0 && !b->v2;   /* the acker may have sent it meanwhile */
-        need = kb__nats_entry_size(m, b->v2 || upgrade);
+        need = kb_frame_event_size(m, b->v2 || upgrade);
         now = kb_now_ns();
     }
     if (full(t, b, need, budget, upgrade))

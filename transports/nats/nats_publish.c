@@ -29,7 +29,7 @@ static int check_fits(kb_transport *t, const kb_msg *m)
     size_t plain = KB_NATS_HDR_BASE + key_hdr + user_hdr;
     bool v2 = m->n_headers > 0;
     size_t framed = KB_NATS_HDR_BASE + KB_NATS_FRAME_HDR + (v2 ? KB_NATS_FRAME_V2_HDR : 0) +
-                    kb__nats_entry_size(m, v2) - m->payload_len;
+                    kb_frame_event_size(m, v2) - m->payload_len;
     size_t room = plain > framed ? plain : framed;
     size_t maxp = atomic_load_explicit(&t->max_payload, memory_order_relaxed);
     if (room > maxp || m->payload_len > maxp - room) {

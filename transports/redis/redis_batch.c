@@ -66,7 +66,7 @@ static bool emit(kb_transport *t, kb_redis_part *p, int64_t now)
         kb_header h[KB_MAX_HEADERS];
         char names[KB_MAX_HEADERS * (KB_MAX_HEADER_NAME + 1)];
         kb__redis_frame_next(&fr, &ev);
-        int nh = kb__redis_frame_headers(&ev, h, KB_MAX_HEADERS, names);
+        int nh = kb_frame_headers(&ev, h, KB_MAX_HEADERS, names);
         kb_msg m = {ev.key, ev.key_len, ev.payload, ev.payload_len, 0, h, nh > 0 ? (size_t)nh : 0};
         n = kb__redis_xadd_args(t, p, &m, &a);
         big = ev.key_len > ev.payload_len ? ev.key_len : ev.payload_len;
@@ -94,7 +94,7 @@ static bool emit(kb_transport *t, kb_redis_part *p, int64_t now)
 int kb__redis_batch_add(kb_transport *t, kb_redis_part *p, const kb_msg *m, bool *opened)
 {
     kb_redis_pframe *f = &p->frame;
-    size_t need = kb__redis_frame_event_size(m);
+    size_t need = kb_frame_event_size(m, true);
     *opened = false;
     /* the clock only when a frame opens or goes: an open frame is never
      * quiet (it would be due) */
@@ -102,7 +102,7 @@ int kb__redis_batch_add(kb_transport *t, kb_redis_part *p, const kb_msg *m, bool
         return KB_ENOMEM;
     if (kb_vec_reserve((void **)&f->buf, &f->cap, f->len + need, 1) != KB_OK)
         return KB_ENOMEM;
-    kb__redis_frame_event_put(f->buf + f->len, m);
+    kb_frame_event_put(f->buf + f->len, m, true);
     f->len += need;
     t->frames_bytes += need;
     int64_t now = f->count == 0 || f->count + 1 >= (uint32_t)t->publish_batch ? kb_now_ns() : 0;

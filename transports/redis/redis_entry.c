@@ -124,7 +124,7 @@ int kb__redis_event_read(const kb_redis_fevent *ev, uint32_t part, uint32_t npar
     out->n_headers = 0;
     out->attempt = attempt;
     out->why[0] = '\0';
-    int nh = kb__redis_frame_headers(ev, out->headers, lim->headers, out->names);
+    int nh = kb_frame_headers(ev, out->headers, lim->headers, out->names);
     if (ev->key_len == 0 || ev->key_len > lim->key || ev->payload_len > lim->payload) {
         snprintf(out->why, sizeof out->why, "%s", ev->key_len == 0 ? "malformed: an empty key"
                  : ev->key_len > lim->key ? "limits.max_key_bytes: the key is over the limit"

@@ -440,7 +440,6 @@ enum { KB_REDIS_ENTRY_NONE, KB_REDIS_ENTRY_EVENT, KB_REDIS_ENTRY_DEAD };
  * above max_attempts the entry is a dead letter: it ran that often. */
 int kb__redis_entry_read(const redisReply *e, uint32_t part, uint32_t nparts, uint32_t attempt,
                          uint32_t max_attempts, const kb_redis_limits *lim, kb_redis_entry *out);
-struct kb_redis_fevent;
 /* A frame's event checked as entries are: KB_REDIS_ENTRY_EVENT with its
  * headers (pointing into ev and out->names), or _DEAD with why. */
 typedef struct kb_redis_event {
@@ -450,30 +449,29 @@ typedef struct kb_redis_event {
     uint32_t attempt;
     char why[300];
 } kb_redis_event;
-int kb__redis_event_read(const struct kb_redis_fevent *ev, uint32_t part, uint32_t nparts,
+int kb__redis_event_read(const kb_frame_event *ev, uint32_t part, uint32_t nparts,
                          uint32_t attempt, uint32_t max_attempts, const kb_redis_limits *lim,
                          kb_redis_event *out);
 
 /* ---- redis_frame.c: the frame layout (pure) ---- */
-typedef struct kb_redis_fevent {
-    const char *key, *payload;
-    size_t key_len, payload_len;
-    const char *hdrs;              /* its header block */
-    uint32_t nh;                   /* headers in it */
-} kb_redis_fevent;
+/* A frame's events always carry their header block (kb_frame_event_size and
+ * _put with with_headers; kb_frame_headers reads the block). */
+typedef kb_frame_event kb_redis_fevent;
 typedef struct kb_redis_frame {
     const char *p, *end;
     uint32_t left;                 /* events not yet read */
 } kb_redis_frame;
-/* Bytes of m in a frame's body, and m written there. */
-size_t kb__redis_frame_event_size(const kb_msg *m);
-void kb__redis_frame_event_put(char *p, const kb_msg *m);
-/* The next event of a checked frame (or of one being filled); false at its end. */
-bool kb__redis_frame_next(kb_redis_frame *f, kb_redis_fevent *ev);
-/* An event's headers as kb_header (names copied, NUL-terminated, into
- * `names`, KB_MAX_HEADER_NAME + 1 bytes each): their count, or -1 when more
- * than max or a name's length is out of the rules. */
-int kb__redis_frame_headers(const kb_redis_fevent *ev, kb_header *out, size_t max, char *names);
+/* The next event of a checked frame (or of one being filled); false at its
+ * end. Inline: it runs per event on the reader's path. */
+static inline bool kb__redis_frame_next(kb_redis_frame *f, kb_redis_fevent *ev)
+{
+    const char *next = f->left > 0 ? kb_frame_event_read(f->p, f->end, true, ev) : NULL;
+    if (next == NULL)
+        return false;
+    f->p = next;
+    f->left--;
+    return true;
+}
 /* Entry fields ([name, value, ...]) of a frame: no "k", an "f". */
 bool kb__redis_is_frame(const redisReply *fields);
 /* Check a frame's fields: 0 with *f ready, or -1 with why. */

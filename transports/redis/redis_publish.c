@@ -68,7 +68,7 @@ int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
         n = kb__redis_xadd_args(t, p, m, &a);
         need = kb__redis_backlog_cmd_bytes(n, a.lens);
     } else {
-        need = kb__redis_frame_event_size(m);
+        need = kb_frame_event_size(m, true);
     }
     size_t big = m->key_len > m->payload_len ? m->key_len : m->payload_len;
 

@@ -10,13 +10,20 @@
 /* Reads are fenced on the server: a process that lost its lease (paused, say)
  * must not move entries into its PEL after the new owner swept it, or those
  * entries would sit there, skipped, while later ones of their keys are handled. */
-/* A frame's events' runs are recorded under "<ID>.<index>": its element of
+/* An entry deleted while pending (c[3]: XAUTOCLAIM drops it from the PEL)
+ * is never acked, so its progress record would outlive it: deleted here.
+ * A frame's events' runs are recorded under "<ID>.<index>": its element of
  * `runs` is then an array, one per event, and its progress record last
  * (redis_progress.c; nil when none). HGET, as every command docs/security.md
- * grants (no HMGET). */
+ * grants (no HMGET); none when the partition has no run records at all (the
+ * usual case after a crash: records are only written for redelivered or
+ * retried events), where a frame would cost one HGET per event for nothing. */
 static const char SWEEP_LUA[] =
     "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
     "local c = redis.call('xautoclaim',KEYS[2],ARGV[2],ARGV[3],0,ARGV[4],'COUNT',ARGV[5]) "
+    "if type(c[3]) == 'table' then for _, id in ipairs(c[3]) do "
+    "redis.call('hdel',KEYS[4],id) end end "
+    "local has = redis.call('exists',KEYS[3]) == 1 "
     "local runs = {} "
     "for i, e in ipairs(c[2]) do "
     "local r = 0 "
@@ -27,9 +34,9 @@ static const char SWEEP_LUA[] =
     "elseif x == 'n' then n = tonumber(e[2][j+1]) end end "
     "if n and f and not k and n >= 1 and n <= 4096 then "
     "r = {} for j = 0, n - 1 do "
-    "r[j+1] = tonumber(redis.call('hget',KEYS[3],e[1] .. '.' .. j) or '0') or 0 end "
+    "r[j+1] = has and tonumber(redis.call('hget',KEYS[3],e[1] .. '.' .. j) or '0') or 0 end "
     "r[n+1] = redis.call('hget',KEYS[4],e[1]) "
-    "else r = tonumber(redis.call('hget',KEYS[3],e[1]) or '0') end end "
+    "elseif has then r = tonumber(redis.call('hget',KEYS[3],e[1]) or '0') end end "
     "runs[i] = r end "
     "return {runs, c}";
 
