@@ -656,7 +656,11 @@ void kb__redis_lease_release_all(kb_transport *t, kb_transport_topic *tt);
 /* At close, after the keeper's last round: free the topic's lease manager. */
 void kb__redis_lease_free(kb_transport_topic *tt);
 /* May the consumer hand an entry of this partition to the pool now? */
-bool kb__redis_part_live(const kb_redis_part *p);
+bool kb__redis_part_live(kb_redis_part *p);
+/* Is the lease of this partition (owned or draining) still valid here? A
+ * deadline found passed is marked lapsed, so its renewal reports a loss and
+ * the partition is swept before it is read again. */
+bool kb__redis_lease_valid(kb_redis_part *p);
 
 /* ---- redis_members.c ---- */
 /* Keeper job: heartbeat in the topic's member set and read the live members

@@ -37,9 +37,41 @@ struct kb_redis_leases {
     const char *names[];                 /* each partition's stream, for the traces */
 };
 
-bool kb__redis_part_live(const kb_redis_part *p)
+/* A deadline seen passed by anyone of this process: the lease lapsed here. */
+#define LAPSED INT64_MIN
+
+bool kb__redis_lease_valid(kb_redis_part *p)
 {
-    return atomic_load(&p->state) == KB_PART_OWNED && kb_now_ns() < atomic_load(&p->deadline_ns);
+    if (atomic_load(&p->state) == KB_PART_FREE)
+        return false;
+    /* the clock before the deadline: a renewal stored after this look is
+     * seen by the exchange below, which then keeps the lease */
+    int64_t now = kb_now_ns();
+    int64_t d = atomic_load(&p->deadline_ns);
+    while (now >= d) {
+        /* whatever is refused now stays in our pending list: mark the lapse,
+         * so the renewal that would extend it reports a loss instead and
+         * the partition is swept before it is read again */
+        if (d == LAPSED || atomic_compare_exchange_weak(&p->deadline_ns, &d, LAPSED))
+            return false;
+    }
+    return true;
+}
+
+bool kb__redis_part_live(kb_redis_part *p)
+{
+    return atomic_load(&p->state) == KB_PART_OWNED && kb__redis_lease_valid(p);
+}
+
+/* A renewal answered 1: extend the local deadline unless someone here saw it
+ * pass meanwhile (then it is lost: a gap in reading must end in a sweep). */
+static int extend(kb_redis_part *p, int64_t deadline)
+{
+    int64_t d = atomic_load(&p->deadline_ns);
+    while (d != LAPSED)
+        if (atomic_compare_exchange_weak(&p->deadline_ns, &d, deadline))
+            return 1;
+    return 0;
 }
 
 static int64_t lease_margin_ns(const kb_transport *t)
@@ -85,10 +117,12 @@ static void round_cb(void *opaque, kb_kit_lease_op *ops, size_t n)
             kb__redis_conn_fail(&t->kc, c->errstr);
             return;
         }
-        if (x->type == REDIS_REPLY_INTEGER && x->integer == 1) {
-            ops[i].result = 1;
-            atomic_store(&p->deadline_ns,
-                         sent + (int64_t)t->lease_ttl_ms * 1000000 - lease_margin_ns(t));
+        int64_t deadline = sent + (int64_t)t->lease_ttl_ms * 1000000 - lease_margin_ns(t);
+        if (x->type == REDIS_REPLY_INTEGER && x->integer == 1 && ops[i].take) {
+            ops[i].result = 1;   /* free here: nobody reads it until gained */
+            atomic_store(&p->deadline_ns, deadline);
+        } else if (x->type == REDIS_REPLY_INTEGER && x->integer == 1) {
+            ops[i].result = extend(p, deadline);
         } else if (x->type == REDIS_REPLY_ERROR) {
             kb_log(t->bus, KB_LOG_WARNING, "redis: %s: lease of %s: %s", t->consumer, p->stream,
                    x->str);
@@ -99,16 +133,17 @@ static void round_cb(void *opaque, kb_kit_lease_op *ops, size_t n)
     }
 }
 
-/* Taken, or renewed after a lapse: the consumer re-sweeps before reading on. */
+/* A new generation (taken, or taken again after a lapse or a hand-back
+ * that the share undid): the epoch first, so the reader sweeps the
+ * partition's pending entries before it reads anything newer. The only way
+ * a partition becomes OWNED. */
 static void gained_cb(void *opaque, uint32_t i)
 {
     struct kb_redis_leases *ls = opaque;
     kb_redis_part *p = &ls->tt->parts[i];
     atomic_fetch_add(&p->epoch, 1);
-    if (atomic_load(&p->state) == KB_PART_FREE) {
-        atomic_store(&p->state, KB_PART_OWNED);
-        kb_log(ls->tt->t->bus, KB_LOG_INFO, "redis: %s took %s", ls->tt->t->consumer, p->stream);
-    }
+    atomic_store(&p->state, KB_PART_OWNED);
+    kb_log(ls->tt->t->bus, KB_LOG_INFO, "redis: %s took %s", ls->tt->t->consumer, p->stream);
     ls->taken = true;
 }
 
@@ -156,7 +191,7 @@ static struct kb_redis_leases *leases_of(kb_transport *t, kb_transport_topic *tt
     for (uint32_t i = 0; i < tt->nparts; i++)
         ls->names[i] = tt->parts[i].stream;
     kb_kit_members_conf c = {
-        .bus = t->bus, .me = t->consumer, .partitions = tt->nparts, .names = ls->names,
+        .size = sizeof c, .bus = t->bus, .me = t->consumer, .partitions = tt->nparts, .names = ls->names,
         .lease_ns = (int64_t)t->lease_ttl_ms * 1000000 - lease_margin_ns(t),
         .broker = {.opaque = ls, .round = round_cb, .give_back = give_back_cb,
                    .gained = gained_cb, .lost = lost_cb, .idle = idle_cb, .members = members_cb},
@@ -180,15 +215,13 @@ void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *
     ls->send_acks = send_acks;
     ls->taken = false;
     kb_kit_members_tick(ls->m, kb_now_ns());
-    /* held but no longer ours: the reader stops delivering it */
-    for (uint32_t i = 0; i < tt->nparts; i++) {
-        int st = atomic_load(&tt->parts[i].state);
-        bool reading = kb_kit_members_reading(ls->m, i);
-        if (st == KB_PART_OWNED && !reading)
+    /* held but no longer ours: the reader stops delivering it. Never back:
+     * what it refused meanwhile is in our pending list, so it is read again
+     * only after a hand-back and a new generation (gained_cb: a sweep). */
+    for (uint32_t i = 0; i < tt->nparts; i++)
+        if (atomic_load(&tt->parts[i].state) == KB_PART_OWNED &&
+            !kb_kit_members_reading(ls->m, i))
             atomic_store(&tt->parts[i].state, KB_PART_DRAINING);
-        else if (st == KB_PART_DRAINING && reading)
-            atomic_store(&tt->parts[i].state, KB_PART_OWNED);
-    }
     if (ls->taken) {   /* the reader sweeps, then reads the partition */
         atomic_fetch_add(&t->leases_taken, 1);
         kb_signal_notify(t->reader_wake);
