@@ -20,6 +20,7 @@
 
 #include <hiredis/hiredis.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -37,6 +38,7 @@
 #define LATER 10   /* events published while the partition is stopped */
 
 static kb_test_server server;
+static redisContext *c;   /* the test's own look at the server */
 static kb_gate gate;
 static kb_tracker tracker;
 
@@ -61,17 +63,17 @@ static void publish(kb_bus *b, const char *topic, uint32_t first, uint32_t last)
     kb_assert_ok(kb_flush(b, 10000));
 }
 
-static long long redis_int(redisContext *c, const char *fmt, const char *arg)
+/* The lease's time to live is (almost) a whole TTL: renewed just now. */
+static bool just_renewed(const char *lease)
 {
-    redisReply *r = redisCommand(c, fmt, arg);
-    assert_non_null(r);
-    long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    redisReply *r = redisCommand(c, "PTTL %s", lease);
+    bool yes = r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer >= TTL_MS - 60;
     freeReplyObject(r);
-    return v;
+    return yes;
 }
 
 /* Entries of partition 0 pending for the group (read, not acked). */
-static long long pending(redisContext *c, const char *topic)
+static long long pending(const char *topic)
 {
     char stream[96];
     snprintf(stream, sizeof stream, "kb:{%s}:p:0", topic);
@@ -94,7 +96,7 @@ static uint32_t owned(kb_bus *b, const char *topic)
 
 /* Subscribed with the gate shut: the handler holds event 1, the lane event
  * 2, and the reader the rest it read (pending, undelivered). */
-static kb_bus *held_up(const char *name, const char *topic, redisContext *c)
+static kb_bus *held_up(const char *name, const char *topic)
 {
     kb_bus *a = open_member(name);
     kb_assert_ok(kb_subscribe(a, topic, gated, &tracker));
@@ -102,7 +104,7 @@ static kb_bus *held_up(const char *name, const char *topic, redisContext *c)
     publish(a, topic, 1, FIRST);
     kb_gate_wait_for_waiter(&gate);
     /* read beyond what the lane holds */
-    kb_wait_until(pending(c, topic) >= 3, 10000, "%s reads ahead", name);
+    kb_wait_until(pending(topic) >= 3, 10000, "%s reads ahead", name);
     return a;
 }
 
@@ -132,9 +134,7 @@ static void back_from_draining(void **state)
 {
     (void)state;
     const char *topic = "lk-return";
-    redisContext *c = redisConnect("127.0.0.1", server.port);
-    assert_true(c != NULL && c->err == 0);
-    kb_bus *a = held_up("lease-kit-a", topic, c);
+    kb_bus *a = held_up("lease-kit-a", topic);
     char bname[32];
     outranking("lease-kit-a", bname, sizeof bname);
     kb_bus *b = open_member(bname);
@@ -155,30 +155,24 @@ static void back_from_draining(void **state)
     all_handled(a, topic, FIRST + LATER);
     kb_tracker_destroy(&other);
     kb_assert_ok(kb_close(a, 10000));
-    redisFree(c);
 }
 
 static void renewal_after_deadline(void **state)
 {
     (void)state;
     const char *topic = "lk-lapse";
-    redisContext *c = redisConnect("127.0.0.1", server.port);
-    assert_true(c != NULL && c->err == 0);
-    kb_bus *a = held_up("lease-kit-a", topic, c);
+    kb_bus *a = held_up("lease-kit-a", topic);
     char lease[96];
     snprintf(lease, sizeof lease, "kb:{%s}:lease:0", topic);
     /* just renewed (renewals come every TTL/4), then stopped for 0.9 TTL:
      * the renewal sent meanwhile is answered after the local deadline */
-    long long ttl = 0;
-    kb_wait_until((ttl = redis_int(c, "PTTL %s", lease)) >= TTL_MS - 60, 10000,
-                  "a renewal of %s", lease);
+    kb_wait_until(just_renewed(lease), 10000, "a renewal of %s", lease);
     kb_test_server_signal(&server, SIGSTOP);
     usleep(TTL_MS * 900);
     kb_test_server_signal(&server, SIGCONT);
     publish(a, topic, FIRST + 1, FIRST + LATER);
     all_handled(a, topic, FIRST + LATER);
     kb_assert_ok(kb_close(a, 10000));
-    redisFree(c);
 }
 
 static int setup(void **state)
@@ -186,7 +180,10 @@ static int setup(void **state)
     (void)state;
     memset(&gate, 0, sizeof gate);
     kb_tracker_init(&tracker, 1);
-    return kb_test_server_start(&server, "redis", NULL);
+    if (kb_test_server_start(&server, "redis", NULL) != 0)
+        return -1;
+    c = redisConnect("127.0.0.1", server.port);
+    return c != NULL && c->err == 0 ? 0 : -1;
 }
 
 static int teardown(void **state)
@@ -194,6 +191,9 @@ static int teardown(void **state)
     (void)state;
     atomic_store(&gate.open, 1);
     kb_test_server_signal(&server, SIGCONT);
+    if (c != NULL)
+        redisFree(c);
+    c = NULL;
     kb_test_server_stop(&server);
     kb_tracker_destroy(&tracker);
     return 0;
