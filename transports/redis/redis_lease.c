@@ -152,7 +152,8 @@ static void lost_cb(void *opaque, uint32_t i)
     struct kb_redis_leases *ls = opaque;
     kb_redis_part *p = &ls->tt->parts[i];
     atomic_store(&p->state, KB_PART_FREE);
-    kb_log(ls->tt->t->bus, KB_LOG_WARNING, "redis: %s lost the lease of %s (taken or expired)",
+    kb_log(ls->tt->t->bus, KB_LOG_WARNING,
+           "redis: %s lost the lease of %s (taken, expired, or renewed after its deadline)",
            ls->tt->t->consumer, p->stream);
 }
 
