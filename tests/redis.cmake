@@ -85,3 +85,8 @@ set_property(TEST test_redis_basic test_redis_topics test_redis_parity test_redi
 kb_test(test_redis_frames TIMEOUT 120 LABELS redis)
 target_link_libraries(test_redis_frames PRIVATE PkgConfig::HIREDIS)
 target_compile_definitions(test_redis_frames PRIVATE KB_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+
+# Leases through the kit: a partition back from draining and a renewal
+# answered after its deadline are both swept before they are read again.
+kb_test(test_redis_lease_kit TIMEOUT 120 LABELS redis)
+target_link_libraries(test_redis_lease_kit PRIVATE PkgConfig::HIREDIS)

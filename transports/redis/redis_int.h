@@ -207,6 +207,7 @@ struct kb_transport_topic {
     char meta[KB_REDIS_KEY_MAX];      /* kb:{topic}:meta */
     _Atomic bool subscribed;
     _Atomic bool fresh;           /* subscribed since the keeper's last pass */
+    struct kb_redis_leases *leases;   /* keeper only: the kit's lease manager (redis_lease.c) */
     /* publishing: metadata checked once, accepted publishes */
     _Atomic int meta_rc;          /* 1 until checked, then KB_OK or why publishing is refused */
     _Atomic uint64_t published;   /* replays included */
@@ -642,18 +643,22 @@ void kb__redis_progress_queue(kb_transport *t, kb_redis_part *p, kb_redis_fstate
 bool kb__redis_progress_covers(const redisReply *runs, size_t i, uint32_t j);
 
 /* ---- redis_lease.c ---- */
-/* Keeper job: renew what we hold, take what rendezvous gives us among
- * `members`, mark for hand-back what is no longer ours. */
+/* Keeper job, through the kit's lease manager: renew what we hold, take our
+ * share among `members`, hand back once idle what is no longer ours
+ * (`send_acks` first, so the next owner never claims an entry whose ack is
+ * queued here). */
 void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *const *members,
-                           size_t n);
-/* Hand back the partitions marked in the round once idle; `send_acks` runs
- * first so the next owner never claims an entry whose ack is queued here. */
-void kb__redis_lease_handback(kb_transport *t, kb_transport_topic *tt,
-                              void (*send_acks)(kb_transport *t));
+                           size_t n, void (*send_acks)(kb_transport *t));
 /* At close: hand every lease of the topic back (one pipeline). */
 void kb__redis_lease_release_all(kb_transport *t, kb_transport_topic *tt);
+/* At close, after the keeper's last round: free the topic's lease manager. */
+void kb__redis_lease_free(kb_transport_topic *tt);
 /* May the consumer hand an entry of this partition to the pool now? */
-bool kb__redis_part_live(const kb_redis_part *p);
+bool kb__redis_part_live(kb_redis_part *p);
+/* Is the lease of this partition (owned or draining) still valid here? A
+ * deadline found passed is marked lapsed, so its renewal reports a loss and
+ * the partition is swept before it is read again. */
+bool kb__redis_lease_valid(kb_redis_part *p);
 
 /* ---- redis_members.c ---- */
 /* Keeper job: heartbeat in the topic's member set and read the live members

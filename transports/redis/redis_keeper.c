@@ -63,9 +63,8 @@ static void duties(kb_transport *t, members *m, bool all, bool prune_now)
                 return;   /* down: the next tick tries again */
             continue;
         }
-        kb__redis_lease_round(t, tt, m->names, n);
+        kb__redis_lease_round(t, tt, m->names, n, kb__redis_settle_send);
         kb__redis_reply_free(r);
-        kb__redis_lease_handback(t, tt, kb__redis_settle_send);
         if (prune_now)
             kb__redis_members_prune(t, tt, "");
     }
@@ -125,6 +124,8 @@ static void *keeper_main(void *arg)
         kb_signal_wait(t->keeper_wake, has_work, t, until);
     }
     goodbye(t);
+    for (kb_transport_topic *tt = atomic_load(&t->subscribed); tt != NULL; tt = tt->sub_next)
+        kb__redis_lease_free(tt);
     free(m.names);
     atomic_store(&t->keeper_done, true);
     kb_signal_notify(t->keeper_wake);

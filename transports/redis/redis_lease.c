@@ -1,31 +1,77 @@
 /* Partition leases: kb:{topic}:lease:N holds the owner's token with a TTL.
- * The keeper renews what this process holds and takes what rendezvous
- * hashing gives it among the live members, and hands back, once idle, what
- * is no longer its share. */
+ * Which partitions to hold, when to hand one back (once idle) and when a
+ * lease counts as lost are the kit's lease manager's (<keybus/kit.h>): the
+ * keeper ticks it once per round with the heartbeat's members, and this file
+ * is its broker side — every renewal and take of the round in one pipeline,
+ * the hand-back script, and the partition states the reader and the fencing
+ * read (state, deadline, epoch), kept in step with the manager. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <keybus/kit.h>
 
 #include "redis_int.h"
 
 static const char RENEW_LUA[] =
     "if redis.call('get',KEYS[1])==ARGV[1] then return redis.call('pexpire',KEYS[1],ARGV[2]) end "
     "return 0";
+/* A take keeps a lease still holding our token (a lapse: the local deadline
+ * passed before the server's TTL) instead of waiting for it to expire. */
+static const char TAKE_LUA[] =
+    "local v=redis.call('get',KEYS[1]) "
+    "if v==ARGV[1] then return redis.call('pexpire',KEYS[1],ARGV[2]) end "
+    "if v then return 0 end redis.call('set',KEYS[1],ARGV[1],'px',ARGV[2]) return 1";
 static const char RELEASE_LUA[] =
     "if redis.call('get',KEYS[1])==ARGV[1] then return redis.call('del',KEYS[1]) end return 0";
 
-bool kb__redis_part_live(const kb_redis_part *p)
+/* A topic's lease manager and what one round hands its callbacks. */
+struct kb_redis_leases {
+    kb_kit_members *m;
+    kb_transport_topic *tt;
+    const char *const *members;          /* this round's heartbeat */
+    size_t n;
+    void (*send_acks)(kb_transport *t);
+    bool taken;                          /* this round took a partition */
+    bool closing;                        /* release_all deleted the leases already */
+    const char *names[];                 /* each partition's stream, for the traces */
+};
+
+/* A deadline seen passed by anyone of this process: the lease lapsed here. */
+#define LAPSED INT64_MIN
+
+bool kb__redis_lease_valid(kb_redis_part *p)
 {
-    return atomic_load(&p->state) == KB_PART_OWNED && kb_now_ns() < atomic_load(&p->deadline_ns);
+    if (atomic_load(&p->state) == KB_PART_FREE)
+        return false;
+    /* the clock before the deadline: a renewal stored after this look is
+     * seen by the exchange below, which then keeps the lease */
+    int64_t now = kb_now_ns();
+    int64_t d = atomic_load(&p->deadline_ns);
+    while (now >= d) {
+        /* whatever is refused now stays in our pending list: mark the lapse,
+         * so the renewal that would extend it reports a loss instead and
+         * the partition is swept before it is read again */
+        if (d == LAPSED || atomic_compare_exchange_weak(&p->deadline_ns, &d, LAPSED))
+            return false;
+    }
+    return true;
 }
 
-/* Rendezvous hashing: a partition goes to the live member with the highest
- * score, so a member joining or leaving moves only its own share. No member
- * listed (the heartbeat was not seen yet): ours to try. */
-static bool mine(const kb_transport *t, const char *const *members, size_t n, uint32_t part)
+bool kb__redis_part_live(kb_redis_part *p)
 {
-    long owner = kb_rendezvous_owner(members, n, part);
-    return owner < 0 || strcmp(members[owner], t->consumer) == 0;
+    return atomic_load(&p->state) == KB_PART_OWNED && kb__redis_lease_valid(p);
+}
+
+/* A renewal answered 1: extend the local deadline unless someone here saw it
+ * pass meanwhile (then it is lost: a gap in reading must end in a sweep). */
+static int extend(kb_redis_part *p, int64_t deadline)
+{
+    int64_t d = atomic_load(&p->deadline_ns);
+    while (d != LAPSED)
+        if (atomic_compare_exchange_weak(&p->deadline_ns, &d, deadline))
+            return 1;
+    return 0;
 }
 
 static int64_t lease_margin_ns(const kb_transport *t)
@@ -34,88 +80,152 @@ static int64_t lease_margin_ns(const kb_transport *t)
     return (int64_t)t->lease_ttl_ms * 1000000 / 5;
 }
 
-void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *const *members,
-                           size_t n)
+static int members_cb(void *opaque, kb_names *out)
 {
+    struct kb_redis_leases *ls = opaque;
+    for (size_t i = 0; i < ls->n; i++)
+        if (kb_names_add(out, ls->members[i], strlen(ls->members[i])) != KB_OK)
+            return KB_ENOMEM;
+    return KB_OK;
+}
+
+static int idle_cb(void *opaque, uint32_t i)
+{
+    return atomic_load(&((struct kb_redis_leases *)opaque)->tt->parts[i].inflight) == 0;
+}
+
+/* Renew what we hold, take what the share gives us: one pipeline. */
+static void round_cb(void *opaque, kb_kit_lease_op *ops, size_t n)
+{
+    struct kb_redis_leases *ls = opaque;
+    kb_transport *t = ls->tt->t;
+    for (size_t i = 0; i < n; i++)
+        ops[i].result = KB_ETRANSPORT;   /* no answer: kept until the local deadline */
     redisContext *c = kb__redis_conn_get(&t->kc, NULL, 0);
     if (c == NULL)
         return;
     char ttl[16];
     snprintf(ttl, sizeof ttl, "%d", t->lease_ttl_ms);
-    /* Renew what we hold, try what rendezvous gives us; one pipeline. */
     int64_t sent = kb_now_ns();
-    for (uint32_t i = 0; i < tt->nparts; i++) {
-        kb_redis_part *p = &tt->parts[i];
-        int st = atomic_load(&p->state);
-        if (st != KB_PART_FREE)
-            redisAppendCommand(c, "EVAL %s 1 %s %s %s", RENEW_LUA, p->lease, t->token, ttl);
-        else if (mine(t, members, n, i))
-            redisAppendCommand(c, "SET %s %s NX PX %s", p->lease, t->token, ttl);
-    }
-    bool taken = false;
-    for (uint32_t i = 0; i < tt->nparts; i++) {
-        kb_redis_part *p = &tt->parts[i];
-        int st = atomic_load(&p->state);
-        if (st == KB_PART_FREE && !mine(t, members, n, i))
-            continue;
+    for (size_t i = 0; i < n; i++)
+        redisAppendCommand(c, "EVAL %s 1 %s %s %s", ops[i].take ? TAKE_LUA : RENEW_LUA,
+                           ls->tt->parts[ops[i].partition].lease, t->token, ttl);
+    for (size_t i = 0; i < n; i++) {
+        kb_redis_part *p = &ls->tt->parts[ops[i].partition];
         redisReply *x = NULL;
         if (redisGetReply(c, (void **)&x) != REDIS_OK) {
             kb__redis_conn_fail(&t->kc, c->errstr);
             return;
         }
-        bool held = (x->type == REDIS_REPLY_INTEGER && x->integer == 1) ||
-                    (x->type == REDIS_REPLY_STATUS && strcmp(x->str, "OK") == 0);
         int64_t deadline = sent + (int64_t)t->lease_ttl_ms * 1000000 - lease_margin_ns(t);
-        if (held) {
-            /* a lapse (renewed only after the local deadline) counts as a new
-             * acquisition: the consumer re-sweeps before reading new entries */
-            bool fresh = st == KB_PART_FREE || kb_now_ns() >= atomic_load(&p->deadline_ns);
+        if (x->type == REDIS_REPLY_INTEGER && x->integer == 1 && ops[i].take) {
+            ops[i].result = 1;   /* free here: nobody reads it until gained */
             atomic_store(&p->deadline_ns, deadline);
-            if (fresh) {
-                kb_bus_lease_changed(t->bus, p->stream, p->index, 1);
-                atomic_fetch_add(&p->epoch, 1);
-                taken = true;
-            }
-            if (st == KB_PART_FREE) {
-                atomic_store(&p->state, KB_PART_OWNED);
-                kb_log(t->bus, KB_LOG_INFO, "redis: %s took %s", t->consumer, p->stream);
-            }
-        } else if (st != KB_PART_FREE) {
-            atomic_store(&p->state, KB_PART_FREE);
-            kb_bus_lease_changed(t->bus, p->stream, p->index, 0);
-            kb_log(t->bus, KB_LOG_WARNING, "redis: %s lost the lease of %s (%s)", t->consumer,
-                   p->stream, x->type == REDIS_REPLY_ERROR ? x->str : "taken or expired");
+        } else if (x->type == REDIS_REPLY_INTEGER && x->integer == 1) {
+            ops[i].result = extend(p, deadline);
+        } else if (x->type == REDIS_REPLY_ERROR) {
+            kb_log(t->bus, KB_LOG_WARNING, "redis: %s: lease of %s: %s", t->consumer, p->stream,
+                   x->str);
+        } else {
+            ops[i].result = 0;   /* another consumer's, or expired */
         }
         kb__redis_reply_free(x);
     }
-    /* Owned but no longer ours by rendezvous: stop reading, hand back when idle. */
-    for (uint32_t i = 0; i < tt->nparts; i++)
-        if (atomic_load(&tt->parts[i].state) == KB_PART_OWNED && !mine(t, members, n, i))
-            atomic_store(&tt->parts[i].state, KB_PART_DRAINING);
-    if (taken) {   /* the reader sweeps, then reads the partition */
-        atomic_fetch_add(&t->leases_taken, 1);
-        kb_signal_notify(t->reader_wake);
-    }
 }
 
-void kb__redis_lease_handback(kb_transport *t, kb_transport_topic *tt,
-                              void (*send_acks)(kb_transport *t))
+/* A new generation (taken, or taken again after a lapse or a hand-back
+ * that the share undid): the epoch first, so the reader sweeps the
+ * partition's pending entries before it reads anything newer. The only way
+ * a partition becomes OWNED. */
+static void gained_cb(void *opaque, uint32_t i)
 {
-    for (uint32_t i = 0; i < tt->nparts; i++) {
-        kb_redis_part *p = &tt->parts[i];
-        if (atomic_load(&p->state) != KB_PART_DRAINING || atomic_load(&p->inflight) != 0)
-            continue;
-        /* inflight is 0: every ack of the partition is queued; send them before
-         * the next owner can claim the entries */
-        send_acks(t);
+    struct kb_redis_leases *ls = opaque;
+    kb_redis_part *p = &ls->tt->parts[i];
+    atomic_fetch_add(&p->epoch, 1);
+    atomic_store(&p->state, KB_PART_OWNED);
+    kb_log(ls->tt->t->bus, KB_LOG_INFO, "redis: %s took %s", ls->tt->t->consumer, p->stream);
+    ls->taken = true;
+}
+
+static void lost_cb(void *opaque, uint32_t i)
+{
+    struct kb_redis_leases *ls = opaque;
+    kb_redis_part *p = &ls->tt->parts[i];
+    atomic_store(&p->state, KB_PART_FREE);
+    kb_log(ls->tt->t->bus, KB_LOG_WARNING,
+           "redis: %s lost the lease of %s (taken, expired, or renewed after its deadline)",
+           ls->tt->t->consumer, p->stream);
+}
+
+/* Idle: every ack of the partition is queued; send them before the next
+ * owner can claim the entries, then delete the lease. */
+static int give_back_cb(void *opaque, uint32_t i)
+{
+    struct kb_redis_leases *ls = opaque;
+    kb_transport *t = ls->tt->t;
+    kb_redis_part *p = &ls->tt->parts[i];
+    if (!ls->closing) {
+        /* the reader stops first; a delivery it made meanwhile waits a round */
+        atomic_store(&p->state, KB_PART_DRAINING);
+        if (atomic_load(&p->inflight) != 0)
+            return KB_EINVAL;
+        ls->send_acks(t);
         const char *argv[] = {"EVAL", RELEASE_LUA, "1", p->lease, t->token};
         redisReply *r = kb__redis_cmd(&t->kc, 5, argv, NULL);
         kb__redis_reply_free(r);
-        if (r != NULL) {
-            atomic_store(&p->state, KB_PART_FREE);
-            kb_bus_lease_changed(t->bus, p->stream, p->index, 0);
-            kb_log(t->bus, KB_LOG_INFO, "redis: %s handed back %s", t->consumer, p->stream);
-        }
+        if (r == NULL)
+            return KB_ETRANSPORT;   /* still draining: next round */
+        kb_log(t->bus, KB_LOG_INFO, "redis: %s handed back %s", t->consumer, p->stream);
+    }
+    atomic_store(&p->state, KB_PART_FREE);
+    return KB_OK;
+}
+
+static struct kb_redis_leases *leases_of(kb_transport *t, kb_transport_topic *tt)
+{
+    if (tt->leases != NULL)
+        return tt->leases;
+    struct kb_redis_leases *ls = calloc(1, sizeof *ls + tt->nparts * sizeof ls->names[0]);
+    if (ls == NULL)
+        return NULL;
+    ls->tt = tt;
+    for (uint32_t i = 0; i < tt->nparts; i++)
+        ls->names[i] = tt->parts[i].stream;
+    kb_kit_members_conf c = {
+        .size = sizeof c, .bus = t->bus, .me = t->consumer, .partitions = tt->nparts, .names = ls->names,
+        .lease_ns = (int64_t)t->lease_ttl_ms * 1000000 - lease_margin_ns(t),
+        .broker = {.opaque = ls, .round = round_cb, .give_back = give_back_cb,
+                   .gained = gained_cb, .lost = lost_cb, .idle = idle_cb, .members = members_cb},
+    };
+    ls->m = kb_kit_members_new(&c);
+    if (ls->m == NULL) {
+        free(ls);
+        return NULL;   /* out of memory: the next round tries again */
+    }
+    return tt->leases = ls;
+}
+
+void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *const *members,
+                           size_t n, void (*send_acks)(kb_transport *t))
+{
+    struct kb_redis_leases *ls = leases_of(t, tt);
+    if (ls == NULL)
+        return;
+    ls->members = members;
+    ls->n = n;
+    ls->send_acks = send_acks;
+    ls->taken = false;
+    kb_kit_members_tick(ls->m, kb_now_ns());
+    /* held but no longer ours: the reader stops delivering it. Never back:
+     * what it refused meanwhile is in our pending list, so it is read again
+     * only after a hand-back and a new generation (gained_cb: a sweep). */
+    for (uint32_t i = 0; i < tt->nparts; i++)
+        if (atomic_load(&tt->parts[i].state) == KB_PART_OWNED &&
+            !kb_kit_members_reading(ls->m, i))
+            atomic_store(&tt->parts[i].state, KB_PART_DRAINING);
+    if (ls->taken) {   /* the reader sweeps, then reads the partition */
+        atomic_fetch_add(&t->leases_taken, 1);
+        kb_signal_notify(t->reader_wake);
     }
 }
 
@@ -134,8 +244,21 @@ void kb__redis_lease_release_all(kb_transport *t, kb_transport_topic *tt)
         }
         kb__redis_reply_free(r);
     }
+    if (tt->leases != NULL) {
+        tt->leases->closing = true;   /* deleted above: the manager only lets go */
+        kb_kit_members_leave(tt->leases->m);
+    }
     for (uint32_t i = 0; i < tt->nparts; i++)
         atomic_store(&tt->parts[i].state, KB_PART_FREE);
     kb_log(t->bus, KB_LOG_INFO, "redis: %s handed back the partitions of %s", t->consumer,
            tt->name);
+}
+
+void kb__redis_lease_free(kb_transport_topic *tt)
+{
+    if (tt->leases == NULL)
+        return;
+    kb_kit_members_free(tt->leases->m);
+    free(tt->leases);
+    tt->leases = NULL;
 }

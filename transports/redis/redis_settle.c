@@ -104,8 +104,7 @@ int kb__redis_still_owned(kb_transport *t, const kb_delivery *d)
         return 0;
     kb_redis_fstate *fs = kb__redis_cookie_frame(d->cookie);
     uint32_t epoch = fs != NULL ? fs->epoch : (uint32_t)((uintptr_t)d->cookie >> 1);
-    if (atomic_load(&p->state) == KB_PART_FREE || atomic_load(&p->epoch) != epoch ||
-        kb_now_ns() >= atomic_load(&p->deadline_ns)) {
+    if (atomic_load(&p->epoch) != epoch || !kb__redis_lease_valid(p)) {
         atomic_fetch_add_explicit(&t->unowned, 1, memory_order_relaxed);
         return 0;
     }
