@@ -26,6 +26,7 @@
 #include "support/gate.h"
 #include "support/proxy.h"
 #include "support/server.h"
+#include "support/suite.h"
 #include "support/tracker.h"
 
 static const char *helper;
@@ -610,7 +611,7 @@ static int by_name(const void *a, const void *b)
 static void consumer_names(const char *url, const char *topic, char *out, size_t cap)
 {
     char stream[64];
-    snprintf(stream, sizeof stream, "KB_%s_%08x", "fault_wire", kb_fnv1a32(topic, strlen(topic)));
+    kb_test_nats_stream(topic, stream, sizeof stream);
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
     jsConsumerNamesList *l = NULL;

@@ -149,17 +149,6 @@ static void free_ring(kb_nats_claim *c)
     atomic_store(&c->freed, 1);
 }
 
-/* The ack subject of stream sequence sseq, delivery dseq, of a consumer
- * ($JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>:
- * the server reads only the consumer, sseq and dseq); false when too long. */
-static bool ack_subject(char *subj, size_t cap, const char *stream, const char *consumer,
-                        uint64_t sseq, uint64_t dseq)
-{
-    int n = snprintf(subj, cap, "$JS.ACK.%s.%s.1.%llu.%llu.0.0", stream, consumer,
-                     (unsigned long long)sseq, (unsigned long long)dseq);
-    return n > 0 && (size_t)n < cap;
-}
-
 /* The finished prefix of the claim's frontier, with one AckAll for its last
  * entry (the consumers are AckAll): the new head. An event held by its
  * handler or its retries is not done, so no later ack covers it. The ack
@@ -181,7 +170,7 @@ static uint64_t ack_prefix(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint6
     if (last == NULL)
         return h0;
     char subj[3 * KB_NATS_NAME];
-    if (!ack_subject(subj, sizeof subj, c->part->topic->stream, c->consumer, last->sseq, dseq) ||
+    if (!kb__nats_ack_subject(subj, sizeof subj, c->part->topic->stream, c->consumer, last->sseq, dseq) ||
         natsConnection_PublishString(kb__nats_feed_conn(t), subj, "+ACK") != NATS_OK) {
         c->ack_failed = true;
         return h0;
@@ -197,7 +186,7 @@ bool kb__nats_claim_reack(kb_transport *t, kb_nats_claim *c, uint64_t server_dse
     if (dseq <= server_dseq)
         dseq = server_dseq + 1;   /* the server ignores an AckAll at or below its floor */
     char subj[3 * KB_NATS_NAME];
-    return ack_subject(subj, sizeof subj, c->part->topic->stream, c->consumer, sseq, dseq) &&
+    return kb__nats_ack_subject(subj, sizeof subj, c->part->topic->stream, c->consumer, sseq, dseq) &&
            natsConnection_PublishString(kb__nats_feed_conn(t), subj, "+ACK") == NATS_OK;
 }
 
@@ -280,7 +269,7 @@ bool kb__nats_nak_range(kb_transport *t, const char *stream, const char *consume
     if (to < from || to - from >= KB_NATS_NAK_MAX)
         return false;   /* the server redelivers them after AckWait anyway */
     for (uint64_t s = from; s <= to; s++)
-        if (!ack_subject(subj, sizeof subj, stream, consumer, s, dseq) ||
+        if (!kb__nats_ack_subject(subj, sizeof subj, stream, consumer, s, dseq) ||
             natsConnection_PublishString(kb__nats_feed_conn(t), subj, "-NAK") != NATS_OK)
             return false;
     return true;

@@ -39,6 +39,9 @@ typedef struct feeder {
     uint32_t serial;         /* of pull requests, for every claim: a late status for an
                                 earlier claim's request never matches a newer one's */
     int64_t refill_off_until; /* a read of the stream went unanswered: none till then */
+    int64_t refill_window;    /* the second whose refill time is counted ... */
+    int64_t refill_spent;     /* ... and that time, ns */
+    bool refilling;           /* the message handled now was read again: no pull's */
 } feeder;
 
 /* Keep up to two pull requests of nats.fetch_batch open per partition: the
@@ -345,21 +348,52 @@ static void gap(feeder *f, kb_nats_claim *c, uint64_t from, uint64_t to)
 /* The consumer's delivery sequence skipped: the server sent deliveries that
  * never arrived (the connection broke with them on the wire). It counts them
  * delivered and resends them only after AckWait, past newer events of their
- * keys, so the claim stops here: nothing above what it had is acked (an
- * AckAll would cover the lost ones), and the lease thread starts a new
- * consumer at the ack floor, which delivers them again first, in order. */
-static void lost_in_transit(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
+ * keys, so unless refill() read them again the claim stops here: nothing
+ * above what it had is acked (an AckAll would cover the lost ones), and the
+ * lease thread starts a new consumer at the ack floor, which delivers them
+ * again first, in order. */
+static void lost_in_transit(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta,
+                            const char *why)
 {
     atomic_store(&c->ack_limit, c->delivered_hi);
     kb_log(f->t->bus, KB_LOG_WARNING,
-           "nats %s: consumer %s: deliveries %llu..%llu never arrived; restarting the partition "
-           "from its ack floor", f->t->url_safe, c->consumer, (unsigned long long)c->dseq_hi + 1,
-           (unsigned long long)meta->dseq - 1);
+           "nats %s: consumer %s: deliveries %llu..%llu never arrived (%s); restarting the "
+           "partition from its ack floor", f->t->url_safe, c->consumer,
+           (unsigned long long)c->dseq_hi + 1, (unsigned long long)meta->dseq - 1, why);
     kb__nats_claim_reset(f->t, c);
 }
 
 static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
                      unsigned n, uint32_t part, const char *foreign);
+
+/* Bounds of refill() (below): lost deliveries one gap may read again; time
+ * its reads may take for one gap, and in any second (they block the feeder);
+ * no reads for this long after one went unanswered. */
+#define REFILL_MAX 1024
+#define REFILL_WAIT_MS 500
+#define REFILL_BUDGET_MS 250
+#define REFILL_OFF_MS 5000
+
+/* Why refill() cannot read the lost deliveries again, or NULL when it may. */
+static const char *refill_refused(feeder *f, const kb_nats_claim *c, const kb_nats_meta *meta,
+                                  int64_t now)
+{
+    if (c->wide)
+        return "a wide claim";
+    if (meta->delivered != 1 || meta->sseq <= c->delivered_hi + 1)
+        return "a redelivery among them";
+    if (meta->dseq - c->dseq_hi - 1 > REFILL_MAX)
+        return "too many";
+    if (now < f->refill_off_until)
+        return "a read of the stream went unanswered just before";
+    if (now - f->refill_window >= 1000000000) {
+        f->refill_window = now;
+        f->refill_spent = 0;
+    }
+    if (f->refill_spent >= (int64_t)REFILL_BUDGET_MS * 1000000)
+        return "reads of the stream used this second's time";
+    return NULL;
+}
 
 /* A partition's consumer delivers its subject's messages in stream order, so
  * what never arrived before `meta` is every message of the partition's subject
@@ -369,22 +403,21 @@ static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta
  * it was sent with (its ack and progress say the consumer's own numbers), and
  * the claim carries on with its consumer: a new one costs seconds on a cluster
  * that just lost a node, the node this process was connected to. The reads
- * are bounded (REFILL_WAIT_MS in all; after one goes unanswered, no refill for
- * REFILL_OFF_MS, so a stream electing its leader stalls the feeder once). False:
- * not so (more or fewer there, no answer), and the caller restarts the claim. */
-#define REFILL_MAX 1024
-#define REFILL_WAIT_MS 500
-#define REFILL_OFF_MS 5000
-static bool refill(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
+ * block the feeder, every partition's: at most REFILL_WAIT_MS for one gap,
+ * REFILL_BUDGET_MS in any second, and none for REFILL_OFF_MS after one went
+ * unanswered (a stream electing its leader stalls the feeder once). NULL when
+ * done; else why not, and the caller restarts the claim. */
+static const char *refill(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
 {
     kb_transport *t = f->t;
-    uint64_t lost = meta->dseq - c->dseq_hi - 1, from = c->delivered_hi + 1;
-    if (c->wide || lost > REFILL_MAX || meta->delivered != 1 || meta->sseq <= from ||
-        kb_now_ns() < f->refill_off_until)
-        return false;
+    int64_t started = kb_now_ns();
+    const char *why = refill_refused(f, c, meta, started);
+    if (why != NULL)
+        return why;
+    uint64_t lost = meta->dseq - c->dseq_hi - 1, from = c->delivered_hi + 1, k = 0;
     natsMsg **got = malloc((size_t)lost * sizeof *got);
-    uint64_t *seq = malloc((size_t)lost * sizeof *seq), k = 0;
-    int64_t deadline = kb_deadline_ns(REFILL_WAIT_MS);
+    uint64_t *seq = malloc((size_t)lost * sizeof *seq);
+    int64_t deadline = started + (int64_t)REFILL_WAIT_MS * 1000000;
     int r = got != NULL && seq != NULL ? 1 : -1;
     while (r == 1) {
         natsMsg *m = NULL;
@@ -395,22 +428,28 @@ static bool refill(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
                      : -1;
         if (r == 1 && (s >= meta->sseq || k == lost)) {
             natsMsg_Destroy(m);
-            r = s >= meta->sseq ? 0 : -1;   /* 0: the window is read; -1: more than were lost */
+            r = s >= meta->sseq ? 0 : -2;   /* 0: the window is read; -2: more than were lost */
         } else if (r == 1) {
             got[k] = m;
             seq[k++] = s;
             from = s + 1;
         }
     }
-    if (r < 0 && kb_deadline_left_ms(deadline) <= 0)
-        f->refill_off_until = kb_now_ns() + (int64_t)REFILL_OFF_MS * 1000000;
-    bool ok = r == 0 && k == lost;
-    if (ok)
+    int64_t now = kb_now_ns();
+    f->refill_spent += now - started;
+    if (r == -1 && now >= deadline)
+        f->refill_off_until = now + (int64_t)REFILL_OFF_MS * 1000000;
+    why = r == -2 || (r == 0 && k != lost) ? "the stream holds another number of them there"
+          : r == -1 && now >= deadline      ? "the stream did not answer in time"
+          : r == -1                         ? "the stream's answer could not be read"
+                                            : NULL;
+    if (why == NULL)
         kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s: deliveries %llu..%llu never arrived; "
                "read again from the stream", t->url_safe, c->consumer,
                (unsigned long long)c->dseq_hi + 1, (unsigned long long)meta->dseq - 1);
+    f->refilling = true;
     for (uint64_t i = 0; i < k; i++) {
-        if (!ok) {
+        if (why != NULL) {
             natsMsg_Destroy(got[i]);
             continue;
         }
@@ -420,9 +459,10 @@ static bool refill(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
         one.dseq = c->dseq_hi + 1;
         read_msg(f, c, got[i], &one, c->part->n, c->part->n, NULL);
     }
+    f->refilling = false;
     free(got);
     free(seq);
-    return ok && c->dseq_hi + 1 == meta->dseq;
+    return why;
 }
 
 /* Count the message against its pull and wait for room in the claim's ring;
@@ -432,14 +472,18 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
                   int64_t now)
 {
     kb_transport *t = f->t;
-    c->pull_got = true;
-    c->pull_expires_ms = t->fetch_expires_ms;
-    c->pull_deadline_ns = pull_deadline(c, now);
-    c->leaderless_since_ns = 0;
-    if (c->pull_left > 0 && --c->pull_left == 0)
-        c->pull_open = false;
-    if (meta->dseq > c->dseq_hi + 1 && !atomic_load(&c->fenced) && !refill(f, c, meta)) {
-        lost_in_transit(f, c, meta);
+    if (!f->refilling) {   /* a message read again came on no pull */
+        c->pull_got = true;
+        c->pull_expires_ms = t->fetch_expires_ms;
+        c->pull_deadline_ns = pull_deadline(c, now);
+        c->leaderless_since_ns = 0;
+        if (c->pull_left > 0 && --c->pull_left == 0)
+            c->pull_open = false;
+    }
+    const char *why = NULL;
+    if (meta->dseq > c->dseq_hi + 1 && !atomic_load(&c->fenced) &&
+        (why = refill(f, c, meta)) != NULL) {
+        lost_in_transit(f, c, meta, why);
         natsMsg_Destroy(m);
         return false;
     }
@@ -490,7 +534,6 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
         atomic_fetch_add_explicit(&c->settled, 1, memory_order_acq_rel);
     return e;
 }
-
 
 /* A message on a subject of the stream that is not a partition, delivered to
  * a wide claim, whose filter covers the whole stream. A dead letter

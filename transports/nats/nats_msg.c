@@ -188,6 +188,14 @@ int kb__nats_parse_ack(const char *reply, kb_nats_meta *out)
     return out->sseq ? 0 : -1;
 }
 
+bool kb__nats_ack_subject(char *subj, size_t cap, const char *stream, const char *consumer,
+                          uint64_t sseq, uint64_t dseq)
+{
+    int n = snprintf(subj, cap, "$JS.ACK.%s.%s.1.%llu.%llu.0.0", stream, consumer,
+                     (unsigned long long)sseq, (unsigned long long)dseq);
+    return n > 0 && (size_t)n < cap;
+}
+
 const char *kb__nats_json_str(const char *d, const char *name, size_t *len)
 {
     char pat[16];

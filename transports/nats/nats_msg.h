@@ -28,6 +28,12 @@ typedef struct kb_nats_meta {
 } kb_nats_meta;
 /* 0, or -1 when `reply` is not a $JS.ACK subject (a status reply). */
 int kb__nats_parse_ack(const char *reply, kb_nats_meta *out);
+/* The ack subject of stream sequence sseq, delivery dseq, of a consumer
+ * ($JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>:
+ * the server reads only the consumer, sseq and dseq) into subj (cap bytes);
+ * false when too long. */
+bool kb__nats_ack_subject(char *subj, size_t cap, const char *stream, const char *consumer,
+                          uint64_t sseq, uint64_t dseq);
 natsMsg *kb__nats_msg_clone(natsMsg *m);
 /* The value of JSON string field `name` (at most 12 characters) in d, a
  * JetStream API reply, or NULL: only for fields that hold no escapes

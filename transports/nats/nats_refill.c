@@ -9,11 +9,16 @@
 #include "nats_refill.h"
 
 /* Base64 field `name` of d decoded into a new NUL-terminated buffer (*len
- * bytes); an absent field is empty. NULL when malformed or out of memory. */
+ * bytes); a field that is not there at all is empty. NULL when it is there
+ * but unreadable (no closing quote, not base64) or out of memory. */
 static char *field(const char *d, const char *name, long *len)
 {
+    char key[24];
+    snprintf(key, sizeof key, "\"%s\":", name);
     size_t n = 0;
     const char *v = kb__nats_json_str(d, name, &n);
+    if (v == NULL && strstr(d, key) != NULL)
+        return NULL;
     char *buf = malloc(n / 4 * 3 + 1);
     *len = v != NULL && buf != NULL ? kb__nats_b64_decode(v, n, buf, n / 4 * 3) : 0;
     if (buf == NULL || *len < 0) {
@@ -24,7 +29,18 @@ static char *field(const char *d, const char *name, long *len)
     return buf;
 }
 
-/* The stored header block ("NATS/1.0\r\nName: value\r\n...\r\n\r\n") onto m. */
+/* s without the blanks (spaces, tabs) at either end, in place. */
+static char *trimmed(char *s)
+{
+    s += strspn(s, " \t");
+    size_t n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        s[--n] = '\0';
+    return s;
+}
+
+/* The stored header block ("NATS/1.0\r\nName: value\r\n...\r\n\r\n") onto m,
+ * names and values trimmed as nats.c reads a delivered message's. */
 static natsStatus headers(natsMsg *m, char *block)
 {
     char *line = strstr(block, "\r\n");
@@ -37,8 +53,10 @@ static natsStatus headers(natsMsg *m, char *block)
         if (colon == NULL || colon > end)
             return NATS_PROTOCOL_ERROR;
         *colon = '\0';
-        const char *value = colon + 1 + strspn(colon + 1, " ");
-        natsStatus s = natsMsgHeader_Add(m, line, value);
+        const char *name = trimmed(line);
+        if (*name == '\0')
+            return NATS_PROTOCOL_ERROR;
+        natsStatus s = natsMsgHeader_Add(m, name, trimmed(colon + 1));
         if (s != NATS_OK)
             return s;
         line = end;
@@ -46,8 +64,10 @@ static natsStatus headers(natsMsg *m, char *block)
     return NATS_OK;
 }
 
-static int stored(const char *d, const char *stream, const char *subject, const char *consumer,
-                  uint64_t dseq, natsMsg **out, uint64_t *seq)
+/* A STREAM.MSG.GET reply (see kb__nats_stream_next): a stored message of
+ * `subject` at `from` or later, "no message found", or anything else. */
+static int stored(const char *d, const char *stream, const char *subject, uint64_t from,
+                  const char *consumer, uint64_t dseq, natsMsg **out, uint64_t *seq)
 {
     if (strstr(d, "\"error\"") != NULL)
         return strstr(d, "10037") != NULL ? 0 : -1;   /* "no message found" */
@@ -56,16 +76,17 @@ static int stored(const char *d, const char *stream, const char *subject, const 
     if (s == NULL || q == NULL || sl != strlen(subject) || memcmp(s, subject, sl) != 0)
         return -1;
     *seq = strtoull(q + 6, NULL, 10);
-    char reply[3 * KB_NATS_NAME];   /* $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending> */
-    snprintf(reply, sizeof reply, "$JS.ACK.%s.%s.1.%llu.%llu.0.0", stream, consumer,
-             (unsigned long long)*seq, (unsigned long long)dseq);
+    char reply[3 * KB_NATS_NAME];
+    if (*seq < from || !kb__nats_ack_subject(reply, sizeof reply, stream, consumer, *seq, dseq))
+        return -1;
     long bl = 0, hl = 0;
     char *body = field(d, "data", &bl), *hdrs = field(d, "hdrs", &hl);
-    natsStatus st = body != NULL && hdrs != NULL && *seq != 0
+    natsStatus st = body != NULL && hdrs != NULL
                         ? natsMsg_Create(out, subject, reply, body, (int)bl)
                         : NATS_ERR;
     if (st == NATS_OK && hl > 0 && headers(*out, hdrs) != NATS_OK) {
         natsMsg_Destroy(*out);
+        *out = NULL;
         st = NATS_ERR;
     }
     free(body);
@@ -86,7 +107,7 @@ int kb__nats_stream_next(kb_transport *t, const char *stream, const char *subjec
     if (natsConnection_RequestString(&r, t->nc, api, body, wait_ms) != NATS_OK)
         return -1;
     const char *d = natsMsg_GetData(r);
-    int rc = natsMsg_GetDataLength(r) > 0 && d != NULL ? stored(d, stream, subject, consumer, dseq, out, seq)
+    int rc = natsMsg_GetDataLength(r) > 0 && d != NULL ? stored(d, stream, subject, from, consumer, dseq, out, seq)
                                                        : -1;   /* a status: no stream leader */
     natsMsg_Destroy(r);
     return rc;
