@@ -71,14 +71,16 @@ static const char *hdr_block_end(const char *p, const char *end, uint32_t n)
 const char *kb_frame_event_read(const char *p, const char *end, bool with_headers,
                                 kb_frame_event *ev)
 {
+    /* Each bound subtracts from left only what is known to fit, so none
+     * wraps where size_t is 32 bits wide. */
     size_t left = (size_t)(end - p);
-    if (left < 4)
+    if (left < 8)
         return NULL;
     uint32_t klen = get_u32(p);
-    if (left - 4 < (size_t)klen + 4)
+    if (klen > left - 8)
         return NULL;
     uint32_t plen = get_u32(p + 4 + klen);
-    if (left - 8 - klen < plen)
+    if (plen > left - 8 - klen)
         return NULL;
     const char *after = p + 8 + (size_t)klen + plen;
     ev->key = p + 4;
