@@ -15,8 +15,7 @@ typedef struct kb_nats_frame {
 /* Check a frame whose Kb-Batch header is `count` (and its Kb-Frame version);
  * -1 with *why when malformed. */
 int kb__nats_frame_open(natsMsg *m, const char *count, kb_nats_frame *f, const char **why);
-/* The next event of a checked frame; false at its end. Inline: it runs per
- * event on the feeder's path. */
+/* The next event of a checked frame; false at its end. */
 static inline bool kb__nats_frame_next(kb_nats_frame *f, kb_frame_event *ev)
 {
     const char *next =

@@ -461,7 +461,7 @@ typedef struct kb_redis_frame {
     uint32_t left;                 /* events not yet read */
 } kb_redis_frame;
 /* The next event of a checked frame (or of one being filled); false at its
- * end. Inline: it runs per event on the reader's path. */
+ * end. */
 static inline bool kb__redis_frame_next(kb_redis_frame *f, kb_frame_event *ev)
 {
     const char *next = f->left > 0 ? kb_frame_event_read(f->p, f->end, true, ev) : NULL;
