@@ -71,22 +71,24 @@ static const char *hdr_block_end(const char *p, const char *end, uint32_t n)
 const char *kb_frame_event_read(const char *p, const char *end, bool with_headers,
                                 kb_frame_event *ev)
 {
+    /* Each bound subtracts from left only what is known to fit, so none
+     * wraps where size_t is 32 bits wide. */
     size_t left = (size_t)(end - p);
-    if (left < 4)
+    if (left < 8)
         return NULL;
     uint32_t klen = get_u32(p);
-    if (left - 4 < (size_t)klen + 4)
+    if (klen > left - 8)
         return NULL;
     uint32_t plen = get_u32(p + 4 + klen);
-    if (left - 8 - klen < plen)
+    if (plen > left - 8 - klen)
         return NULL;
     const char *after = p + 8 + (size_t)klen + plen;
     ev->key = p + 4;
     ev->key_len = klen;
     ev->payload = p + 8 + klen;
     ev->payload_len = plen;
-    ev->hdrs = NULL;
-    ev->nh = 0;
+    ev->header_block = NULL;
+    ev->n_headers = 0;
     if (!with_headers)
         return after;
     if (end - after < 2)
@@ -95,17 +97,17 @@ const char *kb_frame_event_read(const char *p, const char *end, bool with_header
     const char *next = hdr_block_end(after + 2, end, nh);
     if (next == NULL)
         return NULL;
-    ev->hdrs = after + 2;
-    ev->nh = nh;
+    ev->header_block = after + 2;
+    ev->n_headers = nh;
     return next;
 }
 
-int kb_frame_headers(const kb_frame_event *ev, kb_header *out, size_t max, char *names)
+int kb_frame_event_headers(const kb_frame_event *ev, kb_header *out, size_t max, char *names)
 {
-    if (ev->nh > max)
+    if (ev->n_headers > max)
         return -1;
-    const char *q = ev->hdrs;
-    for (uint32_t i = 0; i < ev->nh; i++) {
+    const char *q = ev->header_block;
+    for (uint32_t i = 0; i < ev->n_headers; i++) {
         size_t nl = (unsigned char)q[0];
         if (nl == 0 || nl > KB_MAX_HEADER_NAME)
             return -1;
@@ -115,5 +117,5 @@ int kb_frame_headers(const kb_frame_event *ev, kb_header *out, size_t max, char 
         out[i] = (kb_header){name, q + 5 + nl, get_u32(q + 1 + nl)};
         q += 5 + nl + out[i].value_len;
     }
-    return (int)ev->nh;
+    return (int)ev->n_headers;
 }

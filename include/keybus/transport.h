@@ -552,28 +552,39 @@ KB_EXPORT void   kb_headers_unpack(const char *src, size_t n, kb_header *out);
  * and in the layout with headers then
  *     u16 header count | per header: u8 name length | name | u32 value length | value
  * What surrounds the events (their count, which layout) is the transport's.
- * Pure functions on bytes: any thread. */
+ * One event as kb_frame_event_read finds it; its layout is fixed for good
+ * (docs/transports.md, Compatibility). */
 typedef struct kb_frame_event {
     const char *key, *payload;     /* point into the frame */
     size_t key_len, payload_len;
-    const char *hdrs;              /* its header block; NULL in the layout without */
-    uint32_t nh;                   /* headers in the block */
+    const char *header_block;      /* its encoded headers; NULL in the layout without */
+    uint32_t n_headers;            /* headers in header_block (0 without) */
 } kb_frame_event;
-/* Bytes of m's event (with_headers: and its header block, of headers that
- * passed kb_headers_check), and m's event written at dst (that many bytes,
- * the caller's). */
+/* Bytes of m's event; with_headers: with its header block, of headers that
+ * passed kb_headers_check. Reads m only. Thread: any (no state). */
 KB_EXPORT size_t kb_frame_event_size(const kb_msg *m, bool with_headers);
-KB_EXPORT void   kb_frame_event_put(char *dst, const kb_msg *m, bool with_headers);
-/* Read the event at p, none of it past end: the byte after it with *ev
- * pointing into [p, end), or NULL when its lengths run past end. */
+/* Write m's event at dst, exactly kb_frame_event_size(m, with_headers)
+ * bytes (dst and its room are the caller's; m only read). Thread: any, dst
+ * not touched by another thread meanwhile. */
+KB_EXPORT void kb_frame_event_put(char *dst, const kb_msg *m, bool with_headers);
+/* Read the event at p, none of it past end (p <= end required): the
+ * byte after it, with *ev pointing into [p, end) (borrowed: valid as long as
+ * the frame's bytes), or NULL when its lengths run past end; then *ev may be
+ * partly written, so read none of it. An event with key_len 0 is returned
+ * like any other: whether that is allowed is the caller's rule. Header
+ * names are not checked here (kb_frame_event_headers does). Thread: any,
+ * *ev not touched by another thread meanwhile. */
 KB_EXPORT const char *kb_frame_event_read(const char *p, const char *end, bool with_headers,
                                           kb_frame_event *ev);
-/* The headers of an event read with its block: names copied, NUL-terminated,
- * into `names` (KB_MAX_HEADER_NAME + 1 bytes each, the caller's), values
- * pointing into the frame; their count, or -1 when over `max` or a name is
- * empty or over KB_MAX_HEADER_NAME bytes. */
-KB_EXPORT int kb_frame_headers(const kb_frame_event *ev, kb_header *out, size_t max,
-                               char *names);
+/* The headers of an event that kb_frame_event_read filled (no other ev:
+ * header_block is trusted to be as long as it checked): names copied,
+ * NUL-terminated, into `names` (max * (KB_MAX_HEADER_NAME + 1) bytes, the
+ * caller's), values pointing into the frame (borrowed like *ev); their
+ * count, or -1 when over `max` or a name is empty or over
+ * KB_MAX_HEADER_NAME bytes (then out and names may be partly written).
+ * Thread: any, out and names not touched by another thread meanwhile. */
+KB_EXPORT int kb_frame_event_headers(const kb_frame_event *ev, kb_header *out, size_t max,
+                                     char *names);
 
 #ifdef __cplusplus
 }

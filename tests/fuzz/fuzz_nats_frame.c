@@ -74,7 +74,7 @@ static void frame(natsMsg *m, const char *count, kb_nats_hdrs *h)
         abort();
     for (uint32_t i = 0; i < events; i++) {
         const char *at = f.p;
-        kb_nats_event ev;
+        kb_frame_event ev;
         if (!kb__nats_frame_next(&f, &ev))
             abort();   /* frame_open counted it */
         if (kb__nats_hdr_frame(&t, &ev, h, &why) != 0)

@@ -27,7 +27,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-static void check_event(const kb_redis_fevent *ev, const redisReply *body, uint32_t part,
+static void check_event(const kb_frame_event *ev, const redisReply *body, uint32_t part,
                         uint32_t nparts, uint32_t attempt)
 {
     const char *lo = body->str, *hi = body->str + body->len;
@@ -64,7 +64,7 @@ static void try_fields(const redisReply *e, uint32_t part, uint32_t nparts, uint
         if (kb__redis_frame_open(e, &f, why, sizeof why) == 0) {
             const redisReply *body = kb__redis_field(e, "b");
             uint32_t events = f.left, seen = 0;
-            kb_redis_fevent ev;
+            kb_frame_event ev;
             while (kb__redis_frame_next(&f, &ev)) {
                 check_event(&ev, body, part, nparts, attempt);
                 seen++;

@@ -429,7 +429,7 @@ static bool hand_out(kb_transport *t, kb_nats_topic *tp, const peeked *p, const 
     const char *count = NULL, *why = NULL;
     bool framed = natsMsgHeader_Get(p->m, KB_NATS_BATCH_HDR, &count) == NATS_OK && count != NULL;
     kb_nats_frame frame = {NULL, NULL, 1, 1};
-    kb_nats_event one = {NULL, NULL, 0, 0, NULL, 0};
+    kb_frame_event one = {NULL, NULL, 0, 0, NULL, 0};
     if (framed) {
         if (kb__nats_frame_open(p->m, count, &frame, &why) != 0)
             return true;
@@ -437,13 +437,13 @@ static bool hand_out(kb_transport *t, kb_nats_topic *tp, const peeked *p, const 
         int klen = kb__nats_get_key(p->m, key, KEY_CAP, &why);
         if (klen < 0 || kb__nats_hdr_get(t, p->m, hdrs, &why) != 0)
             return true;
-        one = (kb_nats_event){key, natsMsg_GetData(p->m), (size_t)klen,
-                              (size_t)natsMsg_GetDataLength(p->m), NULL, 0};
+        one = (kb_frame_event){key, natsMsg_GetData(p->m), (size_t)klen,
+                               (size_t)natsMsg_GetDataLength(p->m), NULL, 0};
     }
     char id[48];
     size_t base = kb__nats_put_u64(id, p->seq);
     for (uint32_t i = 1, events = frame.left; i <= events && *left > 0; i++) {
-        kb_nats_event ev = one;
+        kb_frame_event ev = one;
         if (framed) {
             kb__nats_frame_next(&frame, &ev);
             id[base] = '.';

@@ -50,11 +50,11 @@ static int send_locked(kb_transport *t, kb_nats_topic *tp, uint32_t n, kb_nats_b
     int rc;
     if (b->count == 1) {
         kb_nats_frame f = {b->buf, b->buf + b->len, 1, b->v2 ? 2 : 1};
-        kb_nats_event ev;
+        kb_frame_event ev;
         kb__nats_frame_next(&f, &ev);
-        kb_nats_hdrs *h = ev.nh > 0 ? calloc(1, sizeof *h) : NULL;
+        kb_nats_hdrs *h = ev.n_headers > 0 ? calloc(1, sizeof *h) : NULL;
         const char *why = NULL;
-        if (ev.nh > 0 && (h == NULL || kb__nats_hdr_frame(t, &ev, h, &why) != 0)) {
+        if (ev.n_headers > 0 && (h == NULL || kb__nats_hdr_frame(t, &ev, h, &why) != 0)) {
             free(h);   /* checked at kb_publish: only out of memory gets here */
             kb_errf(NULL, 0, "nats: out of memory for a publish");
             return KB_ENOMEM;
@@ -189,7 +189,7 @@ void kb__nats_batch_give_up(kb_transport *t, const char *why)
         for (uint32_t i = 0; tp->batches != NULL && i < t->partitions; i++) {
             kb_nats_batch *b = &tp->batches[i];
             kb_nats_frame f = {b->buf, b->buf + b->len, b->count, b->v2 ? 2 : 1};
-            kb_nats_event ev;
+            kb_frame_event ev;
             while (wanted && kb__nats_frame_next(&f, &ev)) {
                 kb_delivery_report r = {.topic = tp->name, .key = ev.key, .key_len = ev.key_len,
                                         .partition = i, .result = KB_ETRANSPORT, .id = "",

@@ -210,13 +210,13 @@ static void status_msg(feeder *f, natsMsg *m)
 /* An event (or the whole message, when unreadable) goes to the dead letters
  * without reaching a handler, with its headers when they could be read. */
 static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, unsigned n, const char *id,
-                            const kb_nats_event *ev, const kb_nats_hdrs *h, const char *why,
+                            const kb_frame_event *ev, const kb_nats_hdrs *h, const char *why,
                             uint32_t attempts)
 {
     kb_log(f->t->bus, KB_LOG_WARNING, "nats %s: message %s on %s goes to the dead letters: %s",
            f->t->url_safe, id, natsMsg_GetSubject(m), why);
     const char *body = natsMsg_GetData(m);
-    kb_nats_event whole = {NULL, body ? body : "", 0, (size_t)natsMsg_GetDataLength(m)};
+    kb_frame_event whole = {NULL, body ? body : "", 0, (size_t)natsMsg_GetDataLength(m)};
     if (ev == NULL)
         ev = &whole;
     kb_nats_claim *c = e->claim;
@@ -237,7 +237,7 @@ static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, unsigned n,
  * when it came on a subject that is not its partition (`foreign` says why);
  * false when the bus refused it (closing). */
 static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta *meta,
-                    unsigned n, const char *id, const kb_nats_event *ev, const char *foreign)
+                    unsigned n, const char *id, const kb_frame_event *ev, const char *foreign)
 {
     kb_transport *t = f->t;
     const kb_nats_hdrs *h = &f->hdrs;
@@ -249,7 +249,7 @@ static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta 
         snprintf(why, sizeof why, "%s: %s of %zu bytes is over the limit (%zu); not copied",
                  key ? "limits.max_key_bytes" : "limits.max_payload_bytes", key ? "key" : "payload",
                  key ? ev->key_len : ev->payload_len, key ? t->max_key_bytes : t->max_payload_bytes);
-        kb_nats_event ref = {"", NULL, 0, ev->payload_len};
+        kb_frame_event ref = {"", NULL, 0, ev->payload_len};
         dead_on_arrival(f, e, m, n, id, &ref, NULL, why,
                         kb__nats_attempt(e->claim, meta->sseq, meta->delivered));
         return true;
@@ -594,7 +594,7 @@ static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta
      * settle (and the acker destroy it) while we still look at it. */
     const char *count = NULL, *why = NULL;
     kb_nats_frame frame = {NULL, NULL, 1};
-    kb_nats_event one = {NULL, NULL, 0, 0};
+    kb_frame_event one = {NULL, NULL, 0, 0};
     bool framed = natsMsgHeader_Get(m, KB_NATS_BATCH_HDR, &count) == NATS_OK && count != NULL;
     int bad;
     if (framed) {
@@ -602,8 +602,8 @@ static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta
     } else {
         int klen = kb__nats_get_key(m, f->key, f->key_cap, &why);
         bad = klen < 0 || kb__nats_hdr_get(t, m, &f->hdrs, &why) != 0;
-        one = (kb_nats_event){f->key, natsMsg_GetData(m), klen < 0 ? 0 : (size_t)klen,
-                              (size_t)natsMsg_GetDataLength(m)};
+        one = (kb_frame_event){f->key, natsMsg_GetData(m), klen < 0 ? 0 : (size_t)klen,
+                               (size_t)natsMsg_GetDataLength(m)};
     }
     uint32_t events = bad ? 1 : frame.left;
     kb__nats_progress_ready(c);   /* before the first delivery: executors note into it */
@@ -620,7 +620,7 @@ static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta
         return;
     }
     for (uint32_t i = 1; i <= events; i++) {
-        kb_nats_event ev = one;
+        kb_frame_event ev = one;
         if (framed) {
             kb__nats_frame_next(&frame, &ev);
             id[base] = '.';

@@ -32,7 +32,7 @@ int kb__nats_frame_open(natsMsg *m, const char *count, kb_nats_frame *f, const c
     const char *body = natsMsg_GetData(m);
     kb_nats_frame probe = {body, body + natsMsg_GetDataLength(m), (uint32_t)n, version};
     *f = probe;
-    kb_nats_event ev;
+    kb_frame_event ev;
     while (kb__nats_frame_next(&probe, &ev))
         ;
     if (probe.left != 0 || probe.p != probe.end) {

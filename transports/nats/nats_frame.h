@@ -5,8 +5,8 @@
 
 #include "nats_types.h"
 
-/* An event of a frame (kb_frame_event_read; version 2: with its header block). */
-typedef kb_frame_event kb_nats_event;
+/* A frame's events are kb_frame_event_read's (version 2: with their header
+ * block). */
 typedef struct kb_nats_frame {
     const char *p, *end;
     uint32_t left;                 /* events not yet read */
@@ -15,9 +15,8 @@ typedef struct kb_nats_frame {
 /* Check a frame whose Kb-Batch header is `count` (and its Kb-Frame version);
  * -1 with *why when malformed. */
 int kb__nats_frame_open(natsMsg *m, const char *count, kb_nats_frame *f, const char **why);
-/* The next event of a checked frame; false at its end. Inline: it runs per
- * event on the feeder's path. */
-static inline bool kb__nats_frame_next(kb_nats_frame *f, kb_nats_event *ev)
+/* The next event of a checked frame; false at its end. */
+static inline bool kb__nats_frame_next(kb_nats_frame *f, kb_frame_event *ev)
 {
     const char *next =
         f->left > 0 ? kb_frame_event_read(f->p, f->end, f->version == 2, ev) : NULL;

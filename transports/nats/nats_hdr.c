@@ -220,12 +220,12 @@ int kb__nats_hdr_get(const kb_transport *t, natsMsg *m, kb_nats_hdrs *out, const
     return check(t, out, why);
 }
 
-int kb__nats_hdr_frame(const kb_transport *t, const kb_nats_event *ev, kb_nats_hdrs *out,
+int kb__nats_hdr_frame(const kb_transport *t, const kb_frame_event *ev, kb_nats_hdrs *out,
                        const char **why)
 {
     out->n = 0;
-    const unsigned char *p = (const unsigned char *)ev->hdrs;
-    for (uint32_t i = 0; i < ev->nh; i++) {
+    const unsigned char *p = (const unsigned char *)ev->header_block;
+    for (uint32_t i = 0; i < ev->n_headers; i++) {
         size_t nl = p[0];
         const char *name = (const char *)p + 1;
         uint32_t vl = (uint32_t)p[1 + nl] | (uint32_t)p[2 + nl] << 8 | (uint32_t)p[3 + nl] << 16 |

@@ -19,7 +19,7 @@ int kb__nats_hdr_set(natsMsg *m, const kb_header *h, size_t n);
  * They point into m and out. */
 int kb__nats_hdr_get(const kb_transport *t, natsMsg *m, kb_nats_hdrs *out, const char **why);
 /* The same for one event of a version 2 frame (the block is checked). */
-int kb__nats_hdr_frame(const kb_transport *t, const kb_nats_event *ev, kb_nats_hdrs *out,
+int kb__nats_hdr_frame(const kb_transport *t, const kb_frame_event *ev, kb_nats_hdrs *out,
                        const char **why);
 void kb__nats_hdrs_free(kb_nats_hdrs *h);
 

@@ -326,7 +326,7 @@ static void report_to(kb_transport *t, kb_nats_topic *tp, uint32_t part, natsMsg
     size_t base = kb__nats_put_u64(id, seq);
     const char *count = NULL, *why = NULL;
     kb_nats_frame f;
-    kb_nats_event ev;
+    kb_frame_event ev;
     if (natsMsgHeader_Get(msg, KB_NATS_BATCH_HDR, &count) == NATS_OK && count != NULL) {
         if (kb__nats_frame_open(msg, count, &f, &why) != 0)
             return;

@@ -517,7 +517,7 @@ static bool hand_out_frame(kb_transport *t, const char *topic, const peeked *v, 
 {
     kb_redis_frame f;
     char why[160], id[KB_REDIS_EVENT_ID_MAX];
-    kb_redis_fevent fe;
+    kb_frame_event fe;
     kb__redis_frame_open(v->e->element[1], &f, why, sizeof why);   /* checked by add_entry */
     bool go = true;
     for (uint32_t j = 0; go && *left > 0 && kb__redis_frame_next(&f, &fe); j++) {

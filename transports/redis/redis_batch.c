@@ -62,11 +62,11 @@ static bool emit(kb_transport *t, kb_redis_part *p, int64_t now)
     size_t big;
     if (f->count == 1) {
         kb_redis_frame fr = {f->buf, f->buf + f->len, 1};
-        kb_redis_fevent ev;
+        kb_frame_event ev;
         kb_header h[KB_MAX_HEADERS];
         char names[KB_MAX_HEADERS * (KB_MAX_HEADER_NAME + 1)];
         kb__redis_frame_next(&fr, &ev);
-        int nh = kb_frame_headers(&ev, h, KB_MAX_HEADERS, names);
+        int nh = kb_frame_event_headers(&ev, h, KB_MAX_HEADERS, names);
         kb_msg m = {ev.key, ev.key_len, ev.payload, ev.payload_len, 0, h, nh > 0 ? (size_t)nh : 0};
         n = kb__redis_xadd_args(t, p, &m, &a);
         big = ev.key_len > ev.payload_len ? ev.key_len : ev.payload_len;
@@ -146,13 +146,13 @@ int64_t kb__redis_frames_due(kb_transport *t, bool all)
 }
 
 void kb__redis_frames_each(kb_transport *t, void (*fn)(void *arg, kb_redis_part *p,
-                                                         const kb_redis_fevent *ev), void *arg)
+                                                         const kb_frame_event *ev), void *arg)
 {
     for (kb_transport_topic *tt = atomic_load(&t->opened); tt != NULL; tt = tt->opened_next)
         for (uint32_t i = 0; i < tt->nparts; i++) {
             kb_redis_pframe *f = &tt->parts[i].frame;
             kb_redis_frame fr = {f->buf, f->buf + f->len, f->count};
-            kb_redis_fevent ev;
+            kb_frame_event ev;
             while (kb__redis_frame_next(&fr, &ev))
                 fn(arg, &tt->parts[i], &ev);
         }

@@ -222,7 +222,7 @@ static int frame_pass(kb_transport_topic *tt, kb_redis_part *p, kb_redis_frame f
     kb_redis_event ck;
     kb_transport *t = tt->t;
     size_t id_len = strlen(id);
-    kb_redis_fevent ev;
+    kb_frame_event ev;
     *again = false;
     for (uint32_t j = 0; j < p->fcur.next; j++)
         kb__redis_frame_next(&f, &ev);

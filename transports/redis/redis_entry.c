@@ -117,14 +117,14 @@ int kb__redis_entry_read(const redisReply *e, uint32_t part, uint32_t nparts, ui
     return KB_REDIS_ENTRY_EVENT;
 }
 
-int kb__redis_event_read(const kb_redis_fevent *ev, uint32_t part, uint32_t nparts,
+int kb__redis_event_read(const kb_frame_event *ev, uint32_t part, uint32_t nparts,
                          uint32_t attempt, uint32_t max_attempts, const kb_redis_limits *lim,
                          kb_redis_event *out)
 {
     out->n_headers = 0;
     out->attempt = attempt;
     out->why[0] = '\0';
-    int nh = kb_frame_headers(ev, out->headers, lim->headers, out->names);
+    int nh = kb_frame_event_headers(ev, out->headers, lim->headers, out->names);
     if (ev->key_len == 0 || ev->key_len > lim->key || ev->payload_len > lim->payload) {
         snprintf(out->why, sizeof out->why, "%s", ev->key_len == 0 ? "malformed: an empty key"
                  : ev->key_len > lim->key ? "limits.max_key_bytes: the key is over the limit"
@@ -133,7 +133,7 @@ int kb__redis_event_read(const kb_redis_fevent *ev, uint32_t part, uint32_t npar
     }
     if (nh < 0) {
         snprintf(out->why, sizeof out->why, "headers: %u are over limits.max_headers (%zu), or a "
-                 "name's length is out of the rules", ev->nh, lim->headers);
+                 "name's length is out of the rules", ev->n_headers, lim->headers);
         return KB_REDIS_ENTRY_DEAD;
     }
     out->n_headers = (size_t)nh;

@@ -33,7 +33,7 @@ int kb__redis_frame_open(const redisReply *fields, kb_redis_frame *f, char *why,
     }
     kb_redis_frame probe = {b->str, b->str + b->len, count};
     *f = probe;
-    kb_redis_fevent ev;
+    kb_frame_event ev;
     while (kb__redis_frame_next(&probe, &ev))
         ;
     if (probe.left != 0 || probe.p != probe.end) {

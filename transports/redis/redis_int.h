@@ -456,15 +456,14 @@ int kb__redis_event_read(const kb_frame_event *ev, uint32_t part, uint32_t npart
 
 /* ---- redis_frame.c: the frame layout (pure) ---- */
 /* A frame's events always carry their header block (kb_frame_event_size and
- * _put with with_headers; kb_frame_headers reads the block). */
-typedef kb_frame_event kb_redis_fevent;
+ * _put with with_headers; kb_frame_event_headers reads the block). */
 typedef struct kb_redis_frame {
     const char *p, *end;
     uint32_t left;                 /* events not yet read */
 } kb_redis_frame;
 /* The next event of a checked frame (or of one being filled); false at its
- * end. Inline: it runs per event on the reader's path. */
-static inline bool kb__redis_frame_next(kb_redis_frame *f, kb_redis_fevent *ev)
+ * end. */
+static inline bool kb__redis_frame_next(kb_redis_frame *f, kb_frame_event *ev)
 {
     const char *next = f->left > 0 ? kb_frame_event_read(f->p, f->end, true, ev) : NULL;
     if (next == NULL)
@@ -498,7 +497,7 @@ int kb__redis_batch_add(kb_transport *t, kb_redis_part *p, const kb_msg *m, bool
 int64_t kb__redis_frames_due(kb_transport *t, bool all);
 /* Call fn for every event of the open frames (close: reported failed). */
 void kb__redis_frames_each(kb_transport *t, void (*fn)(void *arg, kb_redis_part *p,
-                                                         const kb_redis_fevent *ev), void *arg);
+                                                         const kb_frame_event *ev), void *arg);
 /* Bytes and records held, for waiters. */
 static inline void kb__redis_pub_counts(kb_transport *t)
 {

@@ -182,7 +182,7 @@ static void report_given_up(void *arg, const kb_redis_pubrec *r, const char *xad
         kb__redis_report_now(g->t, r->p, xadd, r->len, KB_ETRANSPORT, g->why);
 }
 
-static void report_unsent(void *arg, kb_redis_part *p, const kb_redis_fevent *ev)
+static void report_unsent(void *arg, kb_redis_part *p, const kb_frame_event *ev)
 {
     struct given_up *g = arg;
     kb__redis_report_key(g->t, p, ev->key, ev->key_len, KB_ETRANSPORT, g->why);

@@ -43,7 +43,7 @@ static size_t xadd_keys(const char *buf, size_t len, size_t *bytes,
         p = data + n + 1;   /* the '\n' after the argument */
     }
     kb_redis_frame f = {body, body + body_len, UINT32_MAX};
-    kb_redis_fevent ev;
+    kb_frame_event ev;
     size_t count = 0;
     while (body != NULL && kb__redis_frame_next(&f, &ev)) {
         *bytes += ev.key_len;

@@ -10,19 +10,26 @@
 /* Reads are fenced on the server: a process that lost its lease (paused, say)
  * must not move entries into its PEL after the new owner swept it, or those
  * entries would sit there, skipped, while later ones of their keys are handled. */
-/* An entry deleted while pending (c[3]: XAUTOCLAIM drops it from the PEL)
- * is never acked, so its progress record would outlive it: deleted here.
+/* An entry deleted while pending (c[3]: XAUTOCLAIM drops it from the PEL;
+ * Redis 7 only, 6.2 reports none and leaves it to the hash's expiry) is
+ * never acked, so its progress record would outlive it: deleted here, up to
+ * 1000 IDs per HDEL (c[3] holds up to 10 x COUNT, and unpack is bounded by
+ * Lua's stack). A record written after this HDEL (a half-settled frame that
+ * was trimmed, released at close) stays until the hash expires.
  * A frame's events' runs are recorded under "<ID>.<index>": its element of
  * `runs` is then an array, one per event, and its progress record last
  * (redis_progress.c; nil when none). HGET, as every command docs/security.md
  * grants (no HMGET); none when the partition has no run records at all (the
  * usual case after a crash: records are only written for redelivered or
- * retried events), where a frame would cost one HGET per event for nothing. */
+ * retried events), where a frame would cost one HGET per event for nothing.
+ * That is checked per page (per call of this script): once the events of an
+ * earlier page have run again and recorded it, a later page reads them. */
 static const char SWEEP_LUA[] =
     "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
     "local c = redis.call('xautoclaim',KEYS[2],ARGV[2],ARGV[3],0,ARGV[4],'COUNT',ARGV[5]) "
-    "if type(c[3]) == 'table' then for _, id in ipairs(c[3]) do "
-    "redis.call('hdel',KEYS[4],id) end end "
+    "local g = c[3] "
+    "if type(g) == 'table' then for i = 1, #g, 1000 do "
+    "redis.call('hdel',KEYS[4],unpack(g,i,math.min(i+999,#g))) end end "
     "local has = redis.call('exists',KEYS[3]) == 1 "
     "local runs = {} "
     "for i, e in ipairs(c[2]) do "
