@@ -1,5 +1,8 @@
-/* Publishing: kb_publish appends the XADD to the backlog and wakes the sender
- * (redis_sender.c), which writes it; no publisher waits for the network. The
+/* Publishing: kb_publish appends the XADD to the backlog. When nothing older
+ * waits to be written it writes it itself, without blocking (no hand-off to
+ * another thread, which at everyday rates costs a wake-up that waits for a
+ * CPU); otherwise, or for what the socket does not take, the sender
+ * (redis_sender.c) writes it. No publisher waits for the network. The
  * backlog is bounded by redis.publish_buffer_bytes: when it is full a
  * publisher waits up to pool.enqueue_timeout_ms for the server to confirm
  * older ones, then gets KB_EFULL. kb_flush waits for the confirmations;
@@ -57,6 +60,10 @@ static int wait_room(kb_transport *t, kb_transport_topic *tt, size_t need)
     return KB_OK;
 }
 
+/* Records written and not answered under which a publisher writes its own
+ * event's frame at once rather than leave it to fill. */
+#define SHALLOW 2
+
 int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
 {
     kb_redis_part *p = &tt->parts[kb_partition_of_hash(m->hash, t->partitions)];
@@ -81,22 +88,34 @@ int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
         rc = kb__redis_sender_start(t);
     if (rc == KB_OK)
         rc = wait_room(t, tt, need);
-    /* A sender that owes replies or a write comes back to the backlog when
-     * they arrive, and writes this with what follows: no wake-up (a pipe
+    /* A sender that owes a write comes back to the backlog when the socket
+     * takes more, and writes this with what follows: no wake-up (a pipe
      * write and a poll) per publish, and fuller writes for the server. */
     bool kick = !t->sender_busy, opened = false;
     if (rc == KB_OK) {
-        size_t records = t->backlog.n;
+        size_t records = t->backlog.n, unsent;
+        kb__redis_backlog_unsent(&t->backlog, &unsent);
         if (t->publish_batch > 1)
             rc = kb__redis_batch_add(t, p, m, &opened);
         else if (!kb__redis_backlog_add(&t->backlog, p, big, n, a.argv, a.lens))
             rc = KB_ENOMEM;
         if (rc == KB_OK) {
-            kb__redis_pub_counts(t);
-            atomic_fetch_add_explicit(&tt->published, 1, memory_order_relaxed);
+            /* At most one entry awaits its reply: the open frames go now.
+             * They fill while the server works on more; at everyday rates
+             * a frame held for a reply would still hold this one event,
+             * and it would wait a round trip. */
+            if (opened && unsent == 0 && records < SHALLOW && t->pub_direct) {
+                kb__redis_frames_due(t, true);
+                opened = t->frames_open > 0;   /* out of memory: left to the sender */
+            }
+            bool added = t->backlog.n != records;
+            if (added && unsent == 0 && kb__redis_sender_write_now(t))
+                kick = false;   /* written: its replies bring the sender back */
             /* an open frame waits for the sender's timer only when nothing
              * else brings it back to the backlog */
-            kick = kick && (opened || t->backlog.n != records);
+            kick = kick && (opened || added);
+            kb__redis_pub_counts(t);
+            atomic_fetch_add_explicit(&tt->published, 1, memory_order_relaxed);
         } else {
             kb_errf(NULL, 0, "kb_publish %s: out of memory", tt->name);
         }
