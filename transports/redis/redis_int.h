@@ -33,7 +33,8 @@
  *
  * Threads and connections (a blocking read never shares a connection):
  *   - publishers append to the backlog (pub_lock) and, when nothing older
- *     waits to be written, write their XADD themselves without blocking;
+ *     waits to be written and at most one XADD awaits its reply, write
+ *     theirs themselves without blocking;
  *   - kb-redis-sender: writes the rest of the backlog pipelined on the publish connection,
  *     reads the replies, and after a lost connection resends what was not
  *     confirmed, in order (at least once);

@@ -1,8 +1,9 @@
 /* Publishing: kb_publish appends the XADD to the backlog. When nothing older
- * waits to be written it writes it itself, without blocking (no hand-off to
- * another thread, which at everyday rates costs a wake-up that waits for a
- * CPU); otherwise, or for what the socket does not take, the sender
- * (redis_sender.c) writes it. No publisher waits for the network. The
+ * waits to be written and at most one XADD awaits its reply, it writes it
+ * itself, without blocking (no hand-off to another thread, which at everyday
+ * rates costs a wake-up that waits for a CPU); otherwise, or for what the
+ * socket does not take, the sender (redis_sender.c) writes it. No publisher
+ * waits for the network. The
  * backlog is bounded by redis.publish_buffer_bytes: when it is full a
  * publisher waits up to pool.enqueue_timeout_ms for the server to confirm
  * older ones, then gets KB_EFULL. kb_flush waits for the confirmations;
@@ -60,8 +61,8 @@ static int wait_room(kb_transport *t, kb_transport_topic *tt, size_t need)
     return KB_OK;
 }
 
-/* Records written and not answered under which a publisher writes its own
- * event's frame at once rather than leave it to fill. */
+/* Records written and not answered under which a publisher writes what it
+ * added itself, at once. */
 #define SHALLOW 2
 
 int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
@@ -88,8 +89,8 @@ int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
         rc = kb__redis_sender_start(t);
     if (rc == KB_OK)
         rc = wait_room(t, tt, need);
-    /* A sender that owes a write comes back to the backlog when the socket
-     * takes more, and writes this with what follows: no wake-up (a pipe
+    /* A sender that owes replies or a write comes back to the backlog when
+     * they arrive, and writes this with what follows: no wake-up (a pipe
      * write and a poll) per publish, and fuller writes for the server. */
     bool kick = !t->sender_busy, opened = false;
     if (rc == KB_OK) {
@@ -100,16 +101,19 @@ int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
         else if (!kb__redis_backlog_add(&t->backlog, p, big, n, a.argv, a.lens))
             rc = KB_ENOMEM;
         if (rc == KB_OK) {
-            /* At most one entry awaits its reply: the open frames go now.
-             * They fill while the server works on more; at everyday rates
-             * a frame held for a reply would still hold this one event,
-             * and it would wait a round trip. */
-            if (opened && unsent == 0 && records < SHALLOW && t->pub_direct) {
+            /* At most one entry awaits its reply (everyday rates): what
+             * this publish added goes on the wire now, from this thread,
+             * and the open frames with it; a frame held for that reply
+             * would still hold this one event, a round trip later. With
+             * more in flight the sender writes what came meanwhile in one
+             * go when the replies arrive, and the frames fill. */
+            bool shallow = unsent == 0 && records < SHALLOW && t->pub_direct;
+            if (opened && shallow) {
                 kb__redis_frames_due(t, true);
                 opened = t->frames_open > 0;   /* out of memory: left to the sender */
             }
             bool added = t->backlog.n != records;
-            if (added && unsent == 0 && kb__redis_sender_write_now(t))
+            if (added && shallow && kb__redis_sender_write_now(t))
                 kick = false;   /* written: its replies bring the sender back */
             /* an open frame waits for the sender's timer only when nothing
              * else brings it back to the backlog */
