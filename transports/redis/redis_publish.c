@@ -101,13 +101,16 @@ int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
         else if (!kb__redis_backlog_add(&t->backlog, p, big, n, a.argv, a.lens))
             rc = KB_ENOMEM;
         if (rc == KB_OK) {
-            /* At most one entry awaits its reply (everyday rates): what
+            /* At most one entry awaits its reply (everyday rates) and no
+             * replica is waited for (the sender queues each WAIT behind
+             * the XADDs it writes): what
              * this publish added goes on the wire now, from this thread,
              * and the open frames with it; a frame held for that reply
              * would still hold this one event, a round trip later. With
              * more in flight the sender writes what came meanwhile in one
              * go when the replies arrive, and the frames fill. */
-            bool shallow = unsent == 0 && records < SHALLOW && t->pub_direct;
+            bool shallow = unsent == 0 && records < SHALLOW && t->pub_direct &&
+                           t->wait_replicas == 0;   /* a WAIT follows the sender's writes */
             if (opened && shallow) {
                 kb__redis_frames_due(t, true);
                 opened = t->frames_open > 0;   /* out of memory: left to the sender */

@@ -4,7 +4,10 @@
  * for redis.read_timeout_ms while replies are due, is dropped; after the
  * backoff the sender reconnects and writes every unconfirmed record again,
  * oldest first, then the rest (at least once: one the server stored before
- * the loss is stored twice, never reordered). Only what the server refuses
+ * the loss is stored twice; the copies come in order, but a transient error
+ * answered to one XADD while later ones were already written and stored puts
+ * their first copies before it). Publishers write their own XADD at everyday
+ * rates (redis_publish.c); the sender reads its reply. Only what the server refuses
  * (an error reply, an argument over its proto-max-bulk-len) counts as failed.
  * With redis.wait_replicas, each time it has written everything it appends a
  * WAIT for the XADDs since the previous one: its answer says how many
