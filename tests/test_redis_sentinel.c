@@ -154,6 +154,23 @@ static void wait_shortfall_named(void **state)
     kb_assert_ok(kb_close(two, 5000));
 }
 
+/* Publishes far apart, as at everyday rates: each still gets its WAIT, so
+ * kb_flush and kb_close report none unconfirmed (a publisher that wrote its
+ * own XADD once left it without one). */
+static void sparse_publishes_waited(void **state)
+{
+    kb_test_sentinels *s = *state;
+    kb_bus *b = open_bus(s->url, "1");
+    for (uint32_t seq = 1; seq <= 3; seq++) {
+        kb_assert_ok(kb_tracker_publish(b, TOPIC "-sparse", seq % KEYS, seq, 16));
+        usleep(400000);
+    }
+    if (kb_flush(b, 5000) != KB_OK)
+        fail_msg("kb_flush: %s", kb_last_error());
+    if (kb_close(b, 5000) != KB_OK)
+        fail_msg("kb_close: %s", kb_last_error());
+}
+
 /* ---- a failover the Sentinels are asked for: the old primary lives on as a replica ---- */
 
 #define SWITCH_EVENTS_MAX 1400   /* 100 before the switch, at most 60 rounds of KEYS after */
@@ -406,6 +423,7 @@ int main(void)
     };
     const struct CMUnitTest with_servers[] = {
         cmocka_unit_test(wait_shortfall_named),
+        cmocka_unit_test(sparse_publishes_waited),
         cmocka_unit_test(switch_followed),
         cmocka_unit_test(primary_killed_mid_stream),
     };

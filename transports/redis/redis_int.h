@@ -32,8 +32,10 @@
  *   redis_reply.c      reply objects: one reply in a few blocks it owns
  *
  * Threads and connections (a blocking read never shares a connection):
- *   - publishers only append to the backlog (pub_lock, never a network call);
- *   - kb-redis-sender: writes the backlog pipelined on the publish connection,
+ *   - publishers append to the backlog (pub_lock) and, when nothing older
+ *     waits to be written and at most one XADD awaits its reply, write
+ *     theirs themselves without blocking;
+ *   - kb-redis-sender: writes the rest of the backlog pipelined on the publish connection,
  *     reads the replies, and after a lost connection resends what was not
  *     confirmed, in order (at least once);
  *   - kb-redis-reader: one XREADGROUP reads all owned partitions of all
@@ -330,6 +332,10 @@ struct kb_transport {
     _Atomic bool sender_kicked, sender_stop;
     bool sender_busy;             /* it owes a write or awaits replies: it comes back to the
                                    * backlog without a kick (pub_lock) */
+    bool pub_direct;              /* the connection is up and rewound: publishers may write
+                                   * to it (pub_lock) */
+    int64_t direct_since_ns;      /* a publisher's write the sender, idle, has not seen:
+                                   * its reply is due from then (pub_lock) */
     _Atomic int64_t sender_deadline_ns;   /* close: connects end by then */
     int64_t bulk_max;             /* server's proto-max-bulk-len (redis_limit.c; pub_lock) */
     bool bulk_known;              /* read from the server, not assumed (pub_lock) */
@@ -524,6 +530,10 @@ void kb__redis_pub_note(kb_transport *t, kb_transport_topic *tt, uint32_t part, 
 int kb__redis_sender_start(kb_transport *t);
 /* Wake it: new records, or stop. Thread: any. */
 void kb__redis_sender_kick(kb_transport *t);
+/* Write the backlog's unsent bytes now from the calling thread, without
+ * blocking, when the connection is up (caller holds pub_lock). True when
+ * the sender need not be kicked. */
+bool kb__redis_sender_write_now(kb_transport *t);
 /* Stop it (close, after its wait for confirmations); with records still
  * unconfirmed the server is silent: the connection is cut. */
 void kb__redis_sender_stop(kb_transport *t);

@@ -1,5 +1,9 @@
-/* Publishing: kb_publish appends the XADD to the backlog and wakes the sender
- * (redis_sender.c), which writes it; no publisher waits for the network. The
+/* Publishing: kb_publish appends the XADD to the backlog. When nothing older
+ * waits to be written and at most one XADD awaits its reply, it writes it
+ * itself, without blocking (no hand-off to another thread, which at everyday
+ * rates costs a wake-up that waits for a CPU); otherwise, or for what the
+ * socket does not take, the sender (redis_sender.c) writes it. No publisher
+ * waits for the network. The
  * backlog is bounded by redis.publish_buffer_bytes: when it is full a
  * publisher waits up to pool.enqueue_timeout_ms for the server to confirm
  * older ones, then gets KB_EFULL. kb_flush waits for the confirmations;
@@ -57,6 +61,10 @@ static int wait_room(kb_transport *t, kb_transport_topic *tt, size_t need)
     return KB_OK;
 }
 
+/* Records written and not answered under which a publisher writes what it
+ * added itself, at once. */
+#define SHALLOW 2
+
 int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
 {
     kb_redis_part *p = &tt->parts[kb_partition_of_hash(m->hash, t->partitions)];
@@ -86,17 +94,35 @@ int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
      * write and a poll) per publish, and fuller writes for the server. */
     bool kick = !t->sender_busy, opened = false;
     if (rc == KB_OK) {
-        size_t records = t->backlog.n;
+        size_t records = t->backlog.n, unsent;
+        kb__redis_backlog_unsent(&t->backlog, &unsent);
         if (t->publish_batch > 1)
             rc = kb__redis_batch_add(t, p, m, &opened);
         else if (!kb__redis_backlog_add(&t->backlog, p, big, n, a.argv, a.lens))
             rc = KB_ENOMEM;
         if (rc == KB_OK) {
-            kb__redis_pub_counts(t);
-            atomic_fetch_add_explicit(&tt->published, 1, memory_order_relaxed);
+            /* At most one entry awaits its reply (everyday rates) and no
+             * replica is waited for (the sender queues each WAIT behind
+             * the XADDs it writes): what
+             * this publish added goes on the wire now, from this thread,
+             * and the open frames with it; a frame held for that reply
+             * would still hold this one event, a round trip later. With
+             * more in flight the sender writes what came meanwhile in one
+             * go when the replies arrive, and the frames fill. */
+            bool shallow = unsent == 0 && records < SHALLOW && t->pub_direct &&
+                           t->wait_replicas == 0;   /* a WAIT follows the sender's writes */
+            if (opened && shallow) {
+                kb__redis_frames_due(t, true);
+                opened = t->frames_open > 0;   /* out of memory: left to the sender */
+            }
+            bool added = t->backlog.n != records;
+            if (added && shallow && kb__redis_sender_write_now(t))
+                kick = false;   /* written: its replies bring the sender back */
             /* an open frame waits for the sender's timer only when nothing
              * else brings it back to the backlog */
-            kick = kick && (opened || t->backlog.n != records);
+            kick = kick && (opened || added);
+            kb__redis_pub_counts(t);
+            atomic_fetch_add_explicit(&tt->published, 1, memory_order_relaxed);
         } else {
             kb_errf(NULL, 0, "kb_publish %s: out of memory", tt->name);
         }

@@ -4,7 +4,10 @@
  * for redis.read_timeout_ms while replies are due, is dropped; after the
  * backoff the sender reconnects and writes every unconfirmed record again,
  * oldest first, then the rest (at least once: one the server stored before
- * the loss is stored twice, never reordered). Only what the server refuses
+ * the loss is stored twice; the copies come in order, but a transient error
+ * answered to one XADD while later ones were already written and stored puts
+ * their first copies before it). Publishers write their own XADD at everyday
+ * rates (redis_publish.c); the sender reads its reply. Only what the server refuses
  * (an error reply, an argument over its proto-max-bulk-len) counts as failed.
  * With redis.wait_replicas, each time it has written everything it appends a
  * WAIT for the XADDs since the previous one: its answer says how many
@@ -128,6 +131,7 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
     bool ok = true;
     bool wanted = kb_bus_delivery_wanted(t->bus);
     pthread_mutex_lock(&t->pub_lock);
+    t->direct_since_ns = 0;   /* the server answered since: it is timed from now */
     for (size_t i = 0; i < n && t->backlog.n > 0; i++) {
         if (r[i]->type == REDIS_REPLY_ERROR && transient(r[i])) {
             snprintf(t->pub_lost, sizeof t->pub_lost, "%.200s", r[i]->str);
@@ -230,12 +234,16 @@ static bool queue_wait(kb_transport *t)
 
 /* Open frames a linger old into the backlog, then write what the socket
  * takes now; the errno that broke it, or 0. *frame_due: when the next open
- * frame is due (INT64_MAX: none). */
-static int write_some(kb_transport *t, redisContext *c, bool *unsent, bool *due, int64_t *quiet_since,
-                      int64_t *frame_due)
+ * frame is due (INT64_MAX: none). `idle`: the sender awaited nothing, so a
+ * publisher's write since is the oldest reply due. */
+static int write_some(kb_transport *t, redisContext *c, bool idle, bool *unsent, bool *due,
+                      int64_t *quiet_since, int64_t *frame_due)
 {
     int err = 0;
     pthread_mutex_lock(&t->pub_lock);
+    if (idle && t->direct_since_ns != 0)
+        *quiet_since = t->direct_since_ns;
+    t->direct_since_ns = 0;
     kb_redis_backlog *bl = &t->backlog;
     /* open frames a linger old go now, and all of them when nothing is in
      * flight: the frames fill while the server works on what was written */
@@ -303,6 +311,7 @@ static void lose(kb_transport *t, const char *why_now)
     kb_redis_backlog *bl = &t->backlog;
     kb__redis_backlog_rewind(bl);
     t->sender_busy = false;   /* it may nap now: publishers kick it again */
+    t->pub_direct = false;    /* and write nothing to this connection any more */
     uint32_t held = 0;   /* XADDs still held since the previous WAIT */
     for (size_t i = 0; i < bl->n; i++) {
         kb_redis_pubrec *rec = &bl->rec[(bl->first + i) % bl->rcap];
@@ -391,6 +400,7 @@ static redisContext *connection(kb_transport *t)
     if (c != NULL) {
         pthread_mutex_lock(&t->pub_lock);
         kb__redis_backlog_rewind(&t->backlog);   /* the unconfirmed ones first, in order */
+        t->pub_direct = true;
         pthread_mutex_unlock(&t->pub_lock);
         state_changed(t, false, t->where);
     }
@@ -413,7 +423,7 @@ static void *sender_main(void *arg)
             quiet_since = kb_now_ns();
         bool unsent, due;
         int64_t frame_due;
-        int err = write_some(t, c, &unsent, &due, &quiet_since, &frame_due);
+        int err = write_some(t, c, !busy, &unsent, &due, &quiet_since, &frame_due);
         if (err != 0) {
             lose(t, strerror(err));
             busy = false;
@@ -422,7 +432,9 @@ static void *sender_main(void *arg)
         busy = unsent || due;
         struct pollfd p[2] = {{t->sender_wake[0], POLLIN, 0},
                               {c->fd, (short)(POLLIN | (unsent ? POLLOUT : 0)), 0}};
-        int ms = -1;
+        /* idle, it still looks within redis.read_timeout_ms: a publisher
+         * may have written meanwhile, and its reply is timed too */
+        int ms = t->read_timeout_ms;
         if (busy) {
             int64_t left = quiet_since + patience - kb_now_ns();
             ms = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
@@ -478,6 +490,30 @@ int kb__redis_sender_start(kb_transport *t)
     return KB_OK;
 }
 
+bool kb__redis_sender_write_now(kb_transport *t)
+{
+    if (!t->pub_direct)
+        return false;
+    kb_redis_backlog *bl = &t->backlog;
+    bool idle = !t->sender_busy, all = true;
+    const char *bytes;
+    size_t len;
+    while ((bytes = kb__redis_backlog_unsent(bl, &len)), len > 0) {
+        ssize_t w = send(t->pub.c->fd, bytes, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w > 0) {
+            kb__redis_backlog_wrote(bl, (size_t)w);
+            if (idle && t->direct_since_ns == 0)
+                t->direct_since_ns = kb_now_ns();
+        } else if (!(w < 0 && errno == EINTR)) {
+            all = false;   /* full or broken: the sender's to write or to find lost */
+            break;
+        }
+    }
+    if (all)
+        t->sender_busy = true;   /* the replies bring it back */
+    return all;
+}
+
 void kb__redis_sender_kick(kb_transport *t)
 {
     if (!atomic_exchange(&t->sender_kicked, true)) {
@@ -491,6 +527,9 @@ void kb__redis_sender_stop(kb_transport *t)
     if (t->sender == NULL)
         return;
     atomic_store(&t->sender_stop, true);
+    pthread_mutex_lock(&t->pub_lock);
+    t->pub_direct = false;
+    pthread_mutex_unlock(&t->pub_lock);
     if (atomic_load(&t->pub_unconfirmed) > 0)
         kb__redis_conn_cut(&t->pub);   /* close gave it until its deadline: a silent server */
     ssize_t w = write(t->sender_wake[1], "", 1);
