@@ -34,6 +34,7 @@ struct kb_redis_leases {
     void (*send_acks)(kb_transport *t);
     bool taken;                          /* this round took a partition */
     bool closing;                        /* release_all deleted the leases already */
+    bool *lost;                          /* lost, its lease maybe still holding our token */
     const char *names[];                 /* each partition's stream, for the traces */
 };
 
@@ -141,6 +142,7 @@ static void gained_cb(void *opaque, uint32_t i)
 {
     struct kb_redis_leases *ls = opaque;
     kb_redis_part *p = &ls->tt->parts[i];
+    ls->lost[i] = false;
     atomic_fetch_add(&p->epoch, 1);
     atomic_store(&p->state, KB_PART_OWNED);
     kb_log(ls->tt->t->bus, KB_LOG_INFO, "redis: %s took %s", ls->tt->t->consumer, p->stream);
@@ -152,13 +154,25 @@ static void lost_cb(void *opaque, uint32_t i)
     struct kb_redis_leases *ls = opaque;
     kb_redis_part *p = &ls->tt->parts[i];
     atomic_store(&p->state, KB_PART_FREE);
+    ls->lost[i] = true;   /* a late renewal may have kept our token: deleted once idle */
     kb_log(ls->tt->t->bus, KB_LOG_WARNING,
            "redis: %s lost the lease of %s (taken, expired, or renewed after its deadline)",
            ls->tt->t->consumer, p->stream);
 }
 
 /* Idle: every ack of the partition is queued; send them before the next
- * owner can claim the entries, then delete the lease. */
+ * owner can claim the entries, then delete the lease if it still holds our
+ * token. False without an answer. */
+static bool hand_back(struct kb_redis_leases *ls, kb_redis_part *p)
+{
+    kb_transport *t = ls->tt->t;
+    ls->send_acks(t);
+    const char *argv[] = {"EVAL", RELEASE_LUA, "1", p->lease, t->token};
+    redisReply *r = kb__redis_cmd(&t->kc, 5, argv, NULL);
+    kb__redis_reply_free(r);
+    return r != NULL;
+}
+
 static int give_back_cb(void *opaque, uint32_t i)
 {
     struct kb_redis_leases *ls = opaque;
@@ -169,11 +183,7 @@ static int give_back_cb(void *opaque, uint32_t i)
         atomic_store(&p->state, KB_PART_DRAINING);
         if (atomic_load(&p->inflight) != 0)
             return KB_EINVAL;
-        ls->send_acks(t);
-        const char *argv[] = {"EVAL", RELEASE_LUA, "1", p->lease, t->token};
-        redisReply *r = kb__redis_cmd(&t->kc, 5, argv, NULL);
-        kb__redis_reply_free(r);
-        if (r == NULL)
+        if (!hand_back(ls, p))
             return KB_ETRANSPORT;   /* still draining: next round */
         kb_log(t->bus, KB_LOG_INFO, "redis: %s handed back %s", t->consumer, p->stream);
     }
@@ -188,6 +198,11 @@ static struct kb_redis_leases *leases_of(kb_transport *t, kb_transport_topic *tt
     struct kb_redis_leases *ls = calloc(1, sizeof *ls + tt->nparts * sizeof ls->names[0]);
     if (ls == NULL)
         return NULL;
+    ls->lost = calloc(tt->nparts, sizeof ls->lost[0]);
+    if (ls->lost == NULL) {
+        free(ls);
+        return NULL;
+    }
     ls->tt = tt;
     for (uint32_t i = 0; i < tt->nparts; i++)
         ls->names[i] = tt->parts[i].stream;
@@ -199,10 +214,25 @@ static struct kb_redis_leases *leases_of(kb_transport *t, kb_transport_topic *tt
     };
     ls->m = kb_kit_members_new(&c);
     if (ls->m == NULL) {
+        free(ls->lost);
         free(ls);
         return NULL;   /* out of memory: the next round tries again */
     }
     return tt->leases = ls;
+}
+
+/* A lease lost to a late renewal that the server answered 1 still holds our
+ * token for a TTL, and the kit only hands back partitions it holds: once the
+ * partition is idle and not taken again, send its acks and delete the lease,
+ * so a new owner need not wait the TTL out. */
+static void forget_lost(struct kb_redis_leases *ls)
+{
+    for (uint32_t i = 0; i < ls->tt->nparts; i++) {
+        kb_redis_part *p = &ls->tt->parts[i];
+        if (ls->lost[i] && atomic_load(&p->state) == KB_PART_FREE &&
+            atomic_load(&p->inflight) == 0)
+            ls->lost[i] = !hand_back(ls, p);   /* no answer: next round */
+    }
 }
 
 void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *const *members,
@@ -216,6 +246,7 @@ void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *
     ls->send_acks = send_acks;
     ls->taken = false;
     kb_kit_members_tick(ls->m, kb_now_ns());
+    forget_lost(ls);
     /* held but no longer ours: the reader stops delivering it. Never back:
      * what it refused meanwhile is in our pending list, so it is read again
      * only after a hand-back and a new generation (gained_cb: a sweep). */
@@ -259,6 +290,7 @@ void kb__redis_lease_free(kb_transport_topic *tt)
     if (tt->leases == NULL)
         return;
     kb_kit_members_free(tt->leases->m);
+    free(tt->leases->lost);
     free(tt->leases);
     tt->leases = NULL;
 }
