@@ -64,12 +64,13 @@ bool kb__redis_part_live(kb_redis_part *p)
     return atomic_load(&p->state) == KB_PART_OWNED && kb__redis_lease_valid(p);
 }
 
-/* A renewal answered 1: extend the local deadline unless someone here saw it
- * pass meanwhile (then it is lost: a gap in reading must end in a sweep). */
+/* A renewal answered 1: extend the local deadline unless it passed before
+ * the answer, whether or not anyone here looked (then it is lost: a gap in
+ * reading must end in a sweep). */
 static int extend(kb_redis_part *p, int64_t deadline)
 {
     int64_t d = atomic_load(&p->deadline_ns);
-    while (d != LAPSED)
+    while (d != LAPSED && kb_now_ns() < d)
         if (atomic_compare_exchange_weak(&p->deadline_ns, &d, deadline))
             return 1;
     return 0;
@@ -142,8 +143,12 @@ static void gained_cb(void *opaque, uint32_t i)
 {
     struct kb_redis_leases *ls = opaque;
     kb_redis_part *p = &ls->tt->parts[i];
-    ls->lost[i] = false;
     atomic_fetch_add(&p->epoch, 1);
+    /* taken again after a loss: the acks queued since go before the sweep,
+     * which would hand their entries out again */
+    if (ls->lost[i])
+        ls->send_acks(ls->tt->t);
+    ls->lost[i] = false;
     atomic_store(&p->state, KB_PART_OWNED);
     kb_log(ls->tt->t->bus, KB_LOG_INFO, "redis: %s took %s", ls->tt->t->consumer, p->stream);
     ls->taken = true;
@@ -207,7 +212,8 @@ static struct kb_redis_leases *leases_of(kb_transport *t, kb_transport_topic *tt
     for (uint32_t i = 0; i < tt->nparts; i++)
         ls->names[i] = tt->parts[i].stream;
     kb_kit_members_conf c = {
-        .size = sizeof c, .bus = t->bus, .me = t->consumer, .partitions = tt->nparts, .names = ls->names,
+        .size = sizeof c, .bus = t->bus, .me = t->consumer, .partitions = tt->nparts,
+        .names = ls->names,
         .lease_ns = (int64_t)t->lease_ttl_ms * 1000000 - lease_margin_ns(t),
         .broker = {.opaque = ls, .round = round_cb, .give_back = give_back_cb,
                    .gained = gained_cb, .lost = lost_cb, .idle = idle_cb, .members = members_cb},
@@ -246,6 +252,8 @@ void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *
     ls->send_acks = send_acks;
     ls->taken = false;
     kb_kit_members_tick(ls->m, kb_now_ns());
+    ls->members = NULL;   /* the heartbeat's, valid during this round only */
+    ls->n = 0;
     forget_lost(ls);
     /* held but no longer ours: the reader stops delivering it. Never back:
      * what it refused meanwhile is in our pending list, so it is read again
