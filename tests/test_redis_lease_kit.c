@@ -1,14 +1,25 @@
 /* redis:// leases through the kit's lease manager: a partition this process
  * stopped delivering (entries it had read were refused and stay in its
- * pending list) is read again only after a sweep, in both ways a stop can
- * end:
- *   - returning from draining: a second member joins (the partition is its
- *     share, so ours drains, held up by a handler at a gate) and leaves
- *     again before the hand-back; the partition must not be read on where
- *     it stopped;
- *   - a lapse: the server is stopped just after a renewal, past the local
- *     deadline (TTL - TTL/5) but not past the TTL, so the renewal sent
- *     meanwhile is answered 1, after the deadline.
+ * pending list) is read again only after a sweep:
+ *   - back from draining: a second member joins (the partition is its share,
+ *     so ours drains, held up by a handler at a gate) and leaves again before
+ *     the hand-back. The kit keeps a leaving partition leaving until it is
+ *     handed back and taken again, so this pins the kit's rule end to end;
+ *     the transport's own rule (OWNED again only through `gained`) is a
+ *     safety net this case does not tell apart;
+ *   - a renewal sent after the deadline: the server is stopped just after a
+ *     renewal for 0.9 TTL; the keeper's next pass waits on its membership
+ *     heartbeat first, so the renewal goes out after the local deadline
+ *     (TTL - TTL/5), and any rule that judges a lapse catches it;
+ *   - a renewal answered after the deadline: through a proxy that holds
+ *     every answer from the moment a renewal reached the server (which
+ *     extends the lease) for 2/3 TTL. Renewals come every TTL/4, so the
+ *     previous one's deadline (about 0.55 TTL after this one was sent)
+ *     passes meanwhile and this one's (0.8 TTL) does not: the round starts
+ *     before the deadline and hears back after it, and only a lapse judged
+ *     at answer time reports the loss asserted here (the kit's rule, as in
+ *     test_kit_members' late_renewal_is_a_loss, or the transport's: either
+ *     alone passes, without both the renewal simply extends the lease).
  * One partition, one key, a lane of one and one worker, so the reader holds
  * entries it could not deliver. Each case asserts every event handled, in
  * order, once the gate opens (a skipped pending entry never comes back:
@@ -27,7 +38,9 @@
 
 #include "support/bus.h"
 #include "support/check.h"
+#include "support/forged.h"
 #include "support/gate.h"
+#include "support/proxy.h"
 #include "support/server.h"
 #include "support/tracker.h"
 
@@ -36,6 +49,8 @@
 #define TTL_MS 3000
 #define FIRST 20   /* events before the stop */
 #define LATER 10   /* events published while the partition is stopped */
+/* the renewal script's text, not the take's */
+#define RENEWAL "KEYS[1])==ARGV[1] then return redis.call('pexpire'"
 
 static kb_test_server server;
 static redisContext *c;   /* the test's own look at the server */
@@ -48,12 +63,16 @@ static int gated(const kb_event *ev, void *opaque)
     return kb_tracker_handler(ev, opaque);
 }
 
+static const char *url;   /* the members': the server's, or a proxy's */
+
 static kb_bus *open_member(const char *name)
 {
     const char *kv[] = {"consumer", name, "partitions", "1", "redis.lease_ttl_ms", "3000",
                         "redis.publish_batch", "1", "redis.read_timeout_ms", "10000",
                         "pool.queue_capacity", "1", "pool.workers", "1", NULL};
-    return kb_test_open(server.url, NULL, kv);
+    kb_conf *conf = kb_test_conf(url, NULL, kv);
+    kb_test_log_capture(conf);
+    return kb_test_open_conf(conf);
 }
 
 static void publish(kb_bus *b, const char *topic, uint32_t first, uint32_t last)
@@ -165,7 +184,7 @@ static void renewal_after_deadline(void **state)
     char lease[96];
     snprintf(lease, sizeof lease, "kb:{%s}:lease:0", topic);
     /* just renewed (renewals come every TTL/4), then stopped for 0.9 TTL:
-     * the renewal sent meanwhile is answered after the local deadline */
+     * the next renewal is sent, after its heartbeat, past the local deadline */
     kb_wait_until(just_renewed(lease), 10000, "a renewal of %s", lease);
     kb_test_server_signal(&server, SIGSTOP);
     usleep(TTL_MS * 900);
@@ -175,6 +194,30 @@ static void renewal_after_deadline(void **state)
     kb_assert_ok(kb_close(a, 10000));
 }
 
+static void renewal_answered_after_deadline(void **state)
+{
+    (void)state;
+    const char *topic = "lk-answer";
+    kb_test_proxy *proxy = kb_test_proxy_start(server.port);
+    assert_non_null(proxy);
+    char proxied[64];
+    snprintf(proxied, sizeof proxied, "redis://127.0.0.1:%d", kb_test_proxy_port(proxy));
+    url = proxied;
+    kb_bus *a = held_up("lease-kit-a", topic);
+    /* the renewal reached the server, which extended the lease; its answer
+     * (and everything else) is held past the previous renewal's deadline,
+     * not past its own */
+    assert_int_equal(kb_test_proxy_blackhole_after(proxy, RENEWAL, 10000), 0);
+    usleep(TTL_MS * 2 / 3 * 1000);
+    kb_test_proxy_blackhole(proxy, 0);
+    kb_wait_until(kb_test_logged("lost the lease of kb:{lk-answer}:p:0"), 10000,
+                  "the renewal answered after its deadline is a loss");
+    publish(a, topic, FIRST + 1, FIRST + LATER);
+    all_handled(a, topic, FIRST + LATER);
+    kb_assert_ok(kb_close(a, 10000));
+    kb_test_proxy_stop(proxy);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -182,6 +225,7 @@ static int setup(void **state)
     kb_tracker_init(&tracker, 1);
     if (kb_test_server_start(&server, "redis", NULL) != 0)
         return -1;
+    url = server.url;
     c = redisConnect("127.0.0.1", server.port);
     return c != NULL && c->err == 0 ? 0 : -1;
 }
@@ -204,6 +248,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(back_from_draining, setup, teardown),
         cmocka_unit_test_setup_teardown(renewal_after_deadline, setup, teardown),
+        cmocka_unit_test_setup_teardown(renewal_answered_after_deadline, setup, teardown),
     };
     return cmocka_run_group_tests_name("redis_lease_kit", tests, NULL, NULL);
 }
