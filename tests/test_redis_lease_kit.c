@@ -19,10 +19,13 @@
  *     before the deadline and hears back after it, and only a lapse judged
  *     at answer time reports the loss asserted here (the kit's rule, as in
  *     test_kit_members' late_renewal_is_a_loss, or the transport's: either
- *     alone passes, without both the renewal simply extends the lease).
+ *     alone passes, without both the renewal simply extends the lease);
+ *   - a lost lease let go: after such a lapse the lease holds our token a
+ *     whole TTL more; a second member's share, it is deleted by us once the
+ *     partition is idle, and the second member reads on from there.
  * One partition, one key, a lane of one and one worker, so the reader holds
- * entries it could not deliver. Each case asserts every event handled, in
- * order, once the gate opens (a skipped pending entry never comes back:
+ * entries it could not deliver. Each case asserts every event handled (by
+ * either member), in order, once the gate opens (a skipped pending entry never comes back:
  * the count stays short). No timing is asserted: waits are bounds. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -64,10 +67,13 @@ static int gated(const kb_event *ev, void *opaque)
 }
 
 static const char *url;   /* the members': the server's, or a proxy's */
+static int ttl_ms;        /* the members' lease TTL */
 
 static kb_bus *open_member(const char *name)
 {
-    const char *kv[] = {"consumer", name, "partitions", "1", "redis.lease_ttl_ms", "3000",
+    char ttl[16];
+    snprintf(ttl, sizeof ttl, "%d", ttl_ms);
+    const char *kv[] = {"consumer", name, "partitions", "1", "redis.lease_ttl_ms", ttl,
                         "redis.publish_batch", "1", "redis.read_timeout_ms", "10000",
                         "pool.queue_capacity", "1", "pool.workers", "1", NULL};
     kb_conf *conf = kb_test_conf(url, NULL, kv);
@@ -86,7 +92,7 @@ static void publish(kb_bus *b, const char *topic, uint32_t first, uint32_t last)
 static bool just_renewed(const char *lease)
 {
     redisReply *r = redisCommand(c, "PTTL %s", lease);
-    bool yes = r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer >= TTL_MS - 60;
+    bool yes = r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer >= ttl_ms - 60;
     freeReplyObject(r);
     return yes;
 }
@@ -187,7 +193,7 @@ static void renewal_after_deadline(void **state)
      * the next renewal is sent, after its heartbeat, past the local deadline */
     kb_wait_until(just_renewed(lease), 10000, "a renewal of %s", lease);
     kb_test_server_signal(&server, SIGSTOP);
-    usleep(TTL_MS * 900);
+    usleep((useconds_t)ttl_ms * 900);
     kb_test_server_signal(&server, SIGCONT);
     publish(a, topic, FIRST + 1, FIRST + LATER);
     all_handled(a, topic, FIRST + LATER);
@@ -208,7 +214,7 @@ static void renewal_answered_after_deadline(void **state)
      * (and everything else) is held past the previous renewal's deadline,
      * not past its own */
     assert_int_equal(kb_test_proxy_blackhole_after(proxy, RENEWAL, 10000), 0);
-    usleep(TTL_MS * 2 / 3 * 1000);
+    usleep((useconds_t)ttl_ms * 2 / 3 * 1000);
     kb_test_proxy_blackhole(proxy, 0);
     kb_wait_until(kb_test_logged("lost the lease of kb:{lk-answer}:p:0"), 10000,
                   "the renewal answered after its deadline is a loss");
@@ -216,6 +222,53 @@ static void renewal_answered_after_deadline(void **state)
     all_handled(a, topic, FIRST + LATER);
     kb_assert_ok(kb_close(a, 10000));
     kb_test_proxy_stop(proxy);
+}
+
+/* `name` is in the topic's member set: its heartbeat came. */
+static bool member(const char *topic, const char *name)
+{
+    redisReply *r = redisCommand(c, "ZSCORE kb:{%s}:members %s", topic, name);
+    bool yes = r != NULL && r->type == REDIS_REPLY_STRING;
+    freeReplyObject(r);
+    return yes;
+}
+
+/* A lapse (the SIGSTOP case's) leaves the lease holding our token for a
+ * whole TTL from the renewal the server ran at SIGCONT; the partition is
+ * then b's share. Once it is idle (the gate opens) a deletes that lease
+ * itself, as a hand-back does, instead of leaving b waiting out the TTL:
+ * a says so, and b reads the partition. A longer TTL here leaves the
+ * keeper's rounds (TTL/4) room before the lease would expire anyway. */
+static void lost_lease_is_let_go(void **state)
+{
+    (void)state;
+    const char *topic = "lk-let-go";
+    ttl_ms = 3 * TTL_MS;
+    kb_bus *a = held_up("lease-kit-a", topic);
+    char lease[96];
+    snprintf(lease, sizeof lease, "kb:{%s}:lease:0", topic);
+    kb_wait_until(just_renewed(lease), 20000, "a renewal of %s", lease);
+    kb_test_server_signal(&server, SIGSTOP);
+    usleep((useconds_t)ttl_ms * 900);
+    kb_test_server_signal(&server, SIGCONT);
+    kb_wait_until(kb_test_logged("lost the lease of kb:{lk-let-go}:p:0"), 20000,
+                  "a's renewal after its deadline is a loss");
+    char bname[32];
+    outranking("lease-kit-a", bname, sizeof bname);
+    kb_bus *b = open_member(bname);
+    /* a's numbering goes on: distinct counts from 1, which a handled */
+    kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &tracker));
+    kb_wait_until(member(topic, bname), 10000, "%s's heartbeat", bname);
+    usleep((useconds_t)ttl_ms * 500);   /* two of a's rounds (TTL/4 apart): it sees b */
+    atomic_store(&gate.open, 1);
+    kb_wait_until(kb_test_logged("let go of the lease of kb:{lk-let-go}:p:0"), 20000,
+                  "a deletes the lease it lost but still holds");
+    kb_wait_until(owned(b, topic) == 1, 20000, "%s takes the partition", bname);
+    /* event 1 was a's; b sweeps the rest a left pending, in order */
+    kb_wait_until(kb_tracker_distinct(&tracker) >= FIRST, 30000, "%s handles what a left", bname);
+    assert_int_equal(atomic_load(&tracker.order_violations), 0);
+    kb_assert_ok(kb_close(b, 10000));
+    kb_assert_ok(kb_close(a, 10000));
 }
 
 static int setup(void **state)
@@ -226,6 +279,7 @@ static int setup(void **state)
     if (kb_test_server_start(&server, "redis", NULL) != 0)
         return -1;
     url = server.url;
+    ttl_ms = TTL_MS;
     c = redisConnect("127.0.0.1", server.port);
     return c != NULL && c->err == 0 ? 0 : -1;
 }
@@ -249,6 +303,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(back_from_draining, setup, teardown),
         cmocka_unit_test_setup_teardown(renewal_after_deadline, setup, teardown),
         cmocka_unit_test_setup_teardown(renewal_answered_after_deadline, setup, teardown),
+        cmocka_unit_test_setup_teardown(lost_lease_is_let_go, setup, teardown),
     };
     return cmocka_run_group_tests_name("redis_lease_kit", tests, NULL, NULL);
 }

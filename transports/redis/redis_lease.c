@@ -167,15 +167,16 @@ static void lost_cb(void *opaque, uint32_t i)
 
 /* Idle: every ack of the partition is queued; send them before the next
  * owner can claim the entries, then delete the lease if it still holds our
- * token. False without an answer. */
-static bool hand_back(struct kb_redis_leases *ls, kb_redis_part *p)
+ * token. 1 deleted, 0 not ours, -1 without an answer. */
+static int hand_back(struct kb_redis_leases *ls, kb_redis_part *p)
 {
     kb_transport *t = ls->tt->t;
     ls->send_acks(t);
     const char *argv[] = {"EVAL", RELEASE_LUA, "1", p->lease, t->token};
     redisReply *r = kb__redis_cmd(&t->kc, 5, argv, NULL);
+    int rc = r == NULL ? -1 : r->type == REDIS_REPLY_INTEGER && r->integer == 1;
     kb__redis_reply_free(r);
-    return r != NULL;
+    return rc;
 }
 
 static int give_back_cb(void *opaque, uint32_t i)
@@ -188,7 +189,7 @@ static int give_back_cb(void *opaque, uint32_t i)
         atomic_store(&p->state, KB_PART_DRAINING);
         if (atomic_load(&p->inflight) != 0)
             return KB_EINVAL;
-        if (!hand_back(ls, p))
+        if (hand_back(ls, p) < 0)
             return KB_ETRANSPORT;   /* still draining: next round */
         kb_log(t->bus, KB_LOG_INFO, "redis: %s handed back %s", t->consumer, p->stream);
     }
@@ -235,9 +236,15 @@ static void forget_lost(struct kb_redis_leases *ls)
 {
     for (uint32_t i = 0; i < ls->tt->nparts; i++) {
         kb_redis_part *p = &ls->tt->parts[i];
-        if (ls->lost[i] && atomic_load(&p->state) == KB_PART_FREE &&
-            atomic_load(&p->inflight) == 0)
-            ls->lost[i] = !hand_back(ls, p);   /* no answer: next round */
+        if (!ls->lost[i] || atomic_load(&p->state) != KB_PART_FREE ||
+            atomic_load(&p->inflight) != 0)
+            continue;
+        int rc = hand_back(ls, p);
+        ls->lost[i] = rc < 0;   /* no answer: next round */
+        if (rc == 1)
+            kb_log(ls->tt->t->bus, KB_LOG_INFO,
+                   "redis: %s let go of the lease of %s (lost, still holding our token)",
+                   ls->tt->t->consumer, p->stream);
     }
 }
 
