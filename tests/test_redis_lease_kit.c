@@ -182,19 +182,26 @@ static void back_from_draining(void **state)
     kb_assert_ok(kb_close(a, 10000));
 }
 
+/* held_up, then the server just renewed (renewals come every TTL/4) stopped
+ * for 0.9 TTL: the next renewal is sent, after its heartbeat, past the local
+ * deadline, and run by the server at SIGCONT (a whole TTL more). */
+static kb_bus *lapsed(const char *topic)
+{
+    kb_bus *a = held_up("lease-kit-a", topic);
+    char lease[96];
+    snprintf(lease, sizeof lease, "kb:{%s}:lease:0", topic);
+    kb_wait_until(just_renewed(lease), 20000, "a renewal of %s", lease);
+    kb_test_server_signal(&server, SIGSTOP);
+    usleep((useconds_t)ttl_ms * 900);
+    kb_test_server_signal(&server, SIGCONT);
+    return a;
+}
+
 static void renewal_after_deadline(void **state)
 {
     (void)state;
     const char *topic = "lk-lapse";
-    kb_bus *a = held_up("lease-kit-a", topic);
-    char lease[96];
-    snprintf(lease, sizeof lease, "kb:{%s}:lease:0", topic);
-    /* just renewed (renewals come every TTL/4), then stopped for 0.9 TTL:
-     * the next renewal is sent, after its heartbeat, past the local deadline */
-    kb_wait_until(just_renewed(lease), 10000, "a renewal of %s", lease);
-    kb_test_server_signal(&server, SIGSTOP);
-    usleep((useconds_t)ttl_ms * 900);
-    kb_test_server_signal(&server, SIGCONT);
+    kb_bus *a = lapsed(topic);
     publish(a, topic, FIRST + 1, FIRST + LATER);
     all_handled(a, topic, FIRST + LATER);
     kb_assert_ok(kb_close(a, 10000));
@@ -244,13 +251,7 @@ static void lost_lease_is_let_go(void **state)
     (void)state;
     const char *topic = "lk-let-go";
     ttl_ms = 3 * TTL_MS;
-    kb_bus *a = held_up("lease-kit-a", topic);
-    char lease[96];
-    snprintf(lease, sizeof lease, "kb:{%s}:lease:0", topic);
-    kb_wait_until(just_renewed(lease), 20000, "a renewal of %s", lease);
-    kb_test_server_signal(&server, SIGSTOP);
-    usleep((useconds_t)ttl_ms * 900);
-    kb_test_server_signal(&server, SIGCONT);
+    kb_bus *a = lapsed(topic);
     kb_wait_until(kb_test_logged("lost the lease of kb:{lk-let-go}:p:0"), 20000,
                   "a's renewal after its deadline is a loss");
     char bname[32];
