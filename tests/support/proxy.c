@@ -29,6 +29,7 @@ struct half {               /* bytes read from `from`, not yet written to `to` *
 struct pair {
     int fd[2];              /* 0: client side, 1: broker side; -1 when closed */
     struct half dir[2];     /* dir[i]: from fd[i] to fd[1 - i] */
+    bool matched;           /* dir[0] holds the needle (blackhole_after) */
 };
 
 struct kb_test_proxy {
@@ -36,6 +37,8 @@ struct kb_test_proxy {
     int wake[2];            /* self-pipe: a command is waiting */
     _Atomic int blackhole, applied, stop;   /* blackhole: 0, or 1 + the first pair cut */
     _Atomic int drop;                       /* 0, or 1 + the first pair to close */
+    _Atomic int armed;      /* blackhole_after: watching for the needle */
+    char needle[256];
     pthread_t thread;
     struct pair pairs[MAX_PAIRS];
 };
@@ -69,6 +72,7 @@ static void pair_close(struct pair *pr)
         pr->fd[i] = -1;
         pr->dir[i].len = pr->dir[i].off = 0;
     }
+    pr->matched = false;
 }
 
 static void accept_one(kb_test_proxy *p)
@@ -93,7 +97,7 @@ static void accept_one(kb_test_proxy *p)
 }
 
 /* Move what can move on one direction; -1 when that side closed. */
-static int pump(struct pair *pr, int i, short revents_from, short revents_to)
+static int pump(kb_test_proxy *p, struct pair *pr, int i, short revents_from, short revents_to)
 {
     struct half *h = &pr->dir[i];
     if (h->len == 0 && (revents_from & (POLLIN | POLLHUP | POLLERR))) {
@@ -103,6 +107,8 @@ static int pump(struct pair *pr, int i, short revents_from, short revents_to)
         if (n > 0) {
             h->len = (size_t)n;
             h->off = 0;
+            pr->matched = i == 0 && atomic_load(&p->armed) &&
+                          memmem(h->data, h->len, p->needle, strlen(p->needle)) != NULL;
         }
     }
     if (h->len > h->off && (revents_to & POLLOUT || revents_from & POLLIN)) {
@@ -162,8 +168,14 @@ static void *proxy_main(void *arg)
             if (pr->fd[0] < 0)
                 continue;
             short r0 = fds[2 + 2 * i].revents, r1 = fds[3 + 2 * i].revents;
-            if (pump(pr, 0, r0, r1) != 0 || pump(pr, 1, r1, r0) != 0)
+            if (pump(p, pr, 0, r0, r1) != 0 || pump(p, pr, 1, r1, r0) != 0)
                 pair_close(pr);
+            /* the request is out whole; its answer is not read before the
+             * next poll, which the black hole applies to */
+            if (pr->matched && pr->dir[0].len == 0 && atomic_exchange(&p->armed, 0)) {
+                atomic_store(&p->blackhole, 1);
+                pr->matched = false;
+            }
         }
     }
     return NULL;
@@ -232,6 +244,18 @@ void kb_test_proxy_drop_from(kb_test_proxy *p, int first)
         usleep(1000);
     }
     blackhole_set(p, 0);
+}
+
+int kb_test_proxy_blackhole_after(kb_test_proxy *p, const char *needle, int timeout_ms)
+{
+    snprintf(p->needle, sizeof p->needle, "%s", needle);
+    atomic_store(&p->armed, 1);
+    for (int waited = 0; atomic_load(&p->applied) != 1; waited++) {
+        if (waited >= timeout_ms && atomic_exchange(&p->armed, 0))
+            return -1;
+        usleep(1000);
+    }
+    return 0;
 }
 
 void kb_test_proxy_stop(kb_test_proxy *p)

@@ -29,6 +29,12 @@ void kb_test_proxy_blackhole_from(kb_test_proxy *p, int first);
  * their clients reconnect through the proxy. */
 void kb_test_proxy_drop_from(kb_test_proxy *p, int first);
 
+/* Black-hole every connection (as kb_test_proxy_blackhole on) right after
+ * the proxy forwarded, whole, bytes a client sent that contain `needle` (in
+ * one read of up to 64 KiB): the broker got the request, its answer is held.
+ * Returns 0 once on, -1 if no such bytes came within timeout_ms (disarmed). */
+int kb_test_proxy_blackhole_after(kb_test_proxy *p, const char *needle, int timeout_ms);
+
 /* Close every connection and the listener; free. */
 void kb_test_proxy_stop(kb_test_proxy *p);
 

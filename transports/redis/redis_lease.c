@@ -34,6 +34,7 @@ struct kb_redis_leases {
     void (*send_acks)(kb_transport *t);
     bool taken;                          /* this round took a partition */
     bool closing;                        /* release_all deleted the leases already */
+    bool *lost;                          /* lost, its lease maybe still holding our token */
     const char *names[];                 /* each partition's stream, for the traces */
 };
 
@@ -63,12 +64,13 @@ bool kb__redis_part_live(kb_redis_part *p)
     return atomic_load(&p->state) == KB_PART_OWNED && kb__redis_lease_valid(p);
 }
 
-/* A renewal answered 1: extend the local deadline unless someone here saw it
- * pass meanwhile (then it is lost: a gap in reading must end in a sweep). */
+/* A renewal answered 1: extend the local deadline unless it passed before
+ * the answer, whether or not anyone here looked (then it is lost: a gap in
+ * reading must end in a sweep). */
 static int extend(kb_redis_part *p, int64_t deadline)
 {
     int64_t d = atomic_load(&p->deadline_ns);
-    while (d != LAPSED)
+    while (d != LAPSED && kb_now_ns() < d)
         if (atomic_compare_exchange_weak(&p->deadline_ns, &d, deadline))
             return 1;
     return 0;
@@ -142,6 +144,11 @@ static void gained_cb(void *opaque, uint32_t i)
     struct kb_redis_leases *ls = opaque;
     kb_redis_part *p = &ls->tt->parts[i];
     atomic_fetch_add(&p->epoch, 1);
+    /* taken again after a loss: the acks queued since go before the sweep,
+     * which would hand their entries out again */
+    if (ls->lost[i])
+        ls->send_acks(ls->tt->t);
+    ls->lost[i] = false;
     atomic_store(&p->state, KB_PART_OWNED);
     kb_log(ls->tt->t->bus, KB_LOG_INFO, "redis: %s took %s", ls->tt->t->consumer, p->stream);
     ls->taken = true;
@@ -152,13 +159,26 @@ static void lost_cb(void *opaque, uint32_t i)
     struct kb_redis_leases *ls = opaque;
     kb_redis_part *p = &ls->tt->parts[i];
     atomic_store(&p->state, KB_PART_FREE);
+    ls->lost[i] = true;   /* a late renewal may have kept our token: deleted once idle */
     kb_log(ls->tt->t->bus, KB_LOG_WARNING,
            "redis: %s lost the lease of %s (taken, expired, or renewed after its deadline)",
            ls->tt->t->consumer, p->stream);
 }
 
 /* Idle: every ack of the partition is queued; send them before the next
- * owner can claim the entries, then delete the lease. */
+ * owner can claim the entries, then delete the lease if it still holds our
+ * token. 1 deleted, 0 not ours, -1 without an answer. */
+static int hand_back(struct kb_redis_leases *ls, kb_redis_part *p)
+{
+    kb_transport *t = ls->tt->t;
+    ls->send_acks(t);
+    const char *argv[] = {"EVAL", RELEASE_LUA, "1", p->lease, t->token};
+    redisReply *r = kb__redis_cmd(&t->kc, 5, argv, NULL);
+    int rc = r == NULL ? -1 : r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    kb__redis_reply_free(r);
+    return rc;
+}
+
 static int give_back_cb(void *opaque, uint32_t i)
 {
     struct kb_redis_leases *ls = opaque;
@@ -169,11 +189,7 @@ static int give_back_cb(void *opaque, uint32_t i)
         atomic_store(&p->state, KB_PART_DRAINING);
         if (atomic_load(&p->inflight) != 0)
             return KB_EINVAL;
-        ls->send_acks(t);
-        const char *argv[] = {"EVAL", RELEASE_LUA, "1", p->lease, t->token};
-        redisReply *r = kb__redis_cmd(&t->kc, 5, argv, NULL);
-        kb__redis_reply_free(r);
-        if (r == NULL)
+        if (hand_back(ls, p) < 0)
             return KB_ETRANSPORT;   /* still draining: next round */
         kb_log(t->bus, KB_LOG_INFO, "redis: %s handed back %s", t->consumer, p->stream);
     }
@@ -188,21 +204,48 @@ static struct kb_redis_leases *leases_of(kb_transport *t, kb_transport_topic *tt
     struct kb_redis_leases *ls = calloc(1, sizeof *ls + tt->nparts * sizeof ls->names[0]);
     if (ls == NULL)
         return NULL;
+    ls->lost = calloc(tt->nparts, sizeof ls->lost[0]);
+    if (ls->lost == NULL) {
+        free(ls);
+        return NULL;
+    }
     ls->tt = tt;
     for (uint32_t i = 0; i < tt->nparts; i++)
         ls->names[i] = tt->parts[i].stream;
     kb_kit_members_conf c = {
-        .size = sizeof c, .bus = t->bus, .me = t->consumer, .partitions = tt->nparts, .names = ls->names,
+        .size = sizeof c, .bus = t->bus, .me = t->consumer, .partitions = tt->nparts,
+        .names = ls->names,
         .lease_ns = (int64_t)t->lease_ttl_ms * 1000000 - lease_margin_ns(t),
         .broker = {.opaque = ls, .round = round_cb, .give_back = give_back_cb,
                    .gained = gained_cb, .lost = lost_cb, .idle = idle_cb, .members = members_cb},
     };
     ls->m = kb_kit_members_new(&c);
     if (ls->m == NULL) {
+        free(ls->lost);
         free(ls);
         return NULL;   /* out of memory: the next round tries again */
     }
     return tt->leases = ls;
+}
+
+/* A lease lost to a late renewal that the server answered 1 still holds our
+ * token for a TTL, and the kit only hands back partitions it holds: once the
+ * partition is idle and not taken again, send its acks and delete the lease,
+ * so a new owner need not wait the TTL out. */
+static void forget_lost(struct kb_redis_leases *ls)
+{
+    for (uint32_t i = 0; i < ls->tt->nparts; i++) {
+        kb_redis_part *p = &ls->tt->parts[i];
+        if (!ls->lost[i] || atomic_load(&p->state) != KB_PART_FREE ||
+            atomic_load(&p->inflight) != 0)
+            continue;
+        int rc = hand_back(ls, p);
+        ls->lost[i] = rc < 0;   /* no answer: next round */
+        if (rc == 1)
+            kb_log(ls->tt->t->bus, KB_LOG_INFO,
+                   "redis: %s let go of the lease of %s (lost, still holding our token)",
+                   ls->tt->t->consumer, p->stream);
+    }
 }
 
 void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *const *members,
@@ -216,6 +259,9 @@ void kb__redis_lease_round(kb_transport *t, kb_transport_topic *tt, const char *
     ls->send_acks = send_acks;
     ls->taken = false;
     kb_kit_members_tick(ls->m, kb_now_ns());
+    ls->members = NULL;   /* the heartbeat's, valid during this round only */
+    ls->n = 0;
+    forget_lost(ls);
     /* held but no longer ours: the reader stops delivering it. Never back:
      * what it refused meanwhile is in our pending list, so it is read again
      * only after a hand-back and a new generation (gained_cb: a sweep). */
@@ -259,6 +305,7 @@ void kb__redis_lease_free(kb_transport_topic *tt)
     if (tt->leases == NULL)
         return;
     kb_kit_members_free(tt->leases->m);
+    free(tt->leases->lost);
     free(tt->leases);
     tt->leases = NULL;
 }
