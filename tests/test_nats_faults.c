@@ -551,6 +551,19 @@ static size_t lease_keys(const char *url)
     return n;
 }
 
+/* t (KEYS keys) subscribed to topic on b, and event 1 of every key
+ * published and handled. */
+static void first_round(kb_bus *b, const char *topic, kb_tracker *t)
+{
+    kb_tracker_init(t, KEYS);
+    kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, t));
+    for (uint32_t k = 0; k < KEYS; k++)
+        publish_ok(b, topic, k, 1);
+    kb_assert_ok(kb_flush(b, 10000));
+    wait_distinct(t, KEYS, 30);
+    assert_int_equal(kb_tracker_distinct(t), KEYS);
+}
+
 /* Only the consumer's connection (the bus's second through the proxy, made
  * at its first subscribe) stops answering before kb_close: the close waits
  * for it a share of its deadline, not all of it, and the publishing
@@ -568,13 +581,7 @@ static void consumer_connection_lost_at_close(void **state)
     kb_bus *b = open_bus(url, "nats.ping_interval_ms", "600000");
     const char *topic = "fault.feedcut";
     kb_tracker t;
-    kb_tracker_init(&t, KEYS);
-    kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &t));
-    for (uint32_t k = 0; k < KEYS; k++)
-        publish_ok(b, topic, k, 1);
-    kb_assert_ok(kb_flush(b, 10000));
-    wait_distinct(&t, KEYS, 30);
-    assert_int_equal(kb_tracker_distinct(&t), KEYS);
+    first_round(b, topic, &t);
     size_t held = lease_keys(s.url);
 
     kb_test_proxy_blackhole_from(proxy, 1);
@@ -653,13 +660,7 @@ static void lost_deliveries_read_again(void **state)
         fail_msg("kb_open: %s", err);
     const char *topic = "fault.wire";
     kb_tracker t;
-    kb_tracker_init(&t, KEYS);
-    kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &t));
-    for (uint32_t k = 0; k < KEYS; k++)
-        publish_ok(b, topic, k, 1);
-    kb_assert_ok(kb_flush(b, 10000));
-    wait_distinct(&t, KEYS, 30);
-    assert_int_equal(kb_tracker_distinct(&t), KEYS);
+    first_round(b, topic, &t);
     char before[2048], after[2048];
     consumer_names(s.url, topic, before, sizeof before);
 
