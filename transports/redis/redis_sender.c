@@ -163,14 +163,7 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
     }
     atomic_store(&t->pub_held, t->backlog.held + t->frames_bytes);
     pthread_mutex_unlock(&t->pub_lock);
-    /* reported before kb_flush can see them confirmed */
-    kb__redis_reports_send(t, &t->reports);
-    pthread_mutex_lock(&t->pub_lock);
-    kb__redis_pub_counts(t);
-    pthread_mutex_unlock(&t->pub_lock);
-    for (size_t i = 0; i < n; i++)
-        kb__redis_reply_free(r[i]);
-    if (proto_big > 0) {
+    if (proto_big > 0) {   /* explained before kb_flush can see the refusal */
         char cause[600];
         kb__redis_limit_explain(t, proto_big, cause, sizeof cause);
         pthread_mutex_lock(&t->pub_lock);
@@ -179,6 +172,13 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
         snprintf(t->pub_error, sizeof t->pub_error, "%.600s%.400s", cause, refused);
         pthread_mutex_unlock(&t->pub_lock);
     }
+    /* reported before kb_flush can see them confirmed */
+    kb__redis_reports_send(t, &t->reports);
+    pthread_mutex_lock(&t->pub_lock);
+    kb__redis_pub_counts(t);
+    pthread_mutex_unlock(&t->pub_lock);
+    for (size_t i = 0; i < n; i++)
+        kb__redis_reply_free(r[i]);
     kb_signal_notify(t->pub_progress);
     return ok;
 }
