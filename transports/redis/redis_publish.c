@@ -103,12 +103,12 @@ int kb__redis_publish(kb_transport *t, kb_transport_topic *tt, const kb_msg *m)
         if (rc == KB_OK) {
             /* At most one entry awaits its reply (everyday rates) and no
              * replica is waited for (the sender queues each WAIT behind
-             * the XADDs it writes): what
-             * this publish added goes on the wire now, from this thread,
-             * and the open frames with it; a frame held for that reply
-             * would still hold this one event, a round trip later. With
-             * more in flight the sender writes what came meanwhile in one
-             * go when the replies arrive, and the frames fill. */
+             * the XADDs it writes): what this publish added goes on the
+             * wire now, from this thread, and the open frames with it; a
+             * frame held for that reply would still hold this one event, a
+             * round trip later. With more in flight the sender writes what
+             * came meanwhile in one go when the replies arrive, and the
+             * frames fill. */
             bool shallow = unsent == 0 && records < SHALLOW && t->pub_direct &&
                            t->wait_replicas == 0;   /* a WAIT follows the sender's writes */
             if (opened && shallow) {
