@@ -2,9 +2,10 @@
  * streams and lease bucket (nats.replicas = 3), the URL naming all three
  * seeds. kill -9 of the stream leader mid-stream, then its restart: every
  * event kb_flush acknowledged is handled, kb_drain returns, no per-key order
- * violation, duplicates counted and printed; kill -9 of a non-leader: every
- * event handled, no reorder, the longest pause in handling printed (and
- * under a wide 30 s); the lease bucket's leader
+ * violation, duplicates counted and printed; kill -9 of a node that leads
+ * only consumers: every event handled, no reorder, the consumers' messages
+ * read from the stream until they have leaders again (the longest pause of
+ * one key printed); the lease bucket's leader
  * lost under two consumer processes: ownership of each key moves a bounded
  * number of times (the fence holds). A stream with other replicas is
  * refused, naming both counts.
@@ -244,30 +245,102 @@ typedef struct gap_watch {
     kb_tracker tr;
     pthread_mutex_t mu;
     double last, max_gap, max_gap_at;
+    double key_last[KEYS], key_gap;   /* the longest pause of one key */
 } gap_watch;
 
 static int gap_handler(const kb_event *ev, void *opaque)
 {
     gap_watch *g = opaque;
     double now = now_s();
+    uint32_t key = 0, seq = 0;
+    kb_tracker_decode(ev, &key, &seq);
     pthread_mutex_lock(&g->mu);
     if (g->last > 0 && now - g->last > g->max_gap) {
         g->max_gap = now - g->last;
         g->max_gap_at = g->last;
     }
     g->last = now;
+    if (key < KEYS) {
+        if (g->key_last[key] > 0 && now - g->key_last[key] > g->key_gap)
+            g->key_gap = now - g->key_last[key];
+        g->key_last[key] = now;
+    }
     pthread_mutex_unlock(&g->mu);
     return kb_tracker_handler(ev, &g->tr);
 }
 
-/* A node that does not lead the topic's stream killed (it may lead one of
- * its consumers, the lease bucket or the meta group): the longest pause in
- * handling, printed. */
-static void non_leader_killed(void **state)
+static _Atomic int bridges;
+
+static void count_bridges(int level, const char *msg, void *opaque)
 {
-    (void)state;
-    const char *topic = "cluster.follower";
-    kb_bus *b = kb_test_open(cluster.url, replicas3, NULL);
+    (void)level;
+    (void)opaque;
+    if (strstr(msg, "is read from the stream until it does") != NULL)
+        atomic_fetch_add(&bridges, 1);
+}
+
+/* The node leading consumer `name` of `stream` (-1: unknown), asked on nc. */
+static int consumer_leader(jsCtx *js, const char *stream, const char *name)
+{
+    jsConsumerInfo *ci = NULL;
+    int leader = -1;
+    if (js_GetConsumerInfo(&ci, js, stream, name, NULL, NULL) == NATS_OK && ci->Cluster != NULL)
+        leader = kb_test_nats_cluster_index(ci->Cluster->Leader);
+    jsConsumerInfo_Destroy(ci);
+    return leader;
+}
+
+/* A node that leads one of the stream's consumers but neither the stream nor
+ * the lease bucket: consumers led elsewhere are stepped down (their group
+ * elects a random other member) until one lands there; -1 if none did. */
+static int consumer_only_leader(const char *stream, int stream_leader, int bucket_leader)
+{
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    int found = -1;
+    if (natsConnection_ConnectTo(&nc, cluster.node[stream_leader].url) != NATS_OK ||
+        natsConnection_JetStream(&js, nc, NULL) != NATS_OK)
+        found = -2;
+    for (int tries = 0; found == -1 && tries < 40; tries++) {
+        jsConsumerNamesList *l = NULL;
+        if (js_ConsumerNames(&l, js, stream, NULL, NULL) != NATS_OK)
+            break;
+        const char *other = NULL;
+        for (int i = 0; i < l->Count && found < 0; i++) {
+            int leader = consumer_leader(js, stream, l->List[i]);
+            if (leader >= 0 && leader != stream_leader && leader != bucket_leader)
+                found = leader;
+            else if (leader >= 0 && other == NULL)
+                other = l->List[i];
+        }
+        if (found < 0 && other != NULL) {
+            char api[300];
+            natsMsg *r = NULL;
+            snprintf(api, sizeof api, "$JS.API.CONSUMER.LEADER.STEPDOWN.%s.%s", stream, other);
+            natsConnection_RequestString(&r, nc, api, "", 5000);
+            natsMsg_Destroy(r);
+            usleep(500000);
+        }
+        jsConsumerNamesList_Destroy(l);
+    }
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    return found < 0 ? -1 : found;
+}
+
+/* A node that leads some of the topic's consumers, but neither its stream nor
+ * the lease bucket, killed -9 while events flow: until their groups elect new
+ * leaders (seconds) those consumers deliver nothing, and the feeder reads
+ * their messages from the stream meanwhile (the bridge; a log line says so).
+ * Every event handled, in order; the longest pause of one key printed. With
+ * `per_partition` a consumer per partition (as with several members), else
+ * a lone member's one consumer for the topic. */
+static void consumer_leader_killed(const char *topic, bool per_partition)
+{
+    static const char *const partitions[] = {"nats.topic_consumer", "off", NULL};
+    kb_conf *conf = kb_test_conf(cluster.url, replicas3, per_partition ? partitions : NULL);
+    kb_conf_set_log(conf, count_bridges, NULL);
+    kb_bus *b = kb_test_open_conf(conf);
     gap_watch g = {0};
     kb_tracker_init(&g.tr, KEYS);
     pthread_mutex_init(&g.mu, NULL);
@@ -275,16 +348,23 @@ static void non_leader_killed(void **state)
     for (uint32_t k = 0; k < KEYS; k++)
         publish_ok(b, topic, k, 1);
     kb_assert_ok(flush_all(b));
+    for (int i = 0; i < 3000 && kb_tracker_distinct(&g.tr) < KEYS; i++)
+        usleep(10000);   /* every partition claimed: its consumer exists */
     char stream[256];
     kb_test_nats_stream(topic, stream, sizeof stream);
     int leader = kb_test_nats_cluster_leader(&cluster, stream);
     assert_in_range(leader, 0, KB_TEST_CLUSTER_NODES - 1);
-    int victim = (leader + 1) % KB_TEST_CLUSTER_NODES;
+    int bucket = kb_test_nats_cluster_leader(&cluster, "KV_keybus_leases");
+    int victim = consumer_only_leader(stream, leader, bucket);
+    assert_in_range(victim, 0, KB_TEST_CLUSTER_NODES - 1);
     double killed_at = 0;
     pthread_mutex_lock(&g.mu);
     g.last = 0;
     g.max_gap = 0;
+    memset(g.key_last, 0, sizeof g.key_last);
+    g.key_gap = 0;
     pthread_mutex_unlock(&g.mu);
+    atomic_store(&bridges, 0);
     /* 300 rounds at 5 ms: about 2 s of production, the kill at a third */
     for (int seq = 2; seq <= 300; seq++) {
         for (uint32_t k = 0; k < KEYS; k++)
@@ -306,10 +386,11 @@ static void non_leader_killed(void **state)
         g.max_gap = now_s() - g.last;
         g.max_gap_at = g.last;
     }
-    print_message("non-leader n%d killed -9 (stream leader n%d): longest pause in handling "
-                  "%.3f s (began %+.3f s from the kill); %llu of %d handled within 120 s of the "
-                  "flush, %llu duplicates\n", victim, leader, g.max_gap,
-                  g.max_gap_at - killed_at, (unsigned long long)handled, KEYS * 300,
+    print_message("%s: consumer-only leader n%d killed -9 (stream leader n%d, bucket leader "
+                  "n%d): longest pause in handling %.3f s (began %+.3f s from the kill), of one key "
+                  "%.3f s; %d partitions bridged; %llu of %d handled within 120 s of the flush, "
+                  "%llu duplicates\n", topic, victim, leader, bucket, g.max_gap,
+                  g.max_gap_at - killed_at, g.key_gap, atomic_load(&bridges), (unsigned long long)handled, KEYS * 300,
                   (unsigned long long)g.tr.duplicates);
     uint64_t violations = g.tr.order_violations, concurrent = g.tr.concurrent;
     kb_tracker_destroy(&g.tr);
@@ -319,12 +400,25 @@ static void non_leader_killed(void **state)
     assert_int_equal(handled, KEYS * 300);
     assert_int_equal(violations, 0);
     assert_int_equal(concurrent, 0);
+    assert_true(atomic_load(&bridges) > 0);   /* its consumers were read around */
     /* Liveness, not a timing claim: handling resumes within the 120 s wait.
      * The killed node's consumer leaders are elected again (seconds in
      * nats-server 2.9); when it led the lease bucket the leases run out and
      * come back with new consumers from the ack floor: 0-9 s seen plain,
      * 58 s once under ASan with a CI run beside it. */
     assert_true(g.max_gap < 110.0);
+}
+
+static void consumer_leader_killed_wide(void **state)
+{
+    (void)state;
+    consumer_leader_killed("cluster.follower", false);
+}
+
+static void consumer_leader_killed_per_partition(void **state)
+{
+    (void)state;
+    consumer_leader_killed("cluster.follower2", true);
 }
 
 /* The lease bucket's leader killed under two consumer processes: no key is
@@ -420,7 +514,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(replicas_mismatch_named),
         cmocka_unit_test(stream_leader_killed),
-        cmocka_unit_test(non_leader_killed),
+        cmocka_unit_test(consumer_leader_killed_wide),
+        cmocka_unit_test(consumer_leader_killed_per_partition),
         cmocka_unit_test(lease_leader_killed),
     };
     int rc = cmocka_run_group_tests_name("nats_cluster", tests, setup, teardown);

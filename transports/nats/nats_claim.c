@@ -159,11 +159,16 @@ static uint64_t ack_prefix(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint6
 {
     uint64_t h = h0, limit = atomic_load(&c->ack_limit), dseq = 0;
     c->ack_failed = false;
-    for (; h < tl; h++) {
-        kb_nats_entry *e = &c->ring[h & (c->cap - 1)];
+    /* An entry the bridge read (nats_consume.c) has no delivery sequence
+     * until its consumer delivers it: the prefix ends at the last entry with
+     * one (its AckAll covers the bridged entries before it). */
+    for (uint64_t i = h0; i < tl; i++) {
+        kb_nats_entry *e = &c->ring[i & (c->cap - 1)];
         if (e->sseq > limit || !atomic_load_explicit(&e->done, memory_order_acquire))
             break;
         uint64_t d = atomic_load_explicit(&e->dseq, memory_order_relaxed);
+        if (d != 0)
+            h = i + 1;
         dseq = d > dseq ? d : dseq;
     }
     kb_nats_entry *last = h > h0 ? &c->ring[(h - 1) & (c->cap - 1)] : NULL;
@@ -211,7 +216,8 @@ void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now)
     int64_t third = t->ack_wait_ms * 1000000 / 3;
     if (h < tl && !atomic_load(&c->fenced)) {
         kb_nats_entry *e = &c->ring[h & (c->cap - 1)];
-        if (now - e->since_ns > third && now - c->last_wpi_ns > third) {
+        if (now - e->since_ns > third && now - c->last_wpi_ns > third &&
+            atomic_load_explicit(&e->dseq, memory_order_relaxed) != 0) {
             natsConnection_PublishString(kb__nats_feed_conn(t), natsMsg_GetReply(e->msg), "+WPI");
             c->last_wpi_ns = now;
         }

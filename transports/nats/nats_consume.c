@@ -42,6 +42,7 @@ typedef struct feeder {
     int64_t refill_window;    /* the second whose refill time is counted ... */
     int64_t refill_spent;     /* ... and that time, ns */
     bool refilling;           /* the message handled now was read again: no pull's */
+    bool bridging;            /* ... or read from the stream, never delivered */
 } feeder;
 
 /* Keep up to two pull requests of nats.fetch_batch open per partition: the
@@ -110,6 +111,115 @@ static bool fenced(kb_transport *t, kb_nats_claim *c, int64_t now)
     return true;
 }
 
+/* The bridge. A partition's consumer whose leader's node is gone delivers
+ * nothing until its group elects another (4-9 s in nats-server 2.9), and its
+ * pulls just go unanswered. Once one is counted lost, the feeder reads the
+ * partition's messages from the stream (its leader answers; STREAM.MSG.GET
+ * next_by_subj, one read out per partition at a time, answered on the
+ * feeder's inbox) and handles them in stream order, as the consumer would
+ * have delivered them. When the consumer delivers again, it sends those
+ * first: each is known by its stream sequence, dropped, and acked with the
+ * entry (or at once when the entry is acked), so the consumer's ack floor
+ * catches up with what was handled. Pulls go on meanwhile; the first
+ * delivery or heartbeat of one ends the bridge. A wide claim reads every
+ * subject of the topic's stream (its consumer's filter), in stream order. */
+#define BRIDGE_WAIT_MS 500    /* a read unanswered this long is asked again */
+#define BRIDGE_POLL_MS 20     /* after "no message": the partition is read up */
+#define BRIDGE_RETRY_MS 250   /* after an error (the stream's own leader is gone) */
+
+static void bridge_start(kb_transport *t, kb_nats_claim *c, int64_t now)
+{
+    if (c->bridging)
+        return;
+    c->bridging = true;
+    c->bridge_asked = false;
+    c->bridge_next_ns = now;
+    kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s delivers nothing; %s is read from the "
+           "stream until it does", t->url_safe, c->consumer, c->part->subject);
+}
+
+static void bridge_end(kb_nats_claim *c)
+{
+    c->bridging = false;
+    c->bridge_asked = false;
+}
+
+/* Ask for the partition's next message when no read is out and the ring has
+ * room beside what the open pulls may bring. */
+static void bridge(feeder *f, kb_nats_claim *c, int64_t now)
+{
+    kb_transport *t = f->t;
+    if (now < c->bridge_next_ns)
+        return;
+    uint64_t used = atomic_load(&c->tail) - atomic_load(&c->head);
+    if ((int64_t)c->cap - (int64_t)used - (c->pull_open ? c->pull_left : 0) <= 0) {
+        c->bridge_next_ns = now + BRIDGE_POLL_MS * 1000000;
+        return;
+    }
+    char reply[256], filter[KB_NATS_NAME];
+    snprintf(filter, sizeof filter, "kb.%s.*", c->part->topic->name);
+    c->bridge_serial = ++f->serial;
+    snprintf(reply, sizeof reply, "%s.g.%u.%u.%u", t->inbox, c->part->topic->sub_id, c->part->n,
+             c->bridge_serial);
+    bool sent = kb__nats_stream_ask(kb__nats_feed_conn(t), c->part->topic->stream,
+                                    c->wide ? filter : c->part->subject,
+                                    atomic_load(&c->delivered_hi) + 1, reply);
+    c->bridge_asked = sent;
+    c->bridge_next_ns = now + (sent ? BRIDGE_WAIT_MS : BRIDGE_RETRY_MS) * 1000000;
+}
+
+static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
+                     unsigned n, uint32_t part, const char *foreign);
+static void unread_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta,
+                       const char *last);
+
+/* An answer to a bridge read (subject <inbox>.g.<topic>.<partition>.<serial>):
+ * false when m is no such answer. The message read is handled as delivery 0
+ * of the claim's consumer (nothing to ack until the consumer delivers it). */
+static bool bridge_reply(feeder *f, natsMsg *m)
+{
+    kb_transport *t = f->t;
+    const char *subj = natsMsg_GetSubject(m);
+    size_t il = strlen(t->inbox);
+    if (strncmp(subj, t->inbox, il) != 0 || strncmp(subj + il, ".g.", 3) != 0)
+        return false;
+    unsigned id = 0, n = 0, serial = 0;
+    if (sscanf(subj + il + 3, "%u.%u.%u", &id, &n, &serial) != 3 || id >= f->known ||
+        n >= t->partitions)
+        return true;
+    kb_nats_claim *c = f->by_id[id]->parts[n].feeding;
+    int64_t now = kb_now_ns();
+    if (c == NULL || !c->bridging || !c->bridge_asked || c->bridge_serial != serial ||
+        fenced(t, c, now))
+        return true;
+    c->bridge_asked = false;
+    kb_nats_topic *tp = c->part->topic;
+    natsMsg *got = NULL;
+    uint64_t seq = 0;
+    char filter[KB_NATS_NAME];
+    snprintf(filter, sizeof filter, "kb.%s.*", tp->name);
+    int r = kb__nats_stored_read(natsMsg_GetDataLength(m) > 0 ? natsMsg_GetData(m) : NULL,
+                                 tp->stream, c->wide ? filter : c->part->subject,
+                                 atomic_load(&c->delivered_hi) + 1, c->consumer, 0, &got, &seq);
+    c->bridge_next_ns = now + (r == 1 ? 0 : r == 0 ? BRIDGE_POLL_MS : BRIDGE_RETRY_MS) * 1000000;
+    if (r != 1)
+        return true;
+    kb_nats_meta meta = {.delivered = 1, .sseq = seq, .dseq = 0};
+    snprintf(meta.consumer, sizeof meta.consumer, "%s", c->consumer);
+    /* a wide claim's message goes where its subject says, as handle()'s */
+    const char *last = strrchr(natsMsg_GetSubject(got), '.') + 1;
+    long pn = c->wide ? kb__nats_part_token(t, last) : (long)n;
+    f->bridging = true;
+    if (pn >= 0)
+        read_msg(f, c, got, &meta, (unsigned)pn, (uint32_t)pn, NULL);
+    else
+        unread_msg(f, tp, got, &meta, last);
+    f->bridging = false;
+    if (c->bridging)
+        bridge(f, c, kb_now_ns());
+    return true;
+}
+
 /* Follow the partition's current claim and keep its pulls going. A fenced
  * claim is left for good: once fenced nothing goes into its ring, so a wide
  * claim left through one partition is safe from the others. */
@@ -127,10 +237,16 @@ static void tend(feeder *f, kb_nats_part *p, int64_t now)
         p->feeding = NULL;
     } else if (c->part != p) {
         return;   /* a wide claim: partition 0 pulls for all */
-    } else if (!c->pull_open || c->pull_left < t->fetch_batch || now > c->pull_deadline_ns) {
-        if (c->pull_open && now > c->pull_deadline_ns)
-            c->pull_open = false;   /* lost */
-        pull(f, c, now);
+    } else {
+        if (!c->pull_open || c->pull_left < t->fetch_batch || now > c->pull_deadline_ns) {
+            if (c->pull_open && now > c->pull_deadline_ns) {
+                c->pull_open = false;   /* lost */
+                bridge_start(t, c, now);
+            }
+            pull(f, c, now);
+        }
+        if (c->bridging)
+            bridge(f, c, now);
     }
 }
 
@@ -158,6 +274,7 @@ static void leaderless(kb_transport *t, kb_nats_claim *c, int64_t now)
 {
     if (c->leaderless_since_ns == 0)
         c->leaderless_since_ns = now;
+    bridge_start(t, c, now);
     if (now - c->leaderless_since_ns < LEADERLESS_RESET_MS * 1000000) {
         c->pull_open = true;   /* the next pull after the retry delay */
         c->pull_deadline_ns = now + LEADERLESS_RETRY_MS * 1000000;
@@ -190,6 +307,7 @@ static void status_msg(feeder *f, natsMsg *m)
     if (has_status && strcmp(status, "100") == 0) {
         c->pull_deadline_ns = pull_deadline(c, now);
         c->leaderless_since_ns = 0;
+        bridge_end(c);   /* the consumer has a leader again */
         return;
     }
     c->pull_open = false;   /* the newest request ended: so did the older */
@@ -363,9 +481,6 @@ static void lost_in_transit(feeder *f, kb_nats_claim *c, const kb_nats_meta *met
     kb__nats_claim_reset(f->t, c);
 }
 
-static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
-                     unsigned n, uint32_t part, const char *foreign);
-
 /* Bounds of refill() (below): lost deliveries one gap may read again; time
  * its reads may take for one gap, and in any second (they block the feeder);
  * no reads for this long after one went unanswered. */
@@ -415,6 +530,10 @@ static const char *refill(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
     if (why != NULL)
         return why;
     uint64_t lost = meta->dseq - c->dseq_hi - 1, from = c->delivered_hi + 1, k = 0;
+    /* After a bridge some lost deliveries were of messages it read: fewer
+     * are left to read, and their delivery sequences are not known (0: the
+     * AckAll of meta's covers them). */
+    bool bridged = c->bridged;
     natsMsg **got = malloc((size_t)lost * sizeof *got);
     uint64_t *seq = malloc((size_t)lost * sizeof *seq);
     int64_t deadline = started + (int64_t)REFILL_WAIT_MS * 1000000;
@@ -424,7 +543,8 @@ static const char *refill(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
         uint64_t s = 0;
         int left = kb_deadline_left_ms(deadline);
         r = left > 0 ? kb__nats_stream_next(t, c->part->topic->stream, c->part->subject, from,
-                                            c->consumer, c->dseq_hi + 1 + k, left, &m, &s)
+                                            c->consumer, bridged ? 0 : c->dseq_hi + 1 + k,
+                                            left, &m, &s)
                      : -1;
         if (r == 1 && (s >= meta->sseq || k == lost)) {
             natsMsg_Destroy(m);
@@ -439,7 +559,7 @@ static const char *refill(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
     f->refill_spent += now - started;
     if (r == -1 && now >= deadline)
         f->refill_off_until = now + (int64_t)REFILL_OFF_MS * 1000000;
-    why = r == -2 || (r == 0 && k != lost) ? "the stream holds another number of them there"
+    why = r == -2 || (r == 0 && k != lost && !bridged) ? "the stream holds another number of them there"
           : r == -1 && now >= deadline      ? "the stream did not answer in time"
           : r == -1                         ? "the stream's answer could not be read"
                                             : NULL;
@@ -456,7 +576,7 @@ static const char *refill(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
         kb_nats_meta one = *meta;
         one.delivered = 1;
         one.sseq = seq[i];
-        one.dseq = c->dseq_hi + 1;
+        one.dseq = bridged ? 0 : c->dseq_hi + 1;
         read_msg(f, c, got[i], &one, c->part->n, c->part->n, NULL);
     }
     f->refilling = false;
@@ -472,16 +592,20 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
                   int64_t now)
 {
     kb_transport *t = f->t;
-    if (!f->refilling) {   /* a message read again came on no pull */
+    if (!f->refilling && !f->bridging) {   /* read again or bridged: came on no pull */
         c->pull_got = true;
         c->pull_expires_ms = t->fetch_expires_ms;
         c->pull_deadline_ns = pull_deadline(c, now);
         c->leaderless_since_ns = 0;
         if (c->pull_left > 0 && --c->pull_left == 0)
             c->pull_open = false;
+        bridge_end(c);   /* the consumer delivers again */
     }
+    /* Deliveries that never arrived are the partition's messages before this
+     * one: none is missing when the bridge read up to it. */
     const char *why = NULL;
     if (meta->dseq > c->dseq_hi + 1 && !atomic_load(&c->fenced) &&
+        !(c->bridged && meta->sseq <= c->delivered_hi + 1) &&
         (why = refill(f, c, meta)) != NULL) {
         lost_in_transit(f, c, meta, why);
         natsMsg_Destroy(m);
@@ -489,6 +613,12 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
     }
     if (meta->dseq > c->dseq_hi)
         c->dseq_hi = meta->dseq;
+    if (meta->dseq != 0 && meta->sseq > c->consumer_hi)
+        atomic_store(&c->consumer_hi, meta->sseq);
+    if (f->bridging && meta->sseq <= c->delivered_hi) {
+        natsMsg_Destroy(m);   /* the consumer delivered it meanwhile */
+        return false;
+    }
     if (meta->sseq <= c->delivered_hi) {
         /* A redelivery: of an event still in this process (nothing to do),
          * or of one it acked, whose ack the server lost (killed before it
@@ -508,6 +638,7 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
     }
     if (c->wide && meta->sseq > c->delivered_hi + 1)
         gap(f, c, c->delivered_hi + 1, meta->sseq - 1);
+    c->bridged = f->bridging || (f->refilling && c->bridged);
     return true;
 }
 
@@ -693,6 +824,10 @@ static void handle(feeder *f, natsMsg *m)
 {
     kb_nats_meta meta;
     const char *reply = natsMsg_GetReply(m);
+    if (reply == NULL && bridge_reply(f, m)) {
+        natsMsg_Destroy(m);
+        return;
+    }
     if (reply == NULL || kb__nats_parse_ack(reply, &meta) != 0) {
         status_msg(f, m);
         natsMsg_Destroy(m);

@@ -340,6 +340,7 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
                                                        : js_DeliverAll;
     cc->OptStartSeq = floor > 0 ? floor + 1 : 0;
     c->delivered_hi = floor;   /* a wide claim's first gap starts here (nats_consume.c) */
+    c->consumer_hi = floor;
     c->start_floor = floor;
 }
 
@@ -362,7 +363,7 @@ static bool claim_renudge(kb_transport *t, kb_nats_claim *c)
     o.Wait = kb__nats_round_wait_ms(t);   /* a consumer whose leader is being elected: next round */
     /* what the claim had before it asked: deliveries keep coming while the
      * answer travels, and a healthy consumer's answer is at least this */
-    uint64_t acked = atomic_load(&c->acked_to), had = atomic_load(&c->delivered_hi);
+    uint64_t acked = atomic_load(&c->acked_to), had = atomic_load(&c->consumer_hi);
     if (js_GetConsumerInfo(&ci, t->js, c->part->topic->stream, c->consumer, &o, NULL) !=
         NATS_OK)
         return false;

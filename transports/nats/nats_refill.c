@@ -64,17 +64,32 @@ static natsStatus headers(natsMsg *m, char *block)
     return NATS_OK;
 }
 
-/* A STREAM.MSG.GET reply (see kb__nats_stream_next): a stored message of
- * `subject` at `from` or later, "no message found", or anything else. */
-static int stored(const char *d, const char *stream, const char *subject, uint64_t from,
-                  const char *consumer, uint64_t dseq, natsMsg **out, uint64_t *seq)
+/* Is subject s (sl bytes) one `filter` takes: the same, or for "a.b.*" any
+ * "a.b.<token>"? */
+static bool matches(const char *filter, const char *s, size_t sl)
 {
+    size_t fl = strlen(filter);
+    if (fl >= 2 && strcmp(filter + fl - 2, ".*") == 0)
+        return sl > fl - 1 && memcmp(s, filter, fl - 1) == 0 &&
+               memchr(s + fl - 1, '.', sl - (fl - 1)) == NULL;
+    return sl == fl && memcmp(s, filter, sl) == 0;
+}
+
+int kb__nats_stored_read(const char *d, const char *stream, const char *subject, uint64_t from,
+                         const char *consumer, uint64_t dseq, natsMsg **out, uint64_t *seq)
+{
+    *out = NULL;
+    if (d == NULL || *d == '\0')
+        return -1;   /* a status: no stream leader */
     if (strstr(d, "\"error\"") != NULL)
         return strstr(d, "10037") != NULL ? 0 : -1;   /* "no message found" */
     size_t sl = 0;
     const char *s = kb__nats_json_str(d, "subject", &sl), *q = strstr(d, "\"seq\":");
-    if (s == NULL || q == NULL || sl != strlen(subject) || memcmp(s, subject, sl) != 0)
+    char subj[KB_NATS_NAME];
+    if (s == NULL || q == NULL || sl >= sizeof subj || !matches(subject, s, sl))
         return -1;
+    memcpy(subj, s, sl);
+    subj[sl] = '\0';
     *seq = strtoull(q + 6, NULL, 10);
     char reply[3 * KB_NATS_NAME];
     if (*seq < from || !kb__nats_ack_subject(reply, sizeof reply, stream, consumer, *seq, dseq))
@@ -82,7 +97,7 @@ static int stored(const char *d, const char *stream, const char *subject, uint64
     long bl = 0, hl = 0;
     char *body = field(d, "data", &bl), *hdrs = field(d, "hdrs", &hl);
     natsStatus st = body != NULL && hdrs != NULL
-                        ? natsMsg_Create(out, subject, reply, body, (int)bl)
+                        ? natsMsg_Create(out, subj, reply, body, (int)bl)
                         : NATS_ERR;
     if (st == NATS_OK && hl > 0 && headers(*out, hdrs) != NATS_OK) {
         natsMsg_Destroy(*out);
@@ -94,21 +109,39 @@ static int stored(const char *d, const char *stream, const char *subject, uint64
     return st == NATS_OK ? 1 : -1;
 }
 
+static void ask_body(char *body, size_t cap, const char *subject, uint64_t from)
+{
+    snprintf(body, cap, "{\"seq\":%llu,\"next_by_subj\":\"%s\"}", (unsigned long long)from,
+             subject);
+}
+
+static void ask_api(char *api, size_t cap, const char *stream)
+{
+    snprintf(api, cap, "$JS.API.STREAM.MSG.GET.%s", stream);
+}
+
+bool kb__nats_stream_ask(natsConnection *nc, const char *stream, const char *subject,
+                         uint64_t from, const char *reply)
+{
+    char api[2 * KB_NATS_NAME], body[KB_NATS_NAME + 64];
+    ask_api(api, sizeof api, stream);
+    ask_body(body, sizeof body, subject, from);
+    return natsConnection_PublishRequestString(nc, api, reply, body) == NATS_OK;
+}
+
 int kb__nats_stream_next(kb_transport *t, const char *stream, const char *subject, uint64_t from,
                          const char *consumer, uint64_t dseq, int wait_ms, natsMsg **out,
                          uint64_t *seq)
 {
     char api[2 * KB_NATS_NAME], body[KB_NATS_NAME + 64];
-    snprintf(api, sizeof api, "$JS.API.STREAM.MSG.GET.%s", stream);
-    snprintf(body, sizeof body, "{\"seq\":%llu,\"next_by_subj\":\"%s\"}", (unsigned long long)from,
-             subject);
+    ask_api(api, sizeof api, stream);
+    ask_body(body, sizeof body, subject, from);
     natsMsg *r = NULL;
     *out = NULL;
     if (natsConnection_RequestString(&r, t->nc, api, body, wait_ms) != NATS_OK)
         return -1;
-    const char *d = natsMsg_GetData(r);
-    int rc = natsMsg_GetDataLength(r) > 0 && d != NULL ? stored(d, stream, subject, from, consumer, dseq, out, seq)
-                                                       : -1;   /* a status: no stream leader */
+    int rc = kb__nats_stored_read(natsMsg_GetDataLength(r) > 0 ? natsMsg_GetData(r) : NULL,
+                                  stream, subject, from, consumer, dseq, out, seq);
     natsMsg_Destroy(r);
     return rc;
 }

@@ -19,4 +19,19 @@ int kb__nats_stream_next(kb_transport *t, const char *stream, const char *subjec
                          const char *consumer, uint64_t dseq, int wait_ms, natsMsg **out,
                          uint64_t *seq);
 
+/* The same read without waiting: asks for the first message on `subject` (or
+ * any "a.b.<token>" for a subject "a.b.*") at or after `from`, its answer to
+ * go to `reply` (a subscription of the caller's); false when it could not be
+ * sent. Any thread. */
+bool kb__nats_stream_ask(natsConnection *nc, const char *stream, const char *subject,
+                         uint64_t from, const char *reply);
+
+/* Such an answer's text `d` (NUL-terminated; NULL or empty for a status
+ * reply), read as kb__nats_stream_next says: 1 with *out and *seq, 0 for
+ * "no message found", -1 for anything else (an error, a subject `subject`
+ * does not take, a sequence below `from`, fields that do not decode); *out
+ * carries the stored subject. Pure: no I/O. */
+int kb__nats_stored_read(const char *d, const char *stream, const char *subject, uint64_t from,
+                         const char *consumer, uint64_t dseq, natsMsg **out, uint64_t *seq);
+
 #endif /* KB_TRANSPORTS_NATS_REFILL_H */

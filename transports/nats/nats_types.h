@@ -100,6 +100,9 @@ typedef struct kb_nats_claim {
     /* highest stream sequence handed to the sink: the feeder's, read by the
      * lease thread after a reconnect */
     _Atomic uint64_t delivered_hi;
+    /* ... and of those the highest its consumer delivered (the rest were
+     * read from the stream while it had no leader) */
+    _Atomic uint64_t consumer_hi;
     /* the floor it started from (set before it is published) */
     uint64_t start_floor;
     /* an event released after a run of it (its runs may be in the runs
@@ -107,6 +110,14 @@ typedef struct kb_nats_claim {
     _Atomic bool released_ran;
     /* feeder only */
     int64_t leaderless_since_ns;   /* pulls answered "no responders" since (0: not) */
+    /* the consumer went silent (a pull lost: its leader's node is gone and
+     * its group has not elected another), so the partition's messages are
+     * read from the stream meanwhile (nats_consume.c, "bridge") */
+    bool bridging;
+    bool bridge_asked;             /* a read is out, under bridge_serial */
+    uint32_t bridge_serial;
+    int64_t bridge_next_ns;        /* the next read, not before */
+    bool bridged;                  /* entries read so since the consumer's last delivery */
     uint64_t dseq_hi;              /* the consumer's last delivery sequence seen */
     bool pull_open;
     bool pull_got;                 /* a message came since the newest request */
