@@ -15,8 +15,8 @@ build=${KEYBUS_FUZZ_BUILD:-$root/build-fuzz}
 # shellcheck disable=SC2086
 CC=clang CXX=clang++ cmake -S "$root" -B "$build" -DKEYBUS_FUZZ=ON -DKEYBUS_BUILD_TESTS=OFF \
   -DKEYBUS_BUILD_BENCH=OFF ${KEYBUS_FUZZ_CMAKE_ARGS:-} >/dev/null
-# conf ini url dlq_id cli_text, plus redis_entry, redis_reply, redis_frame, nats_frame, nats_kv and
-# nats_lease with their transports
+# conf ini url dlq_id cli_text, plus redis_entry, redis_reply, redis_frame, nats_frame, nats_kv,
+# nats_lease and nats_stored with their transports
 IFS=';' read -r -a targets <"$build/fuzz_targets"
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]/#/fuzz_}" >/dev/null
 

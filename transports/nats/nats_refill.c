@@ -90,9 +90,9 @@ int kb__nats_stored_read(const char *d, const char *stream, const char *subject,
         return -1;
     memcpy(subj, s, sl);
     subj[sl] = '\0';
-    *seq = strtoull(q + 6, NULL, 10);
+    *seq = q[6] >= '0' && q[6] <= '9' ? strtoull(q + 6, NULL, 10) : 0;
     char reply[3 * KB_NATS_NAME];
-    if (*seq < from || !kb__nats_ack_subject(reply, sizeof reply, stream, consumer, *seq, dseq))
+    if (*seq == 0 || *seq < from || !kb__nats_ack_subject(reply, sizeof reply, stream, consumer, *seq, dseq))
         return -1;
     long bl = 0, hl = 0;
     char *body = field(d, "data", &bl), *hdrs = field(d, "hdrs", &hl);
