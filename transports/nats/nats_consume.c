@@ -43,6 +43,10 @@ typedef struct feeder {
     int64_t refill_spent;     /* ... and that time, ns */
     bool refilling;           /* the message handled now was read again: no pull's */
     bool bridging;            /* ... or read from the stream, never delivered */
+    /* when the inbox was last seen empty: whatever the servers sent before
+     * then (a heartbeat) was read, so a pull whose deadline came earlier was
+     * lost, not queued behind a busy feeder */
+    int64_t empty_ns;
 } feeder;
 
 /* Keep up to two pull requests of nats.fetch_batch open per partition: the
@@ -238,9 +242,10 @@ static void tend(feeder *f, kb_nats_part *p, int64_t now)
     } else if (c->part != p) {
         return;   /* a wide claim: partition 0 pulls for all */
     } else {
-        if (!c->pull_open || c->pull_left < t->fetch_batch || now > c->pull_deadline_ns) {
-            if (c->pull_open && now > c->pull_deadline_ns) {
-                c->pull_open = false;   /* lost */
+        bool lost = c->pull_open && now > c->pull_deadline_ns && f->empty_ns > c->pull_deadline_ns;
+        if (!c->pull_open || c->pull_left < t->fetch_batch || lost) {
+            if (lost) {
+                c->pull_open = false;
                 bridge_start(t, c, now);
             }
             pull(f, c, now);
@@ -871,6 +876,9 @@ static void *feed(void *arg)
         if (rc != reconnects)
             claims_awaited_until = now + KB_NATS_CLAIM_WAIT_NS;
         if (now >= next_scan || rc != reconnects) {
+            int queued = 0, bytes = 0;
+            if (natsSubscription_GetPending(t->inbox_sub, &queued, &bytes) == NATS_OK && queued == 0)
+                f->empty_ns = now;
             bool unclaimed = false;
             for (uint32_t id = 0; id < f->known; id++) {
                 kb_nats_topic *tp = f->by_id[id];
@@ -899,9 +907,12 @@ static void *feed(void *arg)
         }
         int64_t wait_ms = (next_scan - now + 999999) / 1000000;
         natsMsg *m = NULL;
-        if (natsSubscription_NextMsg(&m, t->inbox_sub, wait_ms < 1 ? 1 : wait_ms > 20 ? 20 : wait_ms) ==
-            NATS_OK)
+        natsStatus s = natsSubscription_NextMsg(&m, t->inbox_sub,
+                                                wait_ms < 1 ? 1 : wait_ms > 20 ? 20 : wait_ms);
+        if (s == NATS_OK)
             handle(f, m);
+        else if (s == NATS_TIMEOUT)
+            f->empty_ns = kb_now_ns();
     }
     for (uint32_t id = 0; id < f->known; id++)
         for (uint32_t i = 0; i < t->partitions; i++)
