@@ -170,6 +170,7 @@ static uint64_t ack_prefix(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint6
         if (d != 0)
             h = i + 1;
         dseq = d > dseq ? d : dseq;
+        atomic_store(&c->handled_to, e->sseq);
     }
     kb_nats_entry *last = h > h0 ? &c->ring[(h - 1) & (c->cap - 1)] : NULL;
     if (last == NULL)

@@ -163,7 +163,10 @@ static jsConsumerInfo *own_finished(const kb_transport *t, kb_nats_topic *tp, lo
         return NULL;
     }
     ci->Config->AckPolicy = js_AckAll;   /* nothing acked above the floor to learn */
-    uint64_t acked = atomic_load(&c->acked_to);
+    /* handled here is as good as acked: the next claim's consumer is new,
+     * and what the bridge read was handled though never acked */
+    uint64_t acked = atomic_load(&c->acked_to), handled = atomic_load(&c->handled_to);
+    acked = handled > acked ? handled : acked;
     ci->AckFloor.Stream = acked > c->start_floor ? acked : c->start_floor;
     ci->Delivered.Stream = atomic_load(&c->delivered_hi);
     return ci;

@@ -82,6 +82,9 @@ typedef struct kb_nats_claim {
     _Atomic int freed;             /* ring freed by the acker */
     _Atomic uint64_t acked_to;     /* stream sequence of the last AckAll sent */
     _Atomic uint64_t acked_dseq;   /* ... and its delivery sequence */
+    /* stream sequence of the last entry of the handled prefix: above
+     * acked_to while its consumer has not delivered what the bridge read */
+    _Atomic uint64_t handled_to;
     /* nothing above it is acked: a delivery after it was lost in transit
      * (UINT64_MAX: none) */
     _Atomic uint64_t ack_limit;
