@@ -535,12 +535,17 @@ static const char *refill(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
     if (why != NULL)
         return why;
     uint64_t lost = meta->dseq - c->dseq_hi - 1, from = c->delivered_hi + 1, k = 0;
-    /* After a bridge some lost deliveries were of messages it read: fewer
-     * are left to read, and their delivery sequences are not known (0: the
-     * AckAll of meta's covers them). */
+    /* After a bridge the delivery sequences of the window's messages are not
+     * known (a consumer whose leader changed may number them otherwise):
+     * they are read with 0, the AckAll of meta's covers them, and the window
+     * is bounded by the ring's room (entries without a delivery sequence
+     * hold the head until one with a sequence comes after them), not by the
+     * count of lost deliveries. */
     bool bridged = c->bridged;
-    natsMsg **got = malloc((size_t)lost * sizeof *got);
-    uint64_t *seq = malloc((size_t)lost * sizeof *seq);
+    uint64_t used = atomic_load(&c->tail) - atomic_load(&c->head);
+    uint64_t most = !bridged ? lost : used + 1 < c->cap ? c->cap - used - 1 : 0;   /* meta too */
+    natsMsg **got = malloc((size_t)(most > 0 ? most : 1) * sizeof *got);
+    uint64_t *seq = malloc((size_t)(most > 0 ? most : 1) * sizeof *seq);
     int64_t deadline = started + (int64_t)REFILL_WAIT_MS * 1000000;
     int r = got != NULL && seq != NULL ? 1 : -1;
     while (r == 1) {
@@ -551,9 +556,9 @@ static const char *refill(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
                                             c->consumer, bridged ? 0 : c->dseq_hi + 1 + k,
                                             left, &m, &s)
                      : -1;
-        if (r == 1 && (s >= meta->sseq || k == lost)) {
+        if (r == 1 && (s >= meta->sseq || k == most)) {
             natsMsg_Destroy(m);
-            r = s >= meta->sseq ? 0 : -2;   /* 0: the window is read; -2: more than were lost */
+            r = s >= meta->sseq ? 0 : -2;   /* 0: the window is read; -2: more than `most` */
         } else if (r == 1) {
             got[k] = m;
             seq[k++] = s;
@@ -564,7 +569,8 @@ static const char *refill(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
     f->refill_spent += now - started;
     if (r == -1 && now >= deadline)
         f->refill_off_until = now + (int64_t)REFILL_OFF_MS * 1000000;
-    why = r == -2 || (r == 0 && k != lost && !bridged) ? "the stream holds another number of them there"
+    why = r == -2 && bridged                            ? "more than the claim's ring has room for"
+          : r == -2 || (r == 0 && k != lost && !bridged) ? "the stream holds another number of them there"
           : r == -1 && now >= deadline      ? "the stream did not answer in time"
           : r == -1                         ? "the stream's answer could not be read"
                                             : NULL;
