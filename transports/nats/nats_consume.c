@@ -612,11 +612,15 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
             c->pull_open = false;
         bridge_end(c);   /* the consumer delivers again */
     }
-    /* Deliveries that never arrived are the partition's messages before this
-     * one: none is missing when the bridge read up to it. */
+    /* Deliveries that never arrived before a first delivery are of messages
+     * before it (a consumer sends them in stream order) or redeliveries of
+     * older ones: none is missing when the claim has every message before it
+     * (the bridge read up to it, or it follows the last one the claim had; a
+     * consumer whose leader changed can skip delivery sequences so). */
     const char *why = NULL;
-    if (meta->dseq > c->dseq_hi + 1 && !atomic_load(&c->fenced) &&
-        !(c->bridged && meta->sseq <= c->delivered_hi + 1) &&
+    bool none_missing = meta->delivered == 1 && (meta->sseq == c->delivered_hi + 1 ||
+                                                 (c->bridged && meta->sseq <= c->delivered_hi));
+    if (meta->dseq > c->dseq_hi + 1 && !atomic_load(&c->fenced) && !none_missing &&
         (why = refill(f, c, meta)) != NULL) {
         lost_in_transit(f, c, meta, why);
         natsMsg_Destroy(m);
