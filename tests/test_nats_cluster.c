@@ -380,6 +380,11 @@ static void consumer_leader_killed(const char *topic, bool per_partition)
      * under ThreadSanitizer and load */
     for (int i = 0; i < 12000 && kb_tracker_distinct(&g.tr) < KEYS * 300; i++)
         usleep(10000);
+    /* what the bridge read is acked once the consumers deliver it (a
+     * liveness bound: their elections, or AckWait's redelivery) */
+    double drain_at = now_s();
+    int drc = kb_drain(b, 120000);
+    double drain_s = now_s() - drain_at;
     kb_assert_ok(kb_close(b, 10000));
     uint64_t handled = kb_tracker_distinct(&g.tr);
     if (handled < KEYS * 300 && now_s() - g.last > g.max_gap) {   /* still stalled */
@@ -389,9 +394,9 @@ static void consumer_leader_killed(const char *topic, bool per_partition)
     print_message("%s: consumer-only leader n%d killed -9 (stream leader n%d, bucket leader "
                   "n%d): longest pause in handling %.3f s (began %+.3f s from the kill), of one key "
                   "%.3f s; %d partitions bridged; %llu of %d handled within 120 s of the flush, "
-                  "%llu duplicates\n", topic, victim, leader, bucket, g.max_gap,
+                  "%llu duplicates; kb_drain %d in %.2f s\n", topic, victim, leader, bucket, g.max_gap,
                   g.max_gap_at - killed_at, g.key_gap, atomic_load(&bridges), (unsigned long long)handled, KEYS * 300,
-                  (unsigned long long)g.tr.duplicates);
+                  (unsigned long long)g.tr.duplicates, drc, drain_s);
     uint64_t violations = g.tr.order_violations, concurrent = g.tr.concurrent;
     kb_tracker_destroy(&g.tr);
     pthread_mutex_destroy(&g.mu);
@@ -401,6 +406,7 @@ static void consumer_leader_killed(const char *topic, bool per_partition)
     assert_int_equal(violations, 0);
     assert_int_equal(concurrent, 0);
     assert_true(atomic_load(&bridges) > 0);   /* its consumers were read around */
+    kb_assert_ok(drc);
     /* Liveness, not a timing claim: handling resumes within the 120 s wait.
      * The killed node's consumer leaders are elected again (seconds in
      * nats-server 2.9); when it led the lease bucket the leases run out and

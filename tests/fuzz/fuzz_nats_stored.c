@@ -53,7 +53,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     if (r == 1) {
         kb_nats_meta meta;
-        if (seq < from || !taken(filter, natsMsg_GetSubject(m)) ||
+        if (seq < from || seq == 0 || seq == UINT64_MAX || !taken(filter, natsMsg_GetSubject(m)) ||
             kb__nats_parse_ack(natsMsg_GetReply(m), &meta) != 0 || meta.sseq != seq ||
             meta.dseq != dseq || strcmp(meta.consumer, "g_3_7") != 0 ||
             natsMsg_GetDataLength(m) < 0)

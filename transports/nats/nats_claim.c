@@ -157,7 +157,7 @@ static void free_ring(kb_nats_claim *c)
  * Not sent while reconnecting (nats.c buffers nothing then): next tick. */
 static uint64_t ack_prefix(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint64_t tl)
 {
-    uint64_t h = h0, limit = atomic_load(&c->ack_limit), dseq = 0;
+    uint64_t h = h0, limit = atomic_load(&c->ack_limit), dseq = 0, handled = 0;
     c->ack_failed = false;
     /* An entry the bridge read (nats_consume.c) has no delivery sequence
      * until its consumer delivers it: the prefix ends at the last entry with
@@ -170,8 +170,10 @@ static uint64_t ack_prefix(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint6
         if (d != 0)
             h = i + 1;
         dseq = d > dseq ? d : dseq;
-        atomic_store(&c->handled_to, e->sseq);
+        handled = e->sseq;
     }
+    if (handled != 0)
+        atomic_store(&c->handled_to, handled);
     kb_nats_entry *last = h > h0 ? &c->ring[(h - 1) & (c->cap - 1)] : NULL;
     if (last == NULL)
         return h0;

@@ -43,10 +43,13 @@ typedef struct feeder {
     int64_t refill_spent;     /* ... and that time, ns */
     bool refilling;           /* the message handled now was read again: no pull's */
     bool bridging;            /* ... or read from the stream, never delivered */
-    /* when the inbox was last seen empty: whatever the servers sent before
-     * then (a heartbeat) was read, so a pull whose deadline came earlier was
-     * lost, not queued behind a busy feeder */
+    /* a time by which the inbox was read through: whatever the servers sent
+     * before it (a heartbeat) was read, so a pull whose deadline came earlier
+     * was lost, not queued behind a busy feeder. Seen empty, or the messages
+     * queued at a scan (mark_left of them, at mark_ns) all read since. */
     int64_t empty_ns;
+    int64_t mark_ns;
+    int mark_left;
 } feeder;
 
 /* Keep up to two pull requests of nats.fetch_batch open per partition: the
@@ -128,18 +131,24 @@ static bool fenced(kb_transport *t, kb_nats_claim *c, int64_t now)
  * delivery or heartbeat of one ends the bridge. A wide claim reads every
  * subject of the topic's stream (its consumer's filter), in stream order. */
 #define BRIDGE_WAIT_MS 500    /* a read unanswered this long is asked again */
-#define BRIDGE_POLL_MS 20     /* after "no message": the partition is read up */
+#define BRIDGE_POLL_MS 20     /* after "no message" (the partition is read up) ... */
+#define BRIDGE_POLL_MAX_MS 500 /* ... doubling while nothing comes, up to this */
 #define BRIDGE_RETRY_MS 250   /* after an error (the stream's own leader is gone) */
 
+/* A claim whose consumer starts at the stream's end as it was when made
+ * (group.start = latest, its last sequence unread) has no known start until
+ * it delivers: it is not bridged before. */
 static void bridge_start(kb_transport *t, kb_nats_claim *c, int64_t now)
 {
-    if (c->bridging)
+    if (c->bridging || (c->start_unknown && atomic_load(&c->consumer_hi) == 0))
         return;
     c->bridging = true;
     c->bridge_asked = false;
     c->bridge_next_ns = now;
-    kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s delivers nothing; %s is read from the "
-           "stream until it does", t->url_safe, c->consumer, c->part->subject);
+    c->bridge_poll_ms = BRIDGE_POLL_MS;
+    kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s delivers nothing; %s%s%s is read from "
+           "the stream until it does", t->url_safe, c->consumer, c->wide ? "kb." : "",
+           c->wide ? c->part->topic->name : c->part->subject, c->wide ? ".*" : "");
 }
 
 static void bridge_end(kb_nats_claim *c)
@@ -149,14 +158,19 @@ static void bridge_end(kb_nats_claim *c)
 }
 
 /* Ask for the partition's next message when no read is out and the ring has
- * room beside what the open pulls may bring. */
+ * room beside what the pulls may bring (at least a batch, at most half the
+ * ring): entries the bridge read hold the head until the consumer delivers
+ * them, so the consumer must always find room for that. */
 static void bridge(feeder *f, kb_nats_claim *c, int64_t now)
 {
     kb_transport *t = f->t;
     if (now < c->bridge_next_ns)
         return;
     uint64_t used = atomic_load(&c->tail) - atomic_load(&c->head);
-    if ((int64_t)c->cap - (int64_t)used - (c->pull_open ? c->pull_left : 0) <= 0) {
+    int64_t keep = c->pull_open && c->pull_left > t->fetch_batch ? c->pull_left : t->fetch_batch;
+    if (keep > (int64_t)c->cap / 2)
+        keep = (int64_t)c->cap / 2;
+    if ((int64_t)c->cap - (int64_t)used - keep <= 0) {
         c->bridge_next_ns = now + BRIDGE_POLL_MS * 1000000;
         return;
     }
@@ -205,9 +219,12 @@ static bool bridge_reply(feeder *f, natsMsg *m)
     int r = kb__nats_stored_read(natsMsg_GetDataLength(m) > 0 ? natsMsg_GetData(m) : NULL,
                                  tp->stream, c->wide ? filter : c->part->subject,
                                  atomic_load(&c->delivered_hi) + 1, c->consumer, 0, &got, &seq);
-    c->bridge_next_ns = now + (r == 1 ? 0 : r == 0 ? BRIDGE_POLL_MS : BRIDGE_RETRY_MS) * 1000000;
+    c->bridge_next_ns = now + (r == 1 ? 0 : r == 0 ? c->bridge_poll_ms : BRIDGE_RETRY_MS) * 1000000;
+    if (r == 0 && (c->bridge_poll_ms *= 2) > BRIDGE_POLL_MAX_MS)
+        c->bridge_poll_ms = BRIDGE_POLL_MAX_MS;
     if (r != 1)
         return true;
+    c->bridge_poll_ms = BRIDGE_POLL_MS;
     kb_nats_meta meta = {.delivered = 1, .sseq = seq, .dseq = 0};
     snprintf(meta.consumer, sizeof meta.consumer, "%s", c->consumer);
     /* a wide claim's message goes where its subject says, as handle()'s */
@@ -322,6 +339,8 @@ static void status_msg(feeder *f, natsMsg *m)
         return;
     }
     c->leaderless_since_ns = 0;
+    if (has_status && (strcmp(status, "408") == 0 || strcmp(status, "404") == 0))
+        bridge_end(c);   /* the consumer's leader ended the request */
     if (!c->pull_got && has_status && strcmp(status, "408") == 0) {
         c->pull_expires_ms *= 2;
         if (c->pull_expires_ms > KB_NATS_IDLE_EXPIRES_MS)
@@ -887,8 +906,13 @@ static void *feed(void *arg)
             claims_awaited_until = now + KB_NATS_CLAIM_WAIT_NS;
         if (now >= next_scan || rc != reconnects) {
             int queued = 0, bytes = 0;
-            if (natsSubscription_GetPending(t->inbox_sub, &queued, &bytes) == NATS_OK && queued == 0)
-                f->empty_ns = now;
+            if (f->mark_left == 0 &&
+                natsSubscription_GetPending(t->inbox_sub, &queued, &bytes) == NATS_OK) {
+                if (queued == 0)
+                    f->empty_ns = now;
+                f->mark_ns = now;
+                f->mark_left = queued;
+            }
             bool unclaimed = false;
             for (uint32_t id = 0; id < f->known; id++) {
                 kb_nats_topic *tp = f->by_id[id];
@@ -919,10 +943,14 @@ static void *feed(void *arg)
         natsMsg *m = NULL;
         natsStatus s = natsSubscription_NextMsg(&m, t->inbox_sub,
                                                 wait_ms < 1 ? 1 : wait_ms > 20 ? 20 : wait_ms);
-        if (s == NATS_OK)
+        if (s == NATS_OK) {
             handle(f, m);
-        else if (s == NATS_TIMEOUT)
+            if (f->mark_left > 0 && --f->mark_left == 0)
+                f->empty_ns = f->mark_ns;
+        } else if (s == NATS_TIMEOUT) {
             f->empty_ns = kb_now_ns();
+            f->mark_left = 0;
+        }
     }
     for (uint32_t id = 0; id < f->known; id++)
         for (uint32_t i = 0; i < t->partitions; i++)

@@ -344,6 +344,7 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
     cc->OptStartSeq = floor > 0 ? floor + 1 : 0;
     c->delivered_hi = floor;   /* a wide claim's first gap starts here (nats_consume.c) */
     c->consumer_hi = floor;
+    c->start_unknown = cc->DeliverPolicy == js_DeliverNew;
     c->start_floor = floor;
 }
 

@@ -1,6 +1,7 @@
 /* Stored messages read again from the stream's leader (see nats_refill.h).
  * The reply is JetStream's own JSON: the fields read here (subject, base64
  * headers and body) hold no escapes. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,7 +91,10 @@ int kb__nats_stored_read(const char *d, const char *stream, const char *subject,
         return -1;
     memcpy(subj, s, sl);
     subj[sl] = '\0';
+    errno = 0;
     *seq = q[6] >= '0' && q[6] <= '9' ? strtoull(q + 6, NULL, 10) : 0;
+    if (errno == ERANGE || *seq == UINT64_MAX)
+        return -1;
     char reply[3 * KB_NATS_NAME];
     if (*seq == 0 || *seq < from || !kb__nats_ack_subject(reply, sizeof reply, stream, consumer, *seq, dseq))
         return -1;

@@ -120,7 +120,11 @@ typedef struct kb_nats_claim {
     bool bridge_asked;             /* a read is out, under bridge_serial */
     uint32_t bridge_serial;
     int64_t bridge_next_ns;        /* the next read, not before */
-    bool bridged;                  /* entries read so since the consumer's last delivery */
+    int64_t bridge_poll_ms;        /* the wait after "no message", doubling */
+    bool bridged;                  /* entries read by it since the consumer's last delivery */
+    /* set before the claim is published: its consumer starts at the stream's
+     * end as it was when made, a sequence not known here */
+    bool start_unknown;
     uint64_t dseq_hi;              /* the consumer's last delivery sequence seen */
     bool pull_open;
     bool pull_got;                 /* a message came since the newest request */
