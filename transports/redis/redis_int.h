@@ -324,6 +324,8 @@ struct kb_transport {
         const char *stream;       /* one such stream */
         uint64_t total;           /* such events since kb_open */
     } refusal;
+    bool pub_careful;             /* since a transient refusal: one record in flight until
+                                   * the server stores one (redis_sender.c; pub_lock) */
     int wait_replicas, wait_timeout_ms;   /* redis.wait_replicas, redis.wait_timeout_ms */
     uint64_t wait_short;          /* stored, but fewer replicas confirmed, since the last flush (pub_lock) */
     uint64_t wait_pending;        /* stored, no WAIT answered since (pub_lock) */

@@ -185,6 +185,10 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
             report_oldest(t, p, KB_ETRANSPORT, "",
                           r[i]->type == REDIS_REPLY_ERROR ? r[i]->str : "unexpected reply");
         kb_redis_pubrec rec = kb__redis_backlog_pop(&t->backlog);
+        if (rec.p != NULL && t->pub_careful) {   /* answered for good: pipeline again */
+            t->pub_careful = false;
+            t->pub_direct = !atomic_load(&t->sender_stop);
+        }
         if (rec.p == NULL) {
             bool confirmed = wait_answered(t, &rec, r[i]);
             if (wanted)
@@ -271,6 +275,25 @@ static bool queue_wait(kb_transport *t)
     return true;
 }
 
+/* What of the `len` bytes unsent may be written now (caller holds
+ * pub_lock): none while a refusal's replies are read; after a refusal only
+ * the oldest record, until the server stored one. A server that switches
+ * from refusing to storing in the middle of a pipeline stores its later
+ * records ahead of its earlier ones; one record at a time cannot be split
+ * so, and the retries after a refusal are when it switches. */
+static size_t writable(const kb_transport *t, size_t len)
+{
+    const kb_redis_backlog *bl = &t->backlog;
+    if (t->refusal.on)
+        return 0;
+    if (!t->pub_careful || bl->n == 0)
+        return len;
+    size_t end = bl->head + bl->rec[bl->first].len;   /* the oldest record is in oldest */
+    if (bl->sending != bl->oldest || bl->sent >= end)
+        return 0;
+    return len < end - bl->sent ? len : end - bl->sent;
+}
+
 /* Open frames a linger old into the backlog, then write what the socket
  * takes now; the errno that broke it, or 0. *frame_due: when the next open
  * frame is due (INT64_MAX: none). `idle`: the sender awaited nothing, so a
@@ -291,10 +314,13 @@ static int write_some(kb_transport *t, redisContext *c, bool idle, bool *unsent,
     kb__redis_backlog_unsent(bl, &len);
     *frame_due = kb__redis_frames_due(t, len == 0 && !kb__redis_backlog_due(bl));
     kb__redis_pub_counts(t);
-    while (!t->refusal.on &&   /* the connection is being left: its replies only */
-           (((bytes = kb__redis_backlog_unsent(bl, &len)), len > 0) || (err == 0 && queue_wait(t)))) {
-        if (len == 0)
-            continue;   /* the WAIT just queued */
+    for (;;) {
+        bytes = kb__redis_backlog_unsent(bl, &len);
+        if ((len = writable(t, len)) == 0) {
+            if (!t->refusal.on && !t->pub_careful && queue_wait(t))
+                continue;   /* the WAIT just queued */
+            break;
+        }
         ssize_t w = send(c->fd, bytes, len, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (w > 0) {
             kb__redis_backlog_wrote(bl, (size_t)w);
@@ -308,7 +334,7 @@ static int write_some(kb_transport *t, redisContext *c, bool idle, bool *unsent,
         }
     }
     kb__redis_backlog_unsent(bl, &len);
-    *unsent = len > 0 && !t->refusal.on;
+    *unsent = writable(t, len) > 0;
     *due = kb__redis_backlog_due(bl);
     t->sender_busy = *unsent || *due;
     pthread_mutex_unlock(&t->pub_lock);
@@ -369,6 +395,7 @@ static void lose(kb_transport *t, const char *why_now)
     snprintf(t->pub_lost, sizeof t->pub_lost, "%s", why);
     uint64_t ahead = t->refusal.ahead, total = t->refusal.total += ahead;
     const char *stream = t->refusal.stream;
+    t->pub_careful = t->pub_careful || t->refusal.on;
     for (size_t i = 0; i < bl->n && t->refusal.on; i++) {
         kb_redis_part *p = bl->rec[(bl->first + i) % bl->rcap].p;
         if (p != NULL)
@@ -464,7 +491,7 @@ static redisContext *connection(kb_transport *t)
     if (c != NULL) {
         pthread_mutex_lock(&t->pub_lock);
         kb__redis_backlog_rewind(&t->backlog);   /* the unconfirmed ones first, in order */
-        t->pub_direct = true;
+        t->pub_direct = !t->pub_careful;
         pthread_mutex_unlock(&t->pub_lock);
         state_changed(t, false, t->where);
     }
