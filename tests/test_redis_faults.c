@@ -595,6 +595,34 @@ static size_t first_of(char got[][16], size_t n, const char *payload)
     return n;
 }
 
+/* A redis-server, a proxy before it, and a bus through the proxy with one
+ * partition and plain entries; an event of `topic` stored, so the
+ * connections are up. *rc: a client of the server itself. */
+static kb_bus *proxied_bus(const char *topic, const char *reconnect_max_ms, kb_test_proxy **proxy,
+                           redisContext **rc)
+{
+    assert_int_equal(kb_test_server_start(&srv, "redis", NULL), 0);
+    *proxy = kb_test_proxy_start(srv.port);
+    assert_non_null(*proxy);
+    char url[64], err[256];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", kb_test_proxy_port(*proxy));
+    kb_conf *c = kb_conf_new();
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "partitions", "1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.publish_batch", "1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.reconnect_min_ms", "1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.reconnect_max_ms", reconnect_max_ms, err, sizeof err));
+    said_reset(c);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    *rc = redisConnect("127.0.0.1", srv.port);
+    assert_true(*rc != NULL && (*rc)->err == 0);
+    kb_assert_ok(kb_publish(b, topic, "k", 1, "before", 6));
+    kb_assert_ok(kb_flush(b, 10000));   /* connected, the topic's metadata checked */
+    return b;
+}
+
 /* "early" reaches the server while it refuses writes (min-replicas-to-write
  * without a replica: NOREPLICAS) and its answer is held on the way back;
  * writes are allowed again, "late" (same key) is written behind it and
@@ -604,25 +632,9 @@ static size_t first_of(char got[][16], size_t n, const char *payload)
 static void transient_refusal_reorder_counted(void **state)
 {
     (void)state;
-    assert_int_equal(kb_test_server_start(&srv, "redis", NULL), 0);
-    kb_test_proxy *proxy = kb_test_proxy_start(srv.port);
-    assert_non_null(proxy);
-    char url[64], err[256];
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d", kb_test_proxy_port(proxy));
-    kb_conf *c = kb_conf_new();
-    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
-    kb_assert_ok(kb_conf_set(c, "partitions", "1", err, sizeof err));
-    kb_assert_ok(kb_conf_set(c, "redis.publish_batch", "1", err, sizeof err));
-    kb_assert_ok(kb_conf_set(c, "redis.reconnect_min_ms", "1", err, sizeof err));
-    kb_assert_ok(kb_conf_set(c, "redis.reconnect_max_ms", "200", err, sizeof err));
-    said_reset(c);
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL)
-        fail_msg("kb_open: %s", err);
-    redisContext *rc = redisConnect("127.0.0.1", srv.port);
-    assert_true(rc != NULL && rc->err == 0);
-    kb_assert_ok(kb_publish(b, "refused", "k", 1, "before", 6));
-    kb_assert_ok(kb_flush(b, 10000));   /* connected, the topic's metadata checked */
+    kb_test_proxy *proxy;
+    redisContext *rc;
+    kb_bus *b = proxied_bus("refused", "200", &proxy, &rc);
 
     freeReplyObject(redisCommand(rc, "CONFIG SET min-replicas-to-write 1"));
     struct later early = {b, "early"};
@@ -683,25 +695,9 @@ static size_t seqs(redisContext *rc, const char *stream, int *out, size_t max)
 static void retries_after_refusal_keep_order(void **state)
 {
     (void)state;
-    assert_int_equal(kb_test_server_start(&srv, "redis", NULL), 0);
-    kb_test_proxy *proxy = kb_test_proxy_start(srv.port);
-    assert_non_null(proxy);
-    char url[64], err[256];
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d", kb_test_proxy_port(proxy));
-    kb_conf *c = kb_conf_new();
-    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
-    kb_assert_ok(kb_conf_set(c, "partitions", "1", err, sizeof err));
-    kb_assert_ok(kb_conf_set(c, "redis.publish_batch", "1", err, sizeof err));
-    kb_assert_ok(kb_conf_set(c, "redis.reconnect_min_ms", "1", err, sizeof err));
-    kb_assert_ok(kb_conf_set(c, "redis.reconnect_max_ms", "50", err, sizeof err));
-    said_reset(c);
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL)
-        fail_msg("kb_open: %s", err);
-    redisContext *rc = redisConnect("127.0.0.1", srv.port);
-    assert_true(rc != NULL && rc->err == 0);
-    kb_assert_ok(kb_publish(b, "careful", "k", 1, "before", 6));
-    kb_assert_ok(kb_flush(b, 10000));   /* connected, the topic's metadata checked */
+    kb_test_proxy *proxy;
+    redisContext *rc;
+    kb_bus *b = proxied_bus("careful", "50", &proxy, &rc);
 
     freeReplyObject(redisCommand(rc, "CONFIG SET min-replicas-to-write 1"));
     char pay[CAREFUL_BYTES];
