@@ -744,17 +744,24 @@ static void retries_after_refusal_keep_order(void **state)
 #define SPLIT_BYTES (200 * 1024)
 
 struct split_seen {
-    _Atomic unsigned handled, out_of_order, next;
+    _Atomic unsigned handled, out_of_order;   /* distinct events; first copies out of order */
     _Atomic unsigned stored, failed, too_big;
+    unsigned last;                            /* the newest first copy (one lane: one thread) */
+    bool seen[2 * SPLIT_EVENTS + 1];
 };
 
+/* At least once: an entry whose reply was lost with the connection comes
+ * twice; the first copies must come in publish order. */
 static int split_handler(const kb_event *ev, void *opaque)
 {
     struct split_seen *s = opaque;
     unsigned seq = (unsigned)strtoul(ev->payload, NULL, 10);
-    if (seq != atomic_load(&s->next))
+    if (seq > 2 * SPLIT_EVENTS || s->seen[seq])
+        return KB_HANDLED;
+    s->seen[seq] = true;
+    if (seq < s->last)
         atomic_fetch_add(&s->out_of_order, 1);
-    atomic_store(&s->next, seq + 1);
+    s->last = seq;
     atomic_fetch_add(&s->handled, 1);
     return KB_HANDLED;
 }
@@ -831,7 +838,8 @@ static void frames_over_hidden_limit_split(void **state)
     kb_assert_ok(kb_flush(b, 30000));
     kb_wait_until(atomic_load(&seen.handled) == 2 * SPLIT_EVENTS + 1, 20000, "all handled");
     kb_assert_ok(kb_close(b, 10000));
-    fprintf(stderr, "  reports: %u stored, %u failed (%u KB_ETOOBIG); handled %u, out of order %u\n",
+    fprintf(stderr, "  reports: %u stored, %u failed (%u KB_ETOOBIG); handled %u distinct, first "
+            "copies out of order %u\n",
             atomic_load(&seen.stored), atomic_load(&seen.failed), atomic_load(&seen.too_big),
             atomic_load(&seen.handled), atomic_load(&seen.out_of_order));
     assert_int_equal(atomic_load(&seen.out_of_order), 0);
