@@ -556,7 +556,7 @@ struct later {
 static void *publish_later(void *arg)
 {
     const struct later *l = arg;
-    usleep(100000);   /* the proxy is armed by then; a late publish only waits longer */
+    usleep(500000);   /* the proxy is armed by then (the main thread arms it at once) */
     kb_assert_ok(kb_publish(l->b, "refused", "k", 1, l->payload, strlen(l->payload)));
     return NULL;
 }
