@@ -12,6 +12,7 @@ kb_test(test_redis_faults TIMEOUT 150 LABELS redis)
 target_compile_definitions(test_redis_faults PRIVATE
   KB_CONSUMER_PROC="$<TARGET_FILE:redis_consumer_proc>")
 add_dependencies(test_redis_faults redis_consumer_proc)
+target_link_libraries(test_redis_faults PRIVATE PkgConfig::HIREDIS)
 
 # Many topics on one bus under a low fd limit (threads and fds counted).
 kb_test(test_redis_topics TIMEOUT 120 LABELS redis)

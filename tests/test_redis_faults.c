@@ -4,7 +4,16 @@
  *   - a consumer SIGSTOPped past its lease TTL, then resumed;
  *   - redis-server killed and restarted mid-stream (AOF, appendfsync always);
  *   - the same mid-publish, without flushes: every accepted publish is stored;
- *   - server down when kb_open runs, up later (kb_open fails; the app retries). */
+ *   - server down when kb_open runs, up later (kb_open fails; the app retries);
+ *   - one pipelined XADD refused "not now" (NOREPLICAS) while a later one of its
+ *     stream is stored: the reorder of first copies is counted and logged, the
+ *     refused one and the later one are written again, in order;
+ *   - the retries after such a refusal go one record at a time until one is
+ *     stored: a server that starts storing in the middle of a retry stores
+ *     none out of order;
+ *   - frames over a proto-max-bulk-len the server hides (CONFIG renamed): the
+ *     server drops the connection, the frames are split and stored, only an
+ *     event over the limit fails, and kb_flush counts it as one. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +21,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,9 +30,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <hiredis/hiredis.h>
 #include <keybus/keybus.h>
 
 #include "support/check.h"
+#include "support/proxy.h"
 #include "support/server.h"
 #include "support/tracker.h"
 
@@ -509,6 +521,335 @@ static void server_down_open_waits(void **state)
     kb_test_server_stop(&srv);
 }
 
+/* ---- a transient refusal among pipelined XADDs ---- */
+
+/* The sender's warnings this file looks for, counted per case (reset by it). */
+static atomic_uint said_ahead, said_split;
+
+static void count_said(int level, const char *msg, void *opaque)
+{
+    (void)opaque;
+    if (level > KB_LOG_WARNING)
+        return;
+    fprintf(stderr, "keybus: %s\n", msg);
+    if (strstr(msg, "1 events stored on kb:{refused}:p:0 ahead of an earlier event") != NULL &&
+        strstr(msg, "NOREPLICAS") != NULL)
+        atomic_fetch_add(&said_ahead, 1);
+    else if (strstr(msg, "ahead of an earlier event") != NULL)
+        atomic_fetch_add(&said_ahead, 100);   /* any other count: wrong */
+    if (strstr(msg, "frames over 1048576 bytes are sent again as entries within it") != NULL)
+        atomic_fetch_add(&said_split, 1);
+}
+
+static void said_reset(kb_conf *c)
+{
+    atomic_store(&said_ahead, 0);
+    atomic_store(&said_split, 0);
+    kb_conf_set_log(c, count_said, NULL);
+}
+
+struct later {
+    kb_bus *b;
+    const char *payload;
+};
+
+static void *publish_later(void *arg)
+{
+    const struct later *l = arg;
+    usleep(500000);   /* the proxy is armed by then (the main thread arms it at once) */
+    kb_assert_ok(kb_publish(l->b, "refused", "k", 1, l->payload, strlen(l->payload)));
+    return NULL;
+}
+
+static long long errorstat(redisContext *rc, const char *name)
+{
+    redisReply *r = redisCommand(rc, "INFO errorstats");
+    assert_non_null(r);
+    const char *at = r->str != NULL ? strstr(r->str, name) : NULL;
+    long long n = at != NULL ? strtoll(at + strlen(name) + strlen(":count="), NULL, 10) : 0;
+    freeReplyObject(r);
+    return n;
+}
+
+/* The payloads of the stream, oldest first, into out (up to max). */
+static size_t payloads(redisContext *rc, const char *stream, char out[][16], size_t max)
+{
+    redisReply *r = redisCommand(rc, "XRANGE %s - +", stream);
+    assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
+    size_t n = 0;
+    for (size_t i = 0; i < r->elements && n < max; i++) {
+        const redisReply *f = r->element[i]->element[1];
+        for (size_t j = 0; j + 1 < f->elements; j += 2)
+            if (strcmp(f->element[j]->str, "d") == 0)
+                snprintf(out[n++], 16, "%s", f->element[j + 1]->str);
+    }
+    freeReplyObject(r);
+    return n;
+}
+
+static size_t first_of(char got[][16], size_t n, const char *payload)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(got[i], payload) == 0)
+            return i;
+    return n;
+}
+
+/* A redis-server, a proxy before it, and a bus through the proxy with one
+ * partition and plain entries; an event of `topic` stored, so the
+ * connections are up. *rc: a client of the server itself. */
+static kb_bus *proxied_bus(const char *topic, const char *reconnect_max_ms, kb_test_proxy **proxy,
+                           redisContext **rc)
+{
+    assert_int_equal(kb_test_server_start(&srv, "redis", NULL), 0);
+    *proxy = kb_test_proxy_start(srv.port);
+    assert_non_null(*proxy);
+    char url[64], err[256];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", kb_test_proxy_port(*proxy));
+    kb_conf *c = kb_conf_new();
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "partitions", "1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.publish_batch", "1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.reconnect_min_ms", "1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.reconnect_max_ms", reconnect_max_ms, err, sizeof err));
+    said_reset(c);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    *rc = redisConnect("127.0.0.1", srv.port);
+    assert_true(*rc != NULL && (*rc)->err == 0);
+    kb_assert_ok(kb_publish(b, topic, "k", 1, "before", 6));
+    kb_assert_ok(kb_flush(b, 10000));   /* connected, the topic's metadata checked */
+    return b;
+}
+
+/* "early" reaches the server while it refuses writes (min-replicas-to-write
+ * without a replica: NOREPLICAS) and its answer is held on the way back;
+ * writes are allowed again, "late" (same key) is written behind it and
+ * stored. Redis runs each pipelined command on its own, so late's first
+ * copy precedes early: the sender reads the replies still due, counts and
+ * logs that, and writes both again in order on a new connection. */
+static void transient_refusal_reorder_counted(void **state)
+{
+    (void)state;
+    kb_test_proxy *proxy;
+    redisContext *rc;
+    kb_bus *b = proxied_bus("refused", "200", &proxy, &rc);
+
+    freeReplyObject(redisCommand(rc, "CONFIG SET min-replicas-to-write 1"));
+    struct later early = {b, "early"};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, publish_later, &early), 0);
+    assert_int_equal(kb_test_proxy_blackhole_after(proxy, "early", 10000), 0);
+    pthread_join(th, NULL);
+    kb_wait_until(errorstat(rc, "errorstat_NOREPLICAS") >= 1, 10000, "early refused");
+    freeReplyObject(redisCommand(rc, "CONFIG SET min-replicas-to-write 0"));
+    /* one XADD awaits its answer: the publisher writes this one at once */
+    kb_assert_ok(kb_publish(b, "refused", "k", 1, "late", 4));
+    kb_test_proxy_blackhole(proxy, 0);
+    kb_assert_ok(kb_flush(b, 10000));
+
+    char got[8][16];
+    size_t n = payloads(rc, "kb:{refused}:p:0", got, 8);
+    for (size_t i = 0; i < n; i++)
+        fprintf(stderr, "  entry %zu: %s\n", i, got[i]);
+    size_t e = first_of(got, n, "early"), l = first_of(got, n, "late");
+    assert_true(e < n && l < n);
+    assert_true(l < e);   /* the reorder of first copies, as Redis stored them */
+    assert_string_equal(got[n - 1], "late");   /* written again after early */
+    kb_wait_until(atomic_load(&said_ahead) > 0, 10000, "the reorder logged");
+    assert_int_equal(atomic_load(&said_ahead), 1);
+    kb_assert_ok(kb_close(b, 5000));
+    redisFree(rc);
+    kb_test_proxy_stop(proxy);
+    kb_test_server_stop(&srv);
+}
+
+#define CAREFUL_EVENTS 200
+#define CAREFUL_BYTES 600
+
+/* The seq of each entry's payload ("e%03d..."), oldest first. */
+static size_t seqs(redisContext *rc, const char *stream, int *out, size_t max)
+{
+    redisReply *r = redisCommand(rc, "XRANGE %s - +", stream);
+    assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
+    size_t n = 0;
+    for (size_t i = 0; i < r->elements && n < max; i++) {
+        const redisReply *f = r->element[i]->element[1];
+        for (size_t j = 0; j + 1 < f->elements; j += 2)
+            if (strcmp(f->element[j]->str, "d") == 0 && f->element[j + 1]->str[0] == 'e')
+                out[n++] = atoi(f->element[j + 1]->str + 1);
+    }
+    freeReplyObject(r);
+    return n;
+}
+
+/* Writes refused (NOREPLICAS) for a while: the sender retries. Once the
+ * server stores again, it must not store a later event of the stream before
+ * an earlier one: a retry that pipelined the whole backlog could be cut by
+ * the switch (here the proxy holds what follows "e150" while writes are
+ * allowed again: all before it refused, all after it stored). After a
+ * refusal the sender writes one record at a time until one is stored, so
+ * "e150" never goes out while the server refuses, and the first copies
+ * stay in publish order. */
+static void retries_after_refusal_keep_order(void **state)
+{
+    (void)state;
+    kb_test_proxy *proxy;
+    redisContext *rc;
+    kb_bus *b = proxied_bus("careful", "50", &proxy, &rc);
+
+    freeReplyObject(redisCommand(rc, "CONFIG SET min-replicas-to-write 1"));
+    char pay[CAREFUL_BYTES];
+    memset(pay, 'x', sizeof pay);
+    snprintf(pay, 5, "e%03d", 0);
+    kb_assert_ok(kb_publish(b, "careful", "k", 1, pay, sizeof pay));
+    kb_wait_until(errorstat(rc, "errorstat_NOREPLICAS") >= 2, 10000, "retried after a refusal");
+    for (int i = 1; i < CAREFUL_EVENTS; i++) {
+        snprintf(pay, 5, "e%03d", i);
+        pay[4] = 'x';
+        kb_assert_ok(kb_publish(b, "careful", "k", 1, pay, sizeof pay));
+    }
+    /* a retry that writes e150 while refused is cut there (none should) */
+    int cut = kb_test_proxy_blackhole_after(proxy, "e150", 3000);
+    if (cut == 0)
+        usleep(300000);   /* what went before e150 reaches the server, refused */
+    freeReplyObject(redisCommand(rc, "CONFIG SET min-replicas-to-write 0"));
+    kb_test_proxy_blackhole(proxy, 0);
+    kb_assert_ok(kb_flush(b, 20000));
+
+    static int got[4 * CAREFUL_EVENTS];
+    size_t n = seqs(rc, "kb:{careful}:p:0", got, 4 * CAREFUL_EVENTS);
+    int next = 0;   /* the first copies, in order */
+    size_t reordered = 0;
+    for (size_t i = 0; i < n; i++)
+        if (got[i] == next)
+            next++;
+        else if (got[i] > next)
+            reordered++;   /* a first copy ahead of an earlier event */
+    fprintf(stderr, "  retry cut at e150: %s; %zu entries, first copies out of order: %zu\n",
+            cut == 0 ? "yes" : "no", n, reordered);
+    assert_int_equal(next, CAREFUL_EVENTS);
+    assert_int_equal(reordered, 0);
+    assert_int_equal(atomic_load(&said_ahead), 0);
+    kb_assert_ok(kb_close(b, 5000));
+    redisFree(rc);
+    kb_test_proxy_stop(proxy);
+    kb_test_server_stop(&srv);
+}
+
+/* ---- frames over a hidden proto-max-bulk-len ---- */
+
+#define SPLIT_EVENTS 18
+#define SPLIT_BYTES (200 * 1024)
+
+struct split_seen {
+    _Atomic unsigned handled, out_of_order;   /* distinct events; first copies out of order */
+    _Atomic unsigned stored, failed, too_big;
+    unsigned last;                            /* the newest first copy (one lane: one thread) */
+    bool seen[2 * SPLIT_EVENTS + 1];
+};
+
+/* At least once: an entry whose reply was lost with the connection comes
+ * twice; the first copies must come in publish order. */
+static int split_handler(const kb_event *ev, void *opaque)
+{
+    struct split_seen *s = opaque;
+    unsigned seq = (unsigned)strtoul(ev->payload, NULL, 10);
+    if (seq > 2 * SPLIT_EVENTS || s->seen[seq])
+        return KB_HANDLED;
+    s->seen[seq] = true;
+    if (seq < s->last)
+        atomic_fetch_add(&s->out_of_order, 1);
+    s->last = seq;
+    atomic_fetch_add(&s->handled, 1);
+    return KB_HANDLED;
+}
+
+static void split_report(const kb_delivery_report *r, void *opaque)
+{
+    struct split_seen *s = opaque;
+    atomic_fetch_add(r->result == KB_OK ? &s->stored : &s->failed, 1);
+    if (r->result == KB_ETOOBIG)
+        atomic_fetch_add(&s->too_big, 1);
+}
+
+static void publish_seq(kb_bus *b, char *buf, unsigned seq, size_t len)
+{
+    snprintf(buf, 16, "%08u", seq);
+    kb_assert_ok(kb_publish(b, "split", "k", 1, buf, len));
+}
+
+/* Events of 200 KiB gather into frames of up to 4 MiB (limits.max_payload_bytes)
+ * while the server is stopped; it takes arguments of 1 MiB at most and hides
+ * that (CONFIG renamed away), so it drops the connection at the first frame.
+ * The frames are sent again as entries within 1 MiB, in order: every event is
+ * stored and handled in order but one of 1.5 MiB among them, refused alone
+ * (KB_ETOOBIG), which kb_flush counts as 1 publish. */
+static void frames_over_hidden_limit_split(void **state)
+{
+    (void)state;
+    const char *hidden[] = {"--proto-max-bulk-len", "1mb", "--rename-command", "CONFIG", "", NULL};
+    assert_int_equal(kb_test_server_start(&srv, "redis", hidden), 0);
+    static struct split_seen seen;
+    memset(&seen, 0, sizeof seen);
+    kb_conf *c = kb_conf_new();
+    char err[256];
+    kb_assert_ok(kb_conf_set(c, "transport", srv.url, err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "partitions", "1", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.publish_batch", "64", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.publish_linger_us", "1000000", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "limits.max_payload_bytes", "4194304", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.publish_buffer_bytes", "33554432", err, sizeof err));
+    kb_assert_ok(kb_conf_set(c, "redis.reconnect_min_ms", "1", err, sizeof err));
+    kb_conf_set_delivery_cb(c, split_report, &seen);
+    said_reset(c);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    kb_assert_ok(kb_subscribe(b, "split", split_handler, &seen));
+    char *buf = calloc(1, 3 * 512 * 1024);
+    assert_non_null(buf);
+    publish_seq(b, buf, 0, 16);
+    kb_assert_ok(kb_flush(b, 10000));   /* connected, the topic's metadata checked */
+
+    kb_test_server_signal(&srv, SIGSTOP);   /* no replies: the frames fill */
+    unsigned seq = 1;
+    for (; seq <= SPLIT_EVENTS / 2; seq++)
+        publish_seq(b, buf, seq, SPLIT_BYTES);
+    publish_seq(b, buf, 999999, 3 * 512 * 1024);   /* 1.5 MiB: over the server's limit */
+    for (; seq <= SPLIT_EVENTS; seq++)
+        publish_seq(b, buf, seq, SPLIT_BYTES);
+    kb_test_server_signal(&srv, SIGCONT);
+    int flushed = kb_flush(b, 30000);
+    fprintf(stderr, "  kb_flush: %s: %s\n", kb_strerror(flushed), kb_last_error());
+    assert_int_equal(flushed, KB_ETRANSPORT);
+    assert_non_null(strstr(kb_last_error(), "1 publishes to"));   /* events, not entries */
+    assert_non_null(strstr(kb_last_error(), "proto-max-bulk-len"));
+    kb_wait_until(atomic_load(&seen.handled) == SPLIT_EVENTS + 1, 20000,
+                  "every event but the big one handled");
+    assert_int_equal(atomic_load(&said_split), 1);
+    /* frames stay within the limit from now: gathered again, all stored */
+    kb_test_server_signal(&srv, SIGSTOP);
+    unsigned last = seq + SPLIT_EVENTS;
+    for (; seq < last; seq++)
+        publish_seq(b, buf, seq, SPLIT_BYTES);
+    kb_test_server_signal(&srv, SIGCONT);
+    kb_assert_ok(kb_flush(b, 30000));
+    kb_wait_until(atomic_load(&seen.handled) == 2 * SPLIT_EVENTS + 1, 20000, "all handled");
+    kb_assert_ok(kb_close(b, 10000));
+    fprintf(stderr, "  reports: %u stored, %u failed (%u KB_ETOOBIG); handled %u distinct, first "
+            "copies out of order %u\n",
+            atomic_load(&seen.stored), atomic_load(&seen.failed), atomic_load(&seen.too_big),
+            atomic_load(&seen.handled), atomic_load(&seen.out_of_order));
+    assert_int_equal(atomic_load(&seen.out_of_order), 0);
+    assert_int_equal(atomic_load(&seen.stored), 2 * SPLIT_EVENTS + 1);
+    assert_int_equal(atomic_load(&seen.failed), 1);
+    assert_int_equal(atomic_load(&seen.too_big), 1);
+    free(buf);
+    kb_test_server_stop(&srv);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -519,6 +860,9 @@ int main(void)
         cmocka_unit_test_teardown(server_killed_mid_publish, teardown),
         cmocka_unit_test_teardown(server_down_at_start, teardown),
         cmocka_unit_test_teardown(server_down_open_waits, teardown),
+        cmocka_unit_test_teardown(transient_refusal_reorder_counted, teardown),
+        cmocka_unit_test_teardown(retries_after_refusal_keep_order, teardown),
+        cmocka_unit_test_teardown(frames_over_hidden_limit_split, teardown),
     };
     return cmocka_run_group_tests_name("redis_faults", tests, NULL, NULL);
 }

@@ -134,6 +134,17 @@ bool kb__redis_backlog_add(kb_redis_backlog *bl, kb_redis_part *p, size_t big, i
     return true;
 }
 
+bool kb__redis_backlog_copy(kb_redis_backlog *bl, const kb_redis_pubrec *r, const char *bytes)
+{
+    if (!rec_reserve(bl) || !bytes_reserve(bl, r->len))
+        return false;
+    memcpy(bl->newest->buf + bl->newest->len, bytes, r->len);
+    bl->newest->len += r->len;
+    bl->held += r->len;
+    bl->rec[(bl->first + bl->n++) % bl->rcap] = *r;
+    return true;
+}
+
 kb_redis_pubrec kb__redis_backlog_pop(kb_redis_backlog *bl)
 {
     kb_redis_pubrec r = bl->rec[bl->first];
@@ -191,6 +202,23 @@ void kb__redis_backlog_rewind(kb_redis_backlog *bl)
     bl->sent = bl->head;
 }
 
+size_t kb__redis_backlog_written(const kb_redis_backlog *bl)
+{
+    const kb_redis_chunk *c = bl->oldest;
+    size_t at = bl->head, i = 0;
+    for (; i < bl->n; i++) {
+        size_t len = bl->rec[(bl->first + i) % bl->rcap].len;
+        while (at == c->len && c != bl->sending) {   /* chunks before sending went whole */
+            c = c->next;
+            at = 0;
+        }
+        if (c == bl->sending && at + len > bl->sent)
+            break;
+        at += len;
+    }
+    return i;
+}
+
 const char *kb__redis_backlog_oldest(const kb_redis_backlog *bl)
 {
     return bl->oldest->buf + bl->head;
@@ -216,7 +244,7 @@ uint64_t kb__redis_backlog_drop_over(kb_redis_backlog *bl, size_t max,
             at = 0;
         }
         if (r.big > max && (drop == NULL || drop(arg, &r, c->buf + at))) {
-            dropped++;
+            dropped += r.events;
             bl->held -= r.len;
         } else {
             while (w != c && w->cap - wat < r.len) {   /* w was read whole: reuse what follows */

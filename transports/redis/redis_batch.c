@@ -44,24 +44,27 @@ int kb__redis_xadd_args(const kb_transport *t, const kb_redis_part *p, const kb_
 
 /* Bytes of body a frame may hold: a consumer copies a field up to
  * limits.max_payload_bytes, and the server takes an argument up to its
- * proto-max-bulk-len. */
+ * proto-max-bulk-len (or, where it is hidden, up to the size of the
+ * frames it took after dropping the connection over a larger one). */
 static size_t budget(const kb_transport *t)
 {
     size_t max = t->lim.payload;
+    if (t->frame_max > 0 && t->frame_max < max)
+        max = t->frame_max;
     return t->bulk_max > 0 && (size_t)t->bulk_max < max ? (size_t)t->bulk_max : max;
 }
 
-/* The open frame of p into the backlog as one XADD; false when out of memory
- * (it stays open, tried again later). */
-static bool emit(kb_transport *t, kb_redis_part *p, int64_t now)
+/* `count` events of p laid out at buf[0, len) into bl as one XADD: a plain
+ * entry for one, else a frame; false when out of memory. */
+static bool put_entry(const kb_transport *t, kb_redis_backlog *bl, kb_redis_part *p,
+                      const char *buf, size_t len, uint32_t count)
 {
-    kb_redis_pframe *f = &p->frame;
     kb_redis_args a;
-    char count[16];   /* argv points here until the backlog copied it */
+    char countstr[16];   /* argv points here until the backlog copied it */
     int n = 0;
     size_t big;
-    if (f->count == 1) {
-        kb_redis_frame fr = {f->buf, f->buf + f->len, 1};
+    if (count == 1) {
+        kb_redis_frame fr = {buf, buf + len, 1};
         kb_frame_event ev;
         kb_header h[KB_MAX_HEADERS];
         char names[KB_MAX_HEADERS * (KB_MAX_HEADER_NAME + 1)];
@@ -71,18 +74,27 @@ static bool emit(kb_transport *t, kb_redis_part *p, int64_t now)
         n = kb__redis_xadd_args(t, p, &m, &a);
         big = ev.key_len > ev.payload_len ? ev.key_len : ev.payload_len;
     } else {
-        snprintf(count, sizeof count, "%u", f->count);
+        snprintf(countstr, sizeof countstr, "%u", count);
         n = kb__redis_xadd_args(t, p, NULL, &a);
-        const char *more[] = {"f", "1", "n", count, "b", f->buf};
-        const size_t lens[] = {1, 1, 1, strlen(count), 1, f->len};
+        const char *more[] = {"f", "1", "n", countstr, "b", buf};
+        const size_t lens[] = {1, 1, 1, strlen(countstr), 1, len};
         for (int i = 0; i < 6; i++)
             a.argv[n] = more[i], a.lens[n++] = lens[i];
-        big = f->len;
+        big = len;
     }
-    kb_redis_backlog *bl = &t->backlog;
     if (!kb__redis_backlog_add(bl, p, big, n, a.argv, a.lens))
         return false;
-    bl->rec[(bl->first + bl->n - 1) % bl->rcap].events = f->count;
+    bl->rec[(bl->first + bl->n - 1) % bl->rcap].events = count;
+    return true;
+}
+
+/* The open frame of p into the backlog as one XADD; false when out of memory
+ * (it stays open, tried again later). */
+static bool emit(kb_transport *t, kb_redis_part *p, int64_t now)
+{
+    kb_redis_pframe *f = &p->frame;
+    if (!put_entry(t, &t->backlog, p, f->buf, f->len, f->count))
+        return false;
     t->frames_bytes -= f->len;
     t->frames_open--;
     f->len = 0;
@@ -143,6 +155,80 @@ int64_t kb__redis_frames_due(kb_transport *t, bool all)
         }
     t->frames_due_ns = next;
     return next;
+}
+
+/* The body of a frame's XADD (RESP at buf[0, len)): its last argument. */
+static bool xadd_body(const char *buf, size_t len, const char **body, size_t *body_len)
+{
+    const char *end = buf + len, *p = memchr(buf, '\n', len);
+    *body = NULL;
+    while (p != NULL && ++p < end && *p == '$') {
+        size_t n = strtoul(p + 1, NULL, 10);
+        const char *data = memchr(p, '\n', (size_t)(end - p));
+        if (data == NULL || ++data + n > end)
+            return false;
+        *body = data;
+        *body_len = n;
+        p = data + n + 1;   /* the '\n' after the argument */
+    }
+    return *body != NULL;
+}
+
+struct split {
+    kb_transport *t;
+    kb_redis_backlog *to;
+    size_t max;
+    bool ok;
+};
+
+/* r into s->to: as it is, or, a frame over s->max, as entries of its events
+ * in order, each as large as fits. */
+static void split_one(void *arg, const kb_redis_pubrec *r, const char *bytes)
+{
+    struct split *s = arg;
+    const char *body;
+    size_t len;
+    if (!s->ok)
+        return;
+    if (r->p == NULL || r->events < 2 || r->big <= s->max || !xadd_body(bytes, r->len, &body, &len)) {
+        s->ok = kb__redis_backlog_copy(s->to, r, bytes);
+        return;
+    }
+    kb_redis_frame f = {body, body + len, r->events};
+    kb_frame_event ev;
+    const char *start = body;   /* the events gathered for the next entry */
+    uint32_t count = 0;
+    for (const char *at = body; s->ok && kb__redis_frame_next(&f, &ev); at = f.p, count++)
+        if (count > 0 && (size_t)(f.p - start) > s->max) {
+            s->ok = put_entry(s->t, s->to, r->p, start, (size_t)(at - start), count);
+            start = at;
+            count = 0;
+        }
+    if (s->ok && count > 0)
+        s->ok = put_entry(s->t, s->to, r->p, start, (size_t)(f.p - start), count);
+}
+
+bool kb__redis_frames_split(kb_transport *t, size_t max)
+{
+    kb_redis_backlog *bl = &t->backlog;
+    bool over = false;
+    for (size_t i = 0; i < bl->n && !over; i++) {
+        const kb_redis_pubrec *r = &bl->rec[(bl->first + i) % bl->rcap];
+        over = r->p != NULL && r->events > 1 && r->big > max;
+    }
+    if (!over)
+        return false;
+    kb_redis_backlog to;
+    kb__redis_backlog_init(&to, t->buffer_bytes);
+    struct split s = {t, &to, max, true};
+    kb__redis_backlog_each(bl, split_one, &s);
+    if (!s.ok) {
+        kb__redis_backlog_free(&to);
+        return false;
+    }
+    kb__redis_backlog_free(bl);
+    *bl = to;
+    return true;
 }
 
 void kb__redis_frames_each(kb_transport *t, void (*fn)(void *arg, kb_redis_part *p,

@@ -187,6 +187,8 @@ typedef struct kb_redis_part {
     kb_redis_jobs sending;        /* keeper only: taken from jobs, not yet confirmed */
     char last_id[KB_REDIS_ID_MAX]; /* newest entry this process added, "" for none (pub_lock) */
     kb_redis_pframe frame;        /* the events to go out next (pub_lock) */
+    bool refused;                 /* an XADD of it was refused "not now" on the sender's
+                                   * connection, which is being left (pub_lock) */
     char stream[KB_REDIS_KEY_MAX];   /* kb:{topic}:p:N */
     char lease[KB_REDIS_KEY_MAX];    /* kb:{topic}:lease:N */
     char done[KB_REDIS_KEY_MAX + 130]; /* kb:{topic}:done:<group>:N: the group's progress of
@@ -312,7 +314,18 @@ struct kb_transport {
     int enqueue_timeout_ms;       /* pool.enqueue_timeout_ms: wait for room, then KB_EFULL */
     _Atomic size_t pub_held;      /* backlog and open frames' bytes, for publishers waiting for room */
     _Atomic uint64_t pub_unconfirmed;   /* backlog records and open frames, for kb_flush */
-    uint64_t pub_failed;          /* refused by the server since the last flush (pub_lock) */
+    uint64_t pub_failed;          /* events refused by the server since the last flush (pub_lock) */
+    struct {                      /* a transient refusal: the replies still due are read
+                                   * before the connection is left (redis_sender.c; pub_lock) */
+        bool on;
+        size_t due;               /* records written whole when it came: each is answered */
+        size_t answered;          /* records answered since, the refused one first */
+        uint64_t ahead;           /* events stored ahead of a refused one of their stream */
+        const char *stream;       /* one such stream */
+        uint64_t total;           /* such events since kb_open */
+    } refusal;
+    bool pub_careful;             /* since a transient refusal: one record in flight until
+                                   * the server stores one (redis_sender.c; pub_lock) */
     int wait_replicas, wait_timeout_ms;   /* redis.wait_replicas, redis.wait_timeout_ms */
     uint64_t wait_short;          /* stored, but fewer replicas confirmed, since the last flush (pub_lock) */
     uint64_t wait_pending;        /* stored, no WAIT answered since (pub_lock) */
@@ -338,6 +351,8 @@ struct kb_transport {
                                    * its reply is due from then (pub_lock) */
     _Atomic int64_t sender_deadline_ns;   /* close: connects end by then */
     int64_t bulk_max;             /* server's proto-max-bulk-len (redis_limit.c; pub_lock) */
+    size_t frame_max;             /* a frame's body at most, once the server dropped the
+                                   * connection over a larger one; 0: none seen (pub_lock) */
     bool bulk_known;              /* read from the server, not assumed (pub_lock) */
 
     /* control */
@@ -501,6 +516,11 @@ int kb__redis_batch_add(kb_transport *t, kb_redis_part *p, const kb_msg *m, bool
 /* Open frames a linger old (all: every one) into the backlog; when the next
  * one is due (INT64_MAX: none open). */
 int64_t kb__redis_frames_due(kb_transport *t, bool all);
+/* Every frame in the backlog whose body is over `max` (the server refused
+ * it) replaced, in place and order, by entries of its events within `max`
+ * (an event larger than that alone, as a plain entry); true when one was.
+ * Out of memory: the backlog stays as it was. */
+bool kb__redis_frames_split(kb_transport *t, size_t max);
 /* Call fn for every event of the open frames (close: reported failed). */
 void kb__redis_frames_each(kb_transport *t, void (*fn)(void *arg, kb_redis_part *p,
                                                          const kb_frame_event *ev), void *arg);
@@ -583,8 +603,12 @@ bool kb__redis_backlog_add(kb_redis_backlog *bl, kb_redis_part *p, size_t big, i
                            const char **argv, const size_t *lens);
 /* The oldest record is confirmed: taken off. */
 kb_redis_pubrec kb__redis_backlog_pop(kb_redis_backlog *bl);
+/* Append a copy of record r, whose bytes are at `bytes` (another backlog's);
+ * false when out of memory. */
+bool kb__redis_backlog_copy(kb_redis_backlog *bl, const kb_redis_pubrec *r, const char *bytes);
 /* Take off every record whose largest argument exceeds `max` and that
- * `drop` (NULL: all) takes, with its XADD's bytes; the count. Needs no memory. */
+ * `drop` (NULL: all) takes, with its XADD's bytes; the events they held.
+ * Needs no memory. */
 uint64_t kb__redis_backlog_drop_over(kb_redis_backlog *bl, size_t max,
                                      bool (*drop)(void *arg, const kb_redis_pubrec *r,
                                                   const char *bytes),
@@ -607,6 +631,9 @@ void kb__redis_backlog_wrote(kb_redis_backlog *bl, size_t n);
 bool kb__redis_backlog_due(const kb_redis_backlog *bl);
 /* A new connection: everything unconfirmed is written again, oldest first. */
 void kb__redis_backlog_rewind(kb_redis_backlog *bl);
+/* Records written whole since the last rewind, from the oldest: a reply is
+ * due for each. */
+size_t kb__redis_backlog_written(const kb_redis_backlog *bl);
 /* The bytes of the oldest record (n > 0). */
 const char *kb__redis_backlog_oldest(const kb_redis_backlog *bl);
 void kb__redis_backlog_free(kb_redis_backlog *bl);

@@ -6,9 +6,11 @@
  * oldest first, then the rest (at least once: one the server stored before
  * the loss is stored twice; the copies come in order, but a transient error
  * answered to one XADD while later ones were already written and stored puts
- * their first copies before it). Publishers write their own XADD at everyday
+ * their first copies before it: the replies still due are read first, and
+ * those of its stream counted and logged). Publishers write their own XADD at everyday
  * rates (redis_publish.c); the sender reads its reply. Only what the server refuses
- * (an error reply, an argument over its proto-max-bulk-len) counts as failed.
+ * (an error reply, an event over its proto-max-bulk-len: a frame over it is
+ * split) counts as failed, per event.
  * With redis.wait_replicas, each time it has written everything it appends a
  * WAIT for the XADDs since the previous one: its answer says how many
  * replicas have them, and a shortfall is kb_flush's error. Each event gets
@@ -120,11 +122,34 @@ static void vouched(kb_transport *t, bool confirmed)
     t->unvouched_lost = 0;
 }
 
+/* A reply after a transient refusal (caller holds pub_lock): nothing is
+ * taken off any more, the connection is left once every record written is
+ * answered (false then), and a record stored although an earlier one of its
+ * stream was refused is counted: its first copy precedes that one in the
+ * stream. Redis runs each pipelined XADD on its own, so one refused while
+ * the server could not write (a script, its replicas, loading) does not
+ * stop the later ones once it can. */
+static bool refused_reply(kb_transport *t, const redisReply *r)
+{
+    kb_redis_backlog *bl = &t->backlog;
+    if (t->refusal.answered < bl->n) {
+        kb_redis_part *p = bl->rec[(bl->first + t->refusal.answered) % bl->rcap].p;
+        if (p != NULL && r->type == REDIS_REPLY_ERROR && transient(r)) {
+            p->refused = true;
+        } else if (p != NULL && p->refused && r->type == REDIS_REPLY_STRING) {
+            t->refusal.ahead += bl->rec[(bl->first + t->refusal.answered) % bl->rcap].events;
+            t->refusal.stream = p->stream;
+        }
+    }
+    return ++t->refusal.answered < t->refusal.due;
+}
+
 /* Replies to the oldest records: IDs noted, refusals counted, reports kept
  * and sent once pub_lock is released. A protocol error (the server closes
- * after it) is explained by the argument's size. False at a transient
- * error: that record and the ones after it stay unconfirmed, to be written
- * again on a new connection. */
+ * after it) is explained by the argument's size. At a transient error that
+ * record and the ones after it stay unconfirmed, to be written again in
+ * order on a new connection; false once the replies due on this one are
+ * read (refused_reply). */
 static bool apply(kb_transport *t, redisReply **r, size_t n)
 {
     size_t proto_big = 0;
@@ -132,11 +157,25 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
     bool wanted = kb_bus_delivery_wanted(t->bus);
     pthread_mutex_lock(&t->pub_lock);
     t->direct_since_ns = 0;   /* the server answered since: it is timed from now */
-    for (size_t i = 0; i < n && t->backlog.n > 0; i++) {
-        if (r[i]->type == REDIS_REPLY_ERROR && transient(r[i])) {
+    for (size_t i = 0; i < n && t->backlog.n > 0 && ok; i++) {
+        if (!t->refusal.on && r[i]->type == REDIS_REPLY_ERROR &&
+            strstr(r[i]->str, "Protocol error") != NULL &&
+            t->backlog.rec[t->backlog.first].events > 1) {
+            /* a frame over the server's limit: it closes the connection,
+             * lose() splits the frame (its events are not refused) */
             snprintf(t->pub_lost, sizeof t->pub_lost, "%.200s", r[i]->str);
             ok = false;
             break;
+        }
+        if (!t->refusal.on && r[i]->type == REDIS_REPLY_ERROR && transient(r[i])) {
+            snprintf(t->pub_lost, sizeof t->pub_lost, "%.200s", r[i]->str);
+            t->refusal.on = true;
+            t->refusal.due = kb__redis_backlog_written(&t->backlog);   /* nothing is written now */
+            t->pub_direct = false;   /* publishers write nothing more to it */
+        }
+        if (t->refusal.on) {
+            ok = refused_reply(t, r[i]);
+            continue;
         }
         kb_redis_part *p = t->backlog.rec[t->backlog.first].p;
         bool is_id = r[i]->type == REDIS_REPLY_STRING;
@@ -146,6 +185,10 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
             report_oldest(t, p, KB_ETRANSPORT, "",
                           r[i]->type == REDIS_REPLY_ERROR ? r[i]->str : "unexpected reply");
         kb_redis_pubrec rec = kb__redis_backlog_pop(&t->backlog);
+        if (rec.p != NULL && t->pub_careful) {   /* answered for good: pipeline again */
+            t->pub_careful = false;
+            t->pub_direct = !atomic_load(&t->sender_stop);
+        }
         if (rec.p == NULL) {
             bool confirmed = wait_answered(t, &rec, r[i]);
             if (wanted)
@@ -232,6 +275,25 @@ static bool queue_wait(kb_transport *t)
     return true;
 }
 
+/* What of the `len` bytes unsent may be written now (caller holds
+ * pub_lock): none while a refusal's replies are read; after a refusal only
+ * the oldest record, until the server stored one. A server that switches
+ * from refusing to storing in the middle of a pipeline stores its later
+ * records ahead of its earlier ones; one record at a time cannot be split
+ * so, and the retries after a refusal are when it switches. */
+static size_t writable(const kb_transport *t, size_t len)
+{
+    const kb_redis_backlog *bl = &t->backlog;
+    if (t->refusal.on)
+        return 0;
+    if (!t->pub_careful || bl->n == 0)
+        return len;
+    size_t end = bl->head + bl->rec[bl->first].len;   /* the oldest record is in oldest */
+    if (bl->sending != bl->oldest || bl->sent >= end)
+        return 0;
+    return len < end - bl->sent ? len : end - bl->sent;
+}
+
 /* Open frames a linger old into the backlog, then write what the socket
  * takes now; the errno that broke it, or 0. *frame_due: when the next open
  * frame is due (INT64_MAX: none). `idle`: the sender awaited nothing, so a
@@ -252,9 +314,13 @@ static int write_some(kb_transport *t, redisContext *c, bool idle, bool *unsent,
     kb__redis_backlog_unsent(bl, &len);
     *frame_due = kb__redis_frames_due(t, len == 0 && !kb__redis_backlog_due(bl));
     kb__redis_pub_counts(t);
-    while (((bytes = kb__redis_backlog_unsent(bl, &len)), len > 0) || (err == 0 && queue_wait(t))) {
-        if (len == 0)
-            continue;   /* the WAIT just queued */
+    for (;;) {
+        bytes = kb__redis_backlog_unsent(bl, &len);
+        if ((len = writable(t, len)) == 0) {
+            if (!t->refusal.on && !t->pub_careful && queue_wait(t))
+                continue;   /* the WAIT just queued */
+            break;
+        }
         ssize_t w = send(c->fd, bytes, len, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (w > 0) {
             kb__redis_backlog_wrote(bl, (size_t)w);
@@ -268,7 +334,7 @@ static int write_some(kb_transport *t, redisContext *c, bool idle, bool *unsent,
         }
     }
     kb__redis_backlog_unsent(bl, &len);
-    *unsent = len > 0;
+    *unsent = writable(t, len) > 0;
     *due = kb__redis_backlog_due(bl);
     t->sender_busy = *unsent || *due;
     pthread_mutex_unlock(&t->pub_lock);
@@ -301,7 +367,9 @@ static bool report_over(void *arg, const kb_redis_pubrec *rec, const char *xadd)
 
 /* The connection is gone: everything unconfirmed is written again on the
  * next one. An argument over the server's limit (it drops the connection
- * rather than answer) is refused, never resent for ever. */
+ * rather than answer) is never resent for ever: a frame is split into
+ * entries within the limit (in order, where they were), and only an event
+ * over it is refused. */
 static void lose(kb_transport *t, const char *why_now)
 {
     char why[256];
@@ -325,7 +393,24 @@ static void lose(kb_transport *t, const char *why_now)
     }
     t->unvouched_lost = t->unvouched.n;   /* a WAIT on the next connection cannot vouch for them */
     snprintf(t->pub_lost, sizeof t->pub_lost, "%s", why);
+    uint64_t ahead = t->refusal.ahead, total = t->refusal.total += ahead;
+    const char *stream = t->refusal.stream;
+    t->pub_careful = t->pub_careful || t->refusal.on;
+    for (size_t i = 0; i < bl->n && t->refusal.on; i++) {
+        kb_redis_part *p = bl->rec[(bl->first + i) % bl->rcap].p;
+        if (p != NULL)
+            p->refused = false;
+    }
+    t->refusal.on = false;
+    t->refusal.answered = 0;
+    t->refusal.ahead = 0;
     pthread_mutex_unlock(&t->pub_lock);
+    if (ahead > 0)
+        kb_log(t->bus, KB_LOG_WARNING, "redis: %llu events stored on %s ahead of an earlier event "
+               "of that stream the server refused for now (%.200s): their first copies precede it, "
+               "out of per-key order where they share its key; they are written again after it "
+               "(%llu events stored ahead of a refused one since kb_open)",
+               (unsigned long long)ahead, stream, why, (unsigned long long)total);
     kb__redis_conn_fail(&t->pub, why);
     state_changed(t, true, why);
     char cause[600];
@@ -336,14 +421,20 @@ static void lose(kb_transport *t, const char *why_now)
     o.t = t;
     snprintf(o.why, sizeof o.why, "%.600sconnection to %.200s lost: %.200s", cause, t->where, why);
     pthread_mutex_lock(&t->pub_lock);
+    bool split = kb__redis_frames_split(t, max);
+    if (split)
+        t->frame_max = max;   /* later frames stay within what the server took */
     uint64_t dropped = kb__redis_backlog_drop_over(bl, max, kb_bus_delivery_wanted(t->bus) ?
                                                    report_over : NULL, &o);
     if (dropped > 0) {
         t->pub_failed += dropped;
         snprintf(t->pub_error, sizeof t->pub_error, "%s", o.why);
-        kb__redis_pub_counts(t);
     }
+    kb__redis_pub_counts(t);
     pthread_mutex_unlock(&t->pub_lock);
+    if (split)
+        kb_log(t->bus, KB_LOG_WARNING, "redis: %.600sframes over %zu bytes are sent again as entries "
+               "within it, and frames stay within it from now", cause, max);
     kb__redis_reports_send(t, &t->reports);
     kb_signal_notify(t->pub_progress);
 }
@@ -400,7 +491,7 @@ static redisContext *connection(kb_transport *t)
     if (c != NULL) {
         pthread_mutex_lock(&t->pub_lock);
         kb__redis_backlog_rewind(&t->backlog);   /* the unconfirmed ones first, in order */
-        t->pub_direct = true;
+        t->pub_direct = !t->pub_careful;
         pthread_mutex_unlock(&t->pub_lock);
         state_changed(t, false, t->where);
     }
