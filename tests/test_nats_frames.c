@@ -301,7 +301,9 @@ static void frames_keep_order_and_cut_messages(void **state)
     assert_int_equal(events, BURST_KEYS * BURST_PER_KEY);
     assert_int_equal(st.broker_length, BURST_KEYS * BURST_PER_KEY);
     assert_true(st.broker_frames > 0);
-    assert_true(st.broker_frames < 500);
+    /* at least two events a message on average: 760 messages seen under
+     * ThreadSanitizer at load 12 (a slow publisher's frames are shorter) */
+    assert_true(st.broker_frames < BURST_KEYS * BURST_PER_KEY / 2);
     kb_assert_ok(kb_close(b, 10000));
     /* nothing handled twice (no redelivery on a quiet run) */
     assert_int_equal(t.duplicates, 0);
