@@ -1,7 +1,8 @@
 /* The kit's publish backlog on a mem:// bus (for its delivery callback):
  * exactly one report per event through resends, refusals and close; flush
  * by ticket; KB_EFULL after the timed wait; KB_ECLOSED after close; one
- * partition's events sent in order through a backoff. */
+ * partition's events sent in order through a backoff, a resend only once the
+ * earlier events of its partition are no longer in flight. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -267,6 +268,65 @@ static void backoff_keeps_partition_order(void **state)
     teardown(&f);
 }
 
+/* Ids of what one take handed out, in order, into got[] (at most 4). */
+static size_t take_ids(kb_kit_backlog *b, kb_kit_item **items, int64_t now, int *got)
+{
+    size_t n = kb_kit_backlog_take(b, items, 4, now);
+    for (size_t k = 0; k < n; k++)
+        got[k] = *(int *)items[k]->data;
+    return n;
+}
+
+/* A resend waits for the earlier events of its partition still in flight:
+ * sent before them, it would be stored first if they fail and are resent
+ * too. The later events of its partition wait behind it; other events,
+ * and those of a partition with events in flight but none waiting, go. */
+static void resend_waits_for_earlier_in_flight(void **state)
+{
+    (void)state;
+    struct fixture f;
+    setup(&f, 16, 50, 3);
+    kb_kit_backlog *b = f.b;
+    kb_kit_item *items[4], *first;
+    int got[4];
+    const int64_t later = kb_now_ns() + 3600 * 1000000000LL;   /* every backoff is over */
+    kb_assert_ok(add_event(b, 0, NULL));   /* partition 0 */
+    kb_assert_ok(add_event(b, 8, NULL));   /* partition 0 */
+    assert_int_equal(take_ids(b, items, kb_now_ns(), got), 2);
+    assert_int_equal(got[0], 0);
+    first = items[0];
+    kb_kit_backlog_done(b, items[1], KB_ETRANSPORT, 1, NULL, "refused once");   /* 8 */
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, later), 0);   /* 0 is in flight */
+    assert_int_equal(kb_kit_backlog_next_due(b), INT64_MAX);   /* 0's done decides */
+    kb_assert_ok(add_event(b, 16, NULL));   /* partition 0, behind the resend of 8 */
+    kb_assert_ok(add_event(b, 1, NULL));    /* partition 1 */
+    kb_assert_ok(add_event(b, 9, NULL));    /* partition 1, while 1 is in flight */
+    assert_int_equal(take_ids(b, items, later, got), 2);
+    assert_int_equal(got[0], 1);
+    assert_int_equal(got[1], 9);
+    for (int k = 0; k < 2; k++)
+        kb_kit_backlog_done(b, items[k], KB_OK, 0, "1-1", NULL);
+    /* 0 fails too: its resend goes first, 8's waits for it */
+    kb_kit_backlog_done(b, first, KB_ETRANSPORT, 1, NULL, "refused once");
+    int64_t due = kb_kit_backlog_next_due(b);
+    assert_true(due > 0 && due < INT64_MAX);
+    assert_int_equal(take_ids(b, items, later, got), 1);
+    assert_int_equal(got[0], 0);
+    assert_int_equal(kb_kit_backlog_take(b, items + 1, 3, later), 0);
+    assert_int_equal(kb_kit_backlog_next_due(b), INT64_MAX);
+    kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-0", NULL);
+    assert_int_equal(take_ids(b, items, later, got), 2);   /* then 8 and 16, in order */
+    assert_int_equal(got[0], 8);
+    assert_int_equal(got[1], 16);
+    for (int k = 0; k < 2; k++)
+        kb_kit_backlog_done(b, items[k], KB_OK, 0, "1-2", NULL);
+    assert_int_equal(kb_kit_backlog_length(b), 0);
+    const int events[] = {0, 1, 8, 9, 16};
+    for (size_t k = 0; k < sizeof events / sizeof events[0]; k++)
+        assert_int_equal(f.rep->ok[events[k]], 1);
+    teardown(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -274,6 +334,7 @@ int main(void)
         cmocka_unit_test(flush_by_ticket),
         cmocka_unit_test(full_after_the_wait),
         cmocka_unit_test(backoff_keeps_partition_order),
+        cmocka_unit_test(resend_waits_for_earlier_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

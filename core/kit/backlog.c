@@ -180,6 +180,34 @@ static int hold_back(struct held *h, uint32_t partition)
     return 1;
 }
 
+/* Partitions with an event in flight, seen so far in one scan, as bits of
+ * partition % BUSY_BITS: a resend sent while an earlier event of its
+ * partition is in flight could be stored before it (if that one fails and is
+ * resent too). Only a set bit costs a walk back, which tells partitions that
+ * share the bit apart. */
+#define BUSY_BITS 1024
+struct busy {
+    uint64_t w[BUSY_BITS / 64];
+};
+
+static void mark_busy(struct busy *s, uint32_t partition)
+{
+    s->w[partition % BUSY_BITS / 64] |= UINT64_C(1) << (partition % 64);
+}
+
+/* A waiting entry with an earlier one of its partition in flight: not due
+ * until that one is done. */
+static int behind_in_flight(const struct busy *s, const struct entry *e)
+{
+    uint32_t p = e->it.partition;
+    if (!e->waiting || !((s->w[p % BUSY_BITS / 64] >> (p % 64)) & 1))
+        return 0;
+    for (const struct entry *x = e->prev; x != NULL; x = x->prev)
+        if (x->in_flight && x->it.partition == p)
+            return 1;
+    return 0;
+}
+
 /* Move `fresh` over the entries in flight: all before it are. Caller holds
  * the lock. */
 static struct entry *skip_in_flight(kb_kit_backlog *b)
@@ -211,12 +239,16 @@ size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max, int
         return n;
     }
     struct held h = {.n = 0};
+    struct busy s = {{0}};
     struct entry *idle = NULL;   /* the first one passed over behind a waiting one */
     for (e = b->head; e != NULL && n < max; e = e->next) {
-        if (e->in_flight)
+        uint32_t p = e->it.partition;
+        if (e->in_flight) {
+            mark_busy(&s, p);
             continue;
-        if (e->due > now || held_back(&h, e->it.partition)) {
-            if (!hold_back(&h, e->it.partition))
+        }
+        if (e->due > now || held_back(&h, p) || behind_in_flight(&s, e)) {
+            if (!hold_back(&h, p))
                 break;
             if (idle == NULL && !e->waiting)
                 idle = e;
@@ -227,6 +259,7 @@ size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max, int
             b->waiting--;
         }
         take_one(e, out, &n);
+        mark_busy(&s, p);
     }
     b->fresh = idle != NULL ? idle : e;
     pthread_mutex_unlock(&b->lock);
@@ -234,11 +267,13 @@ size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max, int
 }
 
 /* The first waiting event of each partition decides: a later one is due no
- * sooner (it waits behind it). */
+ * sooner (it waits behind it). One behind an event in flight has no due time
+ * yet: the sender's kb_kit_backlog_done of that one makes it due. */
 int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
 {
     int64_t due = INT64_MAX;
     struct held h = {.n = 0};
+    struct busy s = {{0}};
     pthread_mutex_lock(&b->lock);
     if (b->waiting == 0) {
         due = skip_in_flight(b) != NULL ? 0 : INT64_MAX;
@@ -246,11 +281,16 @@ int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
         return due;
     }
     for (struct entry *e = b->head; e != NULL; e = e->next) {
-        if (e->in_flight || held_back(&h, e->it.partition))
+        uint32_t p = e->it.partition;
+        if (e->in_flight) {
+            mark_busy(&s, p);
             continue;
-        if (e->due < due)
+        }
+        if (held_back(&h, p))
+            continue;
+        if (!behind_in_flight(&s, e) && e->due < due)
             due = e->due;
-        if (e->due > 0 && !hold_back(&h, e->it.partition))
+        if (e->waiting && !hold_back(&h, p))
             break;
     }
     pthread_mutex_unlock(&b->lock);
