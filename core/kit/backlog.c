@@ -152,9 +152,10 @@ int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topic, uint32_
     }
 }
 
-/* Partitions with an event waiting out a backoff, seen so far in one scan:
- * their later events wait too, so one key's events reach the broker in
- * order. Past HELD_MAX of them the scan stops (later events wait a little). */
+/* Partitions with an event to resend that is not due (its backoff, or an
+ * earlier event of its partition in flight), seen so far in one scan: their
+ * later events wait too, so they are not stored before it. Past HELD_MAX of
+ * them the scan stops (later events wait a little). */
 #define HELD_MAX 64
 struct held {
     uint32_t p[HELD_MAX];
