@@ -269,7 +269,7 @@ size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max, int
 
 /* The first waiting event of each partition decides: a later one is due no
  * sooner (it waits behind it). One behind an event in flight has no due time
- * yet: the sender's kb_kit_backlog_done of that one makes it due. */
+ * yet: only the sender's kb_kit_backlog_done of that one can make it due. */
 int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
 {
     int64_t due = INT64_MAX;
