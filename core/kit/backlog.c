@@ -13,6 +13,7 @@ struct entry {
     kb_kit_item it;               /* first: kb_kit_item * is the entry */
     struct entry *prev, *next;
     int in_flight;                /* taken by the sender, not done yet */
+    int waiting;                  /* back from the sender for a resend */
     int64_t due;                  /* not before (a backoff) */
 };
 
@@ -20,6 +21,11 @@ struct kb_kit_backlog {
     kb_kit_backlog_conf c;
     pthread_mutex_t lock;
     struct entry *head, *tail;    /* ticket order */
+    /* Every entry before it is in flight or waiting: a take with none
+     * waiting starts here, not at the head, so a sender with many events in
+     * flight (a publish window) does not walk them all on every take. */
+    struct entry *fresh;
+    size_t waiting;               /* entries waiting to be sent again */
     uint64_t next_ticket;         /* under lock */
     _Atomic uint64_t last_ticket; /* the last one given out */
     _Atomic uint64_t floor;       /* every ticket below it is reported */
@@ -120,6 +126,8 @@ int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topic, uint32_
             else
                 b->head = e;
             b->tail = e;
+            if (b->fresh == NULL)
+                b->fresh = e;
             atomic_fetch_add(&b->count, 1);
             atomic_store(&b->last_ticket, e->it.ticket);
             pthread_mutex_unlock(&b->lock);
@@ -144,9 +152,10 @@ int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topic, uint32_
     }
 }
 
-/* Partitions with an event waiting out a backoff, seen so far in one scan:
- * their later events wait too, so one key's events reach the broker in
- * order. Past HELD_MAX of them the scan stops (later events wait a little). */
+/* Partitions with an event to resend that is not due (its backoff, or an
+ * earlier event of its partition in flight), seen so far in one scan: their
+ * later events wait too, so they are not stored before it. Past HELD_MAX of
+ * them the scan stops (later events wait a little). */
 #define HELD_MAX 64
 struct held {
     uint32_t p[HELD_MAX];
@@ -172,40 +181,117 @@ static int hold_back(struct held *h, uint32_t partition)
     return 1;
 }
 
+/* Partitions with an event in flight, seen so far in one scan, as bits of
+ * partition % BUSY_BITS: a resend sent while an earlier event of its
+ * partition is in flight could be stored before it (if that one fails and is
+ * resent too). Only a set bit costs a walk back, which tells partitions that
+ * share the bit apart. */
+#define BUSY_BITS 1024
+struct busy {
+    uint64_t w[BUSY_BITS / 64];
+};
+
+static void mark_busy(struct busy *s, uint32_t partition)
+{
+    s->w[partition % BUSY_BITS / 64] |= UINT64_C(1) << (partition % 64);
+}
+
+/* A waiting entry with an earlier one of its partition in flight: not due
+ * until that one is done. */
+static int behind_in_flight(const struct busy *s, const struct entry *e)
+{
+    uint32_t p = e->it.partition;
+    if (!e->waiting || !((s->w[p % BUSY_BITS / 64] >> (p % 64)) & 1))
+        return 0;
+    for (const struct entry *x = e->prev; x != NULL; x = x->prev)
+        if (x->in_flight && x->it.partition == p)
+            return 1;
+    return 0;
+}
+
+/* Move `fresh` over the entries in flight: all before it are. Caller holds
+ * the lock. */
+static struct entry *skip_in_flight(kb_kit_backlog *b)
+{
+    while (b->fresh != NULL && b->fresh->in_flight)
+        b->fresh = b->fresh->next;
+    return b->fresh;
+}
+
+static void take_one(struct entry *e, kb_kit_item **out, size_t *n)
+{
+    e->in_flight = 1;
+    e->it.attempts++;
+    out[(*n)++] = &e->it;
+}
+
 size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max, int64_t now)
 {
     size_t n = 0;
-    struct held h = {.n = 0};
+    struct entry *e;
     pthread_mutex_lock(&b->lock);
-    for (struct entry *e = b->head; e != NULL && n < max; e = e->next) {
-        if (e->in_flight)
-            continue;
-        if (e->due > now || held_back(&h, e->it.partition)) {
-            if (!hold_back(&h, e->it.partition))
-                break;
+    if (b->waiting == 0) {
+        /* nothing held back: every idle entry from `fresh` on is due */
+        for (e = skip_in_flight(b); e != NULL && n < max; e = e->next)
+            if (!e->in_flight)
+                take_one(e, out, &n);
+        b->fresh = e;
+        pthread_mutex_unlock(&b->lock);
+        return n;
+    }
+    struct held h = {.n = 0};
+    struct busy s = {{0}};
+    struct entry *idle = NULL;   /* the first one passed over behind a waiting one */
+    for (e = b->head; e != NULL && n < max; e = e->next) {
+        uint32_t p = e->it.partition;
+        if (e->in_flight) {
+            mark_busy(&s, p);
             continue;
         }
-        e->in_flight = 1;
-        e->it.attempts++;
-        out[n++] = &e->it;
+        if (e->due > now || held_back(&h, p) || behind_in_flight(&s, e)) {
+            if (!hold_back(&h, p))
+                break;
+            if (idle == NULL && !e->waiting)
+                idle = e;
+            continue;
+        }
+        if (e->waiting) {
+            e->waiting = 0;
+            b->waiting--;
+        }
+        take_one(e, out, &n);
+        mark_busy(&s, p);
     }
+    b->fresh = idle != NULL ? idle : e;
     pthread_mutex_unlock(&b->lock);
     return n;
 }
 
 /* The first waiting event of each partition decides: a later one is due no
- * sooner (it waits behind it). */
+ * sooner (it waits behind it). One behind an event in flight has no due time
+ * yet: only the sender's kb_kit_backlog_done of that one can make it due. */
 int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
 {
     int64_t due = INT64_MAX;
     struct held h = {.n = 0};
+    struct busy s = {{0}};
     pthread_mutex_lock(&b->lock);
+    if (b->waiting == 0) {
+        due = skip_in_flight(b) != NULL ? 0 : INT64_MAX;
+        pthread_mutex_unlock(&b->lock);
+        return due;
+    }
     for (struct entry *e = b->head; e != NULL; e = e->next) {
-        if (e->in_flight || held_back(&h, e->it.partition))
+        uint32_t p = e->it.partition;
+        if (e->in_flight) {
+            mark_busy(&s, p);
             continue;
-        if (e->due < due)
+        }
+        if (held_back(&h, p))
+            continue;
+        if (!behind_in_flight(&s, e) && e->due < due)
             due = e->due;
-        if (e->due > 0 && !hold_back(&h, e->it.partition))
+        if (e->waiting && !hold_back(&h, p))
             break;
     }
     pthread_mutex_unlock(&b->lock);
@@ -231,6 +317,10 @@ static void report(kb_kit_backlog *b, const struct entry *e, int result, const c
 static void unlink_reported(kb_kit_backlog *b, struct entry *e)
 {
     pthread_mutex_lock(&b->lock);
+    if (b->fresh == e)
+        b->fresh = e->next;
+    if (e->waiting)
+        b->waiting--;
     if (e->prev != NULL)
         e->prev->next = e->next;
     else
@@ -257,6 +347,8 @@ void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int ret
         pthread_mutex_lock(&b->lock);
         e->due = kb_now_ns() + delay;
         e->in_flight = 0;
+        e->waiting = 1;
+        b->waiting++;
         pthread_mutex_unlock(&b->lock);
         return;   /* the sender finds it due with kb_kit_backlog_next_due */
     }

@@ -292,10 +292,17 @@ KB_EXPORT int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topi
                                  uint64_t *ticket);
 
 /* Up to `max` events due at `now`, oldest first, into out[]: they are in
- * flight until kb_kit_backlog_done. An event waiting out a backoff is not
- * due, and neither is any later event of its partition (one key's events
- * reach the broker in order). Returns how many.
- * Thread: the sender (one). */
+ * flight until kb_kit_backlog_done. Not due: an event to resend while it
+ * waits out its backoff, or while an earlier event of its partition is in
+ * flight (sent first, it would be stored first if that one failed too); nor
+ * any later event of its partition not yet taken, which waits behind it.
+ * Events of its partition already in flight when it failed are not held:
+ * they may be stored before its resend. So a transport that needs one key's
+ * events in order through failures keeps one event of a partition in flight
+ * at a time, which with one backlog is one event at all (`max` 1, its done
+ * before the next take: an event taken and not sent is in flight all the
+ * same), or resends in order itself, as nats:// does.
+ * Returns how many. Thread: the sender (one). */
 KB_EXPORT size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max,
                                      int64_t now);
 /* How a taken event went: result KB_OK with the broker's `id` (stored: its
@@ -304,8 +311,11 @@ KB_EXPORT size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_
  * Reports run here, with no lock held. Thread: the sender. */
 KB_EXPORT void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int retry,
                                    const char *id, const char *error);
-/* When the next event is due (a backoff ending), or INT64_MAX when none
- * waits: how long the sender may sleep. Thread: the sender. */
+/* When the next event is due (a backoff ending; now or earlier: one is due),
+ * or INT64_MAX when none is due by time alone: how long the sender may
+ * sleep. A resend behind an earlier event in flight is not due by time:
+ * only that event's kb_kit_backlog_done (the sender's own call) can make it
+ * due, so the sender asks again after its dones. Thread: the sender. */
 KB_EXPORT int64_t kb_kit_backlog_next_due(kb_kit_backlog *b);
 
 /* The ticket of the last event added (0: none): flush waits for it. Thread: any. */
