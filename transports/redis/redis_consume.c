@@ -349,14 +349,13 @@ static bool validate(kb_transport *t, reader *rd, rround *ro, size_t hits, bool 
     for (size_t h = 0; h < hits; h++)
         if (!ro->v[rd->hit[h]].ahead)
             rd->chk[late++] = rd->hit[h];
-    if (late > 0 && append_checks(t, rd, ro, late)) {
-        if (!read_checks(t, rd, ro, late, false))
-            return false;
-    } else {
+    if (late > 0 && !append_checks(t, rd, ro, late)) {
         for (size_t j = 0; j < late; j++) {   /* out of memory: left pending, swept again */
             ro->v[rd->chk[j]].ok = false;
             ro->v[rd->chk[j]].p->swept = 0;
         }
+    } else if (late > 0 && !read_checks(t, rd, ro, late, false)) {
+        return false;
     }
     for (size_t h = 0; h < hits; h++) {
         rpart *rp = &ro->v[rd->hit[h]];
