@@ -858,6 +858,9 @@ int kb__redis_url_db(const kb_url *u);
  * (NULL: none) outlives the reader. */
 void kb__redis_reply_use(redisReader *r, const kb_redis_limits *lim);
 void kb__redis_reply_free(void *reply);
+/* An error reply the server may not give a moment later (LOADING, BUSY,
+ * NOREPLICAS, READONLY, ...): the command was not run. Pure. */
+bool kb__redis_transient(const redisReply *r);
 
 /* ---- redis_fields.c ---- */
 /* Value of `name` in a flat [name, value, ...] reply (XINFO rows, entry

@@ -14,7 +14,8 @@
 
 /* CONFIG GET proto-max-bulk-len on the control connection (caller holds
  * ctl_lock): the limit, 0 when CONFIG is refused (ACL, renamed command), -1
- * when the server is unreachable; `why` then says which. */
+ * when the server is unreachable or answers nothing for now (BUSY, LOADING);
+ * `why` then says which. */
 static int64_t ask_bulk_max(kb_transport *t, char *why, size_t len)
 {
     const char *argv[] = {"CONFIG", "GET", "proto-max-bulk-len"};
@@ -22,6 +23,9 @@ static int64_t ask_bulk_max(kb_transport *t, char *why, size_t len)
     int64_t v = 0;
     if (r == NULL) {
         snprintf(why, len, "%s unreachable", t->where);
+        v = -1;
+    } else if (r->type == REDIS_REPLY_ERROR && kb__redis_transient(r)) {
+        snprintf(why, len, "%s", r->str);   /* BUSY, LOADING: it says nothing of CONFIG */
         v = -1;
     } else if (r->type == REDIS_REPLY_ERROR) {
         snprintf(why, len, "%s", r->str);

@@ -249,3 +249,16 @@ void kb__redis_reply_use(redisReader *r, const kb_redis_limits *lim)
     r->fn = &reply_functions;
     r->privdata = (void *)lim;
 }
+
+/* Errors that say "not now" rather than "never": a server still loading its
+ * data after a restart, busy with a script, without its replicas, or a
+ * replica now (the primary is elsewhere). */
+bool kb__redis_transient(const redisReply *r)
+{
+    static const char *const now[] = {"LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN",
+                                      "CLUSTERDOWN", "NOREPLICAS", "READONLY"};
+    for (size_t i = 0; i < sizeof now / sizeof *now; i++)
+        if (strncmp(r->str, now[i], strlen(now[i])) == 0)
+            return true;
+    return false;
+}

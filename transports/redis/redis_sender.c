@@ -31,19 +31,6 @@
 
 #define REPLIES_MAX 256   /* replies applied per pub_lock hold */
 
-/* Errors that say "not now" rather than "never": a server still loading its
- * data after a restart, busy with a script, without its replicas, or a
- * replica now (the primary is elsewhere). */
-static bool transient(const redisReply *r)
-{
-    static const char *const now[] = {"LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN",
-                                      "CLUSTERDOWN", "NOREPLICAS", "READONLY"};
-    for (size_t i = 0; i < sizeof now / sizeof *now; i++)
-        if (strncmp(r->str, now[i], strlen(now[i])) == 0)
-            return true;
-    return false;
-}
-
 /* The answer to a WAIT record (caller holds pub_lock): a shortfall counts
  * its events for kb_flush. True when the replicas confirmed them. */
 static bool wait_answered(kb_transport *t, const kb_redis_pubrec *rec, const redisReply *r)
@@ -134,7 +121,7 @@ static bool refused_reply(kb_transport *t, const redisReply *r)
     kb_redis_backlog *bl = &t->backlog;
     if (t->refusal.answered < bl->n) {
         kb_redis_part *p = bl->rec[(bl->first + t->refusal.answered) % bl->rcap].p;
-        if (p != NULL && r->type == REDIS_REPLY_ERROR && transient(r)) {
+        if (p != NULL && r->type == REDIS_REPLY_ERROR && kb__redis_transient(r)) {
             p->refused = true;
         } else if (p != NULL && p->refused && r->type == REDIS_REPLY_STRING) {
             t->refusal.ahead += bl->rec[(bl->first + t->refusal.answered) % bl->rcap].events;
@@ -167,7 +154,7 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
             ok = false;
             break;
         }
-        if (!t->refusal.on && r[i]->type == REDIS_REPLY_ERROR && transient(r[i])) {
+        if (!t->refusal.on && r[i]->type == REDIS_REPLY_ERROR && kb__redis_transient(r[i])) {
             snprintf(t->pub_lost, sizeof t->pub_lost, "%.200s", r[i]->str);
             t->refusal.on = true;
             t->refusal.due = kb__redis_backlog_written(&t->backlog);   /* nothing is written now */
@@ -185,7 +172,7 @@ static bool apply(kb_transport *t, redisReply **r, size_t n)
             report_oldest(t, p, KB_ETRANSPORT, "",
                           r[i]->type == REDIS_REPLY_ERROR ? r[i]->str : "unexpected reply");
         kb_redis_pubrec rec = kb__redis_backlog_pop(&t->backlog);
-        if (rec.p != NULL && t->pub_careful) {   /* answered for good: pipeline again */
+        if (rec.p != NULL && is_id && t->pub_careful) {   /* stored: pipeline again */
             t->pub_careful = false;
             t->pub_direct = !atomic_load(&t->sender_stop);
         }
@@ -421,6 +408,7 @@ static void lose(kb_transport *t, const char *why_now)
     o.t = t;
     snprintf(o.why, sizeof o.why, "%.600sconnection to %.200s lost: %.200s", cause, t->where, why);
     pthread_mutex_lock(&t->pub_lock);
+    kb__redis_frames_due(t, true);   /* frames still filling were sized to the old budget */
     bool split = kb__redis_frames_split(t, max);
     if (split)
         t->frame_max = max;   /* later frames stay within what the server took */
@@ -464,7 +452,7 @@ static void nap(kb_transport *t, int64_t until)
 static bool serving(kb_transport *t, redisContext *c)
 {
     redisReply *r = redisCommand(c, "EXISTS %s", "kb:probe");
-    bool ok = r != NULL && !(r->type == REDIS_REPLY_ERROR && transient(r));
+    bool ok = r != NULL && !(r->type == REDIS_REPLY_ERROR && kb__redis_transient(r));
     if (!ok)
         lose(t, r != NULL ? r->str : c->errstr[0] ? c->errstr : "connection closed");
     kb__redis_reply_free(r);
