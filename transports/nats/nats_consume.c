@@ -11,6 +11,7 @@
 #include "nats_claim.h"
 #include "nats_connect.h"
 #include "nats_consume.h"
+#include "nats_feeder.h"
 #include "nats_dlq.h"
 #include "nats_frame.h"
 #include "nats_hdr.h"
@@ -18,7 +19,6 @@
 #include "nats_msg.h"
 #include "nats_names.h"
 #include "nats_progress.h"
-#include "nats_refill.h"
 #include "nats_runs.h"
 #include "nats_topic.h"
 
@@ -27,30 +27,6 @@
 #define KB_NATS_CLAIM_SCAN_NS 1000000   /* ... and this often while claims are awaited */
 #define KB_NATS_CLAIM_WAIT_NS 2000000000 /* for this long after a subscribe or reconnect */
 
-typedef struct feeder {
-    kb_transport *t;
-    /* subscribed topics by the hash of their name (open addressing) */
-    kb_nats_topic **by_name;
-    uint32_t slots, known;
-    kb_nats_topic **by_id;
-    char *key;               /* decoded key buffer */
-    size_t key_cap;
-    kb_nats_hdrs hdrs;       /* the current event's headers */
-    uint32_t serial;         /* of pull requests, for every claim: a late status for an
-                                earlier claim's request never matches a newer one's */
-    int64_t refill_off_until; /* a read of the stream went unanswered: none till then */
-    int64_t refill_window;    /* the second whose refill time is counted ... */
-    int64_t refill_spent;     /* ... and that time, ns */
-    bool refilling;           /* the message handled now was read again: no pull's */
-    bool bridging;            /* ... or read from the stream, never delivered */
-    /* a time by which the inbox was read through: whatever the servers sent
-     * before it (a heartbeat) was read, so a pull whose deadline came earlier
-     * was lost, not queued behind a busy feeder. Seen empty, or the messages
-     * queued at a scan (mark_left of them, at mark_ns) all read since. */
-    int64_t empty_ns;
-    int64_t mark_ns;
-    int mark_left;
-} feeder;
 
 /* Keep up to two pull requests of nats.fetch_batch open per partition: the
  * next one is sent when the open ones have less than a batch left, so the
@@ -76,7 +52,7 @@ static int64_t pull_deadline(const kb_nats_claim *c, int64_t now)
     return now + (hb > 0 ? 2 * hb + 250 : c->pull_expires_ms + 2000) * 1000000;
 }
 
-static void pull(feeder *f, kb_nats_claim *c, int64_t now)
+static void pull(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
 {
     kb_transport *t = f->t;
     uint64_t used = atomic_load(&c->tail) - atomic_load(&c->head);
@@ -108,7 +84,7 @@ static void pull(feeder *f, kb_nats_claim *c, int64_t now)
 /* Is claim c fenced? One whose lease ran out locally (the lease thread
  * blocked past it) is fenced here, and the lease thread woken: a renewal
  * it still gets in starts a fresh claim. */
-static bool fenced(kb_transport *t, kb_nats_claim *c, int64_t now)
+bool kb__nats_feed_fenced(kb_transport *t, kb_nats_claim *c, int64_t now)
 {
     if (atomic_load(&c->fenced))
         return true;
@@ -118,133 +94,10 @@ static bool fenced(kb_transport *t, kb_nats_claim *c, int64_t now)
     return true;
 }
 
-/* The bridge. A partition's consumer whose leader's node is gone delivers
- * nothing until its group elects another (4-9 s in nats-server 2.9), and its
- * pulls just go unanswered. Once one is counted lost, the feeder reads the
- * partition's messages from the stream (its leader answers; STREAM.MSG.GET
- * next_by_subj, one read out per partition at a time, answered on the
- * feeder's inbox) and handles them in stream order, as the consumer would
- * have delivered them. When the consumer delivers again, it sends those
- * first: each is known by its stream sequence, dropped, and acked with the
- * entry (or at once when the entry is acked), so the consumer's ack floor
- * catches up with what was handled. Pulls go on meanwhile; the first
- * delivery or heartbeat of one ends the bridge. A wide claim reads every
- * subject of the topic's stream (its consumer's filter), in stream order. */
-#define BRIDGE_WAIT_MS 500    /* a read unanswered this long is asked again */
-#define BRIDGE_POLL_MS 20     /* after "no message" (the partition is read up) ... */
-#define BRIDGE_POLL_MAX_MS 500 /* ... doubling while nothing comes, up to this */
-#define BRIDGE_RETRY_MS 250   /* after an error (the stream's own leader is gone) */
-
-/* A claim whose consumer starts at the stream's end as it was when made
- * (group.start = latest, its last sequence unread) has no known start until
- * it delivers: it is not bridged before. */
-static void bridge_start(kb_transport *t, kb_nats_claim *c, int64_t now)
-{
-    if (c->bridging || (c->start_unknown && atomic_load(&c->consumer_hi) == 0))
-        return;
-    c->bridging = true;
-    c->bridge_asked = false;
-    c->bridge_next_ns = now;
-    c->bridge_poll_ms = BRIDGE_POLL_MS;
-    kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s delivers nothing; %s%s%s is read from "
-           "the stream until it does", t->url_safe, c->consumer, c->wide ? "kb." : "",
-           c->wide ? c->part->topic->name : c->part->subject, c->wide ? ".*" : "");
-}
-
-static void bridge_end(kb_nats_claim *c)
-{
-    c->bridging = false;
-    c->bridge_asked = false;
-}
-
-/* Ask for the partition's next message when no read is out and the ring has
- * room beside what the pulls may bring (at least a batch, at most half the
- * ring): entries the bridge read hold the head until the consumer delivers
- * them, so the consumer must always find room for that. */
-static void bridge(feeder *f, kb_nats_claim *c, int64_t now)
-{
-    kb_transport *t = f->t;
-    if (now < c->bridge_next_ns)
-        return;
-    uint64_t used = atomic_load(&c->tail) - atomic_load(&c->head);
-    int64_t keep = c->pull_open && c->pull_left > t->fetch_batch ? c->pull_left : t->fetch_batch;
-    if (keep > (int64_t)c->cap / 2)
-        keep = (int64_t)c->cap / 2;
-    if ((int64_t)c->cap - (int64_t)used - keep <= 0) {
-        c->bridge_next_ns = now + BRIDGE_POLL_MS * 1000000;
-        return;
-    }
-    char reply[256], filter[KB_NATS_NAME];
-    snprintf(filter, sizeof filter, "kb.%s.*", c->part->topic->name);
-    c->bridge_serial = ++f->serial;
-    snprintf(reply, sizeof reply, "%s.g.%u.%u.%u", t->inbox, c->part->topic->sub_id, c->part->n,
-             c->bridge_serial);
-    bool sent = kb__nats_stream_ask(kb__nats_feed_conn(t), c->part->topic->stream,
-                                    c->wide ? filter : c->part->subject,
-                                    atomic_load(&c->delivered_hi) + 1, reply);
-    c->bridge_asked = sent;
-    c->bridge_next_ns = now + (sent ? BRIDGE_WAIT_MS : BRIDGE_RETRY_MS) * 1000000;
-}
-
-static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
-                     unsigned n, uint32_t part, const char *foreign);
-static void unread_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta,
-                       const char *last);
-
-/* An answer to a bridge read (subject <inbox>.g.<topic>.<partition>.<serial>):
- * false when m is no such answer. The message read is handled as delivery 0
- * of the claim's consumer (nothing to ack until the consumer delivers it). */
-static bool bridge_reply(feeder *f, natsMsg *m)
-{
-    kb_transport *t = f->t;
-    const char *subj = natsMsg_GetSubject(m);
-    size_t il = strlen(t->inbox);
-    if (strncmp(subj, t->inbox, il) != 0 || strncmp(subj + il, ".g.", 3) != 0)
-        return false;
-    unsigned id = 0, n = 0, serial = 0;
-    if (sscanf(subj + il + 3, "%u.%u.%u", &id, &n, &serial) != 3 || id >= f->known ||
-        n >= t->partitions)
-        return true;
-    kb_nats_claim *c = f->by_id[id]->parts[n].feeding;
-    int64_t now = kb_now_ns();
-    if (c == NULL || !c->bridging || !c->bridge_asked || c->bridge_serial != serial ||
-        fenced(t, c, now))
-        return true;
-    c->bridge_asked = false;
-    kb_nats_topic *tp = c->part->topic;
-    natsMsg *got = NULL;
-    uint64_t seq = 0;
-    char filter[KB_NATS_NAME];
-    snprintf(filter, sizeof filter, "kb.%s.*", tp->name);
-    int r = kb__nats_stored_read(natsMsg_GetDataLength(m) > 0 ? natsMsg_GetData(m) : NULL,
-                                 tp->stream, c->wide ? filter : c->part->subject,
-                                 atomic_load(&c->delivered_hi) + 1, c->consumer, 0, &got, &seq);
-    c->bridge_next_ns = now + (r == 1 ? 0 : r == 0 ? c->bridge_poll_ms : BRIDGE_RETRY_MS) * 1000000;
-    if (r == 0 && (c->bridge_poll_ms *= 2) > BRIDGE_POLL_MAX_MS)
-        c->bridge_poll_ms = BRIDGE_POLL_MAX_MS;
-    if (r != 1)
-        return true;
-    c->bridge_poll_ms = BRIDGE_POLL_MS;
-    kb_nats_meta meta = {.delivered = 1, .sseq = seq, .dseq = 0};
-    snprintf(meta.consumer, sizeof meta.consumer, "%s", c->consumer);
-    /* a wide claim's message goes where its subject says, as handle()'s */
-    const char *last = strrchr(natsMsg_GetSubject(got), '.') + 1;
-    long pn = c->wide ? kb__nats_part_token(t, last) : (long)n;
-    f->bridging = true;
-    if (pn >= 0)
-        read_msg(f, c, got, &meta, (unsigned)pn, (uint32_t)pn, NULL);
-    else
-        unread_msg(f, tp, got, &meta, last);
-    f->bridging = false;
-    if (c->bridging)
-        bridge(f, c, kb_now_ns());
-    return true;
-}
-
 /* Follow the partition's current claim and keep its pulls going. A fenced
  * claim is left for good: once fenced nothing goes into its ring, so a wide
  * claim left through one partition is safe from the others. */
-static void tend(feeder *f, kb_nats_part *p, int64_t now)
+static void tend(kb_nats_feeder *f, kb_nats_part *p, int64_t now)
 {
     kb_transport *t = f->t;
     kb_nats_claim *c = atomic_load(&p->claim);
@@ -253,7 +106,7 @@ static void tend(feeder *f, kb_nats_part *p, int64_t now)
     p->feeding = c;
     if (c == NULL)
         return;
-    if (fenced(t, c, now)) {
+    if (kb__nats_feed_fenced(t, c, now)) {
         atomic_store(&c->feeder_left, 1);
         p->feeding = NULL;
     } else if (c->part != p) {
@@ -263,12 +116,12 @@ static void tend(feeder *f, kb_nats_part *p, int64_t now)
         if (!c->pull_open || c->pull_left < t->fetch_batch || lost) {
             if (lost) {
                 c->pull_open = false;
-                bridge_start(t, c, now);
+                kb__nats_bridge_start(t, c, now);
             }
             pull(f, c, now);
         }
         if (c->bridging)
-            bridge(f, c, now);
+            kb__nats_bridge(f, c, now);
     }
 }
 
@@ -296,7 +149,7 @@ static void leaderless(kb_transport *t, kb_nats_claim *c, int64_t now)
 {
     if (c->leaderless_since_ns == 0)
         c->leaderless_since_ns = now;
-    bridge_start(t, c, now);
+    kb__nats_bridge_start(t, c, now);
     if (now - c->leaderless_since_ns < LEADERLESS_RESET_MS * 1000000) {
         c->pull_open = true;   /* the next pull after the retry delay */
         c->pull_deadline_ns = now + LEADERLESS_RETRY_MS * 1000000;
@@ -311,7 +164,7 @@ static void leaderless(kb_transport *t, kb_nats_claim *c, int64_t now)
 /* A status reply: 100, an idle heartbeat, says the request is alive; 408
  * (expired), 404 (nothing), 409, 503 (no leader) close it. Only a request
  * that expired empty doubles the next one's expiry. */
-static void status_msg(feeder *f, natsMsg *m)
+static void status_msg(kb_nats_feeder *f, natsMsg *m)
 {
     const char *subj = natsMsg_GetSubject(m);
     size_t il = strlen(f->t->inbox);
@@ -329,7 +182,7 @@ static void status_msg(feeder *f, natsMsg *m)
     if (has_status && strcmp(status, "100") == 0) {
         c->pull_deadline_ns = pull_deadline(c, now);
         c->leaderless_since_ns = 0;
-        bridge_end(c);   /* the consumer has a leader again */
+        kb__nats_bridge_end(c);   /* the consumer has a leader again */
         return;
     }
     c->pull_open = false;   /* the newest request ended: so did the older */
@@ -340,7 +193,7 @@ static void status_msg(feeder *f, natsMsg *m)
     }
     c->leaderless_since_ns = 0;
     if (has_status && (strcmp(status, "408") == 0 || strcmp(status, "404") == 0))
-        bridge_end(c);   /* the consumer's leader ended the request */
+        kb__nats_bridge_end(c);   /* the consumer's leader ended the request */
     if (!c->pull_got && has_status && strcmp(status, "408") == 0) {
         c->pull_expires_ms *= 2;
         if (c->pull_expires_ms > KB_NATS_IDLE_EXPIRES_MS)
@@ -351,9 +204,9 @@ static void status_msg(feeder *f, natsMsg *m)
 
 /* An event (or the whole message, when unreadable) goes to the dead letters
  * without reaching a handler, with its headers when they could be read. */
-static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, unsigned n, const char *id,
-                            const kb_frame_event *ev, const kb_nats_hdrs *h, const char *why,
-                            uint32_t attempts)
+static void dead_on_arrival(kb_nats_feeder *f, kb_nats_entry *e, natsMsg *m, unsigned n,
+                            const char *id, const kb_frame_event *ev, const kb_nats_hdrs *h,
+                            const char *why, uint32_t attempts)
 {
     kb_log(f->t->bus, KB_LOG_WARNING, "nats %s: message %s on %s goes to the dead letters: %s",
            f->t->url_safe, id, natsMsg_GetSubject(m), why);
@@ -378,7 +231,7 @@ static void dead_on_arrival(feeder *f, kb_nats_entry *e, natsMsg *m, unsigned n,
 /* Hand one event (its headers in f->hdrs) to the sink, or to the dead letters
  * when it came on a subject that is not its partition (`foreign` says why);
  * false when the bus refused it (closing). */
-static bool deliver(feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta *meta,
+static bool deliver(kb_nats_feeder *f, kb_nats_entry *e, natsMsg *m, const kb_nats_meta *meta,
                     unsigned n, const char *id, const kb_frame_event *ev, const char *foreign)
 {
     kb_transport *t = f->t;
@@ -450,7 +303,7 @@ static int ring_room(void *arg)
  * or NULL: an earlier claim's consumer, not ours any more, or one fenced
  * (leave_fenced may have let the acker free its ring while p->feeding still
  * names it). */
-static kb_nats_claim *claim_of(feeder *f, kb_nats_part *p, const kb_nats_meta *meta)
+static kb_nats_claim *claim_of(kb_nats_feeder *f, kb_nats_part *p, const kb_nats_meta *meta)
 {
     kb_nats_claim *c = p->feeding;
     if (c == NULL || strcmp(c->consumer, meta->consumer) != 0) {
@@ -458,7 +311,7 @@ static kb_nats_claim *claim_of(feeder *f, kb_nats_part *p, const kb_nats_meta *m
         c = p->feeding;
     }
     if (c == NULL || strcmp(c->consumer, meta->consumer) != 0 ||
-        atomic_load(&c->feeder_left) || fenced(f->t, c, kb_now_ns()))
+        atomic_load(&c->feeder_left) || kb__nats_feed_fenced(f->t, c, kb_now_ns()))
         return NULL;
     return c;
 }
@@ -468,7 +321,7 @@ static kb_nats_claim *claim_of(feeder *f, kb_nats_part *p, const kb_nats_meta *m
  * MaxAge, MaxBytes set on it) when they lie below its first sequence, else
  * deleted one by one (a replayed dead letter). The first are counted in
  * broker_trimmed and logged by sequence; the gap costs one stream info. */
-static void gap(feeder *f, kb_nats_claim *c, uint64_t from, uint64_t to)
+static void gap(kb_nats_feeder *f, kb_nats_claim *c, uint64_t from, uint64_t to)
 {
     kb_transport *t = f->t;
     kb_nats_topic *tp = c->part->topic;
@@ -487,138 +340,10 @@ static void gap(feeder *f, kb_nats_claim *c, uint64_t from, uint64_t to)
            tp->stream);
 }
 
-/* The consumer's delivery sequence skipped: the server sent deliveries that
- * never arrived (the connection broke with them on the wire). It counts them
- * delivered and resends them only after AckWait, past newer events of their
- * keys, so unless refill() read them again the claim stops here: nothing
- * above what it had is acked (an AckAll would cover the lost ones), and the
- * lease thread starts a new consumer at the ack floor, which delivers them
- * again first, in order. */
-static void lost_in_transit(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta,
-                            const char *why)
-{
-    atomic_store(&c->ack_limit, c->delivered_hi);
-    kb_log(f->t->bus, KB_LOG_WARNING,
-           "nats %s: consumer %s: deliveries %llu..%llu never arrived (%s); restarting the "
-           "partition from its ack floor", f->t->url_safe, c->consumer,
-           (unsigned long long)c->dseq_hi + 1, (unsigned long long)meta->dseq - 1, why);
-    kb__nats_claim_reset(f->t, c);
-}
-
-/* Bounds of refill() (below): lost deliveries one gap may read again; time
- * its reads may take for one gap, and in any second (they block the feeder);
- * no reads for this long after one went unanswered. */
-#define REFILL_MAX 1024
-#define REFILL_WAIT_MS 500
-#define REFILL_BUDGET_MS 250
-#define REFILL_OFF_MS 5000
-
-/* Why refill() cannot read the lost deliveries again, or NULL when it may. */
-static const char *refill_refused(feeder *f, const kb_nats_claim *c, const kb_nats_meta *meta,
-                                  int64_t now)
-{
-    if (c->wide)
-        return "a wide claim";
-    if (meta->delivered != 1 || meta->sseq <= c->delivered_hi + 1)
-        return "a redelivery among them";
-    if (meta->dseq - c->dseq_hi - 1 > REFILL_MAX)
-        return "too many";
-    if (now < f->refill_off_until)
-        return "a read of the stream went unanswered just before";
-    if (now - f->refill_window >= 1000000000) {
-        f->refill_window = now;
-        f->refill_spent = 0;
-    }
-    if (f->refill_spent >= (int64_t)REFILL_BUDGET_MS * 1000000)
-        return "reads of the stream used this second's time";
-    return NULL;
-}
-
-/* A partition's consumer delivers its subject's messages in stream order, so
- * what never arrived before `meta` is every message of the partition's subject
- * between the last one the claim had and meta's: when the stream holds exactly
- * as many there as deliveries were lost, they are those deliveries, in order.
- * Each is read again from the stream and handled under the delivery sequence
- * it was sent with (its ack and progress say the consumer's own numbers), and
- * the claim carries on with its consumer: a new one costs seconds on a cluster
- * that just lost a node, the node this process was connected to. The reads
- * block the feeder, every partition's: at most REFILL_WAIT_MS for one gap,
- * REFILL_BUDGET_MS in any second, and none for REFILL_OFF_MS after one went
- * unanswered (a stream electing its leader stalls the feeder once). NULL when
- * done; else why not, and the caller restarts the claim. */
-static const char *refill(feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
-{
-    kb_transport *t = f->t;
-    int64_t started = kb_now_ns();
-    const char *why = refill_refused(f, c, meta, started);
-    if (why != NULL)
-        return why;
-    uint64_t lost = meta->dseq - c->dseq_hi - 1, from = c->delivered_hi + 1, k = 0;
-    /* After a bridge the delivery sequences of the window's messages are not
-     * known (a consumer whose leader changed may number them otherwise):
-     * they are read with 0, the AckAll of meta's covers them, and the window
-     * is bounded by the ring's room (entries without a delivery sequence
-     * hold the head until one with a sequence comes after them), not by the
-     * count of lost deliveries. */
-    bool bridged = c->bridged;
-    uint64_t used = atomic_load(&c->tail) - atomic_load(&c->head);
-    uint64_t most = !bridged ? lost : used + 1 < c->cap ? c->cap - used - 1 : 0;   /* meta too */
-    natsMsg **got = malloc((size_t)(most > 0 ? most : 1) * sizeof *got);
-    uint64_t *seq = malloc((size_t)(most > 0 ? most : 1) * sizeof *seq);
-    int64_t deadline = started + (int64_t)REFILL_WAIT_MS * 1000000;
-    int r = got != NULL && seq != NULL ? 1 : -1;
-    while (r == 1) {
-        natsMsg *m = NULL;
-        uint64_t s = 0;
-        int left = kb_deadline_left_ms(deadline);
-        r = left > 0 ? kb__nats_stream_next(t, c->part->topic->stream, c->part->subject, from,
-                                            c->consumer, bridged ? 0 : c->dseq_hi + 1 + k,
-                                            left, &m, &s)
-                     : -1;
-        if (r == 1 && (s >= meta->sseq || k == most)) {
-            natsMsg_Destroy(m);
-            r = s >= meta->sseq ? 0 : -2;   /* 0: the window is read; -2: more than `most` */
-        } else if (r == 1) {
-            got[k] = m;
-            seq[k++] = s;
-            from = s + 1;
-        }
-    }
-    int64_t now = kb_now_ns();
-    f->refill_spent += now - started;
-    if (r == -1 && now >= deadline)
-        f->refill_off_until = now + (int64_t)REFILL_OFF_MS * 1000000;
-    why = r == -2 && bridged                            ? "more than the claim's ring has room for"
-          : r == -2 || (r == 0 && k != lost && !bridged) ? "the stream holds another number of them there"
-          : r == -1 && now >= deadline      ? "the stream did not answer in time"
-          : r == -1                         ? "the stream's answer could not be read"
-                                            : NULL;
-    if (why == NULL)
-        kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s: deliveries %llu..%llu never arrived; "
-               "read again from the stream", t->url_safe, c->consumer,
-               (unsigned long long)c->dseq_hi + 1, (unsigned long long)meta->dseq - 1);
-    f->refilling = true;
-    for (uint64_t i = 0; i < k; i++) {
-        if (why != NULL) {
-            natsMsg_Destroy(got[i]);
-            continue;
-        }
-        kb_nats_meta one = *meta;
-        one.delivered = 1;
-        one.sseq = seq[i];
-        one.dseq = bridged ? 0 : c->dseq_hi + 1;
-        read_msg(f, c, got[i], &one, c->part->n, c->part->n, NULL);
-    }
-    f->refilling = false;
-    free(got);
-    free(seq);
-    return why;
-}
-
 /* Count the message against its pull and wait for room in the claim's ring;
  * false (message destroyed) for a redelivery of one still here, or when the
  * claim or the bus stopped. */
-static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
+static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
                   int64_t now)
 {
     kb_transport *t = f->t;
@@ -629,7 +354,7 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
         c->leaderless_since_ns = 0;
         if (c->pull_left > 0 && --c->pull_left == 0)
             c->pull_open = false;
-        bridge_end(c);   /* the consumer delivers again */
+        kb__nats_bridge_end(c);   /* the consumer delivers again */
     }
     /* Deliveries that never arrived before a first delivery are of messages
      * before it (a consumer sends them in stream order) or redeliveries of
@@ -640,8 +365,8 @@ static bool admit(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *m
     bool none_missing = meta->delivered == 1 && (meta->sseq == c->delivered_hi + 1 ||
                                                  (c->bridged && meta->sseq <= c->delivered_hi));
     if (meta->dseq > c->dseq_hi + 1 && !atomic_load(&c->fenced) && !none_missing &&
-        (why = refill(f, c, meta)) != NULL) {
-        lost_in_transit(f, c, meta, why);
+        (why = kb__nats_refill(f, c, meta)) != NULL) {
+        kb__nats_lost_in_transit(f, c, meta, why);
         natsMsg_Destroy(m);
         return false;
     }
@@ -705,8 +430,8 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
  * (kb.<topic>.dlq) joins the frontier as done, acked unread; anything else
  * (kb.<topic>.9 of 8 partitions: another client, or a process configured with
  * more partitions) goes to the dead letters saying so, event by event. */
-static void unread_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta,
-                       const char *last)
+void kb__nats_feed_unread(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m,
+                          const kb_nats_meta *meta, const char *last)
 {
     kb_nats_claim *c = claim_of(f, &tp->parts[0], meta);
     if (c == NULL || !c->wide) {
@@ -725,10 +450,10 @@ static void unread_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_m
                                                                            : 0;
     snprintf(why, sizeof why, "subject %.40s%s is not a partition of the topic (partitions=%u)",
              last, strlen(last) > 40 ? "..." : "", f->t->partitions);
-    read_msg(f, c, m, meta, (unsigned)num, UINT32_MAX, why);
+    kb__nats_feed_read(f, c, m, meta, (unsigned)num, UINT32_MAX, why);
 }
 
-static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta,
+static void data_msg(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta,
                      unsigned n)
 {
     kb_nats_claim *c = claim_of(f, &tp->parts[n], meta);
@@ -736,13 +461,13 @@ static void data_msg(feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_met
         natsMsg_Destroy(m);
         return;
     }
-    read_msg(f, c, m, meta, n, n, NULL);
+    kb__nats_feed_read(f, c, m, meta, n, n, NULL);
 }
 
 /* The message's events to the sink (or all to the dead letters, `foreign`
  * saying why); its entry in claim c's ring counts for partition `part`. */
-static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
-                     unsigned n, uint32_t part, const char *foreign)
+void kb__nats_feed_read(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m,
+                        const kb_nats_meta *meta, unsigned n, uint32_t part, const char *foreign)
 {
     kb_transport *t = f->t;
     int64_t now = kb_now_ns();   /* one clock read per message */
@@ -811,7 +536,7 @@ static void read_msg(feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta
 }
 
 /* The subscribed topic named `name` (len bytes), or NULL. */
-static kb_nats_topic *topic_of(feeder *f, const char *name, size_t len)
+static kb_nats_topic *topic_of(kb_nats_feeder *f, const char *name, size_t len)
 {
     if (f->slots == 0)
         return NULL;
@@ -824,7 +549,7 @@ static kb_nats_topic *topic_of(feeder *f, const char *name, size_t len)
 
 /* Index the topics subscribed since the last look; false when out of memory
  * (the new ones wait for the next look). */
-static bool learn(feeder *f, uint32_t nsubs)
+static bool learn(kb_nats_feeder *f, uint32_t nsubs)
 {
     uint32_t slots = 16;
     while (slots < 2 * nsubs)
@@ -854,11 +579,11 @@ static bool learn(feeder *f, uint32_t nsubs)
     return true;
 }
 
-static void handle(feeder *f, natsMsg *m)
+static void handle(kb_nats_feeder *f, natsMsg *m)
 {
     kb_nats_meta meta;
     const char *reply = natsMsg_GetReply(m);
-    if (reply == NULL && bridge_reply(f, m)) {
+    if (reply == NULL && kb__nats_bridge_reply(f, m)) {
         natsMsg_Destroy(m);
         return;
     }
@@ -879,7 +604,7 @@ static void handle(feeder *f, natsMsg *m)
         return;
     }
     if (n < 0) {
-        unread_msg(f, tp, m, &meta, dot + 1);
+        kb__nats_feed_unread(f, tp, m, &meta, dot + 1);
         tend(f, &tp->parts[0], kb_now_ns());
         return;
     }
@@ -892,7 +617,7 @@ static void handle(feeder *f, natsMsg *m)
 
 static void *feed(void *arg)
 {
-    feeder *f = arg;
+    kb_nats_feeder *f = arg;
     kb_transport *t = f->t;
     int64_t next_scan = 0, claims_awaited_until = 0;
     uint32_t reconnects = atomic_load(&t->reconnects);
@@ -973,7 +698,7 @@ static int start_feeder(kb_transport *t)
     int rc = kb__nats_feed_connect(t);
     if (rc != KB_OK)
         return rc;
-    feeder *f = calloc(1, sizeof *f);
+    kb_nats_feeder *f = calloc(1, sizeof *f);
     natsInbox *inbox = NULL;
     if (f == NULL || (f->key = malloc(65536)) == NULL || natsInbox_Create(&inbox) != NATS_OK) {
         if (f != NULL)

@@ -1,0 +1,71 @@
+/* The feeder thread's state and the parts of it that read from the stream
+ * itself (nats_reread.c): deliveries lost on the wire read again, and the
+ * bridge, which reads a partition while its consumer has no leader. Every
+ * function here runs on the feeder thread only. */
+#ifndef KB_TRANSPORTS_NATS_FEEDER_H
+#define KB_TRANSPORTS_NATS_FEEDER_H
+
+#include "nats_hdr.h"
+#include "nats_msg.h"
+#include "nats_types.h"
+
+typedef struct kb_nats_feeder {
+    kb_transport *t;
+    /* subscribed topics by the hash of their name (open addressing) */
+    kb_nats_topic **by_name;
+    uint32_t slots, known;
+    kb_nats_topic **by_id;
+    char *key;               /* decoded key buffer */
+    size_t key_cap;
+    kb_nats_hdrs hdrs;       /* the current event's headers */
+    uint32_t serial;         /* of pull requests, for every claim: a late status for an
+                                earlier claim's request never matches a newer one's */
+    int64_t refill_off_until; /* a read of the stream went unanswered: none till then */
+    int64_t refill_window;    /* the second whose refill time is counted ... */
+    int64_t refill_spent;     /* ... and that time, ns */
+    bool refilling;           /* the message handled now was read again: no pull's */
+    bool bridging;            /* ... or read from the stream, never delivered */
+    /* a time by which the inbox was read through: whatever the servers sent
+     * before it (a heartbeat) was read, so a pull whose deadline came earlier
+     * was lost, not queued behind a busy feeder. Seen empty, or the messages
+     * queued at a scan (mark_left of them, at mark_ns) all read since. */
+    int64_t empty_ns;
+    int64_t mark_ns;
+    int mark_left;
+} kb_nats_feeder;
+
+/* nats_consume.c */
+/* Is claim c fenced (its lease ran out locally: then reset here)? */
+bool kb__nats_feed_fenced(kb_transport *t, kb_nats_claim *c, int64_t now);
+/* Message m's events to the sink (or all to the dead letters, `foreign`
+ * saying why); its entry in c's ring counts for partition `part`. Takes m. */
+void kb__nats_feed_read(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
+                        unsigned n, uint32_t part, const char *foreign);
+/* A message on a subject of the stream that is not a partition, for a wide
+ * claim (`last`: its subject's last token). Takes m. */
+void kb__nats_feed_unread(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m,
+                          const kb_nats_meta *meta, const char *last);
+
+/* nats_reread.c: the bridge */
+/* c's pull was lost (or answered "no responders"): read its partition from
+ * the stream until the consumer delivers again. */
+void kb__nats_bridge_start(kb_transport *t, kb_nats_claim *c, int64_t now);
+/* The consumer delivers again (a message, a heartbeat, a 408 or 404). */
+void kb__nats_bridge_end(kb_nats_claim *c);
+/* Ask for the partition's next message when due and there is room. */
+void kb__nats_bridge(kb_nats_feeder *f, kb_nats_claim *c, int64_t now);
+/* An answer to a bridge read, handled; false when m is no such answer (the
+ * caller keeps m either way). */
+bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m);
+
+/* nats_reread.c: deliveries lost on the wire */
+/* Read the deliveries before meta's that never arrived again from the
+ * stream and hand them on; NULL when done, else why not (the caller then
+ * calls kb__nats_lost_in_transit). */
+const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta);
+/* Stop the claim at what it had and restart the partition from its ack
+ * floor with a new consumer (logged with `why`). */
+void kb__nats_lost_in_transit(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta,
+                              const char *why);
+
+#endif /* KB_TRANSPORTS_NATS_FEEDER_H */

@@ -1,0 +1,259 @@
+/* The feeder's reads of the stream itself (see nats_feeder.h): what a
+ * consumer sent that never arrived, read again; and the bridge, which reads
+ * a partition while its consumer has no leader. Feeder thread only. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nats_claim.h"
+#include "nats_feeder.h"
+#include "nats_names.h"
+#include "nats_refill.h"
+
+/* The bridge. A partition's consumer whose leader's node is gone delivers
+ * nothing until its group elects another (4-9 s in nats-server 2.9), and its
+ * pulls just go unanswered. Once one is counted lost, the feeder reads the
+ * partition's messages from the stream (its leader answers; STREAM.MSG.GET
+ * next_by_subj, one read out per partition at a time, answered on the
+ * feeder's inbox) and handles them in stream order, as the consumer would
+ * have delivered them. When the consumer delivers again, it sends those
+ * first: each is known by its stream sequence, dropped, and acked with the
+ * entry (or at once when the entry is acked), so the consumer's ack floor
+ * catches up with what was handled. Pulls go on meanwhile; the first
+ * delivery or heartbeat of one ends the bridge. A wide claim reads every
+ * subject of the topic's stream (its consumer's filter), in stream order. */
+#define BRIDGE_WAIT_MS 500    /* a read unanswered this long is asked again */
+#define BRIDGE_POLL_MS 20     /* after "no message" (the partition is read up) ... */
+#define BRIDGE_POLL_MAX_MS 500 /* ... doubling while nothing comes, up to this */
+#define BRIDGE_RETRY_MS 250   /* after an error (the stream's own leader is gone) */
+
+/* A claim whose consumer starts at the stream's end as it was when made
+ * (group.start = latest, its last sequence unread) has no known start until
+ * it delivers: it is not bridged before. */
+void kb__nats_bridge_start(kb_transport *t, kb_nats_claim *c, int64_t now)
+{
+    if (c->bridging || (c->start_unknown && atomic_load(&c->consumer_hi) == 0))
+        return;
+    c->bridging = true;
+    c->bridge_asked = false;
+    c->bridge_next_ns = now;
+    c->bridge_poll_ms = BRIDGE_POLL_MS;
+    kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s delivers nothing; %s%s%s is read from "
+           "the stream until it does", t->url_safe, c->consumer, c->wide ? "kb." : "",
+           c->wide ? c->part->topic->name : c->part->subject, c->wide ? ".*" : "");
+}
+
+void kb__nats_bridge_end(kb_nats_claim *c)
+{
+    c->bridging = false;
+    c->bridge_asked = false;
+}
+
+/* Ask for the partition's next message when no read is out and the ring has
+ * room beside what the pulls may bring (at least a batch, at most half the
+ * ring): entries the bridge read hold the head until the consumer delivers
+ * them, so the consumer must always find room for that. */
+void kb__nats_bridge(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
+{
+    kb_transport *t = f->t;
+    if (now < c->bridge_next_ns)
+        return;
+    uint64_t used = atomic_load(&c->tail) - atomic_load(&c->head);
+    int64_t keep = c->pull_open && c->pull_left > t->fetch_batch ? c->pull_left : t->fetch_batch;
+    if (keep > (int64_t)c->cap / 2)
+        keep = (int64_t)c->cap / 2;
+    if ((int64_t)c->cap - (int64_t)used - keep <= 0) {
+        c->bridge_next_ns = now + BRIDGE_POLL_MS * 1000000;
+        return;
+    }
+    char reply[256], filter[KB_NATS_NAME];
+    snprintf(filter, sizeof filter, "kb.%s.*", c->part->topic->name);
+    c->bridge_serial = ++f->serial;
+    snprintf(reply, sizeof reply, "%s.g.%u.%u.%u", t->inbox, c->part->topic->sub_id, c->part->n,
+             c->bridge_serial);
+    bool sent = kb__nats_stream_ask(kb__nats_feed_conn(t), c->part->topic->stream,
+                                    c->wide ? filter : c->part->subject,
+                                    atomic_load(&c->delivered_hi) + 1, reply);
+    c->bridge_asked = sent;
+    c->bridge_next_ns = now + (sent ? BRIDGE_WAIT_MS : BRIDGE_RETRY_MS) * 1000000;
+}
+
+/* An answer to a bridge read (subject <inbox>.g.<topic>.<partition>.<serial>):
+ * false when m is no such answer. The message read is handled as delivery 0
+ * of the claim's consumer (nothing to ack until the consumer delivers it). */
+bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m)
+{
+    kb_transport *t = f->t;
+    const char *subj = natsMsg_GetSubject(m);
+    size_t il = strlen(t->inbox);
+    if (strncmp(subj, t->inbox, il) != 0 || strncmp(subj + il, ".g.", 3) != 0)
+        return false;
+    unsigned id = 0, n = 0, serial = 0;
+    if (sscanf(subj + il + 3, "%u.%u.%u", &id, &n, &serial) != 3 || id >= f->known ||
+        n >= t->partitions)
+        return true;
+    kb_nats_claim *c = f->by_id[id]->parts[n].feeding;
+    int64_t now = kb_now_ns();
+    if (c == NULL || !c->bridging || !c->bridge_asked || c->bridge_serial != serial ||
+        kb__nats_feed_fenced(t, c, now))
+        return true;
+    c->bridge_asked = false;
+    kb_nats_topic *tp = c->part->topic;
+    natsMsg *got = NULL;
+    uint64_t seq = 0;
+    char filter[KB_NATS_NAME];
+    snprintf(filter, sizeof filter, "kb.%s.*", tp->name);
+    int r = kb__nats_stored_read(natsMsg_GetDataLength(m) > 0 ? natsMsg_GetData(m) : NULL,
+                                 tp->stream, c->wide ? filter : c->part->subject,
+                                 atomic_load(&c->delivered_hi) + 1, c->consumer, 0, &got, &seq);
+    c->bridge_next_ns = now + (r == 1 ? 0 : r == 0 ? c->bridge_poll_ms : BRIDGE_RETRY_MS) * 1000000;
+    if (r == 0 && (c->bridge_poll_ms *= 2) > BRIDGE_POLL_MAX_MS)
+        c->bridge_poll_ms = BRIDGE_POLL_MAX_MS;
+    if (r != 1)
+        return true;
+    c->bridge_poll_ms = BRIDGE_POLL_MS;
+    kb_nats_meta meta = {.delivered = 1, .sseq = seq, .dseq = 0};
+    snprintf(meta.consumer, sizeof meta.consumer, "%s", c->consumer);
+    /* a wide claim's message goes where its subject says, as handle()'s */
+    const char *last = strrchr(natsMsg_GetSubject(got), '.') + 1;
+    long pn = c->wide ? kb__nats_part_token(t, last) : (long)n;
+    f->bridging = true;
+    if (pn >= 0)
+        kb__nats_feed_read(f, c, got, &meta, (unsigned)pn, (uint32_t)pn, NULL);
+    else
+        kb__nats_feed_unread(f, tp, got, &meta, last);
+    f->bridging = false;
+    if (c->bridging)
+        kb__nats_bridge(f, c, kb_now_ns());
+    return true;
+}
+
+/* The consumer's delivery sequence skipped: the server sent deliveries that
+ * never arrived (the connection broke with them on the wire). It counts them
+ * delivered and resends them only after AckWait, past newer events of their
+ * keys, so unless kb__nats_refill() read them again the claim stops here: nothing
+ * above what it had is acked (an AckAll would cover the lost ones), and the
+ * lease thread starts a new consumer at the ack floor, which delivers them
+ * again first, in order. */
+void kb__nats_lost_in_transit(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta,
+                              const char *why)
+{
+    atomic_store(&c->ack_limit, c->delivered_hi);
+    kb_log(f->t->bus, KB_LOG_WARNING,
+           "nats %s: consumer %s: deliveries %llu..%llu never arrived (%s); restarting the "
+           "partition from its ack floor", f->t->url_safe, c->consumer,
+           (unsigned long long)c->dseq_hi + 1, (unsigned long long)meta->dseq - 1, why);
+    kb__nats_claim_reset(f->t, c);
+}
+
+/* Bounds of kb__nats_refill() (below): lost deliveries one gap may read again; time
+ * its reads may take for one gap, and in any second (they block the feeder);
+ * no reads for this long after one went unanswered. */
+#define REFILL_MAX 1024
+#define REFILL_WAIT_MS 500
+#define REFILL_BUDGET_MS 250
+#define REFILL_OFF_MS 5000
+
+/* Why kb__nats_refill() cannot read the lost deliveries again, or NULL when it may. */
+static const char *refill_refused(kb_nats_feeder *f, const kb_nats_claim *c,
+                                  const kb_nats_meta *meta, int64_t now)
+{
+    if (c->wide)
+        return "a wide claim";
+    if (meta->delivered != 1 || meta->sseq <= c->delivered_hi + 1)
+        return "a redelivery among them";
+    if (meta->dseq - c->dseq_hi - 1 > REFILL_MAX)
+        return "too many";
+    if (now < f->refill_off_until)
+        return "a read of the stream went unanswered just before";
+    if (now - f->refill_window >= 1000000000) {
+        f->refill_window = now;
+        f->refill_spent = 0;
+    }
+    if (f->refill_spent >= (int64_t)REFILL_BUDGET_MS * 1000000)
+        return "reads of the stream used this second's time";
+    return NULL;
+}
+
+/* A partition's consumer delivers its subject's messages in stream order, so
+ * what never arrived before `meta` is every message of the partition's subject
+ * between the last one the claim had and meta's: when the stream holds exactly
+ * as many there as deliveries were lost, they are those deliveries, in order.
+ * Each is read again from the stream and handled under the delivery sequence
+ * it was sent with (its ack and progress say the consumer's own numbers), and
+ * the claim carries on with its consumer: a new one costs seconds on a cluster
+ * that just lost a node, the node this process was connected to. The reads
+ * block the feeder, every partition's: at most REFILL_WAIT_MS for one gap,
+ * REFILL_BUDGET_MS in any second, and none for REFILL_OFF_MS after one went
+ * unanswered (a stream electing its leader stalls the feeder once). NULL when
+ * done; else why not, and the caller restarts the claim. */
+const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
+{
+    kb_transport *t = f->t;
+    int64_t started = kb_now_ns();
+    const char *why = refill_refused(f, c, meta, started);
+    if (why != NULL)
+        return why;
+    uint64_t lost = meta->dseq - c->dseq_hi - 1, from = c->delivered_hi + 1, k = 0;
+    /* After a bridge the delivery sequences of the window's messages are not
+     * known (a consumer whose leader changed may number them otherwise):
+     * they are read with 0, the AckAll of meta's covers them, and the window
+     * is bounded by the ring's room (entries without a delivery sequence
+     * hold the head until one with a sequence comes after them), not by the
+     * count of lost deliveries. */
+    bool bridged = c->bridged;
+    uint64_t used = atomic_load(&c->tail) - atomic_load(&c->head);
+    uint64_t most = !bridged ? lost : used + 1 < c->cap ? c->cap - used - 1 : 0;   /* meta too */
+    natsMsg **got = malloc((size_t)(most > 0 ? most : 1) * sizeof *got);
+    uint64_t *seq = malloc((size_t)(most > 0 ? most : 1) * sizeof *seq);
+    int64_t deadline = started + (int64_t)REFILL_WAIT_MS * 1000000;
+    int r = got != NULL && seq != NULL ? 1 : -1;
+    while (r == 1) {
+        natsMsg *m = NULL;
+        uint64_t s = 0;
+        int left = kb_deadline_left_ms(deadline);
+        r = left > 0 ? kb__nats_stream_next(t, c->part->topic->stream, c->part->subject, from,
+                                            c->consumer, bridged ? 0 : c->dseq_hi + 1 + k,
+                                            left, &m, &s)
+                     : -1;
+        if (r == 1 && (s >= meta->sseq || k == most)) {
+            natsMsg_Destroy(m);
+            r = s >= meta->sseq ? 0 : -2;   /* 0: the window is read; -2: more than `most` */
+        } else if (r == 1) {
+            got[k] = m;
+            seq[k++] = s;
+            from = s + 1;
+        }
+    }
+    int64_t now = kb_now_ns();
+    f->refill_spent += now - started;
+    if (r == -1 && now >= deadline)
+        f->refill_off_until = now + (int64_t)REFILL_OFF_MS * 1000000;
+    bool miscount = r == -2 || (r == 0 && k != lost && !bridged);
+    why = r == -2 && bridged         ? "more than the claim's ring has room for"
+          : miscount                 ? "the stream holds another number of them there"
+          : r == -1 && now >= deadline ? "the stream did not answer in time"
+          : r == -1                    ? "the stream's answer could not be read"
+                                       : NULL;
+    if (why == NULL)
+        kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s: deliveries %llu..%llu never arrived; "
+               "read again from the stream", t->url_safe, c->consumer,
+               (unsigned long long)c->dseq_hi + 1, (unsigned long long)meta->dseq - 1);
+    f->refilling = true;
+    for (uint64_t i = 0; i < k; i++) {
+        if (why != NULL) {
+            natsMsg_Destroy(got[i]);
+            continue;
+        }
+        kb_nats_meta one = *meta;
+        one.delivered = 1;
+        one.sseq = seq[i];
+        one.dseq = bridged ? 0 : c->dseq_hi + 1;
+        kb__nats_feed_read(f, c, got[i], &one, c->part->n, c->part->n, NULL);
+    }
+    f->refilling = false;
+    free(got);
+    free(seq);
+    return why;
+}
+
