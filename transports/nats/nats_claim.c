@@ -337,3 +337,16 @@ bool kb__nats_claims_done(const kb_nats_part *p)
             return false;
     return true;
 }
+
+/* Is claim c fenced? One whose lease ran out locally (the lease thread
+ * blocked past it) is fenced here, and the lease thread woken: a renewal
+ * it still gets in starts a fresh claim. */
+bool kb__nats_claim_fenced(kb_transport *t, kb_nats_claim *c, int64_t now)
+{
+    if (atomic_load(&c->fenced))
+        return true;
+    if (now <= atomic_load(&c->valid_until_ns))
+        return false;
+    kb__nats_claim_reset(t, c);
+    return true;
+}

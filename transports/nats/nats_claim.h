@@ -65,4 +65,8 @@ int kb__nats_ack(kb_transport *t, const kb_delivery *d);
 void kb__nats_release(kb_transport *t, const kb_delivery *d);
 int kb__nats_still_owned(kb_transport *t, const kb_delivery *d);
 
+/* Is claim c fenced? One whose lease ran out locally (the lease thread
+ * blocked past it) is fenced here, and the lease thread woken. Feeder. */
+bool kb__nats_claim_fenced(kb_transport *t, kb_nats_claim *c, int64_t now);
+
 #endif /* KB_TRANSPORTS_NATS_CLAIM_H */

@@ -81,19 +81,6 @@ static void pull(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
     c->pull_deadline_ns = pull_deadline(c, now);
 }
 
-/* Is claim c fenced? One whose lease ran out locally (the lease thread
- * blocked past it) is fenced here, and the lease thread woken: a renewal
- * it still gets in starts a fresh claim. */
-bool kb__nats_feed_fenced(kb_transport *t, kb_nats_claim *c, int64_t now)
-{
-    if (atomic_load(&c->fenced))
-        return true;
-    if (now <= atomic_load(&c->valid_until_ns))
-        return false;
-    kb__nats_claim_reset(t, c);
-    return true;
-}
-
 /* Follow the partition's current claim and keep its pulls going. A fenced
  * claim is left for good: once fenced nothing goes into its ring, so a wide
  * claim left through one partition is safe from the others. */
@@ -106,7 +93,7 @@ static void tend(kb_nats_feeder *f, kb_nats_part *p, int64_t now)
     p->feeding = c;
     if (c == NULL)
         return;
-    if (kb__nats_feed_fenced(t, c, now)) {
+    if (kb__nats_claim_fenced(t, c, now)) {
         atomic_store(&c->feeder_left, 1);
         p->feeding = NULL;
     } else if (c->part != p) {
@@ -311,7 +298,7 @@ static kb_nats_claim *claim_of(kb_nats_feeder *f, kb_nats_part *p, const kb_nats
         c = p->feeding;
     }
     if (c == NULL || strcmp(c->consumer, meta->consumer) != 0 ||
-        atomic_load(&c->feeder_left) || kb__nats_feed_fenced(f->t, c, kb_now_ns()))
+        atomic_load(&c->feeder_left) || kb__nats_claim_fenced(f->t, c, kb_now_ns()))
         return NULL;
     return c;
 }
@@ -343,6 +330,27 @@ static void gap(kb_nats_feeder *f, kb_nats_claim *c, uint64_t from, uint64_t to)
 /* Count the message against its pull and wait for room in the claim's ring;
  * false (message destroyed) for a redelivery of one still here, or when the
  * claim or the bus stopped. */
+static void read_msg(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
+                     unsigned n, uint32_t part, const char *foreign);
+
+/* Deliveries read again (kb__nats_refill), handed on in stream order under
+ * the delivery sequences they were sent with (none after a bridge). */
+static void hand_refilled(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta,
+                          kb_nats_refilled *rf)
+{
+    f->refilling = true;
+    for (uint64_t i = 0; i < rf->n; i++) {
+        kb_nats_meta one = *meta;
+        one.delivered = 1;
+        one.sseq = rf->seq[i];
+        one.dseq = rf->bridged ? 0 : c->dseq_hi + 1;
+        read_msg(f, c, rf->msg[i], &one, c->part->n, c->part->n, NULL);
+    }
+    f->refilling = false;
+    free(rf->msg);
+    free(rf->seq);
+}
+
 static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
                   int64_t now)
 {
@@ -362,14 +370,17 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
      * (the bridge read up to it, or it follows the last one the claim had; a
      * consumer whose leader changed can skip delivery sequences so). */
     const char *why = NULL;
+    kb_nats_refilled rf = {NULL, NULL, 0, false};
     bool none_missing = meta->delivered == 1 && (meta->sseq == c->delivered_hi + 1 ||
                                                  (c->bridged && meta->sseq <= c->delivered_hi));
     if (meta->dseq > c->dseq_hi + 1 && !atomic_load(&c->fenced) && !none_missing &&
-        (why = kb__nats_refill(f, c, meta)) != NULL) {
+        (why = kb__nats_refill(f, c, meta, &rf)) != NULL) {
         kb__nats_lost_in_transit(f, c, meta, why);
         natsMsg_Destroy(m);
         return false;
     }
+    if (rf.msg != NULL)
+        hand_refilled(f, c, meta, &rf);
     if (meta->dseq > c->dseq_hi)
         c->dseq_hi = meta->dseq;
     if (meta->dseq != 0 && meta->sseq > c->consumer_hi)
@@ -430,7 +441,7 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
  * (kb.<topic>.dlq) joins the frontier as done, acked unread; anything else
  * (kb.<topic>.9 of 8 partitions: another client, or a process configured with
  * more partitions) goes to the dead letters saying so, event by event. */
-void kb__nats_feed_unread(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m,
+static void unread_msg(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m,
                           const kb_nats_meta *meta, const char *last)
 {
     kb_nats_claim *c = claim_of(f, &tp->parts[0], meta);
@@ -450,7 +461,7 @@ void kb__nats_feed_unread(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m,
                                                                            : 0;
     snprintf(why, sizeof why, "subject %.40s%s is not a partition of the topic (partitions=%u)",
              last, strlen(last) > 40 ? "..." : "", f->t->partitions);
-    kb__nats_feed_read(f, c, m, meta, (unsigned)num, UINT32_MAX, why);
+    read_msg(f, c, m, meta, (unsigned)num, UINT32_MAX, why);
 }
 
 static void data_msg(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta,
@@ -461,12 +472,12 @@ static void data_msg(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_
         natsMsg_Destroy(m);
         return;
     }
-    kb__nats_feed_read(f, c, m, meta, n, n, NULL);
+    read_msg(f, c, m, meta, n, n, NULL);
 }
 
 /* The message's events to the sink (or all to the dead letters, `foreign`
  * saying why); its entry in claim c's ring counts for partition `part`. */
-void kb__nats_feed_read(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m,
+static void read_msg(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m,
                         const kb_nats_meta *meta, unsigned n, uint32_t part, const char *foreign)
 {
     kb_transport *t = f->t;
@@ -579,12 +590,30 @@ static bool learn(kb_nats_feeder *f, uint32_t nsubs)
     return true;
 }
 
+/* A message the bridge read, handed on as its consumer would have delivered
+ * it; then the claim's next read. */
+static void hand_bridged(kb_nats_feeder *f, kb_nats_bridged *br)
+{
+    kb_nats_claim *c = br->claim;
+    f->bridging = true;
+    if (br->part >= 0)
+        read_msg(f, c, br->msg, &br->meta, (unsigned)br->part, (uint32_t)br->part, NULL);
+    else
+        unread_msg(f, c->part->topic, br->msg, &br->meta, br->last);
+    f->bridging = false;
+    if (c->bridging)
+        kb__nats_bridge(f, c, kb_now_ns());
+}
+
 static void handle(kb_nats_feeder *f, natsMsg *m)
 {
     kb_nats_meta meta;
     const char *reply = natsMsg_GetReply(m);
-    if (reply == NULL && kb__nats_bridge_reply(f, m)) {
+    kb_nats_bridged br;
+    if (reply == NULL && kb__nats_bridge_reply(f, m, &br)) {
         natsMsg_Destroy(m);
+        if (br.msg != NULL)
+            hand_bridged(f, &br);
         return;
     }
     if (reply == NULL || kb__nats_parse_ack(reply, &meta) != 0) {
@@ -604,7 +633,7 @@ static void handle(kb_nats_feeder *f, natsMsg *m)
         return;
     }
     if (n < 0) {
-        kb__nats_feed_unread(f, tp, m, &meta, dot + 1);
+        unread_msg(f, tp, m, &meta, dot + 1);
         tend(f, &tp->parts[0], kb_now_ns());
         return;
     }

@@ -1,7 +1,8 @@
 /* The feeder thread's state and the parts of it that read from the stream
  * itself (nats_reread.c): deliveries lost on the wire read again, and the
- * bridge, which reads a partition while its consumer has no leader. Every
- * function here runs on the feeder thread only. */
+ * bridge, which reads a partition while its consumer has no leader: they
+ * read, nats_consume.c hands on. Every function here runs on the feeder
+ * thread only. */
 #ifndef KB_TRANSPORTS_NATS_FEEDER_H
 #define KB_TRANSPORTS_NATS_FEEDER_H
 
@@ -34,17 +35,23 @@ typedef struct kb_nats_feeder {
     int mark_left;
 } kb_nats_feeder;
 
-/* nats_consume.c */
-/* Is claim c fenced (its lease ran out locally: then reset here)? */
-bool kb__nats_feed_fenced(kb_transport *t, kb_nats_claim *c, int64_t now);
-/* Message m's events to the sink (or all to the dead letters, `foreign`
- * saying why); its entry in c's ring counts for partition `part`. Takes m. */
-void kb__nats_feed_read(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
-                        unsigned n, uint32_t part, const char *foreign);
-/* A message on a subject of the stream that is not a partition, for a wide
- * claim (`last`: its subject's last token). Takes m. */
-void kb__nats_feed_unread(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m,
-                          const kb_nats_meta *meta, const char *last);
+/* A message the bridge read, for the feeder to hand on as a delivery. */
+typedef struct kb_nats_bridged {
+    natsMsg *msg;            /* NULL: nothing to hand on; else the caller's */
+    kb_nats_meta meta;       /* delivery 0 of the claim's consumer */
+    kb_nats_claim *claim;
+    long part;               /* its partition; -1: another subject (a wide claim's) */
+    const char *last;        /* its subject's last token (in msg) */
+} kb_nats_bridged;
+
+/* Deliveries lost on the wire, read again: n messages (the caller's, as the
+ * two arrays), in stream order. */
+typedef struct kb_nats_refilled {
+    natsMsg **msg;
+    uint64_t *seq;
+    uint64_t n;
+    bool bridged;            /* their delivery sequences are not known: 0 */
+} kb_nats_refilled;
 
 /* nats_reread.c: the bridge */
 /* c's pull was lost (or answered "no responders"): read its partition from
@@ -54,15 +61,16 @@ void kb__nats_bridge_start(kb_transport *t, kb_nats_claim *c, int64_t now);
 void kb__nats_bridge_end(kb_nats_claim *c);
 /* Ask for the partition's next message when due and there is room. */
 void kb__nats_bridge(kb_nats_feeder *f, kb_nats_claim *c, int64_t now);
-/* An answer to a bridge read, handled; false when m is no such answer (the
+/* Is m an answer to a bridge read? Then *out says what it brought (the
  * caller keeps m either way). */
-bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m);
+bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m, kb_nats_bridged *out);
 
 /* nats_reread.c: deliveries lost on the wire */
 /* Read the deliveries before meta's that never arrived again from the
- * stream and hand them on; NULL when done, else why not (the caller then
- * calls kb__nats_lost_in_transit). */
-const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta);
+ * stream, into *out for the caller to hand on; NULL when read, else why not
+ * (nothing in *out: the caller then calls kb__nats_lost_in_transit). */
+const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta,
+                            kb_nats_refilled *out);
 /* Stop the claim at what it had and restart the partition from its ack
  * floor with a new consumer (logged with `why`). */
 void kb__nats_lost_in_transit(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta,

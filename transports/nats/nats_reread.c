@@ -79,10 +79,11 @@ void kb__nats_bridge(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
 }
 
 /* An answer to a bridge read (subject <inbox>.g.<topic>.<partition>.<serial>):
- * false when m is no such answer. The message read is handled as delivery 0
- * of the claim's consumer (nothing to ack until the consumer delivers it). */
-bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m)
+ * false when m is no such answer. The message read is delivery 0 of the
+ * claim's consumer (nothing to ack until the consumer delivers it). */
+bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m, kb_nats_bridged *out)
 {
+    out->msg = NULL;
     kb_transport *t = f->t;
     const char *subj = natsMsg_GetSubject(m);
     size_t il = strlen(t->inbox);
@@ -95,7 +96,7 @@ bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m)
     kb_nats_claim *c = f->by_id[id]->parts[n].feeding;
     int64_t now = kb_now_ns();
     if (c == NULL || !c->bridging || !c->bridge_asked || c->bridge_serial != serial ||
-        kb__nats_feed_fenced(t, c, now))
+        kb__nats_claim_fenced(t, c, now))
         return true;
     c->bridge_asked = false;
     kb_nats_topic *tp = c->part->topic;
@@ -112,19 +113,13 @@ bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m)
     if (r != 1)
         return true;
     c->bridge_poll_ms = BRIDGE_POLL_MS;
-    kb_nats_meta meta = {.delivered = 1, .sseq = seq, .dseq = 0};
-    snprintf(meta.consumer, sizeof meta.consumer, "%s", c->consumer);
+    out->meta = (kb_nats_meta){.delivered = 1, .sseq = seq, .dseq = 0};
+    snprintf(out->meta.consumer, sizeof out->meta.consumer, "%s", c->consumer);
     /* a wide claim's message goes where its subject says, as handle()'s */
-    const char *last = strrchr(natsMsg_GetSubject(got), '.') + 1;
-    long pn = c->wide ? kb__nats_part_token(t, last) : (long)n;
-    f->bridging = true;
-    if (pn >= 0)
-        kb__nats_feed_read(f, c, got, &meta, (unsigned)pn, (uint32_t)pn, NULL);
-    else
-        kb__nats_feed_unread(f, tp, got, &meta, last);
-    f->bridging = false;
-    if (c->bridging)
-        kb__nats_bridge(f, c, kb_now_ns());
+    out->last = strrchr(natsMsg_GetSubject(got), '.') + 1;
+    out->part = c->wide ? kb__nats_part_token(t, out->last) : (long)n;
+    out->msg = got;
+    out->claim = c;
     return true;
 }
 
@@ -187,7 +182,8 @@ static const char *refill_refused(kb_nats_feeder *f, const kb_nats_claim *c,
  * REFILL_BUDGET_MS in any second, and none for REFILL_OFF_MS after one went
  * unanswered (a stream electing its leader stalls the feeder once). NULL when
  * done; else why not, and the caller restarts the claim. */
-const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta)
+const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta,
+                            kb_nats_refilled *out)
 {
     kb_transport *t = f->t;
     int64_t started = kb_now_ns();
@@ -239,21 +235,14 @@ const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_m
         kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s: deliveries %llu..%llu never arrived; "
                "read again from the stream", t->url_safe, c->consumer,
                (unsigned long long)c->dseq_hi + 1, (unsigned long long)meta->dseq - 1);
-    f->refilling = true;
-    for (uint64_t i = 0; i < k; i++) {
-        if (why != NULL) {
+    if (why != NULL) {
+        for (uint64_t i = 0; i < k; i++)
             natsMsg_Destroy(got[i]);
-            continue;
-        }
-        kb_nats_meta one = *meta;
-        one.delivered = 1;
-        one.sseq = seq[i];
-        one.dseq = bridged ? 0 : c->dseq_hi + 1;
-        kb__nats_feed_read(f, c, got[i], &one, c->part->n, c->part->n, NULL);
+        free(got);
+        free(seq);
+        return why;
     }
-    f->refilling = false;
-    free(got);
-    free(seq);
-    return why;
+    *out = (kb_nats_refilled){got, seq, k, bridged};
+    return NULL;
 }
 
