@@ -327,9 +327,6 @@ static void gap(kb_nats_feeder *f, kb_nats_claim *c, uint64_t from, uint64_t to)
            tp->stream);
 }
 
-/* Count the message against its pull and wait for room in the claim's ring;
- * false (message destroyed) for a redelivery of one still here, or when the
- * claim or the bus stopped. */
 static void read_msg(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
                      unsigned n, uint32_t part, const char *foreign);
 
@@ -351,6 +348,9 @@ static void hand_refilled(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_met
     free(rf->seq);
 }
 
+/* Count the message against its pull and wait for room in the claim's ring;
+ * false (message destroyed) for a redelivery of one still here, or when the
+ * claim or the bus stopped. */
 static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
                   int64_t now)
 {
