@@ -20,8 +20,9 @@
  * first: each is known by its stream sequence, dropped, and acked with the
  * entry (or at once when the entry is acked), so the consumer's ack floor
  * catches up with what was handled. Pulls go on meanwhile; the first
- * delivery or heartbeat of one ends the bridge. A wide claim reads every
- * subject of the topic's stream (its consumer's filter), in stream order. */
+ * delivery, heartbeat, 408 or 404 of one ends the bridge. A wide claim reads
+ * every subject of the topic's stream (its consumer's filter), in stream
+ * order. */
 #define BRIDGE_WAIT_MS 500    /* a read unanswered this long is asked again */
 #define BRIDGE_POLL_MS 20     /* after "no message" (the partition is read up) ... */
 #define BRIDGE_POLL_MAX_MS 500 /* ... doubling while nothing comes, up to this */
@@ -107,7 +108,8 @@ bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m, kb_nats_bridged *out)
     int r = kb__nats_stored_read(natsMsg_GetDataLength(m) > 0 ? natsMsg_GetData(m) : NULL,
                                  tp->stream, c->wide ? filter : c->part->subject,
                                  atomic_load(&c->delivered_hi) + 1, c->consumer, 0, &got, &seq);
-    c->bridge_next_ns = now + (r == 1 ? 0 : r == 0 ? c->bridge_poll_ms : BRIDGE_RETRY_MS) * 1000000;
+    int64_t wait_ms = r == 1 ? 0 : r == 0 ? c->bridge_poll_ms : BRIDGE_RETRY_MS;
+    c->bridge_next_ns = now + wait_ms * 1000000;
     if (r == 0 && (c->bridge_poll_ms *= 2) > BRIDGE_POLL_MAX_MS)
         c->bridge_poll_ms = BRIDGE_POLL_MAX_MS;
     if (r != 1)
@@ -126,10 +128,10 @@ bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m, kb_nats_bridged *out)
 /* The consumer's delivery sequence skipped: the server sent deliveries that
  * never arrived (the connection broke with them on the wire). It counts them
  * delivered and resends them only after AckWait, past newer events of their
- * keys, so unless kb__nats_refill() read them again the claim stops here: nothing
- * above what it had is acked (an AckAll would cover the lost ones), and the
- * lease thread starts a new consumer at the ack floor, which delivers them
- * again first, in order. */
+ * keys, so unless kb__nats_refill() read them again the claim stops here:
+ * nothing above what it had is acked (an AckAll would cover the lost ones),
+ * and the lease thread starts a new consumer at the ack floor, which
+ * delivers them again first, in order. */
 void kb__nats_lost_in_transit(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta,
                               const char *why)
 {
