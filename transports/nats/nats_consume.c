@@ -102,8 +102,13 @@ static void tend(kb_nats_feeder *f, kb_nats_part *p, int64_t now)
         bool lost = c->pull_open && now > c->pull_deadline_ns && f->empty_ns > c->pull_deadline_ns;
         if (!c->pull_open || c->pull_left < t->fetch_batch || lost) {
             if (lost) {
+                /* A pull a healthy consumer let lapse is seen lost now and
+                 * then (seconds apart, messages between: seen every second
+                 * on a quiet machine); one whose leader is gone stays so. */
                 c->pull_open = false;
-                kb__nats_bridge_start(t, c, now);
+                if (c->lost_again)
+                    kb__nats_bridge_start(t, c, now);
+                c->lost_again = true;
             }
             pull(f, c, now);
         }
@@ -169,6 +174,7 @@ static void status_msg(kb_nats_feeder *f, natsMsg *m)
     if (has_status && strcmp(status, "100") == 0) {
         c->pull_deadline_ns = pull_deadline(c, now);
         c->leaderless_since_ns = 0;
+        c->lost_again = false;
         kb__nats_bridge_end(c);   /* the consumer has a leader again */
         return;
     }
@@ -360,6 +366,7 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
         c->pull_expires_ms = t->fetch_expires_ms;
         c->pull_deadline_ns = pull_deadline(c, now);
         c->leaderless_since_ns = 0;
+        c->lost_again = false;
         if (c->pull_left > 0 && --c->pull_left == 0)
             c->pull_open = false;
         kb__nats_bridge_end(c);   /* the consumer delivers again */

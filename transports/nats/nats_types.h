@@ -122,6 +122,8 @@ typedef struct kb_nats_claim {
     int64_t bridge_next_ns;        /* the next read, not before */
     int64_t bridge_poll_ms;        /* the wait after "no message", doubling */
     bool bridged;                  /* entries read by it since the consumer's last delivery */
+    bool lost_again;               /* a pull was lost with nothing come since: the next
+                                      lost one starts the bridge */
     /* set before the claim is published: its consumer starts at the stream's
      * end as it was when made, a sequence not known here */
     bool start_unknown;
