@@ -671,16 +671,13 @@ static void transient_refusal_reorder_counted(void **state)
 /* The seq of each entry's payload ("e%03d..."), oldest first. */
 static size_t seqs(redisContext *rc, const char *stream, int *out, size_t max)
 {
-    redisReply *r = redisCommand(rc, "XRANGE %s - +", stream);
-    assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
-    size_t n = 0;
-    for (size_t i = 0; i < r->elements && n < max; i++) {
-        const redisReply *f = r->element[i]->element[1];
-        for (size_t j = 0; j + 1 < f->elements; j += 2)
-            if (strcmp(f->element[j]->str, "d") == 0 && f->element[j + 1]->str[0] == 'e')
-                out[n++] = atoi(f->element[j + 1]->str + 1);
-    }
-    freeReplyObject(r);
+    char(*got)[16] = malloc(max * sizeof *got);
+    assert_non_null(got);
+    size_t n = 0, all = payloads(rc, stream, got, max);
+    for (size_t i = 0; i < all; i++)
+        if (got[i][0] == 'e')
+            out[n++] = atoi(got[i] + 1);
+    free(got);
     return n;
 }
 
