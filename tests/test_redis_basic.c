@@ -905,6 +905,48 @@ static void stray_read_swept_first(void **state)
     redisFree(c);
 }
 
+/* A blocking read's entry goes to the pool before the read's checks are in;
+ * here the lease check fails (the lease holds another's token on the server,
+ * as after a failover that lost the last renewal, while the local deadline is
+ * still ahead), so the executor must not hand it to the handler: it stays
+ * pending. An executor that did not wait for the verdict would run it within
+ * microseconds, long before the keeper's next renewal (a quarter of the 10 s
+ * TTL) could find the lease gone. */
+static void failed_read_unhandled(void **state)
+{
+    (void)state;
+    char topic[96], lease[160];
+    unique_topic(topic, sizeof topic, "verdict");
+    snprintf(lease, sizeof lease, "kb:{%s}:lease:0", topic);
+    kb_bus *b = open_one_partition(count_stray);
+    struct seen s = {0};
+    kb_tracker_init(&s.t, 1);
+    kb_assert_ok(kb_subscribe(b, topic, seen_handler, &s));
+    kb_assert_ok(kb_tracker_publish(b, topic, 0, 1, 8));
+    kb_assert_ok(kb_flush(b, 5000));
+    wait_for(&s.n, 1);   /* swept and reading: the next read blocks */
+    assert_int_equal(atomic_load(&s.n), 1);
+    usleep(50000);
+    redisContext *c = raw();
+    redisReply *r = redisCommand(c, "SET %s someone-else KEEPTTL", lease);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    kb_assert_ok(kb_tracker_publish(b, topic, 0, 2, 8));
+    kb_assert_ok(kb_flush(b, 5000));
+    for (int i = 0; i < 200 && pending_in(c, topic) == 0; i++)
+        usleep(5000);   /* read: pending for this process */
+    usleep(300000);
+    long long left = pending_in(c, topic);
+    uint64_t handled = atomic_load(&s.n);
+    kb_assert_ok(kb_close(b, 5000));
+    assert_int_equal(handled, 1);
+    assert_int_equal(left, 1);
+    assert_int_equal(s.t.order_violations, 0);
+    kb_tracker_destroy(&s.t);
+    redisFree(c);
+}
+
 static void maxlen_trims(void **state)
 {
     (void)state;
@@ -991,6 +1033,7 @@ int main(void)
         cmocka_unit_test(acks_kept_while_mget_refused),
         cmocka_unit_test(plain_reads),
         cmocka_unit_test(stray_read_swept_first),
+        cmocka_unit_test(failed_read_unhandled),
         cmocka_unit_test(maxlen_trims),
         cmocka_unit_test(trimmed_while_pending),
     };
