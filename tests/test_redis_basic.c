@@ -905,13 +905,12 @@ static void stray_read_swept_first(void **state)
     redisFree(c);
 }
 
-/* A blocking read's entry goes to the pool before the read's checks are in;
- * here the lease check fails (the lease holds another's token on the server,
- * as after a failover that lost the last renewal, while the local deadline is
- * still ahead), so the executor must not hand it to the handler: it stays
- * pending. An executor that did not wait for the verdict would run it within
- * microseconds, long before the keeper's next renewal (a quarter of the 10 s
- * TTL) could find the lease gone. */
+/* A read whose lease check fails hands nothing to the handler: the lease holds
+ * another's token on the server (as after a failover that lost the last
+ * renewal) while the local deadline is still ahead, and the event read stays
+ * pending. Without the read's checks, or with their verdict ignored, the
+ * executor would run it within microseconds, long before the keeper's next
+ * renewal (a quarter of the 10 s TTL) could find the lease gone. */
 static void failed_read_unhandled(void **state)
 {
     (void)state;

@@ -158,7 +158,6 @@ static void transport_free(kb_transport *t)
     pthread_mutex_destroy(&t->ctl_lock);
     pthread_mutex_destroy(&t->stats_lock);
     kb_signal_free(t->reader_wake);
-    kb_signal_free(t->verdict);
     kb_signal_free(t->keeper_wake);
     kb_signal_free(t->settled);
     kb_signal_free(t->pub_progress);
@@ -327,14 +326,13 @@ static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *e
     kb__redis_conn_init(&t->kc, t, "keeper");
     kb__redis_conn_init(&t->rconn, t, "consumer");
     t->reader_wake = kb_signal_new();
-    t->verdict = kb_signal_new();
     t->keeper_wake = kb_signal_new();
     t->settled = kb_signal_new();
     t->pub_progress = kb_signal_new();
     t->sender_wake[0] = t->sender_wake[1] = -1;
     atomic_store(&t->sender_deadline_ns, INT64_MAX);
-    if (t->reader_wake == NULL || t->verdict == NULL || t->keeper_wake == NULL ||
-        t->settled == NULL || t->pub_progress == NULL) {
+    if (t->reader_wake == NULL || t->keeper_wake == NULL || t->settled == NULL ||
+        t->pub_progress == NULL) {
         kb_errf(errstr, errlen, "redis: out of memory");
         transport_free(t);
         return KB_ENOMEM;

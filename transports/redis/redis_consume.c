@@ -25,7 +25,6 @@ typedef struct rround {
     rpart *v;
     size_t n, cap;
     bool pending;            /* sent, replies not read */
-    bool block;              /* sent with BLOCK */
 } rround;
 
 /* Commands encoded once and sent again while what they name is unchanged:
@@ -52,10 +51,6 @@ typedef struct reader {
     enc chk_enc;             /* the last checks sent */
     size_t *hit;             /* indexes into a rround of the streams a read returned */
     size_t hit_cap;
-    const redisReply **ents; /* per hit: its entries in the reply */
-    size_t ents_cap;
-    size_t *from;            /* per hit: its first entry not yet delivered */
-    size_t from_cap;
     size_t *chk;             /* indexes into a rround of the partitions checked together */
     size_t chk_cap;
     int count;               /* XREADGROUP COUNT now: redis.batch .. READ_COUNT_GROWTH times it */
@@ -71,6 +66,9 @@ typedef struct reader {
  * down to redis.batch: eight full partitions at 2,048 each made 10 MB
  * replies, whose fresh memory cost the reader a page fault per 4 KiB. */
 #define READ_COUNT_GROWTH 8
+
+#define WARM_NS 1000000000LL   /* a partition with entries this recently: checks behind a blocking read */
+#define WARM_AHEAD_MAX 16
 
 static void adapt_count(reader *rd, int batch, size_t most, size_t hits)
 {
@@ -90,8 +88,6 @@ static bool reserve(reader *rd, size_t n)
            kb_vec_reserve((void **)&rd->argv, &rd->argv_cap, 9 + 2 * n, sizeof *rd->argv) == KB_OK &&
            kb_vec_reserve((void **)&rd->lens, &rd->lens_cap, 9 + 2 * n, sizeof *rd->lens) == KB_OK &&
            kb_vec_reserve((void **)&rd->hit, &rd->hit_cap, n, sizeof *rd->hit) == KB_OK &&
-           kb_vec_reserve((void **)&rd->ents, &rd->ents_cap, n, sizeof *rd->ents) == KB_OK &&
-           kb_vec_reserve((void **)&rd->from, &rd->from_cap, n, sizeof *rd->from) == KB_OK &&
            kb_vec_reserve((void **)&rd->chk, &rd->chk_cap, n, sizeof *rd->chk) == KB_OK;
 }
 
@@ -156,18 +152,10 @@ static void enc_free(enc *e)
  *     pending entries in a partition we swept), and before delivering anything
  *     of the partition this process sweeps again: XAUTOCLAIM moves them here
  *     and they are handled first, in ID order.
- * Behind a read that does not block, a partition that returned entries in its
- * previous read has them sent right behind it (send_round); others that
- * return entries now are checked with a round trip of their own, before
- * delivery. A blocking read carries no checks: the server runs what follows a
- * blocked command only once the XADD that wakes it is served, so they would
- * hold its reply. Its entries go to the pool at once, tagged with the read's
- * number, and its checks follow in a round trip of their own, which overlaps
- * the executors' wake; an executor waits for the verdict before the handler
- * (still_owned), and a failed one releases the read's entries unhandled and
- * sweeps the partition again before its next read (deliver_ahead, judge).
- * Partitions that returned nothing cost nothing, so an idle topic adds one
- * stream name to the read and no command.
+ * A partition that returned entries in its previous read has them sent right
+ * behind this read (send_round); others that return entries now are checked
+ * with a round trip of their own. Partitions that returned nothing cost
+ * nothing, so an idle topic adds one stream name to the read and no command.
  * Checks are batched as 1 + n commands for n partitions: the server's cost of
  * a command (parsing, dispatch, a reply) is paid per command, not per key. */
 static bool append_checks(kb_transport *t, reader *rd, const rround *ro, size_t n)
@@ -268,7 +256,6 @@ static bool send_round(kb_transport *t, reader *rd, rround *ro, bool wait)
      * while they do, or sent ahead of a delivery (which may fill a lane),
      * does not block. */
     bool block_now = wait && rd->stuck == 0;
-    ro->block = block_now;
     size_t n = ro->n;
     enc *e = &rd->read_enc;
     if (!enc_same(e, ro, NULL, n, rd->count, block_now)) {
@@ -300,18 +287,25 @@ static bool send_round(kb_transport *t, reader *rd, rround *ro, bool wait)
     if (redisAppendFormattedCommand(c, e->buf, e->len) != REDIS_OK)
         return false;
     /* A partition that returned entries last time likely does again (one hot
-     * aggregate): behind a read that does not block, its checks go right
-     * behind the read, so they cost no round trip of their own. They still
-     * run after the read: the server runs a connection's commands in order.
-     * Behind a blocking read they would wait for the XADD that serves it and
-     * delay its reply by their own time: its entries are checked after it,
-     * while they are handed to the executors (recv_round). */
-    size_t hot = 0;
-    for (size_t j = 0; t->fenced_reads && !block_now && j < n; j++)
-        if (ro->v[j].p->hot) {
+     * aggregate): its checks go right behind the read, so they cost no round
+     * trip of their own. They still run after the read: the server runs a
+     * connection's commands in order, a blocked read first. A blocking read
+     * is sparse traffic, one event a read, rarely from the partition of the
+     * read before: there the partitions that brought entries within
+     * WARM_NS go behind it too (at most WARM_AHEAD_MAX, so many quiet topics
+     * add no commands), or each event would wait for a round trip of checks. */
+    size_t hot = 0, warm = 0;
+    int64_t now = block_now && t->fenced_reads ? kb_now_ns() : 0;
+    for (size_t j = 0; t->fenced_reads && j < n; j++) {
+        const kb_redis_part *p = ro->v[j].p;
+        bool w = !p->hot && block_now && p->warm_ns != 0 && now - p->warm_ns < WARM_NS &&
+                 warm < WARM_AHEAD_MAX;
+        if (p->hot || w) {
             rd->chk[hot++] = j;
             ro->v[j].ahead = true;
+            warm += w;
         }
+    }
     if (hot > 0 && !append_checks(t, rd, ro, hot))
         for (size_t j = 0; j < n; j++)
             ro->v[j].ahead = false;   /* out of memory: checked after the reply instead */
@@ -372,55 +366,6 @@ static bool validate(kb_transport *t, reader *rd, rround *ro, size_t hits, bool 
     return true;
 }
 
-/* A blocking read's entries, before its checks are in: each partition that
- * brought some gets the read's number (p->unjudged), which its deliveries
- * carry for still_owned; rd->from[h]: where delivering stopped (a full lane,
- * a dead letter, which waits for the verdict, or the end). Partitions whose
- * entries wait for lane space are left for after the verdict, behind those. */
-static int deliver_ahead(reader *rd, rround *ro, size_t hits)
-{
-    int rc = KB_REDIS_DELIVERED;
-    for (size_t h = 0; h < hits; h++) {
-        rpart *rp = &ro->v[rd->hit[h]];
-        kb_redis_part *p = rp->p;
-        rd->from[h] = 0;
-        if (p->waiting != NULL || rc == KB_REDIS_CLOSING)
-            continue;
-        p->reads = p->reads % KB_REDIS_READ_MASK + 1;   /* 1 .. 2^31 - 1 */
-        p->unjudged = p->reads;
-        if (kb__redis_deliver_run(p->tt, p->index, rd->ents[h], &rd->from[h], NULL, 0, rp->epoch,
-                                  0, false) == KB_REDIS_CLOSING)
-            rc = KB_REDIS_CLOSING;
-    }
-    return rc;
-}
-
-/* The verdict of the reads deliver_ahead handed over: each one's number is
- * judged, and failed too when its checks did not pass or were not read
- * (`alive` false: the connection failed). A failed partition lets go of
- * what it holds (a frame in hand, entries waiting for lane space) and is
- * swept again before its next read, which brings the released entries back
- * in order. The failure is stored before the judgement (release): an
- * executor that sees one sees the other. */
-static void judge(kb_transport *t, reader *rd, rround *ro, size_t hits, bool alive)
-{
-    for (size_t h = 0; h < hits; h++) {
-        rpart *rp = &ro->v[rd->hit[h]];
-        kb_redis_part *p = rp->p;
-        uint32_t read = p->unjudged;
-        if (read == 0)
-            continue;
-        p->unjudged = 0;
-        if (!alive || !rp->ok) {
-            atomic_store_explicit(&p->failed, read, memory_order_release);
-            kb__redis_wait_drop(p);
-            p->swept = 0;
-        }
-        atomic_store_explicit(&p->judged, read, memory_order_release);
-    }
-    kb_signal_notify(t->verdict);
-}
-
 /* Recreate the groups of every topic (the server lost its data: FLUSHALL, a
  * restart without AOF); from 0, so nothing published meanwhile is skipped. */
 static void groups_lost(kb_transport *t)
@@ -477,20 +422,13 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
                 continue;
             ro->v[j].ok = true;
             ro->v[j].p->hot = true;
-            rd->ents[hits] = sr->element[1];
+            ro->v[j].p->warm_ns = kb_now_ns();
             rd->hit[hits++] = j;
             if (sr->element[1]->elements > most)
                 most = sr->element[1]->elements;
         }
-        /* a blocking read's checks were not sent behind it: see append_checks */
-        bool early = t->fenced_reads && ro->block;
-        if (early)
-            rc = deliver_ahead(rd, ro, hits);
         bool clean = true;   /* every check passed: nothing to sweep, nothing refused */
-        bool alive = !t->fenced_reads || validate(t, rd, ro, hits, &clean);
-        if (early)
-            judge(t, rd, ro, hits, alive);
-        if (!alive) {
+        if (t->fenced_reads && !validate(t, rd, ro, hits, &clean)) {
             kb__redis_reply_free(x);
             return KB_REDIS_PART_GONE;
         }
@@ -504,14 +442,22 @@ static int recv_round(kb_transport *t, reader *rd, rround *ro, rround *ahead)
         if (ahead != NULL && clean && most >= (size_t)rd->count / 4)
             send_round(t, rd, ahead, false);
         adapt_count(rd, t->batch, most, hits);
+        size_t h = 0;
         kb_redis_held *hd = NULL;   /* x, once entries of it wait for lane space */
-        for (size_t h = 0; rc != KB_REDIS_CLOSING && h < hits; h++) {
-            size_t k = rd->hit[h];
-            const redisReply *ents = rd->ents[h];
-            size_t i = early ? rd->from[h] : 0;   /* what deliver_ahead left */
-            if (!ro->v[k].ok || i == ents->elements)
-                continue;   /* failed: the rest stays in our PEL for the next owner or sweep */
+        for (size_t s = 0; rc != KB_REDIS_CLOSING && s < x->elements; s++) {
+            const redisReply *sr = x->element[s];
+            if (sr->type != REDIS_REPLY_ARRAY || sr->elements < 2 ||
+                sr->element[0]->type != REDIS_REPLY_STRING ||
+                sr->element[1]->type != REDIS_REPLY_ARRAY)
+                continue;
+            if (h == hits || strcmp(ro->v[rd->hit[h]].p->stream, sr->element[0]->str) != 0)
+                continue;   /* not one we asked for */
+            size_t k = rd->hit[h++];
+            if (!ro->v[k].ok)
+                continue;   /* the rest stays in our PEL for the next owner or sweep */
             kb_redis_part *p = ro->v[k].p;
+            const redisReply *ents = sr->element[1];
+            size_t i = 0;
             int d = KB_REDIS_DELIVERED;
             if (p->waiting == NULL)   /* else these go behind what waits */
                 d = kb__redis_deliver_run(p->tt, p->index, ents, &i, NULL, 0, ro->v[k].epoch, 0, false);
@@ -647,8 +593,6 @@ static void *reader_main(void *arg)
     enc_free(&rd.read_enc);
     enc_free(&rd.chk_enc);
     free(rd.hit);
-    free(rd.ents);
-    free(rd.from);
     free(rd.chk);
     atomic_store(&t->reader_done, true);
     kb_signal_notify(t->reader_wake);

@@ -26,14 +26,6 @@ void kb__redis_reader_nap(kb_transport *t, uint64_t taken, int ms)
     kb_signal_wait(t->reader_wake, nap_over, &n, kb_deadline_ns(ms));
 }
 
-/* A dead letter of a read delivered ahead of its checks (p->unjudged) is
- * stored only once they passed: delivering stops there, as at a full lane,
- * and the reader goes on from it after the verdict (redis_consume.c). */
-static bool dead_waits(const kb_redis_part *p)
-{
-    return p->unjudged != 0;
-}
-
 static void dead_now(kb_transport_topic *tt, uint32_t part, const char *id,
                      const redisReply *fields, bool ref, uint32_t attempts, const char *reason)
 {
@@ -76,8 +68,6 @@ int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e
     int what = kb__redis_entry_read(e, part, tt->nparts, attempt, t->max_attempts, &t->lim, &en);
     if (what == KB_REDIS_ENTRY_NONE)
         return KB_REDIS_DELIVERED;
-    if (what == KB_REDIS_ENTRY_DEAD && dead_waits(p))
-        return KB_REDIS_LANE_FULL;
     if (!hold(p, epoch, 1))
         return KB_REDIS_PART_GONE;   /* stays in our PEL; the next owner claims it */
     if (what == KB_REDIS_ENTRY_DEAD) {
@@ -88,7 +78,7 @@ int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e
     kb_delivery dl = {.topic = tt->name, .tt = tt, .key = en.key->str, .key_len = en.key->len,
                       .payload = en.payload->str, .payload_len = en.payload->len,
                       .partition = part, .attempt = en.attempt, .id = en.id,
-                      .cookie = kb__redis_cookie_plain(epoch, p->unjudged),   /* still_owned's */
+                      .cookie = kb__redis_cookie_plain(epoch),   /* checked by still_owned */
                       .headers = en.headers, .n_headers = en.n_headers, .flags = flags};
     int rc = kb_sink_deliver(tt->sink, &dl, timeout_ms);
     if (rc == KB_OK)
@@ -96,7 +86,7 @@ int kb__redis_deliver(kb_transport_topic *tt, uint32_t part, const redisReply *e
     atomic_fetch_sub(&p->inflight, 1);
     if (rc == KB_ECLOSED)
         return KB_REDIS_CLOSING;
-    if (rc == KB_EFULL || dead_waits(p))
+    if (rc == KB_EFULL)
         return KB_REDIS_LANE_FULL;
     dead_now(tt, part, en.id, en.fields, false, en.attempt, "refused by the pool");
     return KB_REDIS_DELIVERED;
@@ -134,7 +124,7 @@ static int run_flush(kb_transport_topic *tt, uint32_t part, const redisReply *en
     *i = r->ent[taken];
     if (rc == KB_ECLOSED)
         return KB_REDIS_CLOSING;
-    if (rc == KB_EFULL || dead_waits(p))
+    if (rc == KB_EFULL)
         return KB_REDIS_LANE_FULL;
     kb_redis_entry en;
     kb__redis_entry_read(ents->element[*i], part, tt->nparts, r->dl[taken].attempt,
@@ -200,7 +190,7 @@ static int frame_flush(kb_transport_topic *tt, kb_redis_part *p, run *r, int tim
         return KB_REDIS_DELIVERED;
     if (rc == KB_ECLOSED)
         return KB_REDIS_CLOSING;
-    if (rc == KB_EFULL || dead_waits(p))
+    if (rc == KB_EFULL)
         return KB_REDIS_LANE_FULL;
     frame_dead(tt, p, &r->dl[taken], "refused by the pool");
     p->fcur.next++;
@@ -267,10 +257,6 @@ static int frame_pass(kb_transport_topic *tt, kb_redis_part *p, kb_redis_frame f
                          .partition = p->index, .attempt = ck.attempt, .id = r.ids[r.n],
                          .cookie = p->fcur.fs, .headers = ck.n_headers ? ck.headers : NULL,
                          .n_headers = ck.n_headers, .flags = flags};
-        if (what == KB_REDIS_ENTRY_DEAD && dead_waits(p)) {
-            rc = KB_REDIS_LANE_FULL;   /* the run before it went out above */
-            break;
-        }
         if (what == KB_REDIS_ENTRY_DEAD) {
             frame_dead(tt, p, &d, ck.why);
             p->fcur.next = j + 1;
@@ -306,8 +292,6 @@ static int deliver_frame(kb_transport_topic *tt, kb_redis_part *p, const redisRe
     kb_redis_frame f;
     char why[300];
     if (kb__redis_frame_open(fields, &f, why, sizeof why) != 0) {
-        if (dead_waits(p))
-            return KB_REDIS_LANE_FULL;
         if (!hold(p, epoch, 1))
             return KB_REDIS_PART_GONE;
         atomic_fetch_sub(&p->inflight, 1);
@@ -315,7 +299,7 @@ static int deliver_frame(kb_transport_topic *tt, kb_redis_part *p, const redisRe
         return KB_REDIS_DELIVERED;
     }
     if (p->fcur.fs == NULL) {
-        kb_redis_fstate *fs = kb__redis_fstate_new(id, epoch, p->unjudged, f.left);
+        kb_redis_fstate *fs = kb__redis_fstate_new(id, epoch, f.left);
         if (fs == NULL) {
             p->swept = 0;   /* out of memory: swept again, from our PEL, before newer ones */
             return KB_REDIS_PART_GONE;
@@ -380,8 +364,7 @@ int kb__redis_deliver_run(kb_transport_topic *tt, uint32_t part, const redisRepl
                                       .key_len = en.key->len, .payload = en.payload->str,
                                       .payload_len = en.payload->len, .partition = part,
                                       .attempt = en.attempt, .id = en.id,
-                                      .cookie = kb__redis_cookie_plain(epoch, p->unjudged),
-                                      .flags = flags};
+                                      .cookie = kb__redis_cookie_plain(epoch), .flags = flags};
             r.ent[r.n++] = i++;
             if (r.n == run_max) {
                 rc = run_flush(tt, part, ents, &r, epoch, timeout_ms, &i);

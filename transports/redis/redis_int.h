@@ -145,7 +145,6 @@ typedef struct kb_redis_fstate {
                                    * hands them out */
     _Atomic bool released;        /* an event went back unsettled: no ack */
     uint32_t epoch;               /* the lease it was read under */
-    uint32_t read;                /* the read whose checks its events wait for; 0: none */
     uint32_t events;
     char id[KB_REDIS_ID_MAX];
     _Atomic int64_t unrecorded_ns; /* its first event settled since its progress was last
@@ -154,19 +153,10 @@ typedef struct kb_redis_fstate {
 } kb_redis_fstate;
 
 /* A delivery's cookie: a frame's event's is its kb_redis_fstate (aligned),
- * a plain entry's the lease epoch it was read under and the read whose checks
- * it waits for (kb_redis_part.judged; 0: none), tagged in the low bit. */
-_Static_assert(sizeof(uintptr_t) >= 8, "a plain cookie holds an epoch and a read number");
-#define KB_REDIS_READ_MASK 0x7fffffffu   /* read numbers: 31 bits, never 0 */
-
-static inline void *kb__redis_cookie_plain(uint32_t epoch, uint32_t read)
+ * a plain entry's the lease epoch it was read under, tagged in the low bit. */
+static inline void *kb__redis_cookie_plain(uint32_t epoch)
 {
-    return (void *)((uintptr_t)read << 33 | (uintptr_t)epoch << 1 | 1);
-}
-
-static inline uint32_t kb__redis_cookie_read(const void *cookie)
-{
-    return (uint32_t)((uintptr_t)cookie >> 33);
+    return (void *)((uintptr_t)epoch << 1 | 1);
 }
 
 static inline kb_redis_fstate *kb__redis_cookie_frame(const void *cookie)
@@ -183,14 +173,7 @@ typedef struct kb_redis_part {
     uint32_t swept;               /* reader only: epoch whose sweep is done; 0 = sweep due */
     struct kb_redis_wait *waiting; /* reader only: entries read, their lane full (deliver.c) */
     bool hot;                     /* reader only: its last read returned entries */
-    /* A blocking read's entries go to the pool before the read's checks are
-     * in (redis_consume.c); their executors wait for the verdict. Read
-     * numbers count mod 2^31 (KB_REDIS_READ_MASK), skipping 0. */
-    uint32_t reads;               /* reader only: the last number given to a read of it */
-    uint32_t unjudged;            /* reader only: the read being delivered ahead of its
-                                   * checks, 0 when none (deliver.c tags with it) */
-    _Atomic uint32_t judged;      /* the last read whose checks are in */
-    _Atomic uint32_t failed;      /* the last read whose checks failed; 0: none */
+    int64_t warm_ns;              /* reader only: when a read last returned entries of it */
     uint32_t sweeping;            /* reader only: epoch of a sweep paused on a full lane */
     struct {
         kb_redis_fstate *fs;      /* reader only: the frame whose events are being handed out */
@@ -384,7 +367,6 @@ struct kb_transport {
     kb_thread *reader;
     kb_redis_conn rconn;          /* the reader's own: blocking reads */
     kb_signal *reader_wake;       /* a lease taken, or stop */
-    kb_signal *verdict;           /* a read's checks are in (kb_redis_part.judged) */
     _Atomic uint64_t leases_taken; /* bumped by the keeper for each round that took one */
     _Atomic bool consumers_stop, reader_done;
 
@@ -684,8 +666,7 @@ uint32_t kb__redis_sweep_event_attempt(const redisReply *runs, size_t i, uint32_
 
 /* ---- redis_progress.c ---- */
 /* A frame's state for `events` events (refs 1, the reader's); NULL when out of memory. */
-kb_redis_fstate *kb__redis_fstate_new(const char *id, uint32_t epoch, uint32_t read,
-                                      uint32_t events);
+kb_redis_fstate *kb__redis_fstate_new(const char *id, uint32_t epoch, uint32_t events);
 /* Event d of its frame is settled: noted, and the frame's progress queued
  * for the keeper when an event settled KB_REDIS_PROGRESS_MS ago or more is
  * not recorded yet. */

@@ -19,8 +19,7 @@
 
 #define WORD_BITS 64
 
-kb_redis_fstate *kb__redis_fstate_new(const char *id, uint32_t epoch, uint32_t read,
-                                      uint32_t events)
+kb_redis_fstate *kb__redis_fstate_new(const char *id, uint32_t epoch, uint32_t events)
 {
     size_t words = (events + WORD_BITS - 1) / WORD_BITS;
     kb_redis_fstate *fs = calloc(1, sizeof *fs + words * sizeof fs->settled[0]);
@@ -28,7 +27,6 @@ kb_redis_fstate *kb__redis_fstate_new(const char *id, uint32_t epoch, uint32_t r
         return NULL;
     atomic_init(&fs->refs, 1);   /* the reader's, until every event is handed out */
     fs->epoch = epoch;
-    fs->read = read;
     fs->events = events;
     size_t n = strnlen(id, sizeof fs->id - 1);
     memcpy(fs->id, id, n);

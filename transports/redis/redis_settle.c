@@ -2,7 +2,6 @@
  * still_owned, and the keeper's job of sending what they queued: fenced XACKs
  * in batches and one fenced XADD+XACK per dead letter, pipelined over every
  * partition. */
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,53 +93,18 @@ void kb__redis_release(kb_transport *t, const kb_delivery *d)
     atomic_fetch_sub(&p->inflight, 1);   /* stays pending on the broker */
 }
 
-/* Read numbers count mod 2^31: a is b or later (within half the range). */
-static bool read_reached(uint32_t a, uint32_t b)
-{
-    return ((a - b) & KB_REDIS_READ_MASK) <= KB_REDIS_READ_MASK / 2;
-}
-
-/* What an executor waits for: the read's checks in, or the lease gone. */
-typedef struct verdict_wait {
-    kb_redis_part *p;
-    uint32_t epoch, read;
-} verdict_wait;
-
-static int verdict_in(void *arg)
-{
-    const verdict_wait *w = arg;
-    return read_reached(atomic_load_explicit(&w->p->judged, memory_order_acquire), w->read) ||
-           atomic_load(&w->p->epoch) != w->epoch || !kb__redis_lease_valid(w->p);
-}
-
-/* The verdict is usually a round trip behind the delivery, so it is looked
- * for with yields to the reader first; then parked, never past the lease. */
-#define VERDICT_YIELDS 16
-
 /* Executor, just before the handler: is the lease the entry was read under
- * still ours? Local (no round trip): the partition is not free, its local
+ * still ours? Local only (no round trip): the partition is not free, its local
  * deadline (TTL minus a fifth, see redis_lease.c) is ahead, and it was not lost
- * and taken again since the read (the epoch in the cookie). An entry of a read
- * delivered ahead of its checks (redis_consume.c) also waits for their
- * verdict: a read that failed them, or any later one's failure (a conservative
- * rule: such a read leaves the partition to be swept again, and what it
- * releases comes back from that sweep), keeps it from the handler. */
+ * and taken again since the read (the epoch in the cookie). */
 int kb__redis_still_owned(kb_transport *t, const kb_delivery *d)
 {
     kb_redis_part *p = delivery_part(d);
     if (p == NULL)
         return 0;
     kb_redis_fstate *fs = kb__redis_cookie_frame(d->cookie);
-    verdict_wait w = {p, fs != NULL ? fs->epoch : (uint32_t)((uintptr_t)d->cookie >> 1),
-                      fs != NULL ? fs->read : kb__redis_cookie_read(d->cookie)};
-    for (int i = 0; w.read != 0 && i < VERDICT_YIELDS && !verdict_in(&w); i++)
-        sched_yield();
-    if (w.read != 0 && !verdict_in(&w))
-        kb_signal_wait(t->verdict, verdict_in, &w, atomic_load(&p->deadline_ns));
-    uint32_t failed = w.read != 0 ? atomic_load_explicit(&p->failed, memory_order_acquire) : 0;
-    if (atomic_load(&p->epoch) != w.epoch || !kb__redis_lease_valid(p) ||
-        (w.read != 0 && !read_reached(atomic_load(&p->judged), w.read)) ||
-        (failed != 0 && read_reached(failed, w.read))) {
+    uint32_t epoch = fs != NULL ? fs->epoch : (uint32_t)((uintptr_t)d->cookie >> 1);
+    if (atomic_load(&p->epoch) != epoch || !kb__redis_lease_valid(p)) {
         atomic_fetch_add_explicit(&t->unowned, 1, memory_order_relaxed);
         return 0;
     }
