@@ -328,7 +328,8 @@ KB_EXPORT int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topi
                                  uint64_t *ticket);
 /* Add a frame: `events` events (1 .. capacity, else KB_EINVAL) sent as one
  * item `data`, keys[i] the key of event i (copied when the bus wants
- * reports; the array stays the caller's). As kb_kit_backlog_add otherwise:
+ * reports; the array stays the caller's; NULL when kb_bus_delivery_wanted
+ * says no report is wanted). As kb_kit_backlog_add otherwise:
  * waits until the backlog has room for all of them; *ticket (may be NULL)
  * is the frame's last event's (flush waits for all of them by it). Each
  * event gets its own report when the frame is done, with the frame's result
