@@ -1,9 +1,11 @@
-/* The publish backlog: events in ticket order, a bounded count, one report
- * each. An event stays linked until its report has run, so `floor` (every
- * ticket below it is reported) only passes an event after its report: a
- * flush that returns has seen the reports of everything up to its ticket. */
+/* The publish backlog: items (an event or a frame of events) in ticket
+ * order, a bounded count of events, one report per event. An item stays
+ * linked until its reports have run, so `floor` (every ticket below it is
+ * reported) only passes an event after its report: a flush that returns has
+ * seen the reports of everything up to its ticket. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,9 +16,19 @@ struct entry {
     struct entry *prev, *next;
     int in_flight;                /* taken by the sender, not done yet */
     int waiting;                  /* back from the sender for a resend */
+    struct entry *flying;         /* the next in flight in its bucket of `flight` */
     int64_t due;                  /* not before (a backoff) */
+    kb_kit_key *keys;             /* it.events copies when reports are wanted, else NULL
+                                     (in the same allocation) */
 };
 
+/* The items in flight by partition number, for one_in_flight_per_partition:
+ * a hash of chains through the entries themselves, so counting one never
+ * allocates; the buckets double while they are fewer than the items in
+ * flight (if that fails the chains grow longer, still right). Under the
+ * limit a partition has one item in flight at most, so "is p busy" walks
+ * about one entry whatever the number of partitions. */
+#define FLIGHT_MIN 64
 struct kb_kit_backlog {
     kb_kit_backlog_conf c;
     pthread_mutex_t lock;
@@ -33,12 +45,23 @@ struct kb_kit_backlog {
     _Atomic int closed;
     kb_signal *room;              /* count fell, or closed: publishers look again */
     kb_signal *reported;          /* floor moved: flushes look again */
-    kb_signal *wake;              /* an event to send, or closed: the sender */
+    kb_signal *wake;              /* an item to send, one done, or closed: the sender */
+    struct entry **flight;        /* with one_in_flight_per_partition, else NULL */
+    size_t buckets;               /* of flight: a power of two */
+    size_t flying;                /* items in flight */
 };
+
+/* The first release's fields sit where they were: an older caller's conf
+ * reads the same up to its own size. */
+_Static_assert(offsetof(kb_kit_backlog_conf, free_data) ==
+                   offsetof(struct kb__kit_backlog_conf_v1, free_data) &&
+               offsetof(kb_kit_backlog_conf, backoff_ms) ==
+                   offsetof(struct kb__kit_backlog_conf_v1, backoff_ms),
+               "kb_kit_backlog_conf moved a field of its first release");
 
 kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c)
 {
-    if (c->size != sizeof *c) {
+    if (c->size != sizeof *c && c->size != sizeof(struct kb__kit_backlog_conf_v1)) {
         kb_errf(NULL, 0, "kit: kb_kit_backlog_conf.size is %zu, this kit's is %zu (set it to "
                 "sizeof the struct)", c->size, sizeof *c);
         return NULL;
@@ -49,16 +72,22 @@ kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c)
     }
     kb_kit_backlog *b = calloc(1, sizeof *b);
     if (b != NULL) {
-        b->c = *c;
+        memcpy(&b->c, c, c->size);   /* an older caller's: the fields past it stay 0 */
         b->room = kb_signal_new();
         b->reported = kb_signal_new();
         b->wake = kb_signal_new();
+        if (b->c.one_in_flight_per_partition) {
+            b->buckets = FLIGHT_MIN;
+            b->flight = calloc(b->buckets, sizeof *b->flight);
+        }
     }
-    if (b == NULL || b->room == NULL || b->reported == NULL || b->wake == NULL) {
+    if (b == NULL || b->room == NULL || b->reported == NULL || b->wake == NULL ||
+        (b->c.one_in_flight_per_partition && b->flight == NULL)) {
         if (b != NULL) {
             kb_signal_free(b->room);
             kb_signal_free(b->reported);
             kb_signal_free(b->wake);
+            free(b->flight);
             free(b);
         }
         kb_errf(NULL, 0, "kit: out of memory for a backlog");
@@ -74,8 +103,7 @@ static void entry_free(kb_kit_backlog *b, struct entry *e)
 {
     if (b->c.free_data != NULL)
         b->c.free_data(e->it.data);
-    free((void *)e->it.key);
-    free(e);
+    free(e);   /* the keys with it */
 }
 
 void kb_kit_backlog_free(kb_kit_backlog *b)
@@ -89,37 +117,80 @@ void kb_kit_backlog_free(kb_kit_backlog *b)
     kb_signal_free(b->room);
     kb_signal_free(b->reported);
     kb_signal_free(b->wake);
+    free(b->flight);
     pthread_mutex_destroy(&b->lock);
     free(b);
 }
 
+struct room_wait {
+    kb_kit_backlog *b;
+    uint32_t events;
+};
+
 static int has_room(void *arg)
 {
-    kb_kit_backlog *b = arg;
-    return atomic_load(&b->closed) || atomic_load(&b->count) < b->c.capacity;
+    struct room_wait *w = arg;
+    return atomic_load(&w->b->closed) ||
+           atomic_load(&w->b->count) + w->events <= w->b->c.capacity;
+}
+
+/* An entry for `events` events, with copies of their keys when a report
+ * will read them, all in one allocation. NULL on out of memory. */
+static struct entry *entry_new(kb_kit_backlog *b, void *data, const char *topic,
+                               uint32_t partition, const kb_kit_key *keys, uint32_t events)
+{
+    int keep = kb_bus_delivery_wanted(b->c.bus);   /* only a report reads them */
+    size_t bytes = 0;
+    for (uint32_t i = 0; keep && i < events; i++)
+        bytes += keys[i].key_len;
+    size_t table = keep ? events * sizeof(kb_kit_key) : 0;
+    struct entry *e = malloc(sizeof *e + table + bytes);
+    if (e == NULL)
+        return NULL;
+    *e = (struct entry){.it = {.data = data, .partition = partition, .topic = topic,
+                               .events = events},
+                        .keys = keep ? (kb_kit_key *)(e + 1) : NULL};
+    char *copy = (char *)(e + 1) + table;
+    for (uint32_t i = 0; keep && i < events; i++) {
+        if (keys[i].key_len > 0)
+            memcpy(copy, keys[i].key, keys[i].key_len);
+        e->keys[i] = (kb_kit_key){keys[i].key_len > 0 ? copy : NULL, keys[i].key_len};
+        copy += keys[i].key_len;
+    }
+    if (keep && events == 1)
+        e->it.key = e->keys[0].key, e->it.key_len = e->keys[0].key_len;
+    return e;
 }
 
 int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topic, uint32_t partition,
                        const void *key, size_t key_len, uint64_t *ticket)
 {
-    int keep_key = kb_bus_delivery_wanted(b->c.bus) && key_len > 0;   /* only a report reads it */
-    struct entry *e = calloc(1, sizeof *e);
-    void *kcopy = e != NULL && keep_key ? malloc(key_len) : NULL;
-    if (kcopy != NULL)
-        memcpy(kcopy, key, key_len);
-    if (e == NULL || (keep_key && kcopy == NULL)) {
-        free(e);
+    kb_kit_key k = {key, key_len};
+    return kb_kit_backlog_add_frame(b, data, topic, partition, &k, 1, ticket);
+}
+
+int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
+                             uint32_t partition, const kb_kit_key *keys, uint32_t events,
+                             uint64_t *ticket)
+{
+    if (events == 0 || events > b->c.capacity) {
+        kb_errf(NULL, 0, "kit: topic %s: a frame of %u events in a publish backlog of %zu",
+                topic, events, b->c.capacity);
+        return KB_EINVAL;
+    }
+    struct entry *e = entry_new(b, data, topic, partition, keys, events);
+    if (e == NULL) {
         kb_errf(NULL, 0, "kit: out of memory for an event of topic %s", topic);
         return KB_ENOMEM;
     }
-    *e = (struct entry){.it = {.data = data, .partition = partition, .topic = topic,
-                               .key = kcopy, .key_len = kcopy != NULL ? key_len : 0}};
+    struct room_wait w = {b, events};
     int64_t deadline = kb_deadline_ns(b->c.timeout_ms);
     for (;;) {
         pthread_mutex_lock(&b->lock);
         int closed = atomic_load(&b->closed);
-        if (!closed && atomic_load(&b->count) < b->c.capacity) {
-            e->it.ticket = b->next_ticket++;
+        if (!closed && atomic_load(&b->count) + events <= b->c.capacity) {
+            e->it.ticket = b->next_ticket;
+            b->next_ticket += events;
             e->prev = b->tail;
             if (b->tail != NULL)
                 b->tail->next = e;
@@ -128,19 +199,20 @@ int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topic, uint32_
             b->tail = e;
             if (b->fresh == NULL)
                 b->fresh = e;
-            atomic_fetch_add(&b->count, 1);
-            atomic_store(&b->last_ticket, e->it.ticket);
+            atomic_fetch_add(&b->count, events);
+            uint64_t last = b->next_ticket - 1;   /* read e no more: it may be sent and
+                                                     freed once the lock is released */
+            atomic_store(&b->last_ticket, last);
             pthread_mutex_unlock(&b->lock);
             if (ticket != NULL)
-                *ticket = e->it.ticket;
+                *ticket = last;
             kb_signal_notify(b->wake);
             return KB_OK;
         }
         pthread_mutex_unlock(&b->lock);
         int rc = closed ? KB_ECLOSED : KB_EFULL;
         if (closed || kb_now_ns() >= deadline ||
-            (!kb_signal_wait(b->room, has_room, b, deadline) && kb_now_ns() >= deadline)) {
-            free(kcopy);
+            (!kb_signal_wait(b->room, has_room, &w, deadline) && kb_now_ns() >= deadline)) {
             free(e);
             if (rc == KB_EFULL)
                 kb_errf(NULL, 0, "kit: topic %s: the publish backlog held %zu events for %d ms",
@@ -209,6 +281,64 @@ static int behind_in_flight(const struct busy *s, const struct entry *e)
     return 0;
 }
 
+static struct entry **flight_bucket(const kb_kit_backlog *b, uint32_t partition)
+{
+    return &b->flight[kb_mix64(partition) & (b->buckets - 1)];
+}
+
+/* Twice the buckets, the chains spread over them; on out of memory the old
+ * ones stay. Caller holds the lock. */
+static void flight_grow(kb_kit_backlog *b)
+{
+    struct entry **old = b->flight;
+    size_t n = b->buckets;
+    struct entry **more = calloc(2 * n, sizeof *more);
+    if (more == NULL)
+        return;
+    b->flight = more;
+    b->buckets = 2 * n;
+    for (size_t i = 0; i < n; i++)
+        for (struct entry *e = old[i], *next; e != NULL; e = next) {
+            next = e->flying;
+            struct entry **head = flight_bucket(b, e->it.partition);
+            e->flying = *head;
+            *head = e;
+        }
+    free(old);
+}
+
+/* one_in_flight_per_partition's count: e is taken (up 1) or back (down 1).
+ * Caller holds the lock. */
+static void count_flight(kb_kit_backlog *b, struct entry *e, int up)
+{
+    if (b->flight == NULL)
+        return;
+    struct entry **at = flight_bucket(b, e->it.partition);
+    if (up) {
+        e->flying = *at;
+        *at = e;
+        if (++b->flying > b->buckets)
+            flight_grow(b);
+        return;
+    }
+    while (*at != e)
+        at = &(*at)->flying;
+    *at = e->flying;
+    b->flying--;
+}
+
+/* With one_in_flight_per_partition: an item of `partition` is in flight, so
+ * no other of it may go. Caller holds the lock. */
+static int partition_busy(const kb_kit_backlog *b, uint32_t partition)
+{
+    if (b->flight == NULL)
+        return 0;
+    for (const struct entry *e = *flight_bucket(b, partition); e != NULL; e = e->flying)
+        if (e->it.partition == partition)
+            return 1;
+    return 0;
+}
+
 /* Move `fresh` over the entries in flight: all before it are. Caller holds
  * the lock. */
 static struct entry *skip_in_flight(kb_kit_backlog *b)
@@ -218,10 +348,11 @@ static struct entry *skip_in_flight(kb_kit_backlog *b)
     return b->fresh;
 }
 
-static void take_one(struct entry *e, kb_kit_item **out, size_t *n)
+static void take_one(kb_kit_backlog *b, struct entry *e, kb_kit_item **out, size_t *n)
 {
     e->in_flight = 1;
     e->it.attempts++;
+    count_flight(b, e, 1);
     out[(*n)++] = &e->it;
 }
 
@@ -231,11 +362,20 @@ size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max, int
     struct entry *e;
     pthread_mutex_lock(&b->lock);
     if (b->waiting == 0) {
-        /* nothing held back: every idle entry from `fresh` on is due */
-        for (e = skip_in_flight(b); e != NULL && n < max; e = e->next)
-            if (!e->in_flight)
-                take_one(e, out, &n);
-        b->fresh = e;
+        /* nothing held back: every idle entry from `fresh` on is due, but
+         * those of a partition with one in flight under the limit */
+        struct entry *left = NULL;   /* the first one passed over */
+        for (e = skip_in_flight(b); e != NULL && n < max; e = e->next) {
+            if (e->in_flight)
+                continue;
+            if (partition_busy(b, e->it.partition)) {
+                if (left == NULL)
+                    left = e;
+                continue;
+            }
+            take_one(b, e, out, &n);
+        }
+        b->fresh = left != NULL ? left : e;
         pthread_mutex_unlock(&b->lock);
         return n;
     }
@@ -246,6 +386,11 @@ size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max, int
         uint32_t p = e->it.partition;
         if (e->in_flight) {
             mark_busy(&s, p);
+            continue;
+        }
+        if (partition_busy(b, p)) {   /* the limit: its later ones are busy too */
+            if (idle == NULL && !e->waiting)
+                idle = e;
             continue;
         }
         if (e->due > now || held_back(&h, p) || behind_in_flight(&s, e)) {
@@ -259,7 +404,7 @@ size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max, int
             e->waiting = 0;
             b->waiting--;
         }
-        take_one(e, out, &n);
+        take_one(b, e, out, &n);
         mark_busy(&s, p);
     }
     b->fresh = idle != NULL ? idle : e;
@@ -267,9 +412,9 @@ size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max, int
     return n;
 }
 
-/* The first waiting event of each partition decides: a later one is due no
- * sooner (it waits behind it). One behind an event in flight has no due time
- * yet: only the sender's kb_kit_backlog_done of that one can make it due. */
+/* The first waiting item of each partition decides: a later one is due no
+ * sooner (it waits behind it). One behind an item in flight has no due time
+ * yet: only the kb_kit_backlog_done of that one can make it due. */
 int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
 {
     int64_t due = INT64_MAX;
@@ -277,7 +422,9 @@ int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
     struct busy s = {{0}};
     pthread_mutex_lock(&b->lock);
     if (b->waiting == 0) {
-        due = skip_in_flight(b) != NULL ? 0 : INT64_MAX;
+        for (struct entry *e = skip_in_flight(b); e != NULL && due != 0; e = e->next)
+            if (!e->in_flight && !partition_busy(b, e->it.partition))
+                due = 0;
         pthread_mutex_unlock(&b->lock);
         return due;
     }
@@ -289,7 +436,7 @@ int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
         }
         if (held_back(&h, p))
             continue;
-        if (!behind_in_flight(&s, e) && e->due < due)
+        if (!behind_in_flight(&s, e) && !partition_busy(b, p) && e->due < due)
             due = e->due;
         if (e->waiting && !hold_back(&h, p))
             break;
@@ -298,22 +445,40 @@ int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
     return due;
 }
 
+/* One report per event of the item. A frame's events are named by
+ * event_id when set (room for the index after the broker's ID), else each
+ * is reported with the frame's ID; with no ID (NULL) each is reported
+ * without one, event_id not called. */
 static void report(kb_kit_backlog *b, const struct entry *e, int result, const char *id,
                    const char *error)
 {
     kb_delivery_report r = {
-        .topic = e->it.topic, .key = e->it.key, .key_len = e->it.key_len,
-        .partition = e->it.partition, .result = result,
+        .topic = e->it.topic, .partition = e->it.partition, .result = result,
         .id = result == KB_OK && id != NULL ? id : "",
         .error = result == KB_OK ? "" : (error != NULL ? error : kb_strerror(result)),
     };
-    if (result == KB_OK)
-        kb_bus_delivery_report(b->c.bus, &r);
-    else
-        kb_bus_publish_failed(b->c.bus, &r);
+    char small[128], *name = NULL;
+    size_t room = strlen(r.id) + 24;
+    if (e->it.events > 1 && result == KB_OK && id != NULL && b->c.event_id != NULL &&
+        e->keys != NULL)
+        name = room <= sizeof small ? small : malloc(room);
+    for (uint32_t i = 0; i < e->it.events; i++) {
+        if (e->keys != NULL)
+            r.key = e->keys[i].key, r.key_len = e->keys[i].key_len;
+        if (name != NULL) {
+            b->c.event_id(id, i, name, room);
+            r.id = name;
+        }
+        if (result == KB_OK)
+            kb_bus_delivery_report(b->c.bus, &r);
+        else
+            kb_bus_publish_failed(b->c.bus, &r);
+    }
+    if (name != small)
+        free(name);
 }
 
-/* Unlink an entry whose report ran; the floor moves to the oldest one left. */
+/* Unlink an entry whose reports ran; the floor moves to the oldest one left. */
 static void unlink_reported(kb_kit_backlog *b, struct entry *e)
 {
     pthread_mutex_lock(&b->lock);
@@ -321,6 +486,8 @@ static void unlink_reported(kb_kit_backlog *b, struct entry *e)
         b->fresh = e->next;
     if (e->waiting)
         b->waiting--;
+    if (e->in_flight)
+        count_flight(b, e, 0);
     if (e->prev != NULL)
         e->prev->next = e->next;
     else
@@ -329,10 +496,13 @@ static void unlink_reported(kb_kit_backlog *b, struct entry *e)
         e->next->prev = e->prev;
     else
         b->tail = e->prev;
-    atomic_fetch_sub(&b->count, 1);
+    atomic_fetch_sub(&b->count, e->it.events);
     atomic_store(&b->floor, b->head != NULL ? b->head->it.ticket : b->next_ticket);
     pthread_mutex_unlock(&b->lock);
     entry_free(b, e);
+    /* an item held behind this one (its partition's limit, or a resend) may
+     * be due now, and done may run on a thread other than the sender's */
+    kb_signal_notify(b->wake);
     kb_signal_notify(b->room);
     kb_signal_notify(b->reported);
 }
@@ -341,16 +511,24 @@ void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int ret
                          const char *id, const char *error)
 {
     struct entry *e = (struct entry *)it;
-    if (result != KB_OK && retry && it->attempts < b->c.max_attempts) {
-        int64_t delay = kb_backoff_ns(b->c.backoff_ms, b->c.max_backoff_ms, it->attempts,
-                                      kb_bus_random(b->c.bus));
-        pthread_mutex_lock(&b->lock);
-        e->due = kb_now_ns() + delay;
-        e->in_flight = 0;
-        e->waiting = 1;
-        b->waiting++;
+    if (result != KB_OK && retry) {
+        uint64_t r = kb_bus_random(b->c.bus);
+        pthread_mutex_lock(&b->lock);   /* take wrote attempts, maybe on another thread */
+        uint32_t attempts = it->attempts;
+        int again = attempts < b->c.max_attempts;
+        if (again) {
+            e->due = kb_now_ns() + kb_backoff_ns(b->c.backoff_ms, b->c.max_backoff_ms,
+                                                 attempts, r);
+            e->in_flight = 0;
+            count_flight(b, e, 0);
+            e->waiting = 1;
+            b->waiting++;
+        }
         pthread_mutex_unlock(&b->lock);
-        return;   /* the sender finds it due with kb_kit_backlog_next_due */
+        if (again) {
+            kb_signal_notify(b->wake);   /* the sender's next_due moved */
+            return;
+        }
     }
     report(b, e, result, id, error);   /* linked, so the floor waits for it */
     unlink_reported(b, e);

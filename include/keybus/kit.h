@@ -17,7 +17,8 @@
  *   kb_kit_backlog  a bounded publish backlog: tickets, flush by ticket,
  *                   publish waiting for room up to pool.enqueue_timeout_ms
  *                   then KB_EFULL, resends with backoff, and exactly one
- *                   delivery report per accepted event.
+ *                   delivery report per accepted event (a frame of several
+ *                   events is sent and resent whole, and reports each).
  *
  * Handles are opaque, made by *_new and freed by *_free. Errors are KB_E*
  * codes with kb_last_error saying why, as in <keybus/transport.h>.
@@ -245,77 +246,132 @@ KB_EXPORT uint32_t kb_kit_members_live(const kb_kit_members *m);
  * report. Exactly one report per event added: kb_bus_delivery_report when
  * stored, kb_bus_publish_failed when it failed for good (attempts used up,
  * refused, or given up by kb_kit_backlog_fail_all at close).
+ *
+ * An item is what the sender sends as one broker message: one event
+ * (kb_kit_backlog_add) or a frame of several (kb_kit_backlog_add_frame). A
+ * frame is taken, sent, resent and settled whole, so a broker that drops a
+ * copy by its message ID (JetStream's Nats-Msg-Id) stores it once; each of
+ * its events still gets its own ticket and its own report.
+ *
+ * "Partition" is the item's partition as the transport numbers it within
+ * one backlog (one backlog per topic, say): items of two topics with the
+ * same number in one backlog are held back as one partition.
  * ------------------------------------------------------------------------- */
 typedef struct kb_kit_backlog kb_kit_backlog;
 
-/* One event in the backlog. `data` is the transport's (its encoded entry);
- * the rest is what the report says. Read-only to the transport, which only
- * holds pointers to it (the kit allocates it, so a later kit may add fields
- * at its end). */
+/* One item in the backlog: an event, or a frame of `events` events. `data`
+ * is the transport's (its encoded entry or frame); the rest is what the
+ * reports say. Read-only to the transport, which only holds pointers to it
+ * (the kit allocates it, so a later kit may add fields at its end). */
 typedef struct kb_kit_item {
     void *data;
-    uint64_t ticket;
+    uint64_t ticket;       /* the (first) event's; a frame's events have
+                              ticket .. ticket + events - 1 */
     uint32_t partition;
     uint32_t attempts;     /* sends so far */
     const char *topic;     /* borrowed: the topic's name outlives the backlog */
-    const void *key;       /* a copy, only when the bus wants reports */
+    const void *key;       /* a copy, only when the bus wants reports; NULL in a
+                              frame (the kit keeps each event's) */
     size_t key_len;
+    uint32_t events;       /* 1, or a frame's count (kb_kit_backlog_add_frame) */
 } kb_kit_item;
+
+/* One event's key, for kb_kit_backlog_add_frame: an array the caller
+ * allocates, so its layout is fixed for good. */
+typedef struct kb_kit_key {
+    const void *key;
+    size_t key_len;
+} kb_kit_key;
 
 /* Copied by kb_kit_backlog_new. */
 typedef struct kb_kit_backlog_conf {
     size_t size;            /* first: sizeof(kb_kit_backlog_conf), set by the caller */
     kb_bus *bus;            /* reports, kb_bus_random for the backoff (borrowed until
                                free) */
-    size_t capacity;        /* events held at most (> 0) */
+    size_t capacity;        /* events held at most (> 0); a frame counts its events */
     int timeout_ms;         /* how long add waits for room before KB_EFULL:
                                kb_bus_enqueue_timeout_ms(bus) */
-    uint32_t max_attempts;  /* sends before an event fails for good (> 0) */
-    int64_t backoff_ms, max_backoff_ms;   /* between sends of one event (kb_backoff_ns) */
+    uint32_t max_attempts;  /* sends before an item fails for good (> 0) */
+    int64_t backoff_ms, max_backoff_ms;   /* between sends of one item (kb_backoff_ns) */
     void (*free_data)(void *data);        /* frees kb_kit_item.data; NULL: nothing */
+    /* The fields below came later: a caller built before them sets a smaller
+     * `size`, and they read as 0 (not set). */
+    /* Non-zero: at most one item of a partition in flight at a time (taken
+     * and not done, or waiting for its resend): none of a partition is
+     * stored ahead of an earlier one even when the broker loses some it
+     * took (a replicated stream's leader lost). Without it, items of a
+     * partition are pipelined. */
+    int one_in_flight_per_partition;
+    /* Optional: the report ID of event `index` (from 0) of a frame, made from
+     * the `id` given to kb_kit_backlog_done, into out (len bytes, at least
+     * strlen(id) + 24, NUL-terminated). NULL: every event of a frame is
+     * reported with `id` itself. Not called when done's `id` is NULL.
+     * Runs in kb_kit_backlog_done, on its thread. */
+    void (*event_id)(const char *id, uint32_t index, char *out, size_t len);
 } kb_kit_backlog_conf;
 
 /* An empty backlog; the caller owns it (kb_kit_backlog_free). NULL on out of
- * memory or a bad conf (a `size` this kit does not know among them).
+ * memory or a bad conf (a `size` this kit does not know among them: the
+ * current sizeof, or that of a kit before the fields marked later).
  * Thread: any (topic_open, say). */
 KB_EXPORT kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c);
-/* Free it and every event left (call kb_kit_backlog_fail_all first: each
- * still needs its report). Thread: one, once no other call runs. */
+/* Free it and every item left (call kb_kit_backlog_fail_all first: each
+ * event still needs its report). Thread: one, once no other call runs. */
 KB_EXPORT void kb_kit_backlog_free(kb_kit_backlog *b);
 
 /* Add an event; the backlog owns `data` from KB_OK on. Waits while the
  * backlog is full, up to timeout_ms, then KB_EFULL (data stays the
  * caller's); KB_ECLOSED once closed. *ticket (may be NULL) is the event's.
- * Thread: any (publish). */
+ * The key is copied (only when the bus wants reports). Thread: any
+ * (publish). */
 KB_EXPORT int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topic,
                                  uint32_t partition, const void *key, size_t key_len,
                                  uint64_t *ticket);
+/* Add a frame: `events` events (1 .. capacity, else KB_EINVAL) sent as one
+ * item `data`, keys[i] the key of event i (copied when the bus wants
+ * reports; the array stays the caller's; NULL when kb_bus_delivery_wanted
+ * says no report is wanted). As kb_kit_backlog_add otherwise:
+ * waits until the backlog has room for all of them; *ticket (may be NULL)
+ * is the frame's last event's (flush waits for all of them by it). Each
+ * event gets its own report when the frame is done, with the frame's result
+ * (conf.event_id names each). Thread: any (publish). */
+KB_EXPORT int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
+                                       uint32_t partition, const kb_kit_key *keys,
+                                       uint32_t events, uint64_t *ticket);
 
-/* Up to `max` events due at `now`, oldest first, into out[]: they are in
- * flight until kb_kit_backlog_done. Not due: an event to resend while it
- * waits out its backoff, or while an earlier event of its partition is in
+/* Up to `max` items due at `now`, oldest first, into out[]: they are in
+ * flight until kb_kit_backlog_done. Not due: an item to resend while it
+ * waits out its backoff, or while an earlier item of its partition is in
  * flight (sent first, it would be stored first if that one failed too); nor
- * any later event of its partition not yet taken, which waits behind it.
- * Events of its partition already in flight when it failed are not held:
- * they may be stored before its resend. So a transport that needs one key's
- * events in order through failures keeps one event of a partition in flight
- * at a time, which with one backlog is one event at all (`max` 1, its done
- * before the next take: an event taken and not sent is in flight all the
- * same), or resends in order itself, as nats:// does.
+ * any later item of its partition not yet taken, which waits behind it;
+ * with one_in_flight_per_partition, no item of a partition that has one in
+ * flight. Without that limit, items of its partition already in flight when
+ * one failed are not held: they may be stored before its resend. So a
+ * transport that needs one key's events in order through failures sets
+ * one_in_flight_per_partition (an item taken and not sent is in flight all
+ * the same), or resends in order itself.
  * Returns how many. Thread: the sender (one). */
 KB_EXPORT size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max,
                                      int64_t now);
-/* How a taken event went: result KB_OK with the broker's `id` (stored: its
- * report), or a KB_E* code with `error`. `retry` non-zero: send again after
- * the backoff, unless max_attempts are used up; else it failed for good.
- * Reports run here, with no lock held. Thread: the sender. */
+/* How a taken item went: result KB_OK with the broker's `id` (stored: its
+ * report, one per event of a frame; `id` NULL: reported with an empty ID),
+ * or a KB_E* code with `error`. `retry`
+ * non-zero: send the same item again after the backoff, unless max_attempts
+ * are used up; else it failed for good. Each item taken is done once; the
+ * item is the kit's again from this call on (a stored one is freed here).
+ * Reports run here, with no lock of the backlog held. It notifies the
+ * sender's signal (kb_kit_backlog_signal): a done may make an item due.
+ * Thread: any (the broker client's acknowledgement thread, say), several at
+ * once; never during or after kb_kit_backlog_fail_all. */
 KB_EXPORT void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int retry,
                                    const char *id, const char *error);
-/* When the next event is due (a backoff ending; now or earlier: one is due),
+/* When the next item is due (a backoff ending; now or earlier: one is due),
  * or INT64_MAX when none is due by time alone: how long the sender may
- * sleep. A resend behind an earlier event in flight is not due by time:
- * only that event's kb_kit_backlog_done (the sender's own call) can make it
- * due, so the sender asks again after its dones. Thread: the sender. */
+ * sleep. An item behind an earlier one in flight (a resend, or any item
+ * under one_in_flight_per_partition) is not due by time: only that one's
+ * kb_kit_backlog_done can make it due, and it notifies the signal, so the
+ * sender waits on kb_kit_backlog_signal until this time and asks again.
+ * Thread: the sender. */
 KB_EXPORT int64_t kb_kit_backlog_next_due(kb_kit_backlog *b);
 
 /* The ticket of the last event added (0: none): flush waits for it. Thread: any. */
@@ -323,16 +379,18 @@ KB_EXPORT uint64_t kb_kit_backlog_last_ticket(kb_kit_backlog *b);
 /* Wait until every event up to `ticket` has its report: KB_OK, or
  * KB_ETIMEDOUT at deadline_ns. Thread: any. */
 KB_EXPORT int kb_kit_backlog_flush(kb_kit_backlog *b, uint64_t ticket, int64_t deadline_ns);
-/* Events added and not yet reported. Thread: any. */
+/* Events added and not yet reported (a frame counts its events). Thread: any. */
 KB_EXPORT size_t kb_kit_backlog_length(kb_kit_backlog *b);
-/* The sender's wake-up: notified when an event is added or the backlog
- * closes. The backlog owns it: borrowed until kb_kit_backlog_free. Thread:
- * any (the sender waits on it). */
+/* The sender's wake-up: notified when an item is added or done, or the
+ * backlog closes. The backlog owns it: borrowed until kb_kit_backlog_free.
+ * Thread: any (the sender waits on it). */
 KB_EXPORT kb_signal *kb_kit_backlog_signal(kb_kit_backlog *b);
 
 /* Close: refuse new events (KB_ECLOSED), then report every event left,
  * in flight or not, as failed (`result`, `why`: given up by close). Call it
- * once the sender stopped (no kb_kit_backlog_done after it). Thread: close's. */
+ * once the sender stopped and no kb_kit_backlog_done can come any more (the
+ * broker client's callbacks stopped too: an item in flight is freed here).
+ * Thread: close's. */
 KB_EXPORT void kb_kit_backlog_fail_all(kb_kit_backlog *b, int result, const char *why);
 
 #ifdef __cplusplus
