@@ -168,6 +168,11 @@ typedef struct kb_nats_part {
     int64_t lease_until_ns;        /* local lease expiry */
     bool releasing;
     bool wanted;                   /* lease thread: ranked first here */
+    /* lease thread: the claim (of it, or a wide one) whose consumer is
+     * being made; the times its lease was lost or released (a claim made
+     * across one is void) */
+    struct kb_nats_claim *creating;
+    uint32_t leases_ended;
     /* lease thread: since when an earlier consumer's state could not be
      * read for a claim (0: it could) */
     int64_t unreadable_since_ns;
@@ -308,6 +313,10 @@ struct kb_transport {
                                           first async publish in nats.c 3.4.1 (NULL map) */
     kb_signal *lease_wake;             /* a claim was fenced, a topic subscribed, close */
     _Atomic int lease_kick;
+    /* lease thread: claims whose consumers are being made (nats_lease.c),
+     * and how many */
+    struct kb_nats_making *making;
+    size_t making_n;
     _Atomic int leaser_done;           /* the lease thread has left its loop */
     kb_signal *acker_wake;             /* close: the acker's tick ends early */
     kb_thread *acker, *leaser;
