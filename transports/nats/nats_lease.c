@@ -20,6 +20,9 @@
 #include "nats_progress.h"
 #include "nats_watch.h"
 
+/* How long the partitions of a member that left wait for a replacement. */
+#define LEAVE_GRACE_MS 300
+
 static void member_prefix(kb_transport *t, kb_nats_topic *tp, char *buf, size_t len)
 {
     snprintf(buf, len, "m.%s.%s.", tp->stream, t->group);
@@ -332,6 +335,14 @@ static bool taken(kb_transport *t, const kb_nats_kv_ops *ops)
 static void acquire_all(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd)
 {
     kb_nats_kv_ops creates = {NULL, 0, 0, 0}, reads = {NULL, 0, 0, 0}, puts = {NULL, 0, 0, 0};
+    /* A member that left is often replaced within moments (a rolling
+     * deploy): its partitions are taken after LEAVE_GRACE_MS, by whoever
+     * ranks first then, instead of moving here and on to the replacement. */
+    int64_t held = atomic_load(&t->member_left_ns) + LEAVE_GRACE_MS * 1000000LL;
+    if (atomic_load(&t->member_left_ns) != 0 && kb_now_ns() < held) {
+        rd->held_until = held;
+        return;
+    }
     for (uint32_t i = 0; i < t->partitions; i++) {
         kb_nats_part *p = &tp->parts[i];
         if (p->wanted && p->lease_rev == 0 && !p->releasing)

@@ -26,6 +26,7 @@ typedef struct kb_nats_round {
     int64_t until;
     bool stalled;
     bool again;     /* a claim waits on the server: the next round comes soon */
+    int64_t held_until;   /* free leases are taken from then on (0: now) */
     void (*idle)(kb_transport *t);   /* runs while the round waits on consumers */
 } kb_nats_round;
 

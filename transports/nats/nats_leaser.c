@@ -154,7 +154,7 @@ static int64_t pass(kb_transport *t, bool *heartbeat_failing, bool *handing_over
     /* back-to-back rounds (acquisitions left over) renew only when due */
     int64_t renew_ns = t->lease_ttl_ms * 1000000 * 2 / 3;
     bool retry = false;
-    kb_nats_round rd = {0, false, false, keep_while_waiting};
+    kb_nats_round rd = {0, false, false, 0, keep_while_waiting};
     if (kb__nats_watch_start(t) != NATS_OK)
         retry = true;   /* no early news of members: rounds still come */
     kb__nats_watch_prune(t);
@@ -186,8 +186,11 @@ static int64_t pass(kb_transport *t, bool *heartbeat_failing, bool *handing_over
          tp = tp->next)
         if (atomic_load(&tp->subscribed))
             kb__nats_topic_take(t, tp, &rd);
+    int64_t held = rd.held_until - kb_now_ns();
     if (rd.stalled || rd.again || retry)
-        return ROUND_RETRY(t);
+        return held > 0 && held < ROUND_RETRY(t) ? held : ROUND_RETRY(t);
+    if (held > 0 && held < rd.until - kb_now_ns())
+        return held;
     /* the next round comes when the next renewal falls due at the latest: a
      * round woken early (a member came) must not push renewals back */
     int64_t left = rd.until - kb_now_ns();

@@ -350,6 +350,7 @@ struct kb_transport {
     _Atomic int watch_done;            /* its last callback has returned (nats.c's completion) */
     pthread_mutex_t watch_mu;
     struct kb_nats_seen *watch_seen;   /* sorted by key */
+    _Atomic int64_t member_left_ns;    /* when the watch last saw a member leave */
     size_t watch_n, watch_cap;
     /* a claim's frontier moved (the acker): kb_drain and a feeder waiting for
      * ring space wake */

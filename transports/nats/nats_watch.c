@@ -68,6 +68,8 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *
         if (s != NULL && removal) {
             kick = s->del_ns <= s->put_ns;   /* a leave, not a repeated delete */
             s->del_ns = now;
+            if (kick && !inserted)   /* seen here before: its partitions were not ours */
+                atomic_store(&t->member_left_ns, now);
         } else if (s != NULL) {
             size_t idl = strlen(t->id);
             bool mine = (size_t)natsMsg_GetDataLength(m) == idl &&
