@@ -436,9 +436,8 @@ static bool claim_renudge(kb_transport *t, kb_nats_claim *c)
     return ok;
 }
 
-/* At most this many threads per batch of consumer calls: the meta leader
- * orders the calls anyway, and a bus with hundreds of new topics should not
- * start hundreds of threads. */
+/* At most this many threads per batch of consumer calls; a bigger batch's
+ * calls share them. */
 #define CALLS_AT_ONCE 16
 
 typedef struct call {
@@ -466,6 +465,7 @@ static void call_run(call *k)
         jsConsumerInfo_Destroy(ci);
     } else if (k->del != NULL) {
         js_DeleteConsumer(k->t->js, k->stream, k->del, &o, NULL);
+        kb__nats_progress_forget(k->t, k->stream, k->del);
     } else {
         k->ok = claim_renudge(k->t, k->renudge);
     }
@@ -534,9 +534,6 @@ void kb__nats_calls_end(kb_nats_calls *b)
         return;
     for (size_t i = 0; i < b->nth; i++)
         pthread_join(b->th[i], NULL);
-    /* a deletion batch: the progress records of its consumers go too */
-    for (size_t i = 0; b->names != NULL && i < b->n; i++)
-        kb__nats_progress_forget(b->t, b->k[i].stream, b->names[i]);
     free(b->names);
     free(b->k);
     free(b);

@@ -23,25 +23,6 @@
 /* How long the partitions of a member that left wait for a replacement. */
 #define LEAVE_GRACE_MS 300
 
-static void member_prefix(kb_transport *t, kb_nats_topic *tp, char *buf, size_t len)
-{
-    snprintf(buf, len, "m.%s.%s.", tp->stream, t->group);
-}
-
-/* KV keys allow [-/_=.a-zA-Z0-9]: anything else in the consumer name becomes '_'. */
-void kb__nats_member_key(kb_transport *t, kb_nats_topic *tp, char *buf, size_t len)
-{
-    member_prefix(t, tp, buf, len);
-    size_t o = strlen(buf);
-    for (const char *p = t->id; *p && o + 1 < len; p++) {
-        char ch = *p;
-        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-                 ch == '-' || ch == '_' || ch == '=';
-        buf[o++] = ok ? ch : '_';
-    }
-    buf[o] = '\0';
-}
-
 typedef struct members {
     const char **keys;   /* into the roster or the watch */
     int n, cap;
@@ -66,7 +47,7 @@ static void members_add(const char *key, void *arg)
 static bool members_load(kb_transport *t, kb_nats_topic *tp, const kb_nats_roster *r, members *ms)
 {
     char pre[2 * KB_NATS_NAME];
-    member_prefix(t, tp, pre, sizeof pre);
+    kb__nats_member_prefix(t, tp, pre, sizeof pre);
     kb__nats_member_key(t, tp, ms->mine, sizeof ms->mine);
     ms->pl = strlen(pre);
     ms->n = 0;
@@ -278,7 +259,7 @@ bool kb__nats_part_keep(kb_transport *t, kb_nats_part *p, bool *feed_down)
         /* a claim whose consumer is still being made is given up at once
          * (its consumer is deleted when made): the lease goes now, not when
          * the server has made a consumer nobody will read */
-        if (p->creating != NULL && !p->creating->wide) {   /* never published */
+        if (p->creating != NULL) {   /* never published (nor will it be) */
             atomic_store(&p->creating->fenced, 1);
             atomic_store(&p->creating->feeder_left, 1);
         }
@@ -338,8 +319,8 @@ static void acquire_all(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd)
     /* A member that left is often replaced within moments (a rolling
      * deploy): its partitions are taken after LEAVE_GRACE_MS, by whoever
      * ranks first then, instead of moving here and on to the replacement. */
-    int64_t held = atomic_load(&t->member_left_ns) + LEAVE_GRACE_MS * 1000000LL;
-    if (atomic_load(&t->member_left_ns) != 0 && kb_now_ns() < held) {
+    int64_t left = atomic_load(&tp->member_left_ns), held = left + LEAVE_GRACE_MS * 1000000LL;
+    if (left != 0 && kb_now_ns() < held) {
         rd->held_until = held;
         return;
     }
@@ -460,10 +441,12 @@ static bool opening_new(kb_transport *t, kb_nats_part *p, bool wide, kb_nats_ope
 /* A claim whose consumer's creation went unanswered leaves its name to the
  * next claim of its revision (the server may have made the consumer late):
  * never a second consumer for one claim. */
-static void names_free(kb_nats_opening *o, size_t n)
+static void names_free(const kb_transport *t, kb_nats_opening *o, size_t n)
 {
+    /* not when the lease ended meanwhile: the next claim is another owner's
+     * revision's, and takes a name of its own */
     for (size_t i = 0; i < n; i++)
-        o[i].c->name_free = o[i].s == NATS_TIMEOUT;
+        o[i].c->name_free = o[i].s == NATS_TIMEOUT && leases_ended(t, &o[i]) == o[i].leases_ended;
 }
 
 /* At most this many consumers being made at once: the meta leader orders
@@ -534,9 +517,12 @@ bool kb__nats_making_collect(kb_transport *t, bool *again)
                 creating_mark(t, &m->o[i], false);
             claims_publish(t, m->o, m->n, again);
             m->deleting = kb__nats_consumers_retire(t, m->tp, &m->l, m->o, m->n);
-            names_free(m->o, m->n);
-            if (!m->o[0].c->wide && kb__nats_listing_has(t, &m->l, true))
-                kb__nats_wide_retire(t, m->tp);
+            names_free(t, m->o, m->n);
+            bool claimed = false;
+            for (size_t i = 0; i < m->n; i++)
+                claimed = claimed || m->o[i].claimed;
+            if (claimed && !m->o[0].c->wide && kb__nats_listing_has(t, &m->l, true))
+                kb__nats_wide_retire(t, m->tp);   /* rare: a topic leaving its wide consumer */
         }
         if (m->created && kb__nats_calls_done(m->deleting)) {
             kb__nats_calls_end(m->deleting);
@@ -578,10 +564,15 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l, kb
 {
     if (!t->topic_consumer || t->partitions < 2 || atomic_load(&t->stopping))
         return false;
+    if (t->making_n >= MAKING_MAX) {
+        t->making_capped = true;
+        return true;   /* this topic waits for a place */
+    }
     for (uint32_t i = 0; i < t->partitions; i++) {
         kb_nats_part *p = &tp->parts[i];
         kb_nats_claim *c = atomic_load(&p->claim);
-        if (p->releasing || p->creating != NULL || !p->wanted || (c != NULL && !atomic_load(&c->fenced)))
+        if (p->releasing || p->creating != NULL || !p->wanted ||
+            (c != NULL && !atomic_load(&c->fenced)))
             return false;
     }
     for (uint32_t i = 0; i < t->partitions; i++)
@@ -619,11 +610,15 @@ void kb__nats_topic_take(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd)
         kb_nats_opening *o = calloc(t->partitions, sizeof *o);
         size_t n = 0;
         for (uint32_t i = 0; o != NULL && i < t->partitions && !rd->stalled &&
-                             kb_now_ns() <= rd->until && t->making_n + n < MAKING_MAX;
+                             kb_now_ns() <= rd->until;
              i++) {
             kb_nats_part *p = &tp->parts[i];
             if (!needs_claim(t, p, rd))
                 continue;
+            if (t->making_n + n >= MAKING_MAX) {
+                t->making_capped = true;   /* the rest when a place is free */
+                break;
+            }
             if (!kb__nats_listing_load(t, tp, &l)) {
                 rd->stalled = true;
                 break;

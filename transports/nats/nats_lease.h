@@ -30,8 +30,6 @@ typedef struct kb_nats_round {
     void (*idle)(kb_transport *t);   /* runs while the round waits on consumers */
 } kb_nats_round;
 
-/* This process's member key of the topic. */
-void kb__nats_member_key(kb_transport *t, kb_nats_topic *tp, char *buf, size_t len);
 /* Which partitions of the topic this process should own, from the roster
  * (corrected by what the watch saw); unknown roster: keep what it has. */
 void kb__nats_members_rank(kb_transport *t, kb_nats_topic *tp, const kb_nats_roster *r);

@@ -155,6 +155,7 @@ static int64_t pass(kb_transport *t, bool *heartbeat_failing, bool *handing_over
     int64_t renew_ns = t->lease_ttl_ms * 1000000 * 2 / 3;
     bool retry = false;
     kb_nats_round rd = {0, false, false, 0, keep_while_waiting};
+    t->making_capped = false;
     if (kb__nats_watch_start(t) != NATS_OK)
         retry = true;   /* no early news of members: rounds still come */
     kb__nats_watch_prune(t);
@@ -215,9 +216,11 @@ static void *leaser(void *arg)
         else if (handing_over)
             handing_over = keep_all(t);
         bool failed = false;
-        /* claims made: the next round at once (more may wait for a place) */
-        if (t->making != NULL && kb__nats_making_collect(t, &failed)) {
-            int64_t soon = kb_now_ns() + (failed ? ROUND_RETRY(t) : 0);
+        /* consumers made: the next round at once when claims wait for a
+         * place, soon when a creation failed */
+        if (t->making != NULL && kb__nats_making_collect(t, &failed) &&
+            (failed || t->making_capped)) {
+            int64_t soon = kb_now_ns() + (t->making_capped ? 0 : ROUND_RETRY(t));
             next_round = soon < next_round ? soon : next_round;
         }
         int64_t until = (handing_over || t->making != NULL) && next_round > now + HANDOVER_LOOK_NS

@@ -198,6 +198,8 @@ struct kb_transport_topic {
     kb_nats_topic *next;           /* the bus's list, newest first */
     uint32_t index;                /* in the bus's table and in Nats-Msg-Id */
     char *name;
+    /* when the watch last saw another member of this topic's group leave */
+    _Atomic int64_t member_left_ns;
     char stream[KB_NATS_NAME];
     char dlq_subject[KB_NATS_NAME];
     char (*subjects)[KB_NATS_NAME];  /* kb.<topic>.N, for publishing */
@@ -323,6 +325,7 @@ struct kb_transport {
      * and how many */
     struct kb_nats_making *making;
     size_t making_n;
+    bool making_capped;   /* a round left claims for want of a place */
     _Atomic int leaser_done;           /* the lease thread has left its loop */
     kb_signal *acker_wake;             /* close: the acker's tick ends early */
     kb_thread *acker, *leaser;
@@ -357,7 +360,6 @@ struct kb_transport {
     _Atomic int watch_done;            /* its last callback has returned (nats.c's completion) */
     pthread_mutex_t watch_mu;
     struct kb_nats_seen *watch_seen;   /* sorted by key */
-    _Atomic int64_t member_left_ns;    /* when the watch last saw a member leave */
     size_t watch_n, watch_cap;
     /* a claim's frontier moved (the acker): kb_drain and a feeder waiting for
      * ring space wake */
