@@ -88,6 +88,12 @@ typedef struct kb_nats_claim {
     /* nothing above it is acked: a delivery after it was lost in transit
      * (UINT64_MAX: none) */
     _Atomic uint64_t ack_limit;
+    /* set by the lease thread when the consumer came back from a leader
+     * change having delivered less than the claim had: ack_limit is then
+     * ack_hold_limit until the consumer delivers ack_hold_to again (0: no
+     * hold; the feeder ends it) */
+    _Atomic uint64_t ack_hold_to;
+    _Atomic uint64_t ack_hold_limit;
     bool ack_failed;               /* acker: an ack could not be sent (reconnecting) */
     int64_t last_wpi_ns;           /* acker: last in-progress ack */
     /* set before the claim is published: an earlier consumer acked every
@@ -168,6 +174,11 @@ typedef struct kb_nats_part {
     int64_t lease_until_ns;        /* local lease expiry */
     bool releasing;
     bool wanted;                   /* lease thread: ranked first here */
+    /* lease thread: the claim (of it, or a wide one) whose consumer is
+     * being made; the times its lease was lost or released (a claim made
+     * across one is void) */
+    struct kb_nats_claim *creating;
+    uint32_t leases_ended;
     /* lease thread: since when an earlier consumer's state could not be
      * read for a claim (0: it could) */
     int64_t unreadable_since_ns;
@@ -187,6 +198,8 @@ struct kb_transport_topic {
     kb_nats_topic *next;           /* the bus's list, newest first */
     uint32_t index;                /* in the bus's table and in Nats-Msg-Id */
     char *name;
+    /* when the watch last saw another member of this topic's group leave */
+    _Atomic int64_t member_left_ns;
     char stream[KB_NATS_NAME];
     char dlq_subject[KB_NATS_NAME];
     char (*subjects)[KB_NATS_NAME];  /* kb.<topic>.N, for publishing */
@@ -308,6 +321,11 @@ struct kb_transport {
                                           first async publish in nats.c 3.4.1 (NULL map) */
     kb_signal *lease_wake;             /* a claim was fenced, a topic subscribed, close */
     _Atomic int lease_kick;
+    /* lease thread: claims whose consumers are being made (nats_lease.c),
+     * and how many */
+    struct kb_nats_making *making;
+    size_t making_n;
+    bool making_capped;   /* a round left claims for want of a place */
     _Atomic int leaser_done;           /* the lease thread has left its loop */
     kb_signal *acker_wake;             /* close: the acker's tick ends early */
     kb_thread *acker, *leaser;
@@ -318,6 +336,7 @@ struct kb_transport {
     pthread_mutex_t sub_lock;          /* serialises subscribe */
     _Atomic uint32_t nsubs;            /* topics subscribed (sub_id < nsubs) */
     _Atomic uint32_t reconnects;       /* pull requests open before one are lost */
+    _Atomic uint64_t ack_passes;       /* the acker's passes over every claim so far */
     uint32_t reconnects_renudged;      /* lease thread: claims' pending asked again */
     _Atomic int renudge_wanted;        /* kb_drain saw a consumer's floor it cannot trust */
     _Atomic int64_t renudge_asked_ns;  /* kb_drain's last such request (monotonic) */
