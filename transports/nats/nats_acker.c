@@ -16,7 +16,6 @@ void kb__nats_ack_pass(kb_transport *t, bool last)
         if (atomic_load(&tp->subscribed))
             kb__nats_ack_topic(t, tp, now, last);
     }
-    atomic_fetch_add(&t->ack_passes, 1);
 }
 
 static int closing(void *arg)

@@ -234,9 +234,6 @@ void kb__nats_claim_ack(kb_transport *t, kb_nats_claim *c, int64_t now)
 
 bool kb__nats_claim_redelivered(kb_nats_claim *c, const kb_nats_meta *meta)
 {
-    /* held acks: the consumer's new leader numbers its deliveries anew, and
-     * an AckAll must carry its numbers, not the lost leader's */
-    bool renumber = atomic_load(&c->ack_hold_to) != 0;
     /* the ring is in stream order and only its prefix below the head is acked */
     uint64_t h = atomic_load(&c->head), tl = atomic_load(&c->tail);
     if (h == tl || meta->sseq < c->ring[h & (c->cap - 1)].sseq)
@@ -245,7 +242,7 @@ bool kb__nats_claim_redelivered(kb_nats_claim *c, const kb_nats_meta *meta)
         uint64_t mid = h + (tl - h) / 2;
         kb_nats_entry *e = &c->ring[mid & (c->cap - 1)];
         if (e->sseq == meta->sseq) {
-            if (renumber || meta->dseq > atomic_load_explicit(&e->dseq, memory_order_relaxed))
+            if (meta->dseq > atomic_load_explicit(&e->dseq, memory_order_relaxed))
                 atomic_store_explicit(&e->dseq, meta->dseq, memory_order_relaxed);
             break;
         }
@@ -255,16 +252,6 @@ bool kb__nats_claim_redelivered(kb_nats_claim *c, const kb_nats_meta *meta)
             tl = mid;
     }
     return false;
-}
-
-void kb__nats_claim_hold_ends(kb_nats_claim *c, const kb_nats_meta *meta)
-{
-    uint64_t to = atomic_load(&c->ack_hold_to);
-    if (to == 0 || meta->dseq == 0 || meta->sseq < to)
-        return;
-    uint64_t limit = atomic_load(&c->ack_hold_limit);
-    atomic_compare_exchange_strong(&c->ack_limit, &limit, UINT64_MAX);
-    atomic_store(&c->ack_hold_to, 0);
 }
 
 bool kb__nats_claim_skips(const kb_nats_claim *c, uint64_t sseq)

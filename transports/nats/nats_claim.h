@@ -32,10 +32,6 @@ bool kb__nats_claim_reack(kb_transport *t, kb_nats_claim *c, uint64_t server_dse
  * its entry takes the newer delivery sequence for its ack. The feeder, which
  * alone moves the tail. */
 bool kb__nats_claim_redelivered(kb_nats_claim *c, const kb_nats_meta *meta);
-/* Feeder, after a delivery of its consumer was taken in: the acks held since
- * the consumer came back below what the claim had go on once it delivered
- * that far again. */
-void kb__nats_claim_hold_ends(kb_nats_claim *c, const kb_nats_meta *meta);
 /* Was sseq acked by an earlier consumer (skip_to, keep)? Then it comes to
  * this claim only because the claim starts at the floor below it. */
 bool kb__nats_claim_skips(const kb_nats_claim *c, uint64_t sseq);

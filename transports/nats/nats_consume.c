@@ -402,7 +402,6 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
          * stored it): ack it again, it was handled. */
         if (kb__nats_claim_redelivered(c, meta))
             natsConnection_PublishString(kb__nats_feed_conn(t), natsMsg_GetReply(m), "+ACK");
-        kb__nats_claim_hold_ends(c, meta);
         natsMsg_Destroy(m);
         return false;
     }
@@ -441,7 +440,6 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
     atomic_store_explicit(&c->tail, slot + 1, memory_order_release);
     if (events == 0)
         atomic_fetch_add_explicit(&c->settled, 1, memory_order_acq_rel);
-    kb__nats_claim_hold_ends(c, meta);
     return e;
 }
 

@@ -348,34 +348,6 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
     c->start_floor = floor;
 }
 
-/* How long a hold waits for the acker to come round twice. */
-#define HOLD_WAIT_MS 1000
-
-/* Hold c's acks above `delivered` (its consumer's delivery point after a
- * leader change) until the consumer delivers `had` again: what it delivers
- * again is in the ring, handled or not, and an AckAll past its delivery point
- * would leave those deliveries pending for good (see below). True once the
- * acker has gone over every claim twice with the hold in place and nothing
- * above `delivered` was acked; else the hold is taken back. */
-static bool acks_held(kb_transport *t, kb_nats_claim *c, uint64_t delivered, uint64_t had)
-{
-    uint64_t none = UINT64_MAX;
-    atomic_store(&c->ack_hold_limit, delivered);
-    if (!atomic_compare_exchange_strong(&c->ack_limit, &none, delivered))
-        return false;   /* deliveries lost in transit: the claim restarts anyway */
-    atomic_store(&c->ack_hold_to, had);
-    uint64_t passes = atomic_load(&t->ack_passes);
-    int64_t until = kb_now_ns() + HOLD_WAIT_MS * 1000000LL;
-    while (atomic_load(&t->ack_passes) < passes + 2 && kb_now_ns() < until)
-        nanosleep(&(struct timespec){0, 1000000}, NULL);
-    if (atomic_load(&t->ack_passes) >= passes + 2 && atomic_load(&c->acked_to) <= delivered)
-        return true;
-    atomic_store(&c->ack_hold_to, 0);
-    uint64_t held = delivered;
-    atomic_compare_exchange_strong(&c->ack_limit, &held, UINT64_MAX);
-    return false;
-}
-
 /* After a reconnect the server may hold as pending messages this process
  * acked: it was killed before it stored the acks (nats-server 2.9's file
  * store writes consumer state behind the acks). It would redeliver them only
@@ -384,11 +356,8 @@ static bool acks_held(kb_transport *t, kb_nats_claim *c, uint64_t delivered, uin
  * back with after a kill can hold messages pending at or below its ack
  * floor, which no AckAll reaches (more pending than lie between the floor
  * and the last delivery), or a delivery point below what the claim had,
- * which an AckAll would pass (its new leader had not heard of the last
- * deliveries). The second, when nothing above that point was acked yet,
- * holds the claim's acks until the consumer delivers that far again;
- * otherwise such a consumer is given up, and the claim starts again from
- * its floor with a fresh one. False when the server could not
+ * which an AckAll would pass: such a consumer is given up, and the claim
+ * starts again from its floor with a fresh one. False when the server could not
  * say (not ready yet after its restart): next round. */
 static bool claim_renudge(kb_transport *t, kb_nats_claim *c)
 {
@@ -411,14 +380,6 @@ static bool claim_renudge(kb_transport *t, kb_nats_claim *c)
                t->url_safe, c->consumer, (unsigned long long)below,
                (unsigned long long)ci->AckFloor.Stream);
         kb__nats_claim_reset(t, c);
-    } else if (acked <= ci->Delivered.Stream && ci->Delivered.Stream < had &&
-               acks_held(t, c, ci->Delivered.Stream, had)) {
-        kb_log(t->bus, KB_LOG_NOTICE,
-               "nats %s: consumer %s came back from a leader change having delivered up to "
-               "%llu, below the %llu this process had; acks above %llu wait until it delivers "
-               "that far again", t->url_safe, c->consumer,
-               (unsigned long long)ci->Delivered.Stream, (unsigned long long)had,
-               (unsigned long long)ci->Delivered.Stream);
     } else if (ci->Delivered.Stream < (acked > had ? acked : had)) {
         /* nats-server 2.9 takes an AckAll past its delivery point: the
          * floor would pass it and what it delivers again stay pending */

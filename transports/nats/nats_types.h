@@ -88,12 +88,6 @@ typedef struct kb_nats_claim {
     /* nothing above it is acked: a delivery after it was lost in transit
      * (UINT64_MAX: none) */
     _Atomic uint64_t ack_limit;
-    /* set by the lease thread when the consumer came back from a leader
-     * change having delivered less than the claim had: ack_limit is then
-     * ack_hold_limit until the consumer delivers ack_hold_to again (0: no
-     * hold; the feeder ends it) */
-    _Atomic uint64_t ack_hold_to;
-    _Atomic uint64_t ack_hold_limit;
     bool ack_failed;               /* acker: an ack could not be sent (reconnecting) */
     int64_t last_wpi_ns;           /* acker: last in-progress ack */
     /* set before the claim is published: an earlier consumer acked every
@@ -336,7 +330,6 @@ struct kb_transport {
     pthread_mutex_t sub_lock;          /* serialises subscribe */
     _Atomic uint32_t nsubs;            /* topics subscribed (sub_id < nsubs) */
     _Atomic uint32_t reconnects;       /* pull requests open before one are lost */
-    _Atomic uint64_t ack_passes;       /* the acker's passes over every claim so far */
     uint32_t reconnects_renudged;      /* lease thread: claims' pending asked again */
     _Atomic int renudge_wanted;        /* kb_drain saw a consumer's floor it cannot trust */
     _Atomic int64_t renudge_asked_ns;  /* kb_drain's last such request (monotonic) */
