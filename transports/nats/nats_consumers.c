@@ -408,16 +408,12 @@ typedef struct call {
     const char *del;           /* a deletion of this consumer, or */
     kb_nats_claim *renudge;    /* a look at this claim's consumer after a reconnect */
     bool ok;                   /* the look's answer came */
-    int64_t until;             /* the call waits at most until then (0: its own wait) */
 } call;
 
 static void call_run(call *k)
 {
     jsOptions o;
     call_opts(k->t, &o);
-    int64_t left_ms = k->until > 0 ? (k->until - kb_now_ns()) / 1000000 : o.Wait;
-    if (left_ms < o.Wait)
-        o.Wait = left_ms > 200 ? left_ms : 200;
     if (k->open != NULL) {
         jsConsumerInfo *ci = NULL;
         int64_t start = kb_now_ns();
@@ -517,7 +513,7 @@ kb_nats_calls *kb__nats_consumers_start(kb_transport *t, kb_nats_opening *o, siz
     for (size_t i = 0; i < n; i++) {
         o[i].s = NATS_NO_MEMORY;
         if (k != NULL)
-            k[i] = (call){t, o[i].c->part->topic->stream, &o[i], NULL, NULL, false, 0};
+            k[i] = (call){t, o[i].c->part->topic->stream, &o[i], NULL, NULL, false};
     }
     return calls_start(t, k, n, NULL, 0);
 }
@@ -543,7 +539,7 @@ static kb_nats_calls *deletions_start(kb_transport *t, kb_nats_topic *tp, const 
 {
     call *k = calloc(n + 1, sizeof *k);
     for (size_t i = 0; k != NULL && i < n; i++)
-        k[i] = (call){t, tp->stream, NULL, names[i], NULL, false, 0};
+        k[i] = (call){t, tp->stream, NULL, names[i], NULL, false};
     return calls_start(t, k, n, names, 0);
 }
 
@@ -615,7 +611,7 @@ bool kb__nats_claims_renudge(kb_transport *t, kb_nats_claim **claims, size_t n, 
         return true;
     call *k = calloc(n, sizeof *k);
     for (size_t i = 0; k != NULL && i < n; i++)
-        k[i] = (call){t, claims[i]->part->topic->stream, NULL, NULL, claims[i], false, 0};
+        k[i] = (call){t, claims[i]->part->topic->stream, NULL, NULL, claims[i], false};
     kb_nats_calls *b = calls_start(t, k, n, NULL, until);
     calls_wait(b, idle);
     bool ok = b != NULL;

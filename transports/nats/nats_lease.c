@@ -23,6 +23,20 @@
 /* How long the partitions of a member that left wait for a replacement. */
 #define LEAVE_GRACE_MS 300
 
+/* Does the claim of o cover partition p (its own, or every one: wide)? */
+static bool opening_covers(const kb_nats_opening *o, const kb_nats_part *p)
+{
+    return o->c->wide || p == o->c->part;
+}
+
+/* A claim never published gives up: nothing feeds it, and the acker frees
+ * it, so the hand-overs of its partitions do not wait for it. */
+static void claim_unpublished(kb_nats_claim *c)
+{
+    atomic_store(&c->fenced, 1);
+    atomic_store(&c->feeder_left, 1);
+}
+
 typedef struct members {
     const char **keys;   /* into the roster or the watch */
     int n, cap;
@@ -259,10 +273,8 @@ bool kb__nats_part_keep(kb_transport *t, kb_nats_part *p, bool *feed_down)
         /* a claim whose consumer is still being made is given up at once
          * (its consumer is deleted when made): the lease goes now, not when
          * the server has made a consumer nobody will read */
-        if (p->creating != NULL) {   /* never published (nor will it be) */
-            atomic_store(&p->creating->fenced, 1);
-            atomic_store(&p->creating->feeder_left, 1);
-        }
+        if (p->creating != NULL)   /* never published (nor will it be) */
+            claim_unpublished(p->creating);
     }
     return release_step(t, p, feed_down);
 }
@@ -368,7 +380,7 @@ static uint32_t leases_ended(const kb_transport *t, const kb_nats_opening *o)
     uint32_t ended = 0;
     kb_nats_part *parts = o->c->part->topic->parts;
     for (uint32_t i = 0; i < t->partitions; i++)
-        if (o->c->wide || &parts[i] == o->c->part)
+        if (opening_covers(o, &parts[i]))
             ended += parts[i].leases_ended;
     return ended;
 }
@@ -383,7 +395,7 @@ static bool still_wanted(const kb_transport *t, const kb_nats_opening *o)
         return false;
     kb_nats_part *parts = o->c->part->topic->parts;
     for (uint32_t i = 0; i < t->partitions; i++)
-        if ((o->c->wide || &parts[i] == o->c->part) &&
+        if (opening_covers(o, &parts[i]) &&
             (parts[i].lease_rev == 0 || !parts[i].wanted || parts[i].releasing))
             return false;
     return true;
@@ -394,18 +406,17 @@ static void claims_publish(kb_transport *t, kb_nats_opening *o, size_t n, bool *
 {
     for (size_t i = 0; i < n; i++) {
         kb_nats_claim *c = o[i].c;
-        bool made = o[i].s == NATS_OK;
+        bool made = o[i].s == NATS_OK, wanted = made && still_wanted(t, &o[i]);
         if (!made)
             kb_log(t->bus, KB_LOG_WARNING, "nats %s: consumer %s: %s (error %d); %s is claimed "
                    "again next round%s", t->url_safe, c->consumer, natsStatus_GetText(o[i].s),
                    (int)o[i].jerr, c->part->subject,
                    o[i].s == NATS_TIMEOUT ? ", under the same name" : "");
-        else if (!still_wanted(t, &o[i]))
+        else if (!wanted)
             kb_log(t->bus, KB_LOG_DEBUG, "nats %s: consumer %s made, but %s is no longer this "
                    "process's to take: not claimed", t->url_safe, c->consumer, c->part->subject);
-        if (!made || !still_wanted(t, &o[i])) {
-            atomic_store(&c->fenced, 1);
-            atomic_store(&c->feeder_left, 1);
+        if (!wanted) {
+            claim_unpublished(c);
             *again = *again || !made;
             continue;
         }
@@ -473,7 +484,7 @@ static void creating_mark(kb_transport *t, kb_nats_opening *o, bool on)
 {
     kb_nats_part *parts = o->c->part->topic->parts;
     for (uint32_t i = 0; i < t->partitions; i++)
-        if (o->c->wide || &parts[i] == o->c->part)
+        if (opening_covers(o, &parts[i]))
             parts[i].creating = on ? o->c : NULL;
 }
 
@@ -485,10 +496,8 @@ static bool making_start(kb_transport *t, kb_nats_topic *tp, kb_nats_opening *o,
 {
     kb_nats_making *m = calloc(1, sizeof *m);
     if (m == NULL) {
-        for (size_t i = 0; i < n; i++) {
-            atomic_store(&o[i].c->fenced, 1);
-            atomic_store(&o[i].c->feeder_left, 1);
-        }
+        for (size_t i = 0; i < n; i++)
+            claim_unpublished(o[i].c);
         return false;
     }
     *m = (kb_nats_making){t->making, tp, o, n, *l, NULL, NULL, false};
@@ -541,8 +550,7 @@ void kb__nats_making_end(kb_transport *t)
 {
     for (kb_nats_making *m = t->making; m != NULL; m = m->next)
         for (size_t i = 0; !m->created && i < m->n; i++) {
-            atomic_store(&m->o[i].c->fenced, 1);
-            atomic_store(&m->o[i].c->feeder_left, 1);
+            claim_unpublished(m->o[i].c);
             m->o[i].leases_ended = UINT32_MAX;   /* never published */
         }
     while (t->making != NULL) {
