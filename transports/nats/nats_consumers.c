@@ -420,6 +420,7 @@ static void call_run(call *k)
         k->open->s = js_AddConsumer(&ci, k->t->js, k->stream, &k->open->cc, &o, &k->open->jerr);
         k->open->took_ns = kb_now_ns() - start;
         jsConsumerInfo_Destroy(ci);
+        atomic_store_explicit(&k->open->made, true, memory_order_release);
     } else if (k->del != NULL) {
         js_DeleteConsumer(k->t->js, k->stream, k->del, &o, NULL);
         kb__nats_progress_forget(k->t, k->stream, k->del);

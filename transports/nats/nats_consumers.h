@@ -41,9 +41,11 @@ typedef struct kb_nats_opening {
     bool retried;                  /* its name was tried before, unanswered */
     uint32_t leases_ended;         /* its partitions' count when it was prepared */
     bool claimed;                  /* made, and its claim took over */
+    bool handled;                  /* the lease thread saw how its creation went */
     natsStatus s;
     jsErrCode jerr;
     int64_t took_ns;               /* its creation's round trip */
+    _Atomic bool made;             /* its call returned: s, jerr and took_ns are set */
 } kb_nats_opening;
 
 /* Can a claim of p (wide: of its whole topic) start: has the state of every
@@ -69,8 +71,9 @@ bool kb__nats_calls_done(kb_nats_calls *b);
  * records are deleted too. NULL: nothing. */
 void kb__nats_calls_end(kb_nats_calls *b);
 /* Start creating the consumers of n openings (n > 0), which must stay put
- * until the batch is done; each o->s then says how its creation went. NULL
- * on out of memory (no creation made). */
+ * until the batch is done; each o->s says how its creation went once o->made
+ * (each on its own: one slow creation holds up no other claim). NULL on out
+ * of memory (no creation made). */
 kb_nats_calls *kb__nats_consumers_start(kb_transport *t, kb_nats_opening *o, size_t n);
 /* Start deleting the earlier consumers the claims that took over carry on
  * (partition ones of their partitions; for a wide claim, the earlier wide

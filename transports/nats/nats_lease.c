@@ -401,42 +401,41 @@ static bool still_wanted(const kb_transport *t, const kb_nats_opening *o)
     return true;
 }
 
-/* The claims whose consumers were created take over their partitions. */
-static void claims_publish(kb_transport *t, kb_nats_opening *o, size_t n, bool *again)
+/* The claim of o takes over its partitions if its consumer was made and
+ * they are still this process's to take; else it gives up (*again: its
+ * consumer was not made, so the partition is claimed again soon). */
+static void claim_publish(kb_transport *t, kb_nats_opening *o, bool *again)
 {
-    for (size_t i = 0; i < n; i++) {
-        kb_nats_claim *c = o[i].c;
-        bool made = o[i].s == NATS_OK, wanted = made && still_wanted(t, &o[i]);
-        if (!made)
-            kb_log(t->bus, KB_LOG_WARNING, "nats %s: consumer %s: %s (error %d); %s is claimed "
-                   "again next round%s", t->url_safe, c->consumer, natsStatus_GetText(o[i].s),
-                   (int)o[i].jerr, c->part->subject,
-                   o[i].s == NATS_TIMEOUT ? ", under the same name" : "");
-        else if (!wanted)
-            kb_log(t->bus, KB_LOG_DEBUG, "nats %s: consumer %s made, but %s is no longer this "
-                   "process's to take: not claimed", t->url_safe, c->consumer, c->part->subject);
-        if (!wanted) {
-            claim_unpublished(c);
-            *again = *again || !made;
-            continue;
+    kb_nats_claim *c = o->c;
+    bool made = o->s == NATS_OK, wanted = made && still_wanted(t, o);
+    if (!made)
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: consumer %s: %s (error %d); %s is claimed "
+               "again next round%s", t->url_safe, c->consumer, natsStatus_GetText(o->s),
+               (int)o->jerr, c->part->subject, o->s == NATS_TIMEOUT ? ", under the same name" : "");
+    else if (!wanted)
+        kb_log(t->bus, KB_LOG_DEBUG, "nats %s: consumer %s made, but %s is no longer this "
+               "process's to take: not claimed", t->url_safe, c->consumer, c->part->subject);
+    if (!wanted) {
+        claim_unpublished(c);
+        *again = *again || !made;
+        return;
+    }
+    kb_log(t->bus, KB_LOG_DEBUG, "nats %s: %s claimed by consumer %s (created in %lld ms)",
+           t->url_safe, c->wide ? c->part->topic->stream : c->part->subject, c->consumer,
+           (long long)(o->took_ns / 1000000));
+    o->claimed = true;
+    claim_validity(t, c);
+    if (c->wide) {
+        /* partition 0 pulls for all: it learns of the claim last, so
+         * every partition knows it before its first message can come */
+        kb_nats_part *parts = c->part->topic->parts;
+        for (uint32_t j = t->partitions; j-- > 0;) {
+            claim_end(t, &parts[j]);
+            atomic_store(&parts[j].claim, c);
         }
-        kb_log(t->bus, KB_LOG_DEBUG, "nats %s: %s claimed by consumer %s (created in %lld ms)",
-               t->url_safe, c->wide ? c->part->topic->stream : c->part->subject, c->consumer,
-               (long long)(o[i].took_ns / 1000000));
-        o[i].claimed = true;
-        claim_validity(t, c);
-        if (c->wide) {
-            /* partition 0 pulls for all: it learns of the claim last, so
-             * every partition knows it before its first message can come */
-            kb_nats_part *parts = c->part->topic->parts;
-            for (uint32_t j = t->partitions; j-- > 0;) {
-                claim_end(t, &parts[j]);
-                atomic_store(&parts[j].claim, c);
-            }
-        } else {
-            claim_end(t, c->part);
-            atomic_store(&c->part->claim, c);
-        }
+    } else {
+        claim_end(t, c->part);
+        atomic_store(&c->part->claim, c);
     }
 }
 
@@ -452,12 +451,11 @@ static bool opening_new(kb_transport *t, kb_nats_part *p, bool wide, kb_nats_ope
 /* A claim whose consumer's creation went unanswered leaves its name to the
  * next claim of its revision (the server may have made the consumer late):
  * never a second consumer for one claim. */
-static void names_free(const kb_transport *t, kb_nats_opening *o, size_t n)
+static void name_free(const kb_transport *t, kb_nats_opening *o)
 {
     /* not when the lease ended meanwhile: the next claim is another owner's
      * revision's, and takes a name of its own */
-    for (size_t i = 0; i < n; i++)
-        o[i].c->name_free = o[i].s == NATS_TIMEOUT && leases_ended(t, &o[i]) == o[i].leases_ended;
+    o->c->name_free = o->s == NATS_TIMEOUT && leases_ended(t, o) == o->leases_ended;
 }
 
 /* At most this many consumers being made at once: the meta leader orders
@@ -467,8 +465,11 @@ static void names_free(const kb_transport *t, kb_nats_opening *o, size_t n)
 
 /* Claims whose consumers are being made, with the listing they were prepared
  * from (the consumers they replace are found in it). While the server makes
- * them (0.2-0.9 s each on a three-node cluster, replicated) the lease thread
- * goes on: renewals, a member that came, a lease handed over to it. */
+ * them (0.2-0.9 s each on a three-node cluster, replicated; a creation the
+ * meta group leaves unanswered times out after seconds) the lease thread
+ * goes on: renewals, a member that came, a lease handed over to it. Each
+ * claim takes over once its own consumer is made; the consumers they replace
+ * are deleted once the whole batch was answered. */
 typedef struct kb_nats_making {
     struct kb_nats_making *next;
     kb_nats_topic *tp;
@@ -476,7 +477,7 @@ typedef struct kb_nats_making {
     size_t n;
     kb_nats_listing l;
     kb_nats_calls *creating, *deleting;
-    bool created;
+    bool created;   /* every creation answered */
 } kb_nats_making;
 
 /* The partitions of o marked while its consumer is being made. */
@@ -512,26 +513,41 @@ static bool making_start(kb_transport *t, kb_nats_topic *tp, kb_nats_opening *o,
     return true;
 }
 
+/* Opening i of m is answered (or, all: the batch is over): its claim takes
+ * over now, whatever the others of its batch wait for. */
+static void making_answered(kb_transport *t, kb_nats_making *m, size_t i, bool *again)
+{
+    kb_nats_opening *o = &m->o[i];
+    o->handled = true;
+    t->making_n--;
+    creating_mark(t, o, false);
+    claim_publish(t, o, again);
+    name_free(t, o);
+}
+
 bool kb__nats_making_collect(kb_transport *t, bool *again)
 {
     bool finished = false;
     for (kb_nats_making **at = &t->making; *at != NULL;) {
         kb_nats_making *m = *at;
-        if (!m->created && kb__nats_calls_done(m->creating)) {
-            kb__nats_calls_end(m->creating);
-            m->created = true;
-            finished = true;
-            t->making_n -= m->n;
+        if (!m->created) {
+            bool all = kb__nats_calls_done(m->creating);
             for (size_t i = 0; i < m->n; i++)
-                creating_mark(t, &m->o[i], false);
-            claims_publish(t, m->o, m->n, again);
-            m->deleting = kb__nats_consumers_retire(t, m->tp, &m->l, m->o, m->n);
-            names_free(t, m->o, m->n);
-            bool claimed = false;
-            for (size_t i = 0; i < m->n; i++)
-                claimed = claimed || m->o[i].claimed;
-            if (claimed && !m->o[0].c->wide && kb__nats_listing_has(t, &m->l, true))
-                kb__nats_wide_retire(t, m->tp);   /* rare: a topic leaving its wide consumer */
+                if (!m->o[i].handled &&
+                    (all || atomic_load_explicit(&m->o[i].made, memory_order_acquire))) {
+                    making_answered(t, m, i, again);
+                    finished = true;
+                }
+            if (all) {
+                kb__nats_calls_end(m->creating);
+                m->created = true;
+                m->deleting = kb__nats_consumers_retire(t, m->tp, &m->l, m->o, m->n);
+                bool claimed = false;
+                for (size_t i = 0; i < m->n; i++)
+                    claimed = claimed || m->o[i].claimed;
+                if (claimed && !m->o[0].c->wide && kb__nats_listing_has(t, &m->l, true))
+                    kb__nats_wide_retire(t, m->tp);   /* rare: a topic leaving its wide consumer */
+            }
         }
         if (m->created && kb__nats_calls_done(m->deleting)) {
             kb__nats_calls_end(m->deleting);
@@ -549,10 +565,11 @@ bool kb__nats_making_collect(kb_transport *t, bool *again)
 void kb__nats_making_end(kb_transport *t)
 {
     for (kb_nats_making *m = t->making; m != NULL; m = m->next)
-        for (size_t i = 0; !m->created && i < m->n; i++) {
-            claim_unpublished(m->o[i].c);
-            m->o[i].leases_ended = UINT32_MAX;   /* never published */
-        }
+        for (size_t i = 0; !m->created && i < m->n; i++)
+            if (!m->o[i].handled) {
+                claim_unpublished(m->o[i].c);
+                m->o[i].leases_ended = UINT32_MAX;   /* never published */
+            }
     while (t->making != NULL) {
         bool again = false;
         kb__nats_making_collect(t, &again);
