@@ -403,8 +403,9 @@ static bool still_wanted(const kb_transport *t, const kb_nats_opening *o)
 
 /* The claim of o takes over its partitions if its consumer was made and
  * they are still this process's to take; else it gives up (*again: its
- * consumer was not made, so the partition is claimed again soon). */
-static void claim_publish(kb_transport *t, kb_nats_opening *o, bool *again)
+ * consumer was not made, so the partition is claimed again soon; *refused:
+ * the server said why). */
+static void claim_publish(kb_transport *t, kb_nats_opening *o, bool *again, bool *refused)
 {
     kb_nats_claim *c = o->c;
     bool made = o->s == NATS_OK, wanted = made && still_wanted(t, o);
@@ -418,6 +419,10 @@ static void claim_publish(kb_transport *t, kb_nats_opening *o, bool *again)
     if (!wanted) {
         claim_unpublished(c);
         *again = *again || !made;
+        /* a "timeout" that came early (not connected) is no sign the server
+         * made it: asking again at once would only spin */
+        bool unanswered = o->s == NATS_TIMEOUT && o->took_ns >= 1000000000LL;
+        *refused = *refused || (!made && !unanswered);
         return;
     }
     kb_log(t->bus, KB_LOG_DEBUG, "nats %s: %s claimed by consumer %s (created in %lld ms)",
@@ -515,17 +520,18 @@ static bool making_start(kb_transport *t, kb_nats_topic *tp, kb_nats_opening *o,
 
 /* Opening i of m is answered (or, all: the batch is over): its claim takes
  * over now, whatever the others of its batch wait for. */
-static void making_answered(kb_transport *t, kb_nats_making *m, size_t i, bool *again)
+static void making_answered(kb_transport *t, kb_nats_making *m, size_t i, bool *again,
+                            bool *refused)
 {
     kb_nats_opening *o = &m->o[i];
     o->handled = true;
     t->making_n--;
     creating_mark(t, o, false);
-    claim_publish(t, o, again);
+    claim_publish(t, o, again, refused);
     name_free(t, o);
 }
 
-bool kb__nats_making_collect(kb_transport *t, bool *again)
+bool kb__nats_making_collect(kb_transport *t, bool *again, bool *refused)
 {
     bool finished = false;
     for (kb_nats_making **at = &t->making; *at != NULL;) {
@@ -535,7 +541,7 @@ bool kb__nats_making_collect(kb_transport *t, bool *again)
             for (size_t i = 0; i < m->n; i++)
                 if (!m->o[i].handled &&
                     (all || atomic_load_explicit(&m->o[i].made, memory_order_acquire))) {
-                    making_answered(t, m, i, again);
+                    making_answered(t, m, i, again, refused);
                     finished = true;
                 }
             if (all) {
@@ -571,8 +577,8 @@ void kb__nats_making_end(kb_transport *t)
                 m->o[i].leases_ended = UINT32_MAX;   /* never published */
             }
     while (t->making != NULL) {
-        bool again = false;
-        kb__nats_making_collect(t, &again);
+        bool again = false, refused = false;
+        kb__nats_making_collect(t, &again, &refused);
         if (t->making != NULL)
             nanosleep(&(struct timespec){0, 5000000}, NULL);
     }

@@ -48,9 +48,12 @@ void kb__nats_topic_take(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd);
 /* Claims whose consumers were made take over their partitions (those whose
  * lease ended or that rank elsewhere meanwhile are dropped), and the
  * consumers they replace are deleted. True when a creation finished; *again
- * when one failed (the next round should come soon). Every few milliseconds
- * while t->making is not NULL. */
-bool kb__nats_making_collect(kb_transport *t, bool *again);
+ * when one failed (the next round should come soon), *refused when the
+ * server answered one with an error or it failed at once (a timeout after
+ * a second or more is not: the server may have made it, and it is asked
+ * again under the same name). Every few
+ * milliseconds while t->making is not NULL. */
+bool kb__nats_making_collect(kb_transport *t, bool *again, bool *refused);
 /* At the lease thread's end: wait for the calls in flight; nothing made is
  * published. */
 void kb__nats_making_end(kb_transport *t);

@@ -215,12 +215,15 @@ static void *leaser(void *arg)
             next_round = kb_now_ns() + pass(t, &heartbeat_failing, &handing_over);
         else if (handing_over)
             handing_over = keep_all(t);
-        bool failed = false;
+        bool failed = false, refused = false;
         /* consumers made: the next round at once when claims wait for a
-         * place, soon when a creation failed */
-        if (t->making != NULL && kb__nats_making_collect(t, &failed) &&
+         * place or a creation went unanswered (the server has often made it
+         * by then, and its second ask under the same name returns at once:
+         * a round later would add most of a second to the partition's
+         * pause), soon when the server refused one */
+        if (t->making != NULL && kb__nats_making_collect(t, &failed, &refused) &&
             (failed || t->making_capped)) {
-            int64_t soon = kb_now_ns() + (t->making_capped ? 0 : ROUND_RETRY(t));
+            int64_t soon = kb_now_ns() + (t->making_capped || !refused ? 0 : ROUND_RETRY(t));
             next_round = soon < next_round ? soon : next_round;
         }
         int64_t until = (handing_over || t->making != NULL) && next_round > now + HANDOVER_LOOK_NS
