@@ -401,6 +401,14 @@ static bool still_wanted(const kb_transport *t, const kb_nats_opening *o)
     return true;
 }
 
+/* Did o's creation wait a second or more for an answer that never came?
+ * The server has often made the consumer meanwhile. A "timeout" that came
+ * early (not connected) is no sign of it: asking again at once would spin. */
+static bool unanswered(const kb_nats_opening *o)
+{
+    return o->s == NATS_TIMEOUT && o->took_ns >= 1000000000LL;
+}
+
 /* The claim of o takes over its partitions if its consumer was made and
  * they are still this process's to take; else it gives up (*again: its
  * consumer was not made, so the partition is claimed again soon; *refused:
@@ -411,18 +419,18 @@ static void claim_publish(kb_transport *t, kb_nats_opening *o, bool *again, bool
     bool made = o->s == NATS_OK, wanted = made && still_wanted(t, o);
     if (!made)
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: consumer %s: %s (error %d); %s is claimed "
-               "again next round%s", t->url_safe, c->consumer, natsStatus_GetText(o->s),
-               (int)o->jerr, c->part->subject, o->s == NATS_TIMEOUT ? ", under the same name" : "");
+               "again %s", t->url_safe, c->consumer, natsStatus_GetText(o->s), (int)o->jerr,
+               c->part->subject,
+               unanswered(o)            ? "at once, under the same name"
+               : o->s == NATS_TIMEOUT ? "next round, under the same name"
+                                      : "next round");
     else if (!wanted)
         kb_log(t->bus, KB_LOG_DEBUG, "nats %s: consumer %s made, but %s is no longer this "
                "process's to take: not claimed", t->url_safe, c->consumer, c->part->subject);
     if (!wanted) {
         claim_unpublished(c);
         *again = *again || !made;
-        /* a "timeout" that came early (not connected) is no sign the server
-         * made it: asking again at once would only spin */
-        bool unanswered = o->s == NATS_TIMEOUT && o->took_ns >= 1000000000LL;
-        *refused = *refused || (!made && !unanswered);
+        *refused = *refused || (!made && !unanswered(o));
         return;
     }
     kb_log(t->bus, KB_LOG_DEBUG, "nats %s: %s claimed by consumer %s (created in %lld ms)",
@@ -465,7 +473,9 @@ static void name_free(const kb_transport *t, kb_nats_opening *o)
 
 /* At most this many consumers being made at once: the meta leader orders
  * them anyway, and hundreds of new topics should not start hundreds of
- * threads. */
+ * threads. A batch's threads are joined when its last creation returns, so
+ * with some left unanswered, finished threads of up to MAKING_MAX batches
+ * wait to be joined (their stacks kept) for a creation's timeout at most. */
 #define MAKING_MAX 16
 
 /* Claims whose consumers are being made, with the listing they were prepared
@@ -566,6 +576,11 @@ bool kb__nats_making_collect(kb_transport *t, bool *again, bool *refused)
         at = &m->next;
     }
     return finished;
+}
+
+bool kb__nats_making_room(const kb_transport *t)
+{
+    return t->making_capped && t->making_n <= MAKING_MAX / 2;
 }
 
 void kb__nats_making_end(kb_transport *t)

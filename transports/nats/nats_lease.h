@@ -51,9 +51,12 @@ void kb__nats_topic_take(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd);
  * when one failed (the next round should come soon), *refused when the
  * server answered one with an error or it failed at once (a timeout after
  * a second or more is not: the server may have made it, and it is asked
- * again under the same name). Every few
- * milliseconds while t->making is not NULL. */
+ * again under the same name). Every few milliseconds while t->making is not
+ * NULL. */
 bool kb__nats_making_collect(kb_transport *t, bool *again, bool *refused);
+/* Claims wait for a place among the consumers being made, and half the
+ * places are free: worth a round for them now. */
+bool kb__nats_making_room(const kb_transport *t);
 /* At the lease thread's end: wait for the calls in flight; nothing made is
  * published. */
 void kb__nats_making_end(kb_transport *t);

@@ -216,14 +216,18 @@ static void *leaser(void *arg)
         else if (handing_over)
             handing_over = keep_all(t);
         bool failed = false, refused = false;
-        /* consumers made: the next round at once when claims wait for a
-         * place or a creation went unanswered (the server has often made it
-         * by then, and its second ask under the same name returns at once:
-         * a round later would add most of a second to the partition's
-         * pause), soon when the server refused one */
-        if (t->making != NULL && kb__nats_making_collect(t, &failed, &refused) &&
-            (failed || t->making_capped)) {
-            int64_t soon = kb_now_ns() + (t->making_capped || !refused ? 0 : ROUND_RETRY(t));
+        /* consumers made: the next round at once when a creation went
+         * unanswered (the server has often made it by then, and its second
+         * ask under the same name returns at once: a round later would add
+         * most of a second to the partition's pause) or when claims wait
+         * for a place and half the places are free (a round per claim
+         * answered would list the topic's consumers again each time), soon
+         * when the server refused one */
+        if (t->making != NULL && kb__nats_making_collect(t, &failed, &refused)) {
+            bool room = kb__nats_making_room(t);
+            int64_t soon = (failed && !refused) || room ? kb_now_ns()
+                           : failed                     ? kb_now_ns() + ROUND_RETRY(t)
+                                                        : INT64_MAX;
             next_round = soon < next_round ? soon : next_round;
         }
         int64_t until = (handing_over || t->making != NULL) && next_round > now + HANDOVER_LOOK_NS
