@@ -173,18 +173,12 @@ static int flush_slice(void *arg, int64_t until_ns)
 int kb__nats_drain(kb_transport *t, int timeout_ms)
 {
     drain d = {.t = t};
-    kb_kit_drain_conf c = {
-        .size = sizeof c,
-        .opaque = &d,
-        .flush = flush_slice,
-        .targets = drain_targets,
-        .settled = drain_settled,
-        .progress = t->acked,
-        .local = acked_here,
-        .poll_min_ms = KB_NATS_DRAIN_POLL_MIN_MS,
-        .poll_max_ms = KB_NATS_DRAIN_POLL_MAX_MS,
-        .confirm_ms = KB_NATS_DRAIN_CONFIRM_MS,
-    };
+    kb_kit_drain_conf c = {.size = sizeof c, .opaque = &d, .flush = flush_slice,
+                           .targets = drain_targets, .settled = drain_settled,
+                           .progress = t->acked, .local = acked_here,
+                           .poll_min_ms = KB_NATS_DRAIN_POLL_MIN_MS,
+                           .poll_max_ms = KB_NATS_DRAIN_POLL_MAX_MS,
+                           .confirm_ms = KB_NATS_DRAIN_CONFIRM_MS};
     int rc = kb_kit_drain(t->bus, timeout_ms, &c);
     free(d.tp);
     free(d.target);

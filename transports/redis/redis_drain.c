@@ -148,18 +148,10 @@ static int keeper_settled_more(void *arg)
 int kb__redis_drain(kb_transport *t, int timeout_ms)
 {
     drain d = {t, NULL, 0, 0};
-    kb_kit_drain_conf c = {
-        .size = sizeof c,
-        .opaque = &d,
-        .flush = settle_slice,
-        .targets = drain_targets,
-        .settled = drain_settled,
-        .progress = t->settled,
-        .local = keeper_settled_more,
-        .poll_min_ms = POLL_MIN_MS,
-        .poll_max_ms = POLL_MAX_MS,
-        .confirm_ms = 0,
-    };
+    kb_kit_drain_conf c = {.size = sizeof c, .opaque = &d, .flush = settle_slice,
+                           .targets = drain_targets, .settled = drain_settled,
+                           .progress = t->settled, .local = keeper_settled_more,
+                           .poll_min_ms = POLL_MIN_MS, .poll_max_ms = POLL_MAX_MS};
     int rc = kb_kit_drain(t->bus, timeout_ms, &c);
     free(d.v);
     return rc;
