@@ -9,14 +9,20 @@
 
 static int conf_ok(const kb_kit_drain_conf *c)
 {
-    if (c == NULL || c->size != sizeof *c || c->flush == NULL || c->settled == NULL ||
-        c->poll_min_ms < 1 || c->poll_max_ms < c->poll_min_ms || c->confirm_ms < 0 ||
-        (c->progress == NULL) != (c->local == NULL)) {
-        kb_errf(NULL, 0, "kb_kit_drain: bad conf (size, flush, settled, poll_min_ms >= 1, "
-                "poll_max_ms >= poll_min_ms, confirm_ms >= 0, progress with local)");
-        return 0;
-    }
-    return 1;
+    const char *bad = c == NULL                       ? "no conf"
+                      : c->size != sizeof *c          ? "size"
+                      : c->flush == NULL              ? "flush"
+                      : c->settled == NULL            ? "settled"
+                      : c->poll_min_ms < 1            ? "poll_min_ms (>= 1)"
+                      : c->poll_max_ms < c->poll_min_ms ? "poll_max_ms (>= poll_min_ms)"
+                      : c->confirm_ms < 0             ? "confirm_ms (>= 0)"
+                      : (c->progress == NULL) != (c->local == NULL) ? "progress and local (both or neither)"
+                                                                    : NULL;
+    if (bad == NULL)
+        return 1;
+    kb_errf(NULL, 0, "kb_kit_drain: bad conf: %s (size %zu, this kit's %zu)", bad,
+            c != NULL ? c->size : 0, sizeof *c);
+    return 0;
 }
 
 static void sleep_until(int64_t deadline_ns)
@@ -27,10 +33,11 @@ static void sleep_until(int64_t deadline_ns)
         ;
 }
 
-int kb_kit_drain(kb_bus *b, int timeout_ms, const kb_kit_drain_conf *c)
+int kb_kit_drain(kb_bus *b, int timeout_ms, const kb_kit_drain_conf *conf)
 {
-    if (!conf_ok(c))
+    if (!conf_ok(conf))
         return KB_EINVAL;
+    const kb_kit_drain_conf copy = *conf, *c = &copy;
     int64_t deadline = kb_deadline_ns(timeout_ms);
     int rc = kb_bus_wait_sliced(b, deadline, c->flush, c->opaque);
     if (rc == KB_OK && c->targets != NULL)
@@ -39,7 +46,7 @@ int kb_kit_drain(kb_bus *b, int timeout_ms, const kb_kit_drain_conf *c)
     while (rc == KB_OK) {
         if (kb_bus_closing(b))
             return KB_ECLOSED;   /* kb_close waits for this call: end it */
-        int settled = c->settled(c->opaque);
+        int settled = c->settled(c->opaque, deadline);
         if (settled != 0)
             return settled > 0 ? KB_OK : settled;
         int64_t now = kb_now_ns();

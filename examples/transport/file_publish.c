@@ -66,6 +66,12 @@ static int all_settled(void *arg)
     return 1;
 }
 
+static int settled(void *t, int64_t deadline_ns)
+{
+    (void)deadline_ns;   /* local files: no wait */
+    return all_settled(t);
+}
+
 static int flush_slice(void *t, int64_t until_ns)
 {
     return kb__file_flush(t, kb_deadline_left_ms(until_ns));
@@ -79,7 +85,7 @@ int kb__file_drain(kb_transport *t, int timeout_ms)
         .size = sizeof c,
         .opaque = t,
         .flush = flush_slice,
-        .settled = all_settled,
+        .settled = settled,
         .progress = t->settled,
         .local = all_settled,
         .poll_min_ms = t->poll_ms,

@@ -410,7 +410,8 @@ KB_EXPORT void kb_kit_backlog_fail_all(kb_kit_backlog *b, int result, const char
  * (KB_ECLOSED): it holds kb_close up until the drain returns.
  * ------------------------------------------------------------------------- */
 
-/* Copied by kb_kit_drain; what it points to is borrowed for the call. */
+/* Read by kb_kit_drain (copied at its start); what it points to is
+ * borrowed for the call. */
 typedef struct kb_kit_drain_conf {
     size_t size;        /* first: sizeof(kb_kit_drain_conf), set by the caller */
     void *opaque;       /* passed to every callback */
@@ -424,8 +425,10 @@ typedef struct kb_kit_drain_conf {
     int (*targets)(void *opaque);
     /* Ask the broker: 1 when the group settled every target (none left), 0
      * not yet, also when the broker could not be asked (a restart: the drain
-     * goes on until its deadline), or a negative KB_E* code that ends it. */
-    int (*settled)(void *opaque);
+     * goes on until its deadline), or a negative KB_E* code that ends it.
+     * Its calls wait no longer than deadline_ns (the drain's), and several
+     * calls stop asking once it passed or kb_bus_closing says so. */
+    int (*settled)(void *opaque, int64_t deadline_ns);
     /* Optional, together (NULL: timed waits only): a signal notified when
      * this process settles something (borrowed for the call), and the
      * condition waited on: 1 when this process's own settling may have
@@ -438,11 +441,14 @@ typedef struct kb_kit_drain_conf {
     int confirm_ms;     /* after `local` said 1: the broker's view lags ours (>= 0) */
 } kb_kit_drain_conf;
 
-/* Run kb_drain's wait with timeout_ms (< 0: none) on bus `b`: KB_OK when
- * the group settled everything this process published before the call,
- * KB_ETIMEDOUT at the deadline, KB_ECLOSED once kb_close began, or what a
- * callback returned; KB_EINVAL for a conf this kit does not know. Callbacks
- * run on the calling thread. Thread: any (a transport's drain hook). */
+/* Run kb_drain's wait with timeout_ms (< 0: none; the flush counts in it) on
+ * bus `b`: KB_OK when the group settled everything this process published
+ * before the call, KB_ETIMEDOUT at the deadline, KB_ECLOSED once kb_close
+ * began (seen between steps: within one wait, poll_max_ms at most), or what
+ * a callback returned; KB_EINVAL for a conf this kit does not know (a
+ * `size` other than sizeof(kb_kit_drain_conf), a callback missing, a bad
+ * bound). Callbacks run on the calling thread. Thread: any (a transport's
+ * drain hook). */
 KB_EXPORT int kb_kit_drain(kb_bus *b, int timeout_ms, const kb_kit_drain_conf *c);
 
 #ifdef __cplusplus

@@ -52,12 +52,16 @@ static void renudge_ask(kb_transport *t)
 /* Clear the targets of tp's partitions that a group consumer's floor on the
  * server reached. A failed listing (server restarting, reconnecting) is not
  * the end of the drain: its reason is kept for the timeout's message. */
-static void poll_floors(kb_transport *t, kb_nats_topic *tp, uint64_t *target, char *why,
-                        size_t why_len)
+static void poll_floors(kb_transport *t, kb_nats_topic *tp, uint64_t *target, int64_t deadline,
+                        char *why, size_t why_len)
 {
     jsConsumerInfoList *list = NULL;
     jsErrCode jerr = 0;
-    natsStatus s = js_Consumers(&list, t->js, tp->stream, NULL, &jerr);
+    jsOptions o;
+    jsOptions_Init(&o);
+    int left = kb_deadline_left_ms(deadline);   /* -1: no deadline, nats.c's own wait */
+    o.Wait = left < 0 ? 0 : left > 0 ? left : 1;
+    natsStatus s = js_Consumers(&list, t->js, tp->stream, &o, &jerr);
     if (s == NATS_NOT_FOUND)
         return;   /* no consumer yet: wait for one */
     if (s != NATS_OK) {
@@ -112,8 +116,10 @@ static int drain_targets(void *arg)
 {
     drain *d = arg;
     kb_transport *t = d->t;
+    /* topics are added at the head: one read of it is one list */
+    kb_nats_topic *head = atomic_load(&t->topics);
     size_t n = 0;
-    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
+    for (kb_nats_topic *tp = head; tp; tp = tp->next)
         n++;
     d->tp = calloc(n > 0 ? n : 1, sizeof *d->tp);
     d->target = calloc(n > 0 ? n * t->partitions : 1, sizeof *d->target);
@@ -121,9 +127,9 @@ static int drain_targets(void *arg)
         kb_errf(NULL, 0, "kb_drain: out of memory");
         return KB_ENOMEM;
     }
-    /* topics opened since the count are not in this drain: nothing was
-     * published to them before it */
-    for (kb_nats_topic *tp = atomic_load(&t->topics); tp && d->topics < n; tp = tp->next) {
+    /* topics opened since are not in this drain: nothing was published to
+     * them before it */
+    for (kb_nats_topic *tp = head; tp; tp = tp->next) {
         uint64_t *target = targets_of(d, d->topics);
         for (uint32_t p = 0; tp->batches != NULL && p < t->partitions; p++)
             target[p] = atomic_load(&tp->batches[p].stored_seq);
@@ -132,16 +138,18 @@ static int drain_targets(void *arg)
     return KB_OK;
 }
 
-/* Ask the server about every topic with targets left. */
-static int drain_settled(void *arg)
+/* Ask the server about every topic with targets left, each listing within
+ * the drain's deadline; the rest waits for the next ask once it passed or
+ * kb_close began. */
+static int drain_settled(void *arg, int64_t deadline)
 {
     drain *d = arg;
     bool clear = true;
     d->why[0] = '\0';
     for (size_t i = 0; i < d->topics; i++) {
         uint64_t *target = targets_of(d, i);
-        if (!all_clear(d->t, target))
-            poll_floors(d->t, d->tp[i], target, d->why, sizeof d->why);
+        if (!all_clear(d->t, target) && kb_now_ns() < deadline && !kb_bus_closing(d->t->bus))
+            poll_floors(d->t, d->tp[i], target, deadline, d->why, sizeof d->why);
         clear = clear && all_clear(d->t, target);
     }
     return clear;

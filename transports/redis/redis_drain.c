@@ -128,9 +128,11 @@ static int drain_targets(void *arg)
 }
 
 /* The acks this process sends (the keeper's settle rounds) wake the wait:
- * they are the likeliest to settle the targets. */
-static int drain_settled(void *arg)
+ * they are the likeliest to settle the targets. One pipeline, bounded by the
+ * control connection's own timeouts. */
+static int drain_settled(void *arg, int64_t deadline_ns)
 {
+    (void)deadline_ns;
     drain *d = arg;
     d->rounds = atomic_load(&d->t->settle_rounds);
     ssize_t left = d->n > 0 ? poll_targets(d->t, d->v, d->n) : 0;
