@@ -7,6 +7,7 @@
  *   share.c     the fair share: bounded rendezvous ranking of partitions
  *   queue.c     the settled-prefix pending queue (members.c asks it if idle)
  *   backlog.c   the publish backlog, tickets and reports (stands alone)
+ *   drain.c     kb_drain's wait: flush, targets, asks (stands alone)
  *
  * Threads: none of its own. A queue is fed by one thread and settled by any;
  * the lease manager runs on the transport's thread (tick) and answers

@@ -52,14 +52,10 @@ int kb__file_flush(kb_transport *t, int timeout_ms)
     return KB_OK;
 }
 
-struct drain_wait {
-    kb_transport *t;
-};
-
 /* Every partition this process appended to is settled past its last append. */
 static int all_settled(void *arg)
 {
-    kb_transport *t = ((struct drain_wait *)arg)->t;
+    kb_transport *t = arg;
     for (kb_transport_topic *tt = atomic_load(&t->topics); tt != NULL; tt = atomic_load(&tt->next))
         for (uint32_t i = 0; i < tt->partitions; i++) {
             struct kb__file_part *p = &tt->parts[i];
@@ -70,22 +66,30 @@ static int all_settled(void *arg)
     return 1;
 }
 
+static int settled(void *t, int64_t deadline_ns)
+{
+    (void)deadline_ns;   /* local files: no wait */
+    return all_settled(t);
+}
+
+static int flush_slice(void *t, int64_t until_ns)
+{
+    return kb__file_flush(t, kb_deadline_left_ms(until_ns));
+}
+
+/* Our executors notify t->settled; a consumer in another process only
+ * writes its offset file, so look again every file.poll_ms as well. */
 int kb__file_drain(kb_transport *t, int timeout_ms)
 {
-    int rc = kb__file_flush(t, timeout_ms);
-    if (rc != KB_OK)
-        return rc;
-    int64_t deadline = kb_deadline_ns(timeout_ms);
-    struct drain_wait w = {t};
-    /* Our executors notify t->settled; a consumer in another process only
-     * writes its offset file, so look again every file.poll_ms as well. */
-    for (;;) {
-        int64_t now = kb_now_ns(), step = now + (int64_t)t->poll_ms * 1000000;
-        if (kb_signal_wait(t->settled, all_settled, &w, step < deadline ? step : deadline))
-            return KB_OK;
-        if (kb_now_ns() >= deadline)
-            return KB_ETIMEDOUT;
-        if (kb_bus_closing(t->bus))
-            return KB_ECLOSED;   /* kb_close waits for this call: end it */
-    }
+    kb_kit_drain_conf c = {
+        .size = sizeof c,
+        .opaque = t,
+        .flush = flush_slice,
+        .settled = settled,
+        .progress = t->settled,
+        .local = all_settled,
+        .poll_min_ms = t->poll_ms,
+        .poll_max_ms = t->poll_ms,
+    };
+    return kb_kit_drain(t->bus, timeout_ms, &c);
 }

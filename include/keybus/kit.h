@@ -19,11 +19,15 @@
  *                   then KB_EFULL, resends with backoff, and exactly one
  *                   delivery report per accepted event (a frame of several
  *                   events is sent and resent whole, and reports each).
+ *   kb_kit_drain    kb_drain's wait: the transport's flush, then the broker
+ *                   asked until the group settled what this process wrote,
+ *                   woken early by this process's own settling.
  *
  * Handles are opaque, made by *_new and freed by *_free. Errors are KB_E*
  * codes with kb_last_error saying why, as in <keybus/transport.h>.
  *
- * The config structs (kb_kit_members_conf, kb_kit_backlog_conf) start with
+ * The config structs (kb_kit_members_conf, kb_kit_backlog_conf,
+ * kb_kit_drain_conf) start with
  * `size`: the caller sets it to sizeof the struct it was built with. A later
  * kit may add fields at their end (kb_kit_broker is the last member of
  * kb_kit_members_conf, so its new callbacks come there too) and reads the
@@ -392,6 +396,60 @@ KB_EXPORT kb_signal *kb_kit_backlog_signal(kb_kit_backlog *b);
  * broker client's callbacks stopped too: an item in flight is freed here).
  * Thread: close's. */
 KB_EXPORT void kb_kit_backlog_fail_all(kb_kit_backlog *b, int result, const char *why);
+
+/* ---------------------------------------------------------------------------
+ * kb_drain's wait.
+ *
+ * Every transport's drain is the same loop around two broker-specific
+ * questions: send what is buffered (the transport's kb_flush work), note
+ * what this process wrote last per partition, then ask the broker whether
+ * the group settled it, until it did or the deadline. Between asks it waits
+ * on a signal the transport notifies when this process settles something
+ * (its own consumers are then likely the ones the drain waits for) or, for
+ * consumers in other processes, on a backoff. kb_close ends it between steps
+ * (KB_ECLOSED): it holds kb_close up until the drain returns.
+ * ------------------------------------------------------------------------- */
+
+/* Read by kb_kit_drain (copied at its start); what it points to is
+ * borrowed for the call. */
+typedef struct kb_kit_drain_conf {
+    size_t size;        /* first: sizeof(kb_kit_drain_conf), set by the caller */
+    void *opaque;       /* passed to every callback */
+    /* One slice of the flush: KB_OK once every event published before the
+     * drain is stored, KB_ETIMEDOUT when not by until_ns (called again while
+     * the deadline allows), else an error that ends the drain. */
+    int (*flush)(void *opaque, int64_t until_ns);
+    /* Optional: after the flush, note what to wait for (the newest position
+     * this process wrote per partition). KB_OK, or a KB_E* code (with
+     * kb_errf) that ends the drain. */
+    int (*targets)(void *opaque);
+    /* Ask the broker: 1 when the group settled every target (none left), 0
+     * not yet, also when the broker could not be asked (a restart: the drain
+     * goes on until its deadline), or a negative KB_E* code that ends it.
+     * Its calls wait no longer than deadline_ns (the drain's), and several
+     * calls stop asking once it passed or kb_bus_closing says so. */
+    int (*settled)(void *opaque, int64_t deadline_ns);
+    /* Optional, together (NULL: timed waits only): a signal notified when
+     * this process settles something (borrowed for the call), and the
+     * condition waited on: 1 when this process's own settling may have
+     * reached the targets since `settled` last asked, so the broker is asked
+     * again after confirm_ms without growing the backoff. */
+    kb_signal *progress;
+    int (*local)(void *opaque);
+    int poll_min_ms;    /* the first wait between asks (>= 1) */
+    int poll_max_ms;    /* the backoff doubles up to it (>= poll_min_ms) */
+    int confirm_ms;     /* after `local` said 1: the broker's view lags ours (>= 0) */
+} kb_kit_drain_conf;
+
+/* Run kb_drain's wait with timeout_ms (< 0: none; the flush counts in it) on
+ * bus `b`: KB_OK when the group settled everything this process published
+ * before the call, KB_ETIMEDOUT at the deadline, KB_ECLOSED once kb_close
+ * began (seen between steps: within one wait, poll_max_ms at most), or what
+ * a callback returned; KB_EINVAL for a conf this kit does not know (a
+ * `size` other than sizeof(kb_kit_drain_conf), a callback missing, a bad
+ * bound). Callbacks run on the calling thread. Thread: any (a transport's
+ * drain hook). */
+KB_EXPORT int kb_kit_drain(kb_bus *b, int timeout_ms, const kb_kit_drain_conf *c);
 
 #ifdef __cplusplus
 }

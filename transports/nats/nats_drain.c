@@ -11,12 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <keybus/kit.h>
+
 #include "nats_claim.h"
 #include "nats_drain.h"
 #include "nats_lease.h"
 #include "nats_names.h"
 #include "nats_publish.h"
 
+#define KB_NATS_DRAIN_POLL_MIN_MS 2     /* the first look after one that found work left */
 #define KB_NATS_DRAIN_POLL_MAX_MS 200   /* consumer info at least this often */
 #define KB_NATS_DRAIN_CONFIRM_MS 2      /* after our own acks: the server's floor soon */
 
@@ -49,12 +52,16 @@ static void renudge_ask(kb_transport *t)
 /* Clear the targets of tp's partitions that a group consumer's floor on the
  * server reached. A failed listing (server restarting, reconnecting) is not
  * the end of the drain: its reason is kept for the timeout's message. */
-static void poll_floors(kb_transport *t, kb_nats_topic *tp, uint64_t *target, char *why,
-                        size_t why_len)
+static void poll_floors(kb_transport *t, kb_nats_topic *tp, uint64_t *target, int64_t deadline,
+                        char *why, size_t why_len)
 {
     jsConsumerInfoList *list = NULL;
     jsErrCode jerr = 0;
-    natsStatus s = js_Consumers(&list, t->js, tp->stream, NULL, &jerr);
+    jsOptions o;
+    jsOptions_Init(&o);
+    int left = kb_deadline_left_ms(deadline);   /* -1: no deadline, nats.c's own wait */
+    o.Wait = left < 0 ? 0 : left > 0 ? left : 1;
+    natsStatus s = js_Consumers(&list, t->js, tp->stream, &o, &jerr);
     if (s == NATS_NOT_FOUND)
         return;   /* no consumer yet: wait for one */
     if (s != NATS_OK) {
@@ -81,23 +88,20 @@ static void poll_floors(kb_transport *t, kb_nats_topic *tp, uint64_t *target, ch
     jsConsumerInfoList_Destroy(list);
 }
 
-typedef struct drain_wait {
+/* One kb_drain's state, for the kit's callbacks: per topic this process
+ * published to, the stream sequence each partition must be settled past
+ * (0: nothing to wait for there). */
+typedef struct drain {
     kb_transport *t;
-    const kb_nats_topic *tp;
-    const uint64_t *target;
-} drain_wait;
+    size_t topics;
+    kb_nats_topic **tp;
+    uint64_t *target;   /* topics x partitions */
+    char why[320];      /* the last failed listing, for the timeout's log line */
+} drain;
 
-/* Did this process's claims ack every target left (the server is then asked
- * at once)? */
-static int acked_here(void *arg)
+static uint64_t *targets_of(drain *d, size_t i)
 {
-    drain_wait *w = arg;
-    if (!atomic_load(&w->tp->subscribed))
-        return 0;
-    for (uint32_t n = 0; n < w->t->partitions; n++)
-        if (w->target[n] != 0 && !kb__nats_acked_to(w->tp, n, w->target[n]))
-            return 0;
-    return 1;
+    return d->target + i * d->t->partitions;
 }
 
 static bool all_clear(const kb_transport *t, const uint64_t *target)
@@ -108,64 +112,86 @@ static bool all_clear(const kb_transport *t, const uint64_t *target)
     return true;
 }
 
-/* Wait until the server shows tp's partitions at their targets, or the
- * deadline: asked again soon after this process's acks cover them (the
- * acker notifies t->acked), else on a growing period. */
-static int drain_topic(kb_transport *t, kb_nats_topic *tp, uint64_t *target, int64_t deadline,
-                       char *why, size_t why_len)
+static int drain_targets(void *arg)
 {
-    drain_wait w = {t, tp, target};
-    int64_t poll_ms = 2;
-    for (;;) {
-        if (kb_bus_closing(t->bus))
-            return KB_ECLOSED;   /* kb_close waits for this call: end it */
-        why[0] = '\0';
-        poll_floors(t, tp, target, why, why_len);
-        if (all_clear(t, target))
-            return KB_OK;
-        if (kb_now_ns() >= deadline)
-            return KB_ETIMEDOUT;
-        bool mine = acked_here(&w);
-        int64_t next = kb_now_ns() + (mine ? KB_NATS_DRAIN_CONFIRM_MS : poll_ms) * 1000000;
-        if (!mine)
-            poll_ms = poll_ms * 2 > KB_NATS_DRAIN_POLL_MAX_MS ? KB_NATS_DRAIN_POLL_MAX_MS
-                                                             : poll_ms * 2;
-        kb_signal_wait(t->acked, mine ? kb__nats_never : acked_here, &w, next < deadline ? next : deadline);
+    drain *d = arg;
+    kb_transport *t = d->t;
+    /* topics are added at the head: one read of it is one list */
+    kb_nats_topic *head = atomic_load(&t->topics);
+    size_t n = 0;
+    for (kb_nats_topic *tp = head; tp; tp = tp->next)
+        n++;
+    d->tp = calloc(n > 0 ? n : 1, sizeof *d->tp);
+    d->target = calloc(n > 0 ? n * t->partitions : 1, sizeof *d->target);
+    if (d->tp == NULL || d->target == NULL) {
+        kb_errf(NULL, 0, "kb_drain: out of memory");
+        return KB_ENOMEM;
     }
+    /* topics opened since are not in this drain: nothing was published to
+     * them before it */
+    for (kb_nats_topic *tp = head; tp; tp = tp->next) {
+        uint64_t *target = targets_of(d, d->topics);
+        for (uint32_t p = 0; tp->batches != NULL && p < t->partitions; p++)
+            target[p] = atomic_load(&tp->batches[p].stored_seq);
+        d->tp[d->topics++] = tp;
+    }
+    return KB_OK;
 }
 
-static int flush_slice(void *t, int64_t until_ns)
+/* Ask the server about every topic with targets left, each listing within
+ * the drain's deadline; the rest waits for the next ask once it passed or
+ * kb_close began. */
+static int drain_settled(void *arg, int64_t deadline)
 {
-    return kb__nats_flush_until(t, until_ns);
+    drain *d = arg;
+    bool clear = true;
+    d->why[0] = '\0';
+    for (size_t i = 0; i < d->topics; i++) {
+        uint64_t *target = targets_of(d, i);
+        if (!all_clear(d->t, target) && kb_now_ns() < deadline && !kb_bus_closing(d->t->bus))
+            poll_floors(d->t, d->tp[i], target, deadline, d->why, sizeof d->why);
+        clear = clear && all_clear(d->t, target);
+    }
+    return clear;
 }
 
-/* Sent and stored (the targets are then known), in slices: kb_close ends
- * it (KB_ECLOSED), since the drain holds kb_close up until it returns. */
-static int settle(kb_transport *t, int64_t deadline)
+/* Did this process's claims ack every target left (the server is then asked
+ * again soon: the acker notifies t->acked)? */
+static int acked_here(void *arg)
 {
-    return kb_bus_wait_sliced(t->bus, deadline, flush_slice, t);
+    drain *d = arg;
+    for (size_t i = 0; i < d->topics; i++) {
+        const uint64_t *target = targets_of(d, i);
+        if (all_clear(d->t, target))
+            continue;
+        if (!atomic_load(&d->tp[i]->subscribed))
+            return 0;
+        for (uint32_t n = 0; n < d->t->partitions; n++)
+            if (target[n] != 0 && !kb__nats_acked_to(d->tp[i], n, target[n]))
+                return 0;
+    }
+    return 1;
+}
+
+static int flush_slice(void *arg, int64_t until_ns)
+{
+    return kb__nats_flush_until(((drain *)arg)->t, until_ns);
 }
 
 int kb__nats_drain(kb_transport *t, int timeout_ms)
 {
-    int64_t deadline = kb_deadline_ns(timeout_ms);
-    int rc = settle(t, deadline);
-    if (rc != KB_OK)
-        return rc;
-    uint64_t *target = calloc(t->partitions, sizeof *target);
-    if (target == NULL)
-        return KB_ENOMEM;
-    char why[320] = "";
-    for (kb_nats_topic *tp = atomic_load(&t->topics); rc == KB_OK && tp; tp = tp->next) {
-        bool any = false;
-        for (uint32_t n = 0; tp->batches != NULL && n < t->partitions; n++)
-            any = (target[n] = atomic_load(&tp->batches[n].stored_seq)) != 0 || any;
-        if (any)
-            rc = drain_topic(t, tp, target, deadline, why, sizeof why);
-    }
-    free(target);
-    if (rc == KB_ETIMEDOUT && why[0])   /* kb_drain's errstr says only the deadline passed */
+    drain d = {.t = t};
+    kb_kit_drain_conf c = {.size = sizeof c, .opaque = &d, .flush = flush_slice,
+                           .targets = drain_targets, .settled = drain_settled,
+                           .progress = t->acked, .local = acked_here,
+                           .poll_min_ms = KB_NATS_DRAIN_POLL_MIN_MS,
+                           .poll_max_ms = KB_NATS_DRAIN_POLL_MAX_MS,
+                           .confirm_ms = KB_NATS_DRAIN_CONFIRM_MS};
+    int rc = kb_kit_drain(t->bus, timeout_ms, &c);
+    free(d.tp);
+    free(d.target);
+    if (rc == KB_ETIMEDOUT && d.why[0])   /* kb_drain's errstr says only the deadline passed */
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: kb_drain timed out; the server's floors could "
-               "not be read: %s", t->url_safe, why);
+               "not be read: %s", t->url_safe, d.why);
     return rc;
 }

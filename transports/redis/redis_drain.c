@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/types.h>
 
+#include <keybus/kit.h>
+
 #include "redis_int.h"
 
 #define POLL_MIN_MS 2    /* first poll after one that found work left */
@@ -101,65 +103,58 @@ static ssize_t poll_targets(kb_transport *t, target *v, size_t n)
     return (ssize_t)left;
 }
 
-typedef struct since {
+/* One kb_drain's state, for the kit's callbacks. */
+typedef struct drain {
     kb_transport *t;
-    uint64_t rounds;
-} since;
+    target *v;
+    size_t n;             /* targets not yet settled */
+    uint64_t rounds;      /* the keeper's settle rounds when last asked */
+} drain;
+
+static int settle_slice(void *d, int64_t until_ns)
+{
+    return kb__redis_pub_confirmed(((drain *)d)->t, until_ns, "kb_drain");
+}
+
+static int drain_targets(void *arg)
+{
+    drain *d = arg;
+    d->v = targets_of(d->t, &d->n);
+    if (d->n == SIZE_MAX) {
+        kb_errf(NULL, 0, "kb_drain: out of memory");
+        return KB_ENOMEM;
+    }
+    return KB_OK;
+}
+
+/* The acks this process sends (the keeper's settle rounds) wake the wait:
+ * they are the likeliest to settle the targets. One pipeline, bounded by the
+ * control connection's own timeouts. */
+static int drain_settled(void *arg, int64_t deadline_ns)
+{
+    (void)deadline_ns;
+    drain *d = arg;
+    d->rounds = atomic_load(&d->t->settle_rounds);
+    ssize_t left = d->n > 0 ? poll_targets(d->t, d->v, d->n) : 0;
+    if (left > 0)
+        d->n = (size_t)left;
+    return left == 0;
+}
 
 static int keeper_settled_more(void *arg)
 {
-    since *s = arg;
-    return atomic_load(&s->t->settle_rounds) != s->rounds;
-}
-
-static int settle_slice(void *t, int64_t until_ns)
-{
-    return kb__redis_pub_confirmed(t, until_ns, "kb_drain");
-}
-
-/* kb_flush's wait, in slices: kb_close ends it (KB_ECLOSED), since the
- * drain holds kb_close up until it returns. */
-static int settle(kb_transport *t, int64_t deadline)
-{
-    return kb_bus_wait_sliced(t->bus, deadline, settle_slice, t);
+    drain *d = arg;
+    return atomic_load(&d->t->settle_rounds) != d->rounds;
 }
 
 int kb__redis_drain(kb_transport *t, int timeout_ms)
 {
-    int64_t deadline = kb_deadline_ns(timeout_ms);
-    int rc = settle(t, deadline);
-    if (rc != KB_OK)
-        return rc;
-    size_t n;
-    target *v = targets_of(t, &n);
-    if (n == SIZE_MAX) {
-        kb_errf(NULL, 0, "kb_drain: out of memory");
-        return KB_ENOMEM;
-    }
-    int wait_ms = POLL_MIN_MS;
-    while (n > 0) {
-        if (kb_bus_closing(t->bus)) {
-            rc = KB_ECLOSED;   /* its own events will not be handled here now */
-            break;
-        }
-        /* acks this process sends wake the wait below: this one handles
-         * them; consumers elsewhere are polled with a capped backoff */
-        since s = {t, atomic_load(&t->settle_rounds)};
-        ssize_t left = poll_targets(t, v, n);
-        if (left == 0)
-            break;
-        if (left > 0)
-            n = (size_t)left;
-        int64_t now = kb_now_ns();
-        if (now >= deadline) {
-            rc = KB_ETIMEDOUT;
-            break;
-        }
-        int64_t until = now + (int64_t)wait_ms * 1000000;
-        if (!kb_signal_wait(t->settled, keeper_settled_more, &s,
-                             until < deadline ? until : deadline))
-            wait_ms = wait_ms * 2 < POLL_MAX_MS ? wait_ms * 2 : POLL_MAX_MS;
-    }
-    free(v);
+    drain d = {t, NULL, 0, 0};
+    kb_kit_drain_conf c = {.size = sizeof c, .opaque = &d, .flush = settle_slice,
+                           .targets = drain_targets, .settled = drain_settled,
+                           .progress = t->settled, .local = keeper_settled_more,
+                           .poll_min_ms = POLL_MIN_MS, .poll_max_ms = POLL_MAX_MS};
+    int rc = kb_kit_drain(t->bus, timeout_ms, &c);
+    free(d.v);
     return rc;
 }
