@@ -307,34 +307,42 @@ static redisContext *connect_first(kb_transport *t, int64_t wait_ms, char *errst
     return ctx;
 }
 
-static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *errstr,
-                      size_t errlen)
+/* The transport's locks, connections (none connected) and signals; NULL on
+ * out of memory. transport_free takes it apart. */
+static kb_transport *transport_new(kb_bus *bus)
 {
     kb_transport *t = calloc(1, sizeof *t);
-    if (t == NULL) {
-        kb_errf(errstr, errlen, "redis: out of memory");
-        return KB_ENOMEM;
-    }
+    if (t == NULL)
+        return NULL;
     t->bus = bus;
-    pthread_mutex_init(&t->pub_lock, NULL);
-    pthread_mutex_init(&t->ctl_lock, NULL);
-    pthread_mutex_init(&t->stats_lock, NULL);
-    pthread_mutex_init(&t->primary_lock, NULL);
     kb__redis_conn_init(&t->pub, t, "publish");
     kb__redis_conn_init(&t->ctl, t, "control");
     kb__redis_conn_init(&t->stats, t, "figures");
     kb__redis_conn_init(&t->kc, t, "keeper");
     kb__redis_conn_init(&t->rconn, t, "consumer");
-    t->reader_wake = kb_signal_new();
-    t->keeper_wake = kb_signal_new();
-    t->settled = kb_signal_new();
-    t->pub_progress = kb_signal_new();
+    pthread_mutex_init(&t->pub_lock, NULL);
+    pthread_mutex_init(&t->ctl_lock, NULL);
+    pthread_mutex_init(&t->stats_lock, NULL);
+    pthread_mutex_init(&t->primary_lock, NULL);
     t->sender_wake[0] = t->sender_wake[1] = -1;
     atomic_store(&t->sender_deadline_ns, INT64_MAX);
-    if (t->reader_wake == NULL || t->keeper_wake == NULL || t->settled == NULL ||
-        t->pub_progress == NULL) {
-        kb_errf(errstr, errlen, "redis: out of memory");
+    kb_signal **signals[] = {&t->reader_wake, &t->keeper_wake, &t->settled, &t->pub_progress};
+    bool made = true;
+    for (size_t i = 0; i < sizeof signals / sizeof *signals; i++)
+        made = (*signals[i] = kb_signal_new()) != NULL && made;
+    if (!made) {
         transport_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+static int redis_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *errstr,
+                      size_t errlen)
+{
+    kb_transport *t = transport_new(bus);
+    if (t == NULL) {
+        kb_errf(errstr, errlen, "redis: out of memory");
         return KB_ENOMEM;
     }
     int rc = read_url(t, kb_conf_str(c, "transport"), errstr, errlen);
