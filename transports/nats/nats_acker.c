@@ -1,8 +1,8 @@
 /* The acker thread, kb-nats-ack: one loop every nats.ack_interval_ms (or a
  * publish linger, when shorter) for the jobs that run on a tick: frontier
  * acks and progress records of every claim (nats_claim.c, nats_progress.c),
- * resends after a reconnect (nats_send.c), and frames a linger old
- * (nats_batch.c). Woken early only by close. */
+ * the publish backlogs' resends and stalls (nats_send.c), and frames a
+ * linger old (nats_batch.c). Woken early only by close. */
 #include "nats_acker.h"
 #include "nats_batch.h"
 #include "nats_claim.h"
@@ -34,7 +34,7 @@ static void *acker(void *arg)
     while (!atomic_load(&t->closing)) {
         int64_t next = kb_now_ns() + tick_ns;
         kb__nats_ack_pass(t, false);
-        kb__nats_resend(t);
+        kb__nats_send_tick(t);
         if (frames)
             kb__nats_batch_send_due(t, false);
         kb_signal_wait(t->acker_wake, closing, t, next);

@@ -53,73 +53,49 @@ int kb__nats_publish(kb_transport *t, kb_nats_topic *tp, const kb_msg *m)
         rc = kb__nats_batch_add(t, tp, m);
     } else {
         natsMsg *msg = NULL;
-        rc = kb__nats_msg_event(t, tp, kb_partition_of_hash(m->hash, t->partitions), m->key, m->key_len, m->payload,
-                                m->payload_len, m->headers, m->n_headers, &msg);
+        uint32_t n = kb_partition_of_hash(m->hash, t->partitions);
+        kb_kit_key key = {m->key, m->key_len};
+        rc = kb__nats_msg_event(t, tp, n, m->key, m->key_len, m->payload, m->payload_len,
+                                m->headers, m->n_headers, &msg);
         if (rc == KB_OK)
-            rc = kb__nats_send(t, msg);
+            rc = kb__nats_send(t, tp, n, msg, &key, 1);
     }
     if (rc == KB_OK)
         atomic_fetch_add_explicit(&tp->published, 1, memory_order_relaxed);
     return rc;
 }
 
-/* Nothing waits for a resend; or, at close (the acker has stopped), the
- * connection is back so the caller can resend itself. */
-static int resends_done(void *arg)
-{
-    kb_transport *t = arg;
-    if (!atomic_load(&t->gated))
-        return 1;
-    return atomic_load(&t->closing) &&
-           natsConnection_Status(t->nc) == NATS_CONN_STATUS_CONNECTED;
-}
-
+/* Every event published so far has its report: frames still filling are
+ * handed on, then each topic's backlog is flushed by its last ticket, in
+ * slices, so that a flush at close (the acker has stopped) sends the
+ * resends itself and notices a stall. A failed event is no error here: its
+ * report counted it, and kb_flush says so. */
 int kb__nats_flush_until(kb_transport *t, int64_t deadline)
 {
     for (;;) {
-        if (atomic_load(&t->closing))
-            kb__nats_resend(t);   /* the acker has stopped */
         int sent = kb__nats_batch_send_due(t, true);
-        int left = kb_deadline_left_ms(deadline);
-        jsPubOptions po;
-        jsPubOptions_Init(&po);
-        /* A take-back empties nats.c's list without waking this wait: look
-         * again every 100 ms. */
-        po.MaxWait = left < 0 || left > 100 ? 100 : left > 1 ? left : 1;
-        /* A take-back that began after these loads moved publishes out of
-         * nats.c's list while we waited: its count tells, even once the
-         * acker has sent them again and opened the gate. */
-        uint64_t take_backs = atomic_load(&t->take_backs);
-        int gated_before = atomic_load(&t->gated);
-        natsStatus s = js_PublishAsyncComplete(t->js, &po);
-        if (sent == KB_OK && s == NATS_OK && !gated_before && !atomic_load(&t->gated) &&
-            atomic_load(&t->resend_len) == 0 && atomic_load(&t->take_backs) == take_backs)
-            break;
-        if (s != NATS_OK && s != NATS_TIMEOUT)
-            return kb__nats_errf("waiting for publish acks", s, 0);
-        /* A frame that failed to go out (out of memory) stays buffered: with
-         * no ack to wait for, try again in 10 ms, not at once. */
-        if (sent != KB_OK && sent != KB_EFULL && s == NATS_OK && !atomic_load(&t->gated)) {
-            int64_t retry = kb_now_ns() + 10000000;
-            kb_signal_wait(t->resent, kb__nats_never, NULL, retry < deadline ? retry : deadline);
+        if (atomic_load(&t->closing))
+            kb__nats_send_tick(t);
+        bool all = true;
+        int64_t slice = kb_now_ns() + 100000000;
+        for (kb_nats_topic *tp = atomic_load(&t->topics); tp && all; tp = tp->next) {
+            kb__nats_pump(t, tp, atomic_load(&t->closing));
+            all = kb_kit_backlog_flush(tp->backlog, kb_kit_backlog_last_ticket(tp->backlog),
+                                       slice < deadline ? slice : deadline) == KB_OK;
         }
-        /* Resends go out on the acker's tick (or above, at close), which
-         * notifies t->resent; reconnecting notifies it too. */
-        if (kb_now_ns() >= deadline ||
-            (atomic_load(&t->gated) && !kb_signal_wait(t->resent, resends_done, t, deadline))) {
+        if (all && sent == KB_OK)
+            return KB_OK;
+        if (kb_now_ns() >= deadline) {
             kb_errf(NULL, 0, "nats %s: publishes not acked within the deadline", t->url_safe);
             return KB_ETIMEDOUT;
         }
+        /* A frame that failed to go out (out of memory) stays buffered: with
+         * nothing to wait for, try again in 10 ms, not at once. */
+        if (all && sent != KB_EFULL) {
+            int64_t retry = kb_now_ns() + 10000000;
+            kb_signal_wait(t->resent, kb__nats_never, NULL, retry < deadline ? retry : deadline);
+        }
     }
-    uint64_t rejected = atomic_exchange(&t->pub_rejected, 0);
-    if (rejected) {
-        pthread_mutex_lock(&t->resend_lock);
-        kb_errf(NULL, 0, "nats %s: %llu published events rejected; last: %s", t->url_safe,
-                (unsigned long long)rejected, t->pub_error);
-        pthread_mutex_unlock(&t->resend_lock);
-        return KB_ETRANSPORT;
-    }
-    return KB_OK;
 }
 
 int kb__nats_flush(kb_transport *t, int timeout_ms)

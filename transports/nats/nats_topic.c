@@ -7,8 +7,8 @@
 #include "nats_names.h"
 #include "nats_topic.h"
 
-int kb__nats_topic_new(kb_transport *t, const char *name, kb_nats_topic **out, char *errstr,
-                       size_t errlen)
+int kb__nats_topic_new(kb_transport *t, const char *name, kb_kit_backlog *backlog,
+                       kb_nats_topic **out, char *errstr, size_t errlen)
 {
     kb_nats_topic *tp = calloc(1, sizeof *tp);
     bool mem = tp == NULL || (tp->name = strdup(name)) == NULL ||
@@ -31,12 +31,15 @@ int kb__nats_topic_new(kb_transport *t, const char *name, kb_nats_topic **out, c
             free(tp->name);
             free(tp);
         }
+        kb_kit_backlog_free(backlog);
         kb_errf(errstr, errlen, chunk < KB_NATS_TOPIC_CHUNKS ? "nats: out of memory for topic %s"
                                                              : "nats: too many topics for %s",
                 name);
         return chunk < KB_NATS_TOPIC_CHUNKS ? KB_ENOMEM : KB_EINVAL;
     }
     tp->index = idx;
+    tp->backlog = backlog;
+    pthread_mutex_init(&tp->send_mu, NULL);
     tp->hash = kb_fnv1a32(name, strlen(name));
     kb__nats_stream_name(tp->stream, sizeof tp->stream, name);
     snprintf(tp->dlq_subject, sizeof tp->dlq_subject, "kb.%s.dlq", name);
@@ -51,15 +54,6 @@ int kb__nats_topic_new(kb_transport *t, const char *name, kb_nats_topic **out, c
     pthread_mutex_unlock(&t->topics_lock);
     *out = tp;
     return KB_OK;
-}
-
-kb_nats_topic *kb__nats_topic_at(kb_transport *t, uint32_t index)
-{
-    uint32_t chunk = index / KB_NATS_TOPIC_CHUNK;
-    kb_nats_topic **slots = chunk < KB_NATS_TOPIC_CHUNKS
-                                ? atomic_load_explicit(&t->topic_chunks[chunk], memory_order_acquire)
-                                : NULL;
-    return slots != NULL ? slots[index % KB_NATS_TOPIC_CHUNK] : NULL;
 }
 
 uint32_t kb__nats_stated_partitions(const char *desc)
@@ -222,6 +216,8 @@ uint64_t kb__nats_topic_free(kb_transport *t, kb_nats_topic *tp)
         free(tp->batches[i].buf);
         pthread_mutex_destroy(&tp->batches[i].mu);
     }
+    kb_kit_backlog_free(tp->backlog);
+    pthread_mutex_destroy(&tp->send_mu);
     free(tp->parts);
     free(tp->batches);
     free(tp->tally.extra);
