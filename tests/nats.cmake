@@ -27,6 +27,9 @@ target_link_libraries(test_nats_topics PRIVATE PkgConfig::NATS)
 # The hand-written $JS.ACK parser against nats.c's natsMsg_GetMetaData.
 kb_test(test_nats_ackparse TIMEOUT 60 LABELS nats)
 target_link_libraries(test_nats_ackparse PRIVATE PkgConfig::NATS keybus::internal)
+# Publishes found by their message (nats_flight.c): against a plain array.
+kb_test(test_nats_flight TIMEOUT 60 LABELS nats)
+target_link_libraries(test_nats_flight PRIVATE keybus::internal)
 # kb_close within its deadline with the server stopped by SIGSTOP.
 kb_test(test_nats_close TIMEOUT 90 LABELS nats)
 # URLs and credentials: parts checked when set, userinfo decoded, nats.c's
