@@ -16,23 +16,19 @@ struct entry {
     struct entry *prev, *next;
     int in_flight;                /* taken by the sender, not done yet */
     int waiting;                  /* back from the sender for a resend */
-    int stray;                    /* in flight, counted in `strays`, not its slot */
+    struct entry *flying;         /* the next in flight in its bucket of `flight` */
     int64_t due;                  /* not before (a backoff) */
     kb_kit_key *keys;             /* it.events copies when reports are wanted, else NULL
                                      (in the same allocation) */
 };
 
-/* In-flight items per partition, for one_in_flight_per_partition: the slot
- * of partition % SLOTS counts those of the partition that holds it; an item
- * whose slot another partition holds is a stray, and only while strays are
- * in flight does the question cost a walk of the backlog (partitions a
- * multiple of SLOTS apart). */
-#define SLOTS 1024
-struct slot {
-    uint32_t partition;
-    uint32_t in_flight;
-};
-
+/* The items in flight by partition number, for one_in_flight_per_partition:
+ * a hash of chains through the entries themselves, so counting one never
+ * allocates; the buckets double while they are fewer than the items in
+ * flight (if that fails the chains grow longer, still right). Under the
+ * limit a partition has one item in flight at most, so "is p busy" walks
+ * about one entry whatever the number of partitions. */
+#define FLIGHT_MIN 64
 struct kb_kit_backlog {
     kb_kit_backlog_conf c;
     pthread_mutex_t lock;
@@ -50,16 +46,22 @@ struct kb_kit_backlog {
     kb_signal *room;              /* count fell, or closed: publishers look again */
     kb_signal *reported;          /* floor moved: flushes look again */
     kb_signal *wake;              /* an item to send, one done, or closed: the sender */
-    struct slot *slots;           /* with one_in_flight_per_partition, else NULL */
-    size_t strays;                /* in flight, not counted in their slot */
+    struct entry **flight;        /* with one_in_flight_per_partition, else NULL */
+    size_t buckets;               /* of flight: a power of two */
+    size_t flying;                /* items in flight */
 };
 
-/* The conf's size before one_in_flight_per_partition and event_id. */
-#define CONF_SIZE_1 (offsetof(kb_kit_backlog_conf, free_data) + sizeof(void (*)(void *)))
+/* The first release's fields sit where they were: an older caller's conf
+ * reads the same up to its own size. */
+_Static_assert(offsetof(kb_kit_backlog_conf, free_data) ==
+                   offsetof(struct kb__kit_backlog_conf_v1, free_data) &&
+               offsetof(kb_kit_backlog_conf, backoff_ms) ==
+                   offsetof(struct kb__kit_backlog_conf_v1, backoff_ms),
+               "kb_kit_backlog_conf moved a field of its first release");
 
 kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c)
 {
-    if (c->size != sizeof *c && c->size != CONF_SIZE_1) {
+    if (c->size != sizeof *c && c->size != sizeof(struct kb__kit_backlog_conf_v1)) {
         kb_errf(NULL, 0, "kit: kb_kit_backlog_conf.size is %zu, this kit's is %zu (set it to "
                 "sizeof the struct)", c->size, sizeof *c);
         return NULL;
@@ -74,16 +76,18 @@ kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c)
         b->room = kb_signal_new();
         b->reported = kb_signal_new();
         b->wake = kb_signal_new();
-        if (b->c.one_in_flight_per_partition)
-            b->slots = calloc(SLOTS, sizeof *b->slots);
+        if (b->c.one_in_flight_per_partition) {
+            b->buckets = FLIGHT_MIN;
+            b->flight = calloc(b->buckets, sizeof *b->flight);
+        }
     }
     if (b == NULL || b->room == NULL || b->reported == NULL || b->wake == NULL ||
-        (b->c.one_in_flight_per_partition && b->slots == NULL)) {
+        (b->c.one_in_flight_per_partition && b->flight == NULL)) {
         if (b != NULL) {
             kb_signal_free(b->room);
             kb_signal_free(b->reported);
             kb_signal_free(b->wake);
-            free(b->slots);
+            free(b->flight);
             free(b);
         }
         kb_errf(NULL, 0, "kit: out of memory for a backlog");
@@ -113,7 +117,7 @@ void kb_kit_backlog_free(kb_kit_backlog *b)
     kb_signal_free(b->room);
     kb_signal_free(b->reported);
     kb_signal_free(b->wake);
-    free(b->slots);
+    free(b->flight);
     pthread_mutex_destroy(&b->lock);
     free(b);
 }
@@ -277,39 +281,60 @@ static int behind_in_flight(const struct busy *s, const struct entry *e)
     return 0;
 }
 
+static struct entry **flight_bucket(const kb_kit_backlog *b, uint32_t partition)
+{
+    return &b->flight[kb_mix64(partition) & (b->buckets - 1)];
+}
+
+/* Twice the buckets, the chains spread over them; on out of memory the old
+ * ones stay. Caller holds the lock. */
+static void flight_grow(kb_kit_backlog *b)
+{
+    struct entry **old = b->flight;
+    size_t n = b->buckets;
+    struct entry **more = calloc(2 * n, sizeof *more);
+    if (more == NULL)
+        return;
+    b->flight = more;
+    b->buckets = 2 * n;
+    for (size_t i = 0; i < n; i++)
+        for (struct entry *e = old[i], *next; e != NULL; e = next) {
+            next = e->flying;
+            struct entry **head = flight_bucket(b, e->it.partition);
+            e->flying = *head;
+            *head = e;
+        }
+    free(old);
+}
+
 /* one_in_flight_per_partition's count: e is taken (up 1) or back (down 1).
  * Caller holds the lock. */
 static void count_flight(kb_kit_backlog *b, struct entry *e, int up)
 {
-    if (b->slots == NULL)
+    if (b->flight == NULL)
         return;
-    struct slot *s = &b->slots[e->it.partition % SLOTS];
-    if (!up) {
-        if (e->stray)
-            b->strays--;
-        else
-            s->in_flight--;
-        e->stray = 0;
-    } else if (s->in_flight == 0 || s->partition == e->it.partition) {
-        s->partition = e->it.partition;
-        s->in_flight++;
-    } else {
-        e->stray = 1;
-        b->strays++;
+    struct entry **at = flight_bucket(b, e->it.partition);
+    if (up) {
+        e->flying = *at;
+        *at = e;
+        if (++b->flying > b->buckets)
+            flight_grow(b);
+        return;
     }
+    while (*at != e)
+        at = &(*at)->flying;
+    *at = e->flying;
+    b->flying--;
 }
 
 /* With one_in_flight_per_partition: an item of `partition` is in flight, so
  * no other of it may go. Caller holds the lock. */
 static int partition_busy(const kb_kit_backlog *b, uint32_t partition)
 {
-    if (b->slots == NULL)
+    if (b->flight == NULL)
         return 0;
-    const struct slot *s = &b->slots[partition % SLOTS];
-    if (s->in_flight > 0 && s->partition == partition)
-        return 1;
-    for (const struct entry *e = b->strays > 0 ? b->head : NULL; e != NULL; e = e->next)
-        if (e->in_flight && e->it.partition == partition)
+    for (const struct entry *e = *flight_bucket(b, partition); e != NULL; e = e->flying)
+        if (e->it.partition == partition)
             return 1;
     return 0;
 }
@@ -422,7 +447,8 @@ int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
 
 /* One report per event of the item. A frame's events are named by
  * event_id when set (room for the index after the broker's ID), else each
- * is reported with the frame's ID. */
+ * is reported with the frame's ID; with no ID (NULL) each is reported
+ * without one, event_id not called. */
 static void report(kb_kit_backlog *b, const struct entry *e, int result, const char *id,
                    const char *error)
 {
@@ -433,7 +459,8 @@ static void report(kb_kit_backlog *b, const struct entry *e, int result, const c
     };
     char small[128], *name = NULL;
     size_t room = strlen(r.id) + 24;
-    if (e->it.events > 1 && result == KB_OK && b->c.event_id != NULL && e->keys != NULL)
+    if (e->it.events > 1 && result == KB_OK && id != NULL && b->c.event_id != NULL &&
+        e->keys != NULL)
         name = room <= sizeof small ? small : malloc(room);
     for (uint32_t i = 0; i < e->it.events; i++) {
         if (e->keys != NULL)

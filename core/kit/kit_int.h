@@ -22,4 +22,18 @@
 void kb__kit_share(const char *const *members, size_t n, const char *me, uint32_t partitions,
                    unsigned char *mine);
 
+/* kb_kit_backlog_conf as the kit first released it, frozen: a caller built
+ * then passes its sizeof (tail padding included, which differs from the
+ * offset of the first later field on an ABI that aligns int64_t to 8 on a
+ * 32-bit target), and kb_kit_backlog_new still takes it. Never edit it. */
+struct kb__kit_backlog_conf_v1 {
+    size_t size;
+    kb_bus *bus;
+    size_t capacity;
+    int timeout_ms;
+    uint32_t max_attempts;
+    int64_t backoff_ms, max_backoff_ms;
+    void (*free_data)(void *data);
+};
+
 #endif /* KB_KIT_INT_H */

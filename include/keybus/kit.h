@@ -305,7 +305,8 @@ typedef struct kb_kit_backlog_conf {
     /* Optional: the report ID of event `index` (from 0) of a frame, made from
      * the `id` given to kb_kit_backlog_done, into out (len bytes, at least
      * strlen(id) + 24, NUL-terminated). NULL: every event of a frame is
-     * reported with `id` itself. Runs in kb_kit_backlog_done, on its thread. */
+     * reported with `id` itself. Not called when done's `id` is NULL.
+     * Runs in kb_kit_backlog_done, on its thread. */
     void (*event_id)(const char *id, uint32_t index, char *out, size_t len);
 } kb_kit_backlog_conf;
 
@@ -353,7 +354,8 @@ KB_EXPORT int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char
 KB_EXPORT size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max,
                                      int64_t now);
 /* How a taken item went: result KB_OK with the broker's `id` (stored: its
- * report, one per event of a frame), or a KB_E* code with `error`. `retry`
+ * report, one per event of a frame; `id` NULL: reported with an empty ID),
+ * or a KB_E* code with `error`. `retry`
  * non-zero: send the same item again after the backoff, unless max_attempts
  * are used up; else it failed for good. Each item taken is done once; the
  * item is the kit's again from this call on (a stored one is freed here).
