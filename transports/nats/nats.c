@@ -326,6 +326,9 @@ static int nats_close(kb_transport *t, int64_t deadline)
      * its wait short: nothing it uses (KV, JetStream, the connection) goes
      * before it has left. Its calls fail at once on the closed connection. */
     kb_thread_join(t->leaser);
+    /* nats.c does not join the threads of its publish-ack and disconnected
+     * callbacks: one under way may still hold an item of a backlog */
+    kb__nats_pub_cbs_end(t, deadline > kb_now_ns() ? deadline : kb_deadline_ns(1000));
     /* what close gives up on is reported failed before it returns */
     char gave_up[700];
     if (why[0])
@@ -390,7 +393,7 @@ static int nats_close(kb_transport *t, int64_t deadline)
                 why[0] ? why : "server unreachable at close");
         return KB_ETRANSPORT;
     }
-    if (rc != KB_OK)   /* rejected by the server: kb_flush's report */
+    if (rc != KB_OK)   /* the last flush did not end in time */
         kb_errf(NULL, 0, "%s", why);
     return rc;
 }

@@ -152,6 +152,13 @@ int kb__nats_drain(kb_transport *t, int timeout_ms)
     int rc = settle(t, deadline);
     if (rc != KB_OK)
         return rc;
+    uint64_t refused = kb__nats_refused_take(t);
+    if (refused > 0) {
+        kb_errf(NULL, 0, "nats %s: %llu published events refused by the server since the last "
+                "kb_flush or kb_drain (each reported failed; kb_flush names the latest)",
+                t->url_safe, (unsigned long long)refused);
+        return KB_ETRANSPORT;
+    }
     uint64_t *target = calloc(t->partitions, sizeof *target);
     if (target == NULL)
         return KB_ENOMEM;

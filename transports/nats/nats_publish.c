@@ -98,10 +98,18 @@ int kb__nats_flush_until(kb_transport *t, int64_t deadline)
     }
 }
 
+uint64_t kb__nats_refused_take(kb_transport *t)
+{
+    uint64_t now = atomic_load(&t->pub_refused);
+    return now - atomic_exchange(&t->refused_told, now);
+}
+
 int kb__nats_flush(kb_transport *t, int timeout_ms)
 {
     int rc = kb__nats_flush_until(t, kb_deadline_ns(timeout_ms));
     if (rc == KB_ETIMEDOUT)
         kb_errf(NULL, 0, "nats %s: publishes not acked within %d ms", t->url_safe, timeout_ms);
+    if (rc == KB_OK)
+        kb__nats_refused_take(t);   /* kb_flush reports them: the bus counted each */
     return rc;
 }

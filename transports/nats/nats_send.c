@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "nats_flight.h"
 #include "nats_frame.h"
@@ -26,7 +27,6 @@ typedef struct kb_nats_pub {
     natsMsg *msg;                  /* ours while nats.c does not hold it, else NULL */
     kb_kit_item *item;             /* the kit's, from its first take on */
     kb_nats_topic *tp;
-    uint32_t part;
 } kb_nats_pub;
 
 static void pub_free(void *data)
@@ -98,12 +98,25 @@ int kb__nats_msg_event(kb_transport *t, kb_nats_topic *tp, uint32_t n, const voi
 }
 
 /* The partition's publish is settled (stored, or refused for good): its next
- * may go out (nats_batch.c, held()). */
-static void settled(kb_transport *t, kb_nats_pub *p)
+ * frame may go out (nats_batch.c, held()). Called after the item's done: the
+ * kit holds the partition's next item back until then, so a frame handed on
+ * earlier would wait for the acker's tick. */
+static void settled(kb_transport *t, kb_nats_batch *b)
 {
-    kb_nats_batch *b = &p->tp->batches[p->part];
     if (t->replicas > 1 && atomic_exchange(&b->unconfirmed, false))
         kb_signal_notify(t->resent);
+}
+
+/* An item the server refused for good (or no memory for its resend): its
+ * events fail, counted first for kb_drain and a dead letter's replay
+ * (they look once every report came), then its partition settles. */
+static void refuse(kb_transport *t, kb_nats_topic *tp, kb_kit_item *item, int code,
+                   const char *why)
+{
+    kb_nats_batch *b = &tp->batches[item->partition];
+    atomic_fetch_add(&t->pub_refused, item->events);
+    kb_kit_backlog_done(tp->backlog, item, code, 0, NULL, why);
+    settled(t, b);
 }
 
 /* A publish's MaxWait. For each, nats.c keeps a timer record (an allocation
@@ -130,8 +143,6 @@ static void take_back(kb_transport *t, const char *why)
                js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK;
     for (int i = 0; got && i < l.Count; i++) {
         kb_nats_pub *p = kb__nats_flight_take(t->flight, l.Msgs[i]);
-        if (p == NULL)
-            continue;   /* not a publish of the backlog: destroyed with the list */
         p->msg = l.Msgs[i];
         l.Msgs[i] = NULL;
         atomic_fetch_sub(&t->pub_out, 1);
@@ -207,9 +218,15 @@ void kb__nats_pump(kb_transport *t, kb_nats_topic *tp, bool reporter)
         bool lost = false;
         pthread_rwlock_rdlock(&t->pub_lock);
         if (pthread_mutex_trylock(&tp->send_mu) != 0) {
-            pthread_rwlock_unlock(&t->pub_lock);
-            return;   /* that sender takes it, or the acker's next tick */
+            /* The holder takes again once it unlocked; or it unlocked just
+             * now, before it could see the flag: then this thread goes. */
+            atomic_store(&tp->pump_again, true);
+            if (pthread_mutex_trylock(&tp->send_mu) != 0) {
+                pthread_rwlock_unlock(&t->pub_lock);
+                return;
+            }
         }
+        atomic_store(&tp->pump_again, false);
         n = pump_once(t, tp, reporter, &lost, refused, &nrefused);
         pthread_mutex_unlock(&tp->send_mu);
         pthread_rwlock_unlock(&t->pub_lock);
@@ -218,13 +235,11 @@ void kb__nats_pump(kb_transport *t, kb_nats_topic *tp, bool reporter)
             kb_log(t->bus, KB_LOG_ERROR, "nats %s: publish rejected: %s (%u events): over "
                    "the server's max_payload", t->url_safe, natsMsg_GetSubject(p->msg),
                    refused[k]->events);
-            settled(t, p);
-            kb_kit_backlog_done(tp->backlog, refused[k], KB_ETRANSPORT, 0, NULL,
-                                "over the server's max_payload");
+            refuse(t, tp, refused[k], KB_ETRANSPORT, "over the server's max_payload");
         }
         if (lost)
             take_back(t, "connection lost");
-        if (n < PUMP_BATCH)
+        if (n < PUMP_BATCH && !atomic_load(&tp->pump_again))
             return;
     }
 }
@@ -238,7 +253,7 @@ int kb__nats_send(kb_transport *t, kb_nats_topic *tp, uint32_t n, natsMsg *msg,
         kb_errf(NULL, 0, "nats: out of memory for a publish");
         return KB_ENOMEM;
     }
-    *p = (kb_nats_pub){.msg = msg, .tp = tp, .part = n};
+    *p = (kb_nats_pub){.msg = msg, .tp = tp};
     int rc = kb_kit_backlog_add_frame(tp->backlog, p, tp->name, n, keys, events, NULL);
     if (rc != KB_OK) {
         pub_free(p);
@@ -249,14 +264,43 @@ int kb__nats_send(kb_transport *t, kb_nats_topic *tp, uint32_t n, natsMsg *msg,
 }
 
 /* The stream sequence a publish was stored at: kb_drain's target for its
- * partition. */
-static void note_stored(kb_transport *t, kb_nats_pub *p, uint64_t seq)
+ * partition, set before the report (kb_drain reads it once flushed). */
+static void note_stored(kb_nats_batch *b, uint64_t seq)
 {
-    kb_nats_batch *b = &p->tp->batches[p->part];
     uint64_t cur = atomic_load(&b->stored_seq);
     while (cur < seq && !atomic_compare_exchange_weak(&b->stored_seq, &cur, seq))
         ;
-    settled(t, p);
+}
+
+/* A publish-ack or disconnected callback begins: false once close is past
+ * natsConnection_Close (what is left is close's own; the caller returns
+ * at once). Else it is counted until cb_end, and close waits for it. */
+static bool cb_begin(kb_transport *t)
+{
+    atomic_fetch_add(&t->pub_cbs_in, 1);
+    if (!atomic_load(&t->pub_cbs_off))
+        return true;
+    atomic_fetch_sub(&t->pub_cbs_in, 1);
+    return false;
+}
+
+static void cb_end(kb_transport *t)
+{
+    atomic_fetch_sub(&t->pub_cbs_in, 1);   /* the last touch of t */
+}
+
+void kb__nats_pub_cbs_end(kb_transport *t, int64_t deadline)
+{
+    atomic_store(&t->pub_cbs_off, 1);
+    bool warned = false;
+    while (atomic_load(&t->pub_cbs_in) > 0) {
+        if (!warned && kb_now_ns() >= deadline) {
+            kb_log(t->bus, KB_LOG_WARNING, "nats %s: kb_close waits past its deadline for a "
+                   "publish ack's delivery report callback to return", t->url_safe);
+            warned = true;
+        }
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
 }
 
 /* The connection broke (nats.c's callback thread): take back what is not
@@ -265,11 +309,14 @@ void kb__nats_disconnected(natsConnection *nc, void *closure)
 {
     (void)nc;
     kb_transport *t = closure;
-    if (atomic_load(&t->closing))
-        return;   /* our own natsConnection_Close */
-    kb_log(t->bus, KB_LOG_WARNING, "nats %s: disconnected, reconnecting", t->url_safe);
-    kb_bus_state_report(t->bus, KB_STATE_DISCONNECTED, "connection lost; reconnecting");
-    take_back(t, "connection lost");
+    if (!cb_begin(t))
+        return;
+    if (!atomic_load(&t->closing)) {   /* else our own natsConnection_Close */
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: disconnected, reconnecting", t->url_safe);
+        kb_bus_state_report(t->bus, KB_STATE_DISCONNECTED, "connection lost; reconnecting");
+        take_back(t, "connection lost");
+    }
+    cb_end(t);
 }
 
 /* Messages the connection has read so far (0 if it cannot tell). */
@@ -337,24 +384,32 @@ static void pub_err(kb_transport *t, kb_nats_pub *p, natsMsg *msg, jsPubAckErr *
     }
     kb_log(t->bus, KB_LOG_ERROR, "nats %s: publish rejected: %s (%u events): %s", t->url_safe,
            natsMsg_GetSubject(msg), p->item->events, why);
-    settled(t, p);
-    kb_kit_backlog_done(p->tp->backlog, p->item, code, 0, NULL, why);
+    refuse(t, p->tp, p->item, code, why);
 }
 
 void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void *closure)
 {
     (void)js;
     kb_transport *t = closure;
+    if (!cb_begin(t)) {
+        natsMsg_Destroy(msg);
+        return;
+    }
     atomic_fetch_sub(&t->pub_out, 1);
     atomic_store(&t->pub_moved_ns, kb_now_ns());
     kb_nats_pub *p = msg != NULL ? kb__nats_flight_take(t->flight, msg) : NULL;
     if (p != NULL && pa != NULL) {
+        kb_nats_topic *tp = p->tp;
+        kb_kit_item *item = p->item;   /* p goes with the item's done */
+        kb_nats_batch *b = &tp->batches[item->partition];
         char id[24];
         id[kb__nats_put_u64(id, pa->Sequence)] = '\0';
-        note_stored(t, p, pa->Sequence);
-        kb_kit_backlog_done(p->tp->backlog, p->item, KB_OK, 0, id, NULL);
+        note_stored(b, pa->Sequence);
+        kb_kit_backlog_done(tp->backlog, item, KB_OK, 0, id, NULL);
+        settled(t, b);
     } else if (p != NULL && pae != NULL) {
         pub_err(t, p, msg, pae);
     }
     natsMsg_Destroy(msg);
+    cb_end(t);
 }

@@ -202,6 +202,7 @@ struct kb_transport_topic {
      * (nats_send.c); send_mu makes one thread at a time its sender */
     kb_kit_backlog *backlog;
     pthread_mutex_t send_mu;
+    _Atomic bool pump_again;       /* a pump found send_mu taken: its holder takes again */
     _Atomic uint64_t published;
     _Atomic uint64_t unowned;      /* deliveries released by still_owned: lease lost */
     _Atomic uint64_t trimmed;      /* messages the stream's limits removed unread (wide claims) */
@@ -278,6 +279,13 @@ struct kb_transport {
     pthread_rwlock_t pub_lock;
     struct kb_nats_flight *flight;     /* the publishes nats.c holds, by message */
     _Atomic int64_t pub_out;           /* publishes nats.c holds unacked (nats_send.c) */
+    /* publish-ack and disconnected callbacks running; close waits for none
+     * once it set pub_cbs_off (after natsConnection_Close), which makes later
+     * ones return at once: nats.c does not join their threads */
+    _Atomic int pub_cbs_in;
+    _Atomic int pub_cbs_off;
+    _Atomic uint64_t pub_refused;      /* events the server refused for good, ever */
+    _Atomic uint64_t refused_told;     /* pub_refused as kb_flush or kb_drain last saw it */
     _Atomic int64_t pub_moved_ns;      /* last publish ack, or the first publish after none
                                           were out: a stall is measured from it */
     uint64_t stall_in_msgs;            /* acker: messages the connection had read */
