@@ -41,19 +41,21 @@ static bool full(const kb_transport *t, const kb_nats_batch *b, size_t need, siz
     return b->count > 0 && (b->count >= t->batch_events || b->len + need > budget || upgrade);
 }
 
-/* The keys of the frame's events, for their delivery reports (NULL when
- * the bus wants none, or on out of memory: *rc says which). */
-static kb_kit_key *frame_keys(kb_transport *t, const kb_nats_batch *b, int *rc)
+/* The keys of the frame's events, for their delivery reports, in b->keys
+ * (kept for the partition's next frame: the backlog copies them); NULL
+ * when the bus wants none, or on out of memory: *rc says which. */
+static kb_kit_key *frame_keys(kb_transport *t, kb_nats_batch *b, int *rc)
 {
     *rc = KB_OK;
     if (!kb_bus_delivery_wanted(t->bus))
         return NULL;
-    kb_kit_key *keys = malloc(b->count * sizeof *keys);
-    if (keys == NULL) {
+    void *room = b->keys;
+    if (kb_vec_reserve(&room, &b->keys_cap, b->count, sizeof *b->keys) != KB_OK) {
         kb_errf(NULL, 0, "nats: out of memory for a publish");
         *rc = KB_ENOMEM;
         return NULL;
     }
+    kb_kit_key *keys = b->keys = room;
     kb_nats_frame f = {b->buf, b->buf + b->len, b->count, b->v2 ? 2 : 1};
     kb_frame_event ev;
     for (uint32_t i = 0; i < b->count && kb__nats_frame_next(&f, &ev); i++)
@@ -104,8 +106,6 @@ static int send_locked(kb_transport *t, kb_nats_topic *tp, uint32_t n, kb_nats_b
         atomic_store(&b->unconfirmed, true);   /* before: the ack may come at once */
     if (rc == KB_OK)
         rc = kb__nats_send(t, tp, n, msg, keys, b->count);
-    if (keys != &one)
-        free(keys);
     if (rc != KB_OK && t->replicas > 1)
         atomic_store(&b->unconfirmed, false);
     if (rc == KB_OK) {

@@ -214,6 +214,7 @@ uint64_t kb__nats_topic_free(kb_transport *t, kb_nats_topic *tp)
     for (uint32_t i = 0; i < t->partitions; i++) {
         unsent += tp->batches[i].count;
         free(tp->batches[i].buf);
+        free(tp->batches[i].keys);
         pthread_mutex_destroy(&tp->batches[i].mu);
     }
     kb_kit_backlog_free(tp->backlog);

@@ -146,6 +146,8 @@ typedef struct kb_nats_batch {
     uint32_t count;
     int64_t first_ns;              /* when the oldest buffered event came */
     int64_t last_send_ns;
+    kb_kit_key *keys;              /* a frame's keys for the backlog (it copies them) */
+    size_t keys_cap;
     bool v2;                       /* entries carry headers (Kb-Frame: 2) */
     /* nats.replicas > 1: a publish of this partition is out and not yet
      * acked, so the next one waits (nats_batch.c, "one unconfirmed") */
