@@ -853,6 +853,20 @@ static void count_stray(int level, const char *msg, void *opaque)
         atomic_fetch_add(&stray_logged, 1);
 }
 
+/* A bus owning the topic's one partition, swept and reading: event 1 of
+ * aggregate 0 handled. */
+static kb_bus *reading_one_partition(const char *topic, struct seen *s)
+{
+    kb_bus *b = open_one_partition(count_stray);
+    kb_tracker_init(&s->t, 1);
+    kb_assert_ok(kb_subscribe(b, topic, seen_handler, s));
+    kb_assert_ok(kb_tracker_publish(b, topic, 0, 1, 8));
+    kb_assert_ok(kb_flush(b, 5000));
+    wait_for(&s->n, 1);
+    assert_int_equal(atomic_load(&s->n), 1);
+    return b;
+}
+
 /* "ghost" reads event 2 after this owner's sweep, as a process paused past its
  * lease would (its read served late): the owner's next read brings event 3,
  * whose XPENDING check shows the ghost's entry, so the owner delivers nothing
@@ -865,14 +879,8 @@ static void stray_read_swept_first(void **state)
     unique_topic(topic, sizeof topic, "stray");
     snprintf(stream, sizeof stream, "kb:{%s}:p:0", topic);
     atomic_store(&stray_logged, 0);
-    kb_bus *b = open_one_partition(count_stray);
     struct seen s = {0};
-    kb_tracker_init(&s.t, 1);
-    kb_assert_ok(kb_subscribe(b, topic, seen_handler, &s));
-    kb_assert_ok(kb_tracker_publish(b, topic, 0, 1, 8));
-    kb_assert_ok(kb_flush(b, 5000));
-    wait_for(&s.n, 1);   /* swept and reading: event 1 handled */
-    assert_int_equal(atomic_load(&s.n), 1);
+    kb_bus *b = reading_one_partition(topic, &s);
     /* in one transaction, so the owner's blocked read cannot take it first */
     redisContext *c = raw();
     uint32_t key = 0, seq = 2;
@@ -901,6 +909,41 @@ static void stray_read_swept_first(void **state)
     assert_int_equal(s.t.order_violations, 0);
     assert_int_equal(s.t.duplicates, 0);
     assert_true(atomic_load(&stray_logged) >= 1);
+    kb_tracker_destroy(&s.t);
+    redisFree(c);
+}
+
+/* A read whose lease check fails hands nothing to the handler: the lease holds
+ * another's token on the server (as after a failover that lost the last
+ * renewal) while the local deadline is still ahead, and the event read stays
+ * pending. Without the read's checks, or with their verdict ignored, the
+ * executor would run it within microseconds, long before the keeper's next
+ * renewal (a quarter of the 10 s TTL) could find the lease gone. */
+static void failed_read_unhandled(void **state)
+{
+    (void)state;
+    char topic[96], lease[160];
+    unique_topic(topic, sizeof topic, "verdict");
+    snprintf(lease, sizeof lease, "kb:{%s}:lease:0", topic);
+    struct seen s = {0};
+    kb_bus *b = reading_one_partition(topic, &s);
+    usleep(50000);   /* the next read blocks */
+    redisContext *c = raw();
+    redisReply *r = redisCommand(c, "SET %s someone-else KEEPTTL", lease);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    kb_assert_ok(kb_tracker_publish(b, topic, 0, 2, 8));
+    kb_assert_ok(kb_flush(b, 5000));
+    for (int i = 0; i < 200 && pending_in(c, topic) == 0; i++)
+        usleep(5000);   /* read: pending for this process */
+    usleep(300000);
+    long long left = pending_in(c, topic);
+    uint64_t handled = atomic_load(&s.n);
+    kb_assert_ok(kb_close(b, 5000));
+    assert_int_equal(handled, 1);
+    assert_int_equal(left, 1);
+    assert_int_equal(s.t.order_violations, 0);
     kb_tracker_destroy(&s.t);
     redisFree(c);
 }
@@ -991,6 +1034,7 @@ int main(void)
         cmocka_unit_test(acks_kept_while_mget_refused),
         cmocka_unit_test(plain_reads),
         cmocka_unit_test(stray_read_swept_first),
+        cmocka_unit_test(failed_read_unhandled),
         cmocka_unit_test(maxlen_trims),
         cmocka_unit_test(trimmed_while_pending),
     };

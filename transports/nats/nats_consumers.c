@@ -397,9 +397,8 @@ static bool claim_renudge(kb_transport *t, kb_nats_claim *c)
     return ok;
 }
 
-/* At most this many consumer calls at once: the meta leader orders them
- * anyway, and a bus with hundreds of new topics should not start hundreds of
- * threads. */
+/* At most this many threads per batch of consumer calls; a bigger batch's
+ * calls share them. */
 #define CALLS_AT_ONCE 16
 
 typedef struct call {
@@ -409,20 +408,12 @@ typedef struct call {
     const char *del;           /* a deletion of this consumer, or */
     kb_nats_claim *renudge;    /* a look at this claim's consumer after a reconnect */
     bool ok;                   /* the look's answer came */
-    struct batch *batch;
-    int64_t until;             /* a creation waits at most until then (0: no bound) */
 } call;
 
-/* A creation that goes unanswered is tried again next round under its name,
- * so it need not wait past the round's end: the lease thread's renewals
- * come first (at least 200 ms, a creation's usual time on a loaded cluster). */
 static void call_run(call *k)
 {
     jsOptions o;
     call_opts(k->t, &o);
-    int64_t left_ms = k->until > 0 ? (k->until - kb_now_ns()) / 1000000 : o.Wait;
-    if (left_ms < o.Wait)
-        o.Wait = left_ms > 200 ? left_ms : 200;
     if (k->open != NULL) {
         jsConsumerInfo *ci = NULL;
         int64_t start = kb_now_ns();
@@ -431,67 +422,100 @@ static void call_run(call *k)
         jsConsumerInfo_Destroy(ci);
     } else if (k->del != NULL) {
         js_DeleteConsumer(k->t->js, k->stream, k->del, &o, NULL);
+        kb__nats_progress_forget(k->t, k->stream, k->del);
     } else {
         k->ok = claim_renudge(k->t, k->renudge);
     }
 }
 
-typedef struct batch {
+/* A batch of calls in flight: its threads take the calls in order. */
+struct kb_nats_calls {
+    kb_transport *t;
     call *k;
-    _Atomic size_t done;
-} batch;
+    size_t n;
+    const char **names;        /* a deletion batch's consumers (borrowed strings) */
+    int64_t start_by;          /* no call starts after it (0: no bound) */
+    _Atomic size_t next;       /* the next call to take */
+    _Atomic size_t left;       /* threads still running */
+    pthread_t th[CALLS_AT_ONCE];
+    size_t nth;
+};
 
-static void *batch_run(void *arg)
+static void *calls_thread(void *arg)
 {
-    call *k = arg;
-    call_run(k);
+    kb_nats_calls *b = arg;
+    for (size_t i; (i = atomic_fetch_add(&b->next, 1)) < b->n;)
+        if (b->start_by == 0 || kb_now_ns() < b->start_by)
+            call_run(&b->k[i]);
     nats_ReleaseThreadMemory();
-    atomic_fetch_add(&k->batch->done, 1);
+    atomic_fetch_sub(&b->left, 1);
     return NULL;
 }
 
-/* Run the calls CALLS_AT_ONCE at a time, each on a thread of its own (a lone
- * call, or one whose thread cannot be started, on the caller's); while they
- * wait on the server, `idle` runs every few milliseconds (the lease thread's
- * hand-overs). No batch starts after start_by (0: no bound): the calls left
- * are not made. */
-static void calls_run(call *k, size_t n, void (*idle)(kb_transport *t), int64_t start_by)
+/* Start the calls (the batch owns k), each batch on threads of its own
+ * even for one call: the caller goes on. NULL on out of memory (k freed, no
+ * call made). A thread that cannot be started leaves its share to the
+ * others, or, with none started, to the caller's thread at once. */
+static kb_nats_calls *calls_start(kb_transport *t, call *k, size_t n, const char **names,
+                                  int64_t start_by)
 {
-    for (size_t at = 0; at < n && (start_by == 0 || kb_now_ns() < start_by);
-         at += CALLS_AT_ONCE) {
-        pthread_t th[CALLS_AT_ONCE];
-        bool started[CALLS_AT_ONCE];
-        batch b = {k + at, 0};
-        size_t m = n - at < CALLS_AT_ONCE ? n - at : CALLS_AT_ONCE;
-        for (size_t i = 0; i < m; i++) {
-            k[at + i].batch = &b;
-            started[i] = m > 1 && pthread_create(&th[i], NULL, batch_run, &k[at + i]) == 0;
-            if (!started[i])
-                batch_run(&k[at + i]);
-        }
-        while (atomic_load(&b.done) < m) {
-            if (idle != NULL)
-                idle(k->t);
-            nanosleep(&(struct timespec){0, 5000000}, NULL);
-        }
-        for (size_t i = 0; i < m; i++)
-            if (started[i])
-                pthread_join(th[i], NULL);
+    kb_nats_calls *b = k != NULL ? calloc(1, sizeof *b) : NULL;
+    if (b == NULL) {
+        free(k);
+        free(names);
+        return NULL;
+    }
+    *b = (kb_nats_calls){.t = t, .k = k, .n = n, .names = names, .start_by = start_by};
+    size_t want = n < CALLS_AT_ONCE ? n : CALLS_AT_ONCE;
+    atomic_store(&b->left, want);
+    for (size_t i = 0; i < want; i++)
+        if (pthread_create(&b->th[b->nth], NULL, calls_thread, b) == 0)
+            b->nth++;
+        else
+            atomic_fetch_sub(&b->left, 1);
+    if (b->nth == 0 && n > 0) {
+        atomic_store(&b->left, 1);
+        calls_thread(b);
+    }
+    return b;
+}
+
+bool kb__nats_calls_done(kb_nats_calls *b)
+{
+    return b == NULL || atomic_load(&b->left) == 0;
+}
+
+void kb__nats_calls_end(kb_nats_calls *b)
+{
+    if (b == NULL)
+        return;
+    for (size_t i = 0; i < b->nth; i++)
+        pthread_join(b->th[i], NULL);
+    free(b->names);
+    free(b->k);
+    free(b);
+}
+
+/* Wait for the calls; `idle` (may be NULL) runs every few milliseconds
+ * meanwhile. */
+static void calls_wait(kb_nats_calls *b, void (*idle)(kb_transport *t))
+{
+    while (!kb__nats_calls_done(b)) {
+        if (idle != NULL)
+            idle(b->t);
+        nanosleep(&(struct timespec){0, 5000000}, NULL);
     }
 }
 
-void kb__nats_consumers_create(kb_transport *t, kb_nats_opening *o, size_t n, int64_t until,
-                               void (*idle)(kb_transport *t))
+kb_nats_calls *kb__nats_consumers_start(kb_transport *t, kb_nats_opening *o, size_t n)
 {
     call *k = calloc(n, sizeof *k);
     for (size_t i = 0; i < n; i++) {
         o[i].s = NATS_NO_MEMORY;
         if (k != NULL)
-            k[i] = (call){t, o[i].c->part->topic->stream, &o[i], NULL, NULL, false, NULL, until};
+            k[i] = (call){t, o[i].c->part->topic->stream, &o[i], NULL, NULL, false};
     }
-    if (k != NULL)
-        calls_run(k, n, idle, 0);
-    free(k);
+    return calls_start(t, k, n, NULL, 0);
 }
 
 /* Does a claim made now carry on consumer `name`: an earlier partition
@@ -503,27 +527,32 @@ static bool replaced_by(const kb_transport *t, const char *name, const kb_nats_o
     long part = kb__nats_consumer_part(t, name);
     bool wide = kb__nats_consumer_wide(t, name);
     for (size_t i = 0; i < n; i++)
-        if (o[i].s == NATS_OK && strcmp(name, o[i].c->consumer) != 0 &&
+        if (o[i].claimed && strcmp(name, o[i].c->consumer) != 0 &&
             (o[i].c->wide ? wide : (long)o[i].c->part->n == part))
             return true;
     return false;
 }
 
-/* Delete the consumers, and their progress records, at once. */
-static void delete_all(kb_transport *t, kb_nats_topic *tp, const char **names, size_t n)
+/* The deletions of the consumers in names (an array the batch takes). */
+static kb_nats_calls *deletions_start(kb_transport *t, kb_nats_topic *tp, const char **names,
+                                      size_t n)
 {
-    call *k = calloc(n, sizeof *k);
+    call *k = calloc(n + 1, sizeof *k);
     for (size_t i = 0; k != NULL && i < n; i++)
-        k[i] = (call){t, tp->stream, NULL, names[i], NULL, false, NULL, 0};
-    if (k != NULL)
-        calls_run(k, n, NULL, 0);
-    free(k);
-    for (size_t i = 0; i < n; i++)
-        kb__nats_progress_forget(t, tp->stream, names[i]);
+        k[i] = (call){t, tp->stream, NULL, names[i], NULL, false};
+    return calls_start(t, k, n, names, 0);
 }
 
-void kb__nats_consumers_retire(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l,
-                               const kb_nats_opening *o, size_t n)
+/* Delete the consumers, and their progress records, and wait. */
+static void delete_all(kb_transport *t, kb_nats_topic *tp, const char **names, size_t n)
+{
+    kb_nats_calls *b = deletions_start(t, tp, names, n);
+    calls_wait(b, NULL);
+    kb__nats_calls_end(b);
+}
+
+kb_nats_calls *kb__nats_consumers_retire(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l,
+                                         const kb_nats_opening *o, size_t n)
 {
     const char **names = calloc((size_t)name_count(l) + n + 1, sizeof *names);
     size_t m = 0;
@@ -536,8 +565,15 @@ void kb__nats_consumers_retire(kb_transport *t, kb_nats_topic *tp, kb_nats_listi
     for (size_t i = 0; names != NULL && i < n; i++)
         if (o[i].s != NATS_OK && o[i].s != NATS_TIMEOUT && o[i].retried)
             names[m++] = o[i].c->consumer;
-    delete_all(t, tp, names, m);
-    free(names);
+    /* made, but its partition went elsewhere meanwhile: never read */
+    for (size_t i = 0; names != NULL && i < n; i++)
+        if (o[i].s == NATS_OK && !o[i].claimed)
+            names[m++] = o[i].c->consumer;
+    if (m == 0) {
+        free(names);
+        return NULL;
+    }
+    return deletions_start(t, tp, names, m);
 }
 
 void kb__nats_wide_retire(kb_transport *t, kb_nats_topic *tp)
@@ -560,9 +596,10 @@ void kb__nats_wide_retire(kb_transport *t, kb_nats_topic *tp)
         if (kb__nats_consumer_wide(t, list->List[i]))
             wide[nwide++] = list->List[i];
     }
-    if (owned == t->partitions)
-        delete_all(t, tp, wide, nwide);
-    free(wide);
+    if (owned == t->partitions && nwide > 0)
+        delete_all(t, tp, wide, nwide);   /* takes `wide` */
+    else
+        free(wide);
     free(has);
     jsConsumerNamesList_Destroy(list);
 }
@@ -573,14 +610,13 @@ bool kb__nats_claims_renudge(kb_transport *t, kb_nats_claim **claims, size_t n, 
     if (n == 0)
         return true;
     call *k = calloc(n, sizeof *k);
-    if (k == NULL)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        k[i] = (call){t, claims[i]->part->topic->stream, NULL, NULL, claims[i], false, NULL, 0};
-    calls_run(k, n, idle, until);
-    bool ok = true;
-    for (size_t i = 0; i < n; i++)
-        ok = ok && k[i].ok;
-    free(k);
+    for (size_t i = 0; k != NULL && i < n; i++)
+        k[i] = (call){t, claims[i]->part->topic->stream, NULL, NULL, claims[i], false};
+    kb_nats_calls *b = calls_start(t, k, n, NULL, until);
+    calls_wait(b, idle);
+    bool ok = b != NULL;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = b->k[i].ok;
+    kb__nats_calls_end(b);
     return ok;
 }

@@ -39,6 +39,8 @@ typedef struct kb_nats_opening {
     char desc[32 + 22 * KB_NATS_MARKS];
     char filter[KB_NATS_NAME];
     bool retried;                  /* its name was tried before, unanswered */
+    uint32_t leases_ended;         /* its partitions' count when it was prepared */
+    bool claimed;                  /* made, and its claim took over */
     natsStatus s;
     jsErrCode jerr;
     int64_t took_ns;               /* its creation's round trip */
@@ -55,18 +57,27 @@ bool kb__nats_earlier_readable(kb_transport *t, kb_nats_part *p, bool wide, kb_n
  * consumers covering its partitions, carries their deliveries and progress,
  * and settles without a handler what they acked above it. */
 void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listing *l);
-/* Create the consumers of n openings at once, each on a thread of its own
- * for the call: a replicated consumer takes the server a few hundred
- * milliseconds (its own Raft group), so claims taken one after the other
- * cost their sum. Each o->s says how its creation went; none waits past
- * `until` (monotonic ns; at least 200 ms). `idle` (may be NULL) runs every
- * few milliseconds meanwhile. */
-void kb__nats_consumers_create(kb_transport *t, kb_nats_opening *o, size_t n, int64_t until,
-                               void (*idle)(kb_transport *t));
-/* Delete the earlier consumers the new claims carry on (partition ones of
- * the claims' partitions; for a wide claim, the earlier wide ones), at once. */
-void kb__nats_consumers_retire(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l,
-                               const kb_nats_opening *o, size_t n);
+/* Consumer calls in flight, on threads of their own (at most 16 per batch):
+ * a replicated consumer takes the server a few hundred milliseconds to create
+ * (its own Raft group), so claims made one after the other would cost their
+ * sum, and a lease thread that waited for them could not hand over or take
+ * a lease meanwhile. */
+typedef struct kb_nats_calls kb_nats_calls;
+/* Have the calls all returned? (NULL: none was started.) */
+bool kb__nats_calls_done(kb_nats_calls *b);
+/* Join a finished batch's threads and free it; a deletion batch's progress
+ * records are deleted too. NULL: nothing. */
+void kb__nats_calls_end(kb_nats_calls *b);
+/* Start creating the consumers of n openings (n > 0), which must stay put
+ * until the batch is done; each o->s then says how its creation went. NULL
+ * on out of memory (no creation made). */
+kb_nats_calls *kb__nats_consumers_start(kb_transport *t, kb_nats_opening *o, size_t n);
+/* Start deleting the earlier consumers the claims that took over carry on
+ * (partition ones of their partitions; for a wide claim, the earlier wide
+ * ones), and those made for claims that did not take over; the listing must
+ * stay until the batch ends. NULL when there are none. */
+kb_nats_calls *kb__nats_consumers_retire(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l,
+                                         const kb_nats_opening *o, size_t n);
 /* Delete the topic's wide consumers once every partition has its own. */
 void kb__nats_wide_retire(kb_transport *t, kb_nats_topic *tp);
 

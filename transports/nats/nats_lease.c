@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "nats_claim.h"
 #include "nats_consumers.h"
@@ -19,23 +20,21 @@
 #include "nats_progress.h"
 #include "nats_watch.h"
 
-static void member_prefix(kb_transport *t, kb_nats_topic *tp, char *buf, size_t len)
+/* How long the partitions of a member that left wait for a replacement. */
+#define LEAVE_GRACE_MS 300
+
+/* Does the claim of o cover partition p (its own, or every one: wide)? */
+static bool opening_covers(const kb_nats_opening *o, const kb_nats_part *p)
 {
-    snprintf(buf, len, "m.%s.%s.", tp->stream, t->group);
+    return o->c->wide || p == o->c->part;
 }
 
-/* KV keys allow [-/_=.a-zA-Z0-9]: anything else in the consumer name becomes '_'. */
-void kb__nats_member_key(kb_transport *t, kb_nats_topic *tp, char *buf, size_t len)
+/* A claim never published gives up: nothing feeds it, and the acker frees
+ * it, so the hand-overs of its partitions do not wait for it. */
+static void claim_unpublished(kb_nats_claim *c)
 {
-    member_prefix(t, tp, buf, len);
-    size_t o = strlen(buf);
-    for (const char *p = t->id; *p && o + 1 < len; p++) {
-        char ch = *p;
-        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-                 ch == '-' || ch == '_' || ch == '=';
-        buf[o++] = ok ? ch : '_';
-    }
-    buf[o] = '\0';
+    atomic_store(&c->fenced, 1);
+    atomic_store(&c->feeder_left, 1);
 }
 
 typedef struct members {
@@ -62,7 +61,7 @@ static void members_add(const char *key, void *arg)
 static bool members_load(kb_transport *t, kb_nats_topic *tp, const kb_nats_roster *r, members *ms)
 {
     char pre[2 * KB_NATS_NAME];
-    member_prefix(t, tp, pre, sizeof pre);
+    kb__nats_member_prefix(t, tp, pre, sizeof pre);
     kb__nats_member_key(t, tp, ms->mine, sizeof ms->mine);
     ms->pl = strlen(pre);
     ms->n = 0;
@@ -134,6 +133,7 @@ static void lease_gone(kb_transport *t, kb_nats_part *p)
         kb_bus_lease_changed(t->bus, p->subject, p->n, 0);
     p->lease_rev = 0;
     p->releasing = false;
+    p->leases_ended++;
 }
 
 /* When the lease of p runs out locally: TTL - TTL/6 after its last take or
@@ -270,6 +270,11 @@ bool kb__nats_part_keep(kb_transport *t, kb_nats_part *p, bool *feed_down)
     if (!p->releasing) {
         claim_end(t, p);
         p->releasing = true;
+        /* a claim whose consumer is still being made is given up at once
+         * (its consumer is deleted when made): the lease goes now, not when
+         * the server has made a consumer nobody will read */
+        if (p->creating != NULL)   /* never published (nor will it be) */
+            claim_unpublished(p->creating);
     }
     return release_step(t, p, feed_down);
 }
@@ -323,6 +328,14 @@ static bool taken(kb_transport *t, const kb_nats_kv_ops *ops)
 static void acquire_all(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd)
 {
     kb_nats_kv_ops creates = {NULL, 0, 0, 0}, reads = {NULL, 0, 0, 0}, puts = {NULL, 0, 0, 0};
+    /* A member that left is often replaced within moments (a rolling
+     * deploy): its partitions are taken after LEAVE_GRACE_MS, by whoever
+     * ranks first then, instead of moving here and on to the replacement. */
+    int64_t left = atomic_load(&tp->member_left_ns), held = left + LEAVE_GRACE_MS * 1000000LL;
+    if (left != 0 && kb_now_ns() < held) {
+        rd->held_until = held;
+        return;
+    }
     for (uint32_t i = 0; i < t->partitions; i++) {
         kb_nats_part *p = &tp->parts[i];
         if (p->wanted && p->lease_rev == 0 && !p->releasing)
@@ -354,31 +367,63 @@ static void acquire_all(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd)
 /* Does the partition need a claim this round (its lease held, no claim)? */
 static bool needs_claim(kb_transport *t, kb_nats_part *p, kb_nats_round *rd)
 {
-    if (p->releasing || atomic_load(&t->stopping) || p->lease_rev == 0)
+    if (p->releasing || p->creating != NULL || atomic_load(&t->stopping) || p->lease_rev == 0)
         return false;
     kb_nats_claim *c = atomic_load(&p->claim);
     return (c == NULL || atomic_load(&c->fenced)) &&
            fresh_revision(t, p, atomic_load(&p->claims), rd);
 }
 
+/* The times the leases o covers ended (lost or released) so far. */
+static uint32_t leases_ended(const kb_transport *t, const kb_nats_opening *o)
+{
+    uint32_t ended = 0;
+    kb_nats_part *parts = o->c->part->topic->parts;
+    for (uint32_t i = 0; i < t->partitions; i++)
+        if (opening_covers(o, &parts[i]))
+            ended += parts[i].leases_ended;
+    return ended;
+}
+
+/* May the claim of o take over now that its consumer is made? Not when a
+ * lease it covers ended meanwhile (another owner may have handled past its
+ * floor), nor when one of its partitions ranks elsewhere now or is being
+ * handed over (the next owner would only wait for it). */
+static bool still_wanted(const kb_transport *t, const kb_nats_opening *o)
+{
+    if (leases_ended(t, o) != o->leases_ended)
+        return false;
+    kb_nats_part *parts = o->c->part->topic->parts;
+    for (uint32_t i = 0; i < t->partitions; i++)
+        if (opening_covers(o, &parts[i]) &&
+            (parts[i].lease_rev == 0 || !parts[i].wanted || parts[i].releasing))
+            return false;
+    return true;
+}
+
 /* The claims whose consumers were created take over their partitions. */
-static void claims_publish(kb_transport *t, kb_nats_opening *o, size_t n, kb_nats_round *rd)
+static void claims_publish(kb_transport *t, kb_nats_opening *o, size_t n, bool *again)
 {
     for (size_t i = 0; i < n; i++) {
         kb_nats_claim *c = o[i].c;
-        if (o[i].s != NATS_OK) {
+        bool made = o[i].s == NATS_OK, wanted = made && still_wanted(t, &o[i]);
+        if (!made)
             kb_log(t->bus, KB_LOG_WARNING, "nats %s: consumer %s: %s (error %d); %s is claimed "
                    "again next round%s", t->url_safe, c->consumer, natsStatus_GetText(o[i].s),
                    (int)o[i].jerr, c->part->subject,
                    o[i].s == NATS_TIMEOUT ? ", under the same name" : "");
-            atomic_store(&c->fenced, 1);
-            atomic_store(&c->feeder_left, 1);
-            rd->again = true;
+        else if (!wanted)
+            kb_log(t->bus, KB_LOG_DEBUG, "nats %s: consumer %s made, but %s is no longer this "
+                   "process's to take: not claimed", t->url_safe, c->consumer, c->part->subject);
+        if (!wanted) {
+            claim_unpublished(c);
+            *again = *again || !made;
             continue;
         }
         kb_log(t->bus, KB_LOG_DEBUG, "nats %s: %s claimed by consumer %s (created in %lld ms)",
                t->url_safe, c->wide ? c->part->topic->stream : c->part->subject, c->consumer,
                (long long)(o[i].took_ns / 1000000));
+        o[i].claimed = true;
         claim_validity(t, c);
         if (c->wide) {
             /* partition 0 pulls for all: it learns of the claim last, so
@@ -407,10 +452,113 @@ static bool opening_new(kb_transport *t, kb_nats_part *p, bool wide, kb_nats_ope
 /* A claim whose consumer's creation went unanswered leaves its name to the
  * next claim of its revision (the server may have made the consumer late):
  * never a second consumer for one claim. */
-static void names_free(kb_nats_opening *o, size_t n)
+static void names_free(const kb_transport *t, kb_nats_opening *o, size_t n)
 {
+    /* not when the lease ended meanwhile: the next claim is another owner's
+     * revision's, and takes a name of its own */
     for (size_t i = 0; i < n; i++)
-        o[i].c->name_free = o[i].s == NATS_TIMEOUT;
+        o[i].c->name_free = o[i].s == NATS_TIMEOUT && leases_ended(t, &o[i]) == o[i].leases_ended;
+}
+
+/* At most this many consumers being made at once: the meta leader orders
+ * them anyway, and hundreds of new topics should not start hundreds of
+ * threads. */
+#define MAKING_MAX 16
+
+/* Claims whose consumers are being made, with the listing they were prepared
+ * from (the consumers they replace are found in it). While the server makes
+ * them (0.2-0.9 s each on a three-node cluster, replicated) the lease thread
+ * goes on: renewals, a member that came, a lease handed over to it. */
+typedef struct kb_nats_making {
+    struct kb_nats_making *next;
+    kb_nats_topic *tp;
+    kb_nats_opening *o;
+    size_t n;
+    kb_nats_listing l;
+    kb_nats_calls *creating, *deleting;
+    bool created;
+} kb_nats_making;
+
+/* The partitions of o marked while its consumer is being made. */
+static void creating_mark(kb_transport *t, kb_nats_opening *o, bool on)
+{
+    kb_nats_part *parts = o->c->part->topic->parts;
+    for (uint32_t i = 0; i < t->partitions; i++)
+        if (opening_covers(o, &parts[i]))
+            parts[i].creating = on ? o->c : NULL;
+}
+
+/* Start making the n openings' consumers; takes o and the listing (*l
+ * emptied). False on out of memory (o and *l stay the caller's; the
+ * openings' claims are fenced). */
+static bool making_start(kb_transport *t, kb_nats_topic *tp, kb_nats_opening *o, size_t n,
+                         kb_nats_listing *l)
+{
+    kb_nats_making *m = calloc(1, sizeof *m);
+    if (m == NULL) {
+        for (size_t i = 0; i < n; i++)
+            claim_unpublished(o[i].c);
+        return false;
+    }
+    *m = (kb_nats_making){t->making, tp, o, n, *l, NULL, NULL, false};
+    memset(l, 0, sizeof *l);
+    for (size_t i = 0; i < n; i++) {
+        o[i].leases_ended = leases_ended(t, &o[i]);
+        creating_mark(t, &o[i], true);
+    }
+    m->creating = kb__nats_consumers_start(t, o, n);
+    t->making = m;
+    t->making_n += n;
+    return true;
+}
+
+bool kb__nats_making_collect(kb_transport *t, bool *again)
+{
+    bool finished = false;
+    for (kb_nats_making **at = &t->making; *at != NULL;) {
+        kb_nats_making *m = *at;
+        if (!m->created && kb__nats_calls_done(m->creating)) {
+            kb__nats_calls_end(m->creating);
+            m->created = true;
+            finished = true;
+            t->making_n -= m->n;
+            for (size_t i = 0; i < m->n; i++)
+                creating_mark(t, &m->o[i], false);
+            claims_publish(t, m->o, m->n, again);
+            m->deleting = kb__nats_consumers_retire(t, m->tp, &m->l, m->o, m->n);
+            names_free(t, m->o, m->n);
+            bool claimed = false;
+            for (size_t i = 0; i < m->n; i++)
+                claimed = claimed || m->o[i].claimed;
+            if (claimed && !m->o[0].c->wide && kb__nats_listing_has(t, &m->l, true))
+                kb__nats_wide_retire(t, m->tp);   /* rare: a topic leaving its wide consumer */
+        }
+        if (m->created && kb__nats_calls_done(m->deleting)) {
+            kb__nats_calls_end(m->deleting);
+            kb__nats_listing_free(&m->l);
+            free(m->o);
+            *at = m->next;
+            free(m);
+            continue;
+        }
+        at = &m->next;
+    }
+    return finished;
+}
+
+void kb__nats_making_end(kb_transport *t)
+{
+    for (kb_nats_making *m = t->making; m != NULL; m = m->next)
+        for (size_t i = 0; !m->created && i < m->n; i++) {
+            claim_unpublished(m->o[i].c);
+            m->o[i].leases_ended = UINT32_MAX;   /* never published */
+        }
+    while (t->making != NULL) {
+        bool again = false;
+        kb__nats_making_collect(t, &again);
+        if (t->making != NULL)
+            nanosleep(&(struct timespec){0, 5000000}, NULL);
+    }
 }
 
 /* One consumer for the whole topic when this process takes every partition
@@ -424,10 +572,15 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l, kb
 {
     if (!t->topic_consumer || t->partitions < 2 || atomic_load(&t->stopping))
         return false;
+    if (t->making_n >= MAKING_MAX) {
+        t->making_capped = true;
+        return true;   /* this topic waits for a place */
+    }
     for (uint32_t i = 0; i < t->partitions; i++) {
         kb_nats_part *p = &tp->parts[i];
         kb_nats_claim *c = atomic_load(&p->claim);
-        if (p->releasing || !p->wanted || (c != NULL && !atomic_load(&c->fenced)))
+        if (p->releasing || p->creating != NULL || !p->wanted ||
+            (c != NULL && !atomic_load(&c->fenced)))
             return false;
     }
     for (uint32_t i = 0; i < t->partitions; i++)
@@ -445,14 +598,14 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l, kb
         rd->again = true;
         return true;
     }
-    kb_nats_opening o = {0};
-    if (!opening_new(t, &tp->parts[0], true, &o))
+    kb_nats_opening *o = calloc(1, sizeof *o);
+    if (o == NULL || !opening_new(t, &tp->parts[0], true, o)) {
+        free(o);
         return false;   /* one partition at a time, then */
-    kb__nats_opening_prepare(t, &o, l);
-    kb__nats_consumers_create(t, &o, 1, rd->until, rd->idle);
-    claims_publish(t, &o, 1, rd);
-    kb__nats_consumers_retire(t, tp, l, &o, 1);
-    names_free(&o, 1);
+    }
+    kb__nats_opening_prepare(t, o, l);
+    if (!making_start(t, tp, o, 1, l))
+        free(o);
     return true;
 }
 
@@ -464,11 +617,16 @@ void kb__nats_topic_take(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd)
     if (!wide_take(t, tp, &l, rd)) {
         kb_nats_opening *o = calloc(t->partitions, sizeof *o);
         size_t n = 0;
-        for (uint32_t i = 0; o != NULL && i < t->partitions && !rd->stalled && kb_now_ns() <= rd->until;
+        for (uint32_t i = 0; o != NULL && i < t->partitions && !rd->stalled &&
+                             kb_now_ns() <= rd->until;
              i++) {
             kb_nats_part *p = &tp->parts[i];
             if (!needs_claim(t, p, rd))
                 continue;
+            if (t->making_n + n >= MAKING_MAX) {
+                t->making_capped = true;   /* the rest when a place is free */
+                break;
+            }
             if (!kb__nats_listing_load(t, tp, &l)) {
                 rd->stalled = true;
                 break;
@@ -480,13 +638,8 @@ void kb__nats_topic_take(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd)
             if (opening_new(t, p, false, &o[n]))
                 kb__nats_opening_prepare(t, &o[n++], &l);
         }
-        kb__nats_consumers_create(t, o, n, rd->until, rd->idle);
-        claims_publish(t, o, n, rd);
-        kb__nats_consumers_retire(t, tp, &l, o, n);
-        names_free(o, n);
-        if (n > 0 && !rd->stalled && kb__nats_listing_has(t, &l, true))
-            kb__nats_wide_retire(t, tp);
-        free(o);
+        if (n == 0 || !making_start(t, tp, o, n, &l))
+            free(o);
     }
     kb__nats_listing_free(&l);
 }

@@ -26,11 +26,10 @@ typedef struct kb_nats_round {
     int64_t until;
     bool stalled;
     bool again;     /* a claim waits on the server: the next round comes soon */
-    void (*idle)(kb_transport *t);   /* runs while consumers are being made */
+    int64_t held_until;   /* free leases are taken from then on (0: now) */
+    void (*idle)(kb_transport *t);   /* runs while the round waits on consumers */
 } kb_nats_round;
 
-/* This process's member key of the topic. */
-void kb__nats_member_key(kb_transport *t, kb_nats_topic *tp, char *buf, size_t len);
 /* Which partitions of the topic this process should own, from the roster
  * (corrected by what the watch saw); unknown roster: keep what it has. */
 void kb__nats_members_rank(kb_transport *t, kb_nats_topic *tp, const kb_nats_roster *r);
@@ -44,8 +43,17 @@ void kb__nats_claims_validity(kb_transport *t);
  * a hand-over waits for its handlers and acks (*feed_down: the acks'
  * connection did not answer; no more waiting on it this round). */
 bool kb__nats_part_keep(kb_transport *t, kb_nats_part *p, bool *feed_down);
-/* Take the topic's wanted leases and open their claims. */
+/* Take the topic's wanted leases and start making their claims' consumers. */
 void kb__nats_topic_take(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd);
+/* Claims whose consumers were made take over their partitions (those whose
+ * lease ended or that rank elsewhere meanwhile are dropped), and the
+ * consumers they replace are deleted. True when a creation finished; *again
+ * when one failed (the next round should come soon). Every few milliseconds
+ * while t->making is not NULL. */
+bool kb__nats_making_collect(kb_transport *t, bool *again);
+/* At the lease thread's end: wait for the calls in flight; nothing made is
+ * published. */
+void kb__nats_making_end(kb_transport *t);
 /* After a reconnect, every claim's consumer asked once. */
 void kb__nats_renudge_all(kb_transport *t, kb_nats_round *rd);
 

@@ -134,9 +134,9 @@ static bool keep_all(kb_transport *t)
     return waiting;
 }
 
-/* Hand-overs go on while the round's consumers are being made: the next
- * owner waits for them, not for this process's own claims. */
-static void keep_while_creating(kb_transport *t)
+/* Hand-overs go on while the round waits on consumers (the looks after a
+ * reconnect): the next owner waits for them, not for this process. */
+static void keep_while_waiting(kb_transport *t)
 {
     keep_all(t);
 }
@@ -154,7 +154,8 @@ static int64_t pass(kb_transport *t, bool *heartbeat_failing, bool *handing_over
     /* back-to-back rounds (acquisitions left over) renew only when due */
     int64_t renew_ns = t->lease_ttl_ms * 1000000 * 2 / 3;
     bool retry = false;
-    kb_nats_round rd = {0, false, false, keep_while_creating};
+    kb_nats_round rd = {0, false, false, 0, keep_while_waiting};
+    t->making_capped = false;
     if (kb__nats_watch_start(t) != NATS_OK)
         retry = true;   /* no early news of members: rounds still come */
     kb__nats_watch_prune(t);
@@ -186,8 +187,11 @@ static int64_t pass(kb_transport *t, bool *heartbeat_failing, bool *handing_over
          tp = tp->next)
         if (atomic_load(&tp->subscribed))
             kb__nats_topic_take(t, tp, &rd);
+    int64_t held = rd.held_until - kb_now_ns();
     if (rd.stalled || rd.again || retry)
-        return ROUND_RETRY(t);
+        return held > 0 && held < ROUND_RETRY(t) ? held : ROUND_RETRY(t);
+    if (held > 0 && held < rd.until - kb_now_ns())
+        return held;
     /* the next round comes when the next renewal falls due at the latest: a
      * round woken early (a member came) must not push renewals back */
     int64_t left = rd.until - kb_now_ns();
@@ -211,12 +215,21 @@ static void *leaser(void *arg)
             next_round = kb_now_ns() + pass(t, &heartbeat_failing, &handing_over);
         else if (handing_over)
             handing_over = keep_all(t);
-        int64_t until = handing_over && next_round > now + HANDOVER_LOOK_NS
+        bool failed = false;
+        /* consumers made: the next round at once when claims wait for a
+         * place, soon when a creation failed */
+        if (t->making != NULL && kb__nats_making_collect(t, &failed) &&
+            (failed || t->making_capped)) {
+            int64_t soon = kb_now_ns() + (t->making_capped ? 0 : ROUND_RETRY(t));
+            next_round = soon < next_round ? soon : next_round;
+        }
+        int64_t until = (handing_over || t->making != NULL) && next_round > now + HANDOVER_LOOK_NS
                             ? kb_now_ns() + HANDOVER_LOOK_NS
                             : next_round;
         if (until > kb_now_ns())
             kb_signal_wait(t->lease_wake, kicked, t, until);
     }
+    kb__nats_making_end(t);
     nats_ReleaseThreadMemory();
     atomic_store(&t->leaser_done, 1);
     kb_signal_notify(t->lease_wake);

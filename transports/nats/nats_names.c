@@ -130,3 +130,22 @@ void kb__nats_lease_kick(kb_transport *t)
     atomic_store(&t->lease_kick, 1);
     kb_signal_notify(t->lease_wake);
 }
+
+void kb__nats_member_prefix(const kb_transport *t, const kb_nats_topic *tp, char *buf, size_t len)
+{
+    snprintf(buf, len, "m.%s.%s.", tp->stream, t->group);
+}
+
+/* KV keys allow [-/_=.a-zA-Z0-9]: anything else in the consumer name becomes '_'. */
+void kb__nats_member_key(const kb_transport *t, const kb_nats_topic *tp, char *buf, size_t len)
+{
+    kb__nats_member_prefix(t, tp, buf, len);
+    size_t o = strlen(buf);
+    for (const char *p = t->id; *p && o + 1 < len; p++) {
+        char ch = *p;
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                 ch == '-' || ch == '_' || ch == '=';
+        buf[o++] = ok ? ch : '_';
+    }
+    buf[o] = '\0';
+}

@@ -32,6 +32,11 @@ uint64_t kb__nats_floor_of(const jsConsumerInfo *ci);
  * reaches them, so its floor vouches for nothing; 0 when none. */
 uint64_t kb__nats_pending_below_floor(const jsConsumerInfo *ci);
 
+/* The topic's member keys' prefix in the lease bucket, m.<stream>.<group>.,
+ * and this process's member key of the topic (its name made a valid key). */
+void kb__nats_member_prefix(const kb_transport *t, const kb_nats_topic *tp, char *buf, size_t len);
+void kb__nats_member_key(const kb_transport *t, const kb_nats_topic *tp, char *buf, size_t len);
+
 /* The connection of pull requests, deliveries and acks: feed_nc once the
  * first subscribe made it, nc before. */
 natsConnection *kb__nats_feed_conn(kb_transport *t);

@@ -171,6 +171,11 @@ typedef struct kb_nats_part {
     int64_t lease_until_ns;        /* local lease expiry */
     bool releasing;
     bool wanted;                   /* lease thread: ranked first here */
+    /* lease thread: the claim (of it, or a wide one) whose consumer is
+     * being made; the times its lease was lost or released (a claim made
+     * across one is void) */
+    struct kb_nats_claim *creating;
+    uint32_t leases_ended;
     /* lease thread: since when an earlier consumer's state could not be
      * read for a claim (0: it could) */
     int64_t unreadable_since_ns;
@@ -190,6 +195,8 @@ struct kb_transport_topic {
     kb_nats_topic *next;           /* the bus's list, newest first */
     uint32_t index;                /* in the bus's table and in Nats-Msg-Id */
     char *name;
+    /* when the watch last saw another member of this topic's group leave */
+    _Atomic int64_t member_left_ns;
     char stream[KB_NATS_NAME];
     char dlq_subject[KB_NATS_NAME];
     char (*subjects)[KB_NATS_NAME];  /* kb.<topic>.N, for publishing */
@@ -305,6 +312,11 @@ struct kb_transport {
                                           first async publish in nats.c 3.4.1 (NULL map) */
     kb_signal *lease_wake;             /* a claim was fenced, a topic subscribed, close */
     _Atomic int lease_kick;
+    /* lease thread: claims whose consumers are being made (nats_lease.c),
+     * and how many */
+    struct kb_nats_making *making;
+    size_t making_n;
+    bool making_capped;   /* a round left claims for want of a place */
     _Atomic int leaser_done;           /* the lease thread has left its loop */
     kb_signal *acker_wake;             /* close: the acker's tick ends early */
     kb_thread *acker, *leaser;

@@ -50,6 +50,21 @@ static kb_nats_seen *seen_get(kb_transport *t, const char *key, bool *inserted)
     return &t->watch_seen[at];
 }
 
+/* Another member of a topic's group left (`key`, its member key): the
+ * topic's acquisitions wait a moment for its replacement (nats_lease.c). */
+static void member_left(kb_transport *t, const char *key, int64_t now)
+{
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
+        char prefix[2 * KB_NATS_NAME], mine[2 * KB_NATS_NAME];
+        kb__nats_member_prefix(t, tp, prefix, sizeof prefix);
+        kb__nats_member_key(t, tp, mine, sizeof mine);
+        size_t pl = strlen(prefix);
+        if (strncmp(key, prefix, pl) == 0 && strchr(key + pl, '.') == NULL &&
+            strcmp(key, mine) != 0)
+            atomic_store(&tp->member_left_ns, now);
+    }
+}
+
 static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *closure)
 {
     (void)nc;
@@ -68,6 +83,8 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *
         if (s != NULL && removal) {
             kick = s->del_ns <= s->put_ns;   /* a leave, not a repeated delete */
             s->del_ns = now;
+            if (kick && !inserted)   /* seen here before: its partitions were not ours */
+                member_left(t, key, now);
         } else if (s != NULL) {
             size_t idl = strlen(t->id);
             bool mine = (size_t)natsMsg_GetDataLength(m) == idl &&
