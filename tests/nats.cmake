@@ -14,7 +14,7 @@ target_link_libraries(test_nats_parity PRIVATE PkgConfig::NATS)
 target_link_libraries(test_nats_frames PRIVATE PkgConfig::NATS)
 add_executable(nats_consumer_proc nats_consumer_proc.c)
 target_link_libraries(nats_consumer_proc PRIVATE kb_test_support)
-kb_test(test_nats_faults ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 240 LABELS nats)
+kb_test(test_nats_faults ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 300 LABELS nats)
 target_link_libraries(test_nats_faults PRIVATE PkgConfig::NATS)
 kb_test(test_nats_restart ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 180 LABELS nats)
 target_link_libraries(test_nats_restart PRIVATE PkgConfig::NATS)
@@ -76,3 +76,4 @@ target_link_libraries(test_nats_membership PRIVATE PkgConfig::NATS)
 add_dependencies(test_nats_membership kb_membership_proc)
 # Three servers and three processes under load, their pauses measured: alone.
 set_tests_properties(test_nats_membership PROPERTIES RUN_SERIAL ON)
+

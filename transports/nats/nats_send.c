@@ -134,11 +134,14 @@ static int64_t max_wait(const kb_transport *t)
 /* Every publish nats.c holds unacked goes back to its backlog, to be sent
  * again (same Nats-Msg-Id) in ticket order. Exclusive of senders: none is
  * between its take and its publish, so none sends a later item of a
- * partition ahead of a resend it has not seen. */
-static void take_back(kb_transport *t, const char *why)
+ * partition ahead of a resend it has not seen. `mark`: the connection's
+ * state it answers (conn_mark; 0: none in particular). */
+static void take_back(kb_transport *t, uint64_t mark, const char *why)
 {
     natsMsgList l = {0};
     pthread_rwlock_wrlock(&t->pub_lock);
+    if (mark > atomic_load(&t->taken_mark))
+        atomic_store(&t->taken_mark, mark);
     bool got = t->js != NULL && atomic_load(&t->published_async) &&
                js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK;
     for (int i = 0; got && i < l.Count; i++) {
@@ -155,7 +158,22 @@ static void take_back(kb_transport *t, const char *why)
 
 void kb__nats_take_back_all(kb_transport *t)
 {
-    take_back(t, "connection closed");
+    take_back(t, 0, "connection closed");
+}
+
+/* The connection's state as a number that only grows: twice its reconnects,
+ * plus 1 while it is not connected. nats.c counts a reconnect before the
+ * new connection is CONNECTED, and reads the status first: a pump that sees
+ * a mark above taken_mark has met a connection that lost what it held, or
+ * may have, even when nats.c reconnected at once (another server of the
+ * pool) and its disconnected callback has not run yet. Under send_mu. */
+static uint64_t conn_mark(kb_transport *t, kb_nats_topic *tp)
+{
+    bool up = natsConnection_Status(t->nc) == NATS_CONN_STATUS_CONNECTED;
+    uint64_t reconnects = 0;
+    if (natsConnection_GetStats(t->nc, tp->conn_stats) == NATS_OK)
+        natsStatistics_GetCounts(tp->conn_stats, NULL, NULL, NULL, NULL, &reconnects);
+    return 2 * reconnects + !up;
 }
 
 #define PUMP_BATCH 64
@@ -211,10 +229,8 @@ static size_t pump_once(kb_transport *t, kb_nats_topic *tp, bool reporter, bool 
 void kb__nats_pump(kb_transport *t, kb_nats_topic *tp, bool reporter)
 {
     for (;;) {
-        if (natsConnection_Status(t->nc) != NATS_CONN_STATUS_CONNECTED)
-            return;   /* the acker's tick sends it once reconnected */
         kb_kit_item *refused[PUMP_BATCH];
-        size_t nrefused = 0, n;
+        size_t nrefused = 0, n = 0;
         bool lost = false;
         pthread_rwlock_rdlock(&t->pub_lock);
         if (pthread_mutex_trylock(&tp->send_mu) != 0) {
@@ -227,9 +243,20 @@ void kb__nats_pump(kb_transport *t, kb_nats_topic *tp, bool reporter)
             }
         }
         atomic_store(&tp->pump_again, false);
-        n = pump_once(t, tp, reporter, &lost, refused, &nrefused);
+        /* A broken connection (once each time it breaks and reconnects):
+         * what it held goes back before anything newer goes out. */
+        uint64_t mark = conn_mark(t, tp);
+        bool behind = mark > atomic_load(&t->taken_mark);
+        if (!behind && mark % 2 == 0)
+            n = pump_once(t, tp, reporter, &lost, refused, &nrefused);
         pthread_mutex_unlock(&tp->send_mu);
         pthread_rwlock_unlock(&t->pub_lock);
+        if (behind) {
+            take_back(t, mark, "connection lost");
+            continue;   /* connected: send now; else the next pass returns */
+        }
+        if (mark % 2 == 1)
+            return;   /* the acker's tick sends it once reconnected */
         for (size_t k = 0; k < nrefused; k++) {
             kb_nats_pub *p = refused[k]->data;
             kb_log(t->bus, KB_LOG_ERROR, "nats %s: publish rejected: %s (%u events): over "
@@ -238,7 +265,7 @@ void kb__nats_pump(kb_transport *t, kb_nats_topic *tp, bool reporter)
             refuse(t, tp, refused[k], KB_ETRANSPORT, "over the server's max_payload");
         }
         if (lost)
-            take_back(t, "connection lost");
+            take_back(t, 0, "connection lost");
         if (n < PUMP_BATCH && !atomic_load(&tp->pump_again))
             return;
     }
@@ -303,18 +330,20 @@ void kb__nats_pub_cbs_end(kb_transport *t, int64_t deadline)
     }
 }
 
-/* The connection broke (nats.c's callback thread): take back what is not
- * acked (a publish that met the broken connection may have already). */
+/* The connection broke (nats.c's callback thread, maybe after the reconnect:
+ * a pump that met it took back already, see conn_mark): take back what is
+ * not acked first, then tell. Our own natsConnection_Close (a closed
+ * connection) leaves it to close; a break during close's flush does not. */
 void kb__nats_disconnected(natsConnection *nc, void *closure)
 {
-    (void)nc;
     kb_transport *t = closure;
     if (!cb_begin(t))
         return;
-    if (!atomic_load(&t->closing)) {   /* else our own natsConnection_Close */
+    if (!natsConnection_IsClosed(nc))
+        take_back(t, 0, "connection lost");
+    if (!atomic_load(&t->closing)) {
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: disconnected, reconnecting", t->url_safe);
         kb_bus_state_report(t->bus, KB_STATE_DISCONNECTED, "connection lost; reconnecting");
-        take_back(t, "connection lost");
     }
     cb_end(t);
 }
@@ -352,7 +381,7 @@ static void stalled(kb_transport *t)
         return;
     kb_log(t->bus, KB_LOG_WARNING, "nats %s: no publish ack for %lld ms; sending %lld publishes again",
            t->url_safe, (long long)t->publish_timeout_ms, (long long)atomic_load(&t->pub_out));
-    take_back(t, "no publish ack");
+    take_back(t, 0, "no publish ack");
 }
 
 void kb__nats_send_tick(kb_transport *t)

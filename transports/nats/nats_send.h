@@ -22,7 +22,9 @@ int kb__nats_msg_event(kb_transport *t, kb_nats_topic *tp, uint32_t n, const voi
 int kb__nats_send(kb_transport *t, kb_nats_topic *tp, uint32_t n, natsMsg *msg,
                   const kb_kit_key *keys, uint32_t events);
 /* Send what tp's backlog has due (resends included) while connected; a
- * thread that finds another one sending leaves it to that one. `reporter`:
+ * thread that finds another one sending leaves it to that one. A connection
+ * found not connected, or reconnected, since the last take-back has what it
+ * held taken back first. `reporter`:
  * this thread may run delivery reports (the acker, close), so a publish
  * over the server's max_payload fails here; else it waits for the acker. */
 void kb__nats_pump(kb_transport *t, kb_nats_topic *tp, bool reporter);

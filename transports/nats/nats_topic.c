@@ -14,7 +14,8 @@ int kb__nats_topic_new(kb_transport *t, const char *name, kb_kit_backlog *backlo
     bool mem = tp == NULL || (tp->name = strdup(name)) == NULL ||
                (tp->subjects = calloc(t->partitions, sizeof *tp->subjects)) == NULL ||
                (tp->batches = calloc(t->partitions, sizeof *tp->batches)) == NULL ||
-               (tp->tally.extra = calloc(t->partitions, sizeof *tp->tally.extra)) == NULL;
+               (tp->tally.extra = calloc(t->partitions, sizeof *tp->tally.extra)) == NULL ||
+               natsStatistics_Create(&tp->conn_stats) != NATS_OK;
     pthread_mutex_lock(&t->topics_lock);
     uint32_t idx = t->ntopics, chunk = idx / KB_NATS_TOPIC_CHUNK;
     kb_nats_topic **slots = chunk < KB_NATS_TOPIC_CHUNKS ? atomic_load(&t->topic_chunks[chunk]) : NULL;
@@ -25,6 +26,7 @@ int kb__nats_topic_new(kb_transport *t, const char *name, kb_kit_backlog *backlo
     if (mem || slots == NULL) {
         pthread_mutex_unlock(&t->topics_lock);
         if (tp != NULL) {
+            natsStatistics_Destroy(tp->conn_stats);
             free(tp->tally.extra);
             free(tp->batches);
             free(tp->subjects);
@@ -219,6 +221,7 @@ uint64_t kb__nats_topic_free(kb_transport *t, kb_nats_topic *tp)
     }
     kb_kit_backlog_free(tp->backlog);
     pthread_mutex_destroy(&tp->send_mu);
+    natsStatistics_Destroy(tp->conn_stats);
     free(tp->parts);
     free(tp->batches);
     free(tp->tally.extra);

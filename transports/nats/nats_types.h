@@ -212,6 +212,7 @@ struct kb_transport_topic {
     kb_kit_backlog *backlog;
     pthread_mutex_t send_mu;
     _Atomic bool pump_again;       /* a pump found send_mu taken: its holder takes again */
+    natsStatistics *conn_stats;    /* under send_mu: the connection's reconnects (nats_send.c) */
     _Atomic uint64_t published;
     _Atomic uint64_t unowned;      /* deliveries released by still_owned: lease lost */
     _Atomic uint64_t trimmed;      /* messages the stream's limits removed unread (wide claims) */
@@ -288,6 +289,10 @@ struct kb_transport {
     pthread_rwlock_t pub_lock;
     struct kb_nats_flight *flight;     /* the publishes nats.c holds, by message */
     _Atomic int64_t pub_out;           /* publishes nats.c holds unacked (nats_send.c) */
+    /* the connection's state as a number that only grows (nats_send.c,
+     * conn_mark), as of the last take-back: no pump sends past a later one
+     * before it took back what the connection it saw lost */
+    _Atomic uint64_t taken_mark;
     /* publish-ack and disconnected callbacks running; close waits for none
      * once it set pub_cbs_off (after natsConnection_Close), which makes later
      * ones return at once: nats.c does not join their threads */
