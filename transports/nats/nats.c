@@ -327,8 +327,11 @@ static int nats_close(kb_transport *t, int64_t deadline)
      * before it has left. Its calls fail at once on the closed connection. */
     kb_thread_join(t->leaser);
     /* nats.c does not join the threads of its publish-ack and disconnected
-     * callbacks: one under way may still hold an item of a backlog */
-    kb__nats_pub_cbs_end(t, deadline > kb_now_ns() ? deadline : kb_deadline_ns(1000));
+     * callbacks: one under way may still hold an item of a backlog, and one
+     * for an ack nats.c took before the take-back is still to come */
+    kb__nats_take_back_all(t);
+    bool quiet = kb__nats_pub_cbs_end(t, deadline > kb_now_ns() ? deadline
+                                                                : kb_deadline_ns(1000));
     /* what close gives up on is reported failed before it returns */
     char gave_up[700];
     if (why[0])
@@ -336,7 +339,6 @@ static int nats_close(kb_transport *t, int64_t deadline)
     else
         snprintf(gave_up, sizeof gave_up, "kb_close gave up: nats %s unreachable at close",
                  t->url_safe);
-    kb__nats_take_back_all(t);
     uint64_t unsent = 0;
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
         unsent += kb__nats_send_close(tp, gave_up);
@@ -378,13 +380,13 @@ static int nats_close(kb_transport *t, int64_t deadline)
     kb__nats_flight_free(t->flight);
     pthread_mutex_destroy(&t->topics_lock);
     pthread_mutex_destroy(&t->sub_lock);
-    if (closed) {
+    if (closed)
         kb_signal_free(t->nc_event);
+    if (closed && quiet)
         free(t);
-    } else {
-        /* nats.c may still run our closed callback: leave it its closure */
-        kb_log(NULL, KB_LOG_WARNING, "nats: the connection did not report closed in time");
-    }
+    else   /* nats.c may still run our closed or a publish ack's callback: leave it t */
+        kb_log(NULL, KB_LOG_WARNING, "nats: %s", closed ? "a publish ack's callback did not "
+               "come in time" : "the connection did not report closed in time");
 #if defined(__GLIBC__)
     malloc_trim(0);   /* claims' rings and topics: give the pages back */
 #endif

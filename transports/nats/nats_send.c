@@ -316,12 +316,19 @@ static void cb_end(kb_transport *t)
     atomic_fetch_sub(&t->pub_cbs_in, 1);   /* the last touch of t */
 }
 
-void kb__nats_pub_cbs_end(kb_transport *t, int64_t deadline)
+bool kb__nats_pub_cbs_end(kb_transport *t, int64_t deadline)
 {
     atomic_store(&t->pub_cbs_off, 1);
     bool warned = false;
-    while (atomic_load(&t->pub_cbs_in) > 0) {
-        if (!warned && kb_now_ns() >= deadline) {
+    for (;;) {
+        /* running ones first: a late one counts itself in before it looks
+         * at pub_cbs_off, and leaves pub_out last */
+        if (atomic_load(&t->pub_cbs_in) == 0) {
+            if (atomic_load(&t->pub_out) <= 0)
+                return true;
+            if (kb_now_ns() >= deadline)
+                return false;
+        } else if (!warned && kb_now_ns() >= deadline) {
             kb_log(t->bus, KB_LOG_WARNING, "nats %s: kb_close waits past its deadline for a "
                    "publish ack's delivery report callback to return", t->url_safe);
             warned = true;
@@ -421,7 +428,9 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
     (void)js;
     kb_transport *t = closure;
     if (!cb_begin(t)) {
+        /* close counts this call in pub_out: leaving it is the last touch of t */
         natsMsg_Destroy(msg);
+        atomic_fetch_sub(&t->pub_out, 1);
         return;
     }
     atomic_fetch_sub(&t->pub_out, 1);

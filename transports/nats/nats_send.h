@@ -37,13 +37,16 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
 /* nats.c's disconnected callback: take back every publish not yet acked;
  * they go again, in order, once connected. */
 void kb__nats_disconnected(natsConnection *nc, void *closure);
-/* Close, once natsConnection_Close returned: later publish-ack and
- * disconnected callbacks return at once, and this waits for the ones under
- * way (past `deadline` too: a delivery report callback runs in them,
- * which is logged). */
-void kb__nats_pub_cbs_end(kb_transport *t, int64_t deadline);
+/* Close, once natsConnection_Close returned and kb__nats_take_back_all
+ * emptied nats.c's pending publishes: later publish-ack and disconnected
+ * callbacks return at once, and this waits for the ones under way (past
+ * `deadline` too: a delivery report callback runs in them, which is
+ * logged), and up to `deadline` for the publish-ack calls nats.c has still
+ * to make for acks it took before (pub_out counts them). false: one may
+ * still come, so t must stay allocated. */
+bool kb__nats_pub_cbs_end(kb_transport *t, int64_t deadline);
 /* Publishes nats.c still holds, taken back into their backlogs (close,
- * once the connection is closed). */
+ * once the connection is closed, before kb__nats_pub_cbs_end). */
 void kb__nats_take_back_all(kb_transport *t);
 
 #endif /* KB_TRANSPORTS_NATS_SEND_H */
