@@ -3,7 +3,8 @@
  * mid-stream on file storage; server down at start and up later; kill -9 of
  * one of two consumer processes; the consumer's connection alone cut at close;
  * publishes lost with the connection sent again in order, after a reconnect
- * nats.c made before its disconnected callback ran.
+ * nats.c made before its disconnected callback ran, and all of them at
+ * kb_close after a restart.
  * Usage: test_nats_faults PATH_TO_HELPER [TEST] */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -824,6 +825,46 @@ static void order_across_a_fast_reconnect(void **state)
     kb_test_server_stop(&s);
 }
 
+#define RESTART_KEYS 32
+#define RESTART_PER_KEY 100
+
+/* The server stops answering (SIGSTOP) with every publish unacked, is
+ * killed and restarted on the same store; kb_close at once (the acker has
+ * stopped) must send all of them again within its deadline — a
+ * partition's resends go one after the other, each once the one before is
+ * acked — and give up none. */
+static void close_resends_after_a_restart(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    const char *topic = "resend.restart";
+    kb_bus *b = open_resender(s.url);
+    for (uint32_t k = 0; k < RESTART_KEYS; k++)   /* the stream exists */
+        publish_ok(b, topic, k, 1);
+    kb_assert_ok(kb_flush(b, 10000));
+
+    kb_test_server_signal(&s, SIGSTOP);
+    for (uint32_t seq = 2; seq <= RESTART_PER_KEY; seq++)
+        for (uint32_t k = 0; k < RESTART_KEYS; k++)
+            publish_ok(b, topic, k, seq);
+    usleep(100000);   /* written to the stopped server's socket */
+    kb_test_server_signal(&s, SIGKILL);
+    assert_int_equal(kb_test_server_restart(&s), 0);
+    int rc = kb_close(b, 20000);
+    print_message("kb_close after a restart with %d unacked publishes: %s %s\n",
+                  RESTART_KEYS * (RESTART_PER_KEY - 1), kb_strerror(rc),
+                  rc == KB_OK ? "" : kb_last_error());
+    kb_assert_ok(rc);
+
+    kb_tracker t;
+    read_back(s.url, topic, RESTART_KEYS, RESTART_PER_KEY, &t);
+    assert_int_equal(kb_tracker_distinct(&t), RESTART_KEYS * RESTART_PER_KEY);
+    assert_int_equal(atomic_load(&t.order_violations), 0);
+    kb_tracker_destroy(&t);
+    kb_test_server_stop(&s);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -842,6 +883,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(consumer_connection_lost_at_close),
         cmocka_unit_test(lost_deliveries_read_again),
         cmocka_unit_test(order_across_a_fast_reconnect),
+        cmocka_unit_test(close_resends_after_a_restart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

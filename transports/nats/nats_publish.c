@@ -65,36 +65,73 @@ int kb__nats_publish(kb_transport *t, kb_nats_topic *tp, const kb_msg *m)
     return rc;
 }
 
-/* Every event published so far has its report: frames still filling are
- * handed on, then each topic's backlog is flushed by its last ticket, in
- * slices, so that a flush at close (the acker has stopped) sends the
- * resends itself and notices a stall. A failed event is no error here: its
- * report counted it, and kb_flush says so. */
+/* A flush's wait: one topic's events up to `ticket` reported, or a pump
+ * wanted (a publish ack may have made a resend due, a reconnect). */
+typedef struct flush_wait {
+    kb_transport *t;
+    kb_kit_backlog *b;
+    uint64_t ticket;
+} flush_wait;
+
+static bool flushed(const flush_wait *w)
+{
+    return kb_kit_backlog_flush(w->b, w->ticket, 0) == KB_OK;
+}
+
+static int flushed_or_wanted(void *arg)
+{
+    flush_wait *w = arg;
+    return flushed(w) || atomic_load(&w->t->pump_wanted);
+}
+
+/* Every event published before it has its report: frames still filling are
+ * handed on, then each topic of the list as it was at the start is flushed
+ * by its last ticket, read once when the flush gets to it. It pumps itself,
+ * again whenever a publish ack or a reconnect asks or a resend's backoff
+ * ends (a flush at close: the acker has stopped), and at close notices a
+ * stall. A failed event is no error here: its report counted it, and
+ * kb_flush says so. */
 int kb__nats_flush_until(kb_transport *t, int64_t deadline)
 {
+    kb_nats_topic *first = atomic_load(&t->topics), *tp = first;
+    flush_wait w = {t, NULL, 0};
+    bool handed = false;   /* every frame filling at the start has its tickets */
     for (;;) {
         int sent = kb__nats_batch_send_due(t, true);
+        if (!handed && sent == KB_OK) {
+            handed = true;
+            tp = first;   /* tickets read before may have missed frames */
+            w.b = NULL;
+        }
+        atomic_store(&t->pump_wanted, 0);
         if (atomic_load(&t->closing))
             kb__nats_send_tick(t);
-        bool all = true;
-        int64_t slice = kb_now_ns() + 100000000;
-        for (kb_nats_topic *tp = atomic_load(&t->topics); tp && all; tp = tp->next) {
-            kb__nats_pump(t, tp, atomic_load(&t->closing));
-            all = kb_kit_backlog_flush(tp->backlog, kb_kit_backlog_last_ticket(tp->backlog),
-                                       slice < deadline ? slice : deadline) == KB_OK;
+        else
+            kb__nats_pump_all(t, false);
+        for (; tp != NULL; tp = tp->next) {
+            if (w.b != tp->backlog) {
+                w.b = tp->backlog;
+                w.ticket = kb_kit_backlog_last_ticket(w.b);
+            }
+            if (!flushed(&w))
+                break;
         }
-        if (all && sent == KB_OK)
+        if (tp == NULL && handed)
             return KB_OK;
-        if (kb_now_ns() >= deadline) {
+        int64_t now = kb_now_ns();
+        if (now >= deadline) {
             kb_errf(NULL, 0, "nats %s: publishes not acked within the deadline", t->url_safe);
             return KB_ETIMEDOUT;
         }
-        /* A frame that failed to go out (out of memory) stays buffered: with
-         * nothing to wait for, try again in 10 ms, not at once. */
-        if (all && sent != KB_EFULL) {
-            int64_t retry = kb_now_ns() + 10000000;
+        if (tp == NULL) {
+            /* only a frame that failed to go out (out of memory) or held
+             * behind its partition's unconfirmed publish: try again in 10 ms */
+            int64_t retry = now + 10000000;
             kb_signal_wait(t->resent, kb__nats_never, NULL, retry < deadline ? retry : deadline);
+            continue;
         }
+        int64_t slice = kb__nats_resend_due(t, now + 100000000);
+        kb_signal_wait(t->resent, flushed_or_wanted, &w, slice < deadline ? slice : deadline);
     }
 }
 

@@ -149,6 +149,7 @@ static void take_back(kb_transport *t, uint64_t mark, const char *why)
         p->msg = l.Msgs[i];
         l.Msgs[i] = NULL;
         atomic_fetch_sub(&t->pub_out, 1);
+        atomic_fetch_add(&t->resends, 1);
         kb_kit_backlog_done(p->tp->backlog, p->item, KB_ETRANSPORT, 1, NULL, why);
     }
     pthread_rwlock_unlock(&t->pub_lock);
@@ -196,6 +197,8 @@ static size_t pump_once(kb_transport *t, kb_nats_topic *tp, bool reporter, bool 
     for (size_t k = 0; k < n; k++) {
         kb_nats_pub *p = items[k]->data;
         p->item = items[k];
+        if (items[k]->attempts > 1)   /* a resend, taken again */
+            atomic_fetch_sub(&t->resends, 1);
         natsMsg *m = p->msg;
         natsStatus s = NATS_NO_MEMORY;
         if (!stop && kb__nats_flight_put(t->flight, m, p) == KB_OK) {
@@ -220,6 +223,7 @@ static size_t pump_once(kb_transport *t, kb_nats_topic *tp, bool reporter, bool 
         if (!stop && s == NATS_INSUFFICIENT_BUFFER)
             *lost = true;
         stop = true;
+        atomic_fetch_add(&t->resends, 1);
         kb_kit_backlog_done(tp->backlog, items[k], KB_ETRANSPORT, 1, NULL,
                             natsStatus_GetText(s));
     }
@@ -391,12 +395,52 @@ static void stalled(kb_transport *t)
     take_back(t, 0, "no publish ack");
 }
 
+void kb__nats_pump_all(kb_transport *t, bool reporter)
+{
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
+        if (kb_kit_backlog_length(tp->backlog) > 0)
+            kb__nats_pump(t, tp, reporter);
+}
+
 void kb__nats_send_tick(kb_transport *t)
 {
     stalled(t);
-    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
-        if (kb_kit_backlog_length(tp->backlog) > 0)
-            kb__nats_pump(t, tp, true);
+    kb__nats_pump_all(t, true);
+}
+
+int64_t kb__nats_resend_due(kb_transport *t, int64_t until)
+{
+    if (atomic_load(&t->resends) <= 0 ||
+        natsConnection_Status(t->nc) != NATS_CONN_STATUS_CONNECTED)
+        return until;   /* none, or not sendable before a reconnect (which asks) */
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
+        int64_t due = kb_kit_backlog_next_due(tp->backlog);
+        if (due < until)
+            until = due;
+    }
+    /* at least a moment: a pump that found another thread sending left the
+     * item to it */
+    int64_t soonest = kb_now_ns() + 200000;
+    return until > soonest ? until : soonest;
+}
+
+void kb__nats_send_reconnected(kb_transport *t)
+{
+    atomic_store(&t->pump_wanted, 1);
+    kb_signal_notify(t->acker_wake);
+    kb_signal_notify(t->resent);
+}
+
+/* A done while resends wait may have made one due (the next of its
+ * partition waits for the one before to be done): the acker pumps, or a
+ * flush waiting. Never here: nats.c's publish would wait on this thread's
+ * own acks when its limit of pending publishes is reached. */
+static void want_pump(kb_transport *t)
+{
+    if (atomic_load(&t->resends) > 0 && !atomic_load(&t->pump_wanted) &&
+        !atomic_exchange(&t->pump_wanted, 1))
+        kb_signal_notify(t->acker_wake);
+    kb_signal_notify(t->resent);   /* a flush looks again: reported, or one to send */
 }
 
 /* A publish ack that failed: transport trouble is sent again (the Msg-Id makes
@@ -408,6 +452,7 @@ static void pub_err(kb_transport *t, kb_nats_pub *p, natsMsg *msg, jsPubAckErr *
     int code = KB_ETRANSPORT;
     if (pae->ErrCode == 0 && pae->Err != NATS_INVALID_ARG) {
         if ((p->msg = kb__nats_msg_clone(msg)) != NULL) {
+            atomic_fetch_add(&t->resends, 1);
             kb_kit_backlog_done(p->tp->backlog, p->item, KB_ETRANSPORT, 1, NULL,
                                 natsStatus_GetText(pae->Err));
             return;
@@ -448,6 +493,8 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
     } else if (p != NULL && pae != NULL) {
         pub_err(t, p, msg, pae);
     }
+    if (p != NULL)
+        want_pump(t);
     natsMsg_Destroy(msg);
     cb_end(t);
 }

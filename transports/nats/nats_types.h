@@ -293,6 +293,10 @@ struct kb_transport {
      * conn_mark), as of the last take-back: no pump sends past a later one
      * before it took back what the connection it saw lost */
     _Atomic uint64_t taken_mark;
+    /* items done for a resend and not taken again (nats_send.c): while any
+     * wait, a publish ack may make one due, and asks for a pump */
+    _Atomic int64_t resends;
+    _Atomic int pump_wanted;           /* the acker (or a flush) pumps every topic */
     /* publish-ack and disconnected callbacks running; close waits for none
      * once it set pub_cbs_off (after natsConnection_Close), which makes later
      * ones return at once: nats.c does not join their threads */
@@ -304,7 +308,8 @@ struct kb_transport {
                                           were out: a stall is measured from it */
     uint64_t stall_in_msgs;            /* acker: messages the connection had read */
     int64_t stall_read_ns;             /* acker: when that count last moved */
-    kb_signal *resent;                 /* reconnected, or a partition's publish was
+    kb_signal *resent;                 /* reconnected, a publish ack done, pump_wanted set:
+                                        * flushes look again; a partition's publish
                                         * confirmed (nats.replicas > 1) */
     /* threads */
     _Atomic int stopping;              /* ops->stop: feeders end */
@@ -323,7 +328,7 @@ struct kb_transport {
     size_t making_n;
     bool making_capped;   /* a round left claims for want of a place */
     _Atomic int leaser_done;           /* the lease thread has left its loop */
-    kb_signal *acker_wake;             /* close: the acker's tick ends early */
+    kb_signal *acker_wake;             /* close, pump_wanted: the acker's wait ends early */
     kb_thread *acker, *leaser;
     /* consuming: one feeder thread and one inbox subscription per bus */
     natsSubscription *inbox_sub;
