@@ -137,8 +137,13 @@ int kb__nats_flush_until(kb_transport *t, int64_t deadline)
 
 uint64_t kb__nats_refused_take(kb_transport *t)
 {
+    /* refused_told only moves forward: a kb_flush and a kb_drain at once
+     * each take a share, never a wrapped count */
     uint64_t now = atomic_load(&t->pub_refused);
-    return now - atomic_exchange(&t->refused_told, now);
+    uint64_t told = atomic_load(&t->refused_told);
+    while (told < now && !atomic_compare_exchange_weak(&t->refused_told, &told, now))
+        ;
+    return told < now ? now - told : 0;
 }
 
 int kb__nats_flush(kb_transport *t, int timeout_ms)
