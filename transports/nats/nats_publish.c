@@ -86,7 +86,8 @@ static int flushed_or_wanted(void *arg)
 
 /* Every event published before it has its report: frames still filling are
  * handed on, then each topic of the list as it was at the start is flushed
- * by its last ticket, read once when the flush gets to it. It pumps itself,
+ * by its last ticket, read when the flush gets to it (again once the frames
+ * filling at the start all have tickets). It pumps itself,
  * again whenever a publish ack or a reconnect asks or a resend's backoff
  * ends (a flush at close: the acker has stopped), and at close notices a
  * stall. A failed event is no error here: its report counted it, and
