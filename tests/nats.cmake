@@ -14,7 +14,7 @@ target_link_libraries(test_nats_parity PRIVATE PkgConfig::NATS)
 target_link_libraries(test_nats_frames PRIVATE PkgConfig::NATS)
 add_executable(nats_consumer_proc nats_consumer_proc.c)
 target_link_libraries(nats_consumer_proc PRIVATE kb_test_support)
-kb_test(test_nats_faults ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 240 LABELS nats)
+kb_test(test_nats_faults ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 300 LABELS nats)
 target_link_libraries(test_nats_faults PRIVATE PkgConfig::NATS)
 kb_test(test_nats_restart ARGS $<TARGET_FILE:nats_consumer_proc> TIMEOUT 180 LABELS nats)
 target_link_libraries(test_nats_restart PRIVATE PkgConfig::NATS)
@@ -27,6 +27,9 @@ target_link_libraries(test_nats_topics PRIVATE PkgConfig::NATS)
 # The hand-written $JS.ACK parser against nats.c's natsMsg_GetMetaData.
 kb_test(test_nats_ackparse TIMEOUT 60 LABELS nats)
 target_link_libraries(test_nats_ackparse PRIVATE PkgConfig::NATS keybus::internal)
+# Publishes found by their message (nats_flight.c): against a plain array.
+kb_test(test_nats_flight TIMEOUT 60 LABELS nats)
+target_link_libraries(test_nats_flight PRIVATE keybus::internal)
 # kb_close within its deadline with the server stopped by SIGSTOP.
 kb_test(test_nats_close TIMEOUT 90 LABELS nats)
 # URLs and credentials: parts checked when set, userinfo decoded, nats.c's
@@ -73,3 +76,4 @@ target_link_libraries(test_nats_membership PRIVATE PkgConfig::NATS)
 add_dependencies(test_nats_membership kb_membership_proc)
 # Three servers and three processes under load, their pauses measured: alone.
 set_tests_properties(test_nats_membership PROPERTIES RUN_SERIAL ON)
+

@@ -1,7 +1,10 @@
 /* NATS faults, each ending with 0 lost and 0 per-key order violations
  * (duplicates are counted and allowed): nats-server killed and restarted
  * mid-stream on file storage; server down at start and up later; kill -9 of
- * one of two consumer processes; the consumer's connection alone cut at close.
+ * one of two consumer processes; the consumer's connection alone cut at close;
+ * publishes lost with the connection sent again in order, after a reconnect
+ * nats.c made before its disconnected callback ran, and all of them at
+ * kb_close after a restart.
  * Usage: test_nats_faults PATH_TO_HELPER [TEST] */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +25,7 @@
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 
+#include "support/bus.h"
 #include "support/check.h"
 #include "support/gate.h"
 #include "support/proxy.h"
@@ -693,6 +697,174 @@ static void lost_deliveries_read_again(void **state)
     kb_test_server_stop(&s);
 }
 
+/* Every event of `keys` x `per_key` handled by a fresh consumer reading the
+ * stream from the start: the tracker says whether a key's events came out
+ * of order (stored out of order: one consumer reads a partition in order). */
+static void read_back(const char *url, const char *topic, uint32_t keys, uint32_t per_key,
+                      kb_tracker *t)
+{
+    kb_tracker_init(t, keys);
+    kb_bus *c = open_bus(url, NULL, NULL);
+    kb_assert_ok(kb_subscribe(c, topic, kb_tracker_handler, t));
+    uint64_t n = (uint64_t)keys * per_key;
+    kb_wait_until(atomic_load(&t->handled) >= n, 60000, "%llu of %llu events handled",
+                  (unsigned long long)atomic_load(&t->handled), (unsigned long long)n);
+    kb_assert_ok(kb_close(c, 10000));
+}
+
+/* nats.c runs every connection callback of the process on one thread: a
+ * closed callback of the test's own connection that waits holds back the
+ * bus's disconnected and reconnected callbacks until released. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool entered, release;
+} hold = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
+
+static void holding_closed_cb(natsConnection *nc, void *closure)
+{
+    (void)nc, (void)closure;
+    pthread_mutex_lock(&hold.mu);
+    hold.entered = true;
+    pthread_cond_broadcast(&hold.cv);
+    while (!hold.release)
+        pthread_cond_wait(&hold.cv, &hold.mu);
+    pthread_mutex_unlock(&hold.mu);
+}
+
+static natsConnection *hold_callbacks(int port)
+{
+    char url[64];
+    snprintf(url, sizeof url, "nats://127.0.0.1:%d", port);
+    natsOptions *o = NULL;
+    natsConnection *nc = NULL;
+    assert_int_equal(natsOptions_Create(&o), NATS_OK);
+    assert_int_equal(natsOptions_SetURL(o, url), NATS_OK);
+    assert_int_equal(natsOptions_SetClosedCB(o, holding_closed_cb, NULL), NATS_OK);
+    assert_int_equal(natsConnection_Connect(&nc, o), NATS_OK);
+    natsOptions_Destroy(o);
+    natsConnection_Close(nc);
+    pthread_mutex_lock(&hold.mu);
+    while (!hold.entered)
+        pthread_cond_wait(&hold.cv, &hold.mu);
+    pthread_mutex_unlock(&hold.mu);
+    return nc;
+}
+
+static void release_callbacks(natsConnection *nc)
+{
+    pthread_mutex_lock(&hold.mu);
+    hold.release = true;
+    pthread_cond_broadcast(&hold.cv);
+    pthread_mutex_unlock(&hold.mu);
+    natsConnection_Destroy(nc);
+}
+
+/* A publisher for the resend tests: plain events (nats.publish_batch = 1,
+ * one server: pipelined), no stall verdict and no PINGs in the way (only
+ * the break takes back), a quick reconnect. */
+static kb_bus *open_resender(const char *url)
+{
+    static const char *const conf[] = {"nats.publish_batch", "1", "nats.publish_timeout_ms",
+                                       "600000", "nats.ping_interval_ms", "600000",
+                                       "nats.reconnect_wait_ms", "20", NULL};
+    return kb_test_open(url, conf, NULL);
+}
+
+#define ORDER_KEYS 4
+#define LOST 50     /* per key, sent into a black hole */
+#define AFTER 50    /* per key, published once the connection broke */
+
+/* The publishes of LOST events of each key are held by the proxy and
+ * dropped with the connection; nats.c reconnects at once (through the
+ * proxy) while its callback thread is held, so the bus hears of the break
+ * only from the connection itself. The later events are published across
+ * the reconnect; every key must be stored in order. */
+static void order_across_a_fast_reconnect(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    kb_test_proxy *proxy = kb_test_proxy_start(s.port);
+    assert_non_null(proxy);
+    char url[128];
+    snprintf(url, sizeof url, "nats://127.0.0.1:%d", kb_test_proxy_port(proxy));
+    const char *topic = "resend.order";
+    kb_bus *b = open_resender(url);
+    for (uint32_t k = 0; k < ORDER_KEYS; k++)   /* the stream exists */
+        publish_ok(b, topic, k, 1);
+    kb_assert_ok(kb_flush(b, 10000));
+
+    kb_test_proxy_blackhole(proxy, 1);
+    for (uint32_t seq = 2; seq <= 1 + LOST; seq++)
+        for (uint32_t k = 0; k < ORDER_KEYS; k++)
+            publish_ok(b, topic, k, seq);
+    usleep(100000);   /* written to the held connection */
+    natsConnection *held = hold_callbacks(s.port);
+    kb_test_proxy_drop_from(proxy, 0);
+    for (uint32_t seq = 2 + LOST; seq <= 1 + LOST + AFTER; seq++) {   /* across the reconnect */
+        for (uint32_t k = 0; k < ORDER_KEYS; k++)
+            publish_ok(b, topic, k, seq);
+        usleep(10000);
+    }
+    usleep(300000);   /* reconnected: what the acker's tick sends has gone */
+    release_callbacks(held);
+    kb_assert_ok(kb_flush(b, 30000));
+    kb_assert_ok(kb_close(b, 10000));
+
+    kb_tracker t;
+    read_back(s.url, topic, ORDER_KEYS, 1 + LOST + AFTER, &t);
+    print_message("fast reconnect: %llu handled, %llu out of order, %llu duplicates\n",
+                  (unsigned long long)atomic_load(&t.handled),
+                  (unsigned long long)atomic_load(&t.order_violations),
+                  (unsigned long long)atomic_load(&t.duplicates));
+    assert_int_equal(atomic_load(&t.order_violations), 0);
+    assert_int_equal(kb_tracker_distinct(&t), ORDER_KEYS * (1 + LOST + AFTER));
+    kb_tracker_destroy(&t);
+    kb_test_proxy_stop(proxy);
+    kb_test_server_stop(&s);
+}
+
+#define RESTART_KEYS 32
+#define RESTART_PER_KEY 100
+
+/* The server stops answering (SIGSTOP) with every publish unacked, is
+ * killed and restarted on the same store; kb_close at once (the acker has
+ * stopped) must send all of them again within its deadline — a
+ * partition's resends go one after the other, each once the one before is
+ * acked — and give up none. */
+static void close_resends_after_a_restart(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    const char *topic = "resend.restart";
+    kb_bus *b = open_resender(s.url);
+    for (uint32_t k = 0; k < RESTART_KEYS; k++)   /* the stream exists */
+        publish_ok(b, topic, k, 1);
+    kb_assert_ok(kb_flush(b, 10000));
+
+    kb_test_server_signal(&s, SIGSTOP);
+    for (uint32_t seq = 2; seq <= RESTART_PER_KEY; seq++)
+        for (uint32_t k = 0; k < RESTART_KEYS; k++)
+            publish_ok(b, topic, k, seq);
+    usleep(100000);   /* written to the stopped server's socket */
+    kb_test_server_signal(&s, SIGKILL);
+    assert_int_equal(kb_test_server_restart(&s), 0);
+    int rc = kb_close(b, 20000);
+    print_message("kb_close after a restart with %d unacked publishes: %s %s\n",
+                  RESTART_KEYS * (RESTART_PER_KEY - 1), kb_strerror(rc),
+                  rc == KB_OK ? "" : kb_last_error());
+    kb_assert_ok(rc);
+
+    kb_tracker t;
+    read_back(s.url, topic, RESTART_KEYS, RESTART_PER_KEY, &t);
+    assert_int_equal(kb_tracker_distinct(&t), RESTART_KEYS * RESTART_PER_KEY);
+    assert_int_equal(atomic_load(&t.order_violations), 0);
+    kb_tracker_destroy(&t);
+    kb_test_server_stop(&s);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -710,6 +882,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(lost_lease_releases_queued),
         cmocka_unit_test(consumer_connection_lost_at_close),
         cmocka_unit_test(lost_deliveries_read_again),
+        cmocka_unit_test(order_across_a_fast_reconnect),
+        cmocka_unit_test(close_resends_after_a_restart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -188,6 +189,79 @@ static void foreign_messages_dead_letter_and_replay(void **state)
     natsConnection_Destroy(nc);
 }
 
+static _Atomic int refused_runs;
+
+/* The first event goes to the dead letters, the rest are handled. */
+static int dead_first(const kb_event *ev, void *opaque)
+{
+    (void)ev;
+    (void)opaque;
+    return atomic_fetch_add(&refused_runs, 1) == 0 ? KB_DEAD : KB_HANDLED;
+}
+
+/* Room for what the stream holds and no more (max < 0: no limit), new
+ * messages refused: a publish gets a JetStream error. */
+static void stream_max_msgs(jsCtx *js, const char *topic, bool full)
+{
+    char stream[64];
+    kb_test_nats_stream(topic, stream, sizeof stream);
+    jsStreamInfo *si = NULL, *up = NULL;
+    assert_int_equal(js_GetStreamInfo(&si, js, stream, NULL, NULL), NATS_OK);
+    si->Config->MaxMsgs = full ? (int64_t)si->State.Msgs : -1;
+    si->Config->Discard = js_DiscardNew;
+    assert_int_equal(js_UpdateStream(&up, js, si->Config, NULL, NULL), NATS_OK);
+    jsStreamInfo_Destroy(up);
+    jsStreamInfo_Destroy(si);
+}
+
+static uint64_t dlq_length(kb_bus *b, const char *topic)
+{
+    kb_topic_stats st;
+    kb_assert_ok(kb_stats(b, topic, &st));
+    return st.dlq_length;
+}
+
+/* A dead letter whose republish the server refuses (the stream is full) is
+ * kept: kb_dead_letter_replay returns KB_ETRANSPORT, and kb_drain and
+ * kb_flush the refusal; once there is room, the replay goes through and
+ * removes it. */
+static void refused_replay_keeps_the_dead_letter(void **state)
+{
+    (void)state;
+    kb_bus *b = open_bus();
+    const char *topic = "interop.refused";
+    refused_runs = 0;
+    kb_assert_ok(kb_subscribe(b, topic, dead_first, NULL));
+    kb_assert_ok(kb_publish(b, topic, "k", 1, "v", 1));
+    kb_assert_ok(kb_flush(b, 10000));
+    for (int i = 0; i < 1000 && dlq_length(b, topic) < 1; i++)
+        usleep(10000);
+    struct dl_seen seen = {0};
+    kb_assert_ok(kb_dead_letters(b, topic, NULL, 10, collect, &seen));
+    assert_int_equal(seen.n, 1);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    assert_int_equal(natsConnection_ConnectTo(&nc, server.url), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    stream_max_msgs(js, topic, true);
+    assert_int_equal(kb_dead_letter_replay(b, topic, seen.ids[0]), KB_ETRANSPORT);
+    assert_non_null(strstr(kb_last_error(), "kept"));
+    assert_int_equal(dlq_length(b, topic), 1);
+    assert_int_equal(kb_drain(b, 10000), KB_ETRANSPORT);
+    assert_non_null(strstr(kb_last_error(), "1 published events refused"));
+    assert_int_equal(kb_flush(b, 10000), KB_ETRANSPORT);
+    kb_assert_ok(kb_flush(b, 10000));
+    kb_assert_ok(kb_drain(b, 10000));
+    stream_max_msgs(js, topic, false);
+    kb_assert_ok(kb_dead_letter_replay(b, topic, seen.ids[0]));
+    assert_int_equal(dlq_length(b, topic), 0);
+    kb_wait_until(atomic_load(&refused_runs) >= 2, 10000, "the replayed dead letter handled");
+    kb_assert_ok(kb_close(b, 10000));
+    assert_int_equal(atomic_load(&refused_runs), 2);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+}
+
 /* A dotted topic maps to a valid stream name; "a.b" and "a_b" stay apart. */
 static void dotted_topics_do_not_collide(void **state)
 {
@@ -335,6 +409,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(plain_client_messages_in_order),
         cmocka_unit_test(foreign_messages_dead_letter_and_replay),
+        cmocka_unit_test(refused_replay_keeps_the_dead_letter),
         cmocka_unit_test(dotted_topics_do_not_collide),
         cmocka_unit_test(unreachable_server_fails_open),
         cmocka_unit_test(memory_storage),

@@ -9,7 +9,7 @@
  *              (membership as it changes), nats_consumers (a claim's
  *              consumer), nats_kv (the lease bucket, pipelined)
  *   pipes:     nats_batch, nats_send, nats_tally, nats_topic, nats_claim
- *   helpers:   nats_hdr, nats_frame, nats_msg, nats_names
+ *   helpers:   nats_hdr, nats_frame, nats_msg, nats_names, nats_flight
  * and nats_types.h, the state they share. Layout and choices:
  * docs/transports-nats.md. */
 #include <inttypes.h>
@@ -28,6 +28,7 @@
 #include "nats_consume.h"
 #include "nats_dlq.h"
 #include "nats_drain.h"
+#include "nats_flight.h"
 #include "nats_lease.h"
 #include "nats_names.h"
 #include "nats_publish.h"
@@ -70,7 +71,8 @@ static const kb_conf_prop nats_props[] = {
     {"nats.lease_bucket", KB_CONF_STR, "keybus_leases", 1, 64,
      "JetStream KV bucket holding partition leases and members."},
     {"nats.publish_max_pending", KB_CONF_INT, "16384", 1, 1 << 20,
-     "Asynchronous publishes in flight; `kb_publish` waits up to "
+     "Asynchronous publishes in flight. Each topic's publish backlog holds up to "
+     "this many times `nats.publish_batch` events; `kb_publish` waits up to "
      "`pool.enqueue_timeout_ms` for room, then `KB_EFULL`."},
     {"nats.publish_batch", KB_CONF_INT, "64", 1, 4096,
      "Events of one partition packed into one JetStream message (a frame), which "
@@ -173,6 +175,7 @@ static int configure(kb_transport *t, const kb_conf *c, char *errstr, size_t err
     t->max_key_bytes = (size_t)kb_conf_int(c, "limits.max_key_bytes");
     t->max_payload_bytes = (size_t)kb_conf_int(c, "limits.max_payload_bytes");
     t->batch_events = (uint32_t)kb_conf_int(c, "nats.publish_batch");
+    t->publish_max_pending = kb_conf_int(c, "nats.publish_max_pending");
     t->linger_ns = kb_conf_int(c, "nats.publish_linger_us") * 1000;
     snprintf(t->id, sizeof t->id, "%s", kb_conf_str(c, "consumer"));
     snprintf(t->group, sizeof t->group, "%s", kb_conf_str(c, "group"));
@@ -200,7 +203,6 @@ static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *er
     t->bus = bus;
     pthread_mutex_init(&t->topics_lock, NULL);
     pthread_mutex_init(&t->sub_lock, NULL);
-    pthread_mutex_init(&t->resend_lock, NULL);
     pthread_rwlock_init(&t->pub_lock, NULL);
     pthread_mutex_init(&t->tally_mu, NULL);
     pthread_mutex_init(&t->kv_lock, NULL);
@@ -210,10 +212,11 @@ static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *er
     t->lease_wake = kb_signal_new();
     t->acker_wake = kb_signal_new();
     t->acked = kb_signal_new();
+    t->flight = kb__nats_flight_new();
     kb_url_redact(kb_conf_str(c, "transport"), t->url_safe, sizeof t->url_safe);
     int rc = KB_OK;
     if (t->resent == NULL || t->nc_event == NULL || t->lease_wake == NULL ||
-        t->acker_wake == NULL || t->acked == NULL) {
+        t->acker_wake == NULL || t->acked == NULL || t->flight == NULL) {
         kb_errf(errstr, errlen, "nats: out of memory");
         rc = KB_ENOMEM;
     }
@@ -239,7 +242,9 @@ static int nats_open(kb_transport **out, kb_bus *bus, const kb_conf *c, char *er
 static int nats_topic_open(kb_transport *t, const char *topic, kb_transport_topic **out,
                            char *errstr, size_t errlen)
 {
-    return kb__nats_topic_new(t, topic, out, errstr, errlen);
+    kb_kit_backlog *backlog = kb__nats_backlog_new(t, errstr, errlen);
+    return backlog != NULL ? kb__nats_topic_new(t, topic, backlog, out, errstr, errlen)
+                           : KB_ENOMEM;
 }
 
 static int leaser_done(void *arg)
@@ -321,6 +326,12 @@ static int nats_close(kb_transport *t, int64_t deadline)
      * its wait short: nothing it uses (KV, JetStream, the connection) goes
      * before it has left. Its calls fail at once on the closed connection. */
     kb_thread_join(t->leaser);
+    /* nats.c does not join the threads of its publish-ack and disconnected
+     * callbacks: one under way may still hold an item of a backlog, and one
+     * for an ack nats.c took before the take-back is still to come */
+    kb__nats_take_back_all(t);
+    bool quiet = kb__nats_pub_cbs_end(t, deadline > kb_now_ns() ? deadline
+                                                                : kb_deadline_ns(1000));
     /* what close gives up on is reported failed before it returns */
     char gave_up[700];
     if (why[0])
@@ -328,7 +339,9 @@ static int nats_close(kb_transport *t, int64_t deadline)
     else
         snprintf(gave_up, sizeof gave_up, "kb_close gave up: nats %s unreachable at close",
                  t->url_safe);
-    uint64_t unsent = kb__nats_resend_free(t, gave_up);
+    uint64_t unsent = 0;
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
+        unsent += kb__nats_send_close(tp, gave_up);
     kb__nats_batch_give_up(t, gave_up);
     kvStore_Destroy(t->kv);
     kb__nats_runs_close(t);
@@ -364,16 +377,16 @@ static int nats_close(kb_transport *t, int64_t deadline)
     if (closed)
         pthread_mutex_destroy(&t->watch_mu);
     pthread_rwlock_destroy(&t->pub_lock);
-    pthread_mutex_destroy(&t->resend_lock);
+    kb__nats_flight_free(t->flight);
     pthread_mutex_destroy(&t->topics_lock);
     pthread_mutex_destroy(&t->sub_lock);
-    if (closed) {
+    if (closed)
         kb_signal_free(t->nc_event);
+    if (closed && quiet)
         free(t);
-    } else {
-        /* nats.c may still run our closed callback: leave it its closure */
-        kb_log(NULL, KB_LOG_WARNING, "nats: the connection did not report closed in time");
-    }
+    else   /* nats.c may still run our closed or a publish ack's callback: leave it t */
+        kb_log(NULL, KB_LOG_WARNING, "nats: %s", closed ? "a publish ack's callback did not "
+               "come in time" : "the connection did not report closed in time");
 #if defined(__GLIBC__)
     malloc_trim(0);   /* claims' rings and topics: give the pages back */
 #endif
@@ -382,7 +395,7 @@ static int nats_close(kb_transport *t, int64_t deadline)
                 why[0] ? why : "server unreachable at close");
         return KB_ETRANSPORT;
     }
-    if (rc != KB_OK)   /* rejected by the server: kb_flush's report */
+    if (rc != KB_OK)   /* the last flush did not end in time */
         kb_errf(NULL, 0, "%s", why);
     return rc;
 }

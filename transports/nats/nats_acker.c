@@ -1,8 +1,10 @@
 /* The acker thread, kb-nats-ack: one loop every nats.ack_interval_ms (or a
  * publish linger, when shorter) for the jobs that run on a tick: frontier
  * acks and progress records of every claim (nats_claim.c, nats_progress.c),
- * resends after a reconnect (nats_send.c), and frames a linger old
- * (nats_batch.c). Woken early only by close. */
+ * the publish backlogs' resends and stalls (nats_send.c), and frames a
+ * linger old (nats_batch.c). Between ticks it pumps the backlogs when a
+ * publish ack or a reconnect asks (pump_wanted: a resend due; nats.c's ack
+ * thread must not publish) or a resend's backoff ends; close ends it. */
 #include "nats_acker.h"
 #include "nats_batch.h"
 #include "nats_claim.h"
@@ -18,9 +20,10 @@ void kb__nats_ack_pass(kb_transport *t, bool last)
     }
 }
 
-static int closing(void *arg)
+static int woken(void *arg)
 {
-    return atomic_load(&((kb_transport *)arg)->closing);
+    kb_transport *t = arg;
+    return atomic_load(&t->closing) || atomic_load(&t->pump_wanted);
 }
 
 static void *acker(void *arg)
@@ -34,10 +37,16 @@ static void *acker(void *arg)
     while (!atomic_load(&t->closing)) {
         int64_t next = kb_now_ns() + tick_ns;
         kb__nats_ack_pass(t, false);
-        kb__nats_resend(t);
+        kb__nats_send_tick(t);
         if (frames)
             kb__nats_batch_send_due(t, false);
-        kb_signal_wait(t->acker_wake, closing, t, next);
+        for (;;) {
+            kb_signal_wait(t->acker_wake, woken, t, kb__nats_resend_due(t, next));
+            if (atomic_load(&t->closing) || kb_now_ns() >= next)
+                break;
+            atomic_store(&t->pump_wanted, 0);
+            kb__nats_pump_all(t, true);
+        }
     }
     nats_ReleaseThreadMemory();
     return NULL;

@@ -41,12 +41,36 @@ static bool full(const kb_transport *t, const kb_nats_batch *b, size_t need, siz
     return b->count > 0 && (b->count >= t->batch_events || b->len + need > budget || upgrade);
 }
 
-/* Send what partition n has buffered; caller holds b->mu. On failure the
- * events stay buffered, in order, for the next attempt. */
+/* The keys of the frame's events, for their delivery reports, in b->keys
+ * (kept for the partition's next frame: the backlog copies them); NULL
+ * when the bus wants none, or on out of memory: *rc says which. */
+static kb_kit_key *frame_keys(kb_transport *t, kb_nats_batch *b, int *rc)
+{
+    *rc = KB_OK;
+    if (!kb_bus_delivery_wanted(t->bus))
+        return NULL;
+    void *room = b->keys;
+    if (kb_vec_reserve(&room, &b->keys_cap, b->count, sizeof *b->keys) != KB_OK) {
+        kb_errf(NULL, 0, "nats: out of memory for a publish");
+        *rc = KB_ENOMEM;
+        return NULL;
+    }
+    kb_kit_key *keys = b->keys = room;
+    kb_nats_frame f = {b->buf, b->buf + b->len, b->count, b->v2 ? 2 : 1};
+    kb_frame_event ev;
+    for (uint32_t i = 0; i < b->count && kb__nats_frame_next(&f, &ev); i++)
+        keys[i] = (kb_kit_key){ev.key, ev.key_len};
+    return keys;
+}
+
+/* Hand what partition n has buffered to the topic's backlog; caller holds
+ * b->mu. On failure the events stay buffered, in order, for the next
+ * attempt. */
 static int send_locked(kb_transport *t, kb_nats_topic *tp, uint32_t n, kb_nats_batch *b,
                        int64_t now)
 {
     natsMsg *msg = NULL;
+    kb_kit_key one, *keys = NULL;
     int rc;
     if (b->count == 1) {
         kb_nats_frame f = {b->buf, b->buf + b->len, 1, b->v2 ? 2 : 1};
@@ -62,6 +86,8 @@ static int send_locked(kb_transport *t, kb_nats_topic *tp, uint32_t n, kb_nats_b
         rc = kb__nats_msg_event(t, tp, n, ev.key, ev.key_len, ev.payload,
                                 ev.payload_len, h ? h->h : NULL, h ? h->n : 0, &msg);
         free(h);
+        one = (kb_kit_key){ev.key, ev.key_len};
+        keys = &one;
     } else {
         char count[16];
         snprintf(count, sizeof count, "%u", b->count);
@@ -73,11 +99,13 @@ static int send_locked(kb_transport *t, kb_nats_topic *tp, uint32_t n, kb_nats_b
             kb_errf(NULL, 0, "nats: out of memory for a publish");
             rc = KB_ENOMEM;
         }
+        if (rc == KB_OK && (keys = frame_keys(t, b, &rc)) == NULL && rc != KB_OK)
+            natsMsg_Destroy(msg);
     }
     if (rc == KB_OK && t->replicas > 1)
         atomic_store(&b->unconfirmed, true);   /* before: the ack may come at once */
     if (rc == KB_OK)
-        rc = kb__nats_send(t, msg);
+        rc = kb__nats_send(t, tp, n, msg, keys, b->count);
     if (rc != KB_OK && t->replicas > 1)
         atomic_store(&b->unconfirmed, false);
     if (rc == KB_OK) {

@@ -57,7 +57,7 @@ static void on_reconnected(natsConnection *nc, void *closure)
     kb_transport *t = closure;
     read_limits(t, nc);
     atomic_fetch_add(&t->reconnects, 1);
-    kb_signal_notify(t->resent);   /* a flush at close resends itself */
+    kb__nats_send_reconnected(t);   /* the resends go now */
     kb__nats_lease_kick(t);        /* acks the server lost: asked again at once */
     kb_log(t->bus, KB_LOG_INFO, "nats %s: reconnected (max_payload %zu)", t->url_safe,
            atomic_load(&t->max_payload));

@@ -283,9 +283,17 @@ int kb__nats_dead_letter_replay(kb_transport *t, kb_nats_topic *tp, const char *
     }
     kb_msg msg = {key, (size_t)klen, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),
                   kb_fnv1a32(key, (size_t)klen), h->n ? h->h : NULL, h->n};
+    /* A refused republish is only counted (its report says so): the dead
+     * letter stays then. Another publish refused meanwhile keeps it too. */
+    uint64_t refused = atomic_load(&t->pub_refused);
     rc = kb__nats_publish(t, tp, &msg);
     if (rc == KB_OK)
-        rc = kb__nats_flush(t, (int)t->publish_timeout_ms);
+        rc = kb__nats_flush_until(t, kb_deadline_ns((int)t->publish_timeout_ms));
+    if (rc == KB_OK && atomic_load(&t->pub_refused) != refused) {
+        kb_errf(NULL, 0, "nats: dead letter %s kept: the server refused its republish (or "
+                "another publish of this bus meanwhile)", id);
+        rc = KB_ETRANSPORT;
+    }
     if (rc == KB_OK)
         kb_log(t->bus, KB_LOG_INFO, "nats %s: dead letter %s of %s replayed to partition %u "
                "(its key's)", t->url_safe, id, tp->name, kb_partition_of(key, (size_t)klen,

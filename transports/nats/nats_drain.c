@@ -116,6 +116,13 @@ static int drain_targets(void *arg)
 {
     drain *d = arg;
     kb_transport *t = d->t;
+    uint64_t refused = kb__nats_refused_take(t);
+    if (refused > 0) {
+        kb_errf(NULL, 0, "nats %s: %llu published events refused by the server since the last "
+                "kb_flush or kb_drain (each reported failed; kb_flush names the latest)",
+                t->url_safe, (unsigned long long)refused);
+        return KB_ETRANSPORT;
+    }
     /* topics are added at the head: one read of it is one list */
     kb_nats_topic *head = atomic_load(&t->topics);
     size_t n = 0;

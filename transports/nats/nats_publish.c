@@ -53,73 +53,98 @@ int kb__nats_publish(kb_transport *t, kb_nats_topic *tp, const kb_msg *m)
         rc = kb__nats_batch_add(t, tp, m);
     } else {
         natsMsg *msg = NULL;
-        rc = kb__nats_msg_event(t, tp, kb_partition_of_hash(m->hash, t->partitions), m->key, m->key_len, m->payload,
-                                m->payload_len, m->headers, m->n_headers, &msg);
+        uint32_t n = kb_partition_of_hash(m->hash, t->partitions);
+        kb_kit_key key = {m->key, m->key_len};
+        rc = kb__nats_msg_event(t, tp, n, m->key, m->key_len, m->payload, m->payload_len,
+                                m->headers, m->n_headers, &msg);
         if (rc == KB_OK)
-            rc = kb__nats_send(t, msg);
+            rc = kb__nats_send(t, tp, n, msg, &key, 1);
     }
     if (rc == KB_OK)
         atomic_fetch_add_explicit(&tp->published, 1, memory_order_relaxed);
     return rc;
 }
 
-/* Nothing waits for a resend; or, at close (the acker has stopped), the
- * connection is back so the caller can resend itself. */
-static int resends_done(void *arg)
+/* A flush's wait: one topic's events up to `ticket` reported, or a pump
+ * wanted (a publish ack may have made a resend due, a reconnect). */
+typedef struct flush_wait {
+    kb_transport *t;
+    kb_kit_backlog *b;
+    uint64_t ticket;
+} flush_wait;
+
+static bool flushed(const flush_wait *w)
 {
-    kb_transport *t = arg;
-    if (!atomic_load(&t->gated))
-        return 1;
-    return atomic_load(&t->closing) &&
-           natsConnection_Status(t->nc) == NATS_CONN_STATUS_CONNECTED;
+    return kb_kit_backlog_flush(w->b, w->ticket, 0) == KB_OK;
 }
 
+static int flushed_or_wanted(void *arg)
+{
+    flush_wait *w = arg;
+    return flushed(w) || atomic_load(&w->t->pump_wanted);
+}
+
+/* Every event published before it has its report: frames still filling are
+ * handed on, then each topic of the list as it was at the start is flushed
+ * by its last ticket, read when the flush gets to it (again once the frames
+ * filling at the start all have tickets). It pumps itself,
+ * again whenever a publish ack or a reconnect asks or a resend's backoff
+ * ends (a flush at close: the acker has stopped), and at close notices a
+ * stall. A failed event is no error here: its report counted it, and
+ * kb_flush says so. */
 int kb__nats_flush_until(kb_transport *t, int64_t deadline)
 {
+    kb_nats_topic *first = atomic_load(&t->topics), *tp = first;
+    flush_wait w = {t, NULL, 0};
+    bool handed = false;   /* every frame filling at the start has its tickets */
     for (;;) {
-        if (atomic_load(&t->closing))
-            kb__nats_resend(t);   /* the acker has stopped */
         int sent = kb__nats_batch_send_due(t, true);
-        int left = kb_deadline_left_ms(deadline);
-        jsPubOptions po;
-        jsPubOptions_Init(&po);
-        /* A take-back empties nats.c's list without waking this wait: look
-         * again every 100 ms. */
-        po.MaxWait = left < 0 || left > 100 ? 100 : left > 1 ? left : 1;
-        /* A take-back that began after these loads moved publishes out of
-         * nats.c's list while we waited: its count tells, even once the
-         * acker has sent them again and opened the gate. */
-        uint64_t take_backs = atomic_load(&t->take_backs);
-        int gated_before = atomic_load(&t->gated);
-        natsStatus s = js_PublishAsyncComplete(t->js, &po);
-        if (sent == KB_OK && s == NATS_OK && !gated_before && !atomic_load(&t->gated) &&
-            atomic_load(&t->resend_len) == 0 && atomic_load(&t->take_backs) == take_backs)
-            break;
-        if (s != NATS_OK && s != NATS_TIMEOUT)
-            return kb__nats_errf("waiting for publish acks", s, 0);
-        /* A frame that failed to go out (out of memory) stays buffered: with
-         * no ack to wait for, try again in 10 ms, not at once. */
-        if (sent != KB_OK && sent != KB_EFULL && s == NATS_OK && !atomic_load(&t->gated)) {
-            int64_t retry = kb_now_ns() + 10000000;
-            kb_signal_wait(t->resent, kb__nats_never, NULL, retry < deadline ? retry : deadline);
+        if (!handed && sent == KB_OK) {
+            handed = true;
+            tp = first;   /* tickets read before may have missed frames */
+            w.b = NULL;
         }
-        /* Resends go out on the acker's tick (or above, at close), which
-         * notifies t->resent; reconnecting notifies it too. */
-        if (kb_now_ns() >= deadline ||
-            (atomic_load(&t->gated) && !kb_signal_wait(t->resent, resends_done, t, deadline))) {
+        atomic_store(&t->pump_wanted, 0);
+        if (atomic_load(&t->closing))
+            kb__nats_send_tick(t);
+        else
+            kb__nats_pump_all(t, false);
+        for (; tp != NULL; tp = tp->next) {
+            if (w.b != tp->backlog) {
+                w.b = tp->backlog;
+                w.ticket = kb_kit_backlog_last_ticket(w.b);
+            }
+            if (!flushed(&w))
+                break;
+        }
+        if (tp == NULL && handed)
+            return KB_OK;
+        int64_t now = kb_now_ns();
+        if (now >= deadline) {
             kb_errf(NULL, 0, "nats %s: publishes not acked within the deadline", t->url_safe);
             return KB_ETIMEDOUT;
         }
+        if (tp == NULL) {
+            /* only a frame that failed to go out (out of memory) or held
+             * behind its partition's unconfirmed publish: try again in 10 ms */
+            int64_t retry = now + 10000000;
+            kb_signal_wait(t->resent, kb__nats_never, NULL, retry < deadline ? retry : deadline);
+            continue;
+        }
+        int64_t slice = kb__nats_resend_due(t, now + 100000000);
+        kb_signal_wait(t->resent, flushed_or_wanted, &w, slice < deadline ? slice : deadline);
     }
-    uint64_t rejected = atomic_exchange(&t->pub_rejected, 0);
-    if (rejected) {
-        pthread_mutex_lock(&t->resend_lock);
-        kb_errf(NULL, 0, "nats %s: %llu published events rejected; last: %s", t->url_safe,
-                (unsigned long long)rejected, t->pub_error);
-        pthread_mutex_unlock(&t->resend_lock);
-        return KB_ETRANSPORT;
-    }
-    return KB_OK;
+}
+
+uint64_t kb__nats_refused_take(kb_transport *t)
+{
+    /* refused_told only moves forward: a kb_flush and a kb_drain at once
+     * each take a share, never a wrapped count */
+    uint64_t now = atomic_load(&t->pub_refused);
+    uint64_t told = atomic_load(&t->refused_told);
+    while (told < now && !atomic_compare_exchange_weak(&t->refused_told, &told, now))
+        ;
+    return told < now ? now - told : 0;
 }
 
 int kb__nats_flush(kb_transport *t, int timeout_ms)
@@ -127,5 +152,7 @@ int kb__nats_flush(kb_transport *t, int timeout_ms)
     int rc = kb__nats_flush_until(t, kb_deadline_ns(timeout_ms));
     if (rc == KB_ETIMEDOUT)
         kb_errf(NULL, 0, "nats %s: publishes not acked within %d ms", t->url_safe, timeout_ms);
+    if (rc == KB_OK)
+        kb__nats_refused_take(t);   /* kb_flush reports them: the bus counted each */
     return rc;
 }

@@ -1,11 +1,20 @@
-/* Sending: asynchronous JetStream publishes with a Nats-Msg-Id each, a
- * bounded number in flight, their acks (nats.c's ack thread), and in-order
- * resends after a broken connection. */
+/* Sending. A topic's publishes, frames and single events alike, go through
+ * the kit's publish backlog (<keybus/kit.h>): it keeps them in order with
+ * their tickets, makes kb_publish wait for room, resends after a backoff
+ * (one item of a partition in flight at a time with nats.replicas > 1) and
+ * reports each event once. This file is the broker's side: each item is one
+ * message with its Nats-Msg-Id (a frame resent whole is stored once),
+ * published asynchronously by whichever thread pumps the backlog (a
+ * publisher, the acker, a flush at close); its publish ack, on nats.c's
+ * ack thread, says how it went; a broken or silent connection has what it
+ * left unacked taken back, and the backlog sends it again in order. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "nats_flight.h"
 #include "nats_frame.h"
 #include "nats_hdr.h"
 #include "nats_msg.h"
@@ -13,120 +22,60 @@
 #include "nats_send.h"
 #include "nats_topic.h"
 
-static uint64_t msg_seq(natsMsg *m)
+/* One item of a topic's backlog: the message that carries it. */
+typedef struct kb_nats_pub {
+    natsMsg *msg;                  /* ours while nats.c does not hold it, else NULL */
+    kb_kit_item *item;             /* the kit's, from its first take on */
+    kb_nats_topic *tp;
+} kb_nats_pub;
+
+static void pub_free(void *data)
 {
-    const char *id = NULL, *dash;
-    if (natsMsgHeader_Get(m, "Nats-Msg-Id", &id) != NATS_OK || id == NULL ||
-        (dash = strrchr(id, '-')) == NULL)
-        return 0;
-    return strtoull(dash + 1, NULL, 10);
+    kb_nats_pub *p = data;
+    natsMsg_Destroy(p->msg);
+    free(p);
 }
 
-/* The partition of tp a publish went to, from the last token of its subject
- * (kb.<topic>.<n>); NULL for another subject of the stream (a dead letter). */
-static kb_nats_topic *partition_of(kb_transport *t, kb_nats_topic *tp, natsMsg *msg,
-                                   uint32_t *part)
+/* A frame's event `index` (from 0) as its consumers name it: "<seq>.<i>"
+ * from 1. */
+static void event_id(const char *id, uint32_t index, char *out, size_t len)
 {
-    const char *dot = strrchr(natsMsg_GetSubject(msg), '.');
-    if (tp == NULL || dot == NULL || dot[1] < '0' || dot[1] > '9')
-        return NULL;
-    char *end = NULL;
-    unsigned long n = strtoul(dot + 1, &end, 10);
-    if (*end != '\0' || n >= t->partitions)
-        return NULL;
-    *part = (uint32_t)n;
-    return tp;
+    snprintf(out, len, "%s.%u", id, index + 1);
 }
 
-/* The partition a publish of this process went to (NULL: not ours). */
-static kb_nats_topic *published_to(kb_transport *t, natsMsg *msg, uint32_t *part)
+kb_kit_backlog *kb__nats_backlog_new(kb_transport *t, char *errstr, size_t errlen)
 {
-    const char *id = NULL;
-    size_t bl = strlen(t->bus_id);
-    if (natsMsgHeader_Get(msg, "Nats-Msg-Id", &id) != NATS_OK || id == NULL ||
-        strncmp(id, t->bus_id, bl) != 0 || id[bl] != '.')
-        return NULL;
-    return partition_of(t, kb__nats_topic_at(t, (uint32_t)strtoul(id + bl + 1, NULL, 10)), msg,
-                        part);
+    kb_kit_backlog_conf c = {
+        .size = sizeof c, .bus = t->bus,
+        .capacity = (size_t)t->publish_max_pending * t->batch_events,
+        .timeout_ms = t->enqueue_timeout_ms,
+        .max_attempts = UINT32_MAX,   /* transport trouble: sent again until close */
+        .backoff_ms = 1, .max_backoff_ms = t->reconnect_wait_ms,
+        .free_data = pub_free,
+        /* nothing stored ahead of an earlier publish of its partition when a
+         * stream leader is lost (nats_batch.c, held()) */
+        .one_in_flight_per_partition = t->replicas > 1,
+        .event_id = event_id,
+    };
+    kb_kit_backlog *b = kb_kit_backlog_new(&c);
+    if (b == NULL)
+        kb_errf(errstr, errlen, "nats: %s", kb_last_error());
+    return b;
 }
 
-/* published_to for a publish the server stored in stream `stream`. By its ack
- * the message is cold (up to nats.publish_max_pending publishes ago), and its
- * header table several cache misses away: the topic of the last ack, matched
- * by the stream's name in the ack just parsed, spares that lookup. Topics
- * live as long as the transport. */
-static kb_nats_topic *acked_to(kb_transport *t, natsMsg *msg, const char *stream, uint32_t *part)
+uint64_t kb__nats_send_close(kb_nats_topic *tp, const char *why)
 {
-    kb_nats_topic *tp = atomic_load_explicit(&t->acked_topic, memory_order_relaxed);
-    if (tp != NULL && stream != NULL && strcmp(stream, tp->stream) == 0)
-        return partition_of(t, tp, msg, part);
-    if ((tp = published_to(t, msg, part)) != NULL)
-        atomic_store_explicit(&t->acked_topic, tp, memory_order_relaxed);
-    return tp;
-}
-
-/* The partition batch a message this bus published came from, or NULL. */
-static kb_nats_batch *batch_of(kb_transport *t, natsMsg *msg)
-{
-    uint32_t n;
-    kb_nats_topic *tp = published_to(t, msg, &n);
-    return tp != NULL && tp->batches != NULL ? &tp->batches[n] : NULL;
-}
-
-/* The partition's publish is settled (stored, or refused for good): its next
- * may go out (nats_batch.c, held()). */
-static void settled(kb_transport *t, kb_nats_batch *b)
-{
-    if (b != NULL && t->replicas > 1 && atomic_exchange(&b->unconfirmed, false))
-        kb_signal_notify(t->resent);
-}
-
-/* Count a publish the server will not take, for kb_flush to report; the
- * caller reports it to the delivery callback once it holds no lock. Caller
- * holds resend_lock. */
-static void reject(kb_transport *t, natsMsg *m, const char *why)
-{
-    settled(t, batch_of(t, m));
-    uint32_t events = kb__nats_events_in(m);
-    atomic_fetch_add(&t->pub_rejected, events);
-    snprintf(t->pub_error, sizeof t->pub_error, "%s (%u events): %s", natsMsg_GetSubject(m),
-             events, why);
-    kb_log(t->bus, KB_LOG_ERROR, "nats %s: publish rejected: %s", t->url_safe, t->pub_error);
-}
-
-/* Queue m last; caller holds resend_lock. */
-static void push(kb_transport *t, natsMsg *m)
-{
-    kb_nats_resend *r = malloc(sizeof *r);
-    if (r == NULL) {
-        /* reported by the acker: this may be kb_publish's thread, under pub_lock */
-        reject(t, m, "out of memory queueing a resend");
-        if (t->n_orphans < KB_NATS_ORPHANS) {
-            t->orphans[t->n_orphans++] = m;
-        } else {
-            kb_log(t->bus, KB_LOG_ERROR, "nats %s: a publish of %s dropped unreported: out of "
-                   "memory", t->url_safe, natsMsg_GetSubject(m));
-            natsMsg_Destroy(m);
-        }
-        return;
-    }
-    r->msg = m;
-    r->seq = msg_seq(m);
-    r->next = NULL;
-    if (t->resend_tail)
-        t->resend_tail->next = r;
-    else
-        t->resend_head = r;
-    t->resend_tail = r;
-    atomic_fetch_add(&t->resend_len, 1);
+    uint64_t left = kb_kit_backlog_length(tp->backlog);
+    kb_kit_backlog_fail_all(tp->backlog, KB_ETRANSPORT, why);
+    return left;
 }
 
 int kb__nats_msg_event(kb_transport *t, kb_nats_topic *tp, uint32_t n, const void *key,
                        size_t key_len, const void *body, size_t body_len, const kb_header *h,
                        size_t nh, natsMsg **out)
 {
-    /* Nats-Msg-Id: <bus id>.<topic index>-<counter>; the index takes the
-     * publish ack back to its topic without a lookup by name. */
+    /* Nats-Msg-Id: <bus id>.<topic index>-<counter>: unique per publish,
+     * the same for its resends */
     char id[64];
     size_t bl = strlen(t->bus_id);
     memcpy(id, t->bus_id, bl);
@@ -148,70 +97,27 @@ int kb__nats_msg_event(kb_transport *t, kb_nats_topic *tp, uint32_t n, const voi
     return KB_OK;
 }
 
-/* Merge two lists sorted by publish order; on a tie, a's first. */
-static kb_nats_resend *merge(kb_nats_resend *a, kb_nats_resend *b)
+/* The partition's publish is settled (stored, or refused for good): its next
+ * frame may go out (nats_batch.c, held()). Called after the item's done: the
+ * kit holds the partition's next item back until then, so a frame handed on
+ * earlier would wait for the acker's tick. */
+static void settled(kb_transport *t, kb_nats_batch *b)
 {
-    kb_nats_resend head = {0}, *tail = &head;
-    while (a != NULL && b != NULL) {
-        kb_nats_resend **from = b->seq < a->seq ? &b : &a;
-        tail->next = *from;
-        tail = *from;
-        *from = (*from)->next;
-    }
-    tail->next = a != NULL ? a : b;
-    return head.next;
+    if (t->replicas > 1 && atomic_exchange(&b->unconfirmed, false))
+        kb_signal_notify(t->resent);
 }
 
-/* Merge sort by publish order: no allocation in a disconnect callback. */
-static kb_nats_resend *sort_by_seq(kb_nats_resend *l)
+/* An item the server refused for good (or no memory for its resend): its
+ * events fail, counted first for kb_drain and a dead letter's replay
+ * (they look once every report came), then its partition settles. */
+static void refuse(kb_transport *t, kb_nats_topic *tp, kb_kit_item *item, int code,
+                   const char *why)
 {
-    if (l == NULL || l->next == NULL)
-        return l;
-    kb_nats_resend *slow = l, *fast = l->next;
-    while (fast != NULL && fast->next != NULL) {
-        slow = slow->next;
-        fast = fast->next->next;
-    }
-    kb_nats_resend *second = slow->next;
-    slow->next = NULL;
-    return merge(sort_by_seq(l), sort_by_seq(second));
+    kb_nats_batch *b = &tp->batches[item->partition];
+    atomic_fetch_add(&t->pub_refused, item->events);
+    kb_kit_backlog_done(tp->backlog, item, code, 0, NULL, why);
+    settled(t, b);
 }
-
-/* The queue in publish order; caller holds resend_lock. */
-static void sort_queue(kb_transport *t)
-{
-    t->resend_head = sort_by_seq(t->resend_head);
-    for (t->resend_tail = t->resend_head; t->resend_tail != NULL && t->resend_tail->next;)
-        t->resend_tail = t->resend_tail->next;
-}
-
-/* The connection broke: the publishes nats.c has not seen acked (and `also`,
- * unless NULL) join the queue, all in publish order (it may already hold newer
- * publishes and resends of timed-out ones), and new ones queue behind them. */
-static void take_back(kb_transport *t, natsMsg *also)
-{
-    /* Gated before the list leaves nats.c: kb_flush must never see no
-     * publish pending in nats.c and none queued while they are in between. */
-    atomic_store(&t->gated, 1);
-    atomic_fetch_add(&t->take_backs, 1);
-    natsMsgList l = {0};
-    bool got = t->js != NULL && atomic_load(&t->published_async) &&
-               js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK;
-    pthread_mutex_lock(&t->resend_lock);
-    if (also != NULL)
-        push(t, also);
-    for (int i = 0; got && i < l.Count; i++) {
-        push(t, l.Msgs[i]);
-        l.Msgs[i] = NULL;
-    }
-    if (got)
-        atomic_fetch_sub(&t->pub_out, l.Count);
-    sort_queue(t);
-    pthread_mutex_unlock(&t->resend_lock);
-    if (got)
-        natsMsgList_Destroy(&l);
-}
-
 
 /* A publish's MaxWait. For each, nats.c keeps a timer record (an allocation
  * and a string) and, once it passed, delivers a timeout message through the
@@ -225,199 +131,232 @@ static int64_t max_wait(const kb_transport *t)
     return t->replicas > 1 ? t->publish_timeout_ms : 0;
 }
 
-/* nats.c took a publish: it is out until its ack or a take-back. */
-static natsStatus publish_async(kb_transport *t, natsMsg **msg, jsPubOptions *po)
+/* Every publish nats.c holds unacked goes back to its backlog, to be sent
+ * again (same Nats-Msg-Id) in ticket order. Exclusive of senders: none is
+ * between its take and its publish, so none sends a later item of a
+ * partition ahead of a resend it has not seen. `mark`: the connection's
+ * state it answers (conn_mark; 0: none in particular). */
+static void take_back(kb_transport *t, uint64_t mark, const char *why)
 {
-    natsStatus s = js_PublishMsgAsync(t->js, msg, po);
-    if (s == NATS_OK && atomic_fetch_add(&t->pub_out, 1) <= 0)
-        atomic_store(&t->pub_moved_ns, kb_now_ns());
-    return s;
-}
-
-/* The resend queue has room for one more publish. */
-static int queue_room(void *arg)
-{
-    kb_transport *t = arg;
-    return !atomic_load(&t->gated) ||
-           atomic_load(&t->resend_len) < (uint64_t)t->max_ack_pending * 16;
-}
-
-int kb__nats_send(kb_transport *t, natsMsg *msg)
-{
-    /* While the connection recovers, keep order: queue behind the resends,
-     * waiting for room up to pool.enqueue_timeout_ms. */
-    if (!kb_signal_wait(t->resent, queue_room, t, kb_deadline_ns(t->enqueue_timeout_ms))) {
-        natsMsg_Destroy(msg);
-        kb_errf(NULL, 0, "nats %s: reconnecting, %llu publishes queued", t->url_safe,
-                (unsigned long long)atomic_load(&t->resend_len));
-        return KB_EFULL;
+    natsMsgList l = {0};
+    pthread_rwlock_wrlock(&t->pub_lock);
+    if (mark > atomic_load(&t->taken_mark))
+        atomic_store(&t->taken_mark, mark);
+    bool got = t->js != NULL && atomic_load(&t->published_async) &&
+               js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK;
+    for (int i = 0; got && i < l.Count; i++) {
+        kb_nats_pub *p = kb__nats_flight_take(t->flight, l.Msgs[i]);
+        p->msg = l.Msgs[i];
+        l.Msgs[i] = NULL;
+        atomic_fetch_sub(&t->pub_out, 1);
+        atomic_fetch_add(&t->resends, 1);
+        kb_kit_backlog_done(p->tp->backlog, p->item, KB_ETRANSPORT, 1, NULL, why);
     }
+    pthread_rwlock_unlock(&t->pub_lock);
+    if (got)
+        natsMsgList_Destroy(&l);
+}
+
+void kb__nats_take_back_all(kb_transport *t)
+{
+    take_back(t, 0, "connection closed");
+}
+
+/* The connection's state as a number that only grows: twice its reconnects,
+ * plus 1 while it is not connected. nats.c counts a reconnect before the
+ * new connection is CONNECTED, and reads the status first: a pump that sees
+ * a mark above taken_mark has met a connection that lost what it held, or
+ * may have, even when nats.c reconnected at once (another server of the
+ * pool) and its disconnected callback has not run yet. Under send_mu. */
+static uint64_t conn_mark(kb_transport *t, kb_nats_topic *tp)
+{
+    bool up = natsConnection_Status(t->nc) == NATS_CONN_STATUS_CONNECTED;
+    uint64_t reconnects = 0;
+    if (natsConnection_GetStats(t->nc, tp->conn_stats) == NATS_OK)
+        natsStatistics_GetCounts(tp->conn_stats, NULL, NULL, NULL, NULL, &reconnects);
+    return 2 * reconnects + !up;
+}
+
+#define PUMP_BATCH 64
+
+/* One take of tp's backlog, published; what could not go is done here
+ * (under the locks for a resend: a later item of its partition must not be
+ * taken before it waits again). Returns the items taken; *lost: the
+ * connection is down (take everything back); refused[] the items over the
+ * server's max_payload, to fail once the locks are released — only on a
+ * thread that may report (`reporter`): else they wait for the acker. */
+static size_t pump_once(kb_transport *t, kb_nats_topic *tp, bool reporter, bool *lost,
+                        kb_kit_item **refused, size_t *nrefused)
+{
+    kb_kit_item *items[PUMP_BATCH];
     jsPubOptions po;
     jsPubOptions_Init(&po);
     po.MaxWait = max_wait(t);
-    natsStatus s = NATS_OK;
-    pthread_rwlock_rdlock(&t->pub_lock);
-    if (atomic_load(&t->gated)) {
-        pthread_mutex_lock(&t->resend_lock);
-        push(t, msg);
-        pthread_mutex_unlock(&t->resend_lock);
-        msg = NULL;
-    } else {
-        atomic_store(&t->published_async, 1);
-        s = publish_async(t, &msg, &po);
-        /* Reconnecting: nats.c has no reconnect buffer (it would send its
-         * content before our resends, out of order). Take back the unacked
-         * publishes now, not only in kb__nats_disconnected, which runs later
-         * on nats.c's callback thread, maybe after the reconnect: the acker
-         * must not resend the queue ahead of them. */
-        if (s == NATS_INSUFFICIENT_BUFFER) {
-            take_back(t, msg);
-            msg = NULL;
-            s = NATS_OK;
+    size_t n = kb_kit_backlog_take(tp->backlog, items, PUMP_BATCH, kb_now_ns());
+    bool stop = false;
+    for (size_t k = 0; k < n; k++) {
+        kb_nats_pub *p = items[k]->data;
+        p->item = items[k];
+        if (items[k]->attempts > 1)   /* a resend, taken again */
+            atomic_fetch_sub(&t->resends, 1);
+        natsMsg *m = p->msg;
+        natsStatus s = NATS_NO_MEMORY;
+        if (!stop && kb__nats_flight_put(t->flight, m, p) == KB_OK) {
+            atomic_store(&t->published_async, 1);
+            p->msg = NULL;   /* nats.c's from here on: its ack may come at once */
+            s = js_PublishMsgAsync(t->js, &m, &po);
+            if (s == NATS_OK) {
+                if (atomic_fetch_add(&t->pub_out, 1) <= 0)
+                    atomic_store(&t->pub_moved_ns, kb_now_ns());
+                continue;
+            }
+            kb__nats_flight_take(t->flight, m);
+            p->msg = m;   /* not taken: still ours */
         }
+        if (!stop && s == NATS_MAX_PAYLOAD && reporter) {   /* never sendable: failed */
+            refused[(*nrefused)++] = items[k];
+            continue;
+        }
+        /* Reconnecting (nats.c has no reconnect buffer: it would send its
+         * content before our resends, out of order), stalled or out of
+         * memory: this one and the rest of the take wait for a resend. */
+        if (!stop && s == NATS_INSUFFICIENT_BUFFER)
+            *lost = true;
+        stop = true;
+        atomic_fetch_add(&t->resends, 1);
+        kb_kit_backlog_done(tp->backlog, items[k], KB_ETRANSPORT, 1, NULL,
+                            natsStatus_GetText(s));
     }
-    pthread_rwlock_unlock(&t->pub_lock);
-    if (s == NATS_MAX_PAYLOAD) {
-        /* The server's limit shrank after it was buffered: the acker's resend
-         * rejects it and reports it, off this (maybe kb_publish's) thread. */
-        pthread_mutex_lock(&t->resend_lock);
-        push(t, msg);
-        atomic_store(&t->gated, 1);
-        pthread_mutex_unlock(&t->resend_lock);
-        return KB_OK;   /* kb_flush reports it */
+    return stop ? 0 : n;
+}
+
+void kb__nats_pump(kb_transport *t, kb_nats_topic *tp, bool reporter)
+{
+    for (;;) {
+        kb_kit_item *refused[PUMP_BATCH];
+        size_t nrefused = 0, n = 0;
+        bool lost = false;
+        pthread_rwlock_rdlock(&t->pub_lock);
+        if (pthread_mutex_trylock(&tp->send_mu) != 0) {
+            /* The holder takes again once it unlocked; or it unlocked just
+             * now, before it could see the flag: then this thread goes. */
+            atomic_store(&tp->pump_again, true);
+            if (pthread_mutex_trylock(&tp->send_mu) != 0) {
+                pthread_rwlock_unlock(&t->pub_lock);
+                return;
+            }
+        }
+        atomic_store(&tp->pump_again, false);
+        /* A broken connection (once each time it breaks and reconnects):
+         * what it held goes back before anything newer goes out. */
+        uint64_t mark = conn_mark(t, tp);
+        bool behind = mark > atomic_load(&t->taken_mark);
+        if (!behind && mark % 2 == 0)
+            n = pump_once(t, tp, reporter, &lost, refused, &nrefused);
+        pthread_mutex_unlock(&tp->send_mu);
+        pthread_rwlock_unlock(&t->pub_lock);
+        if (behind) {
+            take_back(t, mark, "connection lost");
+            continue;   /* connected: send now; else the next pass returns */
+        }
+        if (mark % 2 == 1)
+            return;   /* the acker's tick sends it once reconnected */
+        for (size_t k = 0; k < nrefused; k++) {
+            kb_nats_pub *p = refused[k]->data;
+            kb_log(t->bus, KB_LOG_ERROR, "nats %s: publish rejected: %s (%u events): over "
+                   "the server's max_payload", t->url_safe, natsMsg_GetSubject(p->msg),
+                   refused[k]->events);
+            refuse(t, tp, refused[k], KB_ETRANSPORT, "over the server's max_payload");
+        }
+        if (lost)
+            take_back(t, 0, "connection lost");
+        if (n < PUMP_BATCH && !atomic_load(&tp->pump_again))
+            return;
     }
-    natsMsg_Destroy(msg);   /* NULL when the library or the queue took it */
-    if (s == NATS_TIMEOUT) {
-        kb_errf(NULL, 0, "nats: nats.publish_max_pending publishes in flight for %d ms",
-                 t->enqueue_timeout_ms);
-        return KB_EFULL;
+}
+
+int kb__nats_send(kb_transport *t, kb_nats_topic *tp, uint32_t n, natsMsg *msg,
+                  const kb_kit_key *keys, uint32_t events)
+{
+    kb_nats_pub *p = malloc(sizeof *p);
+    if (p == NULL) {
+        natsMsg_Destroy(msg);
+        kb_errf(NULL, 0, "nats: out of memory for a publish");
+        return KB_ENOMEM;
     }
-    if (s != NATS_OK)
-        return kb__nats_errf("publish", s, 0);
+    *p = (kb_nats_pub){.msg = msg, .tp = tp};
+    int rc = kb_kit_backlog_add_frame(tp->backlog, p, tp->name, n, keys, events, NULL);
+    if (rc != KB_OK) {
+        pub_free(p);
+        return rc;
+    }
+    kb__nats_pump(t, tp, false);   /* maybe kb_publish's thread: no report here */
     return KB_OK;
 }
 
 /* The stream sequence a publish was stored at: kb_drain's target for its
- * partition. */
-static void note_stored(kb_transport *t, kb_nats_topic *tp, uint32_t part, uint64_t seq)
+ * partition, set before the report (kb_drain reads it once flushed). */
+static void note_stored(kb_nats_batch *b, uint64_t seq)
 {
-    kb_nats_batch *b = tp != NULL && tp->batches != NULL ? &tp->batches[part] : NULL;
-    if (b == NULL)
-        return;
     uint64_t cur = atomic_load(&b->stored_seq);
     while (cur < seq && !atomic_compare_exchange_weak(&b->stored_seq, &cur, seq))
         ;
-    settled(t, b);
 }
 
-/* One delivery report per event of message msg, published to partition
- * `part` of tp, which the server stored at `seq` (error NULL) or that failed
- * for good (`code`, why); IDs as consumers see them ("<seq>", or "<seq>.<i>"
- * from 1 in a frame). No lock held. */
-static void report_to(kb_transport *t, kb_nats_topic *tp, uint32_t part, natsMsg *msg,
-                      uint64_t seq, int code, const char *error)
+/* A publish-ack or disconnected callback begins: false once close is past
+ * natsConnection_Close (what is left is close's own; the caller returns
+ * at once). Else it is counted until cb_end, and close waits for it. */
+static bool cb_begin(kb_transport *t)
 {
-    if (tp == NULL || !kb_bus_delivery_wanted(t->bus))
-        return;
-    kb_delivery_report r = {.topic = tp->name, .partition = part,
-                            .result = error != NULL ? code : KB_OK,
-                            .error = error != NULL ? error : ""};
-    char id[48];
-    size_t base = kb__nats_put_u64(id, seq);
-    const char *count = NULL, *why = NULL;
-    kb_nats_frame f;
-    kb_frame_event ev;
-    if (natsMsgHeader_Get(msg, KB_NATS_BATCH_HDR, &count) == NATS_OK && count != NULL) {
-        if (kb__nats_frame_open(msg, count, &f, &why) != 0)
-            return;
-        for (uint32_t i = 1; kb__nats_frame_next(&f, &ev); i++) {
-            id[base] = '.';
-            kb__nats_put_u64(id + base + 1, i);
-            r.key = ev.key, r.key_len = ev.key_len, r.id = error != NULL ? "" : id;
-            kb_bus_delivery_report(t->bus, &r);
+    atomic_fetch_add(&t->pub_cbs_in, 1);
+    if (!atomic_load(&t->pub_cbs_off))
+        return true;
+    atomic_fetch_sub(&t->pub_cbs_in, 1);
+    return false;
+}
+
+static void cb_end(kb_transport *t)
+{
+    atomic_fetch_sub(&t->pub_cbs_in, 1);   /* the last touch of t */
+}
+
+bool kb__nats_pub_cbs_end(kb_transport *t, int64_t deadline)
+{
+    atomic_store(&t->pub_cbs_off, 1);
+    bool warned = false;
+    for (;;) {
+        /* running ones first: a late one counts itself in before it looks
+         * at pub_cbs_off, and leaves pub_out last */
+        if (atomic_load(&t->pub_cbs_in) == 0) {
+            if (atomic_load(&t->pub_out) <= 0)
+                return true;
+            if (kb_now_ns() >= deadline)
+                return false;
+        } else if (!warned && kb_now_ns() >= deadline) {
+            kb_log(t->bus, KB_LOG_WARNING, "nats %s: kb_close waits past its deadline for a "
+                   "publish ack's delivery report callback to return", t->url_safe);
+            warned = true;
         }
-        return;
-    }
-    /* the usual keys fit on the stack; a longer one is read again into its own */
-    char small[1024], *key = small;
-    int klen = kb__nats_get_key(msg, small, sizeof small, &why);
-    if (klen < 0 && (key = malloc(65536)) != NULL)
-        klen = kb__nats_get_key(msg, key, 65536, &why);
-    r.key = key, r.key_len = klen > 0 ? (size_t)klen : 0, r.id = error != NULL ? "" : id;
-    kb_bus_delivery_report(t->bus, &r);
-    if (key != small)
-        free(key);
-}
-
-/* report_to for a message of this bus: its partition read from it. */
-static void report_as(kb_transport *t, natsMsg *msg, uint64_t seq, int code, const char *error)
-{
-    uint32_t part = 0;
-    kb_nats_topic *tp = kb_bus_delivery_wanted(t->bus) ? published_to(t, msg, &part) : NULL;
-    report_to(t, tp, part, msg, seq, code, error);
-}
-
-static void report_delivery(kb_transport *t, natsMsg *msg, uint64_t seq, const char *error)
-{
-    report_as(t, msg, seq, KB_ETRANSPORT, error);
-}
-
-/* Report the publishes push() could not queue (out of memory), failed. */
-static void report_orphans(kb_transport *t)
-{
-    natsMsg *m[KB_NATS_ORPHANS];
-    pthread_mutex_lock(&t->resend_lock);
-    size_t n = t->n_orphans;
-    memcpy(m, t->orphans, n * sizeof *m);
-    t->n_orphans = 0;
-    pthread_mutex_unlock(&t->resend_lock);
-    for (size_t i = 0; i < n; i++) {
-        report_as(t, m[i], 0, KB_ENOMEM, "out of memory queueing a resend");
-        natsMsg_Destroy(m[i]);
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
     }
 }
 
-/* A publish ack that failed: transport trouble is sent again (the Msg-Id makes
- * it idempotent): KB_OK; a rejection by the server, or no memory for the
- * resend, is counted for kb_flush to report: the code of its failed report,
- * its reason in why. */
-static int pub_err(kb_transport *t, jsPubAckErr *pae, char *why, size_t len)
-{
-    int failed = KB_OK;
-    pthread_mutex_lock(&t->resend_lock);
-    if (pae->ErrCode == 0 && pae->Err != NATS_INVALID_ARG) {
-        natsMsg *c = kb__nats_msg_clone(pae->Msg);
-        if (c != NULL) {
-            push(t, c);
-            atomic_store(&t->gated, 1);
-        } else {
-            snprintf(why, len, "out of memory copying a resend");
-            reject(t, pae->Msg, why);
-            failed = KB_ENOMEM;
-        }
-    } else {
-        snprintf(why, len, "%s (jetstream error %d)",
-                 pae->ErrText ? pae->ErrText : natsStatus_GetText(pae->Err), (int)pae->ErrCode);
-        reject(t, pae->Msg, why);
-        failed = KB_ETRANSPORT;
-    }
-    pthread_mutex_unlock(&t->resend_lock);
-    return failed;
-}
-
-/* The connection broke (nats.c's callback thread): take back what is not
- * acked, unless a publish did already (kb__nats_send). */
+/* The connection broke (nats.c's callback thread, maybe after the reconnect:
+ * a pump that met it took back already, see conn_mark): take back what is
+ * not acked first, then tell. Our own natsConnection_Close (a closed
+ * connection) leaves it to close; a break during close's flush does not. */
 void kb__nats_disconnected(natsConnection *nc, void *closure)
 {
-    (void)nc;
     kb_transport *t = closure;
-    if (atomic_load(&t->closing))
-        return;   /* our own natsConnection_Close */
-    kb_log(t->bus, KB_LOG_WARNING, "nats %s: disconnected, reconnecting", t->url_safe);
-    kb_bus_state_report(t->bus, KB_STATE_DISCONNECTED, "connection lost; reconnecting");
-    pthread_rwlock_wrlock(&t->pub_lock);
-    take_back(t, NULL);
-    pthread_rwlock_unlock(&t->pub_lock);
+    if (!cb_begin(t))
+        return;
+    if (!natsConnection_IsClosed(nc))
+        take_back(t, 0, "connection lost");
+    if (!atomic_load(&t->closing)) {
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: disconnected, reconnecting", t->url_safe);
+        kb_bus_state_report(t->bus, KB_STATE_DISCONNECTED, "connection lost; reconnecting");
+    }
+    cb_end(t);
 }
 
 /* Messages the connection has read so far (0 if it cannot tell). */
@@ -453,99 +392,109 @@ static void stalled(kb_transport *t)
         return;
     kb_log(t->bus, KB_LOG_WARNING, "nats %s: no publish ack for %lld ms; sending %lld publishes again",
            t->url_safe, (long long)t->publish_timeout_ms, (long long)atomic_load(&t->pub_out));
-    pthread_rwlock_wrlock(&t->pub_lock);
-    take_back(t, NULL);
-    pthread_rwlock_unlock(&t->pub_lock);
+    take_back(t, 0, "no publish ack");
 }
 
-/* Send the queued publishes again, in order, once connected. Acker thread. */
-void kb__nats_resend(kb_transport *t)
+void kb__nats_pump_all(kb_transport *t, bool reporter)
 {
-    if (atomic_load_explicit(&t->n_orphans, memory_order_relaxed) > 0)
-        report_orphans(t);
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
+        if (kb_kit_backlog_length(tp->backlog) > 0)
+            kb__nats_pump(t, tp, reporter);
+}
+
+void kb__nats_send_tick(kb_transport *t)
+{
     stalled(t);
-    if (!atomic_load(&t->gated) || natsConnection_Status(t->nc) != NATS_CONN_STATUS_CONNECTED)
-        return;
-    jsPubOptions po;
-    jsPubOptions_Init(&po);
-    po.MaxWait = max_wait(t);
-    kb_nats_resend *refused = NULL;   /* reported once the locks are released */
-    pthread_rwlock_wrlock(&t->pub_lock);
-    pthread_mutex_lock(&t->resend_lock);
-    /* Publishes that timed out (a cluster's stream leader lost, the connection
-     * up) came back in nats.c's order, not ours, behind newer ones queued. */
-    sort_queue(t);
-    for (int n = 0; n < 4096 && t->resend_head != NULL; n++) {
-        kb_nats_resend *r = t->resend_head;
-        natsStatus s = publish_async(t, &r->msg, &po);
-        if (s != NATS_OK && s != NATS_MAX_PAYLOAD)
-            break;   /* stalled or disconnected: next tick */
-        t->resend_head = r->next;
-        if (t->resend_head == NULL)
-            t->resend_tail = NULL;
-        atomic_fetch_sub(&t->resend_len, 1);
-        if (s == NATS_MAX_PAYLOAD) {   /* never sendable: counted, not retried */
-            reject(t, r->msg, "over the server's max_payload");
-            r->next = refused;
-            refused = r;
-        } else {
-            free(r);
-        }
+    kb__nats_pump_all(t, true);
+}
+
+int64_t kb__nats_resend_due(kb_transport *t, int64_t until)
+{
+    if (atomic_load(&t->resends) <= 0 ||
+        natsConnection_Status(t->nc) != NATS_CONN_STATUS_CONNECTED)
+        return until;   /* none, or not sendable before a reconnect (which asks) */
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
+        int64_t due = kb_kit_backlog_next_due(tp->backlog);
+        if (due < until)
+            until = due;
     }
-    if (t->resend_head == NULL)
-        atomic_store(&t->gated, 0);
-    pthread_mutex_unlock(&t->resend_lock);
-    pthread_rwlock_unlock(&t->pub_lock);
-    for (kb_nats_resend *next; refused != NULL; refused = next) {
-        next = refused->next;
-        report_delivery(t, refused->msg, 0, "over the server's max_payload");
-        natsMsg_Destroy(refused->msg);
-        free(refused);
-    }
+    /* at least a moment: a pump that found another thread sending left the
+     * item to it */
+    int64_t soonest = kb_now_ns() + 200000;
+    return until > soonest ? until : soonest;
+}
+
+void kb__nats_send_reconnected(kb_transport *t)
+{
+    atomic_store(&t->pump_wanted, 1);
+    kb_signal_notify(t->acker_wake);
     kb_signal_notify(t->resent);
 }
 
-uint64_t kb__nats_resend_free(kb_transport *t, const char *why)
+/* A done while resends wait may have made one due (the next of its
+ * partition waits for the one before to be done): the acker pumps, or a
+ * flush waiting. Never here: nats.c's publish would wait on this thread's
+ * own acks when its limit of pending publishes is reached. */
+static void want_pump(kb_transport *t)
 {
-    uint64_t lost = 0;
-    report_orphans(t);
-    for (kb_nats_resend *r = t->resend_head, *next; r; r = next) {
-        next = r->next;
-        lost += kb__nats_events_in(r->msg);
-        report_delivery(t, r->msg, 0, why);
-        natsMsg_Destroy(r->msg);
-        free(r);
-    }
-    t->resend_head = t->resend_tail = NULL;
-    natsMsgList l = {0};
-    if (t->js != NULL && atomic_load(&t->published_async) &&
-        js_PublishAsyncGetPendingList(&l, t->js) == NATS_OK) {
-        for (int i = 0; i < l.Count; i++) {
-            lost += kb__nats_events_in(l.Msgs[i]);
-            report_delivery(t, l.Msgs[i], 0, why);
+    if (atomic_load(&t->resends) > 0 && !atomic_load(&t->pump_wanted) &&
+        !atomic_exchange(&t->pump_wanted, 1))
+        kb_signal_notify(t->acker_wake);
+    kb_signal_notify(t->resent);   /* a flush looks again: reported, or one to send */
+}
+
+/* A publish ack that failed: transport trouble is sent again (the Msg-Id makes
+ * it idempotent); a rejection by the server, or no memory for the resend,
+ * fails its events. */
+static void pub_err(kb_transport *t, kb_nats_pub *p, natsMsg *msg, jsPubAckErr *pae)
+{
+    char why[160];
+    int code = KB_ETRANSPORT;
+    if (pae->ErrCode == 0 && pae->Err != NATS_INVALID_ARG) {
+        if ((p->msg = kb__nats_msg_clone(msg)) != NULL) {
+            atomic_fetch_add(&t->resends, 1);
+            kb_kit_backlog_done(p->tp->backlog, p->item, KB_ETRANSPORT, 1, NULL,
+                                natsStatus_GetText(pae->Err));
+            return;
         }
-        natsMsgList_Destroy(&l);
+        code = KB_ENOMEM;
+        snprintf(why, sizeof why, "out of memory copying a resend");
+    } else {
+        snprintf(why, sizeof why, "%s (jetstream error %d)",
+                 pae->ErrText ? pae->ErrText : natsStatus_GetText(pae->Err), (int)pae->ErrCode);
     }
-    return lost;
+    kb_log(t->bus, KB_LOG_ERROR, "nats %s: publish rejected: %s (%u events): %s", t->url_safe,
+           natsMsg_GetSubject(msg), p->item->events, why);
+    refuse(t, p->tp, p->item, code, why);
 }
 
 void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void *closure)
 {
     (void)js;
     kb_transport *t = closure;
-    char why[160];
+    if (!cb_begin(t)) {
+        /* close counts this call in pub_out: leaving it is the last touch of t */
+        natsMsg_Destroy(msg);
+        atomic_fetch_sub(&t->pub_out, 1);
+        return;
+    }
     atomic_fetch_sub(&t->pub_out, 1);
     atomic_store(&t->pub_moved_ns, kb_now_ns());
-    if (pa != NULL && msg != NULL) {
-        uint32_t part = 0;
-        kb_nats_topic *tp = acked_to(t, msg, pa->Stream, &part);
-        note_stored(t, tp, part, pa->Sequence);
-        report_to(t, tp, part, msg, pa->Sequence, KB_OK, NULL);
-    } else if (pae != NULL) {
-        pae->Msg = msg;   /* not set on this path */
-        int failed = pub_err(t, pae, why, sizeof why);
-        if (failed != KB_OK && msg != NULL)
-            report_as(t, msg, 0, failed, why);
+    kb_nats_pub *p = msg != NULL ? kb__nats_flight_take(t->flight, msg) : NULL;
+    if (p != NULL && pa != NULL) {
+        kb_nats_topic *tp = p->tp;
+        kb_kit_item *item = p->item;   /* p goes with the item's done */
+        kb_nats_batch *b = &tp->batches[item->partition];
+        char id[24];
+        id[kb__nats_put_u64(id, pa->Sequence)] = '\0';
+        note_stored(b, pa->Sequence);
+        kb_kit_backlog_done(tp->backlog, item, KB_OK, 0, id, NULL);
+        settled(t, b);
+    } else if (p != NULL && pae != NULL) {
+        pub_err(t, p, msg, pae);
     }
+    if (p != NULL)
+        want_pump(t);
     natsMsg_Destroy(msg);
+    cb_end(t);
 }

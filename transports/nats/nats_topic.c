@@ -7,14 +7,15 @@
 #include "nats_names.h"
 #include "nats_topic.h"
 
-int kb__nats_topic_new(kb_transport *t, const char *name, kb_nats_topic **out, char *errstr,
-                       size_t errlen)
+int kb__nats_topic_new(kb_transport *t, const char *name, kb_kit_backlog *backlog,
+                       kb_nats_topic **out, char *errstr, size_t errlen)
 {
     kb_nats_topic *tp = calloc(1, sizeof *tp);
     bool mem = tp == NULL || (tp->name = strdup(name)) == NULL ||
                (tp->subjects = calloc(t->partitions, sizeof *tp->subjects)) == NULL ||
                (tp->batches = calloc(t->partitions, sizeof *tp->batches)) == NULL ||
-               (tp->tally.extra = calloc(t->partitions, sizeof *tp->tally.extra)) == NULL;
+               (tp->tally.extra = calloc(t->partitions, sizeof *tp->tally.extra)) == NULL ||
+               natsStatistics_Create(&tp->conn_stats) != NATS_OK;
     pthread_mutex_lock(&t->topics_lock);
     uint32_t idx = t->ntopics, chunk = idx / KB_NATS_TOPIC_CHUNK;
     kb_nats_topic **slots = chunk < KB_NATS_TOPIC_CHUNKS ? atomic_load(&t->topic_chunks[chunk]) : NULL;
@@ -25,18 +26,22 @@ int kb__nats_topic_new(kb_transport *t, const char *name, kb_nats_topic **out, c
     if (mem || slots == NULL) {
         pthread_mutex_unlock(&t->topics_lock);
         if (tp != NULL) {
+            natsStatistics_Destroy(tp->conn_stats);
             free(tp->tally.extra);
             free(tp->batches);
             free(tp->subjects);
             free(tp->name);
             free(tp);
         }
+        kb_kit_backlog_free(backlog);
         kb_errf(errstr, errlen, chunk < KB_NATS_TOPIC_CHUNKS ? "nats: out of memory for topic %s"
                                                              : "nats: too many topics for %s",
                 name);
         return chunk < KB_NATS_TOPIC_CHUNKS ? KB_ENOMEM : KB_EINVAL;
     }
     tp->index = idx;
+    tp->backlog = backlog;
+    pthread_mutex_init(&tp->send_mu, NULL);
     tp->hash = kb_fnv1a32(name, strlen(name));
     kb__nats_stream_name(tp->stream, sizeof tp->stream, name);
     snprintf(tp->dlq_subject, sizeof tp->dlq_subject, "kb.%s.dlq", name);
@@ -51,15 +56,6 @@ int kb__nats_topic_new(kb_transport *t, const char *name, kb_nats_topic **out, c
     pthread_mutex_unlock(&t->topics_lock);
     *out = tp;
     return KB_OK;
-}
-
-kb_nats_topic *kb__nats_topic_at(kb_transport *t, uint32_t index)
-{
-    uint32_t chunk = index / KB_NATS_TOPIC_CHUNK;
-    kb_nats_topic **slots = chunk < KB_NATS_TOPIC_CHUNKS
-                                ? atomic_load_explicit(&t->topic_chunks[chunk], memory_order_acquire)
-                                : NULL;
-    return slots != NULL ? slots[index % KB_NATS_TOPIC_CHUNK] : NULL;
 }
 
 uint32_t kb__nats_stated_partitions(const char *desc)
@@ -220,8 +216,12 @@ uint64_t kb__nats_topic_free(kb_transport *t, kb_nats_topic *tp)
     for (uint32_t i = 0; i < t->partitions; i++) {
         unsent += tp->batches[i].count;
         free(tp->batches[i].buf);
+        free(tp->batches[i].keys);
         pthread_mutex_destroy(&tp->batches[i].mu);
     }
+    kb_kit_backlog_free(tp->backlog);
+    pthread_mutex_destroy(&tp->send_mu);
+    natsStatistics_Destroy(tp->conn_stats);
     free(tp->parts);
     free(tp->batches);
     free(tp->tally.extra);

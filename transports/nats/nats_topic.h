@@ -5,11 +5,10 @@
 
 #include "nats_types.h"
 
-/* A topic's state, without waiting for the broker (topic_open). */
-int kb__nats_topic_new(kb_transport *t, const char *name, kb_nats_topic **out, char *errstr,
-                       size_t errlen);
-/* The topic with this index, or NULL. Thread: any. */
-kb_nats_topic *kb__nats_topic_at(kb_transport *t, uint32_t index);
+/* A topic's state, without waiting for the broker (topic_open); it takes
+ * `backlog` (its publishes: nats_send.c) in every case. */
+int kb__nats_topic_new(kb_transport *t, const char *name, kb_kit_backlog *backlog,
+                       kb_nats_topic **out, char *errstr, size_t errlen);
 /* Create the topic's stream unless it is there, with the partition count in
  * its Description, and check the count (once per topic; a round trip or two
  * the first time). KB_OK; KB_EINVAL naming both counts when the stream states
@@ -23,7 +22,8 @@ int kb__nats_parts_mismatch(kb_transport *t, kb_nats_topic *tp, uint32_t stated)
 /* Does the topic's stream exist? Creates nothing (read-only calls). KB_OK,
  * KB_ENOTFOUND, or KB_ETRANSPORT / KB_ENOMEM with nats.c's reason. */
 int kb__nats_topic_exists(kb_transport *t, kb_nats_topic *tp);
-/* Free it (close only); returns the events still buffered in its frames. */
+/* Free it and its backlog (close only, once the backlog reported every
+ * event); returns the events still buffered in its frames. */
 uint64_t kb__nats_topic_free(kb_transport *t, kb_nats_topic *tp);
 
 #endif /* KB_TRANSPORTS_NATS_TOPIC_H */

@@ -11,6 +11,7 @@
 
 #include <nats/nats.h>
 
+#include <keybus/kit.h>
 #include <keybus/pool.h>
 #include <keybus/transport.h>
 
@@ -145,6 +146,8 @@ typedef struct kb_nats_batch {
     uint32_t count;
     int64_t first_ns;              /* when the oldest buffered event came */
     int64_t last_send_ns;
+    kb_kit_key *keys;              /* a frame's keys for the backlog (it copies them) */
+    size_t keys_cap;
     bool v2;                       /* entries carry headers (Kb-Frame: 2) */
     /* nats.replicas > 1: a publish of this partition is out and not yet
      * acked, so the next one waits (nats_batch.c, "one unconfirmed") */
@@ -204,6 +207,12 @@ struct kb_transport_topic {
     _Atomic uint32_t stored_parts; /* the count its Description states */
     _Atomic int stored_replicas;   /* the stream's Replicas */
     kb_nats_batch *batches;        /* per partition */
+    /* publishes handed on, frames and single events: the kit's backlog
+     * (nats_send.c); send_mu makes one thread at a time its sender */
+    kb_kit_backlog *backlog;
+    pthread_mutex_t send_mu;
+    _Atomic bool pump_again;       /* a pump found send_mu taken: its holder takes again */
+    natsStatistics *conn_stats;    /* under send_mu: the connection's reconnects (nats_send.c) */
     _Atomic uint64_t published;
     _Atomic uint64_t unowned;      /* deliveries released by still_owned: lease lost */
     _Atomic uint64_t trimmed;      /* messages the stream's limits removed unread (wide claims) */
@@ -217,19 +226,10 @@ struct kb_transport_topic {
     _Atomic int subscribed;        /* parts and sink are set */
 };
 
-/* Topics by index (publish acks carry it in their Nats-Msg-Id): chunks that
- * never move, so readers need no lock. */
+/* Topics by index (their Nats-Msg-Id carries it): chunks that never move;
+ * the table numbers topics and bounds how many a bus opens. */
 #define KB_NATS_TOPIC_CHUNK 1024
 #define KB_NATS_TOPIC_CHUNKS 1024   /* at most 1,048,576 topics per bus */
-
-#define KB_NATS_ORPHANS 256
-
-/* A publish that must be sent again, in order. */
-typedef struct kb_nats_resend {
-    natsMsg *msg;
-    uint64_t seq;                  /* from its Nats-Msg-Id: publish order */
-    struct kb_nats_resend *next;
-} kb_nats_resend;
 
 struct kb_transport {
     kb_bus *bus;
@@ -271,6 +271,7 @@ struct kb_transport {
     int replicas;                  /* nats.replicas: topic streams, lease bucket */
     bool topic_consumer;           /* nats.topic_consumer = auto: wide claims */
     uint32_t batch_events;         /* nats.publish_batch */
+    int64_t publish_max_pending;   /* nats.publish_max_pending */
     _Atomic size_t batch_bytes;    /* frame body limit, below max_payload */
     _Atomic size_t max_payload;    /* the server's, from its INFO (again on reconnect) */
     int64_t linger_ns;             /* nats.publish_linger_us */
@@ -283,27 +284,33 @@ struct kb_transport {
     _Atomic(kb_nats_topic **) topic_chunks[KB_NATS_TOPIC_CHUNKS];
     uint32_t ntopics;              /* under topics_lock */
     pthread_mutex_t topics_lock;   /* topic_open, stream creation */
-    /* publish recovery: while `gated`, publishes queue here in order */
+    /* publish recovery: senders hold it shared, a take-back of what nats.c
+     * holds unacked exclusive (nats_send.c) */
     pthread_rwlock_t pub_lock;
-    pthread_mutex_t resend_lock;
-    kb_nats_resend *resend_head, *resend_tail;
-    _Atomic uint64_t resend_len;
-    _Atomic int gated;
-    _Atomic uint64_t take_backs;       /* counted after `gated` is set, before the list empties */
+    struct kb_nats_flight *flight;     /* the publishes nats.c holds, by message */
     _Atomic int64_t pub_out;           /* publishes nats.c holds unacked (nats_send.c) */
+    /* the connection's state as a number that only grows (nats_send.c,
+     * conn_mark), as of the last take-back: no pump sends past a later one
+     * before it took back what the connection it saw lost */
+    _Atomic uint64_t taken_mark;
+    /* items done for a resend and not taken again (nats_send.c): while any
+     * wait, a publish ack may make one due, and asks for a pump */
+    _Atomic int64_t resends;
+    _Atomic int pump_wanted;           /* the acker (or a flush) pumps every topic */
+    /* publish-ack and disconnected callbacks running; close waits for none
+     * once it set pub_cbs_off (after natsConnection_Close), which makes later
+     * ones return at once: nats.c does not join their threads */
+    _Atomic int pub_cbs_in;
+    _Atomic int pub_cbs_off;
+    _Atomic uint64_t pub_refused;      /* events the server refused for good, ever */
+    _Atomic uint64_t refused_told;     /* pub_refused as kb_flush or kb_drain last saw it */
     _Atomic int64_t pub_moved_ns;      /* last publish ack, or the first publish after none
                                           were out: a stall is measured from it */
-    _Atomic(kb_nats_topic *) acked_topic;   /* the topic of the last publish ack (nats_send.c) */
     uint64_t stall_in_msgs;            /* acker: messages the connection had read */
     int64_t stall_read_ns;             /* acker: when that count last moved */
-    _Atomic uint64_t pub_rejected;     /* not yet reported by flush */
-    /* publishes a resend could not be queued for (out of memory): reported
-     * failed by the acker's next tick, or by close (under resend_lock) */
-    natsMsg *orphans[KB_NATS_ORPHANS];
-    _Atomic size_t n_orphans;          /* read without the lock: a hint */
-    char pub_error[256];               /* last rejection, under resend_lock */
-    kb_signal *resent;                 /* the resend queue shrank or emptied, or a
-                                        * partition's publish was confirmed */
+    kb_signal *resent;                 /* reconnected, a publish ack done, pump_wanted set:
+                                        * flushes look again; a partition's publish
+                                        * confirmed (nats.replicas > 1) */
     /* threads */
     _Atomic int stopping;              /* ops->stop: feeders end */
     _Atomic int closing;               /* ops->close: everything ends */
@@ -321,7 +328,7 @@ struct kb_transport {
     size_t making_n;
     bool making_capped;   /* a round left claims for want of a place */
     _Atomic int leaser_done;           /* the lease thread has left its loop */
-    kb_signal *acker_wake;             /* close: the acker's tick ends early */
+    kb_signal *acker_wake;             /* close, pump_wanted: the acker's wait ends early */
     kb_thread *acker, *leaser;
     /* consuming: one feeder thread and one inbox subscription per bus */
     natsSubscription *inbox_sub;
