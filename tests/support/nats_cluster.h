@@ -23,7 +23,8 @@ typedef struct kb_test_nats_cluster {
 int kb_test_nats_cluster_start(kb_test_nats_cluster *c);
 
 /* Restart node i (after a kill) on its ports, dir and config; waits until it
- * is healthy again (up to 30 s). 0 or -1. */
+ * is healthy again (up to 30 s), or at least serving when its streams have
+ * not caught up by then (said on stderr). 0 or -1. */
 int kb_test_nats_cluster_restart(kb_test_nats_cluster *c, int i);
 
 /* Wait until node i answers GET /healthz with 200 (JetStream current, a meta
