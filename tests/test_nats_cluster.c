@@ -277,6 +277,7 @@ static void count_bridges(int level, const char *msg, void *opaque)
     (void)opaque;
     if (strstr(msg, "is read from the stream until it does") != NULL)
         atomic_fetch_add(&bridges, 1);
+    fprintf(stderr, "%.3f keybus: %s\n", now_s(), msg);   /* the timeline, when it fails */
 }
 
 /* The node leading consumer `name` of `stream` (-1: unknown), asked on nc. */
@@ -514,9 +515,11 @@ static int teardown(void **state)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2)
+    if (argc < 2)
         return 2;
     helper = argv[1];
+    if (argc > 2)
+        cmocka_set_test_filter(argv[2]);   /* one test by name, by hand */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(replicas_mismatch_named),
         cmocka_unit_test(stream_leader_killed),

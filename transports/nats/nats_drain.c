@@ -22,6 +22,11 @@
 #define KB_NATS_DRAIN_POLL_MIN_MS 2     /* the first look after one that found work left */
 #define KB_NATS_DRAIN_POLL_MAX_MS 200   /* consumer info at least this often */
 #define KB_NATS_DRAIN_CONFIRM_MS 2      /* after our own acks: the server's floor soon */
+/* One listing's wait. nats-server 2.9 gathers the consumers' infos for up to
+ * 4 s when a consumer's leader is gone; after a node's kill a listing can go
+ * unanswered for good: it is asked again after this, not waited on until the
+ * drain's deadline. */
+#define KB_NATS_DRAIN_ASK_MS 5000
 
 /* Is consumer `name` one of this process's current claims on tp (none when
  * it only publishes to tp)? */
@@ -49,24 +54,56 @@ static void renudge_ask(kb_transport *t)
     kb__nats_lease_kick(t);
 }
 
+/* The first partition of tp still short of its target, and what the group's
+ * consumers of it reported: the timeout's log line names what it waited on. */
+static void describe_left(kb_transport *t, kb_nats_topic *tp, const uint64_t *target,
+                          const jsConsumerInfoList *list, char *left, size_t left_len)
+{
+    for (uint32_t p = 0; p < t->partitions; p++) {
+        if (target[p] == 0)
+            continue;
+        int w = snprintf(left, left_len, "%s partition %u waits for stream sequence %llu;",
+                         tp->stream, p, (unsigned long long)target[p]);
+        bool any = false;
+        for (int i = 0; list != NULL && i < list->Count && w > 0 && (size_t)w < left_len; i++) {
+            const jsConsumerInfo *ci = list->List[i];
+            if (kb__nats_consumer_part(t, ci->Name) != (long)p && !kb__nats_consumer_wide(t, ci->Name))
+                continue;
+            any = true;
+            w += snprintf(left + w, left_len - (size_t)w,
+                          " consumer %s: floor %llu, delivered %llu, %lld pending acks "
+                          "(%llu below its floor), %lld redelivered;", ci->Name,
+                          (unsigned long long)kb__nats_floor_of(ci),
+                          (unsigned long long)ci->Delivered.Stream, (long long)ci->NumAckPending,
+                          (unsigned long long)kb__nats_pending_below_floor(ci),
+                          (long long)ci->NumRedelivered);
+        }
+        if (!any && w > 0 && (size_t)w < left_len)
+            snprintf(left + w, left_len - (size_t)w, " no consumer of the group");
+        return;
+    }
+}
+
 /* Clear the targets of tp's partitions that a group consumer's floor on the
  * server reached. A failed listing (server restarting, reconnecting) is not
  * the end of the drain: its reason is kept for the timeout's message. */
 static void poll_floors(kb_transport *t, kb_nats_topic *tp, uint64_t *target, int64_t deadline,
-                        char *why, size_t why_len)
+                        char *why, size_t why_len, char *short_of, size_t short_len)
 {
     jsConsumerInfoList *list = NULL;
     jsErrCode jerr = 0;
     jsOptions o;
     jsOptions_Init(&o);
-    int left = kb_deadline_left_ms(deadline);   /* -1: no deadline, nats.c's own wait */
-    o.Wait = left < 0 ? 0 : left > 0 ? left : 1;
+    int left = kb_deadline_left_ms(deadline);   /* -1: no deadline */
+    o.Wait = left < 0 || left > KB_NATS_DRAIN_ASK_MS ? KB_NATS_DRAIN_ASK_MS : left > 0 ? left : 1;
     natsStatus s = js_Consumers(&list, t->js, tp->stream, &o, &jerr);
-    if (s == NATS_NOT_FOUND)
-        return;   /* no consumer yet: wait for one */
+    if (s == NATS_NOT_FOUND) {   /* no consumer yet: wait for one */
+        describe_left(t, tp, target, NULL, short_of, short_len);
+        return;
+    }
     if (s != NATS_OK) {
-        snprintf(why, why_len, "listing consumers of %s: %s (jetstream error %d)", tp->stream,
-                 kb__nats_reason(s), (int)jerr);
+        snprintf(why, why_len, "listing consumers of %s: %s (jetstream error %d, wait %lld ms)",
+                 tp->stream, kb__nats_reason(s), (int)jerr, (long long)o.Wait);
         return;
     }
     for (int i = 0; list != NULL && i < list->Count; i++) {
@@ -85,6 +122,7 @@ static void poll_floors(kb_transport *t, kb_nats_topic *tp, uint64_t *target, in
             if ((wide || (long)p == n) && target[p] != 0 && kb__nats_floor_of(ci) >= target[p])
                 target[p] = 0;
     }
+    describe_left(t, tp, target, list, short_of, short_len);
     jsConsumerInfoList_Destroy(list);
 }
 
@@ -97,6 +135,7 @@ typedef struct drain {
     kb_nats_topic **tp;
     uint64_t *target;   /* topics x partitions */
     char why[320];      /* the last failed listing, for the timeout's log line */
+    char left[512];     /* the last ask's first partition short of its target, too */
 } drain;
 
 static uint64_t *targets_of(drain *d, size_t i)
@@ -151,12 +190,20 @@ static int drain_targets(void *arg)
 static int drain_settled(void *arg, int64_t deadline)
 {
     drain *d = arg;
-    bool clear = true;
-    d->why[0] = '\0';
+    bool clear = true, asked = false;
     for (size_t i = 0; i < d->topics; i++) {
         uint64_t *target = targets_of(d, i);
-        if (!all_clear(d->t, target) && kb_now_ns() < deadline && !kb_bus_closing(d->t->bus))
-            poll_floors(d->t, d->tp[i], target, deadline, d->why, sizeof d->why);
+        if (all_clear(d->t, target) || kb_now_ns() >= deadline || kb_bus_closing(d->t->bus)) {
+            clear = clear && all_clear(d->t, target);
+            continue;
+        }
+        if (!asked) {   /* what the last ask found stays for the timeout's log line */
+            d->why[0] = '\0';
+            d->left[0] = '\0';
+            asked = true;
+        }
+        poll_floors(d->t, d->tp[i], target, deadline, d->why, sizeof d->why, d->left,
+                        sizeof d->left);
         clear = clear && all_clear(d->t, target);
     }
     return clear;
@@ -182,7 +229,11 @@ static int acked_here(void *arg)
 
 static int flush_slice(void *arg, int64_t until_ns)
 {
-    return kb__nats_flush_until(((drain *)arg)->t, until_ns);
+    drain *d = arg;
+    int rc = kb__nats_flush_until(d->t, until_ns);
+    if (rc == KB_ETIMEDOUT)
+        snprintf(d->left, sizeof d->left, "publishes of this process were still not acked");
+    return rc;
 }
 
 int kb__nats_drain(kb_transport *t, int timeout_ms)
@@ -197,8 +248,12 @@ int kb__nats_drain(kb_transport *t, int timeout_ms)
     int rc = kb_kit_drain(t->bus, timeout_ms, &c);
     free(d.tp);
     free(d.target);
-    if (rc == KB_ETIMEDOUT && d.why[0])   /* kb_drain's errstr says only the deadline passed */
+    /* kb_drain's errstr says only the deadline passed */
+    if (rc == KB_ETIMEDOUT && d.why[0])
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: kb_drain timed out; the server's floors could "
                "not be read: %s", t->url_safe, d.why);
+    if (rc == KB_ETIMEDOUT && d.left[0])
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: kb_drain timed out; at the last look %s",
+               t->url_safe, d.left);
     return rc;
 }
