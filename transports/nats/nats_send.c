@@ -303,10 +303,7 @@ static void note_stored(kb_nats_batch *b, uint64_t seq)
         ;
 }
 
-/* A publish-ack or disconnected callback begins: false once close is past
- * natsConnection_Close (what is left is close's own; the caller returns
- * at once). Else it is counted until cb_end, and close waits for it. */
-static bool cb_begin(kb_transport *t)
+bool kb__nats_cb_begin(kb_transport *t)
 {
     atomic_fetch_add(&t->pub_cbs_in, 1);
     if (!atomic_load(&t->pub_cbs_off))
@@ -315,7 +312,7 @@ static bool cb_begin(kb_transport *t)
     return false;
 }
 
-static void cb_end(kb_transport *t)
+void kb__nats_cb_end(kb_transport *t)
 {
     atomic_fetch_sub(&t->pub_cbs_in, 1);   /* the last touch of t */
 }
@@ -334,7 +331,7 @@ bool kb__nats_pub_cbs_end(kb_transport *t, int64_t deadline)
                 return false;
         } else if (!warned && kb_now_ns() >= deadline) {
             kb_log(t->bus, KB_LOG_WARNING, "nats %s: kb_close waits past its deadline for a "
-                   "publish ack's delivery report callback to return", t->url_safe);
+                   "publish ack's or connection callback to return", t->url_safe);
             warned = true;
         }
         nanosleep(&(struct timespec){0, 1000000}, NULL);
@@ -348,7 +345,7 @@ bool kb__nats_pub_cbs_end(kb_transport *t, int64_t deadline)
 void kb__nats_disconnected(natsConnection *nc, void *closure)
 {
     kb_transport *t = closure;
-    if (!cb_begin(t))
+    if (!kb__nats_cb_begin(t))
         return;
     if (!natsConnection_IsClosed(nc))
         take_back(t, 0, "connection lost");
@@ -356,7 +353,7 @@ void kb__nats_disconnected(natsConnection *nc, void *closure)
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: disconnected, reconnecting", t->url_safe);
         kb_bus_state_report(t->bus, KB_STATE_DISCONNECTED, "connection lost; reconnecting");
     }
-    cb_end(t);
+    kb__nats_cb_end(t);
 }
 
 /* Messages the connection has read so far (0 if it cannot tell). */
@@ -472,7 +469,7 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
 {
     (void)js;
     kb_transport *t = closure;
-    if (!cb_begin(t)) {
+    if (!kb__nats_cb_begin(t)) {
         /* close counts this call in pub_out: leaving it is the last touch of t */
         natsMsg_Destroy(msg);
         atomic_fetch_sub(&t->pub_out, 1);
@@ -496,5 +493,5 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
     if (p != NULL)
         want_pump(t);
     natsMsg_Destroy(msg);
-    cb_end(t);
+    kb__nats_cb_end(t);
 }

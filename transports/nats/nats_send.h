@@ -47,13 +47,19 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
  * they go again, in order, once connected. */
 void kb__nats_disconnected(natsConnection *nc, void *closure);
 /* Close, once natsConnection_Close returned and kb__nats_take_back_all
- * emptied nats.c's pending publishes: later publish-ack and disconnected
+ * emptied nats.c's pending publishes: later publish-ack and connection
  * callbacks return at once, and this waits for the ones under way (past
- * `deadline` too: a delivery report callback runs in them, which is
- * logged), and up to `deadline` for the publish-ack calls nats.c has still
+ * `deadline` too: a delivery or state report callback runs in them, which
+ * is logged), and up to `deadline` for the publish-ack calls nats.c has still
  * to make for acks it took before (pub_out counts them). false: one may
  * still come, so t must stay allocated. */
 bool kb__nats_pub_cbs_end(kb_transport *t, int64_t deadline);
+/* A publish-ack, disconnected or reconnected callback begins: false once
+ * close is past natsConnection_Close (what is left is close's own; the
+ * caller returns at once). Else it is counted until kb__nats_cb_end, and
+ * close waits for it. */
+bool kb__nats_cb_begin(kb_transport *t);
+void kb__nats_cb_end(kb_transport *t);
 /* Publishes nats.c still holds, taken back into their backlogs (close,
  * once the connection is closed, before kb__nats_pub_cbs_end). */
 void kb__nats_take_back_all(kb_transport *t);

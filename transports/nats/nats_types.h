@@ -297,7 +297,7 @@ struct kb_transport {
      * wait, a publish ack may make one due, and asks for a pump */
     _Atomic int64_t resends;
     _Atomic int pump_wanted;           /* the acker (or a flush) pumps every topic */
-    /* publish-ack and disconnected callbacks running; close waits for none
+    /* publish-ack and connection callbacks running; close waits for none
      * once it set pub_cbs_off (after natsConnection_Close), which makes later
      * ones return at once: nats.c does not join their threads */
     _Atomic int pub_cbs_in;
