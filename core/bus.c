@@ -797,9 +797,10 @@ static int flush_slice(void *arg, int64_t until_ns)
 }
 
 /* A broker's flush in slices, so that a kb_close starting meanwhile cuts it
- * short with KB_ECLOSED rather than waiting for its deadline. The
- * transports' target is "everything accepted so far", so slicing changes
- * nothing else. */
+ * short with KB_ECLOSED rather than waiting for its deadline. Each slice is
+ * a new call whose target, "everything accepted so far", the transport reads
+ * again: a flush longer than a slice waits for what was published meanwhile
+ * too. */
 static int flush_transport(kb_bus *b, int timeout_ms)
 {
     return kb_bus_wait_sliced(b, kb__deadline_ns(timeout_ms), flush_slice, b);

@@ -86,8 +86,9 @@ static int flushed_or_wanted(void *arg)
 
 /* Every event published before it has its report: frames still filling are
  * handed on, then each topic of the list as it was at the start is flushed
- * by its last ticket, read when the flush gets to it (again once the frames
- * filling at the start all have tickets). It pumps itself,
+ * by its last ticket, read when the flush gets to it (again, from the first,
+ * once no frame is buffered: a held one filled since counts too). Each call
+ * reads anew: kb_flush's slices wait for publishes made meanwhile. It pumps itself,
  * again whenever a publish ack or a reconnect asks or a resend's backoff
  * ends (a flush at close: the acker has stopped), and at close notices a
  * stall. A failed event is no error here: its report counted it, and
@@ -96,7 +97,7 @@ int kb__nats_flush_until(kb_transport *t, int64_t deadline)
 {
     kb_nats_topic *first = atomic_load(&t->topics), *tp = first;
     flush_wait w = {t, NULL, 0};
-    bool handed = false;   /* every frame filling at the start has its tickets */
+    bool handed = false;   /* no frame buffered: each one filling at the start has its tickets */
     for (;;) {
         int sent = kb__nats_batch_send_due(t, true);
         if (!handed && sent == KB_OK) {
