@@ -135,11 +135,17 @@ static int64_t max_wait(const kb_transport *t)
  * again (same Nats-Msg-Id) in ticket order. Exclusive of senders: none is
  * between its take and its publish, so none sends a later item of a
  * partition ahead of a resend it has not seen. `mark`: the connection's
- * state it answers (conn_mark; 0: none in particular). */
-static void take_back(kb_transport *t, uint64_t mark, const char *why)
+ * state it answers (conn_mark; 0: none in particular); one another thread
+ * answered already is left alone, since what nats.c holds now went out
+ * after that take-back. Returns whether it took back. */
+static bool take_back(kb_transport *t, uint64_t mark, const char *why)
 {
     natsMsgList l = {0};
     pthread_rwlock_wrlock(&t->pub_lock);
+    if (mark != 0 && mark <= atomic_load(&t->taken_mark)) {
+        pthread_rwlock_unlock(&t->pub_lock);
+        return false;
+    }
     if (mark > atomic_load(&t->taken_mark))
         atomic_store(&t->taken_mark, mark);
     bool got = t->js != NULL && atomic_load(&t->published_async) &&
@@ -155,6 +161,7 @@ static void take_back(kb_transport *t, uint64_t mark, const char *why)
     pthread_rwlock_unlock(&t->pub_lock);
     if (got)
         natsMsgList_Destroy(&l);
+    return true;
 }
 
 void kb__nats_take_back_all(kb_transport *t)
@@ -162,18 +169,21 @@ void kb__nats_take_back_all(kb_transport *t)
     take_back(t, 0, "connection closed");
 }
 
-/* The connection's state as a number that only grows: twice its reconnects,
- * plus 1 while it is not connected. nats.c counts a reconnect before the
- * new connection is CONNECTED, and reads the status first: a pump that sees
- * a mark above taken_mark has met a connection that lost what it held, or
- * may have, even when nats.c reconnected at once (another server of the
- * pool) and its disconnected callback has not run yet. Under send_mu. */
-static uint64_t conn_mark(kb_transport *t, kb_nats_topic *tp)
+/* The connection's state as a number that grows with each break: twice its
+ * reconnects, plus 1 while it is not connected (2r+3, the status read while
+ * down and the count after the reconnect, may be followed by 2r+2: below
+ * taken_mark, no take-back). nats.c counts a reconnect before the new connection is
+ * CONNECTED, and reads the status first: a pump that sees a mark above
+ * taken_mark has met a connection that lost what it held, or may have, even
+ * when nats.c reconnected at once (another server of the pool) and its
+ * disconnected callback has not run yet. `st`: the caller's (a pump's is
+ * its topic's, under send_mu). */
+static uint64_t conn_mark(kb_transport *t, natsStatistics *st)
 {
     bool up = natsConnection_Status(t->nc) == NATS_CONN_STATUS_CONNECTED;
     uint64_t reconnects = 0;
-    if (natsConnection_GetStats(t->nc, tp->conn_stats) == NATS_OK)
-        natsStatistics_GetCounts(tp->conn_stats, NULL, NULL, NULL, NULL, &reconnects);
+    if (natsConnection_GetStats(t->nc, st) == NATS_OK)
+        natsStatistics_GetCounts(st, NULL, NULL, NULL, NULL, &reconnects);
     return 2 * reconnects + !up;
 }
 
@@ -249,7 +259,7 @@ void kb__nats_pump(kb_transport *t, kb_nats_topic *tp, bool reporter)
         atomic_store(&tp->pump_again, false);
         /* A broken connection (once each time it breaks and reconnects):
          * what it held goes back before anything newer goes out. */
-        uint64_t mark = conn_mark(t, tp);
+        uint64_t mark = conn_mark(t, tp->conn_stats);
         bool behind = mark > atomic_load(&t->taken_mark);
         if (!behind && mark % 2 == 0)
             n = pump_once(t, tp, reporter, &lost, refused, &nrefused);
@@ -340,15 +350,23 @@ bool kb__nats_pub_cbs_end(kb_transport *t, int64_t deadline)
 
 /* The connection broke (nats.c's callback thread, maybe after the reconnect:
  * a pump that met it took back already, see conn_mark): take back what is
- * not acked first, then tell. Our own natsConnection_Close (a closed
- * connection) leaves it to close; a break during close's flush does not. */
+ * not acked first, unless a pump did for this break, then tell; connected
+ * again, the resends go now (nobody else asks). Our own
+ * natsConnection_Close (a closed connection) leaves it to close; a break
+ * during close's flush does not. */
 void kb__nats_disconnected(natsConnection *nc, void *closure)
 {
     kb_transport *t = closure;
     if (!kb__nats_cb_begin(t))
         return;
-    if (!natsConnection_IsClosed(nc))
-        take_back(t, 0, "connection lost");
+    if (!natsConnection_IsClosed(nc)) {
+        natsStatistics *st = NULL;
+        uint64_t mark = natsStatistics_Create(&st) == NATS_OK ? conn_mark(t, st) : 0;
+        natsStatistics_Destroy(st);
+        if (take_back(t, mark, "connection lost") && mark % 2 == 0 &&
+            natsConnection_Status(nc) == NATS_CONN_STATUS_CONNECTED)
+            kb__nats_send_reconnected(t);
+    }
     if (!atomic_load(&t->closing)) {
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: disconnected, reconnecting", t->url_safe);
         kb_bus_state_report(t->bus, KB_STATE_DISCONNECTED, "connection lost; reconnecting");
