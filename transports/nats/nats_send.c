@@ -155,7 +155,7 @@ static bool take_back(kb_transport *t, uint64_t mark, const char *why)
         p->msg = l.Msgs[i];
         l.Msgs[i] = NULL;
         atomic_fetch_sub(&t->pub_out, 1);
-        atomic_fetch_add(&t->resends, 1);
+        atomic_fetch_add(&p->tp->resends, 1);
         kb_kit_backlog_done(p->tp->backlog, p->item, KB_ETRANSPORT, 1, NULL, why);
     }
     pthread_rwlock_unlock(&t->pub_lock);
@@ -208,7 +208,7 @@ static size_t pump_once(kb_transport *t, kb_nats_topic *tp, bool reporter, bool 
         kb_nats_pub *p = items[k]->data;
         p->item = items[k];
         if (items[k]->attempts > 1)   /* a resend, taken again */
-            atomic_fetch_sub(&t->resends, 1);
+            atomic_fetch_sub(&tp->resends, 1);
         natsMsg *m = p->msg;
         natsStatus s = NATS_NO_MEMORY;
         if (!stop && kb__nats_flight_put(t->flight, m, p) == KB_OK) {
@@ -233,7 +233,7 @@ static size_t pump_once(kb_transport *t, kb_nats_topic *tp, bool reporter, bool 
         if (!stop && s == NATS_INSUFFICIENT_BUFFER)
             *lost = true;
         stop = true;
-        atomic_fetch_add(&t->resends, 1);
+        atomic_fetch_add(&tp->resends, 1);
         kb_kit_backlog_done(tp->backlog, items[k], KB_ETRANSPORT, 1, NULL,
                             natsStatus_GetText(s));
     }
@@ -423,16 +423,32 @@ void kb__nats_send_tick(kb_transport *t)
     kb__nats_pump_all(t, true);
 }
 
+/* Topics a publish ack or a reconnect asked for, and those with resends
+ * waiting (a backoff may have ended). */
+void kb__nats_pump_wanted(kb_transport *t, bool reporter)
+{
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
+        bool asked = atomic_exchange(&tp->pump_wanted, false);
+        if ((asked || atomic_load(&tp->resends) > 0) && kb_kit_backlog_length(tp->backlog) > 0)
+            kb__nats_pump(t, tp, reporter);
+    }
+}
+
 int64_t kb__nats_resend_due(kb_transport *t, int64_t until)
 {
-    if (atomic_load(&t->resends) <= 0 ||
-        natsConnection_Status(t->nc) != NATS_CONN_STATUS_CONNECTED)
-        return until;   /* none, or not sendable before a reconnect (which asks) */
+    if (natsConnection_Status(t->nc) != NATS_CONN_STATUS_CONNECTED)
+        return until;   /* not sendable before a reconnect (which asks) */
+    bool any = false;
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
+        if (atomic_load(&tp->resends) <= 0)
+            continue;
+        any = true;
         int64_t due = kb_kit_backlog_next_due(tp->backlog);
         if (due < until)
             until = due;
     }
+    if (!any)
+        return until;
     /* at least a moment: a pump that found another thread sending left the
      * item to it */
     int64_t soonest = kb_now_ns() + 200000;
@@ -441,20 +457,26 @@ int64_t kb__nats_resend_due(kb_transport *t, int64_t until)
 
 void kb__nats_send_reconnected(kb_transport *t)
 {
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
+        atomic_store(&tp->pump_wanted, true);
     atomic_store(&t->pump_wanted, 1);
     kb_signal_notify(t->acker_wake);
     kb_signal_notify(t->resent);
 }
 
-/* A done while resends wait may have made one due (the next of its
- * partition waits for the one before to be done): the acker pumps, or a
- * flush waiting. Never here: nats.c's publish would wait on this thread's
- * own acks when its limit of pending publishes is reached. */
-static void want_pump(kb_transport *t)
+/* A done while its topic's resends wait may have made one due (the next of
+ * its partition waits for the one before to be done): the acker pumps that
+ * topic, or a flush waiting. Never here: nats.c's publish would wait on this
+ * thread's own acks when its limit of pending publishes is reached. Other
+ * topics' acks ask nothing: a topic whose resends keep failing does not make
+ * every ack wake the acker. */
+static void want_pump(kb_transport *t, kb_nats_topic *tp)
 {
-    if (atomic_load(&t->resends) > 0 && !atomic_load(&t->pump_wanted) &&
-        !atomic_exchange(&t->pump_wanted, 1))
-        kb_signal_notify(t->acker_wake);
+    if (atomic_load(&tp->resends) > 0) {
+        atomic_store(&tp->pump_wanted, true);   /* before: the acker clears t's first */
+        if (!atomic_load(&t->pump_wanted) && !atomic_exchange(&t->pump_wanted, 1))
+            kb_signal_notify(t->acker_wake);
+    }
     kb_signal_notify(t->resent);   /* a flush looks again: reported, or one to send */
 }
 
@@ -467,7 +489,7 @@ static void pub_err(kb_transport *t, kb_nats_pub *p, natsMsg *msg, jsPubAckErr *
     int code = KB_ETRANSPORT;
     if (pae->ErrCode == 0 && pae->Err != NATS_INVALID_ARG) {
         if ((p->msg = kb__nats_msg_clone(msg)) != NULL) {
-            atomic_fetch_add(&t->resends, 1);
+            atomic_fetch_add(&p->tp->resends, 1);
             kb_kit_backlog_done(p->tp->backlog, p->item, KB_ETRANSPORT, 1, NULL,
                                 natsStatus_GetText(pae->Err));
             return;
@@ -496,8 +518,8 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
     atomic_fetch_sub(&t->pub_out, 1);
     atomic_store(&t->pub_moved_ns, kb_now_ns());
     kb_nats_pub *p = msg != NULL ? kb__nats_flight_take(t->flight, msg) : NULL;
+    kb_nats_topic *tp = p != NULL ? p->tp : NULL;   /* p goes with the item's done */
     if (p != NULL && pa != NULL) {
-        kb_nats_topic *tp = p->tp;
         kb_kit_item *item = p->item;   /* p goes with the item's done */
         kb_nats_batch *b = &tp->batches[item->partition];
         char id[24];
@@ -509,7 +531,7 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
         pub_err(t, p, msg, pae);
     }
     if (p != NULL)
-        want_pump(t);
+        want_pump(t, tp);
     natsMsg_Destroy(msg);
     kb__nats_cb_end(t);
 }

@@ -30,12 +30,15 @@ int kb__nats_send(kb_transport *t, kb_nats_topic *tp, uint32_t n, natsMsg *msg,
 void kb__nats_pump(kb_transport *t, kb_nats_topic *tp, bool reporter);
 /* Pump every topic with something in its backlog. */
 void kb__nats_pump_all(kb_transport *t, bool reporter);
+/* Pump the topics a publish ack or a reconnect asked for (their
+ * pump_wanted, cleared) and those with resends waiting. */
+void kb__nats_pump_wanted(kb_transport *t, bool reporter);
 /* The acker's tick: take back publishes a silent connection left unacked,
  * then pump every topic (as reporter). */
 void kb__nats_send_tick(kb_transport *t);
 /* How long a pumping thread may wait for t->pump_wanted before it pumps
  * anyway: `until`, or sooner when a resend's backoff ends before it (only
- * while resends wait and the connection is up). */
+ * topics with resends waiting, while the connection is up). */
 int64_t kb__nats_resend_due(kb_transport *t, int64_t until);
 /* nats.c's reconnected callback: the resends go now (pump_wanted, the acker
  * and flushes woken). */
