@@ -278,6 +278,8 @@ void kb__nats_pump(kb_transport *t, kb_nats_topic *tp, bool reporter)
                    refused[k]->events);
             refuse(t, tp, refused[k], KB_ETRANSPORT, "over the server's max_payload");
         }
+        if (nrefused > 0)
+            kb_signal_notify(t->resent);   /* a flush looks again: reported */
         if (lost)
             take_back(t, 0, "connection lost");
         if (n < PUMP_BATCH && !atomic_load(&tp->pump_again))
