@@ -760,15 +760,40 @@ static void release_callbacks(natsConnection *nc)
     natsConnection_Destroy(nc);
 }
 
+/* Events the resend tests' publisher had reported stored. */
+static _Atomic uint64_t reported_ok;
+
+static void count_ok(const kb_delivery_report *r, void *opaque)
+{
+    (void)opaque;
+    if (r->result == KB_OK)
+        atomic_fetch_add(&reported_ok, 1);
+}
+
 /* A publisher for the resend tests: plain events (nats.publish_batch = 1,
  * one server: pipelined), no stall verdict and no PINGs in the way (only
- * the break takes back), a quick reconnect. */
-static kb_bus *open_resender(const char *url)
+ * the break takes back), a quick reconnect; its stored events counted in
+ * reported_ok. */
+static kb_bus *open_resender(const char *url, const char *const *extra)
 {
     static const char *const conf[] = {"nats.publish_batch", "1", "nats.publish_timeout_ms",
                                        "600000", "nats.ping_interval_ms", "600000",
                                        "nats.reconnect_wait_ms", "20", NULL};
-    return kb_test_open(url, conf, NULL);
+    kb_conf *c = kb_test_conf(url, conf, extra);
+    kb_conf_set_delivery_cb(c, count_ok, NULL);
+    return kb_test_open_conf(c);
+}
+
+/* A failed assertion while the callbacks are held would leave nats.c's
+ * callback thread waiting for ever. */
+static int release_held(void **state)
+{
+    pthread_mutex_lock(&hold.mu);
+    bool held = hold.entered && !hold.release;
+    pthread_mutex_unlock(&hold.mu);
+    if (held)
+        release_callbacks(*state);
+    return 0;
 }
 
 #define ORDER_KEYS 4
@@ -778,11 +803,11 @@ static kb_bus *open_resender(const char *url)
 /* The publishes of LOST events of each key are held by the proxy and
  * dropped with the connection; nats.c reconnects at once (through the
  * proxy) while its callback thread is held, so the bus hears of the break
- * only from the connection itself. The later events are published across
- * the reconnect; every key must be stored in order. */
+ * only from the connection itself. The later events are published after
+ * the reconnect (the acker's tick is a second away: the publishers' own
+ * sends meet it); every key must be stored in order. */
 static void order_across_a_fast_reconnect(void **state)
 {
-    (void)state;
     kb_test_server s;
     assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
     kb_test_proxy *proxy = kb_test_proxy_start(s.port);
@@ -790,7 +815,9 @@ static void order_across_a_fast_reconnect(void **state)
     char url[128];
     snprintf(url, sizeof url, "nats://127.0.0.1:%d", kb_test_proxy_port(proxy));
     const char *topic = "resend.order";
-    kb_bus *b = open_resender(url);
+    static const char *const quick[] = {"nats.ack_interval_ms", "1000", "nats.reconnect_wait_ms",
+                                        "1", NULL};
+    kb_bus *b = open_resender(url, quick);
     for (uint32_t k = 0; k < ORDER_KEYS; k++)   /* the stream exists */
         publish_ok(b, topic, k, 1);
     kb_assert_ok(kb_flush(b, 10000));
@@ -801,20 +828,28 @@ static void order_across_a_fast_reconnect(void **state)
             publish_ok(b, topic, k, seq);
     usleep(100000);   /* written to the held connection */
     natsConnection *held = hold_callbacks(s.port);
+    *state = held;
+    uint64_t before = atomic_load(&reported_ok);
     kb_test_proxy_drop_from(proxy, 0);
-    for (uint32_t seq = 2 + LOST; seq <= 1 + LOST + AFTER; seq++) {   /* across the reconnect */
+    usleep(200000);   /* nats.c reconnected through the proxy meanwhile */
+    for (uint32_t seq = 2 + LOST; seq <= 1 + LOST + AFTER; seq++) {
         for (uint32_t k = 0; k < ORDER_KEYS; k++)
             publish_ok(b, topic, k, seq);
         usleep(10000);
     }
-    usleep(300000);   /* reconnected: what the acker's tick sends has gone */
+    /* the case under test: events stored over the new connection before the
+     * disconnected callback could run */
+    kb_wait_until(atomic_load(&reported_ok) > before, 30000,
+                  "no event stored before the disconnected callback");
+    uint64_t early = atomic_load(&reported_ok) - before;
     release_callbacks(held);
     kb_assert_ok(kb_flush(b, 30000));
     kb_assert_ok(kb_close(b, 10000));
 
     kb_tracker t;
     read_back(s.url, topic, ORDER_KEYS, 1 + LOST + AFTER, &t);
-    print_message("fast reconnect: %llu handled, %llu out of order, %llu duplicates\n",
+    print_message("fast reconnect: %llu stored before the disconnected callback, %llu handled, "
+                  "%llu out of order, %llu duplicates\n", (unsigned long long)early,
                   (unsigned long long)atomic_load(&t.handled),
                   (unsigned long long)atomic_load(&t.order_violations),
                   (unsigned long long)atomic_load(&t.duplicates));
@@ -839,22 +874,27 @@ static void close_resends_after_a_restart(void **state)
     kb_test_server s;
     assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
     const char *topic = "resend.restart";
-    kb_bus *b = open_resender(s.url);
+    kb_bus *b = open_resender(s.url, NULL);
     for (uint32_t k = 0; k < RESTART_KEYS; k++)   /* the stream exists */
         publish_ok(b, topic, k, 1);
     kb_assert_ok(kb_flush(b, 10000));
 
     kb_test_server_signal(&s, SIGSTOP);
+    uint64_t before = atomic_load(&reported_ok);
     for (uint32_t seq = 2; seq <= RESTART_PER_KEY; seq++)
         for (uint32_t k = 0; k < RESTART_KEYS; k++)
             publish_ok(b, topic, k, seq);
     usleep(100000);   /* written to the stopped server's socket */
     kb_test_server_signal(&s, SIGKILL);
     assert_int_equal(kb_test_server_restart(&s), 0);
+    /* the case under test: publishes left unacked for kb_close to send (the
+     * acker may have sent some since the reconnect) */
+    uint64_t unacked = RESTART_KEYS * (RESTART_PER_KEY - 1) - (atomic_load(&reported_ok) - before);
+    assert_true(unacked > 0);
     int rc = kb_close(b, 20000);
-    print_message("kb_close after a restart with %d unacked publishes: %s %s\n",
-                  RESTART_KEYS * (RESTART_PER_KEY - 1), kb_strerror(rc),
-                  rc == KB_OK ? "" : kb_last_error());
+    print_message("kb_close after a restart with %llu of %d publishes unacked: %s %s\n",
+                  (unsigned long long)unacked, RESTART_KEYS * (RESTART_PER_KEY - 1),
+                  kb_strerror(rc), rc == KB_OK ? "" : kb_last_error());
     kb_assert_ok(rc);
 
     kb_tracker t;
@@ -882,7 +922,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(lost_lease_releases_queued),
         cmocka_unit_test(consumer_connection_lost_at_close),
         cmocka_unit_test(lost_deliveries_read_again),
-        cmocka_unit_test(order_across_a_fast_reconnect),
+        cmocka_unit_test_teardown(order_across_a_fast_reconnect, release_held),
         cmocka_unit_test(close_resends_after_a_restart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

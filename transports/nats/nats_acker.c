@@ -2,9 +2,10 @@
  * publish linger, when shorter) for the jobs that run on a tick: frontier
  * acks and progress records of every claim (nats_claim.c, nats_progress.c),
  * the publish backlogs' resends and stalls (nats_send.c), and frames a
- * linger old (nats_batch.c). Between ticks it pumps the backlogs when a
- * publish ack or a reconnect asks (pump_wanted: a resend due; nats.c's ack
- * thread must not publish) or a resend's backoff ends; close ends it. */
+ * linger old (nats_batch.c). Between ticks it pumps the backlogs a publish
+ * ack or a reconnect asks for (pump_wanted: a resend due; nats.c's ack
+ * thread must not publish) and those with resends waiting, whose backoff
+ * may have ended; close ends it. */
 #include "nats_acker.h"
 #include "nats_batch.h"
 #include "nats_claim.h"
@@ -45,7 +46,7 @@ static void *acker(void *arg)
             if (atomic_load(&t->closing) || kb_now_ns() >= next)
                 break;
             atomic_store(&t->pump_wanted, 0);
-            kb__nats_pump_all(t, true);
+            kb__nats_pump_wanted(t, true);
         }
     }
     nats_ReleaseThreadMemory();

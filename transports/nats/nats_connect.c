@@ -52,9 +52,13 @@ static void read_limits(kb_transport *t, natsConnection *nc)
     atomic_store(&t->batch_bytes, m / 4 < 256 * 1024 ? m / 4 : 256 * 1024);
 }
 
+/* Guarded like the publish acks: one nats.c runs after close gave up waiting
+ * for the closed callback would find the signals and the bus freed. */
 static void on_reconnected(natsConnection *nc, void *closure)
 {
     kb_transport *t = closure;
+    if (!kb__nats_cb_begin(t))
+        return;
     read_limits(t, nc);
     atomic_fetch_add(&t->reconnects, 1);
     kb__nats_send_reconnected(t);   /* the resends go now */
@@ -62,6 +66,7 @@ static void on_reconnected(natsConnection *nc, void *closure)
     kb_log(t->bus, KB_LOG_INFO, "nats %s: reconnected (max_payload %zu)", t->url_safe,
            atomic_load(&t->max_payload));
     kb_bus_state_report(t->bus, KB_STATE_RECONNECTED, t->url_safe);
+    kb__nats_cb_end(t);
 }
 
 /* The consumer's connection (t->feed_nc): a reconnect reissues every pull

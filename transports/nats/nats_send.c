@@ -135,11 +135,17 @@ static int64_t max_wait(const kb_transport *t)
  * again (same Nats-Msg-Id) in ticket order. Exclusive of senders: none is
  * between its take and its publish, so none sends a later item of a
  * partition ahead of a resend it has not seen. `mark`: the connection's
- * state it answers (conn_mark; 0: none in particular). */
-static void take_back(kb_transport *t, uint64_t mark, const char *why)
+ * state it answers (conn_mark; 0: none in particular); one another thread
+ * answered already is left alone, since what nats.c holds now went out
+ * after that take-back. Returns whether it took back. */
+static bool take_back(kb_transport *t, uint64_t mark, const char *why)
 {
     natsMsgList l = {0};
     pthread_rwlock_wrlock(&t->pub_lock);
+    if (mark != 0 && mark <= atomic_load(&t->taken_mark)) {
+        pthread_rwlock_unlock(&t->pub_lock);
+        return false;
+    }
     if (mark > atomic_load(&t->taken_mark))
         atomic_store(&t->taken_mark, mark);
     bool got = t->js != NULL && atomic_load(&t->published_async) &&
@@ -149,12 +155,13 @@ static void take_back(kb_transport *t, uint64_t mark, const char *why)
         p->msg = l.Msgs[i];
         l.Msgs[i] = NULL;
         atomic_fetch_sub(&t->pub_out, 1);
-        atomic_fetch_add(&t->resends, 1);
+        atomic_fetch_add(&p->tp->resends, 1);
         kb_kit_backlog_done(p->tp->backlog, p->item, KB_ETRANSPORT, 1, NULL, why);
     }
     pthread_rwlock_unlock(&t->pub_lock);
     if (got)
         natsMsgList_Destroy(&l);
+    return true;
 }
 
 void kb__nats_take_back_all(kb_transport *t)
@@ -162,18 +169,21 @@ void kb__nats_take_back_all(kb_transport *t)
     take_back(t, 0, "connection closed");
 }
 
-/* The connection's state as a number that only grows: twice its reconnects,
- * plus 1 while it is not connected. nats.c counts a reconnect before the
- * new connection is CONNECTED, and reads the status first: a pump that sees
- * a mark above taken_mark has met a connection that lost what it held, or
- * may have, even when nats.c reconnected at once (another server of the
- * pool) and its disconnected callback has not run yet. Under send_mu. */
-static uint64_t conn_mark(kb_transport *t, kb_nats_topic *tp)
+/* The connection's state as a number that grows with each break: twice its
+ * reconnects, plus 1 while it is not connected (2r+3, the status read while
+ * down and the count after the reconnect, may be followed by 2r+2: below
+ * taken_mark, no take-back). nats.c counts a reconnect before the new connection is
+ * CONNECTED, and reads the status first: a pump that sees a mark above
+ * taken_mark has met a connection that lost what it held, or may have, even
+ * when nats.c reconnected at once (another server of the pool) and its
+ * disconnected callback has not run yet. `st`: the caller's (a pump's is
+ * its topic's, under send_mu). */
+static uint64_t conn_mark(kb_transport *t, natsStatistics *st)
 {
     bool up = natsConnection_Status(t->nc) == NATS_CONN_STATUS_CONNECTED;
     uint64_t reconnects = 0;
-    if (natsConnection_GetStats(t->nc, tp->conn_stats) == NATS_OK)
-        natsStatistics_GetCounts(tp->conn_stats, NULL, NULL, NULL, NULL, &reconnects);
+    if (natsConnection_GetStats(t->nc, st) == NATS_OK)
+        natsStatistics_GetCounts(st, NULL, NULL, NULL, NULL, &reconnects);
     return 2 * reconnects + !up;
 }
 
@@ -198,7 +208,7 @@ static size_t pump_once(kb_transport *t, kb_nats_topic *tp, bool reporter, bool 
         kb_nats_pub *p = items[k]->data;
         p->item = items[k];
         if (items[k]->attempts > 1)   /* a resend, taken again */
-            atomic_fetch_sub(&t->resends, 1);
+            atomic_fetch_sub(&tp->resends, 1);
         natsMsg *m = p->msg;
         natsStatus s = NATS_NO_MEMORY;
         if (!stop && kb__nats_flight_put(t->flight, m, p) == KB_OK) {
@@ -223,7 +233,7 @@ static size_t pump_once(kb_transport *t, kb_nats_topic *tp, bool reporter, bool 
         if (!stop && s == NATS_INSUFFICIENT_BUFFER)
             *lost = true;
         stop = true;
-        atomic_fetch_add(&t->resends, 1);
+        atomic_fetch_add(&tp->resends, 1);
         kb_kit_backlog_done(tp->backlog, items[k], KB_ETRANSPORT, 1, NULL,
                             natsStatus_GetText(s));
     }
@@ -249,7 +259,7 @@ void kb__nats_pump(kb_transport *t, kb_nats_topic *tp, bool reporter)
         atomic_store(&tp->pump_again, false);
         /* A broken connection (once each time it breaks and reconnects):
          * what it held goes back before anything newer goes out. */
-        uint64_t mark = conn_mark(t, tp);
+        uint64_t mark = conn_mark(t, tp->conn_stats);
         bool behind = mark > atomic_load(&t->taken_mark);
         if (!behind && mark % 2 == 0)
             n = pump_once(t, tp, reporter, &lost, refused, &nrefused);
@@ -268,6 +278,8 @@ void kb__nats_pump(kb_transport *t, kb_nats_topic *tp, bool reporter)
                    refused[k]->events);
             refuse(t, tp, refused[k], KB_ETRANSPORT, "over the server's max_payload");
         }
+        if (nrefused > 0)
+            kb_signal_notify(t->resent);   /* a flush looks again: reported */
         if (lost)
             take_back(t, 0, "connection lost");
         if (n < PUMP_BATCH && !atomic_load(&tp->pump_again))
@@ -303,10 +315,7 @@ static void note_stored(kb_nats_batch *b, uint64_t seq)
         ;
 }
 
-/* A publish-ack or disconnected callback begins: false once close is past
- * natsConnection_Close (what is left is close's own; the caller returns
- * at once). Else it is counted until cb_end, and close waits for it. */
-static bool cb_begin(kb_transport *t)
+bool kb__nats_cb_begin(kb_transport *t)
 {
     atomic_fetch_add(&t->pub_cbs_in, 1);
     if (!atomic_load(&t->pub_cbs_off))
@@ -315,7 +324,7 @@ static bool cb_begin(kb_transport *t)
     return false;
 }
 
-static void cb_end(kb_transport *t)
+void kb__nats_cb_end(kb_transport *t)
 {
     atomic_fetch_sub(&t->pub_cbs_in, 1);   /* the last touch of t */
 }
@@ -334,7 +343,7 @@ bool kb__nats_pub_cbs_end(kb_transport *t, int64_t deadline)
                 return false;
         } else if (!warned && kb_now_ns() >= deadline) {
             kb_log(t->bus, KB_LOG_WARNING, "nats %s: kb_close waits past its deadline for a "
-                   "publish ack's delivery report callback to return", t->url_safe);
+                   "publish ack's or connection callback to return", t->url_safe);
             warned = true;
         }
         nanosleep(&(struct timespec){0, 1000000}, NULL);
@@ -343,20 +352,28 @@ bool kb__nats_pub_cbs_end(kb_transport *t, int64_t deadline)
 
 /* The connection broke (nats.c's callback thread, maybe after the reconnect:
  * a pump that met it took back already, see conn_mark): take back what is
- * not acked first, then tell. Our own natsConnection_Close (a closed
- * connection) leaves it to close; a break during close's flush does not. */
+ * not acked first, unless a pump did for this break, then tell; connected
+ * again, the resends go now (nobody else asks). Our own
+ * natsConnection_Close (a closed connection) leaves it to close; a break
+ * during close's flush does not. */
 void kb__nats_disconnected(natsConnection *nc, void *closure)
 {
     kb_transport *t = closure;
-    if (!cb_begin(t))
+    if (!kb__nats_cb_begin(t))
         return;
-    if (!natsConnection_IsClosed(nc))
-        take_back(t, 0, "connection lost");
+    if (!natsConnection_IsClosed(nc)) {
+        natsStatistics *st = NULL;
+        uint64_t mark = natsStatistics_Create(&st) == NATS_OK ? conn_mark(t, st) : 0;
+        natsStatistics_Destroy(st);
+        if (take_back(t, mark, "connection lost") && mark % 2 == 0 &&
+            natsConnection_Status(nc) == NATS_CONN_STATUS_CONNECTED)
+            kb__nats_send_reconnected(t);
+    }
     if (!atomic_load(&t->closing)) {
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: disconnected, reconnecting", t->url_safe);
         kb_bus_state_report(t->bus, KB_STATE_DISCONNECTED, "connection lost; reconnecting");
     }
-    cb_end(t);
+    kb__nats_cb_end(t);
 }
 
 /* Messages the connection has read so far (0 if it cannot tell). */
@@ -408,16 +425,32 @@ void kb__nats_send_tick(kb_transport *t)
     kb__nats_pump_all(t, true);
 }
 
+/* Topics a publish ack or a reconnect asked for, and those with resends
+ * waiting (a backoff may have ended). */
+void kb__nats_pump_wanted(kb_transport *t, bool reporter)
+{
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
+        bool asked = atomic_exchange(&tp->pump_wanted, false);
+        if ((asked || atomic_load(&tp->resends) > 0) && kb_kit_backlog_length(tp->backlog) > 0)
+            kb__nats_pump(t, tp, reporter);
+    }
+}
+
 int64_t kb__nats_resend_due(kb_transport *t, int64_t until)
 {
-    if (atomic_load(&t->resends) <= 0 ||
-        natsConnection_Status(t->nc) != NATS_CONN_STATUS_CONNECTED)
-        return until;   /* none, or not sendable before a reconnect (which asks) */
+    if (natsConnection_Status(t->nc) != NATS_CONN_STATUS_CONNECTED)
+        return until;   /* not sendable before a reconnect (which asks) */
+    bool any = false;
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
+        if (atomic_load(&tp->resends) <= 0)
+            continue;
+        any = true;
         int64_t due = kb_kit_backlog_next_due(tp->backlog);
         if (due < until)
             until = due;
     }
+    if (!any)
+        return until;
     /* at least a moment: a pump that found another thread sending left the
      * item to it */
     int64_t soonest = kb_now_ns() + 200000;
@@ -426,20 +459,26 @@ int64_t kb__nats_resend_due(kb_transport *t, int64_t until)
 
 void kb__nats_send_reconnected(kb_transport *t)
 {
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
+        atomic_store(&tp->pump_wanted, true);
     atomic_store(&t->pump_wanted, 1);
     kb_signal_notify(t->acker_wake);
     kb_signal_notify(t->resent);
 }
 
-/* A done while resends wait may have made one due (the next of its
- * partition waits for the one before to be done): the acker pumps, or a
- * flush waiting. Never here: nats.c's publish would wait on this thread's
- * own acks when its limit of pending publishes is reached. */
-static void want_pump(kb_transport *t)
+/* A done while its topic's resends wait may have made one due (the next of
+ * its partition waits for the one before to be done): the acker pumps that
+ * topic, or a flush waiting. Never here: nats.c's publish would wait on this
+ * thread's own acks when its limit of pending publishes is reached. Other
+ * topics' acks ask nothing: a topic whose resends keep failing does not make
+ * every ack wake the acker. */
+static void want_pump(kb_transport *t, kb_nats_topic *tp)
 {
-    if (atomic_load(&t->resends) > 0 && !atomic_load(&t->pump_wanted) &&
-        !atomic_exchange(&t->pump_wanted, 1))
-        kb_signal_notify(t->acker_wake);
+    if (atomic_load(&tp->resends) > 0) {
+        atomic_store(&tp->pump_wanted, true);   /* before: the acker clears t's first */
+        if (!atomic_load(&t->pump_wanted) && !atomic_exchange(&t->pump_wanted, 1))
+            kb_signal_notify(t->acker_wake);
+    }
     kb_signal_notify(t->resent);   /* a flush looks again: reported, or one to send */
 }
 
@@ -452,7 +491,7 @@ static void pub_err(kb_transport *t, kb_nats_pub *p, natsMsg *msg, jsPubAckErr *
     int code = KB_ETRANSPORT;
     if (pae->ErrCode == 0 && pae->Err != NATS_INVALID_ARG) {
         if ((p->msg = kb__nats_msg_clone(msg)) != NULL) {
-            atomic_fetch_add(&t->resends, 1);
+            atomic_fetch_add(&p->tp->resends, 1);
             kb_kit_backlog_done(p->tp->backlog, p->item, KB_ETRANSPORT, 1, NULL,
                                 natsStatus_GetText(pae->Err));
             return;
@@ -472,7 +511,7 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
 {
     (void)js;
     kb_transport *t = closure;
-    if (!cb_begin(t)) {
+    if (!kb__nats_cb_begin(t)) {
         /* close counts this call in pub_out: leaving it is the last touch of t */
         natsMsg_Destroy(msg);
         atomic_fetch_sub(&t->pub_out, 1);
@@ -481,8 +520,8 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
     atomic_fetch_sub(&t->pub_out, 1);
     atomic_store(&t->pub_moved_ns, kb_now_ns());
     kb_nats_pub *p = msg != NULL ? kb__nats_flight_take(t->flight, msg) : NULL;
+    kb_nats_topic *tp = p != NULL ? p->tp : NULL;   /* p goes with the item's done */
     if (p != NULL && pa != NULL) {
-        kb_nats_topic *tp = p->tp;
         kb_kit_item *item = p->item;   /* p goes with the item's done */
         kb_nats_batch *b = &tp->batches[item->partition];
         char id[24];
@@ -494,7 +533,7 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
         pub_err(t, p, msg, pae);
     }
     if (p != NULL)
-        want_pump(t);
+        want_pump(t, tp);
     natsMsg_Destroy(msg);
-    cb_end(t);
+    kb__nats_cb_end(t);
 }

@@ -30,12 +30,15 @@ int kb__nats_send(kb_transport *t, kb_nats_topic *tp, uint32_t n, natsMsg *msg,
 void kb__nats_pump(kb_transport *t, kb_nats_topic *tp, bool reporter);
 /* Pump every topic with something in its backlog. */
 void kb__nats_pump_all(kb_transport *t, bool reporter);
+/* Pump the topics a publish ack or a reconnect asked for (their
+ * pump_wanted, cleared) and those with resends waiting. */
+void kb__nats_pump_wanted(kb_transport *t, bool reporter);
 /* The acker's tick: take back publishes a silent connection left unacked,
  * then pump every topic (as reporter). */
 void kb__nats_send_tick(kb_transport *t);
 /* How long a pumping thread may wait for t->pump_wanted before it pumps
  * anyway: `until`, or sooner when a resend's backoff ends before it (only
- * while resends wait and the connection is up). */
+ * topics with resends waiting, while the connection is up). */
 int64_t kb__nats_resend_due(kb_transport *t, int64_t until);
 /* nats.c's reconnected callback: the resends go now (pump_wanted, the acker
  * and flushes woken). */
@@ -47,13 +50,19 @@ void kb__nats_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, v
  * they go again, in order, once connected. */
 void kb__nats_disconnected(natsConnection *nc, void *closure);
 /* Close, once natsConnection_Close returned and kb__nats_take_back_all
- * emptied nats.c's pending publishes: later publish-ack and disconnected
+ * emptied nats.c's pending publishes: later publish-ack and connection
  * callbacks return at once, and this waits for the ones under way (past
- * `deadline` too: a delivery report callback runs in them, which is
- * logged), and up to `deadline` for the publish-ack calls nats.c has still
+ * `deadline` too: a delivery or state report callback runs in them, which
+ * is logged), and up to `deadline` for the publish-ack calls nats.c has still
  * to make for acks it took before (pub_out counts them). false: one may
  * still come, so t must stay allocated. */
 bool kb__nats_pub_cbs_end(kb_transport *t, int64_t deadline);
+/* A publish-ack, disconnected or reconnected callback begins: false once
+ * close is past natsConnection_Close (what is left is close's own; the
+ * caller returns at once). Else it is counted until kb__nats_cb_end, and
+ * close waits for it. */
+bool kb__nats_cb_begin(kb_transport *t);
+void kb__nats_cb_end(kb_transport *t);
 /* Publishes nats.c still holds, taken back into their backlogs (close,
  * once the connection is closed, before kb__nats_pub_cbs_end). */
 void kb__nats_take_back_all(kb_transport *t);

@@ -213,6 +213,11 @@ struct kb_transport_topic {
     pthread_mutex_t send_mu;
     _Atomic bool pump_again;       /* a pump found send_mu taken: its holder takes again */
     natsStatistics *conn_stats;    /* under send_mu: the connection's reconnects (nats_send.c) */
+    /* items done for a resend and not taken again (nats_send.c): while any
+     * wait, a publish ack of this topic may make one due, and asks for a
+     * pump (pump_wanted) */
+    _Atomic int64_t resends;
+    _Atomic bool pump_wanted;      /* the acker (or a flush) pumps this topic */
     _Atomic uint64_t published;
     _Atomic uint64_t unowned;      /* deliveries released by still_owned: lease lost */
     _Atomic uint64_t trimmed;      /* messages the stream's limits removed unread (wide claims) */
@@ -289,15 +294,12 @@ struct kb_transport {
     pthread_rwlock_t pub_lock;
     struct kb_nats_flight *flight;     /* the publishes nats.c holds, by message */
     _Atomic int64_t pub_out;           /* publishes nats.c holds unacked (nats_send.c) */
-    /* the connection's state as a number that only grows (nats_send.c,
-     * conn_mark), as of the last take-back: no pump sends past a later one
-     * before it took back what the connection it saw lost */
+    /* the connection's state as a number that grows with each break
+     * (nats_send.c, conn_mark), as of the last take-back: no pump sends past
+     * a later one before it took back what the connection it saw lost */
     _Atomic uint64_t taken_mark;
-    /* items done for a resend and not taken again (nats_send.c): while any
-     * wait, a publish ack may make one due, and asks for a pump */
-    _Atomic int64_t resends;
-    _Atomic int pump_wanted;           /* the acker (or a flush) pumps every topic */
-    /* publish-ack and disconnected callbacks running; close waits for none
+    _Atomic int pump_wanted;           /* a topic's is set: the acker (or a flush) pumps */
+    /* publish-ack and connection callbacks running; close waits for none
      * once it set pub_cbs_off (after natsConnection_Close), which makes later
      * ones return at once: nats.c does not join their threads */
     _Atomic int pub_cbs_in;
