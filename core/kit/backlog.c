@@ -184,7 +184,7 @@ int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
         return KB_ENOMEM;
     }
     struct room_wait w = {b, events};
-    int64_t deadline = kb_deadline_ns(b->c.timeout_ms);
+    int64_t deadline = 0;   /* read the clock only when there is a wait */
     for (;;) {
         pthread_mutex_lock(&b->lock);
         int closed = atomic_load(&b->closed);
@@ -211,6 +211,8 @@ int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
         }
         pthread_mutex_unlock(&b->lock);
         int rc = closed ? KB_ECLOSED : KB_EFULL;
+        if (!closed && deadline == 0)
+            deadline = kb_deadline_ns(b->c.timeout_ms);
         if (closed || kb_now_ns() >= deadline ||
             (!kb_signal_wait(b->room, has_room, &w, deadline) && kb_now_ns() >= deadline)) {
             free(e);
