@@ -6,7 +6,8 @@
  * resent and reported whole with one report per event; at most one item of
  * a partition in flight when asked, cheap with 65,536 partitions in
  * flight; a frame done with no ID; kb_kit_backlog_done from other threads
- * than the sender's; a conf of the first release's size. */
+ * than the sender's; a conf of the first and second releases' sizes; a
+ * bound in bytes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -855,10 +856,92 @@ static void conf_of_an_older_kit(void **state)
         kb_kit_backlog_done(b, items[k], KB_OK, 0, "5", NULL);
     assert_int_equal(rep->ok[0] + rep->ok[8], 2);
     kb_kit_backlog_free(b);
+    struct kb__kit_backlog_conf_v2 *c2 = malloc(sizeof *c2);
+    assert_non_null(c2);
+    *c2 = (struct kb__kit_backlog_conf_v2){.size = sizeof *c2, .bus = bus, .capacity = 1,
+                                           .timeout_ms = 50, .max_attempts = 1,
+                                           .free_data = free};
+    b = kb_kit_backlog_new((const kb_kit_backlog_conf *)c2);
+    assert_non_null(b);
+    kb_assert_ok(add_event(b, 1, NULL));   /* no byte bound read past its size */
+    assert_int_equal(add_event(b, 2, NULL), KB_EFULL);   /* its capacity of 1 */
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns()), 1);
+    kb_kit_backlog_done(b, items[0], KB_OK, 0, "6", NULL);
+    assert_int_equal(rep->ok[1], 1);
+    kb_kit_backlog_free(b);
+    free(c2);
     kb_kit_backlog_conf full = {.size = sizeof full + 8, .bus = bus, .capacity = 8,
                                 .timeout_ms = 50, .max_attempts = 1};
     assert_null(kb_kit_backlog_new(&full));
     free(c);
+    kb_close(bus, 1000);
+    free(rep);
+}
+
+/* An event of test bytes_bound: its number (the key) and the bytes it stands for. */
+struct sized {
+    int i;
+    size_t bytes;
+};
+
+static size_t sized_bytes(const void *data)
+{
+    return ((const struct sized *)data)->bytes;
+}
+
+static int add_sized(kb_kit_backlog *b, int i, size_t bytes)
+{
+    struct sized *d = malloc(sizeof *d);
+    assert_non_null(d);
+    *d = (struct sized){i, bytes};
+    int rc = kb_kit_backlog_add(b, d, "orders", (uint32_t)i % 8, &d->i, sizeof d->i, NULL);
+    if (rc != KB_OK)
+        free(d);
+    return rc;
+}
+
+/* capacity_bytes: add waits while the bytes held and its own would pass the
+ * bound (the event count far from its own), KB_EFULL after timeout_ms; a
+ * done makes room; an item over the bound alone goes once nothing is held.
+ * Without data_bytes the conf is refused. */
+static void bytes_bound(void **state)
+{
+    (void)state;
+    struct reports *rep = calloc(1, sizeof *rep);
+    assert_non_null(rep);
+    kb_bus *bus = open_bus(rep);
+    kb_kit_backlog_conf c = {.size = sizeof c, .bus = bus, .capacity = 1000, .timeout_ms = 100,
+                             .max_attempts = 1, .free_data = free, .capacity_bytes = 100};
+    assert_null(kb_kit_backlog_new(&c));   /* no data_bytes */
+    c.data_bytes = sized_bytes;
+    kb_kit_backlog *b = kb_kit_backlog_new(&c);
+    assert_non_null(b);
+    kb_assert_ok(add_sized(b, 0, 40));
+    kb_assert_ok(add_sized(b, 1, 40));
+    int64_t t0 = kb_now_ns();
+    assert_int_equal(add_sized(b, 2, 40), KB_EFULL);   /* 120 bytes: over */
+    assert_true(kb_now_ns() - t0 >= 90 * 1000000LL);   /* it waited (wide slack above) */
+    assert_int_equal(kb_kit_backlog_length(b), 2);
+    kb_kit_item *items[4];
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns()), 2);
+    kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-0", NULL);
+    kb_assert_ok(add_sized(b, 2, 40));   /* 80 again */
+    assert_int_equal(add_sized(b, 3, 500), KB_EFULL);   /* over the bound alone: waits for empty */
+    kb_kit_backlog_done(b, items[1], KB_OK, 0, "1-1", NULL);
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns()), 1);
+    kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-2", NULL);
+    kb_assert_ok(add_sized(b, 3, 500));   /* nothing held: it goes */
+    assert_int_equal(add_sized(b, 4, 1), KB_EFULL);   /* and holds the bound until done */
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns()), 1);
+    kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-3", NULL);
+    kb_assert_ok(add_sized(b, 4, 1));
+    kb_kit_backlog_fail_all(b, KB_ETIMEDOUT, "given up by close");
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(rep->ok[i], 1);
+    assert_int_equal(rep->failed[4], 1);
+    assert_int_equal(rep->ok[4] + rep->failed[0] + rep->failed[1] + rep->failed[2] +
+                         rep->failed[3], 0);
+    kb_kit_backlog_free(b);
     kb_close(bus, 1000);
     free(rep);
 }
@@ -881,6 +964,7 @@ int main(void)
         cmocka_unit_test(done_from_other_threads),
         cmocka_unit_test(done_on_another_thread_wakes_the_sender),
         cmocka_unit_test(conf_of_an_older_kit),
+        cmocka_unit_test(bytes_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,6 +18,7 @@ struct entry {
     int waiting;                  /* back from the sender for a resend */
     struct entry *flying;         /* the next in flight in its bucket of `flight` */
     int64_t due;                  /* not before (a backoff) */
+    size_t bytes;                 /* data_bytes(data) with a byte bound, else 0 */
     kb_kit_key *keys;             /* it.events copies when reports are wanted, else NULL
                                      (in the same allocation) */
 };
@@ -42,6 +43,7 @@ struct kb_kit_backlog {
     _Atomic uint64_t last_ticket; /* the last one given out */
     _Atomic uint64_t floor;       /* every ticket below it is reported */
     _Atomic size_t count;
+    _Atomic size_t bytes;         /* of the items held, with a byte bound */
     _Atomic int closed;
     kb_signal *room;              /* count fell, or closed: publishers look again */
     kb_signal *reported;          /* floor moved: flushes look again */
@@ -51,17 +53,22 @@ struct kb_kit_backlog {
     size_t flying;                /* items in flight */
 };
 
-/* The first release's fields sit where they were: an older caller's conf
+/* The earlier releases' fields sit where they were: an older caller's conf
  * reads the same up to its own size. */
 _Static_assert(offsetof(kb_kit_backlog_conf, free_data) ==
                    offsetof(struct kb__kit_backlog_conf_v1, free_data) &&
                offsetof(kb_kit_backlog_conf, backoff_ms) ==
-                   offsetof(struct kb__kit_backlog_conf_v1, backoff_ms),
-               "kb_kit_backlog_conf moved a field of its first release");
+                   offsetof(struct kb__kit_backlog_conf_v1, backoff_ms) &&
+               offsetof(kb_kit_backlog_conf, one_in_flight_per_partition) ==
+                   offsetof(struct kb__kit_backlog_conf_v2, one_in_flight_per_partition) &&
+               offsetof(kb_kit_backlog_conf, event_id) ==
+                   offsetof(struct kb__kit_backlog_conf_v2, event_id),
+               "kb_kit_backlog_conf moved a field of an earlier release");
 
 kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c)
 {
-    if (c->size != sizeof *c && c->size != sizeof(struct kb__kit_backlog_conf_v1)) {
+    if (c->size != sizeof *c && c->size != sizeof(struct kb__kit_backlog_conf_v1) &&
+        c->size != sizeof(struct kb__kit_backlog_conf_v2)) {
         kb_errf(NULL, 0, "kit: kb_kit_backlog_conf.size is %zu, this kit's is %zu (set it to "
                 "sizeof the struct)", c->size, sizeof *c);
         return NULL;
@@ -70,9 +77,20 @@ kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c)
         kb_errf(NULL, 0, "kit: a backlog needs a bus, a capacity and max_attempts > 0");
         return NULL;
     }
+    if (c->size == sizeof *c && c->capacity_bytes > 0 && c->data_bytes == NULL) {
+        kb_errf(NULL, 0, "kit: a backlog with capacity_bytes needs data_bytes");
+        return NULL;
+    }
     kb_kit_backlog *b = calloc(1, sizeof *b);
     if (b != NULL) {
-        memcpy(&b->c, c, c->size);   /* an older caller's: the fields past it stay 0 */
+        /* an older caller's: the fields past it stay 0. Its own fields only,
+         * not its tail padding, which overlaps the next field where int64_t
+         * is aligned to 8 on a 32-bit target */
+        size_t n = c->size == sizeof *c ? sizeof *c
+                   : c->size == sizeof(struct kb__kit_backlog_conf_v2)
+                       ? offsetof(kb_kit_backlog_conf, capacity_bytes)
+                       : offsetof(kb_kit_backlog_conf, one_in_flight_per_partition);
+        memcpy(&b->c, c, n);
         b->room = kb_signal_new();
         b->reported = kb_signal_new();
         b->wake = kb_signal_new();
@@ -125,13 +143,22 @@ void kb_kit_backlog_free(kb_kit_backlog *b)
 struct room_wait {
     kb_kit_backlog *b;
     uint32_t events;
+    size_t bytes;
 };
+
+/* Room for the events, and for the bytes: an item over capacity_bytes fits
+ * once the backlog holds no bytes, so it never waits for ever. */
+static int room_for(kb_kit_backlog *b, uint32_t events, size_t bytes)
+{
+    size_t held = b->c.capacity_bytes > 0 ? atomic_load(&b->bytes) : 0;
+    return atomic_load(&b->count) + events <= b->c.capacity &&
+           (held == 0 || held + bytes <= b->c.capacity_bytes);
+}
 
 static int has_room(void *arg)
 {
     struct room_wait *w = arg;
-    return atomic_load(&w->b->closed) ||
-           atomic_load(&w->b->count) + w->events <= w->b->c.capacity;
+    return atomic_load(&w->b->closed) || room_for(w->b, w->events, w->bytes);
 }
 
 /* An entry for `events` events, with copies of their keys when a report
@@ -183,12 +210,13 @@ int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
         kb_errf(NULL, 0, "kit: out of memory for an event of topic %s", topic);
         return KB_ENOMEM;
     }
-    struct room_wait w = {b, events};
+    e->bytes = b->c.capacity_bytes > 0 ? b->c.data_bytes(data) : 0;
+    struct room_wait w = {b, events, e->bytes};
     int64_t deadline = 0;   /* read the clock only when there is a wait */
     for (;;) {
         pthread_mutex_lock(&b->lock);
         int closed = atomic_load(&b->closed);
-        if (!closed && atomic_load(&b->count) + events <= b->c.capacity) {
+        if (!closed && room_for(b, events, e->bytes)) {
             e->it.ticket = b->next_ticket;
             b->next_ticket += events;
             e->prev = b->tail;
@@ -200,6 +228,8 @@ int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
             if (b->fresh == NULL)
                 b->fresh = e;
             atomic_fetch_add(&b->count, events);
+            if (e->bytes > 0)
+                atomic_fetch_add(&b->bytes, e->bytes);
             uint64_t last = b->next_ticket - 1;   /* read e no more: it may be sent and
                                                      freed once the lock is released */
             atomic_store(&b->last_ticket, last);
@@ -216,7 +246,12 @@ int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
         if (closed || kb_now_ns() >= deadline ||
             (!kb_signal_wait(b->room, has_room, &w, deadline) && kb_now_ns() >= deadline)) {
             free(e);
-            if (rc == KB_EFULL)
+            if (rc == KB_EFULL && b->c.capacity_bytes > 0)
+                kb_errf(NULL, 0, "kit: topic %s: the publish backlog held %zu events, %zu bytes "
+                        "(of %zu events, %zu bytes) for %d ms", topic, atomic_load(&b->count),
+                        atomic_load(&b->bytes), b->c.capacity, b->c.capacity_bytes,
+                        b->c.timeout_ms);
+            else if (rc == KB_EFULL)
                 kb_errf(NULL, 0, "kit: topic %s: the publish backlog held %zu events for %d ms",
                         topic, b->c.capacity, b->c.timeout_ms);
             else
@@ -499,6 +534,8 @@ static void unlink_reported(kb_kit_backlog *b, struct entry *e)
     else
         b->tail = e->prev;
     atomic_fetch_sub(&b->count, e->it.events);
+    if (e->bytes > 0)
+        atomic_fetch_sub(&b->bytes, e->bytes);
     atomic_store(&b->floor, b->head != NULL ? b->head->it.ticket : b->next_ticket);
     pthread_mutex_unlock(&b->lock);
     entry_free(b, e);

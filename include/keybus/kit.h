@@ -308,11 +308,21 @@ typedef struct kb_kit_backlog_conf {
      * reported with `id` itself. Not called when done's `id` is NULL.
      * Runs in kb_kit_backlog_done, on its thread. */
     void (*event_id)(const char *id, uint32_t index, char *out, size_t len);
+    /* Later still (a caller built before them reads them as 0). Non-zero: a
+     * second bound, in bytes, for a broker whose cost is its bytes (a
+     * client-side write buffer): add waits, as for `capacity`, while the
+     * items held and this one would pass it. An item over it alone is taken
+     * once the backlog holds no bytes, so it never waits for ever. It needs
+     * data_bytes: an item's bytes, read once in add, on its thread. 0: events
+     * alone are counted, data_bytes not called. */
+    size_t capacity_bytes;
+    size_t (*data_bytes)(const void *data);
 } kb_kit_backlog_conf;
 
 /* An empty backlog; the caller owns it (kb_kit_backlog_free). NULL on out of
  * memory or a bad conf (a `size` this kit does not know among them: the
- * current sizeof, or that of a kit before the fields marked later).
+ * current sizeof, or that of a kit before the fields marked later; a
+ * capacity_bytes without data_bytes).
  * Thread: any (topic_open, say). */
 KB_EXPORT kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c);
 /* Free it and every item left (call kb_kit_backlog_fail_all first: each
@@ -320,7 +330,7 @@ KB_EXPORT kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c);
 KB_EXPORT void kb_kit_backlog_free(kb_kit_backlog *b);
 
 /* Add an event; the backlog owns `data` from KB_OK on. Waits while the
- * backlog is full, up to timeout_ms, then KB_EFULL (data stays the
+ * backlog is full (its capacity, or its capacity_bytes), up to timeout_ms, then KB_EFULL (data stays the
  * caller's); KB_ECLOSED once closed. *ticket (may be NULL) is the event's.
  * The key is copied (only when the bus wants reports). Thread: any
  * (publish). */
