@@ -7,7 +7,7 @@
  * a partition in flight when asked, cheap with 65,536 partitions in
  * flight; a frame done with no ID; kb_kit_backlog_done from other threads
  * than the sender's; a conf of the first and second releases' sizes; a
- * bound in bytes. */
+ * bound in bytes; a frame done event by event. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -878,6 +878,39 @@ static void conf_of_an_older_kit(void **state)
     free(rep);
 }
 
+/* kb_kit_backlog_done_each: a frame whose events went apart (sent again one
+ * message each, one refused) gets each event's own report, event_id not
+ * called; the item is done for good: flush by its ticket returns, nothing
+ * is left to take. */
+static void frame_done_event_by_event(void **state)
+{
+    (void)state;
+    struct fixture f;
+    setup(&f, 8, 50, 3);
+    uint64_t t;
+    kb_assert_ok(add_frame(f.b, 0, 3, 0, &t));   /* events 0..2 */
+    kb_kit_item *items[4];
+    assert_int_equal(kb_kit_backlog_take(f.b, items, 4, kb_now_ns()), 1);
+    kb_kit_backlog *b = f.b;
+    struct reports *rep = f.rep;
+    const kb_kit_result results[3] = {
+        {KB_OK, "9-1", NULL}, {KB_ETOOBIG, NULL, "over the server's limit"}, {KB_OK, NULL, NULL}};
+    kb_kit_backlog_done_each(b, items[0], results);
+    assert_int_equal(rep->ok[0], 1);
+    assert_string_equal(rep->id[0], "9-1");   /* its own ID, not "<id>.1" */
+    assert_int_equal(rep->failed[1], 1);
+    assert_int_equal(rep->ok[1], 0);
+    assert_int_equal(rep->ok[2], 1);
+    assert_string_equal(rep->id[2], "");   /* no ID: an empty one */
+    kb_assert_ok(kb_kit_backlog_flush(b, t, kb_deadline_ns(1000)));
+    assert_int_equal(kb_kit_backlog_length(b), 0);
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns() + 3600 * 1000000000LL), 0);
+    kb_kit_backlog_fail_all(b, KB_ETIMEDOUT, "given up by close");
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(rep->ok[i] + rep->failed[i], 1);   /* one report each */
+    teardown(&f);
+}
+
 /* An event of test bytes_bound: its number (the key) and the bytes it stands for. */
 struct sized {
     int i;
@@ -965,6 +998,7 @@ int main(void)
         cmocka_unit_test(done_on_another_thread_wakes_the_sender),
         cmocka_unit_test(conf_of_an_older_kit),
         cmocka_unit_test(bytes_bound),
+        cmocka_unit_test(frame_done_event_by_event),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -482,6 +482,23 @@ int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
     return due;
 }
 
+/* Event i's report: stored (KB_OK, `id`: NULL for an empty one) or failed. */
+static void report_one(kb_kit_backlog *b, const struct entry *e, uint32_t i, int result,
+                       const char *id, const char *error)
+{
+    kb_delivery_report r = {
+        .topic = e->it.topic, .partition = e->it.partition, .result = result,
+        .id = result == KB_OK && id != NULL ? id : "",
+        .error = result == KB_OK ? "" : (error != NULL ? error : kb_strerror(result)),
+    };
+    if (e->keys != NULL)
+        r.key = e->keys[i].key, r.key_len = e->keys[i].key_len;
+    if (result == KB_OK)
+        kb_bus_delivery_report(b->c.bus, &r);
+    else
+        kb_bus_publish_failed(b->c.bus, &r);
+}
+
 /* One report per event of the item. A frame's events are named by
  * event_id when set (room for the index after the broker's ID), else each
  * is reported with the frame's ID; with no ID (NULL) each is reported
@@ -489,27 +506,15 @@ int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
 static void report(kb_kit_backlog *b, const struct entry *e, int result, const char *id,
                    const char *error)
 {
-    kb_delivery_report r = {
-        .topic = e->it.topic, .partition = e->it.partition, .result = result,
-        .id = result == KB_OK && id != NULL ? id : "",
-        .error = result == KB_OK ? "" : (error != NULL ? error : kb_strerror(result)),
-    };
     char small[128], *name = NULL;
-    size_t room = strlen(r.id) + 24;
+    size_t room = (id != NULL ? strlen(id) : 0) + 24;
     if (e->it.events > 1 && result == KB_OK && id != NULL && b->c.event_id != NULL &&
         e->keys != NULL)
         name = room <= sizeof small ? small : malloc(room);
     for (uint32_t i = 0; i < e->it.events; i++) {
-        if (e->keys != NULL)
-            r.key = e->keys[i].key, r.key_len = e->keys[i].key_len;
-        if (name != NULL) {
+        if (name != NULL)
             b->c.event_id(id, i, name, room);
-            r.id = name;
-        }
-        if (result == KB_OK)
-            kb_bus_delivery_report(b->c.bus, &r);
-        else
-            kb_bus_publish_failed(b->c.bus, &r);
+        report_one(b, e, i, result, name != NULL ? name : id, error);
     }
     if (name != small)
         free(name);
@@ -570,6 +575,14 @@ void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int ret
         }
     }
     report(b, e, result, id, error);   /* linked, so the floor waits for it */
+    unlink_reported(b, e);
+}
+
+void kb_kit_backlog_done_each(kb_kit_backlog *b, kb_kit_item *it, const kb_kit_result *results)
+{
+    struct entry *e = (struct entry *)it;
+    for (uint32_t i = 0; i < it->events; i++)
+        report_one(b, e, i, results[i].result, results[i].id, results[i].error);
     unlink_reported(b, e);
 }
 

@@ -375,6 +375,23 @@ KB_EXPORT size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_
  * once; never during or after kb_kit_backlog_fail_all. */
 KB_EXPORT void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int retry,
                                    const char *id, const char *error);
+/* One event's outcome, for kb_kit_backlog_done_each: an array the caller
+ * allocates, so its layout is fixed for good. */
+typedef struct kb_kit_result {
+    int result;           /* KB_OK: stored; else a KB_E* code: failed for good */
+    const char *id;       /* the broker's ID when stored; NULL: an empty one */
+    const char *error;    /* why it failed; NULL: kb_strerror(result) */
+} kb_kit_result;
+
+/* How each event of a taken item went, when they went apart (a frame the
+ * transport had to send again as one message per event, some refused):
+ * results[i] (it->events of them, borrowed for the call) is event i's
+ * report; event_id is not called. The item is done for good, nothing of it
+ * resent. Otherwise as kb_kit_backlog_done: each item taken is done once,
+ * by one of the two; reports run here with no lock of the backlog held.
+ * Thread: as kb_kit_backlog_done. */
+KB_EXPORT void kb_kit_backlog_done_each(kb_kit_backlog *b, kb_kit_item *it,
+                                        const kb_kit_result *results);
 /* When the next item is due (a backoff ending; now or earlier: one is due),
  * or INT64_MAX when none is due by time alone: how long the sender may
  * sleep. An item behind an earlier one in flight (a resend, or any item
