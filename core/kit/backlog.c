@@ -64,6 +64,13 @@ _Static_assert(offsetof(kb_kit_backlog_conf, free_data) ==
                offsetof(kb_kit_backlog_conf, event_id) ==
                    offsetof(struct kb__kit_backlog_conf_v2, event_id),
                "kb_kit_backlog_conf moved a field of an earlier release");
+/* kb_kit_backlog_new copies an older conf up to the first field it lacks:
+ * never past the caller's own struct. */
+_Static_assert(offsetof(kb_kit_backlog_conf, one_in_flight_per_partition) <=
+                       sizeof(struct kb__kit_backlog_conf_v1) &&
+                   offsetof(kb_kit_backlog_conf, capacity_bytes) <=
+                       sizeof(struct kb__kit_backlog_conf_v2),
+               "an older kb_kit_backlog_conf is copied past its end");
 
 kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c)
 {
