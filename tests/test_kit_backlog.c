@@ -7,7 +7,7 @@
  * a partition in flight when asked, cheap with 65,536 partitions in
  * flight; a frame done with no ID; kb_kit_backlog_done from other threads
  * than the sender's; a conf of the first and second releases' sizes; a
- * bound in bytes; a frame done event by event. */
+ * bound in bytes; a frame done event by event; a pipeline stored at once. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -911,6 +911,38 @@ static void frame_done_event_by_event(void **state)
     teardown(&f);
 }
 
+/* kb_kit_backlog_stored: a pipeline's items confirmed at once, each
+ * reported stored with its own ID (a frame's events named by event_id, no
+ * ID an empty one), the backlog empty after, flush by the last ticket done;
+ * none at all changes nothing. */
+static void pipeline_stored_at_once(void **state)
+{
+    (void)state;
+    struct fixture f;
+    setup(&f, 8, 50, 3);
+    uint64_t t;
+    kb_assert_ok(add_event(f.b, 0, NULL));
+    kb_assert_ok(add_frame(f.b, 1, 2, 1, NULL));   /* events 1, 2 */
+    kb_assert_ok(add_event(f.b, 3, &t));
+    kb_kit_item *items[4];
+    assert_int_equal(kb_kit_backlog_take(f.b, items, 4, kb_now_ns()), 3);
+    kb_kit_backlog_stored(f.b, items, NULL, 0);
+    assert_int_equal(kb_kit_backlog_length(f.b), 4);
+    const char *ids[3] = {"5-0", "5-1", NULL};
+    kb_kit_backlog_stored(f.b, items, ids, 3);
+    kb_assert_ok(kb_kit_backlog_flush(f.b, t, kb_deadline_ns(1000)));
+    assert_int_equal(kb_kit_backlog_length(f.b), 0);
+    const char *want[4] = {"5-0", "5-1.1", "5-1.2", ""};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(f.rep->ok[i], 1);
+        assert_string_equal(f.rep->id[i], want[i]);
+    }
+    kb_kit_backlog_fail_all(f.b, KB_ETIMEDOUT, "given up by close");
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(f.rep->failed[i], 0);
+    teardown(&f);
+}
+
 /* An event of test bytes_bound: its number (the key) and the bytes it stands for. */
 struct sized {
     int i;
@@ -999,6 +1031,7 @@ int main(void)
         cmocka_unit_test(conf_of_an_older_kit),
         cmocka_unit_test(bytes_bound),
         cmocka_unit_test(frame_done_event_by_event),
+        cmocka_unit_test(pipeline_stored_at_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

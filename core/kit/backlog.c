@@ -527,31 +527,36 @@ static void report(kb_kit_backlog *b, const struct entry *e, int result, const c
         free(name);
 }
 
-/* Unlink an entry whose reports ran; the floor moves to the oldest one left. */
-static void unlink_reported(kb_kit_backlog *b, struct entry *e)
+/* Unlink items[0..n), whose reports ran, under one hold of the lock; the
+ * floor moves to the oldest one left. */
+static void unlink_reported(kb_kit_backlog *b, kb_kit_item *const *items, size_t n)
 {
     pthread_mutex_lock(&b->lock);
-    if (b->fresh == e)
-        b->fresh = e->next;
-    if (e->waiting)
-        b->waiting--;
-    if (e->in_flight)
-        count_flight(b, e, 0);
-    if (e->prev != NULL)
-        e->prev->next = e->next;
-    else
-        b->head = e->next;
-    if (e->next != NULL)
-        e->next->prev = e->prev;
-    else
-        b->tail = e->prev;
-    atomic_fetch_sub(&b->count, e->it.events);
-    if (e->bytes > 0)
-        atomic_fetch_sub(&b->bytes, e->bytes);
+    for (size_t i = 0; i < n; i++) {
+        struct entry *e = (struct entry *)items[i];
+        if (b->fresh == e)
+            b->fresh = e->next;
+        if (e->waiting)
+            b->waiting--;
+        if (e->in_flight)
+            count_flight(b, e, 0);
+        if (e->prev != NULL)
+            e->prev->next = e->next;
+        else
+            b->head = e->next;
+        if (e->next != NULL)
+            e->next->prev = e->prev;
+        else
+            b->tail = e->prev;
+        atomic_fetch_sub(&b->count, e->it.events);
+        if (e->bytes > 0)
+            atomic_fetch_sub(&b->bytes, e->bytes);
+    }
     atomic_store(&b->floor, b->head != NULL ? b->head->it.ticket : b->next_ticket);
     pthread_mutex_unlock(&b->lock);
-    entry_free(b, e);
-    /* an item held behind this one (its partition's limit, or a resend) may
+    for (size_t i = 0; i < n; i++)
+        entry_free(b, (struct entry *)items[i]);
+    /* an item held behind these (its partition's limit, or a resend) may
      * be due now, and done may run on a thread other than the sender's */
     kb_signal_notify(b->wake);
     kb_signal_notify(b->room);
@@ -582,7 +587,7 @@ void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int ret
         }
     }
     report(b, e, result, id, error);   /* linked, so the floor waits for it */
-    unlink_reported(b, e);
+    unlink_reported(b, &it, 1);
 }
 
 void kb_kit_backlog_done_each(kb_kit_backlog *b, kb_kit_item *it, const kb_kit_result *results)
@@ -590,7 +595,16 @@ void kb_kit_backlog_done_each(kb_kit_backlog *b, kb_kit_item *it, const kb_kit_r
     struct entry *e = (struct entry *)it;
     for (uint32_t i = 0; i < it->events; i++)
         report_one(b, e, i, results[i].result, results[i].id, results[i].error);
-    unlink_reported(b, e);
+    unlink_reported(b, &it, 1);
+}
+
+void kb_kit_backlog_stored(kb_kit_backlog *b, kb_kit_item *const *items,
+                           const char *const *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        report(b, (struct entry *)items[i], KB_OK, ids[i], NULL);
+    if (n > 0)
+        unlink_reported(b, items, n);
 }
 
 uint64_t kb_kit_backlog_last_ticket(kb_kit_backlog *b)
@@ -640,6 +654,6 @@ void kb_kit_backlog_fail_all(kb_kit_backlog *b, int result, const char *why)
         if (e == NULL)
             return;
         report(b, e, result, NULL, why);
-        unlink_reported(b, e);
+        unlink_reported(b, (kb_kit_item *const[]){&e->it}, 1);
     }
 }
