@@ -20,8 +20,19 @@ struct entry {
     int64_t due;                  /* not before (a backoff) */
     size_t bytes;                 /* data_bytes(data) with a byte bound, else 0 */
     kb_kit_key *keys;             /* it.events copies when reports are wanted, else NULL
-                                     (in the same allocation) */
+                                     (in the room past the entry) */
+    size_t room;                  /* bytes past the entry for the keys */
 };
+
+/* An entry done with is kept for the next add (under the lock, as a spare)
+ * rather than freed: a publisher and a sender on two threads otherwise
+ * malloc on one and free on the other for every item, which cost more than
+ * the rest of the item. Spares have SPARE_ROOM bytes for keys (one event's
+ * key up to 48 bytes, or a small frame's); an item needing more has an
+ * entry of its own, freed when done. At most SPARES_MAX are kept: about a
+ * few batches of a sender's, and the memory of a burst goes back. */
+#define SPARE_ROOM 64
+#define SPARES_MAX 256
 
 /* The items in flight by partition number, for one_in_flight_per_partition:
  * a hash of chains through the entries themselves, so counting one never
@@ -51,6 +62,20 @@ struct kb_kit_backlog {
     struct entry **flight;        /* with one_in_flight_per_partition, else NULL */
     size_t buckets;               /* of flight: a power of two */
     size_t flying;                /* items in flight */
+    struct entry *spare;          /* entries to reuse, chained by next */
+    size_t spares;
+    /* Publishers waiting for room and flushes waiting for reports register
+     * under the lock, so an item done wakes `room` or `reported` only when
+     * one waits and its wait can end: once per wait, not once per item (a
+     * waiter not yet back from its wake-up would cost a futex call per
+     * item done). Each wake-up bumps the generation, and every waiter
+     * comes back to register again: none sleeps past a change unseen. */
+    size_t room_waiters;
+    int room_woken;               /* woken since the last registration */
+    _Atomic uint32_t room_gen;
+    size_t flush_waiters;
+    uint64_t flush_low;           /* no waiter's ticket is below it (UINT64_MAX: none) */
+    _Atomic uint32_t flush_gen;
 };
 
 /* The earlier releases' fields sit where they were: an older caller's conf
@@ -121,14 +146,8 @@ kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c)
     pthread_mutex_init(&b->lock, NULL);
     b->next_ticket = 1;
     atomic_init(&b->floor, 1);
+    b->flush_low = UINT64_MAX;
     return b;
-}
-
-static void entry_free(kb_kit_backlog *b, struct entry *e)
-{
-    if (b->c.free_data != NULL)
-        b->c.free_data(e->it.data);
-    free(e);   /* the keys with it */
 }
 
 void kb_kit_backlog_free(kb_kit_backlog *b)
@@ -137,7 +156,13 @@ void kb_kit_backlog_free(kb_kit_backlog *b)
         return;
     for (struct entry *e = b->head, *next; e != NULL; e = next) {
         next = e->next;
-        entry_free(b, e);
+        if (b->c.free_data != NULL)
+            b->c.free_data(e->it.data);
+        free(e);   /* the keys with it */
+    }
+    for (struct entry *e = b->spare, *next; e != NULL; e = next) {
+        next = e->next;
+        free(e);
     }
     kb_signal_free(b->room);
     kb_signal_free(b->reported);
@@ -151,6 +176,7 @@ struct room_wait {
     kb_kit_backlog *b;
     uint32_t events;
     size_t bytes;
+    uint32_t gen;   /* room_gen when it registered */
 };
 
 /* Room for the events, and for the bytes: an item over capacity_bytes fits
@@ -165,25 +191,66 @@ static int room_for(kb_kit_backlog *b, uint32_t events, size_t bytes)
 static int has_room(void *arg)
 {
     struct room_wait *w = arg;
-    return atomic_load(&w->b->closed) || room_for(w->b, w->events, w->bytes);
+    return atomic_load(&w->b->closed) || room_for(w->b, w->events, w->bytes) ||
+           atomic_load(&w->b->room_gen) != w->gen;
 }
 
-/* An entry for `events` events, with copies of their keys when a report
- * will read them, all in one allocation. NULL on out of memory. */
-static struct entry *entry_new(kb_kit_backlog *b, void *data, const char *topic,
-                               uint32_t partition, const kb_kit_key *keys, uint32_t events)
+/* The room for the keys' table and copies, or 0 when no report will read
+ * them. */
+static size_t key_room(kb_kit_backlog *b, const kb_kit_key *keys, uint32_t events)
 {
-    int keep = kb_bus_delivery_wanted(b->c.bus);   /* only a report reads them */
-    size_t bytes = 0;
-    for (uint32_t i = 0; keep && i < events; i++)
-        bytes += keys[i].key_len;
+    if (!kb_bus_delivery_wanted(b->c.bus))
+        return 0;
+    size_t room = events * sizeof(kb_kit_key);
+    for (uint32_t i = 0; i < events; i++)
+        room += keys[i].key_len;
+    return room;
+}
+
+/* An entry with `room` bytes for keys, NULL on out of memory. */
+static struct entry *entry_alloc(size_t room)
+{
+    struct entry *e = malloc(sizeof *e + room);
+    if (e != NULL)
+        e->room = room;
+    return e;
+}
+
+/* A spare, or NULL when none is kept. Caller holds the lock. */
+static struct entry *spare_take(kb_kit_backlog *b)
+{
+    struct entry *e = b->spare;
+    if (e != NULL) {
+        b->spare = e->next;
+        b->spares--;
+    }
+    return e;
+}
+
+/* e, unlinked, kept as a spare (1) or not (0: the caller frees it). Caller
+ * holds the lock. */
+static int spare_keep(kb_kit_backlog *b, struct entry *e)
+{
+    if (e->room != SPARE_ROOM || b->spares == SPARES_MAX)
+        return 0;
+    e->next = b->spare;
+    b->spare = e;
+    b->spares++;
+    return 1;
+}
+
+/* e (room for `room` key bytes) made the item of `events` events, with
+ * copies of their keys when room > 0. */
+static void entry_fill(struct entry *e, void *data, const char *topic, uint32_t partition,
+                       const kb_kit_key *keys, uint32_t events, size_t room, size_t bytes)
+{
+    int keep = room > 0;   /* only a report reads them */
     size_t table = keep ? events * sizeof(kb_kit_key) : 0;
-    struct entry *e = malloc(sizeof *e + table + bytes);
-    if (e == NULL)
-        return NULL;
+    size_t own = e->room;   /* may be more than room: a spare's */
     *e = (struct entry){.it = {.data = data, .partition = partition, .topic = topic,
                                .events = events},
-                        .keys = keep ? (kb_kit_key *)(e + 1) : NULL};
+                        .bytes = bytes, .keys = keep ? (kb_kit_key *)(e + 1) : NULL,
+                        .room = own};
     char *copy = (char *)(e + 1) + table;
     for (uint32_t i = 0; keep && i < events; i++) {
         if (keys[i].key_len > 0)
@@ -193,7 +260,6 @@ static struct entry *entry_new(kb_kit_backlog *b, void *data, const char *topic,
     }
     if (keep && events == 1)
         e->it.key = e->keys[0].key, e->it.key_len = e->keys[0].key_len;
-    return e;
 }
 
 int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topic, uint32_t partition,
@@ -212,18 +278,32 @@ int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
                 topic, events, b->c.capacity);
         return KB_EINVAL;
     }
-    struct entry *e = entry_new(b, data, topic, partition, keys, events);
-    if (e == NULL) {
+    size_t room = key_room(b, keys, events);
+    size_t bytes = b->c.capacity_bytes > 0 ? b->c.data_bytes(data) : 0;
+    /* one over a spare's room is made here; a spare is taken under the lock
+     * with the room for the events, so an add holds the lock once */
+    struct entry *e = room > SPARE_ROOM ? entry_alloc(room) : NULL;
+    if (room > SPARE_ROOM && e == NULL) {
         kb_errf(NULL, 0, "kit: out of memory for an event of topic %s", topic);
         return KB_ENOMEM;
     }
-    e->bytes = b->c.capacity_bytes > 0 ? b->c.data_bytes(data) : 0;
-    struct room_wait w = {b, events, e->bytes};
+    struct room_wait w = {b, events, bytes, 0};
     int64_t deadline = 0;   /* read the clock only when there is a wait */
+    int closed;
+    pthread_mutex_lock(&b->lock);
     for (;;) {
-        pthread_mutex_lock(&b->lock);
-        int closed = atomic_load(&b->closed);
-        if (!closed && room_for(b, events, e->bytes)) {
+        closed = atomic_load(&b->closed);
+        if (!closed && room_for(b, events, bytes)) {
+            if (e == NULL && (e = spare_take(b)) == NULL) {
+                pthread_mutex_unlock(&b->lock);   /* none kept: malloc unlocked, look again */
+                if ((e = entry_alloc(SPARE_ROOM)) == NULL) {
+                    kb_errf(NULL, 0, "kit: out of memory for an event of topic %s", topic);
+                    return KB_ENOMEM;
+                }
+                pthread_mutex_lock(&b->lock);
+                continue;
+            }
+            entry_fill(e, data, topic, partition, keys, events, room, bytes);
             e->it.ticket = b->next_ticket;
             b->next_ticket += events;
             e->prev = b->tail;
@@ -235,10 +315,10 @@ int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
             if (b->fresh == NULL)
                 b->fresh = e;
             atomic_fetch_add(&b->count, events);
-            if (e->bytes > 0)
-                atomic_fetch_add(&b->bytes, e->bytes);
+            if (bytes > 0)
+                atomic_fetch_add(&b->bytes, bytes);
             uint64_t last = b->next_ticket - 1;   /* read e no more: it may be sent and
-                                                     freed once the lock is released */
+                                                     done once the lock is released */
             atomic_store(&b->last_ticket, last);
             pthread_mutex_unlock(&b->lock);
             if (ticket != NULL)
@@ -246,26 +326,30 @@ int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
             kb_signal_notify(b->wake);
             return KB_OK;
         }
-        pthread_mutex_unlock(&b->lock);
-        int rc = closed ? KB_ECLOSED : KB_EFULL;
         if (!closed && deadline == 0)
             deadline = kb_deadline_ns(b->c.timeout_ms);
-        if (closed || kb_now_ns() >= deadline ||
-            (!kb_signal_wait(b->room, has_room, &w, deadline) && kb_now_ns() >= deadline)) {
-            free(e);
-            if (rc == KB_EFULL && b->c.capacity_bytes > 0)
-                kb_errf(NULL, 0, "kit: topic %s: the publish backlog held %zu events, %zu bytes "
-                        "(of %zu events, %zu bytes) for %d ms", topic, atomic_load(&b->count),
-                        atomic_load(&b->bytes), b->c.capacity, b->c.capacity_bytes,
-                        b->c.timeout_ms);
-            else if (rc == KB_EFULL)
-                kb_errf(NULL, 0, "kit: topic %s: the publish backlog held %zu events for %d ms",
-                        topic, b->c.capacity, b->c.timeout_ms);
-            else
-                kb_errf(NULL, 0, "kit: topic %s: the publish backlog is closed", topic);
-            return rc;
-        }
+        if (closed || kb_now_ns() >= deadline)
+            break;
+        b->room_waiters++;
+        b->room_woken = 0;
+        w.gen = atomic_load(&b->room_gen);
+        pthread_mutex_unlock(&b->lock);
+        kb_signal_wait(b->room, has_room, &w, deadline);   /* the loop looks again */
+        pthread_mutex_lock(&b->lock);
+        b->room_waiters--;
     }
+    pthread_mutex_unlock(&b->lock);
+    free(e);   /* NULL, or one made for this add: never linked */
+    if (!closed && b->c.capacity_bytes > 0)
+        kb_errf(NULL, 0, "kit: topic %s: the publish backlog held %zu events, %zu bytes "
+                "(of %zu events, %zu bytes) for %d ms", topic, atomic_load(&b->count),
+                atomic_load(&b->bytes), b->c.capacity, b->c.capacity_bytes, b->c.timeout_ms);
+    else if (!closed)
+        kb_errf(NULL, 0, "kit: topic %s: the publish backlog held %zu events for %d ms",
+                topic, b->c.capacity, b->c.timeout_ms);
+    else
+        kb_errf(NULL, 0, "kit: topic %s: the publish backlog is closed", topic);
+    return closed ? KB_ECLOSED : KB_EFULL;
 }
 
 /* Partitions with an event to resend that is not due (its backoff, or an
@@ -528,9 +612,14 @@ static void report(kb_kit_backlog *b, const struct entry *e, int result, const c
 }
 
 /* Unlink items[0..n), whose reports ran, under one hold of the lock; the
- * floor moves to the oldest one left. */
+ * floor moves to the oldest one left. Their data is freed first: nothing
+ * reads it after the report, and an entry kept as a spare is the next
+ * add's once the lock is released. */
 static void unlink_reported(kb_kit_backlog *b, kb_kit_item *const *items, size_t n)
 {
+    for (size_t i = 0; b->c.free_data != NULL && i < n; i++)
+        b->c.free_data(items[i]->data);
+    struct entry *drop = NULL;   /* not kept: freed once unlocked */
     pthread_mutex_lock(&b->lock);
     for (size_t i = 0; i < n; i++) {
         struct entry *e = (struct entry *)items[i];
@@ -551,16 +640,34 @@ static void unlink_reported(kb_kit_backlog *b, kb_kit_item *const *items, size_t
         atomic_fetch_sub(&b->count, e->it.events);
         if (e->bytes > 0)
             atomic_fetch_sub(&b->bytes, e->bytes);
+        if (!spare_keep(b, e)) {
+            e->next = drop;
+            drop = e;
+        }
     }
     atomic_store(&b->floor, b->head != NULL ? b->head->it.ticket : b->next_ticket);
+    int room = b->room_waiters > 0 && !b->room_woken;
+    if (room) {
+        b->room_woken = 1;
+        atomic_fetch_add(&b->room_gen, 1);
+    }
+    int reported = b->flush_waiters > 0 && atomic_load(&b->floor) > b->flush_low;
+    if (reported) {
+        b->flush_low = UINT64_MAX;   /* each waiter says its ticket again */
+        atomic_fetch_add(&b->flush_gen, 1);
+    }
     pthread_mutex_unlock(&b->lock);
-    for (size_t i = 0; i < n; i++)
-        entry_free(b, (struct entry *)items[i]);
+    for (struct entry *next; drop != NULL; drop = next) {
+        next = drop->next;
+        free(drop);   /* the keys with it */
+    }
     /* an item held behind these (its partition's limit, or a resend) may
      * be due now, and done may run on a thread other than the sender's */
     kb_signal_notify(b->wake);
-    kb_signal_notify(b->room);
-    kb_signal_notify(b->reported);
+    if (room)
+        kb_signal_notify(b->room);
+    if (reported)
+        kb_signal_notify(b->reported);
 }
 
 void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int retry,
@@ -615,21 +722,36 @@ uint64_t kb_kit_backlog_last_ticket(kb_kit_backlog *b)
 struct flush_wait {
     kb_kit_backlog *b;
     uint64_t ticket;
+    uint32_t gen;   /* flush_gen when it registered */
 };
 
 static int flushed(void *arg)
 {
     struct flush_wait *w = arg;
-    return atomic_load(&w->b->floor) > w->ticket;
+    return atomic_load(&w->b->floor) > w->ticket || atomic_load(&w->b->flush_gen) != w->gen;
 }
 
 int kb_kit_backlog_flush(kb_kit_backlog *b, uint64_t ticket, int64_t deadline_ns)
 {
-    struct flush_wait w = {b, ticket};
-    if (kb_signal_wait(b->reported, flushed, &w, deadline_ns))
-        return KB_OK;
-    kb_errf(NULL, 0, "kit: %zu events not reported by the deadline", kb_kit_backlog_length(b));
-    return KB_ETIMEDOUT;
+    while (atomic_load(&b->floor) <= ticket) {
+        if (kb_now_ns() >= deadline_ns) {
+            kb_errf(NULL, 0, "kit: %zu events not reported by the deadline",
+                    kb_kit_backlog_length(b));
+            return KB_ETIMEDOUT;
+        }
+        pthread_mutex_lock(&b->lock);
+        b->flush_waiters++;
+        if (ticket < b->flush_low)
+            b->flush_low = ticket;
+        struct flush_wait w = {b, ticket, atomic_load(&b->flush_gen)};
+        pthread_mutex_unlock(&b->lock);
+        kb_signal_wait(b->reported, flushed, &w, deadline_ns);   /* the loop looks again */
+        pthread_mutex_lock(&b->lock);
+        if (--b->flush_waiters == 0)
+            b->flush_low = UINT64_MAX;
+        pthread_mutex_unlock(&b->lock);
+    }
+    return KB_OK;
 }
 
 size_t kb_kit_backlog_length(kb_kit_backlog *b)
