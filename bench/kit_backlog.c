@@ -3,7 +3,8 @@
  * event has a 16-byte key and a mem:// bus that wants reports (the key is
  * copied, one report per event: counted, and a run that misses one fails).
  *
- *   keybus-kit-bench [ITEMS [RUNS]]     (default 1000000 items, 5 runs)
+ *   keybus-kit-bench [ITEMS [RUNS [MODE]]]   (default 1000000 items, 5 runs,
+ *                                             every mode)
  *
  * Modes, one line each: the median ns per item over RUNS, then every run's.
  *   1thread       one thread: add, take, done, item by item
@@ -154,8 +155,9 @@ int main(int argc, char **argv)
 {
     uint64_t items = argc > 1 ? strtoull(argv[1], NULL, 10) : 1000000;
     int runs = argc > 2 ? atoi(argv[2]) : 5;
+    const char *only = argc > 3 ? argv[3] : NULL;
     if (items == 0 || runs < 1 || runs > RUNS_MAX) {
-        fprintf(stderr, "usage: keybus-kit-bench [ITEMS [RUNS (1..%d)]]\n", RUNS_MAX);
+        fprintf(stderr, "usage: keybus-kit-bench [ITEMS [RUNS (1..%d) [MODE]]]\n", RUNS_MAX);
         return 2;
     }
     char err[256];
@@ -174,6 +176,8 @@ int main(int argc, char **argv)
     printf("%-15s %10s  runs (ns/item), %llu items each\n", "mode", "median",
            (unsigned long long)items);
     for (int m = 0; m < 3; m++) {
+        if (only != NULL && strcmp(only, modes[m]) != 0)
+            continue;
         double ns[RUNS_MAX], sorted[RUNS_MAX];
         for (int r = 0; r < runs; r++) {
             atomic_store(&reports, 0);
