@@ -369,7 +369,8 @@ KB_EXPORT size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_
  * non-zero: send the same item again after the backoff, unless max_attempts
  * are used up; else it failed for good. Each item taken is done once (by
  * this, kb_kit_backlog_done_each or kb_kit_backlog_stored); the item is the
- * kit's again from this call on (a stored one is freed here).
+ * kit's again from this call on (a stored one is freed here, or kept for a
+ * later add: not to be touched again).
  * Reports run here, with no lock of the backlog held. It notifies the
  * sender's signal (kb_kit_backlog_signal): a done may make an item due.
  * Thread: any (the broker client's acknowledgement thread, say), several at
@@ -397,8 +398,8 @@ KB_EXPORT void kb_kit_backlog_done_each(kb_kit_backlog *b, kb_kit_item *it,
  * empty ID), as kb_kit_backlog_done(b, items[i], KB_OK, 0, ids[i], NULL)
  * for each in turn, but under one hold of the backlog's lock and one
  * wake-up of its waiters: for a sender that confirms a pipeline's replies
- * at once, where a lock and three wake-ups per item cost more than the
- * item (the arrays are borrowed for the call). Thread: as
+ * at once, where a lock and a wake-up per item cost more than the item
+ * (the arrays are borrowed for the call). Thread: as
  * kb_kit_backlog_done. */
 KB_EXPORT void kb_kit_backlog_stored(kb_kit_backlog *b, kb_kit_item *const *items,
                                      const char *const *ids, size_t n);
