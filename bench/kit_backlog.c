@@ -12,6 +12,8 @@
  *                 for each (capacity 1024: the publisher waits for room)
  *   2thread-stored  the same, the sender confirming each batch at once with
  *                 kb_kit_backlog_stored (a pipeline's replies)
+ *   2thread-take1 the sender takes one item at a time and calls done (a
+ *                 transport sending each event alone: publish_batch 1)
  * Wall time per item; on a shared machine note the load (uptime) beside it. */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -95,7 +97,8 @@ static double one_thread(kb_bus *bus, uint64_t items)
 struct sender {
     kb_kit_backlog *b;
     uint64_t items;
-    int stored;   /* confirm a batch with kb_kit_backlog_stored */
+    size_t batch;   /* items taken at most at once */
+    int stored;     /* confirm a batch with kb_kit_backlog_stored */
 };
 
 static int has_items(void *arg)
@@ -113,7 +116,7 @@ static void *send_all(void *arg)
     for (size_t i = 0; i < BATCH; i++)
         ids[i] = ID;
     for (uint64_t sent = 0; sent < s->items;) {
-        size_t n = kb_kit_backlog_take(s->b, out, BATCH, 0);
+        size_t n = kb_kit_backlog_take(s->b, out, s->batch, 0);
         if (n == 0) {
             kb_signal_wait(kb_kit_backlog_signal(s->b), has_items, s->b, kb_deadline_ns(100));
             continue;
@@ -128,9 +131,9 @@ static void *send_all(void *arg)
     return NULL;
 }
 
-static double two_threads(kb_bus *bus, uint64_t items, int stored)
+static double two_threads(kb_bus *bus, uint64_t items, size_t batch, int stored)
 {
-    struct sender s = {backlog(bus), items, stored};
+    struct sender s = {backlog(bus), items, batch, stored};
     kb_thread *th;
     double t0 = now_ns();
     if (kb_thread_start(&th, "kit-sender", send_all, &s) != KB_OK) {
@@ -172,16 +175,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "kb_open: %s\n", err);
         return 1;
     }
-    static const char *const modes[] = {"1thread", "2thread-done", "2thread-stored"};
+    static const char *const modes[] = {"1thread", "2thread-done", "2thread-stored",
+                                        "2thread-take1"};
     printf("%-15s %10s  runs (ns/item), %llu items each\n", "mode", "median",
            (unsigned long long)items);
-    for (int m = 0; m < 3; m++) {
+    for (int m = 0; m < 4; m++) {
         if (only != NULL && strcmp(only, modes[m]) != 0)
             continue;
         double ns[RUNS_MAX], sorted[RUNS_MAX];
         for (int r = 0; r < runs; r++) {
             atomic_store(&reports, 0);
-            double t = m == 0 ? one_thread(bus, items) : two_threads(bus, items, m == 2);
+            double t = m == 0 ? one_thread(bus, items)
+                              : two_threads(bus, items, m == 3 ? 1 : BATCH, m == 2);
             if (atomic_load(&reports) != items) {
                 fprintf(stderr, "%s: %llu reports for %llu items\n", modes[m],
                         (unsigned long long)atomic_load(&reports), (unsigned long long)items);
