@@ -75,11 +75,6 @@ int kb__signal_wait(kb_signal *s, int (*ready)(void *arg), void *arg, int64_t de
         ok = ready(arg);
         if (ok || kb__now_ns() >= deadline_ns)
             break;
-        /* before the futex reads seq: a poke that bumps it after this
-         * sees `asleep` and wakes us; one that found it 0 bumped seq
-         * first, and the futex call returns at once */
-        atomic_store_explicit(&s->asleep, 1, memory_order_relaxed);
-        kb__fence();
         kb__park_wait(&s->seq, seq, deadline_ns);
     }
     atomic_fetch_sub_explicit(&s->waiters, 1, memory_order_relaxed);

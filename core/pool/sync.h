@@ -88,7 +88,6 @@ void kb__park_wake(_Atomic uint32_t *word, int n);
 typedef struct kb_signal {
     _Atomic uint32_t seq;
     _Atomic uint32_t waiters;
-    _Atomic uint32_t asleep;   /* 1: a waiter may be in the futex since the last wake */
     uint32_t hot_pokers;   /* 1: pokers fence with kb__fence_hot(), waiters pay the rest */
     _Atomic int efd;       /* kb_signal_fd's eventfd + 1 (0: none); only the SDK's
                             * kb_signal_notify writes it */
@@ -100,12 +99,8 @@ typedef struct kb_signal {
 static inline void kb__signal_poke(kb_signal *s)
 {
     if (atomic_load_explicit(&s->waiters, memory_order_relaxed) != 0) {
-        /* a waiter not back in the futex since the last wake sees the new
-         * seq before it sleeps: only one that went back needs the call
-         * (Dekker with kb__signal_wait's store of `asleep`) */
-        atomic_fetch_add_explicit(&s->seq, 1, memory_order_seq_cst);
-        if (atomic_exchange_explicit(&s->asleep, 0, memory_order_seq_cst))
-            kb__park_wake(&s->seq, INT32_MAX);
+        atomic_fetch_add_explicit(&s->seq, 1, memory_order_release);
+        kb__park_wake(&s->seq, INT32_MAX);
     }
 }
 
