@@ -186,7 +186,7 @@ struct room_wait {
 };
 
 /* Room for the events, and for the bytes: an item over capacity_bytes fits
- * once the backlog holds no bytes, so it never waits for ever. */
+ * once the backlog holds no bytes (else no bound could ever take it). */
 static int room_for(kb_kit_backlog *b, uint32_t events, size_t bytes)
 {
     size_t held = b->c.capacity_bytes > 0 ? atomic_load(&b->bytes) : 0;

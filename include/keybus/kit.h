@@ -312,7 +312,8 @@ typedef struct kb_kit_backlog_conf {
      * second bound, in bytes, for a broker whose cost is its bytes (a
      * client-side write buffer): add waits, as for `capacity`, while the
      * items held and this one would pass it. An item over it alone is taken
-     * once the backlog holds no bytes, so it never waits for ever. It needs
+     * once the backlog holds no bytes (under a steady flow of others that may
+     * not come before timeout_ms: then KB_EFULL, as for any add). It needs
      * data_bytes: an item's bytes, read once in add, on its thread. 0: events
      * alone are counted, data_bytes not called. */
     size_t capacity_bytes;
