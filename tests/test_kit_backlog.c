@@ -6,7 +6,10 @@
  * resent and reported whole with one report per event; at most one item of
  * a partition in flight when asked, cheap with 65,536 partitions in
  * flight; a frame done with no ID; kb_kit_backlog_done from other threads
- * than the sender's; a conf of the first release's size. */
+ * than the sender's; a conf of the first and second releases' sizes; a
+ * bound in bytes; a frame done event by event; a pipeline stored at once;
+ * entries reused with keys of every size, each report with its own key;
+ * publishers and flushes waiting at once, each let go by the dones. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -855,12 +858,365 @@ static void conf_of_an_older_kit(void **state)
         kb_kit_backlog_done(b, items[k], KB_OK, 0, "5", NULL);
     assert_int_equal(rep->ok[0] + rep->ok[8], 2);
     kb_kit_backlog_free(b);
+    struct kb__kit_backlog_conf_v2 *c2 = malloc(sizeof *c2);
+    assert_non_null(c2);
+    *c2 = (struct kb__kit_backlog_conf_v2){.size = sizeof *c2, .bus = bus, .capacity = 1,
+                                           .timeout_ms = 50, .max_attempts = 1,
+                                           .free_data = free};
+    b = kb_kit_backlog_new((const kb_kit_backlog_conf *)c2);
+    assert_non_null(b);
+    kb_assert_ok(add_event(b, 1, NULL));   /* no byte bound read past its size */
+    assert_int_equal(add_event(b, 2, NULL), KB_EFULL);   /* its capacity of 1 */
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns()), 1);
+    kb_kit_backlog_done(b, items[0], KB_OK, 0, "6", NULL);
+    assert_int_equal(rep->ok[1], 1);
+    kb_kit_backlog_free(b);
+    free(c2);
     kb_kit_backlog_conf full = {.size = sizeof full + 8, .bus = bus, .capacity = 8,
                                 .timeout_ms = 50, .max_attempts = 1};
     assert_null(kb_kit_backlog_new(&full));
     free(c);
     kb_close(bus, 1000);
     free(rep);
+}
+
+/* kb_kit_backlog_done_each: a frame whose events went apart (sent again one
+ * message each, one refused) gets each event's own report, event_id not
+ * called; the item is done for good: flush by its ticket returns, nothing
+ * is left to take. */
+static void frame_done_event_by_event(void **state)
+{
+    (void)state;
+    struct fixture f;
+    setup(&f, 8, 50, 3);
+    uint64_t t;
+    kb_assert_ok(add_frame(f.b, 0, 3, 0, &t));   /* events 0..2 */
+    kb_kit_item *items[4];
+    assert_int_equal(kb_kit_backlog_take(f.b, items, 4, kb_now_ns()), 1);
+    kb_kit_backlog *b = f.b;
+    struct reports *rep = f.rep;
+    const kb_kit_result results[3] = {
+        {KB_OK, "9-1", NULL}, {KB_ETOOBIG, NULL, "over the server's limit"}, {KB_OK, NULL, NULL}};
+    kb_kit_backlog_done_each(b, items[0], results);
+    assert_int_equal(rep->ok[0], 1);
+    assert_string_equal(rep->id[0], "9-1");   /* its own ID, not "<id>.1" */
+    assert_int_equal(rep->failed[1], 1);
+    assert_int_equal(rep->ok[1], 0);
+    assert_int_equal(rep->ok[2], 1);
+    assert_string_equal(rep->id[2], "");   /* no ID: an empty one */
+    kb_assert_ok(kb_kit_backlog_flush(b, t, kb_deadline_ns(1000)));
+    assert_int_equal(kb_kit_backlog_length(b), 0);
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns() + 3600 * 1000000000LL), 0);
+    kb_kit_backlog_fail_all(b, KB_ETIMEDOUT, "given up by close");
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(rep->ok[i] + rep->failed[i], 1);   /* one report each */
+    teardown(&f);
+}
+
+/* kb_kit_backlog_stored: a pipeline's items confirmed at once, each
+ * reported stored with its own ID (a frame's events named by event_id, no
+ * ID an empty one), the backlog empty after, flush by the last ticket done;
+ * none at all changes nothing. */
+static void pipeline_stored_at_once(void **state)
+{
+    (void)state;
+    struct fixture f;
+    setup(&f, 8, 50, 3);
+    uint64_t t;
+    kb_assert_ok(add_event(f.b, 0, NULL));
+    kb_assert_ok(add_frame(f.b, 1, 2, 1, NULL));   /* events 1, 2 */
+    kb_assert_ok(add_event(f.b, 3, &t));
+    kb_kit_item *items[4];
+    assert_int_equal(kb_kit_backlog_take(f.b, items, 4, kb_now_ns()), 3);
+    kb_kit_backlog_stored(f.b, items, NULL, 0);
+    assert_int_equal(kb_kit_backlog_length(f.b), 4);
+    const char *ids[3] = {"5-0", "5-1", NULL};
+    kb_kit_backlog_stored(f.b, items, ids, 3);
+    kb_assert_ok(kb_kit_backlog_flush(f.b, t, kb_deadline_ns(1000)));
+    assert_int_equal(kb_kit_backlog_length(f.b), 0);
+    const char *want[4] = {"5-0", "5-1.1", "5-1.2", ""};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(f.rep->ok[i], 1);
+        assert_string_equal(f.rep->id[i], want[i]);
+    }
+    kb_kit_backlog_fail_all(f.b, KB_ETIMEDOUT, "given up by close");
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(f.rep->failed[i], 0);
+    teardown(&f);
+}
+
+/* An event of test bytes_bound: its number (the key) and the bytes it stands for. */
+struct sized {
+    int i;
+    size_t bytes;
+};
+
+static size_t sized_bytes(const void *data)
+{
+    return ((const struct sized *)data)->bytes;
+}
+
+static int add_sized(kb_kit_backlog *b, int i, size_t bytes)
+{
+    struct sized *d = malloc(sizeof *d);
+    assert_non_null(d);
+    *d = (struct sized){i, bytes};
+    int rc = kb_kit_backlog_add(b, d, "orders", (uint32_t)i % 8, &d->i, sizeof d->i, NULL);
+    if (rc != KB_OK)
+        free(d);
+    return rc;
+}
+
+/* capacity_bytes: add waits while the bytes held and its own would pass the
+ * bound (the event count far from its own), KB_EFULL after timeout_ms; a
+ * done makes room; an item over the bound alone goes once nothing is held.
+ * Without data_bytes the conf is refused. */
+static void bytes_bound(void **state)
+{
+    (void)state;
+    struct reports *rep = calloc(1, sizeof *rep);
+    assert_non_null(rep);
+    kb_bus *bus = open_bus(rep);
+    kb_kit_backlog_conf c = {.size = sizeof c, .bus = bus, .capacity = 1000, .timeout_ms = 100,
+                             .max_attempts = 1, .free_data = free, .capacity_bytes = 100};
+    assert_null(kb_kit_backlog_new(&c));   /* no data_bytes */
+    c.data_bytes = sized_bytes;
+    kb_kit_backlog *b = kb_kit_backlog_new(&c);
+    assert_non_null(b);
+    kb_assert_ok(add_sized(b, 0, 40));
+    kb_assert_ok(add_sized(b, 1, 40));
+    int64_t t0 = kb_now_ns();
+    assert_int_equal(add_sized(b, 2, 40), KB_EFULL);   /* 120 bytes: over */
+    assert_true(kb_now_ns() - t0 >= 90 * 1000000LL);   /* it waited (wide slack above) */
+    assert_int_equal(kb_kit_backlog_length(b), 2);
+    kb_kit_item *items[4];
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns()), 2);
+    kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-0", NULL);
+    kb_assert_ok(add_sized(b, 2, 40));   /* 80 again */
+    assert_int_equal(add_sized(b, 3, 500), KB_EFULL);   /* over the bound alone: waits for empty */
+    kb_kit_backlog_done(b, items[1], KB_OK, 0, "1-1", NULL);
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns()), 1);
+    kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-2", NULL);
+    kb_assert_ok(add_sized(b, 3, 500));   /* nothing held: it goes */
+    assert_int_equal(add_sized(b, 4, 1), KB_EFULL);   /* and holds the bound until done */
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns()), 1);
+    kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-3", NULL);
+    kb_assert_ok(add_sized(b, 4, 1));
+    kb_kit_backlog_fail_all(b, KB_ETIMEDOUT, "given up by close");
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(rep->ok[i], 1);
+    assert_int_equal(rep->failed[4], 1);
+    assert_int_equal(rep->ok[4] + rep->failed[0] + rep->failed[1] + rep->failed[2] +
+                         rep->failed[3], 0);
+    kb_kit_backlog_free(b);
+    kb_close(bus, 1000);
+    free(rep);
+}
+
+/* Test reused_entries_report_their_own_keys: the keys reported, in order. */
+#define KEYED_ITEMS 2000
+#define KEY_MAX 200
+struct key_log {
+    size_t n;
+    size_t len[KEYED_ITEMS * 5];
+    unsigned char key[KEYED_ITEMS * 5][KEY_MAX];
+    int bad;   /* a report with a key over KEY_MAX */
+};
+
+static void on_keyed_report(const kb_delivery_report *r, void *opaque)
+{
+    struct key_log *log = opaque;
+    if (r->key_len > KEY_MAX || log->n == KEYED_ITEMS * 5) {
+        log->bad++;
+        return;
+    }
+    log->len[log->n] = r->key_len;
+    if (r->key_len > 0)
+        memcpy(log->key[log->n], r->key, r->key_len);
+    log->n++;
+}
+
+/* Event e's key: its length cycles round the sizes a kept entry holds and
+ * does not (0 and a spare's edges), its bytes come from e. */
+static size_t keyed_len(size_t e)
+{
+    static const size_t sizes[] = {0, 1, 16, 47, 48, 49, 64, KEY_MAX};
+    return sizes[e % (sizeof sizes / sizeof *sizes)];
+}
+
+static void keyed_bytes(size_t e, unsigned char *out)
+{
+    for (size_t k = 0; k < keyed_len(e); k++)
+        out[k] = (unsigned char)(e * 31 + k);
+}
+
+/* Add item i: a frame of 1 to 5 events (events *e on), keys of every size. */
+static void add_keyed(kb_kit_backlog *b, int i, size_t *e)
+{
+    unsigned char keys[5][KEY_MAX];
+    kb_kit_key k[5];
+    uint32_t n = 1 + (uint32_t)i % 5;
+    for (uint32_t j = 0; j < n; j++) {
+        keyed_bytes(*e + j, keys[j]);
+        k[j] = (kb_kit_key){keyed_len(*e + j) > 0 ? keys[j] : NULL, keyed_len(*e + j)};
+    }
+    if (n == 1)
+        kb_assert_ok(kb_kit_backlog_add(b, NULL, "orders", 0, k[0].key, k[0].key_len,
+                                        NULL));
+    else
+        kb_assert_ok(kb_kit_backlog_add_frame(b, NULL, "orders", 0, k, n, NULL));
+    *e += n;
+}
+
+/* An entry done with is kept for the next add when its keys fit, else
+ * freed: each report still has its own event's key, of any length, after
+ * thousands of reuses, and after more items in flight at once than are
+ * kept (ASan builds see every entry freed at the end). */
+static void reused_entries_report_their_own_keys(void **state)
+{
+    (void)state;
+    struct key_log *log = calloc(1, sizeof *log);
+    assert_non_null(log);
+    kb_conf *conf = kb_test_conf("mem://", NULL, NULL);
+    kb_conf_set_delivery_cb(conf, on_keyed_report, log);
+    kb_bus *bus = kb_test_open_conf(conf);
+    kb_kit_backlog_conf c = {.size = sizeof c, .bus = bus, .capacity = 600, .timeout_ms = 50,
+                             .max_attempts = 1};
+    kb_kit_backlog *b = kb_kit_backlog_new(&c);
+    assert_non_null(b);
+    size_t events = 0;
+    kb_kit_item *items[600];
+    for (int i = 0; i < KEYED_ITEMS / 2; i++) {   /* one at a time */
+        add_keyed(b, i, &events);
+        assert_int_equal(kb_kit_backlog_take(b, items, 1, kb_now_ns()), 1);
+        kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-0", NULL);
+    }
+    for (int round = 0; round < 2; round++) {   /* hundreds at once, twice */
+        int held = 0;
+        for (int i = 0; i < KEYED_ITEMS / 4; i++)
+            if (kb_kit_backlog_length(b) + 5 <= 600) {
+                add_keyed(b, i, &events);
+                held++;
+            }
+        assert_int_equal(kb_kit_backlog_take(b, items, 600, kb_now_ns()), held);
+        for (int i = 0; i < held; i++)
+            kb_kit_backlog_done(b, items[i], KB_OK, 0, "1-0", NULL);
+    }
+    assert_int_equal(log->bad, 0);
+    assert_int_equal(log->n, events);
+    for (size_t e = 0; e < events; e++) {
+        unsigned char want[KEY_MAX];
+        keyed_bytes(e, want);
+        assert_int_equal(log->len[e], keyed_len(e));
+        if (keyed_len(e) > 0)
+            assert_memory_equal(log->key[e], want, keyed_len(e));
+    }
+    kb_kit_backlog_fail_all(b, KB_ETIMEDOUT, "given up by close");
+    kb_kit_backlog_free(b);
+    kb_close(bus, 1000);
+    free(log);
+}
+
+/* Test waits_end_as_dones_come: producers of frames, flushes, and how long
+ * the longest of each waited. */
+#define WAIT_PRODUCERS 3
+#define WAIT_FRAMES 300
+struct waits {
+    struct world *w;
+    _Atomic int producing;
+    _Atomic int64_t add_max, flush_max;   /* ns */
+    _Atomic int flushes, flush_errors;
+};
+
+static void note_max(_Atomic int64_t *max, int64_t v)
+{
+    int64_t m = atomic_load(max);
+    while (v > m && !atomic_compare_exchange_weak(max, &m, v))
+        ;
+}
+
+struct wait_producer {
+    struct waits *ws;
+    int k;
+};
+
+/* Frames of 1 to 3 events (events k * 900 on) into a backlog of 4: most
+ * adds wait for room, several publishers at once. */
+static void *produce_frames(void *arg)
+{
+    struct wait_producer *p = arg;
+    for (int j = 0; j < WAIT_FRAMES; j++) {
+        int64_t t0 = kb_now_ns();
+        if (add_frame(p->ws->w->b, p->k * 900 + j * 3, 1 + (uint32_t)j % 3, (uint32_t)j % 8,
+                      NULL) != KB_OK)
+            abort();
+        note_max(&p->ws->add_max, kb_now_ns() - t0);
+    }
+    atomic_fetch_sub(&p->ws->producing, 1);
+    return NULL;
+}
+
+static void *flush_often(void *arg)
+{
+    struct waits *ws = arg;
+    while (atomic_load(&ws->producing) > 0) {
+        uint64_t t = kb_kit_backlog_last_ticket(ws->w->b);
+        int64_t t0 = kb_now_ns();
+        if (t > 0 && kb_kit_backlog_flush(ws->w->b, t, kb_deadline_ns(20000)) != KB_OK)
+            atomic_fetch_add(&ws->flush_errors, 1);
+        note_max(&ws->flush_max, kb_now_ns() - t0);
+        atomic_fetch_add(&ws->flushes, 1);
+    }
+    return NULL;
+}
+
+/* Publishers waiting for room and flushes waiting for reports, several of
+ * each at once, are let go by the dones as they come (a done wakes them once
+ * per wait, and each registers again): none sleeps out its 20 s wait though
+ * room or its reports came (the longest wait stays far below it), every
+ * event is reported exactly once. */
+static void waits_end_as_dones_come(void **state)
+{
+    (void)state;
+    struct fixture f;
+    setup(&f, 4, 20000, 4);
+    struct world w = {.b = f.b};
+    struct waits ws = {.w = &w, .producing = WAIT_PRODUCERS};
+    pthread_t s, fl[2], p[WAIT_PRODUCERS];
+    struct wait_producer args[WAIT_PRODUCERS];
+    assert_int_equal(pthread_create(&s, NULL, sender, &w), 0);
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(pthread_create(&fl[k], NULL, flush_often, &ws), 0);
+    for (int k = 0; k < WAIT_PRODUCERS; k++) {
+        args[k] = (struct wait_producer){&ws, k};
+        assert_int_equal(pthread_create(&p[k], NULL, produce_frames, &args[k]), 0);
+    }
+    for (int k = 0; k < WAIT_PRODUCERS; k++)
+        pthread_join(p[k], NULL);
+    for (int k = 0; k < 2; k++)
+        pthread_join(fl[k], NULL);
+    kb_assert_ok(kb_kit_backlog_flush(f.b, kb_kit_backlog_last_ticket(f.b),
+                                      kb_deadline_ns(20000)));
+    atomic_store(&w.stop, 1);
+    kb_signal_notify(kb_kit_backlog_signal(f.b));
+    pthread_join(s, NULL);
+    assert_true(atomic_load(&ws.flushes) > 0);
+    assert_int_equal(atomic_load(&ws.flush_errors), 0);
+    assert_true(atomic_load(&ws.add_max) < 10 * 1000000000LL);
+    assert_true(atomic_load(&ws.flush_max) < 10 * 1000000000LL);
+    int events = 0;
+    for (int k = 0; k < WAIT_PRODUCERS; k++)
+        for (int j = 0; j < WAIT_FRAMES; j++)
+            for (int e = 0; e < 1 + j % 3; e++, events++)
+                assert_int_equal(f.rep->ok[k * 900 + j * 3 + e] +
+                                     f.rep->failed[k * 900 + j * 3 + e], 1);
+    int reported = 0;
+    for (int i = 0; i < EVENTS; i++)
+        reported += f.rep->ok[i] + f.rep->failed[i];
+    assert_int_equal(reported, events);
+    assert_int_equal(f.rep->other, 0);
+    kb_kit_backlog_fail_all(f.b, KB_ETIMEDOUT, "given up by close");
+    teardown(&f);
 }
 
 int main(void)
@@ -881,6 +1237,11 @@ int main(void)
         cmocka_unit_test(done_from_other_threads),
         cmocka_unit_test(done_on_another_thread_wakes_the_sender),
         cmocka_unit_test(conf_of_an_older_kit),
+        cmocka_unit_test(bytes_bound),
+        cmocka_unit_test(frame_done_event_by_event),
+        cmocka_unit_test(pipeline_stored_at_once),
+        cmocka_unit_test(reused_entries_report_their_own_keys),
+        cmocka_unit_test(waits_end_as_dones_come),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

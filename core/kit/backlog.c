@@ -18,9 +18,21 @@ struct entry {
     int waiting;                  /* back from the sender for a resend */
     struct entry *flying;         /* the next in flight in its bucket of `flight` */
     int64_t due;                  /* not before (a backoff) */
+    size_t bytes;                 /* data_bytes(data) with a byte bound, else 0 */
     kb_kit_key *keys;             /* it.events copies when reports are wanted, else NULL
-                                     (in the same allocation) */
+                                     (in the room past the entry) */
+    size_t room;                  /* bytes past the entry for the keys */
 };
+
+/* An entry done with is kept for the next add (under the lock, as a spare)
+ * rather than freed: a publisher and a sender on two threads otherwise
+ * malloc on one and free on the other for every item, which cost more than
+ * the rest of the item. Spares have SPARE_ROOM bytes for keys (one event's
+ * key up to 48 bytes, or a small frame's); an item needing more has an
+ * entry of its own, freed when done. At most SPARES_MAX are kept: about a
+ * few batches of a sender's, and the memory of a burst goes back. */
+#define SPARE_ROOM 64
+#define SPARES_MAX 256
 
 /* The items in flight by partition number, for one_in_flight_per_partition:
  * a hash of chains through the entries themselves, so counting one never
@@ -42,6 +54,7 @@ struct kb_kit_backlog {
     _Atomic uint64_t last_ticket; /* the last one given out */
     _Atomic uint64_t floor;       /* every ticket below it is reported */
     _Atomic size_t count;
+    _Atomic size_t bytes;         /* of the items held, with a byte bound */
     _Atomic int closed;
     kb_signal *room;              /* count fell, or closed: publishers look again */
     kb_signal *reported;          /* floor moved: flushes look again */
@@ -49,19 +62,45 @@ struct kb_kit_backlog {
     struct entry **flight;        /* with one_in_flight_per_partition, else NULL */
     size_t buckets;               /* of flight: a power of two */
     size_t flying;                /* items in flight */
+    struct entry *spare;          /* entries to reuse, chained by next */
+    size_t spares;
+    /* Publishers waiting for room and flushes waiting for reports register
+     * under the lock, so an item done wakes `room` or `reported` only when
+     * one waits and its wait can end: once per wait, not once per item (a
+     * waiter not yet back from its wake-up would cost a futex call per
+     * item done). Each wake-up bumps the generation, and every waiter
+     * comes back to register again: none sleeps past a change unseen. */
+    size_t room_waiters;
+    int room_woken;               /* woken since the last registration */
+    _Atomic uint32_t room_gen;
+    size_t flush_waiters;
+    uint64_t flush_low;           /* no waiter's ticket is below it (UINT64_MAX: none) */
+    _Atomic uint32_t flush_gen;
 };
 
-/* The first release's fields sit where they were: an older caller's conf
+/* The earlier releases' fields sit where they were: an older caller's conf
  * reads the same up to its own size. */
 _Static_assert(offsetof(kb_kit_backlog_conf, free_data) ==
                    offsetof(struct kb__kit_backlog_conf_v1, free_data) &&
                offsetof(kb_kit_backlog_conf, backoff_ms) ==
-                   offsetof(struct kb__kit_backlog_conf_v1, backoff_ms),
-               "kb_kit_backlog_conf moved a field of its first release");
+                   offsetof(struct kb__kit_backlog_conf_v1, backoff_ms) &&
+               offsetof(kb_kit_backlog_conf, one_in_flight_per_partition) ==
+                   offsetof(struct kb__kit_backlog_conf_v2, one_in_flight_per_partition) &&
+               offsetof(kb_kit_backlog_conf, event_id) ==
+                   offsetof(struct kb__kit_backlog_conf_v2, event_id),
+               "kb_kit_backlog_conf moved a field of an earlier release");
+/* kb_kit_backlog_new copies an older conf up to the first field it lacks:
+ * never past the caller's own struct. */
+_Static_assert(offsetof(kb_kit_backlog_conf, one_in_flight_per_partition) <=
+                       sizeof(struct kb__kit_backlog_conf_v1) &&
+                   offsetof(kb_kit_backlog_conf, capacity_bytes) <=
+                       sizeof(struct kb__kit_backlog_conf_v2),
+               "an older kb_kit_backlog_conf is copied past its end");
 
 kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c)
 {
-    if (c->size != sizeof *c && c->size != sizeof(struct kb__kit_backlog_conf_v1)) {
+    if (c->size != sizeof *c && c->size != sizeof(struct kb__kit_backlog_conf_v1) &&
+        c->size != sizeof(struct kb__kit_backlog_conf_v2)) {
         kb_errf(NULL, 0, "kit: kb_kit_backlog_conf.size is %zu, this kit's is %zu (set it to "
                 "sizeof the struct)", c->size, sizeof *c);
         return NULL;
@@ -70,9 +109,20 @@ kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c)
         kb_errf(NULL, 0, "kit: a backlog needs a bus, a capacity and max_attempts > 0");
         return NULL;
     }
+    if (c->size == sizeof *c && c->capacity_bytes > 0 && c->data_bytes == NULL) {
+        kb_errf(NULL, 0, "kit: a backlog with capacity_bytes needs data_bytes");
+        return NULL;
+    }
     kb_kit_backlog *b = calloc(1, sizeof *b);
     if (b != NULL) {
-        memcpy(&b->c, c, c->size);   /* an older caller's: the fields past it stay 0 */
+        /* an older caller's: the fields past it stay 0. Its own fields only,
+         * not its tail padding, which overlaps the next field where int64_t
+         * is aligned to 8 on a 32-bit target */
+        size_t n = c->size == sizeof *c ? sizeof *c
+                   : c->size == sizeof(struct kb__kit_backlog_conf_v2)
+                       ? offsetof(kb_kit_backlog_conf, capacity_bytes)
+                       : offsetof(kb_kit_backlog_conf, one_in_flight_per_partition);
+        memcpy(&b->c, c, n);
         b->room = kb_signal_new();
         b->reported = kb_signal_new();
         b->wake = kb_signal_new();
@@ -93,17 +143,17 @@ kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c)
         kb_errf(NULL, 0, "kit: out of memory for a backlog");
         return NULL;
     }
-    pthread_mutex_init(&b->lock, NULL);
+    /* held for a few dozen instructions by a publisher and the sender at
+     * once: a short spin before sleeping saves a futex call on each side */
+    pthread_mutexattr_t spin;
+    pthread_mutexattr_init(&spin);
+    pthread_mutexattr_settype(&spin, PTHREAD_MUTEX_ADAPTIVE_NP);
+    pthread_mutex_init(&b->lock, &spin);
+    pthread_mutexattr_destroy(&spin);
     b->next_ticket = 1;
     atomic_init(&b->floor, 1);
+    b->flush_low = UINT64_MAX;
     return b;
-}
-
-static void entry_free(kb_kit_backlog *b, struct entry *e)
-{
-    if (b->c.free_data != NULL)
-        b->c.free_data(e->it.data);
-    free(e);   /* the keys with it */
 }
 
 void kb_kit_backlog_free(kb_kit_backlog *b)
@@ -112,7 +162,13 @@ void kb_kit_backlog_free(kb_kit_backlog *b)
         return;
     for (struct entry *e = b->head, *next; e != NULL; e = next) {
         next = e->next;
-        entry_free(b, e);
+        if (b->c.free_data != NULL)
+            b->c.free_data(e->it.data);
+        free(e);   /* the keys with it */
+    }
+    for (struct entry *e = b->spare, *next; e != NULL; e = next) {
+        next = e->next;
+        free(e);
     }
     kb_signal_free(b->room);
     kb_signal_free(b->reported);
@@ -125,31 +181,82 @@ void kb_kit_backlog_free(kb_kit_backlog *b)
 struct room_wait {
     kb_kit_backlog *b;
     uint32_t events;
+    size_t bytes;
+    uint32_t gen;   /* room_gen when it registered */
 };
+
+/* Room for the events, and for the bytes: an item over capacity_bytes fits
+ * once the backlog holds no bytes (else no bound could ever take it). */
+static int room_for(kb_kit_backlog *b, uint32_t events, size_t bytes)
+{
+    size_t held = b->c.capacity_bytes > 0 ? atomic_load(&b->bytes) : 0;
+    return atomic_load(&b->count) + events <= b->c.capacity &&
+           (held == 0 || held + bytes <= b->c.capacity_bytes);
+}
 
 static int has_room(void *arg)
 {
     struct room_wait *w = arg;
-    return atomic_load(&w->b->closed) ||
-           atomic_load(&w->b->count) + w->events <= w->b->c.capacity;
+    return atomic_load(&w->b->closed) || room_for(w->b, w->events, w->bytes) ||
+           atomic_load(&w->b->room_gen) != w->gen;
 }
 
-/* An entry for `events` events, with copies of their keys when a report
- * will read them, all in one allocation. NULL on out of memory. */
-static struct entry *entry_new(kb_kit_backlog *b, void *data, const char *topic,
-                               uint32_t partition, const kb_kit_key *keys, uint32_t events)
+/* The room for the keys' table and copies, or 0 when no report will read
+ * them. */
+static size_t key_room(kb_kit_backlog *b, const kb_kit_key *keys, uint32_t events)
 {
-    int keep = kb_bus_delivery_wanted(b->c.bus);   /* only a report reads them */
-    size_t bytes = 0;
-    for (uint32_t i = 0; keep && i < events; i++)
-        bytes += keys[i].key_len;
+    if (!kb_bus_delivery_wanted(b->c.bus))
+        return 0;
+    size_t room = events * sizeof(kb_kit_key);
+    for (uint32_t i = 0; i < events; i++)
+        room += keys[i].key_len;
+    return room;
+}
+
+/* An entry with `room` bytes for keys, NULL on out of memory. */
+static struct entry *entry_alloc(size_t room)
+{
+    struct entry *e = malloc(sizeof *e + room);
+    if (e != NULL)
+        e->room = room;
+    return e;
+}
+
+/* A spare, or NULL when none is kept. Caller holds the lock. */
+static struct entry *spare_take(kb_kit_backlog *b)
+{
+    struct entry *e = b->spare;
+    if (e != NULL) {
+        b->spare = e->next;
+        b->spares--;
+    }
+    return e;
+}
+
+/* e, unlinked, kept as a spare (1) or not (0: the caller frees it). Caller
+ * holds the lock. */
+static int spare_keep(kb_kit_backlog *b, struct entry *e)
+{
+    if (e->room != SPARE_ROOM || b->spares == SPARES_MAX)
+        return 0;
+    e->next = b->spare;
+    b->spare = e;
+    b->spares++;
+    return 1;
+}
+
+/* e (room for `room` key bytes) made the item of `events` events, with
+ * copies of their keys when room > 0. */
+static void entry_fill(struct entry *e, void *data, const char *topic, uint32_t partition,
+                       const kb_kit_key *keys, uint32_t events, size_t room, size_t bytes)
+{
+    int keep = room > 0;   /* only a report reads them */
     size_t table = keep ? events * sizeof(kb_kit_key) : 0;
-    struct entry *e = malloc(sizeof *e + table + bytes);
-    if (e == NULL)
-        return NULL;
+    size_t own = e->room;   /* may be more than room: a spare's */
     *e = (struct entry){.it = {.data = data, .partition = partition, .topic = topic,
                                .events = events},
-                        .keys = keep ? (kb_kit_key *)(e + 1) : NULL};
+                        .bytes = bytes, .keys = keep ? (kb_kit_key *)(e + 1) : NULL,
+                        .room = own};
     char *copy = (char *)(e + 1) + table;
     for (uint32_t i = 0; keep && i < events; i++) {
         if (keys[i].key_len > 0)
@@ -159,7 +266,6 @@ static struct entry *entry_new(kb_kit_backlog *b, void *data, const char *topic,
     }
     if (keep && events == 1)
         e->it.key = e->keys[0].key, e->it.key_len = e->keys[0].key_len;
-    return e;
 }
 
 int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topic, uint32_t partition,
@@ -178,17 +284,32 @@ int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
                 topic, events, b->c.capacity);
         return KB_EINVAL;
     }
-    struct entry *e = entry_new(b, data, topic, partition, keys, events);
-    if (e == NULL) {
+    size_t room = key_room(b, keys, events);
+    size_t bytes = b->c.capacity_bytes > 0 ? b->c.data_bytes(data) : 0;
+    /* one over a spare's room is made here; a spare is taken under the lock
+     * with the room for the events, so an add holds the lock once */
+    struct entry *e = room > SPARE_ROOM ? entry_alloc(room) : NULL;
+    if (room > SPARE_ROOM && e == NULL) {
         kb_errf(NULL, 0, "kit: out of memory for an event of topic %s", topic);
         return KB_ENOMEM;
     }
-    struct room_wait w = {b, events};
+    struct room_wait w = {b, events, bytes, 0};
     int64_t deadline = 0;   /* read the clock only when there is a wait */
+    int closed;
+    pthread_mutex_lock(&b->lock);
     for (;;) {
-        pthread_mutex_lock(&b->lock);
-        int closed = atomic_load(&b->closed);
-        if (!closed && atomic_load(&b->count) + events <= b->c.capacity) {
+        closed = atomic_load(&b->closed);
+        if (!closed && room_for(b, events, bytes)) {
+            if (e == NULL && (e = spare_take(b)) == NULL) {
+                pthread_mutex_unlock(&b->lock);   /* none kept: malloc unlocked, look again */
+                if ((e = entry_alloc(SPARE_ROOM)) == NULL) {
+                    kb_errf(NULL, 0, "kit: out of memory for an event of topic %s", topic);
+                    return KB_ENOMEM;
+                }
+                pthread_mutex_lock(&b->lock);
+                continue;
+            }
+            entry_fill(e, data, topic, partition, keys, events, room, bytes);
             e->it.ticket = b->next_ticket;
             b->next_ticket += events;
             e->prev = b->tail;
@@ -200,8 +321,10 @@ int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
             if (b->fresh == NULL)
                 b->fresh = e;
             atomic_fetch_add(&b->count, events);
+            if (bytes > 0)
+                atomic_fetch_add(&b->bytes, bytes);
             uint64_t last = b->next_ticket - 1;   /* read e no more: it may be sent and
-                                                     freed once the lock is released */
+                                                     done once the lock is released */
             atomic_store(&b->last_ticket, last);
             pthread_mutex_unlock(&b->lock);
             if (ticket != NULL)
@@ -209,21 +332,30 @@ int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
             kb_signal_notify(b->wake);
             return KB_OK;
         }
-        pthread_mutex_unlock(&b->lock);
-        int rc = closed ? KB_ECLOSED : KB_EFULL;
         if (!closed && deadline == 0)
             deadline = kb_deadline_ns(b->c.timeout_ms);
-        if (closed || kb_now_ns() >= deadline ||
-            (!kb_signal_wait(b->room, has_room, &w, deadline) && kb_now_ns() >= deadline)) {
-            free(e);
-            if (rc == KB_EFULL)
-                kb_errf(NULL, 0, "kit: topic %s: the publish backlog held %zu events for %d ms",
-                        topic, b->c.capacity, b->c.timeout_ms);
-            else
-                kb_errf(NULL, 0, "kit: topic %s: the publish backlog is closed", topic);
-            return rc;
-        }
+        if (closed || kb_now_ns() >= deadline)
+            break;
+        b->room_waiters++;
+        b->room_woken = 0;
+        w.gen = atomic_load(&b->room_gen);
+        pthread_mutex_unlock(&b->lock);
+        kb_signal_wait(b->room, has_room, &w, deadline);   /* the loop looks again */
+        pthread_mutex_lock(&b->lock);
+        b->room_waiters--;
     }
+    pthread_mutex_unlock(&b->lock);
+    free(e);   /* NULL, or one made for this add: never linked */
+    if (!closed && b->c.capacity_bytes > 0)
+        kb_errf(NULL, 0, "kit: topic %s: the publish backlog held %zu events, %zu bytes "
+                "(of %zu events, %zu bytes) for %d ms", topic, atomic_load(&b->count),
+                atomic_load(&b->bytes), b->c.capacity, b->c.capacity_bytes, b->c.timeout_ms);
+    else if (!closed)
+        kb_errf(NULL, 0, "kit: topic %s: the publish backlog held %zu events for %d ms",
+                topic, b->c.capacity, b->c.timeout_ms);
+    else
+        kb_errf(NULL, 0, "kit: topic %s: the publish backlog is closed", topic);
+    return closed ? KB_ECLOSED : KB_EFULL;
 }
 
 /* Partitions with an event to resend that is not due (its backoff, or an
@@ -447,6 +579,23 @@ int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
     return due;
 }
 
+/* Event i's report: stored (KB_OK, `id`: NULL for an empty one) or failed. */
+static void report_one(kb_kit_backlog *b, const struct entry *e, uint32_t i, int result,
+                       const char *id, const char *error)
+{
+    kb_delivery_report r = {
+        .topic = e->it.topic, .partition = e->it.partition, .result = result,
+        .id = result == KB_OK && id != NULL ? id : "",
+        .error = result == KB_OK ? "" : (error != NULL ? error : kb_strerror(result)),
+    };
+    if (e->keys != NULL)
+        r.key = e->keys[i].key, r.key_len = e->keys[i].key_len;
+    if (result == KB_OK)
+        kb_bus_delivery_report(b->c.bus, &r);
+    else
+        kb_bus_publish_failed(b->c.bus, &r);
+}
+
 /* One report per event of the item. A frame's events are named by
  * event_id when set (room for the index after the broker's ID), else each
  * is reported with the frame's ID; with no ID (NULL) each is reported
@@ -454,59 +603,77 @@ int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
 static void report(kb_kit_backlog *b, const struct entry *e, int result, const char *id,
                    const char *error)
 {
-    kb_delivery_report r = {
-        .topic = e->it.topic, .partition = e->it.partition, .result = result,
-        .id = result == KB_OK && id != NULL ? id : "",
-        .error = result == KB_OK ? "" : (error != NULL ? error : kb_strerror(result)),
-    };
     char small[128], *name = NULL;
-    size_t room = strlen(r.id) + 24;
+    size_t room = (id != NULL ? strlen(id) : 0) + 24;
     if (e->it.events > 1 && result == KB_OK && id != NULL && b->c.event_id != NULL &&
         e->keys != NULL)
         name = room <= sizeof small ? small : malloc(room);
     for (uint32_t i = 0; i < e->it.events; i++) {
-        if (e->keys != NULL)
-            r.key = e->keys[i].key, r.key_len = e->keys[i].key_len;
-        if (name != NULL) {
+        if (name != NULL)
             b->c.event_id(id, i, name, room);
-            r.id = name;
-        }
-        if (result == KB_OK)
-            kb_bus_delivery_report(b->c.bus, &r);
-        else
-            kb_bus_publish_failed(b->c.bus, &r);
+        report_one(b, e, i, result, name != NULL ? name : id, error);
     }
     if (name != small)
         free(name);
 }
 
-/* Unlink an entry whose reports ran; the floor moves to the oldest one left. */
-static void unlink_reported(kb_kit_backlog *b, struct entry *e)
+/* Unlink items[0..n), whose reports ran, under one hold of the lock; the
+ * floor moves to the oldest one left. Their data is freed first: nothing
+ * reads it after the report, and an entry kept as a spare is the next
+ * add's once the lock is released. */
+static void unlink_reported(kb_kit_backlog *b, kb_kit_item *const *items, size_t n)
 {
+    for (size_t i = 0; b->c.free_data != NULL && i < n; i++)
+        b->c.free_data(items[i]->data);
+    struct entry *drop = NULL;   /* not kept: freed once unlocked */
     pthread_mutex_lock(&b->lock);
-    if (b->fresh == e)
-        b->fresh = e->next;
-    if (e->waiting)
-        b->waiting--;
-    if (e->in_flight)
-        count_flight(b, e, 0);
-    if (e->prev != NULL)
-        e->prev->next = e->next;
-    else
-        b->head = e->next;
-    if (e->next != NULL)
-        e->next->prev = e->prev;
-    else
-        b->tail = e->prev;
-    atomic_fetch_sub(&b->count, e->it.events);
+    for (size_t i = 0; i < n; i++) {
+        struct entry *e = (struct entry *)items[i];
+        if (b->fresh == e)
+            b->fresh = e->next;
+        if (e->waiting)
+            b->waiting--;
+        if (e->in_flight)
+            count_flight(b, e, 0);
+        if (e->prev != NULL)
+            e->prev->next = e->next;
+        else
+            b->head = e->next;
+        if (e->next != NULL)
+            e->next->prev = e->prev;
+        else
+            b->tail = e->prev;
+        atomic_fetch_sub(&b->count, e->it.events);
+        if (e->bytes > 0)
+            atomic_fetch_sub(&b->bytes, e->bytes);
+        if (!spare_keep(b, e)) {
+            e->next = drop;
+            drop = e;
+        }
+    }
     atomic_store(&b->floor, b->head != NULL ? b->head->it.ticket : b->next_ticket);
+    int room = b->room_waiters > 0 && !b->room_woken;
+    if (room) {
+        b->room_woken = 1;
+        atomic_fetch_add(&b->room_gen, 1);
+    }
+    int reported = b->flush_waiters > 0 && atomic_load(&b->floor) > b->flush_low;
+    if (reported) {
+        b->flush_low = UINT64_MAX;   /* each waiter says its ticket again */
+        atomic_fetch_add(&b->flush_gen, 1);
+    }
     pthread_mutex_unlock(&b->lock);
-    entry_free(b, e);
-    /* an item held behind this one (its partition's limit, or a resend) may
+    for (struct entry *next; drop != NULL; drop = next) {
+        next = drop->next;
+        free(drop);   /* the keys with it */
+    }
+    /* an item held behind these (its partition's limit, or a resend) may
      * be due now, and done may run on a thread other than the sender's */
     kb_signal_notify(b->wake);
-    kb_signal_notify(b->room);
-    kb_signal_notify(b->reported);
+    if (room)
+        kb_signal_notify(b->room);
+    if (reported)
+        kb_signal_notify(b->reported);
 }
 
 void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int retry,
@@ -533,7 +700,24 @@ void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int ret
         }
     }
     report(b, e, result, id, error);   /* linked, so the floor waits for it */
-    unlink_reported(b, e);
+    unlink_reported(b, &it, 1);
+}
+
+void kb_kit_backlog_done_each(kb_kit_backlog *b, kb_kit_item *it, const kb_kit_result *results)
+{
+    struct entry *e = (struct entry *)it;
+    for (uint32_t i = 0; i < it->events; i++)
+        report_one(b, e, i, results[i].result, results[i].id, results[i].error);
+    unlink_reported(b, &it, 1);
+}
+
+void kb_kit_backlog_stored(kb_kit_backlog *b, kb_kit_item *const *items,
+                           const char *const *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        report(b, (struct entry *)items[i], KB_OK, ids[i], NULL);
+    if (n > 0)
+        unlink_reported(b, items, n);
 }
 
 uint64_t kb_kit_backlog_last_ticket(kb_kit_backlog *b)
@@ -544,21 +728,36 @@ uint64_t kb_kit_backlog_last_ticket(kb_kit_backlog *b)
 struct flush_wait {
     kb_kit_backlog *b;
     uint64_t ticket;
+    uint32_t gen;   /* flush_gen when it registered */
 };
 
 static int flushed(void *arg)
 {
     struct flush_wait *w = arg;
-    return atomic_load(&w->b->floor) > w->ticket;
+    return atomic_load(&w->b->floor) > w->ticket || atomic_load(&w->b->flush_gen) != w->gen;
 }
 
 int kb_kit_backlog_flush(kb_kit_backlog *b, uint64_t ticket, int64_t deadline_ns)
 {
-    struct flush_wait w = {b, ticket};
-    if (kb_signal_wait(b->reported, flushed, &w, deadline_ns))
-        return KB_OK;
-    kb_errf(NULL, 0, "kit: %zu events not reported by the deadline", kb_kit_backlog_length(b));
-    return KB_ETIMEDOUT;
+    while (atomic_load(&b->floor) <= ticket) {
+        if (kb_now_ns() >= deadline_ns) {
+            kb_errf(NULL, 0, "kit: %zu events not reported by the deadline",
+                    kb_kit_backlog_length(b));
+            return KB_ETIMEDOUT;
+        }
+        pthread_mutex_lock(&b->lock);
+        b->flush_waiters++;
+        if (ticket < b->flush_low)
+            b->flush_low = ticket;
+        struct flush_wait w = {b, ticket, atomic_load(&b->flush_gen)};
+        pthread_mutex_unlock(&b->lock);
+        kb_signal_wait(b->reported, flushed, &w, deadline_ns);   /* the loop looks again */
+        pthread_mutex_lock(&b->lock);
+        if (--b->flush_waiters == 0)
+            b->flush_low = UINT64_MAX;
+        pthread_mutex_unlock(&b->lock);
+    }
+    return KB_OK;
 }
 
 size_t kb_kit_backlog_length(kb_kit_backlog *b)
@@ -583,6 +782,6 @@ void kb_kit_backlog_fail_all(kb_kit_backlog *b, int result, const char *why)
         if (e == NULL)
             return;
         report(b, e, result, NULL, why);
-        unlink_reported(b, e);
+        unlink_reported(b, (kb_kit_item *const[]){&e->it}, 1);
     }
 }

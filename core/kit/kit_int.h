@@ -23,18 +23,27 @@
 void kb__kit_share(const char *const *members, size_t n, const char *me, uint32_t partitions,
                    unsigned char *mine);
 
-/* kb_kit_backlog_conf as the kit first released it, frozen: a caller built
+/* kb_kit_backlog_conf as the kit released it before, frozen: a caller built
  * then passes its sizeof (tail padding included, which differs from the
  * offset of the first later field on an ABI that aligns int64_t to 8 on a
- * 32-bit target), and kb_kit_backlog_new still takes it. Never edit it. */
-struct kb__kit_backlog_conf_v1 {
-    size_t size;
-    kb_bus *bus;
-    size_t capacity;
-    int timeout_ms;
-    uint32_t max_attempts;
-    int64_t backoff_ms, max_backoff_ms;
+ * 32-bit target), and kb_kit_backlog_new still takes it. Never edit them:
+ * v1 is the first release, v2 the second (one_in_flight_per_partition,
+ * event_id), before capacity_bytes. */
+#define KB__KIT_BACKLOG_CONF_V1_FIELDS                                                       \
+    size_t size;                                                                           \
+    kb_bus *bus;                                                                           \
+    size_t capacity;                                                                       \
+    int timeout_ms;                                                                        \
+    uint32_t max_attempts;                                                                 \
+    int64_t backoff_ms, max_backoff_ms;                                                    \
     void (*free_data)(void *data);
+struct kb__kit_backlog_conf_v1 {
+    KB__KIT_BACKLOG_CONF_V1_FIELDS
+};
+struct kb__kit_backlog_conf_v2 {
+    KB__KIT_BACKLOG_CONF_V1_FIELDS
+    int one_in_flight_per_partition;
+    void (*event_id)(const char *id, uint32_t index, char *out, size_t len);
 };
 
 #endif /* KB_KIT_INT_H */

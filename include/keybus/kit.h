@@ -312,11 +312,22 @@ typedef struct kb_kit_backlog_conf {
      * reported with `id` itself. Not called when done's `id` is NULL.
      * Runs in kb_kit_backlog_done, on its thread. */
     void (*event_id)(const char *id, uint32_t index, char *out, size_t len);
+    /* Later still (a caller built before them reads them as 0). Non-zero: a
+     * second bound, in bytes, for a broker whose cost is its bytes (a
+     * client-side write buffer): add waits, as for `capacity`, while the
+     * items held and this one would pass it. An item over it alone is taken
+     * once the backlog holds no bytes (under a steady flow of others that may
+     * not come before timeout_ms: then KB_EFULL, as for any add). It needs
+     * data_bytes: an item's bytes, read once in add, on its thread. 0: events
+     * alone are counted, data_bytes not called. */
+    size_t capacity_bytes;
+    size_t (*data_bytes)(const void *data);
 } kb_kit_backlog_conf;
 
 /* An empty backlog; the caller owns it (kb_kit_backlog_free). NULL on out of
  * memory or a bad conf (a `size` this kit does not know among them: the
- * current sizeof, or that of a kit before the fields marked later).
+ * current sizeof, or that of a kit before the fields marked later; a
+ * capacity_bytes without data_bytes).
  * Thread: any (topic_open, say). */
 KB_EXPORT kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c);
 /* Free it and every item left (call kb_kit_backlog_fail_all first: each
@@ -324,7 +335,7 @@ KB_EXPORT kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c);
 KB_EXPORT void kb_kit_backlog_free(kb_kit_backlog *b);
 
 /* Add an event; the backlog owns `data` from KB_OK on. Waits while the
- * backlog is full, up to timeout_ms, then KB_EFULL (data stays the
+ * backlog is full (its capacity, or its capacity_bytes), up to timeout_ms, then KB_EFULL (data stays the
  * caller's); KB_ECLOSED once closed. *ticket (may be NULL) is the event's.
  * The key is copied (only when the bus wants reports). Thread: any
  * (publish). */
@@ -361,14 +372,42 @@ KB_EXPORT size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_
  * report, one per event of a frame; `id` NULL: reported with an empty ID),
  * or a KB_E* code with `error`. `retry`
  * non-zero: send the same item again after the backoff, unless max_attempts
- * are used up; else it failed for good. Each item taken is done once; the
- * item is the kit's again from this call on (a stored one is freed here).
+ * are used up; else it failed for good. Each item taken is done once (by
+ * this, kb_kit_backlog_done_each or kb_kit_backlog_stored); the item is the
+ * kit's again from this call on (a stored one is freed here, or kept for a
+ * later add: not to be touched again).
  * Reports run here, with no lock of the backlog held. It notifies the
  * sender's signal (kb_kit_backlog_signal): a done may make an item due.
  * Thread: any (the broker client's acknowledgement thread, say), several at
  * once; never during or after kb_kit_backlog_fail_all. */
 KB_EXPORT void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int retry,
                                    const char *id, const char *error);
+/* One event's outcome, for kb_kit_backlog_done_each: an array the caller
+ * allocates, so its layout is fixed for good. */
+typedef struct kb_kit_result {
+    int result;           /* KB_OK: stored; else a KB_E* code: failed for good */
+    const char *id;       /* the broker's ID when stored; NULL: an empty one */
+    const char *error;    /* why it failed; NULL: kb_strerror(result) */
+} kb_kit_result;
+
+/* How each event of a taken item went, when they went apart (a frame the
+ * transport had to send again as one message per event, some refused):
+ * results[i] (it->events of them, borrowed for the call) is event i's
+ * report; event_id is not called. The item is done for good, nothing of it
+ * resent. Otherwise as kb_kit_backlog_done: each item taken is done once;
+ * reports run here with no lock of the backlog held.
+ * Thread: as kb_kit_backlog_done. */
+KB_EXPORT void kb_kit_backlog_done_each(kb_kit_backlog *b, kb_kit_item *it,
+                                        const kb_kit_result *results);
+/* Items taken, all stored: items[i] with the broker's ids[i] (NULL: an
+ * empty ID), as kb_kit_backlog_done(b, items[i], KB_OK, 0, ids[i], NULL)
+ * for each in turn, but under one hold of the backlog's lock and one
+ * wake-up of its waiters: for a sender that confirms a pipeline's replies
+ * at once, where a lock and a wake-up per item cost more than the item
+ * (the arrays are borrowed for the call). Thread: as
+ * kb_kit_backlog_done. */
+KB_EXPORT void kb_kit_backlog_stored(kb_kit_backlog *b, kb_kit_item *const *items,
+                                     const char *const *ids, size_t n);
 /* When the next item is due (a backoff ending; now or earlier: one is due),
  * or INT64_MAX when none is due by time alone: how long the sender may
  * sleep. An item behind an earlier one in flight (a resend, or any item
