@@ -39,6 +39,7 @@ void kb__nats_bridge_start(kb_transport *t, kb_nats_claim *c, int64_t now)
     c->bridge_asked = false;
     c->bridge_next_ns = now;
     c->bridge_poll_ms = BRIDGE_POLL_MS;
+    atomic_store(&c->bridge_hi, atomic_load(&c->consumer_hi));
     kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s delivers nothing; %s%s%s is read from "
            "the stream until it does", t->url_safe, c->consumer, c->wide ? "kb." : "",
            c->wide ? c->part->topic->name : c->part->subject, c->wide ? ".*" : "");
