@@ -19,10 +19,11 @@
  * have delivered them. When the consumer delivers again, it sends those
  * first: each is known by its stream sequence, dropped, and acked with the
  * entry (or at once when the entry is acked), so the consumer's ack floor
- * catches up with what was handled. Pulls go on meanwhile; the first
- * delivery, heartbeat, 408 or 404 of one ends the bridge. A wide claim reads
- * every subject of the topic's stream (its consumer's filter), in stream
- * order. */
+ * catches up with what was handled. Pulls go on meanwhile; the bridge reads
+ * on until the consumer has caught up with it: a delivery past what it read,
+ * a heartbeat, a 404, or a 408 of a request that brought nothing ends it. A
+ * wide claim reads every subject of the topic's stream (its consumer's
+ * filter), in stream order. */
 #define BRIDGE_WAIT_MS 500    /* a read unanswered this long is asked again */
 #define BRIDGE_POLL_MS 20     /* after "no message" (the partition is read up) ... */
 #define BRIDGE_POLL_MAX_MS 500 /* ... doubling while nothing comes, up to this */
