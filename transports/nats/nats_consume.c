@@ -185,8 +185,12 @@ static void status_msg(kb_nats_feeder *f, natsMsg *m)
         return;
     }
     c->leaderless_since_ns = 0;
-    if (has_status && (strcmp(status, "408") == 0 || strcmp(status, "404") == 0))
-        kb__nats_bridge_end(c);   /* the consumer's leader ended the request */
+    /* The consumer's leader ended the request with nothing left to send
+     * (404), or let it expire empty: it has caught up with the bridge. A
+     * request that expired after some messages may have left it behind. */
+    if (has_status && (strcmp(status, "404") == 0 ||
+                       (strcmp(status, "408") == 0 && !c->pull_got)))
+        kb__nats_bridge_end(c);
     if (!c->pull_got && has_status && strcmp(status, "408") == 0) {
         c->pull_expires_ms *= 2;
         if (c->pull_expires_ms > KB_NATS_IDLE_EXPIRES_MS)
@@ -369,7 +373,14 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
         c->lost_again = false;
         if (c->pull_left > 0 && --c->pull_left == 0)
             c->pull_open = false;
-        kb__nats_bridge_end(c);   /* the consumer delivers again */
+        /* The consumer delivers again: from its new leader's delivery
+         * point, which lags what the bridge read (its old leader's last
+         * deliveries, and every message the bridge read since). Until it
+         * delivers past the bridge, the bridge reads on: those deliveries
+         * only give their entries a delivery sequence, and sending them
+         * again takes a new leader on a loaded cluster seconds. */
+        if (meta->sseq > c->delivered_hi)
+            kb__nats_bridge_end(c);
     }
     /* Deliveries that never arrived before a first delivery are of messages
      * before it (a consumer sends them in stream order) or redeliveries of

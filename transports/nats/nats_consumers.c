@@ -380,6 +380,20 @@ static bool claim_renudge(kb_transport *t, kb_nats_claim *c)
                t->url_safe, c->consumer, (unsigned long long)below,
                (unsigned long long)ci->AckFloor.Stream);
         kb__nats_claim_reset(t, c);
+    } else if (ci->Delivered.Stream < acked && acked >= had && had == atomic_load(&c->bridge_hi) &&
+               ci->AckFloor.Stream <= ci->Delivered.Stream) {
+        /* A consumer whose leader's node was lost (the bridge read around
+         * it, and it delivered nothing since) comes back under a new leader
+         * whose delivery point lags the old one's by the last deliveries
+         * not yet replicated. Each of those the claim already acked: what
+         * the new leader delivers again is acked as it comes, at its own
+         * delivery sequence, and no AckAll of the old leader's is left to
+         * pass its point. Nothing is sent again (that AckAll would). */
+        kb_log(t->bus, KB_LOG_NOTICE,
+               "nats %s: consumer %s has a new leader that had delivered up to %llu, below the "
+               "%llu this process acked; kept: what it delivers again is acked as it comes",
+               t->url_safe, c->consumer, (unsigned long long)ci->Delivered.Stream,
+               (unsigned long long)acked);
     } else if (ci->Delivered.Stream < (acked > had ? acked : had)) {
         /* nats-server 2.9 takes an AckAll past its delivery point: the
          * floor would pass it and what it delivers again stay pending */

@@ -57,7 +57,8 @@ typedef struct kb_nats_refilled {
 /* c's pull was lost (or answered "no responders"): read its partition from
  * the stream until the consumer delivers again. */
 void kb__nats_bridge_start(kb_transport *t, kb_nats_claim *c, int64_t now);
-/* The consumer delivers again (a message, a heartbeat, a 408 or 404). */
+/* The consumer has caught up with the bridge (a message past what it read,
+ * a heartbeat, a 404, or a 408 of a request that brought nothing). */
 void kb__nats_bridge_end(kb_nats_claim *c);
 /* Ask for the partition's next message when due and there is room. */
 void kb__nats_bridge(kb_nats_feeder *f, kb_nats_claim *c, int64_t now);

@@ -19,10 +19,11 @@
  * have delivered them. When the consumer delivers again, it sends those
  * first: each is known by its stream sequence, dropped, and acked with the
  * entry (or at once when the entry is acked), so the consumer's ack floor
- * catches up with what was handled. Pulls go on meanwhile; the first
- * delivery, heartbeat, 408 or 404 of one ends the bridge. A wide claim reads
- * every subject of the topic's stream (its consumer's filter), in stream
- * order. */
+ * catches up with what was handled. Pulls go on meanwhile; the bridge reads
+ * on until the consumer has caught up with it: a delivery past what it read,
+ * a heartbeat, a 404, or a 408 of a request that brought nothing ends it. A
+ * wide claim reads every subject of the topic's stream (its consumer's
+ * filter), in stream order. */
 #define BRIDGE_WAIT_MS 500    /* a read unanswered this long is asked again */
 #define BRIDGE_POLL_MS 20     /* after "no message" (the partition is read up) ... */
 #define BRIDGE_POLL_MAX_MS 500 /* ... doubling while nothing comes, up to this */
@@ -39,6 +40,7 @@ void kb__nats_bridge_start(kb_transport *t, kb_nats_claim *c, int64_t now)
     c->bridge_asked = false;
     c->bridge_next_ns = now;
     c->bridge_poll_ms = BRIDGE_POLL_MS;
+    atomic_store(&c->bridge_hi, atomic_load(&c->consumer_hi));
     kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s delivers nothing; %s%s%s is read from "
            "the stream until it does", t->url_safe, c->consumer, c->wide ? "kb." : "",
            c->wide ? c->part->topic->name : c->part->subject, c->wide ? ".*" : "");

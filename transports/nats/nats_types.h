@@ -107,6 +107,10 @@ typedef struct kb_nats_claim {
     /* ... and of those the highest its consumer delivered (the rest were
      * read from the stream while it had no leader) */
     _Atomic uint64_t consumer_hi;
+    /* ... as it was when the bridge last started (the feeder's; 0: never
+     * bridged): equal to it still, the consumer delivered nothing since its
+     * pulls went unanswered, and whatever it had sent before was read */
+    _Atomic uint64_t bridge_hi;
     /* the floor it started from (set before it is published) */
     uint64_t start_floor;
     /* an event released after a run of it (its runs may be in the runs
