@@ -5,7 +5,8 @@
  * frames another client wrote dead-lettered whole; the replay
  * after a consumer killed mid-frame bounded per key; a recovery sweep
  * reading no run records when there are none, and deleting the progress
- * record of a frame deleted while pending; publish_batch = 1
+ * record of a frame deleted while pending; a frame's dead-lettered event
+ * not handled after its consumer was killed; publish_batch = 1
  * writing plain entries; Node decoding keybus-written frames
  * (tests/interop/redis_frames.mjs, docs/formats.md). */
 #include <setjmp.h>
