@@ -7,8 +7,11 @@
  *   "R key seq id attempt"  running, and blocking until killed (MODE block,
  *                           the first call; the rest of the read batch waits
  *                           in the lanes, never run)
- * MODE handle handles everything. Runs until SIGTERM, then kb_close. */
+ * MODE framed is poison, and also runs key 0 seq 4 as MODE block does (its
+ * frame stays unacked); MODE handle handles everything. Runs until SIGTERM,
+ * then kb_close. */
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,11 +38,12 @@ static int handler(const kb_event *ev, void *opaque)
     (void)opaque;
     uint32_t key, seq;
     kb_tracker_decode(ev, &key, &seq);
-    if (strcmp(mode, "poison") == 0 && key == 0 && seq == 3) {
+    bool framed = strcmp(mode, "framed") == 0;
+    if ((strcmp(mode, "poison") == 0 || framed) && key == 0 && seq == 3) {
         log_line('C', key, seq, ev);
         abort();
     }
-    if (strcmp(mode, "block") == 0) {
+    if (strcmp(mode, "block") == 0 || (framed && key == 0 && seq == 4)) {
         log_line('R', key, seq, ev);
         for (;;)
             pause();   /* until kill -9 */
@@ -51,7 +55,7 @@ static int handler(const kb_event *ev, void *opaque)
 int main(int argc, char **argv)
 {
     if (argc != 6) {
-        fprintf(stderr, "usage: %s poison|block|handle URL TOPIC LOGFILE RUNS_DIR\n", argv[0]);
+        fprintf(stderr, "usage: %s poison|block|framed|handle URL TOPIC LOGFILE RUNS_DIR\n", argv[0]);
         return 2;
     }
     mode = argv[1];

@@ -5,7 +5,8 @@
  * frames another client wrote dead-lettered whole; the replay
  * after a consumer killed mid-frame bounded per key; a recovery sweep
  * reading no run records when there are none, and deleting the progress
- * record of a frame deleted while pending; publish_batch = 1
+ * record of a frame deleted while pending; a frame's dead-lettered event
+ * not handled after its consumer was killed; publish_batch = 1
  * writing plain entries; Node decoding keybus-written frames
  * (tests/interop/redis_frames.mjs, docs/formats.md). */
 #include <setjmp.h>
@@ -647,6 +648,152 @@ static void deleted_frame_leaves_no_progress(void **state)
     kb_tracker_destroy(&t);
 }
 
+/* ---- a frame's dead letter outlives its consumer's crash ---- */
+
+#define DL_B 9      /* key 2's events, at indexes 0..8: settled by a dead consumer */
+#define DL_A 7      /* key 1's events, at indexes 9..15 */
+
+/* Shared with the child: [0] runs of key 1's event 1, [1] key 1's event it
+ * blocks in, [2] runs of key 2's events. */
+static _Atomic uint32_t *doomed;
+static _Atomic uint32_t heir_a[DL_A + 1], heir_b, heir_a_last, heir_a_disorder;
+
+static int doomed_handler(const kb_event *ev, void *opaque)
+{
+    (void)opaque;
+    uint32_t key, seq;
+    kb_tracker_decode(ev, &key, &seq);
+    if (key != 1) {
+        atomic_fetch_add(&doomed[2], 1);
+        return KB_HANDLED;
+    }
+    if (seq == 1) {
+        atomic_fetch_add(&doomed[0], 1);
+        return KB_RETRY;   /* retry.max_attempts runs, then its dead letter */
+    }
+    atomic_store(&doomed[1], seq);
+    for (;;)
+        pause();   /* until kill -9: no other event of the frame settles */
+}
+
+static int dl_heir_handler(const kb_event *ev, void *opaque)
+{
+    (void)opaque;
+    uint32_t key, seq;
+    kb_tracker_decode(ev, &key, &seq);
+    if (key != 1 || seq < 1 || seq > DL_A) {
+        atomic_fetch_add(&heir_b, 1);
+        return KB_HANDLED;
+    }
+    uint32_t last = atomic_load(&heir_a_last);
+    if (last != 0 && seq != last + 1)
+        atomic_fetch_add(&heir_a_disorder, 1);
+    atomic_store(&heir_a_last, seq);
+    atomic_fetch_add(&heir_a[seq], 1);
+    return KB_HANDLED;
+}
+
+/* An event of a frame that was dead-lettered is settled for good, as a
+ * plain entry's dead letter (acked in the same script) is: when its
+ * consumer dies before the frame is acked and before any progress record of
+ * it was written, the next owner must not hand it to a handler again. The
+ * dead letter is the frame's first settle in that consumer (no 10 ms window
+ * can record it), at index 9, after 9 events a progress record says a
+ * consumer before it settled. */
+static void frame_dead_letter_outlives_a_crash(void **state)
+{
+    (void)state;
+    char topic[96], kb_b[32] = "", body[1024];
+    unique_topic(topic, sizeof topic, "dlcrash");
+    uint32_t part = kb_fnv1a32("agg-1", 5) % 8;
+    for (int i = 0; kb_b[0] == '\0'; i++) {   /* key 2: the same partition */
+        char k[32];
+        snprintf(k, sizeof k, "agg-b%d", i);
+        if (kb_fnv1a32(k, strlen(k)) % 8 == part)
+            memcpy(kb_b, k, sizeof k);
+    }
+    size_t len = 0;
+    for (uint32_t seq = 1; seq <= DL_B; seq++) {
+        uint32_t pl[2] = {2, seq};
+        len += put_event(body + len, kb_b, pl, sizeof pl);
+    }
+    for (uint32_t seq = 1; seq <= DL_A; seq++) {
+        uint32_t pl[2] = {1, seq};
+        len += put_event(body + len, "agg-1", pl, sizeof pl);
+    }
+    redisContext *c = raw();
+    redisReply *x = redisCommand(c, "XADD kb:{%s}:p:%u * f 1 n %u b %b", topic, part,
+                                 DL_B + DL_A, body, len);
+    assert_int_equal(x->type, REDIS_REPLY_STRING);
+    char id[64];
+    snprintf(id, sizeof id, "%s", x->str);
+    freeReplyObject(x);
+    read_by_ghost(c, topic);
+    x = redisCommand(c, "HSET kb:{%s}:done:keybus:%u %s %b", topic, part, id, "\xff\x01", (size_t)2);
+    assert_true(x != NULL && x->type == REDIS_REPLY_INTEGER);
+    freeReplyObject(x);
+    doomed = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(doomed != MAP_FAILED);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        const char *const kv[] = {"consumer", "dl-doomed", "pool.threads", "1",
+                                  "retry.max_attempts", "2", NULL};
+        kb_bus *b = kb_test_open(server.url, fast, kv);
+        if (kb_subscribe(b, topic, doomed_handler, NULL) != KB_OK)
+            _exit(2);
+        pause();
+        _exit(0);
+    }
+    kb_bus *mon = kb_test_open(server.url, fast, NULL);
+    struct dl l = {0};
+    for (int i = 0; i < 1500 && (l.n == 0 || atomic_load(&doomed[1]) == 0); i++) {
+        usleep(10000);
+        l.n = 0;
+        kb_assert_ok(kb_dead_letters(mon, topic, NULL, 10, list_dl, &l));
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    assert_int_equal(l.n, 1);
+    assert_int_equal(atomic_load(&doomed[1]), 2);   /* blocked in key 1's second event */
+    const char *const kv[] = {"consumer", "dl-heir", NULL};
+    kb_bus *b = kb_test_open(server.url, fast, kv);
+    kb_assert_ok(kb_subscribe(b, topic, dl_heir_handler, NULL));
+    for (int i = 0; i < 1500 && atomic_load(&heir_a_last) < DL_A; i++)
+        usleep(10000);
+    kb_assert_ok(kb_drain(b, 10000));
+    kb_assert_ok(kb_close(b, 10000));
+    l.n = 0;
+    kb_assert_ok(kb_dead_letters(mon, topic, NULL, 10, list_dl, &l));
+    kb_assert_ok(kb_close(mon, 10000));
+    x = redisCommand(c, "XPENDING kb:{%s}:p:%u keybus", topic, part);
+    assert_true(x != NULL && x->type == REDIS_REPLY_ARRAY && x->elements > 0);
+    long long pending = x->element[0]->integer;
+    freeReplyObject(x);
+    x = redisCommand(c, "HEXISTS kb:{%s}:done:keybus:%u %s", topic, part, id);
+    assert_true(x != NULL && x->type == REDIS_REPLY_INTEGER);
+    long long record = x->integer;
+    freeReplyObject(x);
+    redisFree(c);
+    fprintf(stderr, "dead letters %d; the dead letter's event handled by the heir %u times; "
+            "key 1 handled up to %u, %u out of order; key 2 run %u + %u times\n", l.n,
+            atomic_load(&heir_a[1]), atomic_load(&heir_a_last), atomic_load(&heir_a_disorder),
+            atomic_load(&doomed[2]), atomic_load(&heir_b));
+    assert_int_equal(atomic_load(&doomed[0]), 2);   /* retry.max_attempts runs */
+    assert_int_equal(l.n, 1);                       /* one dead letter: key 1's first */
+    assert_int_equal(l.key, 1);
+    assert_int_equal(l.seq, 1);
+    assert_int_equal(atomic_load(&heir_a[1]), 0);   /* never handled after its dead letter */
+    for (uint32_t seq = 2; seq <= DL_A; seq++)      /* the rest once each, in order */
+        assert_int_equal(atomic_load(&heir_a[seq]), 1);
+    assert_int_equal(atomic_load(&heir_a_disorder), 0);
+    /* the dead consumer's record kept: key 2's events settled before it */
+    assert_int_equal(atomic_load(&doomed[2]) + atomic_load(&heir_b), 0);
+    assert_int_equal(pending, 0);   /* the frame acked */
+    assert_int_equal(record, 0);    /* and its progress record with it */
+    munmap((void *)doomed, 4096);
+}
+
 /* ---- redis.publish_batch = 1: plain entries ---- */
 
 static void publish_batch_one_writes_plain_entries(void **state)
@@ -710,6 +857,7 @@ int main(void)
         cmocka_unit_test(crash_replay_is_bounded_per_key),
         cmocka_unit_test(sweep_reads_no_runs_without_records),
         cmocka_unit_test(deleted_frame_leaves_no_progress),
+        cmocka_unit_test(frame_dead_letter_outlives_a_crash),
         cmocka_unit_test(publish_batch_one_writes_plain_entries),
         cmocka_unit_test(node_decodes_frames),
     };

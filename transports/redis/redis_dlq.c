@@ -32,11 +32,16 @@ static const char DEAD_LUA[] =
 
 /* A frame's event ("<entry ID>.<index>"): its fields are sent along (the
  * entry holds others' too), and the entry is acked with its last event, not
- * here. */
+ * here. Its bit goes into the frame's progress record (KEYS[5]) in the same
+ * step, as a plain entry's ack does: with its run record gone, a frame that
+ * comes again after a crash would hand it to a handler as a first run. */
 static const char DEAD_EVENT_LUA[] =
+    KB_REDIS_PROGRESS_OR_LUA
     "if redis.call('get',KEYS[1])~=ARGV[1] then return -1 end "
     "redis.call('xadd',KEYS[3],'*',unpack(ARGV,5)) "
     "redis.call('hdel',KEYS[4],ARGV[3]) "
+    "local e,j=string.match(ARGV[3],'^(.+)%.(%d+)$') j=tonumber(j) "
+    "progress_or(KEYS[5],e,string.rep('\\0',math.floor(j/8))..string.char(2^(j%8))) "
     "return 1";
 
 /* Packed fields: uint32 count of strings, then per string uint32 length + bytes. */
@@ -124,9 +129,8 @@ bool kb__redis_dead_append(redisContext *c, kb_transport *t, kb_redis_part *p,
 {
     uint32_t n;
     memcpy(&n, j->dead, 4);
-    size_t argc = 10 + n;
-    const char **argv = malloc(argc * sizeof *argv);
-    size_t *lens = malloc(argc * sizeof *lens);
+    const char **argv = malloc((11 + n) * sizeof *argv);
+    size_t *lens = malloc((11 + n) * sizeof *lens);
     if (argv == NULL || lens == NULL) {
         free(argv);
         free(lens);
@@ -134,17 +138,19 @@ bool kb__redis_dead_append(redisContext *c, kb_transport *t, kb_redis_part *p,
     }
     char runs[KB_REDIS_KEY_MAX];
     kb__redis_runs_key(runs, sizeof runs, p->tt->name, p->index);
-    const char *script = strchr(j->id, '.') != NULL ? DEAD_EVENT_LUA : DEAD_LUA;
-    const char *head[] = {"EVAL", script, "4", p->lease, p->stream, p->tt->dlq, runs, t->token,
-                          t->group, j->id};
-    for (size_t i = 0; i < 10; i++)
-        argv[i] = head[i], lens[i] = strlen(head[i]);
+    bool event = strchr(j->id, '.') != NULL;
+    const char *head[] = {"EVAL", event ? DEAD_EVENT_LUA : DEAD_LUA, event ? "5" : "4", p->lease,
+                          p->stream, p->tt->dlq, runs, p->done, t->token, t->group, j->id};
+    size_t argc = 0;
+    for (size_t i = 0; i < 11; i++)
+        if (event || head[i] != p->done)   /* a plain entry's script has no KEYS[5] */
+            argv[argc] = head[i], lens[argc++] = strlen(head[i]);
     const char *at = j->dead + 4;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t l;
         memcpy(&l, at, 4);
-        argv[10 + i] = at + 4;
-        lens[10 + i] = l;
+        argv[argc] = at + 4;
+        lens[argc++] = l;
         at += 4 + l;
     }
     redisAppendCommandArgv(c, (int)argc, argv, lens);

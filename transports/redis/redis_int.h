@@ -71,6 +71,15 @@
 /* Records of entries nobody settles (deleted while pending) go with their
  * hash (runs, frames' progress): a week after its last write. */
 #define KB_REDIS_RECORD_TTL_MS "604800000"  /* clock skew between members' hosts tolerated in scores */
+/* Lua: OR the bitmap b into field f of the frames' progress hash k and renew
+ * its expiry. Bits are only ever set: a bitmap that left an executor before
+ * another event's dead letter set that event's bit (the keeper holds a
+ * frame's progress behind its dead letters) must not clear it. */
+#define KB_REDIS_PROGRESS_OR_LUA                                                                  \
+    "local function progress_or(k,f,b) local v=redis.call('hget',k,f) or '' local o={} "          \
+    "for i=1,math.max(#v,#b) do "                                                                 \
+    "o[i]=string.char(bit.bor(string.byte(v,i) or 0,string.byte(b,i) or 0)) end "                \
+    "redis.call('hset',k,f,table.concat(o)) redis.call('pexpire',k," KB_REDIS_RECORD_TTL_MS ") end "
 /* A string of a reply longer than its connection's cap (kb_redis_limits.cap),
  * or that would take an entry's fields past kb_redis_limits.entry: kept as
  * its length alone (`integer`, str NULL), never copied. Not a hiredis type:

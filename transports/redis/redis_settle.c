@@ -329,26 +329,26 @@ static void append_ids(redisContext *c, const fence *f, const char *cmd, const c
     }
 }
 
-/* HSET the progress of f->p's frames that have a job for it (the hash's
- * expiry renewed with them). */
+/* Merge into the record the progress of f->p's frames that have a job for
+ * it (the hash's expiry renewed with it): OR, not HSET, since a frame's
+ * dead letters set their bits on the server themselves (redis_dlq.c). Rare:
+ * most frames settle sooner and get no record. */
 static void append_progress(redisContext *c, const fence *f, sent_list *tx)
 {
+    static const char MERGE_LUA[] = KB_REDIS_PROGRESS_OR_LUA "progress_or(KEYS[1],ARGV[1],ARGV[2])";
     const kb_redis_jobs *js = &f->p->sending;
-    bool any = false;
     for (size_t i = 0; i < js->n; i++) {
         const kb_redis_job *j = &js->v[i];
         if (j->done == NULL || j->held)
             continue;
-        const char *argv[] = {"HSET", f->p->done, j->id, j->done};
-        size_t lens[] = {4, strlen(f->p->done), strlen(j->id), (j->events + 7) / 8};
-        if (redisAppendCommandArgv(c, 4, argv, lens) == REDIS_OK)
+        const char *argv[] = {"EVAL", MERGE_LUA, "1", f->p->done, j->id, j->done};
+        size_t lens[] = {4, sizeof MERGE_LUA - 1, 1, strlen(f->p->done), strlen(j->id),
+                         (j->events + 7) / 8};
+        if (redisAppendCommandArgv(c, 6, argv, lens) == REDIS_OK)
             sent_add(tx, f->p, i, i + 1);
         else
             f->p->sending.v[i].again = true;
-        any = true;
     }
-    if (any && redisAppendCommand(c, "PEXPIRE %s %s", f->p->done, KB_REDIS_RECORD_TTL_MS) == REDIS_OK)
-        sent_add(tx, f->p, 0, 0);
 }
 
 /* HDEL the run records of the events of f->p's frame acks ("<ID>.<index>"),
