@@ -381,14 +381,21 @@ static bool claim_renudge(kb_transport *t, kb_nats_claim *c)
                (unsigned long long)ci->AckFloor.Stream);
         kb__nats_claim_reset(t, c);
     } else if (ci->Delivered.Stream < acked && acked >= had && had == atomic_load(&c->bridge_hi) &&
-               ci->AckFloor.Stream <= ci->Delivered.Stream) {
+               ci->AckFloor.Stream <= ci->Delivered.Stream &&
+               atomic_load(&c->consumer_hi) == had && atomic_load(&c->acked_to) == acked) {
         /* A consumer whose leader's node was lost (the bridge read around
          * it, and it delivered nothing since) comes back under a new leader
          * whose delivery point lags the old one's by the last deliveries
          * not yet replicated. Each of those the claim already acked: what
          * the new leader delivers again is acked as it comes, at its own
          * delivery sequence, and no AckAll of the old leader's is left to
-         * pass its point. Nothing is sent again (that AckAll would). */
+         * pass its point. Nothing is sent again (that AckAll would). Read
+         * again after the answer: a delivery or an ack of the old leader's
+         * handled while it travelled would be such an AckAll (then the
+         * consumer is replaced, below). A later look re-acks from the
+         * server's own delivery sequence, not the old leader's. */
+        uint64_t old_dseq = atomic_load(&c->acked_dseq);
+        atomic_compare_exchange_strong(&c->acked_dseq, &old_dseq, 0);
         kb_log(t->bus, KB_LOG_NOTICE,
                "nats %s: consumer %s has a new leader that had delivered up to %llu, below the "
                "%llu this process acked; kept: what it delivers again is acked as it comes",

@@ -195,11 +195,15 @@ static void append_group_state(redisContext *c, void *arg)
     }
 }
 
+/* Per partition: the group, and its progress records of frames (a group made
+ * again under the name would otherwise skip the events they mark). */
 static void append_destroy(redisContext *c, void *arg)
 {
     const struct group_arg *a = arg;
-    for (uint32_t i = 0; i < a->t->partitions; i++)
+    for (uint32_t i = 0; i < a->t->partitions; i++) {
         redisAppendCommand(c, "XGROUP DESTROY kb:{%s}:p:%u %s", a->topic, i, a->group);
+        redisAppendCommand(c, "DEL kb:{%s}:done:%s:%u", a->topic, a->group, i);
+    }
 }
 
 int kb__redis_group_delete(kb_transport *t, kb_transport_topic *tt, const char *group,
@@ -242,22 +246,24 @@ int kb__redis_group_delete(kb_transport *t, kb_transport_topic *tt, const char *
         kb_errf(NULL, 0, "group %s does not exist on topic %s", group, tt->name);
         return KB_ENOTFOUND;
     }
-    if ((r = calloc(t->partitions, sizeof *r)) == NULL)
+    n = 2 * (size_t)t->partitions;
+    if ((r = calloc(n, sizeof *r)) == NULL)
         return KB_ENOMEM;
-    if ((rc = run(t, r, t->partitions, append_destroy, &a)) != KB_OK) {
+    if ((rc = run(t, r, n, append_destroy, &a)) != KB_OK) {
         free(r);   /* run freed what it read */
         return rc;
     }
-    for (uint32_t i = 0; rc == KB_OK && i < t->partitions; i++)
+    for (uint32_t i = 0; rc == KB_OK && i < 2 * t->partitions; i++)
         if (r[i]->type == REDIS_REPLY_ERROR) {
-            kb_errf(NULL, 0, "redis: XGROUP DESTROY on partition %u of %s: %s", i, tt->name,
-                    r[i]->str);
+            kb_errf(NULL, 0, "redis: %s on partition %u of %s: %s",
+                    i % 2 == 0 ? "XGROUP DESTROY" : "DEL of the progress records", i / 2,
+                    tt->name, r[i]->str);
             rc = KB_ETRANSPORT;
         }
     if (rc == KB_OK)
         kb_log(t->bus, KB_LOG_NOTICE, "redis: group %s of topic %s deleted on %u partitions",
                group, tt->name, found);
-    free_replies(r, t->partitions);
+    free_replies(r, n);
     return rc;
 }
 
