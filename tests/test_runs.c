@@ -55,9 +55,12 @@ typedef struct run_env {
     line *v;
 } run_env;
 
-static void publish(const char *topic, uint32_t keys, uint32_t per_key);
+static void publish(const char *topic, uint32_t keys, uint32_t per_key,
+                    const char *const *conf);
 
-static void env_init(run_env *e, const char *what, uint32_t keys, uint32_t per_key)
+/* `conf`: the publisher's settings (NULL: the defaults). */
+static void env_init(run_env *e, const char *what, uint32_t keys, uint32_t per_key,
+                     const char *const *conf)
 {
     static int serial;
     snprintf(e->topic, sizeof e->topic, "runs.%s.%ld.%d", what, (long)getpid(), ++serial);
@@ -65,7 +68,7 @@ static void env_init(run_env *e, const char *what, uint32_t keys, uint32_t per_k
     assert_non_null(mkdtemp(tmpl));
     snprintf(e->dir, sizeof e->dir, "%s", tmpl);
     snprintf(e->log, sizeof e->log, "%s/handled.log", tmpl);
-    publish(e->topic, keys, per_key);
+    publish(e->topic, keys, per_key, conf);
     e->monitor = kb_test_open(url, NULL, NULL);
     e->v = calloc(LOG_MAX, sizeof *e->v);
     assert_non_null(e->v);
@@ -92,9 +95,10 @@ static void env_free(const run_env *e)
     assert_int_equal(system(cmd), 0);
 }
 
-static void publish(const char *topic, uint32_t keys, uint32_t per_key)
+static void publish(const char *topic, uint32_t keys, uint32_t per_key,
+                    const char *const *conf)
 {
-    kb_bus *b = kb_test_open(url, NULL, NULL);
+    kb_bus *b = kb_test_open(url, conf, NULL);
     for (uint32_t s = 1; s <= per_key; s++)
         for (uint32_t k = 0; k < keys; k++)
             kb_assert_ok(kb_tracker_publish(b, topic, k, s, 16));
@@ -194,36 +198,50 @@ static void stop(pid_t pid)
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* Wait until incarnation pid aborts (true: a crash) or `ready` holds of the
+ * log (false: it still runs; the caller ends it). */
+static bool crashed_before(run_env *e, pid_t pid, bool (*ready)(run_env *e, size_t n))
+{
+    for (int waited = 0;; waited += 20) {
+        assert_true(waited < INCARNATION_WAIT_MS);
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+            return true;
+        }
+        if (ready(e, read_log(e, e->v, LOG_MAX)))
+            return false;
+        usleep(20000);
+    }
+}
+
 #define POISON_KEYS 4
 #define POISON_PER_KEY 10
+
+/* All but the poison handled, and the poison dead-lettered. */
+static bool poison_settled(run_env *e, size_t n)
+{
+    return distinct_handled(e->v, n, POISON_KEYS, POISON_PER_KEY) ==
+               POISON_KEYS * POISON_PER_KEY - 1 &&
+           dead_letters(e->monitor, e->topic).n == 1;
+}
+
 static void poison_dead_after_max_attempts_crashes(void **state)
 {
     (void)state;
     run_env e;
-    env_init(&e, "poison", POISON_KEYS, POISON_PER_KEY);
+    env_init(&e, "poison", POISON_KEYS, POISON_PER_KEY, NULL);
     kb_bus *monitor = e.monitor;
     line *v = e.v;
     int crashes = 0;
     bool done = false;
     for (int inc = 0; inc < MAX_ATTEMPTS + 3 && !done; inc++) {
         pid_t pid = spawn("poison", &e);
-        for (int waited = 0;; waited += 20) {
-            assert_true(waited < INCARNATION_WAIT_MS);
-            int status;
-            if (waitpid(pid, &status, WNOHANG) == pid) {
-                assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
-                crashes++;
-                break;
-            }
-            size_t n = read_log(&e, v, LOG_MAX);
-            if (distinct_handled(v, n, POISON_KEYS, POISON_PER_KEY) ==
-                    POISON_KEYS * POISON_PER_KEY - 1 &&
-                dead_letters(monitor, e.topic).n == 1) {
-                stop(pid);
-                done = true;
-                break;
-            }
-            usleep(20000);
+        if (crashed_before(&e, pid, poison_settled)) {
+            crashes++;
+        } else {
+            stop(pid);
+            done = true;
         }
     }
     size_t n = read_log(&e, v, LOG_MAX);
@@ -252,7 +270,7 @@ static void prefetched_events_cost_no_attempt(void **state)
 {
     (void)state;
     run_env e;
-    env_init(&e, "prefetch", PREFETCH_KEYS, PREFETCH_PER_KEY);
+    env_init(&e, "prefetch", PREFETCH_KEYS, PREFETCH_PER_KEY, NULL);
     const size_t total = PREFETCH_KEYS * PREFETCH_PER_KEY;
     kb_bus *monitor = e.monitor;
     line *v = e.v;
@@ -319,6 +337,13 @@ static int count_dead_seqs(const kb_dead_letter *dl, void *opaque)
     return 0;
 }
 
+/* The framed poison dead-lettered, and the event after it run (the
+ * incarnation blocks in it). */
+static bool poison_dead_next_runs(run_env *e, size_t n)
+{
+    return lines_of(e->v, n, 'R', 0, 4) > 0 && dead_letters(e->monitor, e->topic).n > 0;
+}
+
 /* The poison (key 0 seq 3) travels in a frame with the events after it: the
  * publisher lingers, so all but a partition's first event go framed (on
  * nats:// always; on redis:// a frame is sent once two entries wait for
@@ -337,43 +362,18 @@ static void framed_dead_letter_never_handled(void **state)
     const char *const linger[] = {strcmp(kind, "nats") == 0 ? "nats.publish_linger_us"
                                                              : "redis.publish_linger_us",
                                   "1000000", NULL};
-    snprintf(e.topic, sizeof e.topic, "runs.framed.%ld", (long)getpid());
-    char tmpl[] = "/tmp/kb-runs-test-XXXXXX";
-    assert_non_null(mkdtemp(tmpl));
-    snprintf(e.dir, sizeof e.dir, "%s", tmpl);
-    snprintf(e.log, sizeof e.log, "%s/handled.log", tmpl);
-    kb_bus *pub = kb_test_open(url, linger, NULL);
-    for (uint32_t s = 1; s <= FRAMED_PER_KEY; s++)
-        kb_assert_ok(kb_tracker_publish(pub, e.topic, 0, s, 16));
-    kb_assert_ok(kb_flush(pub, 10000));
-    kb_assert_ok(kb_close(pub, 10000));
-    e.monitor = kb_test_open(url, NULL, NULL);
-    e.v = calloc(LOG_MAX, sizeof *e.v);
-    assert_non_null(e.v);
+    env_init(&e, "framed", 1, FRAMED_PER_KEY, linger);
     line *v = e.v;
     int crashes = 0;
     for (int inc = 0; inc < MAX_ATTEMPTS + 3; inc++) {   /* crashes, then the dead letter */
         pid_t pid = spawn("framed", &e);
-        bool killed = false;
-        for (int waited = 0;; waited += 20) {
-            assert_true(waited < INCARNATION_WAIT_MS);
-            int status;
-            if (waitpid(pid, &status, WNOHANG) == pid) {
-                assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
-                crashes++;
-                break;
-            }
-            size_t n = read_log(&e, v, LOG_MAX);
-            if (lines_of(v, n, 'R', 0, 4) > 0 && dead_letters(e.monitor, e.topic).n > 0) {
-                kill(pid, SIGKILL);
-                assert_int_equal(waitpid(pid, NULL, 0), pid);
-                killed = true;
-                break;
-            }
-            usleep(20000);
+        if (crashed_before(&e, pid, poison_dead_next_runs)) {
+            crashes++;
+            continue;
         }
-        if (killed)
-            break;
+        kill(pid, SIGKILL);
+        assert_int_equal(waitpid(pid, NULL, 0), pid);
+        break;
     }
     size_t before = read_log(&e, v, LOG_MAX);
     pid_t pid = spawn("handle", &e);

@@ -138,13 +138,13 @@ bool kb__redis_dead_append(redisContext *c, kb_transport *t, kb_redis_part *p,
     }
     char runs[KB_REDIS_KEY_MAX];
     kb__redis_runs_key(runs, sizeof runs, p->tt->name, p->index);
-    bool event = strchr(j->id, '.') != NULL;
-    const char *head[] = {"EVAL", event ? DEAD_EVENT_LUA : DEAD_LUA, event ? "5" : "4", p->lease,
-                          p->stream, p->tt->dlq, runs, p->done, t->token, t->group, j->id};
+    /* both scripts get the same keys (a plain entry's leaves KEYS[5] alone) */
+    const char *script = strchr(j->id, '.') != NULL ? DEAD_EVENT_LUA : DEAD_LUA;
+    const char *head[] = {"EVAL", script, "5", p->lease, p->stream, p->tt->dlq, runs, p->done,
+                          t->token, t->group, j->id};
     size_t argc = 0;
-    for (size_t i = 0; i < 11; i++)
-        if (event || head[i] != p->done)   /* a plain entry's script has no KEYS[5] */
-            argv[argc] = head[i], lens[argc++] = strlen(head[i]);
+    for (; argc < 11; argc++)
+        argv[argc] = head[argc], lens[argc] = strlen(head[argc]);
     const char *at = j->dead + 4;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t l;
