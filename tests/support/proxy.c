@@ -1,6 +1,7 @@
 /* A black-hole-capable TCP proxy: one thread, poll(2), non-blocking sockets,
  * a buffer per direction. While black-holed it neither reads nor writes, so
- * the kernel buffers fill and the peers see silence, not a reset. */
+ * the kernel buffers fill and the peers see silence, not a reset; delayed,
+ * it holds each read for a while before writing it. */
 #include "proxy.h"
 
 #include <arpa/inet.h>
@@ -16,14 +17,23 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_PAIRS 64
 #define BUF 65536
 
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 struct half {               /* bytes read from `from`, not yet written to `to` */
     char data[BUF];
     size_t len, off;
+    int64_t ready_ns;       /* not written before (kb_test_proxy_delay) */
 };
 
 struct pair {
@@ -38,6 +48,7 @@ struct kb_test_proxy {
     _Atomic int blackhole, applied, stop;   /* blackhole: 0, or 1 + the first pair cut */
     _Atomic int drop;                       /* 0, or 1 + the first pair to close */
     _Atomic int armed;      /* blackhole_after: watching for the needle */
+    _Atomic int delay_ms;   /* each read held this long before it is written */
     char needle[256];
     pthread_t thread;
     struct pair pairs[MAX_PAIRS];
@@ -107,11 +118,13 @@ static int pump(kb_test_proxy *p, struct pair *pr, int i, short revents_from, sh
         if (n > 0) {
             h->len = (size_t)n;
             h->off = 0;
+            h->ready_ns = now_ns() + atomic_load(&p->delay_ms) * 1000000LL;
             pr->matched = i == 0 && atomic_load(&p->armed) &&
                           memmem(h->data, h->len, p->needle, strlen(p->needle)) != NULL;
         }
     }
-    if (h->len > h->off && (revents_to & POLLOUT || revents_from & POLLIN)) {
+    (void)revents_to;   /* a write that cannot go yet is EAGAIN, tried again */
+    if (h->len > h->off && now_ns() >= h->ready_ns) {
         /* a peer gone meanwhile: an error, not SIGPIPE for the test process */
         ssize_t n = send(pr->fd[1 - i], h->data + h->off, h->len - h->off, MSG_NOSIGNAL);
         if (n < 0 && errno != EAGAIN && errno != EINTR)
@@ -137,6 +150,7 @@ static void *proxy_main(void *arg)
         int blackhole = atomic_load(&p->blackhole);
         atomic_store(&p->applied, blackhole);
         int cut_from = blackhole > 0 ? blackhole - 1 : MAX_PAIRS;
+        int64_t now = now_ns(), next_ready = INT64_MAX;
         nfds_t n = 0;
         fds[n++] = (struct pollfd){.fd = p->wake[0], .events = POLLIN};
         fds[n++] = (struct pollfd){.fd = p->listen_fd, .events = POLLIN};
@@ -148,13 +162,17 @@ static void *proxy_main(void *arg)
                 if (!cut && pr->fd[k] >= 0) {
                     if (pr->dir[k].len == 0)
                         ev |= POLLIN;          /* room to read from this side */
-                    if (pr->dir[1 - k].len > pr->dir[1 - k].off)
+                    const struct half *to_k = &pr->dir[1 - k];
+                    if (to_k->len > to_k->off && to_k->ready_ns <= now)
                         ev |= POLLOUT;         /* bytes waiting for this side */
+                    else if (to_k->len > to_k->off && to_k->ready_ns < next_ready)
+                        next_ready = to_k->ready_ns;   /* held: wake when due */
                 }
                 fds[n++] = (struct pollfd){.fd = cut ? -1 : pr->fd[k], .events = ev};
             }
         }
-        if (poll(fds, n, 1000) < 0 && errno != EINTR)
+        int wait_ms = next_ready == INT64_MAX ? 1000 : (int)((next_ready - now) / 1000000) + 1;
+        if (poll(fds, n, wait_ms < 1000 ? wait_ms : 1000) < 0 && errno != EINTR)
             break;
         if (fds[0].revents & POLLIN) {
             char drain[64];
@@ -229,6 +247,11 @@ static void blackhole_set(kb_test_proxy *p, int v)
 void kb_test_proxy_blackhole(kb_test_proxy *p, int on)
 {
     blackhole_set(p, on ? 1 : 0);
+}
+
+void kb_test_proxy_delay(kb_test_proxy *p, int ms)
+{
+    atomic_store(&p->delay_ms, ms);
 }
 
 void kb_test_proxy_blackhole_from(kb_test_proxy *p, int first)

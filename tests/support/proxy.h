@@ -18,6 +18,12 @@ int kb_test_proxy_port(const kb_test_proxy *p);
  * bytes held meanwhile first. Returns when the proxy thread has applied it. */
 void kb_test_proxy_blackhole(kb_test_proxy *p, int on);
 
+/* Hold what is read from either side for ms before writing it on (0: at
+ * once), from the next read on: a slow network or a loaded broker, nothing
+ * lost. One read of up to 64 KiB per direction is held at a time, so a
+ * connection also carries less. */
+void kb_test_proxy_delay(kb_test_proxy *p, int ms);
+
 /* The same for the connections accepted as the first+1-th and later only
  * (counted from 0, while none closed), also new ones: one client's second
  * connection cut, its first still forwarding. */

@@ -350,6 +350,7 @@ static int nats_close(kb_transport *t, int64_t deadline)
     natsSubscription_Destroy(t->inbox_sub);
     natsSubscription_Destroy(t->probe_sub);
     natsSubscription_Destroy(t->kv_sub);
+    free(t->kv_late);
     natsSubscription_Destroy(t->watch_sub);
     if (closed)
         kb__nats_watch_free(t);

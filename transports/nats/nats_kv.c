@@ -234,15 +234,122 @@ static natsStatus kv_send(kb_transport *t, const kb_nats_kv_op *k, const char *r
     return s;
 }
 
+/* A renewal its round gave up waiting for. An answer that comes later (a
+ * loaded server or machine) still says the put was stored, after sent_ns:
+ * without it a bucket that always answers later than a round's wait lets
+ * every lease run out locally although the server renews each one. */
+struct kb_nats_late {
+    uint32_t round, index;         /* its reply subject: <kv_inbox>.<round>.<index> */
+    kb_nats_part *p;
+    uint32_t leases_ended;         /* p's count when sent: a lease ended since is not renewed */
+    int64_t sent_ns;
+};
+
+static bool is_renewal(const kb_nats_kv_op *k)
+{
+    return k->p != NULL && !k->get && k->expect != 0 && k->expect == k->p->lease_rev;
+}
+
+/* Keep the round's unanswered renewals, and forget those whose lease would
+ * have run out locally by now whatever their answer: kept sorted by reply
+ * subject, since rounds only count up. */
+static void late_keep(kb_transport *t, const kb_nats_kv_ops *ops, uint32_t round)
+{
+    int64_t now = kb_now_ns(), ttl = t->lease_ttl_ms * 1000000;
+    size_t old = 0;
+    while (old < t->kv_late_n && t->kv_late[old].sent_ns + ttl <= now)
+        old++;
+    memmove(t->kv_late, t->kv_late + old, (t->kv_late_n - old) * sizeof *t->kv_late);
+    t->kv_late_n -= old;
+    for (size_t i = 0; i < ops->n; i++) {
+        const kb_nats_kv_op *k = &ops->v[i];
+        if (k->s != NATS_TIMEOUT || !is_renewal(k))
+            continue;
+        void *v = t->kv_late;
+        if (kb_vec_reserve(&v, &t->kv_late_cap, t->kv_late_n + 1, sizeof *t->kv_late) != KB_OK)
+            return;   /* only a late answer is not counted */
+        t->kv_late = v;
+        t->kv_late[t->kv_late_n++] = (struct kb_nats_late){round, (uint32_t)i, k->p,
+                                                            k->p->leases_ended, ops->sent_ns};
+    }
+}
+
+static int late_cmp(const void *key, const void *elem)
+{
+    const struct kb_nats_late *a = key, *b = elem;
+    if (a->round != b->round)
+        return a->round < b->round ? -1 : 1;
+    return a->index < b->index ? -1 : a->index > b->index;
+}
+
+/* A reply to an earlier round: a renewal stored renews the lease from when
+ * it was sent, unless the lease ended meanwhile or a later renewal is
+ * already known. */
+static void late_answer(kb_transport *t, uint32_t round, uint32_t index, natsMsg *m)
+{
+    struct kb_nats_late key = {.round = round, .index = index};
+    struct kb_nats_late *l = bsearch(&key, t->kv_late, t->kv_late_n, sizeof *t->kv_late, late_cmp);
+    if (l == NULL || l->p == NULL)
+        return;
+    kb_nats_part *p = l->p;
+    kb_nats_kv_op k = {.p = p, .s = NATS_TIMEOUT};
+    kb__nats_kv_reply(t, &k, m);
+    l->p = NULL;   /* answered */
+    if (k.s != NATS_OK || p->leases_ended != l->leases_ended || p->lease_rev == 0 ||
+        k.rev < p->lease_rev)
+        return;
+    int64_t until = l->sent_ns + t->lease_ttl_ms * 1000000;
+    kb_log(t->bus, KB_LOG_DEBUG, "nats %s: lease of %s: a renewal answered late (revision "
+           "%llu) still counts", t->url_safe, p->subject, (unsigned long long)k.rev);
+    p->lease_rev = k.rev;
+    if (until > p->lease_until_ns)
+        p->lease_until_ns = until;
+}
+
+/* The reply's round and index, from <kv_inbox>.<round>.<index>. */
+static bool reply_of(const kb_transport *t, const char *subject, uint32_t *round, uint32_t *index)
+{
+    size_t il = strlen(t->kv_inbox);
+    if (strncmp(subject, t->kv_inbox, il) != 0 || subject[il] != '.')
+        return false;
+    char *end = NULL;
+    unsigned long r = strtoul(subject + il + 1, &end, 10);
+    if (end == subject + il + 1 || *end != '.')
+        return false;
+    const char *is = end + 1;
+    unsigned long i = strtoul(is, &end, 10);
+    if (end == is || *end != '\0' || r > UINT32_MAX || i > UINT32_MAX)
+        return false;
+    *round = (uint32_t)r;
+    *index = (uint32_t)i;
+    return true;
+}
+
+void kb__nats_kv_late_answers(kb_transport *t)
+{
+    int msgs = 0;
+    if (t->kv_sub == NULL || t->kv_late_n == 0 ||
+        natsSubscription_GetPending(t->kv_sub, &msgs, NULL) != NATS_OK)
+        return;
+    for (; msgs > 0; msgs--) {
+        natsMsg *m = NULL;
+        uint32_t round = 0, index = 0;
+        if (natsSubscription_NextMsg(&m, t->kv_sub, 1) != NATS_OK)
+            return;
+        if (reply_of(t, natsMsg_GetSubject(m), &round, &index))
+            late_answer(t, round, index, m);
+        natsMsg_Destroy(m);
+    }
+}
+
 void kb__nats_kv_run(kb_transport *t, kb_nats_kv_ops *ops)
 {
-    char reply[192], prefix[160];
+    char reply[192];
     natsStatus s = kv_sub(t);
-    uint32_t batch = ++t->kv_round;   /* replies of earlier batches are dropped */
-    size_t pl = (size_t)snprintf(prefix, sizeof prefix, "%s.%u.", t->kv_inbox, batch);
+    uint32_t batch = ++t->kv_round;   /* earlier batches' replies: only late renewals count */
     ops->sent_ns = kb_now_ns();   /* a lease's server TTL starts after this */
     for (size_t i = 0; s == NATS_OK && i < ops->n; i++) {
-        snprintf(reply, sizeof reply, "%s%zu", prefix, i);
+        snprintf(reply, sizeof reply, "%s.%u.%zu", t->kv_inbox, batch, i);
         s = kv_send(t, &ops->v[i], reply);
     }
     int64_t deadline = kb_deadline_ns(kb__nats_round_wait_ms(t));
@@ -251,15 +358,17 @@ void kb__nats_kv_run(kb_transport *t, kb_nats_kv_ops *ops)
         int left = kb_deadline_left_ms(deadline);
         if (left <= 0 || natsSubscription_NextMsg(&m, t->kv_sub, left) != NATS_OK)
             break;
-        const char *subject = natsMsg_GetSubject(m);
-        char *end = NULL;
-        unsigned long i = strncmp(subject, prefix, pl) == 0 ? strtoul(subject + pl, &end, 10) : 0;
-        if (end != NULL && *end == '\0' && i < ops->n && ops->v[i].s == NATS_TIMEOUT) {
+        uint32_t round = 0, i = 0;
+        bool ours = reply_of(t, natsMsg_GetSubject(m), &round, &i);
+        if (ours && round != batch) {
+            late_answer(t, round, i, m);
+        } else if (ours && i < ops->n && ops->v[i].s == NATS_TIMEOUT) {
             kb__nats_kv_reply(t, &ops->v[i], m);
             got++;
         }
         natsMsg_Destroy(m);
     }
+    late_keep(t, ops, batch);
 }
 
 natsStatus kb__nats_lease_put(kb_transport *t, kb_nats_part *p, uint64_t expect, uint64_t *rev,

@@ -44,8 +44,14 @@ bool kb__nats_kv_answered(const kb_nats_kv_op *k);
 void kb__nats_kv_reply(const kb_transport *t, kb_nats_kv_op *k, natsMsg *m);
 /* Send every operation at once and collect the replies on one inbox until
  * all came or a round's wait passed: one wait for the whole batch instead of
- * a round trip per key. Thread: the lease thread. */
+ * a round trip per key. A renewal left unanswered is remembered for a TTL:
+ * its answer, when it comes in a later batch, still renews the lease.
+ * Thread: the lease thread. */
 void kb__nats_kv_run(kb_transport *t, kb_nats_kv_ops *ops);
+/* Read the answers to earlier rounds' renewals that came since (a renewal
+ * stored renews its lease from when it was sent), before a round reads
+ * the leases' revisions. Thread: the lease thread. */
+void kb__nats_kv_late_answers(kb_transport *t);
 /* One put of the partition's lease key on revision `expect` (0: create). */
 natsStatus kb__nats_lease_put(kb_transport *t, kb_nats_part *p, uint64_t expect, uint64_t *rev,
                               int64_t *sent_ns);

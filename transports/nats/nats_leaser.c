@@ -47,16 +47,23 @@ static void renew_again(kb_transport *t, kb_nats_kv_ops *ops)
 
 /* A renewal refused may have been refused for a put of this very bus that
  * the bucket stored after its answer was given up (a loaded server), or for
- * a passing error of the bucket (an election). The key is read: when its
- * value is still this bus's own put, the lease is kept (its local expiry
- * unchanged: the next renewal extends it); otherwise it is another's, and
- * lost. */
+ * a passing error of the bucket (an election). When an earlier renewal's
+ * late answer already gave a newer revision, that put is the reason;
+ * otherwise the key is read: when its value is still this bus's own put,
+ * the lease is kept (its local expiry unchanged: the next renewal extends
+ * it); otherwise it is another's, and lost. */
 static void refused_check(kb_transport *t, kb_nats_kv_ops *ops)
 {
     kb_nats_kv_ops reads = {NULL, 0, 0, 0};
-    for (size_t i = 0; i < ops->n; i++)
-        if (ops->v[i].p != NULL && ops->v[i].s == NATS_ERR)
-            kb__nats_kv_add(&reads, ops->v[i].key, ops->v[i].p, ops->v[i].expect, true);
+    for (size_t i = 0; i < ops->n; i++) {
+        kb_nats_kv_op *k = &ops->v[i];
+        if (k->p == NULL || k->s != NATS_ERR)
+            continue;
+        if (k->expect < k->p->lease_rev)
+            k->s = NATS_TIMEOUT;   /* unanswered: kept until its local expiry */
+        else
+            kb__nats_kv_add(&reads, k->key, k->p, k->expect, true);
+    }
     if (reads.n > 0)
         kb__nats_kv_run(t, &reads);
     for (size_t i = 0, j = 0; i < ops->n && j < reads.n; i++) {
@@ -81,6 +88,7 @@ static bool heartbeat(kb_transport *t, int64_t started, int64_t renew_ns, bool *
                       bool *heartbeat_failing)
 {
     kb_nats_kv_ops ops = {NULL, 0, 0, 0};
+    kb__nats_kv_late_answers(t);   /* renew on the newest revision known */
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp && !atomic_load(&t->closing);
          tp = tp->next) {
         if (!atomic_load(&tp->subscribed))

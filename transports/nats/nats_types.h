@@ -359,6 +359,10 @@ struct kb_transport {
     natsSubscription *kv_sub;
     char kv_inbox[128];
     uint32_t kv_round;
+    /* renewals a round gave up waiting for, oldest first (sorted by reply
+     * subject): an answer that comes later still renews (nats_kv.c) */
+    struct kb_nats_late *kv_late;
+    size_t kv_late_n, kv_late_cap;
     /* membership as the bucket's subjects show it (nats_watch.c): a core
      * subscription, kept until the connection is closed as above; what it
      * saw of each member key, under watch_mu */
