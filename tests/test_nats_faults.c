@@ -638,6 +638,26 @@ static void consumer_names(const char *url, const char *topic, char *out, size_t
     natsConnection_Destroy(nc);
 }
 
+/* A bus on s through a new proxy (*proxy), with the settings of `kv`
+ * (key, value, ..., NULL) and a log callback. */
+static kb_bus *proxied_bus(const kb_test_server *s, kb_test_proxy **proxy, const char *const *kv,
+                           kb_log_fn log)
+{
+    *proxy = kb_test_proxy_start(s->port);
+    assert_non_null(*proxy);
+    char url[128], err[256];
+    snprintf(url, sizeof url, "nats://127.0.0.1:%d", kb_test_proxy_port(*proxy));
+    kb_conf *c = kb_conf_new();
+    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
+    for (; *kv != NULL; kv += 2)
+        kb_assert_ok(kb_conf_set(c, kv[0], kv[1], err, sizeof err));
+    kb_conf_set_log(c, log, NULL);
+    kb_bus *b = kb_open(c, err, sizeof err);
+    if (b == NULL)
+        fail_msg("kb_open: %s", err);
+    return b;
+}
+
 /* The consumer's connection breaks with deliveries on the wire (the proxy
  * drops what it held for it, as a node killed under the connection would).
  * The server counts them delivered and would send them again only after
@@ -650,18 +670,9 @@ static void lost_deliveries_read_again(void **state)
     (void)state;
     kb_test_server s;
     assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
-    kb_test_proxy *proxy = kb_test_proxy_start(s.port);
-    assert_non_null(proxy);
-    char url[128], err[256];
-    snprintf(url, sizeof url, "nats://127.0.0.1:%d", kb_test_proxy_port(proxy));
-    kb_conf *c = kb_conf_new();
-    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
-    kb_assert_ok(kb_conf_set(c, "nats.topic_consumer", "off", err, sizeof err));
-    kb_assert_ok(kb_conf_set(c, "nats.ack_wait_ms", "600000", err, sizeof err));
-    kb_conf_set_log(c, count_refills, NULL);
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL)
-        fail_msg("kb_open: %s", err);
+    kb_test_proxy *proxy = NULL;
+    const char *const conf[] = {"nats.topic_consumer", "off", "nats.ack_wait_ms", "600000", NULL};
+    kb_bus *b = proxied_bus(&s, &proxy, conf, count_refills);
     const char *topic = "fault.wire";
     kb_tracker t;
     first_round(b, topic, &t);
@@ -717,17 +728,9 @@ static void late_answers_keep_leases(void **state)
     (void)state;
     kb_test_server s;
     assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
-    kb_test_proxy *proxy = kb_test_proxy_start(s.port);
-    assert_non_null(proxy);
-    char url[128], err[256];
-    snprintf(url, sizeof url, "nats://127.0.0.1:%d", kb_test_proxy_port(proxy));
-    kb_conf *c = kb_conf_new();
-    kb_assert_ok(kb_conf_set(c, "transport", url, err, sizeof err));
-    kb_assert_ok(kb_conf_set(c, "nats.lease_ttl_ms", "1500", err, sizeof err));
-    kb_conf_set_log(c, count_lost_leases, NULL);
-    kb_bus *b = kb_open(c, err, sizeof err);
-    if (b == NULL)
-        fail_msg("kb_open: %s", err);
+    kb_test_proxy *proxy = NULL;
+    const char *const conf[] = {"nats.lease_ttl_ms", "1500", NULL};
+    kb_bus *b = proxied_bus(&s, &proxy, conf, count_lost_leases);
     const char *topic = "fault.late";
     kb_tracker t;
     first_round(b, topic, &t);
