@@ -440,6 +440,8 @@ static void call_run(call *k)
         int64_t start = kb_now_ns();
         k->open->s = js_AddConsumer(&ci, k->t->js, k->stream, &k->open->cc, &o, &k->open->jerr);
         k->open->took_ns = kb_now_ns() - start;
+        if (k->open->s != NATS_OK)   /* this thread's last error: read it here */
+            snprintf(k->open->why, sizeof k->open->why, "%s", kb__nats_reason(k->open->s));
         jsConsumerInfo_Destroy(ci);
         atomic_store_explicit(&k->open->made, true, memory_order_release);
     } else if (k->del != NULL) {

@@ -44,6 +44,7 @@ typedef struct kb_nats_opening {
     bool handled;                  /* the lease thread saw how its creation went */
     natsStatus s;
     jsErrCode jerr;
+    char why[128];                 /* not made: the server's or nats.c's reason */
     int64_t took_ns;               /* its creation's round trip */
     _Atomic bool made;             /* its call returned: s, jerr and took_ns are set */
 } kb_nats_opening;

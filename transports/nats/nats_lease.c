@@ -418,9 +418,9 @@ static void claim_publish(kb_transport *t, kb_nats_opening *o, bool *again, bool
     kb_nats_claim *c = o->c;
     bool made = o->s == NATS_OK, wanted = made && still_wanted(t, o);
     if (!made)
-        kb_log(t->bus, KB_LOG_WARNING, "nats %s: consumer %s: %s (error %d); %s is claimed "
-               "again %s", t->url_safe, c->consumer, natsStatus_GetText(o->s), (int)o->jerr,
-               c->part->subject,
+        kb_log(t->bus, KB_LOG_WARNING, "nats %s: consumer %s: %s (error %d: %s); %s is "
+               "claimed again %s", t->url_safe, c->consumer, natsStatus_GetText(o->s),
+               (int)o->jerr, o->why, c->part->subject,
                unanswered(o)            ? "at once, under the same name"
                : o->s == NATS_TIMEOUT ? "next round, under the same name"
                                       : "next round");
