@@ -719,30 +719,30 @@ static void count_lost_leases(int level, const char *msg, void *opaque)
 }
 
 /* A bucket that answers every lease round later than the round waits for
- * it (nats.lease_ttl_ms 1500: a round waits 250 ms; the proxy holds each
- * direction 250 ms), though well within the TTL: the server renews every
+ * it (nats.lease_ttl_ms 3000: a round waits 500 ms; the proxy holds each
+ * direction 300 ms), though well within the TTL: the server renews every
  * lease, and the answers that come late still count. No lease is lost (it
- * used to be, every 1.25 s), so nothing is handled twice; nothing is lost. */
+ * used to be, every 2.5 s), so nothing is handled twice; nothing is lost. */
 static void late_answers_keep_leases(void **state)
 {
     (void)state;
     kb_test_server s;
     assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
     kb_test_proxy *proxy = NULL;
-    const char *const conf[] = {"nats.lease_ttl_ms", "1500", NULL};
+    const char *const conf[] = {"nats.lease_ttl_ms", "3000", NULL};
     kb_bus *b = proxied_bus(&s, &proxy, conf, count_lost_leases);
     const char *topic = "fault.late";
     kb_tracker t;
     first_round(b, topic, &t);
     atomic_store(&leases_lost, 0);
 
-    kb_test_proxy_delay(proxy, 150);
+    kb_test_proxy_delay(proxy, 300);
     uint32_t last = 1;
-    for (int i = 0; i < 8; i++) {   /* 4 s: over two TTLs, events flowing */
+    for (int i = 0; i < 8; i++) {   /* 6 s: two TTLs, events flowing */
         last++;
         for (uint32_t k = 0; k < KEYS; k++)
             publish_ok(b, topic, k, last);
-        usleep(500000);
+        usleep(750000);
     }
     kb_test_proxy_delay(proxy, 0);
     kb_assert_ok(kb_flush(b, 20000));

@@ -30,10 +30,16 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-struct half {               /* bytes read from `from`, not yet written to `to` */
-    char data[BUF];
+struct chunk {              /* one read, not yet written on whole */
+    struct chunk *next;
     size_t len, off;
     int64_t ready_ns;       /* not written before (kb_test_proxy_delay) */
+    char data[];
+};
+
+struct half {               /* bytes read from `from`, not yet written to `to`, oldest first */
+    struct chunk *head, *tail;
+    size_t held;
 };
 
 struct pair {
@@ -53,6 +59,13 @@ struct kb_test_proxy {
     pthread_t thread;
     struct pair pairs[MAX_PAIRS];
 };
+
+/* Bytes a direction holds before it reads no more: one read at a time
+ * unless delayed, so a black-holed peer's silence fills the kernel's buffers. */
+static size_t hold_max(const kb_test_proxy *p)
+{
+    return atomic_load(&p->delay_ms) > 0 ? 64 * (size_t)BUF : 1;
+}
 
 static void nonblocking(int fd)
 {
@@ -81,7 +94,11 @@ static void pair_close(struct pair *pr)
         if (pr->fd[i] >= 0)
             close(pr->fd[i]);
         pr->fd[i] = -1;
-        pr->dir[i].len = pr->dir[i].off = 0;
+        for (struct chunk *c = pr->dir[i].head, *next; c != NULL; c = next) {
+            next = c->next;
+            free(c);
+        }
+        pr->dir[i] = (struct half){NULL, NULL, 0};
     }
     pr->matched = false;
 }
@@ -111,28 +128,43 @@ static void accept_one(kb_test_proxy *p)
 static int pump(kb_test_proxy *p, struct pair *pr, int i, short revents_from, short revents_to)
 {
     struct half *h = &pr->dir[i];
-    if (h->len == 0 && (revents_from & (POLLIN | POLLHUP | POLLERR))) {
-        ssize_t n = read(pr->fd[i], h->data, sizeof h->data);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+    if (h->held < hold_max(p) && (revents_from & (POLLIN | POLLHUP | POLLERR))) {
+        struct chunk *c = malloc(sizeof *c + BUF);
+        ssize_t n = c != NULL ? read(pr->fd[i], c->data, BUF) : -1;
+        if (n <= 0)
+            free(c);
+        if (c == NULL || n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
             return -1;
         if (n > 0) {
-            h->len = (size_t)n;
-            h->off = 0;
-            h->ready_ns = now_ns() + atomic_load(&p->delay_ms) * 1000000LL;
+            *c = (struct chunk){NULL, (size_t)n, 0,
+                                now_ns() + atomic_load(&p->delay_ms) * 1000000LL};
+            if (h->tail != NULL)
+                h->tail->next = c;
+            else
+                h->head = c;
+            h->tail = c;
+            h->held += (size_t)n;
             pr->matched = i == 0 && atomic_load(&p->armed) &&
-                          memmem(h->data, h->len, p->needle, strlen(p->needle)) != NULL;
+                          memmem(c->data, c->len, p->needle, strlen(p->needle)) != NULL;
         }
     }
     (void)revents_to;   /* a write that cannot go yet is EAGAIN, tried again */
-    if (h->len > h->off && now_ns() >= h->ready_ns) {
+    while (h->head != NULL && now_ns() >= h->head->ready_ns) {
+        struct chunk *c = h->head;
         /* a peer gone meanwhile: an error, not SIGPIPE for the test process */
-        ssize_t n = send(pr->fd[1 - i], h->data + h->off, h->len - h->off, MSG_NOSIGNAL);
+        ssize_t n = send(pr->fd[1 - i], c->data + c->off, c->len - c->off, MSG_NOSIGNAL);
         if (n < 0 && errno != EAGAIN && errno != EINTR)
             return -1;
-        if (n > 0)
-            h->off += (size_t)n;
-        if (h->off == h->len)
-            h->len = h->off = 0;
+        if (n <= 0)
+            break;
+        c->off += (size_t)n;
+        h->held -= (size_t)n;
+        if (c->off < c->len)
+            break;
+        h->head = c->next;
+        if (h->head == NULL)
+            h->tail = NULL;
+        free(c);
     }
     return 0;
 }
@@ -160,13 +192,13 @@ static void *proxy_main(void *arg)
             for (int k = 0; k < 2; k++) {
                 short ev = 0;
                 if (!cut && pr->fd[k] >= 0) {
-                    if (pr->dir[k].len == 0)
+                    if (pr->dir[k].held < hold_max(p))
                         ev |= POLLIN;          /* room to read from this side */
-                    const struct half *to_k = &pr->dir[1 - k];
-                    if (to_k->len > to_k->off && to_k->ready_ns <= now)
+                    const struct chunk *due = pr->dir[1 - k].head;
+                    if (due != NULL && due->ready_ns <= now)
                         ev |= POLLOUT;         /* bytes waiting for this side */
-                    else if (to_k->len > to_k->off && to_k->ready_ns < next_ready)
-                        next_ready = to_k->ready_ns;   /* held: wake when due */
+                    else if (due != NULL && due->ready_ns < next_ready)
+                        next_ready = due->ready_ns;   /* held: wake when due */
                 }
                 fds[n++] = (struct pollfd){.fd = cut ? -1 : pr->fd[k], .events = ev};
             }
@@ -190,7 +222,7 @@ static void *proxy_main(void *arg)
                 pair_close(pr);
             /* the request is out whole; its answer is not read before the
              * next poll, which the black hole applies to */
-            if (pr->matched && pr->dir[0].len == 0 && atomic_exchange(&p->armed, 0)) {
+            if (pr->matched && pr->dir[0].head == NULL && atomic_exchange(&p->armed, 0)) {
                 atomic_store(&p->blackhole, 1);
                 pr->matched = false;
             }
