@@ -259,8 +259,10 @@ static void late_keep(kb_transport *t, const kb_nats_kv_ops *ops, uint32_t round
     size_t old = 0;
     while (old < t->kv_late_n && t->kv_late[old].sent_ns + ttl <= now)
         old++;
-    memmove(t->kv_late, t->kv_late + old, (t->kv_late_n - old) * sizeof *t->kv_late);
-    t->kv_late_n -= old;
+    if (old > 0) {
+        memmove(t->kv_late, t->kv_late + old, (t->kv_late_n - old) * sizeof *t->kv_late);
+        t->kv_late_n -= old;
+    }
     for (size_t i = 0; i < ops->n; i++) {
         const kb_nats_kv_op *k = &ops->v[i];
         if (k->s != NATS_TIMEOUT || !is_renewal(k))
@@ -288,6 +290,8 @@ static int late_cmp(const void *key, const void *elem)
 static void late_answer(kb_transport *t, uint32_t round, uint32_t index, natsMsg *m)
 {
     struct kb_nats_late key = {.round = round, .index = index};
+    if (t->kv_late_n == 0)
+        return;   /* (no array to search yet) */
     struct kb_nats_late *l = bsearch(&key, t->kv_late, t->kv_late_n, sizeof *t->kv_late, late_cmp);
     if (l == NULL || l->p == NULL)
         return;
