@@ -721,8 +721,9 @@ static void count_lost_leases(int level, const char *msg, void *opaque)
 /* A bucket that answers every lease round later than the round waits for
  * it (nats.lease_ttl_ms 3000: a round waits 500 ms; the proxy holds each
  * direction 300 ms), though well within the TTL: the server renews every
- * lease, and the answers that come late still count. No lease is lost (it
- * used to be, every 2.5 s), so nothing is handled twice; nothing is lost. */
+ * lease, and the answers that come late still count. No lease is lost (all
+ * were, every 2.5 s), so no partition moves; nothing is lost, every key in
+ * order. */
 static void late_answers_keep_leases(void **state)
 {
     (void)state;

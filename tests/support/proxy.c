@@ -131,9 +131,10 @@ static int pump(kb_test_proxy *p, struct pair *pr, int i, short revents_from, sh
     if (h->held < hold_max(p) && (revents_from & (POLLIN | POLLHUP | POLLERR))) {
         struct chunk *c = malloc(sizeof *c + BUF);
         ssize_t n = c != NULL ? read(pr->fd[i], c->data, BUF) : -1;
+        int err = errno;
         if (n <= 0)
             free(c);
-        if (c == NULL || n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+        if (c == NULL || n == 0 || (n < 0 && err != EAGAIN && err != EINTR))
             return -1;
         if (n > 0) {
             *c = (struct chunk){NULL, (size_t)n, 0,

@@ -7,7 +7,8 @@
  *              listings, group removal, peek), nats_publish, nats_runs
  *   leases:    nats_lease (ownership, hand-over, claims), nats_watch
  *              (membership as it changes), nats_consumers (a claim's
- *              consumer), nats_kv (the lease bucket, pipelined)
+ *              consumer), nats_kv (the lease bucket, pipelined), nats_late
+ *              (its renewals answered late)
  *   pipes:     nats_batch, nats_send, nats_tally, nats_topic, nats_claim
  *   helpers:   nats_hdr, nats_frame, nats_msg, nats_names, nats_flight
  * and nats_types.h, the state they share. Layout and choices:

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "nats_kv.h"
+#include "nats_late.h"
 #include "nats_lease.h"
 #include "nats_msg.h"
 #include "nats_names.h"
@@ -234,82 +235,6 @@ static natsStatus kv_send(kb_transport *t, const kb_nats_kv_op *k, const char *r
     return s;
 }
 
-/* A renewal its round gave up waiting for. An answer that comes later (a
- * loaded server or machine) still says the put was stored, after sent_ns:
- * without it a bucket that always answers later than a round's wait lets
- * every lease run out locally although the server renews each one. */
-struct kb_nats_late {
-    uint32_t round, index;         /* its reply subject: <kv_inbox>.<round>.<index> */
-    kb_nats_part *p;
-    uint32_t leases_ended;         /* p's count when sent: a lease ended since is not renewed */
-    int64_t sent_ns;
-};
-
-static bool is_renewal(const kb_nats_kv_op *k)
-{
-    return k->p != NULL && !k->get && k->expect != 0 && k->expect == k->p->lease_rev;
-}
-
-/* Keep the round's unanswered renewals, and forget those whose lease would
- * have run out locally by now whatever their answer: kept sorted by reply
- * subject, since rounds only count up. */
-static void late_keep(kb_transport *t, const kb_nats_kv_ops *ops, uint32_t round)
-{
-    int64_t now = kb_now_ns(), ttl = t->lease_ttl_ms * 1000000;
-    size_t old = 0;
-    while (old < t->kv_late_n && t->kv_late[old].sent_ns + ttl <= now)
-        old++;
-    if (old > 0) {
-        memmove(t->kv_late, t->kv_late + old, (t->kv_late_n - old) * sizeof *t->kv_late);
-        t->kv_late_n -= old;
-    }
-    for (size_t i = 0; i < ops->n; i++) {
-        const kb_nats_kv_op *k = &ops->v[i];
-        if (k->s != NATS_TIMEOUT || !is_renewal(k))
-            continue;
-        void *v = t->kv_late;
-        if (kb_vec_reserve(&v, &t->kv_late_cap, t->kv_late_n + 1, sizeof *t->kv_late) != KB_OK)
-            return;   /* only a late answer is not counted */
-        t->kv_late = v;
-        t->kv_late[t->kv_late_n++] = (struct kb_nats_late){round, (uint32_t)i, k->p,
-                                                            k->p->leases_ended, ops->sent_ns};
-    }
-}
-
-static int late_cmp(const void *key, const void *elem)
-{
-    const struct kb_nats_late *a = key, *b = elem;
-    if (a->round != b->round)
-        return a->round < b->round ? -1 : 1;
-    return a->index < b->index ? -1 : a->index > b->index;
-}
-
-/* A reply to an earlier round: a renewal stored renews the lease from when
- * it was sent, unless the lease ended meanwhile or a later renewal is
- * already known. */
-static void late_answer(kb_transport *t, uint32_t round, uint32_t index, natsMsg *m)
-{
-    struct kb_nats_late key = {.round = round, .index = index};
-    if (t->kv_late_n == 0)
-        return;   /* (no array to search yet) */
-    struct kb_nats_late *l = bsearch(&key, t->kv_late, t->kv_late_n, sizeof *t->kv_late, late_cmp);
-    if (l == NULL || l->p == NULL)
-        return;
-    kb_nats_part *p = l->p;
-    kb_nats_kv_op k = {.p = p, .s = NATS_TIMEOUT};
-    kb__nats_kv_reply(t, &k, m);
-    l->p = NULL;   /* answered */
-    if (k.s != NATS_OK || p->leases_ended != l->leases_ended || p->lease_rev == 0 ||
-        k.rev < p->lease_rev)
-        return;
-    int64_t until = l->sent_ns + t->lease_ttl_ms * 1000000;
-    kb_log(t->bus, KB_LOG_DEBUG, "nats %s: lease of %s: a renewal answered late (revision "
-           "%llu) still counts", t->url_safe, p->subject, (unsigned long long)k.rev);
-    p->lease_rev = k.rev;
-    if (until > p->lease_until_ns)
-        p->lease_until_ns = until;
-}
-
 /* The reply's round and index, from <kv_inbox>.<round>.<index>. */
 static bool reply_of(const kb_transport *t, const char *subject, uint32_t *round, uint32_t *index)
 {
@@ -329,6 +254,14 @@ static bool reply_of(const kb_transport *t, const char *subject, uint32_t *round
     return true;
 }
 
+/* A reply to an earlier round: only a renewal's counts (nats_late.c). */
+static void late_reply(kb_transport *t, uint32_t round, uint32_t index, natsMsg *m)
+{
+    kb_nats_kv_op k = {.s = NATS_TIMEOUT};
+    kb__nats_kv_reply(t, &k, m);
+    kb__nats_late_answered(t, round, index, &k);
+}
+
 void kb__nats_kv_late_answers(kb_transport *t)
 {
     int msgs = 0;
@@ -341,7 +274,7 @@ void kb__nats_kv_late_answers(kb_transport *t)
         if (natsSubscription_NextMsg(&m, t->kv_sub, 1) != NATS_OK)
             return;
         if (reply_of(t, natsMsg_GetSubject(m), &round, &index))
-            late_answer(t, round, index, m);
+            late_reply(t, round, index, m);
         natsMsg_Destroy(m);
     }
 }
@@ -365,14 +298,14 @@ void kb__nats_kv_run(kb_transport *t, kb_nats_kv_ops *ops)
         uint32_t round = 0, i = 0;
         bool ours = reply_of(t, natsMsg_GetSubject(m), &round, &i);
         if (ours && round != batch) {
-            late_answer(t, round, i, m);
+            late_reply(t, round, i, m);
         } else if (ours && i < ops->n && ops->v[i].s == NATS_TIMEOUT) {
             kb__nats_kv_reply(t, &ops->v[i], m);
             got++;
         }
         natsMsg_Destroy(m);
     }
-    late_keep(t, ops, batch);
+    kb__nats_late_keep(t, ops, batch);
 }
 
 natsStatus kb__nats_lease_put(kb_transport *t, kb_nats_part *p, uint64_t expect, uint64_t *rev,

@@ -47,35 +47,34 @@ static void renew_again(kb_transport *t, kb_nats_kv_ops *ops)
 
 /* A renewal refused may have been refused for a put of this very bus that
  * the bucket stored after its answer was given up (a loaded server), or for
- * a passing error of the bucket (an election). When an earlier renewal's
- * late answer already gave a newer revision, that put is the reason;
- * otherwise the key is read: when its value is still this bus's own put,
- * the lease is kept (its local expiry unchanged: the next renewal extends
- * it); otherwise it is another's, and lost. */
+ * a passing error of the bucket (an election). The key is read: when its
+ * value is still this bus's own put, the lease is kept (its local expiry
+ * unchanged: the next renewal extends it); when the read goes unanswered
+ * too, an earlier renewal's late answer that gave a newer revision explains
+ * the refusal, and the lease is kept as unanswered; otherwise it is
+ * another's (a bus of the same consumer name among them), and lost. */
 static void refused_check(kb_transport *t, kb_nats_kv_ops *ops)
 {
     kb_nats_kv_ops reads = {NULL, 0, 0, 0};
-    for (size_t i = 0; i < ops->n; i++) {
-        kb_nats_kv_op *k = &ops->v[i];
-        if (k->p == NULL || k->s != NATS_ERR)
-            continue;
-        if (k->expect < k->p->lease_rev)
-            k->s = NATS_TIMEOUT;   /* unanswered: kept until its local expiry */
-        else
-            kb__nats_kv_add(&reads, k->key, k->p, k->expect, true);
-    }
+    for (size_t i = 0; i < ops->n; i++)
+        if (ops->v[i].p != NULL && ops->v[i].s == NATS_ERR)
+            kb__nats_kv_add(&reads, ops->v[i].key, ops->v[i].p, ops->v[i].expect, true);
     if (reads.n > 0)
         kb__nats_kv_run(t, &reads);
     for (size_t i = 0, j = 0; i < ops->n && j < reads.n; i++) {
-        if (ops->v[i].p != reads.v[j].p || ops->v[i].s != NATS_ERR)
+        kb_nats_kv_op *k = &ops->v[i];
+        if (k->p != reads.v[j].p || k->s != NATS_ERR)
             continue;
         kb_nats_kv_op *r = &reads.v[j++];
-        if (r->s == NATS_OK && r->this_bus && r->rev >= ops->v[i].expect) {
+        bool unread = !kb__nats_kv_answered(r) && r->s != NATS_NOT_FOUND;
+        if (r->s == NATS_OK && r->this_bus && r->rev >= k->expect) {
             kb_log(t->bus, KB_LOG_DEBUG, "nats %s: lease of %s: renewal refused, but revision "
                    "%llu is this bus's own put: kept", t->url_safe, r->p->subject,
                    (unsigned long long)r->rev);
             r->p->lease_rev = r->rev;
-            ops->v[i].s = NATS_TIMEOUT;   /* unanswered: kept until its local expiry */
+            k->s = NATS_TIMEOUT;   /* unanswered: kept until its local expiry */
+        } else if (unread && k->expect < k->p->lease_rev) {
+            k->s = NATS_TIMEOUT;
         }
     }
     free(reads.v);
