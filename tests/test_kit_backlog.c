@@ -7,9 +7,11 @@
  * a partition in flight when asked, cheap with 65,536 partitions in
  * flight; a frame done with no ID; kb_kit_backlog_done from other threads
  * than the sender's; a conf of the first and second releases' sizes; a
- * bound in bytes; a frame done event by event; a pipeline stored at once;
- * entries reused with keys of every size, each report with its own key;
- * publishers and flushes waiting at once, each let go by the dones. */
+ * bound in bytes, a publisher waiting on it woken by a done, a store or a
+ * done event by event on another thread; a frame done event by event; a
+ * pipeline stored at once; entries reused with keys of every size, each
+ * report with its own key; publishers and flushes waiting at once, each let
+ * go by the dones. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -457,15 +459,14 @@ static void partition_limit_stores_in_order(void **state)
     pipelined_sender(8, 1);
 }
 
-/* Events i .. i + n - 1 as one frame of partition p: its data is an int
- * (i), their keys the ints themselves. */
-static int add_frame(kb_kit_backlog *b, int i, uint32_t n, uint32_t p, uint64_t *ticket)
+/* Events i .. i + n - 1 as one frame of partition p with malloc'ed data
+ * (freed if refused), their keys the ints themselves. */
+static int add_frame_data(kb_kit_backlog *b, void *data, int i, uint32_t n, uint32_t p,
+                          uint64_t *ticket)
 {
-    int *data = malloc(sizeof *data), keys[16];
+    int keys[16];
     kb_kit_key k[16];
-    assert_non_null(data);
     assert_true(n <= 16);
-    *data = i;
     for (uint32_t j = 0; j < n; j++) {
         keys[j] = i + (int)j;
         k[j] = (kb_kit_key){&keys[j], sizeof keys[j]};
@@ -474,6 +475,15 @@ static int add_frame(kb_kit_backlog *b, int i, uint32_t n, uint32_t p, uint64_t 
     if (rc != KB_OK)
         free(data);
     return rc;
+}
+
+/* The same with an int (i) for data. */
+static int add_frame(kb_kit_backlog *b, int i, uint32_t n, uint32_t p, uint64_t *ticket)
+{
+    int *data = malloc(sizeof *data);
+    assert_non_null(data);
+    *data = i;
+    return add_frame_data(b, data, i, n, p, ticket);
 }
 
 /* A frame is one item: taken once, resent whole (the same data, so a
@@ -945,7 +955,8 @@ static void pipeline_stored_at_once(void **state)
     teardown(&f);
 }
 
-/* An event of test bytes_bound: its number (the key) and the bytes it stands for. */
+/* An item of the byte bound's tests: its first event's number and the
+ * bytes it stands for. */
 struct sized {
     int i;
     size_t bytes;
@@ -956,11 +967,15 @@ static size_t sized_bytes(const void *data)
     return ((const struct sized *)data)->bytes;
 }
 
-static int add_sized(kb_kit_backlog *b, int i, size_t bytes)
+/* Events i .. i + events - 1 standing for `bytes`: one through
+ * kb_kit_backlog_add, more as a frame. */
+static int add_sized(kb_kit_backlog *b, int i, uint32_t events, size_t bytes)
 {
     struct sized *d = malloc(sizeof *d);
     assert_non_null(d);
     *d = (struct sized){i, bytes};
+    if (events > 1)
+        return add_frame_data(b, d, i, events, (uint32_t)i % 8, NULL);
     int rc = kb_kit_backlog_add(b, d, "orders", (uint32_t)i % 8, &d->i, sizeof d->i, NULL);
     if (rc != KB_OK)
         free(d);
@@ -983,31 +998,121 @@ static void bytes_bound(void **state)
     c.data_bytes = sized_bytes;
     kb_kit_backlog *b = kb_kit_backlog_new(&c);
     assert_non_null(b);
-    kb_assert_ok(add_sized(b, 0, 40));
-    kb_assert_ok(add_sized(b, 1, 40));
+    kb_assert_ok(add_sized(b, 0, 1, 40));
+    kb_assert_ok(add_sized(b, 1, 1, 40));
     int64_t t0 = kb_now_ns();
-    assert_int_equal(add_sized(b, 2, 40), KB_EFULL);   /* 120 bytes: over */
+    assert_int_equal(add_sized(b, 2, 1, 40), KB_EFULL);   /* 120 bytes: over */
     assert_true(kb_now_ns() - t0 >= 90 * 1000000LL);   /* it waited (wide slack above) */
     assert_int_equal(kb_kit_backlog_length(b), 2);
     kb_kit_item *items[4];
     assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns()), 2);
     kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-0", NULL);
-    kb_assert_ok(add_sized(b, 2, 40));   /* 80 again */
-    assert_int_equal(add_sized(b, 3, 500), KB_EFULL);   /* over the bound alone: waits for empty */
+    kb_assert_ok(add_sized(b, 2, 1, 40));   /* 80 again */
+    /* over the bound alone: waits for empty */
+    assert_int_equal(add_sized(b, 3, 1, 500), KB_EFULL);
     kb_kit_backlog_done(b, items[1], KB_OK, 0, "1-1", NULL);
     assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns()), 1);
     kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-2", NULL);
-    kb_assert_ok(add_sized(b, 3, 500));   /* nothing held: it goes */
-    assert_int_equal(add_sized(b, 4, 1), KB_EFULL);   /* and holds the bound until done */
+    kb_assert_ok(add_sized(b, 3, 1, 500));   /* nothing held: it goes */
+    assert_int_equal(add_sized(b, 4, 1, 1), KB_EFULL);   /* and holds the bound until done */
     assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns()), 1);
     kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-3", NULL);
-    kb_assert_ok(add_sized(b, 4, 1));
+    kb_assert_ok(add_sized(b, 4, 1, 1));
     kb_kit_backlog_fail_all(b, KB_ETIMEDOUT, "given up by close");
     for (int i = 0; i < 4; i++)
         assert_int_equal(rep->ok[i], 1);
     assert_int_equal(rep->failed[4], 1);
     assert_int_equal(rep->ok[4] + rep->failed[0] + rep->failed[1] + rep->failed[2] +
                          rep->failed[3], 0);
+    kb_kit_backlog_free(b);
+    kb_close(bus, 1000);
+    free(rep);
+}
+
+/* An add of test byte_bound_wait_ends_at_a_done, on a thread of its own. */
+struct waiting_add {
+    kb_kit_backlog *b;
+    int i;
+    uint32_t events;
+    size_t bytes;
+    pthread_t t;
+    _Atomic int returned;
+    int rc;
+    int64_t took;   /* ns */
+};
+
+static void *add_and_note(void *arg)
+{
+    struct waiting_add *a = arg;
+    int64_t t0 = kb_now_ns();
+    a->rc = add_sized(a->b, a->i, a->events, a->bytes);
+    a->took = kb_now_ns() - t0;
+    atomic_store(&a->returned, 1);
+    return NULL;
+}
+
+/* Starts the add and checks it waits (the bytes held and its own pass the
+ * bound). */
+static void start_waiting_add(struct waiting_add *a, kb_kit_backlog *b, int i, uint32_t events,
+                              size_t bytes)
+{
+    *a = (struct waiting_add){.b = b, .i = i, .events = events, .bytes = bytes};
+    assert_int_equal(pthread_create(&a->t, NULL, add_and_note, a), 0);
+    usleep(100 * 1000);   /* let it fall asleep on the bound: the case to test, not a bound */
+    assert_int_equal(atomic_load(&a->returned), 0);
+}
+
+/* The add went once room was made: not at the end of its 20 s wait. */
+static void waiting_add_went(struct waiting_add *a)
+{
+    pthread_join(a->t, NULL);
+    assert_int_equal(a->rc, KB_OK);
+    assert_true(a->took < 10 * 1000000000LL);
+}
+
+/* A publisher waiting on capacity_bytes (the event count far from its
+ * own) is woken by the bytes a done on another thread frees, and its add
+ * goes at once rather than at its timeout: a plain event freed by
+ * kb_kit_backlog_done, a frame by kb_kit_backlog_stored, a plain event
+ * behind that frame by kb_kit_backlog_done_each. */
+static void byte_bound_wait_ends_at_a_done(void **state)
+{
+    (void)state;
+    struct reports *rep = calloc(1, sizeof *rep);
+    assert_non_null(rep);
+    kb_bus *bus = open_bus(rep);
+    kb_kit_backlog_conf c = {.size = sizeof c, .bus = bus, .capacity = 1000,
+                             .timeout_ms = 20000, .max_attempts = 1, .free_data = free,
+                             .capacity_bytes = 100, .data_bytes = sized_bytes};
+    kb_kit_backlog *b = kb_kit_backlog_new(&c);
+    assert_non_null(b);
+    kb_kit_item *items[4], *first[2];
+    kb_assert_ok(add_sized(b, 0, 1, 60));
+    kb_assert_ok(add_sized(b, 1, 1, 30));
+    assert_int_equal(kb_kit_backlog_take(b, first, 2, kb_now_ns()), 2);
+    struct waiting_add a;
+    start_waiting_add(&a, b, 2, 1, 40);   /* 130 bytes */
+    kb_kit_backlog_done(b, first[0], KB_OK, 0, "1-0", NULL);   /* 30 held */
+    waiting_add_went(&a);
+    start_waiting_add(&a, b, 3, 3, 50);   /* events 3..5: 120 bytes */
+    assert_int_equal(kb_kit_backlog_length(b), 2);
+    kb_kit_backlog_stored(b, &first[1], (const char *const[]){"1-1"}, 1);   /* 40 held */
+    waiting_add_went(&a);
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns()), 2);   /* 2, the frame */
+    assert_int_equal(((struct sized *)items[1]->data)->i, 3);
+    start_waiting_add(&a, b, 6, 1, 30);   /* 120 bytes */
+    const kb_kit_result results[3] = {{KB_OK, "1-3", NULL}, {KB_OK, "1-4", NULL},
+                                      {KB_OK, "1-5", NULL}};
+    kb_kit_backlog_done_each(b, items[1], results);   /* 40 held */
+    waiting_add_went(&a);
+    kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-2", NULL);
+    assert_int_equal(kb_kit_backlog_take(b, items, 4, kb_now_ns()), 1);
+    kb_kit_backlog_done(b, items[0], KB_OK, 0, "1-6", NULL);
+    assert_int_equal(kb_kit_backlog_length(b), 0);
+    for (int i = 0; i < 7; i++)
+        assert_int_equal(rep->ok[i], 1);
+    assert_int_equal(rep->other, 0);
+    kb_kit_backlog_fail_all(b, KB_ETIMEDOUT, "given up by close");
     kb_kit_backlog_free(b);
     kb_close(bus, 1000);
     free(rep);
@@ -1238,6 +1343,7 @@ int main(void)
         cmocka_unit_test(done_on_another_thread_wakes_the_sender),
         cmocka_unit_test(conf_of_an_older_kit),
         cmocka_unit_test(bytes_bound),
+        cmocka_unit_test(byte_bound_wait_ends_at_a_done),
         cmocka_unit_test(frame_done_event_by_event),
         cmocka_unit_test(pipeline_stored_at_once),
         cmocka_unit_test(reused_entries_report_their_own_keys),
