@@ -6,7 +6,8 @@
  * after a consumer killed mid-frame bounded per key; a recovery sweep
  * reading no run records when there are none, and deleting the progress
  * record of a frame deleted while pending; a frame's dead-lettered event
- * not handled after its consumer was killed; publish_batch = 1
+ * not handled after its consumer was killed; the keeper's progress records
+ * and the dead-letter script OR-ing into a frame's record; publish_batch = 1
  * writing plain entries; Node decoding keybus-written frames
  * (tests/interop/redis_frames.mjs, docs/formats.md). */
 #include <setjmp.h>
@@ -794,6 +795,123 @@ static void frame_dead_letter_outlives_a_crash(void **state)
     munmap((void *)doomed, 4096);
 }
 
+/* ---- a frame's progress record is only ever OR-ed into ---- */
+
+#define OR_EVENTS 12   /* key 1's, in one frame: a bitmap of two bytes */
+
+/* Handler of key 1: seq s is event s - 1 of the frame. The test lets it past
+ * seq 4, 5 and 6 (or_go) once the record shows what it waits for. */
+static _Atomic uint32_t or_go, or_last;
+
+static int or_handler(const kb_event *ev, void *opaque)
+{
+    (void)opaque;
+    uint32_t key, seq;
+    kb_tracker_decode(ev, &key, &seq);
+    if (key != 1)
+        return KB_HANDLED;
+    if (seq == 2) {
+        /* every client waits, the keeper in its next tick's heartbeat: seq 2's
+         * progress (events 0 and 1, settled 10 ms apart and more) and seq 3's
+         * dead letter are queued meanwhile and go in one pass */
+        redisContext *c = redisConnect("127.0.0.1", server.port);
+        if (c == NULL || c->err != 0)
+            abort();
+        freeReplyObject(redisCommand(c, "CLIENT PAUSE 1600"));
+        redisFree(c);
+        struct timespec ts = {1, 400000000};   /* past a tick (a quarter of the TTL) */
+        nanosleep(&ts, NULL);
+    }
+    for (int i = 0; seq >= 4 && seq <= 6 && atomic_load(&or_go) < seq && i < 3000; i++)
+        usleep(10000);
+    if (seq == 4)
+        usleep(20000);   /* 10 ms and more after seq 3's dead letter opened the window */
+    atomic_store(&or_last, seq);
+    return seq == 3 || seq == 5 ? KB_DEAD : KB_HANDLED;
+}
+
+/* Frame `id`'s progress record into `out` (2 bytes, zero when absent) once
+ * `ready` holds of it and the dead-letter stream holds `dead` entries. */
+static void wait_record(redisContext *c, const char *topic, uint32_t part, const char *id,
+                        unsigned char ready, long long dead, unsigned char out[2])
+{
+    for (int i = 0; i < 1500; i++) {
+        redisReply *r = redisCommand(c, "HGET kb:{%s}:done:keybus:%u %s", topic, part, id);
+        assert_non_null(r);
+        memset(out, 0, 2);
+        if (r->type == REDIS_REPLY_STRING)
+            memcpy(out, r->str, r->len < 2 ? r->len : 2);
+        freeReplyObject(r);
+        r = redisCommand(c, "XLEN kb:{%s}:dlq", topic);
+        assert_true(r != NULL && r->type == REDIS_REPLY_INTEGER);
+        bool stored = r->integer >= dead;
+        freeReplyObject(r);
+        if (stored && (out[0] & ready) == ready)
+            return;
+        usleep(10000);
+    }
+}
+
+/* The keeper's progress writes and an event's dead letter (which sets its
+ * bit in the same script) merge into the record: each keeps the bits the
+ * other set. A dead letter stored in the pass before a progress record
+ * lacking its bit (queued a moment before it: the keeper holds a frame's
+ * progress behind its dead letters) keeps its bit; a dead letter stored
+ * after a record keeps the record's bits. */
+static void progress_record_merges_bits(void **state)
+{
+    (void)state;
+    char topic[96], id[64], body[512];
+    unique_topic(topic, sizeof topic, "or");
+    uint32_t part = kb_fnv1a32("agg-1", 5) % 8;
+    size_t len = 0;
+    for (uint32_t seq = 1; seq <= OR_EVENTS; seq++) {
+        uint32_t pl[2] = {1, seq};
+        len += put_event(body + len, "agg-1", pl, sizeof pl);
+    }
+    redisContext *c = raw();
+    redisReply *x = redisCommand(c, "XADD kb:{%s}:p:%u * f 1 n %u b %b", topic, part, OR_EVENTS,
+                                 body, len);
+    assert_int_equal(x->type, REDIS_REPLY_STRING);
+    snprintf(id, sizeof id, "%s", x->str);
+    freeReplyObject(x);
+    atomic_store(&or_go, 0);
+    atomic_store(&or_last, 0);
+    /* one executor: the frame's events in order; a TTL long enough for the
+     * pause (the lease stays ours: deadline 4 s after a renewal, ticks 1.25 s) */
+    const char *const kv[] = {"consumer", "or-merge", "pool.threads", "1",
+                              "redis.lease_ttl_ms", "5000", NULL};
+    kb_bus *b = kb_test_open(server.url, fast, kv);
+    kb_assert_ok(kb_subscribe(b, topic, or_handler, NULL));
+    unsigned char first[2], second[2], third[2];
+    /* events 0, 1 from the keeper's record, 2 from its dead letter */
+    wait_record(c, topic, part, id, 0x01, 1, first);
+    atomic_store(&or_go, 4);
+    /* event 3 handled 10 ms and more after event 2: a record of 0..3 */
+    wait_record(c, topic, part, id, 0x08, 1, second);
+    atomic_store(&or_go, 5);
+    /* event 4's dead letter, its window just opened: no record follows it */
+    wait_record(c, topic, part, id, 0x10, 2, third);
+    atomic_store(&or_go, 6);
+    for (int i = 0; i < 1500 && atomic_load(&or_last) < OR_EVENTS; i++)
+        usleep(10000);
+    kb_assert_ok(kb_drain(b, 10000));
+    kb_assert_ok(kb_close(b, 10000));
+    x = redisCommand(c, "HEXISTS kb:{%s}:done:keybus:%u %s", topic, part, id);
+    assert_true(x != NULL && x->type == REDIS_REPLY_INTEGER);
+    long long record = x->integer;
+    freeReplyObject(x);
+    redisFree(c);
+    fprintf(stderr, "progress record: %02x %02x, then %02x %02x, then %02x %02x\n", first[0],
+            first[1], second[0], second[1], third[0], third[1]);
+    assert_int_equal(first[0], 0x07);   /* the dead letter's bit 2 kept by the later record */
+    assert_int_equal(second[0], 0x0f);
+    assert_int_equal(third[0], 0x1f);   /* the record's bits kept by the later dead letter */
+    assert_int_equal(first[1] | second[1] | third[1], 0);
+    assert_int_equal(atomic_load(&or_last), OR_EVENTS);
+    assert_int_equal(record, 0);   /* acked, the record deleted with it */
+}
+
 /* ---- redis.publish_batch = 1: plain entries ---- */
 
 static void publish_batch_one_writes_plain_entries(void **state)
@@ -858,6 +976,7 @@ int main(void)
         cmocka_unit_test(sweep_reads_no_runs_without_records),
         cmocka_unit_test(deleted_frame_leaves_no_progress),
         cmocka_unit_test(frame_dead_letter_outlives_a_crash),
+        cmocka_unit_test(progress_record_merges_bits),
         cmocka_unit_test(publish_batch_one_writes_plain_entries),
         cmocka_unit_test(node_decodes_frames),
     };
