@@ -81,8 +81,9 @@ set_property(TEST test_redis_basic test_redis_topics test_redis_parity test_redi
 
 # Frames (redis.publish_batch): round trip under concurrency and a hand-over,
 # frames and plain entries mixed, a dead letter inside a frame (never handled
-# after its consumer is killed), the replay after a consumer killed mid-frame,
-# and Node decoding keybus-written frames
+# after its consumer is killed), a frame's progress record merged with its dead
+# letters' bits, the replay after a consumer killed mid-frame, and Node
+# decoding keybus-written frames
 # (tests/interop/redis_frames.mjs; skipped without node).
 kb_test(test_redis_frames TIMEOUT 120 LABELS redis)
 target_link_libraries(test_redis_frames PRIVATE PkgConfig::HIREDIS)
