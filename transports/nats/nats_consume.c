@@ -39,11 +39,12 @@
  * expiry (up to 12 s of a partition's pause); an idle partition costs one
  * heartbeat per 2.5 s. Requests of less than a second (nats.fetch_expires_ms)
  * ask for none: they are counted lost 2 s after their expiry.
- * The request sent after one was lost asks for them five times as often (50
- * ms at a 1 s expiry): a healthy consumer that let a request lapse answered
- * the next within 0.2 s in traced runs (a message, or its first heartbeat),
- * one whose leader is gone never does; so it is judged lost 0.35 s after it
- * went, not 0.75, and the bridge starts that much sooner. */
+ * The request sent after one was lost, while the partition is not bridged,
+ * asks for them five times as often (50 ms at a 1 s expiry): a healthy
+ * consumer that let a request lapse answered the next within about 0.2 s in
+ * traced runs (a message, or its first heartbeat), one whose leader is gone
+ * never does; so it is judged lost 0.35 s after it went, not 0.75, and the
+ * bridge starts that much sooner. */
 static int64_t heartbeat_ms(const kb_nats_claim *c)
 {
     if (c->pull_expires_ms < 1000)
@@ -52,10 +53,11 @@ static int64_t heartbeat_ms(const kb_nats_claim *c)
 }
 
 /* When the newest request counts as lost unless a heartbeat or a message
- * comes first. */
+ * comes first: measured by the heartbeat that request asked for, whatever
+ * the next one will ask. */
 static int64_t pull_deadline(const kb_nats_claim *c, int64_t now)
 {
-    int64_t hb = heartbeat_ms(c);
+    int64_t hb = c->pull_hb_ms;
     return now + (hb > 0 ? 2 * hb + 250 : c->pull_expires_ms + 2000) * 1000000;
 }
 
@@ -70,11 +72,12 @@ static void pull(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
     if (c->pull_expires_ms == 0)
         c->pull_expires_ms = t->fetch_expires_ms;
     char body[128], reply[256];
+    int64_t hb = heartbeat_ms(c);
     int n = snprintf(body, sizeof body, "{\"batch\":%d,\"expires\":%lld", batch,
                      (long long)c->pull_expires_ms * 1000000);
-    if (heartbeat_ms(c) > 0)
+    if (hb > 0)
         n += snprintf(body + n, sizeof body - (size_t)n, ",\"idle_heartbeat\":%lld",
-                      (long long)heartbeat_ms(c) * 1000000);
+                      (long long)hb * 1000000);
     snprintf(body + n, sizeof body - (size_t)n, "}");
     c->pull_serial = ++f->serial;
     snprintf(reply, sizeof reply, "%s.%u.%u.%u", t->inbox, c->part->topic->sub_id, c->part->n,
@@ -84,6 +87,7 @@ static void pull(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
     c->pull_left = (c->pull_open ? c->pull_left : 0) + batch;
     c->pull_open = true;
     c->pull_got = false;
+    c->pull_hb_ms = hb;
     /* The server ends the request; this only covers a lost one. */
     c->pull_deadline_ns = pull_deadline(c, now);
 }

@@ -138,6 +138,7 @@ typedef struct kb_nats_claim {
     int pull_left;
     uint32_t pull_serial;
     int64_t pull_expires_ms;       /* grows while the partition is idle */
+    int64_t pull_hb_ms;            /* the idle heartbeat the newest request asked for (0: none) */
     int64_t pull_deadline_ns;
     struct kb_nats_claim *next;    /* older claims of the partition (of the topic: wide) */
 } kb_nats_claim;
