@@ -197,6 +197,7 @@ static void status_msg(kb_nats_feeder *f, natsMsg *m)
         return;
     }
     c->leaderless_since_ns = 0;
+    c->lost_again = false;   /* its leader answered: the next request is judged as usual */
     /* The consumer's leader ended the request with nothing left to send
      * (404), or let it expire empty: it has caught up with the bridge. A
      * request that expired after some messages may have left it behind. */
