@@ -20,8 +20,8 @@ void kb_test_proxy_blackhole(kb_test_proxy *p, int on);
 
 /* Hold what is read from either side for ms before writing it on (0: at
  * once), from the next read on: a slow network or a loaded broker, nothing
- * lost. One read of up to 64 KiB per direction is held at a time, so a
- * connection also carries less. */
+ * lost. Reads queue behind each other, each held ms from when it was read,
+ * up to 4 MiB per direction; then the proxy reads no more until some went. */
 void kb_test_proxy_delay(kb_test_proxy *p, int ms);
 
 /* The same for the connections accepted as the first+1-th and later only
