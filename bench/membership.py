@@ -155,7 +155,7 @@ def cmd_check(result, parts, summary, marks, consumers, logs):
     # per key: a sequence is new (last + 1), a duplicate (at most the last)
     # or a violation (a gap: an event handled before one published earlier)
     lastseq, seen, dups, violations, last_new = {}, set(), 0, 0, first
-    owner, changes = {}, 0
+    owner, changes, moved = {}, 0, set()
     handled_at = {p: [] for p in range(parts)}
     for t, key, seq, part, name in events:
         prev = lastseq.get(key, 0)
@@ -172,6 +172,7 @@ def cmd_check(result, parts, summary, marks, consumers, logs):
             handled_at[part].append(t)
             if owner.get(part, name) != name and t >= mk[0][0] - 1:
                 changes += 1
+                moved.add(part)
             owner[part] = name
     nkeys = int(s["keys"][0])
     lost = 0
@@ -197,6 +198,9 @@ def cmd_check(result, parts, summary, marks, consumers, logs):
             worst, at = float("inf"), prev
         pauses.append((worst, p, at))
     pauses.sort(reverse=True)
+    # partitions no process took from another after the change: a membership
+    # change should not pause them at all
+    kept = [x for x in pauses if x[1] not in moved]
     last_handled = last_new - last   # the last event handled the first time
     drain = s.get("drain", ["-1", str(last)])
     flush = s.get("flush", ["-1", str(last)])
@@ -211,7 +215,8 @@ def cmd_check(result, parts, summary, marks, consumers, logs):
     r = {"published": published, "handled": len(events), "lost": lost, "order": violations,
          "dups": dups, "pause": pauses[0][0], "pause_part": pauses[0][1],
          "pause_at": pauses[0][2] - mk[0][0] if mk else 0.0,
-         "over2": sum(1 for p in pauses if p[0] > 2), "last_handled": last_handled,
+         "over2": sum(1 for p in pauses if p[0] > 2),
+         "pause_kept": kept[0][0] if kept else 0.0, "kept": len(kept), "last_handled": last_handled,
          "drain_rc": int(drain[0]), "drain": float(drain[1]) - last, "flush_rc": int(flush[0]),
          "owner_changes": changes, "consumers_created": created,
          "owned_at_end_by_two": sum(1 for v in ends.values() if len(v) > 1)}
@@ -224,6 +229,9 @@ def cmd_check(result, parts, summary, marks, consumers, logs):
           "partitions paused over 2 s; the five longest: %s" %
           (r["pause"], r["pause_part"], r["pause_at"], r["over2"], parts,
            ", ".join("p%d %.2f" % (p, w) for w, p, _ in pauses[:5])))
+    if kept and moved:
+        print("  partitions that kept their owner: %d, the longest pause of one %.2f s (p%d)" %
+              (len(kept), kept[0][0], kept[0][1]))
     print("  kb_flush %d, kb_drain %d %.2f s after the last publish; last handled %.2f s after it"
           % (r["flush_rc"], r["drain_rc"], r["drain"], last_handled))
     print("  partition owner changes %d%s; partitions handled by two processes in the last 2 s: %d"

@@ -92,6 +92,13 @@ int kb__nats_ack(kb_transport *t, const kb_delivery *d)
     return KB_OK;
 }
 
+bool kb__nats_claim_orphaned(const kb_nats_claim *c)
+{
+    kb_nats_claim *w = c->after;
+    return w != NULL && atomic_load(&w->fenced) &&
+           !(atomic_load(&c->cut_set) && atomic_load(&w->handled_to) >= atomic_load(&c->cut));
+}
+
 /* Executor, before each handler: is the claim that delivered this still the
  * partition's current, unfenced one, its lease not run out locally? A few
  * atomic loads and a clock read, no round trip.
@@ -104,6 +111,12 @@ int kb__nats_still_owned(kb_transport *t, const kb_delivery *d)
     kb_nats_claim *c = e->claim;
     if (atomic_load_explicit(&c->fenced, memory_order_acquire))
         goto unowned;
+    /* the wide claim it took over from stopped before handling what it was
+     * given of the partition: this key's earlier event may have been released */
+    if (kb__nats_claim_orphaned(c)) {
+        kb__nats_claim_reset(t, c);
+        goto unowned;
+    }
     if (kb_now_ns() > atomic_load_explicit(&c->valid_until_ns, memory_order_relaxed)) {
         /* expired for good: a late renewal must not bring the claim back
          * after this event of its key was released (its next one would then
@@ -164,7 +177,8 @@ static uint64_t ack_prefix(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint6
      * one (its AckAll covers the bridged entries before it). */
     for (uint64_t i = h0; i < tl; i++) {
         kb_nats_entry *e = &c->ring[i & (c->cap - 1)];
-        if (e->sseq > limit || !atomic_load_explicit(&e->done, memory_order_acquire))
+        if (e->sseq > limit || !atomic_load_explicit(&e->done, memory_order_acquire) ||
+            (e->after != NULL && atomic_load(&e->after->handled_to) < e->sseq))
             break;
         uint64_t d = atomic_load_explicit(&e->dseq, memory_order_relaxed);
         if (d != 0)
@@ -303,10 +317,27 @@ void kb__nats_claims_free(kb_nats_topic *tp, uint32_t partitions)
     claims_free(atomic_load(&tp->wide_claims));
 }
 
+/* A split's claims stand or fall together while the wide claim lives: its
+ * entries of a partition whose claim stopped wait on that claim for ever,
+ * and a partition claim whose wide claim stopped before handling up to the
+ * cut waits on it (kb__nats_claim_orphaned). Either is reset, and the lease
+ * thread claims again from the floors. */
+static void split_check(kb_transport *t, kb_nats_claim *c)
+{
+    kb_nats_claim *w = c->after;
+    if (w == NULL)
+        return;
+    if (atomic_load(&c->fenced) && !atomic_load(&w->fenced))
+        kb__nats_claim_reset(t, w);
+    else if (!atomic_load(&c->fenced) && kb__nats_claim_orphaned(c))
+        kb__nats_claim_reset(t, c);
+}
+
 void kb__nats_ack_topic(kb_transport *t, kb_nats_topic *tp, int64_t now, bool last)
 {
     for (uint32_t i = 0; i < t->partitions; i++)
         for (kb_nats_claim *c = atomic_load(&tp->parts[i].claims); c; c = c->next) {
+            split_check(t, c);
             kb__nats_claim_ack(t, c, now);
             kb__nats_progress_write(t, c, now, last);
         }
@@ -345,7 +376,7 @@ bool kb__nats_claim_fenced(kb_transport *t, kb_nats_claim *c, int64_t now)
 {
     if (atomic_load(&c->fenced))
         return true;
-    if (now <= atomic_load(&c->valid_until_ns))
+    if (now <= atomic_load(&c->valid_until_ns) && !kb__nats_claim_orphaned(c))
         return false;
     kb__nats_claim_reset(t, c);
     return true;

@@ -65,6 +65,12 @@ int kb__nats_ack(kb_transport *t, const kb_delivery *d);
 void kb__nats_release(kb_transport *t, const kb_delivery *d);
 int kb__nats_still_owned(kb_transport *t, const kb_delivery *d);
 
+/* Is partition claim c one that took over from a wide claim (a split) that
+ * stopped before it had handled what it was given up to the cut? Then c
+ * must stop too: the wide claim's released events come again only from the
+ * floors. */
+bool kb__nats_claim_orphaned(const kb_nats_claim *c);
+
 /* Is claim c fenced? One whose lease ran out locally (the lease thread
  * blocked past it) is fenced here, and the lease thread woken. Feeder. */
 bool kb__nats_claim_fenced(kb_transport *t, kb_nats_claim *c, int64_t now);

@@ -92,25 +92,11 @@ static void pull(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
     c->pull_deadline_ns = pull_deadline(c, now);
 }
 
-/* Follow the partition's current claim and keep its pulls going. A fenced
- * claim is left for good: once fenced nothing goes into its ring, so a wide
- * claim left through one partition is safe from the others. */
-static void tend(kb_nats_feeder *f, kb_nats_part *p, int64_t now)
+/* Keep claim c's pulls going (and its bridge, when its consumer is silent). */
+static void keep_pulling(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
 {
     kb_transport *t = f->t;
-    kb_nats_claim *c = atomic_load(&p->claim);
-    if (c != p->feeding && p->feeding != NULL)
-        atomic_store(&p->feeding->feeder_left, 1);
-    p->feeding = c;
-    if (c == NULL)
-        return;
-    if (kb__nats_claim_fenced(t, c, now)) {
-        atomic_store(&c->feeder_left, 1);
-        p->feeding = NULL;
-    } else if (c->part != p) {
-        return;   /* a wide claim: partition 0 pulls for all */
-    } else {
-        bool lost = c->pull_open && now > c->pull_deadline_ns && f->empty_ns > c->pull_deadline_ns;
+    bool lost = c->pull_open && now > c->pull_deadline_ns && f->empty_ns > c->pull_deadline_ns;
         if (!c->pull_open || c->pull_left < t->fetch_batch || lost) {
             if (lost) {
                 /* A pull a healthy consumer let lapse is seen lost now and
@@ -126,6 +112,51 @@ static void tend(kb_nats_feeder *f, kb_nats_part *p, int64_t now)
         }
         if (c->bridging)
             kb__nats_bridge(f, c, now);
+}
+
+/* The live wide claim partition p was split from (nats_lease.c, "Split"),
+ * or NULL. */
+static kb_nats_claim *split_wide(kb_nats_feeder *f, const kb_nats_part *p, int64_t now)
+{
+    kb_nats_claim *w = p->split_to != NULL ? p->split_to->after : NULL;
+    if (w == NULL || atomic_load(&w->feeder_left) || kb__nats_claim_fenced(f->t, w, now))
+        return NULL;
+    return w;
+}
+
+/* Follow the partition's current claim and keep its pulls going. A fenced
+ * claim is left for good: once fenced nothing goes into its ring, so a wide
+ * claim left through one partition is safe from the others. A live wide
+ * claim a partition left by a split is fed on for the others (its entries
+ * of the partition wait on the partition's claim): leave_fenced marks it
+ * left once it is fenced. */
+static void tend(kb_nats_feeder *f, kb_nats_part *p, int64_t now)
+{
+    kb_transport *t = f->t;
+    kb_nats_claim *c = atomic_load(&p->claim);
+    if (c != p->feeding && p->feeding != NULL &&
+        (!p->feeding->wide || atomic_load(&p->feeding->fenced)))
+        atomic_store(&p->feeding->feeder_left, 1);
+    if (c != p->feeding && c != NULL && c->after != NULL && !atomic_load(&c->cut_set)) {
+        /* the wide claim fed the partition up to here; from now on it
+         * feeds nothing of it (split_wide) */
+        atomic_store(&c->cut, p->wide_fed_by == c->after ? p->wide_fed : 0);
+        atomic_store(&c->cut_set, true);
+        p->split_to = c;
+    }
+    p->feeding = c;
+    kb_nats_claim *w = split_wide(f, p, now);
+    if (w != NULL && w->part == p && w != c)
+        keep_pulling(f, w, now);   /* partition 0 pulls for the wide claim still */
+    if (c == NULL)
+        return;
+    if (kb__nats_claim_fenced(t, c, now)) {
+        atomic_store(&c->feeder_left, 1);
+        p->feeding = NULL;
+    } else if (c->part != p) {
+        return;   /* a wide claim: partition 0 pulls for all */
+    } else {
+        keep_pulling(f, c, now);
     }
 }
 
@@ -177,7 +208,10 @@ static void status_msg(kb_nats_feeder *f, natsMsg *m)
         sscanf(subj + il, ".%u.%u.%u", &id, &n, &serial) != 3 || id >= f->known ||
         n >= f->t->partitions)
         return;
-    kb_nats_claim *c = f->by_id[id]->parts[n].feeding;
+    kb_nats_part *p = &f->by_id[id]->parts[n];
+    kb_nats_claim *c = p->feeding, *w = split_wide(f, p, kb_now_ns());
+    if ((c == NULL || c->pull_serial != serial) && w != NULL && w->pull_serial == serial)
+        c = w;
     if (c == NULL || c->pull_serial != serial)
         return;
     const char *status = NULL;
@@ -444,9 +478,10 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
 }
 
 /* The message's entry at the end of the ring, `events` of it to settle (0:
- * nothing to handle, done at once), delivered at `now`. */
+ * nothing to handle, done at once), delivered at `now`; acked only once
+ * claim `after` (NULL: none) has handled up to it. */
 static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
-                           uint32_t part, uint32_t events, int64_t now)
+                           uint32_t part, uint32_t events, int64_t now, kb_nats_claim *after)
 {
     c->delivered_hi = meta->sseq;
     uint64_t slot = atomic_load(&c->tail);
@@ -455,6 +490,7 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
     e->claim = c;
     e->sseq = meta->sseq;
     e->part = part;
+    e->after = after;
     atomic_store_explicit(&e->dseq, meta->dseq, memory_order_relaxed);
     atomic_store_explicit(&e->runs, false, memory_order_relaxed);
     e->since_ns = now;
@@ -476,14 +512,16 @@ static void unread_msg(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m,
                           const kb_nats_meta *meta, const char *last)
 {
     kb_nats_claim *c = claim_of(f, &tp->parts[0], meta);
-    if (c == NULL || !c->wide) {
+    if (c == NULL)
+        c = split_wide(f, &tp->parts[0], kb_now_ns());
+    if (c == NULL || !c->wide || strcmp(c->consumer, meta->consumer) != 0) {
         natsMsg_Destroy(m);
         return;
     }
     if (strcmp(natsMsg_GetSubject(m), tp->dlq_subject) == 0) {
         int64_t now = kb_now_ns();
         if (admit(f, c, m, meta, now))
-            push(c, m, meta, UINT32_MAX, 0, now);
+            push(c, m, meta, UINT32_MAX, 0, now, NULL);
         return;
     }
     char why[160];
@@ -499,7 +537,9 @@ static void data_msg(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_
                      unsigned n)
 {
     kb_nats_claim *c = claim_of(f, &tp->parts[n], meta);
-    if (c == NULL) {
+    if (c == NULL)   /* the wide claim the partition was split from goes on */
+        c = split_wide(f, &tp->parts[n], kb_now_ns());
+    if (c == NULL || strcmp(c->consumer, meta->consumer) != 0) {
         natsMsg_Destroy(m);
         return;
     }
@@ -515,11 +555,27 @@ static void read_msg(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m,
     int64_t now = kb_now_ns();   /* one clock read per message */
     if (!admit(f, c, m, meta, now))
         return;
+    /* A split (nats_lease.c): what the wide claim fed of the partition is
+     * its to handle, the rest the partition claim's; each acks the other's
+     * part once the other has handled it. */
+    kb_nats_part *pp = part < t->partitions ? &c->part->topic->parts[part] : NULL;
+    if (c->after != NULL && meta->sseq <= atomic_load(&c->cut)) {
+        push(c, m, meta, part, 0, now, c->after);
+        return;
+    }
+    if (c->wide && pp != NULL) {
+        if (pp->split_to != NULL && pp->split_to->after == c) {
+            push(c, m, meta, part, 0, now, pp->split_to);
+            return;
+        }
+        pp->wide_fed_by = c;
+        pp->wide_fed = meta->sseq;
+    }
     /* handled under an earlier consumer: another process's (its pending set
      * says so), or one of this process's, whose acks a restarted server lost */
     if (kb__nats_claim_skips(c, meta->sseq) ||
         (part != UINT32_MAX && kb__nats_acked_to(c->part->topic, part, meta->sseq))) {
-        push(c, m, meta, part, 0, now);
+        push(c, m, meta, part, 0, now, NULL);
         return;
     }
     /* Read the message before it is in the ring: once there, its events may
@@ -539,7 +595,7 @@ static void read_msg(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m,
     }
     uint32_t events = bad ? 1 : frame.left;
     kb__nats_progress_ready(c);   /* before the first delivery: executors note into it */
-    kb_nats_entry *e = push(c, m, meta, part, events, now);
+    kb_nats_entry *e = push(c, m, meta, part, events, now, NULL);
 
     /* From here on `m` lives until the last of its events settles: the
      * pending count keeps the acker from destroying it before. The delivery
@@ -670,9 +726,13 @@ static void handle(kb_nats_feeder *f, natsMsg *m)
     }
     data_msg(f, tp, m, &meta, (unsigned)n);
     kb_nats_part *p = &tp->parts[n];
-    tend(f, p, kb_now_ns());
+    int64_t now = kb_now_ns();
+    tend(f, p, now);
+    kb_nats_claim *w = split_wide(f, p, now);
     if (p->feeding != NULL && p->feeding->part != p)
-        tend(f, p->feeding->part, kb_now_ns());   /* a wide claim pulls on partition 0 */
+        tend(f, p->feeding->part, now);   /* a wide claim pulls on partition 0 */
+    else if (w != NULL && w->part != p)
+        tend(f, w->part, now);            /* ... also one the partition was split from */
 }
 
 static void *feed(void *arg)

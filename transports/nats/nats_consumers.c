@@ -316,7 +316,14 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
     for (int i = 0; i < name_count(l); i++)
         if (l->info[i] != NULL && covers(t, l->names->List[i], n)) {
             const char *name = l->names->List[i];
-            bool finished = kb__nats_progress_inherit(t, c, name, l->info[i]->Delivered.Stream);
+            /* the wide claim this one is to take over from while it goes on
+             * (a split, nats_lease.c): what it handled stays below the cut,
+             * and its deliveries above it are no attempts */
+            kb_nats_claim *w = atomic_load(&p->claim);
+            bool splits = w != NULL && w->wide && !atomic_load(&w->fenced) &&
+                          strcmp(w->consumer, name) == 0;
+            bool finished = splits ||
+                            kb__nats_progress_inherit(t, c, name, l->info[i]->Delivered.Stream);
             /* this process's own finished claim: what it released after a
              * run is all it could leave uncounted */
             kb_nats_claim *own = own_claim(t, tp, n, name);

@@ -29,6 +29,71 @@ static bool opening_covers(const kb_nats_opening *o, const kb_nats_part *p)
     return o->c->wide || p == o->c->part;
 }
 
+/* Split. A lone member reads its topic through one wide claim; when a member
+ * comes, some partitions rank there. Stopping the wide claim would pause every
+ * partition for a consumer's creation (0.3-1 s replicated, on a loaded
+ * cluster), also those that stay. Instead the partitions that stay get their
+ * own claims while the wide one goes on: the feeder hands each over at a cut
+ * (the last sequence of the partition the wide claim fed; nats_consume.c),
+ * and each side acks the other's part once the other has handled it
+ * (nats_claim.c). The partitions that move are handed over as before (the
+ * wide claim stopped, finished and acked, then their leases deleted), once
+ * every kept partition has taken over and the wide claim has handled up to
+ * the cuts — or, when that does not come within SPLIT_MAX_MS, at once. */
+#define SPLIT_MAX_MS(t) ((t)->lease_ttl_ms / 2)
+
+/* The topic's wide claim while it is not fenced, or NULL. */
+static kb_nats_claim *live_wide(const kb_transport *t, kb_nats_topic *tp)
+{
+    kb_nats_claim *w = atomic_load(&tp->split_wide);
+    if (w != NULL && !atomic_load(&w->fenced))
+        return w;
+    for (uint32_t i = 0; i < t->partitions; i++) {
+        kb_nats_claim *c = atomic_load(&tp->parts[i].claim);
+        if (c != NULL && c->wide && !atomic_load(&c->fenced))
+            return c;
+    }
+    return NULL;
+}
+
+/* Does a partition read through wide claim w rank elsewhere now? */
+static bool split_moving(const kb_transport *t, kb_nats_topic *tp, const kb_nats_claim *w)
+{
+    for (uint32_t i = 0; i < t->partitions; i++) {
+        kb_nats_part *p = &tp->parts[i];
+        if (p->lease_rev != 0 && atomic_load(&p->claim) == w && (!p->wanted || p->releasing))
+            return true;
+    }
+    return false;
+}
+
+/* Has every partition that stays taken over from w, and w handled up to
+ * each one's cut? */
+static bool split_done(const kb_transport *t, kb_nats_topic *tp, const kb_nats_claim *w)
+{
+    for (uint32_t i = 0; i < t->partitions; i++) {
+        kb_nats_part *p = &tp->parts[i];
+        if (p->lease_rev == 0 || !p->wanted || p->releasing)
+            continue;
+        kb_nats_claim *c = atomic_load(&p->claim);
+        if (c == NULL || c == w || p->creating != NULL)
+            return false;
+        if (c->after == w && !(atomic_load(&c->cut_set) &&
+                               atomic_load(&w->handled_to) >= atomic_load(&c->cut)))
+            return false;
+    }
+    return true;
+}
+
+/* May the partitions that stay still take over from w one by one? Not after
+ * SPLIT_MAX_MS: the ones that move wait for it. */
+static bool split_on(const kb_transport *t, kb_nats_topic *tp)
+{
+    if (tp->split_since_ns == 0)
+        tp->split_since_ns = kb_now_ns();
+    return kb_now_ns() - tp->split_since_ns <= SPLIT_MAX_MS(t) * 1000000LL;
+}
+
 /* A claim never published gives up: nothing feeds it, and the acker frees
  * it, so the hand-overs of its partitions do not wait for it. */
 static void claim_unpublished(kb_nats_claim *c)
@@ -159,12 +224,17 @@ static void claim_validity(const kb_transport *t, kb_nats_claim *c)
 
 void kb__nats_claims_validity(kb_transport *t)
 {
-    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next)
+    for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
         for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++) {
             kb_nats_claim *c = atomic_load(&tp->parts[i].claim);
             if (c != NULL && c->part == &tp->parts[i])
                 claim_validity(t, c);
         }
+        /* a split's wide claim, when partition 0 took over from it */
+        kb_nats_claim *w = atomic_load(&tp->split_wide);
+        if (w != NULL && atomic_load(&tp->parts[0].claim) != w)
+            claim_validity(t, w);
+    }
 }
 
 /* A refused renewal is a lost lease, even when the key names this consumer:
@@ -268,6 +338,10 @@ bool kb__nats_part_keep(kb_transport *t, kb_nats_part *p, bool *feed_down)
     if (!p->releasing && p->wanted)
         return false;
     if (!p->releasing) {
+        kb_nats_claim *w = atomic_load(&p->claim);
+        if (w != NULL && w->wide && !atomic_load(&w->fenced) && split_on(t, p->topic) &&
+            !split_done(t, p->topic, w))
+            return true;   /* the partitions that stay take over first (Split) */
         claim_end(t, p);
         p->releasing = true;
         /* a claim whose consumer is still being made is given up at once
@@ -370,7 +444,12 @@ static bool needs_claim(kb_transport *t, kb_nats_part *p, kb_nats_round *rd)
     if (p->releasing || p->creating != NULL || atomic_load(&t->stopping) || p->lease_rev == 0)
         return false;
     kb_nats_claim *c = atomic_load(&p->claim);
-    return (c == NULL || atomic_load(&c->fenced)) &&
+    /* once a split began, every partition that stays takes over, so that
+     * the wide claim can end even when the member that came went again */
+    bool split = c != NULL && c->wide && !atomic_load(&c->fenced) && p->wanted &&
+                 (split_moving(t, p->topic, c) || atomic_load(&p->topic->split_wide) == c) &&
+                 split_on(t, p->topic);
+    return (c == NULL || atomic_load(&c->fenced) || split) &&
            fresh_revision(t, p, atomic_load(&p->claims), rd);
 }
 
@@ -433,9 +512,12 @@ static void claim_publish(kb_transport *t, kb_nats_opening *o, bool *again, bool
         *refused = *refused || (!made && !unanswered(o));
         return;
     }
-    kb_log(t->bus, KB_LOG_DEBUG, "nats %s: %s claimed by consumer %s (created in %lld ms)",
+    kb_nats_claim *w = c->wide ? NULL : atomic_load(&c->part->claim);
+    bool split = w != NULL && w->wide && !atomic_load(&w->fenced);
+    kb_log(t->bus, KB_LOG_DEBUG, "nats %s: %s claimed by consumer %s (created in %lld ms)%s%s",
            t->url_safe, c->wide ? c->part->topic->stream : c->part->subject, c->consumer,
-           (long long)(o->took_ns / 1000000));
+           (long long)(o->took_ns / 1000000), split ? "; it takes over from " : "",
+           split ? w->consumer : "");
     o->claimed = true;
     claim_validity(t, c);
     if (c->wide) {
@@ -447,7 +529,12 @@ static void claim_publish(kb_transport *t, kb_nats_opening *o, bool *again, bool
             atomic_store(&parts[j].claim, c);
         }
     } else {
-        claim_end(t, c->part);
+        if (split) {
+            c->after = w;   /* a split: the wide claim goes on; the feeder sets the cut */
+            atomic_store(&c->part->topic->split_wide, w);
+        } else {
+            claim_end(t, c->part);
+        }
         atomic_store(&c->part->claim, c);
     }
 }
@@ -561,7 +648,8 @@ bool kb__nats_making_collect(kb_transport *t, bool *again, bool *refused)
                 bool claimed = false;
                 for (size_t i = 0; i < m->n; i++)
                     claimed = claimed || m->o[i].claimed;
-                if (claimed && !m->o[0].c->wide && kb__nats_listing_has(t, &m->l, true))
+                if (claimed && !m->o[0].c->wide && kb__nats_listing_has(t, &m->l, true) &&
+                    live_wide(t, m->tp) == NULL)
                     kb__nats_wide_retire(t, m->tp);   /* rare: a topic leaving its wide consumer */
             }
         }
@@ -647,9 +735,32 @@ static bool wide_take(kb_transport *t, kb_nats_topic *tp, kb_nats_listing *l, kb
     return true;
 }
 
+/* A split with no partition left to move (every one that stays took over,
+ * or the member that came went again): the wide claim stops once nothing
+ * waits on it, and its consumer goes when every partition has its own. */
+static void split_end(kb_transport *t, kb_nats_topic *tp)
+{
+    kb_nats_claim *w = live_wide(t, tp);
+    if (w == NULL || split_moving(t, tp, w)) {
+        if (w == NULL)
+            tp->split_since_ns = 0;
+        return;
+    }
+    tp->split_since_ns = 0;
+    for (uint32_t i = 0; i < t->partitions; i++)
+        if (atomic_load(&tp->parts[i].claim) == w)
+            return;   /* it still reads some partition */
+    if (!split_done(t, tp, w))
+        return;
+    atomic_store(&w->fenced, 1);
+    kb_signal_notify(t->acked);
+    kb__nats_wide_retire(t, tp);
+}
+
 void kb__nats_topic_take(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd)
 {
     kb_nats_listing l = {0};
+    split_end(t, tp);
     if (!atomic_load(&t->stopping))
         acquire_all(t, tp, rd);
     if (!wide_take(t, tp, &l, rd)) {

@@ -51,6 +51,10 @@ typedef struct kb_nats_entry {
     _Atomic uint32_t released;     /* one of them was released unhandled */
     _Atomic uint32_t done;         /* every event handled or dead-lettered: may be acked */
     _Atomic bool runs;             /* it has a run record (nats_runs.c): deleted at its ack */
+    /* acked only once this claim has handled up to its sseq: the entry's
+     * partition moved between a wide claim and its own claim in this
+     * process, and the other one handles it (nats_lease.c, "Split") */
+    struct kb_nats_claim *after;
 } kb_nats_entry;
 
 /* One ownership period of one partition: its own consumer, named after the
@@ -140,6 +144,15 @@ typedef struct kb_nats_claim {
     int64_t pull_expires_ms;       /* grows while the partition is idle */
     int64_t pull_hb_ms;            /* the idle heartbeat the newest request asked for (0: none) */
     int64_t pull_deadline_ns;
+    /* Split (nats_lease.c): a partition claim that took its partition over
+     * from a live wide claim, `after`, without stopping it. The wide claim
+     * fed the partition up to stream sequence `cut` (set by the feeder when
+     * it first feeds this claim); this claim's deliveries up to the cut are
+     * acked once `after` has handled them, the wide claim's later ones once
+     * this claim has. */
+    struct kb_nats_claim *after;
+    _Atomic uint64_t cut;
+    _Atomic bool cut_set;
     struct kb_nats_claim *next;    /* older claims of the partition (of the topic: wide) */
 } kb_nats_claim;
 
@@ -185,6 +198,12 @@ typedef struct kb_nats_part {
      * read for a claim (0: it could) */
     int64_t unreadable_since_ns;
     kb_nats_claim *feeding;        /* feeder only: the claim it works on */
+    /* feeder only: the highest stream sequence of this partition a wide
+     * claim (wide_fed_by) fed, and the claim that took the partition over
+     * from it at that cut (split_to) */
+    kb_nats_claim *wide_fed_by;
+    uint64_t wide_fed;
+    kb_nats_claim *split_to;
 } kb_nats_part;
 
 /* Events beyond one per message (frames), for broker_length (nats_tally.c);
@@ -232,6 +251,11 @@ struct kb_transport_topic {
     kb_sink *sink;
     kb_nats_part *parts;
     _Atomic(kb_nats_claim *) wide_claims;  /* every wide claim, newest first (freed at close) */
+    /* the wide claim partition claims took over from while it went on (a
+     * split, nats_lease.c; set by the lease thread), and since when the
+     * lease thread waits for the split to finish (0: it does not) */
+    _Atomic(kb_nats_claim *) split_wide;
+    int64_t split_since_ns;
     uint32_t sub_id;               /* in the bus's pull reply subjects */
     _Atomic int subscribed;        /* parts and sink are set */
 };
