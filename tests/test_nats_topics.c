@@ -183,11 +183,26 @@ static uint32_t owned(kb_bus *b, const char *topic)
 #define SPLIT_KEYS 40
 #define SPLIT_SEQS 60
 
+/* The first member's claims of single partitions, and those of them that
+ * took over from its wide claim while it went on (a split). */
+static _Atomic int part_claims, takeovers;
+
+static void count_claims(int level, const char *msg, void *opaque)
+{
+    (void)level, (void)opaque;
+    if (strstr(msg, "kb.split.wide.") != NULL && strstr(msg, " claimed by consumer ") != NULL) {
+        atomic_fetch_add(&part_claims, 1);
+        if (strstr(msg, "; it takes over from ") != NULL)
+            atomic_fetch_add(&takeovers, 1);
+    }
+}
+
 /* A lone member reads a topic through one wide consumer; when a second
- * member comes, the wide claim is handed over partition by partition like
- * any other: every event handled, per-key order kept, never two handlers of
- * one key at once (one tracker across both buses), and once every partition
- * has its own consumer the wide one is deleted. The wide claim ended
+ * member comes, the partitions it keeps take over from the wide claim while
+ * it goes on (a split: no pause for them, each claimed once, "takes over"),
+ * and the others are handed over: every event handled, per-key order kept,
+ * never two handlers of one key at once (one tracker across both buses), and
+ * once every partition has its own consumer the wide one is deleted. The wide claim ended
  * cleanly before the hand-over (its final progress record), so the
  * joiner's consumers do not count what it delivered as delivered before:
  * none carries its mark, and their events need no runs read and record
@@ -203,7 +218,9 @@ static void wide_consumer_splits(void **state)
     /* the first bus makes the lease bucket, with its TTL, for all: a round
      * (a sixth of it) gives the final record's put a second on a loaded box */
     static const char *const p_conf[] = {"nats.lease_ttl_ms", "6000", NULL};
-    kb_bus *pub = kb_test_open(s.url, p_conf, NULL), *a = kb_test_open(s.url, a_conf, NULL);
+    kb_conf *ac = kb_test_conf(s.url, a_conf, NULL);
+    kb_conf_set_log(ac, count_claims, NULL);
+    kb_bus *pub = kb_test_open(s.url, p_conf, NULL), *a = kb_test_open_conf(ac);
     kb_bus *b = NULL;
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
@@ -243,13 +260,18 @@ static void wide_consumer_splits(void **state)
         usleep(10000);
     }
     print_message("split: a owns %u, b owns %u, %d consumers (%d wide, %d marked); %llu "
-                  "duplicates\n", owned_a, owned_b, all, wide, marked,
-                  (unsigned long long)atomic_load(&t.duplicates));
+                  "duplicates; a claimed %d partitions, %d taking over from its wide claim\n",
+                  owned_a, owned_b, all, wide, marked,
+                  (unsigned long long)atomic_load(&t.duplicates), atomic_load(&part_claims),
+                  atomic_load(&takeovers));
     assert_true(owned_a > 0 && owned_b > 0);
     assert_int_equal(owned_a + owned_b, 8);
     assert_int_equal(wide, 0);
     assert_int_equal(all, 8);
     assert_int_equal(marked, 0);
+    /* every partition a kept took over from the wide claim, once */
+    assert_int_equal(atomic_load(&takeovers), (int)owned_a);
+    assert_int_equal(atomic_load(&part_claims), (int)owned_a);
     assert_int_equal(kb_tracker_distinct(&t), (uint64_t)SPLIT_KEYS * SPLIT_SEQS);
     assert_int_equal(atomic_load(&t.order_violations), 0);
     assert_int_equal(atomic_load(&t.concurrent), 0);
