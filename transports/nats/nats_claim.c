@@ -94,7 +94,7 @@ int kb__nats_ack(kb_transport *t, const kb_delivery *d)
 
 bool kb__nats_claim_orphaned(const kb_nats_claim *c)
 {
-    kb_nats_claim *w = c->after;
+    kb_nats_claim *w = atomic_load(&c->split_from);
     return w != NULL && atomic_load(&w->fenced) &&
            !(atomic_load(&c->cut_set) && atomic_load(&w->handled_to) >= atomic_load(&c->cut));
 }
@@ -324,7 +324,7 @@ void kb__nats_claims_free(kb_nats_topic *tp, uint32_t partitions)
  * thread claims again from the floors. */
 static void split_check(kb_transport *t, kb_nats_claim *c)
 {
-    kb_nats_claim *w = c->after;
+    kb_nats_claim *w = atomic_load(&c->split_from);
     if (w == NULL)
         return;
     if (atomic_load(&c->fenced) && !atomic_load(&w->fenced))

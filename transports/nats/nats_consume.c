@@ -118,7 +118,7 @@ static void keep_pulling(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
  * or NULL. */
 static kb_nats_claim *split_wide(kb_nats_feeder *f, const kb_nats_part *p, int64_t now)
 {
-    kb_nats_claim *w = p->split_to != NULL ? p->split_to->after : NULL;
+    kb_nats_claim *w = p->split_to != NULL ? atomic_load(&p->split_to->split_from) : NULL;
     if (w == NULL || atomic_load(&w->feeder_left) || kb__nats_claim_fenced(f->t, w, now))
         return NULL;
     return w;
@@ -137,10 +137,11 @@ static void tend(kb_nats_feeder *f, kb_nats_part *p, int64_t now)
     if (c != p->feeding && p->feeding != NULL &&
         (!p->feeding->wide || atomic_load(&p->feeding->fenced)))
         atomic_store(&p->feeding->feeder_left, 1);
-    if (c != p->feeding && c != NULL && c->after != NULL && !atomic_load(&c->cut_set)) {
+    kb_nats_claim *from = c != NULL ? atomic_load(&c->split_from) : NULL;
+    if (c != p->feeding && from != NULL && !atomic_load(&c->cut_set)) {
         /* the wide claim fed the partition up to here; from now on it
          * feeds nothing of it (split_wide) */
-        atomic_store(&c->cut, p->wide_fed_by == c->after ? p->wide_fed : 0);
+        atomic_store(&c->cut, p->wide_fed_by == from ? p->wide_fed : 0);
         atomic_store(&c->cut_set, true);
         p->split_to = c;
     }
@@ -559,12 +560,13 @@ static void read_msg(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m,
      * its to handle, the rest the partition claim's; each acks the other's
      * part once the other has handled it. */
     kb_nats_part *pp = part < t->partitions ? &c->part->topic->parts[part] : NULL;
-    if (c->after != NULL && meta->sseq <= atomic_load(&c->cut)) {
-        push(c, m, meta, part, 0, now, c->after);
+    kb_nats_claim *from = atomic_load(&c->split_from);
+    if (from != NULL && meta->sseq <= atomic_load(&c->cut)) {
+        push(c, m, meta, part, 0, now, from);
         return;
     }
     if (c->wide && pp != NULL) {
-        if (pp->split_to != NULL && pp->split_to->after == c) {
+        if (pp->split_to != NULL && atomic_load(&pp->split_to->split_from) == c) {
             push(c, m, meta, part, 0, now, pp->split_to);
             return;
         }

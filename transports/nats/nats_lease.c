@@ -78,7 +78,7 @@ static bool split_done(const kb_transport *t, kb_nats_topic *tp, const kb_nats_c
         kb_nats_claim *c = atomic_load(&p->claim);
         if (c == NULL || c == w || p->creating != NULL)
             return false;
-        if (c->after == w && !(atomic_load(&c->cut_set) &&
+        if (atomic_load(&c->split_from) == w && !(atomic_load(&c->cut_set) &&
                                atomic_load(&w->handled_to) >= atomic_load(&c->cut)))
             return false;
     }
@@ -530,7 +530,8 @@ static void claim_publish(kb_transport *t, kb_nats_opening *o, bool *again, bool
         }
     } else {
         if (split) {
-            c->after = w;   /* a split: the wide claim goes on; the feeder sets the cut */
+            /* a split: the wide claim goes on; the feeder sets the cut */
+            atomic_store(&c->split_from, w);
             atomic_store(&c->part->topic->split_wide, w);
         } else {
             claim_end(t, c->part);

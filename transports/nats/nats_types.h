@@ -145,12 +145,13 @@ typedef struct kb_nats_claim {
     int64_t pull_hb_ms;            /* the idle heartbeat the newest request asked for (0: none) */
     int64_t pull_deadline_ns;
     /* Split (nats_lease.c): a partition claim that took its partition over
-     * from a live wide claim, `after`, without stopping it. The wide claim
+     * from a live wide claim, `split_from`, without stopping it. The wide claim
      * fed the partition up to stream sequence `cut` (set by the feeder when
      * it first feeds this claim); this claim's deliveries up to the cut are
-     * acked once `after` has handled them, the wide claim's later ones once
-     * this claim has. */
-    struct kb_nats_claim *after;
+     * acked once that claim has handled them, the wide claim's later ones
+     * once this claim has. Set by the lease thread before the claim is
+     * published; read by the feeder and the acker (which sees every claim). */
+    _Atomic(struct kb_nats_claim *) split_from;
     _Atomic uint64_t cut;
     _Atomic bool cut_set;
     struct kb_nats_claim *next;    /* older claims of the partition (of the topic: wide) */
