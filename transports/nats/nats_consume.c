@@ -114,9 +114,7 @@ static void keep_pulling(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
             kb__nats_bridge(f, c, now);
 }
 
-/* The live wide claim partition p was split from (nats_lease.c, "Split"),
- * or NULL. */
-static kb_nats_claim *split_wide(kb_nats_feeder *f, const kb_nats_part *p, int64_t now)
+kb_nats_claim *kb__nats_split_wide(kb_nats_feeder *f, const kb_nats_part *p, int64_t now)
 {
     kb_nats_claim *w = p->split_to != NULL ? atomic_load(&p->split_to->split_from) : NULL;
     if (w == NULL || atomic_load(&w->feeder_left) || kb__nats_claim_fenced(f->t, w, now))
@@ -133,12 +131,18 @@ static kb_nats_claim *split_wide(kb_nats_feeder *f, const kb_nats_part *p, int64
 static void tend(kb_nats_feeder *f, kb_nats_part *p, int64_t now)
 {
     kb_transport *t = f->t;
-    kb_nats_claim *c = atomic_load(&p->claim);
-    if (c != p->feeding && p->feeding != NULL &&
-        (!p->feeding->wide || atomic_load(&p->feeding->fenced)))
-        atomic_store(&p->feeding->feeder_left, 1);
+    kb_nats_claim *c = atomic_load(&p->claim), *was = p->feeding;
+    /* A live wide claim goes on without this partition only for a claim
+     * split from it: else its later messages of the partition would be
+     * dropped here while its acks of other partitions' messages passed
+     * them (the split claim was fenced before the feeder saw it). */
+    if (c != was && was != NULL && was->wide && !atomic_load(&was->fenced) &&
+        (c == NULL || atomic_load(&c->split_from) != was))
+        kb__nats_claim_reset(t, was);
+    if (c != was && was != NULL && (!was->wide || atomic_load(&was->fenced)))
+        atomic_store(&was->feeder_left, 1);
     kb_nats_claim *from = c != NULL ? atomic_load(&c->split_from) : NULL;
-    if (c != p->feeding && from != NULL && !atomic_load(&c->cut_set)) {
+    if (c != was && from != NULL && !atomic_load(&c->cut_set)) {
         /* the wide claim fed the partition up to here; from now on it
          * feeds nothing of it (split_wide) */
         atomic_store(&c->cut, p->wide_fed_by == from ? p->wide_fed : 0);
@@ -146,7 +150,7 @@ static void tend(kb_nats_feeder *f, kb_nats_part *p, int64_t now)
         p->split_to = c;
     }
     p->feeding = c;
-    kb_nats_claim *w = split_wide(f, p, now);
+    kb_nats_claim *w = kb__nats_split_wide(f, p, now);
     if (w != NULL && w->part == p && w != c)
         keep_pulling(f, w, now);   /* partition 0 pulls for the wide claim still */
     if (c == NULL)
@@ -210,7 +214,7 @@ static void status_msg(kb_nats_feeder *f, natsMsg *m)
         n >= f->t->partitions)
         return;
     kb_nats_part *p = &f->by_id[id]->parts[n];
-    kb_nats_claim *c = p->feeding, *w = split_wide(f, p, kb_now_ns());
+    kb_nats_claim *c = p->feeding, *w = kb__nats_split_wide(f, p, kb_now_ns());
     if ((c == NULL || c->pull_serial != serial) && w != NULL && w->pull_serial == serial)
         c = w;
     if (c == NULL || c->pull_serial != serial)
@@ -514,7 +518,7 @@ static void unread_msg(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m,
 {
     kb_nats_claim *c = claim_of(f, &tp->parts[0], meta);
     if (c == NULL)
-        c = split_wide(f, &tp->parts[0], kb_now_ns());
+        c = kb__nats_split_wide(f, &tp->parts[0], kb_now_ns());
     if (c == NULL || !c->wide || strcmp(c->consumer, meta->consumer) != 0) {
         natsMsg_Destroy(m);
         return;
@@ -539,7 +543,7 @@ static void data_msg(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_
 {
     kb_nats_claim *c = claim_of(f, &tp->parts[n], meta);
     if (c == NULL)   /* the wide claim the partition was split from goes on */
-        c = split_wide(f, &tp->parts[n], kb_now_ns());
+        c = kb__nats_split_wide(f, &tp->parts[n], kb_now_ns());
     if (c == NULL || strcmp(c->consumer, meta->consumer) != 0) {
         natsMsg_Destroy(m);
         return;
@@ -730,7 +734,7 @@ static void handle(kb_nats_feeder *f, natsMsg *m)
     kb_nats_part *p = &tp->parts[n];
     int64_t now = kb_now_ns();
     tend(f, p, now);
-    kb_nats_claim *w = split_wide(f, p, now);
+    kb_nats_claim *w = kb__nats_split_wide(f, p, now);
     if (p->feeding != NULL && p->feeding->part != p)
         tend(f, p->feeding->part, now);   /* a wide claim pulls on partition 0 */
     else if (w != NULL && w->part != p)
@@ -765,8 +769,11 @@ static void *feed(void *arg)
                 kb_nats_topic *tp = f->by_id[id];
                 for (uint32_t i = 0; i < t->partitions; i++) {
                     kb_nats_claim *c = tp->parts[i].feeding;
+                    kb_nats_claim *w = kb__nats_split_wide(f, &tp->parts[i], now);
                     if (c != NULL && c->part == &tp->parts[i] && rc != reconnects)
                         c->pull_open = false;   /* requests do not survive a reconnect */
+                    if (w != NULL && w->part == &tp->parts[i] && rc != reconnects)
+                        w->pull_open = false;   /* ... nor do a split's wide claim's */
                     tend(f, &tp->parts[i], now);
                     unclaimed |= tp->parts[i].feeding == NULL;
                 }

@@ -322,6 +322,8 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
             kb_nats_claim *w = atomic_load(&p->claim);
             bool splits = w != NULL && w->wide && !atomic_load(&w->fenced) &&
                           strcmp(w->consumer, name) == 0;
+            if (splits)
+                o->split_of = w;
             bool finished = splits ||
                             kb__nats_progress_inherit(t, c, name, l->info[i]->Delivered.Stream);
             /* this process's own finished claim: what it released after a

@@ -39,6 +39,9 @@ typedef struct kb_nats_opening {
     char desc[32 + 22 * KB_NATS_MARKS];
     char filter[KB_NATS_NAME];
     bool retried;                  /* its name was tried before, unanswered */
+    /* prepared to take over from this live wide claim while it goes on (a
+     * split, nats_lease.c): without its progress record or delivery mark */
+    kb_nats_claim *split_of;
     uint32_t leases_ended;         /* its partitions' count when it was prepared */
     bool claimed;                  /* made, and its claim took over */
     bool handled;                  /* the lease thread saw how its creation went */

@@ -512,8 +512,11 @@ static void claim_publish(kb_transport *t, kb_nats_opening *o, bool *again, bool
         *refused = *refused || (!made && !unanswered(o));
         return;
     }
-    kb_nats_claim *w = c->wide ? NULL : atomic_load(&c->part->claim);
-    bool split = w != NULL && w->wide && !atomic_load(&w->fenced);
+    /* prepared as a split, it takes over as one even when the wide claim
+     * stopped meanwhile: it then counts as orphaned and is claimed again
+     * from the floors, with the progress record it was prepared without */
+    kb_nats_claim *w = o->split_of;
+    bool split = w != NULL && atomic_load(&c->part->claim) == w;
     kb_log(t->bus, KB_LOG_DEBUG, "nats %s: %s claimed by consumer %s (created in %lld ms)%s%s",
            t->url_safe, c->wide ? c->part->topic->stream : c->part->subject, c->consumer,
            (long long)(o->took_ns / 1000000), split ? "; it takes over from " : "",

@@ -96,8 +96,11 @@ bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m, kb_nats_bridged *out)
     if (sscanf(subj + il + 3, "%u.%u.%u", &id, &n, &serial) != 3 || id >= f->known ||
         n >= t->partitions)
         return true;
-    kb_nats_claim *c = f->by_id[id]->parts[n].feeding;
     int64_t now = kb_now_ns();
+    kb_nats_claim *c = f->by_id[id]->parts[n].feeding;
+    kb_nats_claim *w = kb__nats_split_wide(f, &f->by_id[id]->parts[n], now);
+    if ((c == NULL || c->bridge_serial != serial) && w != NULL && w->bridge_serial == serial)
+        c = w;   /* a split's wide claim: partition 0 bridges for it */
     if (c == NULL || !c->bridging || !c->bridge_asked || c->bridge_serial != serial ||
         kb__nats_claim_fenced(t, c, now))
         return true;
