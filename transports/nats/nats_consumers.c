@@ -296,6 +296,30 @@ static uint64_t stream_last(kb_transport *t, kb_nats_topic *tp, kb_nats_listing 
     return l->last_state > 0 ? l->last_seq : 0;
 }
 
+/* A creation asked again under its name (the first went unanswered; the
+ * server may have made the consumer late) must ask for the very consumer the
+ * first asked for: with another start or description the server refuses it
+ * (error 10012), the name is given up and a second consumer is made a round
+ * later. A floor that moved meanwhile (a wide claim acking on during a split,
+ * another owner's last acks) moves the start no more: the first attempt's
+ * start and description are kept, and what lies between its floor and
+ * today's, acked since and so handled, is passed over as redeliveries of
+ * acked events (acked again) up to *floor. */
+static void pin_first(kb_nats_opening *o, uint64_t *floor)
+{
+    kb_nats_claim *c = o->c, *first = o->retried ? c->next : NULL;
+    if (first == NULL || strcmp(first->consumer, c->consumer) != 0)
+        return;
+    o->cc.DeliverPolicy = first->asked_policy;
+    o->cc.OptStartSeq = first->asked_start;
+    /* its marks, so that a third ask describes the same consumer again */
+    memcpy(c->marks, first->marks, sizeof c->marks);
+    c->nmarks = first->nmarks;
+    marks_describe(c, o->desc, sizeof o->desc);
+    if (first->start_floor > *floor)
+        *floor = first->start_floor;
+}
+
 void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listing *l)
 {
     kb_nats_claim *c = o->c;
@@ -351,6 +375,9 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
                         : new_group && t->start_latest ? js_DeliverNew
                                                        : js_DeliverAll;
     cc->OptStartSeq = floor > 0 ? floor + 1 : 0;
+    pin_first(o, &floor);
+    c->asked_policy = cc->DeliverPolicy;
+    c->asked_start = cc->OptStartSeq;
     c->delivered_hi = floor;   /* a wide claim's first gap starts here (nats_consume.c) */
     c->consumer_hi = floor;
     c->start_unknown = cc->DeliverPolicy == js_DeliverNew;

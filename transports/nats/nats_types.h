@@ -117,6 +117,10 @@ typedef struct kb_nats_claim {
     _Atomic uint64_t bridge_hi;
     /* the floor it started from (set before it is published) */
     uint64_t start_floor;
+    /* the start its consumer's creation asked for: a creation asked again
+     * under the same name asks for it again (nats_consumers.c, pin_first) */
+    jsDeliverPolicy asked_policy;
+    uint64_t asked_start;
     /* an event released after a run of it (its runs may be in the runs
      * bucket only): the claim's final record may not drop its mark */
     _Atomic bool released_ran;
