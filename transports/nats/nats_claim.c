@@ -369,6 +369,14 @@ bool kb__nats_claims_done(const kb_nats_part *p)
     return true;
 }
 
+kb_nats_claim *kb__nats_split_wide(kb_transport *t, const kb_nats_part *p, int64_t now)
+{
+    kb_nats_claim *w = p->split_to != NULL ? atomic_load(&p->split_to->split_from) : NULL;
+    if (w == NULL || atomic_load(&w->feeder_left) || kb__nats_claim_fenced(t, w, now))
+        return NULL;
+    return w;
+}
+
 /* Is claim c fenced? One whose lease ran out locally (the lease thread
  * blocked past it) is fenced here, and the lease thread woken: a renewal
  * it still gets in starts a fresh claim. */

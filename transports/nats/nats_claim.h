@@ -71,6 +71,11 @@ int kb__nats_still_owned(kb_transport *t, const kb_delivery *d);
  * floors. */
 bool kb__nats_claim_orphaned(const kb_nats_claim *c);
 
+/* The live wide claim partition p was split from (nats_lease.c, "Split"),
+ * which partition 0 still pulls and bridges for when it took over itself;
+ * NULL when there is none. The feeder (p->split_to is its own). */
+kb_nats_claim *kb__nats_split_wide(kb_transport *t, const kb_nats_part *p, int64_t now);
+
 /* Is claim c fenced? One whose lease ran out locally (the lease thread
  * blocked past it) is fenced here, and the lease thread woken. Feeder. */
 bool kb__nats_claim_fenced(kb_transport *t, kb_nats_claim *c, int64_t now);

@@ -114,14 +114,6 @@ static void keep_pulling(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
             kb__nats_bridge(f, c, now);
 }
 
-kb_nats_claim *kb__nats_split_wide(kb_nats_feeder *f, const kb_nats_part *p, int64_t now)
-{
-    kb_nats_claim *w = p->split_to != NULL ? atomic_load(&p->split_to->split_from) : NULL;
-    if (w == NULL || atomic_load(&w->feeder_left) || kb__nats_claim_fenced(f->t, w, now))
-        return NULL;
-    return w;
-}
-
 /* Follow the partition's current claim and keep its pulls going. A fenced
  * claim is left for good: once fenced nothing goes into its ring, so a wide
  * claim left through one partition is safe from the others. A live wide
@@ -150,7 +142,7 @@ static void tend(kb_nats_feeder *f, kb_nats_part *p, int64_t now)
         p->split_to = c;
     }
     p->feeding = c;
-    kb_nats_claim *w = kb__nats_split_wide(f, p, now);
+    kb_nats_claim *w = kb__nats_split_wide(f->t, p, now);
     if (w != NULL && w->part == p && w != c)
         keep_pulling(f, w, now);   /* partition 0 pulls for the wide claim still */
     if (c == NULL)
@@ -214,7 +206,7 @@ static void status_msg(kb_nats_feeder *f, natsMsg *m)
         n >= f->t->partitions)
         return;
     kb_nats_part *p = &f->by_id[id]->parts[n];
-    kb_nats_claim *c = p->feeding, *w = kb__nats_split_wide(f, p, kb_now_ns());
+    kb_nats_claim *c = p->feeding, *w = kb__nats_split_wide(f->t, p, kb_now_ns());
     if ((c == NULL || c->pull_serial != serial) && w != NULL && w->pull_serial == serial)
         c = w;
     if (c == NULL || c->pull_serial != serial)
@@ -518,7 +510,7 @@ static void unread_msg(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m,
 {
     kb_nats_claim *c = claim_of(f, &tp->parts[0], meta);
     if (c == NULL)
-        c = kb__nats_split_wide(f, &tp->parts[0], kb_now_ns());
+        c = kb__nats_split_wide(f->t, &tp->parts[0], kb_now_ns());
     if (c == NULL || !c->wide || strcmp(c->consumer, meta->consumer) != 0) {
         natsMsg_Destroy(m);
         return;
@@ -543,7 +535,7 @@ static void data_msg(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_
 {
     kb_nats_claim *c = claim_of(f, &tp->parts[n], meta);
     if (c == NULL)   /* the wide claim the partition was split from goes on */
-        c = kb__nats_split_wide(f, &tp->parts[n], kb_now_ns());
+        c = kb__nats_split_wide(f->t, &tp->parts[n], kb_now_ns());
     if (c == NULL || strcmp(c->consumer, meta->consumer) != 0) {
         natsMsg_Destroy(m);
         return;
@@ -734,7 +726,7 @@ static void handle(kb_nats_feeder *f, natsMsg *m)
     kb_nats_part *p = &tp->parts[n];
     int64_t now = kb_now_ns();
     tend(f, p, now);
-    kb_nats_claim *w = kb__nats_split_wide(f, p, now);
+    kb_nats_claim *w = kb__nats_split_wide(f->t, p, now);
     if (p->feeding != NULL && p->feeding->part != p)
         tend(f, p->feeding->part, now);   /* a wide claim pulls on partition 0 */
     else if (w != NULL && w->part != p)
@@ -769,7 +761,7 @@ static void *feed(void *arg)
                 kb_nats_topic *tp = f->by_id[id];
                 for (uint32_t i = 0; i < t->partitions; i++) {
                     kb_nats_claim *c = tp->parts[i].feeding;
-                    kb_nats_claim *w = kb__nats_split_wide(f, &tp->parts[i], now);
+                    kb_nats_claim *w = kb__nats_split_wide(f->t, &tp->parts[i], now);
                     if (c != NULL && c->part == &tp->parts[i] && rc != reconnects)
                         c->pull_open = false;   /* requests do not survive a reconnect */
                     if (w != NULL && w->part == &tp->parts[i] && rc != reconnects)

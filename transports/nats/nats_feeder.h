@@ -62,10 +62,6 @@ void kb__nats_bridge_start(kb_transport *t, kb_nats_claim *c, int64_t now);
 void kb__nats_bridge_end(kb_nats_claim *c);
 /* Ask for the partition's next message when due and there is room. */
 void kb__nats_bridge(kb_nats_feeder *f, kb_nats_claim *c, int64_t now);
-/* nats_consume.c: the live wide claim partition p was split from
- * (nats_lease.c, "Split"), which partition 0 still pulls and bridges for
- * when it took over itself; NULL when there is none. */
-kb_nats_claim *kb__nats_split_wide(kb_nats_feeder *f, const kb_nats_part *p, int64_t now);
 /* Is m an answer to a bridge read? Then *out says what it brought (the
  * caller keeps m either way). */
 bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m, kb_nats_bridged *out);

@@ -98,7 +98,7 @@ bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m, kb_nats_bridged *out)
         return true;
     int64_t now = kb_now_ns();
     kb_nats_claim *c = f->by_id[id]->parts[n].feeding;
-    kb_nats_claim *w = kb__nats_split_wide(f, &f->by_id[id]->parts[n], now);
+    kb_nats_claim *w = kb__nats_split_wide(t, &f->by_id[id]->parts[n], now);
     if ((c == NULL || c->bridge_serial != serial) && w != NULL && w->bridge_serial == serial)
         c = w;   /* a split's wide claim: partition 0 bridges for it */
     if (c == NULL || !c->bridging || !c->bridge_asked || c->bridge_serial != serial ||
