@@ -26,6 +26,7 @@
 #define KB_NATS_SCAN_NS 20000000        /* every partition's pulls checked this often */
 #define KB_NATS_CLAIM_SCAN_NS 1000000   /* ... and this often while claims are awaited */
 #define KB_NATS_CLAIM_WAIT_NS 2000000000 /* for this long after a subscribe or reconnect */
+#define KB_NATS_PULL_GRACE_NS 250000000 /* a request's 408 comes this soon after its expiry */
 
 
 /* Keep up to two pull requests of nats.fetch_batch open per partition: the
@@ -38,13 +39,23 @@
  * leader whose node died is known lost after two missed ones, not after its
  * expiry (up to 12 s of a partition's pause); an idle partition costs one
  * heartbeat per 2.5 s. Requests of less than a second (nats.fetch_expires_ms)
- * ask for none: they are counted lost 2 s after their expiry.
+ * ask for none.
+ * A request past its expiry has ended, whether its 408 came or not:
+ * nats-server before 2.9.16 (nats-io/nats-server#3942) drops one that
+ * expired when a message comes before its expiry timer runs, with no 408,
+ * and delivers nothing more until the next request: the newest request so
+ * ended was judged lost 0.75 s after the last message, every 5-10 s on each
+ * partition of a steady flow (whose requests all end by expiry; all 22 such
+ * pauses of a traced run on 2.9.10: docs/transports-nats.md, "Lapses").
+ * So while messages come, the next request goes a tenth of its expiry
+ * before the newest ends (keep_pulling), and a request that got nothing is
+ * lost KB_NATS_PULL_GRACE_NS after its expiry unless a status came, or
+ * sooner by its heartbeats.
  * The request sent after one was lost, while the partition is not bridged,
  * asks for them five times as often (50 ms at a 1 s expiry): a healthy
- * consumer that let a request lapse answered the next within about 0.2 s in
- * traced runs (a message, or its first heartbeat), one whose leader is gone
- * never does; so it is judged lost 0.35 s after it went, not 0.75, and the
- * bridge starts that much sooner. */
+ * consumer answers it at once (a message, or its first heartbeat), one whose
+ * leader is gone never does; so it is judged lost 0.35 s after it went, not
+ * 0.75, and the bridge starts that much sooner. */
 static int64_t heartbeat_ms(const kb_nats_claim *c)
 {
     if (c->pull_expires_ms < 1000)
@@ -59,6 +70,13 @@ static int64_t pull_deadline(const kb_nats_claim *c, int64_t now)
 {
     int64_t hb = c->pull_hb_ms;
     return now + (hb > 0 ? 2 * hb + 250 : c->pull_expires_ms + 2000) * 1000000;
+}
+
+/* The feeder's record of claim c's newest request (nats_feeder.h). */
+static kb_nats_pull *pull_of(kb_nats_feeder *f, const kb_nats_claim *c)
+{
+    size_t part = (size_t)c->part->topic->sub_id * f->t->partitions + c->part->n;
+    return &f->pulls[part * 2 + c->wide];
 }
 
 static void pull(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
@@ -90,28 +108,37 @@ static void pull(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
     c->pull_hb_ms = hb;
     /* The server ends the request; this only covers a lost one. */
     c->pull_deadline_ns = pull_deadline(c, now);
+    int64_t expires_ns = c->pull_expires_ms * 1000000;
+    *pull_of(f, c) = (kb_nats_pull){c->pull_serial, now + expires_ns - expires_ns / 10,
+                                    now + expires_ns};
 }
 
 /* Keep claim c's pulls going (and its bridge, when its consumer is silent). */
 static void keep_pulling(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
 {
     kb_transport *t = f->t;
-    bool lost = c->pull_open && now > c->pull_deadline_ns && f->empty_ns > c->pull_deadline_ns;
-        if (!c->pull_open || c->pull_left < t->fetch_batch || lost) {
-            if (lost) {
-                /* A pull a healthy consumer let lapse is seen lost now and
-                 * then (seconds apart, messages between: seen every second
-                 * on a quiet machine); one whose leader is gone stays so.
-                 * The next request is judged sooner (heartbeat_ms). */
-                c->pull_open = false;
-                if (c->lost_again)
-                    kb__nats_bridge_start(t, c, now);
-                c->lost_again = true;
-            }
-            pull(f, c, now);
+    const kb_nats_pull *r = pull_of(f, c);
+    bool known = c->pull_open && r->serial == c->pull_serial;
+    bool renew = known && c->pull_got && now >= r->renew_ns;
+    int64_t was = c->pull_deadline_ns, deadline = was;
+    if (known && r->ends_ns + KB_NATS_PULL_GRACE_NS < deadline)
+        deadline = r->ends_ns + KB_NATS_PULL_GRACE_NS;
+    bool lost = c->pull_open && !renew && now > deadline && f->empty_ns > deadline;
+    if (!c->pull_open || c->pull_left < t->fetch_batch || lost || renew) {
+        if (lost) {   /* the next request is judged sooner (heartbeat_ms) */
+            c->pull_open = false;
+            if (c->lost_again)
+                kb__nats_bridge_start(t, c, now);
+            c->lost_again = true;
         }
-        if (c->bridging)
-            kb__nats_bridge(f, c, now);
+        if (renew)   /* the open requests end in a moment, with what they got */
+            c->pull_open = false;
+        pull(f, c, now);
+        if (renew && c->pull_deadline_ns > was)
+            c->pull_deadline_ns = was;   /* a leader gone meanwhile is seen as soon */
+    }
+    if (c->bridging)
+        kb__nats_bridge(f, c, now);
 }
 
 /* Follow the partition's current claim and keep its pulls going. A fenced
@@ -652,7 +679,14 @@ static bool learn(kb_nats_feeder *f, uint32_t nsubs)
         slots *= 2;
     kb_nats_topic **by_name = calloc(slots, sizeof *by_name);
     kb_nats_topic **by_id = calloc(nsubs, sizeof *by_id);
-    if (by_name == NULL || by_id == NULL) {
+    size_t had = (size_t)f->known * f->t->partitions * 2;
+    size_t pulls = (size_t)nsubs * f->t->partitions * 2;
+    kb_nats_pull *pull = pulls > had ? realloc(f->pulls, pulls * sizeof *pull) : f->pulls;
+    if (pull != NULL && pulls > had) {   /* sub IDs stay: the known topics' slots with them */
+        memset(pull + had, 0, (pulls - had) * sizeof *pull);
+        f->pulls = pull;
+    }
+    if (by_name == NULL || by_id == NULL || pull == NULL) {
         free(by_name);
         free(by_id);
         return false;
@@ -804,6 +838,7 @@ static void *feed(void *arg)
                 atomic_store(&f->by_id[id]->parts[i].feeding->feeder_left, 1);
     free(f->by_name);
     free(f->by_id);
+    free(f->pulls);
     free(f->key);
     kb__nats_hdrs_free(&f->hdrs);
     free(f);
