@@ -72,13 +72,6 @@ static int64_t pull_deadline(const kb_nats_claim *c, int64_t now)
     return now + (hb > 0 ? 2 * hb + 250 : c->pull_expires_ms + 2000) * 1000000;
 }
 
-/* The feeder's record of claim c's newest request (nats_feeder.h). */
-static kb_nats_pull *pull_of(kb_nats_feeder *f, const kb_nats_claim *c)
-{
-    size_t part = (size_t)c->part->topic->sub_id * f->t->partitions + c->part->n;
-    return &f->pulls[part * 2 + c->wide];
-}
-
 static void pull(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
 {
     kb_transport *t = f->t;
@@ -109,20 +102,18 @@ static void pull(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
     /* The server ends the request; this only covers a lost one. */
     c->pull_deadline_ns = pull_deadline(c, now);
     int64_t expires_ns = c->pull_expires_ms * 1000000;
-    *pull_of(f, c) = (kb_nats_pull){c->pull_serial, now + expires_ns - expires_ns / 10,
-                                    now + expires_ns};
+    c->pull_ends_ns = now + expires_ns;
+    c->pull_renew_ns = now + expires_ns - expires_ns / 10;
 }
 
 /* Keep claim c's pulls going (and its bridge, when its consumer is silent). */
 static void keep_pulling(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
 {
     kb_transport *t = f->t;
-    const kb_nats_pull *r = pull_of(f, c);
-    bool known = c->pull_open && r->serial == c->pull_serial;
-    bool renew = known && c->pull_got && now >= r->renew_ns;
+    bool renew = c->pull_open && c->pull_got && now >= c->pull_renew_ns;
     int64_t was = c->pull_deadline_ns, deadline = was;
-    if (known && r->ends_ns + KB_NATS_PULL_GRACE_NS < deadline)
-        deadline = r->ends_ns + KB_NATS_PULL_GRACE_NS;
+    if (c->pull_open && c->pull_ends_ns + KB_NATS_PULL_GRACE_NS < deadline)
+        deadline = c->pull_ends_ns + KB_NATS_PULL_GRACE_NS;
     bool lost = c->pull_open && !renew && now > deadline && f->empty_ns > deadline;
     if (!c->pull_open || c->pull_left < t->fetch_batch || lost || renew) {
         if (lost) {   /* the next request is judged sooner (heartbeat_ms) */
@@ -679,14 +670,7 @@ static bool learn(kb_nats_feeder *f, uint32_t nsubs)
         slots *= 2;
     kb_nats_topic **by_name = calloc(slots, sizeof *by_name);
     kb_nats_topic **by_id = calloc(nsubs, sizeof *by_id);
-    size_t had = (size_t)f->known * f->t->partitions * 2;
-    size_t pulls = (size_t)nsubs * f->t->partitions * 2;
-    kb_nats_pull *pull = pulls > had ? realloc(f->pulls, pulls * sizeof *pull) : f->pulls;
-    if (pull != NULL && pulls > had) {   /* sub IDs stay: the known topics' slots with them */
-        memset(pull + had, 0, (pulls - had) * sizeof *pull);
-        f->pulls = pull;
-    }
-    if (by_name == NULL || by_id == NULL || pull == NULL) {
+    if (by_name == NULL || by_id == NULL) {
         free(by_name);
         free(by_id);
         return false;
@@ -838,7 +822,6 @@ static void *feed(void *arg)
                 atomic_store(&f->by_id[id]->parts[i].feeding->feeder_left, 1);
     free(f->by_name);
     free(f->by_id);
-    free(f->pulls);
     free(f->key);
     kb__nats_hdrs_free(&f->hdrs);
     free(f);

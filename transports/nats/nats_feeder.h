@@ -10,24 +10,12 @@
 #include "nats_msg.h"
 #include "nats_types.h"
 
-/* The newest pull request of a claim, as sent: nats-server 2.9 (before
- * 2.9.16) may end it at its expiry without the 408 (nats_consume.c, above
- * heartbeat_ms). */
-typedef struct kb_nats_pull {
-    uint32_t serial;         /* of the claim's newest request: else the slot is another's */
-    int64_t renew_ns;        /* while messages come, the next request goes then */
-    int64_t ends_ns;         /* its expiry (from when it was sent) */
-} kb_nats_pull;
-
 typedef struct kb_nats_feeder {
     kb_transport *t;
     /* subscribed topics by the hash of their name (open addressing) */
     kb_nats_topic **by_name;
     uint32_t slots, known;
     kb_nats_topic **by_id;
-    /* by topic ID and partition, two each: the partition's own claim's, and
-     * a wide claim's (partition 0 pulls for it) */
-    kb_nats_pull *pulls;
     char *key;               /* decoded key buffer */
     size_t key_cap;
     kb_nats_hdrs hdrs;       /* the current event's headers */

@@ -148,6 +148,11 @@ typedef struct kb_nats_claim {
     int64_t pull_expires_ms;       /* grows while the partition is idle */
     int64_t pull_hb_ms;            /* the idle heartbeat the newest request asked for (0: none) */
     int64_t pull_deadline_ns;
+    /* the newest request's expiry (from when it was sent): nats-server 2.9
+     * before 2.9.16 may end it then without its 408 (nats_consume.c, above
+     * heartbeat_ms); while messages come, the next one goes at renew */
+    int64_t pull_ends_ns;
+    int64_t pull_renew_ns;
     /* Split (nats_lease.c): a partition claim that took its partition over
      * from a live wide claim, `split_from`, without stopping it. The wide claim
      * fed the partition up to stream sequence `cut` (set by the feeder when
