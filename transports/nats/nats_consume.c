@@ -49,7 +49,7 @@
  * pauses of a traced run on 2.9.10: docs/transports-nats.md, "Lapses").
  * So while messages come, the next request goes a tenth of its expiry
  * before the newest ends (keep_pulling), and a request that got nothing is
- * lost KB_NATS_PULL_GRACE_NS after its expiry unless a status came, or
+ * lost KB_NATS_PULL_GRACE_NS after its expiry unless a status ended it, or
  * sooner by its heartbeats.
  * The request sent after one was lost, while the partition is not bridged,
  * asks for them five times as often (50 ms at a 1 s expiry): a healthy

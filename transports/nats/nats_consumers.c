@@ -297,26 +297,23 @@ static uint64_t stream_last(kb_transport *t, kb_nats_topic *tp, kb_nats_listing 
 }
 
 /* A creation asked again under its name (the first went unanswered; the
- * server may have made the consumer late) must ask for the very consumer the
- * first asked for: with another start or description the server refuses it
- * (error 10012), the name is given up and a second consumer is made a round
- * later. A floor that moved meanwhile (a wide claim acking on during a split,
- * another owner's last acks) moves the start no more: the first attempt's
- * start and description are kept, and what lies between its floor and
- * today's, acked since and so handled, is passed over as redeliveries of
- * acked events (acked again) up to *floor. */
-static void pin_first(kb_nats_opening *o, uint64_t *floor)
+ * server may have made the consumer late) must ask for the start the first
+ * asked for: with another one the server refuses it (error 10012: "start
+ * sequence can not be updated"; a description it updates), the name is given
+ * up and a second consumer is made a round later. A floor that moved
+ * meanwhile (a wide claim acking on during a split, another owner's last
+ * acks) moves the start no more: the first ask's is kept, and what lies
+ * between its floor and today's *floor, acked since and so handled, is passed
+ * over as redeliveries of acked events (acked again). A new group's "floor"
+ * is the stream's last sequence, nothing acked: it stays the first's. */
+static void pin_first(kb_nats_opening *o, uint64_t *floor, bool acked)
 {
     kb_nats_claim *c = o->c, *first = o->retried ? c->next : NULL;
     if (first == NULL || strcmp(first->consumer, c->consumer) != 0)
         return;
     o->cc.DeliverPolicy = first->asked_policy;
     o->cc.OptStartSeq = first->asked_start;
-    /* its marks, so that a third ask describes the same consumer again */
-    memcpy(c->marks, first->marks, sizeof c->marks);
-    c->nmarks = first->nmarks;
-    marks_describe(c, o->desc, sizeof o->desc);
-    if (first->start_floor > *floor)
+    if (!acked || first->start_floor > *floor)
         *floor = first->start_floor;
 }
 
@@ -335,7 +332,8 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
         if (l->info[i] != NULL && kb__nats_floor_of(l->info[i]) > floor)
             floor = kb__nats_floor_of(l->info[i]);
     }
-    if (floor == 0 && new_group && t->start_latest)
+    bool acked = !(floor == 0 && new_group && t->start_latest);   /* floor: acked below */
+    if (!acked)
         floor = stream_last(t, tp, l);
     for (int i = 0; i < name_count(l); i++)
         if (l->info[i] != NULL && covers(t, l->names->List[i], n)) {
@@ -375,11 +373,14 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
                         : new_group && t->start_latest ? js_DeliverNew
                                                        : js_DeliverAll;
     cc->OptStartSeq = floor > 0 ? floor + 1 : 0;
-    pin_first(o, &floor);
+    pin_first(o, &floor, acked);
     c->asked_policy = cc->DeliverPolicy;
     c->asked_start = cc->OptStartSeq;
     c->delivered_hi = floor;   /* a wide claim's first gap starts here (nats_consume.c) */
-    c->consumer_hi = floor;
+    /* what its consumer reports delivered until it delivers: below the floor
+     * when the start was pinned (a reconnect's look must not take that for
+     * a consumer that came back behind) */
+    c->consumer_hi = cc->OptStartSeq > 0 ? cc->OptStartSeq - 1 : 0;
     c->start_unknown = cc->DeliverPolicy == js_DeliverNew;
     c->start_floor = floor;
 }
