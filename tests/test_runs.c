@@ -395,10 +395,12 @@ static bool poison_dead_next_runs(run_env *e, size_t n)
  * deterministic case). After max_attempts crashes the next incarnation
  * dead-letters it without a run and is killed in key 0's next event: the
  * frame stays unacked. The last incarnation must not run the dead-lettered
- * event, and handles the events after it in order. Seq 2, framed before the
+ * event, and handles the events after it in order. Seq 1 and 2, before the
  * poison and handled by every incarnation, may come again with max_attempts
- * runs recorded and be dead-lettered then (its frame was never acked, and a
- * process that dies within 10 ms of a settle leaves no progress record). */
+ * runs recorded and be dead-lettered then (seq 2's frame was never acked; seq
+ * 1's ack may not have been stored before the kill either, as in a CI run
+ * under ASan; and a process that dies within 10 ms of a settle leaves no
+ * progress record). No event after the poison is dead-lettered. */
 static void framed_dead_letter_never_handled(void **state)
 {
     (void)state;
@@ -442,10 +444,11 @@ static void framed_dead_letter_never_handled(void **state)
         }
     bool redis = strcmp(kind, "redis") == 0;
     uint32_t framed_with = redis ? redis_frame_events(e.topic, fd.partition, fd.orig_id) : 0;
-    fprintf(stderr, "%s: %d crashes; dead letters of seq 2: %u, seq 3: %u (%s, a frame of %u), "
-            "others: %u; seq 2 handled %u times, seq 3 %u\n", kind, crashes, dead[2], dead[3],
-            fd.orig_id, framed_with, dead[0] + dead[1] + dead[4] + dead[5] + dead[6] + dead[7] +
-            dead[8], lines_of(v, n, 'H', 0, 2), lines_of(v, n, 'H', 0, 3));
+    fprintf(stderr, "%s: %d crashes; dead letters of seq 1: %u, seq 2: %u, seq 3: %u (%s, a "
+            "frame of %u), others: %u; seq 2 handled %u times, seq 3 %u\n", kind, crashes,
+            dead[1], dead[2], dead[3], fd.orig_id, framed_with,
+            dead[0] + dead[4] + dead[5] + dead[6] + dead[7] + dead[8], lines_of(v, n, 'H', 0, 2),
+            lines_of(v, n, 'H', 0, 3));
     assert_int_equal(crashes, MAX_ATTEMPTS);
     assert_int_equal(count(v, n, 'C'), MAX_ATTEMPTS);
     /* redis:// stores the event's dead letter and its frame's progress bit
@@ -457,7 +460,7 @@ static void framed_dead_letter_never_handled(void **state)
         assert_true(framed_with > 1);
     }
     for (uint32_t s = 0; s <= FRAMED_PER_KEY; s++)
-        assert_true(s == 2 || s == 3 || dead[s] == 0);
+        assert_true((s >= 1 && s <= 3) || dead[s] == 0);
     assert_int_equal(lines_of(v, n, 'H', 0, 3), 0);   /* never handled after its dead letter */
     assert_int_equal(distinct_handled(v, n, 1, FRAMED_PER_KEY), FRAMED_PER_KEY - 1);
     assert_true(in_order);
