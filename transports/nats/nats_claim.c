@@ -92,11 +92,15 @@ int kb__nats_ack(kb_transport *t, const kb_delivery *d)
     return KB_OK;
 }
 
+bool kb__nats_claim_cut_passed(const kb_nats_claim *c, const kb_nats_claim *w)
+{
+    return atomic_load(&c->cut_set) && atomic_load(&w->handled_to) >= atomic_load(&c->cut);
+}
+
 bool kb__nats_claim_orphaned(const kb_nats_claim *c)
 {
     kb_nats_claim *w = atomic_load(&c->split_from);
-    return w != NULL && atomic_load(&w->fenced) &&
-           !(atomic_load(&c->cut_set) && atomic_load(&w->handled_to) >= atomic_load(&c->cut));
+    return w != NULL && atomic_load(&w->fenced) && !kb__nats_claim_cut_passed(c, w);
 }
 
 /* Executor, before each handler: is the claim that delivered this still the

@@ -70,6 +70,9 @@ int kb__nats_still_owned(kb_transport *t, const kb_delivery *d);
  * must stop too: the wide claim's released events come again only from the
  * floors. */
 bool kb__nats_claim_orphaned(const kb_nats_claim *c);
+/* Has wide claim w handled everything it fed of c's partition (up to c's
+ * cut, which the feeder has set)? */
+bool kb__nats_claim_cut_passed(const kb_nats_claim *c, const kb_nats_claim *w);
 
 /* The live wide claim partition p was split from (nats_lease.c, "Split"),
  * which partition 0 still pulls and bridges for when it took over itself;

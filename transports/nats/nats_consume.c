@@ -146,12 +146,13 @@ static void tend(kb_nats_feeder *f, kb_nats_part *p, int64_t now)
      * split from it: else its later messages of the partition would be
      * dropped here while its acks of other partitions' messages passed
      * them (the split claim was fenced before the feeder saw it). */
-    if (c != was && was != NULL && was->wide && !atomic_load(&was->fenced) &&
-        (c == NULL || atomic_load(&c->split_from) != was))
-        kb__nats_claim_reset(t, was);
-    if (c != was && was != NULL && (!was->wide || atomic_load(&was->fenced)))
-        atomic_store(&was->feeder_left, 1);
     kb_nats_claim *from = c != NULL ? atomic_load(&c->split_from) : NULL;
+    if (c != was && was != NULL) {
+        if (was->wide && !atomic_load(&was->fenced) && from != was)
+            kb__nats_claim_reset(t, was);
+        if (!was->wide || atomic_load(&was->fenced))
+            atomic_store(&was->feeder_left, 1);
+    }
     if (c != was && from != NULL && !atomic_load(&c->cut_set)) {
         /* the wide claim fed the partition up to here; from now on it
          * feeds nothing of it (split_wide) */
@@ -375,6 +376,18 @@ static kb_nats_claim *claim_of(kb_nats_feeder *f, kb_nats_part *p, const kb_nats
     return c;
 }
 
+/* The claim whose consumer delivered a message of partition p: the
+ * partition's own (claim_of), or the live wide claim it was split from,
+ * which goes on for the others; NULL when neither. */
+static kb_nats_claim *delivered_by(kb_nats_feeder *f, kb_nats_part *p, const kb_nats_meta *meta)
+{
+    kb_nats_claim *c = claim_of(f, p, meta);
+    if (c != NULL)
+        return c;
+    kb_nats_claim *w = kb__nats_split_wide(f->t, p, kb_now_ns());
+    return w != NULL && strcmp(w->consumer, meta->consumer) == 0 ? w : NULL;
+}
+
 /* A wide claim sees every message of its stream, so a gap between two of its
  * deliveries is messages removed unread: by the stream's limits (MaxMsgs,
  * MaxAge, MaxBytes set on it) when they lie below its first sequence, else
@@ -526,10 +539,8 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
 static void unread_msg(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m,
                           const kb_nats_meta *meta, const char *last)
 {
-    kb_nats_claim *c = claim_of(f, &tp->parts[0], meta);
-    if (c == NULL)
-        c = kb__nats_split_wide(f->t, &tp->parts[0], kb_now_ns());
-    if (c == NULL || !c->wide || strcmp(c->consumer, meta->consumer) != 0) {
+    kb_nats_claim *c = delivered_by(f, &tp->parts[0], meta);
+    if (c == NULL || !c->wide) {
         natsMsg_Destroy(m);
         return;
     }
@@ -551,10 +562,8 @@ static void unread_msg(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m,
 static void data_msg(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m, const kb_nats_meta *meta,
                      unsigned n)
 {
-    kb_nats_claim *c = claim_of(f, &tp->parts[n], meta);
-    if (c == NULL)   /* the wide claim the partition was split from goes on */
-        c = kb__nats_split_wide(f->t, &tp->parts[n], kb_now_ns());
-    if (c == NULL || strcmp(c->consumer, meta->consumer) != 0) {
+    kb_nats_claim *c = delivered_by(f, &tp->parts[n], meta);
+    if (c == NULL) {
         natsMsg_Destroy(m);
         return;
     }

@@ -78,8 +78,7 @@ static bool split_done(const kb_transport *t, kb_nats_topic *tp, const kb_nats_c
         kb_nats_claim *c = atomic_load(&p->claim);
         if (c == NULL || c == w || p->creating != NULL)
             return false;
-        if (atomic_load(&c->split_from) == w && !(atomic_load(&c->cut_set) &&
-                               atomic_load(&w->handled_to) >= atomic_load(&c->cut)))
+        if (atomic_load(&c->split_from) == w && !kb__nats_claim_cut_passed(c, w))
             return false;
     }
     return true;
