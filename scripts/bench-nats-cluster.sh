@@ -5,8 +5,18 @@
 # Markdown table for docs/benchmarks.md ("NATS JetStream cluster"). Servers:
 # free loopback ports, own store dirs, file storage, stopped by PID.
 # Usage: bash scripts/bench-nats-cluster.sh [events (default 200000)] [repeat (default 3)]
+#    or: bash scripts/bench-nats-cluster.sh consumers [count (default 8)] [rounds (default 3)]
+# `consumers`: instead, what a durable consumer's creation costs on the same
+# servers (keybus-consumer-cost: count consumers made one after another, rounds
+# times, per replica count; the single node as the baseline), for
+# docs/transports-nats.md ("What a consumer's creation costs").
 set -euo pipefail
 me=bench-nats-cluster.sh tag=ncluster
+mode=throughput
+if [ "${1:-}" = consumers ]; then
+    mode=consumers
+    shift
+fi
 # shellcheck source=scripts/bench-servers.sh
 source "$(dirname "$0")/bench-servers.sh"
 
@@ -38,6 +48,18 @@ done
 nats_healthy "$single_http"
 for i in 0 1 2; do nats_healthy "${https[$i]}"; done
 cluster="nats://127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}"
+
+if [ "$mode" = consumers ]; then
+    cost=$build/bench/keybus-consumer-cost
+    [ -x "$cost" ] || { echo "$me: build $cost first" >&2; exit 1; }
+    count=${1:-8} rounds=${2:-3}
+    echo "one nats-server -js (the baseline):"
+    "$cost" "nats://127.0.0.1:$single" "$count" "$rounds" 1
+    echo "3-node cluster, an R3 stream as nats.replicas = 3 makes:"
+    "$cost" "$cluster" "$count" "$rounds" 3
+    echo "$(nats-server --version), loopback, file storage; $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg) at the end"
+    exit 0
+fi
 
 # run LABEL URL REPLICAS: one keybus-bench run, events/s on stdout (a lease
 # bucket per replica count: an existing one keeps its own)

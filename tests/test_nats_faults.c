@@ -4,7 +4,8 @@
  * one of two consumer processes; the consumer's connection alone cut at close;
  * publishes lost with the connection sent again in order, after a reconnect
  * nats.c made before its disconnected callback ran, and all of them at
- * kb_close after a restart; lease answers that come late.
+ * kb_close after a restart; lease answers that come late; a consumer
+ * creation's answer lost with the connection.
  * Usage: test_nats_faults PATH_TO_HELPER [TEST] */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -859,6 +860,85 @@ static int release_held(void **state)
     return 0;
 }
 
+static _Atomic int unanswered;
+
+static void count_unanswered(int level, const char *msg, void *opaque)
+{
+    (void)level;
+    (void)opaque;
+    if (strstr(msg, "Timeout") != NULL && strstr(msg, "claimed again") != NULL)
+        atomic_fetch_add(&unanswered, 1);
+}
+
+struct cut {
+    kb_test_proxy *proxy;
+    int armed;   /* kb_test_proxy_blackhole_after's result */
+};
+
+/* The server's answer to the first consumer creation is lost with the
+ * client's connections (they are closed with it held); they reconnect. */
+static void *cut_after_creation(void *arg)
+{
+    struct cut *c = arg;
+    c->armed = kb_test_proxy_blackhole_after(c->proxy, ".CREATE.KB_", 30000);
+    if (c->armed == 0) {
+        usleep(200000);   /* the server made the consumer and answered into the hole */
+        kb_test_proxy_drop_from(c->proxy, 0);
+    }
+    return NULL;
+}
+
+/* A consumer's creation whose answer is lost on the way (the client's
+ * connection gone, as with its node killed) is asked again, the same
+ * request, after ASK_AGAIN_MS, and the server answers from the consumer it
+ * made: the claim takes over without a creation timing out ("Timeout ...
+ * claimed again": the whole wait, 3.3 s at the default TTL, before) and
+ * without a second consumer; nothing lost, every key in order. */
+static void lost_creation_answer_asked_again(void **state)
+{
+    (void)state;
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    kb_test_proxy *proxy = NULL;
+    const char *const conf[] = {"nats.reconnect_wait_ms", "1", NULL};
+    atomic_store(&unanswered, 0);
+    kb_bus *b = proxied_bus(&s, &proxy, conf, count_unanswered);
+    const char *topic = "fault.creation";
+    for (uint32_t k = 0; k < KEYS; k++)   /* the stream exists before the cut is armed */
+        publish_ok(b, topic, k, 1);
+    kb_assert_ok(kb_flush(b, 10000));
+
+    struct cut cut = {proxy, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, cut_after_creation, &cut), 0);
+    usleep(100000);   /* armed */
+    kb_tracker t;
+    kb_tracker_init(&t, KEYS);
+    kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &t));
+    pthread_join(th, NULL);
+    for (uint32_t k = 0; k < KEYS; k++)
+        publish_ok(b, topic, k, 2);
+    kb_assert_ok(kb_flush(b, 20000));
+    wait_distinct(&t, 2 * KEYS, 30);
+    char names[2048];
+    consumer_names(s.url, topic, names, sizeof names);
+    print_message("creation answer lost: armed %d, %d creations timed out, %llu distinct, "
+                  "consumers '%s'\n", cut.armed, atomic_load(&unanswered),
+                  (unsigned long long)kb_tracker_distinct(&t), names);
+    assert_int_equal(cut.armed, 0);
+    assert_int_equal(atomic_load(&unanswered), 0);
+    assert_int_equal(kb_tracker_distinct(&t), 2 * KEYS);
+    assert_int_equal(atomic_load(&t.order_violations), 0);
+    int consumers = 0;
+    for (const char *n = names; (n = strchr(n, ' ')) != NULL; n++)
+        consumers++;
+    assert_int_equal(consumers, 1);   /* the claim's: none made a second time */
+    kb_assert_ok(kb_close(b, 10000));
+    kb_tracker_destroy(&t);
+    kb_test_proxy_stop(proxy);
+    kb_test_server_stop(&s);
+}
+
 #define ORDER_KEYS 4
 #define LOST 50     /* per key, sent into a black hole */
 #define AFTER 50    /* per key, published once the connection broke */
@@ -986,6 +1066,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(consumer_connection_lost_at_close),
         cmocka_unit_test(lost_deliveries_read_again),
         cmocka_unit_test(late_answers_keep_leases),
+        cmocka_unit_test(lost_creation_answer_asked_again),
         cmocka_unit_test_teardown(order_across_a_fast_reconnect, release_held),
         cmocka_unit_test(close_resends_after_a_restart),
     };

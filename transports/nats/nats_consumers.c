@@ -468,6 +468,33 @@ typedef struct call {
     bool ok;                   /* the look's answer came */
 } call;
 
+/* A creation unanswered this long is asked again, the same request, until
+ * call_opts' wait is used up. A new R3 consumer answers once its group elected
+ * a leader (nats-server 2.9: a campaign of 100-800 ms); an answer lost on the
+ * way (the client's node killed, its connection moved) would otherwise hold
+ * the claim for the whole wait, where the same ask again is answered by the
+ * consumer made meanwhile in milliseconds. */
+#define ASK_AGAIN_MS 1200
+
+/* Create k's consumer, asking again while unanswered (see ASK_AGAIN_MS). */
+static natsStatus create_asking_again(call *k, jsConsumerInfo **ci, int64_t wait_ms)
+{
+    int64_t ends = kb_now_ns() + wait_ms * 1000000, left_ms = wait_ms;
+    natsStatus s = NATS_TIMEOUT;
+    while (s == NATS_TIMEOUT && left_ms > 0) {
+        jsOptions o;
+        jsOptions_Init(&o);
+        o.Wait = left_ms < ASK_AGAIN_MS * 2 ? left_ms : ASK_AGAIN_MS;   /* the last: all that is left */
+        int64_t asked = kb_now_ns();
+        s = js_AddConsumer(ci, k->t->js, k->stream, &k->open->cc, &o, &k->open->jerr);
+        /* a "timeout" that came early (not connected) is no lost answer:
+         * asking again at once would spin */
+        bool waited = kb_now_ns() - asked >= o.Wait * 1000000 / 2;
+        left_ms = o.Wait == left_ms || !waited ? 0 : (ends - kb_now_ns()) / 1000000;
+    }
+    return s;
+}
+
 static void call_run(call *k)
 {
     jsOptions o;
@@ -475,7 +502,7 @@ static void call_run(call *k)
     if (k->open != NULL) {
         jsConsumerInfo *ci = NULL;
         int64_t start = kb_now_ns();
-        k->open->s = js_AddConsumer(&ci, k->t->js, k->stream, &k->open->cc, &o, &k->open->jerr);
+        k->open->s = create_asking_again(k, &ci, o.Wait);
         k->open->took_ns = kb_now_ns() - start;
         if (k->open->s != NATS_OK)   /* this thread's last error: read it here */
             snprintf(k->open->why, sizeof k->open->why, "%s", kb__nats_reason(k->open->s));
