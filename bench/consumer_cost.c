@@ -81,12 +81,50 @@ static void report(int replicas, double *ms, int n, int stream_replicas)
            replicas, stream_replicas, n, median, ms[n - 1]);
 }
 
+/* The stream, the creations of each replica count, their report; 0 when
+ * all went. */
+static int measure(jsCtx *js, int count, int rounds, int replicas)
+{
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subjects[] = {"cost.*"};
+    sc.Name = STREAM;
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 1;
+    sc.Replicas = replicas;
+    jsErrCode jerr = 0;
+    js_DeleteStream(js, STREAM, NULL, NULL);   /* a run before left it: start alike */
+    natsStatus s = js_AddStream(NULL, js, &sc, NULL, &jerr);
+    if (s != NATS_OK) {
+        fprintf(stderr, "keybus-consumer-cost: creating stream %s (R%d): %s (error %d)\n", STREAM,
+                replicas, natsStatus_GetText(s), (int)jerr);
+        return 1;
+    }
+    int asked[2] = {replicas, 1}, kinds = replicas > 1 ? 2 : 1, rc = 0;
+    double *ms = malloc(MAX_TIMED * sizeof *ms);
+    if (ms == NULL) {
+        fprintf(stderr, "keybus-consumer-cost: out of memory\n");
+        rc = 1;
+    }
+    for (int k = 0; ms != NULL && k < kinds && rc == 0; k++) {
+        int n = 0;
+        for (int r = 0; r < rounds && rc == 0; r++)
+            if (!one_round(js, r, asked[k], count, ms, &n))
+                rc = 1;
+        if (rc == 0)
+            report(asked[k], ms, n, replicas);
+    }
+    js_DeleteStream(js, STREAM, NULL, NULL);
+    free(ms);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     int count = argc > 2 ? atoi(argv[2]) : 8, rounds = argc > 3 ? atoi(argv[3]) : 3;
     int replicas = argc > 4 ? atoi(argv[4]) : 3;
     if (argc < 2 || argc > 5 || count < 1 || rounds < 1 || replicas < 1 || replicas > 5 ||
-        count * rounds > MAX_TIMED) {
+        count > MAX_TIMED / rounds) {
         fprintf(stderr, "usage: keybus-consumer-cost URL [COUNT (8)] [ROUNDS (3)] [REPLICAS (3)]\n");
         return 2;
     }
@@ -98,37 +136,11 @@ int main(int argc, char **argv)
     natsStatus s = natsConnection_ConnectTo(&nc, argv[1]);
     if (s == NATS_OK)
         s = natsConnection_JetStream(&js, nc, &jo);
-    if (s != NATS_OK) {
+    int rc = s == NATS_OK ? measure(js, count, rounds, replicas) : 1;
+    if (s != NATS_OK)
         fprintf(stderr, "keybus-consumer-cost: %s: %s\n", argv[1], natsStatus_GetText(s));
-        return 1;
-    }
-    jsStreamConfig sc;
-    jsStreamConfig_Init(&sc);
-    const char *subjects[] = {"cost.*"};
-    sc.Name = STREAM;
-    sc.Subjects = subjects;
-    sc.SubjectsLen = 1;
-    sc.Replicas = replicas;
-    jsErrCode jerr = 0;
-    js_DeleteStream(js, STREAM, NULL, NULL);   /* a run before left it: start alike */
-    if ((s = js_AddStream(NULL, js, &sc, NULL, &jerr)) != NATS_OK) {
-        fprintf(stderr, "keybus-consumer-cost: creating stream %s (R%d): %s (error %d)\n", STREAM,
-                replicas, natsStatus_GetText(s), (int)jerr);
-        return 1;
-    }
-    int asked[2] = {replicas, 1}, kinds = replicas > 1 ? 2 : 1, rc = 0;
-    double *ms = malloc(MAX_TIMED * sizeof *ms);
-    for (int k = 0; ms != NULL && k < kinds && rc == 0; k++) {
-        int n = 0;
-        for (int r = 0; r < rounds && rc == 0; r++)
-            if (!one_round(js, r, asked[k], count, ms, &n))
-                rc = 1;
-        if (rc == 0)
-            report(asked[k], ms, n, replicas);
-    }
-    js_DeleteStream(js, STREAM, NULL, NULL);
-    free(ms);
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
-    return ms == NULL ? 1 : rc;
+    nats_Close();
+    return rc;
 }

@@ -470,29 +470,49 @@ typedef struct call {
 
 /* A creation unanswered this long is asked again, the same request, until
  * call_opts' wait is used up. A new R3 consumer answers once its group elected
- * a leader (nats-server 2.9: a campaign of 100-800 ms); an answer lost on the
- * way (the client's node killed, its connection moved) would otherwise hold
- * the claim for the whole wait, where the same ask again is answered by the
- * consumer made meanwhile in milliseconds. */
+ * a leader (nats-server 2.9: a campaign of 100-800 ms, more on a loaded
+ * machine); an answer lost on the way (the client's node killed, its
+ * connection moved) would otherwise hold the claim for the whole wait, where
+ * the same ask again is answered by the consumer made meanwhile in
+ * milliseconds. An identical ask is safe whatever became of the first: the
+ * server finds the consumer (made, or its creation pending) and answers. */
 #define ASK_AGAIN_MS 1200
+#define ASK_LEAST_MS 100     /* no ask with less time than this left */
+#define NOT_SENT_PAUSE_NS 50000000   /* the connection being made again: a pause, then ask */
 
-/* Create k's consumer, asking again while unanswered (see ASK_AGAIN_MS). */
+/* nats.c's ways of saying an ask got no answer: sent and unanswered
+ * (NATS_TIMEOUT), not sent because the connection is being made again
+ * (keybus gives nats.c no reconnect buffer: nats_connect.c), or no server
+ * took it. */
+static bool no_answer(natsStatus s)
+{
+    return s == NATS_TIMEOUT || s == NATS_INSUFFICIENT_BUFFER ||
+           s == NATS_CONNECTION_DISCONNECTED || s == NATS_NO_RESPONDERS;
+}
+
+/* Create k's consumer within wait_ms, asking again while unanswered (see
+ * ASK_AGAIN_MS). NATS_TIMEOUT when an ask went out and no answer came (the
+ * server may have made the consumer: its name is kept), else the last
+ * status. */
 static natsStatus create_asking_again(call *k, jsConsumerInfo **ci, int64_t wait_ms)
 {
-    int64_t ends = kb_now_ns() + wait_ms * 1000000, left_ms = wait_ms;
+    int64_t ends = kb_now_ns() + wait_ms * 1000000;
     natsStatus s = NATS_TIMEOUT;
-    while (s == NATS_TIMEOUT && left_ms > 0) {
+    bool sent = false;   /* an ask went out and was not answered */
+    for (int64_t left_ms = wait_ms; left_ms >= ASK_LEAST_MS;
+         left_ms = (ends - kb_now_ns()) / 1000000) {
         jsOptions o;
         jsOptions_Init(&o);
-        o.Wait = left_ms < ASK_AGAIN_MS * 2 ? left_ms : ASK_AGAIN_MS;   /* the last: all that is left */
+        o.Wait = left_ms < ASK_AGAIN_MS ? left_ms : ASK_AGAIN_MS;
         int64_t asked = kb_now_ns();
         s = js_AddConsumer(ci, k->t->js, k->stream, &k->open->cc, &o, &k->open->jerr);
-        /* a "timeout" that came early (not connected) is no lost answer:
-         * asking again at once would spin */
-        bool waited = kb_now_ns() - asked >= o.Wait * 1000000 / 2;
-        left_ms = o.Wait == left_ms || !waited ? 0 : (ends - kb_now_ns()) / 1000000;
+        if (!no_answer(s))
+            return s;
+        sent = sent || s == NATS_TIMEOUT;
+        if (kb_now_ns() - asked < o.Wait * 1000000 / 2)   /* not sent: no spin */
+            nanosleep(&(struct timespec){0, NOT_SENT_PAUSE_NS}, NULL);
     }
-    return s;
+    return sent ? NATS_TIMEOUT : s;
 }
 
 static void call_run(call *k)

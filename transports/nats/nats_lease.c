@@ -481,7 +481,8 @@ static bool still_wanted(const kb_transport *t, const kb_nats_opening *o)
 
 /* Did o's creation wait a second or more for an answer that never came?
  * The server has often made the consumer meanwhile. A "timeout" that came
- * early (not connected) is no sign of it: asking again at once would spin. */
+ * early (a write that stalled) is no sign of it: asking again at once would
+ * spin. */
 static bool unanswered(const kb_nats_opening *o)
 {
     return o->s == NATS_TIMEOUT && o->took_ns >= 1000000000LL;
