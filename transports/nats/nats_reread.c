@@ -177,15 +177,56 @@ static const char *refill_refused(kb_nats_feeder *f, const kb_nats_claim *c,
     return NULL;
 }
 
+/* Read the partition's messages from `from` up to meta's (not included) into
+ * got/seq (k of them), at most `most`, each with delivery sequence
+ * dseq_hi + 1 + its index, or 0 when `unnumbered`: 0 when the window is read,
+ * -1 no answer (or an unreadable one) by `deadline`, -2 more than `most`. */
+static int read_window(kb_transport *t, kb_nats_claim *c, const kb_nats_meta *meta,
+                       bool unnumbered, uint64_t most, int64_t deadline, natsMsg **got,
+                       uint64_t *seq, uint64_t *k)
+{
+    uint64_t from = c->delivered_hi + 1;
+    for (;;) {
+        natsMsg *m = NULL;
+        uint64_t s = 0;
+        int left = kb_deadline_left_ms(deadline);
+        int r = left > 0 ? kb__nats_stream_next(t, c->part->topic->stream, c->part->subject, from,
+                                                c->consumer, unnumbered ? 0 : c->dseq_hi + 1 + *k,
+                                                left, &m, &s)
+                         : -1;
+        if (r != 1)
+            return r;
+        if (s >= meta->sseq || *k == most) {
+            natsMsg_Destroy(m);
+            return s >= meta->sseq ? 0 : -2;
+        }
+        got[*k] = m;
+        seq[(*k)++] = s;
+        from = s + 1;
+    }
+}
+
+static void drop_read(natsMsg **got, uint64_t *k)
+{
+    for (uint64_t i = 0; i < *k; i++)
+        natsMsg_Destroy(got[i]);
+    *k = 0;
+}
+
 /* A partition's consumer delivers its subject's messages in stream order, so
- * what never arrived before `meta` is every message of the partition's subject
- * between the last one the claim had and meta's: when the stream holds exactly
- * as many there as deliveries were lost, they are those deliveries, in order.
- * Each is read again from the stream and handled under the delivery sequence
- * it was sent with (its ack and progress say the consumer's own numbers), and
- * the claim carries on with its consumer: a new one costs seconds on a cluster
- * that just lost a node, the node this process was connected to. The reads
- * block the feeder, every partition's: at most REFILL_WAIT_MS for one gap,
+ * what never arrived before `meta` (a first delivery past the last message
+ * the claim had) is every message of the partition's subject between the two:
+ * the consumer went past each only by sending it. When the stream holds
+ * exactly as many there as deliveries were lost, each is read again from the
+ * stream and handled under the delivery sequence it was sent with (its ack
+ * and progress say the consumer's own numbers). When it holds more or fewer
+ * (the consumer's numbers skipped otherwise: a delivery nats-server 2.9
+ * found no pull request for and sent again under a new number, a leader
+ * change), they are read again unnumbered, as the bridge reads (bounded by
+ * the ring's room): meta's AckAll covers them. Either way the claim carries
+ * on with its consumer: a new one costs seconds on a cluster that just lost
+ * a node, the node this process was connected to. The reads block the
+ * feeder, every partition's: at most REFILL_WAIT_MS for one gap,
  * REFILL_BUDGET_MS in any second, and none for REFILL_OFF_MS after one went
  * unanswered (a stream electing its leader stalls the feeder once). NULL when
  * done; else why not, and the caller restarts the claim. */
@@ -197,59 +238,53 @@ const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_m
     const char *why = refill_refused(f, c, meta, started);
     if (why != NULL)
         return why;
-    uint64_t lost = meta->dseq - c->dseq_hi - 1, from = c->delivered_hi + 1, k = 0;
+    uint64_t lost = meta->dseq - c->dseq_hi - 1, k = 0;
     /* After a bridge the delivery sequences of the window's messages are not
      * known (a consumer whose leader changed may number them otherwise):
      * they are read with 0, the AckAll of meta's covers them, and the window
      * is bounded by the ring's room (entries without a delivery sequence
      * hold the head until one with a sequence comes after them), not by the
      * count of lost deliveries. */
-    bool bridged = c->bridged;
+    bool unnumbered = c->bridged;
     uint64_t used = atomic_load(&c->tail) - atomic_load(&c->head);
-    uint64_t most = !bridged ? lost : used + 1 < c->cap ? c->cap - used - 1 : 0;   /* meta too */
-    natsMsg **got = malloc((size_t)(most > 0 ? most : 1) * sizeof *got);
-    uint64_t *seq = malloc((size_t)(most > 0 ? most : 1) * sizeof *seq);
+    uint64_t room = used + 1 < c->cap ? c->cap - used - 1 : 0;   /* meta too */
+    size_t most = (size_t)(lost > room ? lost : room) + 1;
+    natsMsg **got = malloc(most * sizeof *got);
+    uint64_t *seq = malloc(most * sizeof *seq);
     int64_t deadline = started + (int64_t)REFILL_WAIT_MS * 1000000;
-    int r = got != NULL && seq != NULL ? 1 : -1;
-    while (r == 1) {
-        natsMsg *m = NULL;
-        uint64_t s = 0;
-        int left = kb_deadline_left_ms(deadline);
-        r = left > 0 ? kb__nats_stream_next(t, c->part->topic->stream, c->part->subject, from,
-                                            c->consumer, bridged ? 0 : c->dseq_hi + 1 + k,
-                                            left, &m, &s)
-                     : -1;
-        if (r == 1 && (s >= meta->sseq || k == most)) {
-            natsMsg_Destroy(m);
-            r = s >= meta->sseq ? 0 : -2;   /* 0: the window is read; -2: more than `most` */
-        } else if (r == 1) {
-            got[k] = m;
-            seq[k++] = s;
-            from = s + 1;
-        }
+    int r = got != NULL && seq != NULL
+                ? read_window(t, c, meta, unnumbered, unnumbered ? room : lost, deadline, got, seq, &k)
+                : -1;
+    bool renumbered = !unnumbered && (r == -2 || (r == 0 && k != lost));
+    if (renumbered) {
+        drop_read(got, &k);
+        unnumbered = true;
+        r = read_window(t, c, meta, true, room, deadline, got, seq, &k);
     }
     int64_t now = kb_now_ns();
     f->refill_spent += now - started;
     if (r == -1 && now >= deadline)
         f->refill_off_until = now + (int64_t)REFILL_OFF_MS * 1000000;
-    bool miscount = r == -2 || (r == 0 && k != lost && !bridged);
-    why = r == -2 && bridged         ? "more than the claim's ring has room for"
-          : miscount                 ? "the stream holds another number of them there"
+    why = r == -2                      ? "more than the claim's ring has room for"
           : r == -1 && now >= deadline ? "the stream did not answer in time"
           : r == -1                    ? "the stream's answer could not be read"
                                        : NULL;
-    if (why == NULL)
+    if (why == NULL && renumbered)
+        kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s: deliveries %llu..%llu never arrived; "
+               "the stream holds %llu messages of the partition there: read again, unnumbered",
+               t->url_safe, c->consumer, (unsigned long long)c->dseq_hi + 1,
+               (unsigned long long)meta->dseq - 1, (unsigned long long)k);
+    else if (why == NULL)
         kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s: deliveries %llu..%llu never arrived; "
                "read again from the stream", t->url_safe, c->consumer,
                (unsigned long long)c->dseq_hi + 1, (unsigned long long)meta->dseq - 1);
     if (why != NULL) {
-        for (uint64_t i = 0; i < k; i++)
-            natsMsg_Destroy(got[i]);
+        drop_read(got, &k);
         free(got);
         free(seq);
         return why;
     }
-    *out = (kb_nats_refilled){got, seq, k, bridged};
+    *out = (kb_nats_refilled){got, seq, k, unnumbered};
     return NULL;
 }
 
