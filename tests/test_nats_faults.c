@@ -709,6 +709,146 @@ static void lost_deliveries_read_again(void **state)
     kb_test_server_stop(&s);
 }
 
+static _Atomic int unnumbered_reads, restarts;
+static kb_gate hold_gate;
+static _Atomic int hold_next;   /* the next event handled waits at hold_gate */
+
+static void count_rereads(int level, const char *msg, void *opaque)
+{
+    (void)level;
+    (void)opaque;
+    if (strstr(msg, "unnumbered") != NULL || strstr(msg, "before a redelivery") != NULL)
+        atomic_fetch_add(&unnumbered_reads, 1);
+    if (strstr(msg, "restarting the partition") != NULL)
+        atomic_fetch_add(&restarts, 1);
+}
+
+static int held_handler(const kb_event *ev, void *opaque)
+{
+    if (atomic_exchange(&hold_next, 0))
+        kb_gate_pass(&hold_gate);
+    return kb_tracker_handler(ev, opaque);
+}
+
+/* The one consumer of `stream` with a message pending: *name, and its
+ * pending message's stream and delivery sequences. */
+static void pending_one(jsCtx *js, const char *stream, char *name, size_t cap, uint64_t *sseq,
+                        uint64_t *dseq)
+{
+    jsConsumerNamesList *l = NULL;
+    assert_int_equal(js_ConsumerNames(&l, js, stream, NULL, NULL), NATS_OK);
+    name[0] = '\0';
+    for (int i = 0; i < l->Count && name[0] == '\0'; i++) {
+        jsConsumerInfo *ci = NULL;
+        assert_int_equal(js_GetConsumerInfo(&ci, js, stream, l->List[i], NULL, NULL), NATS_OK);
+        if (ci->NumAckPending == 1) {
+            snprintf(name, cap, "%s", l->List[i]);
+            *sseq = ci->Delivered.Stream;
+            *dseq = ci->Delivered.Consumer;
+        }
+        jsConsumerInfo_Destroy(ci);
+    }
+    jsConsumerNamesList_Destroy(l);
+    assert_true(name[0] != '\0');
+}
+
+#define RENUMBERED 5   /* events of the held key published into the black hole */
+
+/* The consumer numbers its deliveries otherwise than the stream holds them
+ * (nats-server 2.9 sends a NAKed message again under a new number): key 0's
+ * event 2 is held in its handler, NAKed from another connection while the
+ * consumer's connection is black-holed, so its redelivery and the next
+ * RENUMBERED deliveries are lost on the wire; the connection is dropped.
+ * `nak_after_drop`: the NAK comes after the reconnect, so a redelivery is
+ * the first delivery after the gap. Either way the partition's messages
+ * the consumer went past are read again from the stream, unnumbered, and
+ * the claim goes on with its consumer (no restart); nothing lost, every
+ * key in order. */
+static void renumbered_deliveries(bool nak_after_drop)
+{
+    kb_test_server s;
+    assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
+    kb_test_proxy *proxy = NULL;
+    const char *const conf[] = {"nats.topic_consumer", "off", "nats.ack_wait_ms", "600000", NULL};
+    atomic_store(&unnumbered_reads, 0);
+    atomic_store(&restarts, 0);
+    atomic_store(&hold_gate.open, 0);
+    kb_bus *b = proxied_bus(&s, &proxy, conf, count_rereads);
+    const char *topic = "fault.renumber";
+    kb_tracker t;
+    kb_tracker_init(&t, KEYS);
+    kb_assert_ok(kb_subscribe(b, topic, held_handler, &t));
+    for (uint32_t k = 0; k < KEYS; k++)
+        publish_ok(b, topic, k, 1);
+    kb_assert_ok(kb_flush(b, 10000));
+    wait_distinct(&t, KEYS, 30);
+    assert_int_equal(kb_tracker_distinct(&t), KEYS);
+    char before[2048], after[2048];
+    consumer_names(s.url, topic, before, sizeof before);
+
+    atomic_store(&hold_next, 1);
+    publish_ok(b, topic, 0, 2);
+    kb_gate_wait_for_waiter(&hold_gate);
+    usleep(300000);   /* everything before it acked */
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    assert_int_equal(natsConnection_ConnectTo(&nc, s.url), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    char stream[64], consumer[128], nak[512];
+    uint64_t sseq = 0, dseq = 0;
+    kb_test_nats_stream(topic, stream, sizeof stream);
+    pending_one(js, stream, consumer, sizeof consumer, &sseq, &dseq);
+    snprintf(nak, sizeof nak, "$JS.ACK.%s.%s.1.%llu.%llu.0.0", stream, consumer,
+             (unsigned long long)sseq, (unsigned long long)dseq);
+
+    kb_test_proxy_blackhole_from(proxy, 1);   /* the consumer's connection */
+    if (!nak_after_drop)
+        assert_int_equal(natsConnection_PublishString(nc, nak, "-NAK"), NATS_OK);
+    for (uint32_t seq = 3; seq < 3 + RENUMBERED; seq++)
+        publish_ok(b, topic, 0, seq);
+    kb_assert_ok(kb_flush(b, 10000));
+    usleep(300000);   /* delivered into the held connection */
+    kb_test_proxy_drop_from(proxy, 1);
+    usleep(300000);   /* reconnected, pulls sent again */
+    if (nak_after_drop) {
+        assert_int_equal(natsConnection_PublishString(nc, nak, "-NAK"), NATS_OK);
+        usleep(300000);   /* the redelivery came: the gap is open */
+    }
+    publish_ok(b, topic, 0, 3 + RENUMBERED);   /* the first delivery past the gap */
+    kb_assert_ok(kb_flush(b, 10000));
+    usleep(300000);
+    atomic_store(&hold_gate.open, 1);
+    wait_distinct(&t, KEYS + 3 + RENUMBERED - 1, 30);
+    consumer_names(s.url, topic, after, sizeof after);
+    print_message("renumbered (NAK %s the drop): %llu distinct, %d read again unnumbered, %d "
+                  "restarts, %llu duplicates\n", nak_after_drop ? "after" : "before",
+                  (unsigned long long)kb_tracker_distinct(&t), atomic_load(&unnumbered_reads),
+                  atomic_load(&restarts), (unsigned long long)t.duplicates);
+    assert_int_equal(kb_tracker_distinct(&t), KEYS + 3 + RENUMBERED - 1);
+    assert_int_equal(atomic_load(&t.order_violations), 0);
+    assert_int_equal(atomic_load(&restarts), 0);
+    assert_true(atomic_load(&unnumbered_reads) > 0);
+    assert_string_equal(before, after);
+    kb_assert_ok(kb_close(b, 10000));
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    kb_tracker_destroy(&t);
+    kb_test_proxy_stop(proxy);
+    kb_test_server_stop(&s);
+}
+
+static void renumbered_deliveries_read_again(void **state)
+{
+    (void)state;
+    renumbered_deliveries(false);
+}
+
+static void redelivery_shows_the_gap(void **state)
+{
+    (void)state;
+    renumbered_deliveries(true);
+}
+
 static _Atomic int leases_lost;
 
 static void count_lost_leases(int level, const char *msg, void *opaque)
@@ -1085,6 +1225,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(lost_lease_releases_queued),
         cmocka_unit_test(consumer_connection_lost_at_close),
         cmocka_unit_test(lost_deliveries_read_again),
+        cmocka_unit_test(renumbered_deliveries_read_again),
+        cmocka_unit_test(redelivery_shows_the_gap),
         cmocka_unit_test(late_answers_keep_leases),
         cmocka_unit_test(lost_creation_answer_asked_again),
         cmocka_unit_test(lost_creation_answer_slow_reconnect),

@@ -416,7 +416,7 @@ static void read_msg(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_n
                      unsigned n, uint32_t part, const char *foreign);
 
 /* Deliveries read again (kb__nats_refill), handed on in stream order under
- * the delivery sequences they were sent with (none after a bridge). */
+ * the delivery sequences they were sent with (none when unnumbered). */
 static void hand_refilled(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta,
                           kb_nats_refilled *rf)
 {
@@ -425,7 +425,7 @@ static void hand_refilled(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_met
         kb_nats_meta one = *meta;
         one.delivered = 1;
         one.sseq = rf->seq[i];
-        one.dseq = rf->bridged ? 0 : c->dseq_hi + 1;
+        one.dseq = rf->unnumbered ? 0 : c->dseq_hi + 1;
         read_msg(f, c, rf->msg[i], &one, c->part->n, c->part->n, NULL);
     }
     f->refilling = false;
@@ -462,16 +462,27 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
      * older ones: none is missing when the claim has every message before it
      * (the bridge read up to it, or it follows the last one the claim had; a
      * consumer whose leader changed can skip delivery sequences so). */
+    /* A gap a redelivery showed (it tells nothing of the lost ones) is left
+     * open until the next first delivery past the claim's last message: the
+     * lost first deliveries, if any, are the partition's messages before it.
+     * Nothing the claim acks meanwhile reaches past its last message. */
     const char *why = NULL;
     kb_nats_refilled rf = {NULL, NULL, 0, false};
+    bool first_past = meta->delivered == 1 && meta->sseq > c->delivered_hi;
     bool none_missing = meta->delivered == 1 && (meta->sseq == c->delivered_hi + 1 ||
                                                  (c->bridged && meta->sseq <= c->delivered_hi));
-    if (meta->dseq > c->dseq_hi + 1 && !atomic_load(&c->fenced) && !none_missing &&
-        (why = kb__nats_refill(f, c, meta, &rf)) != NULL) {
-        kb__nats_lost_in_transit(f, c, meta, why);
-        natsMsg_Destroy(m);
-        return false;
+    bool lost = meta->dseq > c->dseq_hi + 1 || (c->gap_open && first_past);
+    if (lost && !atomic_load(&c->fenced) && !none_missing) {
+        if (!first_past && !c->wide) {
+            c->gap_open = true;
+        } else if ((why = kb__nats_refill(f, c, meta, &rf)) != NULL) {
+            kb__nats_lost_in_transit(f, c, meta, why);
+            natsMsg_Destroy(m);
+            return false;
+        }
     }
+    if (first_past)
+        c->gap_open = false;
     if (rf.msg != NULL)
         hand_refilled(f, c, meta, &rf);
     if (meta->dseq > c->dseq_hi)

@@ -50,7 +50,7 @@ typedef struct kb_nats_refilled {
     natsMsg **msg;
     uint64_t *seq;
     uint64_t n;
-    bool bridged;            /* their delivery sequences are not known: 0 */
+    bool unnumbered;         /* their delivery sequences are not known: 0 */
 } kb_nats_refilled;
 
 /* nats_reread.c: the bridge */

@@ -162,9 +162,13 @@ static const char *refill_refused(kb_nats_feeder *f, const kb_nats_claim *c,
 {
     if (c->wide)
         return "a wide claim";
+    /* a consumer started at the stream's end as it was when made (no known
+     * start: the claim had nothing yet) went past nothing before it */
+    if (c->start_unknown && atomic_load(&c->consumer_hi) == 0)
+        return "the consumer's start is not known";
     if (meta->delivered != 1 || meta->sseq <= c->delivered_hi + 1)
         return "a redelivery among them";
-    if (meta->dseq - c->dseq_hi - 1 > REFILL_MAX)
+    if (!c->gap_open && meta->dseq - c->dseq_hi - 1 > REFILL_MAX)
         return "too many";
     if (now < f->refill_off_until)
         return "a read of the stream went unanswered just before";
@@ -177,13 +181,14 @@ static const char *refill_refused(kb_nats_feeder *f, const kb_nats_claim *c,
     return NULL;
 }
 
-/* Read the partition's messages from `from` up to meta's (not included) into
- * got/seq (k of them), at most `most`, each with delivery sequence
- * dseq_hi + 1 + its index, or 0 when `unnumbered`: 0 when the window is read,
- * -1 no answer (or an unreadable one) by `deadline`, -2 more than `most`. */
-static int read_window(kb_transport *t, kb_nats_claim *c, const kb_nats_meta *meta,
-                       bool unnumbered, uint64_t most, int64_t deadline, natsMsg **got,
-                       uint64_t *seq, uint64_t *k)
+/* Read the partition's messages after the last one the claim had up to
+ * meta's (not included) into got/seq (*k of them), at most `most`, each with
+ * the delivery sequence it would have had when `numbered` (else 0): 0 when
+ * the window is read, -1 no answer (or an unreadable one) by `deadline`, -2
+ * more than `most`, -3 "no message" before meta's: the answering store does
+ * not hold meta's message yet (a stream leader just elected). */
+static int read_window(kb_transport *t, kb_nats_claim *c, const kb_nats_meta *meta, bool numbered,
+                       uint64_t most, int64_t deadline, natsMsg **got, uint64_t *seq, uint64_t *k)
 {
     uint64_t from = c->delivered_hi + 1;
     for (;;) {
@@ -191,11 +196,11 @@ static int read_window(kb_transport *t, kb_nats_claim *c, const kb_nats_meta *me
         uint64_t s = 0;
         int left = kb_deadline_left_ms(deadline);
         int r = left > 0 ? kb__nats_stream_next(t, c->part->topic->stream, c->part->subject, from,
-                                                c->consumer, unnumbered ? 0 : c->dseq_hi + 1 + *k,
+                                                c->consumer, numbered ? c->dseq_hi + 1 + *k : 0,
                                                 left, &m, &s)
                          : -1;
         if (r != 1)
-            return r;
+            return r == 0 ? -3 : r;
         if (s >= meta->sseq || *k == most) {
             natsMsg_Destroy(m);
             return s >= meta->sseq ? 0 : -2;
@@ -206,30 +211,25 @@ static int read_window(kb_transport *t, kb_nats_claim *c, const kb_nats_meta *me
     }
 }
 
-static void drop_read(natsMsg **got, uint64_t *k)
-{
-    for (uint64_t i = 0; i < *k; i++)
-        natsMsg_Destroy(got[i]);
-    *k = 0;
-}
-
 /* A partition's consumer delivers its subject's messages in stream order, so
  * what never arrived before `meta` (a first delivery past the last message
  * the claim had) is every message of the partition's subject between the two:
  * the consumer went past each only by sending it. When the stream holds
- * exactly as many there as deliveries were lost, each is read again from the
- * stream and handled under the delivery sequence it was sent with (its ack
- * and progress say the consumer's own numbers). When it holds more or fewer
- * (the consumer's numbers skipped otherwise: a delivery nats-server 2.9
- * found no pull request for and sent again under a new number, a leader
- * change), they are read again unnumbered, as the bridge reads (bounded by
- * the ring's room): meta's AckAll covers them. Either way the claim carries
- * on with its consumer: a new one costs seconds on a cluster that just lost
- * a node, the node this process was connected to. The reads block the
- * feeder, every partition's: at most REFILL_WAIT_MS for one gap,
- * REFILL_BUDGET_MS in any second, and none for REFILL_OFF_MS after one went
- * unanswered (a stream electing its leader stalls the feeder once). NULL when
- * done; else why not, and the caller restarts the claim. */
+ * exactly as many there as deliveries were lost, each is handled under the
+ * delivery sequence it was sent with (its ack and progress say the
+ * consumer's own numbers). When it holds more or fewer (the consumer's
+ * numbers skipped otherwise: a delivery nats-server 2.9 found no pull
+ * request for and sent again under a new number, a leader change), they are
+ * handled unnumbered, as the bridge reads them (bounded by the ring's room:
+ * an entry without a delivery sequence holds the head until one with a
+ * sequence comes after it): meta's AckAll covers them. None there: nothing
+ * is missing. Either way the claim carries on with its consumer: a new one
+ * costs seconds on a cluster that just lost a node, the node this process
+ * was connected to. The reads block the feeder, every partition's: at most
+ * REFILL_WAIT_MS for one gap, REFILL_BUDGET_MS in any second, and none for
+ * REFILL_OFF_MS after one went unanswered (a stream electing its leader
+ * stalls the feeder once). NULL when done; else why not, and the caller
+ * restarts the claim. */
 const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta,
                             kb_nats_refilled *out)
 {
@@ -238,53 +238,53 @@ const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_m
     const char *why = refill_refused(f, c, meta, started);
     if (why != NULL)
         return why;
-    uint64_t lost = meta->dseq - c->dseq_hi - 1, k = 0;
-    /* After a bridge the delivery sequences of the window's messages are not
-     * known (a consumer whose leader changed may number them otherwise):
-     * they are read with 0, the AckAll of meta's covers them, and the window
-     * is bounded by the ring's room (entries without a delivery sequence
-     * hold the head until one with a sequence comes after them), not by the
-     * count of lost deliveries. */
-    bool unnumbered = c->bridged;
+    uint64_t lost = meta->dseq > c->dseq_hi + 1 ? meta->dseq - c->dseq_hi - 1 : 0, k = 0;
+    /* After a bridge the window's delivery sequences are not known (a
+     * consumer whose leader changed may number them otherwise), nor after a
+     * gap a redelivery showed (their count was of the redeliveries too): they
+     * are read unnumbered, bounded by the ring's room, not by the count lost. */
+    bool bridged = c->bridged || c->gap_open;
     uint64_t used = atomic_load(&c->tail) - atomic_load(&c->head);
     uint64_t room = used + 1 < c->cap ? c->cap - used - 1 : 0;   /* meta too */
-    size_t most = (size_t)(lost > room ? lost : room) + 1;
-    natsMsg **got = malloc(most * sizeof *got);
-    uint64_t *seq = malloc(most * sizeof *seq);
+    uint64_t most = bridged || room > lost ? room : lost;
+    natsMsg **got = malloc((size_t)(most > 0 ? most : 1) * sizeof *got);
+    uint64_t *seq = malloc((size_t)(most > 0 ? most : 1) * sizeof *seq);
     int64_t deadline = started + (int64_t)REFILL_WAIT_MS * 1000000;
     int r = got != NULL && seq != NULL
-                ? read_window(t, c, meta, unnumbered, unnumbered ? room : lost, deadline, got, seq, &k)
+                ? read_window(t, c, meta, !bridged, most, deadline, got, seq, &k)
                 : -1;
-    bool renumbered = !unnumbered && (r == -2 || (r == 0 && k != lost));
-    if (renumbered) {
-        drop_read(got, &k);
-        unnumbered = true;
-        r = read_window(t, c, meta, true, room, deadline, got, seq, &k);
-    }
+    bool numbered = !bridged && r == 0 && k == lost;
+    if (r == 0 && !numbered && k > room)
+        r = -2;
     int64_t now = kb_now_ns();
     f->refill_spent += now - started;
     if (r == -1 && now >= deadline)
         f->refill_off_until = now + (int64_t)REFILL_OFF_MS * 1000000;
     why = r == -2                      ? "more than the claim's ring has room for"
+          : r == -3                    ? "the stream's leader does not hold them yet"
           : r == -1 && now >= deadline ? "the stream did not answer in time"
           : r == -1                    ? "the stream's answer could not be read"
                                        : NULL;
-    if (why == NULL && renumbered)
-        kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s: deliveries %llu..%llu never arrived; "
-               "the stream holds %llu messages of the partition there: read again, unnumbered",
-               t->url_safe, c->consumer, (unsigned long long)c->dseq_hi + 1,
-               (unsigned long long)meta->dseq - 1, (unsigned long long)k);
+    if (why == NULL && c->gap_open)
+        kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s: %llu messages of the partition "
+               "before stream sequence %llu never arrived (deliveries lost before a "
+               "redelivery): read again from the stream", t->url_safe, c->consumer,
+               (unsigned long long)k, (unsigned long long)meta->sseq);
     else if (why == NULL)
-        kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s: deliveries %llu..%llu never arrived; "
-               "read again from the stream", t->url_safe, c->consumer,
-               (unsigned long long)c->dseq_hi + 1, (unsigned long long)meta->dseq - 1);
+        kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s: deliveries %llu..%llu never arrived; %s",
+               t->url_safe, c->consumer, (unsigned long long)c->dseq_hi + 1,
+               (unsigned long long)meta->dseq - 1,
+               numbered || bridged ? "read again from the stream"
+               : k == 0 ? "no message of the partition is there: none missing"
+                        : "the stream holds another number of them there: read again, unnumbered");
     if (why != NULL) {
-        drop_read(got, &k);
+        for (uint64_t i = 0; i < k; i++)
+            natsMsg_Destroy(got[i]);
         free(got);
         free(seq);
         return why;
     }
-    *out = (kb_nats_refilled){got, seq, k, unnumbered};
+    *out = (kb_nats_refilled){got, seq, k, !numbered};
     return NULL;
 }
 
