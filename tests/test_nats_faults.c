@@ -709,7 +709,7 @@ static void lost_deliveries_read_again(void **state)
     kb_test_server_stop(&s);
 }
 
-static _Atomic int unnumbered_reads, restarts;
+static _Atomic int unnumbered_reads, gap_reads, restarts;
 static kb_gate hold_gate;
 static _Atomic int hold_next;   /* the next event handled waits at hold_gate */
 
@@ -717,8 +717,10 @@ static void count_rereads(int level, const char *msg, void *opaque)
 {
     (void)level;
     (void)opaque;
-    if (strstr(msg, "unnumbered") != NULL || strstr(msg, "before a redelivery") != NULL)
+    if (strstr(msg, "read again, unnumbered") != NULL)
         atomic_fetch_add(&unnumbered_reads, 1);
+    if (strstr(msg, "deliveries lost before a redelivery:") != NULL)
+        atomic_fetch_add(&gap_reads, 1);
     if (strstr(msg, "restarting the partition") != NULL)
         atomic_fetch_add(&restarts, 1);
 }
@@ -730,47 +732,80 @@ static int held_handler(const kb_event *ev, void *opaque)
     return kb_tracker_handler(ev, opaque);
 }
 
-/* The one consumer of `stream` with a message pending: *name, and its
- * pending message's stream and delivery sequences. */
-static void pending_one(jsCtx *js, const char *stream, char *name, size_t cap, uint64_t *sseq,
-                        uint64_t *dseq)
+/* The consumer of `stream` with `pending` messages delivered and unacked,
+ * waited for (10 s at most): its name, and its last delivery's stream and
+ * delivery sequences. */
+static void pending_at(jsCtx *js, const char *stream, int64_t pending, char *name, size_t cap,
+                       uint64_t *sseq, uint64_t *dseq)
 {
-    jsConsumerNamesList *l = NULL;
-    assert_int_equal(js_ConsumerNames(&l, js, stream, NULL, NULL), NATS_OK);
     name[0] = '\0';
-    for (int i = 0; i < l->Count && name[0] == '\0'; i++) {
-        jsConsumerInfo *ci = NULL;
-        assert_int_equal(js_GetConsumerInfo(&ci, js, stream, l->List[i], NULL, NULL), NATS_OK);
-        if (ci->NumAckPending == 1) {
-            snprintf(name, cap, "%s", l->List[i]);
-            *sseq = ci->Delivered.Stream;
-            *dseq = ci->Delivered.Consumer;
+    for (int tries = 0; tries < 1000 && name[0] == '\0'; tries++) {
+        jsConsumerNamesList *l = NULL;
+        assert_int_equal(js_ConsumerNames(&l, js, stream, NULL, NULL), NATS_OK);
+        for (int i = 0; i < l->Count && name[0] == '\0'; i++) {
+            jsConsumerInfo *ci = NULL;
+            if (js_GetConsumerInfo(&ci, js, stream, l->List[i], NULL, NULL) == NATS_OK &&
+                ci->NumAckPending == pending) {
+                snprintf(name, cap, "%s", l->List[i]);
+                *sseq = ci->Delivered.Stream;
+                *dseq = ci->Delivered.Consumer;
+            }
+            jsConsumerInfo_Destroy(ci);
         }
-        jsConsumerInfo_Destroy(ci);
+        jsConsumerNamesList_Destroy(l);
+        if (name[0] == '\0')
+            usleep(10000);
     }
-    jsConsumerNamesList_Destroy(l);
     assert_true(name[0] != '\0');
 }
 
-#define RENUMBERED 5   /* events of the held key published into the black hole */
+/* Pull requests `consumer` holds open. */
+static int64_t waiting(jsCtx *js, const char *stream, const char *consumer)
+{
+    jsConsumerInfo *ci = NULL;
+    assert_int_equal(js_GetConsumerInfo(&ci, js, stream, consumer, NULL, NULL), NATS_OK);
+    int64_t n = ci->NumWaiting;
+    jsConsumerInfo_Destroy(ci);
+    return n;
+}
+
+static void nak(natsConnection *nc, const char *stream, const char *consumer, uint64_t sseq,
+                uint64_t dseq)
+{
+    char subject[512];
+    snprintf(subject, sizeof subject, "$JS.ACK.%s.%s.1.%llu.%llu.0.0", stream, consumer,
+             (unsigned long long)sseq, (unsigned long long)dseq);
+    assert_int_equal(natsConnection_PublishString(nc, subject, "-NAK"), NATS_OK);
+    assert_int_equal(natsConnection_FlushTimeout(nc, 5000), NATS_OK);
+}
+
+#define RENUMBERED 5   /* events of the held key published into the black hole, at most */
+
+enum renumber { NAK_BEFORE_DROP, NAK_AFTER_DROP, NAK_LAST_TOO };
 
 /* The consumer numbers its deliveries otherwise than the stream holds them
  * (nats-server 2.9 sends a NAKed message again under a new number): key 0's
- * event 2 is held in its handler, NAKed from another connection while the
- * consumer's connection is black-holed, so its redelivery and the next
- * RENUMBERED deliveries are lost on the wire; the connection is dropped.
- * `nak_after_drop`: the NAK comes after the reconnect, so a redelivery is
- * the first delivery after the gap. Either way the partition's messages
- * the consumer went past are read again from the stream, unnumbered, and
- * the claim goes on with its consumer (no restart); nothing lost, every
- * key in order. */
-static void renumbered_deliveries(bool nak_after_drop)
+ * event 2 is held in its handler and NAKed from another connection, and the
+ * next RENUMBERED deliveries are lost on the wire (the consumer's connection
+ * black-holed, then dropped). NAK_BEFORE_DROP: the redelivery is lost too,
+ * and the first delivery after the gap shows more lost than the stream holds
+ * there: read again, unnumbered. NAK_AFTER_DROP: the redelivery is the first
+ * delivery after the gap, which stays open until the next first delivery:
+ * read again then. NAK_LAST_TOO: then the last lost delivery is NAKed as well,
+ * and its redelivery, past the open gap, restarts the partition. No case
+ * loses an event or breaks a key's order; the first two keep the claim's
+ * consumer (they restarted the partition before). */
+static void renumbered_deliveries(enum renumber how)
 {
     kb_test_server s;
     assert_int_equal(kb_test_server_start(&s, "nats", NULL), 0);
     kb_test_proxy *proxy = NULL;
-    const char *const conf[] = {"nats.topic_consumer", "off", "nats.ack_wait_ms", "600000", NULL};
+    /* long pull requests: the ones open at the black hole take every event
+     * published into it */
+    const char *const conf[] = {"nats.topic_consumer", "off", "nats.ack_wait_ms", "600000",
+                                "nats.fetch_expires_ms", "10000", NULL};
     atomic_store(&unnumbered_reads, 0);
+    atomic_store(&gap_reads, 0);
     atomic_store(&restarts, 0);
     atomic_store(&hold_gate.open, 0);
     kb_bus *b = proxied_bus(&s, &proxy, conf, count_rereads);
@@ -789,46 +824,60 @@ static void renumbered_deliveries(bool nak_after_drop)
     atomic_store(&hold_next, 1);
     publish_ok(b, topic, 0, 2);
     kb_gate_wait_for_waiter(&hold_gate);
-    usleep(300000);   /* everything before it acked */
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
     assert_int_equal(natsConnection_ConnectTo(&nc, s.url), NATS_OK);
     assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
-    char stream[64], consumer[128], nak[512];
-    uint64_t sseq = 0, dseq = 0;
+    char stream[64], consumer[128];
+    uint64_t held_sseq = 0, held_dseq = 0, last_sseq = 0, last_dseq = 0;
     kb_test_nats_stream(topic, stream, sizeof stream);
-    pending_one(js, stream, consumer, sizeof consumer, &sseq, &dseq);
-    snprintf(nak, sizeof nak, "$JS.ACK.%s.%s.1.%llu.%llu.0.0", stream, consumer,
-             (unsigned long long)sseq, (unsigned long long)dseq);
+    pending_at(js, stream, 1, consumer, sizeof consumer, &held_sseq, &held_dseq);
 
     kb_test_proxy_blackhole_from(proxy, 1);   /* the consumer's connection */
-    if (!nak_after_drop)
-        assert_int_equal(natsConnection_PublishString(nc, nak, "-NAK"), NATS_OK);
-    for (uint32_t seq = 3; seq < 3 + RENUMBERED; seq++)
-        publish_ok(b, topic, 0, seq);
-    kb_assert_ok(kb_flush(b, 10000));
-    usleep(300000);   /* delivered into the held connection */
+    if (how == NAK_BEFORE_DROP)
+        nak(nc, stream, consumer, held_sseq, held_dseq);
+    /* events of key 0 delivered into the held connection, one at a time
+     * while a pull request is open there (none left undelivered) */
+    uint32_t lost = 0;
+    while (lost < RENUMBERED && waiting(js, stream, consumer) > 0) {
+        publish_ok(b, topic, 0, 3 + lost);
+        kb_assert_ok(kb_flush(b, 10000));
+        pending_at(js, stream, 2 + lost, consumer, sizeof consumer, &last_sseq, &last_dseq);
+        lost++;
+    }
+    assert_true(lost > 0);
     kb_test_proxy_drop_from(proxy, 1);
     usleep(300000);   /* reconnected, pulls sent again */
-    if (nak_after_drop) {
-        assert_int_equal(natsConnection_PublishString(nc, nak, "-NAK"), NATS_OK);
-        usleep(300000);   /* the redelivery came: the gap is open */
+    if (how != NAK_BEFORE_DROP) {
+        nak(nc, stream, consumer, held_sseq, held_dseq);
+        usleep(200000);   /* the redelivery came: the gap is open */
     }
-    publish_ok(b, topic, 0, 3 + RENUMBERED);   /* the first delivery past the gap */
+    if (how == NAK_LAST_TOO) {
+        nak(nc, stream, consumer, last_sseq, last_dseq);
+        usleep(200000);   /* its redelivery came, past the open gap */
+    }
+    publish_ok(b, topic, 0, 3 + lost);   /* the first delivery past the gap */
     kb_assert_ok(kb_flush(b, 10000));
     usleep(300000);
     atomic_store(&hold_gate.open, 1);
-    wait_distinct(&t, KEYS + 3 + RENUMBERED - 1, 30);
+    wait_distinct(&t, KEYS + 2 + lost, 30);
     consumer_names(s.url, topic, after, sizeof after);
-    print_message("renumbered (NAK %s the drop): %llu distinct, %d read again unnumbered, %d "
-                  "restarts, %llu duplicates\n", nak_after_drop ? "after" : "before",
+    print_message("renumbered (case %d): %u lost on the wire, %llu distinct, read again %d "
+                  "unnumbered and %d after a redelivery, %d restarts, %llu duplicates\n",
+                  (int)how, lost,
                   (unsigned long long)kb_tracker_distinct(&t), atomic_load(&unnumbered_reads),
-                  atomic_load(&restarts), (unsigned long long)t.duplicates);
-    assert_int_equal(kb_tracker_distinct(&t), KEYS + 3 + RENUMBERED - 1);
+                  atomic_load(&gap_reads), atomic_load(&restarts),
+                  (unsigned long long)t.duplicates);
+    assert_int_equal(kb_tracker_distinct(&t), KEYS + 2 + lost);
     assert_int_equal(atomic_load(&t.order_violations), 0);
-    assert_int_equal(atomic_load(&restarts), 0);
-    assert_true(atomic_load(&unnumbered_reads) > 0);
-    assert_string_equal(before, after);
+    if (how == NAK_BEFORE_DROP)
+        assert_true(atomic_load(&unnumbered_reads) > 0);
+    if (how == NAK_AFTER_DROP)
+        assert_true(atomic_load(&gap_reads) > 0);
+    if (how != NAK_LAST_TOO) {
+        assert_int_equal(atomic_load(&restarts), 0);
+        assert_string_equal(before, after);
+    }
     kb_assert_ok(kb_close(b, 10000));
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
@@ -840,13 +889,19 @@ static void renumbered_deliveries(bool nak_after_drop)
 static void renumbered_deliveries_read_again(void **state)
 {
     (void)state;
-    renumbered_deliveries(false);
+    renumbered_deliveries(NAK_BEFORE_DROP);
 }
 
 static void redelivery_shows_the_gap(void **state)
 {
     (void)state;
-    renumbered_deliveries(true);
+    renumbered_deliveries(NAK_AFTER_DROP);
+}
+
+static void redelivery_past_an_open_gap(void **state)
+{
+    (void)state;
+    renumbered_deliveries(NAK_LAST_TOO);
 }
 
 static _Atomic int leases_lost;
@@ -1227,6 +1282,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(lost_deliveries_read_again),
         cmocka_unit_test(renumbered_deliveries_read_again),
         cmocka_unit_test(redelivery_shows_the_gap),
+        cmocka_unit_test(redelivery_past_an_open_gap),
         cmocka_unit_test(late_answers_keep_leases),
         cmocka_unit_test(lost_creation_answer_asked_again),
         cmocka_unit_test(lost_creation_answer_slow_reconnect),

@@ -27,6 +27,7 @@
 #define KB_NATS_CLAIM_SCAN_NS 1000000   /* ... and this often while claims are awaited */
 #define KB_NATS_CLAIM_WAIT_NS 2000000000 /* for this long after a subscribe or reconnect */
 #define KB_NATS_PULL_GRACE_NS 250000000 /* a request's 408 comes this soon after its expiry */
+#define GAP_OPEN_MAX_MS 1000            /* a gap a redelivery showed, open at most (admit) */
 
 
 /* Keep up to two pull requests of nats.fetch_batch open per partition: the
@@ -128,6 +129,9 @@ static void keep_pulling(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
         if (renew && c->pull_deadline_ns > was)
             c->pull_deadline_ns = was;   /* a leader gone meanwhile is seen as soon */
     }
+    if (c->gap_open_ns != 0 && now - c->gap_open_ns > (int64_t)GAP_OPEN_MAX_MS * 1000000 &&
+        !atomic_load(&c->fenced))
+        kb__nats_gap_left_open(f, c);
     if (c->bridging)
         kb__nats_bridge(f, c, now);
 }
@@ -462,19 +466,26 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
      * older ones: none is missing when the claim has every message before it
      * (the bridge read up to it, or it follows the last one the claim had; a
      * consumer whose leader changed can skip delivery sequences so). */
-    /* A gap a redelivery showed (it tells nothing of the lost ones) is left
-     * open until the next first delivery past the claim's last message: the
-     * lost first deliveries, if any, are the partition's messages before it.
-     * Nothing the claim acks meanwhile reaches past its last message. */
+    /* A gap a redelivery showed (of a message the claim has, or of the next
+     * one: it tells nothing of the lost ones) is left open until the next
+     * first delivery past the claim's last message, or a bridge read (the
+     * next message of the partition): the lost first deliveries, if any, are
+     * the partition's messages before it. Nothing pushed meanwhile reaches
+     * past the claim's last message but the next one, so no ack passes a lost
+     * one; a delivery further on while the gap is open restarts the claim
+     * (refill refuses it), and so does a gap left open GAP_OPEN_MAX_MS. */
     const char *why = NULL;
     kb_nats_refilled rf = {NULL, NULL, 0, false};
     bool first_past = meta->delivered == 1 && meta->sseq > c->delivered_hi;
-    bool none_missing = meta->delivered == 1 && (meta->sseq == c->delivered_hi + 1 ||
-                                                 (c->bridged && meta->sseq <= c->delivered_hi));
-    bool lost = meta->dseq > c->dseq_hi + 1 || (c->gap_open && first_past);
+    bool none_missing = f->bridging ||
+                        (meta->delivered == 1 && (meta->sseq == c->delivered_hi + 1 ||
+                                                  (c->bridged && meta->sseq <= c->delivered_hi)));
+    bool lost = meta->dseq > c->dseq_hi + 1 ||
+                (c->gap_open_ns != 0 && meta->sseq > c->delivered_hi + 1);
     if (lost && !atomic_load(&c->fenced) && !none_missing) {
-        if (!first_past && !c->wide) {
-            c->gap_open = true;
+        if (meta->sseq <= c->delivered_hi + 1 && !c->wide) {
+            if (c->gap_open_ns == 0)
+                c->gap_open_ns = now;
         } else if ((why = kb__nats_refill(f, c, meta, &rf)) != NULL) {
             kb__nats_lost_in_transit(f, c, meta, why);
             natsMsg_Destroy(m);
@@ -482,7 +493,7 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
         }
     }
     if (first_past)
-        c->gap_open = false;
+        c->gap_open_ns = 0;
     if (rf.msg != NULL)
         hand_refilled(f, c, meta, &rf);
     if (meta->dseq > c->dseq_hi)

@@ -148,6 +148,16 @@ void kb__nats_lost_in_transit(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats
     kb__nats_claim_reset(f->t, c);
 }
 
+void kb__nats_gap_left_open(kb_nats_feeder *f, kb_nats_claim *c)
+{
+    atomic_store(&c->ack_limit, c->delivered_hi);
+    kb_log(f->t->bus, KB_LOG_WARNING,
+           "nats %s: consumer %s: deliveries lost before a redelivery, and no later message came "
+           "to show which; restarting the partition from its ack floor", f->t->url_safe,
+           c->consumer);
+    kb__nats_claim_reset(f->t, c);
+}
+
 /* Bounds of kb__nats_refill() (below): lost deliveries one gap may read again; time
  * its reads may take for one gap, and in any second (they block the feeder);
  * no reads for this long after one went unanswered. */
@@ -168,7 +178,7 @@ static const char *refill_refused(kb_nats_feeder *f, const kb_nats_claim *c,
         return "the consumer's start is not known";
     if (meta->delivered != 1 || meta->sseq <= c->delivered_hi + 1)
         return "a redelivery among them";
-    if (!c->gap_open && meta->dseq - c->dseq_hi - 1 > REFILL_MAX)
+    if (c->gap_open_ns == 0 && meta->dseq - c->dseq_hi - 1 > REFILL_MAX)
         return "too many";
     if (now < f->refill_off_until)
         return "a read of the stream went unanswered just before";
@@ -186,7 +196,8 @@ static const char *refill_refused(kb_nats_feeder *f, const kb_nats_claim *c,
  * the delivery sequence it would have had when `numbered` (else 0): 0 when
  * the window is read, -1 no answer (or an unreadable one) by `deadline`, -2
  * more than `most`, -3 "no message" before meta's: the answering store does
- * not hold meta's message yet (a stream leader just elected). */
+ * not hold meta's message yet (a stream leader just elected), -4 `deadline`
+ * passed between answered reads. */
 static int read_window(kb_transport *t, kb_nats_claim *c, const kb_nats_meta *meta, bool numbered,
                        uint64_t most, int64_t deadline, natsMsg **got, uint64_t *seq, uint64_t *k)
 {
@@ -195,10 +206,10 @@ static int read_window(kb_transport *t, kb_nats_claim *c, const kb_nats_meta *me
         natsMsg *m = NULL;
         uint64_t s = 0;
         int left = kb_deadline_left_ms(deadline);
-        int r = left > 0 ? kb__nats_stream_next(t, c->part->topic->stream, c->part->subject, from,
-                                                c->consumer, numbered ? c->dseq_hi + 1 + *k : 0,
-                                                left, &m, &s)
-                         : -1;
+        if (left <= 0)
+            return -4;   /* every read answered, the window longer than its time */
+        int r = kb__nats_stream_next(t, c->part->topic->stream, c->part->subject, from,
+                                     c->consumer, numbered ? c->dseq_hi + 1 + *k : 0, left, &m, &s);
         if (r != 1)
             return r == 0 ? -3 : r;
         if (s >= meta->sseq || *k == most) {
@@ -243,17 +254,17 @@ const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_m
      * consumer whose leader changed may number them otherwise), nor after a
      * gap a redelivery showed (their count was of the redeliveries too): they
      * are read unnumbered, bounded by the ring's room, not by the count lost. */
-    bool bridged = c->bridged || c->gap_open;
+    bool gap = c->gap_open_ns != 0, unnumbered = c->bridged || gap;
     uint64_t used = atomic_load(&c->tail) - atomic_load(&c->head);
     uint64_t room = used + 1 < c->cap ? c->cap - used - 1 : 0;   /* meta too */
-    uint64_t most = bridged || room > lost ? room : lost;
+    uint64_t most = unnumbered || room > lost ? room : lost;
     natsMsg **got = malloc((size_t)(most > 0 ? most : 1) * sizeof *got);
     uint64_t *seq = malloc((size_t)(most > 0 ? most : 1) * sizeof *seq);
     int64_t deadline = started + (int64_t)REFILL_WAIT_MS * 1000000;
     int r = got != NULL && seq != NULL
-                ? read_window(t, c, meta, !bridged, most, deadline, got, seq, &k)
+                ? read_window(t, c, meta, !unnumbered, most, deadline, got, seq, &k)
                 : -1;
-    bool numbered = !bridged && r == 0 && k == lost;
+    bool numbered = !unnumbered && r == 0 && k == lost;
     if (r == 0 && !numbered && k > room)
         r = -2;
     int64_t now = kb_now_ns();
@@ -262,19 +273,20 @@ const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_m
         f->refill_off_until = now + (int64_t)REFILL_OFF_MS * 1000000;
     why = r == -2                      ? "more than the claim's ring has room for"
           : r == -3                    ? "the stream's leader does not hold them yet"
+          : r == -4                    ? "more than its time allows"
           : r == -1 && now >= deadline ? "the stream did not answer in time"
           : r == -1                    ? "the stream's answer could not be read"
                                        : NULL;
-    if (why == NULL && c->gap_open)
-        kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s: %llu messages of the partition "
-               "before stream sequence %llu never arrived (deliveries lost before a "
-               "redelivery): read again from the stream", t->url_safe, c->consumer,
-               (unsigned long long)k, (unsigned long long)meta->sseq);
+    if (why == NULL && gap)
+        kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s: deliveries lost before a "
+               "redelivery: %llu messages of the partition before stream sequence %llu, read "
+               "again from the stream", t->url_safe, c->consumer, (unsigned long long)k,
+               (unsigned long long)meta->sseq);
     else if (why == NULL)
         kb_log(t->bus, KB_LOG_NOTICE, "nats %s: consumer %s: deliveries %llu..%llu never arrived; %s",
                t->url_safe, c->consumer, (unsigned long long)c->dseq_hi + 1,
                (unsigned long long)meta->dseq - 1,
-               numbered || bridged ? "read again from the stream"
+               numbered || c->bridged ? "read again from the stream"
                : k == 0 ? "no message of the partition is there: none missing"
                         : "the stream holds another number of them there: read again, unnumbered");
     if (why != NULL) {

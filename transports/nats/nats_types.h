@@ -141,9 +141,10 @@ typedef struct kb_nats_claim {
      * end as it was when made, a sequence not known here */
     bool start_unknown;
     uint64_t dseq_hi;              /* the consumer's last delivery sequence seen */
-    /* deliveries were lost and a redelivery showed it: which messages they
-     * were shows at the next first delivery past delivered_hi (nats_reread.c) */
-    bool gap_open;
+    /* when deliveries were lost and a redelivery showed it (0: no such gap):
+     * which messages they were shows at the next first delivery past
+     * delivered_hi (nats_consume.c, admit) */
+    int64_t gap_open_ns;
     bool pull_open;
     bool pull_got;                 /* a message came since the newest request */
     int pull_left;
