@@ -318,21 +318,20 @@ static struct part *part_of(kb_kit_backlog *b, uint32_t partition)
     return p;
 }
 
-/* p into `ready` by its first item's ticket: at the end for a partition's
- * first item (the newest of all), else after the older ones (a partition
- * whose item in flight came back: few wait before it). Caller holds the
- * lock. */
+/* p into `ready` by its first item's ticket, looked for from the end: a
+ * partition's next item is most often among the newest (a done, fail_all),
+ * so few ready partitions are passed; a resend of an old item passes at
+ * most every ready one. Caller holds the lock. */
 static void ready_put(kb_kit_backlog *b, struct part *p)
 {
-    struct part *next = NULL;   /* the first with a later ticket; NULL: none */
-    if (p->head != b->tail)
-        for (next = b->ready; next != NULL && next->head->it.ticket < p->head->it.ticket;
-             next = next->next)
-            ;
+    struct part *prev = b->ready_tail;   /* the last with an earlier ticket; NULL: none */
+    while (prev != NULL && prev->head->it.ticket > p->head->it.ticket)
+        prev = prev->prev;
+    struct part *next = prev != NULL ? prev->next : b->ready;
+    p->prev = prev;
     p->next = next;
-    p->prev = next != NULL ? next->prev : b->ready_tail;
-    if (p->prev != NULL)
-        p->prev->next = p;
+    if (prev != NULL)
+        prev->next = p;
     else
         b->ready = p;
     if (next != NULL)
