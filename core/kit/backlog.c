@@ -16,7 +16,8 @@ struct entry {
     struct entry *prev, *next;
     int in_flight;                /* taken by the sender, not done yet */
     int waiting;                  /* back from the sender for a resend */
-    struct entry *flying;         /* the next in flight in its bucket of `flight` */
+    struct part *part;            /* with one_in_flight_per_partition, else NULL */
+    struct entry *queued;         /* the next queued in its part */
     int64_t due;                  /* not before (a backoff) */
     size_t bytes;                 /* data_bytes(data) with a byte bound, else 0 */
     kb_kit_key *keys;             /* it.events copies when reports are wanted, else NULL
@@ -34,13 +35,23 @@ struct entry {
 #define SPARE_ROOM 64
 #define SPARES_MAX 256
 
-/* The items in flight by partition number, for one_in_flight_per_partition:
- * a hash of chains through the entries themselves, so counting one never
- * allocates; the buckets double while they are fewer than the items in
- * flight (if that fails the chains grow longer, still right). Under the
- * limit a partition has one item in flight at most, so "is p busy" walks
- * about one entry whatever the number of partitions. */
-#define FLIGHT_MIN 64
+/* With one_in_flight_per_partition, each partition's items not in flight
+ * (to send, or back for a resend) queue in ticket order in its part, and
+ * the parts that may send (an item queued, none in flight) are `ready`, in
+ * the order of their first items' tickets: a take walks the ready parts,
+ * never the items of a partition in flight (a publisher can fill the
+ * backlog far ahead of one item per partition per round trip, and a walk
+ * over them per take cost more than the sends). A part is made at its
+ * partition's first add, found by a hash (the buckets double as the parts
+ * reach their number), and kept until the backlog is freed. */
+#define PARTS_MIN 64
+struct part {
+    uint32_t partition;
+    int busy;                     /* its item in flight */
+    struct entry *head, *tail;    /* queued, chained by entry.queued */
+    struct part *chain;           /* its bucket's next */
+    struct part *prev, *next;     /* in `ready` */
+};
 struct kb_kit_backlog {
     kb_kit_backlog_conf c;
     pthread_mutex_t lock;
@@ -59,9 +70,9 @@ struct kb_kit_backlog {
     kb_signal *room;              /* count fell, or closed: publishers look again */
     kb_signal *reported;          /* floor moved: flushes look again */
     kb_signal *wake;              /* an item to send, one done, or closed: the sender */
-    struct entry **flight;        /* with one_in_flight_per_partition, else NULL */
-    size_t buckets;               /* of flight: a power of two */
-    size_t flying;                /* items in flight */
+    struct part **parts;          /* with one_in_flight_per_partition: by partition */
+    size_t buckets, nparts;       /* of parts: a power of two; parts made */
+    struct part *ready, *ready_tail;
     struct entry *spare;          /* entries to reuse, chained by next */
     size_t spares;
     /* Publishers waiting for room and flushes waiting for reports register
@@ -126,18 +137,12 @@ kb_kit_backlog *kb_kit_backlog_new(const kb_kit_backlog_conf *c)
         b->room = kb_signal_new();
         b->reported = kb_signal_new();
         b->wake = kb_signal_new();
-        if (b->c.one_in_flight_per_partition) {
-            b->buckets = FLIGHT_MIN;
-            b->flight = calloc(b->buckets, sizeof *b->flight);
-        }
     }
-    if (b == NULL || b->room == NULL || b->reported == NULL || b->wake == NULL ||
-        (b->c.one_in_flight_per_partition && b->flight == NULL)) {
+    if (b == NULL || b->room == NULL || b->reported == NULL || b->wake == NULL) {
         if (b != NULL) {
             kb_signal_free(b->room);
             kb_signal_free(b->reported);
             kb_signal_free(b->wake);
-            free(b->flight);
             free(b);
         }
         kb_errf(NULL, 0, "kit: out of memory for a backlog");
@@ -170,10 +175,15 @@ void kb_kit_backlog_free(kb_kit_backlog *b)
         next = e->next;
         free(e);
     }
+    for (size_t i = 0; i < b->buckets; i++)
+        for (struct part *p = b->parts[i], *next; p != NULL; p = next) {
+            next = p->chain;
+            free(p);
+        }
+    free(b->parts);
     kb_signal_free(b->room);
     kb_signal_free(b->reported);
     kb_signal_free(b->wake);
-    free(b->flight);
     pthread_mutex_destroy(&b->lock);
     free(b);
 }
@@ -268,6 +278,128 @@ static void entry_fill(struct entry *e, void *data, const char *topic, uint32_t 
         e->it.key = e->keys[0].key, e->it.key_len = e->keys[0].key_len;
 }
 
+static struct part **part_bucket(struct part **parts, size_t buckets, uint32_t partition)
+{
+    return &parts[kb_mix64(partition) & (buckets - 1)];
+}
+
+/* The part of `partition`, made at its first add (the buckets double once
+ * there are as many parts); NULL on out of memory. Caller holds the lock. */
+static struct part *part_of(kb_kit_backlog *b, uint32_t partition)
+{
+    struct part *p = NULL;
+    if (b->buckets > 0)
+        for (p = *part_bucket(b->parts, b->buckets, partition); p != NULL; p = p->chain)
+            if (p->partition == partition)
+                return p;
+    if (b->nparts == b->buckets) {
+        size_t n = b->buckets > 0 ? 2 * b->buckets : PARTS_MIN;
+        struct part **more = calloc(n, sizeof *more);
+        if (more == NULL)
+            return NULL;
+        for (size_t i = 0; i < b->buckets; i++)
+            for (struct part *q = b->parts[i], *next; q != NULL; q = next) {
+                next = q->chain;
+                struct part **at = part_bucket(more, n, q->partition);
+                q->chain = *at;
+                *at = q;
+            }
+        free(b->parts);
+        b->parts = more;
+        b->buckets = n;
+    }
+    if ((p = calloc(1, sizeof *p)) == NULL)
+        return NULL;
+    p->partition = partition;
+    struct part **at = part_bucket(b->parts, b->buckets, partition);
+    p->chain = *at;
+    *at = p;
+    b->nparts++;
+    return p;
+}
+
+/* p into `ready` by its first item's ticket, looked for from the end: a
+ * partition's next item is most often among the newest (a done, fail_all),
+ * so few ready partitions are passed; a resend of an old item passes at
+ * most every ready one. Caller holds the lock. */
+static void ready_put(kb_kit_backlog *b, struct part *p)
+{
+    struct part *prev = b->ready_tail;   /* the last with an earlier ticket; NULL: none */
+    while (prev != NULL && prev->head->it.ticket > p->head->it.ticket)
+        prev = prev->prev;
+    struct part *next = prev != NULL ? prev->next : b->ready;
+    p->prev = prev;
+    p->next = next;
+    if (prev != NULL)
+        prev->next = p;
+    else
+        b->ready = p;
+    if (next != NULL)
+        next->prev = p;
+    else
+        b->ready_tail = p;
+}
+
+static void ready_drop(kb_kit_backlog *b, struct part *p)
+{
+    *(p->prev != NULL ? &p->prev->next : &b->ready) = p->next;
+    *(p->next != NULL ? &p->next->prev : &b->ready_tail) = p->prev;
+}
+
+/* e, not in flight, queued in its part: last (added) or first (back for a
+ * resend: older than the rest, and its part no longer busy). Caller holds
+ * the lock. */
+static void queue_put(kb_kit_backlog *b, struct entry *e, int first)
+{
+    struct part *p = e->part;
+    int was_ready = p->head != NULL && !p->busy;   /* never for `first`: e was in flight */
+    if (first) {
+        e->queued = p->head;
+        p->head = e;
+        p->busy = 0;
+    } else {
+        e->queued = NULL;
+        if (p->tail != NULL)
+            p->tail->queued = e;
+        else
+            p->head = e;
+    }
+    if (e->queued == NULL)
+        p->tail = e;
+    if (!p->busy && !was_ready)
+        ready_put(b, p);
+}
+
+/* e out of its part's queue: taken (its first: the part is busy, out of
+ * `ready`), or reported while not in flight (closed). Caller holds the
+ * lock. */
+static void queue_drop(kb_kit_backlog *b, struct entry *e, int taken)
+{
+    struct part *p = e->part;
+    struct entry **at = &p->head, *before = NULL;
+    while (*at != e) {
+        before = *at;
+        at = &(*at)->queued;
+    }
+    if (!p->busy)
+        ready_drop(b, p);
+    *at = e->queued;
+    if (p->tail == e)
+        p->tail = before;
+    p->busy = p->busy || taken;
+    if (!p->busy && p->head != NULL)
+        ready_put(b, p);
+}
+
+/* e's part has nothing in flight any more (e reported): it may send its
+ * next. Caller holds the lock. */
+static void part_free(kb_kit_backlog *b, struct entry *e)
+{
+    e->part->busy = 0;
+    if (e->part->head != NULL)
+        ready_put(b, e->part);
+}
+
 int kb_kit_backlog_add(kb_kit_backlog *b, void *data, const char *topic, uint32_t partition,
                        const void *key, size_t key_len, uint64_t *ticket)
 {
@@ -309,6 +441,15 @@ int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
                 pthread_mutex_lock(&b->lock);
                 continue;
             }
+            struct part *part = NULL;
+            if (b->c.one_in_flight_per_partition && (part = part_of(b, partition)) == NULL) {
+                int kept = spare_keep(b, e);
+                pthread_mutex_unlock(&b->lock);
+                if (!kept)
+                    free(e);
+                kb_errf(NULL, 0, "kit: out of memory for an event of topic %s", topic);
+                return KB_ENOMEM;
+            }
             entry_fill(e, data, topic, partition, keys, events, room, bytes);
             e->it.ticket = b->next_ticket;
             b->next_ticket += events;
@@ -320,6 +461,10 @@ int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
             b->tail = e;
             if (b->fresh == NULL)
                 b->fresh = e;
+            if (part != NULL) {
+                e->part = part;
+                queue_put(b, e, 0);
+            }
             atomic_fetch_add(&b->count, events);
             if (bytes > 0)
                 atomic_fetch_add(&b->bytes, bytes);
@@ -415,64 +560,6 @@ static int behind_in_flight(const struct busy *s, const struct entry *e)
     return 0;
 }
 
-static struct entry **flight_bucket(const kb_kit_backlog *b, uint32_t partition)
-{
-    return &b->flight[kb_mix64(partition) & (b->buckets - 1)];
-}
-
-/* Twice the buckets, the chains spread over them; on out of memory the old
- * ones stay. Caller holds the lock. */
-static void flight_grow(kb_kit_backlog *b)
-{
-    struct entry **old = b->flight;
-    size_t n = b->buckets;
-    struct entry **more = calloc(2 * n, sizeof *more);
-    if (more == NULL)
-        return;
-    b->flight = more;
-    b->buckets = 2 * n;
-    for (size_t i = 0; i < n; i++)
-        for (struct entry *e = old[i], *next; e != NULL; e = next) {
-            next = e->flying;
-            struct entry **head = flight_bucket(b, e->it.partition);
-            e->flying = *head;
-            *head = e;
-        }
-    free(old);
-}
-
-/* one_in_flight_per_partition's count: e is taken (up 1) or back (down 1).
- * Caller holds the lock. */
-static void count_flight(kb_kit_backlog *b, struct entry *e, int up)
-{
-    if (b->flight == NULL)
-        return;
-    struct entry **at = flight_bucket(b, e->it.partition);
-    if (up) {
-        e->flying = *at;
-        *at = e;
-        if (++b->flying > b->buckets)
-            flight_grow(b);
-        return;
-    }
-    while (*at != e)
-        at = &(*at)->flying;
-    *at = e->flying;
-    b->flying--;
-}
-
-/* With one_in_flight_per_partition: an item of `partition` is in flight, so
- * no other of it may go. Caller holds the lock. */
-static int partition_busy(const kb_kit_backlog *b, uint32_t partition)
-{
-    if (b->flight == NULL)
-        return 0;
-    for (const struct entry *e = *flight_bucket(b, partition); e != NULL; e = e->flying)
-        if (e->it.partition == partition)
-            return 1;
-    return 0;
-}
-
 /* Move `fresh` over the entries in flight: all before it are. Caller holds
  * the lock. */
 static struct entry *skip_in_flight(kb_kit_backlog *b)
@@ -484,10 +571,31 @@ static struct entry *skip_in_flight(kb_kit_backlog *b)
 
 static void take_one(kb_kit_backlog *b, struct entry *e, kb_kit_item **out, size_t *n)
 {
+    if (e->part != NULL)
+        queue_drop(b, e, 1);
     e->in_flight = 1;
     e->it.attempts++;
-    count_flight(b, e, 1);
     out[(*n)++] = &e->it;
+}
+
+/* take with one_in_flight_per_partition: the first item of each ready
+ * part, oldest first, but a resend still in its backoff. Caller holds the
+ * lock. */
+static size_t take_ready(kb_kit_backlog *b, kb_kit_item **out, size_t max, int64_t now)
+{
+    size_t n = 0;
+    for (struct part *p = b->ready, *next; p != NULL && n < max; p = next) {
+        next = p->next;   /* a take moves p out of `ready` */
+        struct entry *e = p->head;
+        if (e->due > now)
+            continue;
+        if (e->waiting) {
+            e->waiting = 0;
+            b->waiting--;
+        }
+        take_one(b, e, out, &n);
+    }
+    return n;
 }
 
 size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max, int64_t now)
@@ -495,21 +603,17 @@ size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max, int
     size_t n = 0;
     struct entry *e;
     pthread_mutex_lock(&b->lock);
+    if (b->c.one_in_flight_per_partition) {
+        n = take_ready(b, out, max, now);
+        pthread_mutex_unlock(&b->lock);
+        return n;
+    }
     if (b->waiting == 0) {
-        /* nothing held back: every idle entry from `fresh` on is due, but
-         * those of a partition with one in flight under the limit */
-        struct entry *left = NULL;   /* the first one passed over */
-        for (e = skip_in_flight(b); e != NULL && n < max; e = e->next) {
-            if (e->in_flight)
-                continue;
-            if (partition_busy(b, e->it.partition)) {
-                if (left == NULL)
-                    left = e;
-                continue;
-            }
-            take_one(b, e, out, &n);
-        }
-        b->fresh = left != NULL ? left : e;
+        /* nothing held back: every idle entry from `fresh` on is due */
+        for (e = skip_in_flight(b); e != NULL && n < max; e = e->next)
+            if (!e->in_flight)
+                take_one(b, e, out, &n);
+        b->fresh = e;
         pthread_mutex_unlock(&b->lock);
         return n;
     }
@@ -520,11 +624,6 @@ size_t kb_kit_backlog_take(kb_kit_backlog *b, kb_kit_item **out, size_t max, int
         uint32_t p = e->it.partition;
         if (e->in_flight) {
             mark_busy(&s, p);
-            continue;
-        }
-        if (partition_busy(b, p)) {   /* the limit: its later ones are busy too */
-            if (idle == NULL && !e->waiting)
-                idle = e;
             continue;
         }
         if (e->due > now || held_back(&h, p) || behind_in_flight(&s, e)) {
@@ -555,9 +654,16 @@ int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
     struct held h = {.n = 0};
     struct busy s = {{0}};
     pthread_mutex_lock(&b->lock);
+    if (b->c.one_in_flight_per_partition) {   /* each ready part's first item decides */
+        for (struct part *p = b->ready; p != NULL && due != 0; p = p->next)
+            if (p->head->due < due)
+                due = p->head->due;
+        pthread_mutex_unlock(&b->lock);
+        return due;
+    }
     if (b->waiting == 0) {
         for (struct entry *e = skip_in_flight(b); e != NULL && due != 0; e = e->next)
-            if (!e->in_flight && !partition_busy(b, e->it.partition))
+            if (!e->in_flight)
                 due = 0;
         pthread_mutex_unlock(&b->lock);
         return due;
@@ -570,7 +676,7 @@ int64_t kb_kit_backlog_next_due(kb_kit_backlog *b)
         }
         if (held_back(&h, p))
             continue;
-        if (!behind_in_flight(&s, e) && !partition_busy(b, p) && e->due < due)
+        if (!behind_in_flight(&s, e) && e->due < due)
             due = e->due;
         if (e->waiting && !hold_back(&h, p))
             break;
@@ -633,8 +739,10 @@ static void unlink_reported(kb_kit_backlog *b, kb_kit_item *const *items, size_t
             b->fresh = e->next;
         if (e->waiting)
             b->waiting--;
-        if (e->in_flight)
-            count_flight(b, e, 0);
+        if (e->part != NULL && e->in_flight)
+            part_free(b, e);
+        else if (e->part != NULL)
+            queue_drop(b, e, 0);
         if (e->prev != NULL)
             e->prev->next = e->next;
         else
@@ -689,7 +797,8 @@ void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int ret
             e->due = kb_now_ns() + kb_backoff_ns(b->c.backoff_ms, b->c.max_backoff_ms,
                                                  attempts, r);
             e->in_flight = 0;
-            count_flight(b, e, 0);
+            if (e->part != NULL)
+                queue_put(b, e, 1);
             e->waiting = 1;
             b->waiting++;
         }

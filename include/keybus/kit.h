@@ -304,7 +304,9 @@ typedef struct kb_kit_backlog_conf {
      * and not done, or waiting for its resend): none of a partition is
      * stored ahead of an earlier one even when the broker loses some it
      * took (a replicated stream's leader lost). Without it, items of a
-     * partition are pipelined. */
+     * partition are pipelined. With it, the backlog keeps a little state
+     * (about 50 bytes) per partition number it saw until it is freed: pass
+     * the topic's partition numbers, never a key's hash. */
     int one_in_flight_per_partition;
     /* Optional: the report ID of event `index` (from 0) of a frame, made from
      * the `id` given to kb_kit_backlog_done, into out (len bytes, at least
