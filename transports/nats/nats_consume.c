@@ -466,14 +466,19 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
      * older ones: none is missing when the claim has every message before it
      * (the bridge read up to it, or it follows the last one the claim had; a
      * consumer whose leader changed can skip delivery sequences so). */
-    /* A gap a redelivery showed (of a message the claim has, or of the next
-     * one: it tells nothing of the lost ones) is left open until the next
-     * first delivery past the claim's last message, or a bridge read (the
-     * next message of the partition): the lost first deliveries, if any, are
-     * the partition's messages before it. Nothing pushed meanwhile reaches
-     * past the claim's last message but the next one, so no ack passes a lost
-     * one; a delivery further on while the gap is open restarts the claim
-     * (refill refuses it), and so does a gap left open GAP_OPEN_MAX_MS. */
+    /* A partition's consumer first sends its subject's messages in stream
+     * order, so every message of the subject between the claim's last one
+     * and a delivery past the next (a first delivery or a redelivery) was
+     * sent before it and never came: it is read again from the stream
+     * (kb__nats_refill) when the delivery sequences show a gap, or one is
+     * open. A redelivery (or a message sent again) tells nothing of what may
+     * have been lost after it:
+     * the gap is left open until the next first delivery past the claim's
+     * last message (or a bridge read: the partition's next message) reads
+     * its own window; meanwhile nothing is taken past the claim's last
+     * message without that read, so no AckAll (by stream sequence) passes a
+     * lost message. A gap open GAP_OPEN_MAX_MS (a partition gone quiet, whose
+     * lost messages would wait for AckWait) restarts the partition. */
     const char *why = NULL;
     kb_nats_refilled rf = {NULL, NULL, 0, false};
     bool first_past = meta->delivered == 1 && meta->sseq > c->delivered_hi;
@@ -483,14 +488,14 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
     bool lost = meta->dseq > c->dseq_hi + 1 ||
                 (c->gap_open_ns != 0 && meta->sseq > c->delivered_hi + 1);
     if (lost && !atomic_load(&c->fenced) && !none_missing) {
-        if (meta->sseq <= c->delivered_hi + 1 && !c->wide) {
-            if (c->gap_open_ns == 0)
-                c->gap_open_ns = now;
-        } else if ((why = kb__nats_refill(f, c, meta, &rf)) != NULL) {
+        if (meta->sseq > c->delivered_hi + 1 && (why = kb__nats_refill(f, c, meta, &rf)) != NULL) {
             kb__nats_lost_in_transit(f, c, meta, why);
             natsMsg_Destroy(m);
             return false;
         }
+        if ((meta->delivered != 1 || meta->sseq <= c->delivered_hi) && !c->wide &&
+            c->gap_open_ns == 0)
+            c->gap_open_ns = now;
     }
     if (first_past)
         c->gap_open_ns = 0;

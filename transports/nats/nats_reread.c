@@ -176,9 +176,7 @@ static const char *refill_refused(kb_nats_feeder *f, const kb_nats_claim *c,
      * start: the claim had nothing yet) went past nothing before it */
     if (c->start_unknown && atomic_load(&c->consumer_hi) == 0)
         return "the consumer's start is not known";
-    if (meta->delivered != 1 || meta->sseq <= c->delivered_hi + 1)
-        return "a redelivery among them";
-    if (c->gap_open_ns == 0 && meta->dseq - c->dseq_hi - 1 > REFILL_MAX)
+    if (meta->delivered == 1 && c->gap_open_ns == 0 && meta->dseq - c->dseq_hi - 1 > REFILL_MAX)
         return "too many";
     if (now < f->refill_off_until)
         return "a read of the stream went unanswered just before";
@@ -222,18 +220,20 @@ static int read_window(kb_transport *t, kb_nats_claim *c, const kb_nats_meta *me
     }
 }
 
-/* A partition's consumer delivers its subject's messages in stream order, so
- * what never arrived before `meta` (a first delivery past the last message
- * the claim had) is every message of the partition's subject between the two:
- * the consumer went past each only by sending it. When the stream holds
+/* A partition's consumer first sends its subject's messages in stream order,
+ * so what never arrived before `meta` (a delivery past the message after the
+ * last one the claim had, first or again) is every message of the
+ * partition's subject between the two: the consumer went past each only by
+ * sending it. When meta is a first delivery and the stream holds
  * exactly as many there as deliveries were lost, each is handled under the
  * delivery sequence it was sent with (its ack and progress say the
  * consumer's own numbers). When it holds more or fewer (the consumer's
  * numbers skipped otherwise: a delivery nats-server 2.9 found no pull
  * request for and sent again under a new number, a leader change), they are
- * handled unnumbered, as the bridge reads them (bounded by the ring's room:
- * an entry without a delivery sequence holds the head until one with a
- * sequence comes after it): meta's AckAll covers them. None there: nothing
+ * handled unnumbered, and so they are after a redelivery or in an open gap
+ * (the count lost counts redeliveries): as the bridge reads them, bounded by
+ * the ring's room (an entry without a delivery sequence holds the head until
+ * one with a sequence comes after it); meta's AckAll covers them. None there: nothing
  * is missing. Either way the claim carries on with its consumer: a new one
  * costs seconds on a cluster that just lost a node, the node this process
  * was connected to. The reads block the feeder, every partition's: at most
@@ -254,7 +254,8 @@ const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_m
      * consumer whose leader changed may number them otherwise), nor after a
      * gap a redelivery showed (their count was of the redeliveries too): they
      * are read unnumbered, bounded by the ring's room, not by the count lost. */
-    bool gap = c->gap_open_ns != 0, unnumbered = c->bridged || gap;
+    /* a redelivery's count of lost deliveries counts redeliveries too */
+    bool gap = c->gap_open_ns != 0 || meta->delivered != 1, unnumbered = c->bridged || gap;
     uint64_t used = atomic_load(&c->tail) - atomic_load(&c->head);
     uint64_t room = used + 1 < c->cap ? c->cap - used - 1 : 0;   /* meta too */
     uint64_t most = unnumbered || room > lost ? room : lost;
