@@ -781,7 +781,7 @@ static void nak(natsConnection *nc, const char *stream, const char *consumer, ui
 
 #define RENUMBERED 5   /* events of the held key published into the black hole, at most */
 
-enum renumber { NAK_BEFORE_DROP, NAK_AFTER_DROP, NAK_LAST_TOO };
+enum renumber { NAK_BEFORE_DROP, NAK_AFTER_DROP, NAK_LAST_TOO, WIDE_NAK_AFTER_DROP };
 
 /* The consumer numbers its deliveries otherwise than the stream holds them
  * (nats-server 2.9 sends a NAKed message again under a new number): key 0's
@@ -795,7 +795,9 @@ enum renumber { NAK_BEFORE_DROP, NAK_AFTER_DROP, NAK_LAST_TOO };
  * and its redelivery, past the open gap, has the ones before it read again
  * first. No case loses an event, breaks a key's order or restarts the
  * partition (each restarted it before; the third, taken as the next, lost
- * the ones below it). */
+ * the ones below it). WIDE_NAK_AFTER_DROP: the second through a wide
+ * consumer (a lone member's), which is not read around: it restarts, and
+ * loses nothing either. */
 static void renumbered_deliveries(enum renumber how)
 {
     kb_test_server s;
@@ -803,8 +805,9 @@ static void renumbered_deliveries(enum renumber how)
     kb_test_proxy *proxy = NULL;
     /* long pull requests: the ones open at the black hole take every event
      * published into it */
-    const char *const conf[] = {"nats.topic_consumer", "off", "nats.ack_wait_ms", "600000",
-                                "nats.fetch_expires_ms", "10000", NULL};
+    bool wide = how == WIDE_NAK_AFTER_DROP;
+    const char *const conf[] = {"nats.topic_consumer", wide ? "auto" : "off", "nats.ack_wait_ms",
+                                "600000", "nats.fetch_expires_ms", "10000", NULL};
     atomic_store(&unnumbered_reads, 0);
     atomic_store(&gap_reads, 0);
     atomic_store(&restarts, 0);
@@ -873,10 +876,14 @@ static void renumbered_deliveries(enum renumber how)
     assert_int_equal(atomic_load(&t.order_violations), 0);
     if (how == NAK_BEFORE_DROP)
         assert_true(atomic_load(&unnumbered_reads) > 0);
-    if (how != NAK_BEFORE_DROP)
-        assert_true(atomic_load(&gap_reads) > 0);
-    assert_int_equal(atomic_load(&restarts), 0);
-    assert_string_equal(before, after);
+    if (wide) {
+        assert_true(atomic_load(&restarts) > 0);
+    } else {
+        if (how != NAK_BEFORE_DROP)
+            assert_true(atomic_load(&gap_reads) > 0);
+        assert_int_equal(atomic_load(&restarts), 0);
+        assert_string_equal(before, after);
+    }
     kb_assert_ok(kb_close(b, 10000));
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
@@ -901,6 +908,12 @@ static void redelivery_past_an_open_gap(void **state)
 {
     (void)state;
     renumbered_deliveries(NAK_LAST_TOO);
+}
+
+static void wide_claim_redelivery_shows_the_gap(void **state)
+{
+    (void)state;
+    renumbered_deliveries(WIDE_NAK_AFTER_DROP);
 }
 
 static _Atomic int leases_lost;
@@ -1282,6 +1295,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(renumbered_deliveries_read_again),
         cmocka_unit_test(redelivery_shows_the_gap),
         cmocka_unit_test(redelivery_past_an_open_gap),
+        cmocka_unit_test(wide_claim_redelivery_shows_the_gap),
         cmocka_unit_test(late_answers_keep_leases),
         cmocka_unit_test(lost_creation_answer_asked_again),
         cmocka_unit_test(lost_creation_answer_slow_reconnect),

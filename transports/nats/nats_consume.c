@@ -461,17 +461,14 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
         if (meta->sseq > c->delivered_hi)
             kb__nats_bridge_end(c);
     }
-    /* Deliveries that never arrived before a first delivery are of messages
-     * before it (a consumer sends them in stream order) or redeliveries of
-     * older ones: none is missing when the claim has every message before it
-     * (the bridge read up to it, or it follows the last one the claim had; a
-     * consumer whose leader changed can skip delivery sequences so). */
     /* A partition's consumer first sends its subject's messages in stream
      * order, so every message of the subject between the claim's last one
      * and a delivery past the next (a first delivery or a redelivery) was
      * sent before it and never came: it is read again from the stream
      * (kb__nats_refill) when the delivery sequences show a gap, or one is
-     * open. A redelivery (or a message sent again) tells nothing of what may
+     * open. None is missing before a first delivery of the next one, or of
+     * one the bridge read up to (a consumer whose leader changed can skip
+     * delivery sequences so). A redelivery (or a message sent again) tells nothing of what may
      * have been lost after it:
      * the gap is left open until the next first delivery past the claim's
      * last message (or a bridge read: the partition's next message) reads
@@ -488,7 +485,9 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
     bool lost = meta->dseq > c->dseq_hi + 1 ||
                 (c->gap_open_ns != 0 && meta->sseq > c->delivered_hi + 1);
     if (lost && !atomic_load(&c->fenced) && !none_missing) {
-        if (meta->sseq > c->delivered_hi + 1 && (why = kb__nats_refill(f, c, meta, &rf)) != NULL) {
+        /* a wide claim's refill is refused: it restarts */
+        if ((c->wide || meta->sseq > c->delivered_hi + 1) &&
+            (why = kb__nats_refill(f, c, meta, &rf)) != NULL) {
             kb__nats_lost_in_transit(f, c, meta, why);
             natsMsg_Destroy(m);
             return false;
