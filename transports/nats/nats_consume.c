@@ -468,14 +468,14 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
      * (kb__nats_refill) when the delivery sequences show a gap, or one is
      * open. None is missing before a first delivery of the next one, or of
      * one the bridge read up to (a consumer whose leader changed can skip
-     * delivery sequences so). A redelivery (or a message sent again) tells nothing of what may
-     * have been lost after it:
-     * the gap is left open until the next first delivery past the claim's
-     * last message (or a bridge read: the partition's next message) reads
-     * its own window; meanwhile nothing is taken past the claim's last
-     * message without that read, so no AckAll (by stream sequence) passes a
-     * lost message. A gap open GAP_OPEN_MAX_MS (a partition gone quiet, whose
-     * lost messages would wait for AckWait) restarts the partition. */
+     * delivery sequences so). A redelivery (or a message sent again) tells
+     * nothing of what may have been lost after it: the gap is left open until
+     * the next first delivery past the claim's last message (or a bridge
+     * read: the partition's next message) reads its own window; meanwhile
+     * nothing is taken past the claim's last message without that read, so
+     * no AckAll (by stream sequence) passes a lost message. A gap open
+     * GAP_OPEN_MAX_MS (a partition gone quiet, whose lost messages would wait
+     * for AckWait) restarts the partition. */
     const char *why = NULL;
     kb_nats_refilled rf = {NULL, NULL, 0, false};
     bool first_past = meta->delivered == 1 && meta->sseq > c->delivered_hi;

@@ -74,10 +74,10 @@ const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_m
                             kb_nats_refilled *out);
 /* Stop the claim at what it had and restart the partition from its ack
  * floor with a new consumer (logged with `why`). */
+void kb__nats_lost_in_transit(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta,
+                              const char *why);
 /* c's gap a redelivery showed stayed open GAP_OPEN_MAX_MS (nothing came past
  * it): restart the partition from its ack floor, as kb__nats_lost_in_transit. */
 void kb__nats_gap_left_open(kb_nats_feeder *f, kb_nats_claim *c);
-void kb__nats_lost_in_transit(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta,
-                              const char *why);
 
 #endif /* KB_TRANSPORTS_NATS_FEEDER_H */

@@ -130,6 +130,14 @@ bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m, kb_nats_bridged *out)
     return true;
 }
 
+/* Nothing above what c had is acked from now on; the lease thread starts a
+ * new consumer at the ack floor. */
+static void restart_at_floor(kb_nats_feeder *f, kb_nats_claim *c)
+{
+    atomic_store(&c->ack_limit, c->delivered_hi);
+    kb__nats_claim_reset(f->t, c);
+}
+
 /* The consumer's delivery sequence skipped: the server sent deliveries that
  * never arrived (the connection broke with them on the wire). It counts them
  * delivered and resends them only after AckWait, past newer events of their
@@ -140,22 +148,20 @@ bool kb__nats_bridge_reply(kb_nats_feeder *f, natsMsg *m, kb_nats_bridged *out)
 void kb__nats_lost_in_transit(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_meta *meta,
                               const char *why)
 {
-    atomic_store(&c->ack_limit, c->delivered_hi);
     kb_log(f->t->bus, KB_LOG_WARNING,
            "nats %s: consumer %s: deliveries %llu..%llu never arrived (%s); restarting the "
            "partition from its ack floor", f->t->url_safe, c->consumer,
            (unsigned long long)c->dseq_hi + 1, (unsigned long long)meta->dseq - 1, why);
-    kb__nats_claim_reset(f->t, c);
+    restart_at_floor(f, c);
 }
 
 void kb__nats_gap_left_open(kb_nats_feeder *f, kb_nats_claim *c)
 {
-    atomic_store(&c->ack_limit, c->delivered_hi);
     kb_log(f->t->bus, KB_LOG_WARNING,
            "nats %s: consumer %s: deliveries lost before a redelivery, and no later message came "
            "to show which; restarting the partition from its ack floor", f->t->url_safe,
            c->consumer);
-    kb__nats_claim_reset(f->t, c);
+    restart_at_floor(f, c);
 }
 
 /* Bounds of kb__nats_refill() (below): lost deliveries one gap may read again; time
@@ -230,11 +236,11 @@ static int read_window(kb_transport *t, kb_nats_claim *c, const kb_nats_meta *me
  * consumer's own numbers). When it holds more or fewer (the consumer's
  * numbers skipped otherwise: a delivery nats-server 2.9 found no pull
  * request for and sent again under a new number, a leader change), they are
- * handled unnumbered, and so they are after a redelivery or in an open gap
- * (the count lost counts redeliveries): as the bridge reads them, bounded by
- * the ring's room (an entry without a delivery sequence holds the head until
- * one with a sequence comes after it); meta's AckAll covers them. None there: nothing
- * is missing. Either way the claim carries on with its consumer: a new one
+ * handled unnumbered, and so they are after a bridge or a redelivery, or in
+ * an open gap (the count lost counts redeliveries then): as the bridge
+ * reads them, bounded by the ring's room (an entry without a delivery
+ * sequence holds the head until one with a sequence comes after it); meta's
+ * AckAll covers them. None there: nothing is missing. Either way the claim carries on with its consumer: a new one
  * costs seconds on a cluster that just lost a node, the node this process
  * was connected to. The reads block the feeder, every partition's: at most
  * REFILL_WAIT_MS for one gap, REFILL_BUDGET_MS in any second, and none for
@@ -250,11 +256,9 @@ const char *kb__nats_refill(kb_nats_feeder *f, kb_nats_claim *c, const kb_nats_m
     if (why != NULL)
         return why;
     uint64_t lost = meta->dseq > c->dseq_hi + 1 ? meta->dseq - c->dseq_hi - 1 : 0, k = 0;
-    /* After a bridge the window's delivery sequences are not known (a
-     * consumer whose leader changed may number them otherwise), nor after a
-     * gap a redelivery showed (their count was of the redeliveries too): they
-     * are read unnumbered, bounded by the ring's room, not by the count lost. */
-    /* a redelivery's count of lost deliveries counts redeliveries too */
+    /* unnumbered: after a bridge (a consumer whose leader changed may number
+     * the window otherwise), a redelivery or an open gap (the count lost
+     * counts redeliveries) */
     bool gap = c->gap_open_ns != 0 || meta->delivered != 1, unnumbered = c->bridged || gap;
     uint64_t used = atomic_load(&c->tail) - atomic_load(&c->head);
     uint64_t room = used + 1 < c->cap ? c->cap - used - 1 : 0;   /* meta too */
