@@ -32,11 +32,11 @@ static void dead_now(kb_transport_topic *tt, uint32_t part, const char *id,
     kb_transport *t = tt->t;
     char *dead = kb__redis_dead_pack_raw(fields, ref, part, id, attempts, reason);
     if (dead == NULL)
-        return;   /* out of memory: stays pending and comes back on the next sweep */
+        return;   /* out of memory: stays pending, swept when the partition is next taken */
     kb_log(t->bus, KB_LOG_WARNING, "redis: %s entry %s to the dead-letter stream: %s",
            tt->parts[part].stream, id, reason);
     atomic_fetch_add(&t->dead_queued, 1);
-    (void)kb__redis_job_push(t, &tt->parts[part], id, dead, 0);   /* lost: stays pending */
+    (void)kb__redis_job_push(t, &tt->parts[part], id, dead, 0);   /* lost: stays pending, as above */
 }
 
 /* Count first, then look: the keeper sets DRAINING, then waits for 0. True
@@ -322,6 +322,22 @@ static int deliver_frame(kb_transport_topic *tt, kb_redis_part *p, const redisRe
     return rc;
 }
 
+/* Entries ents[from, to) were taken (handed over, dead-lettered, or
+ * skipped as not ours): the newest ID among them is p's handed mark. */
+static void note_handed(kb_redis_part *p, const redisReply *ents, size_t from, size_t to,
+                        uint32_t epoch)
+{
+    while (to > from) {
+        const redisReply *e = ents->element[--to];
+        if (e->type == REDIS_REPLY_ARRAY && e->elements >= 1 &&
+            e->element[0]->type == REDIS_REPLY_STRING && kb__redis_id_valid(e->element[0]->str)) {
+            snprintf(p->handed, sizeof p->handed, "%s", e->element[0]->str);
+            p->handed_epoch = epoch;
+            return;
+        }
+    }
+}
+
 int kb__redis_deliver_run(kb_transport_topic *tt, uint32_t part, const redisReply *ents,
                           size_t *next, const redisReply *runs, unsigned flags, uint32_t epoch,
                           int timeout_ms, bool head_alone)
@@ -389,6 +405,7 @@ int kb__redis_deliver_run(kb_transport_topic *tt, uint32_t part, const redisRepl
     }
     if (rc == KB_REDIS_DELIVERED && r.n > 0)
         rc = run_flush(tt, part, ents, &r, epoch, timeout_ms, &i);
+    note_handed(p, ents, *next, i, epoch);
     *next = i;
     return rc;
 }

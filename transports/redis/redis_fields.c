@@ -146,6 +146,22 @@ bool kb__redis_id_valid(const char *id)
     return id_part(id, &p) && *p == '-' && id_part(p + 1, &p) && *p == '\0';
 }
 
+bool kb__redis_id_after(const char *id, char *out, size_t n)
+{
+    if (!kb__redis_id_valid(id))
+        return false;
+    unsigned long long ms = id_number(&id);
+    id++;
+    unsigned long long seq = id_number(&id);
+    if (seq == ULLONG_MAX && ms == ULLONG_MAX)
+        return false;
+    if (seq == ULLONG_MAX)
+        ms++;
+    seq = seq == ULLONG_MAX ? 0 : seq + 1;
+    int len = snprintf(out, n, "%llu-%llu", ms, seq);
+    return len > 0 && (size_t)len < n;
+}
+
 size_t kb__redis_headers_args(const kb_header *h, size_t n, char *names, const char **argv,
                               size_t *lens)
 {

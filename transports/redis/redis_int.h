@@ -189,6 +189,12 @@ typedef struct kb_redis_part {
         uint32_t next;            /* its first event not handed out */
     } fcur;
     char sweep_cursor[KB_REDIS_ID_MAX];   /* where that sweep goes on; "" = its last page */
+    /* reader only: the newest entry handed to the pool (or to the dead
+     * letters) under lease `handed_epoch`. A sweep again under the same lease
+     * starts after it: what it covers is in flight here and settles on its
+     * own, and claiming it again would run it twice. */
+    char handed[KB_REDIS_ID_MAX];
+    uint32_t handed_epoch;
     uint32_t index;               /* N */
     struct kb_transport_topic *tt;
     pthread_mutex_t lock;         /* guards jobs */
@@ -894,6 +900,9 @@ uint32_t kb__redis_number_below(const redisReply *v, uint32_t limit, uint32_t df
 int kb__redis_id_cmp(const char *a, const char *b);
 /* Is `id` a full stream ID "ms-seq" (decimal, each part within 64 bits)? */
 bool kb__redis_id_valid(const char *id);
+/* The smallest ID after the valid ID `id` into out (n bytes); false when
+ * there is none or it does not fit. */
+bool kb__redis_id_after(const char *id, char *out, size_t n);
 /* Each header is an entry field "h.<name>" (docs/headers.md). */
 #define KB_REDIS_HEADER_PREFIX "h."
 #define KB_REDIS_HEADER_BYTES 65536   /* names and values of one entry: as kb_sink_deliver */

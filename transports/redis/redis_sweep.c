@@ -105,7 +105,11 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
     kb_redis_part *p = &tt->parts[part];
     if (p->sweeping != epoch) {
         p->sweeping = epoch;
-        snprintf(p->sweep_cursor, sizeof p->sweep_cursor, "0-0");
+        /* again under the same lease (a stray read, a refused check, a lost
+         * connection): what this process handed over settles on its own */
+        if (p->handed_epoch != epoch ||
+            !kb__redis_id_after(p->handed, p->sweep_cursor, sizeof p->sweep_cursor))
+            snprintf(p->sweep_cursor, sizeof p->sweep_cursor, "0-0");
     }
     char count[16], runs_key[KB_REDIS_KEY_MAX];
     snprintf(count, sizeof count, "%d", t->batch);
