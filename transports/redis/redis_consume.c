@@ -184,6 +184,7 @@ static bool none_foreign(kb_transport *t, kb_redis_part *p, const redisReply *y)
 {
     if (kb__redis_foreign_pending(t, y)) {
         p->swept = 0;            /* sweep again before anything newer */
+        p->sweep_whole = p->sweep_after;   /* they lie below what we handed */
         if (atomic_fetch_add(&t->stray, 1) == 0)
             kb_log(t->bus, KB_LOG_WARNING, "redis: %s has entries pending for another consumer (a read "
                    "after its lease was lost); sweeping it again", p->stream);
@@ -218,6 +219,8 @@ static bool read_checks(kb_transport *t, reader *rd, rround *ro, size_t n, bool 
         if (refused)
             rp->p->swept = 0;
         bool passed = !refused && none_foreign(t, rp->p, y) && kb__redis_lease_ours(t, m, j);
+        if (passed)
+            rp->p->sweep_after = false;
         kb__redis_reply_free(y);
         if (ahead)
             rp->ahead_ok = passed;

@@ -161,6 +161,7 @@ static void frame_dead(kb_transport_topic *tt, kb_redis_part *p, const kb_delive
     if (dead == NULL) {   /* out of memory: the frame stays pending, swept again */
         atomic_store(&p->fcur.fs->released, true);
         p->swept = 0;
+        p->sweep_whole = true;   /* from the start: the frame will count as handed */
         return;
     }
     kb_log(t->bus, KB_LOG_WARNING, "redis: %s event %s to the dead-letter stream: %s", p->stream,
@@ -171,6 +172,7 @@ static void frame_dead(kb_transport_topic *tt, kb_redis_part *p, const kb_delive
     } else {   /* lost: its bit stays clear, the frame pending, swept again */
         atomic_store(&p->fcur.fs->released, true);
         p->swept = 0;
+        p->sweep_whole = true;
     }
 }
 
@@ -323,7 +325,7 @@ static int deliver_frame(kb_transport_topic *tt, kb_redis_part *p, const redisRe
 }
 
 /* Entries ents[from, to) were taken (handed over, dead-lettered, or
- * skipped as not ours): the newest ID among them is p's handed mark. */
+ * skipped: not an entry): the newest ID among them is p's handed mark. */
 static void note_handed(kb_redis_part *p, const redisReply *ents, size_t from, size_t to,
                         uint32_t epoch)
 {

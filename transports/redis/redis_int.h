@@ -191,10 +191,17 @@ typedef struct kb_redis_part {
     char sweep_cursor[KB_REDIS_ID_MAX];   /* where that sweep goes on; "" = its last page */
     /* reader only: the newest entry handed to the pool (or to the dead
      * letters) under lease `handed_epoch`. A sweep again under the same lease
-     * starts after it: what it covers is in flight here and settles on its
-     * own, and claiming it again would run it twice. */
+     * starts after it: what it covers was taken here (claimed again, an event
+     * still running or not yet acked would run twice); what of it is
+     * released or declined comes again after a hand-over. Unless
+     * `sweep_whole`: an event of it must come again now (its dead letter
+     * lost), or another consumer's entries were still pending after such a
+     * sweep (`sweep_after`, until a read passes its checks): below the
+     * mark, as after a failover that lost our claim of them. */
     char handed[KB_REDIS_ID_MAX];
     uint32_t handed_epoch;
+    bool sweep_whole;
+    bool sweep_after;
     uint32_t index;               /* N */
     struct kb_transport_topic *tt;
     pthread_mutex_t lock;         /* guards jobs */

@@ -107,8 +107,10 @@ int kb__redis_sweep(kb_transport_topic *tt, uint32_t part, uint32_t epoch)
         p->sweeping = epoch;
         /* again under the same lease (a stray read, a refused check, a lost
          * connection): what this process handed over settles on its own */
-        if (p->handed_epoch != epoch ||
-            !kb__redis_id_after(p->handed, p->sweep_cursor, sizeof p->sweep_cursor))
+        p->sweep_after = !p->sweep_whole && p->handed_epoch == epoch &&
+                         kb__redis_id_after(p->handed, p->sweep_cursor, sizeof p->sweep_cursor);
+        p->sweep_whole = false;
+        if (!p->sweep_after)
             snprintf(p->sweep_cursor, sizeof p->sweep_cursor, "0-0");
     }
     char count[16], runs_key[KB_REDIS_KEY_MAX];
