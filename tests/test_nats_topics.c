@@ -185,11 +185,13 @@ static uint32_t owned(kb_bus *b, const char *topic)
 
 /* The first member's claims of single partitions, and those of them that
  * took over from its wide claim while it went on (a split). */
-static _Atomic int part_claims, takeovers;
+static _Atomic int part_claims, takeovers, moved_early;
 
 static void count_claims(int level, const char *msg, void *opaque)
 {
     (void)level, (void)opaque;
+    if (strstr(msg, "kb.split.wide.") != NULL && strstr(msg, " ahead of its wide claim's split") != NULL)
+        atomic_fetch_add(&moved_early, 1);
     if (strstr(msg, "kb.split.wide.") != NULL && strstr(msg, " claimed by consumer ") != NULL) {
         atomic_fetch_add(&part_claims, 1);
         if (strstr(msg, "; it takes over from ") != NULL)
@@ -260,10 +262,11 @@ static void wide_consumer_splits(void **state)
         usleep(10000);
     }
     print_message("split: a owns %u, b owns %u, %d consumers (%d wide, %d marked); %llu "
-                  "duplicates; a claimed %d partitions, %d taking over from its wide claim\n",
+                  "duplicates; a claimed %d partitions, %d taking over from its wide claim; "
+                  "%d handed over ahead of the split\n",
                   owned_a, owned_b, all, wide, marked,
                   (unsigned long long)atomic_load(&t.duplicates), atomic_load(&part_claims),
-                  atomic_load(&takeovers));
+                  atomic_load(&takeovers), atomic_load(&moved_early));
     assert_true(owned_a > 0 && owned_b > 0);
     assert_int_equal(owned_a + owned_b, 8);
     assert_int_equal(wide, 0);
@@ -272,6 +275,9 @@ static void wide_consumer_splits(void **state)
     /* every partition a kept took over from the wide claim, once */
     assert_int_equal(atomic_load(&takeovers), (int)owned_a);
     assert_int_equal(atomic_load(&part_claims), (int)owned_a);
+    /* the partitions that moved did not wait for the split (Early move) */
+    assert_true(atomic_load(&moved_early) >= 1);
+    assert_true(atomic_load(&moved_early) <= (int)owned_b);
     assert_int_equal(kb_tracker_distinct(&t), (uint64_t)SPLIT_KEYS * SPLIT_SEQS);
     assert_int_equal(atomic_load(&t.order_violations), 0);
     assert_int_equal(atomic_load(&t.concurrent), 0);

@@ -172,23 +172,39 @@ static void free_ring(kb_nats_claim *c)
  * carries the prefix's newest delivery sequence: after redeliveries (a
  * server restart) an entry's first one may be below what the server took.
  * Not sent while reconnecting (nats.c buffers nothing then): next tick. */
+/* May the handled prefix pass entry e? */
+static bool passable(const kb_nats_entry *e, uint64_t limit)
+{
+    return e->sseq <= limit && atomic_load_explicit(&e->done, memory_order_acquire) &&
+           (e->after == NULL || atomic_load(&e->after->handled_to) >= e->sseq);
+}
+
 static uint64_t ack_prefix(kb_transport *t, kb_nats_claim *c, uint64_t h0, uint64_t tl)
 {
-    uint64_t h = h0, limit = atomic_load(&c->ack_limit), dseq = 0, handled = 0;
+    uint64_t h = h0, limit = atomic_load(&c->ack_limit), dseq = 0, handled = 0, i = h0;
     c->ack_failed = false;
     /* An entry the bridge read (nats_consume.c) has no delivery sequence
      * until its consumer delivers it: the prefix ends at the last entry with
      * one (its AckAll covers the bridged entries before it). */
-    for (uint64_t i = h0; i < tl; i++) {
+    for (; i < tl; i++) {
         kb_nats_entry *e = &c->ring[i & (c->cap - 1)];
-        if (e->sseq > limit || !atomic_load_explicit(&e->done, memory_order_acquire) ||
-            (e->after != NULL && atomic_load(&e->after->handled_to) < e->sseq))
+        if (!passable(e, limit) || e->moved)
             break;
         uint64_t d = atomic_load_explicit(&e->dseq, memory_order_relaxed);
         if (d != 0)
             h = i + 1;
         dseq = d > dseq ? d : dseq;
         handled = e->sseq;
+    }
+    /* Acks end for good at a moved entry; the handled prefix goes on past
+     * it (the cuts of the partitions that stay wait on it), from where it
+     * was last seen to end. */
+    if (i < tl && c->ring[i & (c->cap - 1)].moved && passable(&c->ring[i & (c->cap - 1)], limit)) {
+        uint64_t j = c->moved_scan > i ? c->moved_scan : i;
+        for (; j < tl && passable(&c->ring[j & (c->cap - 1)], limit); j++)
+            c->moved_handled = c->ring[j & (c->cap - 1)].sseq;
+        c->moved_scan = j;
+        handled = c->moved_handled > handled ? c->moved_handled : handled;
     }
     if (handled != 0)
         atomic_store(&c->handled_to, handled);
@@ -373,12 +389,18 @@ bool kb__nats_claims_done(const kb_nats_part *p)
     return true;
 }
 
+static bool wide_goes_on(kb_transport *t, kb_nats_claim *w, int64_t now)
+{
+    return w != NULL && !atomic_load(&w->feeder_left) && !kb__nats_claim_fenced(t, w, now);
+}
+
 kb_nats_claim *kb__nats_split_wide(kb_transport *t, const kb_nats_part *p, int64_t now)
 {
     kb_nats_claim *w = p->split_to != NULL ? atomic_load(&p->split_to->split_from) : NULL;
-    if (w == NULL || atomic_load(&w->feeder_left) || kb__nats_claim_fenced(t, w, now))
-        return NULL;
-    return w;
+    if (wide_goes_on(t, w, now))
+        return w;
+    w = atomic_load(&p->move_cut_for);   /* an early move's */
+    return wide_goes_on(t, w, now) ? w : NULL;
 }
 
 /* Is claim c fenced? One whose lease ran out locally (the lease thread

@@ -74,9 +74,10 @@ bool kb__nats_claim_orphaned(const kb_nats_claim *c);
  * cut, which the feeder has set)? */
 bool kb__nats_claim_cut_passed(const kb_nats_claim *c, const kb_nats_claim *w);
 
-/* The live wide claim partition p was split from (nats_lease.c, "Split"),
- * which partition 0 still pulls and bridges for when it took over itself;
- * NULL when there is none. The feeder (p->split_to is its own). */
+/* The live wide claim partition p was split from (nats_lease.c, "Split") or
+ * moved out of early ("Early move"), which partition 0 still pulls and
+ * bridges for when it left itself; NULL when there is none. The feeder
+ * (p->split_to is its own). */
 kb_nats_claim *kb__nats_split_wide(kb_transport *t, const kb_nats_part *p, int64_t now);
 
 /* Is claim c fenced? One whose lease ran out locally (the lease thread

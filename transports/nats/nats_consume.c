@@ -61,16 +61,25 @@ static int64_t heartbeat_ms(const kb_nats_claim *c)
 {
     if (c->pull_expires_ms < 1000)
         return 0;
-    return c->pull_expires_ms / (c->lost_again && !c->bridging ? 20 : 4);
+    return c->pull_expires_ms / ((c->lost_again || !c->answered) && !c->bridging ? 20 : 4);
 }
+
+/* A new consumer's first request can go unanswered: sent as soon as the
+ * server answered the creation, in each `join` run on 2.9.10 one of 9 got
+ * nothing until judged lost 0.75 s later (why was not found; the next was
+ * answered at once). Until a claim's consumer answered anything, its
+ * requests ask for a heartbeat every 50 ms (at a 1 s expiry) and are judged
+ * lost FIRST_PULL_GRACE_MS after two missed ones (docs/transports-nats.md,
+ * "Pull requests carry idle heartbeats"). */
+#define FIRST_PULL_GRACE_MS 100
 
 /* When the newest request counts as lost unless a heartbeat or a message
  * comes first: measured by the heartbeat that request asked for, whatever
  * the next one will ask. */
 static int64_t pull_deadline(const kb_nats_claim *c, int64_t now)
 {
-    int64_t hb = c->pull_hb_ms;
-    return now + (hb > 0 ? 2 * hb + 250 : c->pull_expires_ms + 2000) * 1000000;
+    int64_t hb = c->pull_hb_ms, grace = c->answered ? 250 : FIRST_PULL_GRACE_MS;
+    return now + (hb > 0 ? 2 * hb + grace : c->pull_expires_ms + 2000) * 1000000;
 }
 
 static void pull(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
@@ -118,6 +127,9 @@ static void keep_pulling(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
     bool lost = c->pull_open && !renew && now > deadline && f->empty_ns > deadline;
     if (!c->pull_open || c->pull_left < t->fetch_batch || lost || renew) {
         if (lost) {   /* the next request is judged sooner (heartbeat_ms) */
+            if (!c->answered)
+                kb_log(t->bus, KB_LOG_DEBUG, "nats %s: consumer %s did not answer its first "
+                       "request; asked again", t->url_safe, c->consumer);
             c->pull_open = false;
             if (c->lost_again)
                 kb__nats_bridge_start(t, c, now);
@@ -142,17 +154,46 @@ static void keep_pulling(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
  * claim a partition left by a split is fed on for the others (its entries
  * of the partition wait on the partition's claim): leave_fenced marks it
  * left once it is fenced. */
+/* Early moves (nats_lease.c): a wide claim fed each partition of the batch
+ * up to here; its later messages of them are pushed moved (read_msg). One
+ * is refused when an earlier batch's moved entries stop the claim's acks
+ * below its cut. */
+static void move_cuts(kb_transport *t, kb_nats_topic *tp)
+{
+    uint32_t gen = atomic_load(&tp->move_gen);
+    if (gen == tp->move_gen_seen)
+        return;
+    tp->move_gen_seen = gen;
+    for (uint32_t i = 0; i < t->partitions; i++) {
+        kb_nats_part *p = &tp->parts[i];
+        kb_nats_claim *w = atomic_load(&p->moved_from);
+        if (w == NULL || atomic_load(&p->move_cut_for) == w ||
+            atomic_load(&p->move_refused_for) == w)
+            continue;
+        uint64_t cut = p->wide_fed_by == w ? p->wide_fed : 0;
+        if (w->moved_first != 0 && cut >= w->moved_first) {
+            atomic_store(&p->move_refused_for, w);
+            continue;
+        }
+        atomic_store(&p->move_cut, cut);
+        atomic_store(&p->move_cut_for, w);
+    }
+}
+
 static void tend(kb_nats_feeder *f, kb_nats_part *p, int64_t now)
 {
     kb_transport *t = f->t;
+    move_cuts(t, p->topic);
     kb_nats_claim *c = atomic_load(&p->claim), *was = p->feeding;
     /* A live wide claim goes on without this partition only for a claim
-     * split from it: else its later messages of the partition would be
-     * dropped here while its acks of other partitions' messages passed
-     * them (the split claim was fenced before the feeder saw it). */
+     * split from it, or when the partition moved out of it early: else its
+     * later messages of the partition would be dropped here while its acks
+     * of other partitions' messages passed them (the split claim was
+     * fenced before the feeder saw it). */
     kb_nats_claim *from = c != NULL ? atomic_load(&c->split_from) : NULL;
     if (c != was && was != NULL) {
-        if (was->wide && !atomic_load(&was->fenced) && from != was)
+        if (was->wide && !atomic_load(&was->fenced) && from != was &&
+            atomic_load(&p->move_cut_for) != was)
             kb__nats_claim_reset(t, was);
         if (!was->wide || atomic_load(&was->fenced))
             atomic_store(&was->feeder_left, 1);
@@ -237,6 +278,7 @@ static void status_msg(kb_nats_feeder *f, natsMsg *m)
     const char *status = NULL;
     bool has_status = natsMsgHeader_Get(m, "Status", &status) == NATS_OK && status != NULL;
     int64_t now = kb_now_ns();
+    c->answered = true;
     if (has_status && strcmp(status, "100") == 0) {
         c->lost_again = false;
         c->pull_deadline_ns = pull_deadline(c, now);
@@ -446,6 +488,7 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
     kb_transport *t = f->t;
     if (!f->refilling && !f->bridging) {   /* read again or bridged: came on no pull */
         c->pull_got = true;
+        c->answered = true;
         c->pull_expires_ms = t->fetch_expires_ms;
         c->lost_again = false;
         c->pull_deadline_ns = pull_deadline(c, now);
@@ -533,9 +576,10 @@ static bool admit(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m, const kb_nats
 
 /* The message's entry at the end of the ring, `events` of it to settle (0:
  * nothing to handle, done at once), delivered at `now`; acked only once
- * claim `after` (NULL: none) has handled up to it. */
+ * claim `after` (NULL: none) has handled up to it, never when `moved`. */
 static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *meta,
-                           uint32_t part, uint32_t events, int64_t now, kb_nats_claim *after)
+                           uint32_t part, uint32_t events, int64_t now, kb_nats_claim *after,
+                           bool moved)
 {
     c->delivered_hi = meta->sseq;
     uint64_t slot = atomic_load(&c->tail);
@@ -549,6 +593,7 @@ static kb_nats_entry *push(kb_nats_claim *c, natsMsg *m, const kb_nats_meta *met
     atomic_store_explicit(&e->runs, false, memory_order_relaxed);
     e->since_ns = now;
     atomic_store(&e->pending, events);
+    e->moved = moved;   /* before the tail: the acker reads it after */
     atomic_store(&e->released, 0);
     atomic_store(&e->done, events == 0);
     atomic_store_explicit(&c->tail, slot + 1, memory_order_release);
@@ -573,7 +618,7 @@ static void unread_msg(kb_nats_feeder *f, kb_nats_topic *tp, natsMsg *m,
     if (strcmp(natsMsg_GetSubject(m), tp->dlq_subject) == 0) {
         int64_t now = kb_now_ns();
         if (admit(f, c, m, meta, now))
-            push(c, m, meta, UINT32_MAX, 0, now, NULL);
+            push(c, m, meta, UINT32_MAX, 0, now, NULL, false);
         return;
     }
     char why[160];
@@ -611,12 +656,19 @@ static void read_msg(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m,
     kb_nats_part *pp = part < t->partitions ? &c->part->topic->parts[part] : NULL;
     kb_nats_claim *from = atomic_load(&c->split_from);
     if (from != NULL && meta->sseq <= atomic_load(&c->cut)) {
-        push(c, m, meta, part, 0, now, from);
+        push(c, m, meta, part, 0, now, from, false);
         return;
     }
     if (c->wide && pp != NULL) {
+        /* moved out early (nats_lease.c): past its cut, another process's */
+        if (atomic_load(&pp->move_cut_for) == c && meta->sseq > atomic_load(&pp->move_cut)) {
+            if (c->moved_first == 0)
+                c->moved_first = meta->sseq;
+            push(c, m, meta, part, 0, now, NULL, true);
+            return;
+        }
         if (pp->split_to != NULL && atomic_load(&pp->split_to->split_from) == c) {
-            push(c, m, meta, part, 0, now, pp->split_to);
+            push(c, m, meta, part, 0, now, pp->split_to, false);
             return;
         }
         pp->wide_fed_by = c;
@@ -626,7 +678,7 @@ static void read_msg(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m,
      * says so), or one of this process's, whose acks a restarted server lost */
     if (kb__nats_claim_skips(c, meta->sseq) ||
         (part != UINT32_MAX && kb__nats_acked_to(c->part->topic, part, meta->sseq))) {
-        push(c, m, meta, part, 0, now, NULL);
+        push(c, m, meta, part, 0, now, NULL, false);
         return;
     }
     /* Read the message before it is in the ring: once there, its events may
@@ -646,7 +698,7 @@ static void read_msg(kb_nats_feeder *f, kb_nats_claim *c, natsMsg *m,
     }
     uint32_t events = bad ? 1 : frame.left;
     kb__nats_progress_ready(c);   /* before the first delivery: executors note into it */
-    kb_nats_entry *e = push(c, m, meta, part, events, now, NULL);
+    kb_nats_entry *e = push(c, m, meta, part, events, now, NULL, false);
 
     /* From here on `m` lives until the last of its events settles: the
      * pending count keeps the acker from destroying it before. The delivery

@@ -103,9 +103,10 @@ static void marks_add(kb_nats_claim *c, uint64_t mark, uint64_t floor)
 }
 
 /* `finished`: the consumer's own deliveries ran only as its progress record
- * says (kb__nats_progress_final), so its own mark is not taken. */
+ * says (kb__nats_progress_final), so its own mark is not taken; else it is
+ * `delivered`: what the server delivered to it, or less (an early move's cut). */
 static void marks_inherit(kb_nats_claim *c, const jsConsumerInfo *ci, uint64_t floor,
-                          bool finished)
+                          bool finished, uint64_t delivered)
 {
     const char *d = ci->Config != NULL ? ci->Config->Description : NULL;
     if (d != NULL && strncmp(d, "kb-seen", 7) == 0)
@@ -116,7 +117,7 @@ static void marks_inherit(kb_nats_claim *c, const jsConsumerInfo *ci, uint64_t f
             marks_add(c, m, floor);
         }
     if (!finished)
-        marks_add(c, ci->Delivered.Stream, floor);
+        marks_add(c, delivered, floor);
 }
 
 static void marks_describe(const kb_nats_claim *c, char *buf, size_t len)
@@ -353,7 +354,14 @@ void kb__nats_opening_prepare(kb_transport *t, kb_nats_opening *o, kb_nats_listi
             kb_nats_claim *own = own_claim(t, tp, n, name);
             if (own != NULL && !atomic_load(&own->released_ran))
                 finished = true;
-            marks_inherit(c, l->info[i], floor, finished);
+            /* a wide consumer the partition moved out of early (another
+             * process's, still going on): what it delivered of the partition
+             * past the cut never ran */
+            uint64_t delivered = l->info[i]->Delivered.Stream, cut = 0;
+            if (!finished && n >= 0 && kb__nats_consumer_wide(t, name) &&
+                kb__nats_progress_moved_cut(t, tp, name, p->n, &cut) && cut < delivered)
+                delivered = cut;
+            marks_inherit(c, l->info[i], floor, finished, delivered);
         }
     skip_acked(t, c, l, n, floor);
     marks_describe(c, o->desc, sizeof o->desc);

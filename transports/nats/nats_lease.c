@@ -36,10 +36,12 @@ static bool opening_covers(const kb_nats_opening *o, const kb_nats_part *p)
  * own claims while the wide one goes on: the feeder hands each over at a cut
  * (the last sequence of the partition the wide claim fed; nats_consume.c),
  * and each side acks the other's part once the other has handled it
- * (nats_claim.c). The partitions that move are handed over as before (the
- * wide claim stopped, finished and acked, then their leases deleted), once
- * every kept partition has taken over and the wide claim has handled up to
- * the cuts — or, when that does not come within SPLIT_MAX_MS, at once. */
+ * (nats_claim.c). The partitions that move are handed over at once, while
+ * the wide claim goes on (Early move, below); when one cannot be (a later
+ * batch), once every kept partition has taken over and the wide claim has
+ * handled up to the cuts, as before (the wide claim stopped, finished and
+ * acked, then their leases deleted) — or, when that does not come within
+ * SPLIT_MAX_MS, at once. */
 #define SPLIT_MAX_MS(t) ((t)->lease_ttl_ms / 2)
 
 /* The topic's wide claim while it is not fenced, or NULL. */
@@ -209,28 +211,37 @@ static int64_t local_expiry(const kb_transport *t, const kb_nats_part *p)
 
 /* Claim c stays valid while every lease it covers does: a lease round can
  * block past that, and the feeder and executors must stop on their own. */
+/* Did partition q move out of wide claim c early and hand its lease over? */
+static bool moved_out_of(const kb_nats_claim *c, const kb_nats_part *q)
+{
+    return c->wide && q->lease_rev == 0 && atomic_load(&q->moved_from) == c;
+}
+
 static void claim_validity(const kb_transport *t, kb_nats_claim *c)
 {
-    int64_t until = local_expiry(t, c->part);
+    int64_t until = moved_out_of(c, c->part) ? INT64_MAX : local_expiry(t, c->part);
     kb_nats_part *parts = c->part->topic->parts;
     for (uint32_t i = 0; c->wide && i < t->partitions; i++) {
         int64_t e = parts[i].lease_rev != 0 ? local_expiry(t, &parts[i]) : 0;
-        if (e < until)
+        if (!moved_out_of(c, &parts[i]) && e < until)
             until = e;
     }
-    atomic_store(&c->valid_until_ns, until);
+    atomic_store(&c->valid_until_ns, until == INT64_MAX ? 0 : until);
 }
 
 void kb__nats_claims_validity(kb_transport *t)
 {
     for (kb_nats_topic *tp = atomic_load(&t->topics); tp; tp = tp->next) {
-        for (uint32_t i = 0; atomic_load(&tp->subscribed) && i < t->partitions; i++) {
+        if (!atomic_load(&tp->subscribed))
+            continue;
+        for (uint32_t i = 0; i < t->partitions; i++) {
             kb_nats_claim *c = atomic_load(&tp->parts[i].claim);
             if (c != NULL && c->part == &tp->parts[i])
                 claim_validity(t, c);
         }
-        /* a split's wide claim, when partition 0 took over from it */
-        kb_nats_claim *w = atomic_load(&tp->split_wide);
+        /* a split's wide claim, when partition 0 took over from it or
+         * moved out of it early */
+        kb_nats_claim *w = live_wide(t, tp);
         if (w != NULL && atomic_load(&tp->parts[0].claim) != w)
             claim_validity(t, w);
     }
@@ -305,6 +316,72 @@ static void final_records(kb_transport *t, kb_nats_part *p)
     }
 }
 
+/* Early move. The partitions that move need not wait for the split: each
+ * is cut where the wide claim last fed it, its later messages there are
+ * pushed "moved" (done, never acked: the wide claim's acks stop for good at
+ * the first), and once the wide claim acked past the cut (its handlers done,
+ * the wide consumer's floor there) the lease is handed over while the wide
+ * claim goes on for the partitions that stay. Their wait was the kept
+ * partitions' consumers' creation (a Raft campaign, 0.1-0.8 s) before their
+ * own. Every partition of the topic that moves out of w now does so in one
+ * batch, cut together by the feeder. */
+static void move_out(kb_transport *t, kb_nats_topic *tp, kb_nats_claim *w)
+{
+    for (uint32_t i = 0; i < t->partitions; i++) {
+        kb_nats_part *q = &tp->parts[i];
+        if (q->lease_rev == 0 || atomic_load(&q->claim) != w || (q->wanted && !q->releasing) ||
+            atomic_load(&q->moved_from) == w)
+            continue;
+        atomic_store(&q->moved_from, w);
+        q->releasing = true;
+        if (q->creating != NULL)   /* never published (nor will it be) */
+            claim_unpublished(q->creating);
+    }
+    w->moved_out = true;
+    atomic_fetch_add(&tp->move_gen, 1);
+}
+
+/* Once every partition moving out of w has its cut (or was refused one),
+ * the cuts are recorded for the next owners (kb__nats_progress_moved_store),
+ * before any of their leases goes; again when a later batch adds cuts. */
+static bool cuts_recorded(kb_transport *t, kb_nats_topic *tp, kb_nats_claim *w)
+{
+    uint32_t cuts = 0;
+    for (uint32_t i = 0; i < t->partitions; i++) {
+        kb_nats_part *q = &tp->parts[i];
+        if (atomic_load(&q->moved_from) != w || atomic_load(&q->move_refused_for) == w)
+            continue;
+        if (atomic_load(&q->move_cut_for) != w)
+            return false;
+        cuts++;
+    }
+    if (cuts != w->moved_recorded) {
+        if (!kb__nats_progress_moved_store(t, w))
+            kb_log(t->bus, KB_LOG_INFO, "nats %s: the cuts of partitions moving out of %s "
+                   "were not stored: their next owners count its deliveries past them as "
+                   "attempts", t->url_safe, w->consumer);
+        w->moved_recorded = cuts;
+    }
+    return true;
+}
+
+/* Has partition p moved out of live wide claim w far enough to be handed
+ * over: the feeder set its cut, w acked past it (so its handlers are done
+ * and the wide consumer's floor is there: the next owner starts after it),
+ * and every earlier claim of p is finished? */
+static bool moved_out_done(const kb_nats_part *p, kb_nats_claim *w)
+{
+    if (atomic_load(&p->move_cut_for) != w || atomic_load(&w->acked_to) < atomic_load(&p->move_cut))
+        return false;
+    for (kb_nats_claim *c = atomic_load(&p->claims); c; c = c->next)
+        if (!atomic_load(&c->freed))
+            return false;
+    for (kb_nats_claim *c = atomic_load(&p->topic->wide_claims); c; c = c->next)
+        if (c != w && !atomic_load(&c->freed))
+            return false;
+    return true;
+}
+
 /* Hand a partition over without duplicates: stop feeding, let the handlers
  * finish and the frontier be acked, then delete the lease. The acks wait in
  * the consumer's connection, the delete goes on nc: the PING answered on the
@@ -313,7 +390,18 @@ static void final_records(kb_transport *t, kb_nats_part *p)
  * connection no more (*feed_down). True while it waits. */
 static bool release_step(kb_transport *t, kb_nats_part *p, bool *feed_down)
 {
-    if (!kb__nats_claims_done(p))
+    kb_nats_claim *w = atomic_load(&p->moved_from);
+    bool early = w != NULL && atomic_load(&p->claim) == w;
+    if (early && atomic_load(&w->fenced)) {
+        claim_end(t, p);   /* the split ended meanwhile: as any hand-over */
+        early = false;
+    }
+    if (early && atomic_load(&p->move_refused_for) == w) {
+        p->releasing = false;   /* it waits for the split after all */
+        return true;
+    }
+    if (early ? !cuts_recorded(t, p->topic, w) || !moved_out_done(p, w)
+              : !kb__nats_claims_done(p))
         return true;
     if (*feed_down)
         return true;
@@ -325,7 +413,10 @@ static bool release_step(kb_transport *t, kb_nats_part *p, bool *feed_down)
     final_records(t, p);
     current_revs(t, &p, 1);
     kb__nats_kv_delete(t, p->lease_key, p->lease_rev);
-    kb_log(t->bus, KB_LOG_DEBUG, "nats %s: lease of %s handed over", t->url_safe, p->subject);
+    kb_log(t->bus, KB_LOG_DEBUG, "nats %s: lease of %s handed over%s", t->url_safe, p->subject,
+           early ? " ahead of its wide claim's split" : "");
+    if (early)
+        atomic_store(&p->claim, NULL);   /* the wide claim goes on for the others */
     lease_gone(t, p);
     return false;
 }
@@ -339,8 +430,12 @@ bool kb__nats_part_keep(kb_transport *t, kb_nats_part *p, bool *feed_down)
     if (!p->releasing) {
         kb_nats_claim *w = atomic_load(&p->claim);
         if (w != NULL && w->wide && !atomic_load(&w->fenced) && split_on(t, p->topic) &&
-            !split_done(t, p->topic, w))
-            return true;   /* the partitions that stay take over first (Split) */
+            !split_done(t, p->topic, w)) {
+            if (atomic_load(&p->move_refused_for) == w)
+                return true;   /* the partitions that stay take over first (Split) */
+            move_out(t, p->topic, w);
+            return release_step(t, p, feed_down);
+        }
         claim_end(t, p);
         p->releasing = true;
         /* a claim whose consumer is still being made is given up at once
@@ -446,7 +541,8 @@ static bool needs_claim(kb_transport *t, kb_nats_part *p, kb_nats_round *rd)
     /* once a split began, every partition that stays takes over, so that
      * the wide claim can end even when the member that came went again */
     bool split = c != NULL && c->wide && !atomic_load(&c->fenced) && p->wanted &&
-                 (split_moving(t, p->topic, c) || atomic_load(&p->topic->split_wide) == c) &&
+                 (split_moving(t, p->topic, c) || atomic_load(&p->topic->split_wide) == c ||
+                  c->moved_out) &&
                  split_on(t, p->topic);
     return (c == NULL || atomic_load(&c->fenced) || split) &&
            fresh_revision(t, p, atomic_load(&p->claims), rd);
@@ -750,12 +846,24 @@ static void split_end(kb_transport *t, kb_nats_topic *tp)
             tp->split_since_ns = 0;
         return;
     }
-    tp->split_since_ns = 0;
+    /* after an early move the split goes on: its acks stopped for good at
+     * the moved partitions' entries, so past SPLIT_MAX_MS the partitions
+     * still on it are claimed again from the floors */
+    bool late = w->moved_out && !split_on(t, tp);
+    if (!w->moved_out)
+        tp->split_since_ns = 0;
     for (uint32_t i = 0; i < t->partitions; i++)
-        if (atomic_load(&tp->parts[i].claim) == w)
+        if (atomic_load(&tp->parts[i].claim) == w) {
+            if (late)
+                kb__nats_claim_reset(t, w);
             return;   /* it still reads some partition */
-    if (!split_done(t, tp, w))
+        }
+    if (!split_done(t, tp, w)) {
+        if (late)
+            kb__nats_claim_reset(t, w);
         return;
+    }
+    tp->split_since_ns = 0;
     atomic_store(&w->fenced, 1);
     kb_signal_notify(t->acked);
     kb__nats_wide_retire(t, tp);

@@ -310,8 +310,12 @@ static const char *inherit_line(kb_transport *t, kb_nats_claim *c, struct kb_nat
                                 const char *line, size_t len, uint64_t max_sseq)
 {
     kb_nats_progress_line pl;
-    const char *why = kb__nats_progress_parse(line, len, t->partitions, max_sseq, &pl);
-    if (why != NULL || (!c->wide && pl.part != c->part->n))
+    const char *why = kb__nats_progress_parse(line, len, t->partitions, UINT64_MAX, &pl);
+    if (why == NULL && !c->wide && pl.part != c->part->n)
+        return NULL;   /* another partition's: past `max_sseq` too when its claim goes on */
+    if (why == NULL)
+        why = kb__nats_progress_parse(line, len, t->partitions, max_sseq, &pl);
+    if (why != NULL)
         return why;
     slot *s = find(g, pl.hash, true);
     if (s == NULL)
@@ -363,6 +367,59 @@ bool kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *ea
     return final;
 }
 
+/* Early moves (nats_lease.c): <stream>.moved.<wide consumer>, a line
+ * "<partition> <cut>" per partition that moved out of the wide claim before
+ * its split ended. What the wide consumer delivered of that partition past
+ * the cut never ran (the feeder pushed it "moved", unhandled), so the next
+ * owner takes that consumer's delivery mark no higher than the cut. */
+static void moved_key(const char *stream, const char *consumer, char *out, size_t len)
+{
+    snprintf(out, len, "%s.moved.%s", stream, consumer);
+}
+
+bool kb__nats_progress_moved_store(kb_transport *t, const kb_nats_claim *w)
+{
+    kb_nats_topic *tp = w->part->topic;
+    size_t cap = (size_t)t->partitions * 32 + 1, used = 0;   /* "%u %llu\n": 32 at most */
+    char *buf = t->runs_kv_round != NULL ? malloc(cap) : NULL, key[3 * KB_NATS_NAME];
+    if (buf == NULL)
+        return false;
+    for (uint32_t i = 0; i < t->partitions; i++)
+        if (atomic_load(&tp->parts[i].move_cut_for) == w)
+            used += (size_t)snprintf(buf + used, cap - used, "%u %llu\n", i,
+                                     (unsigned long long)atomic_load(&tp->parts[i].move_cut));
+    moved_key(tp->stream, w->consumer, key, sizeof key);
+    uint64_t rev = 0;
+    bool stored = kvStore_Put(&rev, t->runs_kv_round, key, buf, (int)used) == NATS_OK;
+    free(buf);
+    return stored;
+}
+
+bool kb__nats_progress_moved_cut(kb_transport *t, const kb_nats_topic *tp, const char *wide,
+                                 uint32_t n, uint64_t *cut)
+{
+    char key[3 * KB_NATS_NAME];
+    moved_key(tp->stream, wide, key, sizeof key);
+    kvEntry *e = NULL;
+    if (round_kv(t) == NULL || kvStore_Get(&e, round_kv(t), key) != NATS_OK)
+        return false;
+    /* a line out of form is passed over: the mark then stays as delivered
+     * (the events come again as redeliveries), never lower than it was */
+    bool found = false;
+    for (const char *l = kvEntry_ValueString(e); l != NULL && *l != '\0' && !found;) {
+        const char *nl = strchr(l, '\n'), *end = nl != NULL ? nl : l + strlen(l), *q = l;
+        uint64_t part = 0, at = 0;
+        if (digits(&q, end, 10, UINT32_MAX, &part) && q < end && *q++ == ' ' &&
+            digits(&q, end, 10, UINT64_MAX, &at) && q == end && part == n) {
+            *cut = at;
+            found = true;
+        }
+        l = nl != NULL ? nl + 1 : end;
+    }
+    kvEntry_Destroy(e);
+    return found;
+}
+
 uint64_t kb__nats_progress_key_hash(const void *key, size_t len)
 {
     return key_hash(key, len);
@@ -379,6 +436,9 @@ void kb__nats_progress_forget(kb_transport *t, const char *stream, const char *n
     char key[3 * KB_NATS_NAME];
     record_key(stream, name, key, sizeof key);
     if (round_kv(t) != NULL)
+        kvStore_Delete(round_kv(t), key);
+    moved_key(stream, name, key, sizeof key);
+    if (round_kv(t) != NULL && kb__nats_consumer_wide(t, name))
         kvStore_Delete(round_kv(t), key);
 }
 

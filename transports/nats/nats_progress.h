@@ -54,6 +54,16 @@ bool kb__nats_progress_final(kb_transport *t, kb_nats_claim *c);
  * ignored. True when the record is final (kb__nats_progress_final). */
 bool kb__nats_progress_inherit(kb_transport *t, kb_nats_claim *c, const char *earlier,
                                uint64_t delivered);
+/* Lease thread, before the leases of partitions that moved out of wide
+ * claim w early go (nats_lease.c): their cuts, stored in the runs bucket
+ * (tried once per batch; false when not stored: the next owners then count
+ * the wide consumer's deliveries past a cut as attempts, which costs them a
+ * runs read and record each, never an event). */
+bool kb__nats_progress_moved_store(kb_transport *t, const kb_nats_claim *w);
+/* Lease thread, preparing a claim of partition n: the cut at which n moved
+ * out of wide consumer `wide` early, when its record names one. */
+bool kb__nats_progress_moved_cut(kb_transport *t, const kb_nats_topic *tp, const char *wide,
+                                 uint32_t n, uint64_t *cut);
 /* One line of a record ("<key hash, 16 hex> <partition> <stream seq> <event
  * index>", no newline), parsed strictly: NULL, or why it is refused (out of
  * form, a partition of `partitions` or more, a sequence past `max_sseq`).

@@ -55,6 +55,11 @@ typedef struct kb_nats_entry {
      * partition moved between a wide claim and its own claim in this
      * process, and the other one handles it (nats_lease.c, "Split") */
     struct kb_nats_claim *after;
+    /* of a partition that moved out of this wide claim before its split
+     * ended (nats_lease.c, "Early move"), past the move's cut: another
+     * process handles it, so it is done here but never acked, and the wide
+     * consumer's floor stays below it */
+    bool moved;
 } kb_nats_entry;
 
 /* One ownership period of one partition: its own consumer, named after the
@@ -94,6 +99,16 @@ typedef struct kb_nats_claim {
      * (UINT64_MAX: none) */
     _Atomic uint64_t ack_limit;
     bool ack_failed;               /* acker: an ack could not be sent (reconnecting) */
+    /* acker: past a moved entry, where the handled prefix was last seen to
+     * end (ring index) and its newest sequence */
+    uint64_t moved_scan;
+    uint64_t moved_handled;
+    /* feeder: the first moved entry's sequence (0: none) */
+    uint64_t moved_first;
+    /* lease thread: a partition moved out of it early: its split goes on
+     * until the partitions that stay took over; how many cuts are recorded */
+    bool moved_out;
+    uint32_t moved_recorded;
     int64_t last_wpi_ns;           /* acker: last in-progress ack */
     /* set before the claim is published: an earlier consumer acked every
      * sequence up to skip_to that is not in `keep` (its pending set, sorted);
@@ -137,6 +152,7 @@ typedef struct kb_nats_claim {
     bool bridged;                  /* entries read by it since the consumer's last delivery */
     bool lost_again;               /* a pull was lost with nothing come since: the next
                                       lost one starts the bridge */
+    bool answered;                 /* its consumer answered a pull (a message or a status) */
     /* set before the claim is published: its consumer starts at the stream's
      * end as it was when made, a sequence not known here */
     bool start_unknown;
@@ -218,6 +234,15 @@ typedef struct kb_nats_part {
     kb_nats_claim *wide_fed_by;
     uint64_t wide_fed;
     kb_nats_claim *split_to;
+    /* Early move (nats_lease.c): the live wide claim the lease thread moves
+     * this partition out of (kept once set); the feeder's answer, for that
+     * claim: the cut (the last sequence of the partition it fed, and the
+     * claim it is for) or a refusal (an earlier batch's moved entries stop
+     * the wide claim's acks below the cut) */
+    _Atomic(kb_nats_claim *) moved_from;
+    _Atomic uint64_t move_cut;
+    _Atomic(kb_nats_claim *) move_cut_for;
+    _Atomic(kb_nats_claim *) move_refused_for;
 } kb_nats_part;
 
 /* Events beyond one per message (frames), for broker_length (nats_tally.c);
@@ -270,6 +295,12 @@ struct kb_transport_topic {
      * lease thread waits for the split to finish (0: it does not) */
     _Atomic(kb_nats_claim *) split_wide;
     int64_t split_since_ns;
+    /* early moves: bumped by the lease thread once it marked a batch of
+     * partitions moved_from; the feeder sets their cuts together when it
+     * sees a new value (move_gen_seen, its own), so no entry one of them
+     * pushed moved lies below another's cut */
+    _Atomic uint32_t move_gen;
+    uint32_t move_gen_seen;
     uint32_t sub_id;               /* in the bus's pull reply subjects */
     _Atomic int subscribed;        /* parts and sink are set */
 };
