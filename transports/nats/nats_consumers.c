@@ -165,9 +165,12 @@ static jsConsumerInfo *own_finished(const kb_transport *t, kb_nats_topic *tp, lo
     }
     ci->Config->AckPolicy = js_AckAll;   /* nothing acked above the floor to learn */
     /* handled here is as good as acked: the next claim's consumer is new,
-     * and what the bridge read was handled though never acked */
+     * and what the bridge read was handled though never acked. Not for a
+     * wide claim partitions moved out of early: its handled prefix passed
+     * their later messages, which it never ran (nats_lease.c, "Early move") */
     uint64_t acked = atomic_load(&c->acked_to), handled = atomic_load(&c->handled_to);
-    acked = handled > acked ? handled : acked;
+    if (!(c->wide && c->moved_first != 0))
+        acked = handled > acked ? handled : acked;
     ci->AckFloor.Stream = acked > c->start_floor ? acked : c->start_floor;
     ci->Delivered.Stream = atomic_load(&c->delivered_hi);
     return ci;

@@ -209,13 +209,15 @@ static int64_t local_expiry(const kb_transport *t, const kb_nats_part *p)
     return p->lease_until_ns - t->lease_ttl_ms * 1000000 / 6;
 }
 
-/* Claim c stays valid while every lease it covers does: a lease round can
- * block past that, and the feeder and executors must stop on their own. */
 /* Did partition q move out of wide claim c early and hand its lease over? */
 static bool moved_out_of(const kb_nats_claim *c, const kb_nats_part *q)
 {
     return c->wide && q->lease_rev == 0 && atomic_load(&q->moved_from) == c;
 }
+
+/* Claim c stays valid while every lease it covers does (but those of
+ * partitions that moved out of it early): a lease round can block past
+ * that, and the feeder and executors must stop on their own. */
 
 static void claim_validity(const kb_transport *t, kb_nats_claim *c)
 {
@@ -392,6 +394,8 @@ static bool release_step(kb_transport *t, kb_nats_part *p, bool *feed_down)
 {
     kb_nats_claim *w = atomic_load(&p->moved_from);
     bool early = w != NULL && atomic_load(&p->claim) == w;
+    if (early && !atomic_load(&w->fenced) && !split_on(t, p->topic))
+        kb__nats_claim_reset(t, w);   /* held past SPLIT_MAX_MS (a slow handler): as before */
     if (early && atomic_load(&w->fenced)) {
         claim_end(t, p);   /* the split ended meanwhile: as any hand-over */
         early = false;
