@@ -120,6 +120,10 @@ static void pull(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
 static void keep_pulling(kb_nats_feeder *f, kb_nats_claim *c, int64_t now)
 {
     kb_transport *t = f->t;
+    /* made without a leader: it delivers nothing until one is elected
+     * (seconds, on a loaded cluster), so the bridge reads meanwhile */
+    if (c->born_leaderless && !c->answered)
+        kb__nats_bridge_start(t, c, now);
     bool renew = c->pull_open && c->pull_got && now >= c->pull_renew_ns;
     int64_t was = c->pull_deadline_ns, deadline = was;
     if (c->pull_open && c->pull_ends_ns + KB_NATS_PULL_GRACE_NS < deadline)

@@ -535,6 +535,8 @@ static void call_run(call *k)
         int64_t start = kb_now_ns();
         k->open->s = create_asking_again(k, &ci, o.Wait);
         k->open->took_ns = kb_now_ns() - start;
+        k->open->leaderless = k->open->s == NATS_OK && ci != NULL && ci->Cluster != NULL &&
+                              (ci->Cluster->Leader == NULL || ci->Cluster->Leader[0] == '\0');
         if (k->open->s != NATS_OK)   /* this thread's last error: read it here */
             snprintf(k->open->why, sizeof k->open->why, "%s", kb__nats_reason(k->open->s));
         jsConsumerInfo_Destroy(ci);

@@ -49,7 +49,10 @@ typedef struct kb_nats_opening {
     jsErrCode jerr;
     char why[128];                 /* not made: the server's or nats.c's reason */
     int64_t took_ns;               /* its creation's round trip */
-    _Atomic bool made;             /* its call returned: s, jerr and took_ns are set */
+    /* made, but its consumer had no leader yet (the answer to a creation
+     * asked again: the server answers from the assignment at once) */
+    bool leaderless;
+    _Atomic bool made;             /* its call returned: s, jerr, took_ns, leaderless are set */
 } kb_nats_opening;
 
 /* Can a claim of p (wide: of its whole topic) start: has the state of every

@@ -617,11 +617,12 @@ static void claim_publish(kb_transport *t, kb_nats_opening *o, bool *again, bool
      * from the floors, with the progress record it was prepared without */
     kb_nats_claim *w = o->split_of;
     bool split = w != NULL && atomic_load(&c->part->claim) == w;
-    kb_log(t->bus, KB_LOG_DEBUG, "nats %s: %s claimed by consumer %s (created in %lld ms)%s%s",
+    kb_log(t->bus, KB_LOG_DEBUG, "nats %s: %s claimed by consumer %s (created in %lld ms%s)%s%s",
            t->url_safe, c->wide ? c->part->topic->stream : c->part->subject, c->consumer,
-           (long long)(o->took_ns / 1000000), split ? "; it takes over from " : "",
-           split ? w->consumer : "");
+           (long long)(o->took_ns / 1000000), o->leaderless ? ", no leader yet" : "",
+           split ? "; it takes over from " : "", split ? w->consumer : "");
     o->claimed = true;
+    c->born_leaderless = o->leaderless;
     claim_validity(t, c);
     if (c->wide) {
         /* partition 0 pulls for all: it learns of the claim last, so

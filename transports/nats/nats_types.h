@@ -153,6 +153,9 @@ typedef struct kb_nats_claim {
     bool lost_again;               /* a pull was lost with nothing come since: the next
                                       lost one starts the bridge */
     bool answered;                 /* its consumer answered a pull (a message or a status) */
+    /* set before it is published: its consumer was made without a leader
+     * (nats_consumers.c): read around by the bridge until it answers */
+    bool born_leaderless;
     /* set before the claim is published: its consumer starts at the stream's
      * end as it was when made, a sequence not known here */
     bool start_unknown;
