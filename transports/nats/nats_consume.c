@@ -61,7 +61,7 @@ static int64_t heartbeat_ms(const kb_nats_claim *c)
 {
     if (c->pull_expires_ms < 1000)
         return 0;
-    return c->pull_expires_ms / ((c->lost_again || !c->answered) && !c->bridging ? 20 : 4);
+    return c->pull_expires_ms / (!c->answered || (c->lost_again && !c->bridging) ? 20 : 4);
 }
 
 /* A new consumer's first request can go unanswered: sent as soon as the

@@ -218,7 +218,6 @@ static bool moved_out_of(const kb_nats_claim *c, const kb_nats_part *q)
 /* Claim c stays valid while every lease it covers does (but those of
  * partitions that moved out of it early): a lease round can block past
  * that, and the feeder and executors must stop on their own. */
-
 static void claim_validity(const kb_transport *t, kb_nats_claim *c)
 {
     int64_t until = moved_out_of(c, c->part) ? INT64_MAX : local_expiry(t, c->part);

@@ -103,7 +103,9 @@ typedef struct kb_nats_claim {
      * end (ring index) and its newest sequence */
     uint64_t moved_scan;
     uint64_t moved_handled;
-    /* feeder: the first moved entry's sequence (0: none) */
+    /* feeder: the first moved entry's sequence (0: none); read by the lease
+     * thread only once the claim is freed (own_finished: after the feeder's
+     * feeder_left and the acker's freed, both atomic) */
     uint64_t moved_first;
     /* lease thread: a partition moved out of it early: its split goes on
      * until the partitions that stay took over; how many cuts are recorded */
