@@ -96,7 +96,14 @@ static void poll_floors(kb_transport *t, kb_nats_topic *tp, uint64_t *target, in
     jsOptions_Init(&o);
     int left = kb_deadline_left_ms(deadline);   /* -1: no deadline */
     o.Wait = left < 0 || left > KB_NATS_DRAIN_ASK_MS ? KB_NATS_DRAIN_ASK_MS : left > 0 ? left : 1;
+    int64_t asked = kb_now_ns();
     natsStatus s = js_Consumers(&list, t->js, tp->stream, &o, &jerr);
+    /* for timelines: a drain that outlives its last event waits here (a
+     * consumer whose leader is gone answers the listing late or never) */
+    long long took_ms = (long long)((kb_now_ns() - asked) / 1000000);
+    if (s != NATS_OK || took_ms >= 100)
+        kb_log(t->bus, KB_LOG_DEBUG, "nats %s: kb_drain: consumers of %s listed in %lld ms: %s",
+               t->url_safe, tp->stream, took_ms, s == NATS_OK ? "ok" : kb__nats_reason(s));
     if (s == NATS_NOT_FOUND) {   /* no consumer yet: wait for one */
         describe_left(t, tp, target, NULL, short_of, short_len);
         return;
