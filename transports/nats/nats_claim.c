@@ -378,13 +378,13 @@ bool kb__nats_acked_to(const kb_nats_topic *tp, uint32_t n, uint64_t seq)
     return false;
 }
 
-bool kb__nats_claims_done(const kb_nats_part *p)
+bool kb__nats_claims_done(const kb_nats_part *p, const kb_nats_claim *but)
 {
     for (kb_nats_claim *c = atomic_load(&p->claims); c; c = c->next)
         if (!atomic_load(&c->freed))
             return false;
     for (kb_nats_claim *c = atomic_load(&p->topic->wide_claims); c; c = c->next)
-        if (!atomic_load(&c->freed))
+        if (c != but && !atomic_load(&c->freed))
             return false;
     return true;
 }

@@ -50,8 +50,9 @@ bool kb__nats_nak_range(kb_transport *t, const char *stream, const char *consume
 void kb__nats_ack_topic(kb_transport *t, kb_nats_topic *tp, int64_t now, bool last);
 /* Did a claim of this process covering partition n ack up to seq? */
 bool kb__nats_acked_to(const kb_nats_topic *tp, uint32_t n, uint64_t seq);
-/* Is every claim that covered partition p finished (handled, acked, freed)? */
-bool kb__nats_claims_done(const kb_nats_part *p);
+/* Is every claim that covered partition p finished (handled, acked, freed),
+ * but wide claim `but` (NULL: none; one p moved out of early goes on)? */
+bool kb__nats_claims_done(const kb_nats_part *p, const kb_nats_claim *but);
 /* Free every claim of the topic (close). */
 void kb__nats_claims_free(kb_nats_topic *tp, uint32_t partitions);
 /* Deliveries of stream sequence sseq so far: this consumer's count plus one

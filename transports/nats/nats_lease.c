@@ -372,15 +372,8 @@ static bool cuts_recorded(kb_transport *t, kb_nats_topic *tp, kb_nats_claim *w)
  * and every earlier claim of p is finished? */
 static bool moved_out_done(const kb_nats_part *p, kb_nats_claim *w)
 {
-    if (atomic_load(&p->move_cut_for) != w || atomic_load(&w->acked_to) < atomic_load(&p->move_cut))
-        return false;
-    for (kb_nats_claim *c = atomic_load(&p->claims); c; c = c->next)
-        if (!atomic_load(&c->freed))
-            return false;
-    for (kb_nats_claim *c = atomic_load(&p->topic->wide_claims); c; c = c->next)
-        if (c != w && !atomic_load(&c->freed))
-            return false;
-    return true;
+    return atomic_load(&p->move_cut_for) == w &&
+           atomic_load(&w->acked_to) >= atomic_load(&p->move_cut) && kb__nats_claims_done(p, w);
 }
 
 /* Hand a partition over without duplicates: stop feeding, let the handlers
@@ -404,7 +397,7 @@ static bool release_step(kb_transport *t, kb_nats_part *p, bool *feed_down)
         return true;
     }
     if (early ? !cuts_recorded(t, p->topic, w) || !moved_out_done(p, w)
-              : !kb__nats_claims_done(p))
+              : !kb__nats_claims_done(p, NULL))
         return true;
     if (*feed_down)
         return true;
