@@ -3,7 +3,7 @@
  * managers, hand-over only once the partition's queue is idle, generations
  * for still_owned, leases lost to silence or to another owner, a late
  * renewal handled as a loss, and a hand-back finished when the share
- * changes back. */
+ * changes back. And the fair share alone (kb_kit_share). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -125,6 +125,47 @@ static void check_disjoint(struct member *ms, int n)
             holders += kb_kit_members_generation(ms[i].m, p) != 0;
         assert_true(holders <= 1);
     }
+}
+
+/* kb_kit_share alone, for 5 members over 64 partitions: every partition is
+ * exactly one member's, each holds at most ceil(64 / 5) = 13, the listing
+ * order changes nothing, salt 0 ranks each partition by its number as plain
+ * rendezvous does where no member is full, and a salt moves some. Nobody
+ * listed: every partition is ours to try. */
+#define SHARE_PARTS 64
+#define SHARE_MEMBERS 5
+static void share_alone(void **state)
+{
+    (void)state;
+    const char *names[SHARE_MEMBERS] = {"m-1", "m-2", "m-3", "m-4", "m-5"};
+    const char *reversed[SHARE_MEMBERS];
+    for (int i = 0; i < SHARE_MEMBERS; i++)
+        reversed[i] = names[SHARE_MEMBERS - 1 - i];
+    unsigned char mine[SHARE_MEMBERS][SHARE_PARTS], again[SHARE_PARTS], salted[SHARE_PARTS];
+    int owners[SHARE_PARTS] = {0}, moved = 0;
+    for (int i = 0; i < SHARE_MEMBERS; i++) {
+        kb_kit_share(names, SHARE_MEMBERS, names[i], SHARE_PARTS, 0, mine[i]);
+        kb_kit_share(reversed, SHARE_MEMBERS, names[i], SHARE_PARTS, 0, again);
+        assert_memory_equal(mine[i], again, SHARE_PARTS);
+        kb_kit_share(names, SHARE_MEMBERS, names[i], SHARE_PARTS, 0x9e3779b9u, salted);
+        int held = 0;
+        for (int p = 0; p < SHARE_PARTS; p++) {
+            held += mine[i][p];
+            owners[p] += mine[i][p];
+            moved += mine[i][p] != salted[p];
+        }
+        assert_in_range(held, 12, 13);
+    }
+    for (int p = 0; p < SHARE_PARTS; p++)
+        assert_int_equal(owners[p], 1);
+    assert_true(moved > 0);
+    /* the first partition goes to its plain rendezvous owner: nobody is full yet */
+    long first = kb_rendezvous_owner(names, SHARE_MEMBERS, 0);
+    assert_int_equal(mine[first][0], 1);
+    memset(again, 0, sizeof again);
+    kb_kit_share(names, 0, "m-1", SHARE_PARTS, 0, again);
+    for (int p = 0; p < SHARE_PARTS; p++)
+        assert_int_equal(again[p], 1);
 }
 
 static void fair_share(void **state)
@@ -449,6 +490,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fair_share),
+        cmocka_unit_test(share_alone),
         cmocka_unit_test(hand_over_once_settled),
         cmocka_unit_test(generations),
         cmocka_unit_test(one_round_per_tick),

@@ -4,7 +4,8 @@
  * published is lost or acked unread. Messages on a subject that is not a
  * partition, or on another partition than their key's, reach the dead
  * letters with a reason. And nats.lease_ttl_ms is applied to a lease bucket
- * that exists with another TTL (issue 31, item 5). */
+ * that exists with another TTL (issue 31, item 5). Two members share a
+ * topic's partitions by the kit's fair share (issue 42). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -340,6 +341,49 @@ static void lease_ttl_refused_fails_naming_both(void **state)
     kb_assert_ok(kb_close(b, 10000));
 }
 
+
+static uint32_t owned(kb_bus *b, const char *topic)
+{
+    kb_topic_stats st;
+    memset(&st, 0, sizeof st);
+    return kb_stats(b, topic, &st) == KB_OK ? st.partitions_owned : 0;
+}
+
+/* The kit's fair share (kb_kit_share), as redis:// and file:// rank: two
+ * members hold 4 partitions of 8 each. The topic is one where plain
+ * rendezvous ranking (what nats:// used before) gives member-a 6 and
+ * member-b 2; every event published is handled by one of them. */
+static void two_members_hold_four_each(void **state)
+{
+    (void)state;
+    const char *topic = "share.fair.5";
+    const char *const a_kv[] = {"consumer", "member-a", "nats.lease_ttl_ms", "3000", NULL};
+    const char *const b_kv[] = {"consumer", "member-b", "nats.lease_ttl_ms", "3000", NULL};
+    kb_bus *a = open_bus_at(server.url, a_kv), *b = open_bus_at(server.url, b_kv);
+    _Atomic int handled = 0;
+    kb_assert_ok(kb_subscribe(a, topic, count, &handled));
+    kb_assert_ok(kb_subscribe(b, topic, count, &handled));
+    uint32_t oa = 0, ob = 0;
+    for (int i = 0; i < 3000 && !(oa == 4 && ob == 4); i++) {
+        usleep(10000);
+        oa = owned(a, topic);
+        ob = owned(b, topic);
+    }
+    print_message("share.fair.5: member-a owns %u, member-b %u\n", oa, ob);
+    assert_int_equal(oa, 4);
+    assert_int_equal(ob, 4);
+    char key[16];
+    for (int k = 0; k < 64; k++) {
+        int n = snprintf(key, sizeof key, "key-%d", k);
+        kb_assert_ok(kb_publish(a, topic, key, (size_t)n, "v", 1));
+    }
+    kb_assert_ok(kb_flush(a, 10000));
+    wait_count(&handled, 64);
+    assert_int_equal(atomic_load(&handled), 64);
+    kb_assert_ok(kb_close(b, 10000));
+    kb_assert_ok(kb_close(a, 10000));
+}
+
 int main(void)
 {
     const char *conf = "authorization { users = [ { user: app, password: pw, permissions: {\n"
@@ -354,6 +398,7 @@ int main(void)
         cmocka_unit_test(older_stream_takes_the_first_count),
         cmocka_unit_test(lease_ttl_applied_to_an_existing_bucket),
         cmocka_unit_test(lease_ttl_refused_fails_naming_both),
+        cmocka_unit_test(two_members_hold_four_each),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     kb_test_server_stop(&server);

@@ -18,11 +18,6 @@
 
 #include <keybus/kit.h>
 
-/* share.c: mine[p] = 1 for the partitions whose fair owner among
- * members[0..n) is `me`. n == 0: every partition is ours to try. */
-void kb__kit_share(const char *const *members, size_t n, const char *me, uint32_t partitions,
-                   unsigned char *mine);
-
 /* kb_kit_backlog_conf as the kit released it before, frozen: a caller built
  * then passes its sizeof (tail padding included, which differs from the
  * offset of the first later field on an ABI that aligns int64_t to 8 on a

@@ -171,7 +171,7 @@ uint32_t kb_kit_members_tick(kb_kit_members *m, int64_t now)
 {
     kb_names live = {0};
     if (m->c.broker.members(m->c.broker.opaque, &live) == KB_OK) {
-        kb__kit_share((const char *const *)live.v, live.n, m->me, m->c.partitions, m->mine);
+        kb_kit_share((const char *const *)live.v, live.n, m->me, m->c.partitions, 0, m->mine);
         atomic_store(&m->live, live.n > 0 ? (uint32_t)live.n : 1);
     }
     kb_names_free(&live);   /* a failed listing keeps the last share */

@@ -9,8 +9,14 @@
 
 #include "kit_int.h"
 
-void kb__kit_share(const char *const *members, size_t n, const char *me, uint32_t partitions,
-                   unsigned char *mine)
+/* The number partition p is ranked by. */
+static uint32_t rank_key(uint32_t salt, uint32_t p)
+{
+    return salt == 0 ? p : (uint32_t)kb_mix64((uint64_t)salt << 32 | p);
+}
+
+void kb_kit_share(const char *const *members, size_t n, const char *me, uint32_t partitions,
+                  uint32_t salt, unsigned char *mine)
 {
     if (n == 0) {
         memset(mine, 1, partitions);   /* nobody listed yet (our heartbeat not seen): try */
@@ -23,7 +29,7 @@ void kb__kit_share(const char *const *members, size_t n, const char *me, uint32_
     if (load == NULL || room == NULL || index == NULL) {
         /* out of memory: plain rendezvous, unbounded but still agreed on */
         for (uint32_t p = 0; p < partitions; p++) {
-            long o = kb_rendezvous_owner(members, n, p);
+            long o = kb_rendezvous_owner(members, n, rank_key(salt, p));
             mine[p] = o >= 0 && strcmp(members[o], me) == 0;
         }
     } else {
@@ -34,7 +40,7 @@ void kb__kit_share(const char *const *members, size_t n, const char *me, uint32_
                     room[k] = members[i];
                     index[k++] = i;
                 }
-            long o = kb_rendezvous_owner(room, k, p);   /* k > 0: cap * n >= partitions */
+            long o = kb_rendezvous_owner(room, k, rank_key(salt, p));   /* k > 0: cap * n >= partitions */
             load[index[o]]++;
             mine[p] = strcmp(room[o], me) == 0;
         }

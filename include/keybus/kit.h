@@ -241,6 +241,18 @@ KB_EXPORT int kb_kit_members_reading(const kb_kit_members *m, uint32_t p);
 KB_EXPORT uint32_t kb_kit_members_held(const kb_kit_members *m);
 KB_EXPORT uint32_t kb_kit_members_live(const kb_kit_members *m);
 
+/* The fair share alone, for a transport that keeps its own lease code
+ * (nats:// does): mine[p] = 1 for each partition p < `partitions` that the
+ * rule above gives to `me` among members[0..n) (any order, `me` among
+ * them), else 0; n == 0: every partition 1 (nobody listed yet: ours to
+ * try). `salt` spreads topics: 0 ranks partition p by its number, as
+ * kb_kit_members does; another value (a topic's hash) is mixed into each
+ * number, so that the member ranked first differs from topic to topic.
+ * `mine` (`partitions` bytes) and the names are the caller's. Out of memory
+ * it gives plain rendezvous (unbounded). Thread: any (no state). */
+KB_EXPORT void kb_kit_share(const char *const *members, size_t n, const char *me,
+                            uint32_t partitions, uint32_t salt, unsigned char *mine);
+
 /* ---------------------------------------------------------------------------
  * The publish backlog.
  *

@@ -13,6 +13,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <keybus/kit.h>
+
 #include "nats_claim.h"
 #include "nats_consumers.h"
 #include "nats_lease.h"
@@ -143,25 +145,26 @@ static bool members_load(kb_transport *t, kb_nats_topic *tp, const kb_nats_roste
     return true;
 }
 
-/* Rendezvous ranking (the SDK's, shared with redis://): the live member
- * ranked first takes the partition. The topic's hash is mixed into the
- * partition number so that topics do not all go to the same member. */
-static bool wanted(const members *ms, const kb_nats_part *p)
-{
-    const char *ids[ms->n];
-    for (int i = 0; i < ms->n; i++)
-        ids[i] = ms->keys[i] + ms->pl;
-    uint32_t spread = (uint32_t)kb_mix64((uint64_t)p->topic->hash << 32 | p->n);
-    long best = kb_rendezvous_owner(ids, (size_t)ms->n, spread);
-    return best >= 0 && strcmp(ms->keys[best], ms->mine) == 0;
-}
-
+/* The kit's fair share (as redis:// and file:// rank): each partition, in
+ * order, goes to the live member ranked first among those holding fewer than
+ * ceil(partitions / members). The topic's hash salts the ranking so that
+ * topics do not all rank the same members first. */
 void kb__nats_members_rank(kb_transport *t, kb_nats_topic *tp, const kb_nats_roster *r)
 {
     members ms;
-    bool known = members_load(t, tp, r, &ms);
-    for (uint32_t i = 0; known && i < t->partitions; i++)
-        tp->parts[i].wanted = wanted(&ms, &tp->parts[i]);
+    if (!members_load(t, tp, r, &ms))
+        return;   /* the roster is unknown: the shares stay */
+    const char **ids = malloc((size_t)ms.n * sizeof *ids);
+    unsigned char *mine = malloc(t->partitions);
+    if (ids != NULL && mine != NULL) {
+        for (int i = 0; i < ms.n; i++)
+            ids[i] = ms.keys[i] + ms.pl;
+        kb_kit_share(ids, (size_t)ms.n, ms.mine + ms.pl, t->partitions, tp->hash, mine);
+        for (uint32_t i = 0; i < t->partitions; i++)
+            tp->parts[i].wanted = mine[i] != 0;
+    }
+    free(ids);
+    free(mine);
     free(ms.keys);
 }
 
