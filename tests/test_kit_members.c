@@ -159,9 +159,14 @@ static void share_alone(void **state)
     for (int p = 0; p < SHARE_PARTS; p++)
         assert_int_equal(owners[p], 1);
     assert_true(moved > 0);
-    /* the first partition goes to its plain rendezvous owner: nobody is full yet */
+    /* the first partition goes to its plain rendezvous owner (nobody is full
+     * yet), ranked by its number, or with a salt by the number mixed with it
+     * as nats:// ranked before the bound: kb_mix64(salt << 32 | p) */
     long first = kb_rendezvous_owner(names, SHARE_MEMBERS, 0);
     assert_int_equal(mine[first][0], 1);
+    first = kb_rendezvous_owner(names, SHARE_MEMBERS, (uint32_t)kb_mix64((uint64_t)0x9e3779b9u << 32));
+    kb_kit_share(names, SHARE_MEMBERS, names[first], SHARE_PARTS, 0x9e3779b9u, salted);
+    assert_int_equal(salted[0], 1);
     memset(again, 0, sizeof again);
     kb_kit_share(names, 0, "m-1", SHARE_PARTS, 0, again);
     for (int p = 0; p < SHARE_PARTS; p++)

@@ -21,6 +21,7 @@
 #include <keybus/keybus.h>
 #include <keybus/pool.h>
 
+#include "support/bus.h"
 #include "support/check.h"
 #include "support/suite.h"
 
@@ -341,14 +342,6 @@ static void lease_ttl_refused_fails_naming_both(void **state)
     kb_assert_ok(kb_close(b, 10000));
 }
 
-
-static uint32_t owned(kb_bus *b, const char *topic)
-{
-    kb_topic_stats st;
-    memset(&st, 0, sizeof st);
-    return kb_stats(b, topic, &st) == KB_OK ? st.partitions_owned : 0;
-}
-
 /* The kit's fair share (kb_kit_share), as redis:// and file:// rank: two
  * members hold 4 partitions of 8 each. The topic is one where plain
  * rendezvous ranking (what nats:// used before) gives member-a 6 and
@@ -357,8 +350,8 @@ static void two_members_hold_four_each(void **state)
 {
     (void)state;
     const char *topic = "share.fair.5";
-    const char *const a_kv[] = {"consumer", "member-a", "nats.lease_ttl_ms", "3000", NULL};
-    const char *const b_kv[] = {"consumer", "member-b", "nats.lease_ttl_ms", "3000", NULL};
+    const char *const a_kv[] = {"consumer", "member-a", NULL};
+    const char *const b_kv[] = {"consumer", "member-b", NULL};
     kb_bus *a = open_bus_at(server.url, a_kv), *b = open_bus_at(server.url, b_kv);
     _Atomic int handled = 0;
     kb_assert_ok(kb_subscribe(a, topic, count, &handled));
@@ -366,8 +359,8 @@ static void two_members_hold_four_each(void **state)
     uint32_t oa = 0, ob = 0;
     for (int i = 0; i < 3000 && !(oa == 4 && ob == 4); i++) {
         usleep(10000);
-        oa = owned(a, topic);
-        ob = owned(b, topic);
+        oa = kb_test_owned(a, topic);
+        ob = kb_test_owned(b, topic);
     }
     print_message("share.fair.5: member-a owns %u, member-b %u\n", oa, ob);
     assert_int_equal(oa, 4);

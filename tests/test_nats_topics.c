@@ -173,13 +173,6 @@ static int slow_tracker_handler(const kb_event *ev, void *opaque)
     return kb_tracker_handler(ev, opaque);
 }
 
-static uint32_t owned(kb_bus *b, const char *topic)
-{
-    kb_topic_stats st;
-    memset(&st, 0, sizeof st);
-    return kb_stats(b, topic, &st) == KB_OK ? st.partitions_owned : 0;
-}
-
 #define SPLIT_KEYS 40
 #define SPLIT_SEQS 60
 
@@ -232,13 +225,13 @@ static void wide_consumer_splits(void **state)
     kb_tracker_init(&t, SPLIT_KEYS);
     kb_assert_ok(kb_subscribe(a, topic, slow_tracker_handler, &t));
     int all = 0, wide = 0, marked = 0;
-    for (int i = 0; i < 3000 && !(all == 1 && wide == 1 && owned(a, topic) == 8); i++) {
+    for (int i = 0; i < 3000 && !(all == 1 && wide == 1 && kb_test_owned(a, topic) == 8); i++) {
         consumers_of(js, topic, NULL, &all, &wide, &marked);
         usleep(10000);
     }
     assert_int_equal(all, 1);
     assert_int_equal(wide, 1);
-    assert_int_equal(owned(a, topic), 8);
+    assert_int_equal(kb_test_owned(a, topic), 8);
     uint32_t owned_a = 8, owned_b = 0;
     for (uint32_t seq = 1; seq <= SPLIT_SEQS; seq++) {
         for (uint32_t k = 0; k < SPLIT_KEYS; k++)
@@ -253,8 +246,8 @@ static void wide_consumer_splits(void **state)
     }
     /* the hand-over completes: both own partitions, each its own consumer */
     for (int i = 0; i < 3000; i++) {
-        owned_a = owned(a, topic);
-        owned_b = owned(b, topic);
+        owned_a = kb_test_owned(a, topic);
+        owned_b = kb_test_owned(b, topic);
         consumers_of(js, topic, b, &all, &wide, &marked);
         if (owned_a > 0 && owned_b > 0 && owned_a + owned_b == 8 && wide == 0 && all == 8 &&
             kb_tracker_distinct(&t) == (uint64_t)SPLIT_KEYS * SPLIT_SEQS)

@@ -112,20 +112,13 @@ static long long pending(const char *topic)
     return n;
 }
 
-static uint32_t owned(kb_bus *b, const char *topic)
-{
-    kb_topic_stats st;
-    memset(&st, 0, sizeof st);
-    return kb_stats(b, topic, &st) == KB_OK ? st.partitions_owned : 0;
-}
-
 /* Subscribed with the gate shut: the handler holds event 1, the lane event
  * 2, and the reader the rest it read (pending, undelivered). */
 static kb_bus *held_up(const char *name, const char *topic)
 {
     kb_bus *a = open_member(name);
     kb_assert_ok(kb_subscribe(a, topic, gated, &tracker));
-    kb_wait_until(owned(a, topic) == 1, 10000, "%s takes the partition", name);
+    kb_wait_until(kb_test_owned(a, topic) == 1, 10000, "%s takes the partition", name);
     publish(a, topic, 1, FIRST);
     kb_gate_wait_for_waiter(&gate);
     /* read beyond what the lane holds */
@@ -141,7 +134,7 @@ static void all_handled(kb_bus *a, const char *topic, uint32_t total)
                   "%u events handled in order (a pending entry skipped never comes)", total);
     assert_int_equal(kb_tracker_distinct(&tracker), total);
     assert_int_equal(atomic_load(&tracker.order_violations), 0);
-    assert_int_equal(owned(a, topic), 1);
+    assert_int_equal(kb_test_owned(a, topic), 1);
 }
 
 /* A name that ranks before `a` for partition 0: the partition is its share. */
@@ -167,13 +160,13 @@ static void back_from_draining(void **state)
     kb_tracker_init(&other, 1);
     kb_assert_ok(kb_subscribe(b, topic, kb_tracker_handler, &other));
     /* a sees b: its partition drains (not idle: the gate holds event 1) */
-    kb_wait_until(owned(a, topic) == 0, 10000, "a drains when b joins");
+    kb_wait_until(kb_test_owned(a, topic) == 0, 10000, "a drains when b joins");
     kb_assert_ok(kb_close(b, 10000));   /* the share comes back to a before the hand-back */
     publish(a, topic, FIRST + 1, FIRST + LATER);
     /* several keeper rounds with the share back: still not read (the refused
      * entries wait in a's pending list until a hand-back and a sweep) */
     for (int i = 0; i < 200; i++) {
-        assert_int_equal(owned(a, topic), 0);
+        assert_int_equal(kb_test_owned(a, topic), 0);
         usleep(10000);
     }
     assert_int_equal(atomic_load(&other.handled), 0);   /* b never had it */
@@ -271,7 +264,7 @@ static void lost_lease_is_let_go(void **state)
     atomic_store(&gate.open, 1);
     kb_wait_until(kb_test_logged("let go of the lease of kb:{lk-let-go}:p:0"), 20000,
                   "a deletes the lease it lost but still holds");
-    kb_wait_until(owned(b, topic) == 1, 20000, "%s takes the partition", bname);
+    kb_wait_until(kb_test_owned(b, topic) == 1, 20000, "%s takes the partition", bname);
     /* event 1 was a's; b sweeps the rest a left pending, in order */
     kb_wait_until(kb_tracker_distinct(&tracker) >= FIRST, 30000, "%s handles what a left", bname);
     assert_int_equal(atomic_load(&tracker.order_violations), 0);

@@ -3,6 +3,8 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <string.h>
+
 #include "bus.h"
 
 static void set_all(kb_conf *c, const char *const *kv)
@@ -37,4 +39,11 @@ kb_bus *kb_test_open_conf(kb_conf *c)
 kb_bus *kb_test_open(const char *url, const char *const *base, const char *const *extra)
 {
     return kb_test_open_conf(kb_test_conf(url, base, extra));
+}
+
+uint32_t kb_test_owned(kb_bus *b, const char *topic)
+{
+    kb_topic_stats st;
+    memset(&st, 0, sizeof st);
+    return kb_stats(b, topic, &st) == KB_OK ? st.partitions_owned : 0;
 }

@@ -15,4 +15,8 @@ kb_bus *kb_test_open(const char *url, const char *const *base, const char *const
 kb_conf *kb_test_conf(const char *url, const char *const *base, const char *const *extra);
 kb_bus *kb_test_open_conf(kb_conf *c);
 
+/* The partitions of `topic` this bus holds now (kb_stats' partitions_owned;
+ * 0 when kb_stats fails). Any thread. */
+uint32_t kb_test_owned(kb_bus *b, const char *topic);
+
 #endif /* KB_TEST_BUS_H */

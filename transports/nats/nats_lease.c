@@ -1,6 +1,7 @@
 /* Partition ownership among processes: members heartbeat a key per topic in
- * a JetStream KV bucket whose TTL is the lease TTL; each partition goes to the
- * member that ranks first by rendezvous hashing. A lease is a KV key created
+ * a JetStream KV bucket whose TTL is the lease TTL; each partition goes to its
+ * member by the kit's fair share (rendezvous ranking bounded by
+ * ceil(partitions / members), kb_kit_share). A lease is a KV key created
  * and renewed by puts on its last revision, so a process that lost it learns
  * so on its next renewal (fencing). Every acquisition gets its own consumer
  * (nats_consumers.c), started at the previous consumers' ack floor:
@@ -420,12 +421,27 @@ static bool release_step(kb_transport *t, kb_nats_part *p, bool *feed_down)
     return false;
 }
 
+/* A member that left is often replaced within moments (a rolling deploy).
+ * For LEAVE_GRACE_MS after a leave the shares wait: its partitions are not
+ * taken, and none held here starts moving to another member (the bound
+ * spreads a leaver's partitions over every member left, so a few move
+ * between members that stay, and the replacement's coming would move them
+ * back); the ranking of then decides, instead of partitions moving twice.
+ * Returns the grace's end, or 0 when none runs. */
+static int64_t leave_grace_end(kb_nats_topic *tp)
+{
+    int64_t left = atomic_load(&tp->member_left_ns), end = left + LEAVE_GRACE_MS * 1000000LL;
+    return left != 0 && kb_now_ns() < end ? end : 0;
+}
+
 bool kb__nats_part_keep(kb_transport *t, kb_nats_part *p, bool *feed_down)
 {
     if (p->lease_rev == 0)
         return false;
     if (!p->releasing && p->wanted)
         return false;
+    if (!p->releasing && !atomic_load(&t->stopping) && leave_grace_end(p->topic) != 0)
+        return false;   /* the round after the grace (acquire_all's held_until) looks again */
     if (!p->releasing) {
         kb_nats_claim *w = atomic_load(&p->claim);
         if (w != NULL && w->wide && !atomic_load(&w->fenced) && split_on(t, p->topic) &&
@@ -495,11 +511,8 @@ static bool taken(kb_transport *t, const kb_nats_kv_ops *ops)
 static void acquire_all(kb_transport *t, kb_nats_topic *tp, kb_nats_round *rd)
 {
     kb_nats_kv_ops creates = {NULL, 0, 0, 0}, reads = {NULL, 0, 0, 0}, puts = {NULL, 0, 0, 0};
-    /* A member that left is often replaced within moments (a rolling
-     * deploy): its partitions are taken after LEAVE_GRACE_MS, by whoever
-     * ranks first then, instead of moving here and on to the replacement. */
-    int64_t left = atomic_load(&tp->member_left_ns), held = left + LEAVE_GRACE_MS * 1000000LL;
-    if (left != 0 && kb_now_ns() < held) {
+    int64_t held = leave_grace_end(tp);   /* the shares wait for a replacement */
+    if (held != 0) {
         rd->held_until = held;
         return;
     }

@@ -223,7 +223,7 @@ typedef struct kb_nats_part {
     bool lease_rev_unsure;         /* the last renewal went unanswered: stored or not */
     int64_t lease_until_ns;        /* local lease expiry */
     bool releasing;
-    bool wanted;                   /* lease thread: ranked first here */
+    bool wanted;                   /* lease thread: this member's by the fair share */
     /* lease thread: the claim (of it, or a wide one) whose consumer is
      * being made; the times its lease was lost or released (a claim made
      * across one is void) */
