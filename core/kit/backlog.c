@@ -15,7 +15,7 @@ struct entry {
     kb_kit_item it;               /* first: kb_kit_item * is the entry */
     struct entry *prev, *next;
     int in_flight;                /* taken by the sender, not done yet */
-    int waiting;                  /* back from the sender for a resend */
+    int waiting;                  /* back from the sender for a resend (no part) */
     struct part *part;            /* with one_in_flight_per_partition, else NULL */
     struct entry *queued;         /* the next queued in its part */
     int64_t due;                  /* not before (a backoff) */
@@ -61,6 +61,8 @@ struct kb_kit_backlog {
      * flight (a publish window) does not walk them all on every take. */
     struct entry *fresh;
     size_t waiting;               /* entries waiting to be sent again */
+    /* (fresh and waiting stay NULL and 0 with one_in_flight_per_partition:
+     * each part's queue keeps its order there) */
     uint64_t next_ticket;         /* under lock */
     _Atomic uint64_t last_ticket; /* the last one given out */
     _Atomic uint64_t floor;       /* every ticket below it is reported */
@@ -459,11 +461,11 @@ int kb_kit_backlog_add_frame(kb_kit_backlog *b, void *data, const char *topic,
             else
                 b->head = e;
             b->tail = e;
-            if (b->fresh == NULL)
-                b->fresh = e;
             if (part != NULL) {
                 e->part = part;
                 queue_put(b, e, 0);
+            } else if (b->fresh == NULL) {
+                b->fresh = e;
             }
             atomic_fetch_add(&b->count, events);
             if (bytes > 0)
@@ -589,10 +591,6 @@ static size_t take_ready(kb_kit_backlog *b, kb_kit_item **out, size_t max, int64
         struct entry *e = p->head;
         if (e->due > now)
             continue;
-        if (e->waiting) {
-            e->waiting = 0;
-            b->waiting--;
-        }
         take_one(b, e, out, &n);
     }
     return n;
@@ -709,6 +707,8 @@ static void report_one(kb_kit_backlog *b, const struct entry *e, uint32_t i, int
 static void report(kb_kit_backlog *b, const struct entry *e, int result, const char *id,
                    const char *error)
 {
+    if (result == KB_OK && !kb_bus_delivery_wanted(b->c.bus))
+        return;   /* no delivery callback: nothing to build per event (a failure still counts) */
     char small[128], *name = NULL;
     size_t room = (id != NULL ? strlen(id) : 0) + 24;
     if (e->it.events > 1 && result == KB_OK && id != NULL && b->c.event_id != NULL &&
@@ -797,10 +797,12 @@ void kb_kit_backlog_done(kb_kit_backlog *b, kb_kit_item *it, int result, int ret
             e->due = kb_now_ns() + kb_backoff_ns(b->c.backoff_ms, b->c.max_backoff_ms,
                                                  attempts, r);
             e->in_flight = 0;
-            if (e->part != NULL)
-                queue_put(b, e, 1);
-            e->waiting = 1;
-            b->waiting++;
+            if (e->part != NULL) {
+                queue_put(b, e, 1);   /* its part's head: take_ready's order */
+            } else {
+                e->waiting = 1;
+                b->waiting++;
+            }
         }
         pthread_mutex_unlock(&b->lock);
         if (again) {
