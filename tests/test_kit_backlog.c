@@ -598,6 +598,47 @@ static void one_item_of_a_partition_in_flight(void **state)
     teardown(&f);
 }
 
+/* A bus with no delivery callback, one item of a partition in flight:
+ * stored events build no report (nothing to call) yet their tickets pass
+ * (flush, length), a failure still counts for the bus's next kb_flush, and
+ * fail_all gives up an item queued for its resend, reported failed once. */
+static void no_callback_counts_only_failures(void **state)
+{
+    (void)state;
+    kb_bus *bus = kb_test_open("mem://", NULL, NULL);
+    kb_kit_backlog_conf c = {.size = sizeof c, .bus = bus, .capacity = 16, .timeout_ms = 50,
+                             .max_attempts = 3, .backoff_ms = 1, .max_backoff_ms = 4,
+                             .free_data = free, .one_in_flight_per_partition = 1,
+                             .event_id = event_id};
+    kb_kit_backlog *b = kb_kit_backlog_new(&c);
+    assert_non_null(b);
+    kb_kit_item *items[8];
+    uint64_t frame_ticket = 0, lone_ticket = 0;
+    kb_assert_ok(add_frame(b, 0, 3, 0, &frame_ticket));   /* partition 0: a frame of 3 */
+    kb_assert_ok(add_frame(b, 3, 1, 1, &lone_ticket));    /* partition 1 */
+    kb_assert_ok(add_frame(b, 4, 1, 0, NULL));            /* partition 0, behind the frame */
+    assert_int_equal(kb_kit_backlog_take(b, items, 8, kb_now_ns()), 2);
+    const char *ids[] = {"7"};
+    kb_kit_backlog_stored(b, &items[0], ids, 1);
+    kb_kit_backlog_done(b, items[1], KB_EINVAL, 0, NULL, "refused for good");
+    kb_assert_ok(kb_kit_backlog_flush(b, lone_ticket, kb_deadline_ns(1000)));
+    assert_true(frame_ticket < lone_ticket);
+    assert_int_equal(kb_kit_backlog_length(b), 1);
+    assert_int_equal(kb_flush(bus, 1000), KB_EINVAL);   /* the failure, counted by the bus */
+    assert_non_null(strstr(kb_last_error(), "refused for good"));
+    kb_assert_ok(kb_flush(bus, 1000));                   /* and counted once */
+    assert_int_equal(kb_kit_backlog_take(b, items, 8, kb_now_ns()), 1);
+    assert_int_equal(*(int *)items[0]->data, 4);
+    kb_kit_backlog_done(b, items[0], KB_ETRANSPORT, 1, NULL, "lost");   /* queued to resend */
+    kb_kit_backlog_fail_all(b, KB_ETRANSPORT, "given up by close");
+    assert_int_equal(kb_kit_backlog_length(b), 0);
+    assert_int_equal(kb_flush(bus, 1000), KB_ETRANSPORT);
+    assert_non_null(strstr(kb_last_error(), "1 published events failed"));
+    assert_non_null(strstr(kb_last_error(), "given up by close"));
+    kb_kit_backlog_free(b);
+    kb_close(bus, 1000);
+}
+
 /* one_in_flight_per_partition with many partitions in flight: whether one
  * is busy is looked up, not searched for, so the add, take and done of one
  * more partition stay cheap. A search of the backlog per item taken (65,536
@@ -1337,6 +1378,7 @@ int main(void)
         cmocka_unit_test(partition_limit_stores_in_order),
         cmocka_unit_test(frame_is_one_item_with_a_report_per_event),
         cmocka_unit_test(one_item_of_a_partition_in_flight),
+        cmocka_unit_test(no_callback_counts_only_failures),
         cmocka_unit_test(many_partitions_in_flight),
         cmocka_unit_test(frame_done_without_an_id),
         cmocka_unit_test(done_from_other_threads),

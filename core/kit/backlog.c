@@ -550,7 +550,7 @@ static void mark_busy(struct busy *s, uint32_t partition)
 }
 
 /* A waiting entry with an earlier one of its partition in flight: not due
- * until that one is done. */
+ * until that one is done (pipelined mode: no part). */
 static int behind_in_flight(const struct busy *s, const struct entry *e)
 {
     uint32_t p = e->it.partition;
@@ -700,10 +700,11 @@ static void report_one(kb_kit_backlog *b, const struct entry *e, uint32_t i, int
         kb_bus_publish_failed(b->c.bus, &r);
 }
 
-/* One report per event of the item. A frame's events are named by
- * event_id when set (room for the index after the broker's ID), else each
- * is reported with the frame's ID; with no ID (NULL) each is reported
- * without one, event_id not called. */
+/* One report per event of the item (stored ones only when the bus has a
+ * delivery callback: without one they would go nowhere). A frame's events
+ * are named by event_id when set (room for the index after the broker's
+ * ID), else each is reported with the frame's ID; with no ID (NULL) each is
+ * reported without one, event_id not called. */
 static void report(kb_kit_backlog *b, const struct entry *e, int result, const char *id,
                    const char *error)
 {
