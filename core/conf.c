@@ -540,9 +540,22 @@ void kb__conf_unknown_env(const kb_conf *c, void (*report)(const char *name, con
     }
 }
 
-void kb_conf_set_log(kb_conf *c, kb_log_fn fn, void *opaque)
+/* A callback of a conf an open bus owns stays as it is: its threads read
+ * the pair (fn, opaque) unlocked. True when c may not change (kb_last_error
+ * says so). */
+static bool callback_refused(const kb_conf *c, const char *who)
 {
     if (c == NULL)
+        return true;
+    if (!atomic_load_explicit(&c->taken, memory_order_acquire))
+        return false;
+    kb_errf(NULL, 0, "%s: this kb_conf belongs to an open bus and cannot change: ignored", who);
+    return true;
+}
+
+void kb_conf_set_log(kb_conf *c, kb_log_fn fn, void *opaque)
+{
+    if (callback_refused(c, "kb_conf_set_log"))
         return;
     c->log = fn;
     c->log_opaque = opaque;
@@ -556,7 +569,7 @@ void kb__conf_log(const kb_conf *c, kb_log_fn *fn, void **opaque)
 
 void kb_conf_set_delivery_cb(kb_conf *c, kb_delivery_fn fn, void *opaque)
 {
-    if (c == NULL)
+    if (callback_refused(c, "kb_conf_set_delivery_cb"))
         return;
     c->delivery = fn;
     c->delivery_opaque = opaque;
@@ -564,7 +577,7 @@ void kb_conf_set_delivery_cb(kb_conf *c, kb_delivery_fn fn, void *opaque)
 
 void kb_conf_set_state_cb(kb_conf *c, kb_state_fn fn, void *opaque)
 {
-    if (c == NULL)
+    if (callback_refused(c, "kb_conf_set_state_cb"))
         return;
     c->state = fn;
     c->state_opaque = opaque;
@@ -584,7 +597,7 @@ void kb__conf_state(const kb_conf *c, kb_state_fn *fn, void **opaque)
 
 void kb_conf_set_stats_cb(kb_conf *c, kb_stats_fn fn, void *opaque)
 {
-    if (c == NULL)
+    if (callback_refused(c, "kb_conf_set_stats_cb"))
         return;
     c->stats_cb = fn;
     c->stats_opaque = opaque;

@@ -405,7 +405,8 @@ static int nop_handler(const kb_event *ev, void *opaque)
 }
 
 /* A conf belongs to one bus: a second kb_open of it and changes while the
- * bus runs are refused (they would double-free it or change a live bus). */
+ * bus runs are refused (they would double-free it or change a live bus),
+ * its callbacks' setters included. */
 static void a_conf_belongs_to_one_open_bus(void **state)
 {
     (void)state;
@@ -423,6 +424,11 @@ static void a_conf_belongs_to_one_open_bus(void **state)
     assert_int_equal(kb_conf_apply_env(c, err, sizeof err), KB_EINVAL);
     unsetenv("KEYBUS_POOL_WORKERS");
     assert_value(c, "pool.workers", "16");
+    /* nor its callbacks, which the bus's threads read unlocked */
+    kb_conf_set_delivery_cb(c, NULL, NULL);
+    assert_non_null(strstr(kb_last_error(), "kb_conf_set_delivery_cb: this kb_conf belongs to an open bus"));
+    kb_conf_set_log(c, NULL, NULL);
+    assert_non_null(strstr(kb_last_error(), "kb_conf_set_log: this kb_conf belongs to an open bus"));
     kb_conf_destroy(c);   /* a no-op while the bus owns it */
     kb_assert_ok(kb_subscribe(b, "t", nop_handler, NULL));
     kb_topic_stats st;

@@ -84,7 +84,10 @@ KB_EXPORT int kb_last_error_code(void);
 /* ---------------------------------------------------------------------------
  * Configuration: librdkafka-style key/value pairs, validated on set against one
  * property table (see docs/CONFIGURATION.md). A kb_conf is not thread-safe:
- * one thread builds it, then hands it to kb_open.
+ * one thread builds it, then hands it to kb_open. Once an open bus owns it,
+ * it does not change: kb_conf_set and kb_conf_apply_env return KB_EINVAL,
+ * and the kb_conf_set_*_cb / kb_conf_set_log setters leave the callback as it
+ * is (kb_last_error says so): the bus's threads read it unlocked.
  * ------------------------------------------------------------------------- */
 
 /* New configuration holding every default. Caller owns it: kb_conf_destroy, or
