@@ -806,6 +806,24 @@ static int flush_transport(kb_bus *b, int timeout_ms)
     return kb_bus_wait_sliced(b, kb__deadline_ns(timeout_ms), flush_slice, b);
 }
 
+/* A deadline passed or kb_close came: said first, then what the transport
+ * said of it (the events it still holds, the partition it waited on), its
+ * own "kb_flush: " prefix dropped. */
+static void explain_wait(const char *who, int rc, int timeout_ms, bool drain)
+{
+    char why[900];
+    const char *said = kb_last_error();
+    size_t wl = strlen(who);
+    if (strncmp(said, who, wl) == 0 && strncmp(said + wl, ": ", 2) == 0)
+        said += wl + 2;
+    snprintf(why, sizeof why, "%s%s", said[0] != '\0' ? ": " : "", said);
+    if (rc == KB_ETIMEDOUT)
+        kb_errf(NULL, 0, "%s: %d ms deadline passed%s%s", who, timeout_ms,
+                drain ? " before every event was handled" : "", why);
+    else
+        kb_errf(NULL, 0, "%s: cut short by kb_close%s", who, why);
+}
+
 /* kb_flush and kb_drain: KB_EINVAL from a handler, KB_ECLOSED once kb_close began. */
 static int wait_call(kb_bus *b, int timeout_ms, bool drain)
 {
@@ -821,18 +839,22 @@ static int wait_call(kb_bus *b, int timeout_ms, bool drain)
     }
     if (!gate_enter(b, who, NULL, 0))
         return KB_ECLOSED;
+    /* kb_last_error is the last failed call's: a call that succeeds leaves
+     * it; one that fails says what the transport said of it */
+    char before[1024];
+    snprintf(before, sizeof before, "%s", kb_last_error());
+    kb_err_clear();
     int (*op)(kb_transport *, int) = drain ? b->ops->drain : b->ops->flush;
     int rc = op == NULL ? flush_pools(b, timeout_ms)
              : drain    ? op(b->t, timeout_ms)
                         : flush_transport(b, timeout_ms);
     if (rc == KB_OK && !drain)
-        rc = kb__publish_failures_take(b, who);
+        rc = kb__publish_failures_take(b, who);   /* its own text: failures, not a wait */
+    else if (rc == KB_ETIMEDOUT || rc == KB_ECLOSED)
+        explain_wait(who, rc, timeout_ms, drain);
     gate_leave(b);
-    if (rc == KB_ETIMEDOUT)
-        kb_errf(NULL, 0, "%s: %d ms deadline passed%s", who, timeout_ms,
-                drain ? " before every event was handled" : "");
-    else if (rc == KB_ECLOSED)
-        kb_errf(NULL, 0, "%s: cut short by kb_close", who);
+    if (rc == KB_OK)
+        kb_errf(NULL, 0, "%s", before);
     return rc;
 }
 

@@ -417,6 +417,8 @@ static void server_killed_mid_publish(void **state)
     kb_test_server_signal(&srv, SIGKILL);
     full += publish_unflushed(b, topic, PER_KEY / 2 + 1, PER_KEY * 3 / 4);   /* while down */
     int flushed = kb_flush(b, 300);   /* nothing to confirm them: held, not dropped */
+    char flush_error[1024];           /* the deadline, then what the transport still holds */
+    snprintf(flush_error, sizeof flush_error, "%s", kb_last_error());
     assert_int_equal(kb_test_server_restart(&srv), 0);
     int64_t up = now_ms();
     full += publish_unflushed(b, topic, PER_KEY * 3 / 4 + 1, PER_KEY);
@@ -432,6 +434,9 @@ static void server_killed_mid_publish(void **state)
             (unsigned long long)t.duplicates, (unsigned long long)t.order_violations,
             (unsigned long long)full);
     assert_int_equal(flushed, KB_ETIMEDOUT);
+    print_message("  kb_flush while down said: %s\n", flush_error);
+    assert_non_null(strstr(flush_error, "kb_flush: 300 ms deadline passed: "));
+    assert_non_null(strstr(flush_error, "not yet confirmed by"));
     kb_assert_ok(drained);
     kb_assert_ok(closed);
     assert_int_equal(kb_tracker_distinct(&t), (uint64_t)KEYS * PER_KEY);
