@@ -42,6 +42,8 @@ int kb_kit_drain(kb_bus *b, int timeout_ms, const kb_kit_drain_conf *conf)
     int rc = kb_bus_wait_sliced(b, deadline, c->flush, c->opaque);
     if (rc == KB_OK && c->targets != NULL)
         rc = c->targets(c->opaque);
+    if (rc == KB_OK)
+        kb_err_clear();   /* a flush slice's "not yet confirmed" is stale now */
     int64_t poll_ms = c->poll_min_ms;
     while (rc == KB_OK) {
         if (kb_bus_closing(b))

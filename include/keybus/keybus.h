@@ -360,10 +360,11 @@ KB_EXPORT int kb_publish_batch(kb_topic *t, const kb_msg *msgs, size_t n, size_t
  * (< 0: none). KB_ECLOSED when kb_close begins before or during the wait
  * (kb_close then handles or reports what is queued itself). KB_EINVAL from
  * a handler. On KB_ETIMEDOUT and KB_ECLOSED kb_last_error says so first
- * ("kb_flush: 300 ms deadline passed"), then what the transport still held
- * ("4480 publishes not yet confirmed by HOST:PORT, kept to be sent again;
- * connection lost: ..."), as kb_drain does; a call that succeeds leaves
- * kb_last_error as it was. Thread: any but a handler. */
+ * ("kb_flush: 300 ms deadline passed"), then, when the transport said
+ * anything, what it still held ("4480 publishes not yet confirmed by
+ * HOST:PORT, kept to be sent again; connection lost: ..."), as kb_drain
+ * does; a call that succeeds leaves kb_last_error as it was. Thread: any
+ * but a handler. */
 KB_EXPORT int kb_flush(kb_bus *b, int timeout_ms);
 
 /* Wait until every event this process published before the call has been

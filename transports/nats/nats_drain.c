@@ -255,7 +255,8 @@ int kb__nats_drain(kb_transport *t, int timeout_ms)
     int rc = kb_kit_drain(t->bus, timeout_ms, &c);
     free(d.tp);
     free(d.target);
-    /* kb_drain's errstr says only the deadline passed */
+    /* the details are long (consumers, floors): logged; kb_drain's text says
+     * the deadline passed */
     if (rc == KB_ETIMEDOUT && d.why[0])
         kb_log(t->bus, KB_LOG_WARNING, "nats %s: kb_drain timed out; the server's floors could "
                "not be read: %s", t->url_safe, d.why);

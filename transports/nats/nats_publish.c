@@ -152,7 +152,7 @@ int kb__nats_flush(kb_transport *t, int timeout_ms)
 {
     int rc = kb__nats_flush_until(t, kb_deadline_ns(timeout_ms));
     if (rc == KB_ETIMEDOUT)
-        kb_errf(NULL, 0, "nats %s: publishes not acked within %d ms", t->url_safe, timeout_ms);
+        kb_errf(NULL, 0, "nats %s: publishes not acked yet", t->url_safe);   /* the bus names the deadline */
     if (rc == KB_OK)
         kb__nats_refused_take(t);   /* kb_flush reports them: the bus counted each */
     return rc;
